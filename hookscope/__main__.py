@@ -1,0 +1,3 @@
+from hookscope.cli import main
+
+main()

@@ -1,0 +1,360 @@
+"""The one hook engine: every hook hookscope registers goes through here and is removed.
+
+Two layers:
+
+* :class:`Hooks` owns raw ``RemovableHandle`` objects (module forward, pre-forward and
+  backward hooks, tensor hooks) and removes every one of them on exit, whether the block
+  ended normally, raised, or was interrupted.
+* :class:`Tracer` attaches a pre-forward and a forward hook to each selected module
+  (a :class:`Site`) and turns raw hook calls into :class:`Call` objects: the module's
+  dotted name, type, depth and a per-forward ``call`` index for modules run several times
+  (ResNet's shared ``relu``). Callbacks get the call, the inputs and the output.
+
+Names are bound with :func:`functools.partial` per site, never captured from a loop
+variable, so the late-binding closure bug cannot give a hook the wrong layer name.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from hookscope.errors import ForwardError, HookscopeError, suggest
+
+__all__ = [
+    "Call",
+    "Hooks",
+    "Site",
+    "Tracer",
+    "first_tensor",
+    "hook_count",
+    "select_sites",
+    "tensor_shapes",
+]
+
+
+@dataclass(frozen=True)
+class Site:
+    """A module selected for hooking, named as in ``model.named_modules()``."""
+
+    name: str
+    type: str
+    depth: int
+    module: nn.Module = field(compare=False, repr=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One execution of a site's module; ``index`` counts calls within one forward pass."""
+
+    site: Site
+    index: int
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.site.name, self.index)
+
+
+def _depth(name: str) -> int:
+    return 0 if not name else name.count(".") + 1
+
+
+def all_sites(model: nn.Module) -> list[Site]:
+    """Every named module except the root, in definition order (the root only for a bare leaf)."""
+    named = list(model.named_modules())
+    sites = [Site(n, type(m).__name__, _depth(n), m) for n, m in named if n]
+    if not sites:
+        sites = [Site("", type(model).__name__, 0, model)]
+    return sites
+
+
+def select_sites(
+    model: nn.Module,
+    *,
+    layers: Sequence[str] | None = None,
+    types: Sequence[str] | None = None,
+    all_modules: bool = False,
+    max_depth: int | None = None,
+) -> list[Site]:
+    """Choose the modules to hook.
+
+    Without ``layers`` or ``types``, the leaves are chosen: modules without children, or
+    modules at ``max_depth`` when the tree is cut there. ``all_modules`` chooses containers
+    too. ``layers`` are fnmatch patterns on dotted names and ``types`` class names; both
+    match any module, containers included, and a module must satisfy both when both are
+    given.
+
+    Raises:
+        HookscopeError: when nothing matches, with the closest names suggested.
+    """
+    if max_depth is not None and max_depth < 1:
+        raise HookscopeError(f"--max-depth must be at least 1, not {max_depth}.")
+    candidates = all_sites(model)
+    if max_depth is not None:
+        candidates = [s for s in candidates if s.depth <= max_depth]
+    if not layers and not types and not all_modules:
+        candidates = [
+            s
+            for s in candidates
+            if not any(True for _ in s.module.children()) or s.depth == max_depth
+        ]
+    chosen = candidates
+    if layers:
+        chosen = [s for s in chosen if any(fnmatch.fnmatchcase(s.name, p) for p in layers)]
+    if types:
+        wanted = set(types)
+        chosen = [s for s in chosen if s.type in wanted]
+    if chosen:
+        return chosen
+
+    names = [s.name for s in all_sites(model)]
+    if layers and not any(
+        fnmatch.fnmatchcase(n, p) for n in names for p in layers
+    ):
+        hints = "".join(suggest(p, names) for p in layers)
+        raise HookscopeError(
+            f"--layers {' '.join(layers)} matches no module of {type(model).__name__}."
+            f"{hints} Run `hookscope layers MODEL` to list the names."
+        )
+    if types:
+        present = sorted({s.type for s in all_sites(model)})
+        hints = "".join(suggest(t, present) for t in types)
+        raise HookscopeError(
+            f"--type {' '.join(types)} matches no selected module of {type(model).__name__}."
+            f"{hints} Types present: {', '.join(present[:12])}{'...' if len(present) > 12 else ''}."
+        )
+    raise HookscopeError(
+        "The selection matches no module (check --layers, --type and --max-depth). "
+        "Run `hookscope layers MODEL` to list the names."
+    )
+
+
+def find_site(model: nn.Module, name: str) -> Site:
+    """The site of one module by its exact dotted name.
+
+    Raises:
+        HookscopeError: the name does not exist, with close matches and a hint.
+    """
+    for site in all_sites(model):
+        if site.name == name:
+            return site
+    names = [s.name for s in all_sites(model)]
+    raise HookscopeError(
+        f"{type(model).__name__} has no module named {name!r}.{suggest(name, names)} "
+        "Run `hookscope layers MODEL` to list the names."
+    )
+
+
+def first_tensor(obj: Any) -> torch.Tensor | None:
+    """The first tensor in a tensor, tuple, list or dict (depth first), or None."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
+    for item in items:
+        found = first_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+def tensor_shapes(obj: Any) -> list[list[int]]:
+    """Shapes of every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    shapes: list[list[int]] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            shapes.append(list(o.shape))
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (tuple, list)):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    return shapes
+
+
+def hook_count(model: nn.Module) -> int:
+    """Hooks registered on the model and its submodules (forward, pre-forward, backward)."""
+    total = 0
+    for m in model.modules():
+        total += len(m._forward_hooks) + len(m._forward_pre_hooks)
+        total += len(m._backward_hooks) + len(m._backward_pre_hooks)
+    return total
+
+
+class Hooks:
+    """Owns hook handles and removes all of them on exit.
+
+    Use as a context manager; hooks are gone after normal exit, exceptions and
+    ``KeyboardInterrupt`` alike.
+    """
+
+    def __init__(self) -> None:
+        self._handles: list[RemovableHandle] = []
+
+    def _keep(self, handle: RemovableHandle) -> RemovableHandle:
+        self._handles.append(handle)
+        return handle
+
+    def forward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
+        """``module.register_forward_hook(hook, **kw)``, removed on exit."""
+        return self._keep(module.register_forward_hook(hook, **kw))
+
+    def forward_pre(
+        self, module: nn.Module, hook: Callable[..., Any], **kw: Any
+    ) -> RemovableHandle:
+        """``module.register_forward_pre_hook(hook, **kw)``, removed on exit."""
+        return self._keep(module.register_forward_pre_hook(hook, **kw))
+
+    def backward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
+        """``module.register_full_backward_hook(hook)``, removed on exit.
+
+        Prefer :meth:`tensor` hooks registered from a forward hook: full backward hooks
+        fail on modules followed by in-place operations.
+        """
+        return self._keep(module.register_full_backward_hook(hook, **kw))
+
+    def tensor(self, tensor: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
+        """``tensor.register_hook(hook)``, removed on exit."""
+        return self._keep(tensor.register_hook(hook))
+
+    def remove(self) -> None:
+        """Remove every handle; safe to call twice."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __enter__(self) -> Hooks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+EnterFn = Callable[[Call, tuple[Any, ...], dict[str, Any]], None]
+ExitFn = Callable[[Call, tuple[Any, ...], dict[str, Any], Any], Any]
+
+
+class Tracer(Hooks):
+    """Per-call hooks on selected sites.
+
+    ``on_enter(call, args, kwargs)`` runs from a pre-forward hook, before the module runs
+    (so inputs are seen before an in-place module overwrites them). ``on_exit(call, args,
+    kwargs, output)`` runs from a forward hook, before any later in-place operation can
+    change the output; a non-None return value replaces the module's output.
+
+    Call indices restart at each forward pass of ``model`` (a pre-forward hook on the root
+    resets them). :attr:`active` is the stack of calls entered but not finished: after an
+    exception it names the innermost module that was running.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sites: Iterable[Site],
+        *,
+        on_enter: EnterFn | None = None,
+        on_exit: ExitFn | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.sites = list(sites)
+        self.on_enter = on_enter
+        self.on_exit = on_exit
+        self.active: list[tuple[Call, tuple[Any, ...], dict[str, Any]]] = []
+        self._counts: dict[str, int] = {}
+
+    def reset(self) -> None:
+        """Forget call counts and the active stack (done automatically per forward pass)."""
+        self._counts.clear()
+        self.active.clear()
+
+    def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if not self.active:
+            self._counts.clear()
+
+    def _pre(
+        self, site: Site, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        index = self._counts.get(site.name, 0)
+        self._counts[site.name] = index + 1
+        call = Call(site, index)
+        self.active.append((call, args, kwargs))
+        if self.on_enter is not None:
+            self.on_enter(call, args, kwargs)
+
+    def _post(
+        self,
+        site: Site,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+    ) -> Any:
+        # Pop this site's innermost active call (a module may recurse into itself).
+        for i in range(len(self.active) - 1, -1, -1):
+            if self.active[i][0].site is site:
+                call = self.active.pop(i)[0]
+                break
+        else:  # pragma: no cover - a forward hook without its pre-hook
+            call = Call(site, self._counts.get(site.name, 1) - 1)
+        if self.on_exit is not None:
+            return self.on_exit(call, args, kwargs, output)
+        return None
+
+    def attach(self) -> Tracer:
+        """Register the hooks (done by ``with``); prepend so hookscope sees outputs first."""
+        if len(self):
+            return self
+        try:
+            if all(s.module is not self.model for s in self.sites):
+                self.forward_pre(self.model, self._root_pre, prepend=True)
+            for site in self.sites:
+                self.forward_pre(site.module, partial(self._pre, site), with_kwargs=True,
+                                 prepend=True)
+                self.forward(site.module, partial(self._post, site), with_kwargs=True,
+                             prepend=True)
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def innermost(self) -> tuple[Call, tuple[Any, ...], dict[str, Any]] | None:
+        """The innermost call still running (after an exception: the one that raised)."""
+        return self.active[-1] if self.active else None
+
+    def forward_error(self, exc: BaseException) -> ForwardError:
+        """Wrap an exception raised by the model with the innermost running module."""
+        inner = self.innermost()
+        message = " ".join(str(exc).split()) or exc.__class__.__name__
+        if inner is None:
+            return ForwardError(f"The forward pass failed: {message}", cause=exc)
+        call, args, kwargs = inner
+        shapes = tensor_shapes(args) + tensor_shapes(kwargs)
+        return ForwardError(
+            f"The forward pass failed in {call.name} ({call.site.type}, input shapes "
+            f"{shapes}): {message}",
+            module=call.name, type_name=call.site.type, input_shapes=shapes, cause=exc,
+        )
+
+    def __enter__(self) -> Tracer:
+        self.reset()
+        return self.attach()
+
+    def __iter__(self) -> Iterator[Site]:
+        return iter(self.sites)

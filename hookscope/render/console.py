@@ -1,0 +1,92 @@
+"""Consoles, log lines, errors and progress bars: data on stdout, chatter on stderr."""
+
+from __future__ import annotations
+
+import io
+import os
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console, RenderableType
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+_stdout: Console | None = None
+_stderr: Console | None = None
+
+
+def stdout() -> Console:
+    """The console for data (tables, trees)."""
+    global _stdout
+    if _stdout is None:
+        _stdout = Console(soft_wrap=False)
+        if not _stdout.is_terminal and "COLUMNS" not in os.environ:
+            # Piped tables keep one row per line instead of folding at 80 columns.
+            _stdout = Console(soft_wrap=False, width=200)
+    return _stdout
+
+
+def stderr() -> Console:
+    """The console for chatter: progress, notes, warnings, errors."""
+    global _stderr
+    if _stderr is None:
+        _stderr = Console(stderr=True, highlight=False)
+    return _stderr
+
+
+def render_text(renderable: RenderableType, width: int = 160) -> str:
+    """Render to plain text (no colour), for writing a table to a file."""
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+    console.print(renderable)
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def error(message: str) -> None:
+    """One plain line on stderr (no markup, so file names print as they are)."""
+    sys.stderr.write(f"hookscope: error: {message}\n")
+    sys.stderr.flush()
+
+
+class _LineHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        level = "warning" if record.levelno >= logging.WARNING else "note"
+        sys.stderr.write(f"hookscope: {level}: {record.getMessage()}\n")
+        sys.stderr.flush()
+
+
+def setup_logging(*, quiet: bool = False) -> None:
+    """Route the library's ``hookscope`` logger to one line per message on stderr."""
+    logger = logging.getLogger("hookscope")
+    for handler in list(logger.handlers):
+        if isinstance(handler, _LineHandler):
+            logger.removeHandler(handler)
+    logger.addHandler(_LineHandler())
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.propagate = False
+
+
+@contextmanager
+def progress(total: int | None, description: str, *, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """A Rich progress bar on stderr; yields ``advance(n)``. Off when not a terminal."""
+    console = stderr()
+    if not enabled or not console.is_terminal:
+        yield lambda n=1: None
+        return
+    columns = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)
