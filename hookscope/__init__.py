@@ -20,6 +20,8 @@ _LAZY = {
     "Hooks": "hookscope.hooks",
     "Tracer": "hookscope.hooks",
     "select_sites": "hookscope.hooks",
+    "gradcam": "hookscope.cam",
+    "CamResult": "hookscope.cam",
 }
 
 __all__ = ["__version__", *_LAZY]

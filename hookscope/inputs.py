@@ -169,7 +169,7 @@ def load_image(src: Path | bytes, name: str) -> Image.Image:
 def _read_tensor(path: Path, name: str) -> torch.Tensor:
     try:
         if path.suffix.lower() == ".npy":
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+            arr = np.load(path, mmap_mode="c", allow_pickle=False)  # copy-on-write: lazy, writable
             if not np.issubdtype(arr.dtype, np.floating):
                 raise HookscopeError(
                     f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected."

@@ -6,7 +6,6 @@ import logging
 import os
 import pickle
 import socket
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -250,13 +249,13 @@ def read_checkpoint(path: Path, *, trust: bool = False) -> Mapping[str, torch.Te
     try:
         obj = torch.load(path, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        if not trust and "Weights only load failed" in str(exc):
+        if not trust and "Unsupported global" in str(exc):
             raise HookscopeError(
                 f"{path}: the checkpoint holds Python objects that need arbitrary unpickling, "
                 "which can run code. Re-run with --trust-checkpoint only if you trust its source."
             ) from None
         raise HookscopeError(f"{path}: not a PyTorch checkpoint.") from None
-    except (RuntimeError, EOFError, KeyError, ValueError, zipfile.BadZipFile, OSError) as exc:
+    except Exception as exc:  # torch.load raises many types on files that aren't checkpoints
         raise HookscopeError(
             f"{path}: not a PyTorch checkpoint ({exc.__class__.__name__})."
         ) from None

@@ -1,9 +1,9 @@
 """Per-layer activation statistics, taken inside forward hooks and merged exactly across batches.
 
 Speed: on CPU, ``torch.std``, ``var_mean`` and ``count_nonzero`` are many times slower than
-``sum``, ``dot`` and ``aminmax``. The CPU path therefore takes the first two moments from
-``sum`` and ``dot``, the range from ``aminmax`` and the zero count from ``dot(sign, sign)``,
-and only falls back to masking when a value is not finite, and to a shifted second pass
+``sum``, ``dot`` and ``aminmax``. The CPU path therefore takes the mean from ``sum``, the range
+from ``aminmax``, the squares and the zero count (``dot(sign, sign)``) from cache-sized chunks
+written into one reused buffer, and only falls back to masking when a value is not finite, and to a shifted second pass
 when the mean is so large against the spread that one pass would cancel. On CUDA the
 path has no branches at all: each call's moments stay on the device and the whole batch
 is copied to the host once.
@@ -130,34 +130,43 @@ def _moments_host(flat: torch.Tensor) -> tuple[float, ...]:
     if numel == 0:
         return (0, 0, NAN, NAN, NAN, NAN, 0, 0)
     s1 = float(flat.sum())
-    sq = float(torch.dot(flat, flat))
-    if not (math.isfinite(s1) and math.isfinite(sq)):
-        finite = torch.isfinite(flat)
-        values = flat[finite].double()  # float64: squares of large finite float32 cannot overflow
-        nonfinite = numel - values.numel()
-        if values.numel() == 0:
-            return (numel, 0, NAN, NAN, NAN, NAN, 0, nonfinite)
-        inner = _moments_host(values)
-        return (numel, *inner[1:7], nonfinite)
     lo, hi = (float(v) for v in torch.aminmax(flat))
-    zeros = 0
-    if lo <= 0.0 <= hi:
-        # dot(sign, sign) counts non-zeros at the speed of a dot (count_nonzero is ~20x slower).
+    if math.isfinite(s1) and math.isfinite(lo) and math.isfinite(hi):
+        count_zeros = lo <= 0.0 <= hi
+        sq = 0.0
+        nonzero = 0.0
+        # Chunks stay in cache between writing the temporary and reducing it. BLAS dot is
+        # not used for the squares: it accumulates long runs in float32 and can be off by
+        # 3e-4; torch's cascaded sum is exact to ~1e-7. dot(sign, sign) counts non-zeros
+        # exactly (0/1 terms) at the speed of a dot; count_nonzero is ~20x slower.
         for part in _chunks(flat):
-            sign = torch.sign(part, out=_scratch(part.numel(), part.dtype))
-            zeros += part.numel() - round(float(torch.dot(sign, sign)))
-    mean = s1 / numel
-    m2 = sq - s1 * mean
-    if mean * mean * numel > _CANCELLATION * max(m2, 0.0):
-        # The one-pass M2 cancels badly; shift by the mean and take the moments again.
-        t1 = t2 = 0.0
-        for part in _chunks(flat):
-            d = torch.sub(part, mean, out=_scratch(part.numel(), part.dtype))
-            t1 += float(d.sum())
-            t2 += float(torch.dot(d, d))
-        m2 = t2 - t1 * t1 / numel
-        mean = mean + t1 / numel
-    return (numel, numel, mean, max(m2, 0.0), lo, hi, zeros, 0)
+            buf = _scratch(part.numel(), part.dtype)
+            sq += float(torch.mul(part, part, out=buf).sum())
+            if count_zeros:
+                sign = torch.sign(part, out=buf)
+                nonzero += float(torch.dot(sign, sign))
+        if math.isfinite(sq):
+            zeros = numel - round(nonzero) if count_zeros else 0
+            mean = s1 / numel
+            m2 = sq - s1 * mean
+            if mean * mean * numel > _CANCELLATION * max(m2, 0.0):
+                # The one-pass M2 cancels badly; shift by the mean and take the moments again.
+                t1 = t2 = 0.0
+                for part in _chunks(flat):
+                    d = torch.sub(part, mean, out=_scratch(part.numel(), part.dtype))
+                    t1 += float(d.sum())
+                    t2 += float(d.mul_(d).sum())
+                m2 = t2 - t1 * t1 / numel
+                mean = mean + t1 / numel
+            return (numel, numel, mean, max(m2, 0.0), lo, hi, zeros, 0)
+    # Something is not finite, or the squares overflow float32: mask, and redo in float64.
+    finite = torch.isfinite(flat)
+    values = flat[finite].double()
+    nonfinite = numel - values.numel()
+    if values.numel() == 0:
+        return (numel, 0, NAN, NAN, NAN, NAN, 0, nonfinite)
+    inner = _moments_host(values)
+    return (numel, *inner[1:7], nonfinite)
 
 
 def _moments_device(flat: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,77 @@
+"""The torchvision models hookscope can load: names, tasks and weight enums."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hookscope.errors import HookscopeError, suggest
+
+__all__ = ["ModelInfo", "find_models", "name_matcher"]
+
+_WILDCARDS = set("*?[")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One model: its task and the member names of its weights enum (empty when none)."""
+
+    name: str
+    task: str
+    weights: list[str]
+    default: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def name_matcher(pattern: str | None) -> str:
+    """The fnmatch pattern used for ``pattern``: without wildcards it matches substrings."""
+    if not pattern:
+        return "*"
+    low = pattern.lower()
+    return low if _WILDCARDS & set(low) else f"*{low}*"
+
+
+def find_models(pattern: str | None = None, task: str | None = None) -> list[ModelInfo]:
+    """Models whose name matches ``pattern`` (case-insensitive fnmatch), sorted by name.
+
+    A pattern without ``*``, ``?`` or ``[`` matches any name containing it, so
+    ``resnet`` finds ``resnet18`` and ``wide_resnet50_2``.
+
+    Raises:
+        HookscopeError: unknown task, or nothing matches (with close names suggested).
+    """
+    from torchvision.models import get_model_weights
+
+    from hookscope.models import model_tasks
+
+    tasks = model_tasks()
+    if task is not None and task not in set(tasks.values()):
+        known = sorted(set(tasks.values()))
+        raise HookscopeError(
+            f"Unknown task {task!r}.{suggest(task, known)} Tasks: {', '.join(known)}."
+        )
+    glob = name_matcher(pattern)
+    found: list[ModelInfo] = []
+    for name in sorted(tasks):
+        if not fnmatch.fnmatchcase(name.lower(), glob):
+            continue
+        if task is not None and tasks[name] != task:
+            continue
+        try:
+            enum = get_model_weights(name)
+        except (ValueError, KeyError):
+            enum = None
+        members = [m.name for m in enum] if enum is not None else []
+        default = getattr(enum, "DEFAULT", None) if enum is not None else None
+        found.append(ModelInfo(name, tasks[name], members,
+                               default.name if default is not None else None))
+    if not found:
+        where = f" with task {task}" if task else ""
+        hint = suggest(pattern, tasks) if pattern else ""
+        raise HookscopeError(
+            f"No model{where} matches {pattern!r}.{hint} Run `hookscope models` to list them all."
+        )
+    return found

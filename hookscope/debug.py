@@ -1,0 +1,375 @@
+"""A live forward-pass trace that finds where non-finite values start and where a crash happened.
+
+Every module, containers and the model itself included, gets a pre-forward and a forward
+hook through one :class:`~hookscope.hooks.Tracer`, whatever the user selected. The
+selection (``layers``, ``types``, ``all_modules``, ``max_depth``) only decides which calls
+produce ``enter``/``exit`` trace events; locating a crash or a non-finite origin always
+looks at every module, so the innermost running module is found even when the selection
+leaves it out.
+
+* **First non-finite.** The origin is the first module call, in the order calls finish,
+  whose output holds NaN or Inf while all its inputs were finite. Inputs are checked and
+  summarised in the pre-forward hook, before an in-place module can overwrite them. A
+  container is the origin when the non-finite value comes from its own code between its
+  children (a functional op, a parameter used directly). When the model's own input is
+  already non-finite, the origin is the first module that receives it (``source:
+  "input"``).
+* **Crash locator.** When the forward pass raises, the innermost module still running is
+  reported with its type, input shapes and the exception message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.hooks import Call, Site, Tracer, all_sites, first_tensor, select_sites
+
+__all__ = [
+    "DebugReport",
+    "EnterEvent",
+    "ErrorEvent",
+    "Event",
+    "ExitEvent",
+    "NonfiniteEvent",
+    "run_debug",
+]
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    found: list[torch.Tensor] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            found.append(o)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (tuple, list)):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    return found
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every value is finite: one cheap sum, and an exact check only if it is not."""
+    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+        return True
+    total = t.detach().sum()
+    if t.is_complex():
+        total = total.abs()
+    if math.isfinite(float(total)):
+        return True  # a NaN or Inf anywhere makes the sum non-finite
+    return bool(torch.isfinite(t.detach()).all())  # the sum may just have overflowed
+
+
+def _summary(t: torch.Tensor | None) -> dict[str, float | int] | None:
+    from hookscope.stats import moments
+
+    return None if t is None else moments(t).summary()
+
+
+@dataclass(frozen=True)
+class EnterEvent:
+    """A selected module call starts."""
+
+    name: str
+    type: str
+    call: int
+    depth: int
+    batch: int
+    input_shapes: list[list[int]]
+
+    event = "enter"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
+                "depth": self.depth, "batch": self.batch, "input_shapes": self.input_shapes}
+
+
+@dataclass(frozen=True)
+class ExitEvent:
+    """A selected module call finished: its output shapes and the first output's statistics."""
+
+    name: str
+    type: str
+    call: int
+    depth: int
+    batch: int
+    output_shapes: list[list[int]]
+    stats: dict[str, float | int] | None
+
+    event = "exit"
+
+    @property
+    def output_shape(self) -> list[int] | None:
+        return self.output_shapes[0] if self.output_shapes else None
+
+    @property
+    def nonfinite(self) -> int:
+        return int((self.stats or {}).get("nonfinite", 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        stats = self.stats or dict.fromkeys(
+            ("mean", "std", "min", "max", "zero_fraction", "nonfinite"))
+        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
+                "depth": self.depth, "batch": self.batch, "output_shape": self.output_shape,
+                "output_shapes": self.output_shapes, **stats}
+
+
+@dataclass(frozen=True)
+class NonfiniteEvent:
+    """The first module call whose output is non-finite while its inputs were finite.
+
+    ``source`` is ``"module"`` for such a call, or ``"input"`` when the model's input itself
+    held non-finite values (then the call is the first module that received it).
+    ``input_stats`` and ``output_stats`` hold one summary per tensor, in the order of
+    ``input_shapes`` and ``output_shapes``.
+    """
+
+    name: str
+    type: str
+    call: int
+    depth: int
+    batch: int
+    source: str
+    input_shapes: list[list[int]]
+    output_shapes: list[list[int]]
+    input_stats: list[dict[str, float | int]]
+    output_stats: list[dict[str, float | int]]
+
+    event = "nonfinite"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
+                "depth": self.depth, "batch": self.batch, "source": self.source,
+                "input_shapes": self.input_shapes,
+                "output_shape": self.output_shapes[0] if self.output_shapes else None,
+                "output_shapes": self.output_shapes, "input_stats": self.input_stats,
+                "output_stats": self.output_stats}
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The forward pass raised; ``name`` is the innermost module that was running.
+
+    ``name`` is ``""`` when the model's own code raised outside any submodule, and None
+    when the error came before the model started.
+    """
+
+    name: str | None
+    type: str | None
+    call: int | None
+    depth: int | None
+    batch: int
+    input_shapes: list[list[int]]
+    message: str
+    exception: str
+
+    event = "error"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
+                "depth": self.depth, "batch": self.batch, "input_shapes": self.input_shapes,
+                "message": self.message, "exception": self.exception}
+
+
+Event = EnterEvent | ExitEvent | NonfiniteEvent | ErrorEvent
+
+
+@dataclass
+class DebugReport:
+    """The outcome of :func:`run_debug`; ``to_dict`` is the ``summary`` event."""
+
+    batches: int = 0
+    samples: int = 0
+    calls: int = 0
+    nonfinite_calls: int = 0
+    origin: NonfiniteEvent | None = None
+    error: ErrorEvent | None = None
+    cause: BaseException | None = field(default=None, repr=False)
+    output_shapes: list[list[int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        origin = None
+        if self.origin is not None:
+            o = self.origin
+            origin = {"name": o.name, "type": o.type, "call": o.call, "batch": o.batch,
+                      "source": o.source}
+        error = None
+        if self.error is not None:
+            e = self.error
+            error = {"name": e.name, "type": e.type, "call": e.call, "batch": e.batch,
+                     "input_shapes": e.input_shapes, "message": e.message,
+                     "exception": e.exception}
+        return {"event": "summary", "batches": self.batches, "samples": self.samples,
+                "calls": self.calls, "nonfinite_calls": self.nonfinite_calls,
+                "origin": origin, "error": error, "output_shapes": self.output_shapes}
+
+
+class _Debugger:
+    """Tracer callbacks: trace events for the selected calls, detection on every call."""
+
+    def __init__(self, model: nn.Module, selected: set[str],
+                 emit: Callable[[Event], None] | None, report: DebugReport) -> None:
+        self.model = model
+        self.selected = selected
+        self.emit_fn = emit
+        self.report = report
+        self.batch = 0
+        # Per running call: input shapes, input summaries (while detecting) and finiteness.
+        self._entered: dict[tuple[str, int],
+                            tuple[list[list[int]], list[dict[str, Any]] | None, bool]] = {}
+        self._input_nonfinite = False  # the model's own input holds NaN/Inf
+        self._input_origin: tuple[str, int] | None = None
+        self.emit_error: BaseException | None = None
+
+    def start_batch(self, batch: int) -> None:
+        self.batch = batch
+        self._entered.clear()
+        self._input_nonfinite = False
+        self._input_origin = None
+
+    def _emit(self, event: Event) -> None:
+        if self.emit_fn is None:
+            return
+        try:
+            self.emit_fn(event)
+        except BaseException as exc:  # e.g. a closed pipe: not the model's fault
+            self.emit_error = exc
+            raise
+
+    @property
+    def detecting(self) -> bool:
+        return self.report.origin is None
+
+    def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        tensors = _tensors((args, kwargs))
+        shapes = [list(t.shape) for t in tensors]
+        summaries: list[dict[str, Any]] | None = None
+        finite = True
+        if self.detecting:
+            # Summarised now: an in-place module may overwrite its input before it returns.
+            summaries = [s for s in (_summary(t) for t in tensors) if s is not None]
+            finite = all(s["nonfinite"] == 0 for s in summaries)
+            is_root = call.site.module is self.model
+            if is_root and not finite:
+                self._input_nonfinite = True
+            elif self._input_nonfinite and self._input_origin is None and not is_root:
+                self._input_origin = call.key
+        self._entered[call.key] = (shapes, summaries, finite)
+        if call.name in self.selected:
+            self._emit(EnterEvent(call.name, call.site.type, call.index, call.site.depth,
+                                  self.batch, shapes))
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        in_shapes, in_summaries, finite = self._entered.pop(call.key, ([], None, True))
+        outputs = _tensors(output)
+        out_shapes = [list(t.shape) for t in outputs]
+        if call.name in self.selected:
+            stats = _summary(first_tensor(output))
+            event = ExitEvent(call.name, call.site.type, call.index, call.site.depth,
+                              self.batch, out_shapes, stats)
+            self.report.calls += 1
+            if event.nonfinite:
+                self.report.nonfinite_calls += 1
+            self._emit(event)
+        if not self.detecting or in_summaries is None:
+            return
+        is_root = call.site.module is self.model
+        if call.key == self._input_origin or (is_root and self._input_nonfinite):
+            source = "input"
+        elif finite and not all(_all_finite(t) for t in outputs):
+            source = "module"
+        else:
+            return
+        origin = NonfiniteEvent(
+            call.name, call.site.type, call.index, call.site.depth, self.batch, source,
+            in_shapes, out_shapes, in_summaries,
+            [s for s in (_summary(t) for t in outputs) if s is not None],
+        )
+        self.report.origin = origin
+        self._emit(origin)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def run_debug(
+    model: nn.Module,
+    inputs: torch.Tensor | Iterable[torch.Tensor],
+    *,
+    layers: list[str] | None = None,
+    types: list[str] | None = None,
+    all_modules: bool = False,
+    max_depth: int | None = None,
+    on_event: Callable[[Event], None] | None = None,
+) -> DebugReport:
+    """Run ``model`` in inference mode, tracing selected calls and locating problems.
+
+    Args:
+        model: any ``nn.Module``; left with no hooks and its ``training`` flag intact.
+        inputs: one batch tensor, or an iterable of batch tensors.
+        layers: fnmatch patterns on dotted module names (trace events only).
+        types: module class names (trace events only).
+        all_modules: trace containers too when no other selection is given.
+        max_depth: cut the traced tree at this depth.
+        on_event: called with each event as it happens, in execution order.
+
+    Returns:
+        Counts, the non-finite origin (or None) and the error (or None). After an error
+        the run stops; ``cause`` holds the original exception.
+
+    Raises:
+        HookscopeError: the selection matches no module.
+    """
+    selected = {s.name for s in select_sites(model, layers=layers, types=types,
+                                             all_modules=all_modules, max_depth=max_depth)}
+    root = Site("", type(model).__name__, 0, model)
+    sites = [root, *(s for s in all_sites(model) if s.module is not model)]
+    report = DebugReport()
+    debugger = _Debugger(model, selected, on_event, report)
+    device = _device_of(model)
+    batches = [inputs] if isinstance(inputs, torch.Tensor) else inputs
+    with torch.inference_mode(), Tracer(model, sites, on_enter=debugger.on_enter,
+                                        on_exit=debugger.on_exit) as tracer:
+        for index, batch in enumerate(batches):
+            x = batch.to(device)
+            tracer.reset()
+            debugger.start_batch(index)
+            try:
+                output = model(x)
+            except Exception as exc:
+                if debugger.emit_error is not None:
+                    raise
+                report.error = _error_event(tracer, exc, index)
+                report.cause = exc
+                report.batches += 1
+                debugger._emit(report.error)
+                break
+            report.batches += 1
+            report.samples += int(x.shape[0]) if x.dim() else 1
+            report.output_shapes = [list(t.shape) for t in _tensors(output)]
+    return report
+
+
+def _error_event(tracer: Tracer, exc: BaseException, batch: int) -> ErrorEvent:
+    message = " ".join(str(exc).split()) or exc.__class__.__name__
+    inner = tracer.innermost()
+    if inner is None:
+        return ErrorEvent(None, None, None, None, batch, [], message, exc.__class__.__name__)
+    call, args, kwargs = inner
+    shapes = [list(t.shape) for t in _tensors((args, kwargs))]
+    return ErrorEvent(call.name, call.site.type, call.index, call.site.depth, batch, shapes,
+                      message, exc.__class__.__name__)

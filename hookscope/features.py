@@ -1,0 +1,219 @@
+"""Feature maps as pictures: capture layer outputs with forward hooks and tile their channels.
+
+The library returns :class:`FeatureGrid` objects (the grid as a float image in [0, 1] and the
+raw activations); :mod:`hookscope.render.grid` writes them as PNG files and to TensorBoard.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.errors import HookscopeError
+from hookscope.hooks import Call, Site, Tracer, all_sites, find_site, first_tensor, select_sites
+from hookscope.inputs import Batch
+
+__all__ = ["ORDERS", "FeatureGrid", "feature_sites", "iter_feature_grids", "make_tiles"]
+
+ORDERS = ("index", "mean", "max")
+
+
+@dataclass(frozen=True)
+class FeatureGrid:
+    """One layer call's feature maps for one input, tiled into a grid image."""
+
+    input: str
+    stem: str
+    index: int
+    layer: str
+    type: str
+    call: int
+    shape: list[int]
+    channels: list[int]
+    nonfinite: int
+    image: torch.Tensor = field(repr=False, compare=False)
+    values: torch.Tensor = field(repr=False, compare=False)
+
+    @property
+    def tag(self) -> str:
+        """The TensorBoard tag: the layer name (``/callK`` for later calls)."""
+        return self.layer if self.call == 0 else f"{self.layer}/call{self.call}"
+
+    @property
+    def filename(self) -> str:
+        """``<stem>.<layer>.png`` (``.callK`` before ``.png`` for later calls)."""
+        return output_name(self.stem, self.layer, self.call)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input": self.input, "layer": self.layer, "type": self.type, "call": self.call,
+            "shape": self.shape, "channels": self.channels, "nonfinite": self.nonfinite,
+            "grid_size": [int(self.image.shape[2]), int(self.image.shape[1])],
+        }
+
+
+def output_name(stem: str, layer: str, call: int = 0) -> str:
+    """The grid file name for an input stem and a layer call."""
+    safe = layer.replace("/", "_") or "model"
+    return f"{stem}.{safe}.png" if call == 0 else f"{stem}.{safe}.call{call}.png"
+
+
+def feature_sites(
+    model: nn.Module, layers: Sequence[str] | None = None, types: Sequence[str] | None = None
+) -> list[Site]:
+    """The union of ``layers`` (exact names or fnmatch patterns) and modules of ``types``.
+
+    Raises:
+        HookscopeError: nothing chosen, an unknown name, or a type that matches nothing.
+    """
+    if not layers and not types:
+        raise HookscopeError(
+            "Choose layers with --layer NAME (repeatable) or --type CLASSNAME, e.g. --type Conv2d."
+        )
+    chosen: dict[str, Site] = {}
+    for name in layers or []:
+        if any(ch in name for ch in "*?["):
+            matched = select_sites(model, layers=[name], all_modules=True)
+        else:
+            matched = [find_site(model, name)]
+        chosen.update((s.name, s) for s in matched)
+    if types:
+        chosen.update((s.name, s) for s in select_sites(model, types=types, all_modules=True))
+    order = {s.name: i for i, s in enumerate(all_sites(model))}
+    return sorted(chosen.values(), key=lambda s: order.get(s.name, -1))
+
+
+def _ranked(fmap: torch.Tensor, max_channels: int, order: str) -> list[int]:
+    count = fmap.shape[0]
+    k = min(max_channels, count)
+    if order == "index":
+        return list(range(k))
+    clean = torch.nan_to_num(fmap.reshape(count, -1), nan=-math.inf)
+    score = clean.mean(dim=1) if order == "mean" else clean.amax(dim=1)
+    score = torch.nan_to_num(score, nan=-math.inf)
+    # Stable sort: ties keep channel order.
+    return torch.sort(score, descending=True, stable=True).indices[:k].tolist()
+
+
+def make_tiles(
+    fmap: torch.Tensor,
+    *,
+    max_channels: int = 64,
+    order: str = "index",
+    upsample: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, list[int]]:
+    """Tile a (C, H, W) feature map into a grid image, each tile normalised on its own.
+
+    Returns:
+        The grid as a (3, H', W') float tensor in [0, 1] and the channels shown, in order.
+    """
+    from torchvision.utils import make_grid
+
+    if order not in ORDERS:
+        raise HookscopeError(f"--order {order!r}: choose one of {', '.join(ORDERS)}.")
+    if max_channels < 1:
+        raise HookscopeError(f"--max-channels must be at least 1, not {max_channels}.")
+    channels = _ranked(fmap, max_channels, order)
+    tiles = fmap[channels].float().unsqueeze(1)  # (k, 1, H, W)
+    finite = torch.isfinite(tiles)
+    if not bool(finite.all()):
+        tiles = torch.where(finite, tiles, torch.zeros_like(tiles))
+    if upsample is not None and tuple(tiles.shape[-2:]) != tuple(upsample):
+        tiles = torch.nn.functional.interpolate(tiles, size=upsample, mode="bilinear",
+                                                align_corners=False)
+    nrow = math.ceil(math.sqrt(len(channels)))
+    grid = make_grid(tiles, nrow=nrow, padding=2, normalize=True, scale_each=True, pad_value=1.0)
+    return grid.clamp_(0, 1), channels
+
+
+def _spatial(output: Any, site: Site) -> torch.Tensor:
+    t = first_tensor(output)
+    if t is None or t.dim() != 4:
+        shape = list(t.shape) if t is not None else None
+        raise HookscopeError(
+            f"{site.name} ({site.type}) returns {shape if shape else 'no tensor'}; feature "
+            "grids need a (N, C, H, W) output. Choose a convolutional layer "
+            "(see `hookscope layers MODEL`)."
+        )
+    return t
+
+
+def iter_feature_grids(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    sites: Sequence[Site],
+    *,
+    max_channels: int = 64,
+    order: str = "index",
+    upsample: bool = False,
+    stems: Sequence[str] | None = None,
+) -> Iterator[FeatureGrid]:
+    """Run each batch through ``model`` and yield a grid per input and selected layer call.
+
+    Feature maps are copied inside the forward hook, before a later in-place operation can
+    change them. Only one batch's maps are held at a time.
+
+    Args:
+        model: any module; hooks are removed when the iteration ends or is abandoned.
+        batches: preprocessed batches (see :func:`hookscope.inputs.iter_batches`).
+        sites: the layers to picture (see :func:`feature_sites`).
+        max_channels: at most this many channels per grid.
+        order: ``index`` (the first channels), ``mean`` or ``max`` (the most active first).
+        upsample: resize each tile to the input's size.
+        stems: output file stems per input (default: each input's ``stem``).
+    """
+    if order not in ORDERS:
+        raise HookscopeError(f"--order {order!r}: choose one of {', '.join(ORDERS)}.")
+    if max_channels < 1:
+        raise HookscopeError(f"--max-channels must be at least 1, not {max_channels}.")
+    device = next((t.device for t in (*model.parameters(), *model.buffers())), torch.device("cpu"))
+    captured: list[tuple[Call, torch.Tensor]] = []
+
+    def grab(call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        captured.append((call, _spatial(output, call.site).detach().float().cpu().clone()))
+
+    # Hooks stay attached while the caller consumes the grids; inference mode is entered
+    # around each forward pass only, so it never leaks into the caller's code between yields.
+    with Tracer(model, sites, on_exit=grab) as tracer:
+        for batch in batches:
+            x = batch.tensor.to(device)
+            tracer.reset()
+            captured.clear()
+            try:
+                with torch.inference_mode():
+                    model(x)
+            except HookscopeError:
+                raise
+            except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+                raise tracer.forward_error(exc) from exc
+            size = (int(x.shape[-2]), int(x.shape[-1])) if upsample else None
+            for row, item in enumerate(batch.items):
+                index = batch.start + row
+                for call, maps in captured:
+                    fmap = maps[row]
+                    grid, channels = make_tiles(fmap, max_channels=max_channels, order=order,
+                                                upsample=size)
+                    nonfinite = int(fmap.numel() - torch.isfinite(fmap).sum())
+                    yield FeatureGrid(
+                        input=item.name, stem=stems[index] if stems else item.stem,
+                        index=index, layer=call.name, type=call.site.type, call=call.index,
+                        shape=list(fmap.shape), channels=channels, nonfinite=nonfinite,
+                        image=grid, values=fmap,
+                    )
+            captured.clear()
+
+
+def unique_stems(stems: Sequence[str]) -> list[str]:
+    """Make repeated stems unique (``cat``, ``cat_1``, ...) so outputs never collide."""
+    seen: dict[str, int] = {}
+    out = []
+    for stem in stems:
+        n = seen.get(stem, 0)
+        seen[stem] = n + 1
+        out.append(stem if n == 0 else f"{stem}_{n}")
+    return out

@@ -1,0 +1,87 @@
+"""Tables for ``hookscope grads``: per-call output gradients and per-parameter norms."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from hookscope.render.output import format_shape
+from hookscope.render.tables import fmt_float, header
+
+FLAG_STYLES = {"nonfinite": "bold red", "explode": "red", "vanish": "yellow"}
+
+LAYER_COLUMNS = ("name", "type", "call", "shape", "norm", "mean", "std", "max_abs",
+                 "nonfinite", "flag")
+CSV_COLUMNS = ("kind", *LAYER_COLUMNS, "grad_norm", "weight_norm", "ratio")
+
+
+def csv_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One CSV: layer rows (``kind`` = layer) then parameter rows (``kind`` = param)."""
+    return ([{"kind": "layer", **row} for row in doc["layers"]]
+            + [{"kind": "param", **row} for row in doc["params"]])
+
+
+def layers_table(rows: list[Mapping[str, Any]]) -> Table:
+    """Output gradients in backward order; flagged rows coloured."""
+    table = Table(header_style="bold", pad_edge=False, title="output gradients, backward order",
+                  title_justify="left")
+    table.add_column("#", justify="right", style="dim")
+    table.add_column("layer", overflow="fold")
+    table.add_column("type", style="dim")
+    table.add_column("call", justify="right")
+    table.add_column("shape")
+    for name in ("norm", "mean", "std", "max |g|"):
+        table.add_column(name, justify="right")
+    table.add_column("non-finite", justify="right")
+    table.add_column("flag")
+    for i, row in enumerate(rows):
+        flag = row.get("flag")
+        nonfinite = int(row.get("nonfinite") or 0)
+        table.add_row(
+            str(i), row["name"], row["type"], str(row["call"]), format_shape(row["shape"]),
+            fmt_float(row["norm"]), fmt_float(row["mean"]), fmt_float(row["std"]),
+            fmt_float(row["max_abs"]),
+            Text(str(nonfinite), style="bold red") if nonfinite else Text("0"),
+            Text(flag or "", style=FLAG_STYLES.get(flag or "", "")),
+            style=FLAG_STYLES.get(flag or ""),
+        )
+    return table
+
+
+def params_table(rows: list[Mapping[str, Any]]) -> Table:
+    """Parameter gradient norm, weight norm and their ratio."""
+    table = Table(header_style="bold", pad_edge=False, title="parameters", title_justify="left")
+    table.add_column("parameter", overflow="fold")
+    table.add_column("grad norm", justify="right")
+    table.add_column("weight norm", justify="right")
+    table.add_column("ratio", justify="right")
+    for row in rows:
+        table.add_row(row["name"], fmt_float(row["grad_norm"]), fmt_float(row["weight_norm"]),
+                      fmt_float(row["ratio"]))
+    return table
+
+
+def grads_view(doc: Mapping[str, Any], *, params: bool = True) -> RenderableType:
+    """The whole ``grads`` table output."""
+    loss = "cross-entropy" if doc["loss"] == "ce" else "target logit"
+    targets = sorted(set(doc.get("targets") or []))
+    shown = ", ".join(str(t) for t in targets[:5]) + (", ..." if len(targets) > 5 else "")
+    line = Text(f"gradient of: {loss} (class {shown}), summed over inputs = "
+                f"{fmt_float(doc.get('objective'))}; median layer norm "
+                f"{fmt_float(doc.get('median_norm'))}")
+    bad = doc.get("first_nonfinite")
+    if bad:
+        line.append(f"\nfirst non-finite gradient in backward order: {bad}", style="bold red")
+    flagged = [r for r in doc["layers"] if r.get("flag") in ("vanish", "explode")]
+    if flagged:
+        line.append(f"\nflagged: {len(flagged)} call(s) (vanish/explode relative to the median)",
+                    style="yellow")
+    parts: list[RenderableType] = [header(doc, f"layer calls: {len(doc['layers'])}"), line,
+                                   layers_table(doc["layers"])]
+    if params and doc.get("params"):
+        parts.append(params_table(doc["params"]))
+    return Group(*parts)

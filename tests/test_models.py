@@ -1,0 +1,162 @@
+"""Model names, every --weights mode, devices. Nothing downloads (see conftest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torchvision.models import get_model
+
+from hookscope.errors import HookscopeError
+from hookscope.models import load_model, read_checkpoint, resolve_device
+
+
+def _weights_of(model: torch.nn.Module) -> torch.Tensor:
+    return next(model.parameters()).detach().clone()
+
+
+def test_unknown_model_suggests_close_names() -> None:
+    with pytest.raises(HookscopeError, match="resnet18"):
+        load_model("resnet81", weights="none")
+
+
+def test_none_is_seeded_and_reproducible() -> None:
+    a = load_model("resnet18", weights="none", seed=3)
+    b = load_model("resnet18", weights="none", seed=3)
+    c = load_model("resnet18", weights="none", seed=4)
+    assert torch.equal(_weights_of(a.model), _weights_of(b.model))
+    assert not torch.equal(_weights_of(a.model), _weights_of(c.model))
+    assert a.weights_loaded == "random (seed 3)" and not a.model.training
+    # Labels and preprocessing still come from the DEFAULT weights' metadata.
+    assert a.categories is not None and len(a.categories) == 1000
+    assert a.input_size == (224, 224) and a.mean == (0.485, 0.456, 0.406)
+
+
+def test_auto_without_cache_or_network_falls_back_with_one_warning(caplog) -> None:
+    with caplog.at_level("WARNING", logger="hookscope"):
+        loaded = load_model("resnet18", weights="auto")
+    assert loaded.weights_loaded.startswith("random")
+    assert loaded.weights_requested == "auto"
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "random initialisation" in warnings[0].getMessage()
+
+
+def test_auto_uses_cached_default_weights(tmp_path, monkeypatch) -> None:
+    import torchvision.models as tvm
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    torch.manual_seed(11)
+    source = get_model("resnet18", weights=None)
+    weights = tvm.ResNet18_Weights.DEFAULT
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+    cached.parent.mkdir(parents=True)
+    torch.save(source.state_dict(), cached)
+    monkeypatch.setattr(tvm.ResNet18_Weights.IMAGENET1K_V1.value, "url", weights.url)
+    # torchvision checks the file hash; a file we wrote ourselves cannot match it.
+    monkeypatch.setattr("torch.hub.load_state_dict_from_url",
+                        lambda url, *a, **k: torch.load(cached, weights_only=True))
+    loaded = load_model("resnet18", weights="auto")
+    assert loaded.weights_loaded == "IMAGENET1K_V1"
+    assert torch.equal(_weights_of(loaded.model), _weights_of(source))
+
+
+def test_enum_names_and_errors() -> None:
+    with pytest.raises(HookscopeError, match="IMAGENET1K_V1"):
+        load_model("resnet18", weights="IMAGENET1K_V9")
+    with pytest.raises(HookscopeError, match="cannot be downloaded"):
+        load_model("resnet18", weights="DEFAULT")
+
+
+def _save_state(tmp_path: Path, name: str, obj) -> Path:
+    path = tmp_path / name
+    torch.save(obj, path)
+    return path
+
+
+@pytest.mark.parametrize("wrap", ["plain", "state_dict", "model", "dataparallel"])
+def test_checkpoint_forms(tmp_path, wrap) -> None:
+    torch.manual_seed(5)
+    source = get_model("resnet18", weights=None)
+    state = source.state_dict()
+    obj = {
+        "plain": state,
+        "state_dict": {"state_dict": state, "epoch": 3},
+        "model": {"model": state},
+        "dataparallel": {f"module.{k}": v for k, v in state.items()},
+    }[wrap]
+    loaded = load_model("resnet18", weights=str(_save_state(tmp_path, "ckpt.pt", obj)))
+    assert torch.equal(_weights_of(loaded.model), _weights_of(source))
+    assert loaded.weights_loaded.startswith("file:")
+
+
+def test_safetensors_checkpoint(tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    torch.manual_seed(6)
+    source = get_model("resnet18", weights=None)
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    loaded = load_model("resnet18", weights=str(path))
+    assert torch.equal(_weights_of(loaded.model), _weights_of(source))
+
+
+class Custom:
+    pass
+
+
+def test_untrusted_pickle_refused_then_allowed(tmp_path) -> None:
+    import __main__
+
+    __main__.Custom = Custom  # picklable by reference
+    torch.manual_seed(7)
+    state = get_model("resnet18", weights=None).state_dict()
+    path = _save_state(tmp_path, "pickled.pt", {"state_dict": state, "extra": Custom()})
+    with pytest.raises(HookscopeError, match="--trust-checkpoint"):
+        load_model("resnet18", weights=str(path))
+    loaded = load_model("resnet18", weights=str(path), trust_checkpoint=True)
+    assert torch.equal(_weights_of(loaded.model), state["conv1.weight"])
+
+
+def test_checkpoint_errors(tmp_path) -> None:
+    with pytest.raises(HookscopeError, match="not found"):
+        load_model("resnet18", weights=str(tmp_path / "missing.pt"))
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a checkpoint at all")
+    with pytest.raises(HookscopeError, match="not a PyTorch checkpoint"):
+        load_model("resnet18", weights=str(junk))
+    other = _save_state(tmp_path, "r34.pt", get_model("resnet34", weights=None).state_dict())
+    with pytest.raises(HookscopeError, match="unexpected key"):
+        load_model("resnet18", weights=str(other))
+    mobilenet = _save_state(tmp_path, "m.pt", get_model("mobilenet_v3_small", weights=None)
+                            .state_dict())
+    with pytest.raises(HookscopeError, match="another architecture"):
+        load_model("resnet18", weights=str(mobilenet))
+    fc = get_model("resnet18", weights=None, num_classes=10).state_dict()
+    with pytest.raises(HookscopeError, match="size mismatch for fc.weight"):
+        load_model("resnet18", weights=str(_save_state(tmp_path, "fc10.pt", fc)))
+    with pytest.raises(HookscopeError, match="not a checkpoint"):
+        read_checkpoint(_save_state(tmp_path, "list.pt", [1, 2, 3]))
+
+
+def test_size_override_rescales_crop_and_resize() -> None:
+    loaded = load_model("resnet18", weights="none", size=112)
+    assert loaded.input_size == (112, 112)
+    assert loaded.preprocess.resize_size == [128]
+
+
+def test_detection_and_segmentation_build_without_downloading_a_backbone() -> None:
+    assert load_model("deeplabv3_mobilenet_v3_large", weights="none").task == "segmentation"
+
+
+def test_devices() -> None:
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(HookscopeError, match="not a device"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(HookscopeError, match="CUDA is not available"):
+            resolve_device("cuda:1")
+    else:
+        with pytest.raises(HookscopeError, match="CUDA device"):
+            resolve_device(f"cuda:{torch.cuda.device_count()}")
