@@ -2,9 +2,10 @@
 
 Speed: on CPU, ``torch.std``, ``var_mean`` and ``count_nonzero`` are many times slower than
 ``sum``, ``dot`` and ``aminmax``. The CPU path therefore takes the mean from ``sum``, the range
-from ``aminmax``, the squares and the zero count (``dot(sign, sign)``) from cache-sized chunks
-written into one reused buffer, and only falls back to masking when a value is not finite, and to a shifted second pass
-when the mean is so large against the spread that one pass would cancel. On CUDA the
+from ``aminmax``, the squares and the zero count (``dot(sign, sign)``) from cache-sized
+chunks written into one reused buffer. It masks only when a value is not finite, and takes
+a shifted second pass only when the mean is so large against the spread that one pass
+would cancel. On CUDA the
 path has no branches at all: each call's moments stay on the device and the whole batch
 is copied to the host once.
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import os
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager

@@ -6,6 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -46,7 +47,7 @@ def header(doc: Mapping[str, Any], extra: str = "") -> Text:
 
 def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False) -> Table:
     """Per-call statistics; non-finite counts red, mostly-zero layers yellow."""
-    table = Table(show_lines=False, header_style="bold", pad_edge=False, expand=False)
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", expand=False)
     table.add_column("#", justify="right", style="dim")
     table.add_column("layer", overflow="fold")
     table.add_column("type", style="dim")
@@ -95,7 +96,8 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False)
 
 def predictions_table(inputs: Sequence[str], predictions: Sequence[Sequence[Mapping[str, Any]]]) -> Table:
     """Top predictions per input."""
-    table = Table(header_style="bold", pad_edge=False, title="top predictions", title_justify="left")
+    table = Table(box=box.SIMPLE_HEAD, header_style="bold", title="top predictions",
+                  title_justify="left")
     table.add_column("input", overflow="fold")
     table.add_column("rank", justify="right")
     table.add_column("class", justify="right")
