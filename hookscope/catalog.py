@@ -70,7 +70,7 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
                                default.name if default is not None else None))
     if not found:
         where = f" with task {task}" if task else ""
-        hint = suggest(pattern, tasks) if pattern else ""
+        hint = suggest(pattern.strip("*?[]"), tasks) if pattern else ""
         raise HookscopeError(
             f"No model{where} matches {pattern!r}.{hint} Run `hookscope models` to list them all."
         )

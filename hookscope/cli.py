@@ -63,7 +63,7 @@ WeightsOpt = Annotated[
 SeedOpt = Annotated[int, typer.Option(help="Seed for random initialisation (and noise).")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
 SizeOpt = Annotated[
-    Optional[int],  # noqa: UP007 - Typer needs Optional on Python 3.10 here
+    int | None,  # noqa: UP007 - Typer needs Optional on Python 3.10 here
     typer.Option(help="Resize/crop inputs to this size instead of the weights' default.",
                  min=8, show_default=False),
 ]
@@ -74,12 +74,12 @@ TrustOpt = Annotated[
                        "unpickling (only for files you trust).")
 ]
 LayersOpt = Annotated[
-    Optional[list[str]],  # noqa: UP007
+    list[str] | None,  # noqa: UP007
     typer.Option("--layers", "-l", help="fnmatch pattern on dotted module names (repeatable), "
                  "e.g. 'layer4.*'.", show_default=False),
 ]
 TypeOpt = Annotated[
-    Optional[list[str]],  # noqa: UP007
+    list[str] | None,  # noqa: UP007
     typer.Option("--type", "-t", help="Module class name, e.g. Conv2d (repeatable).",
                  show_default=False),
 ]
@@ -87,13 +87,13 @@ AllModulesOpt = Annotated[
     bool, typer.Option("--all-modules", help="Hook containers too, not only leaf modules.")
 ]
 MaxDepthOpt = Annotated[
-    Optional[int],  # noqa: UP007
+    int | None,  # noqa: UP007
     typer.Option("--max-depth", help="Cut the module tree at this depth (1 = top-level children).",
                  min=1, show_default=False),
 ]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]
 OutputOpt = Annotated[
-    Optional[Path],  # noqa: UP007
+    Path | None,  # noqa: UP007
     typer.Option("--output", "-o", help="Write the output to this file (atomically) instead of "
                  "stdout.", show_default=False, dir_okay=False),
 ]
@@ -156,7 +156,7 @@ def version_callback(value: bool) -> None:
 @app.callback()
 def main_callback(
     version: Annotated[
-        Optional[bool],  # noqa: UP007
+        bool | None,  # noqa: UP007
         typer.Option("--version", callback=version_callback, is_eager=True,
                      help="Print the version and exit."),
     ] = None,
@@ -267,13 +267,13 @@ LAYERS_COLUMNS = ("name", "type", "depth", "params", "params_total", "trainable"
 @app.command("models")
 def models_command(
     pattern: Annotated[
-        Optional[str],  # noqa: UP007
+        Optional[str],  # noqa: UP007, UP045
         typer.Argument(help="fnmatch pattern on model names, e.g. 'resnet*'; without wildcards "
-                       "it matches names containing it.", metavar="[PATTERN]",
+                       "it matches names containing it.", metavar="PATTERN",
                        show_default=False),
     ] = None,
     task: Annotated[
-        Optional[str],  # noqa: UP007
+        Optional[str],  # noqa: UP007, UP045
         typer.Option("--task", help="Only this task: classification, segmentation, detection, "
                      "video, optical_flow, quantization.", show_default=False),
     ] = None,
@@ -308,10 +308,10 @@ def models_command(
 def layers_command(
     model: ModelArg,
     input_: Annotated[
-        Optional[str],  # noqa: UP007
+        Optional[str],  # noqa: UP007, UP045
         typer.Argument(help="One image or .pt/.npy tensor for the forward pass that records "
                        "shapes (its first sample); default: zeros of the weights' input size.",
-                       metavar="[INPUT]", show_default=False),
+                       metavar="INPUT", show_default=False),
     ] = None,
     weights: WeightsOpt = "auto",
     seed: SeedOpt = 0,
@@ -398,9 +398,11 @@ def debug_command(
 ) -> None:
     """Trace the forward pass; report the first non-finite output and the module that crashed.
 
-    Prints each selected module call as it enters (input shapes) and exits (output shape,
-    mean, std). Exit code 1 when the forward pass raises, or with --fail-on-nonfinite when
-    NaN/Inf appears.
+    Each selected module call prints an enter line (input shapes) and an exit line.
+
+    Exit lines show the output shape, mean and std. Exit code 1: the forward pass raised.
+
+    With --fail-on-nonfinite, exit code 1 also when NaN or Inf appears.
 
     Example: hookscope debug resnet18 cat.jpg --weights ckpt.pt --format ndjson --fail-on-nonfinite
     """
@@ -461,6 +463,186 @@ def debug_command(
 
 
 # ----------------------------------------------------------------- gradcam (issue 4)
+
+
+def _cam_method_enum() -> type[Enum]:
+    from hookscope.cam_methods import method_names  # torch-free: only the registry
+
+    return Enum("CamMethod", {n: n for n in method_names()}, type=str)  # type: ignore[return-value]
+
+
+CamMethod = _cam_method_enum()
+
+
+class CamFormat(str, Enum):
+    """Output formats of ``gradcam``."""
+
+    table = "table"
+    json = "json"
+
+
+class Reshape(str, Enum):
+    """How a layer's output becomes a spatial map."""
+
+    auto = "auto"
+    none = "none"
+    vit = "vit"
+    swin = "swin"
+
+
+@app.command()
+def gradcam(
+    model: ModelArg,
+    inputs: InputsArg,
+    layer: Annotated[
+        Optional[str],  # noqa: UP007, UP045
+        typer.Option("--layer", help="Target layer (dotted name from `hookscope layers`); "
+                     "default: the last module with a spatial output, e.g. layer4.",
+                     show_default=False),
+    ] = None,
+    method: Annotated[
+        Optional[list[CamMethod]],  # type: ignore[valid-type]  # noqa: UP007, UP045
+        typer.Option("--method", "-m", help="CAM method (repeatable). [default: gradcam]",
+                     show_default=False),
+    ] = None,
+    target: Annotated[
+        str, typer.Option("--target", help="Class to explain: top1, topK, a class index or "
+                          "label, or a comma list with one per input.")
+    ] = "top1",
+    out: Annotated[
+        Path, typer.Option("--out", help="Folder for <stem>.<method>.png, "
+                           "<stem>.<method>.heatmap.png (and .npy with --save-raw).",
+                           file_okay=False)
+    ] = Path("hookscope-out"),
+    reshape: Annotated[
+        Reshape, typer.Option(help="Token outputs to a grid: auto (ViT-style CLS + square "
+                              "grid), none, vit, or swin (N, H, W, C).")
+    ] = Reshape.auto,
+    colormap: Annotated[str, typer.Option(help="A matplotlib colormap name.")] = "jet",
+    alpha: Annotated[
+        float, typer.Option(help="Heatmap weight in the overlay.", min=0.0, max=1.0)
+    ] = 0.5,
+    save_raw: Annotated[
+        bool, typer.Option("--save-raw", help="Also write <stem>.<method>.npy: the float32 map "
+                           "at the layer's resolution, after ReLU, before normalisation.")
+    ] = False,
+    score_batch: Annotated[
+        int, typer.Option("--score-batch", help="Masked inputs per forward pass (scorecam).",
+                          min=1)
+    ] = 32,
+    weights: WeightsOpt = "auto",
+    seed: SeedOpt = 0,
+    device: DeviceOpt = "auto",
+    size: SizeOpt = None,
+    batch_size: BatchOpt = 8,
+    trust_checkpoint: TrustOpt = False,
+    fmt: Annotated[CamFormat, typer.Option("--format", "-f", help="Output format.")] = (
+        CamFormat.table),
+    force: ForceOpt = False,
+    quiet: QuietOpt = False,
+    traceback: TracebackOpt = False,
+) -> None:
+    """Grad-CAM and its family: which pixels made the model choose a class.
+
+    Example: hookscope gradcam resnet18 sample_images/*.jpg -m gradcam -m gradcam++ --out out/
+    """
+    from hookscope.render import console
+
+    console.setup_logging(quiet=quiet)
+    with failures(traceback):
+        from hookscope.render import heatmap
+
+        methods = list(dict.fromkeys(m.value for m in (method or []))) or ["gradcam"]
+        heatmap.check_colormap(colormap)
+        resolved = _inputs(inputs, model)
+        items = resolved.items
+        plans = heatmap.output_paths([i.stem for i in items], methods, out, save_raw=save_raw)
+        heatmap.check_outputs(out, plans, force=force)
+        loaded = _load(model, weights, seed, device, size, trust_checkpoint)
+        doc = _gradcam_run(loaded, resolved, plans, layer=layer, methods=methods, target=target,
+                           out=out, reshape=reshape.value, colormap=colormap, alpha=alpha,
+                           save_raw=save_raw, score_batch=score_batch, batch_size=batch_size,
+                           force=force, progress=fmt is CamFormat.table)
+        if fmt is CamFormat.json:
+            from hookscope.render import output as outmod
+
+            outmod.emit(outmod.dumps_json(doc), None)
+        else:
+            from hookscope.render import camview, tables
+
+            tables.print_view(camview.cam_view(doc), console.stdout())
+
+
+def _gradcam_run(loaded: LoadedModel, resolved: InputSet, plans: list, *, layer: str | None,
+                 methods: list[str], target: str, out: Path, reshape: str, colormap: str,
+                 alpha: float, save_raw: bool, score_batch: int, batch_size: int, force: bool,
+                 progress: bool) -> dict:
+    """Stream batches through the CAM engine and stage the PNGs; return the JSON document."""
+    import logging
+
+    from hookscope.cam import CamRunner, crop_box, default_layer, peak_in_box
+    from hookscope.inputs import iter_batches
+    from hookscope.render import console, heatmap
+    from hookscope.targets import parse_targets
+
+    log = logging.getLogger("hookscope")
+    if loaded.input_ndim != 4:
+        raise HookscopeError(f"{loaded.name} is a video model; gradcam explains image "
+                             "classifiers.")
+    targets = parse_targets(target, loaded.categories)
+    targets.check_count(len(resolved))
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    notes: dict[str, None] = {}
+    runner: CamRunner | None = None
+    batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size, keep_images=True,
+                           ndim=loaded.input_ndim)
+    with heatmap.Staging(force=force) as staging, \
+            console.progress(len(resolved), "gradcam", enabled=progress) as step:
+        for batch in batches:
+            if runner is None:
+                name = layer
+                if name is None:
+                    name, shape = default_layer(loaded.model, batch.tensor[:1])
+                    log.info("--layer not given; using %s, the last module with a spatial "
+                             "output (%s)", name, "x".join(str(d) for d in shape[1:]))
+                runner = CamRunner(loaded.model, name, methods, targets, reshape=reshape,
+                                   score_batch=score_batch)
+            results = runner.run(batch.tensor, batch.start)
+            for i, item in enumerate(batch.items):
+                original = batch.images[i]
+                image = original or heatmap.denormalize(batch.tensor[i], loaded.mean,
+                                                        loaded.std)
+                box = crop_box(loaded.preprocess, image.size) if original is not None else None
+                for mname, res in results.items():
+                    paths = plans[batch.start + i][mname]
+                    staging.submit(heatmap.write_cam_files, staging, res.maps[i], image, box,
+                                   paths, raw=res.raw[i] if save_raw else None, cmap=colormap,
+                                   alpha=alpha)
+                    peak = res.peaks[i]
+                    if box is not None:
+                        peak = peak_in_box(peak, res.maps.shape[1:], box)
+                    rows.append({
+                        "input": item.name, "method": mname, "layer": res.layer,
+                        "target": res.targets[i], "label": loaded.label(res.targets[i]),
+                        "score": res.scores[i], "prob": res.probs[i],
+                        "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
+                        "raw": str(paths["raw"]) if paths["raw"] is not None else None,
+                        "peak": list(peak),
+                    })
+                    notes.update(dict.fromkeys(res.notes))
+            step(len(batch))
+    for note in notes:
+        log.warning(note)
+    assert runner is not None  # resolve_inputs never returns an empty set
+    return loaded.envelope("gradcam", [i.name for i in resolved.items]) | {
+        "layer": runner.site.name,
+        "layer_default": layer is None,
+        "layer_shape": runner.layer_shape,
+        "methods": methods,
+        "out": str(out),
+        "results": rows,
+    }
 
 
 # ----------------------------------------------------------------- grads, features, ablate (issue 5)
@@ -675,7 +857,8 @@ def features(
         if fmt is Format.json:
             out.emit(out.dumps_json(doc), None)
         elif fmt is Format.csv:
-            out.emit(out.dumps_csv(rows, FEATURE_COLUMNS), None)
+            flat = [r | {"channels": ",".join(map(str, r["channels"]))} for r in rows]
+            out.emit(out.dumps_csv(flat, FEATURE_COLUMNS), None)
         else:
             tables.print_view(grid_render.features_view(doc), console.stdout())
 

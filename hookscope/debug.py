@@ -21,7 +21,7 @@ leaves it out.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -310,8 +310,8 @@ def run_debug(
     model: nn.Module,
     inputs: torch.Tensor | Iterable[torch.Tensor],
     *,
-    layers: list[str] | None = None,
-    types: list[str] | None = None,
+    layers: Sequence[str] | None = None,
+    types: Sequence[str] | None = None,
     all_modules: bool = False,
     max_depth: int | None = None,
     on_event: Callable[[Event], None] | None = None,

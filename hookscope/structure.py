@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.errors import HookscopeError
 from hookscope.hooks import Call, Site, Tracer, all_sites, tensor_shapes
 
 __all__ = ["LayerCall", "LayerInfo", "Structure", "model_structure", "parameter_counts"]
@@ -175,8 +176,6 @@ def model_structure(
         HookscopeError: ``max_depth`` below 1, or the forward pass failed (the message names
             the innermost module that was running).
     """
-    from hookscope.errors import HookscopeError
-
     if max_depth is not None and max_depth < 1:
         raise HookscopeError(f"--max-depth must be at least 1, not {max_depth}.")
     counts = parameter_counts(model)

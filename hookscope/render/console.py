@@ -23,14 +23,24 @@ _stdout: Console | None = None
 _stderr: Console | None = None
 
 
+class _DataConsole(Console):
+    """stdout console whose closed pipe (``hookscope ... | head``) is not an error."""
+
+    def on_broken_pipe(self) -> None:
+        # Rich would exit with code 1; the CLI treats BrokenPipeError as a reader that left.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise BrokenPipeError("stdout was closed")
+
+
 def stdout() -> Console:
     """The console for data (tables, trees)."""
     global _stdout
     if _stdout is None:
-        _stdout = Console(soft_wrap=False)
+        _stdout = _DataConsole(soft_wrap=False)
         if not _stdout.is_terminal and "COLUMNS" not in os.environ:
             # Piped tables keep one row per line instead of folding at 80 columns.
-            _stdout = Console(soft_wrap=False, width=200)
+            _stdout = _DataConsole(soft_wrap=False, width=200)
     return _stdout
 
 
@@ -78,7 +88,11 @@ def progress(total: int | None, description: str, *, enabled: bool) -> Iterator[
     """A Rich progress bar on stderr; yields ``advance(n)``. Off when not a terminal."""
     console = stderr()
     if not enabled or not console.is_terminal:
-        yield lambda n=1: None
+
+        def ignore(n: int = 1) -> None:
+            return None
+
+        yield ignore
         return
     columns = [
         TextColumn("[bold]{task.description}"),
@@ -89,4 +103,8 @@ def progress(total: int | None, description: str, *, enabled: bool) -> Iterator[
     ]
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task, n)
+
+        def advance(n: int = 1) -> None:
+            bar.advance(task, n)
+
+        yield advance

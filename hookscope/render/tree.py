@@ -21,25 +21,16 @@ from hookscope.render.tables import fmt_float, header
 
 
 def models_table(doc: Mapping[str, Any]) -> Table:
-    """One row per model: name, task, weights (the DEFAULT member first, in bold)."""
+    """One row per model: name, task, the DEFAULT weights and every weights enum member."""
     table = Table(header_style="bold", pad_edge=False,
                   title=f"{len(doc['models'])} model(s)", title_justify="left")
     table.add_column("model")
     table.add_column("task", style="dim")
-    table.add_column("weights", overflow="fold")
+    table.add_column("default weights", style="cyan")
+    table.add_column("all weights", overflow="fold")
     for m in doc["models"]:
-        weights = Text()
-        names = list(m["weights"])
-        if m.get("default") in names:
-            names.remove(m["default"])
-            names.insert(0, m["default"])
-        for i, name in enumerate(names):
-            if i:
-                weights.append(", ")
-            weights.append(name, style="bold" if name == m.get("default") else "")
-        if not names:
-            weights.append("none (random initialisation only)", style="dim")
-        table.add_row(m["name"], m["task"], weights)
+        weights = ", ".join(m["weights"]) if m["weights"] else Text("none", style="dim")
+        table.add_row(m["name"], m["task"], m.get("default") or Text("-", style="dim"), weights)
     return table
 
 
@@ -230,12 +221,21 @@ class TracePrinter:
 
     def __init__(self, console: Console) -> None:
         self.console = console
+        self._batch = 0
+
+    def _print(self, text: Text) -> None:
+        # A closed pipe raises BrokenPipeError (see render.console), which the CLI exits 0 on.
+        self.console.print(text, soft_wrap=True, highlight=False)
 
     def __call__(self, event: Mapping[str, Any]) -> None:
-        self.console.print(trace_line(event), soft_wrap=True, highlight=False)
+        batch = int(event.get("batch") or 0)
+        if batch != self._batch:
+            self._batch = batch
+            self._print(Text(f"── batch {batch} ──", style="dim"))
+        self._print(trace_line(event))
 
     def header(self, doc: Mapping[str, Any]) -> None:
-        self.console.print(header(doc), soft_wrap=True, highlight=False)
+        self._print(header(doc))
 
     def summary(self, summary: Mapping[str, Any]) -> None:
-        self.console.print(summary_line(summary), soft_wrap=True, highlight=False)
+        self._print(summary_line(summary))
