@@ -133,6 +133,13 @@ def _spatial_reason(shape: Sequence[int], reshape: str) -> str | None:
     return f"it is {dims}-D; Grad-CAM needs (N, C, H, W) or ViT tokens (N, 1+h*w, C)"
 
 
+def _auto_layout(model: nn.Module, layer: str) -> str:
+    """``swin`` for torchvision Swin layers before its ``permute`` (channels-last), else auto."""
+    if "Swin" in type(model).__name__ and (layer == "norm" or layer.startswith("features")):
+        return "swin"
+    return "auto"
+
+
 def _to_nchw(t: torch.Tensor, reshape: str) -> torch.Tensor:
     """Bring an activation (or its gradient) to (N, C, h, w)."""
     if t.dim() == 4:
@@ -276,7 +283,7 @@ class CamRunner:
         self.site = _resolve_site(model, layer)
         self.methods: list[Method] = list({m.name: m for m in map(get_method, methods)}.values())
         self.targets = targets or parse_targets(None, None)
-        self.reshape = reshape
+        self.reshape = _auto_layout(model, self.site.name) if reshape == "auto" else reshape
         self.score_batch = score_batch
         self.layer_shape: list[int] | None = None
 
@@ -373,6 +380,12 @@ class CamRunner:
         if x.dim() != 4:
             raise HookscopeError(
                 f"Grad-CAM takes image batches (N, C, H, W); got shape {list(x.shape)}."
+            )
+        entries = len(self.targets.entries)
+        if self.targets.per_input and start + x.shape[0] > entries:
+            raise HookscopeError(
+                f"--target lists {entries} targets for at least {start + x.shape[0]} input(s); "
+                "give one target for all inputs or exactly one per input."
             )
         x = x.detach().to(_device_of(self.model))
         with _eval_mode(self.model):

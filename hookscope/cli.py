@@ -465,6 +465,10 @@ def debug_command(
 # ----------------------------------------------------------------- gradcam (issue 4)
 
 
+if TYPE_CHECKING:
+    from hookscope.targets import Targets
+
+
 def _cam_method_enum() -> type[Enum]:
     from hookscope.cam_methods import method_names  # torch-free: only the registry
 
@@ -552,7 +556,8 @@ def gradcam(
     with failures(traceback):
         from hookscope.render import heatmap
 
-        methods = list(dict.fromkeys(m.value for m in (method or []))) or ["gradcam"]
+        chosen = [str(getattr(m, "value", m)) for m in method or []]
+        methods = list(dict.fromkeys(chosen)) or ["gradcam"]
         heatmap.check_colormap(colormap)
         resolved = _inputs(inputs, model)
         items = resolved.items
@@ -578,20 +583,37 @@ def _gradcam_run(loaded: LoadedModel, resolved: InputSet, plans: list, *, layer:
                  alpha: float, save_raw: bool, score_batch: int, batch_size: int, force: bool,
                  progress: bool) -> dict:
     """Stream batches through the CAM engine and stage the PNGs; return the JSON document."""
-    import logging
-
-    from hookscope.cam import CamRunner, crop_box, default_layer, peak_in_box
-    from hookscope.inputs import iter_batches
-    from hookscope.render import console, heatmap
     from hookscope.targets import parse_targets
 
-    log = logging.getLogger("hookscope")
     if loaded.input_ndim != 4:
         raise HookscopeError(f"{loaded.name} is a video model; gradcam explains image "
                              "classifiers.")
     targets = parse_targets(target, loaded.categories)
     targets.check_count(len(resolved))
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _gradcam_batches(loaded, resolved, plans, targets, layer=layer, methods=methods,
+                                out=out, reshape=reshape, colormap=colormap, alpha=alpha,
+                                save_raw=save_raw, score_batch=score_batch,
+                                batch_size=batch_size, force=force, progress=progress)
+    except BaseException:
+        if created and not any(out.iterdir()):
+            out.rmdir()  # leave nothing behind, not even the folder
+        raise
+
+
+def _gradcam_batches(loaded: LoadedModel, resolved: InputSet, plans: list, targets: Targets, *,
+                     layer: str | None, methods: list[str], out: Path, reshape: str,
+                     colormap: str, alpha: float, save_raw: bool, score_batch: int,
+                     batch_size: int, force: bool, progress: bool) -> dict:
+    import logging
+
+    from hookscope.cam import CamRunner, crop_box, default_layer, peak_in_box
+    from hookscope.inputs import iter_batches
+    from hookscope.render import console, heatmap
+
+    log = logging.getLogger("hookscope")
     rows: list[dict] = []
     notes: dict[str, None] = {}
     runner: CamRunner | None = None
@@ -609,6 +631,7 @@ def _gradcam_run(loaded: LoadedModel, resolved: InputSet, plans: list, *, layer:
                 runner = CamRunner(loaded.model, name, methods, targets, reshape=reshape,
                                    score_batch=score_batch)
             results = runner.run(batch.tensor, batch.start)
+            peaks = {mname: res.peaks for mname, res in results.items()}
             for i, item in enumerate(batch.items):
                 original = batch.images[i]
                 image = original or heatmap.denormalize(batch.tensor[i], loaded.mean,
@@ -619,7 +642,7 @@ def _gradcam_run(loaded: LoadedModel, resolved: InputSet, plans: list, *, layer:
                     staging.submit(heatmap.write_cam_files, staging, res.maps[i], image, box,
                                    paths, raw=res.raw[i] if save_raw else None, cmap=colormap,
                                    alpha=alpha)
-                    peak = res.peaks[i]
+                    peak = peaks[mname][i]
                     if box is not None:
                         peak = peak_in_box(peak, res.maps.shape[1:], box)
                     rows.append({

@@ -94,6 +94,12 @@ def check_writable(path: Path, *, force: bool) -> None:
         raise HookscopeError(f"{parent}: no such directory for the output file.")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: Path, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it into place only on success.
@@ -104,6 +110,7 @@ def atomic_path(path: Path, *, force: bool = False) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent or ".")
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual mode
     try:
         yield tmp_path
         if path.exists() and not force:  # appeared while we worked

@@ -1,0 +1,291 @@
+"""Heatmap PNGs: a matplotlib colormap, overlays at the original resolution, staged writes.
+
+All image I/O is Pillow. Colouring uses a 256-entry lookup table taken from matplotlib, so
+a large photo costs one table lookup per pixel. Files are written under temporary names and
+renamed into place only when the whole run succeeded (:class:`Staging`), so a failed run
+leaves no partial output.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from hookscope.errors import HookscopeError
+
+Box = tuple[float, float, float, float]
+
+
+@lru_cache(maxsize=16)
+def colormap_lut(name: str) -> np.ndarray:
+    """(256, 3) uint8 colours of a matplotlib colormap.
+
+    Raises:
+        HookscopeError: unknown colormap, with close names.
+    """
+    import matplotlib
+
+    from hookscope.errors import suggest
+
+    try:
+        cmap = matplotlib.colormaps[name]
+    except KeyError:
+        names = sorted(matplotlib.colormaps)
+        raise HookscopeError(
+            f"--colormap {name!r} is not a matplotlib colormap.{suggest(name, names)} "
+            "Common choices: jet, turbo, viridis, inferno, magma."
+        ) from None
+    rgba = cmap(np.linspace(0.0, 1.0, 256))
+    return np.clip(np.round(rgba[:, :3] * 255.0), 0, 255).astype(np.uint8)
+
+
+def check_colormap(name: str) -> None:
+    """Fail early on an unknown colormap name."""
+    colormap_lut(name)
+
+
+def colorize(values: np.ndarray, cmap: str = "jet") -> np.ndarray:
+    """(H, W) values in [0, 1] to (H, W, 3) uint8 colours."""
+    index = np.clip(np.rint(np.nan_to_num(values) * 255.0), 0, 255).astype(np.uint8)
+    return colormap_lut(cmap)[index]
+
+
+def resize_map(values: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Bilinear resize of a float (h, w) map to ``size`` = (width, height), clipped to [0, 1]."""
+    img = Image.fromarray(np.ascontiguousarray(values, dtype=np.float32), mode="F")
+    if img.size != size:
+        img = img.resize(size, Image.Resampling.BILINEAR)
+    return np.clip(np.asarray(img, dtype=np.float32), 0.0, 1.0)
+
+
+def _box_pixels(box: Box, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    width, height = size
+    left, top, right, bottom = box
+    x0, y0 = max(0, int(round(left))), max(0, int(round(top)))
+    x1, y1 = min(width, int(round(right))), min(height, int(round(bottom)))
+    return x0, y0, max(x1, x0 + 1), max(y1, y0 + 1)
+
+
+def heatmap_images(
+    values: np.ndarray,
+    image: Image.Image,
+    box: Box | None = None,
+    *,
+    cmap: str = "jet",
+    alpha: float = 0.5,
+) -> tuple[Image.Image, Image.Image]:
+    """The overlay and the coloured map alone, both at ``image``'s size.
+
+    Args:
+        values: (h, w) map in [0, 1], at the model input's resolution.
+        image: the original RGB image.
+        box: where the model input lies in ``image`` (a centre crop); None for all of it.
+            Outside the box the overlay shows the image untinted and the heatmap is
+            transparent.
+        cmap: matplotlib colormap name.
+        alpha: weight of the heatmap in the overlay.
+    """
+    base = np.asarray(image.convert("RGB"), dtype=np.float32)
+    height, width = base.shape[:2]
+    x0, y0, x1, y1 = _box_pixels(box or (0, 0, width, height), (width, height))
+    colours = colorize(resize_map(values, (x1 - x0, y1 - y0)), cmap).astype(np.float32)
+    overlay = base.copy()
+    overlay[y0:y1, x0:x1] = (1.0 - alpha) * base[y0:y1, x0:x1] + alpha * colours
+    over = Image.fromarray(np.clip(np.rint(overlay), 0, 255).astype(np.uint8), "RGB")
+    if (x0, y0, x1, y1) == (0, 0, width, height):
+        heat = Image.fromarray(colours.astype(np.uint8), "RGB")
+    else:
+        rgba = np.zeros((height, width, 4), dtype=np.uint8)
+        rgba[y0:y1, x0:x1, :3] = colours.astype(np.uint8)
+        rgba[y0:y1, x0:x1, 3] = 255
+        heat = Image.fromarray(rgba, "RGBA")
+    return over, heat
+
+
+def denormalize(
+    tensor: Any, mean: Sequence[float] | None, std: Sequence[float] | None
+) -> Image.Image:
+    """An RGB image from a preprocessed (C, H, W) tensor or array, undoing mean/std."""
+    arr = np.asarray(tensor.detach().cpu() if hasattr(tensor, "detach") else tensor,
+                     dtype=np.float32)
+    if arr.shape[0] == 1:
+        arr = np.repeat(arr, 3, axis=0)
+    arr = arr[:3]
+    if mean is not None and std is not None and len(mean) >= 3 and len(std) >= 3:
+        arr = arr * np.asarray(std[:3], np.float32)[:, None, None] + np.asarray(
+            mean[:3], np.float32)[:, None, None]
+    else:
+        lo, hi = float(np.nanmin(arr)), float(np.nanmax(arr))
+        arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
+    pixels = np.clip(np.rint(np.nan_to_num(arr) * 255.0), 0, 255).astype(np.uint8)
+    return Image.fromarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), "RGB")
+
+
+class Staging:
+    """Files written under temporary names in their folder, renamed into place on commit.
+
+    A run that fails calls :meth:`abort`, which deletes every temporary file, so no
+    partial output is left. Writes may run in worker threads (:meth:`submit`).
+    """
+
+    def __init__(self, *, force: bool = False, workers: int = 2) -> None:
+        self.force = force
+        self._staged: list[tuple[Path, Path]] = []
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max(1, workers),
+                                        thread_name_prefix="hookscope-write")
+        self._futures: list[Future[None]] = []
+
+    def temp_for(self, path: Path) -> Path:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        os.close(fd)
+        with self._lock:
+            self._staged.append((Path(tmp), path))
+        return Path(tmp)
+
+    def save_png(self, image: Image.Image, path: Path) -> None:
+        image.save(self.temp_for(path), format="PNG", compress_level=3)
+
+    def save_npy(self, array: np.ndarray, path: Path) -> None:
+        tmp = self.temp_for(path)
+        with open(tmp, "wb") as fh:
+            np.save(fh, np.asarray(array, dtype=np.float32), allow_pickle=False)
+
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        """Run a write in a worker; at most 8 in flight, so memory stays bounded."""
+        while len(self._futures) >= 8:
+            if self._futures[0].exception() is not None:  # waits for it
+                self.wait()  # re-raises the failure
+            self._futures.pop(0)
+        self._futures.append(self._pool.submit(fn, *args, **kwargs))
+
+    def wait(self) -> None:
+        """Wait for every write; re-raise the first failure (an OS error as one line)."""
+        futures, self._futures = self._futures, []
+        for f in futures:
+            try:
+                f.result()
+            except OSError as exc:
+                where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+                raise HookscopeError(f"Could not write{where}: {exc.strerror or exc}.") from exc
+
+    def commit(self) -> None:
+        """Rename every staged file into place."""
+        self.wait()
+        if not self.force:
+            taken = [str(dst) for _, dst in self._staged if dst.exists()]
+            if taken:
+                raise HookscopeError(
+                    f"{taken[0]} already exists; pass --force to overwrite it."
+                )
+        mask = os.umask(0)
+        os.umask(mask)
+        for tmp, dst in self._staged:
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp made it private; give it a normal mode
+            os.replace(tmp, dst)
+        self._staged.clear()
+
+    def abort(self) -> None:
+        """Delete every temporary file (after letting running writes finish)."""
+        for f in self._futures:
+            f.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for tmp, _ in self._staged:
+            try:
+                tmp.unlink()
+            except FileNotFoundError:
+                pass
+        self._staged.clear()
+        self._futures.clear()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> Staging:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            try:
+                self.commit()
+            except BaseException:
+                self.abort()
+                raise
+            finally:
+                self.close()
+        else:
+            self.abort()
+
+
+def write_cam_files(
+    staging: Staging,
+    values: np.ndarray,
+    image: Image.Image,
+    box: Box | None,
+    paths: dict[str, Path | None],
+    *,
+    raw: np.ndarray | None = None,
+    cmap: str = "jet",
+    alpha: float = 0.5,
+) -> None:
+    """Render and stage one input's overlay, heatmap and (optionally) raw ``.npy`` files."""
+    over, heat = heatmap_images(values, image, box, cmap=cmap, alpha=alpha)
+    staging.save_png(over, paths["overlay"])  # type: ignore[arg-type]
+    staging.save_png(heat, paths["heatmap"])  # type: ignore[arg-type]
+    if raw is not None and paths.get("raw") is not None:
+        staging.save_npy(raw, paths["raw"])  # type: ignore[arg-type]
+
+
+def output_paths(
+    stems: Sequence[str], methods: Sequence[str], out: Path, *, save_raw: bool
+) -> list[dict[str, dict[str, Path | None]]]:
+    """Per input, per method: the ``overlay``, ``heatmap`` and ``raw`` paths in ``out``.
+
+    Inputs with the same stem (``a/cat.jpg`` and ``b/cat.jpg``) get ``cat-2``, ``cat-3``...
+    so no run ever writes one file twice.
+    """
+    seen: dict[str, int] = {}
+    plans: list[dict[str, dict[str, Path | None]]] = []
+    for stem in stems:
+        count = seen.get(stem, 0) + 1
+        seen[stem] = count
+        unique = stem if count == 1 else f"{stem}-{count}"
+        while count > 1 and unique in seen:
+            count += 1
+            unique = f"{stem}-{count}"
+        if unique != stem:
+            seen[unique] = 1
+        plans.append({
+            m: {
+                "overlay": out / f"{unique}.{m}.png",
+                "heatmap": out / f"{unique}.{m}.heatmap.png",
+                "raw": out / f"{unique}.{m}.npy" if save_raw else None,
+            }
+            for m in methods
+        })
+    return plans
+
+
+def check_outputs(out: Path, plans: Sequence[dict[str, dict[str, Path | None]]], *,
+                  force: bool) -> None:
+    """Fail before any work when ``out`` is not a folder or a planned file exists."""
+    if out.exists() and not out.is_dir():
+        raise HookscopeError(f"--out {out} is a file; give a folder.")
+    if force or not out.exists():
+        return
+    taken = [p for plan in plans for files in plan.values() for p in files.values()
+             if p is not None and p.exists()]
+    if taken:
+        more = f" (and {len(taken) - 1} more)" if len(taken) > 1 else ""
+        raise HookscopeError(
+            f"{taken[0]} already exists{more}; pass --force to overwrite, or choose another --out."
+        )
