@@ -22,6 +22,8 @@ _LAZY = {
     "select_sites": "hookscope.hooks",
     "gradcam": "hookscope.cam",
     "CamResult": "hookscope.cam",
+    "collect_grads": "hookscope.grads",
+    "GradReport": "hookscope.grads",
 }
 
 __all__ = ["__version__", *_LAZY]

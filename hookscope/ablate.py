@@ -251,7 +251,15 @@ class _Modifier:
 
 def channel_count(model: nn.Module, x: torch.Tensor, name: str, channel_dim: int) -> int:
     """Channels of the layer's output, from one forward pass on the first input."""
+    return _plain_run(model, x[:1], name, channel_dim)[1]
+
+
+def _plain_run(
+    model: nn.Module, x: torch.Tensor, name: str, channel_dim: int
+) -> tuple[Any, int]:
+    """The unmodified forward pass (the model's output) and the layer's channel count."""
     site = find_site(model, name)
+    x = x.to(_device_of(model))
     shapes: list[list[int]] = []
 
     def grab(call: Call, args: Any, kwargs: Any, output: Any) -> None:
@@ -260,7 +268,7 @@ def channel_count(model: nn.Module, x: torch.Tensor, name: str, channel_dim: int
 
     with torch.inference_mode(), Tracer(model, [site], on_exit=grab) as tracer:
         try:
-            model(x[:1])
+            output = model(x)
         except (RuntimeError, ValueError, TypeError, IndexError) as exc:
             raise tracer.forward_error(exc) from exc
     if not shapes:
@@ -270,7 +278,7 @@ def channel_count(model: nn.Module, x: torch.Tensor, name: str, channel_dim: int
         raise HookscopeError(
             f"{name}: output shape {shape} has no channel dimension {channel_dim}."
         )
-    return shape[channel_dim]
+    return output, shape[channel_dim]
 
 
 def _has_dim(ndim: int, dim: int) -> bool:
@@ -371,12 +379,12 @@ def ablate(
     site = find_site(model, layer)
     device = _device_of(model)
     x = x.to(device)
-    count = channel_count(model, x, layer, channel_dim)
+    output, count = _plain_run(model, x, layer, channel_dim)
+    before = _logits(output)
     chosen = parse_channels(channels, count)
     modifier = _Modifier(mode, channel_dim, call, _generator(device, seed))
     modifier.channels = chosen
     with torch.inference_mode():
-        before = _run(model, x)
         with Tracer(model, [site], on_exit=modifier) as tracer:
             after = _run(model, x, tracer)
     _check_seen(modifier, layer, call)
@@ -440,23 +448,24 @@ def sweep(
     site = find_site(model, layer)
     device = _device_of(model)
     x = x.to(device)
-    count = channel_count(model, x, layer, channel_dim)
+    output, count = _plain_run(model, x, layer, channel_dim)
+    befores = _logits(output)
     chosen = parse_channels(channels, count)
     modifier = _Modifier(mode, channel_dim, call, _generator(device, seed))
     modifier.per_row = True
     results = []
     with torch.inference_mode():
-        befores = _run(model, x)
         classes = targets.resolve(befores, start)
         with Tracer(model, [site], on_exit=modifier) as tracer:
             for i in range(x.shape[0]):
                 before, cls = befores[i:i + 1], classes[i]
+                # One contiguous copy per input: convolutions are slower on a stride-0 batch.
+                repeated = x[i:i + 1].expand(min(batch, len(chosen)), *x.shape[1:]).contiguous()
                 afters = []
                 for lo in range(0, len(chosen), batch):
                     part = chosen[lo:lo + batch]
                     modifier.channels = part
-                    afters.append(_run(model, x[i:i + 1].expand(len(part), *x.shape[1:]),
-                                       tracer))
+                    afters.append(_run(model, repeated[:len(part)], tracer))
                     _check_seen(modifier, layer, call)
                     if on_step is not None:
                         on_step(len(part))

@@ -258,3 +258,14 @@ def test_cuda_matches_cpu_without_per_layer_sync(tiny_net) -> None:
     for a, b in zip(cpu.layers, gpu.layers, strict=True):
         assert a.mean == pytest.approx(b.mean, rel=1e-3, abs=1e-5)
         assert a.zero_fraction == b.zero_fraction
+
+
+def test_scratch_made_in_inference_mode_is_usable_outside_it() -> None:
+    import hookscope.stats as stats
+
+    stats._local.buf = None
+    with torch.inference_mode():
+        moments(torch.zeros(10) - 1)  # the reused buffer is first made here
+    x = torch.randn(64, requires_grad=True)
+    (g,) = torch.autograd.grad((x * x).sum(), x)
+    assert moments(g).summary()["mean"] == pytest.approx((2 * x).double().mean().item(), rel=1e-5)

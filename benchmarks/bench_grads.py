@@ -1,0 +1,78 @@
+"""Benchmark: `hookscope grads` against one forward and one backward pass.
+
+Prints, in one process, the ratio of ``collect_grads`` (all leaf modules hooked, per-call
+gradient statistics, per-parameter norms) to a bare forward + ``torch.autograd.grad`` with
+respect to every parameter, and to a bare ``torch.no_grad()`` forward.
+
+    .venv/bin/python benchmarks/bench_grads.py [--model resnet18] [--size 224] [--batch 1]
+
+CPU timings on a shared machine are noisy: each figure is the median of --repeat runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from hookscope.grads import collect_grads
+from hookscope.models import load_model
+
+
+def timed(fns: dict[str, Callable[[], None]], repeat: int) -> dict[str, tuple[float, float]]:
+    """(min, median) seconds per function, runs interleaved so that load from other
+    processes on a shared machine hits every function alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (min(t), statistics.median(t)) for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+
+    os.environ.setdefault("HOOKSCOPE_OFFLINE", "1")
+    torch.manual_seed(0)
+    model = load_model(args.model, weights="none", device="cpu").model
+    x = torch.randn(args.batch, 3, args.size, args.size)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def bare_forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def forward_backward() -> None:
+        out = model(x)
+        target = out.argmax(1)
+        torch.autograd.grad(out[torch.arange(len(target)), target].sum(), params)
+
+    def hookscope_grads() -> None:
+        collect_grads(model, x)
+
+    t = timed({"forward": bare_forward, "fb": forward_backward, "grads": hookscope_grads},
+              args.repeat)
+    print(f"{args.model} batch {args.batch} at {args.size}px, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}; min / median of {args.repeat} interleaved runs")
+    for key, name in (("forward", "bare forward (no_grad)"), ("fb", "forward + backward (params)"),
+                      ("grads", "hookscope grads (all leaves)")):
+        print(f"{name:32s} {t[key][0] * 1e3:8.1f} / {t[key][1] * 1e3:8.1f} ms")
+    for key, name in (("fb", "forward+backward"), ("forward", "bare forward")):
+        print(f"ratio grads / {name:18s} {t['grads'][0] / t[key][0]:6.3f} / "
+              f"{t['grads'][1] / t[key][1]:6.3f}")
+
+if __name__ == "__main__":
+    main()
