@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from hookscope.errors import HookscopeError
-from hookscope.hooks import Call, Tracer, find_site
+from hookscope.hooks import Call, Tracer, find_site, model_device
 from hookscope.targets import Targets, parse_targets
 
 __all__ = [
@@ -259,7 +259,7 @@ def _plain_run(
 ) -> tuple[Any, int]:
     """The unmodified forward pass (the model's output) and the layer's channel count."""
     site = find_site(model, name)
-    x = x.to(_device_of(model))
+    x = x.to(model_device(model))
     shapes: list[list[int]] = []
 
     def grab(call: Call, args: Any, kwargs: Any, output: Any) -> None:
@@ -332,12 +332,6 @@ def _generator(device: torch.device, seed: int) -> torch.Generator:
     return gen
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
 def ablate(
     model: nn.Module,
     x: torch.Tensor,
@@ -377,7 +371,7 @@ def ablate(
     targets = parse_targets(target, categories) if isinstance(target, str) or target is None \
         else target
     site = find_site(model, layer)
-    device = _device_of(model)
+    device = model_device(model)
     x = x.to(device)
     output, count = _plain_run(model, x, layer, channel_dim)
     before = _logits(output)
@@ -446,7 +440,7 @@ def sweep(
     targets = parse_targets(target, categories) if isinstance(target, str) or target is None \
         else target
     site = find_site(model, layer)
-    device = _device_of(model)
+    device = model_device(model)
     x = x.to(device)
     output, count = _plain_run(model, x, layer, channel_dim)
     befores = _logits(output)

@@ -30,7 +30,15 @@ from torch import nn
 
 from hookscope.cam_methods import CamInputs, Method, get_method, method_names
 from hookscope.errors import ForwardError, HookscopeError
-from hookscope.hooks import Hooks, Site, Tracer, all_sites, find_site, first_tensor
+from hookscope.hooks import (
+    Hooks,
+    Site,
+    Tracer,
+    all_sites,
+    find_site,
+    first_tensor,
+    model_device,
+)
 from hookscope.targets import Targets, parse_targets
 
 log = logging.getLogger("hookscope")
@@ -173,14 +181,6 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
             m.training = flag
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    for b in model.buffers():
-        return b.device
-    return torch.device("cpu")
-
-
 def _classifier_output(output: Any, model: nn.Module) -> torch.Tensor:
     logits = first_tensor(output)
     if logits is None or logits.dim() != 2:
@@ -228,7 +228,7 @@ def default_layer(model: nn.Module, sample: torch.Tensor) -> tuple[str, list[int
     sites = [s for s in all_sites(model) if s.name]
     with _eval_mode(model), torch.inference_mode(), Tracer(model, sites, on_exit=on_exit) as tr:
         try:
-            model(sample.to(_device_of(model)))
+            model(sample.to(model_device(model)))
         except HookscopeError:
             raise
         except _FORWARD_ERRORS as exc:
@@ -387,7 +387,7 @@ class CamRunner:
                 f"--target lists {entries} targets for at least {start + x.shape[0]} input(s); "
                 "give one target for all inputs or exactly one per input."
             )
-        x = x.detach().to(_device_of(self.model))
+        x = x.detach().to(model_device(self.model))
         with _eval_mode(self.model):
             acts, grads, logits, chosen = self._capture(x, start)
             acts = _to_nchw(acts, self.reshape).float()

@@ -28,7 +28,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.hooks import Call, Site, Tracer, all_sites, first_tensor, select_sites
+from hookscope.hooks import (
+    Call,
+    Site,
+    Tracer,
+    all_sites,
+    first_tensor,
+    model_device,
+    select_sites,
+    tensors,
+)
 
 __all__ = [
     "DebugReport",
@@ -39,24 +48,6 @@ __all__ = [
     "NonfiniteEvent",
     "run_debug",
 ]
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
-    found: list[torch.Tensor] = []
-
-    def walk(o: Any) -> None:
-        if isinstance(o, torch.Tensor):
-            found.append(o)
-        elif isinstance(o, dict):
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, (tuple, list)):
-            for v in o:
-                walk(v)
-
-    walk(obj)
-    return found
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -252,13 +243,13 @@ class _Debugger:
         return self.report.origin is None
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        tensors = _tensors((args, kwargs))
-        shapes = [list(t.shape) for t in tensors]
+        inputs = tensors((args, kwargs))
+        shapes = [list(t.shape) for t in inputs]
         summaries: list[dict[str, Any]] | None = None
         finite = True
         if self.detecting:
             # Summarised now: an in-place module may overwrite its input before it returns.
-            summaries = [s for s in (_summary(t) for t in tensors) if s is not None]
+            summaries = [s for s in (_summary(t) for t in inputs) if s is not None]
             finite = all(s["nonfinite"] == 0 for s in summaries)
             is_root = call.site.module is self.model
             if is_root and not finite:
@@ -272,7 +263,7 @@ class _Debugger:
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         in_shapes, in_summaries, finite = self._entered.pop(call.key, ([], None, True))
-        outputs = _tensors(output)
+        outputs = tensors(output)
         out_shapes = [list(t.shape) for t in outputs]
         if call.name in self.selected:
             stats = _summary(first_tensor(output))
@@ -298,12 +289,6 @@ class _Debugger:
         )
         self.report.origin = origin
         self._emit(origin)
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
 
 
 def run_debug(
@@ -340,7 +325,7 @@ def run_debug(
     sites = [root, *(s for s in all_sites(model) if s.module is not model)]
     report = DebugReport()
     debugger = _Debugger(model, selected, on_event, report)
-    device = _device_of(model)
+    device = model_device(model)
     batches = [inputs] if isinstance(inputs, torch.Tensor) else inputs
     with torch.inference_mode(), Tracer(model, sites, on_enter=debugger.on_enter,
                                         on_exit=debugger.on_exit) as tracer:
@@ -360,7 +345,7 @@ def run_debug(
                 break
             report.batches += 1
             report.samples += int(x.shape[0]) if x.dim() else 1
-            report.output_shapes = [list(t.shape) for t in _tensors(output)]
+            report.output_shapes = [list(t.shape) for t in tensors(output)]
     return report
 
 
@@ -370,6 +355,6 @@ def _error_event(tracer: Tracer, exc: BaseException, batch: int) -> ErrorEvent:
     if inner is None:
         return ErrorEvent(None, None, None, None, batch, [], message, exc.__class__.__name__)
     call, args, kwargs = inner
-    shapes = [list(t.shape) for t in _tensors((args, kwargs))]
+    shapes = [list(t.shape) for t in tensors((args, kwargs))]
     return ErrorEvent(call.name, call.site.type, call.index, call.site.depth, batch, shapes,
                       message, exc.__class__.__name__)

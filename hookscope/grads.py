@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from hookscope.errors import HookscopeError
-from hookscope.hooks import Call, Site, Tracer, first_tensor, select_sites
-from hookscope.stats import Moments, _as_float, _moments_device, _moments_host
+from hookscope.hooks import Call, Site, Tracer, first_tensor, model_device, select_sites
+from hookscope.stats import Moments, MomentTable
 from hookscope.targets import Targets, parse_targets
 
 __all__ = [
@@ -136,11 +136,10 @@ class _GradCollector:
 
     def __init__(self, tracer_hooks: Tracer | None, on_device: bool) -> None:
         self.tracer = tracer_hooks
-        self.on_device = on_device
-        self.order: list[tuple[str, int]] = []  # backward order, from the first batch
+        self.order: dict[tuple[str, int], None] = {}  # backward order, from the first batch
         self.meta: dict[tuple[str, int], tuple[Site, list[int]]] = {}
-        self.grads: dict[tuple[str, int], Moments] = {}
-        self._pending: list[tuple[tuple[str, int], torch.Tensor]] = []
+        # Gradient statistics never report zeros, so the zero count is skipped.
+        self.table = MomentTable(on_device=on_device, zeros=False)
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         t = first_tensor(output)
@@ -156,23 +155,16 @@ class _GradCollector:
         self.tracer.tensor(t, partial(self._on_grad, key))
 
     def _on_grad(self, key: tuple[str, int], grad: torch.Tensor) -> None:
-        if key not in self.grads:
-            self.order.append(key)
-            self.grads[key] = Moments()
-        flat = _as_float(grad)
-        if self.on_device:
-            self._pending.append((key, _moments_device(flat)))
-        else:
-            self.grads[key].merge(Moments.from_values(_moments_host(flat)))
+        self.order.setdefault(key, None)
+        self.table.add(key, grad)
 
     def end_batch(self) -> None:
         """Copy the batch's device-side summaries to the host in one transfer."""
-        if not self._pending:
-            return
-        host = torch.stack([p[1] for p in self._pending]).cpu().tolist()
-        for (key, _), values in zip(self._pending, host, strict=True):
-            self.grads[key].merge(Moments.from_values(values))
-        self._pending.clear()
+        self.table.flush()
+
+    @property
+    def grads(self) -> dict[tuple[str, int], Moments]:
+        return {key: self.table.get(key) or Moments() for key in self.order}
 
 
 def _norm(m: Moments) -> float:
@@ -206,12 +198,6 @@ def _objective(
     rows = torch.arange(logits.shape[0], device=logits.device)
     index = torch.tensor(classes, device=logits.device)
     return logits[rows, index].sum(), classes
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
 
 
 def collect_grads(
@@ -279,7 +265,7 @@ def collect_grads(
         raise HookscopeError(
             "The model has no parameter that requires a gradient; nothing to differentiate."
         )
-    device = _device_of(model)
+    device = model_device(model)
     modes = {m: m.training for m in model.modules()}
     batches = [inputs] if isinstance(inputs, torch.Tensor) else inputs
     param_sums: list[torch.Tensor | None] = [None] * len(params)

@@ -35,8 +35,10 @@ __all__ = [
     "Tracer",
     "first_tensor",
     "hook_count",
+    "model_device",
     "select_sites",
     "tensor_shapes",
+    "tensors",
 ]
 
 
@@ -168,13 +170,13 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
     return None
 
 
-def tensor_shapes(obj: Any) -> list[list[int]]:
-    """Shapes of every tensor in a (nested) tensor, tuple, list or dict, in order."""
-    shapes: list[list[int]] = []
+def tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    found: list[torch.Tensor] = []
 
     def walk(o: Any) -> None:
         if isinstance(o, torch.Tensor):
-            shapes.append(list(o.shape))
+            found.append(o)
         elif isinstance(o, dict):
             for v in o.values():
                 walk(v)
@@ -183,7 +185,19 @@ def tensor_shapes(obj: Any) -> list[list[int]]:
                 walk(v)
 
     walk(obj)
-    return shapes
+    return found
+
+
+def tensor_shapes(obj: Any) -> list[list[int]]:
+    """Shapes of every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    return [list(t.shape) for t in tensors(obj)]
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (CPU for a stateless model)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
 
 
 def hook_count(model: nn.Module) -> int:

@@ -17,17 +17,26 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from hookscope.hooks import Call, Site, Tracer, first_tensor, select_sites, tensor_shapes
+from hookscope.hooks import (
+    Call,
+    Site,
+    Tracer,
+    first_tensor,
+    model_device,
+    select_sites,
+    tensor_shapes,
+)
 
 __all__ = [
     "LayerStats",
+    "MomentTable",
     "Moments",
     "Prediction",
     "StatsReport",
@@ -284,82 +293,89 @@ def top_predictions(
     ]
 
 
+class MomentTable:
+    """Moments per key, merged exactly across batches.
+
+    On the CPU each tensor is summarised at once. On an accelerator the summaries stay on
+    the device until :meth:`flush`, which copies a whole batch's worth to the host in one
+    transfer, so nothing synchronises once per layer.
+    """
+
+    def __init__(self, *, on_device: bool, zeros: bool = True) -> None:
+        self.on_device = on_device
+        self.zeros = zeros
+        self._moments: dict[Hashable, Moments] = {}
+        self._pending: list[tuple[Hashable, torch.Tensor]] = []
+
+    def add(self, key: Hashable, tensor: torch.Tensor) -> None:
+        """Summarise ``tensor`` and merge it into ``key``'s moments (deferred on a device)."""
+        flat = _as_float(tensor)
+        if self.on_device:
+            self._pending.append((key, _moments_device(flat)))
+        else:
+            self._merge(key, _moments_host(flat, self.zeros))
+
+    def _merge(self, key: Hashable, values: Sequence[float]) -> None:
+        self._moments.setdefault(key, Moments()).merge(Moments.from_values(values))
+
+    def flush(self) -> None:
+        """Bring deferred device summaries to the host in one transfer and merge them."""
+        if not self._pending:
+            return
+        host = torch.stack([summary for _, summary in self._pending]).cpu().tolist()
+        for (key, _), values in zip(self._pending, host, strict=True):
+            self._merge(key, values)
+        self._pending.clear()
+
+    def get(self, key: Hashable) -> Moments | None:
+        return self._moments.get(key)
+
+
 class _Collector:
-    """Hook callbacks that summarise each call and merge batches exactly."""
+    """Hook callbacks that summarise each call; the table merges batches exactly."""
 
     def __init__(self, on_device: bool, input_stats: bool) -> None:
-        self.on_device = on_device
         self.input_stats = input_stats
+        self.table = MomentTable(on_device=on_device)
         self.order: list[tuple[str, int]] = []
         self.meta: dict[tuple[str, int], tuple[Site, list[list[int]], list[list[int]]]] = {}
-        self.out: dict[tuple[str, int], Moments] = {}
-        self.inp: dict[tuple[str, int], Moments] = {}
-        self._entered: dict[tuple[str, int], tuple[list[list[int]], Any]] = {}
-        self._pending: list[tuple[tuple[str, int], str, torch.Tensor]] = []
-
-    def _summarise(self, t: torch.Tensor | None) -> Any:
-        if t is None:
-            return None
-        flat = _as_float(t)
-        return _moments_device(flat) if self.on_device else _moments_host(flat)
+        self._entered: dict[tuple[str, int], list[list[int]]] = {}
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        shapes = tensor_shapes(args) + tensor_shapes(kwargs)
-        # Inputs are summarised here, before an in-place module overwrites them.
-        summary = self._summarise(first_tensor((args, kwargs))) if self.input_stats else None
-        self._entered[call.key] = (shapes, summary)
+        if call.key not in self.meta:  # shapes are recorded from the first batch
+            self._entered[call.key] = tensor_shapes(args) + tensor_shapes(kwargs)
+        if self.input_stats:
+            # Inputs are summarised here, before an in-place module overwrites them.
+            first = first_tensor((args, kwargs))
+            if first is not None:
+                self.table.add((*call.key, "in"), first)
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         key = call.key
-        in_shapes, in_summary = self._entered.pop(key, ([], None))
-        out_shapes = tensor_shapes(output)
         if key not in self.meta:
             self.order.append(key)
-            self.meta[key] = (call.site, in_shapes, out_shapes)
-        self._add(key, "out", self._summarise(first_tensor(output)))
-        if in_summary is not None:
-            self._add(key, "in", in_summary)
-
-    def _add(self, key: tuple[str, int], which: str, summary: Any) -> None:
-        if summary is None:
-            return
-        if self.on_device:
-            self._pending.append((key, which, summary))
-        else:
-            self._merge(key, which, summary)
-
-    def _merge(self, key: tuple[str, int], which: str, values: Sequence[float]) -> None:
-        table = self.out if which == "out" else self.inp
-        table.setdefault(key, Moments()).merge(Moments.from_values(values))
+            self.meta[key] = (call.site, self._entered.pop(key, []), tensor_shapes(output))
+        first = first_tensor(output)
+        if first is not None:
+            self.table.add((*key, "out"), first)
 
     def end_batch(self) -> None:
-        """Copy the batch's device-side summaries to the host in one transfer."""
-        if not self._pending:
-            return
-        host = torch.stack([p[2] for p in self._pending]).cpu().tolist()
-        for (key, which, _), values in zip(self._pending, host, strict=True):
-            self._merge(key, which, values)
-        self._pending.clear()
+        self.table.flush()
 
     def layers(self) -> list[LayerStats]:
         rows = []
         for key in self.order:
             site, in_shapes, out_shapes = self.meta[key]
-            summary = self.out.get(key, Moments()).summary()
-            in_summary = self.inp[key].summary() if key in self.inp else None
+            summary = (self.table.get((*key, "out")) or Moments()).summary()
+            inputs = self.table.get((*key, "in"))
             rows.append(LayerStats(
                 name=site.name, type=site.type, call=key[1], input_shapes=in_shapes,
                 output_shape=out_shapes[0] if out_shapes else None,
-                output_shapes=out_shapes, input_stats=in_summary,
+                output_shapes=out_shapes,
+                input_stats=inputs.summary() if inputs is not None else None,
                 **summary,  # type: ignore[arg-type]
             ))
         return rows
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
 
 
 def collect_stats(
@@ -392,7 +408,7 @@ def collect_stats(
     """
     sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
                          max_depth=max_depth)
-    device = _device_of(model)
+    device = model_device(model)
     collector = _Collector(on_device=device.type != "cpu", input_stats=input_stats)
     batches = [inputs] if isinstance(inputs, torch.Tensor) else inputs
     predictions: list[list[Prediction]] = []

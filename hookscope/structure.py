@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hookscope.errors import HookscopeError
-from hookscope.hooks import Call, Site, Tracer, all_sites, tensor_shapes
+from hookscope.hooks import Call, Site, Tracer, all_sites, model_device, tensor_shapes
 
 __all__ = ["LayerCall", "LayerInfo", "Structure", "model_structure", "parameter_counts"]
 
@@ -151,12 +151,6 @@ class _Shapes:
         ))
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
 def model_structure(
     model: nn.Module,
     example: Any | None = None,
@@ -185,7 +179,7 @@ def model_structure(
     input_shape: list[int] | None = None
     if example is not None:
         args = example if isinstance(example, tuple) else (example,)
-        device = _device_of(model)
+        device = model_device(model)
         args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
         found = tensor_shapes(args)
         # Per sample, without the batch dimension, as in the `stats` document.
