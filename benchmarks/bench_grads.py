@@ -13,28 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
+from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from hookscope.grads import collect_grads
 from hookscope.models import load_model
-
-
-def timed(fns: dict[str, Callable[[], None]], repeat: int) -> dict[str, tuple[float, float]]:
-    """(min, median) seconds per function, runs interleaved so that load from other
-    processes on a shared machine hits every function alike."""
-    for fn in fns.values():
-        fn()  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: (min(t), statistics.median(t)) for name, t in times.items()}
 
 
 def main() -> None:

@@ -12,14 +12,13 @@ RSS of a bare forward and of collect_stats, each in a fresh subprocess.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import platform
 import subprocess
 import sys
-import time
 
 import torch
+from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from torchvision.models import get_model
 
 from hookscope import collect_stats
@@ -43,15 +42,6 @@ def handwritten(model: torch.nn.Module, x: torch.Tensor) -> None:
             h.remove()
 
 
-def timed(fn, reps: int) -> list[float]:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def ratios(name: str, batch: int, reps: int) -> dict[str, float]:
     torch.manual_seed(0)
     model = get_model(name, weights=None).eval()
@@ -66,16 +56,10 @@ def ratios(name: str, batch: int, reps: int) -> dict[str, float]:
         "hookscope": lambda: collect_stats(model, x),
         "handwritten": lambda: handwritten(model, x),
     }
-    for fn in cases.values():  # warm-up: allocator, kernels, caches
-        fn()
-    results: dict[str, list[float]] = {k: [] for k in cases}
-    gc.collect()
-    for _ in range(reps):  # interleaved, so drift hits every case alike
-        for key, fn in cases.items():
-            results[key] += timed(fn, 1)
-    base = min(results["bare"])
+    results = timed(cases, reps)  # interleaved, so drift hits every case alike
+    base = results["bare"][0]
     return {"bare_ms": base * 1e3} | {
-        key: min(v) / base for key, v in results.items() if key != "bare"
+        key: best / base for key, (best, _median) in results.items() if key != "bare"
     }
 
 
