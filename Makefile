@@ -30,6 +30,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/bench_stats.py
+	$(PY) benchmarks/bench_gradcam.py
+	$(PY) benchmarks/bench_grads.py
+	$(PY) benchmarks/bench_ablate.py
 
 clean:
 	rm -rf $(VENV) hookscope-out .pytest_cache

@@ -240,11 +240,13 @@ class _Modifier:
         kind, value = self.mode.kind, self.mode.value
         if kind == "zero":
             return torch.zeros_like(x)
-        if kind == "scale":
-            return x * value
         if kind == "mean":
             dims = tuple(range(spatial_from, x.dim()))
             return x.mean(dim=dims, keepdim=True).expand_as(x)
+        if value is None:  # parse_mode gives scale and noise a value
+            raise HookscopeError(f"--mode {kind} needs a value, e.g. {kind}:0.5.")
+        if kind == "scale":
+            return x * value
         noise = torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
         return x + noise * value
 

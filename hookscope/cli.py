@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -63,7 +63,7 @@ WeightsOpt = Annotated[
 SeedOpt = Annotated[int, typer.Option(help="Seed for random initialisation (and noise).")]
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
 SizeOpt = Annotated[
-    int | None,  # noqa: UP007 - Typer needs Optional on Python 3.10 here
+    int | None,
     typer.Option(help="Resize/crop inputs to this size instead of the weights' default.",
                  min=8, show_default=False),
 ]
@@ -74,12 +74,12 @@ TrustOpt = Annotated[
                        "unpickling (only for files you trust).")
 ]
 LayersOpt = Annotated[
-    list[str] | None,  # noqa: UP007
+    list[str] | None,
     typer.Option("--layers", "-l", help="fnmatch pattern on dotted module names (repeatable), "
                  "e.g. 'layer4.*'.", show_default=False),
 ]
 TypeOpt = Annotated[
-    list[str] | None,  # noqa: UP007
+    list[str] | None,
     typer.Option("--type", "-t", help="Module class name, e.g. Conv2d (repeatable).",
                  show_default=False),
 ]
@@ -87,13 +87,13 @@ AllModulesOpt = Annotated[
     bool, typer.Option("--all-modules", help="Hook containers too, not only leaf modules.")
 ]
 MaxDepthOpt = Annotated[
-    int | None,  # noqa: UP007
+    int | None,
     typer.Option("--max-depth", help="Cut the module tree at this depth (1 = top-level children).",
                  min=1, show_default=False),
 ]
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]
 OutputOpt = Annotated[
-    Path | None,  # noqa: UP007
+    Path | None,
     typer.Option("--output", "-o", help="Write the output to this file (atomically) instead of "
                  "stdout.", show_default=False, dir_okay=False),
 ]
@@ -156,7 +156,7 @@ def version_callback(value: bool) -> None:
 @app.callback()
 def main_callback(
     version: Annotated[
-        bool | None,  # noqa: UP007
+        bool | None,
         typer.Option("--version", callback=version_callback, is_eager=True,
                      help="Print the version and exit."),
     ] = None,
@@ -267,13 +267,13 @@ LAYERS_COLUMNS = ("name", "type", "depth", "params", "params_total", "trainable"
 @app.command("models")
 def models_command(
     pattern: Annotated[
-        Optional[str],  # noqa: UP007, UP045
+        str | None,
         typer.Argument(help="fnmatch pattern on model names, e.g. 'resnet*'; without wildcards "
                        "it matches names containing it.", metavar="PATTERN",
                        show_default=False),
     ] = None,
     task: Annotated[
-        Optional[str],  # noqa: UP007, UP045
+        str | None,
         typer.Option("--task", help="Only this task: classification, segmentation, detection, "
                      "video, optical_flow, quantization.", show_default=False),
     ] = None,
@@ -308,7 +308,7 @@ def models_command(
 def layers_command(
     model: ModelArg,
     input_: Annotated[
-        Optional[str],  # noqa: UP007, UP045
+        str | None,
         typer.Argument(help="One image or .pt/.npy tensor for the forward pass that records "
                        "shapes (its first sample); default: zeros of the weights' input size.",
                        metavar="INPUT", show_default=False),
@@ -499,13 +499,13 @@ def gradcam(
     model: ModelArg,
     inputs: InputsArg,
     layer: Annotated[
-        Optional[str],  # noqa: UP007, UP045
+        str | None,
         typer.Option("--layer", help="Target layer (dotted name from `hookscope layers`); "
                      "default: the last module with a spatial output, e.g. layer4.",
                      show_default=False),
     ] = None,
     method: Annotated[
-        Optional[list[CamMethod]],  # type: ignore[valid-type]  # noqa: UP007, UP045
+        list[CamMethod] | None,  # type: ignore[valid-type]
         typer.Option("--method", "-m", help="CAM method (repeatable). [default: gradcam]",
                      show_default=False),
     ] = None,
@@ -681,7 +681,7 @@ class GradLoss(str, Enum):
 class FeatureOrder(str, Enum):
     """Which channels ``features`` shows first."""
 
-    index = "index"
+    index_ = "index"  # not ``index``: that would shadow str.index
     mean = "mean"
     max = "max"
 
@@ -691,7 +691,7 @@ def grads(
     model: ModelArg,
     inputs: InputsArg,
     target: Annotated[
-        Optional[str],  # noqa: UP007, UP045
+        str | None,
         typer.Option("--target", help="With --loss logit: the class whose logit is "
                      "differentiated: top1 (default), topK, an index or a label; one for all "
                      "inputs or a comma list, one per input.", show_default=False),
@@ -701,7 +701,7 @@ def grads(
                                "cross-entropy against --label, summed over inputs.")
     ] = GradLoss.logit,
     label: Annotated[
-        Optional[str],  # noqa: UP007, UP045
+        str | None,
         typer.Option("--label", help="With --loss ce: the true class (index or label), one for "
                      "all inputs or a comma list, one per input.", show_default=False),
     ] = None,
@@ -791,7 +791,7 @@ def features(
     model: ModelArg,
     inputs: InputsArg,
     layer: Annotated[
-        Optional[list[str]],  # noqa: UP007, UP045
+        list[str] | None,
         typer.Option("--layer", help="A module's dotted name or an fnmatch pattern "
                      "(repeatable).", show_default=False),
     ] = None,
@@ -801,7 +801,7 @@ def features(
                            "(<stem>.<layer>.png).", file_okay=False)
     ] = Path("hookscope-out"),
     tensorboard: Annotated[
-        Optional[Path],  # noqa: UP007, UP045
+        Path | None,
         typer.Option("--tensorboard", help="Also log the grids and activation histograms to "
                      "this TensorBoard log directory (needs hookscope[tensorboard]).",
                      file_okay=False, show_default=False),
@@ -812,7 +812,7 @@ def features(
     order: Annotated[
         FeatureOrder, typer.Option("--order", help="Channels shown: index (the first), mean or "
                                    "max (the most active first).")
-    ] = FeatureOrder.index,
+    ] = FeatureOrder.index_,
     upsample: Annotated[
         bool, typer.Option("--upsample", help="Resize each tile to the input size.")
     ] = False,
@@ -901,7 +901,7 @@ def ablate(
                           "see `hookscope layers`).", show_default=False)
     ],
     channels: Annotated[
-        Optional[str],  # noqa: UP007, UP045
+        str | None,
         typer.Option("--channels", help="Channels to change: 0,5,7, ranges such as 0-15, or "
                      "all (the default; with --sweep, the channels swept).", show_default=False),
     ] = None,
@@ -914,7 +914,7 @@ def ablate(
                           "(Gaussian noise added, seeded by --seed) or scale:F.")
     ] = "zero",
     target: Annotated[
-        Optional[str],  # noqa: UP007, UP045
+        str | None,
         typer.Option("--target", help="The class compared: top1 before the ablation (default), "
                      "topK, an index or a label; one for all inputs or a comma list, one per "
                      "input.", show_default=False),
@@ -924,7 +924,7 @@ def ablate(
                           min=1)
     ] = 32,
     call: Annotated[
-        Optional[int],  # noqa: UP007, UP045
+        int | None,
         typer.Option("--call", help="Only change this call of a module run several times "
                      "(default: every call).", min=0, show_default=False),
     ] = None,
@@ -974,8 +974,6 @@ def ablate(
         targets.check_count(len(resolved))
         batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size,
                                ndim=loaded.input_ndim)
-        common = dict(channels=channels, mode=parsed_mode, target=targets, seed=seed,
-                      channel_dim=channel_dim, call=call, categories=loaded.categories)
         results: list = []
         with ExitStack() as stack:
             step = None
@@ -983,7 +981,10 @@ def ablate(
                 names = [item.name for item in batch.items]
                 if not sweep:
                     results += lib.ablate(loaded.model, batch.tensor, layer, names=names,
-                                          start=batch.start, **common)
+                                          start=batch.start, channels=channels,
+                                          mode=parsed_mode, target=targets, seed=seed,
+                                          channel_dim=channel_dim, call=call,
+                                          categories=loaded.categories)
                     continue
                 if step is None:
                     count = lib.channel_count(loaded.model, batch.tensor, layer, channel_dim)
@@ -991,7 +992,10 @@ def ablate(
                     step = stack.enter_context(console.progress(
                         len(resolved) * swept, "sweep", enabled=_show_progress(fmt, output)))
                 results += lib.sweep(loaded.model, batch.tensor, layer, batch=sweep_batch,
-                                     names=names, start=batch.start, on_step=step, **common)
+                                     names=names, start=batch.start, on_step=step,
+                                     channels=channels, mode=parsed_mode, target=targets,
+                                     seed=seed, channel_dim=channel_dim, call=call,
+                                     categories=loaded.categories)
         doc = loaded.envelope("ablate", [item.name for item in resolved.items]) | {
             "results": [r.to_dict() for r in results],
         }

@@ -299,7 +299,8 @@ def collect_grads(
                 grads = torch.autograd.grad(value, [p for _, p in params], allow_unused=True)
                 for i, g in enumerate(grads):
                     if g is not None:
-                        param_sums[i] = g if param_sums[i] is None else param_sums[i] + g
+                        prev = param_sums[i]
+                        param_sums[i] = g if prev is None else prev + g
                 del grads, output
                 collector.end_batch()
                 objective += float(value.detach())
@@ -332,11 +333,11 @@ def collect_grads(
         ))
     param_rows = []
     with torch.no_grad():
-        for (name, p), g in zip(params, param_sums, strict=True):
+        for (name, p), summed in zip(params, param_sums, strict=True):
             # Native-precision norms: torch's reduction is accurate to ~1e-7 relative, and
             # dtype=float64 is ~40x slower on CPU (it costs more than the backward pass).
             weight = float(torch.linalg.vector_norm(p.detach()))
-            grad = float(torch.linalg.vector_norm(g)) if g is not None else 0.0
+            grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
             ratio = grad / weight if weight > 0 else NAN
             param_rows.append(ParamGrad(name, grad, weight, ratio))
     return GradReport(

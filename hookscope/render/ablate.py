@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from hookscope.render.tables import fmt_float, header
+from hookscope.render.tables import data_table, fmt_float, header
 
 
 def _channels(channels: list[int]) -> str:
@@ -19,7 +19,7 @@ def _channels(channels: list[int]) -> str:
 
 
 def _top_table(result: Mapping[str, Any]) -> Table:
-    table = Table(header_style="bold", pad_edge=False)
+    table = data_table()
     table.add_column("rank", justify="right")
     table.add_column("before")
     table.add_column("prob", justify="right")
@@ -27,7 +27,7 @@ def _top_table(result: Mapping[str, Any]) -> Table:
     table.add_column("prob", justify="right")
     before, after = result["before"], result["after"]
     for rank in range(max(len(before), len(after))):
-        cells = [str(rank + 1)]
+        cells: list[RenderableType] = [str(rank + 1)]
         for preds in (before, after):
             if rank < len(preds):
                 p = preds[rank]
@@ -41,7 +41,7 @@ def _top_table(result: Mapping[str, Any]) -> Table:
 
 
 def _ranking_table(ranking: list[Mapping[str, Any]], limit: int) -> Table:
-    table = Table(header_style="bold", pad_edge=False,
+    table = data_table(
                   title=f"channels by target-logit drop (top {min(limit, len(ranking))} of "
                   f"{len(ranking)})", title_justify="left")
     table.add_column("rank", justify="right")

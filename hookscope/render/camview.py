@@ -9,12 +9,12 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from hookscope.render.tables import fmt_float, header
+from hookscope.render.tables import data_table, fmt_float, header
 
 
 def cam_table(results: list[Mapping[str, Any]]) -> Table:
     """One row per input and method: target, score, probability, peak, files written."""
-    table = Table(header_style="bold", pad_edge=False)
+    table = data_table()
     table.add_column("input", overflow="fold")
     table.add_column("method")
     table.add_column("class", justify="right")

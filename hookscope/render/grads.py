@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hookscope.render.output import format_shape
-from hookscope.render.tables import fmt_float, header
+from hookscope.render.tables import data_table, fmt_float, header
 
 FLAG_STYLES = {"nonfinite": "bold red", "explode": "red", "vanish": "yellow"}
 
@@ -27,7 +27,7 @@ def csv_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def layers_table(rows: list[Mapping[str, Any]]) -> Table:
     """Output gradients in backward order; flagged rows coloured."""
-    table = Table(header_style="bold", pad_edge=False, title="output gradients, backward order",
+    table = data_table(title="output gradients, backward order",
                   title_justify="left")
     table.add_column("#", justify="right", style="dim")
     table.add_column("layer", overflow="fold")
@@ -54,7 +54,7 @@ def layers_table(rows: list[Mapping[str, Any]]) -> Table:
 
 def params_table(rows: list[Mapping[str, Any]]) -> Table:
     """Parameter gradient norm, weight norm and their ratio."""
-    table = Table(header_style="bold", pad_edge=False, title="parameters", title_justify="left")
+    table = data_table(title="parameters", title_justify="left")
     table.add_column("parameter", overflow="fold")
     table.add_column("grad norm", justify="right")
     table.add_column("weight norm", justify="right")

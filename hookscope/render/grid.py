@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 
 from hookscope.errors import HookscopeError
 from hookscope.render.output import atomic_path, format_shape
-from hookscope.render.tables import header
+from hookscope.render.tables import data_table, header
 
 if TYPE_CHECKING:
     from hookscope.features import FeatureGrid
@@ -90,7 +89,7 @@ class Board:
 
 def features_view(doc: Mapping[str, Any]) -> RenderableType:
     """The ``features`` summary: one row per grid written."""
-    table = Table(header_style="bold", pad_edge=False)
+    table = data_table()
     table.add_column("input", overflow="fold")
     table.add_column("layer", overflow="fold")
     table.add_column("call", justify="right")

@@ -16,6 +16,11 @@ from hookscope.render.output import format_shape, format_shapes
 ZERO_WARN = 0.99
 
 
+def data_table(**kwargs: Any) -> Table:
+    """The one table style of every command: a bold header rule and no cell borders."""
+    return Table(box=box.SIMPLE_HEAD, header_style="bold", **kwargs)
+
+
 def fmt_float(value: float | None, digits: int = 4) -> str:
     """Compact, aligned-friendly float text; ``nan``/``inf`` spelt out, None as ``-``."""
     if value is None:
@@ -47,7 +52,7 @@ def header(doc: Mapping[str, Any], extra: str = "") -> Text:
 
 def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False) -> Table:
     """Per-call statistics; non-finite counts red, mostly-zero layers yellow."""
-    table = Table(box=box.SIMPLE_HEAD, header_style="bold", expand=False)
+    table = data_table()
     table.add_column("#", justify="right", style="dim")
     table.add_column("layer", overflow="fold")
     table.add_column("type", style="dim")
@@ -96,7 +101,7 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False)
 
 def predictions_table(inputs: Sequence[str], predictions: Sequence[Sequence[Mapping[str, Any]]]) -> Table:
     """Top predictions per input."""
-    table = Table(box=box.SIMPLE_HEAD, header_style="bold", title="top predictions",
+    table = data_table(title="top predictions",
                   title_justify="left")
     table.add_column("input", overflow="fold")
     table.add_column("rank", justify="right")

@@ -15,14 +15,14 @@ from rich.text import Text
 from rich.tree import Tree
 
 from hookscope.render.output import format_shape
-from hookscope.render.tables import fmt_float, header
+from hookscope.render.tables import data_table, fmt_float, header
 
 # ----------------------------------------------------------------------------- models
 
 
 def models_table(doc: Mapping[str, Any]) -> Table:
     """One row per model: name, task, the DEFAULT weights and every weights enum member."""
-    table = Table(header_style="bold", pad_edge=False,
+    table = data_table(
                   title=f"{len(doc['models'])} model(s)", title_justify="left")
     table.add_column("model")
     table.add_column("task", style="dim")
