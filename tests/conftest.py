@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_images"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tests with one intra-op thread, restoring the setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def samples() -> Path:
     return SAMPLES

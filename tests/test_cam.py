@@ -40,13 +40,8 @@ REFERENCE = {
 TOL = 1e-4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on a shared 2-core machine, 2 spinning threads run 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# One intra-op thread: on a shared 2-core machine, two spinning threads run 10x slower.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _minmax(cam: np.ndarray) -> np.ndarray:

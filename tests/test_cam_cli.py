@@ -15,12 +15,8 @@ from hookscope.render.heatmap import colorize, heatmap_images, output_paths
 FAST = ("--weights", "none", "--size", "64")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# One intra-op thread: on a shared 2-core machine, two spinning threads run 10x slower.
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _images(samples: Path) -> list[Path]:
