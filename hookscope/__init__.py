@@ -24,6 +24,9 @@ _LAZY = {
     "CamResult": "hookscope.cam",
     "collect_grads": "hookscope.grads",
     "GradReport": "hookscope.grads",
+    "model_structure": "hookscope.structure",
+    "run_debug": "hookscope.debug",
+    "find_models": "hookscope.catalog",
 }
 
 __all__ = ["__version__", *_LAZY]
