@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,14 +41,19 @@ from hookscope.hooks import (
 )
 from hookscope.targets import Targets, parse_targets
 
+if TYPE_CHECKING:
+    from hookscope.inputs import Batch
+
 log = logging.getLogger("hookscope")
 
 __all__ = [
+    "CamBatch",
     "CamResult",
     "CamRunner",
     "RESHAPES",
     "crop_box",
     "default_layer",
+    "explain_batches",
     "gradcam",
     "method_names",
 ]
@@ -494,6 +499,87 @@ def gradcam(
     for note in result.notes:
         log.warning(note)
     return result
+
+
+@dataclass(frozen=True)
+class CamBatch:
+    """One batch of inputs with every method's maps, as :func:`explain_batches` yields it.
+
+    Attributes:
+        batch: the inputs, their preprocessed tensor and (for image files) original images.
+        results: per method name, the maps of the whole batch.
+        layer: dotted name of the explained layer.
+        layer_shape: the layer's output shape (C, h, w) for this batch.
+        boxes: per input, where the model's input lies in the original image (a centre
+            crop), or None for tensor inputs.
+        peaks: per method, each input's (y, x) peak in original-image pixels (at the input
+            tensor's resolution for tensor inputs).
+    """
+
+    batch: Batch
+    results: dict[str, CamResult]
+    layer: str
+    layer_shape: list[int]
+    boxes: list[tuple[float, float, float, float] | None]
+    peaks: dict[str, list[tuple[int, int]]]
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    @property
+    def notes(self) -> list[str]:
+        """Every method's notes, in order, without repeats."""
+        return list(dict.fromkeys(n for res in self.results.values() for n in res.notes))
+
+
+def explain_batches(
+    model: nn.Module,
+    batches: Iterable[Batch],
+    *,
+    layer: str | None,
+    methods: Sequence[str],
+    targets: Targets,
+    reshape: str = "auto",
+    score_batch: int = 32,
+    transform: Any = None,
+) -> Iterator[CamBatch]:
+    """Stream batches through every CAM method, one :class:`CamBatch` at a time.
+
+    Args:
+        model: a classifier returning (N, classes) logits.
+        batches: batches from :func:`hookscope.inputs.iter_batches` (``keep_images=True``
+            for peaks in original-image pixels).
+        layer: dotted module name; None picks the last module with a spatial output larger
+            than 1x1, found on the first batch (logged).
+        methods: registered method names.
+        targets: parsed targets (see :func:`hookscope.targets.parse_targets`).
+        reshape: ``auto``, ``none``, ``vit`` or ``swin``.
+        score_batch: masked inputs per forward pass for ScoreCAM.
+        transform: the preprocessing, to find where the model's input lies in each original
+            image (see :func:`crop_box`).
+
+    Raises:
+        HookscopeError: unknown layer or method, or a layer without a spatial output.
+    """
+    runner: CamRunner | None = None
+    for batch in batches:
+        if runner is None:
+            name = layer
+            if name is None:
+                name, shape = default_layer(model, batch.tensor[:1])
+                log.info("--layer not given; using %s, the last module with a spatial "
+                         "output (%s)", name, "x".join(str(d) for d in shape[1:]))
+            runner = CamRunner(model, name, methods, targets, reshape=reshape,
+                               score_batch=score_batch)
+        results = runner.run(batch.tensor, batch.start)
+        boxes = [crop_box(transform, image.size) if image is not None else None
+                 for image in batch.images]
+        peaks: dict[str, list[tuple[int, int]]] = {}
+        for mname, res in results.items():
+            peaks[mname] = [peak if box is None else peak_in_box(peak, res.maps.shape[1:], box)
+                            for peak, box in zip(res.peaks, boxes, strict=True)]
+        yield CamBatch(batch=batch, results=results, layer=runner.site.name,
+                       layer_shape=list(runner.layer_shape or []), boxes=boxes, peaks=peaks)
 
 
 # ----------------------------------------------------------------------------- geometry

@@ -466,10 +466,6 @@ def debug_command(
 # ----------------------------------------------------------------- gradcam (issue 4)
 
 
-if TYPE_CHECKING:
-    from hookscope.targets import Targets
-
-
 def _cam_method_enum() -> type[Enum]:
     from hookscope.cam_methods import method_names  # torch-free: only the registry
 
@@ -583,7 +579,12 @@ def _gradcam_run(loaded: LoadedModel, resolved: InputSet, plans: list, *, layer:
                  methods: list[str], target: str, out: Path, reshape: str, colormap: str,
                  alpha: float, save_raw: bool, score_batch: int, batch_size: int, force: bool,
                  progress: bool) -> dict:
-    """Stream batches through the CAM engine and stage the PNGs; return the JSON document."""
+    """Explain every batch and stage its PNGs; return the JSON document."""
+    import logging
+
+    from hookscope.cam import CamBatch, explain_batches
+    from hookscope.inputs import iter_batches
+    from hookscope.render import console, heatmap
     from hookscope.targets import parse_targets
 
     if loaded.input_ndim != 4:
@@ -591,78 +592,28 @@ def _gradcam_run(loaded: LoadedModel, resolved: InputSet, plans: list, *, layer:
                              "classifiers.")
     targets = parse_targets(target, loaded.categories)
     targets.check_count(len(resolved))
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        return _gradcam_batches(loaded, resolved, plans, targets, layer=layer, methods=methods,
-                                out=out, reshape=reshape, colormap=colormap, alpha=alpha,
-                                save_raw=save_raw, score_batch=score_batch,
-                                batch_size=batch_size, force=force, progress=progress)
-    except BaseException:
-        if created and not any(out.iterdir()):
-            out.rmdir()  # leave nothing behind, not even the folder
-        raise
-
-
-def _gradcam_batches(loaded: LoadedModel, resolved: InputSet, plans: list, targets: Targets, *,
-                     layer: str | None, methods: list[str], out: Path, reshape: str,
-                     colormap: str, alpha: float, save_raw: bool, score_batch: int,
-                     batch_size: int, force: bool, progress: bool) -> dict:
-    import logging
-
-    from hookscope.cam import CamRunner, crop_box, default_layer, peak_in_box
-    from hookscope.inputs import iter_batches
-    from hookscope.render import console, heatmap
-
-    log = logging.getLogger("hookscope")
     rows: list[dict] = []
     notes: dict[str, None] = {}
-    runner: CamRunner | None = None
-    batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size, keep_images=True,
-                           ndim=loaded.input_ndim)
-    with heatmap.Staging(force=force) as staging, \
+    last: CamBatch | None = None
+    with heatmap.output_folder(out), heatmap.Staging(force=force) as staging, \
             console.progress(len(resolved), "gradcam", enabled=progress) as step:
-        for batch in batches:
-            if runner is None:
-                name = layer
-                if name is None:
-                    name, shape = default_layer(loaded.model, batch.tensor[:1])
-                    log.info("--layer not given; using %s, the last module with a spatial "
-                             "output (%s)", name, "x".join(str(d) for d in shape[1:]))
-                runner = CamRunner(loaded.model, name, methods, targets, reshape=reshape,
-                                   score_batch=score_batch)
-            results = runner.run(batch.tensor, batch.start)
-            peaks = {mname: res.peaks for mname, res in results.items()}
-            for i, item in enumerate(batch.items):
-                original = batch.images[i]
-                image = original or heatmap.denormalize(batch.tensor[i], loaded.mean,
-                                                        loaded.std)
-                box = crop_box(loaded.preprocess, image.size) if original is not None else None
-                for mname, res in results.items():
-                    paths = plans[batch.start + i][mname]
-                    staging.submit(heatmap.write_cam_files, staging, res.maps[i], image, box,
-                                   paths, raw=res.raw[i] if save_raw else None, cmap=colormap,
-                                   alpha=alpha)
-                    peak = peaks[mname][i]
-                    if box is not None:
-                        peak = peak_in_box(peak, res.maps.shape[1:], box)
-                    rows.append({
-                        "input": item.name, "method": mname, "layer": res.layer,
-                        "target": res.targets[i], "label": loaded.label(res.targets[i]),
-                        "score": res.scores[i], "prob": res.probs[i],
-                        "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
-                        "raw": str(paths["raw"]) if paths["raw"] is not None else None,
-                        "peak": list(peak),
-                    })
-                    notes.update(dict.fromkeys(res.notes))
-            step(len(batch))
+        batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size,
+                               keep_images=True, ndim=loaded.input_ndim)
+        for last in explain_batches(loaded.model, batches, layer=layer, methods=methods,
+                                    targets=targets, reshape=reshape, score_batch=score_batch,
+                                    transform=loaded.preprocess):
+            rows += heatmap.stage_cam_batch(staging, last, plans, label=loaded.label,
+                                            mean=loaded.mean, std=loaded.std,
+                                            save_raw=save_raw, cmap=colormap, alpha=alpha)
+            notes.update(dict.fromkeys(last.notes))
+            step(len(last))
     for note in notes:
-        log.warning(note)
-    assert runner is not None  # resolve_inputs never returns an empty set
+        logging.getLogger("hookscope").warning(note)
+    assert last is not None  # resolve_inputs never returns an empty set
     return loaded.envelope("gradcam", [i.name for i in resolved.items]) | {
-        "layer": runner.site.name,
+        "layer": last.layer,
         "layer_default": layer is None,
-        "layer_shape": runner.layer_shape,
+        "layer_shape": last.layer_shape,
         "methods": methods,
         "out": str(out),
         "results": rows,

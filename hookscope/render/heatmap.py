@@ -11,16 +11,20 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
 
 from hookscope.errors import HookscopeError
+
+if TYPE_CHECKING:
+    from hookscope.cam import CamBatch
 
 Box = tuple[float, float, float, float]
 
@@ -243,6 +247,69 @@ def write_cam_files(
     staging.save_png(heat, paths["heatmap"])  # type: ignore[arg-type]
     if raw is not None and paths.get("raw") is not None:
         staging.save_npy(raw, paths["raw"])  # type: ignore[arg-type]
+
+
+def stage_cam_batch(
+    staging: Staging,
+    explained: CamBatch,
+    plans: Sequence[dict[str, dict[str, Path | None]]],
+    *,
+    label: Callable[[int], str | None],
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    save_raw: bool,
+    cmap: str,
+    alpha: float,
+) -> list[dict[str, Any]]:
+    """Stage one batch's files (in worker threads) and return its result rows.
+
+    Overlays are drawn on the original image, the map placed where the model's input lies
+    in it; tensor inputs are drawn on their de-normalised tensor.
+
+    Args:
+        staging: where the files are written.
+        explained: the batch and its maps.
+        plans: per input of the whole run, per method, the paths (see :func:`output_paths`).
+        label: a class index's label.
+        mean: the preprocessing's mean, to de-normalise tensor inputs.
+        std: the preprocessing's std.
+        save_raw: also write the raw ``.npy`` maps.
+        cmap: matplotlib colormap name.
+        alpha: weight of the heatmap in the overlay.
+    """
+    batch = explained.batch
+    rows: list[dict[str, Any]] = []
+    for i, item in enumerate(batch.items):
+        original = batch.images[i]
+        image = original or denormalize(batch.tensor[i], mean, std)
+        box = explained.boxes[i]
+        for mname, res in explained.results.items():
+            paths = plans[batch.start + i][mname]
+            staging.submit(write_cam_files, staging, res.maps[i], image, box, paths,
+                           raw=res.raw[i] if save_raw else None, cmap=cmap, alpha=alpha)
+            rows.append({
+                "input": item.name, "method": mname, "layer": res.layer,
+                "target": res.targets[i], "label": label(res.targets[i]),
+                "score": res.scores[i], "prob": res.probs[i],
+                "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
+                "raw": str(paths["raw"]) if paths["raw"] is not None else None,
+                "peak": list(explained.peaks[mname][i]),
+            })
+    return rows
+
+
+@contextmanager
+def output_folder(out: Path) -> Iterator[None]:
+    """Create ``out`` (and its parents); if it was new and the run fails, remove it again
+    while it is still empty, so a failed run leaves nothing behind, not even the folder."""
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
 
 
 def output_paths(
