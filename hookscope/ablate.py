@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from hookscope.errors import HookscopeError
-from hookscope.hooks import Call, Tracer, find_site, model_device
+from hookscope.hooks import Call, Site, Tracer, find_site, model_device
 from hookscope.targets import Targets, parse_targets
 
 __all__ = [
@@ -334,6 +334,35 @@ def _generator(device: torch.device, seed: int) -> torch.Generator:
     return gen
 
 
+@dataclass
+class _Prepared:
+    """What ablate and sweep share: parsed options, the plain run and the hook callback."""
+
+    mode: Mode
+    targets: Targets
+    site: Site
+    x: torch.Tensor
+    before: torch.Tensor
+    chosen: list[int]
+    modifier: _Modifier
+
+
+def _prepare(model: nn.Module, x: torch.Tensor, layer: str, *,
+             channels: str | Sequence[int] | None, mode: str | Mode,
+             target: Targets | str | None, seed: int, channel_dim: int, call: int | None,
+             categories: Sequence[str] | None) -> _Prepared:
+    parsed = parse_mode(mode)
+    targets = parse_targets(target, categories) if isinstance(target, str) or target is None \
+        else target
+    site = find_site(model, layer)
+    device = model_device(model)
+    x = x.to(device)
+    output, count = _plain_run(model, x, layer, channel_dim)
+    chosen = parse_channels(channels, count)
+    modifier = _Modifier(parsed, channel_dim, call, _generator(device, seed))
+    return _Prepared(parsed, targets, site, x, _logits(output), chosen, modifier)
+
+
 def ablate(
     model: nn.Module,
     x: torch.Tensor,
@@ -369,16 +398,10 @@ def ablate(
     Raises:
         HookscopeError: unknown layer, bad channels or mode, no classifier output.
     """
-    mode = parse_mode(mode)
-    targets = parse_targets(target, categories) if isinstance(target, str) or target is None \
-        else target
-    site = find_site(model, layer)
-    device = model_device(model)
-    x = x.to(device)
-    output, count = _plain_run(model, x, layer, channel_dim)
-    before = _logits(output)
-    chosen = parse_channels(channels, count)
-    modifier = _Modifier(mode, channel_dim, call, _generator(device, seed))
+    run = _prepare(model, x, layer, channels=channels, mode=mode, target=target, seed=seed,
+                   channel_dim=channel_dim, call=call, categories=categories)
+    mode, targets, site, x, before, chosen, modifier = (
+        run.mode, run.targets, run.site, run.x, run.before, run.chosen, run.modifier)
     modifier.channels = chosen
     with torch.inference_mode():
         with Tracer(model, [site], on_exit=modifier) as tracer:
@@ -438,16 +461,10 @@ def sweep(
     """
     if batch < 1:
         raise HookscopeError(f"--sweep-batch must be at least 1, not {batch}.")
-    mode = parse_mode(mode)
-    targets = parse_targets(target, categories) if isinstance(target, str) or target is None \
-        else target
-    site = find_site(model, layer)
-    device = model_device(model)
-    x = x.to(device)
-    output, count = _plain_run(model, x, layer, channel_dim)
-    befores = _logits(output)
-    chosen = parse_channels(channels, count)
-    modifier = _Modifier(mode, channel_dim, call, _generator(device, seed))
+    run = _prepare(model, x, layer, channels=channels, mode=mode, target=target, seed=seed,
+                   channel_dim=channel_dim, call=call, categories=categories)
+    mode, targets, site, x, befores, chosen, modifier = (
+        run.mode, run.targets, run.site, run.x, run.before, run.chosen, run.modifier)
     modifier.per_row = True
     results = []
     with torch.inference_mode():
