@@ -39,9 +39,10 @@ def main() -> None:
     torch.manual_seed(0)
     model = load_model(args.model, weights="none", device="cpu").model
     x = torch.randn(1, 3, args.size, args.size)
-    from hookscope.ablate import channel_count
+    from hookscope.structure import model_structure
 
-    channels = channel_count(model, x, args.layer, 1)
+    layer = {r.name: r for r in model_structure(model, x).layers}[args.layer]
+    channels = layer.calls[0].output_shapes[0][1]
     passes = -(-channels // args.batch)
     big = x.expand(args.batch, -1, -1, -1).contiguous()
 

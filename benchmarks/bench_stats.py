@@ -3,8 +3,15 @@
 Prints, per model and batch size, the ratio of collect_stats to a bare
 ``torch.inference_mode()`` forward, measured in one process with interleaved repetitions
 (the minimum of each, so a noisy neighbour inflates neither side), and the same ratio for a
-hand-written hook that calls ``output.mean().item()`` and ``output.std().item()``. Then peak
-RSS of a bare forward and of collect_stats, each in a fresh subprocess.
+hand-written hook that calls ``output.mean().item()`` and ``output.std().item()``.
+
+Then memory: how much each of a bare forward and collect_stats raises peak RSS. Each is
+measured in a fresh subprocess that loads the model, makes the input, and takes its baseline
+before the first forward pass, since peak RSS (``ru_maxrss``) is a high-water mark that
+an earlier forward pass would already have raised. On Linux the high-water mark is also
+reset there (``/proc/self/clear_refs``), so a transient peak while the model was built
+cannot hide growth; elsewhere the baseline is ``ru_maxrss`` itself. The goal is
+growth(collect_stats) <= 1.10 x growth(bare) + 16 MiB; it is reported, never asserted.
 
     python benchmarks/bench_stats.py [--models resnet18 resnet50] [--batches 1 8] [--reps 7]
 """
@@ -12,8 +19,11 @@ RSS of a bare forward and of collect_stats, each in a fresh subprocess.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
+import resource
+import statistics
 import subprocess
 import sys
 
@@ -23,6 +33,10 @@ from torchvision.models import get_model
 
 from hookscope import collect_stats
 from hookscope.hooks import select_sites
+
+#: growth(collect_stats) <= GOAL_FACTOR * growth(bare) + GOAL_SLACK_MIB
+GOAL_FACTOR = 1.10
+GOAL_SLACK_MIB = 16.0
 
 
 def handwritten(model: torch.nn.Module, x: torch.Tensor) -> None:
@@ -42,10 +56,13 @@ def handwritten(model: torch.nn.Module, x: torch.Tensor) -> None:
             h.remove()
 
 
-def ratios(name: str, batch: int, reps: int) -> dict[str, float]:
+def setup(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
     torch.manual_seed(0)
-    model = get_model(name, weights=None).eval()
-    x = torch.randn(batch, 3, 224, 224)
+    return get_model(name, weights=None).eval(), torch.randn(batch, 3, 224, 224)
+
+
+def ratios(name: str, batch: int, reps: int) -> dict[str, float]:
+    model, x = setup(name, batch)
 
     def bare() -> None:
         with torch.inference_mode():
@@ -63,28 +80,73 @@ def ratios(name: str, batch: int, reps: int) -> dict[str, float]:
     }
 
 
-def peak_rss(name: str, batch: int, mode: str) -> float:
-    code = f"""
-import resource, torch
-from torchvision.models import get_model
-from hookscope import collect_stats
-torch.manual_seed(0)
-model = get_model({name!r}, weights=None).eval()
-x = torch.randn({batch}, 3, 224, 224)
-with torch.inference_mode():
-    model(x)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-for _ in range(2):
-    if {mode!r} == "bare":
-        with torch.inference_mode():
-            model(x)
+# ---- peak memory, measured in a child process (this script run with --child) ----
+
+def _rss_mib(field: str) -> float | None:
+    """``VmRSS`` or ``VmHWM`` (peak) from /proc/self/status, or None off Linux."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _maxrss_mib() -> float:
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale / 1024
+
+
+def _reset_peak() -> bool:
+    """Reset the process's RSS high-water mark (Linux 4.0+); False where that is impossible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _rss_mib("VmHWM") is not None
+
+
+def child(name: str, batch: int, mode: str, calls: int) -> None:
+    """Print the growth of peak RSS over a baseline taken before the first forward pass."""
+    model, x = setup(name, batch)
+    gc.collect()  # so that leftovers of model building are not freed inside the measurement
+    if _reset_peak():
+        base, peak = _rss_mib("VmRSS") or 0.0, lambda: _rss_mib("VmHWM") or 0.0
     else:
-        collect_stats(model, x)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+        base, peak = _maxrss_mib(), _maxrss_mib
+    growth = []
+    for _ in range(calls):
+        if mode == "bare":
+            with torch.inference_mode():
+                model(x)
+        else:
+            collect_stats(model, x)
+        growth.append(peak() - base)
+    print(json.dumps({"base_mib": base, "growth_mib": growth}))
+
+
+def peak_growth(name: str, batch: int, mode: str, calls: int, threads: int) -> dict[str, float]:
+    """Peak-RSS growth of ``calls`` runs of ``mode`` in a fresh subprocess."""
+    cmd = [sys.executable, __file__, "--child", name, str(batch), mode, str(calls),
+           "--threads", str(threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"base": result["base_mib"], "growth": max(result["growth_mib"])}
+
+
+def memory(name: str, batch: int, args: argparse.Namespace) -> dict[str, float | bool]:
+    """Median over ``--mem-runs`` subprocesses of each mode's peak-RSS growth, and the goal."""
+    runs = {mode: [peak_growth(name, batch, mode, args.mem_calls, args.threads)
+                   for _ in range(args.mem_runs)]
+            for mode in ("bare", "stats")}
+    bare = statistics.median(r["growth"] for r in runs["bare"])
+    stats = statistics.median(r["growth"] for r in runs["stats"])
+    goal = GOAL_FACTOR * bare + GOAL_SLACK_MIB
+    return {"rss_base_mib": runs["bare"][0]["base"], "rss_growth_bare_mib": bare,
+            "rss_growth_stats_mib": stats, "rss_goal_mib": goal, "rss_goal_met": stats <= goal}
 
 
 def main() -> None:
@@ -92,32 +154,47 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch threads, here and in the memory subprocesses")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--mem-runs", type=int, default=1,
+                        help="subprocesses per memory figure (the median is reported)")
+    parser.add_argument("--mem-calls", type=int, default=2,
+                        help="forward passes per subprocess (the highest peak counts)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.child:
+        name, batch, mode, calls = args.child
+        child(name, int(batch), mode, int(calls))
+        return
 
     rows = []
     for name in args.models:
         for batch in args.batches:
             row = {"model": name, "batch": batch} | ratios(name, batch, args.reps)
             if not args.no_memory:
-                bare = peak_rss(name, batch, "bare")
-                stats = peak_rss(name, batch, "stats")
-                row |= {"rss_bare_mib": bare, "rss_stats_mib": stats, "rss_ratio": stats / bare}
+                row |= memory(name, batch, args)
             rows.append(row)
             if not args.json:
                 print(
                     f"{name:10s} batch {batch:2d}  bare {row['bare_ms']:8.1f} ms  "
                     f"hookscope x{row['hookscope']:.3f}  hand-written hook x{row['handwritten']:.3f}"
-                    + (f"  peak RSS {row['rss_bare_mib']:.0f} -> {row['rss_stats_mib']:.0f} MiB "
-                       f"(x{row['rss_ratio']:.3f})" if not args.no_memory else ""),
+                    + ("" if args.no_memory else
+                       f"  peak RSS growth: bare {row['rss_growth_bare_mib']:.0f} MiB, hookscope "
+                       f"{row['rss_growth_stats_mib']:.0f} MiB (goal <= {row['rss_goal_mib']:.0f}"
+                       f": {'met' if row['rss_goal_met'] else 'MISSED'})"),
                     flush=True,
                 )
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     if args.json:
         print(json.dumps({"machine": machine, "torch": torch.__version__, "rows": rows}, indent=2))
     else:
-        print(f"torch {torch.__version__}, {machine}; ratios are min-over-reps / min-over-reps")
+        print(f"torch {torch.__version__}, {machine}; ratios are min-over-reps / min-over-reps; "
+              f"peak RSS growth is over a baseline taken after loading, before the first forward "
+              f"(median of {args.mem_runs} subprocess(es), {args.mem_calls} passes each); goal: "
+              f"hookscope <= {GOAL_FACTOR:.2f} x bare + {GOAL_SLACK_MIB:.0f} MiB")
 
 
 if __name__ == "__main__":

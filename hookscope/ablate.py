@@ -19,11 +19,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError
-from hookscope.hooks import Call, Site, Tracer, find_site, model_device
+from hookscope.errors import HookscopeError, param
+from hookscope.hooks import Call, find_site, model_device
+from hookscope.run import Probe, Step, drive
 from hookscope.targets import Targets, parse_targets
 
 __all__ = [
+    "AblateProbe",
+    "AblateReport",
     "AblationResult",
     "ChannelDrop",
     "Mode",
@@ -61,19 +64,19 @@ def parse_mode(spec: str | Mode) -> Mode:
     kind, _, arg = text.partition(":")
     usage = "use zero, mean, noise:SIGMA or scale:F"
     if kind not in MODES:
-        raise HookscopeError(f"--mode {spec!r} is not a mode; {usage}.")
+        raise HookscopeError(f"{param('mode')} {spec!r} is not a mode; {usage}.")
     if kind in ("zero", "mean"):
         if arg:
-            raise HookscopeError(f"--mode {spec!r}: {kind} takes no value; {usage}.")
+            raise HookscopeError(f"{param('mode')} {spec!r}: {kind} takes no value; {usage}.")
         return Mode(kind)
     if not arg:
-        raise HookscopeError(f"--mode {spec!r}: {kind} needs a value, e.g. {kind}:0.5.")
+        raise HookscopeError(f"{param('mode')} {spec!r}: {kind} needs a value, e.g. {kind}:0.5.")
     try:
         value = float(arg)
     except ValueError:
-        raise HookscopeError(f"--mode {spec!r}: {arg!r} is not a number.") from None
+        raise HookscopeError(f"{param('mode')} {spec!r}: {arg!r} is not a number.") from None
     if not math.isfinite(value) or (kind == "noise" and value < 0):
-        raise HookscopeError(f"--mode {spec!r}: the value must be finite"
+        raise HookscopeError(f"{param('mode')} {spec!r}: the value must be finite"
                              f"{' and not negative' if kind == 'noise' else ''}.")
     return Mode(kind, value)
 
@@ -97,22 +100,22 @@ def parse_channels(spec: str | Sequence[int] | None, count: int) -> list[int]:
             m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
             if not m:
                 raise HookscopeError(
-                    f"--channels {spec!r}: {item!r} is not a channel number or a range A-B."
+                    f"{param('channels')} {spec!r}: {item!r} is not a channel number or a range A-B."
                 )
             lo, hi = int(m[1]), int(m[2] or m[1])
             if hi < lo:
-                raise HookscopeError(f"--channels {spec!r}: the range {item} is empty.")
+                raise HookscopeError(f"{param('channels')} {spec!r}: the range {item} is empty.")
             chosen.extend(range(lo, hi + 1))
     if not chosen:
-        raise HookscopeError("--channels lists no channel.")
+        raise HookscopeError(f"{param('channels')} lists no channel.")
     bad = [c for c in chosen if not 0 <= c < count]
     if bad:
         raise HookscopeError(
-            f"--channels: channel {bad[0]} is out of range; the layer has {count} channels "
+            f"{param('channels')}: channel {bad[0]} is out of range; the layer has {count} channels "
             f"(0 to {count - 1})."
         )
     if len(set(chosen)) != len(chosen):
-        raise HookscopeError("--channels lists a channel twice.")
+        raise HookscopeError(f"{param('channels')} lists a channel twice.")
     return chosen
 
 
@@ -182,57 +185,45 @@ class AblationResult:
         return row
 
 
+@dataclass(frozen=True)
+class AblateReport:
+    """What :class:`AblateProbe` returns: one result per input, in input order."""
+
+    results: list[AblationResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"results": [r.to_dict() for r in self.results]}
+
+    def merge(self, other: AblateReport) -> AblateReport:
+        """Both reports' results, this one's first."""
+        return AblateReport([*self.results, *other.results])
+
+
 # ---------------------------------------------------------------------------- the hook
 
 
 class _Modifier:
-    """Forward-hook callback: returns the layer output with chosen channels changed.
+    """Returns a layer output with chosen channels changed.
 
-    ``plan`` is either a list of channels applied to every batch element, or (for sweeps)
-    a list with one channel per batch element.
+    ``channels`` apply to every batch element, or (``per_row``, for sweeps) one channel per
+    batch element.
     """
 
-    def __init__(self, mode: Mode, channel_dim: int, call: int | None,
-                 generator: torch.Generator | None) -> None:
+    def __init__(self, mode: Mode, channel_dim: int, generator: torch.Generator | None) -> None:
         self.mode = mode
         self.dim = channel_dim
-        self.call = call
         self.generator = generator
         self.channels: list[int] = []
         self.per_row = False
-        self.layer = ""
-        self.seen = 0
 
-    def _check(self, out: Any, name: str) -> torch.Tensor:
-        if not isinstance(out, torch.Tensor):
-            raise HookscopeError(
-                f"{name} returns {type(out).__name__}, not a tensor; choose a layer whose "
-                "output is one tensor."
-            )
-        if not _has_dim(out.dim(), self.dim):
-            raise HookscopeError(
-                f"{name}: output shape {list(out.shape)} has no channel dimension {self.dim}."
-            )
-        if self.mode.kind == "mean" and out.dim() < 3:
-            raise HookscopeError(
-                f"--mode mean replaces a channel with its spatial mean, but {name}'s output "
-                f"{list(out.shape)} has no spatial dimensions; use zero, noise or scale."
-            )
-        return out
-
-    def __call__(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
-        if self.call is not None and call.index != self.call:
-            return None
-        out = self._check(output, call.name)
-        self.seen += 1
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
         moved = out.movedim(self.dim, 1)
         new = moved.clone()
+        cols = torch.tensor(self.channels, device=out.device)
         if self.per_row:
             rows = torch.arange(len(self.channels), device=out.device)
-            cols = torch.tensor(self.channels, device=out.device)
             new[rows, cols] = self._apply(moved[rows, cols], spatial_from=1)
         else:
-            cols = torch.tensor(self.channels, device=out.device)
             new[:, cols] = self._apply(moved[:, cols], spatial_from=2)
         return new.movedim(1, self.dim)
 
@@ -243,44 +234,11 @@ class _Modifier:
         if kind == "mean":
             dims = tuple(range(spatial_from, x.dim()))
             return x.mean(dim=dims, keepdim=True).expand_as(x)
-        if value is None:  # parse_mode gives scale and noise a value
-            raise HookscopeError(f"--mode {kind} needs a value, e.g. {kind}:0.5.")
+        assert value is not None  # parse_mode gives scale and noise a value
         if kind == "scale":
             return x * value
         noise = torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
         return x + noise * value
-
-
-def channel_count(model: nn.Module, x: torch.Tensor, name: str, channel_dim: int) -> int:
-    """Channels of the layer's output, from one forward pass on the first input."""
-    return _plain_run(model, x[:1], name, channel_dim)[1]
-
-
-def _plain_run(
-    model: nn.Module, x: torch.Tensor, name: str, channel_dim: int
-) -> tuple[Any, int]:
-    """The unmodified forward pass (the model's output) and the layer's channel count."""
-    site = find_site(model, name)
-    x = x.to(model_device(model))
-    shapes: list[list[int]] = []
-
-    def grab(call: Call, args: Any, kwargs: Any, output: Any) -> None:
-        if isinstance(output, torch.Tensor) and not shapes:
-            shapes.append(list(output.shape))
-
-    with torch.inference_mode(), Tracer(model, [site], on_exit=grab) as tracer:
-        try:
-            output = model(x)
-        except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-            raise tracer.forward_error(exc) from exc
-    if not shapes:
-        raise HookscopeError(f"{name} did not run, or returned no tensor, in a forward pass.")
-    shape = shapes[0]
-    if not _has_dim(len(shape), channel_dim):
-        raise HookscopeError(
-            f"{name}: output shape {shape} has no channel dimension {channel_dim}."
-        )
-    return output, shape[channel_dim]
 
 
 def _has_dim(ndim: int, dim: int) -> bool:
@@ -315,52 +273,149 @@ def _kl(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     return (lp.exp() * (lp - lq)).sum(dim=1)
 
 
-def _run(model: nn.Module, x: torch.Tensor, tracer: Tracer | None = None) -> torch.Tensor:
-    if tracer is not None:
-        tracer.reset()
-    try:
-        return _logits(model(x))
-    except HookscopeError:
-        raise
-    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-        if tracer is not None:
-            raise tracer.forward_error(exc) from exc
-        raise HookscopeError(f"The forward pass failed: {exc}") from exc
+class AblateProbe(Probe[AblateReport]):
+    """Each batch runs twice: as it is, then with the chosen channels of ``layer`` changed.
 
+    With ``sweep``, each input is instead repeated ``sweep_batch`` times per forward pass,
+    batch element ``i`` with its own channel changed, and the channels are ranked by how
+    much the target logit drops. Arguments are those of :func:`ablate` and :func:`sweep`.
+    """
 
-def _generator(device: torch.device, seed: int) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    return gen
+    def __init__(self, model: nn.Module, layer: str, *,
+                 channels: str | Sequence[int] | None = None, mode: str | Mode = "zero",
+                 target: Targets | str | None = None, seed: int = 0, channel_dim: int = 1,
+                 call: int | None = None, categories: Sequence[str] | None = None,
+                 names: Sequence[str] | None = None, sweep: bool = False,
+                 sweep_batch: int = 32, n_inputs: int | None = None) -> None:
+        if sweep_batch < 1:
+            raise HookscopeError(f"{param('sweep_batch')} must be at least 1, not {sweep_batch}.")
+        self.mode = parse_mode(mode)
+        self.targets = target if isinstance(target, Targets) else parse_targets(target, categories)
+        self.site = find_site(model, layer)
+        self.sites = [self.site]
+        self.channel_spec, self.channel_dim, self.call = channels, channel_dim, call
+        self.categories, self.names = categories, names
+        self.sweep, self.sweep_batch, self.n_inputs = sweep, sweep_batch, n_inputs
+        if n_inputs is not None:
+            self.targets.check_count(n_inputs)
+        self.counts_progress = sweep  # a sweep counts channels, not inputs
+        generator = torch.Generator(device=model_device(model))
+        generator.manual_seed(seed)
+        self.modifier = _Modifier(self.mode, channel_dim, generator)
+        self.active = False
+        self.seen = 0
+        self.shape: list[int] | None = None
+        self.chosen: list[int] | None = None
+        self.results: list[AblationResult] = []
 
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
+        if self.call is not None and call.index != self.call:
+            return None
+        if not isinstance(output, torch.Tensor):
+            raise HookscopeError(f"{call.name} returns {type(output).__name__}, not a tensor; "
+                                 "choose a layer whose output is one tensor.")
+        if self.shape is None:
+            self.shape = list(output.shape)
+        if not self.active:
+            return None
+        self.seen += 1
+        return self.modifier(output)
 
-@dataclass
-class _Prepared:
-    """What ablate and sweep share: parsed options, the plain run and the hook callback."""
+    def _channels(self) -> list[int]:
+        """The channels to change, checked against the layer's output (first batch)."""
+        if self.chosen is not None:
+            return self.chosen
+        layer, shape, dim = self.site.name, self.shape, self.channel_dim
+        if shape is None:
+            which = f"call {self.call} of " if self.call is not None else ""
+            raise HookscopeError(f"{which}{layer} never ran in the forward pass; nothing was "
+                                 "changed.")
+        if not _has_dim(len(shape), dim):
+            raise HookscopeError(f"{layer}: output shape {shape} has no channel dimension {dim} "
+                                 f"(see {param('channel_dim')}).")
+        if self.mode.kind == "mean" and len(shape) < 3:
+            raise HookscopeError(
+                f"{param('mode')} mean replaces a channel with its spatial mean, but {layer}'s "
+                f"output {shape} has no spatial dimensions; use zero, noise or scale.")
+        self.chosen = parse_channels(self.channel_spec, shape[dim])
+        return self.chosen
 
-    mode: Mode
-    targets: Targets
-    site: Site
-    x: torch.Tensor
-    before: torch.Tensor
-    chosen: list[int]
-    modifier: _Modifier
+    def _changed(self, step: Step, x: torch.Tensor) -> torch.Tensor:
+        """One forward pass with the modifier on."""
+        self.active, self.seen = True, 0
+        try:
+            after = _logits(step.forward(x))
+        finally:
+            self.active = False
+        if self.seen == 0:
+            raise HookscopeError(f"call {self.call} of {self.site.name} never ran in the forward "
+                                 "pass; nothing was changed.")
+        return after
 
+    def step(self, step: Step) -> None:
+        before = _logits(step.forward())
+        chosen = self._channels()
+        classes = self.targets.resolve(before, step.start)
+        items = step.batch.items if step.batch is not None else None
+        for i in range(len(step)):
+            index = step.start + i
+            name = (items[i].name if items else self.names[index] if self.names
+                    else f"input[{index}]")
+            if self.sweep:
+                self.results.append(self._sweep_one(step, i, name, before[i:i + 1], classes[i]))
+        if not self.sweep:
+            self.modifier.channels, self.modifier.per_row = chosen, False
+            after = self._changed(step, step.x)
+            for i in range(len(step)):
+                index = step.start + i
+                name = (items[i].name if items else self.names[index] if self.names
+                        else f"input[{index}]")
+                self.results.append(self._result(name, classes[i], before[i:i + 1],
+                                                 after[i:i + 1]))
 
-def _prepare(model: nn.Module, x: torch.Tensor, layer: str, *,
-             channels: str | Sequence[int] | None, mode: str | Mode,
-             target: Targets | str | None, seed: int, channel_dim: int, call: int | None,
-             categories: Sequence[str] | None) -> _Prepared:
-    parsed = parse_mode(mode)
-    targets = parse_targets(target, categories) if isinstance(target, str) or target is None \
-        else target
-    site = find_site(model, layer)
-    device = model_device(model)
-    x = x.to(device)
-    output, count = _plain_run(model, x, layer, channel_dim)
-    chosen = parse_channels(channels, count)
-    modifier = _Modifier(parsed, channel_dim, call, _generator(device, seed))
-    return _Prepared(parsed, targets, site, x, _logits(output), chosen, modifier)
+    def _sweep_one(self, step: Step, i: int, name: str, before: torch.Tensor,
+                   cls: int) -> AblationResult:
+        chosen = self._channels()
+        if step.index == 0 and i == 0:
+            step.expect((self.n_inputs or len(step)) * len(chosen))
+        self.modifier.per_row = True
+        # One contiguous copy per input: convolutions are slower on a stride-0 batch.
+        x = step.x[i:i + 1]
+        repeated = x.expand(min(self.sweep_batch, len(chosen)), *x.shape[1:]).contiguous()
+        afters = []
+        for lo in range(0, len(chosen), self.sweep_batch):
+            part = chosen[lo:lo + self.sweep_batch]
+            self.modifier.channels = part
+            afters.append(self._changed(step, repeated[:len(part)]))
+            step.advance(len(part))
+        after = torch.cat(afters)
+        drops = (before[0, cls] - after[:, cls]).tolist()
+        dprob = torch.softmax(after, 1)[:, cls] - torch.softmax(before, 1)[0, cls]
+        kls = _kl(before.expand_as(after), after).tolist()
+        ranking = sorted(
+            (ChannelDrop(c, d, p, k)
+             for c, d, p, k in zip(chosen, drops, dprob.tolist(), kls, strict=True)),
+            key=lambda r: (-r.drop if math.isfinite(r.drop) else math.inf, r.channel),
+        )
+        best = chosen.index(ranking[0].channel)
+        return self._result(name, cls, before, after[best:best + 1], ranking)
+
+    def _result(self, name: str, target: int, before: torch.Tensor, after: torch.Tensor,
+                ranking: list[ChannelDrop] | None = None) -> AblationResult:
+        pb, pa = torch.softmax(before, 1), torch.softmax(after, 1)
+        cats = self.categories
+        labels = cats if cats is not None and len(cats) == before.shape[1] else None
+        return AblationResult(
+            input=name, layer=self.site.name, channels=list(self._channels()),
+            mode=self.mode.text, target=target, target_label=labels[target] if labels else None,
+            before=_top(before, cats)[0], after=_top(after, cats)[0],
+            delta_logit=float(after[0, target] - before[0, target]),
+            delta_prob=float(pa[0, target] - pb[0, target]),
+            kl=float(_kl(before, after)[0]), ranking=ranking,
+        )
+
+    def finish(self) -> AblateReport:
+        return AblateReport(self.results)
 
 
 def ablate(
@@ -376,13 +431,12 @@ def ablate(
     call: int | None = None,
     categories: Sequence[str] | None = None,
     names: Sequence[str] | None = None,
-    start: int = 0,
 ) -> list[AblationResult]:
     """Run ``x`` with and without the chosen channels of ``layer`` changed.
 
     Args:
         model: a classifier returning (N, classes) logits; left in the state it was in.
-        x: one batch of inputs.
+        x: a batch of inputs, or an iterable of batches.
         layer: the module's dotted name.
         channels: ``0,5,7``, ``0-15``, ``all`` or a list (default: all channels).
         mode: ``zero``, ``mean`` (spatial mean), ``noise:SIGMA`` (added) or ``scale:F``.
@@ -393,47 +447,13 @@ def ablate(
         call: only change this call of a module run several times (default: every call).
         categories: class labels.
         names: input names for the results (default ``input[i]``).
-        start: the index of ``x``'s first input among all inputs (per-input targets).
 
     Raises:
         HookscopeError: unknown layer, bad channels or mode, no classifier output.
     """
-    run = _prepare(model, x, layer, channels=channels, mode=mode, target=target, seed=seed,
-                   channel_dim=channel_dim, call=call, categories=categories)
-    mode, targets, site, x, before, chosen, modifier = (
-        run.mode, run.targets, run.site, run.x, run.before, run.chosen, run.modifier)
-    modifier.channels = chosen
-    with torch.inference_mode():
-        with Tracer(model, [site], on_exit=modifier) as tracer:
-            after = _run(model, x, tracer)
-    _check_seen(modifier, layer, call)
-    classes = targets.resolve(before, start)
-    return [
-        _result(names[i] if names else f"input[{start + i}]", layer, chosen, mode,
-                classes[i], before[i:i + 1], after[i:i + 1], categories)
-        for i in range(x.shape[0])
-    ]
-
-
-def _check_seen(modifier: _Modifier, layer: str, call: int | None) -> None:
-    if modifier.seen == 0:
-        which = f"call {call} of " if call is not None else ""
-        raise HookscopeError(f"{which}{layer} never ran in the forward pass; nothing was changed.")
-
-
-def _result(name: str, layer: str, channels: list[int], mode: Mode, target: int,
-            before: torch.Tensor, after: torch.Tensor, categories: Sequence[str] | None,
-            ranking: list[ChannelDrop] | None = None) -> AblationResult:
-    pb, pa = torch.softmax(before, 1), torch.softmax(after, 1)
-    labels = categories if categories is not None and len(categories) == before.shape[1] else None
-    return AblationResult(
-        input=name, layer=layer, channels=list(channels), mode=mode.text, target=target,
-        target_label=labels[target] if labels else None,
-        before=_top(before, categories)[0], after=_top(after, categories)[0],
-        delta_logit=float(after[0, target] - before[0, target]),
-        delta_prob=float(pa[0, target] - pb[0, target]),
-        kl=float(_kl(before, after)[0]), ranking=ranking,
-    )
+    probe = AblateProbe(model, layer, channels=channels, mode=mode, target=target, seed=seed,
+                        channel_dim=channel_dim, call=call, categories=categories, names=names)
+    return drive(model, x, probe).results
 
 
 def sweep(
@@ -441,59 +461,15 @@ def sweep(
     x: torch.Tensor,
     layer: str,
     *,
-    channels: str | Sequence[int] | None = None,
-    mode: str | Mode = "zero",
-    target: Targets | str | None = None,
     batch: int = 32,
-    seed: int = 0,
-    channel_dim: int = 1,
-    call: int | None = None,
-    categories: Sequence[str] | None = None,
-    names: Sequence[str] | None = None,
-    start: int = 0,
     on_step: Callable[[int], None] | None = None,
+    **options: Any,
 ) -> list[AblationResult]:
     """Ablate each channel alone and rank channels by how much the target logit drops.
 
     Each input is repeated ``batch`` times per forward pass, element ``i`` with its own
-    channel changed. Arguments are those of :func:`ablate`; ``on_step`` is called with the
+    channel changed. ``options`` are those of :func:`ablate`; ``on_step`` is called with the
     number of channels done after each forward pass.
     """
-    if batch < 1:
-        raise HookscopeError(f"--sweep-batch must be at least 1, not {batch}.")
-    run = _prepare(model, x, layer, channels=channels, mode=mode, target=target, seed=seed,
-                   channel_dim=channel_dim, call=call, categories=categories)
-    mode, targets, site, x, befores, chosen, modifier = (
-        run.mode, run.targets, run.site, run.x, run.before, run.chosen, run.modifier)
-    modifier.per_row = True
-    results = []
-    with torch.inference_mode():
-        classes = targets.resolve(befores, start)
-        with Tracer(model, [site], on_exit=modifier) as tracer:
-            for i in range(x.shape[0]):
-                before, cls = befores[i:i + 1], classes[i]
-                # One contiguous copy per input: convolutions are slower on a stride-0 batch.
-                repeated = x[i:i + 1].expand(min(batch, len(chosen)), *x.shape[1:]).contiguous()
-                afters = []
-                for lo in range(0, len(chosen), batch):
-                    part = chosen[lo:lo + batch]
-                    modifier.channels = part
-                    afters.append(_run(model, repeated[:len(part)], tracer))
-                    _check_seen(modifier, layer, call)
-                    if on_step is not None:
-                        on_step(len(part))
-                after = torch.cat(afters)
-                drops = (before[0, cls] - after[:, cls]).tolist()
-                dprob = (torch.softmax(after, 1)[:, cls] - torch.softmax(before, 1)[0, cls])
-                kls = _kl(before.expand_as(after), after).tolist()
-                ranking = sorted(
-                    (ChannelDrop(c, d, p, k)
-                     for c, d, p, k in zip(chosen, drops, dprob.tolist(), kls, strict=True)),
-                    key=lambda r: (-r.drop if math.isfinite(r.drop) else math.inf, r.channel),
-                )
-                best = chosen.index(ranking[0].channel)
-                results.append(_result(
-                    names[i] if names else f"input[{start + i}]", layer, chosen, mode, cls,
-                    before, after[best:best + 1], categories, ranking,
-                ))
-    return results
+    probe = AblateProbe(model, layer, sweep=True, sweep_batch=batch, **options)
+    return drive(model, x, probe, progress=on_step).results

@@ -11,15 +11,15 @@ Correctness: the snapshot is taken inside the hook, before any later in-place op
 to the layer's own output.
 
 The model is left as it was found: no hook, no ``.grad``, ``training`` flags and the
-grad mode restored, also when the forward pass raises.
+grad mode restored, also when the forward pass raises. :class:`CamProbe` is the analysis;
+the one driver (:func:`hookscope.run.drive`) runs it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,16 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hookscope.cam_methods import CamInputs, Method, get_method, method_names
-from hookscope.errors import ForwardError, HookscopeError
-from hookscope.hooks import (
-    Hooks,
-    Site,
-    Tracer,
-    all_sites,
-    find_site,
-    first_tensor,
-    model_device,
-)
+from hookscope.errors import HookscopeError, param
+from hookscope.hooks import Call, Site, all_sites, find_site, first_tensor
+from hookscope.run import Probe, Step, drive, peek
 from hookscope.targets import Targets, parse_targets
 
 if TYPE_CHECKING:
@@ -48,18 +41,18 @@ log = logging.getLogger("hookscope")
 
 __all__ = [
     "CamBatch",
+    "CamProbe",
+    "CamReport",
     "CamResult",
-    "CamRunner",
     "RESHAPES",
     "crop_box",
     "default_layer",
-    "explain_batches",
+    "explain",
     "gradcam",
     "method_names",
 ]
 
 RESHAPES = ("auto", "none", "vit", "swin")
-_FORWARD_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, AssertionError)
 
 
 @dataclass(frozen=True)
@@ -138,9 +131,9 @@ def _spatial_reason(shape: Sequence[int], reshape: str) -> str | None:
             return None
         return (f"its {tokens} tokens are not a square grid (with or without one CLS token)")
     if reshape == "none" and dims == 3:
-        return "it is a token sequence (N, tokens, C); pass --reshape vit to use it"
+        return f"it is a token sequence (N, tokens, C); set {param('reshape')} vit to use it"
     if reshape == "vit":
-        return "--reshape vit needs token outputs (N, tokens, C)"
+        return f"{param('reshape')} vit needs token outputs (N, tokens, C)"
     if dims < 3:
         return "it has no spatial dimensions"
     return f"it is {dims}-D; Grad-CAM needs (N, C, H, W) or ViT tokens (N, 1+h*w, C)"
@@ -174,18 +167,6 @@ def _normalise(maps: torch.Tensor) -> torch.Tensor:
     return torch.where(span > 0, (maps - lo) / safe, torch.zeros_like(maps))
 
 
-@contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run in eval mode and restore every module's ``training`` flag afterwards."""
-    flags = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()
-        yield
-    finally:
-        for m, flag in flags:
-            m.training = flag
-
-
 def _classifier_output(output: Any, model: nn.Module) -> torch.Tensor:
     logits = first_tensor(output)
     if logits is None or logits.dim() != 2:
@@ -215,6 +196,22 @@ def _as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
 # ----------------------------------------------------------------------------- layers
 
 
+class _LastSpatial(Probe[tuple[str, list[int]] | None]):
+    """Remember the last module (in execution order) with a 4-D output larger than 1x1."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.sites = [s for s in all_sites(model) if s.name]
+        self.found: tuple[str, list[int]] | None = None
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        t = first_tensor(output)
+        if t is not None and t.dim() == 4 and t.shape[2] * t.shape[3] > 1:
+            self.found = (call.name, list(t.shape))
+
+    def finish(self) -> tuple[str, list[int]] | None:
+        return self.found
+
+
 def default_layer(model: nn.Module, sample: torch.Tensor) -> tuple[str, list[int]]:
     """The last module (in execution order) whose output is 4-D with a spatial size over 1x1.
 
@@ -223,27 +220,14 @@ def default_layer(model: nn.Module, sample: torch.Tensor) -> tuple[str, list[int
     Raises:
         HookscopeError: no module has a spatial output.
     """
-    found: dict[str, Any] = {}
-
-    def on_exit(call: Any, args: Any, kwargs: Any, output: Any) -> None:
-        t = first_tensor(output)
-        if t is not None and t.dim() == 4 and t.shape[2] * t.shape[3] > 1:
-            found["name"], found["shape"] = call.name, list(t.shape)
-
-    sites = [s for s in all_sites(model) if s.name]
-    with _eval_mode(model), torch.inference_mode(), Tracer(model, sites, on_exit=on_exit) as tr:
-        try:
-            model(sample.to(model_device(model)))
-        except HookscopeError:
-            raise
-        except _FORWARD_ERRORS as exc:
-            raise tr.forward_error(exc) from exc
-    if not found:
+    found = drive(model, sample, _LastSpatial(model))
+    if found is None:
         raise HookscopeError(
             f"{type(model).__name__} has no module with a spatial (N, C, H, W) output larger "
-            "than 1x1; pass --layer (with --reshape vit|swin for token outputs)."
+            f"than 1x1; choose {param('layer')} (with {param('reshape')} vit or swin for token "
+            "outputs)."
         )
-    return found["name"], found["shape"]
+    return found
 
 
 def _resolve_site(model: nn.Module, layer: str | nn.Module) -> Site:
@@ -258,8 +242,57 @@ def _resolve_site(model: nn.Module, layer: str | nn.Module) -> Site:
 # ----------------------------------------------------------------------------- engine
 
 
-class CamRunner:
-    """Computes one or more CAM methods for one layer, batch by batch.
+@dataclass(frozen=True)
+class CamBatch:
+    """One batch of inputs with every method's maps, as :class:`CamProbe` makes it.
+
+    Attributes:
+        batch: the inputs, their preprocessed tensor and (for image files) original images;
+            None when the inputs were plain tensors.
+        start: the index of the batch's first input among all inputs.
+        results: per method name, the maps of the whole batch.
+        layer: dotted name of the explained layer.
+        layer_shape: the layer's output shape (C, h, w) for this batch.
+        boxes: per input, where the model's input lies in the original image (a centre
+            crop), or None for tensor inputs.
+        peaks: per method, each input's (y, x) peak in original-image pixels (at the input
+            tensor's resolution for tensor inputs).
+    """
+
+    batch: Batch | None
+    start: int
+    results: dict[str, CamResult]
+    layer: str
+    layer_shape: list[int]
+    boxes: list[tuple[float, float, float, float] | None]
+    peaks: dict[str, list[tuple[int, int]]]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.results.values())))
+
+    @property
+    def notes(self) -> list[str]:
+        """Every method's notes, in order, without repeats."""
+        return list(dict.fromkeys(n for res in self.results.values() for n in res.notes))
+
+
+@dataclass(frozen=True)
+class CamReport:
+    """What :class:`CamProbe` returns.
+
+    ``results`` holds each method's maps over all inputs, unless a ``sink`` took the
+    batches (then it is empty and only the layer and notes are kept).
+    """
+
+    layer: str
+    layer_shape: list[int]
+    methods: list[str]
+    results: dict[str, CamResult]
+    notes: list[str]
+
+
+class CamProbe(Probe[CamReport]):
+    """Computes one or more CAM methods at one layer, batch by batch.
 
     Args:
         model: a classifier returning (N, classes) logits.
@@ -268,33 +301,36 @@ class CamRunner:
         targets: parsed targets (see :func:`hookscope.targets.parse_targets`).
         reshape: ``auto``, ``none``, ``vit`` (tokens with a CLS token) or ``swin`` (N, H, W, C).
         score_batch: masked inputs per forward pass for ScoreCAM.
+        transform: the preprocessing, to place maps on the original images (see
+            :func:`crop_box`).
+        sink: receives each :class:`CamBatch` (e.g. to write its files); without one, the
+            maps are kept and concatenated into the report.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        layer: str | nn.Module,
-        methods: Sequence[str] = ("gradcam",),
-        targets: Targets | None = None,
-        *,
-        reshape: str = "auto",
-        score_batch: int = 32,
-    ) -> None:
+    grad = "off"  # autograd starts at the layer: its hook switches it on
+
+    def __init__(self, model: nn.Module, layer: str | nn.Module,
+                 methods: Sequence[str] = ("gradcam",), targets: Targets | None = None, *,
+                 reshape: str = "auto", score_batch: int = 32, transform: Any = None,
+                 sink: Callable[[CamBatch], None] | None = None) -> None:
         if reshape not in RESHAPES:
-            raise HookscopeError(f"--reshape {reshape!r}: choose one of {', '.join(RESHAPES)}.")
+            raise HookscopeError(f"{param('reshape')} {reshape!r}: choose one of "
+                                 f"{', '.join(RESHAPES)}.")
         if not methods:
-            raise HookscopeError("No CAM method given.")
+            raise HookscopeError(f"No CAM method given ({param('method')}).")
         self.model = model
         self.site = _resolve_site(model, layer)
+        self.sites = [self.site]
         self.methods: list[Method] = list({m.name: m for m in map(get_method, methods)}.values())
         self.targets = targets or parse_targets(None, None)
         self.reshape = _auto_layout(model, self.site.name) if reshape == "auto" else reshape
-        self.score_batch = score_batch
-        self.layer_shape: list[int] | None = None
-
-    @property
-    def needs_grad(self) -> bool:
-        return any(m.gradients for m in self.methods)
+        self.score_batch, self.transform, self.sink = score_batch, transform, sink
+        self.needs_grad = any(m.gradients for m in self.methods)
+        self.capturing = False
+        self.acts: torch.Tensor | None = None
+        self.layer_shape: list[int] = []
+        self.kept: list[CamBatch] = []
+        self.notes: dict[str, None] = {}
 
     def _check(self, out: torch.Tensor) -> None:
         reason = _spatial_reason(list(out.shape), self.reshape)
@@ -302,72 +338,59 @@ class CamRunner:
             raise HookscopeError(
                 f"Layer {self.site.name!r} ({self.site.type}) outputs shape {list(out.shape)}, "
                 f"which cannot give a class activation map: {reason}. Choose a convolutional "
-                "layer (or leave --layer out for the last spatial one); `hookscope layers "
-                "MODEL` lists the names and shapes."
+                f"layer (or leave {param('layer')} out for the last spatial one); `hookscope "
+                "layers MODEL` lists the names and shapes."
             )
 
-    def _capture(
-        self, x: torch.Tensor, start: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, list[int]]:
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
+        if not self.capturing:  # ScoreCAM's masked passes
+            return None
+        out = first_tensor(output)
+        if out is None:
+            raise HookscopeError(f"Layer {self.site.name!r} returned no tensor.")
+        self._check(out)
+        if not self.needs_grad:
+            self.acts = out.detach().clone()
+            return None
+        # Last call wins: a module run several times is explained at its last call.
+        leaf = out.detach().clone().requires_grad_(True)
+        self.acts = leaf
+        torch.set_grad_enabled(True)  # for the rest of this forward pass only
+        # The model gets a non-leaf copy, so a following in-place op cannot touch the leaf.
+        replacement = leaf.clone()
+        if isinstance(output, torch.Tensor):
+            return replacement
+        if isinstance(output, (tuple, list)) and output and output[0] is out:
+            return type(output)([replacement, *output[1:]])
+        raise HookscopeError(
+            f"Layer {self.site.name!r} returns a {type(output).__name__}; Grad-CAM needs a "
+            "layer that returns a tensor (or a tuple starting with one)."
+        )
+
+    def _capture(self, step: Step) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor,
+                                             list[int]]:
         """One forward (and backward) pass: activations, gradients, logits, targets."""
-        state: dict[str, torch.Tensor] = {}
-        grad = self.needs_grad
-
-        def hook(module: nn.Module, args: Any, output: Any) -> Any:
-            out = first_tensor(output)
-            if out is None:
-                raise HookscopeError(f"Layer {self.site.name!r} returned no tensor.")
-            self._check(out)
-            if not grad:
-                state["acts"] = out.detach().clone()
-                return None
-            # Last call wins: a module run several times is explained at its last call.
-            leaf = out.detach().clone().requires_grad_(True)
-            state["acts"] = leaf
-            torch.set_grad_enabled(True)
-            # The model gets a non-leaf copy, so a following in-place op cannot touch the leaf.
-            replacement = leaf.clone()
-            if isinstance(output, torch.Tensor):
-                return replacement
-            if isinstance(output, (tuple, list)) and output and output[0] is out:
-                return type(output)([replacement, *output[1:]])
-            raise HookscopeError(
-                f"Layer {self.site.name!r} returns a {type(output).__name__}; Grad-CAM needs a "
-                "layer that returns a tensor (or a tuple starting with one)."
-            )
-
-        with torch.inference_mode(False), torch.no_grad(), Hooks() as hooks:
-            hooks.forward(self.site.module, hook)
-            try:
-                output = self.model(x)
-            except HookscopeError:
-                raise
-            except _FORWARD_ERRORS as exc:
-                message = " ".join(str(exc).split()) or exc.__class__.__name__
-                raise ForwardError(f"The forward pass failed: {message}", cause=exc) from exc
-            finally:
-                hooks.remove()
-            logits = _classifier_output(output, self.model)
-            if "acts" not in state:
-                raise HookscopeError(
-                    f"Layer {self.site.name!r} did not run during the forward pass; choose a "
-                    "layer the model uses."
-                )
-            chosen = self.targets.resolve(logits, start)
-            acts = state["acts"]
-            grads = None
-            if grad:
+        self.capturing, self.acts = True, None
+        try:
+            logits = _classifier_output(step.forward(), self.model)
+        finally:
+            self.capturing = False
+        acts = self.acts
+        if acts is None:
+            raise HookscopeError(f"Layer {self.site.name!r} did not run during the forward "
+                                 "pass; choose a layer the model uses.")
+        chosen = self.targets.resolve(logits, step.start)
+        grads = None
+        if self.needs_grad:
+            if not logits.requires_grad:
+                raise self._disconnected()
+            with torch.inference_mode(False), torch.enable_grad():
                 index = torch.tensor(chosen, device=logits.device).unsqueeze(1)
-                if not logits.requires_grad:
-                    raise self._disconnected()
-                with torch.enable_grad():
-                    score = logits.gather(1, index).sum()
-                    (grads,) = torch.autograd.grad(score, acts, allow_unused=True)
-                if grads is None:
-                    raise self._disconnected()
-                acts = acts.detach()
-            logits = logits.detach()
-        return acts, grads, logits, chosen
+                score = logits.gather(1, index).sum()
+                (grads,) = torch.autograd.grad(score, acts, allow_unused=True)
+            if grads is None:
+                raise self._disconnected()
+        return acts.detach(), grads, logits.detach(), chosen
 
     def _disconnected(self) -> HookscopeError:
         return HookscopeError(
@@ -375,63 +398,105 @@ class CamRunner:
             "gradient; choose a layer on the path to the classifier."
         )
 
-    def _forward_masked(self, x: torch.Tensor) -> torch.Tensor:
-        return _classifier_output(self.model(x), self.model)
+    def step(self, step: Step) -> None:
+        x = step.x
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise HookscopeError(f"Grad-CAM takes image batches (N, C, H, W); got {shape}.")
+        acts, grads, logits, chosen = self._capture(step)
+        acts = _to_nchw(acts, self.reshape).float()
+        grads = _to_nchw(grads, self.reshape).float() if grads is not None else None
+        self.layer_shape = list(acts.shape[1:])
+        inputs = CamInputs(acts=acts, grads=grads, x=x, targets=chosen,
+                           forward=lambda masked: _classifier_output(
+                               step.forward(masked, grad="inference"), self.model),
+                           score_batch=self.score_batch)
+        index = torch.tensor(chosen, device=logits.device).unsqueeze(1)
+        scores = logits.float().gather(1, index).squeeze(1).tolist()
+        probs = torch.softmax(logits.float(), dim=1).gather(1, index).squeeze(1).tolist()
+        results = {m.name: self._method(m, inputs, tuple(x.shape[-2:]), chosen, scores, probs)
+                   for m in self.methods}
+        self._emit(step, results)
 
-    def run(self, x: torch.Tensor, start: int = 0) -> dict[str, CamResult]:
-        """Every method for one batch ``x`` (N, C, H, W); ``start`` indexes per-input targets."""
-        if x.dim() == 3:
-            x = x.unsqueeze(0)
-        if x.dim() != 4:
-            raise HookscopeError(
-                f"Grad-CAM takes image batches (N, C, H, W); got shape {list(x.shape)}."
+    def _method(self, method: Method, inputs: CamInputs, size: tuple[int, ...],
+                chosen: list[int], scores: list[float], probs: list[float]) -> CamResult:
+        with torch.inference_mode():
+            raw = torch.nan_to_num(method.fn(inputs).float(), nan=0.0).clamp(min=0)
+            up = F.interpolate(raw.unsqueeze(1), size=size, mode="bilinear",
+                               align_corners=False).squeeze(1)
+            maps = _normalise(up)
+            notes = []
+            if bool((raw.reshape(raw.shape[0], -1).amax(dim=1) <= 0).any()):
+                notes.append(
+                    f"{method.name}: some maps are zero everywhere at layer {self.site.name!r} "
+                    "(the target score does not increase with any position's activations "
+                    "there; for ViT, pick a block before the last one or its ln_1)."
+                )
+            return CamResult(
+                method=method.name, layer=self.site.name,
+                maps=maps.cpu().numpy().astype(np.float32, copy=False),
+                raw=raw.cpu().numpy().astype(np.float32, copy=False),
+                targets=list(chosen), scores=[float(s) for s in scores],
+                probs=[float(p) for p in probs], notes=notes,
             )
-        entries = len(self.targets.entries)
-        if self.targets.per_input and start + x.shape[0] > entries:
-            raise HookscopeError(
-                f"--target lists {entries} targets for at least {start + x.shape[0]} input(s); "
-                "give one target for all inputs or exactly one per input."
-            )
-        x = x.detach().to(model_device(self.model))
-        with _eval_mode(self.model):
-            acts, grads, logits, chosen = self._capture(x, start)
-            acts = _to_nchw(acts, self.reshape).float()
-            if grads is not None:
-                grads = _to_nchw(grads, self.reshape).float()
-            self.layer_shape = list(acts.shape[1:])
-            probs = torch.softmax(logits.float(), dim=1)
-            index = torch.tensor(chosen, device=logits.device).unsqueeze(1)
-            scores = logits.float().gather(1, index).squeeze(1).tolist()
-            target_probs = probs.gather(1, index).squeeze(1).tolist()
-            inputs = CamInputs(acts=acts, grads=grads, x=x, targets=chosen,
-                               forward=self._forward_masked, score_batch=self.score_batch)
-            results: dict[str, CamResult] = {}
-            for method in self.methods:
-                with torch.inference_mode():
-                    cam = method.fn(inputs)
-                    raw = torch.nan_to_num(cam.float(), nan=0.0).clamp(min=0)
-                    up = F.interpolate(raw.unsqueeze(1), size=tuple(x.shape[-2:]),
-                                       mode="bilinear", align_corners=False).squeeze(1)
-                    maps = _normalise(up)
-                    notes = []
-                    if bool((raw.reshape(raw.shape[0], -1).amax(dim=1) <= 0).any()):
-                        notes.append(
-                            f"{method.name}: some maps are zero everywhere at layer "
-                            f"{self.site.name!r} (the target score does not increase with any "
-                            "position's activations there; for ViT, pick a block before the "
-                            "last one or its ln_1)."
-                        )
-                    results[method.name] = CamResult(
-                        method=method.name,
-                        layer=self.site.name,
-                        maps=maps.cpu().numpy().astype(np.float32, copy=False),
-                        raw=raw.cpu().numpy().astype(np.float32, copy=False),
-                        targets=list(chosen),
-                        scores=[float(s) for s in scores],
-                        probs=[float(p) for p in target_probs],
-                        notes=notes,
-                    )
-        return results
+
+    def _emit(self, step: Step, results: dict[str, CamResult]) -> None:
+        images = step.batch.images if step.batch is not None else [None] * len(step)
+        boxes = [crop_box(self.transform, image.size) if image is not None else None
+                 for image in images]
+        peaks = {name: [peak if box is None else peak_in_box(peak, res.maps.shape[1:], box)
+                        for peak, box in zip(res.peaks, boxes, strict=True)]
+                 for name, res in results.items()}
+        explained = CamBatch(batch=step.batch, start=step.start, results=results,
+                             layer=self.site.name, layer_shape=list(self.layer_shape),
+                             boxes=boxes, peaks=peaks)
+        self.notes.update(dict.fromkeys(explained.notes))
+        if self.sink is not None:
+            self.sink(explained)
+        else:
+            self.kept.append(explained)
+
+    def finish(self) -> CamReport:
+        results = {m.name: CamResult.concat([b.results[m.name] for b in self.kept])
+                   for m in self.methods} if self.kept else {}
+        return CamReport(layer=self.site.name, layer_shape=self.layer_shape,
+                         methods=[m.name for m in self.methods], results=results,
+                         notes=list(self.notes))
+
+
+def explain(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    layer: str | nn.Module | None = None,
+    methods: Sequence[str] = ("gradcam",),
+    targets: Targets | None = None,
+    reshape: str = "auto",
+    score_batch: int = 32,
+    transform: Any = None,
+    sink: Callable[[CamBatch], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> CamReport:
+    """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
+
+    ``layer`` None picks the last module with a spatial output larger than 1x1, found on the
+    first input (logged). Other arguments are those of :class:`CamProbe`.
+
+    Raises:
+        HookscopeError: unknown layer or method, or a layer without a spatial output.
+        ForwardError: the model's forward pass raised.
+    """
+    batches: Any = inputs
+    if layer is None:
+        first, batches = peek(inputs)
+        sample = getattr(first, "tensor", first)
+        sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
+        layer, shape = default_layer(model, sample[:1])
+        log.info("using layer %s, the last module with a spatial output (%s)",
+                 layer, "x".join(str(d) for d in shape[1:]))
+    probe = CamProbe(model, layer, methods, targets, reshape=reshape, score_batch=score_batch,
+                     transform=transform, sink=sink)
+    return drive(model, batches, probe, progress=progress)
 
 
 def gradcam(
@@ -470,116 +535,17 @@ def gradcam(
             target list whose length does not match the number of inputs.
     """
     targets = _as_targets(target, categories)
-    batches: Iterable[torch.Tensor]
     if isinstance(inputs, torch.Tensor):
-        batches = [inputs.unsqueeze(0) if inputs.dim() == 3 else inputs]
-        targets.check_count(batches[0].shape[0])
+        inputs = inputs.unsqueeze(0) if inputs.dim() == 3 else inputs
+        targets.check_count(inputs.shape[0])
     else:
-        batches = inputs
-    runner: CamRunner | None = None
-    parts: list[CamResult] = []
-    start = 0
-    for batch in batches:
-        batch = batch.unsqueeze(0) if batch.dim() == 3 else batch
-        if runner is None:
-            name = layer
-            if name is None:
-                name, shape = default_layer(model, batch[:1])
-                log.info("using layer %s (the last module with a spatial output, %s)", name,
-                         "x".join(map(str, shape[1:])))
-            runner = CamRunner(model, name, (method,), targets, reshape=reshape,
-                               score_batch=score_batch)
-        parts.append(runner.run(batch, start)[runner.methods[0].name])
-        start += batch.shape[0]
-    if not parts:
-        raise HookscopeError("No inputs given.")
-    if targets.per_input:
-        targets.check_count(start)
-    result = CamResult.concat(parts)
-    for note in result.notes:
+        inputs = [b.unsqueeze(0) if b.dim() == 3 else b for b in inputs]
+        targets.check_count(sum(b.shape[0] for b in inputs))
+    report = explain(model, inputs, layer=layer, methods=(method,), targets=targets,
+                     reshape=reshape, score_batch=score_batch)
+    for note in report.notes:
         log.warning(note)
-    return result
-
-
-@dataclass(frozen=True)
-class CamBatch:
-    """One batch of inputs with every method's maps, as :func:`explain_batches` yields it.
-
-    Attributes:
-        batch: the inputs, their preprocessed tensor and (for image files) original images.
-        results: per method name, the maps of the whole batch.
-        layer: dotted name of the explained layer.
-        layer_shape: the layer's output shape (C, h, w) for this batch.
-        boxes: per input, where the model's input lies in the original image (a centre
-            crop), or None for tensor inputs.
-        peaks: per method, each input's (y, x) peak in original-image pixels (at the input
-            tensor's resolution for tensor inputs).
-    """
-
-    batch: Batch
-    results: dict[str, CamResult]
-    layer: str
-    layer_shape: list[int]
-    boxes: list[tuple[float, float, float, float] | None]
-    peaks: dict[str, list[tuple[int, int]]]
-
-    def __len__(self) -> int:
-        return len(self.batch)
-
-    @property
-    def notes(self) -> list[str]:
-        """Every method's notes, in order, without repeats."""
-        return list(dict.fromkeys(n for res in self.results.values() for n in res.notes))
-
-
-def explain_batches(
-    model: nn.Module,
-    batches: Iterable[Batch],
-    *,
-    layer: str | None,
-    methods: Sequence[str],
-    targets: Targets,
-    reshape: str = "auto",
-    score_batch: int = 32,
-    transform: Any = None,
-) -> Iterator[CamBatch]:
-    """Stream batches through every CAM method, one :class:`CamBatch` at a time.
-
-    Args:
-        model: a classifier returning (N, classes) logits.
-        batches: batches from :func:`hookscope.inputs.iter_batches` (``keep_images=True``
-            for peaks in original-image pixels).
-        layer: dotted module name; None picks the last module with a spatial output larger
-            than 1x1, found on the first batch (logged).
-        methods: registered method names.
-        targets: parsed targets (see :func:`hookscope.targets.parse_targets`).
-        reshape: ``auto``, ``none``, ``vit`` or ``swin``.
-        score_batch: masked inputs per forward pass for ScoreCAM.
-        transform: the preprocessing, to find where the model's input lies in each original
-            image (see :func:`crop_box`).
-
-    Raises:
-        HookscopeError: unknown layer or method, or a layer without a spatial output.
-    """
-    runner: CamRunner | None = None
-    for batch in batches:
-        if runner is None:
-            name = layer
-            if name is None:
-                name, shape = default_layer(model, batch.tensor[:1])
-                log.info("--layer not given; using %s, the last module with a spatial "
-                         "output (%s)", name, "x".join(str(d) for d in shape[1:]))
-            runner = CamRunner(model, name, methods, targets, reshape=reshape,
-                               score_batch=score_batch)
-        results = runner.run(batch.tensor, batch.start)
-        boxes = [crop_box(transform, image.size) if image is not None else None
-                 for image in batch.images]
-        peaks: dict[str, list[tuple[int, int]]] = {}
-        for mname, res in results.items():
-            peaks[mname] = [peak if box is None else peak_in_box(peak, res.maps.shape[1:], box)
-                            for peak, box in zip(res.peaks, boxes, strict=True)]
-        yield CamBatch(batch=batch, results=results, layer=runner.site.name,
-                       layer_shape=list(runner.layer_shape or []), boxes=boxes, peaks=peaks)
+    return report.results[get_method(method).name]
 
 
 # ----------------------------------------------------------------------------- geometry

@@ -1,33 +1,30 @@
-"""The ``hookscope`` command line: parse options, call the library, hand results to rendering.
+"""The ``hookscope`` command line: options in, then source, probe, drive, emit.
 
-Start-up stays fast: torch, torchvision and Rich are imported inside the commands, never at
-module level, so ``hookscope --help`` does not load them.
+Each command only collects its options and wires the library together; errors, signals,
+outputs and progress are :mod:`hookscope.session`'s, drawing and writing are
+:mod:`hookscope.render`'s. Start-up stays fast: torch and Rich are imported inside the
+commands, never at module level, so ``hookscope --help`` does not load them.
 """
 
 from __future__ import annotations
 
-import sys
-import traceback as tb
-from collections.abc import Iterator
-from contextlib import contextmanager
+import functools
+import inspect
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Any
 
 import typer
 
 from hookscope import __version__
-from hookscope.errors import HookscopeError
-
-if TYPE_CHECKING:
-    from hookscope.inputs import InputSet
-    from hookscope.models import LoadedModel
+from hookscope.session import ModelOptions, session
 
 app = typer.Typer(
     name="hookscope",
     help="Inspect PyTorch vision models through hooks that are always removed.\n\n"
     "Data goes to stdout, progress and notes to stderr; exit codes: 0 ok, 1 a requested "
-    "check failed, 2 bad input.",
+    "check failed or the model's forward raised, 2 bad input.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -36,116 +33,147 @@ app = typer.Typer(
 )
 
 
-class Format(str, Enum):
-    """Output formats of the tabular commands."""
-
-    table = "table"
-    json = "json"
-    csv = "csv"
+def _choices(name: str, values: list[str]) -> type[Enum]:
+    return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
 
 
-# ----------------------------------------------------------------- shared options
-
-ModelArg = Annotated[
-    str, typer.Argument(help="A torchvision model name, e.g. resnet18 (see `hookscope models`).",
-                        metavar="MODEL", show_default=False)
-]
-InputsArg = Annotated[
-    list[str],
-    typer.Argument(help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors "
-                   "of shape (C,H,W) or (N,C,H,W).", metavar="INPUT...", show_default=False),
-]
-WeightsOpt = Annotated[
-    str,
-    typer.Option("--weights", "-w", help="auto (pretrained when cached or downloadable, else "
-                 "random with a warning), DEFAULT, an enum name such as IMAGENET1K_V1, none "
-                 "(random, --seed), or a checkpoint path (.pt/.pth/.safetensors)."),
-]
-SeedOpt = Annotated[int, typer.Option(help="Seed for random initialisation (and noise).")]
-DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")]
-SizeOpt = Annotated[
-    int | None,
-    typer.Option(help="Resize/crop inputs to this size instead of the weights' default.",
-                 min=8, show_default=False),
-]
-BatchOpt = Annotated[int, typer.Option("--batch-size", "-b", help="Inputs per forward pass.",
-                                       min=1)]
-TrustOpt = Annotated[
-    bool, typer.Option("--trust-checkpoint", help="Allow checkpoints that need arbitrary "
-                       "unpickling (only for files you trust).")
-]
-LayersOpt = Annotated[
-    list[str] | None,
-    typer.Option("--layers", "-l", help="fnmatch pattern on dotted module names (repeatable), "
-                 "e.g. 'layer4.*'.", show_default=False),
-]
-TypeOpt = Annotated[
-    list[str] | None,
-    typer.Option("--type", "-t", help="Module class name, e.g. Conv2d (repeatable).",
-                 show_default=False),
-]
-AllModulesOpt = Annotated[
-    bool, typer.Option("--all-modules", help="Hook containers too, not only leaf modules.")
-]
-MaxDepthOpt = Annotated[
-    int | None,
-    typer.Option("--max-depth", help="Cut the module tree at this depth (1 = top-level children).",
-                 min=1, show_default=False),
-]
-FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]
-OutputOpt = Annotated[
-    Path | None,
-    typer.Option("--output", "-o", help="Write the output to this file (atomically) instead of "
-                 "stdout.", show_default=False, dir_okay=False),
-]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")]
-TracebackOpt = Annotated[
-    bool, typer.Option("--traceback", help="Show the Python traceback for errors.")
-]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr.")]
+Format = _choices("Format", ["table", "json", "csv"])
+DebugFormat = _choices("DebugFormat", ["text", "ndjson", "json"])
+Reshape = _choices("Reshape", ["auto", "none", "vit", "swin"])
+GradLoss = _choices("GradLoss", ["logit", "ce"])
+FeatureOrder = _choices("FeatureOrder", ["index", "mean", "max"])
 
 
-# ----------------------------------------------------------------- plumbing
+def _cam_methods() -> type[Enum]:
+    from hookscope.cam_methods import method_names  # torch-free: only the registry
+
+    return _choices("CamMethod", method_names())
 
 
-@contextmanager
-def failures(show_traceback: bool) -> Iterator[None]:
-    """Turn a HookscopeError into one stderr line and its exit code; Ctrl-C into 130."""
-    from hookscope.render import console
+CamMethod = _cam_methods()
 
-    try:
-        yield
-    except HookscopeError as exc:
-        if show_traceback:
-            tb.print_exc()
-        console.error(str(exc))
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        console.error("interrupted")
-        raise typer.Exit(130) from None
-    except BrokenPipeError:  # `hookscope ... | head`: the reader left; not an error
-        sys.stderr.close()
-        raise typer.Exit(0) from None
+# ----------------------------------------------------------------- options, declared once
+
+ModelArg = Annotated[str, typer.Argument(
+    help="A torchvision model name, e.g. resnet18 (see `hookscope models`).", metavar="MODEL",
+    show_default=False)]
+InputsArg = Annotated[list[str], typer.Argument(
+    help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors of shape "
+    "(C,H,W) or (N,C,H,W).", metavar="INPUT...", show_default=False)]
+LayersOpt = Annotated[list[str] | None, typer.Option(
+    "--layers", "-l", help="fnmatch pattern on dotted module names (repeatable), e.g. "
+    "'layer4.*' (the leaves under layer4); an exact name selects that module.",
+    show_default=False)]
+TypesOpt = Annotated[list[str] | None, typer.Option(
+    "--type", "-t", help="Module class name, e.g. Conv2d (repeatable).", show_default=False)]
+AllModulesOpt = Annotated[bool, typer.Option(
+    "--all-modules", help="Hook containers too, not only leaf modules.")]
+MaxDepthOpt = Annotated[int | None, typer.Option(
+    "--max-depth", help="Cut the module tree at this depth (1 = top-level children).", min=1,
+    show_default=False)]
+FormatOpt = Annotated[Format, typer.Option(  # type: ignore[valid-type]
+    "--format", "-f", help="Output format.")]
+TargetOpt = Annotated[str | None, typer.Option(
+    "--target", help="The class: top1 (default), topK, a class index or label; one for all "
+    "inputs or a comma list, one per input.", show_default=False)]
+TrainModeOpt = Annotated[bool, typer.Option(
+    "--train-mode", help="Run in train mode (BatchNorm batch statistics, dropout on); the "
+    "default is eval mode. The model's flags and buffers are restored afterwards.")]
+FailOpt = Annotated[bool, typer.Option(
+    "--fail-on-nonfinite", help="Exit with code 1 when NaN or Inf appears.")]
+OutDirOpt = Annotated[Path, typer.Option(
+    "--out", help="Folder for the image files.", file_okay=False)]
+
+#: Options every command that runs a model takes, added by :func:`runs_model`.
+MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "weights": (Annotated[str, typer.Option(
+        "--weights", "-w", help="auto (pretrained when cached or downloadable, else random "
+        "with a warning), DEFAULT, an enum name such as IMAGENET1K_V1, none (random, --seed), "
+        "or a checkpoint path (.pt/.pth/.safetensors).")], "auto"),
+    "seed": (Annotated[int, typer.Option(help="Seed for random initialisation (and noise).")],
+             0),
+    "device": (Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")], "auto"),
+    "size": (Annotated[int | None, typer.Option(
+        help="Resize/crop inputs to this size (8 to 8192) instead of the weights' default.",
+        show_default=False)], None),
+    "batch_size": (Annotated[int, typer.Option(
+        "--batch-size", "-b", help="Inputs per forward pass (1 to 4096).")], 8),
+    "trust_checkpoint": (Annotated[bool, typer.Option(
+        "--trust-checkpoint", help="Allow checkpoints that need arbitrary unpickling (only "
+        "for files you trust).")], False),
+}
+#: Options every command takes, added by :func:`runs_model` and :func:`command`.
+RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "output": (Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Write the output to this file (atomically; '-' for stdout; "
+        "links and devices are written through) instead of stdout.", show_default=False,
+        dir_okay=False)], None),
+    "force": (Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")],
+              False),
+    "quiet": (Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on "
+                                           "stderr.")], False),
+    "traceback": (Annotated[bool, typer.Option("--traceback", help="Show the Python traceback "
+                                               "of errors.")], False),
+}
 
 
-def _load(model: str, weights: str, seed: int, device: str, size: int | None,
-          trust: bool) -> LoadedModel:
-    from hookscope.models import load_model
+def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool) -> Callable[..., Any]:
+    """Add the options in ``groups`` to a command; it receives them as ``opts``."""
 
-    return load_model(model, weights=weights, seed=seed, device=device, size=size,
-                      trust_checkpoint=trust)
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values()
+               if p.name != "opts"]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                   annotation=annotation)
+                 for group in groups for name, (annotation, default) in group.items()]
+        names = [p.name for p in added]
+
+        @functools.wraps(fn)
+        def run(ctx: typer.Context, **kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in names}
+            opts = Options(model=kwargs.get("model", ""), **values) if model else \
+                Options(**values)
+            with session(quiet=opts.quiet, traceback=opts.traceback, flags=_flags(ctx)) as s:
+                return fn(**kwargs, opts=opts.bind(s))
+
+        context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,
+                                    annotation=typer.Context)
+        params = [context] + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return wrap
 
 
-def _inputs(specs: list[str], model: str) -> InputSet:
-    """Resolve inputs before the model loads, so a bad path fails fast."""
-    from hookscope.inputs import resolve_inputs
-    from hookscope.models import check_model_name, input_ndim
-
-    return resolve_inputs(specs, ndim=input_ndim(check_model_name(model)))
+def _flags(ctx: typer.Context) -> dict[str, str]:
+    """Each parameter's longest flag (``--batch-size``) or, for arguments, its name."""
+    return {p.name: max(p.opts, key=len) if p.param_type_name == "option" else
+            (p.metavar or p.name.upper()) for p in ctx.command.params if p.name}
 
 
-def _show_progress(fmt: Format | str, output: Path | None) -> bool:
-    return getattr(fmt, "value", fmt) == "table" or output is not None
+class Options:
+    """The shared options of one invocation, and its :class:`~hookscope.session.Session`."""
+
+    def __init__(self, *, output: Path | None = None, force: bool = False, quiet: bool = False,
+                 traceback: bool = False, model: str = "", **model_options: Any) -> None:
+        self.output, self.force, self.quiet, self.traceback = output, force, quiet, traceback
+        self.model = ModelOptions(model, **model_options)
+        self.s: Any = None
+
+    def bind(self, s: Any) -> Options:
+        self.s = s
+        return self
+
+
+def runs_model(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A command that loads a model: the model options and the run options."""
+    return _with_options([MODEL_OPTIONS, RUN_OPTIONS], model=True)(fn)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A command that runs no model: the run options only."""
+    return _with_options([RUN_OPTIONS], model=False)(fn)
 
 
 def version_callback(value: bool) -> None:
@@ -156,175 +184,84 @@ def version_callback(value: bool) -> None:
 
 @app.callback()
 def main_callback(
-    version: Annotated[
-        bool | None,
-        typer.Option("--version", callback=version_callback, is_eager=True,
-                     help="Print the version and exit."),
-    ] = None,
+    version: Annotated[bool | None, typer.Option(
+        "--version", callback=version_callback, is_eager=True,
+        help="Print the version and exit.")] = None,
 ) -> None:
     """Inspect PyTorch vision models through hooks that are always removed."""
 
 
-# ----------------------------------------------------------------- stats
+def _value(choice: Any) -> str:
+    return str(getattr(choice, "value", choice))
+
+
+# ----------------------------------------------------------------- stats, models, layers
 
 
 @app.command()
+@runs_model
 def stats(
-    model: ModelArg,
-    inputs: InputsArg,
-    weights: WeightsOpt = "auto",
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    size: SizeOpt = None,
-    batch_size: BatchOpt = 8,
-    trust_checkpoint: TrustOpt = False,
-    layers: LayersOpt = None,
-    type_: TypeOpt = None,
-    all_modules: AllModulesOpt = False,
-    max_depth: MaxDepthOpt = None,
-    input_stats: Annotated[
-        bool, typer.Option("--input-stats", help="Also summarise each module's first input.")
-    ] = False,
-    fmt: FormatOpt = Format.table,
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    quiet: QuietOpt = False,
-    traceback: TracebackOpt = False,
+    model: ModelArg, inputs: InputsArg, layers: LayersOpt = None, types: TypesOpt = None,
+    all_modules: AllModulesOpt = False, max_depth: MaxDepthOpt = None,
+    input_stats: Annotated[bool, typer.Option(
+        "--input-stats", help="Also summarise each module's first input.")] = False,
+    train_mode: TrainModeOpt = False, fmt: FormatOpt = "table", *, opts: Options,
 ) -> None:
     """Per-layer output statistics: shapes, mean, std, min, max, zeros, non-finite values.
 
     Example: hookscope stats resnet18 cat.jpg --format json | jq '.layers[] | select(.nonfinite > 0)'
     """
-    from hookscope.render import console
+    from hookscope.run import drive
+    from hookscope.stats import StatsProbe
 
-    console.setup_logging(quiet=quiet)
-    with failures(traceback):
-        from hookscope.inputs import iter_batches
-        from hookscope.render import output as out
-        from hookscope.render import tables
-        from hookscope.stats import collect_stats
-
-        if output is not None:
-            out.check_writable(output, force=force)
-        resolved = _inputs(inputs, model)
-        loaded = _load(model, weights, seed, device, size, trust_checkpoint)
-        batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size,
-                               ndim=loaded.input_ndim)
-        with console.progress(len(resolved), "stats", enabled=_show_progress(fmt, output)) as step:
-            report = collect_stats(
-                loaded.model, (b.tensor for b in batches), layers=layers, types=type_,
-                all_modules=all_modules, max_depth=max_depth, input_stats=input_stats,
-                categories=loaded.categories, on_batch=step,
-            )
-        names = [item.name for item in resolved.items]
-        doc = loaded.envelope("stats", names) | report.to_dict()
-        if fmt is Format.json:
-            out.emit(out.dumps_json(doc), output, force=force)
-        elif fmt is Format.csv:
-            rows = [_flatten_input_stats(r) for r in doc["layers"]]
-            columns = list(STATS_COLUMNS) + (list(INPUT_STATS_COLUMNS) if input_stats else [])
-            out.emit(out.dumps_csv(rows, columns), output, force=force)
-        else:
-            view = tables.stats_view(doc, input_stats=input_stats)
-            if output is None:
-                tables.print_view(view, console.stdout())
-            else:
-                out.emit(console.render_text(view), output, force=force)
-
-
-STATS_COLUMNS = ("name", "type", "call", "input_shapes", "output_shape", "mean", "std", "min",
-                 "max", "zero_fraction", "nonfinite")
-INPUT_STATS_COLUMNS = ("input_mean", "input_std", "input_min", "input_max",
-                       "input_zero_fraction", "input_nonfinite")
-
-
-def _flatten_input_stats(row: dict) -> dict:
-    extra = {f"input_{k}": v for k, v in (row.get("input_stats") or {}).items()}
-    return row | extra
-
-
-# ----------------------------------------------------------------- models, layers, debug (issue 3)
-
-
-class ModelsFormat(str, Enum):
-    """Output formats of ``models``."""
-
-    table = "table"
-    json = "json"
-
-
-class DebugFormat(str, Enum):
-    """Output formats of ``debug``: a live text trace, one JSON event per line, or one document."""
-
-    text = "text"
-    ndjson = "ndjson"
-    json = "json"
-
-
-LAYERS_COLUMNS = ("name", "type", "depth", "params", "params_total", "trainable", "call",
-                  "input_shapes", "output_shape", "output_shapes")
+    s, fmt = opts.s, _value(fmt)
+    out = s.output(opts.output, force=opts.force)
+    resolved = s.inputs(inputs, opts.model)
+    loaded = s.load(opts.model, "stats")
+    probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
+                       max_depth=max_depth, input_stats=input_stats,
+                       categories=loaded.categories)
+    with s.progress(len(resolved), "stats", enabled=fmt == "table" or not out.is_stdout) as bar:
+        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+                       train_mode=train_mode, progress=bar)
+    doc = loaded.envelope("stats", resolved.names) | report.to_dict()
+    s.emit("stats", doc, fmt, out, input_stats=input_stats)
 
 
 @app.command("models")
+@command
 def models_command(
-    pattern: Annotated[
-        str | None,
-        typer.Argument(help="fnmatch pattern on model names, e.g. 'resnet*'; without wildcards "
-                       "it matches names containing it.", metavar="PATTERN",
-                       show_default=False),
-    ] = None,
-    task: Annotated[
-        str | None,
-        typer.Option("--task", help="Only this task: classification, segmentation, detection, "
-                     "video, optical_flow, quantization.", show_default=False),
-    ] = None,
-    fmt: Annotated[ModelsFormat, typer.Option("--format", "-f", help="Output format.")] = (
-        ModelsFormat.table),
-    traceback: TracebackOpt = False,
+    pattern: Annotated[str | None, typer.Argument(
+        help="fnmatch pattern on model names, e.g. 'resnet*'; without wildcards it matches "
+        "names containing it.", metavar="PATTERN", show_default=False)] = None,
+    task: Annotated[str | None, typer.Option(
+        "--task", help="Only this task: classification, segmentation, detection, video, "
+        "optical_flow, quantization.", show_default=False)] = None,
+    fmt: FormatOpt = "table", *, opts: Options,
 ) -> None:
     """List the torchvision models hookscope can load, with their task and weights.
 
     Example: hookscope models 'resnet*' --format json | jq -r '.models[].name'
     """
-    from hookscope.render import console
+    from hookscope.catalog import find_models
 
-    console.setup_logging()
-    with failures(traceback):
-        from hookscope.catalog import find_models
-        from hookscope.render import output as out
-
-        found = find_models(pattern, task)
-        doc = {"hookscope": __version__, "command": "models", "model": None, "weights": None,
-               "device": None, "inputs": [], "pattern": pattern, "task": task,
-               "models": [m.to_dict() for m in found]}
-        if fmt is ModelsFormat.json:
-            out.emit(out.dumps_json(doc), None)
-        else:
-            from hookscope.render import tree
-
-            console.stdout().print(tree.models_table(doc))
+    s = opts.s
+    out = s.output(opts.output, force=opts.force)
+    doc = {"hookscope": __version__, "command": "models", "model": None, "weights": None,
+           "device": None, "inputs": [], "pattern": pattern, "task": task,
+           "models": [m.to_dict() for m in find_models(pattern, task)]}
+    s.emit("models", doc, _value(fmt), out)
 
 
 @app.command("layers")
+@runs_model
 def layers_command(
     model: ModelArg,
-    input_: Annotated[
-        str | None,
-        typer.Argument(help="One image or .pt/.npy tensor for the forward pass that records "
-                       "shapes (its first sample); default: zeros of the weights' input size.",
-                       metavar="INPUT", show_default=False),
-    ] = None,
-    weights: WeightsOpt = "auto",
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    size: SizeOpt = None,
-    trust_checkpoint: TrustOpt = False,
-    max_depth: MaxDepthOpt = None,
-    fmt: FormatOpt = Format.table,
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    quiet: QuietOpt = False,
-    traceback: TracebackOpt = False,
+    input_: Annotated[str | None, typer.Argument(
+        help="One image or .pt/.npy tensor for the forward pass that records shapes (its "
+        "first sample); default: zeros of the weights' input size.", metavar="INPUT",
+        show_default=False)] = None,
+    max_depth: MaxDepthOpt = None, fmt: FormatOpt = "table", *, opts: Options,
 ) -> None:
     """The module tree: names, types, own and total parameters, trainable, output shape per call.
 
@@ -332,642 +269,291 @@ def layers_command(
 
     Example: hookscope layers resnet18 --max-depth 2 --weights none
     """
-    from hookscope.render import console
+    from hookscope.run import peek
+    from hookscope.structure import model_structure
 
-    console.setup_logging(quiet=quiet)
-    with failures(traceback):
-        from hookscope.render import output as out
-        from hookscope.structure import model_structure
+    s = opts.s
+    out = s.output(opts.output, force=opts.force)
+    resolved = s.inputs([input_], opts.model) if input_ is not None else None
+    loaded = s.load(opts.model, "layers")
+    example = loaded.dummy_input()
+    if resolved is not None:
+        example = peek(s.batches(resolved, loaded, opts.model))[0].tensor[:1]
+    found = model_structure(loaded.model, example, max_depth=max_depth)
+    doc = loaded.envelope("layers", [input_] if input_ is not None else []) | found.to_dict()
+    s.emit("layers", doc, _value(fmt), out)
 
-        if output is not None:
-            out.check_writable(output, force=force)
-        resolved = _inputs([input_], model) if input_ is not None else None
-        loaded = _load(model, weights, seed, device, size, trust_checkpoint)
-        if resolved is not None:
-            from hookscope.inputs import iter_batches
 
-            batch = next(iter(iter_batches(resolved, loaded.preprocess, batch_size=1,
-                                           ndim=loaded.input_ndim, prefetch=False)))
-            example = batch.tensor
-        else:
-            example = loaded.dummy_input()
-        found = model_structure(loaded.model, example, max_depth=max_depth)
-        doc = loaded.envelope("layers", [input_] if input_ is not None else []) | found.to_dict()
-        if fmt is Format.json:
-            out.emit(out.dumps_json(doc), output, force=force)
-        elif fmt is Format.csv:
-            # One row per call, as in `stats`; a module that never ran gets one row, no call.
-            rows = [row | call | {"call": i} for row in doc["layers"]
-                    for i, call in enumerate(row["calls"])]
-            rows += [row | {"call": None} for row in doc["layers"] if not row["calls"]]
-            order = {row["name"]: i for i, row in enumerate(doc["layers"])}
-            rows.sort(key=lambda r: order[r["name"]])
-            out.emit(out.dumps_csv(rows, LAYERS_COLUMNS), output, force=force)
-        else:
-            from hookscope.render import tree
-
-            view = tree.layers_view(doc)
-            if output is None:
-                console.stdout().print(view)
-            else:
-                out.emit(console.render_text(view), output, force=force)
+# ----------------------------------------------------------------- debug
 
 
 @app.command("debug")
+@runs_model
 def debug_command(
-    model: ModelArg,
-    inputs: InputsArg,
-    weights: WeightsOpt = "auto",
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    size: SizeOpt = None,
-    batch_size: BatchOpt = 8,
-    trust_checkpoint: TrustOpt = False,
-    layers: LayersOpt = None,
-    type_: TypeOpt = None,
-    all_modules: AllModulesOpt = False,
-    max_depth: MaxDepthOpt = None,
-    fail_on_nonfinite: Annotated[
-        bool, typer.Option("--fail-on-nonfinite", help="Exit with code 1 when any module "
-                           "output holds NaN or Inf.")
-    ] = False,
-    fmt: Annotated[DebugFormat, typer.Option("--format", "-f", help="text: a live trace; "
-                                             "ndjson: one JSON event per line; json: one "
-                                             "document.")] = DebugFormat.text,
-    quiet: QuietOpt = False,
-    traceback: TracebackOpt = False,
+    model: ModelArg, inputs: InputsArg, layers: LayersOpt = None, types: TypesOpt = None,
+    all_modules: AllModulesOpt = False, max_depth: MaxDepthOpt = None,
+    fail_on_nonfinite: FailOpt = False, train_mode: TrainModeOpt = False,
+    fmt: Annotated[DebugFormat, typer.Option(  # type: ignore[valid-type]
+        "--format", "-f", help="text: a live trace; ndjson: one JSON event per line; json: "
+        "one document.")] = "text",
+    *, opts: Options,
 ) -> None:
     """Trace the forward pass; report the first non-finite output and the module that crashed.
 
-    Each selected module call prints an enter line (input shapes) and an exit line.
-
-    Exit lines show the output shape, mean and std. Exit code 1: the forward pass raised.
-
-    With --fail-on-nonfinite, exit code 1 also when NaN or Inf appears.
+    Each selected module call prints an enter line (input shapes) and an exit line (output
+    shape, mean and std). Exit code 1: the forward pass raised, or, with
+    --fail-on-nonfinite, NaN or Inf appeared.
 
     Example: hookscope debug resnet18 cat.jpg --weights ckpt.pt --format ndjson --fail-on-nonfinite
     """
-    from hookscope.render import console
+    from hookscope.debug import DebugProbe, nonfinite_failure
+    from hookscope.render.tree import TraceWriter
+    from hookscope.run import drive
 
-    console.setup_logging(quiet=quiet)
-    with failures(traceback):
-        from hookscope.debug import run_debug
-        from hookscope.errors import CheckFailed
-        from hookscope.inputs import iter_batches
-        from hookscope.render import output as out
-
-        resolved = _inputs(inputs, model)
-        loaded = _load(model, weights, seed, device, size, trust_checkpoint)
-        envelope = loaded.envelope("debug", [item.name for item in resolved.items])
-        events: list[dict] = []
-        if fmt is DebugFormat.text:
-            from hookscope.render import tree
-
-            printer = tree.TracePrinter(console.stdout())
-            printer.header(envelope)
-
-            def on_event(event: object) -> None:
-                printer(event.to_dict())  # type: ignore[attr-defined]
-        elif fmt is DebugFormat.ndjson:
-            def on_event(event: object) -> None:
-                out.emit(out.dumps_ndjson(event), None)
-        else:
-            def on_event(event: object) -> None:
-                events.append(event.to_dict())  # type: ignore[attr-defined]
-
-        batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size,
-                               ndim=loaded.input_ndim)
-        report = run_debug(loaded.model, (b.tensor for b in batches), layers=layers,
-                           types=type_, all_modules=all_modules, max_depth=max_depth,
-                           on_event=on_event)
-        summary = {"event": "summary"} | envelope | report.to_dict()
-        if fmt is DebugFormat.text:
-            printer.summary(summary)
-        elif fmt is DebugFormat.ndjson:
-            out.emit(out.dumps_ndjson(summary), None)
-        else:
-            summary.pop("event")
-            out.emit(out.dumps_json(envelope | {"events": events, "summary": summary}), None)
-        if report.error is not None:
-            e = report.error
-            where = "the model's own code" if e.name == "" else e.name
-            raise CheckFailed(
-                f"the forward pass failed in {where} ({e.type}, input shapes {e.input_shapes}): "
-                f"{e.exception}: {e.message}"
-            ) from report.cause
-        if fail_on_nonfinite and report.origin is not None:
-            o = report.origin
-            what = ("the input holds non-finite values (first module: "
-                    if o.source == "input" else "non-finite values first appear in ")
-            raise CheckFailed(f"{what}{o.name} ({o.type}, call {o.call}, batch {o.batch})"
-                              f"{')' if o.source == 'input' else ''}.")
+    s, fmt = opts.s, _value(fmt)
+    out = s.output(opts.output, force=opts.force)
+    resolved = s.inputs(inputs, opts.model)
+    loaded = s.load(opts.model, "debug")
+    envelope = loaded.envelope("debug", resolved.names)
+    writer = TraceWriter(fmt, out, envelope)
+    probe = DebugProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
+                       max_depth=max_depth, on_event=writer.event)
+    with writer:
+        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+                       train_mode=train_mode)
+        writer.summary(report.to_dict())
+    if report.failure is not None:
+        raise report.failure
+    if fail_on_nonfinite and report.origin is not None:
+        raise nonfinite_failure(report.origin)
 
 
-# ----------------------------------------------------------------- gradcam (issue 4)
-
-
-def _cam_method_enum() -> type[Enum]:
-    from hookscope.cam_methods import method_names  # torch-free: only the registry
-
-    return Enum("CamMethod", {n: n for n in method_names()}, type=str)  # type: ignore[return-value]
-
-
-CamMethod = _cam_method_enum()
-
-
-class CamFormat(str, Enum):
-    """Output formats of ``gradcam``."""
-
-    table = "table"
-    json = "json"
-
-
-class Reshape(str, Enum):
-    """How a layer's output becomes a spatial map."""
-
-    auto = "auto"
-    none = "none"
-    vit = "vit"
-    swin = "swin"
+# ----------------------------------------------------------------- gradcam
 
 
 @app.command()
+@runs_model
 def gradcam(
-    model: ModelArg,
-    inputs: InputsArg,
-    layer: Annotated[
-        str | None,
-        typer.Option("--layer", help="Target layer (dotted name from `hookscope layers`); "
-                     "default: the last module with a spatial output, e.g. layer4.",
-                     show_default=False),
-    ] = None,
-    method: Annotated[
-        list[CamMethod] | None,  # type: ignore[valid-type]
-        typer.Option("--method", "-m", help="CAM method (repeatable). [default: gradcam]",
-                     show_default=False),
-    ] = None,
-    target: Annotated[
-        str, typer.Option("--target", help="Class to explain: top1, topK, a class index or "
-                          "label, or a comma list with one per input.")
-    ] = "top1",
-    out: Annotated[
-        Path, typer.Option("--out", help="Folder for <stem>.<method>.png, "
-                           "<stem>.<method>.heatmap.png (and .npy with --save-raw).",
-                           file_okay=False)
-    ] = Path("hookscope-out"),
-    reshape: Annotated[
-        Reshape, typer.Option(help="Token outputs to a grid: auto (ViT-style CLS + square "
-                              "grid), none, vit, or swin (N, H, W, C).")
-    ] = Reshape.auto,
+    model: ModelArg, inputs: InputsArg,
+    layer: Annotated[str | None, typer.Option(
+        "--layer", help="Target layer (dotted name from `hookscope layers`); default: the last "
+        "module with a spatial output, e.g. layer4.", show_default=False)] = None,
+    method: Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
+        "--method", "-m", help="CAM method (repeatable). [default: gradcam]",
+        show_default=False)] = None,
+    target: TargetOpt = None,
+    out_dir: OutDirOpt = Path("hookscope-out"),
+    reshape: Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
+        help="Token outputs to a grid: auto (ViT-style CLS + square grid), none, vit, or swin "
+        "(N, H, W, C).")] = "auto",
     colormap: Annotated[str, typer.Option(help="A matplotlib colormap name.")] = "jet",
-    alpha: Annotated[
-        float, typer.Option(help="Heatmap weight in the overlay.", min=0.0, max=1.0)
-    ] = 0.5,
-    save_raw: Annotated[
-        bool, typer.Option("--save-raw", help="Also write <stem>.<method>.npy: the float32 map "
-                           "at the layer's resolution, after ReLU, before normalisation.")
-    ] = False,
-    score_batch: Annotated[
-        int, typer.Option("--score-batch", help="Masked inputs per forward pass (scorecam).",
-                          min=1)
-    ] = 32,
-    weights: WeightsOpt = "auto",
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    size: SizeOpt = None,
-    batch_size: BatchOpt = 8,
-    trust_checkpoint: TrustOpt = False,
-    fmt: Annotated[CamFormat, typer.Option("--format", "-f", help="Output format.")] = (
-        CamFormat.table),
-    force: ForceOpt = False,
-    quiet: QuietOpt = False,
-    traceback: TracebackOpt = False,
+    alpha: Annotated[float, typer.Option(help="Heatmap weight in the overlay.", min=0.0,
+                                         max=1.0)] = 0.5,
+    save_raw: Annotated[bool, typer.Option(
+        "--save-raw", help="Also write <stem>.<method>.npy: the float32 map at the layer's "
+        "resolution, after ReLU, before normalisation.")] = False,
+    score_batch: Annotated[int, typer.Option(
+        "--score-batch", help="Masked inputs per forward pass (scorecam).", min=1)] = 32,
+    fmt: FormatOpt = "table", *, opts: Options,
 ) -> None:
     """Grad-CAM and its family: which pixels made the model choose a class.
 
+    Writes <stem>.<method>.png (overlay) and <stem>.<method>.heatmap.png into --out.
+
     Example: hookscope gradcam resnet18 sample_images/*.jpg -m gradcam -m gradcam++ --out out/
     """
-    from hookscope.render import console
-
-    console.setup_logging(quiet=quiet)
-    with failures(traceback):
-        from hookscope.render import heatmap
-
-        chosen = [str(getattr(m, "value", m)) for m in method or []]
-        methods = list(dict.fromkeys(chosen)) or ["gradcam"]
-        heatmap.check_colormap(colormap)
-        resolved = _inputs(inputs, model)
-        items = resolved.items
-        plans = heatmap.output_paths([i.stem for i in items], methods, out, save_raw=save_raw)
-        heatmap.check_outputs(out, plans, force=force)
-        loaded = _load(model, weights, seed, device, size, trust_checkpoint)
-        doc = _gradcam_run(loaded, resolved, plans, layer=layer, methods=methods, target=target,
-                           out=out, reshape=reshape.value, colormap=colormap, alpha=alpha,
-                           save_raw=save_raw, score_batch=score_batch, batch_size=batch_size,
-                           force=force, progress=fmt is CamFormat.table)
-        if fmt is CamFormat.json:
-            from hookscope.render import output as outmod
-
-            outmod.emit(outmod.dumps_json(doc), None)
-        else:
-            from hookscope.render import camview, tables
-
-            tables.print_view(camview.cam_view(doc), console.stdout())
-
-
-def _gradcam_run(loaded: LoadedModel, resolved: InputSet, plans: list, *, layer: str | None,
-                 methods: list[str], target: str, out: Path, reshape: str, colormap: str,
-                 alpha: float, save_raw: bool, score_batch: int, batch_size: int, force: bool,
-                 progress: bool) -> dict:
-    """Explain every batch and stage its PNGs; return the JSON document."""
-    import logging
-
-    from hookscope.cam import CamBatch, explain_batches
-    from hookscope.inputs import iter_batches
-    from hookscope.render import console, heatmap
+    from hookscope.cam import explain
+    from hookscope.render.heatmap import CamWriter, check_colormap, output_paths
+    from hookscope.render.output import Staging
     from hookscope.targets import parse_targets
 
-    if loaded.input_ndim != 4:
-        raise HookscopeError(f"{loaded.name} is a video model; gradcam explains image "
-                             "classifiers.")
+    s = opts.s
+    methods = list(dict.fromkeys(_value(m) for m in method or [])) or ["gradcam"]
+    check_colormap(colormap)
+    out = s.output(opts.output, force=opts.force)
+    resolved = s.inputs(inputs, opts.model)
+    plans = output_paths(resolved.stems, methods, out_dir, save_raw=save_raw)
+    s.folder(out_dir, [p for plan in plans for f in plan.values() for p in f.values() if p],
+             force=opts.force)
+    loaded = s.load(opts.model, "gradcam")
     targets = parse_targets(target, loaded.categories)
     targets.check_count(len(resolved))
-    rows: list[dict] = []
-    notes: dict[str, None] = {}
-    last: CamBatch | None = None
-    with heatmap.output_folder(out), heatmap.Staging(force=force) as staging, \
-            console.progress(len(resolved), "gradcam", enabled=progress) as step:
-        batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size,
-                               keep_images=True, ndim=loaded.input_ndim)
-        for last in explain_batches(loaded.model, batches, layer=layer, methods=methods,
-                                    targets=targets, reshape=reshape, score_batch=score_batch,
-                                    transform=loaded.preprocess):
-            rows += heatmap.stage_cam_batch(staging, last, plans, label=loaded.label,
-                                            mean=loaded.mean, std=loaded.std,
-                                            save_raw=save_raw, cmap=colormap, alpha=alpha)
-            notes.update(dict.fromkeys(last.notes))
-            step(len(last))
-    for note in notes:
-        logging.getLogger("hookscope").warning(note)
-    assert last is not None  # resolve_inputs never returns an empty set
-    return loaded.envelope("gradcam", [i.name for i in resolved.items]) | {
-        "layer": last.layer,
-        "layer_default": layer is None,
-        "layer_shape": last.layer_shape,
-        "methods": methods,
-        "out": str(out),
-        "results": rows,
-    }
+    with Staging(out_dir, force=opts.force) as staging, \
+            s.progress(len(resolved), "gradcam", enabled=_value(fmt) == "table") as bar:
+        writer = CamWriter(staging, plans, loaded, save_raw=save_raw, cmap=colormap, alpha=alpha)
+        report = explain(loaded.model, s.batches(resolved, loaded, opts.model, keep_images=True),
+                         layer=layer, methods=methods, targets=targets, reshape=_value(reshape),
+                         score_batch=score_batch, transform=loaded.preprocess, sink=writer,
+                         progress=bar)
+    writer.log_notes(report.notes)
+    doc = loaded.envelope("gradcam", resolved.names) | {
+        "layer": report.layer, "layer_default": layer is None, "layer_shape": report.layer_shape,
+        "methods": methods, "out": str(out_dir), "results": writer.rows}
+    s.emit("gradcam", doc, _value(fmt), out)
 
 
-# ----------------------------------------------------------------- grads, features, ablate (issue 5)
-
-
-class GradLoss(str, Enum):
-    """What ``grads`` differentiates."""
-
-    logit = "logit"
-    ce = "ce"
-
-
-class FeatureOrder(str, Enum):
-    """Which channels ``features`` shows first."""
-
-    index_ = "index"  # not ``index``: that would shadow str.index
-    mean = "mean"
-    max = "max"
+# ----------------------------------------------------------------- grads, features, ablate
 
 
 @app.command()
+@runs_model
 def grads(
-    model: ModelArg,
-    inputs: InputsArg,
-    target: Annotated[
-        str | None,
-        typer.Option("--target", help="With --loss logit: the class whose logit is "
-                     "differentiated: top1 (default), topK, an index or a label; one for all "
-                     "inputs or a comma list, one per input.", show_default=False),
-    ] = None,
-    loss: Annotated[
-        GradLoss, typer.Option("--loss", help="logit: the target logit summed over inputs; ce: "
-                               "cross-entropy against --label, summed over inputs.")
-    ] = GradLoss.logit,
-    label: Annotated[
-        str | None,
-        typer.Option("--label", help="With --loss ce: the true class (index or label), one for "
-                     "all inputs or a comma list, one per input.", show_default=False),
-    ] = None,
-    vanish: Annotated[
-        float, typer.Option(help="Flag calls whose gradient norm is below this factor times "
-                            "the median call's.", min=0.0)
-    ] = 1e-3,
-    explode: Annotated[
-        float, typer.Option(help="Flag calls whose gradient norm is above this factor times "
-                            "the median call's.", min=0.0)
-    ] = 1e3,
-    fail_on_nonfinite: Annotated[
-        bool, typer.Option("--fail-on-nonfinite", help="Exit with code 1 when any gradient "
-                           "holds NaN or Inf.")
-    ] = False,
-    params: Annotated[
-        bool, typer.Option("--params/--no-params", help="Show the parameter table (table "
-                           "format; JSON and CSV always hold the parameters).")
-    ] = True,
-    weights: WeightsOpt = "auto",
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    size: SizeOpt = None,
-    batch_size: BatchOpt = 8,
-    trust_checkpoint: TrustOpt = False,
-    layers: LayersOpt = None,
-    type_: TypeOpt = None,
-    all_modules: AllModulesOpt = False,
-    max_depth: MaxDepthOpt = None,
-    fmt: FormatOpt = Format.table,
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    quiet: QuietOpt = False,
-    traceback: TracebackOpt = False,
+    model: ModelArg, inputs: InputsArg, target: TargetOpt = None,
+    loss: Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
+        "--loss", help="logit: the target logit summed over inputs; ce: cross-entropy against "
+        "--label, summed over inputs.")] = "logit",
+    label: Annotated[str | None, typer.Option(
+        "--label", help="With --loss ce: the true class (index or label), one for all inputs "
+        "or a comma list, one per input.", show_default=False)] = None,
+    vanish: Annotated[float, typer.Option(
+        help="Flag calls whose gradient norm is below this factor times the median call's.",
+        min=0.0)] = 1e-3,
+    explode: Annotated[float, typer.Option(
+        help="Flag calls whose gradient norm is above this factor times the median call's.",
+        min=0.0)] = 1e3,
+    fail_on_nonfinite: FailOpt = False,
+    params: Annotated[bool, typer.Option(
+        "--params/--no-params", help="Show the parameter table (table format; JSON and CSV "
+        "always hold the parameters).")] = True,
+    layers: LayersOpt = None, types: TypesOpt = None, all_modules: AllModulesOpt = False,
+    max_depth: MaxDepthOpt = None, train_mode: TrainModeOpt = False, fmt: FormatOpt = "table",
+    *, opts: Options,
 ) -> None:
     """Gradient flow: the gradient at each module call's output (backward order) and each
     parameter, with vanishing/exploding flags and the first non-finite module.
 
     Example: hookscope grads resnet18 cat.jpg --loss ce --label tabby --format json
     """
-    from hookscope.render import console
+    from hookscope.grads import GradsProbe, nonfinite_failure
+    from hookscope.run import drive
 
-    console.setup_logging(quiet=quiet)
-    with failures(traceback):
-        from hookscope.errors import CheckFailed
-        from hookscope.grads import collect_grads
-        from hookscope.inputs import iter_batches
-        from hookscope.render import grads as grads_render
-        from hookscope.render import output as out
-        from hookscope.render import tables
-
-        if output is not None:
-            out.check_writable(output, force=force)
-        resolved = _inputs(inputs, model)
-        loaded = _load(model, weights, seed, device, size, trust_checkpoint)
-        batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size,
-                               ndim=loaded.input_ndim)
-        with console.progress(len(resolved), "grads", enabled=_show_progress(fmt, output)) as step:
-            report = collect_grads(
-                loaded.model, (b.tensor for b in batches), target=target, loss=loss.value,
-                label=label, layers=layers, types=type_, all_modules=all_modules,
-                max_depth=max_depth, vanish=vanish, explode=explode,
-                categories=loaded.categories, n_inputs=len(resolved), on_batch=step,
-            )
-        doc = loaded.envelope("grads", [item.name for item in resolved.items]) | report.to_dict()
-        if fmt is Format.json:
-            out.emit(out.dumps_json(doc), output, force=force)
-        elif fmt is Format.csv:
-            out.emit(out.dumps_csv(grads_render.csv_rows(doc), grads_render.CSV_COLUMNS), output,
-                     force=force)
-        else:
-            view = grads_render.grads_view(doc, params=params)
-            if output is None:
-                tables.print_view(view, console.stdout())
-            else:
-                out.emit(console.render_text(view), output, force=force)
-        if fail_on_nonfinite and report.nonfinite:
-            where = report.first_nonfinite or "a parameter gradient"
-            raise CheckFailed(f"non-finite gradient; first in backward order: {where}.")
-
-
-FEATURE_COLUMNS = ("input", "layer", "type", "call", "shape", "channels", "nonfinite", "path")
+    s, fmt = opts.s, _value(fmt)
+    out = s.output(opts.output, force=opts.force)
+    resolved = s.inputs(inputs, opts.model)
+    loaded = s.load(opts.model, "grads")
+    probe = GradsProbe(loaded.model, target=target, loss=_value(loss), label=label,
+                       layers=layers, types=types, all_modules=all_modules,
+                       max_depth=max_depth, vanish=vanish, explode=explode,
+                       categories=loaded.categories, n_inputs=len(resolved))
+    with s.progress(len(resolved), "grads", enabled=fmt == "table" or not out.is_stdout) as bar:
+        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+                       train_mode=train_mode, progress=bar)
+    doc = loaded.envelope("grads", resolved.names) | report.to_dict()
+    s.emit("grads", doc, fmt, out, params=params)
+    if fail_on_nonfinite and report.nonfinite:
+        raise nonfinite_failure(report)
 
 
 @app.command()
+@runs_model
 def features(
-    model: ModelArg,
-    inputs: InputsArg,
-    layer: Annotated[
-        list[str] | None,
-        typer.Option("--layer", help="A module's dotted name or an fnmatch pattern "
-                     "(repeatable).", show_default=False),
-    ] = None,
-    type_: TypeOpt = None,
-    out_dir: Annotated[
-        Path, typer.Option("--out", help="Directory for the grid PNGs "
-                           "(<stem>.<layer>.png).", file_okay=False)
-    ] = Path("hookscope-out"),
-    tensorboard: Annotated[
-        Path | None,
-        typer.Option("--tensorboard", help="Also log the grids and activation histograms to "
-                     "this TensorBoard log directory (needs hookscope[tensorboard]).",
-                     file_okay=False, show_default=False),
-    ] = None,
-    max_channels: Annotated[
-        int, typer.Option("--max-channels", help="At most this many channels per grid.", min=1)
-    ] = 64,
-    order: Annotated[
-        FeatureOrder, typer.Option("--order", help="Channels shown: index (the first), mean or "
-                                   "max (the most active first).")
-    ] = FeatureOrder.index_,
-    upsample: Annotated[
-        bool, typer.Option("--upsample", help="Resize each tile to the input size.")
-    ] = False,
-    weights: WeightsOpt = "auto",
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    size: SizeOpt = None,
-    batch_size: BatchOpt = 8,
-    trust_checkpoint: TrustOpt = False,
-    fmt: FormatOpt = Format.table,
-    force: ForceOpt = False,
-    quiet: QuietOpt = False,
-    traceback: TracebackOpt = False,
+    model: ModelArg, inputs: InputsArg,
+    layers: Annotated[list[str] | None, typer.Option(
+        "--layer", "-l", help="A module's dotted name or an fnmatch pattern (repeatable).",
+        show_default=False)] = None,
+    types: TypesOpt = None,
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="Folder for the grid PNGs (<stem>.<layer>.png).", file_okay=False)] = (
+        Path("hookscope-out")),
+    tensorboard: Annotated[Path | None, typer.Option(
+        "--tensorboard", help="Also log the grids and activation histograms to this "
+        "TensorBoard log directory (needs hookscope[tensorboard]).", file_okay=False,
+        show_default=False)] = None,
+    max_channels: Annotated[int, typer.Option(
+        "--max-channels", help="At most this many channels per grid.", min=1)] = 64,
+    order: Annotated[FeatureOrder, typer.Option(  # type: ignore[valid-type]
+        "--order", help="Channels shown: index (the first), mean or max (the most active "
+        "first).")] = "index",
+    upsample: Annotated[bool, typer.Option(
+        "--upsample", help="Resize each tile to the input size.")] = False,
+    fmt: FormatOpt = "table", *, opts: Options,
 ) -> None:
     """Feature maps as image grids: one PNG per selected layer and input, optionally to
     TensorBoard too.
 
     Example: hookscope features resnet18 cat.jpg --type Conv2d --out maps/ --tensorboard runs/
     """
-    from hookscope.render import console
+    from hookscope.features import FeaturesProbe, feature_sites, output_name
+    from hookscope.render.grid import GridWriter, require_tensorboard
+    from hookscope.render.output import Staging
+    from hookscope.run import drive
 
-    console.setup_logging(quiet=quiet)
-    with failures(traceback):
-        from contextlib import ExitStack
-
-        from hookscope.features import feature_sites, iter_feature_grids, output_name, unique_stems
-        from hookscope.inputs import iter_batches
-        from hookscope.render import grid as grid_render
-        from hookscope.render import output as out
-        from hookscope.render import tables
-
-        if tensorboard is not None:
-            grid_render.require_tensorboard()
-        resolved = _inputs(inputs, model)
-        loaded = _load(model, weights, seed, device, size, trust_checkpoint)
-        sites = feature_sites(loaded.model, layer, type_)
-        stems = unique_stems([item.stem for item in resolved.items])
-        grid_render.check_outputs(
-            out_dir, [output_name(s, site.name) for s in stems for site in sites], force=force)
-        batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size,
-                               ndim=loaded.input_ndim)
-        rows: list[dict] = []
-        with ExitStack() as stack:
-            step = stack.enter_context(console.progress(
-                len(resolved) * len(sites), "features", enabled=fmt is Format.table))
-            board = None
-            for grid in iter_feature_grids(loaded.model, batches, sites,
-                                           max_channels=max_channels, order=order.value,
-                                           upsample=upsample, stems=stems):
-                if not rows:  # created only once a grid exists: a failed run leaves nothing
-                    out_dir.mkdir(parents=True, exist_ok=True)
-                    if tensorboard is not None:
-                        board = stack.enter_context(grid_render.Board(tensorboard))
-                path = grid_render.save_png(grid.image, out_dir / grid.filename, force=force)
-                if board is not None:
-                    board.add(grid)
-                rows.append(grid.to_dict() | {"path": str(path)})
-                step(1)
-        doc = loaded.envelope("features", [item.name for item in resolved.items]) | {
-            "out": str(out_dir),
-            "tensorboard": str(tensorboard) if tensorboard is not None else None,
-            "files": [row["path"] for row in rows],
-            "grids": rows,
-        }
-        if fmt is Format.json:
-            out.emit(out.dumps_json(doc), None)
-        elif fmt is Format.csv:
-            flat = [r | {"channels": ",".join(map(str, r["channels"]))} for r in rows]
-            out.emit(out.dumps_csv(flat, FEATURE_COLUMNS), None)
-        else:
-            tables.print_view(grid_render.features_view(doc), console.stdout())
-
-
-ABLATE_COLUMNS = ("input", "layer", "mode", "channels", "target", "target_label", "delta_logit",
-                  "delta_prob", "kl")
-SWEEP_COLUMNS = ("input", "layer", "mode", "target", "target_label", "rank", "channel", "drop",
-                 "delta_prob", "kl")
+    s = opts.s
+    if tensorboard is not None:
+        require_tensorboard()
+    out = s.output(opts.output, force=opts.force)
+    resolved = s.inputs(inputs, opts.model)
+    loaded = s.load(opts.model, "features")
+    sites = feature_sites(loaded.model, layers, types)
+    stems = resolved.stems
+    s.folder(out_dir, [out_dir / output_name(stem, site.name) for stem in stems
+                       for site in sites], force=opts.force)
+    with Staging(out_dir, force=opts.force) as staging, \
+            GridWriter(staging, out_dir, tensorboard) as writer, \
+            s.progress(len(resolved) * len(sites), "features",
+                       enabled=_value(fmt) == "table") as bar:
+        probe = FeaturesProbe(sites, sink=writer.add, max_channels=max_channels,
+                              order=_value(order), upsample=upsample, stems=stems)
+        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+                       progress=lambda n: bar(n * len(sites)))
+    doc = loaded.envelope("features", resolved.names) | {
+        "out": str(out_dir), "tensorboard": str(tensorboard) if tensorboard else None,
+        "files": [row["path"] for row in report.grids]} | report.to_dict()
+    s.emit("features", doc, _value(fmt), out)
 
 
 @app.command()
+@runs_model
 def ablate(
-    model: ModelArg,
-    inputs: InputsArg,
-    layer: Annotated[
-        str, typer.Option("--layer", help="The module whose output is changed (dotted name, "
-                          "see `hookscope layers`).", show_default=False)
-    ],
-    channels: Annotated[
-        str | None,
-        typer.Option("--channels", help="Channels to change: 0,5,7, ranges such as 0-15, or "
-                     "all (the default; with --sweep, the channels swept).", show_default=False),
-    ] = None,
-    sweep: Annotated[
-        bool, typer.Option("--sweep", help="Ablate each channel alone, batched, and rank the "
-                           "channels by how much the target logit drops.")
-    ] = False,
-    mode: Annotated[
-        str, typer.Option("--mode", help="zero, mean (the channel's spatial mean), noise:SIGMA "
-                          "(Gaussian noise added, seeded by --seed) or scale:F.")
-    ] = "zero",
-    target: Annotated[
-        str | None,
-        typer.Option("--target", help="The class compared: top1 before the ablation (default), "
-                     "topK, an index or a label; one for all inputs or a comma list, one per "
-                     "input.", show_default=False),
-    ] = None,
-    sweep_batch: Annotated[
-        int, typer.Option("--sweep-batch", help="Channels ablated per forward pass in a sweep.",
-                          min=1)
-    ] = 32,
-    call: Annotated[
-        int | None,
-        typer.Option("--call", help="Only change this call of a module run several times "
-                     "(default: every call).", min=0, show_default=False),
-    ] = None,
-    channel_dim: Annotated[
-        int, typer.Option("--channel-dim", help="The output dimension holding channels "
-                          "(1 for (N, C, H, W); -1 for token outputs (N, T, C)).")
-    ] = 1,
-    top: Annotated[
-        int, typer.Option("--top", help="Sweep ranking rows shown in the table.", min=1)
-    ] = 10,
-    weights: WeightsOpt = "auto",
-    seed: SeedOpt = 0,
-    device: DeviceOpt = "auto",
-    size: SizeOpt = None,
-    batch_size: BatchOpt = 8,
-    trust_checkpoint: TrustOpt = False,
-    fmt: FormatOpt = Format.table,
-    output: OutputOpt = None,
-    force: ForceOpt = False,
-    quiet: QuietOpt = False,
-    traceback: TracebackOpt = False,
+    model: ModelArg, inputs: InputsArg,
+    layer: Annotated[str, typer.Option(
+        "--layer", help="The module whose output is changed (dotted name, see `hookscope "
+        "layers`).", show_default=False)],
+    channels: Annotated[str | None, typer.Option(
+        "--channels", help="Channels to change: 0,5,7, ranges such as 0-15, or all (the "
+        "default; with --sweep, the channels swept).", show_default=False)] = None,
+    sweep: Annotated[bool, typer.Option(
+        "--sweep", help="Ablate each channel alone, batched, and rank the channels by how much "
+        "the target logit drops.")] = False,
+    mode: Annotated[str, typer.Option(
+        "--mode", help="zero, mean (the channel's spatial mean), noise:SIGMA (Gaussian noise "
+        "added, seeded by --seed) or scale:F.")] = "zero",
+    target: TargetOpt = None,
+    sweep_batch: Annotated[int, typer.Option(
+        "--sweep-batch", help="Channels ablated per forward pass in a sweep.", min=1)] = 32,
+    call: Annotated[int | None, typer.Option(
+        "--call", help="Only change this call of a module run several times (default: every "
+        "call).", min=0, show_default=False)] = None,
+    channel_dim: Annotated[int, typer.Option(
+        "--channel-dim", help="The output dimension holding channels (1 for (N, C, H, W); -1 "
+        "for token outputs (N, T, C)).")] = 1,
+    top: Annotated[int, typer.Option("--top", help="Sweep ranking rows shown in the table.",
+                                     min=1)] = 10,
+    fmt: FormatOpt = "table", *, opts: Options,
 ) -> None:
     """Feature modification: change channels of a layer's output and compare the top-5
     predictions, the target's logit and probability, and the KL divergence.
 
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
-    from hookscope.render import console
+    from hookscope.ablate import AblateProbe, parse_mode
+    from hookscope.run import drive
 
-    console.setup_logging(quiet=quiet)
-    with failures(traceback):
-        from contextlib import ExitStack
-
-        from hookscope import ablate as lib
-        from hookscope.inputs import iter_batches
-        from hookscope.render import ablate as ablate_render
-        from hookscope.render import output as out
-        from hookscope.render import tables
-        from hookscope.targets import parse_targets
-
-        if output is not None:
-            out.check_writable(output, force=force)
-        parsed_mode = lib.parse_mode(mode)
-        resolved = _inputs(inputs, model)
-        loaded = _load(model, weights, seed, device, size, trust_checkpoint)
-        targets = parse_targets(target, loaded.categories)
-        targets.check_count(len(resolved))
-        batches = iter_batches(resolved, loaded.preprocess, batch_size=batch_size,
-                               ndim=loaded.input_ndim)
-        results: list = []
-        with ExitStack() as stack:
-            step = None
-            for batch in batches:
-                names = [item.name for item in batch.items]
-                if not sweep:
-                    results += lib.ablate(loaded.model, batch.tensor, layer, names=names,
-                                          start=batch.start, channels=channels,
-                                          mode=parsed_mode, target=targets, seed=seed,
-                                          channel_dim=channel_dim, call=call,
-                                          categories=loaded.categories)
-                    continue
-                if step is None:
-                    count = lib.channel_count(loaded.model, batch.tensor, layer, channel_dim)
-                    swept = len(lib.parse_channels(channels, count))
-                    step = stack.enter_context(console.progress(
-                        len(resolved) * swept, "sweep", enabled=_show_progress(fmt, output)))
-                results += lib.sweep(loaded.model, batch.tensor, layer, batch=sweep_batch,
-                                     names=names, start=batch.start, on_step=step,
-                                     channels=channels, mode=parsed_mode, target=targets,
-                                     seed=seed, channel_dim=channel_dim, call=call,
-                                     categories=loaded.categories)
-        doc = loaded.envelope("ablate", [item.name for item in resolved.items]) | {
-            "results": [r.to_dict() for r in results],
-        }
-        if fmt is Format.json:
-            out.emit(out.dumps_json(doc), output, force=force)
-        elif fmt is Format.csv:
-            if sweep:
-                rows = [r | {"rank": i} | ranked for r in doc["results"]
-                        for i, ranked in enumerate(r["ranking"], 1)]
-                out.emit(out.dumps_csv(rows, SWEEP_COLUMNS), output, force=force)
-            else:
-                rows = [r | {"channels": ",".join(map(str, r["channels"]))}
-                        for r in doc["results"]]
-                out.emit(out.dumps_csv(rows, ABLATE_COLUMNS), output, force=force)
-        else:
-            view = ablate_render.ablate_view(doc, top=top)
-            if output is None:
-                tables.print_view(view, console.stdout())
-            else:
-                out.emit(console.render_text(view), output, force=force)
+    s, fmt = opts.s, _value(fmt)
+    out = s.output(opts.output, force=opts.force)
+    parsed = parse_mode(mode)
+    resolved = s.inputs(inputs, opts.model)
+    loaded = s.load(opts.model, "ablate")
+    probe = AblateProbe(loaded.model, layer, channels=channels, mode=parsed, target=target,
+                        seed=opts.model.seed, channel_dim=channel_dim, call=call,
+                        categories=loaded.categories, sweep=sweep, sweep_batch=sweep_batch,
+                        n_inputs=len(resolved))
+    label = "sweep" if sweep else "ablate"
+    with s.progress(len(resolved), label, enabled=fmt == "table" or not out.is_stdout) as bar:
+        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+                       progress=bar)
+    doc = loaded.envelope("ablate", resolved.names) | report.to_dict()
+    s.emit("ablate", doc, fmt, out, top=top, sweep=sweep)
 
 
 def main() -> None:

@@ -28,24 +28,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.hooks import (
-    Call,
-    Site,
-    Tracer,
-    all_sites,
-    first_tensor,
-    model_device,
-    select_sites,
-    tensors,
-)
+from hookscope.errors import CheckFailed, ForwardError
+from hookscope.hooks import Call, Site, all_sites, first_tensor, select_sites, tensors
+from hookscope.run import Probe, Step, drive
 
 __all__ = [
     "DebugReport",
     "EnterEvent",
     "ErrorEvent",
     "Event",
+    "DebugProbe",
     "ExitEvent",
     "NonfiniteEvent",
+    "nonfinite_failure",
     "run_debug",
 ]
 
@@ -186,7 +181,8 @@ class DebugReport:
     nonfinite_calls: int = 0
     origin: NonfiniteEvent | None = None
     error: ErrorEvent | None = None
-    cause: BaseException | None = field(default=None, repr=False)
+    #: The forward pass's failure, with the message every command prints for it.
+    failure: ForwardError | None = field(default=None, repr=False)
     output_shapes: list[list[int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -206,37 +202,30 @@ class DebugReport:
                 "origin": origin, "error": error, "output_shapes": self.output_shapes}
 
 
-class _Debugger:
-    """Tracer callbacks: trace events for the selected calls, detection on every call."""
+class DebugProbe(Probe[DebugReport]):
+    """Trace events for the selected calls; non-finite detection on every call.
 
-    def __init__(self, model: nn.Module, selected: set[str],
-                 emit: Callable[[Event], None] | None, report: DebugReport) -> None:
+    Every module, containers and the model itself included, is hooked, whatever the
+    selection, so a crash or a non-finite origin is found even outside it.
+    """
+
+    def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None,
+                 types: Sequence[str] | None = None, all_modules: bool = False,
+                 max_depth: int | None = None,
+                 on_event: Callable[[Event], None] | None = None) -> None:
+        self.selected = {s.name for s in select_sites(
+            model, layers=layers, types=types, all_modules=all_modules, max_depth=max_depth)}
+        root = Site("", type(model).__name__, 0, model)
+        self.sites = [root, *(s for s in all_sites(model) if s.module is not model)]
         self.model = model
-        self.selected = selected
-        self.emit_fn = emit
-        self.report = report
+        self.emit = on_event or (lambda event: None)
+        self.report = DebugReport()
         self.batch = 0
         # Per running call: input shapes, input summaries (while detecting) and finiteness.
         self._entered: dict[tuple[str, int],
                             tuple[list[list[int]], list[dict[str, Any]] | None, bool]] = {}
         self._input_nonfinite = False  # the model's own input holds NaN/Inf
         self._input_origin: tuple[str, int] | None = None
-        self.emit_error: BaseException | None = None
-
-    def start_batch(self, batch: int) -> None:
-        self.batch = batch
-        self._entered.clear()
-        self._input_nonfinite = False
-        self._input_origin = None
-
-    def _emit(self, event: Event) -> None:
-        if self.emit_fn is None:
-            return
-        try:
-            self.emit_fn(event)
-        except BaseException as exc:  # e.g. a closed pipe: not the model's fault
-            self.emit_error = exc
-            raise
 
     @property
     def detecting(self) -> bool:
@@ -258,21 +247,20 @@ class _Debugger:
                 self._input_origin = call.key
         self._entered[call.key] = (shapes, summaries, finite)
         if call.name in self.selected:
-            self._emit(EnterEvent(call.name, call.site.type, call.index, call.site.depth,
-                                  self.batch, shapes))
+            self.emit(EnterEvent(call.name, call.site.type, call.index, call.site.depth,
+                                 self.batch, shapes))
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         in_shapes, in_summaries, finite = self._entered.pop(call.key, ([], None, True))
         outputs = tensors(output)
         out_shapes = [list(t.shape) for t in outputs]
         if call.name in self.selected:
-            stats = _summary(first_tensor(output))
             event = ExitEvent(call.name, call.site.type, call.index, call.site.depth,
-                              self.batch, out_shapes, stats)
+                              self.batch, out_shapes, _summary(first_tensor(output)))
             self.report.calls += 1
             if event.nonfinite:
                 self.report.nonfinite_calls += 1
-            self._emit(event)
+            self.emit(event)
         if not self.detecting or in_summaries is None:
             return
         is_root = call.site.module is self.model
@@ -288,7 +276,38 @@ class _Debugger:
             [s for s in (_summary(t) for t in outputs) if s is not None],
         )
         self.report.origin = origin
-        self._emit(origin)
+        self.emit(origin)
+
+    def step(self, step: Step) -> None:
+        self.batch = step.index
+        self._entered.clear()
+        self._input_nonfinite = False
+        self._input_origin = None
+        output = step.forward()
+        self.report.batches += 1
+        self.report.samples += len(step)
+        self.report.output_shapes = [list(t.shape) for t in tensors(output)]
+
+    def on_error(self, error: ForwardError, step: Step) -> bool:
+        self.report.error = ErrorEvent(error.module, error.type_name, error.call, error.depth,
+                                       step.index, error.input_shapes, error.reason,
+                                       error.exception)
+        self.report.failure = error
+        self.report.batches += 1
+        self.emit(self.report.error)
+        return True
+
+    def finish(self) -> DebugReport:
+        return self.report
+
+
+def nonfinite_failure(origin: NonfiniteEvent) -> CheckFailed:
+    """The error for ``fail_on_nonfinite``: where non-finite values first appeared."""
+    where = f"{origin.name or 'the model itself'} ({origin.type}, call {origin.call}, batch " \
+        f"{origin.batch})"
+    if origin.source == "input":
+        return CheckFailed(f"the input holds non-finite values (first module: {where}).")
+    return CheckFailed(f"non-finite values first appear in {where}.")
 
 
 def run_debug(
@@ -301,10 +320,10 @@ def run_debug(
     max_depth: int | None = None,
     on_event: Callable[[Event], None] | None = None,
 ) -> DebugReport:
-    """Run ``model`` in inference mode, tracing selected calls and locating problems.
+    """Run ``model`` in eval and inference mode, tracing selected calls and locating problems.
 
     Args:
-        model: any ``nn.Module``; left with no hooks and its ``training`` flag intact.
+        model: any ``nn.Module``; left with no hooks and its ``training`` flags intact.
         inputs: one batch tensor, or an iterable of batch tensors.
         layers: fnmatch patterns on dotted module names (trace events only).
         types: module class names (trace events only).
@@ -314,47 +333,11 @@ def run_debug(
 
     Returns:
         Counts, the non-finite origin (or None) and the error (or None). After an error
-        the run stops; ``cause`` holds the original exception.
+        the run stops; ``failure`` holds it, ready to raise.
 
     Raises:
         HookscopeError: the selection matches no module.
     """
-    selected = {s.name for s in select_sites(model, layers=layers, types=types,
-                                             all_modules=all_modules, max_depth=max_depth)}
-    root = Site("", type(model).__name__, 0, model)
-    sites = [root, *(s for s in all_sites(model) if s.module is not model)]
-    report = DebugReport()
-    debugger = _Debugger(model, selected, on_event, report)
-    device = model_device(model)
-    batches = [inputs] if isinstance(inputs, torch.Tensor) else inputs
-    with torch.inference_mode(), Tracer(model, sites, on_enter=debugger.on_enter,
-                                        on_exit=debugger.on_exit) as tracer:
-        for index, batch in enumerate(batches):
-            x = batch.to(device)
-            tracer.reset()
-            debugger.start_batch(index)
-            try:
-                output = model(x)
-            except Exception as exc:
-                if debugger.emit_error is not None:
-                    raise
-                report.error = _error_event(tracer, exc, index)
-                report.cause = exc
-                report.batches += 1
-                debugger._emit(report.error)
-                break
-            report.batches += 1
-            report.samples += int(x.shape[0]) if x.dim() else 1
-            report.output_shapes = [list(t.shape) for t in tensors(output)]
-    return report
-
-
-def _error_event(tracer: Tracer, exc: BaseException, batch: int) -> ErrorEvent:
-    message = " ".join(str(exc).split()) or exc.__class__.__name__
-    inner = tracer.innermost()
-    if inner is None:
-        return ErrorEvent(None, None, None, None, batch, [], message, exc.__class__.__name__)
-    call, args, kwargs = inner
-    shapes = [list(t.shape) for t in tensors((args, kwargs))]
-    return ErrorEvent(call.name, call.site.type, call.index, call.site.depth, batch, shapes,
-                      message, exc.__class__.__name__)
+    probe = DebugProbe(model, layers=layers, types=types, all_modules=all_modules,
+                       max_depth=max_depth, on_event=on_event)
+    return drive(model, inputs, probe)

@@ -1,9 +1,24 @@
-"""The one exception family the library raises for things a user can fix."""
+"""The one exception family the library raises for things a user can fix.
+
+Messages name the *parameters* of the Python API (``target``, ``layers``), never command-line
+flags. A parameter is marked with :func:`param` where it appears in a message; ``str(error)``
+shows the plain name, and the command line renders the same mark as its flag (``--target``)
+through :meth:`HookscopeError.render`.
+"""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
+
+_MARK = "\x1f"  # a control character: repr() escapes it, so user data cannot fake a mark
+_MARKED = re.compile(f"{_MARK}([A-Za-z_][A-Za-z0-9_]*){_MARK}")
+
+
+def param(name: str) -> str:
+    """Mark the API parameter ``name`` inside an error message."""
+    return f"{_MARK}{name}{_MARK}"
 
 
 class HookscopeError(Exception):
@@ -14,23 +29,58 @@ class HookscopeError(Exception):
 
     exit_code = 2
 
+    def render(self, spell: Callable[[str], str] | None = None) -> str:
+        """The message with each marked parameter spelt by ``spell`` (default: its name)."""
+        text = super().__str__()
+        return _MARKED.sub(lambda m: (spell or str)(m.group(1)), text)
+
+    def __str__(self) -> str:
+        return self.render()
+
 
 class CheckFailed(HookscopeError):
-    """A check the user asked for failed (for example ``--fail-on-nonfinite``): exit code 1."""
+    """A check the user asked for failed (for example ``fail_on_nonfinite``): exit code 1."""
 
     exit_code = 1
 
 
 class ForwardError(HookscopeError):
-    """The model raised inside a module during the forward pass."""
+    """The model raised inside a module during the forward pass: exit code 1.
+
+    Attributes:
+        module: dotted name of the innermost module that was running (``""``: the model's
+            own code outside any submodule; None: no module had started).
+        type_name: that module's class name.
+        call: its call index within the forward pass.
+        depth: its depth in the module tree.
+        input_shapes: the shapes of its inputs.
+        cause: the model's own exception.
+    """
+
+    exit_code = 1
 
     def __init__(self, message: str, *, module: str | None = None, type_name: str | None = None,
+                 call: int | None = None, depth: int | None = None,
                  input_shapes: list | None = None, cause: BaseException | None = None) -> None:
         super().__init__(message)
         self.module = module
         self.type_name = type_name
-        self.input_shapes = input_shapes
+        self.call = call
+        self.depth = depth
+        self.input_shapes = input_shapes or []
         self.cause = cause
+
+    @property
+    def exception(self) -> str:
+        """The class name of the model's exception."""
+        return type(self.cause).__name__ if self.cause is not None else "Exception"
+
+    @property
+    def reason(self) -> str:
+        """The model's exception message on one line."""
+        if self.cause is None:
+            return str(self)
+        return " ".join(str(self.cause).split()) or self.exception
 
 
 def suggest(word: str, candidates: Iterable[str], n: int = 3) -> str:
@@ -41,3 +91,20 @@ def suggest(word: str, candidates: Iterable[str], n: int = 3) -> str:
         low = word.lower()
         close = [c for c in pool if low and low in c.lower()][:n]
     return f" Did you mean: {', '.join(close)}?" if close else ""
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """``text`` on one line, cut to at most ``limit`` characters at a space outside any
+    brackets, so no word, number or shape is ever cut in half."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    depth, cut = 0, 0
+    for i, ch in enumerate(text[: limit + 1]):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(depth - 1, 0)
+        elif ch == " " and depth == 0:
+            cut = i
+    return (text[:cut].rstrip(" ,;:") if cut else text[:limit].rsplit(" ", 1)[0]) + " ..."

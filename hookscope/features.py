@@ -7,18 +7,19 @@ raw activations); :mod:`hookscope.render.grid` writes them as PNG files and to T
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError
-from hookscope.hooks import Call, Site, Tracer, all_sites, find_site, first_tensor, select_sites
-from hookscope.inputs import Batch
+from hookscope.errors import HookscopeError, param
+from hookscope.hooks import Call, Site, all_sites, find_site, first_tensor, select_sites
+from hookscope.run import Probe, Step, drive
 
-__all__ = ["ORDERS", "FeatureGrid", "feature_sites", "iter_feature_grids", "make_tiles"]
+__all__ = ["ORDERS", "FeatureGrid", "FeaturesProbe", "FeaturesReport", "feature_grids",
+           "feature_sites", "make_tiles"]
 
 ORDERS = ("index", "mean", "max")
 
@@ -73,7 +74,8 @@ def feature_sites(
     """
     if not layers and not types:
         raise HookscopeError(
-            "Choose layers with --layer NAME (repeatable) or --type CLASSNAME, e.g. --type Conv2d."
+            f"Choose layers with {param('layers')} (dotted names or patterns) or "
+            f"{param('types')} (class names, e.g. Conv2d)."
         )
     chosen: dict[str, Site] = {}
     for name in layers or []:
@@ -115,9 +117,9 @@ def make_tiles(
     from torchvision.utils import make_grid
 
     if order not in ORDERS:
-        raise HookscopeError(f"--order {order!r}: choose one of {', '.join(ORDERS)}.")
+        raise HookscopeError(f"{param('order')} {order!r}: choose one of {', '.join(ORDERS)}.")
     if max_channels < 1:
-        raise HookscopeError(f"--max-channels must be at least 1, not {max_channels}.")
+        raise HookscopeError(f"{param('max_channels')} must be at least 1, not {max_channels}.")
     channels = _ranked(fmap, max_channels, order)
     tiles = fmap[channels].float().unsqueeze(1)  # (k, 1, H, W)
     finite = torch.isfinite(tiles)
@@ -143,77 +145,93 @@ def _spatial(output: Any, site: Site) -> torch.Tensor:
     return t
 
 
-def iter_feature_grids(
-    model: nn.Module,
-    batches: Iterable[Batch],
-    sites: Sequence[Site],
-    *,
-    max_channels: int = 64,
-    order: str = "index",
-    upsample: bool = False,
-    stems: Sequence[str] | None = None,
-) -> Iterator[FeatureGrid]:
-    """Run each batch through ``model`` and yield a grid per input and selected layer call.
+@dataclass(frozen=True)
+class FeaturesReport:
+    """What :class:`FeaturesProbe` returns: one row per grid, in the order they were made."""
+
+    grids: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"grids": list(self.grids)}
+
+
+class FeaturesProbe(Probe[FeaturesReport]):
+    """Tile each selected call's feature maps, per input, and hand each grid to ``sink``.
 
     Feature maps are copied inside the forward hook, before a later in-place operation can
     change them. Only one batch's maps are held at a time.
 
     Args:
-        model: any module; hooks are removed when the iteration ends or is abandoned.
-        batches: preprocessed batches (see :func:`hookscope.inputs.iter_batches`).
         sites: the layers to picture (see :func:`feature_sites`).
+        sink: receives each :class:`FeatureGrid` as it is made (writes a file, logs it to
+            TensorBoard) and returns extra fields for its row (e.g. ``{"path": ...}``);
+            without it the grids are kept in :attr:`kept`.
         max_channels: at most this many channels per grid.
         order: ``index`` (the first channels), ``mean`` or ``max`` (the most active first).
         upsample: resize each tile to the input's size.
         stems: output file stems per input (default: each input's ``stem``).
     """
-    if order not in ORDERS:
-        raise HookscopeError(f"--order {order!r}: choose one of {', '.join(ORDERS)}.")
-    if max_channels < 1:
-        raise HookscopeError(f"--max-channels must be at least 1, not {max_channels}.")
-    device = next((t.device for t in (*model.parameters(), *model.buffers())), torch.device("cpu"))
-    captured: list[tuple[Call, torch.Tensor]] = []
 
-    def grab(call: Call, args: Any, kwargs: Any, output: Any) -> None:
-        captured.append((call, _spatial(output, call.site).detach().float().cpu().clone()))
+    def __init__(self, sites: Sequence[Site], *,
+                 sink: Callable[[FeatureGrid], dict[str, Any] | None] | None = None,
+                 max_channels: int = 64, order: str = "index", upsample: bool = False,
+                 stems: Sequence[str] | None = None) -> None:
+        if order not in ORDERS:
+            raise HookscopeError(f"{param('order')} {order!r}: choose one of "
+                                 f"{', '.join(ORDERS)}.")
+        if max_channels < 1:
+            raise HookscopeError(f"{param('max_channels')} must be at least 1, not "
+                                 f"{max_channels}.")
+        self.sites = list(sites)
+        self.sink = sink
+        self.max_channels, self.order, self.upsample = max_channels, order, upsample
+        self.stems = stems
+        self.captured: list[tuple[Call, torch.Tensor]] = []
+        self.rows: list[dict[str, Any]] = []
+        self.kept: list[FeatureGrid] = []
 
-    # Hooks stay attached while the caller consumes the grids; inference mode is entered
-    # around each forward pass only, so it never leaks into the caller's code between yields.
-    with Tracer(model, sites, on_exit=grab) as tracer:
-        for batch in batches:
-            x = batch.tensor.to(device)
-            tracer.reset()
-            captured.clear()
-            try:
-                with torch.inference_mode():
-                    model(x)
-            except HookscopeError:
-                raise
-            except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-                raise tracer.forward_error(exc) from exc
-            size = (int(x.shape[-2]), int(x.shape[-1])) if upsample else None
-            for row, item in enumerate(batch.items):
-                index = batch.start + row
-                for call, maps in captured:
-                    fmap = maps[row]
-                    grid, channels = make_tiles(fmap, max_channels=max_channels, order=order,
-                                                upsample=size)
-                    nonfinite = int(fmap.numel() - torch.isfinite(fmap).sum())
-                    yield FeatureGrid(
-                        input=item.name, stem=stems[index] if stems else item.stem,
-                        index=index, layer=call.name, type=call.site.type, call=call.index,
-                        shape=list(fmap.shape), channels=channels, nonfinite=nonfinite,
-                        image=grid, values=fmap,
-                    )
-            captured.clear()
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        self.captured.append((call, _spatial(output, call.site).detach().float().cpu().clone()))
+
+    def step(self, step: Step) -> None:
+        self.captured.clear()
+        step.forward()
+        size = (int(step.x.shape[-2]), int(step.x.shape[-1])) if self.upsample else None
+        items = step.batch.items if step.batch is not None else None
+        for row in range(len(step)):
+            index = step.start + row
+            name = items[row].name if items else f"input[{index}]"
+            stem = (self.stems[index] if self.stems else
+                    items[row].stem if items else f"input_{index}")
+            for call, maps in self.captured:
+                self._emit(self._grid(name, stem, index, call, maps[row], size))
+        self.captured.clear()
+
+    def _grid(self, name: str, stem: str, index: int, call: Call, fmap: torch.Tensor,
+              size: tuple[int, int] | None) -> FeatureGrid:
+        grid, channels = make_tiles(fmap, max_channels=self.max_channels, order=self.order,
+                                    upsample=size)
+        nonfinite = int(fmap.numel() - torch.isfinite(fmap).sum())
+        return FeatureGrid(input=name, stem=stem, index=index, layer=call.name,
+                           type=call.site.type, call=call.index, shape=list(fmap.shape),
+                           channels=channels, nonfinite=nonfinite, image=grid, values=fmap)
+
+    def _emit(self, grid: FeatureGrid) -> None:
+        extra = self.sink(grid) if self.sink is not None else None
+        if self.sink is None:
+            self.kept.append(grid)
+        self.rows.append(grid.to_dict() | (extra or {}))
+
+    def finish(self) -> FeaturesReport:
+        return FeaturesReport(self.rows)
 
 
-def unique_stems(stems: Sequence[str]) -> list[str]:
-    """Make repeated stems unique (``cat``, ``cat_1``, ...) so outputs never collide."""
-    seen: dict[str, int] = {}
-    out = []
-    for stem in stems:
-        n = seen.get(stem, 0)
-        seen[stem] = n + 1
-        out.append(stem if n == 0 else f"{stem}_{n}")
-    return out
+def feature_grids(model: nn.Module, inputs: Any, sites: Sequence[Site], **options: Any
+                  ) -> list[FeatureGrid]:
+    """Every grid for ``inputs`` (a batch or an iterable of batches) at ``sites``.
+
+    ``options`` are those of :class:`FeaturesProbe` (``max_channels``, ``order``, ...).
+    """
+    probe = FeaturesProbe(sites, **options)
+    drive(model, inputs, probe)
+    return probe.kept

@@ -21,16 +21,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError
-from hookscope.hooks import Call, Site, Tracer, first_tensor, model_device, select_sites
+from hookscope.errors import CheckFailed, HookscopeError, param
+from hookscope.hooks import Call, Hooks, Site, first_tensor, model_device, select_sites
+from hookscope.run import Probe, Step, drive
 from hookscope.stats import Moments, MomentTable
 from hookscope.targets import Targets, parse_targets
 
 __all__ = [
     "GradLayer",
     "GradReport",
+    "GradsProbe",
     "ParamGrad",
     "collect_grads",
+    "nonfinite_failure",
     "parse_labels",
 ]
 
@@ -82,6 +85,7 @@ class GradReport:
     median_norm: float
     first_nonfinite: str | None
     input_shape: list[int] | None
+    first_nonfinite_param: str | None = None
 
     @property
     def nonfinite(self) -> bool:
@@ -99,72 +103,24 @@ class GradReport:
             "objective": self.objective,
             "median_norm": self.median_norm,
             "first_nonfinite": self.first_nonfinite,
+            "first_nonfinite_param": self.first_nonfinite_param,
             "layers": [layer.to_dict() for layer in self.layers],
             "params": [p.to_dict() for p in self.params],
         }
 
 
 def parse_labels(spec: str, categories: Sequence[str] | None) -> Targets:
-    """Parse ``--label``: a class index or label, for all inputs or a comma list, one each.
+    """Parse ``label``: a class index or label, for all inputs or a comma list, one each.
 
     Raises:
         HookscopeError: a malformed or unknown label, or a rank such as ``top1``.
     """
-    try:
-        labels = parse_targets(spec, categories)
-    except HookscopeError as exc:
-        raise HookscopeError(str(exc).replace("--target", "--label")) from None
-    if any(isinstance(e, str) for e in labels.entries):
+    labels = parse_targets(spec, categories, name="label")
+    if labels.ranks:
         raise HookscopeError(
-            f"--label {spec!r}: give the true class as an index or a label, not a rank."
+            f"{param('label')} {spec!r}: give the true class as an index or a label, not a rank."
         )
     return labels
-
-
-def _check_count(spec: Targets, n: int, option: str) -> None:
-    try:
-        spec.check_count(n)
-    except HookscopeError as exc:
-        message = str(exc)
-        raise HookscopeError(
-            message.replace("target", "label") if option == "--label" else message
-        ) from None
-
-
-class _GradCollector:
-    """Forward hooks that register tensor hooks; tensor hooks summarise the gradient."""
-
-    def __init__(self, tracer_hooks: Tracer | None, on_device: bool) -> None:
-        self.tracer = tracer_hooks
-        self.order: dict[tuple[str, int], None] = {}  # backward order, from the first batch
-        self.meta: dict[tuple[str, int], tuple[Site, list[int]]] = {}
-        # Gradient statistics never report zeros, so the zero count is skipped.
-        self.table = MomentTable(on_device=on_device, zeros=False)
-
-    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
-        t = first_tensor(output)
-        if t is None or not t.requires_grad or self.tracer is None:
-            return  # nothing before it needs a gradient: no gradient flows here
-        key = call.key
-        if key not in self.meta:
-            self.meta[key] = (call.site, list(t.shape))
-        else:  # batches of other sizes: keep the trailing shape, sum the batch dimension
-            shape = self.meta[key][1]
-            if shape and list(t.shape[1:]) == shape[1:]:
-                shape[0] += t.shape[0]
-        self.tracer.tensor(t, partial(self._on_grad, key))
-
-    def _on_grad(self, key: tuple[str, int], grad: torch.Tensor) -> None:
-        self.order.setdefault(key, None)
-        self.table.add(key, grad)
-
-    def end_batch(self) -> None:
-        """Copy the batch's device-side summaries to the host in one transfer."""
-        self.table.flush()
-
-    @property
-    def grads(self) -> dict[tuple[str, int], Moments]:
-        return {key: self.table.get(key) or Moments() for key in self.order}
 
 
 def _norm(m: Moments) -> float:
@@ -185,19 +141,173 @@ def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: fl
     return None
 
 
-def _objective(
-    logits: torch.Tensor, loss: str, targets: Targets | None, labels: Targets | None, start: int
-) -> tuple[torch.Tensor, list[int]]:
-    if loss == "ce":
-        assert labels is not None
-        classes = labels.resolve(logits, start)
-        index = torch.tensor(classes, device=logits.device)
-        return torch.nn.functional.cross_entropy(logits, index, reduction="sum"), classes
-    spec = targets if targets is not None else Targets(("top1",))
-    classes = spec.resolve(logits, start)
-    rows = torch.arange(logits.shape[0], device=logits.device)
+def _objective(logits: torch.Tensor, loss: str, targets: Targets,
+               start: int) -> tuple[torch.Tensor, list[int]]:
+    classes = targets.resolve(logits, start)
     index = torch.tensor(classes, device=logits.device)
+    if loss == "ce":
+        return torch.nn.functional.cross_entropy(logits, index, reduction="sum"), classes
+    rows = torch.arange(logits.shape[0], device=logits.device)
     return logits[rows, index].sum(), classes
+
+
+def _objective_targets(target: Targets | str | None, loss: str, label: Targets | str | None,
+                       categories: Sequence[str] | None) -> Targets:
+    """The classes differentiated: ``target`` for the logit loss, ``label`` for ce."""
+    if loss not in LOSSES:
+        raise HookscopeError(f"{param('loss')} {loss!r}: choose one of {', '.join(LOSSES)}.")
+    targets = parse_targets(target, categories) if isinstance(target, str) else target
+    labels = parse_labels(label, categories) if isinstance(label, str) else label
+    if loss == "logit":
+        if labels is not None:
+            raise HookscopeError(f"{param('label')} applies to {param('loss')} ce; use "
+                                 f"{param('target')} with the logit loss.")
+        return targets or parse_targets(None, categories)
+    if labels is None:
+        raise HookscopeError(f"{param('loss')} ce needs {param('label')}: the true class (an "
+                             "index or a label).")
+    if targets is not None and targets.entries != ("top1",):
+        raise HookscopeError(f"{param('target')} applies to {param('loss')} logit; with "
+                             f"{param('loss')} ce use {param('label')}.")
+    return labels
+
+
+class GradsProbe(Probe[GradReport]):
+    """Gradients at each selected call's output (tensor hooks) and at each parameter.
+
+    Args: as :func:`collect_grads`.
+    """
+
+    grad = "grad"
+
+    def __init__(self, model: nn.Module, *, target: Targets | str | None = None,
+                 loss: str = "logit", label: Targets | str | None = None,
+                 layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
+                 all_modules: bool = False, max_depth: int | None = None,
+                 vanish: float = 1e-3, explode: float = 1e3,
+                 categories: Sequence[str] | None = None, n_inputs: int | None = None) -> None:
+        if not (vanish > 0 and explode > 0):
+            raise HookscopeError(f"{param('vanish')} and {param('explode')} must be positive "
+                                 "factors.")
+        self.loss, self.vanish, self.explode = loss, vanish, explode
+        self.targets = _objective_targets(target, loss, label, categories)
+        if n_inputs is not None:
+            self.targets.check_count(n_inputs)
+        self.sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
+                                  max_depth=max_depth)
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not self.params:
+            raise HookscopeError(
+                "The model has no parameter that requires a gradient; nothing to differentiate."
+            )
+        self.model_name = type(model).__name__
+        self.table = MomentTable(on_device=model_device(model).type != "cpu", zeros=False)
+        self.order: dict[tuple[str, int], None] = {}  # backward order, from the first batch
+        self.meta: dict[tuple[str, int], tuple[Site, list[int]]] = {}
+        self.param_sums: list[torch.Tensor | None] = [None] * len(self.params)
+        self.classes: list[int] = []
+        self.objective = 0.0
+        self.input_shape: list[int] | None = None
+        self.hooks: Hooks | None = None
+
+    def bind(self, tracer: Hooks) -> None:
+        self.hooks = tracer
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        t = first_tensor(output)
+        if t is None or not t.requires_grad or self.hooks is None:
+            return  # nothing before it needs a gradient: no gradient flows here
+        key = call.key
+        if key not in self.meta:
+            self.meta[key] = (call.site, list(t.shape))
+        else:  # batches of other sizes: keep the trailing shape, sum the batch dimension
+            shape = self.meta[key][1]
+            if shape and list(t.shape[1:]) == shape[1:]:
+                shape[0] += t.shape[0]
+        self.hooks.tensor(t, partial(self._on_grad, key))
+
+    def _on_grad(self, key: tuple[str, int], grad: torch.Tensor) -> None:
+        self.order.setdefault(key, None)
+        self.table.add(key, grad)
+
+    def observe(self, step: Step, output: Any) -> None:
+        if not (isinstance(output, torch.Tensor) and output.dim() == 2):
+            raise HookscopeError(
+                f"grads needs a classifier whose output is (N, classes) logits; "
+                f"{self.model_name} returned {type(output).__name__}"
+                f"{list(output.shape) if isinstance(output, torch.Tensor) else ''}."
+            )
+        value, classes = _objective(output, self.loss, self.targets, step.start)
+        if not value.requires_grad:
+            raise HookscopeError(
+                "The model's output depends on no parameter that requires a gradient."
+            )
+        grads = torch.autograd.grad(value, [p for _, p in self.params], allow_unused=True)
+        for i, g in enumerate(grads):
+            if g is not None:
+                prev = self.param_sums[i]
+                self.param_sums[i] = g if prev is None else prev + g
+        del grads, output
+        self.table.flush()
+        self.objective += float(value.detach())
+        self.classes.extend(classes)
+        if self.input_shape is None:
+            self.input_shape = list(step.x.shape[1:])
+
+    def _layers(self) -> list[GradLayer]:
+        grads = {key: self.table.get(key) or Moments() for key in self.order}
+        norms = {k: _norm(m) for k, m in grads.items()}
+        finite = [v for v in norms.values() if math.isfinite(v)]
+        median = statistics.median(finite) if finite else NAN
+        self.median = median
+        rows: list[GradLayer] = []
+        for key in self.order:
+            site, shape = self.meta[key]
+            m, norm = grads[key], norms[key]
+            rows.append(GradLayer(
+                name=site.name, type=site.type, call=key[1], shape=shape, norm=norm,
+                mean=m.mean if m.n else NAN, std=m.std,
+                max_abs=max(abs(m.min), abs(m.max)) if m.n else NAN,
+                nonfinite=m.nonfinite,
+                flag=_flag(norm, m.nonfinite, median, self.vanish, self.explode),
+            ))
+        return rows
+
+    def _param_rows(self) -> list[ParamGrad]:
+        rows = []
+        with torch.no_grad():
+            for (name, p), summed in zip(self.params, self.param_sums, strict=True):
+                # Native-precision norms: torch's reduction is accurate to ~1e-7 relative, and
+                # dtype=float64 is ~40x slower on CPU (it costs more than the backward pass).
+                weight = float(torch.linalg.vector_norm(p.detach()))
+                grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
+                rows.append(ParamGrad(name, grad, weight, grad / weight if weight > 0 else NAN))
+        return rows
+
+    def finish(self) -> GradReport:
+        layers = self._layers()
+        params = self._param_rows()
+        bad = next((r for r in layers if r.nonfinite), None)
+        first = None if bad is None else bad.name if bad.call == 0 else \
+            f"{bad.name} (call {bad.call})"
+        return GradReport(
+            layers=layers, params=params, loss=self.loss, targets=self.classes,
+            objective=self.objective, median_norm=self.median, first_nonfinite=first,
+            first_nonfinite_param=next(
+                (p.name for p in params if not math.isfinite(p.grad_norm)), None),
+            input_shape=self.input_shape,
+        )
+
+
+def nonfinite_failure(report: GradReport) -> CheckFailed:
+    """The error for ``fail_on_nonfinite``: the first non-finite gradient."""
+    if report.first_nonfinite is not None:
+        return CheckFailed(f"non-finite gradient; first in backward order: "
+                           f"{report.first_nonfinite}.")
+    return CheckFailed(f"non-finite gradient in parameter {report.first_nonfinite_param} (the "
+                       "first in model order); the gradients at the module outputs are "
+                       "finite, so the non-finite values come from the activations (is the "
+                       "input finite?).")
 
 
 def collect_grads(
@@ -215,12 +325,14 @@ def collect_grads(
     explode: float = 1e3,
     categories: Sequence[str] | None = None,
     n_inputs: int | None = None,
+    train_mode: bool = False,
     on_batch: Callable[[int], None] | None = None,
 ) -> GradReport:
     """Gradients at each selected module call's output and at each parameter.
 
-    The model runs in eval mode (its ``training`` flags are restored afterwards), one
-    forward and one backward pass per batch; over several batches the objectives add up.
+    The model runs in eval mode unless ``train_mode`` (its ``training`` flags are restored
+    afterwards), one forward and one backward pass per batch; over several batches the
+    objectives add up. No ``.grad`` is written.
 
     Args:
         model: a classifier returning (N, classes) logits.
@@ -234,113 +346,14 @@ def collect_grads(
             ``explode`` times the median call's norm.
         categories: class labels, to parse labels given by name.
         n_inputs: the number of inputs, to check a per-input target or label list early.
+        train_mode: run in train mode (BatchNorm batch statistics, dropout on).
         on_batch: called with each batch's size after it ran.
 
     Raises:
         HookscopeError: bad target or label, no classifier output, bad selection.
+        ForwardError: the model's forward pass raised.
     """
-    if loss not in LOSSES:
-        raise HookscopeError(f"--loss {loss!r}: choose one of {', '.join(LOSSES)}.")
-    if not (vanish > 0 and explode > 0):
-        raise HookscopeError("--vanish and --explode must be positive factors.")
-    targets = parse_targets(target, categories) if isinstance(target, str) else target
-    labels = parse_labels(label, categories) if isinstance(label, str) else label
-    if loss == "ce":
-        if labels is None:
-            raise HookscopeError("--loss ce needs --label: the true class (index or label).")
-        if target is not None and (not isinstance(target, str) or target.strip() != "top1"):
-            raise HookscopeError("--target applies to --loss logit; with --loss ce use --label.")
-    elif labels is not None:
-        raise HookscopeError("--label applies to --loss ce; add --loss ce or use --target.")
-    if n_inputs is not None:
-        if targets is not None:
-            _check_count(targets, n_inputs, "--target")
-        if labels is not None:
-            _check_count(labels, n_inputs, "--label")
-
-    sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
-                         max_depth=max_depth)
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if not params:
-        raise HookscopeError(
-            "The model has no parameter that requires a gradient; nothing to differentiate."
-        )
-    device = model_device(model)
-    modes = {m: m.training for m in model.modules()}
-    batches = [inputs] if isinstance(inputs, torch.Tensor) else inputs
-    param_sums: list[torch.Tensor | None] = [None] * len(params)
-    classes_all: list[int] = []
-    objective = 0.0
-    input_shape: list[int] | None = None
-    start = 0
-    model.eval()
-    try:
-        with torch.enable_grad(), Tracer(model, sites) as tracer:
-            collector = _GradCollector(tracer, on_device=device.type != "cpu")
-            tracer.on_exit = collector.on_exit
-            for batch in batches:
-                x = batch.to(device, non_blocking=True)
-                tracer.reset()
-                try:
-                    output = model(x)
-                except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-                    raise tracer.forward_error(exc) from exc
-                if not (isinstance(output, torch.Tensor) and output.dim() == 2):
-                    raise HookscopeError(
-                        f"grads needs a classifier whose output is (N, classes) logits; "
-                        f"{type(model).__name__} returned {type(output).__name__}"
-                        f"{list(output.shape) if isinstance(output, torch.Tensor) else ''}."
-                    )
-                value, classes = _objective(output, loss, targets, labels, start)
-                if not value.requires_grad:
-                    raise HookscopeError(
-                        "The model's output depends on no parameter that requires a gradient."
-                    )
-                grads = torch.autograd.grad(value, [p for _, p in params], allow_unused=True)
-                for i, g in enumerate(grads):
-                    if g is not None:
-                        prev = param_sums[i]
-                        param_sums[i] = g if prev is None else prev + g
-                del grads, output
-                collector.end_batch()
-                objective += float(value.detach())
-                classes_all.extend(classes)
-                if input_shape is None:
-                    input_shape = list(x.shape[1:])
-                start += x.shape[0]
-                if on_batch is not None:
-                    on_batch(x.shape[0])
-    finally:
-        for module, mode in modes.items():
-            module.training = mode
-
-    norms = {k: _norm(m) for k, m in collector.grads.items()}
-    finite = [v for v in norms.values() if math.isfinite(v)]
-    median = statistics.median(finite) if finite else NAN
-    rows: list[GradLayer] = []
-    first_bad: str | None = None
-    for key in collector.order:
-        site, shape = collector.meta[key]
-        m = collector.grads[key]
-        norm = norms[key]
-        if m.nonfinite and first_bad is None:
-            first_bad = site.name if key[1] == 0 else f"{site.name} (call {key[1]})"
-        rows.append(GradLayer(
-            name=site.name, type=site.type, call=key[1], shape=shape, norm=norm,
-            mean=m.mean if m.n else NAN, std=m.std,
-            max_abs=max(abs(m.min), abs(m.max)) if m.n else NAN,
-            nonfinite=m.nonfinite, flag=_flag(norm, m.nonfinite, median, vanish, explode),
-        ))
-    param_rows = []
-    with torch.no_grad():
-        for (name, p), summed in zip(params, param_sums, strict=True):
-            # Native-precision norms: torch's reduction is accurate to ~1e-7 relative, and
-            # dtype=float64 is ~40x slower on CPU (it costs more than the backward pass).
-            weight = float(torch.linalg.vector_norm(p.detach()))
-            grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
-            ratio = grad / weight if weight > 0 else NAN
-            param_rows.append(ParamGrad(name, grad, weight, ratio))
-    return GradReport(
-        layers=rows, params=param_rows, loss=loss, targets=classes_all, objective=objective,
-        median_norm=median, first_nonfinite=first_bad, input_shape=input_shape,
-    )
+    probe = GradsProbe(model, target=target, loss=loss, label=label, layers=layers, types=types,
+                       all_modules=all_modules, max_depth=max_depth, vanish=vanish,
+                       explode=explode, categories=categories, n_inputs=n_inputs)
+    return drive(model, inputs, probe, train_mode=train_mode, progress=on_batch)

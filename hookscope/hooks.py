@@ -17,7 +17,7 @@ variable, so the late-binding closure bug cannot give a hook the wrong layer nam
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from hookscope.errors import ForwardError, HookscopeError, suggest
+from hookscope.errors import ForwardError, HookscopeError, clip, param, suggest
 
 __all__ = [
     "Call",
@@ -81,6 +81,10 @@ def all_sites(model: nn.Module) -> list[Site]:
     return sites
 
 
+def _is_leaf(site: Site, max_depth: int | None) -> bool:
+    return site.depth == max_depth or not any(True for _ in site.module.children())
+
+
 def select_sites(
     model: nn.Module,
     *,
@@ -91,55 +95,62 @@ def select_sites(
 ) -> list[Site]:
     """Choose the modules to hook.
 
-    Without ``layers`` or ``types``, the leaves are chosen: modules without children, or
-    modules at ``max_depth`` when the tree is cut there. ``all_modules`` chooses containers
-    too. ``layers`` are fnmatch patterns on dotted names and ``types`` class names; both
-    match any module, containers included, and a module must satisfy both when both are
-    given.
+    Leaf modules are chosen by default: modules without children, or modules at
+    ``max_depth`` when the tree is cut there. A container is chosen only when asked for:
+    by ``all_modules``, by its class name in ``types``, or by its exact name in ``layers``.
+    ``layers`` are fnmatch patterns on dotted names (``layer4.*`` selects the leaves under
+    ``layer4``); a module must satisfy both ``layers`` and ``types`` when both are given.
 
     Raises:
-        HookscopeError: when nothing matches, with the closest names suggested.
+        HookscopeError: when nothing matches, saying which filter excluded what.
     """
     if max_depth is not None and max_depth < 1:
-        raise HookscopeError(f"--max-depth must be at least 1, not {max_depth}.")
-    candidates = all_sites(model)
-    if max_depth is not None:
-        candidates = [s for s in candidates if s.depth <= max_depth]
-    if not layers and not types and not all_modules:
-        candidates = [
-            s
-            for s in candidates
-            if not any(True for _ in s.module.children()) or s.depth == max_depth
-        ]
-    chosen = candidates
-    if layers:
-        chosen = [s for s in chosen if any(fnmatch.fnmatchcase(s.name, p) for p in layers)]
-    if types:
-        wanted = set(types)
-        chosen = [s for s in chosen if s.type in wanted]
+        raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
+    wanted = set(types or ())
+    exact = set(layers or ())
+    candidates = [
+        s for s in all_sites(model)
+        if (max_depth is None or s.depth <= max_depth)
+        and (all_modules or s.type in wanted or s.name in exact or _is_leaf(s, max_depth))
+    ]
+    by_name = [s for s in candidates
+               if not layers or any(fnmatch.fnmatchcase(s.name, p) for p in layers)]
+    chosen = [s for s in by_name if not types or s.type in wanted]
     if chosen:
         return chosen
+    raise _no_match(model, candidates, by_name, layers, types, max_depth)
 
-    names = [s.name for s in all_sites(model)]
-    if layers and not any(
-        fnmatch.fnmatchcase(n, p) for n in names for p in layers
-    ):
-        hints = "".join(suggest(p, names) for p in layers)
-        raise HookscopeError(
-            f"--layers {' '.join(layers)} matches no module of {type(model).__name__}."
-            f"{hints} Run `hookscope layers MODEL` to list the names."
-        )
-    if types:
-        present = sorted({s.type for s in all_sites(model)})
-        hints = "".join(suggest(t, present) for t in types)
-        raise HookscopeError(
-            f"--type {' '.join(types)} matches no selected module of {type(model).__name__}."
-            f"{hints} Types present: {', '.join(present[:12])}{'...' if len(present) > 12 else ''}."
-        )
-    raise HookscopeError(
-        "The selection matches no module (check --layers, --type and --max-depth). "
-        "Run `hookscope layers MODEL` to list the names."
-    )
+
+def _no_match(model: nn.Module, candidates: list[Site], by_name: list[Site],
+              layers: Sequence[str] | None, types: Sequence[str] | None,
+              max_depth: int | None) -> HookscopeError:
+    """The one error that says which filter left nothing."""
+    kind = type(model).__name__
+    everything = all_sites(model)
+    names = [s.name for s in everything]
+    hint = " Run `hookscope layers MODEL` to list the names."
+    within = f" within {param('max_depth')} {max_depth}" if max_depth is not None else ""
+    if layers and not by_name:
+        if not any(fnmatch.fnmatchcase(n, p) for n in names for p in layers):
+            close = "".join(suggest(p, names) for p in layers)
+            return HookscopeError(f"{param('layers')} {' '.join(layers)} matches no module of "
+                                  f"{kind}.{close}{hint}")
+        return HookscopeError(
+            f"{param('layers')} {' '.join(layers)} matches only containers{within}; name one "
+            f"exactly, or add {param('all_modules')} to include containers.{hint}")
+    present = sorted({s.type for s in everything})
+    if types and not any(s.type in set(types) for s in candidates):
+        close = "".join(suggest(t, present) for t in types)
+        listed = ", ".join(present[:12]) + ("..." if len(present) > 12 else "")
+        return HookscopeError(f"{param('types')} {' '.join(types)} matches no module of "
+                              f"{kind}{within}.{close} Types present: {listed}.")
+    if layers and types:
+        found = sorted({s.type for s in by_name})
+        return HookscopeError(
+            f"{param('layers')} {' '.join(layers)} and {param('types')} {' '.join(types)} each "
+            f"match modules, but no module matches both; the modules {param('layers')} selects "
+            f"are of type {', '.join(found[:8])}{'...' if len(found) > 8 else ''}.")
+    return HookscopeError(f"The selection matches no module{within}.{hint}")
 
 
 def find_site(model: nn.Module, name: str) -> Site:
@@ -291,12 +302,16 @@ class Tracer(Hooks):
         self.on_enter = on_enter
         self.on_exit = on_exit
         self.active: list[tuple[Call, tuple[Any, ...], dict[str, Any]]] = []
+        #: The exception a callback raised (not the model's own), so it is not blamed on
+        #: the module that happened to be running.
+        self.callback_error: BaseException | None = None
         self._counts: dict[str, int] = {}
 
     def reset(self) -> None:
         """Forget call counts and the active stack (done automatically per forward pass)."""
         self._counts.clear()
         self.active.clear()
+        self.callback_error = None
 
     def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if not self.active:
@@ -310,7 +325,11 @@ class Tracer(Hooks):
         call = Call(site, index)
         self.active.append((call, args, kwargs))
         if self.on_enter is not None:
-            self.on_enter(call, args, kwargs)
+            try:
+                self.on_enter(call, args, kwargs)
+            except BaseException as exc:
+                self.callback_error = exc
+                raise
 
     def _post(
         self,
@@ -328,7 +347,11 @@ class Tracer(Hooks):
         else:  # pragma: no cover - a forward hook without its pre-hook
             call = Call(site, self._counts.get(site.name, 1) - 1)
         if self.on_exit is not None:
-            return self.on_exit(call, args, kwargs, output)
+            try:
+                return self.on_exit(call, args, kwargs, output)
+            except BaseException as exc:
+                self.callback_error = exc
+                raise
         return None
 
     def attach(self) -> Tracer:
@@ -354,21 +377,25 @@ class Tracer(Hooks):
 
     def forward_error(self, exc: BaseException) -> ForwardError:
         """Wrap an exception raised by the model with the innermost running module."""
+        message = clip(str(exc)) or exc.__class__.__name__
         inner = self.innermost()
-        message = " ".join(str(exc).split()) or exc.__class__.__name__
         if inner is None:
-            return ForwardError(f"The forward pass failed: {message}", cause=exc)
+            return ForwardError(f"The forward pass failed before any module ran: {message}",
+                                cause=exc)
         call, args, kwargs = inner
         shapes = tensor_shapes(args) + tensor_shapes(kwargs)
+        where = call.name if call.name else f"the model's own code ({call.site.type})"
+        if call.name and call.index:
+            where += f" (call {call.index})"
         return ForwardError(
-            f"The forward pass failed in {call.name} ({call.site.type}, input shapes "
-            f"{shapes}): {message}",
-            module=call.name, type_name=call.site.type, input_shapes=shapes, cause=exc,
+            f"The forward pass failed in {where}"
+            + (f" ({call.site.type}, input shapes {shapes})" if call.name else
+               f" (input shapes {shapes})")
+            + f": {exc.__class__.__name__}: {message}",
+            module=call.name, type_name=call.site.type, call=call.index, depth=call.site.depth,
+            input_shapes=shapes, cause=exc,
         )
 
     def __enter__(self) -> Tracer:
         self.reset()
         return self.attach()
-
-    def __iter__(self) -> Iterator[Site]:
-        return iter(self.sites)

@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from hookscope.errors import HookscopeError
+from hookscope.errors import HookscopeError, param
 
 log = logging.getLogger("hookscope")
 
@@ -82,8 +83,13 @@ class InputSet:
 
     @property
     def names(self) -> list[str]:
-        """Input names as given (files, ``-``), one per source."""
-        return [s.name for s in self.sources]
+        """One name per sample: the path, ``-`` for stdin, ``x.pt[3]`` for a tensor's row."""
+        return [item.name for item in self.items]
+
+    @property
+    def stems(self) -> list[str]:
+        """One output file stem per sample, unique (see :func:`unique_stems`)."""
+        return unique_stems([item.stem for item in self.items])
 
     def __len__(self) -> int:
         return sum(s.count for s in self.sources)
@@ -100,6 +106,26 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+def unique_stems(stems: Sequence[str]) -> list[str]:
+    """Make repeated stems unique, in order: ``cat``, ``cat-2``, ``cat-3``...
+
+    A made-up name never takes a stem that appears elsewhere in the list, so
+    ``['cat', 'cat', 'cat-2']`` becomes ``['cat', 'cat-3', 'cat-2']`` and no output file is
+    written twice.
+    """
+    given = set(stems)
+    used: set[str] = set()
+    out: list[str] = []
+    for stem in stems:
+        unique, n = stem, 1
+        while unique in used or (unique != stem and unique in given):
+            n += 1
+            unique = f"{stem}-{n}"
+        used.add(unique)
+        out.append(unique)
+    return out
 
 
 # ---------------------------------------------------------------------------- decoding
@@ -175,7 +201,7 @@ def _read_tensor(path: Path, name: str) -> torch.Tensor:
                     f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected."
                 )
             return torch.from_numpy(np.asarray(arr))
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        obj = _load_pt(path)
     except HookscopeError:
         raise
     except Exception as exc:  # torch.load and np.load raise many types for bad files
@@ -189,6 +215,16 @@ def _read_tensor(path: Path, name: str) -> torch.Tensor:
             "tensor with torch.save(tensor, path)."
         )
     return obj
+
+
+def _load_pt(path: Path) -> Any:
+    """A ``.pt`` file, memory-mapped when it is in the zip format (``torch.save``'s default
+    since 1.6), read whole when it is in the legacy format, which cannot be mapped."""
+    with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+        warnings.simplefilter("ignore")
+        if zipfile.is_zipfile(path):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _check_tensor(t: torch.Tensor, name: str, ndim: int) -> torch.Tensor:
@@ -340,7 +376,7 @@ def iter_batches(
     Samples whose preprocessed shapes differ go into separate batches.
     """
     if batch_size < 1:
-        raise HookscopeError(f"--batch-size must be at least 1, not {batch_size}.")
+        raise HookscopeError(f"{param('batch_size')} must be at least 1, not {batch_size}.")
     gen = _batches(inputs, preprocess, batch_size, keep_images, ndim)
     return _prefetched(gen) if prefetch else gen
 

@@ -6,8 +6,10 @@ import logging
 import os
 import pickle
 import socket
+import warnings
+import zipfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 
 from hookscope import __version__
-from hookscope.errors import HookscopeError, suggest
+from hookscope.errors import HookscopeError, clip, param, suggest
 
 log = logging.getLogger("hookscope")
 
@@ -25,6 +27,12 @@ log = logging.getLogger("hookscope")
 OFFLINE_ENV = "HOOKSCOPE_OFFLINE"
 _DOWNLOAD_HOST = "download.pytorch.org"
 _CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors"}
+#: Input sizes hookscope accepts (pixels, the crop or resize side).
+MIN_SIZE, MAX_SIZE = 8, 8192
+#: Activation memory per input pixel, in float32 values, assumed by :func:`check_batch_memory`:
+#: a typical stem's output (64 channels at half resolution: 16 values per pixel), about
+#: three such tensors live at once.
+_VALUES_PER_PIXEL = 48
 
 
 @lru_cache(maxsize=1)
@@ -70,27 +78,28 @@ def resolve_device(spec: str = "auto") -> torch.device:
         device = torch.device(spec)
     except RuntimeError:
         raise HookscopeError(
-            f"--device {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps."
+            f"{param('device')} {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps."
         ) from None
     if device.type == "cpu":
         return device
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise HookscopeError(
-                f"--device {spec}: CUDA is not available on this machine; use --device cpu."
+                f"{param('device')} {spec}: CUDA is not available on this machine; use cpu."
             )
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise HookscopeError(
-                f"--device {spec}: this machine has {count} CUDA device(s), "
+                f"{param('device')} {spec}: this machine has {count} CUDA device(s), "
                 f"numbered 0 to {count - 1}."
             )
         return device
     if device.type == "mps":
         if not torch.backends.mps.is_available():
-            raise HookscopeError(f"--device {spec}: MPS is not available; use --device cpu.")
+            raise HookscopeError(f"{param('device')} {spec}: MPS is not available; use cpu.")
         return device
-    raise HookscopeError(f"--device {spec}: unsupported device type; use auto, cpu, cuda or mps.")
+    raise HookscopeError(f"{param('device')} {spec}: unsupported device type; use auto, cpu, cuda "
+                         "or mps.")
 
 
 @dataclass
@@ -108,7 +117,6 @@ class LoadedModel:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     input_size: tuple[int, int] = (224, 224)
-    notes: list[str] = field(default_factory=list)
 
     @property
     def input_ndim(self) -> int:
@@ -204,7 +212,7 @@ def _build(name: str, weights: Any | None, seed: int) -> nn.Module:
                 raise
             raise HookscopeError(
                 f"Could not download the weights {weights} for {name} ({exc.__class__.__name__}: "
-                f"{exc}). Use --weights none for random initialisation, or a local checkpoint."
+                f"{exc}). Use {param('weights')} none for random initialisation, or a local checkpoint."
             ) from exc
 
 
@@ -228,6 +236,16 @@ def _unwrap_state_dict(obj: Any, path: Path) -> Mapping[str, torch.Tensor] | nn.
     )
 
 
+def _is_pickle(path: Path) -> bool:
+    """Whether ``path`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(2)
+    except OSError:
+        return False
+    return zipfile.is_zipfile(path) or (len(head) == 2 and head[0] == 0x80 and head[1] >= 2)
+
+
 def read_checkpoint(path: Path, *, trust: bool = False) -> Mapping[str, torch.Tensor] | nn.Module:
     """Read a local checkpoint: a state_dict, a dict holding one, or ``.safetensors``.
 
@@ -237,7 +255,7 @@ def read_checkpoint(path: Path, *, trust: bool = False) -> Mapping[str, torch.Te
     if not path.exists():
         raise HookscopeError(f"Weights file not found: {path}.")
     if path.is_dir():
-        raise HookscopeError(f"{path} is a directory; --weights takes a checkpoint file.")
+        raise HookscopeError(f"{path} is a directory; {param('weights')} takes a checkpoint file.")
     if path.suffix.lower() == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -247,14 +265,17 @@ def read_checkpoint(path: Path, *, trust: bool = False) -> Mapping[str, torch.Te
         except (SafetensorError, OSError, ValueError) as exc:
             raise HookscopeError(f"{path}: not a readable .safetensors file ({exc}).") from None
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=not trust)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        if not trust and "Unsupported global" in str(exc):
+        if not trust and _is_pickle(path):
             raise HookscopeError(
-                f"{path}: the checkpoint holds Python objects that need arbitrary unpickling, "
-                "which can run code. Re-run with --trust-checkpoint only if you trust its source."
+                f"{path}: the file holds Python objects that need arbitrary unpickling, which "
+                f"can run code. If it is a checkpoint from a source you trust, set "
+                f"{param('trust_checkpoint')}."
             ) from None
-        raise HookscopeError(f"{path}: not a PyTorch checkpoint.") from None
+        raise HookscopeError(f"{path}: not a PyTorch checkpoint ({clip(str(exc), 120)}).") from None
     except Exception as exc:  # torch.load raises many types on files that aren't checkpoints
         raise HookscopeError(
             f"{path}: not a PyTorch checkpoint ({exc.__class__.__name__})."
@@ -266,16 +287,17 @@ def _load_checkpoint(model: nn.Module, name: str, path: Path, trust: bool) -> nn
     loaded = read_checkpoint(path, trust=trust)
     if isinstance(loaded, nn.Module):
         return loaded
-    try:
-        missing, unexpected = model.load_state_dict(loaded, strict=False)
-    except RuntimeError as exc:
-        detail = " ".join(str(exc).split())
-        mismatch = detail.split("size mismatch for ", 1)
-        if len(mismatch) == 2:
-            detail = "size mismatch for " + mismatch[1][:200]
+    own = model.state_dict()
+    wrong = [(k, list(v.shape), list(own[k].shape)) for k, v in loaded.items()
+             if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape]
+    if wrong:
+        key, theirs, ours = wrong[0]
         raise HookscopeError(
-            f"{path} does not fit {name} ({detail}). Is it a checkpoint for another architecture?"
-        ) from None
+            f"{path} does not fit {name}: {len(wrong)} tensor(s) have another shape, e.g. "
+            f"{key} is {theirs} in the file and {ours} in the model. Is it a checkpoint for "
+            "another architecture?"
+        )
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
     if missing or unexpected:
         parts = []
         if missing:
@@ -306,11 +328,12 @@ def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]
     keywords: dict[str, Any] = dict(getattr(factory, "keywords", None) or {})
     params = inspect.signature(cls).parameters
     if size is not None:
-        if size < 8:
-            raise HookscopeError(f"--size must be at least 8 pixels, not {size}.")
+        if not MIN_SIZE <= size <= MAX_SIZE:
+            raise HookscopeError(f"{param('size')} must be between {MIN_SIZE} and {MAX_SIZE} "
+                                 f"pixels, not {size}.")
         key = "crop_size" if "crop_size" in params else "resize_size" if "resize_size" in params else None
         if key is None:
-            log.info("--size is ignored: this model's preprocessing does not resize")
+            log.info("size is ignored: this model's preprocessing does not resize")
         else:
             current = keywords.get(key, params[key].default)
             if current is inspect.Parameter.empty:
@@ -352,7 +375,7 @@ def load_model(
         weights: ``auto`` (DEFAULT weights when cached or downloadable, else random with a
             warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a path.
         seed: seed for random initialisation.
-        device: a device or a ``--device`` spec.
+        device: a device or a spec: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
         size: override the preprocessing's crop or resize size.
         trust_checkpoint: allow checkpoints that need arbitrary unpickling.
 
@@ -364,7 +387,6 @@ def load_model(
     enum = _weights_enum(name)
     default = getattr(enum, "DEFAULT", None) if enum is not None else None
     spec = weights.strip()
-    notes: list[str] = []
     random_label = f"random (seed {seed})"
 
     if spec.lower() == "none":
@@ -379,9 +401,8 @@ def load_model(
                 "cannot be downloaded"
             )
             msg = (f"{why}; using random initialisation (seed {seed}), so predictions are "
-                   "meaningless. Pass --weights none to silence this.")
+                   "meaningless. weights=none (--weights none) silences this.")
             log.warning(msg)
-            notes.append(msg)
             model, chosen, loaded = _build(name, None, seed), None, random_label
     elif _is_path(spec):
         path = Path(spec).expanduser()
@@ -391,7 +412,7 @@ def load_model(
         chosen, loaded = None, f"file:{path}"
     else:
         if enum is None:
-            raise HookscopeError(f"{name} has no pretrained weights; use --weights none.")
+            raise HookscopeError(f"{name} has no pretrained weights; use {param('weights')} none.")
         member = spec.split(".")[-1]
         members = [m.name for m in enum]
         if member.upper() == "DEFAULT":
@@ -406,7 +427,7 @@ def load_model(
         if not _cached_file(chosen).exists() and not _network_available():
             raise HookscopeError(
                 f"{chosen} is not in the torch cache ({_cached_file(chosen).parent}) and cannot "
-                "be downloaded (no network). Use --weights none or a local checkpoint."
+                f"be downloaded (no network). Use {param('weights')} none or a local checkpoint."
             )
         model = _build(name, chosen, seed)
         loaded = str(chosen).split(".", 1)[-1]
@@ -431,5 +452,75 @@ def load_model(
         mean=tuple(mean) if mean is not None else None,
         std=tuple(std) if std is not None else None,
         input_size=_input_size(transform),
-        notes=notes,
     )
+
+
+def check_supported(loaded: LoadedModel, *, needs_logits: bool = False,
+                    needs_images: bool = False) -> None:
+    """Refuse, before the forward pass, a model kind an analysis cannot run.
+
+    Args:
+        loaded: the model.
+        needs_logits: the analysis explains or differentiates (N, classes) class logits.
+        needs_images: the analysis needs image batches (N, C, H, W), not video clips.
+
+    Raises:
+        HookscopeError: optical-flow models (two frames per input) anywhere; detection and
+            segmentation models where class logits are needed; video where images are.
+    """
+    name, task = loaded.name, loaded.task
+    if task == "optical_flow":
+        raise HookscopeError(
+            f"{name} is an optical-flow model: it takes two frames per input, and hookscope "
+            "runs models on one batch of images (classification, segmentation, detection) or "
+            "clips (video)."
+        )
+    if needs_logits and task in ("detection", "segmentation"):
+        raise HookscopeError(
+            f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
+            f"logits. {task.capitalize()} models work with stats, layers, debug and features."
+        )
+    if needs_images and loaded.input_ndim != 4:
+        raise HookscopeError(f"{name} is a video model; this analysis explains image "
+                             "classifiers (N, C, H, W).")
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for tensors on ``device``, or None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
+    """Refuse a batch whose activations clearly cannot fit in memory, before it is made.
+
+    The estimate is deliberately rough (see ``_VALUES_PER_PIXEL``); it catches ``size``
+    100000 or ``batch_size`` 100000, which would otherwise end in the out-of-memory killer.
+
+    Raises:
+        HookscopeError: the batch size is out of range or the estimate exceeds the memory
+            available on the model's device.
+    """
+    if not 1 <= batch_size <= 4096:
+        raise HookscopeError(f"{param('batch_size')} must be between 1 and 4096, not "
+                             f"{batch_size}.")
+    h, w = loaded.input_size
+    frames = 16 if loaded.input_ndim == 5 else 1
+    need = batch_size * h * w * frames * _VALUES_PER_PIXEL * 4
+    free = available_memory(loaded.device)
+    if free is not None and need > free:
+        raise HookscopeError(
+            f"{batch_size} input(s) of {h}x{w} need about {need / 2**30:.1f} GiB for "
+            f"activations, and {loaded.device} has {free / 2**30:.1f} GiB available; lower "
+            f"{param('size')} or {param('batch_size')}."
+        )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -27,18 +27,19 @@ from torch import nn
 from hookscope.hooks import (
     Call,
     Site,
-    Tracer,
     first_tensor,
     model_device,
     select_sites,
     tensor_shapes,
 )
+from hookscope.run import Probe, Step, drive
 
 __all__ = [
     "LayerStats",
     "MomentTable",
     "Moments",
     "Prediction",
+    "StatsProbe",
     "StatsReport",
     "collect_stats",
     "moments",
@@ -246,7 +247,11 @@ def moments(x: torch.Tensor) -> Moments:
 
 @dataclass(frozen=True)
 class LayerStats:
-    """Statistics of one module call's output (and optionally its first input)."""
+    """Statistics of one module call's output (and optionally its first input).
+
+    ``moments`` and ``input_moments`` are the exact mergeable summaries behind the numbers;
+    they are not part of the JSON row.
+    """
 
     name: str
     type: str
@@ -261,11 +266,38 @@ class LayerStats:
     nonfinite: int
     output_shapes: list[list[int]] = field(default_factory=list)
     input_stats: dict[str, float | int] | None = None
+    moments: Moments | None = field(default=None, repr=False, compare=False)
+    input_moments: Moments | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, name: str, type_name: str, call: int, input_shapes: list[list[int]],
+           output_shapes: list[list[int]], out: Moments, inputs: Moments | None) -> LayerStats:
+        """A row from a call's shapes and its output (and input) moments."""
+        return cls(
+            name=name, type=type_name, call=call, input_shapes=input_shapes,
+            output_shape=output_shapes[0] if output_shapes else None,
+            output_shapes=output_shapes,
+            input_stats=inputs.summary() if inputs is not None else None,
+            moments=out, input_moments=inputs,
+            **out.summary(),  # type: ignore[arg-type]
+        )
+
+    def merged(self, other: LayerStats) -> LayerStats:
+        """This call's statistics over both rows' data (exact: Chan's update)."""
+        if self.moments is None or other.moments is None:
+            raise ValueError("rows without moments cannot be merged")
+        out = replace(self.moments).merge(other.moments)
+        inputs = None
+        if self.input_moments is not None and other.input_moments is not None:
+            inputs = replace(self.input_moments).merge(other.input_moments)
+        return LayerStats.of(self.name, self.type, self.call, self.input_shapes,
+                             self.output_shapes, out, inputs)
 
     def to_dict(self) -> dict[str, Any]:
-        row = asdict(self)
-        if self.input_stats is None:
-            row.pop("input_stats")
+        row = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("moments", "input_moments", "input_stats")}
+        if self.input_stats is not None:
+            row["input_stats"] = self.input_stats
         return row
 
 
@@ -296,6 +328,17 @@ class StatsReport:
             "predictions": [[p.to_dict() for p in preds] for preds in self.predictions],
             "layers": [layer.to_dict() for layer in self.layers],
         }
+
+    def merge(self, other: StatsReport) -> StatsReport:
+        """The report over both reports' inputs, in order: exactly what one run over the
+        concatenated inputs gives (calls present on one side only are kept)."""
+        rows = {(r.name, r.call): r for r in self.layers}
+        for row in other.layers:
+            key = (row.name, row.call)
+            rows[key] = rows[key].merged(row) if key in rows else row
+        return StatsReport(layers=list(rows.values()),
+                           predictions=[*self.predictions, *other.predictions],
+                           input_shape=self.input_shape or other.input_shape)
 
 
 def top_predictions(
@@ -350,15 +393,30 @@ class MomentTable:
         return self._moments.get(key)
 
 
-class _Collector:
-    """Hook callbacks that summarise each call; the table merges batches exactly."""
+class StatsProbe(Probe[StatsReport]):
+    """Summarise each selected call's output (and first input) inside its hooks.
 
-    def __init__(self, on_device: bool, input_stats: bool) -> None:
+    Args:
+        model: the model that will run.
+        layers, types, all_modules, max_depth: the selection (see ``select_sites``).
+        input_stats: also summarise each call's first input.
+        categories: class labels for the top-5 predictions of a classifier.
+    """
+
+    def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None,
+                 types: Sequence[str] | None = None, all_modules: bool = False,
+                 max_depth: int | None = None, input_stats: bool = False,
+                 categories: Sequence[str] | None = None) -> None:
+        self.sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
+                                  max_depth=max_depth)
         self.input_stats = input_stats
-        self.table = MomentTable(on_device=on_device)
+        self.categories = categories
+        self.table = MomentTable(on_device=model_device(model).type != "cpu")
         self.order: list[tuple[str, int]] = []
         self.meta: dict[tuple[str, int], tuple[Site, list[list[int]], list[list[int]]]] = {}
         self._entered: dict[tuple[str, int], list[list[int]]] = {}
+        self.predictions: list[list[Prediction]] = []
+        self.input_shape: list[int] | None = None
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if call.key not in self.meta:  # shapes are recorded from the first batch
@@ -378,23 +436,23 @@ class _Collector:
         if first is not None:
             self.table.add((*key, "out"), first)
 
-    def end_batch(self) -> None:
+    def observe(self, step: Step, output: Any) -> None:
         self.table.flush()
+        if self.input_shape is None:
+            found = first_tensor(step.x)
+            self.input_shape = list(found.shape[1:]) if found is not None else None
+        if isinstance(output, torch.Tensor) and output.dim() == 2 and output.shape[1] > 1:
+            self.predictions.extend(top_predictions(output, self.categories))
 
-    def layers(self) -> list[LayerStats]:
+    def finish(self) -> StatsReport:
         rows = []
         for key in self.order:
             site, in_shapes, out_shapes = self.meta[key]
-            summary = (self.table.get((*key, "out")) or Moments()).summary()
-            inputs = self.table.get((*key, "in"))
-            rows.append(LayerStats(
-                name=site.name, type=site.type, call=key[1], input_shapes=in_shapes,
-                output_shape=out_shapes[0] if out_shapes else None,
-                output_shapes=out_shapes,
-                input_stats=inputs.summary() if inputs is not None else None,
-                **summary,  # type: ignore[arg-type]
-            ))
-        return rows
+            rows.append(LayerStats.of(site.name, site.type, key[1], in_shapes, out_shapes,
+                                      self.table.get((*key, "out")) or Moments(),
+                                      self.table.get((*key, "in"))))
+        return StatsReport(layers=rows, predictions=self.predictions,
+                           input_shape=self.input_shape)
 
 
 def collect_stats(
@@ -409,10 +467,10 @@ def collect_stats(
     categories: Sequence[str] | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> StatsReport:
-    """Run ``model`` in inference mode and summarise each selected module call.
+    """Run ``model`` in eval and inference mode and summarise each selected module call.
 
     Args:
-        model: any ``nn.Module``; it is left with no hooks and its ``training`` flag intact.
+        model: any ``nn.Module``; it is left with no hooks and its ``training`` flags intact.
         inputs: one batch tensor, or an iterable of batch tensors (streamed, merged exactly).
         layers: fnmatch patterns on dotted module names.
         types: module class names.
@@ -425,27 +483,6 @@ def collect_stats(
     Returns:
         Per-call statistics in execution order, and top-5 predictions for (N, classes) outputs.
     """
-    sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
-                         max_depth=max_depth)
-    device = model_device(model)
-    collector = _Collector(on_device=device.type != "cpu", input_stats=input_stats)
-    batches = [inputs] if isinstance(inputs, torch.Tensor) else inputs
-    predictions: list[list[Prediction]] = []
-    input_shape: list[int] | None = None
-    with torch.inference_mode(), Tracer(model, sites, on_enter=collector.on_enter,
-                                        on_exit=collector.on_exit) as tracer:
-        for batch in batches:
-            x = batch.to(device, non_blocking=True)
-            tracer.reset()
-            try:
-                output = model(x)
-            except (RuntimeError, ValueError, TypeError, IndexError) as exc:
-                raise tracer.forward_error(exc) from exc
-            collector.end_batch()
-            if input_shape is None:
-                input_shape = list(x.shape[1:])
-            if isinstance(output, torch.Tensor) and output.dim() == 2 and output.shape[1] > 1:
-                predictions.extend(top_predictions(output, categories))
-            if on_batch is not None:
-                on_batch(x.shape[0])
-    return StatsReport(layers=collector.layers(), predictions=predictions, input_shape=input_shape)
+    probe = StatsProbe(model, layers=layers, types=types, all_modules=all_modules,
+                       max_depth=max_depth, input_stats=input_stats, categories=categories)
+    return drive(model, inputs, probe, progress=on_batch)

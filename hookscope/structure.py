@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError
-from hookscope.hooks import Call, Site, Tracer, all_sites, model_device, tensor_shapes
+from hookscope.errors import HookscopeError, param
+from hookscope.hooks import Call, Site, all_sites, tensor_shapes
+from hookscope.run import Probe, drive
 
-__all__ = ["LayerCall", "LayerInfo", "Structure", "model_structure", "parameter_counts"]
+__all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "model_structure",
+           "parameter_counts"]
 
 #: ``trainable`` when a module's parameters are partly trainable and partly frozen.
 PARTIAL = "partial"
@@ -132,10 +133,12 @@ def parameter_counts(model: nn.Module) -> dict[str, tuple[int, int, int, int]]:
     return counts
 
 
-class _Shapes:
-    """Tracer callbacks that record each call's input and output shapes."""
+class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
+    """Record each call's input and output shapes, on every module and the model itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: nn.Module) -> None:
+        self.sites = [Site("", type(model).__name__, 0, model),
+                      *(s for s in all_sites(model) if s.module is not model)]
         self.calls: dict[str, list[LayerCall]] = {}
         self._inputs: dict[tuple[str, int], list[list[int]]] = {}
 
@@ -150,6 +153,9 @@ class _Shapes:
             output_shapes=shapes,
         ))
 
+    def finish(self) -> dict[str, list[LayerCall]]:
+        return self.calls
+
 
 def model_structure(
     model: nn.Module,
@@ -160,45 +166,35 @@ def model_structure(
     """The module tree of ``model`` with parameter counts and, given ``example``, shapes.
 
     Args:
-        model: any ``nn.Module``; left with no hooks and its ``training`` flag intact.
+        model: any ``nn.Module``; left with no hooks and its ``training`` flags intact.
         example: an input batch (a tensor, or a tuple of positional arguments) for one
-            forward pass in inference mode; without it no call shapes are recorded.
+            forward pass in eval and inference mode; without it no call shapes are recorded.
         max_depth: list modules down to this depth only (1 = the model's children); the
             parameter counts of a module at the cut still include everything below it.
 
     Raises:
-        HookscopeError: ``max_depth`` below 1, or the forward pass failed (the message names
-            the innermost module that was running).
+        HookscopeError: ``max_depth`` below 1.
+        ForwardError: the forward pass failed (it names the innermost running module).
     """
     if max_depth is not None and max_depth < 1:
-        raise HookscopeError(f"--max-depth must be at least 1, not {max_depth}.")
+        raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
     counts = parameter_counts(model)
     sites = [s for s in all_sites(model) if s.module is not model]
     root_site = Site("", type(model).__name__, 0, model)
-    shapes = _Shapes()
+    calls: dict[str, list[LayerCall]] = {}
     input_shape: list[int] | None = None
     if example is not None:
-        args = example if isinstance(example, tuple) else (example,)
-        device = model_device(model)
-        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
-        found = tensor_shapes(args)
+        found = tensor_shapes(example)
         # Per sample, without the batch dimension, as in the `stats` document.
         input_shape = found[0][1:] if found else None
-        with torch.inference_mode(), Tracer(model, [root_site, *sites],
-                                            on_enter=shapes.on_enter,
-                                            on_exit=shapes.on_exit) as tracer:
-            tracer.reset()
-            try:
-                model(*args)
-            except Exception as exc:  # any failure inside the model is located, then reported
-                raise tracer.forward_error(exc) from exc
+        calls = drive(model, example, ShapesProbe(model))
 
     def info(site: Site) -> LayerInfo:
         own, _own_train, total, total_train = counts[site.name]
         return LayerInfo(
             name=site.name, type=site.type, depth=site.depth, params=own, params_total=total,
             trainable_params=total_train, trainable=_trainable(total, total_train),
-            calls=shapes.calls.get(site.name, []),
+            calls=calls.get(site.name, []),
         )
 
     shown = [s for s in sites if max_depth is None or s.depth <= max_depth]

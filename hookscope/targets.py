@@ -1,7 +1,9 @@
 """Which output class a method explains: ``top1``, ``topK``, a class index or a label.
 
 One spec applies to every input, or a comma list gives one per input; a list whose length
-does not match the number of inputs is an error (never truncated or recycled).
+does not match the number of inputs is an error (never truncated or recycled). The same
+parser reads ``target`` (which class to explain) and ``label`` (the true class): errors name
+the parameter they came from.
 """
 
 from __future__ import annotations
@@ -11,61 +13,98 @@ from dataclasses import dataclass
 
 import torch
 
-from hookscope.errors import HookscopeError, suggest
+from hookscope.errors import HookscopeError, param, suggest
+
+__all__ = ["Targets", "parse_targets"]
 
 
 @dataclass(frozen=True)
 class Targets:
-    """Parsed ``--target``: each entry is a class index (int) or a rank such as ``top1``."""
+    """Parsed targets: each entry is a class index (int) or a rank such as ``top1``.
+
+    ``name`` is the parameter they were given as, for error messages.
+    """
 
     entries: tuple[int | str, ...]
-    text: str = "top1"
+    name: str = "target"
 
     @property
     def per_input(self) -> bool:
         return len(self.entries) > 1
 
+    @property
+    def ranks(self) -> bool:
+        """Whether any entry is a rank (``topK``) rather than a class."""
+        return any(isinstance(e, str) for e in self.entries)
+
     def check_count(self, n_inputs: int) -> None:
         """Raise unless there is one entry for all inputs or exactly one per input."""
         if self.per_input and len(self.entries) != n_inputs:
             raise HookscopeError(
-                f"--target lists {len(self.entries)} targets for {n_inputs} input(s); give one "
-                "target for all inputs or exactly one per input."
+                f"{param(self.name)} lists {len(self.entries)} {self.name}s for {n_inputs} "
+                f"input(s); give one {self.name} for all inputs or exactly one per input."
             )
 
     def resolve(self, logits: torch.Tensor, start: int = 0) -> list[int]:
         """Class indices for the rows of ``logits``, the first being input number ``start``."""
-        rows = logits.shape[0]
+        rows, classes = logits.shape[0], logits.shape[1]
+        if self.per_input and start + rows > len(self.entries):
+            self.check_count(start + rows)
+        ranks = [int(e[3:]) for e in self.entries if isinstance(e, str)]
+        ranked = logits.detach().topk(min(max(ranks), classes), dim=1).indices if ranks else None
         chosen: list[int] = []
-        ranked = None
         for row in range(rows):
             entry = self.entries[start + row] if self.per_input else self.entries[0]
             if isinstance(entry, int):
-                if not 0 <= entry < logits.shape[1]:
+                if not 0 <= entry < classes:
                     raise HookscopeError(
-                        f"--target {entry} is out of range: the model has {logits.shape[1]} "
-                        "classes."
+                        f"{param(self.name)} {entry} is out of range: the model has {classes} "
+                        f"classes (0 to {classes - 1})."
                     )
                 chosen.append(entry)
-            else:
-                k = int(entry[3:])
-                if k > logits.shape[1]:
-                    raise HookscopeError(
-                        f"--target {entry}: the model has only {logits.shape[1]} classes."
-                    )
-                if ranked is None:
-                    ranked = logits.detach().topk(min(k_max(self.entries), logits.shape[1]),
-                                                  dim=1).indices
-                chosen.append(int(ranked[row, k - 1]))
+                continue
+            k = int(entry[3:])
+            if k > classes or ranked is None:
+                raise HookscopeError(
+                    f"{param(self.name)} {entry}: the model has only {classes} classes."
+                )
+            chosen.append(int(ranked[row, k - 1]))
         return chosen
 
 
-def k_max(entries: Sequence[int | str]) -> int:
-    return max((int(e[3:]) for e in entries if isinstance(e, str)), default=1)
+def _entry(item: str, name: str, lookup: dict[str, int],
+           categories: Sequence[str] | None) -> int | str:
+    low = item.lower()
+    if low.startswith("top") and low[3:].isdigit():
+        if int(low[3:]) < 1:
+            raise HookscopeError(f"{param(name)} {item!r}: ranks start at top1 (the top class).")
+        return low
+    if item.lstrip("-").isdigit():
+        index = int(item)
+        if index < 0:
+            raise HookscopeError(f"{param(name)} {item}: class indices start at 0.")
+        return index
+    if low in lookup:
+        return lookup[low]
+    if categories:
+        raise HookscopeError(
+            f"{param(name)} {item!r} is not a class label of this model."
+            f"{suggest(item, categories)}"
+        )
+    raise HookscopeError(
+        f"{param(name)} {item!r}: this model has no class labels; use a class index or topK "
+        "(or give labels)."
+    )
 
 
-def parse_targets(spec: str | None, categories: Sequence[str] | None) -> Targets:
-    """Parse ``--target``: ``top1`` (default), ``topK``, an index, a label, or a comma list.
+def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
+                  name: str = "target") -> Targets:
+    """Parse ``top1`` (the default), ``topK``, an index, a label, or a comma list of them.
+
+    Args:
+        spec: the text given.
+        categories: class labels, for entries given by label.
+        name: the parameter it was given as (``target`` or ``label``), for messages.
 
     Raises:
         HookscopeError: an unknown label (with close matches) or a malformed entry.
@@ -76,24 +115,6 @@ def parse_targets(spec: str | None, categories: Sequence[str] | None) -> Targets
     for raw in text.split(","):
         item = raw.strip()
         if not item:
-            raise HookscopeError(f"--target {text!r} has an empty entry.")
-        low = item.lower()
-        if low.startswith("top") and low[3:].isdigit() and int(low[3:]) >= 1:
-            entries.append(low)
-        elif item.lstrip("-").isdigit():
-            index = int(item)
-            if index < 0:
-                raise HookscopeError(f"--target {item}: class indices start at 0.")
-            entries.append(index)
-        elif low in lookup:
-            entries.append(lookup[low])
-        elif categories:
-            raise HookscopeError(
-                f"--target {item!r} is not a class label of these weights."
-                f"{suggest(item, categories)}"
-            )
-        else:
-            raise HookscopeError(
-                f"--target {item!r}: these weights have no class labels; use an index or topK."
-            )
-    return Targets(tuple(entries), text)
+            raise HookscopeError(f"{param(name)} {text!r} has an empty entry.")
+        entries.append(_entry(item, name, lookup, categories))
+    return Targets(tuple(entries), name)

@@ -57,9 +57,44 @@ CASES: dict[str, list[str]] = {
                   "--channels", "0-9", "--sweep"],
 }
 
-#: Documented changes since the recording: (case, what) -> a function that brings a recorded
-#: document up to date. Each is a fix named in issue 8 and in the README.
-DOCUMENTED: dict[str, Callable[[Any], Any]] = {}
+def _drop_column(name: str) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """A CSV column added since the recording: compare the others."""
+    def change(recorded: Any, new: Any) -> tuple[Any, Any]:
+        index = new[0].index(name)
+        return recorded, [row[:index] + row[index + 1:] for row in new]
+    return change
+
+
+def _json_spelling(recorded: Any, new: Any) -> tuple[Any, Any]:
+    """CSV booleans are written as JSON spells them (true/false), no longer True/False."""
+    spelt = {"True": "true", "False": "false"}
+    return [[spelt.get(c, c) if isinstance(c, str) else c for c in row] for row in recorded], new
+
+
+def _leaves_only(recorded: Any, new: Any) -> tuple[Any, Any]:
+    """``--layers 'layer1.*'`` selects the leaves under layer1, as the README says, no longer
+    the BasicBlock containers layer1.0 and layer1.1 too."""
+    containers = {"layer1.0", "layer1.1"}
+    events = [e for e in recorded["events"] if e.get("name") not in containers]
+    dropped = sum(1 for e in recorded["events"]
+                  if e.get("name") in containers and e["event"] == "exit")
+    summary = recorded["summary"] | {"calls": recorded["summary"]["calls"] - dropped}
+    return recorded | {"events": events, "summary": summary}, new
+
+
+def _new_key(key: str) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """A JSON field added since the recording."""
+    return lambda recorded, new: (recorded, {k: v for k, v in new.items() if k != key})
+
+
+#: Documented changes since the recording (issue 8): case -> a function of the recorded and
+#: the new output that takes out the documented difference and nothing else.
+DOCUMENTED: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = {
+    "stats.csv": _drop_column("output_shapes"),
+    "layers.csv": _json_spelling,
+    "debug.json": _leaves_only,
+    "grads.json": _new_key("first_nonfinite_param"),
+}
 
 
 def _run(args: list[str], workdir: Path) -> str:
@@ -111,6 +146,9 @@ def differences(a: Any, b: Any, path: str = "", rel: float = 1e-4) -> list[str]:
     if isinstance(a, dict) and isinstance(b, dict):
         found = [f"{path}.{k}: only in the recording" for k in a if k not in b]
         found += [f"{path}.{k}: only in the new output" for k in b if k not in a]
+        common = [k for k in b if k in a]
+        if [k for k in a if k in b] != common:
+            found.append(f"{path}: keys in another order: {common}")
         for k in a:
             if k in b:
                 found += differences(a[k], b[k], f"{path}.{k}", rel)
@@ -118,7 +156,8 @@ def differences(a: Any, b: Any, path: str = "", rel: float = 1e-4) -> list[str]:
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return [f"{path}: length {len(a)} != {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]", rel)]
+        pairs = enumerate(zip(a, b, strict=True))
+        return [d for i, (x, y) in pairs for d in differences(x, y, f"{path}[{i}]", rel)]
     if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
         if math.isclose(a, b, rel_tol=rel, abs_tol=1e-6) or (math.isnan(a) and math.isnan(b)):
             return []
@@ -132,9 +171,10 @@ def compare() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for name, text in outputs():
         recorded = parse(name, (GOLDEN / name).read_text(encoding="utf-8"))
+        new = parse(name, text)
         if name in DOCUMENTED:
-            recorded = DOCUMENTED[name](recorded)
-        diff = differences(recorded, parse(name, text))
+            recorded, new = DOCUMENTED[name](recorded, new)
+        diff = differences(recorded, new)
         if diff:
             found[name] = diff
     return found

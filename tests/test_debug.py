@@ -156,7 +156,7 @@ def test_crash_locator_outside_the_selection(resnet18) -> None:
     err = events[0]
     assert (err["name"], err["type"], err["input_shapes"]) == ("conv1", "Conv2d", [[1, 1, 32, 32]])
     assert "channels" in err["message"] and err["exception"] == "RuntimeError"
-    assert isinstance(report.cause, RuntimeError)
+    assert isinstance(report.failure.cause, RuntimeError)
 
 
 def test_a_failing_event_consumer_is_not_a_model_crash(tiny_net) -> None:

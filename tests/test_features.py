@@ -13,9 +13,10 @@ from PIL import Image
 from torch import nn
 
 from hookscope.errors import HookscopeError
-from hookscope.features import feature_sites, iter_feature_grids, make_tiles
+from hookscope.features import FeaturesProbe, feature_grids, feature_sites, make_tiles
 from hookscope.hooks import hook_count
 from hookscope.inputs import Batch, InputItem
+from hookscope.run import drive
 
 ARGS = ("--weights", "none", "--size", "64")
 
@@ -90,7 +91,7 @@ def test_iter_grids_captures_before_inplace_relu_and_removes_hooks():
     x = torch.randn(2, 3, 12, 12)
     sites = feature_sites(net, ["conv1"], ["Conv2d"])
     assert [s.name for s in sites] == ["conv1", "conv2"]
-    grids = list(iter_feature_grids(net, [batch_of(x)], sites, upsample=True))
+    grids = feature_grids(net, [batch_of(x)], sites, upsample=True)
     assert [(g.input, g.layer) for g in grids] == [
         ("img0", "conv1"), ("img0", "conv2"), ("img1", "conv1"), ("img1", "conv2")]
     with torch.no_grad():
@@ -101,23 +102,26 @@ def test_iter_grids_captures_before_inplace_relu_and_removes_hooks():
     assert tuple(grids[1].image.shape[1:]) == grid_side(4, 12)[::-1]
     assert grids[1].shape == [4, 6, 6]
     assert hook_count(net) == 0
-    # Abandoning the iteration removes the hooks too.
-    it = iter_feature_grids(net, [batch_of(x)], sites)
-    next(it)
-    assert hook_count(net) > 0
-    it.close()
-    assert hook_count(net) == 0
+    # A sink that fails (a full disk, Ctrl-C) stops the run with the hooks removed too.
+    seen = []
+
+    def sink(grid):
+        seen.append(hook_count(net))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        drive(net, [batch_of(x)], FeaturesProbe(sites, sink=sink))
+    assert seen[0] > 0 and hook_count(net) == 0
 
 
 def test_selection_errors():
     net = Net()
-    with pytest.raises(HookscopeError, match="--layer NAME"):
+    with pytest.raises(HookscopeError, match="^Choose layers with layers "):
         feature_sites(net)
     with pytest.raises(HookscopeError, match="Did you mean: conv1"):
         feature_sites(net, ["conv_1"])
     with pytest.raises(HookscopeError, match=r"\(N, C, H, W\)"):
-        list(iter_feature_grids(net, [batch_of(torch.randn(1, 3, 8, 8))],
-                                feature_sites(net, ["fc"])))
+        feature_grids(net, [batch_of(torch.randn(1, 3, 8, 8))], feature_sites(net, ["fc"]))
     assert hook_count(net) == 0
 
 
@@ -212,7 +216,7 @@ def test_cli_without_tensorboard_says_how_to_install(cli, cat_jpg, tmp_path, mon
 @pytest.mark.parametrize("extra, message", [
     (("--layer", "fc"), "(N, C, H, W)"),
     (("--layer", "layer9"), "hookscope layers"),
-    ((), "--layer NAME"),
+    ((), "Choose layers with --layer"),
     (("--type", "Conv3d"), "--type Conv3d matches no"),
 ])
 def test_cli_bad_input_leaves_no_files(cli, cat_jpg, tmp_path, extra, message):

@@ -156,7 +156,7 @@ def test_max_depth_cuts_the_list_but_not_the_counts(resnet18) -> None:
     assert by_name(found)["layer3"].params_total == n_params(resnet18.layer3)
     assert found.params == n_params(resnet18)
     assert found.modules == len(list(resnet18.modules())) - 1
-    with pytest.raises(HookscopeError, match="max-depth"):
+    with pytest.raises(HookscopeError, match="max_depth"):
         model_structure(resnet18, max_depth=0)
 
 
@@ -209,7 +209,8 @@ def test_layers_with_an_input_and_csv(cli, cat_jpg, tmp_path) -> None:
     lines = out.read_text().splitlines()
     assert lines[0] == ("name,type,depth,params,params_total,trainable,call,input_shapes,"
                         "output_shape,output_shapes")
-    assert lines[1].startswith("conv1,Conv2d,1,9408,9408,True,0,1x3x64x64,1x64x32x32,")
+    # Booleans as JSON spells them (true/false), like every CSV.
+    assert lines[1].startswith("conv1,Conv2d,1,9408,9408,true,0,1x3x64x64,1x64x32x32,")
     assert sum(1 for line in lines if line.startswith("relu,")) == 1
     again = cli("layers", "resnet18", "--weights", "none", "--size", "64", "-f", "csv",
                 "--output", out)

@@ -6,10 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
-from hookscope.render.tables import data_table, fmt_float, header
+from hookscope.render.tables import Col, FitTable, fmt_float, header, num
 
 
 def _channels(channels: list[int]) -> str:
@@ -18,13 +17,11 @@ def _channels(channels: list[int]) -> str:
     return ", ".join(map(str, channels))
 
 
-def _top_table(result: Mapping[str, Any]) -> Table:
-    table = data_table()
-    table.add_column("rank", justify="right")
-    table.add_column("before")
-    table.add_column("prob", justify="right")
-    table.add_column("after")
-    table.add_column("prob", justify="right")
+def _top_table(result: Mapping[str, Any]) -> FitTable:
+    # Only the rank may go: the rest is the before/after comparison itself.
+    table = FitTable([num("rank", 1), Col("before", wrap=True),
+                      num("prob"), Col("after", wrap=True),
+                      num("prob")])
     before, after = result["before"], result["after"]
     for rank in range(max(len(before), len(after))):
         cells: list[RenderableType] = [str(rank + 1)]
@@ -40,15 +37,12 @@ def _top_table(result: Mapping[str, Any]) -> Table:
     return table
 
 
-def _ranking_table(ranking: list[Mapping[str, Any]], limit: int) -> Table:
-    table = data_table(
-                  title=f"channels by target-logit drop (top {min(limit, len(ranking))} of "
-                  f"{len(ranking)})", title_justify="left")
-    table.add_column("rank", justify="right")
-    table.add_column("channel", justify="right")
-    table.add_column("logit drop", justify="right")
-    table.add_column("Δ prob", justify="right")
-    table.add_column("KL", justify="right")
+def _ranking_table(ranking: list[Mapping[str, Any]], limit: int) -> FitTable:
+    # Hidden first: the rank, then KL.
+    table = FitTable([num("rank", 1), num("channel"), num("logit drop"),
+                      num("Δ prob"), num("KL", 2)],
+                     title=f"channels by target-logit drop (top {min(limit, len(ranking))} of "
+                     f"{len(ranking)})")
     for i, row in enumerate(ranking[:limit], 1):
         table.add_row(str(i), str(row["channel"]), fmt_float(row["drop"]),
                       fmt_float(row["delta_prob"]), fmt_float(row["kl"]))

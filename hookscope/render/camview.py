@@ -6,23 +6,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
-from hookscope.render.tables import data_table, fmt_float, header
+from hookscope.render.tables import Col, FitTable, fmt_float, header, num
 
 
-def cam_table(results: list[Mapping[str, Any]]) -> Table:
+def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
     """One row per input and method: target, score, probability, peak, files written."""
-    table = data_table()
-    table.add_column("input", overflow="fold")
-    table.add_column("method")
-    table.add_column("class", justify="right")
-    table.add_column("label", overflow="fold")
-    table.add_column("score", justify="right")
-    table.add_column("prob", justify="right")
-    table.add_column("peak y,x", justify="right")
-    table.add_column("overlay", overflow="fold")
+    # Hidden first: peak, overlay path (the folder is on the line above), prob, label.
+    table = FitTable([
+        Col("input", name=True), Col("method"), num("class"),
+        Col("label", 4, wrap=True), num("score"),
+        num("prob", 3), num("peak y,x", 1),
+        Col("overlay", 2, name=True),
+    ])
     previous = None
     for row in results:
         peak = row.get("peak") or []

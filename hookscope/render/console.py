@@ -6,7 +6,7 @@ import io
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rich.console import Console, RenderableType
@@ -14,6 +14,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -83,16 +84,28 @@ def setup_logging(*, quiet: bool = False) -> None:
     logger.propagate = False
 
 
+class Bar:
+    """Progress callback: ``bar(n)`` advances by ``n``; ``bar.expect(total)`` sets the total
+    once it is known. Does nothing when no bar is shown."""
+
+    def __init__(self, progress: Progress | None = None, task: TaskID | None = None) -> None:
+        self._progress, self._task = progress, task
+
+    def __call__(self, n: int = 1) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, n)
+
+    def expect(self, total: int) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, total=total)
+
+
 @contextmanager
-def progress(total: int | None, description: str, *, enabled: bool) -> Iterator[Callable[[int], None]]:
-    """A Rich progress bar on stderr; yields ``advance(n)``. Off when not a terminal."""
+def progress(total: int | None, description: str, *, enabled: bool) -> Iterator[Bar]:
+    """A Rich progress bar on stderr, shown only when stderr is a terminal."""
     console = stderr()
     if not enabled or not console.is_terminal:
-
-        def ignore(n: int = 1) -> None:
-            return None
-
-        yield ignore
+        yield Bar()
         return
     columns = [
         TextColumn("[bold]{task.description}"),
@@ -102,9 +115,4 @@ def progress(total: int | None, description: str, *, enabled: bool) -> Iterator[
         TimeRemainingColumn(),
     ]
     with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(description, total=total)
-
-        def advance(n: int = 1) -> None:
-            bar.advance(task, n)
-
-        yield advance
+        yield Bar(bar, bar.add_task(description, total=total))

@@ -6,11 +6,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from hookscope.render.output import format_shape
-from hookscope.render.tables import data_table, fmt_float, header
+from hookscope.render.tables import Col, FitTable, call_priority, count_text, fmt_float, header, num
 
 FLAG_STYLES = {"nonfinite": "bold red", "explode": "red", "vanish": "yellow"}
 
@@ -25,40 +24,33 @@ def csv_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             + [{"kind": "param", **row} for row in doc["params"]])
 
 
-def layers_table(rows: list[Mapping[str, Any]]) -> Table:
+def layers_table(rows: list[Mapping[str, Any]]) -> FitTable:
     """Output gradients in backward order; flagged rows coloured."""
-    table = data_table(title="output gradients, backward order",
-                  title_justify="left")
-    table.add_column("#", justify="right", style="dim")
-    table.add_column("layer", overflow="fold")
-    table.add_column("type", style="dim")
-    table.add_column("call", justify="right")
-    table.add_column("shape")
-    for name in ("norm", "mean", "std", "max |g|"):
-        table.add_column(name, justify="right")
-    table.add_column("non-finite", justify="right")
-    table.add_column("flag")
+    # Hidden first: type, call (when all 0), mean, std, max |g|, shape, call, #.
+    table = FitTable([
+        num("#", 8, style="dim"), Col("layer", name=True), Col("type", 1, style="dim"),
+        num("call", call_priority(rows, when_all_zero=2, otherwise=7)),
+        Col("shape", 6), num("norm"), num("mean", 3), num("std", 4),
+        num("max |g|", 5), num("non-finite"), Col("flag"),
+    ], title="output gradients, backward order")
     for i, row in enumerate(rows):
         flag = row.get("flag")
-        nonfinite = int(row.get("nonfinite") or 0)
         table.add_row(
             str(i), row["name"], row["type"], str(row["call"]), format_shape(row["shape"]),
-            fmt_float(row["norm"]), fmt_float(row["mean"]), fmt_float(row["std"]),
-            fmt_float(row["max_abs"]),
-            Text(str(nonfinite), style="bold red") if nonfinite else Text("0"),
+            *(fmt_float(row[k]) for k in ("norm", "mean", "std", "max_abs")),
+            count_text(int(row.get("nonfinite") or 0)),
             Text(flag or "", style=FLAG_STYLES.get(flag or "", "")),
             style=FLAG_STYLES.get(flag or ""),
         )
     return table
 
 
-def params_table(rows: list[Mapping[str, Any]]) -> Table:
+def params_table(rows: list[Mapping[str, Any]]) -> FitTable:
     """Parameter gradient norm, weight norm and their ratio."""
-    table = data_table(title="parameters", title_justify="left")
-    table.add_column("parameter", overflow="fold")
-    table.add_column("grad norm", justify="right")
-    table.add_column("weight norm", justify="right")
-    table.add_column("ratio", justify="right")
+    # Hidden first: weight norm (the ratio keeps what it says about the gradient).
+    table = FitTable([Col("parameter", name=True), num("grad norm"),
+                      num("weight norm", 1), num("ratio")],
+                     title="parameters")
     for row in rows:
         table.add_row(row["name"], fmt_float(row["grad_norm"]), fmt_float(row["weight_norm"]),
                       fmt_float(row["ratio"]))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -9,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Group, RenderableType
 
 from hookscope.errors import HookscopeError
-from hookscope.render.output import atomic_path, format_shape
-from hookscope.render.tables import data_table, header
+from hookscope.render.output import Staging, atomic_path, check_folder, encode_png, format_shape
+from hookscope.render.tables import Col, FitTable, call_priority, header, num
 
 if TYPE_CHECKING:
     from hookscope.features import FeatureGrid
@@ -18,27 +21,35 @@ if TYPE_CHECKING:
 TENSORBOARD_HINT = "pip install hookscope[tensorboard]"
 
 
-def save_png(image: Any, path: Path, *, force: bool = False) -> Path:
-    """Write a (3, H, W) float image in [0, 1] as a PNG, atomically."""
-    from torchvision.utils import save_image
+def save_png(image: Any, path: Path, *, force: bool = False,
+             staging: Staging | None = None) -> Path:
+    """Write a (3, H, W) float image in [0, 1] (or a PIL image) as a PNG.
 
+    Args:
+        image: the picture.
+        path: where it goes.
+        force: allow replacing an existing file (ignored with ``staging``, which has its own).
+        staging: stage the file there, to appear only when the whole run commits; None to
+            write it now, atomically.
+
+    Returns:
+        ``path``.
+    """
+    if staging is not None:
+        staging.save_png(image, path)
+        return path
     with atomic_path(path, force=force) as tmp:
-        save_image(image, tmp, format="png")
+        encode_png(image, tmp)
     return path
 
 
 def check_outputs(out_dir: Path, names: Sequence[str], *, force: bool) -> None:
-    """Fail before any work when ``out_dir`` is not a directory or a file already exists."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise HookscopeError(f"--out {out_dir} is a file; give a directory.")
-    if force or not out_dir.exists():
-        return
-    for name in names:
-        if (out_dir / name).exists():
-            raise HookscopeError(
-                f"{out_dir / name} already exists; pass --force to overwrite, or choose "
-                "another --out directory."
-            )
+    """Fail before any work when ``out_dir`` cannot be written to or a named file exists.
+
+    Raises:
+        HookscopeError: see :func:`hookscope.render.output.check_folder`.
+    """
+    check_folder(out_dir, planned=[out_dir / name for name in names], force=force)
 
 
 def require_tensorboard() -> None:
@@ -87,24 +98,82 @@ class Board:
         self.close()
 
 
+class GridWriter:
+    """Sink for :class:`hookscope.features.FeaturesProbe`: each grid into a staged PNG and,
+    optionally, TensorBoard.
+
+    TensorBoard events are logged into a hidden folder beside ``tensorboard`` and moved into
+    it only when the run completes, so a failed run leaves no event file either.
+
+    Args:
+        staging: the PNGs' all-or-nothing writer.
+        out_dir: the folder of the PNGs.
+        tensorboard: a TensorBoard log directory, or None.
+    """
+
+    def __init__(self, staging: Staging, out_dir: Path, tensorboard: Path | None = None) -> None:
+        self.staging, self.out_dir, self.tensorboard = staging, out_dir, tensorboard
+        self.board: Board | None = None
+        self._scratch: Path | None = None
+
+    def __enter__(self) -> GridWriter:
+        if self.tensorboard is not None:
+            if self.tensorboard.exists() and not self.tensorboard.is_dir():
+                raise HookscopeError(f"--tensorboard {self.tensorboard} is a file; give a "
+                                     "directory.")
+            parent = self.tensorboard.parent
+            try:
+                parent.mkdir(parents=True, exist_ok=True)
+                self._scratch = Path(tempfile.mkdtemp(prefix=".hookscope-tb-", dir=parent))
+            except OSError as exc:
+                raise HookscopeError(f"Cannot write {self.tensorboard}: "
+                                     f"{exc.strerror or exc}.") from exc
+            self.board = Board(self._scratch)
+        return self
+
+    def add(self, grid: FeatureGrid) -> dict[str, Any]:
+        """Stage one grid; its row gets the file's ``path``."""
+        path = save_png(grid.image, self.out_dir / grid.filename, staging=self.staging)
+        if self.board is not None:
+            self.board.add(grid)
+        return {"path": str(path)}
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if self.board is not None:
+            self.board.close()
+        if self._scratch is None or self.tensorboard is None:
+            return
+        try:
+            if exc_type is None:
+                self.tensorboard.mkdir(parents=True, exist_ok=True)
+                for event in self._scratch.iterdir():
+                    os.replace(event, self.tensorboard / event.name)
+        except OSError as exc:
+            raise HookscopeError(f"Cannot write {self.tensorboard}: {exc.strerror or exc}.") \
+                from exc
+        finally:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
 def features_view(doc: Mapping[str, Any]) -> RenderableType:
     """The ``features`` summary: one row per grid written."""
-    table = data_table()
-    table.add_column("input", overflow="fold")
-    table.add_column("layer", overflow="fold")
-    table.add_column("call", justify="right")
-    table.add_column("shape")
-    table.add_column("shown", justify="right")
-    table.add_column("non-finite", justify="right")
-    table.add_column("file", overflow="fold")
-    for row in doc["grids"]:
+    # Hidden first: the file (named after input and layer, in --out), call when all 0,
+    # channels shown, call.
+    grids = doc["grids"]
+    table = FitTable([
+        Col("input", name=True), Col("layer", name=True),
+        num("call", call_priority(grids, when_all_zero=2, otherwise=4)),
+        Col("shape"), num("shown", 3), num("non-finite"),
+        Col("file", 1, name=True),
+    ])
+    for row in grids:
         table.add_row(
             row["input"], row["layer"], str(row["call"]), format_shape(row["shape"]),
             f"{len(row['channels'])}/{row['shape'][0]}",
             str(row["nonfinite"]), row.get("path") or "-",
             style="red" if row["nonfinite"] else None,
         )
-    extra = f"grids: {len(doc['grids'])}"
+    extra = f"grids: {len(grids)}"
     if doc.get("tensorboard"):
         extra += f"  tensorboard: {doc['tensorboard']}"
     return Group(header(doc, extra), table)

@@ -1,19 +1,15 @@
 """Heatmap PNGs: a matplotlib colormap, overlays at the original resolution, staged writes.
 
 All image I/O is Pillow. Colouring uses a 256-entry lookup table taken from matplotlib, so
-a large photo costs one table lookup per pixel. Files are written under temporary names and
-renamed into place only when the whole run succeeded (:class:`Staging`), so a failed run
-leaves no partial output.
+a large photo costs one table lookup per pixel. Files are written through
+:class:`hookscope.render.output.Staging` (re-exported here): under temporary names, renamed
+into place only when the whole run succeeded, so a failed run leaves no partial output.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+import logging
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +18,9 @@ import numpy as np
 from PIL import Image
 
 from hookscope.errors import HookscopeError
+from hookscope.render.output import Staging as Staging  # re-exported: callers use heatmap.Staging
+from hookscope.render.output import check_folder
+from hookscope.render.output import output_folder as output_folder
 
 if TYPE_CHECKING:
     from hookscope.cam import CamBatch
@@ -134,102 +133,6 @@ def denormalize(
     return Image.fromarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), "RGB")
 
 
-class Staging:
-    """Files written under temporary names in their folder, renamed into place on commit.
-
-    A run that fails calls :meth:`abort`, which deletes every temporary file, so no
-    partial output is left. Writes may run in worker threads (:meth:`submit`).
-    """
-
-    def __init__(self, *, force: bool = False, workers: int = 2) -> None:
-        self.force = force
-        self._staged: list[tuple[Path, Path]] = []
-        self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers),
-                                        thread_name_prefix="hookscope-write")
-        self._futures: list[Future[None]] = []
-
-    def temp_for(self, path: Path) -> Path:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-        os.close(fd)
-        with self._lock:
-            self._staged.append((Path(tmp), path))
-        return Path(tmp)
-
-    def save_png(self, image: Image.Image, path: Path) -> None:
-        image.save(self.temp_for(path), format="PNG", compress_level=3)
-
-    def save_npy(self, array: np.ndarray, path: Path) -> None:
-        tmp = self.temp_for(path)
-        with open(tmp, "wb") as fh:
-            np.save(fh, np.asarray(array, dtype=np.float32), allow_pickle=False)
-
-    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> None:
-        """Run a write in a worker; at most 8 in flight, so memory stays bounded."""
-        while len(self._futures) >= 8:
-            if self._futures[0].exception() is not None:  # waits for it
-                self.wait()  # re-raises the failure
-            self._futures.pop(0)
-        self._futures.append(self._pool.submit(fn, *args, **kwargs))
-
-    def wait(self) -> None:
-        """Wait for every write; re-raise the first failure (an OS error as one line)."""
-        futures, self._futures = self._futures, []
-        for f in futures:
-            try:
-                f.result()
-            except OSError as exc:
-                where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
-                raise HookscopeError(f"Could not write{where}: {exc.strerror or exc}.") from exc
-
-    def commit(self) -> None:
-        """Rename every staged file into place."""
-        self.wait()
-        if not self.force:
-            taken = [str(dst) for _, dst in self._staged if dst.exists()]
-            if taken:
-                raise HookscopeError(
-                    f"{taken[0]} already exists; pass --force to overwrite it."
-                )
-        mask = os.umask(0)
-        os.umask(mask)
-        for tmp, dst in self._staged:
-            os.chmod(tmp, 0o666 & ~mask)  # mkstemp made it private; give it a normal mode
-            os.replace(tmp, dst)
-        self._staged.clear()
-
-    def abort(self) -> None:
-        """Delete every temporary file (after letting running writes finish)."""
-        for f in self._futures:
-            f.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        for tmp, _ in self._staged:
-            try:
-                tmp.unlink()
-            except FileNotFoundError:
-                pass
-        self._staged.clear()
-        self._futures.clear()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-    def __enter__(self) -> Staging:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is None:
-            try:
-                self.commit()
-            except BaseException:
-                self.abort()
-                raise
-            finally:
-                self.close()
-        else:
-            self.abort()
-
-
 def write_cam_files(
     staging: Staging,
     values: np.ndarray,
@@ -249,67 +152,56 @@ def write_cam_files(
         staging.save_npy(raw, paths["raw"])  # type: ignore[arg-type]
 
 
-def stage_cam_batch(
-    staging: Staging,
-    explained: CamBatch,
-    plans: Sequence[dict[str, dict[str, Path | None]]],
-    *,
-    label: Callable[[int], str | None],
-    mean: Sequence[float] | None,
-    std: Sequence[float] | None,
-    save_raw: bool,
-    cmap: str,
-    alpha: float,
-) -> list[dict[str, Any]]:
-    """Stage one batch's files (in worker threads) and return its result rows.
+class CamWriter:
+    """Sink for :class:`hookscope.cam.CamProbe`: stages each batch's PNGs (and ``.npy``
+    maps) in worker threads and keeps one result row per input and method.
 
     Overlays are drawn on the original image, the map placed where the model's input lies
     in it; tensor inputs are drawn on their de-normalised tensor.
 
     Args:
-        staging: where the files are written.
-        explained: the batch and its maps.
+        staging: where the files are written (all or nothing).
         plans: per input of the whole run, per method, the paths (see :func:`output_paths`).
-        label: a class index's label.
-        mean: the preprocessing's mean, to de-normalise tensor inputs.
-        std: the preprocessing's std.
+        loaded: the model's labels and preprocessing (``label``, ``mean``, ``std``).
         save_raw: also write the raw ``.npy`` maps.
         cmap: matplotlib colormap name.
         alpha: weight of the heatmap in the overlay.
     """
-    batch = explained.batch
-    rows: list[dict[str, Any]] = []
-    for i, item in enumerate(batch.items):
-        original = batch.images[i]
-        image = original or denormalize(batch.tensor[i], mean, std)
-        box = explained.boxes[i]
-        for mname, res in explained.results.items():
-            paths = plans[batch.start + i][mname]
-            staging.submit(write_cam_files, staging, res.maps[i], image, box, paths,
-                           raw=res.raw[i] if save_raw else None, cmap=cmap, alpha=alpha)
-            rows.append({
-                "input": item.name, "method": mname, "layer": res.layer,
-                "target": res.targets[i], "label": label(res.targets[i]),
-                "score": res.scores[i], "prob": res.probs[i],
-                "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
-                "raw": str(paths["raw"]) if paths["raw"] is not None else None,
-                "peak": list(explained.peaks[mname][i]),
-            })
-    return rows
 
+    def __init__(self, staging: Staging, plans: Sequence[dict[str, dict[str, Path | None]]],
+                 loaded: Any, *, save_raw: bool = False, cmap: str = "jet",
+                 alpha: float = 0.5) -> None:
+        self.staging, self.plans, self.loaded = staging, plans, loaded
+        self.save_raw, self.cmap, self.alpha = save_raw, cmap, alpha
+        self.rows: list[dict[str, Any]] = []
 
-@contextmanager
-def output_folder(out: Path) -> Iterator[None]:
-    """Create ``out`` (and its parents); if it was new and the run fails, remove it again
-    while it is still empty, so a failed run leaves nothing behind, not even the folder."""
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        yield
-    except BaseException:
-        if created and not any(out.iterdir()):
-            out.rmdir()
-        raise
+    def __call__(self, explained: CamBatch) -> None:
+        batch = explained.batch
+        if batch is None:
+            raise ValueError("CamWriter needs batches from hookscope.inputs.iter_batches")
+        for i, item in enumerate(batch.items):
+            image = batch.images[i] or denormalize(batch.tensor[i], self.loaded.mean,
+                                                   self.loaded.std)
+            for name, res in explained.results.items():
+                paths = self.plans[batch.start + i][name]
+                self.staging.submit(write_cam_files, self.staging, res.maps[i], image,
+                                    explained.boxes[i], paths,
+                                    raw=res.raw[i] if self.save_raw else None,
+                                    cmap=self.cmap, alpha=self.alpha)
+                self.rows.append({
+                    "input": item.name, "method": name, "layer": res.layer,
+                    "target": res.targets[i], "label": self.loaded.label(res.targets[i]),
+                    "score": res.scores[i], "prob": res.probs[i],
+                    "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
+                    "raw": str(paths["raw"]) if paths["raw"] is not None else None,
+                    "peak": list(explained.peaks[name][i]),
+                })
+
+    @staticmethod
+    def log_notes(notes: Sequence[str]) -> None:
+        """The methods' notes, one warning line each."""
+        for note in notes:
+            logging.getLogger("hookscope").warning(note)
 
 
 def output_paths(
@@ -344,15 +236,11 @@ def output_paths(
 
 def check_outputs(out: Path, plans: Sequence[dict[str, dict[str, Path | None]]], *,
                   force: bool) -> None:
-    """Fail before any work when ``out`` is not a folder or a planned file exists."""
-    if out.exists() and not out.is_dir():
-        raise HookscopeError(f"--out {out} is a file; give a folder.")
-    if force or not out.exists():
-        return
-    taken = [p for plan in plans for files in plan.values() for p in files.values()
-             if p is not None and p.exists()]
-    if taken:
-        more = f" (and {len(taken) - 1} more)" if len(taken) > 1 else ""
-        raise HookscopeError(
-            f"{taken[0]} already exists{more}; pass --force to overwrite, or choose another --out."
-        )
+    """Fail before any work when ``out`` cannot be written to or a planned file exists.
+
+    Raises:
+        HookscopeError: see :func:`hookscope.render.output.check_folder`.
+    """
+    planned = [p for plan in plans for files in plan.values() for p in files.values()
+               if p is not None]
+    check_folder(out, planned=planned, force=force)

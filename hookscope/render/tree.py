@@ -6,28 +6,27 @@ terminal and the file formats cannot drift apart.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.text import Text
 from rich.tree import Tree
 
-from hookscope.render.output import format_shape
-from hookscope.render.tables import data_table, fmt_float, header
+from hookscope.render import console
+from hookscope.render.output import Output, dumps_json, dumps_ndjson, format_shape, write
+from hookscope.render.tables import Col, FitTable, Part, fit_parts, fmt_float, footnote, header
 
 # ----------------------------------------------------------------------------- models
 
 
-def models_table(doc: Mapping[str, Any]) -> Table:
+def models_table(doc: Mapping[str, Any]) -> FitTable:
     """One row per model: name, task, the DEFAULT weights and every weights enum member."""
-    table = data_table(
-                  title=f"{len(doc['models'])} model(s)", title_justify="left")
-    table.add_column("model")
-    table.add_column("task", style="dim")
-    table.add_column("default weights", style="cyan")
-    table.add_column("all weights", overflow="fold")
+    # Hidden first: task, then the list of every weights member (json/csv keep both).
+    table = FitTable([Col("model", name=True), Col("task", 1, style="dim"),
+                      Col("default weights", style="cyan"), Col("all weights", 2, wrap=True)],
+                     title=f"{len(doc['models'])} model(s)")
     for m in doc["models"]:
         weights = ", ".join(m["weights"]) if m["weights"] else Text("none", style="dim")
         table.add_row(m["name"], m["task"], m.get("default") or Text("-", style="dim"), weights)
@@ -70,46 +69,61 @@ def _trainable_text(value: Any) -> Text:
     return Text("partly trainable", style="yellow")
 
 
-def _params_text(row: Mapping[str, Any]) -> Text:
+def _parts(row: Mapping[str, Any], name: str) -> list[Part]:
+    """A node's label, most important first; hidden first: trainable, own params, params,
+    shapes, type (the name never)."""
     own, total = row["params"], row["params_total"]
+    parts = [Part("name", Text(name, style="bold"), name=True),
+             Part("type", Text(row["type"], style="magenta"), 6)]
     if total == 0:
-        return Text("0 params", style="dim")
-    text = Text(f"{total:,} params", style="cyan")
-    if own != total:
-        text.append(f" (own {own:,})", style="dim")
-    return text
-
-
-def _label(row: Mapping[str, Any], name: str) -> Text:
-    label = Text()
-    label.append(name, style="bold")
-    label.append(f"  {row['type']}", style="magenta")
-    label.append("  ")
-    label.append_text(_params_text(row))
+        parts.append(Part("params", Text("0 params", style="dim"), 4))
+    else:
+        parts.append(Part("params", Text(f"{total:,} params", style="cyan"), 4))
+        if own != total:
+            parts.append(Part("own params", Text(f"(own {own:,})", style="dim"), 3, sep=" "))
     trainable = _trainable_text(row.get("trainable"))
     if trainable.plain:
-        label.append("  ")
-        label.append_text(trainable)
-    label.append("  ")
-    label.append_text(_calls_text(row.get("calls") or []))
-    return label
+        parts.append(Part("trainable", trainable, 2))
+    parts.append(Part("shapes", _calls_text(row.get("calls") or []), 5))
+    return parts
 
 
-def layers_tree(doc: Mapping[str, Any]) -> Tree:
+class LayersTree:
+    """The module tree; each label starts with the node's full dotted name and keeps as much
+    of the rest as fits the width it is drawn at (tree guides take 4 cells a level)."""
+
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        self.doc = doc
+
+    def _root_parts(self) -> list[Part]:
+        root, totals = self.doc["root"], self.doc["totals"]
+        summary = Text(f"[{totals['modules']} modules, {totals['trainable_params']:,} trainable]",
+                       style="dim")
+        return [*_parts(root, self.doc.get("model") or root["type"]),
+                Part("totals", summary, 1)]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        label, hidden, shortened = fit_parts(self._root_parts(), width)
+        tree = Tree(label, guide_style="dim")
+        nodes: dict[str, tuple[Tree, int]] = {"": (tree, 0)}
+        for row in self.doc["layers"]:
+            name = row["name"]
+            parent = name.rsplit(".", 1)[0] if "." in name else ""
+            # A parent is always listed before its children (named_modules order).
+            node, depth = nodes.get(parent, (tree, 0))
+            label, lost, short = fit_parts(_parts(row, name), width - 4 * (depth + 1))
+            nodes[name] = (node.add(label), depth + 1)
+            hidden += lost
+            shortened = shortened or short
+        yield tree
+        if hidden or shortened:
+            yield footnote(hidden, width, shortened=shortened, where=" in some labels")
+
+
+def layers_tree(doc: Mapping[str, Any]) -> LayersTree:
     """The module tree; each node's label starts with its full dotted name."""
-    root = doc["root"]
-    totals = doc["totals"]
-    label = _label(root, doc.get("model") or root["type"])
-    label.append(f"  [{totals['modules']} modules, {totals['trainable_params']:,} trainable]",
-                 style="dim")
-    tree = Tree(label, guide_style="dim")
-    nodes: dict[str, Tree] = {"": tree}
-    for row in doc["layers"]:
-        name = row["name"]
-        parent = name.rsplit(".", 1)[0] if "." in name else ""
-        # A parent is always listed before its children (named_modules order).
-        nodes[name] = nodes.get(parent, tree).add(_label(row, name))
-    return tree
+    return LayersTree(doc)
 
 
 def layers_view(doc: Mapping[str, Any]) -> RenderableType:
@@ -216,26 +230,78 @@ def summary_line(summary: Mapping[str, Any]) -> Text:
     return text
 
 
-class TracePrinter:
-    """Prints debug events on a console as they happen (one call per event dict)."""
+def batch_rule(batch: int) -> Text:
+    """The line between batches in a text trace."""
+    return Text(f"── batch {batch} ──", style="dim")
 
-    def __init__(self, console: Console) -> None:
-        self.console = console
+
+class TraceWriter:
+    """The output of ``debug``: events as they happen, then the summary.
+
+    ``text`` and ``ndjson`` stream to stdout as the model runs. ``json`` is one document at
+    the end. To a file, everything is written at once when the run completes, and only
+    when the forward pass did not fail, so a failed run leaves no file.
+
+    Args:
+        fmt: ``text``, ``ndjson`` or ``json``.
+        output: where it goes.
+        envelope: the JSON envelope (its header starts a text trace).
+    """
+
+    def __init__(self, fmt: str, output: Output, envelope: Mapping[str, Any]) -> None:
+        self.fmt, self.output, self.envelope = fmt, output, envelope
+        self.events: list[dict[str, Any]] = []
+        self.held: list[Any] = []  # what a file gets at the end
+        self.failed = False
         self._batch = 0
+        self._started = False
 
-    def _print(self, text: Text) -> None:
-        # A closed pipe raises BrokenPipeError (see render.console), which the CLI exits 0 on.
-        self.console.print(text, soft_wrap=True, highlight=False)
+    def _send(self, item: Text | str) -> None:
+        if not self.output.is_stdout:
+            self.held.append(item)
+        elif isinstance(item, str):
+            sys.stdout.write(item)
+            sys.stdout.flush()
+        else:  # a closed pipe raises BrokenPipeError (see render.console): exit 0
+            console.stdout().print(item, soft_wrap=True, highlight=False)
 
-    def __call__(self, event: Mapping[str, Any]) -> None:
-        batch = int(event.get("batch") or 0)
-        if batch != self._batch:
-            self._batch = batch
-            self._print(Text(f"── batch {batch} ──", style="dim"))
-        self._print(trace_line(event))
-
-    def header(self, doc: Mapping[str, Any]) -> None:
-        self._print(header(doc))
+    def event(self, event: Any) -> None:
+        """One trace event (an object with ``to_dict()``)."""
+        doc = event.to_dict()
+        if self.fmt == "json":
+            self.events.append(doc)
+        elif self.fmt == "ndjson":
+            self._send(dumps_ndjson(doc))
+        else:
+            if not self._started:  # the header waits until the run has really started
+                self._started = True
+                self._send(header(self.envelope))
+            batch = int(doc.get("batch") or 0)
+            if batch != self._batch:
+                self._batch = batch
+                self._send(batch_rule(batch))
+            self._send(trace_line(doc))
 
     def summary(self, summary: Mapping[str, Any]) -> None:
-        self._print(summary_line(summary))
+        """The closing summary (``DebugReport.to_dict()``)."""
+        self.failed = summary.get("error") is not None
+        if self.fmt == "json":
+            body = dict(self.envelope) | {k: v for k, v in summary.items() if k != "event"}
+            self._send(dumps_json(dict(self.envelope) | {"events": self.events,
+                                                         "summary": body}))
+        elif self.fmt == "ndjson":
+            self._send(dumps_ndjson({"event": "summary"} | dict(self.envelope) | dict(summary)))
+        else:
+            if not self._started:
+                self._started = True
+                self._send(header(self.envelope))
+            self._send(summary_line(summary))
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None or self.failed or self.output.is_stdout:
+            return
+        texts = [t if isinstance(t, str) else console.render_text(t) for t in self.held]
+        write(self.output, "".join(texts))

@@ -1,0 +1,121 @@
+"""Each command's view, registered once: its table and its CSV columns (a contract)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Group, RenderableType
+
+from hookscope.render import ablate, camview, grads, grid, tables, tree
+from hookscope.render.views import Rows, register
+
+Doc = Mapping[str, Any]
+
+STATS_COLUMNS = ("name", "type", "call", "input_shapes", "output_shape", "mean", "std", "min",
+                 "max", "zero_fraction", "nonfinite", "output_shapes")
+INPUT_STATS_COLUMNS = ("input_mean", "input_std", "input_min", "input_max",
+                       "input_zero_fraction", "input_nonfinite")
+LAYERS_COLUMNS = ("name", "type", "depth", "params", "params_total", "trainable", "call",
+                  "input_shapes", "output_shape", "output_shapes")
+MODELS_COLUMNS = ("name", "task", "default", "weights")
+CAM_COLUMNS = ("input", "method", "layer", "target", "label", "score", "prob", "peak_y",
+               "peak_x", "overlay", "heatmap", "raw")
+FEATURE_COLUMNS = ("input", "layer", "type", "call", "shape", "channels", "nonfinite", "path")
+ABLATE_COLUMNS = ("input", "layer", "mode", "channels", "target", "target_label", "delta_logit",
+                  "delta_prob", "kl")
+SWEEP_COLUMNS = ("input", "layer", "mode", "target", "target_label", "rank", "channel", "drop",
+                 "delta_prob", "kl")
+
+
+def _joined(values: list[Any]) -> str:
+    return ",".join(map(str, values))
+
+
+def stats_csv(doc: Doc, *, input_stats: bool = False) -> Rows:
+    rows = [row | {f"input_{k}": v for k, v in (row.get("input_stats") or {}).items()}
+            for row in doc["layers"]]
+    return rows, STATS_COLUMNS + (INPUT_STATS_COLUMNS if input_stats else ())
+
+
+@register("stats", csv=stats_csv)
+def stats_table(doc: Doc, *, input_stats: bool = False) -> RenderableType:
+    return tables.stats_view(doc, input_stats=input_stats)
+
+
+def models_csv(doc: Doc) -> Rows:
+    return [m | {"weights": _joined(m["weights"])} for m in doc["models"]], MODELS_COLUMNS
+
+
+@register("models", csv=models_csv)
+def models_table(doc: Doc) -> RenderableType:
+    return tree.models_table(doc)
+
+
+def layers_csv(doc: Doc) -> Rows:
+    """One row per call, as in ``stats``; a module that never ran gets one row, no call."""
+    rows = []
+    for row in doc["layers"]:
+        calls = row["calls"] or [{}]
+        rows += [row | call | {"call": i if call else None} for i, call in enumerate(calls)]
+    return rows, LAYERS_COLUMNS
+
+
+@register("layers", csv=layers_csv)
+def layers_table(doc: Doc) -> RenderableType:
+    return tree.layers_view(doc)
+
+
+@register("debug")
+def debug_text(doc: Doc) -> RenderableType:
+    """The whole trace of a finished run, as the live text format prints it."""
+    lines: list[RenderableType] = [tables.header(doc)]
+    batch = 0
+    for event in doc["events"]:
+        if int(event.get("batch") or 0) != batch:
+            batch = int(event["batch"])
+            lines.append(tree.batch_rule(batch))
+        lines.append(tree.trace_line(event))
+    lines.append(tree.summary_line(doc["summary"]))
+    return Group(*lines)
+
+
+def cam_csv(doc: Doc) -> Rows:
+    rows = [r | dict(zip(("peak_y", "peak_x"), r.get("peak") or [None, None], strict=True))
+            for r in doc["results"]]
+    return rows, CAM_COLUMNS
+
+
+@register("gradcam", csv=cam_csv)
+def cam_table(doc: Doc) -> RenderableType:
+    return camview.cam_view(doc)
+
+
+def grads_csv(doc: Doc, *, params: bool = True) -> Rows:
+    return grads.csv_rows(doc), grads.CSV_COLUMNS
+
+
+@register("grads", csv=grads_csv)
+def grads_table(doc: Doc, *, params: bool = True) -> RenderableType:
+    return grads.grads_view(doc, params=params)
+
+
+def features_csv(doc: Doc) -> Rows:
+    return [r | {"channels": _joined(r["channels"])} for r in doc["grids"]], FEATURE_COLUMNS
+
+
+@register("features", csv=features_csv)
+def features_table(doc: Doc) -> RenderableType:
+    return grid.features_view(doc)
+
+
+def ablate_csv(doc: Doc, *, top: int = 10, sweep: bool = False) -> Rows:
+    if sweep:
+        return [r | {"rank": i} | ranked for r in doc["results"]
+                for i, ranked in enumerate(r["ranking"], 1)], SWEEP_COLUMNS
+    return [r | {"channels": _joined(r["channels"])} for r in doc["results"]], ABLATE_COLUMNS
+
+
+@register("ablate", csv=ablate_csv)
+def ablate_table(doc: Doc, *, top: int = 10, sweep: bool = False) -> RenderableType:
+    return ablate.ablate_view(doc, top=top)

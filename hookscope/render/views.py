@@ -1,0 +1,82 @@
+"""The one output path: every command's document drawn as a table or written as JSON or CSV.
+
+Each command registers its view here once: a function that draws the document with Rich,
+and, where the command has one, a function that lays it out as CSV rows and columns.
+:func:`emit` does the rest for every command, so adding a command adds a view, not a switch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import RenderableType
+
+from hookscope.errors import HookscopeError
+from hookscope.render import console
+from hookscope.render.output import Output, dumps_csv, dumps_json, dumps_ndjson, write
+
+Doc = Mapping[str, Any]
+Rows = tuple[list[dict[str, Any]], Sequence[str]]
+
+
+@dataclass(frozen=True)
+class View:
+    """How one command's document is shown: a Rich renderable, and optionally CSV."""
+
+    table: Callable[..., RenderableType]
+    csv: Callable[..., Rows] | None = None
+
+
+VIEWS: dict[str, View] = {}
+
+
+def register(command: str, *, csv: Callable[..., Rows] | None = None
+             ) -> Callable[[Callable[..., RenderableType]], Callable[..., RenderableType]]:
+    """Register ``command``'s table view (the decorated function) and its CSV layout."""
+
+    def wrap(table: Callable[..., RenderableType]) -> Callable[..., RenderableType]:
+        if command in VIEWS:
+            raise ValueError(f"a view for {command!r} is already registered")
+        VIEWS[command] = View(table, csv)
+        return table
+
+    return wrap
+
+
+def formats(command: str) -> list[str]:
+    """The formats ``command`` can be emitted in."""
+    _load()
+    return ["table", "json", *(["csv"] if VIEWS[command].csv else [])]
+
+
+def emit(command: str, doc: Doc, fmt: str, output: Output, **options: Any) -> None:
+    """Write ``doc`` as ``fmt`` (table, json, ndjson or csv) to ``output``.
+
+    A table goes to the terminal with colour, or as plain text into a file. ``options`` go
+    to the view (for example ``input_stats=True`` for ``stats``).
+
+    Raises:
+        HookscopeError: the command has no such format, or the output cannot be written.
+    """
+    _load()
+    view = VIEWS[command]
+    if fmt == "json":
+        write(output, dumps_json(doc))
+    elif fmt == "ndjson":
+        write(output, dumps_ndjson(doc))
+    elif fmt == "csv":
+        if view.csv is None:
+            raise HookscopeError(f"{command} has no CSV output; use --format table or json.")
+        rows, columns = view.csv(doc, **options)
+        write(output, dumps_csv(rows, columns))
+    elif output.is_stdout:
+        console.stdout().print(view.table(doc, **options))
+    else:
+        write(output, console.render_text(view.table(doc, **options)))
+
+
+def _load() -> None:
+    """Import the modules that register views (they import Rich, so only when drawing)."""
+    from hookscope.render import layouts  # noqa: F401

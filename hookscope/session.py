@@ -1,0 +1,176 @@
+"""One command-line invocation: what every command does before and after its analysis.
+
+:func:`session` sets up logging, turns SIGTERM and SIGHUP into the same clean stop as
+Ctrl-C, and turns every error into one line on stderr and an exit code (0 ok, 1 a check
+failed or the model's forward raised, 2 bad input, 128+N a signal). :class:`Session` checks
+outputs before any work, resolves inputs, loads the model and runs the progress bar.
+Library errors name Python parameters; here they are spelt as the command's flags.
+
+Nothing here imports torch at module level, so ``hookscope --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback as tb
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hookscope.errors import HookscopeError
+
+if TYPE_CHECKING:
+    from hookscope.inputs import Batch, InputSet
+    from hookscope.models import LoadedModel
+    from hookscope.render.console import Bar
+    from hookscope.render.output import Output
+
+#: Signals handled like Ctrl-C: every temporary file is removed and one line printed.
+SIGNALS = ("SIGTERM", "SIGHUP")
+#: Commands that explain or differentiate class logits.
+NEEDS_LOGITS = frozenset({"gradcam", "grads", "ablate"})
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal asked hookscope to stop; it unwinds like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _signals() -> Iterator[None]:
+    previous = {}
+    for name in SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None:
+            try:
+                previous[number] = signal.signal(number, _raise_interrupted)
+            except ValueError:  # not the main thread (e.g. a test runner's worker)
+                pass
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def speller(flags: Mapping[str, str]) -> Callable[[str], str]:
+    """Spell a library parameter as the running command's flag (``target`` -> ``--target``);
+    parameters the command has no flag for keep their name."""
+    return lambda name: flags.get(name, name)
+
+
+def _fail(message: str, code: int) -> SystemExit:
+    from hookscope.render import console
+
+    console.error(message)
+    return SystemExit(code)
+
+
+@contextmanager
+def session(*, quiet: bool = False, traceback: bool = False,
+            flags: Mapping[str, str] | None = None) -> Iterator[Session]:
+    """Run one command: every error becomes one stderr line and its exit code.
+
+    Args:
+        quiet: only warnings and errors on stderr.
+        traceback: print the traceback of an error too.
+        flags: the command's flag for each library parameter, for error messages.
+    """
+    from hookscope.render import console
+
+    console.setup_logging(quiet=quiet)
+    try:
+        with _signals():
+            yield Session()
+    except HookscopeError as exc:
+        if traceback:
+            tb.print_exc()
+        raise _fail(exc.render(speller(flags or {})), exc.exit_code) from None
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        raise _fail(f"stopped by {name}; no output was written", 128 + exc.signum) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; no output was written", 130) from None
+    except BrokenPipeError:  # `hookscope ... | head`: the reader left; not an error
+        sys.stderr.close()
+        raise SystemExit(0) from None
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What a command needs to load a model and feed it: the common options."""
+
+    name: str
+    weights: str = "auto"
+    seed: int = 0
+    device: str = "auto"
+    size: int | None = None
+    batch_size: int = 8
+    trust_checkpoint: bool = False
+
+
+class Session:
+    """The steps every command shares, in the order commands take them."""
+
+    def output(self, path: Path | str | None, *, force: bool) -> Output:
+        """Where data goes, checked now (before the model loads)."""
+        from hookscope.render.output import resolve_output
+
+        return resolve_output(path, force=force)
+
+    def folder(self, path: Path, planned: Iterable[Path], *, force: bool) -> Path:
+        """An output folder and the files planned in it, checked now."""
+        from hookscope.render.output import check_folder
+
+        return check_folder(path, planned=list(planned), force=force)
+
+    def inputs(self, specs: Sequence[str], options: ModelOptions) -> InputSet:
+        """Resolve inputs before the model loads, so a bad path fails fast."""
+        from hookscope.inputs import resolve_inputs
+        from hookscope.models import check_model_name, input_ndim
+
+        return resolve_inputs(specs, ndim=input_ndim(check_model_name(options.name)))
+
+    def load(self, options: ModelOptions, command: str) -> LoadedModel:
+        """Load the model, refusing kinds ``command`` cannot run and sizes that cannot fit."""
+        from hookscope.models import check_batch_memory, check_supported, load_model
+
+        loaded = load_model(options.name, weights=options.weights, seed=options.seed,
+                            device=options.device, size=options.size,
+                            trust_checkpoint=options.trust_checkpoint)
+        check_supported(loaded, needs_logits=command in NEEDS_LOGITS,
+                        needs_images=command == "gradcam")
+        check_batch_memory(loaded, options.batch_size)
+        return loaded
+
+    def batches(self, inputs: InputSet, loaded: LoadedModel, options: ModelOptions, *,
+                keep_images: bool = False) -> Iterator[Batch]:
+        """Decode and preprocess the inputs, one batch ahead in a thread."""
+        from hookscope.inputs import iter_batches
+
+        return iter_batches(inputs, loaded.preprocess, batch_size=options.batch_size,
+                            keep_images=keep_images, ndim=loaded.input_ndim)
+
+    def progress(self, total: int | None, label: str, *, enabled: bool = True
+                 ) -> AbstractContextManager[Bar]:
+        """A progress bar on stderr (only on a terminal)."""
+        from hookscope.render import console
+
+        return console.progress(total, label, enabled=enabled)
+
+    def emit(self, command: str, doc: dict[str, Any], fmt: str, output: Output,
+             **options: Any) -> None:
+        """Write the command's document through its registered view."""
+        from hookscope.render.views import emit
+
+        emit(command, doc, fmt, output, **options)
