@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -191,7 +191,3 @@ def scorecam(inp: CamInputs) -> torch.Tensor:
     weights = scores.softmax(dim=1).to(a.dtype)
     return _weighted(weights, a)
 
-
-def describe() -> dict[str, Any]:
-    """Name to one-line summary, for help texts."""
-    return {m.name: m.summary for m in METHODS.values()}

@@ -305,6 +305,8 @@ class Tracer(Hooks):
         #: The exception a callback raised (not the model's own), so it is not blamed on
         #: the module that happened to be running.
         self.callback_error: BaseException | None = None
+        #: Whether the model's own forward has begun (its pre-forward hook ran).
+        self.started = False
         self._counts: dict[str, int] = {}
 
     def reset(self) -> None:
@@ -312,10 +314,12 @@ class Tracer(Hooks):
         self._counts.clear()
         self.active.clear()
         self.callback_error = None
+        self.started = False
 
     def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         if not self.active:
             self._counts.clear()
+        self.started = True
 
     def _pre(
         self, site: Site, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -359,13 +363,13 @@ class Tracer(Hooks):
         if len(self):
             return self
         try:
-            if all(s.module is not self.model for s in self.sites):
-                self.forward_pre(self.model, self._root_pre, prepend=True)
             for site in self.sites:
                 self.forward_pre(site.module, partial(self._pre, site), with_kwargs=True,
                                  prepend=True)
                 self.forward(site.module, partial(self._post, site), with_kwargs=True,
                              prepend=True)
+            # Registered last with prepend, so it runs first: before the root's own site.
+            self.forward_pre(self.model, self._root_pre, prepend=True)
         except BaseException:
             self.remove()
             raise
@@ -379,9 +383,14 @@ class Tracer(Hooks):
         """Wrap an exception raised by the model with the innermost running module."""
         message = clip(str(exc)) or exc.__class__.__name__
         inner = self.innermost()
+        if inner is None and self.started:  # between submodules, in the model's own code
+            kind = type(self.model).__name__
+            return ForwardError(f"The forward pass failed in the model's own code ({kind}): "
+                                f"{exc.__class__.__name__}: {message}", module="",
+                                type_name=kind, call=0, depth=0, cause=exc)
         if inner is None:
-            return ForwardError(f"The forward pass failed before any module ran: {message}",
-                                cause=exc)
+            return ForwardError(f"The forward pass failed before the model started: "
+                                f"{exc.__class__.__name__}: {message}", cause=exc)
         call, args, kwargs = inner
         shapes = tensor_shapes(args) + tensor_shapes(kwargs)
         where = call.name if call.name else f"the model's own code ({call.site.type})"

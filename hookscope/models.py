@@ -455,12 +455,12 @@ def load_model(
     )
 
 
-def check_supported(loaded: LoadedModel, *, needs_logits: bool = False,
+def check_supported(name: str, *, needs_logits: bool = False,
                     needs_images: bool = False) -> None:
-    """Refuse, before the forward pass, a model kind an analysis cannot run.
+    """Refuse, before the model is built, a model kind an analysis cannot run.
 
     Args:
-        loaded: the model.
+        name: the model's name.
         needs_logits: the analysis explains or differentiates (N, classes) class logits.
         needs_images: the analysis needs image batches (N, C, H, W), not video clips.
 
@@ -468,7 +468,7 @@ def check_supported(loaded: LoadedModel, *, needs_logits: bool = False,
         HookscopeError: optical-flow models (two frames per input) anywhere; detection and
             segmentation models where class logits are needed; video where images are.
     """
-    name, task = loaded.name, loaded.task
+    task = model_tasks().get(name, "other")
     if task == "optical_flow":
         raise HookscopeError(
             f"{name} is an optical-flow model: it takes two frames per input, and hookscope "
@@ -480,7 +480,7 @@ def check_supported(loaded: LoadedModel, *, needs_logits: bool = False,
             f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
             f"logits. {task.capitalize()} models work with stats, layers, debug and features."
         )
-    if needs_images and loaded.input_ndim != 4:
+    if needs_images and input_ndim(name) != 4:
         raise HookscopeError(f"{name} is a video model; this analysis explains image "
                              "classifiers (N, C, H, W).")
 

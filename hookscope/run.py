@@ -58,14 +58,23 @@ def grad_mode(mode: GradMode) -> Iterator[None]:
 
 @contextmanager
 def training_flags(model: nn.Module, *, train: bool = False) -> Iterator[None]:
-    """Run in eval mode (or train mode) and restore every module's ``training`` flag."""
+    """Run in eval mode (or train mode) and restore every module's ``training`` flag.
+
+    In train mode, BatchNorm updates its running statistics as a side effect of each
+    forward pass; every buffer is copied first and put back afterwards, so the model
+    leaves as it came.
+    """
     flags = [(m, m.training) for m in model.modules()]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()] if train else []
     try:
         model.train(train)
         yield
     finally:
         for module, flag in flags:
             module.training = flag
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
 
 
 @dataclass

@@ -145,11 +145,11 @@ class Session:
         """Load the model, refusing kinds ``command`` cannot run and sizes that cannot fit."""
         from hookscope.models import check_batch_memory, check_supported, load_model
 
+        check_supported(options.name, needs_logits=command in NEEDS_LOGITS,
+                        needs_images=command == "gradcam")
         loaded = load_model(options.name, weights=options.weights, seed=options.seed,
                             device=options.device, size=options.size,
                             trust_checkpoint=options.trust_checkpoint)
-        check_supported(loaded, needs_logits=command in NEEDS_LOGITS,
-                        needs_images=command == "gradcam")
         check_batch_memory(loaded, options.batch_size)
         return loaded
 

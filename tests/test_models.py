@@ -147,8 +147,26 @@ def test_size_override_rescales_crop_and_resize() -> None:
     assert loaded.preprocess.resize_size == [128]
 
 
-def test_detection_and_segmentation_build_without_downloading_a_backbone() -> None:
+def test_detection_and_segmentation_build_without_downloading_a_backbone(monkeypatch) -> None:
+    """torchvision's detection and segmentation builders download a backbone even with
+    weights=None unless told not to; watch every way a download could start."""
+    import socket
+
+    import torchvision.models._api as api
+
+    attempts: list[object] = []
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        attempts.append(args)
+        raise AssertionError("a download was attempted")
+
+    monkeypatch.setattr(api, "load_state_dict_from_url", forbidden)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", forbidden)
+    monkeypatch.setattr(socket.socket, "connect", forbidden)
     assert load_model("deeplabv3_mobilenet_v3_large", weights="none").task == "segmentation"
+    assert load_model("fasterrcnn_mobilenet_v3_large_320_fpn", weights="none").task == "detection"
+    assert load_model("resnet18", weights="auto").weights_loaded == "random (seed 0)"
+    assert attempts == []
 
 
 def test_devices() -> None:

@@ -1,0 +1,168 @@
+"""The command line's shared options, declared once, and the decorators that add them.
+
+Every command that runs a model gets the same model and output options through
+:func:`runs_model`; the others get the output options through :func:`command`. Both hand
+the command an :class:`Options` with a :class:`~hookscope.session.Session` bound to it.
+Torch-free, so ``hookscope --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hookscope.session import ModelOptions, Session, session
+
+
+def _choices(name: str, values: list[str]) -> type[Enum]:
+    return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
+
+
+Format = _choices("Format", ["table", "json", "csv"])
+DebugFormat = _choices("DebugFormat", ["text", "ndjson", "json"])
+Reshape = _choices("Reshape", ["auto", "none", "vit", "swin"])
+GradLoss = _choices("GradLoss", ["logit", "ce"])
+FeatureOrder = _choices("FeatureOrder", ["index", "mean", "max"])
+
+
+def _cam_methods() -> type[Enum]:
+    from hookscope.cam_methods import method_names  # torch-free: only the registry
+
+    return _choices("CamMethod", method_names())
+
+
+CamMethod = _cam_methods()
+
+# ----------------------------------------------------------------- options, declared once
+
+ModelArg = Annotated[str, typer.Argument(
+    help="A torchvision model name, e.g. resnet18 (see `hookscope models`).", metavar="MODEL",
+    show_default=False)]
+InputsArg = Annotated[list[str], typer.Argument(
+    help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors of shape "
+    "(C,H,W) or (N,C,H,W).", metavar="INPUT...", show_default=False)]
+LayersOpt = Annotated[list[str] | None, typer.Option(
+    "--layers", "-l", help="fnmatch pattern on dotted module names (repeatable), e.g. "
+    "'layer4.*' (the leaves under layer4); an exact name selects that module.",
+    show_default=False)]
+TypesOpt = Annotated[list[str] | None, typer.Option(
+    "--type", "-t", help="Module class name, e.g. Conv2d (repeatable).", show_default=False)]
+AllModulesOpt = Annotated[bool, typer.Option(
+    "--all-modules", help="Hook containers too, not only leaf modules.")]
+MaxDepthOpt = Annotated[int | None, typer.Option(
+    "--max-depth", help="Cut the module tree at this depth (1 = top-level children).", min=1,
+    show_default=False)]
+FormatOpt = Annotated[Format, typer.Option(  # type: ignore[valid-type]
+    "--format", "-f", help="Output format.")]
+TargetOpt = Annotated[str | None, typer.Option(
+    "--target", help="The class: top1 (default), topK, a class index or label; one for all "
+    "inputs or a comma list, one per input.", show_default=False)]
+TrainModeOpt = Annotated[bool, typer.Option(
+    "--train-mode", help="Run in train mode (BatchNorm batch statistics, dropout on); the "
+    "default is eval mode. The model's flags and buffers are restored afterwards.")]
+FailOpt = Annotated[bool, typer.Option(
+    "--fail-on-nonfinite", help="Exit with code 1 when NaN or Inf appears.")]
+OutDirOpt = Annotated[Path, typer.Option(
+    "--out", help="Folder for the image files.", file_okay=False)]
+
+#: Options every command that runs a model takes, added by :func:`runs_model`.
+MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "weights": (Annotated[str, typer.Option(
+        "--weights", "-w", help="auto (pretrained when cached or downloadable, else random "
+        "with a warning), DEFAULT, an enum name such as IMAGENET1K_V1, none (random, --seed), "
+        "or a checkpoint path (.pt/.pth/.safetensors).")], "auto"),
+    "seed": (Annotated[int, typer.Option(help="Seed for random initialisation (and noise).")],
+             0),
+    "device": (Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")], "auto"),
+    "size": (Annotated[int | None, typer.Option(
+        help="Resize/crop inputs to this size (8 to 8192) instead of the weights' default.",
+        show_default=False)], None),
+    "batch_size": (Annotated[int, typer.Option(
+        "--batch-size", "-b", help="Inputs per forward pass (1 to 4096).")], 8),
+    "trust_checkpoint": (Annotated[bool, typer.Option(
+        "--trust-checkpoint", help="Allow checkpoints that need arbitrary unpickling (only "
+        "for files you trust).")], False),
+}
+#: Options every command takes, added by :func:`runs_model` and :func:`command`.
+RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "output": (Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Write the output to this file (atomically; '-' for stdout; "
+        "links and devices are written through) instead of stdout.", show_default=False,
+        dir_okay=False)], None),
+    "force": (Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")],
+              False),
+    "quiet": (Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on "
+                                           "stderr.")], False),
+    "traceback": (Annotated[bool, typer.Option("--traceback", help="Show the Python traceback "
+                                               "of errors.")], False),
+}
+
+
+def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool) -> Callable[..., Any]:
+    """Add the options in ``groups`` to a command; it receives them as ``opts``."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values()
+               if p.name != "opts"]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                   annotation=annotation)
+                 for group in groups for name, (annotation, default) in group.items()]
+        names = [p.name for p in added]
+
+        @functools.wraps(fn)
+        def run(ctx: typer.Context, **kwargs: Any) -> Any:
+            values = {name: kwargs.pop(name) for name in names}
+            opts = Options(model=kwargs.get("model", ""), **values) if model else \
+                Options(**values)
+            with session(quiet=opts.quiet, traceback=opts.traceback, flags=_flags(ctx)) as s:
+                return fn(**kwargs, opts=opts.bind(s))
+
+        context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,
+                                    annotation=typer.Context)
+        params = [context] + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return wrap
+
+
+def _flags(ctx: typer.Context) -> dict[str, str]:
+    """Each parameter's longest flag (``--batch-size``) or, for arguments, its name."""
+    return {p.name: max(p.opts, key=len) if p.param_type_name == "option" else
+            (p.metavar or p.name.upper()) for p in ctx.command.params if p.name}
+
+
+class Options:
+    """The shared options of one invocation, and its :class:`~hookscope.session.Session`."""
+
+    def __init__(self, *, output: Path | None = None, force: bool = False, quiet: bool = False,
+                 traceback: bool = False, model: str = "", **model_options: Any) -> None:
+        self.output, self.force, self.quiet, self.traceback = output, force, quiet, traceback
+        self.model = ModelOptions(model, **model_options)
+        self.s: Session = None  # type: ignore[assignment]  # bound before the command runs
+
+    def bind(self, s: Session) -> Options:
+        self.s = s
+        return self
+
+
+def runs_model(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A command that loads a model: the model options and the run options."""
+    return _with_options([MODEL_OPTIONS, RUN_OPTIONS], model=True)(fn)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A command that runs no model: the run options only."""
+    return _with_options([RUN_OPTIONS], model=False)(fn)
+
+
+def value(choice: Any) -> str:
+    """The string behind a choice (an Enum member or a plain default)."""
+    return str(getattr(choice, "value", choice))
