@@ -276,7 +276,7 @@ ExitFn = Callable[[Call, tuple[Any, ...], dict[str, Any], Any], Any]
 
 
 class Tracer(Hooks):
-    """Per-call hooks on selected sites.
+    """Per-call hooks on selected sites, and a locator on every module.
 
     ``on_enter(call, args, kwargs)`` runs from a pre-forward hook, before the module runs
     (so inputs are seen before an in-place module overwrites them). ``on_exit(call, args,
@@ -284,8 +284,9 @@ class Tracer(Hooks):
     change the output; a non-None return value replaces the module's output.
 
     Call indices restart at each forward pass of ``model`` (a pre-forward hook on the root
-    resets them). :attr:`active` is the stack of calls entered but not finished: after an
-    exception it names the innermost module that was running.
+    resets them). :attr:`active` is the stack of calls entered but not finished, selected
+    or not: after an exception it names the innermost module that was running, wherever
+    it is. Modules outside the selection get only this bookkeeping, no callback.
     """
 
     def __init__(
@@ -322,13 +323,14 @@ class Tracer(Hooks):
         self.started = True
 
     def _pre(
-        self, site: Site, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, site: Site, selected: bool, module: nn.Module, args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> None:
         index = self._counts.get(site.name, 0)
         self._counts[site.name] = index + 1
         call = Call(site, index)
         self.active.append((call, args, kwargs))
-        if self.on_enter is not None:
+        if selected and self.on_enter is not None:
             try:
                 self.on_enter(call, args, kwargs)
             except BaseException as exc:
@@ -338,6 +340,7 @@ class Tracer(Hooks):
     def _post(
         self,
         site: Site,
+        selected: bool,
         module: nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -350,7 +353,7 @@ class Tracer(Hooks):
                 break
         else:  # pragma: no cover - a forward hook without its pre-hook
             call = Call(site, self._counts.get(site.name, 1) - 1)
-        if self.on_exit is not None:
+        if selected and self.on_exit is not None:
             try:
                 return self.on_exit(call, args, kwargs, output)
             except BaseException as exc:
@@ -362,12 +365,15 @@ class Tracer(Hooks):
         """Register the hooks (done by ``with``); prepend so hookscope sees outputs first."""
         if len(self):
             return self
+        chosen = {id(s.module): s for s in self.sites}
+        located = [s for s in all_sites(self.model) if id(s.module) not in chosen]
         try:
-            for site in self.sites:
-                self.forward_pre(site.module, partial(self._pre, site), with_kwargs=True,
-                                 prepend=True)
-                self.forward(site.module, partial(self._post, site), with_kwargs=True,
-                             prepend=True)
+            for site in [*self.sites, *located]:
+                selected = id(site.module) in chosen
+                self.forward_pre(site.module, partial(self._pre, site, selected),
+                                 with_kwargs=True, prepend=True)
+                self.forward(site.module, partial(self._post, site, selected),
+                             with_kwargs=True, prepend=True)
             # Registered last with prepend, so it runs first: before the root's own site.
             self.forward_pre(self.model, self._root_pre, prepend=True)
         except BaseException:
