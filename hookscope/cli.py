@@ -353,6 +353,7 @@ def features(
         require_tensorboard()
     out = s.output(opts.output, force=opts.force)
     resolved = s.inputs(inputs, opts.model)
+    s.folder(out_dir, [], force=opts.force)  # the files are known once the model is
     loaded = s.load(opts.model, "features")
     sites = feature_sites(loaded.model, layers, types)
     stems = resolved.stems

@@ -69,9 +69,36 @@ def _trainable_text(value: Any) -> Text:
     return Text("partly trainable", style="yellow")
 
 
+_COUNT_UNITS = ("", "K", "M", "G", "T", "P")
+_BYTE_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+
+
+def _scaled(value: float) -> tuple[str, int]:
+    """``value`` in thousands: three significant digits, one decimal from 100 (115.6)."""
+    unit = 0
+    while abs(value) >= 999.95 and unit < len(_COUNT_UNITS) - 1:
+        value /= 1000
+        unit += 1
+    if unit == 0 and float(value).is_integer():
+        return str(int(value)), 0
+    return (f"{value:.1f}" if abs(value) >= 100 else f"{value:.3g}"), unit
+
+
+def human_count(value: float) -> str:
+    """A count in SI units: ``1.81G``, ``115.6M``, ``512``."""
+    text, unit = _scaled(value)
+    return text + _COUNT_UNITS[unit]
+
+
+def human_bytes(value: float) -> str:
+    """Bytes in decimal units: ``46.8 MB``, ``602.1 kB``, ``512 B``."""
+    text, unit = _scaled(value)
+    return f"{text} {_BYTE_UNITS[unit]}"
+
+
 def _parts(row: Mapping[str, Any], name: str) -> list[Part]:
-    """A node's label, most important first; hidden first: trainable, own params, params,
-    shapes, type (the name never)."""
+    """A node's label, most important first; hidden first: trainable, own params, MACs,
+    params, shapes, type (the name never)."""
     own, total = row["params"], row["params_total"]
     parts = [Part("name", Text(name, style="bold"), name=True),
              Part("type", Text(row["type"], style="magenta"), 6)]
@@ -80,17 +107,54 @@ def _parts(row: Mapping[str, Any], name: str) -> list[Part]:
     else:
         parts.append(Part("params", Text(f"{total:,} params", style="cyan"), 4))
         if own != total:
-            parts.append(Part("own params", Text(f"(own {own:,})", style="dim"), 3, sep=" "))
+            parts.append(Part("own params", Text(f"(own {own:,})", style="dim"), 2, sep=" "))
+    if row.get("macs"):  # zero (ReLU, BatchNorm) and unmeasured (no input) stay quiet
+        parts.append(Part("MACs", Text(f"{human_count(row['macs'])} MACs", style="blue"), 3))
     trainable = _trainable_text(row.get("trainable"))
     if trainable.plain:
-        parts.append(Part("trainable", trainable, 2))
+        parts.append(Part("trainable", trainable, 1))
     parts.append(Part("shapes", _calls_text(row.get("calls") or []), 5))
+    return parts
+
+
+def _batch(doc: Mapping[str, Any]) -> int | None:
+    """The batch size of the forward pass the shapes and FLOPs come from."""
+    calls = doc["root"].get("calls") or []
+    shapes = calls[0].get("input_shapes") if calls else None
+    return shapes[0][0] if shapes and shapes[0] else None
+
+
+def _totals_parts(doc: Mapping[str, Any]) -> list[Part]:
+    """The line under the tree: MACs, FLOPs and bytes of the whole model; hidden first:
+    parameter bytes by dtype, input, FLOPs, activations, batch, parameter bytes."""
+    totals = doc["totals"]
+    parts = [Part("totals", Text("totals:", style="bold"))]
+    if totals.get("macs") is not None:
+        parts += [Part("MACs", Text(f"{human_count(totals['macs'])} MACs", style="blue"),
+                       sep=" "),
+                  Part("FLOPs", Text(f"({human_count(totals['flops'])} FLOPs)", style="dim"),
+                       3, sep=" ")]
+        batch = _batch(doc)
+        if batch is not None:
+            parts.append(Part("batch", Text(f"for batch {batch}"), 5, sep=" "))
+    by_dtype = totals["params_bytes"]
+    parts.append(Part("params bytes", Text(f"params {human_bytes(sum(by_dtype.values()))}",
+                                           style="cyan"), 6))
+    if len(by_dtype) > 1:
+        each = ", ".join(f"{dtype} {human_bytes(n)}" for dtype, n in by_dtype.items())
+        parts.append(Part("params by dtype", Text(f"({each})", style="dim"), 1, sep=" "))
+    if totals.get("activation_bytes") is not None:
+        parts.append(Part("activations", Text(
+            f"activations {human_bytes(totals['activation_bytes'])}"), 4))
+    if totals.get("input_bytes") is not None:
+        parts.append(Part("input", Text(f"input {human_bytes(totals['input_bytes'])}"), 2))
     return parts
 
 
 class LayersTree:
     """The module tree; each label starts with the node's full dotted name and keeps as much
-    of the rest as fits the width it is drawn at (tree guides take 4 cells a level)."""
+    of the rest as fits the width it is drawn at (tree guides take 4 cells a level). A line
+    of totals (MACs, FLOPs, bytes) follows when the document has them."""
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         self.doc = doc
@@ -117,6 +181,10 @@ class LayersTree:
             hidden += lost
             shortened = shortened or short
         yield tree
+        if "params_bytes" in self.doc["totals"]:
+            line, lost, _ = fit_parts(_totals_parts(self.doc), width)
+            hidden += lost
+            yield line
         if hidden or shortened:
             yield footnote(hidden, width, shortened=shortened, where=" in some labels")
 
