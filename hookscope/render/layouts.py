@@ -17,7 +17,8 @@ STATS_COLUMNS = ("name", "type", "call", "input_shapes", "output_shape", "mean",
 INPUT_STATS_COLUMNS = ("input_mean", "input_std", "input_min", "input_max",
                        "input_zero_fraction", "input_nonfinite")
 LAYERS_COLUMNS = ("name", "type", "depth", "params", "params_total", "trainable", "call",
-                  "input_shapes", "output_shape", "output_shapes")
+                  "input_shapes", "output_shape", "output_shapes", "flops", "macs",
+                  "output_bytes", "params_bytes", "params_bytes_total")
 MODELS_COLUMNS = ("name", "task", "default", "weights")
 CAM_COLUMNS = ("input", "method", "layer", "target", "label", "score", "prob", "peak_y",
                "peak_x", "overlay", "heatmap", "raw")
@@ -53,11 +54,18 @@ def models_table(doc: Doc) -> RenderableType:
 
 
 def layers_csv(doc: Doc) -> Rows:
-    """One row per call, as in ``stats``; a module that never ran gets one row, no call."""
+    """One row per call, as in ``stats``; a module that never ran gets one row, no call.
+
+    ``flops``, ``macs`` and ``output_bytes`` are the call's own (the JSON layer's ``flops``
+    sums its calls); ``params_bytes`` and ``params_bytes_total`` are summed over dtypes.
+    """
     rows = []
     for row in doc["layers"]:
         calls = row["calls"] or [{}]
-        rows += [row | call | {"call": i if call else None} for i, call in enumerate(calls)]
+        sizes = {key: sum(row[key].values()) for key in ("params_bytes", "params_bytes_total")
+                 if key in row}
+        rows += [row | call | sizes | {"call": i if call else None}
+                 for i, call in enumerate(calls)]
     return rows, LAYERS_COLUMNS
 
 

@@ -74,14 +74,15 @@ _BYTE_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
 
 def _scaled(value: float) -> tuple[str, int]:
-    """``value`` in thousands: three significant digits, one decimal from 100 (115.6)."""
+    """``value`` in thousands: three significant digits, one decimal from 100 (115.6, 512)."""
     unit = 0
     while abs(value) >= 999.95 and unit < len(_COUNT_UNITS) - 1:
         value /= 1000
         unit += 1
     if unit == 0 and float(value).is_integer():
         return str(int(value)), 0
-    return (f"{value:.1f}" if abs(value) >= 100 else f"{value:.3g}"), unit
+    text = f"{value:.1f}".removesuffix(".0") if abs(value) >= 100 else f"{value:.3g}"
+    return text, unit
 
 
 def human_count(value: float) -> str:
@@ -164,7 +165,7 @@ class LayersTree:
         summary = Text(f"[{totals['modules']} modules, {totals['trainable_params']:,} trainable]",
                        style="dim")
         return [*_parts(root, self.doc.get("model") or root["type"]),
-                Part("totals", summary, 1)]
+                Part("module counts", summary, 1)]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
