@@ -21,6 +21,7 @@ from torch import nn
 
 from hookscope.errors import HookscopeError, param
 from hookscope.hooks import Call, find_site, model_device
+from hookscope.outputs import class_logits
 from hookscope.run import Probe, Step, drive
 from hookscope.targets import Targets, parse_targets
 
@@ -246,15 +247,6 @@ def _has_dim(ndim: int, dim: int) -> bool:
     return ndim >= 2 and -ndim <= dim < ndim and dim not in (0, -ndim)
 
 
-def _logits(output: Any) -> torch.Tensor:
-    if isinstance(output, torch.Tensor) and output.dim() == 2:
-        return output.float()
-    raise HookscopeError(
-        "ablate needs a classifier whose output is (N, classes) logits; the model returned "
-        f"{type(output).__name__}{list(output.shape) if isinstance(output, torch.Tensor) else ''}."
-    )
-
-
 def _top(logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5) -> list[list[Top]]:
     probs = torch.softmax(logits, dim=1)
     values, indices = probs.topk(min(k, probs.shape[1]), dim=1)
@@ -286,7 +278,8 @@ class AblateProbe(Probe[AblateReport]):
                  target: Targets | str | None = None, seed: int = 0, channel_dim: int = 1,
                  call: int | None = None, categories: Sequence[str] | None = None,
                  names: Sequence[str] | None = None, sweep: bool = False,
-                 sweep_batch: int = 32, n_inputs: int | None = None) -> None:
+                 sweep_batch: int = 32, n_inputs: int | None = None,
+                 output_key: str | None = None) -> None:
         if sweep_batch < 1:
             raise HookscopeError(f"{param('sweep_batch')} must be at least 1, not {sweep_batch}.")
         self.mode = parse_mode(mode)
@@ -296,6 +289,7 @@ class AblateProbe(Probe[AblateReport]):
         self.channel_spec, self.channel_dim, self.call = channels, channel_dim, call
         self.categories, self.names = categories, names
         self.sweep, self.sweep_batch, self.n_inputs = sweep, sweep_batch, n_inputs
+        self.output_key = output_key
         if n_inputs is not None:
             self.targets.check_count(n_inputs)
         self.counts_progress = sweep  # a sweep counts channels, not inputs
@@ -340,11 +334,14 @@ class AblateProbe(Probe[AblateReport]):
         self.chosen = parse_channels(self.channel_spec, shape[dim])
         return self.chosen
 
+    def _logits(self, output: Any) -> torch.Tensor:
+        return class_logits(output, self.output_key, "ablate").float()
+
     def _changed(self, step: Step, x: torch.Tensor) -> torch.Tensor:
         """One forward pass with the modifier on."""
         self.active, self.seen = True, 0
         try:
-            after = _logits(step.forward(x))
+            after = self._logits(step.forward(x))
         finally:
             self.active = False
         if self.seen == 0:
@@ -353,7 +350,7 @@ class AblateProbe(Probe[AblateReport]):
         return after
 
     def step(self, step: Step) -> None:
-        before = _logits(step.forward())
+        before = self._logits(step.forward())
         chosen = self._channels()
         classes = self.targets.resolve(before, step.start)
         items = step.batch.items if step.batch is not None else None
@@ -431,6 +428,7 @@ def ablate(
     call: int | None = None,
     categories: Sequence[str] | None = None,
     names: Sequence[str] | None = None,
+    output_key: str | None = None,
 ) -> list[AblationResult]:
     """Run ``x`` with and without the chosen channels of ``layer`` changed.
 
@@ -447,12 +445,14 @@ def ablate(
         call: only change this call of a module run several times (default: every call).
         categories: class labels.
         names: input names for the results (default ``input[i]``).
+        output_key: the entry of a dict or tuple output holding the logits.
 
     Raises:
         HookscopeError: unknown layer, bad channels or mode, no classifier output.
     """
     probe = AblateProbe(model, layer, channels=channels, mode=mode, target=target, seed=seed,
-                        channel_dim=channel_dim, call=call, categories=categories, names=names)
+                        channel_dim=channel_dim, call=call, categories=categories, names=names,
+                        output_key=output_key)
     return drive(model, x, probe).results
 
 

@@ -31,6 +31,7 @@ from torch import nn
 from hookscope.cam_methods import CamInputs, Method, get_method, method_names
 from hookscope.errors import HookscopeError, param
 from hookscope.hooks import Call, Site, all_sites, find_site, first_tensor
+from hookscope.outputs import class_logits
 from hookscope.run import Probe, Step, drive, peek
 from hookscope.targets import Targets, parse_targets
 
@@ -167,17 +168,6 @@ def _normalise(maps: torch.Tensor) -> torch.Tensor:
     return torch.where(span > 0, (maps - lo) / safe, torch.zeros_like(maps))
 
 
-def _classifier_output(output: Any, model: nn.Module) -> torch.Tensor:
-    logits = first_tensor(output)
-    if logits is None or logits.dim() != 2:
-        what = "no tensor" if logits is None else f"shape {list(logits.shape)}"
-        raise HookscopeError(
-            f"{type(model).__name__} returned {what}; "
-            "Grad-CAM explains classifiers whose output is (N, classes)."
-        )
-    return logits
-
-
 def _as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
     if target is None:
         return parse_targets(None, categories)
@@ -305,6 +295,8 @@ class CamProbe(Probe[CamReport]):
             :func:`crop_box`).
         sink: receives each :class:`CamBatch` (e.g. to write its files); without one, the
             maps are kept and concatenated into the report.
+        output_key: the entry of a dict or tuple output holding the logits (see
+            :func:`hookscope.outputs.select_logits`).
     """
 
     grad = "off"  # autograd starts at the layer: its hook switches it on
@@ -312,7 +304,8 @@ class CamProbe(Probe[CamReport]):
     def __init__(self, model: nn.Module, layer: str | nn.Module,
                  methods: Sequence[str] = ("gradcam",), targets: Targets | None = None, *,
                  reshape: str = "auto", score_batch: int = 32, transform: Any = None,
-                 sink: Callable[[CamBatch], None] | None = None) -> None:
+                 sink: Callable[[CamBatch], None] | None = None,
+                 output_key: str | None = None) -> None:
         if reshape not in RESHAPES:
             raise HookscopeError(f"{param('reshape')} {reshape!r}: choose one of "
                                  f"{', '.join(RESHAPES)}.")
@@ -325,6 +318,7 @@ class CamProbe(Probe[CamReport]):
         self.targets = targets or parse_targets(None, None)
         self.reshape = _auto_layout(model, self.site.name) if reshape == "auto" else reshape
         self.score_batch, self.transform, self.sink = score_batch, transform, sink
+        self.output_key = output_key
         self.needs_grad = any(m.gradients for m in self.methods)
         self.capturing = False
         self.acts: torch.Tensor | None = None
@@ -372,7 +366,7 @@ class CamProbe(Probe[CamReport]):
         """One forward (and backward) pass: activations, gradients, logits, targets."""
         self.capturing, self.acts = True, None
         try:
-            logits = _classifier_output(step.forward(), self.model)
+            logits = class_logits(step.forward(), self.output_key, "Grad-CAM")
         finally:
             self.capturing = False
         acts = self.acts
@@ -408,8 +402,9 @@ class CamProbe(Probe[CamReport]):
         grads = _to_nchw(grads, self.reshape).float() if grads is not None else None
         self.layer_shape = list(acts.shape[1:])
         inputs = CamInputs(acts=acts, grads=grads, x=x, targets=chosen,
-                           forward=lambda masked: _classifier_output(
-                               step.forward(masked, grad="inference"), self.model),
+                           forward=lambda masked: class_logits(
+                               step.forward(masked, grad="inference"), self.output_key,
+                               "Grad-CAM"),
                            score_batch=self.score_batch)
         index = torch.tensor(chosen, device=logits.device).unsqueeze(1)
         scores = logits.float().gather(1, index).squeeze(1).tolist()
@@ -476,6 +471,7 @@ def explain(
     transform: Any = None,
     sink: Callable[[CamBatch], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    output_key: str | None = None,
 ) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
@@ -495,7 +491,7 @@ def explain(
         log.info("using layer %s, the last module with a spatial output (%s)",
                  layer, "x".join(str(d) for d in shape[1:]))
     probe = CamProbe(model, layer, methods, targets, reshape=reshape, score_batch=score_batch,
-                     transform=transform, sink=sink)
+                     transform=transform, sink=sink, output_key=output_key)
     return drive(model, batches, probe, progress=progress)
 
 
@@ -509,6 +505,7 @@ def gradcam(
     reshape: str = "auto",
     categories: Sequence[str] | None = None,
     score_batch: int = 32,
+    output_key: str | None = None,
 ) -> CamResult:
     """Class activation maps of ``model`` for ``inputs`` at ``layer``.
 
@@ -542,7 +539,7 @@ def gradcam(
         inputs = [b.unsqueeze(0) if b.dim() == 3 else b for b in inputs]
         targets.check_count(sum(b.shape[0] for b in inputs))
     report = explain(model, inputs, layer=layer, methods=(method,), targets=targets,
-                     reshape=reshape, score_batch=score_batch)
+                     reshape=reshape, score_batch=score_batch, output_key=output_key)
     for note in report.notes:
         log.warning(note)
     return report.results[get_method(method).name]

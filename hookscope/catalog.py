@@ -1,4 +1,5 @@
-"""The torchvision models hookscope can load: names, tasks and weight enums."""
+"""The models hookscope can list: torchvision names, tasks and weight enums, and timm's
+architectures with their pretrained tags."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from hookscope.errors import HookscopeError, suggest
 
-__all__ = ["ModelInfo", "find_models", "name_matcher"]
+__all__ = ["ModelInfo", "find_models", "find_timm_models", "name_matcher"]
 
 _WILDCARDS = set("*?[")
 
@@ -74,4 +75,35 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
         raise HookscopeError(
             f"No model{where} matches {pattern!r}.{hint} Run `hookscope models` to list them all."
         )
+    return found
+
+
+def find_timm_models(pattern: str | None = None, task: str | None = None) -> list[ModelInfo]:
+    """timm models whose name matches ``pattern`` (as :func:`find_models`), in timm's order.
+
+    Each name is the MODEL string that loads it (``timm:resnet18``); ``weights`` lists its
+    pretrained tags with timm's default first (``--weights TAG``), empty when it has none.
+
+    Raises:
+        HookscopeError: timm is not installed, a task other than classification, or
+            nothing matches (with close names suggested).
+    """
+    from hookscope.sources.timm import PREFIX, import_timm, pretrained_tags
+
+    timm = import_timm()
+    if task is not None and task != "classification":
+        raise HookscopeError(f"Unknown task {task!r} for timm models: they are all "
+                             "classification models.")
+    glob = name_matcher(pattern.removeprefix(PREFIX) if pattern else pattern)
+    names = [n for n in timm.list_models() if fnmatch.fnmatchcase(n.lower(), glob)]
+    if not names:
+        hint = suggest(pattern.strip("*?[]"), timm.list_models()) if pattern else ""
+        raise HookscopeError(f"No timm model matches {pattern!r}.{hint} Run `hookscope models "
+                             "--source timm` to list them all.")
+    with_weights = set(timm.list_pretrained())
+    found = []
+    for name in names:  # timm's natural order: resnet18 before resnet101
+        tags = pretrained_tags(name, with_weights)
+        found.append(ModelInfo(f"{PREFIX}{name}", "classification", tags,
+                               tags[0] if tags else None))
     return found

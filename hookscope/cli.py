@@ -26,6 +26,7 @@ from hookscope.options import (
     LayersOpt,
     MaxDepthOpt,
     ModelArg,
+    ModelSource,
     Options,
     OutDirOpt,
     Reshape,
@@ -90,7 +91,7 @@ def stats(
     loaded = s.load(opts.model, "stats")
     probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, input_stats=input_stats,
-                       categories=loaded.categories)
+                       categories=loaded.categories, output_key=loaded.output_key)
     with s.progress(len(resolved), "stats", enabled=fmt == "table" or not out.is_stdout) as bar:
         report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
                        train_mode=train_mode, progress=bar)
@@ -107,19 +108,24 @@ def models_command(
     task: Annotated[str | None, typer.Option(
         "--task", help="Only this task: classification, segmentation, detection, video, "
         "optical_flow, quantization.", show_default=False)] = None,
+    source: Annotated[ModelSource, typer.Option(  # type: ignore[valid-type]
+        "--source", help="torchvision's models, or timm's (names to use as timm:NAME; needs "
+        "hookscope[timm]).")] = "torchvision",
     fmt: FormatOpt = "table", *, opts: Options,
 ) -> None:
-    """List the torchvision models hookscope can load, with their task and weights.
+    """List the models hookscope can load by name, with their task and weights.
 
     Example: hookscope models 'resnet*' --format json | jq -r '.models[].name'
     """
-    from hookscope.catalog import find_models
+    from hookscope.catalog import find_models, find_timm_models
 
     s = opts.s
     out = s.output(opts.output, force=opts.force)
+    found = find_timm_models(pattern, task) if _value(source) == "timm" else \
+        find_models(pattern, task)
     doc = {"hookscope": __version__, "command": "models", "model": None, "weights": None,
            "device": None, "inputs": [], "pattern": pattern, "task": task,
-           "models": [m.to_dict() for m in find_models(pattern, task)]}
+           "source": _value(source), "models": [m.to_dict() for m in found]}
     s.emit("models", doc, _value(fmt), out)
 
 
@@ -254,7 +260,7 @@ def gradcam(
         report = explain(loaded.model, s.batches(resolved, loaded, opts.model, keep_images=True),
                          layer=layer, methods=methods, targets=targets, reshape=_value(reshape),
                          score_batch=score_batch, transform=loaded.preprocess, sink=writer,
-                         progress=bar)
+                         progress=bar, output_key=loaded.output_key)
     writer.log_notes(report.notes)
     doc = loaded.envelope("gradcam", resolved.names) | {
         "layer": report.layer, "layer_default": layer is None, "layer_shape": report.layer_shape,
@@ -304,7 +310,8 @@ def grads(
     probe = GradsProbe(loaded.model, target=target, loss=_value(loss), label=label,
                        layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, vanish=vanish, explode=explode,
-                       categories=loaded.categories, n_inputs=len(resolved))
+                       categories=loaded.categories, n_inputs=len(resolved),
+                       output_key=loaded.output_key)
     with s.progress(len(resolved), "grads", enabled=fmt == "table" or not out.is_stdout) as bar:
         report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
                        train_mode=train_mode, progress=bar)
@@ -418,7 +425,7 @@ def ablate(
     probe = AblateProbe(loaded.model, layer, channels=channels, mode=parsed, target=target,
                         seed=opts.model.seed, channel_dim=channel_dim, call=call,
                         categories=loaded.categories, sweep=sweep, sweep_batch=sweep_batch,
-                        n_inputs=len(resolved))
+                        n_inputs=len(resolved), output_key=loaded.output_key)
     label = "sweep" if sweep else "ablate"
     with s.progress(len(resolved), label, enabled=fmt == "table" or not out.is_stdout) as bar:
         report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,

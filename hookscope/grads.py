@@ -23,6 +23,7 @@ from torch import nn
 
 from hookscope.errors import CheckFailed, HookscopeError, param
 from hookscope.hooks import Call, Hooks, Site, first_tensor, model_device, select_sites
+from hookscope.outputs import class_logits
 from hookscope.run import Probe, Step, drive
 from hookscope.stats import Moments, MomentTable
 from hookscope.targets import Targets, parse_targets
@@ -185,7 +186,8 @@ class GradsProbe(Probe[GradReport]):
                  layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
                  all_modules: bool = False, max_depth: int | None = None,
                  vanish: float = 1e-3, explode: float = 1e3,
-                 categories: Sequence[str] | None = None, n_inputs: int | None = None) -> None:
+                 categories: Sequence[str] | None = None, n_inputs: int | None = None,
+                 output_key: str | None = None) -> None:
         if not (vanish > 0 and explode > 0):
             raise HookscopeError(f"{param('vanish')} and {param('explode')} must be positive "
                                  "factors.")
@@ -200,7 +202,7 @@ class GradsProbe(Probe[GradReport]):
             raise HookscopeError(
                 "The model has no parameter that requires a gradient; nothing to differentiate."
             )
-        self.model_name = type(model).__name__
+        self.output_key = output_key
         self.table = MomentTable(on_device=model_device(model).type != "cpu", zeros=False)
         self.order: dict[tuple[str, int], None] = {}  # backward order, from the first batch
         self.meta: dict[tuple[str, int], tuple[Site, list[int]]] = {}
@@ -231,13 +233,8 @@ class GradsProbe(Probe[GradReport]):
         self.table.add(key, grad)
 
     def observe(self, step: Step, output: Any) -> None:
-        if not (isinstance(output, torch.Tensor) and output.dim() == 2):
-            raise HookscopeError(
-                f"grads needs a classifier whose output is (N, classes) logits; "
-                f"{self.model_name} returned {type(output).__name__}"
-                f"{list(output.shape) if isinstance(output, torch.Tensor) else ''}."
-            )
-        value, classes = _objective(output, self.loss, self.targets, step.start)
+        logits = class_logits(output, self.output_key, "grads")
+        value, classes = _objective(logits, self.loss, self.targets, step.start)
         if not value.requires_grad:
             raise HookscopeError(
                 "The model's output depends on no parameter that requires a gradient."
@@ -247,7 +244,7 @@ class GradsProbe(Probe[GradReport]):
             if g is not None:
                 prev = self.param_sums[i]
                 self.param_sums[i] = g if prev is None else prev + g
-        del grads, output
+        del grads, output, logits
         self.table.flush()
         self.objective += float(value.detach())
         self.classes.extend(classes)
@@ -327,6 +324,7 @@ def collect_grads(
     n_inputs: int | None = None,
     train_mode: bool = False,
     on_batch: Callable[[int], None] | None = None,
+    output_key: str | None = None,
 ) -> GradReport:
     """Gradients at each selected module call's output and at each parameter.
 
@@ -348,6 +346,7 @@ def collect_grads(
         n_inputs: the number of inputs, to check a per-input target or label list early.
         train_mode: run in train mode (BatchNorm batch statistics, dropout on).
         on_batch: called with each batch's size after it ran.
+        output_key: the entry of a dict or tuple output holding the logits.
 
     Raises:
         HookscopeError: bad target or label, no classifier output, bad selection.
@@ -355,5 +354,6 @@ def collect_grads(
     """
     probe = GradsProbe(model, target=target, loss=loss, label=label, layers=layers, types=types,
                        all_modules=all_modules, max_depth=max_depth, vanish=vanish,
-                       explode=explode, categories=categories, n_inputs=n_inputs)
+                       explode=explode, categories=categories, n_inputs=n_inputs,
+                       output_key=output_key)
     return drive(model, inputs, probe, train_mode=train_mode, progress=on_batch)

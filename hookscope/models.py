@@ -1,15 +1,14 @@
-"""Models, weights, preprocessing and devices, through torchvision's public API only."""
+"""The torchvision model source: names, tasks, weights, fine-tuned checkpoints and their
+preprocessing, through torchvision's public API only; devices and memory checks."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
-import pickle
 import socket
 import warnings
-import zipfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,11 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from hookscope import __version__
-from hookscope.errors import HookscopeError, clip, param, suggest
+from hookscope.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
+from hookscope.checkpoints import read_checkpoint as read_checkpoint  # re-exported
+from hookscope.errors import HookscopeError, param, suggest
+from hookscope.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
+from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec
 
 log = logging.getLogger("hookscope")
 
@@ -27,8 +29,6 @@ log = logging.getLogger("hookscope")
 OFFLINE_ENV = "HOOKSCOPE_OFFLINE"
 _DOWNLOAD_HOST = "download.pytorch.org"
 _CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors"}
-#: Input sizes hookscope accepts (pixels, the crop or resize side).
-MIN_SIZE, MAX_SIZE = 8, 8192
 #: Activation memory per input pixel, in float32 values, assumed by :func:`check_batch_memory`:
 #: a typical stem's output (64 channels at half resolution: 16 values per pixel), about
 #: three such tensors live at once.
@@ -102,51 +102,6 @@ def resolve_device(spec: str = "auto") -> torch.device:
                          "or mps.")
 
 
-@dataclass
-class LoadedModel:
-    """A model ready to run, with what was loaded and how inputs are preprocessed."""
-
-    name: str
-    model: nn.Module
-    task: str
-    weights_requested: str
-    weights_loaded: str
-    device: torch.device
-    preprocess: Callable[[Any], torch.Tensor]
-    categories: list[str] | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    input_size: tuple[int, int] = (224, 224)
-
-    @property
-    def input_ndim(self) -> int:
-        """Dimensions of one batch: 5 for video models (N, C, T, H, W), else 4."""
-        return input_ndim(self.name)
-
-    def label(self, index: int) -> str | None:
-        """The class label for an output index, when the weights' metadata has one."""
-        if self.categories is not None and 0 <= index < len(self.categories):
-            return self.categories[index]
-        return None
-
-    def dummy_input(self, batch: int = 1) -> torch.Tensor:
-        """A zero batch of the weights' default input size, on the model's device."""
-        h, w = self.input_size
-        shape = (batch, 3, 16, h, w) if self.input_ndim == 5 else (batch, 3, h, w)
-        return torch.zeros(shape, device=self.device)
-
-    def envelope(self, command: str, inputs: list[str]) -> dict[str, Any]:
-        """The JSON envelope every command's document starts with."""
-        return {
-            "hookscope": __version__,
-            "command": command,
-            "model": self.name,
-            "weights": {"requested": self.weights_requested, "loaded": self.weights_loaded},
-            "device": str(self.device),
-            "inputs": list(inputs),
-        }
-
-
 def _weights_enum(name: str) -> Any | None:
     from torchvision.models import get_model_weights
 
@@ -191,22 +146,26 @@ def _is_path(spec: str) -> bool:
     )
 
 
-def _build(name: str, weights: Any | None, seed: int) -> nn.Module:
-    import inspect
-
+def _build(name: str, weights: Any | None, seed: int, num_classes: int | None = None,
+           extra: Mapping[str, Any] | None = None) -> nn.Module:
     from torchvision.models import get_model, get_model_builder
 
     # Seeded in a forked RNG so loading a model leaves the caller's global RNG untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(extra or {})
+        if num_classes is not None:
+            kwargs["num_classes"] = num_classes
         if name.startswith("quantized_") and weights is not None:
             kwargs["quantize"] = True
         if "weights_backbone" in inspect.signature(get_model_builder(name)).parameters:
             # Otherwise detection and segmentation builders download a backbone.
             kwargs["weights_backbone"] = None
         try:
-            return get_model(name, weights=weights, **kwargs)
+            with warnings.catch_warnings():  # builders' deprecation notes are not the user's
+                warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", UserWarning)
+                return get_model(name, weights=weights, **kwargs)
         except (OSError, RuntimeError) as exc:
             if weights is None:
                 raise
@@ -214,101 +173,6 @@ def _build(name: str, weights: Any | None, seed: int) -> nn.Module:
                 f"Could not download the weights {weights} for {name} ({exc.__class__.__name__}: "
                 f"{exc}). Use {param('weights')} none for random initialisation, or a local checkpoint."
             ) from exc
-
-
-def _unwrap_state_dict(obj: Any, path: Path) -> Mapping[str, torch.Tensor] | nn.Module:
-    if isinstance(obj, nn.Module):
-        return obj
-    if isinstance(obj, Mapping):
-        for key in ("state_dict", "model", "model_state_dict"):
-            if key in obj and isinstance(obj[key], (Mapping, nn.Module)):
-                return _unwrap_state_dict(obj[key], path)
-        if obj and all(isinstance(k, str) for k in obj) and all(
-            isinstance(v, torch.Tensor) for v in obj.values()
-        ):
-            keys = list(obj)
-            if all(k.startswith("module.") for k in keys):  # saved from DataParallel
-                return {k[len("module."):]: v for k, v in obj.items()}
-            return obj
-    raise HookscopeError(
-        f"{path}: not a checkpoint hookscope can use; expected a state_dict, or a dict with a "
-        "'state_dict' or 'model' entry."
-    )
-
-
-def _is_pickle(path: Path) -> bool:
-    """Whether ``path`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(2)
-    except OSError:
-        return False
-    return zipfile.is_zipfile(path) or (len(head) == 2 and head[0] == 0x80 and head[1] >= 2)
-
-
-def read_checkpoint(path: Path, *, trust: bool = False) -> Mapping[str, torch.Tensor] | nn.Module:
-    """Read a local checkpoint: a state_dict, a dict holding one, or ``.safetensors``.
-
-    Raises:
-        HookscopeError: missing, unreadable, not a checkpoint, or an untrusted pickle.
-    """
-    if not path.exists():
-        raise HookscopeError(f"Weights file not found: {path}.")
-    if path.is_dir():
-        raise HookscopeError(f"{path} is a directory; {param('weights')} takes a checkpoint file.")
-    if path.suffix.lower() == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return _unwrap_state_dict(load_file(str(path), device="cpu"), path)
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise HookscopeError(f"{path}: not a readable .safetensors file ({exc}).") from None
-    try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
-            warnings.simplefilter("ignore")
-            obj = torch.load(path, map_location="cpu", weights_only=not trust)
-    except pickle.UnpicklingError as exc:
-        if not trust and _is_pickle(path):
-            raise HookscopeError(
-                f"{path}: the file holds Python objects that need arbitrary unpickling, which "
-                f"can run code. If it is a checkpoint from a source you trust, set "
-                f"{param('trust_checkpoint')}."
-            ) from None
-        raise HookscopeError(f"{path}: not a PyTorch checkpoint ({clip(str(exc), 120)}).") from None
-    except Exception as exc:  # torch.load raises many types on files that aren't checkpoints
-        raise HookscopeError(
-            f"{path}: not a PyTorch checkpoint ({exc.__class__.__name__})."
-        ) from None
-    return _unwrap_state_dict(obj, path)
-
-
-def _load_checkpoint(model: nn.Module, name: str, path: Path, trust: bool) -> nn.Module:
-    loaded = read_checkpoint(path, trust=trust)
-    if isinstance(loaded, nn.Module):
-        return loaded
-    own = model.state_dict()
-    wrong = [(k, list(v.shape), list(own[k].shape)) for k, v in loaded.items()
-             if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape]
-    if wrong:
-        key, theirs, ours = wrong[0]
-        raise HookscopeError(
-            f"{path} does not fit {name}: {len(wrong)} tensor(s) have another shape, e.g. "
-            f"{key} is {theirs} in the file and {ours} in the model. Is it a checkpoint for "
-            "another architecture?"
-        )
-    missing, unexpected = model.load_state_dict(loaded, strict=False)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s), e.g. {', '.join(missing[:3])}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s), e.g. {', '.join(unexpected[:3])}")
-        raise HookscopeError(
-            f"{path} does not fit {name}: {'; '.join(parts)}. "
-            "Is it a checkpoint for another architecture?"
-        )
-    return model
 
 
 def _scaled(value: Any, factor: float) -> Any:
@@ -319,8 +183,6 @@ def _scaled(value: Any, factor: float) -> Any:
 
 def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]:
     """The weights' own transforms, rescaled so the crop (or resize) is ``size`` when given."""
-    import inspect
-
     from torchvision.transforms._presets import ImageClassification
 
     factory: Any = weights.transforms if weights is not None else ImageClassification
@@ -350,117 +212,181 @@ def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]
     return cls(**keywords)
 
 
-def _input_size(transform: Any) -> tuple[int, int]:
-    for attr in ("crop_size", "resize_size"):
-        value = getattr(transform, attr, None)
-        if value:
-            v = value if isinstance(value, (tuple, list)) else [value]
-            return (int(v[0]), int(v[-1]))
-    return (224, 224)
+def _default_classes(name: str, default: Any | None) -> int | None:
+    """The class count a builder uses without ``num_classes``: its weights' categories."""
+    categories = default.meta.get("categories") if default is not None else None
+    return len(categories) if categories else None
 
 
-def load_model(
-    name: str,
-    *,
-    weights: str = "auto",
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    size: int | None = None,
-    trust_checkpoint: bool = False,
-) -> LoadedModel:
-    """Build a torchvision model with the requested weights, in eval mode, on ``device``.
+def _random_weights(name: str, options: LoadOptions, default: Any | None,
+                    why: str | None = None) -> tuple[nn.Module, str]:
+    if why is not None:
+        log.warning(f"{why}; using random initialisation (seed {options.seed}), so predictions "
+                    "are meaningless. weights=none (--weights none) silences this.")
+    return (_build(name, None, options.seed, options.num_classes),
+            f"random (seed {options.seed})")
 
-    Args:
-        name: any name in ``torchvision.models.list_models()``.
-        weights: ``auto`` (DEFAULT weights when cached or downloadable, else random with a
-            warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a path.
-        seed: seed for random initialisation.
-        device: a device or a spec: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
-        size: override the preprocessing's crop or resize size.
-        trust_checkpoint: allow checkpoints that need arbitrary unpickling.
+
+def _named_weights(name: str, spec: str, enum: Any | None, default: Any | None) -> Any:
+    if enum is None:
+        raise HookscopeError(f"{name} has no pretrained weights; use {param('weights')} none.")
+    member = spec.split(".")[-1]
+    members = [m.name for m in enum]
+    if member.upper() == "DEFAULT":
+        return default
+    if member not in members:
+        raise HookscopeError(
+            f"{enum.__name__} has no member {spec!r}.{suggest(member, members)} "
+            f"Choose DEFAULT, {', '.join(members)}, auto, none, or a checkpoint path."
+        )
+    return enum[member]
+
+
+def _pretrained(name: str, chosen: Any, options: LoadOptions) -> tuple[nn.Module, str]:
+    if options.num_classes is not None and options.num_classes != _default_classes(name, chosen):
+        raise HookscopeError(
+            f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
+            f"{chosen} has {_default_classes(name, chosen)} classes."
+        )
+    if not _cached_file(chosen).exists() and not _network_available():
+        raise HookscopeError(
+            f"{chosen} is not in the torch cache ({_cached_file(chosen).parent}) and cannot "
+            f"be downloaded (no network). Use {param('weights')} none or a local checkpoint."
+        )
+    return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
+
+
+def _from_checkpoint(name: str, path: Path, options: LoadOptions,
+                     default: Any | None) -> tuple[nn.Module, Checkpoint]:
+    """Build ``name`` to fit a checkpoint: with its head's class count when only the
+    classifier head(s) differ (a fine-tuned model), then load it exactly."""
+    found = open_checkpoint(path, trust=options.trust_checkpoint)
+    if found.module is not None:
+        return found.module, found
+    assert found.state is not None
+    model = _build(name, None, options.seed, options.num_classes, _aux_options(name, found.state))
+    classes = head_classes(model, found.state)
+    if classes is not None:
+        if options.num_classes is not None:
+            raise HookscopeError(
+                f"{path}'s classifier has {classes} classes, but {param('num_classes')} is "
+                f"{options.num_classes}.")
+        log.info("%s: a fine-tuned %s head with %d classes", path, name, classes)
+        model = _build(name, None, options.seed, classes, _aux_options(name, found.state))
+    fit(model, found.state, path=path, name=name)
+    return model, found
+
+
+def _aux_options(name: str, state: Mapping[str, torch.Tensor]) -> dict[str, bool]:
+    """Build auxiliary heads exactly when the checkpoint has them."""
+    from torchvision.models import get_model_builder
+
+    params = inspect.signature(get_model_builder(name)).parameters
+    keys = list(state)
+    if "aux_loss" in params:  # segmentation: aux_classifier
+        return {"aux_loss": any(k.startswith("aux_classifier.") for k in keys)}
+    if name in ("googlenet", "inception_v3"):  # aux1/aux2, AuxLogits
+        return {"aux_logits": any(k.startswith(("aux1.", "aux2.", "AuxLogits.")) for k in keys)}
+    return {}
+
+
+def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+    """Build a torchvision model with the requested weights (on the CPU).
+
+    ``weights``: ``auto`` (DEFAULT weights when cached or downloadable, else random with a
+    warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a checkpoint
+    path. A checkpoint whose classifier head has another class count (a fine-tuned model)
+    builds the architecture with that count; ``num_classes`` sets it for random weights.
 
     Raises:
-        HookscopeError: unknown model or weights, unreadable checkpoint, unavailable device.
+        HookscopeError: unknown weights, an unreadable checkpoint, a checkpoint for another
+            architecture, or a class count that contradicts the weights.
     """
-    check_model_name(name)
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    name = spec.target
     enum = _weights_enum(name)
     default = getattr(enum, "DEFAULT", None) if enum is not None else None
-    spec = weights.strip()
-    random_label = f"random (seed {seed})"
-
-    if spec.lower() == "none":
-        model, chosen, loaded = _build(name, None, seed), None, random_label
-    elif spec.lower() == "auto":
-        if default is not None and (_cached_file(default).exists() or _network_available()):
-            model, chosen = _build(name, default, seed), default
-            loaded = str(default).split(".", 1)[-1]
-        else:
-            why = "this model has no pretrained weights" if default is None else (
-                f"{default} is not in the torch cache ({_cached_file(default).parent}) and "
-                "cannot be downloaded"
-            )
-            msg = (f"{why}; using random initialisation (seed {seed}), so predictions are "
-                   "meaningless. weights=none (--weights none) silences this.")
-            log.warning(msg)
-            model, chosen, loaded = _build(name, None, seed), None, random_label
-    elif _is_path(spec):
-        path = Path(spec).expanduser()
-        if not path.exists():
-            raise HookscopeError(f"Weights file not found: {spec}.")
-        model = _load_checkpoint(_build(name, None, seed), name, path, trust_checkpoint)
-        chosen, loaded = None, f"file:{path}"
-    else:
-        if enum is None:
-            raise HookscopeError(f"{name} has no pretrained weights; use {param('weights')} none.")
-        member = spec.split(".")[-1]
-        members = [m.name for m in enum]
-        if member.upper() == "DEFAULT":
+    weights = options.weights.strip()
+    chosen, found = None, None
+    if weights.lower() == "none":
+        model, loaded = _random_weights(name, options, default)
+    elif weights.lower() == "auto":
+        if default is not None and options.num_classes in (None, _default_classes(name, default)) \
+                and (_cached_file(default).exists() or _network_available()):
             chosen = default
-        elif member in members:
-            chosen = enum[member]
+            model, loaded = _pretrained(name, chosen, options)
         else:
-            raise HookscopeError(
-                f"{enum.__name__} has no member {spec!r}.{suggest(member, members)} "
-                f"Choose DEFAULT, {', '.join(members)}, auto, none, or a checkpoint path."
-            )
-        if not _cached_file(chosen).exists() and not _network_available():
-            raise HookscopeError(
-                f"{chosen} is not in the torch cache ({_cached_file(chosen).parent}) and cannot "
-                f"be downloaded (no network). Use {param('weights')} none or a local checkpoint."
-            )
-        model = _build(name, chosen, seed)
-        loaded = str(chosen).split(".", 1)[-1]
+            why = None if options.num_classes is not None else \
+                "this model has no pretrained weights" if default is None else (
+                    f"{default} is not in the torch cache ({_cached_file(default).parent}) and "
+                    "cannot be downloaded")
+            model, loaded = _random_weights(name, options, default, why)
+    elif _is_path(weights):
+        model, found = _from_checkpoint(name, Path(weights).expanduser(), options, default)
+        loaded = f"file:{Path(weights).expanduser()}"
+    else:
+        chosen = _named_weights(name, weights, enum, default)
+        model, loaded = _pretrained(name, chosen, options)
+    return _loaded(spec, model, options, loaded, chosen or default, found)
 
-    meta_weights = chosen if chosen is not None else default
-    transform = _preprocess_for(meta_weights, size)
-    categories = None
-    if meta_weights is not None:
-        categories = list(meta_weights.meta.get("categories") or []) or None
-    mean = getattr(transform, "mean", None)
-    std = getattr(transform, "std", None)
-    model = model.to(dev).eval()
+
+def _head_size(model: nn.Module, meta_classes: int | None) -> int | None:
+    """The class count of the model as built: its last Linear (or 1x1 conv) layer's outputs."""
+    last = None
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            last = module.out_features
+        elif isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1):
+            last = module.out_channels
+    return last if last is not None else meta_classes
+
+
+def _loaded(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str,
+            meta: Any | None, found: Checkpoint | None) -> LoadedModel:
+    preset = _preprocess_for(meta, options.size)
+    origin = "weights" if meta is not None else "default"
+    categories = list(meta.meta.get("categories") or []) or None if meta is not None else None
+    classes = _head_size(model, len(categories) if categories else None) \
+        if spec.task in ("classification", "video", "segmentation") else None
+    labels_from = "weights" if categories else None
+    if categories and classes is not None and len(categories) != classes:
+        categories, labels_from = None, None  # a fine-tuned head: ImageNet's labels do not fit
+    if found is not None and found.labels is not None:
+        categories, labels_from = found.labels, f"checkpoint:{found.labels_key}"
     return LoadedModel(
-        name=name,
-        model=model,
-        task=model_tasks().get(name, "other"),
-        weights_requested=weights,
-        weights_loaded=loaded,
-        device=dev,
-        preprocess=transform,
-        categories=categories,
-        mean=tuple(mean) if mean is not None else None,
-        std=tuple(std) if std is not None else None,
-        input_size=_input_size(transform),
+        name=spec.name, model=model, task=spec.task, weights_requested=options.weights,
+        weights_loaded=loaded, device=torch.device("cpu"),
+        preprocess=Preprocess.from_preset(preset, origin), categories=categories,
+        source="torchvision", num_classes=classes, input_ndim=spec.input_ndim,
+        labels_from=labels_from,
     )
 
 
-def check_supported(name: str, *, needs_logits: bool = False,
+def load_model(name: str, *, weights: str = "auto", seed: int = 0,
+               device: str | torch.device = "cpu", size: int | None = None,
+               trust_checkpoint: bool = False, **options: Any) -> LoadedModel:
+    """Load any model hookscope can name, in eval mode, on ``device``.
+
+    ``name`` is a torchvision name, ``timm:NAME``, ``file.py:NAME`` or ``package.module:NAME``,
+    or a whole pickled module's path (with ``trust_checkpoint``). ``options`` are the other
+    fields of :class:`hookscope.sources.LoadOptions` (``num_classes``, ``labels``,
+    ``model_args``, ``mean``, ``std``, ``resize``, ``crop``, ``channels``, ``output_key``).
+
+    Raises:
+        HookscopeError: unknown model or weights, an unreadable checkpoint, an unavailable
+            device, or options that contradict the model.
+    """
+    from hookscope import sources
+
+    return sources.load(name, LoadOptions(weights=weights, seed=seed, device=device, size=size,
+                                          trust_checkpoint=trust_checkpoint, **options))
+
+
+def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
                     needs_images: bool = False) -> None:
     """Refuse, before the model is built, a model kind an analysis cannot run.
 
     Args:
-        name: the model's name.
+        spec: what MODEL names (its task and input dimensions).
         needs_logits: the analysis explains or differentiates (N, classes) class logits.
         needs_images: the analysis needs image batches (N, C, H, W), not video clips.
 
@@ -468,7 +394,7 @@ def check_supported(name: str, *, needs_logits: bool = False,
         HookscopeError: optical-flow models (two frames per input) anywhere; detection and
             segmentation models where class logits are needed; video where images are.
     """
-    task = model_tasks().get(name, "other")
+    name, task = spec.name, spec.task
     if task == "optical_flow":
         raise HookscopeError(
             f"{name} is an optical-flow model: it takes two frames per input, and hookscope "
@@ -480,7 +406,7 @@ def check_supported(name: str, *, needs_logits: bool = False,
             f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
             f"logits. {task.capitalize()} models work with stats, layers, debug and features."
         )
-    if needs_images and input_ndim(name) != 4:
+    if needs_images and spec.input_ndim != 4:
         raise HookscopeError(f"{name} is a video model; this analysis explains image "
                              "classifiers (N, C, H, W).")
 

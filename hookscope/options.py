@@ -8,6 +8,7 @@ Torch-free, so ``hookscope --help`` stays fast.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable
@@ -29,6 +30,7 @@ DebugFormat = _choices("DebugFormat", ["text", "ndjson", "json"])
 Reshape = _choices("Reshape", ["auto", "none", "vit", "swin"])
 GradLoss = _choices("GradLoss", ["logit", "ce"])
 FeatureOrder = _choices("FeatureOrder", ["index", "mean", "max"])
+ModelSource = _choices("ModelSource", ["torchvision", "timm"])
 
 
 def _cam_methods() -> type[Enum]:
@@ -42,8 +44,9 @@ CamMethod = _cam_methods()
 # ----------------------------------------------------------------- options, declared once
 
 ModelArg = Annotated[str, typer.Argument(
-    help="A torchvision model name, e.g. resnet18 (see `hookscope models`).", metavar="MODEL",
-    show_default=False)]
+    help="A torchvision name (resnet18, see `hookscope models`), timm:NAME, file.py:NAME or "
+    "package.module:NAME (your code), or a pickled model's path (with --trust-checkpoint).",
+    metavar="MODEL", show_default=False)]
 InputsArg = Annotated[list[str], typer.Argument(
     help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors of shape "
     "(C,H,W) or (N,C,H,W).", metavar="INPUT...", show_default=False)]
@@ -86,8 +89,34 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
     "batch_size": (Annotated[int, typer.Option(
         "--batch-size", "-b", help="Inputs per forward pass (1 to 4096).")], 8),
     "trust_checkpoint": (Annotated[bool, typer.Option(
-        "--trust-checkpoint", help="Allow checkpoints that need arbitrary unpickling (only "
-        "for files you trust).")], False),
+        "--trust-checkpoint", help="Allow checkpoints that need arbitrary unpickling, and "
+        "whole pickled models as MODEL (only for files you trust).")], False),
+    "num_classes": (Annotated[int | None, typer.Option(
+        "--num-classes", help="Build the classifier head with this many classes (default: "
+        "the checkpoint's head, or the weights').", min=1, show_default=False)], None),
+    "labels": (Annotated[Path | None, typer.Option(
+        "--labels", help="Class labels: a text file with one per line, a JSON list, or a JSON "
+        "object {index: label}.", show_default=False, dir_okay=False)], None),
+    "model_args": (Annotated[list[str] | None, typer.Option(
+        "--model-arg", help="key=value for the constructor of a model from code, parsed as "
+        "a Python literal (repeatable).", show_default=False)], None),
+    "mean": (Annotated[str | None, typer.Option(
+        help="Normalisation mean: one value or one per channel (0.485,0.456,0.406); default: "
+        "the model's own, else ImageNet's.", show_default=False)], None),
+    "std": (Annotated[str | None, typer.Option(
+        help="Normalisation std, like --mean.", show_default=False)], None),
+    "resize": (Annotated[int | None, typer.Option(
+        help="Resize the shorter side to this many pixels before the crop.",
+        show_default=False)], None),
+    "crop": (Annotated[int | None, typer.Option(
+        help="Centre-crop to this many pixels.", show_default=False)], None),
+    "input_channels": (Annotated[int | None, typer.Option(
+        "--channels", "--input-channels", help="Input channels: 3 (RGB) or 1 (grayscale); "
+        "--input-channels in ablate, whose --channels are the channels it changes.",
+        show_default=False)], None),
+    "output_key": (Annotated[str | None, typer.Option(
+        "--output-key", help="The entry of a dict or tuple output that holds the class logits "
+        "(default: logits, out, or the only tensor).", show_default=False)], None),
 }
 #: Options every command takes, added by :func:`runs_model` and :func:`command`.
 RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
@@ -110,8 +139,9 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool) -> Call
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = [p for p in inspect.signature(fn, eval_str=True).parameters.values()
                if p.name != "opts"]
+        taken = {flag for p in own for flag in _flags_of(p.annotation)}
         added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                   annotation=annotation)
+                                   annotation=_without_flags(annotation, taken))
                  for group in groups for name, (annotation, default) in group.items()]
         names = [p.name for p in added]
 
@@ -133,6 +163,31 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool) -> Call
     return wrap
 
 
+def _declared(info: Any) -> list[str]:
+    """The flags a ``typer.Option`` declares (in Annotated form its first flag is stored as
+    the ``default``)."""
+    first = [info.default] if isinstance(info.default, str) and info.default.startswith("-") \
+        else []
+    return first + [d for d in info.param_decls or () if d.startswith("-")]
+
+
+def _flags_of(annotation: Any) -> list[str]:
+    """The flags an ``Annotated[..., typer.Option(...)]`` declares."""
+    return [flag for info in getattr(annotation, "__metadata__", ())
+            if hasattr(info, "param_decls") for flag in _declared(info)]
+
+
+def _without_flags(annotation: Any, taken: set[str]) -> Any:
+    """A shared option without the flags the command uses for its own options (ablate's
+    --channels), so each flag means one thing in each command."""
+    if not taken.intersection(_flags_of(annotation)):
+        return annotation
+    info = copy.copy(annotation.__metadata__[0])
+    kept = [flag for flag in _declared(info) if flag not in taken]
+    info.default, info.param_decls = kept[0], tuple(kept[1:])
+    return Annotated[annotation.__origin__, info]
+
+
 def _flags(ctx: typer.Context) -> dict[str, str]:
     """Each parameter's longest flag (``--batch-size``) or, for arguments, its name."""
     return {p.name: max(p.opts, key=len) if p.param_type_name == "option" else
@@ -145,6 +200,7 @@ class Options:
     def __init__(self, *, output: Path | None = None, force: bool = False, quiet: bool = False,
                  traceback: bool = False, model: str = "", **model_options: Any) -> None:
         self.output, self.force, self.quiet, self.traceback = output, force, quiet, traceback
+        model_options["model_args"] = tuple(model_options.get("model_args") or ())
         self.model = ModelOptions(model, **model_options)
         self.s: Session = None  # type: ignore[assignment]  # bound before the command runs
 

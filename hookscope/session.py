@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookscope.errors import HookscopeError
+from hookscope.errors import HookscopeError, param
 
 if TYPE_CHECKING:
     from hookscope.inputs import Batch, InputSet
-    from hookscope.models import LoadedModel
     from hookscope.render.console import Bar
     from hookscope.render.output import Output
+    from hookscope.sources import LoadedModel, LoadOptions
 
 #: Signals handled like Ctrl-C: every temporary file is removed and one line printed.
 SIGNALS = ("SIGTERM", "SIGHUP")
@@ -108,7 +108,7 @@ def session(*, quiet: bool = False, traceback: bool = False,
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """What a command needs to load a model and feed it: the common options."""
+    """What a command needs to load a model and feed it: the common options, as given."""
 
     name: str
     weights: str = "auto"
@@ -117,6 +117,38 @@ class ModelOptions:
     size: int | None = None
     batch_size: int = 8
     trust_checkpoint: bool = False
+    num_classes: int | None = None
+    labels: Path | None = None
+    model_args: tuple[str, ...] = ()
+    mean: str | None = None
+    std: str | None = None
+    resize: int | None = None
+    crop: int | None = None
+    input_channels: int | None = None
+    output_key: str | None = None
+
+    def load_options(self) -> LoadOptions:
+        """The library's :class:`~hookscope.sources.LoadOptions` for these options."""
+        from hookscope.sources import LoadOptions
+
+        return LoadOptions(
+            weights=self.weights, seed=self.seed, device=self.device, size=self.size,
+            trust_checkpoint=self.trust_checkpoint, num_classes=self.num_classes,
+            labels=str(self.labels) if self.labels is not None else None,
+            model_args=tuple(self.model_args), mean=_floats(self.mean, "mean"),
+            std=_floats(self.std, "std"), resize=self.resize, crop=self.crop,
+            input_channels=self.input_channels, output_key=self.output_key)
+
+
+def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
+    """``0.5`` or ``0.485,0.456,0.406`` as floats."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise HookscopeError(f"{param(name)} {text!r}: give one number, or one per channel "
+                             "separated by commas (0.485,0.456,0.406).") from None
 
 
 class Session:
@@ -137,19 +169,19 @@ class Session:
     def inputs(self, specs: Sequence[str], options: ModelOptions) -> InputSet:
         """Resolve inputs before the model loads, so a bad path fails fast."""
         from hookscope.inputs import resolve_inputs
-        from hookscope.models import check_model_name, input_ndim
+        from hookscope.sources import resolve
 
-        return resolve_inputs(specs, ndim=input_ndim(check_model_name(options.name)))
+        return resolve_inputs(specs, ndim=resolve(options.name).input_ndim)
 
     def load(self, options: ModelOptions, command: str) -> LoadedModel:
         """Load the model, refusing kinds ``command`` cannot run and sizes that cannot fit."""
-        from hookscope.models import check_batch_memory, check_supported, load_model
+        from hookscope import sources
+        from hookscope.models import check_batch_memory, check_supported
 
-        check_supported(options.name, needs_logits=command in NEEDS_LOGITS,
+        spec = sources.resolve(options.name)
+        check_supported(spec, needs_logits=command in NEEDS_LOGITS,
                         needs_images=command == "gradcam")
-        loaded = load_model(options.name, weights=options.weights, seed=options.seed,
-                            device=options.device, size=options.size,
-                            trust_checkpoint=options.trust_checkpoint)
+        loaded = sources.load(spec, options.load_options())
         check_batch_memory(loaded, options.batch_size)
         return loaded
 

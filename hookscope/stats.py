@@ -32,6 +32,7 @@ from hookscope.hooks import (
     select_sites,
     tensor_shapes,
 )
+from hookscope.outputs import select_logits
 from hookscope.run import Probe, Step, drive
 
 __all__ = [
@@ -401,16 +402,17 @@ class StatsProbe(Probe[StatsReport]):
         layers, types, all_modules, max_depth: the selection (see ``select_sites``).
         input_stats: also summarise each call's first input.
         categories: class labels for the top-5 predictions of a classifier.
+        output_key: the entry of a dict or tuple output holding the logits.
     """
 
     def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None,
                  types: Sequence[str] | None = None, all_modules: bool = False,
                  max_depth: int | None = None, input_stats: bool = False,
-                 categories: Sequence[str] | None = None) -> None:
+                 categories: Sequence[str] | None = None, output_key: str | None = None) -> None:
         self.sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
                                   max_depth=max_depth)
         self.input_stats = input_stats
-        self.categories = categories
+        self.categories, self.output_key = categories, output_key
         self.table = MomentTable(on_device=model_device(model).type != "cpu")
         self.order: list[tuple[str, int]] = []
         self.meta: dict[tuple[str, int], tuple[Site, list[list[int]], list[list[int]]]] = {}
@@ -441,8 +443,9 @@ class StatsProbe(Probe[StatsReport]):
         if self.input_shape is None:
             found = first_tensor(step.x)
             self.input_shape = list(found.shape[1:]) if found is not None else None
-        if isinstance(output, torch.Tensor) and output.dim() == 2 and output.shape[1] > 1:
-            self.predictions.extend(top_predictions(output, self.categories))
+        logits = select_logits(output, self.output_key, required=False)
+        if logits is not None and logits.dim() == 2 and logits.shape[1] > 1:
+            self.predictions.extend(top_predictions(logits, self.categories))
 
     def finish(self) -> StatsReport:
         rows = []
@@ -466,6 +469,7 @@ def collect_stats(
     input_stats: bool = False,
     categories: Sequence[str] | None = None,
     on_batch: Callable[[int], None] | None = None,
+    output_key: str | None = None,
 ) -> StatsReport:
     """Run ``model`` in eval and inference mode and summarise each selected module call.
 
@@ -479,10 +483,13 @@ def collect_stats(
         input_stats: also summarise each call's first input.
         categories: class labels for the top-5 predictions of a classifier.
         on_batch: called with each batch's size after it ran (progress reporting).
+        output_key: the entry of a dict or tuple output holding the logits (default:
+            ``logits``, ``out`` or the only tensor).
 
     Returns:
         Per-call statistics in execution order, and top-5 predictions for (N, classes) outputs.
     """
     probe = StatsProbe(model, layers=layers, types=types, all_modules=all_modules,
-                       max_depth=max_depth, input_stats=input_stats, categories=categories)
+                       max_depth=max_depth, input_stats=input_stats, categories=categories,
+                       output_key=output_key)
     return drive(model, inputs, probe, progress=on_batch)

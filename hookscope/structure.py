@@ -332,36 +332,31 @@ def model_structure(
         raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
     counts, sizes = parameter_counts(model), parameter_bytes(model)
     sites = [s for s in all_sites(model) if s.module is not model]
-    probe = ShapesProbe(model, flops=example is not None)
-    calls: dict[str, list[LayerCall]] = {}
-    input_shape: list[int] | None = None
-    if example is not None:
-        found = tensor_shapes(example)
-        # Per sample, without the batch dimension, as in the `stats` document.
-        input_shape = found[0][1:] if found else None
-        calls = drive(model, example, probe)
+    ran = example is not None
+    probe = ShapesProbe(model, flops=ran)
+    calls = drive(model, example, probe) if ran else {}
+    shapes = tensor_shapes(example) if ran else []
 
     def info(site: Site) -> LayerInfo:
         own, _own_train, total, total_train = counts[site.name]
         mine = calls.get(site.name, [])
-        flops = None if probe.flops is None else sum(c.flops or 0 for c in mine)
+        flops = sum(c.flops or 0 for c in mine) if ran else None
         return LayerInfo(
             name=site.name, type=site.type, depth=site.depth, params=own, params_total=total,
             trainable_params=total_train, trainable=_trainable(total, total_train),
             calls=mine, flops=flops,
-            flops_own=None if flops is None else probe.flops_own.get(site.name, 0),
+            flops_own=probe.flops_own.get(site.name, 0) if ran else None,
             params_bytes=sizes[site.name][0], params_bytes_total=sizes[site.name][1],
         )
 
-    shown = [s for s in sites if max_depth is None or s.depth <= max_depth]
-    ran = example is not None
     return Structure(
         root=info(Site("", type(model).__name__, 0, model)),
-        layers=[info(s) for s in shown],
+        layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
         params=counts[""][2],
         trainable_params=counts[""][3],
         modules=len(sites),
-        input_shape=input_shape,
+        # Per sample, without the batch dimension, as in the `stats` document.
+        input_shape=shapes[0][1:] if shapes else None,
         flops=probe.flops,
         params_bytes=sizes[""][1],
         activation_bytes=_leaf_bytes(model, calls) if ran else None,

@@ -38,7 +38,7 @@ def test_json_contract_and_values_match_independent_hooks(cli, cat_jpg) -> None:
     doc = json.loads(result.stdout)
     assert ENVELOPE <= set(doc) and {"input_shape", "predictions", "layers"} <= set(doc)
     assert doc["command"] == "stats" and doc["model"] == "resnet18"
-    assert doc["weights"] == {"requested": "none", "loaded": "random (seed 0)"}
+    assert doc["weights"] == {"requested": "none", "loaded": "random (seed 0)", "num_classes": 1000}
     assert doc["device"] == "cpu" and doc["inputs"] == [str(cat_jpg)]
     assert doc["input_shape"] == [3, 64, 64]
     assert len(doc["predictions"]) == 1 and len(doc["predictions"][0]) == 5

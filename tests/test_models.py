@@ -132,11 +132,12 @@ def test_checkpoint_errors(tmp_path) -> None:
                             .state_dict())
     with pytest.raises(HookscopeError, match="another architecture"):
         load_model("resnet18", weights=str(mobilenet))
-    fc = get_model("resnet18", weights=None, num_classes=10).state_dict()
+    wide = get_model("resnet18", weights=None).state_dict()
+    wide["fc.weight"] = torch.zeros(1000, 256)  # not a fine-tuned head: the features differ
     # Whole shapes, never cut mid-number.
     with pytest.raises(HookscopeError,
-                       match=r"fc.weight is \[10, 512\] in the file and \[1000, 512\] in the model"):
-        load_model("resnet18", weights=str(_save_state(tmp_path, "fc10.pt", fc)))
+                       match=r"fc.weight is \[1000, 256\] in the file and \[1000, 512\] in the model"):
+        load_model("resnet18", weights=str(_save_state(tmp_path, "wide.pt", wide)))
     with pytest.raises(HookscopeError, match="not a checkpoint"):
         read_checkpoint(_save_state(tmp_path, "list.pt", [1, 2, 3]))
 

@@ -1,0 +1,121 @@
+"""Model sources: what MODEL can name, and the one way every command loads it.
+
+MODEL is a torchvision name (``resnet18``), ``timm:NAME``, ``path/to/file.py:NAME`` or
+``package.module:NAME`` (your own code), or the path of a whole pickled module. Each form is
+a registered :class:`~hookscope.sources.base.Source`; :func:`load` resolves the form, lets
+the source build the model, then applies what every source shares: preprocessing options,
+labels, the label count check, the device and eval mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import import_module
+from typing import Any
+
+import torch
+
+from hookscope.errors import HookscopeError, param, suggest
+from hookscope.sources.base import SOURCES, LoadedModel, LoadOptions, ModelSpec, Source, register
+
+__all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "register", "resolve"]
+
+log = logging.getLogger("hookscope")
+
+
+#: The built-in sources, asked in this order: a torchvision name, ``timm:``, code, a path.
+BUILTIN = ("torchvision", "timm", "code", "pickled")
+
+
+def _builtin() -> list[Source]:
+    """The registered sources; the built-in ones join on first use (importing is cheap)."""
+    for module in BUILTIN:
+        import_module(f"hookscope.sources.{module}")
+    return SOURCES
+
+
+def resolve(spec: str) -> ModelSpec:
+    """What ``spec`` names, without loading it.
+
+    Raises:
+        HookscopeError: no source claims it; the message suggests close torchvision names
+            and the other forms.
+    """
+    text = spec.strip()
+    for source in _builtin():
+        found = source.parse(text)
+        if found is not None:
+            return found
+    from hookscope.models import model_tasks
+
+    raise HookscopeError(
+        f"Unknown model {spec!r}.{suggest(text, model_tasks())} MODEL is a torchvision name "
+        "(`hookscope models`), timm:NAME, file.py:NAME or package.module:NAME, or a pickled "
+        "model's path."
+    )
+
+
+def _source(name: str) -> Source:
+    return next(s for s in _builtin() if s.name == name)
+
+
+def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedModel:
+    """Load the model ``spec`` names, ready to run: on its device, in eval mode.
+
+    Raises:
+        HookscopeError: see the sources; also labels whose count does not match the model's
+            classes, and an unavailable device.
+    """
+    from hookscope.models import resolve_device
+    from hookscope.preprocess import with_overrides
+
+    options = options or LoadOptions()
+    found = resolve(spec) if isinstance(spec, str) else spec
+    device = resolve_device(options.device) if not isinstance(options.device, torch.device) \
+        else options.device
+    loaded = _source(found.source).load(found, options)
+    loaded.preprocess = with_overrides(
+        loaded.preprocess, resize=options.resize, crop=options.crop, mean=options.mean,
+        std=options.std, input_channels=options.input_channels)
+    loaded.output_key = options.output_key
+    loaded.model = loaded.model.to(device).eval()
+    loaded.device = device
+    if options.labels is not None:
+        from hookscope.checkpoints import read_labels
+
+        loaded.categories = read_labels(options.labels)
+        loaded.labels_from = f"file:{options.labels}"
+    if loaded.categories is not None:
+        _check_label_count(loaded)
+    return loaded
+
+
+def _check_label_count(loaded: LoadedModel) -> None:
+    """Labels must match the model's classes; count them with one forward pass if needed."""
+    classes = loaded.num_classes
+    if classes is None:
+        classes = _output_classes(loaded)
+        loaded.num_classes = classes
+    count = len(loaded.categories or [])
+    if classes is not None and classes != count:
+        where = loaded.labels_from or "the labels"
+        raise HookscopeError(
+            f"{where} has {count} labels, but {loaded.name} has {classes} output classes; "
+            f"give {param('labels')} with one label per class."
+        )
+
+
+def _output_classes(loaded: LoadedModel) -> int | None:
+    """The class count of a model's logits, from one forward pass on a zero input."""
+    from hookscope.outputs import select_logits
+    from hookscope.run import Probe, Step, drive
+
+    class Output(Probe[Any]):
+        def observe(self, step: Step, output: Any) -> None:
+            self.output = select_logits(output, loaded.output_key, required=False)
+
+        def finish(self) -> Any:
+            return self.output
+
+    logits = drive(loaded.model, loaded.dummy_input(), Output())
+    return int(logits.shape[1]) if logits is not None and logits.dim() == 2 else None

@@ -1,0 +1,167 @@
+"""What every model source shares: what MODEL names, the load options, the loaded model,
+and the registry the sources join.
+
+A source turns a MODEL string into a :class:`LoadedModel`: the module, its preprocessing,
+its labels and a record of what was loaded. Commands never care which source it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from hookscope import __version__
+from hookscope.errors import HookscopeError
+from hookscope.preprocess import Preprocess
+
+__all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "SOURCES", "Source", "register"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a MODEL string names, found without loading anything heavy.
+
+    Attributes:
+        source: the registered source's name (``torchvision``, ``timm``, ``code``, ``pickle``).
+        name: the MODEL string as given.
+        target: what the source loads: a torchvision or timm name, ``file.py:Name``, a path.
+        task: ``classification``, ``segmentation``, ``detection``, ``video``,
+            ``optical_flow``, or ``custom`` when the source cannot tell.
+        input_ndim: dimensions of one batch: 5 for video (N, C, T, H, W), else 4.
+    """
+
+    source: str
+    name: str
+    target: str
+    task: str = "custom"
+    input_ndim: int = 4
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model: the command line's model options, as the library takes them.
+
+    Attributes:
+        weights: ``auto``, ``none``, ``DEFAULT`` or a weights name, or a checkpoint path.
+        seed: seed for random initialisation.
+        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
+        size: scale the preprocessing so the crop is ``size``.
+        trust_checkpoint: allow files that need arbitrary unpickling.
+        num_classes: build the classifier head with this many classes.
+        labels: a labels file (text, one per line; a JSON list; a JSON ``{index: label}``).
+        model_args: ``key=value`` constructor arguments for models from code.
+        mean, std, resize, crop, input_channels: preprocessing overrides.
+        output_key: the entry of a dict or tuple output that holds the class logits.
+    """
+
+    weights: str = "auto"
+    seed: int = 0
+    device: str | torch.device = "auto"
+    size: int | None = None
+    trust_checkpoint: bool = False
+    num_classes: int | None = None
+    labels: str | None = None
+    model_args: tuple[str, ...] = ()
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    resize: int | None = None
+    crop: int | None = None
+    input_channels: int | None = None
+    output_key: str | None = None
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with what was loaded and how inputs are preprocessed."""
+
+    name: str
+    model: nn.Module
+    task: str
+    weights_requested: str
+    weights_loaded: str
+    device: torch.device
+    preprocess: Preprocess
+    categories: list[str] | None = None
+    source: str = "torchvision"
+    num_classes: int | None = None
+    output_key: str | None = None
+    input_ndim: int = 4
+    labels_from: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        return self.preprocess.mean
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        return self.preprocess.std
+
+    @property
+    def input_size(self) -> tuple[int, int]:
+        return self.preprocess.input_size
+
+    def label(self, index: int) -> str | None:
+        """The class label for an output index, when labels are known."""
+        if self.categories is not None and 0 <= index < len(self.categories):
+            return self.categories[index]
+        return None
+
+    def dummy_input(self, batch: int = 1) -> torch.Tensor:
+        """A zero batch of the preprocessing's input size, on the model's device."""
+        h, w = self.input_size
+        c = self.preprocess.channels
+        shape = (batch, c, 16, h, w) if self.input_ndim == 5 else (batch, c, h, w)
+        return torch.zeros(shape, device=self.device)
+
+    def envelope(self, command: str, inputs: list[str]) -> dict[str, Any]:
+        """The JSON envelope every command's document starts with."""
+        return {
+            "hookscope": __version__,
+            "command": command,
+            "model": self.name,
+            "weights": {"requested": self.weights_requested, "loaded": self.weights_loaded,
+                        "num_classes": self.num_classes},
+            "device": str(self.device),
+            "inputs": list(inputs),
+            "source": self.source,
+            "labels": self.labels_from,
+            "preprocessing": self.preprocess.to_dict(),
+        }
+
+
+class Source(Protocol):
+    """A way to name and load models."""
+
+    name: str
+
+    def parse(self, spec: str) -> ModelSpec | None:
+        """The spec, when this source claims ``spec``; None otherwise. Cheap: no import of
+        the model's code and no weights."""
+
+    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+        """Build the model (on the CPU, in any mode); the caller moves it and checks it."""
+
+
+#: Registered sources, asked in order; the first that claims a spec loads it.
+SOURCES: list[Source] = []
+
+
+def register(source: Source) -> Source:
+    """Add ``source`` to the registry; a duplicate name is a programming error."""
+    if any(s.name == source.name for s in SOURCES):
+        raise ValueError(f"model source {source.name!r} is already registered")
+    SOURCES.append(source)
+    return source
+
+
+def missing_dependency(package: str, extra: str) -> HookscopeError:
+    """The one-line error for an optional dependency that is not installed."""
+    return HookscopeError(f"this needs the {package} package: pip install 'hookscope[{extra}]'")
+
+
+Factory = Callable[..., nn.Module]

@@ -1,0 +1,106 @@
+"""Whole pickled models: the path of a ``torch.save(model)`` file, trusted explicitly.
+
+Unpickling a module runs code the file names, so it needs ``trust_checkpoint``, as any
+checkpoint that is more than tensors does. TorchScript archives and ``torch.export``
+programs are refused: they have no eager modules to hook.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from hookscope.checkpoints import Checkpoint, _is_pickle, _refuse_compiled, open_checkpoint
+from hookscope.errors import HookscopeError, param
+from hookscope.preprocess import Preprocess, with_overrides
+from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, register
+from hookscope.sources.code import check_eager, check_weights, first_on_path, load_weights
+
+SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".pt2", ".ts"}
+
+
+def _state_dict(path: Path) -> HookscopeError:
+    return HookscopeError(
+        f"{path} holds a state_dict (weights without their architecture), not a whole model. "
+        f"A state_dict needs its architecture: use MODEL file.py:NAME (or a torchvision "
+        f"name) with {param('weights')} {path}.")
+
+
+def _untrusted(path: Path) -> NoReturn:
+    """Say why an untrusted file does not load: a pickled model, or only a state_dict."""
+    if path.suffix.lower() != ".safetensors" and _is_pickle(path):
+        try:
+            with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+                warnings.simplefilter("ignore")
+                torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # more than tensors: objects whose code would run
+            raise HookscopeError(
+                f"{path} holds a whole pickled model, and loading it runs code the file "
+                f"names. If you trust the file, set {param('trust_checkpoint')}.") from None
+        except Exception:  # not a checkpoint: open_checkpoint says so below
+            pass
+    open_checkpoint(path)  # raises for anything but a state_dict
+    raise _state_dict(path)
+
+
+def _unpickle(path: Path) -> Checkpoint:
+    """Load a trusted file, its classes importable from the current directory too (as with
+    ``python -m``); a class that cannot be found gets one line saying how to fix it."""
+    try:
+        with first_on_path(os.getcwd()):
+            return open_checkpoint(path, trust=True)
+    except HookscopeError as exc:
+        cause = exc.__context__  # open_checkpoint raises "from None": the cause is kept here
+        if isinstance(cause, (ImportError, AttributeError)):
+            raise HookscopeError(
+                f"{path}: the pickled model's code cannot be imported ({type(cause).__name__}: "
+                f"{cause}). Unpickling needs the module that defined its class: run hookscope "
+                "from that module's folder, or add it to PYTHONPATH. A class defined in a "
+                "script's __main__ cannot be found; save a state_dict and use MODEL "
+                "file.py:NAME instead.") from None
+        raise
+
+
+class Pickled:
+    """A file holding a whole nn.Module (needs ``trust_checkpoint``)."""
+
+    name = "pickle"
+
+    def parse(self, spec: str) -> ModelSpec | None:
+        path = Path(spec).expanduser()
+        if path.suffix.lower() not in SUFFIXES and not path.is_file():
+            return None
+        return ModelSpec("pickle", spec, str(path), "custom")
+
+    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+        path = Path(spec.target)
+        if not path.is_file():
+            raise HookscopeError(
+                f"Model file not found: {path}. MODEL is a torchvision name (`hookscope "
+                "models`), timm:NAME, file.py:NAME, package.module:NAME, or a pickled model's "
+                "path.")
+        _refuse_compiled(path)
+        check_weights(options, "a pickled model (it carries its own weights)")
+        if not options.trust_checkpoint:
+            _untrusted(path)
+        found = _unpickle(path)
+        if found.module is None:
+            raise _state_dict(path)
+        check_eager(found.module, str(path))
+        weights = load_weights(found.module, spec.name, options)
+        loaded = f"file:{weights.path}" if weights is not None else f"file:{path}"
+        labels = weights if weights is not None and weights.labels else found
+        return LoadedModel(
+            name=spec.name, model=found.module, task="custom", weights_requested=options.weights,
+            weights_loaded=loaded, device=torch.device("cpu"),
+            preprocess=with_overrides(Preprocess(origin="default"), size=options.size),
+            categories=labels.labels, source="pickle", num_classes=None, input_ndim=4,
+            labels_from=f"checkpoint:{labels.labels_key}" if labels.labels else None)
+
+
+register(Pickled())

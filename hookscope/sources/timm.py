@@ -1,0 +1,337 @@
+"""The timm source: ``timm:NAME`` (optional: ``pip install 'hookscope[timm]'``).
+
+NAME is a timm architecture (``convnext_tiny``), optionally with a pretrained tag
+(``resnet18.a1_in1k``). Weights follow the torchvision source's rules: ``auto`` loads the
+pretrained weights when they are cached (Hugging Face or torch hub cache) or downloadable,
+else random ones with one warning; ``none`` is random and seeded; ``DEFAULT`` or a tag names
+pretrained weights; a path loads a checkpoint. Preprocessing is timm's own data config.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from torch import nn
+
+from hookscope.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
+from hookscope.errors import HookscopeError, param, suggest
+from hookscope.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
+from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, missing_dependency, register
+
+__all__ = ["PREFIX", "Timm", "import_timm", "load_timm", "pretrained_tags"]
+
+log = logging.getLogger("hookscope")
+
+PREFIX = "timm:"
+_HUB_HOST = "huggingface.co"
+#: Weight files timm fetches from a Hugging Face repo, safetensors first as timm does.
+_HUB_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
+              "open_clip_pytorch_model.bin")
+
+
+def import_timm() -> ModuleType:
+    """The timm package, or the one-line install hint when it is missing."""
+    try:
+        import timm
+    except ImportError:
+        raise missing_dependency("timm", "timm") from None
+    return timm
+
+
+def _architecture(timm: ModuleType, name: str) -> tuple[str, str]:
+    """``name`` split into a known architecture and its tag (``""`` when none)."""
+    from timm.models import split_model_name_tag
+
+    arch, tag = split_model_name_tag(name)
+    if not timm.is_model(arch):
+        raise HookscopeError(
+            f"Unknown timm model {name!r}.{suggest(arch, timm.list_models())} Run `hookscope "
+            "models --source timm PATTERN` to list them."
+        )
+    if tag:
+        tag = _choose_tag(arch, tag, pretrained_tags(arch))
+    return arch, tag
+
+
+def pretrained_tags(arch: str, with_weights: set[str] | None = None) -> list[str]:
+    """The tags of ``arch``'s pretrained weights, timm's default first.
+
+    Args:
+        arch: a timm architecture.
+        with_weights: ``set(timm.list_pretrained())``, when the caller already has it.
+    """
+    import timm
+    from timm.models import get_arch_pretrained_cfgs, get_pretrained_cfg
+
+    if with_weights is None:
+        with_weights = set(timm.list_pretrained(f"{arch}.*"))
+    tags = [key.split(".", 1)[1] for key in get_arch_pretrained_cfgs(arch) if key in with_weights]
+    default = getattr(get_pretrained_cfg(arch), "tag", None)
+    return sorted(tags, key=lambda t: t != default)
+
+
+def _choose_tag(arch: str, requested: str, tags: list[str], default: str = "") -> str:
+    """The tag ``requested`` names: ``DEFAULT`` (``default``, else timm's), a tag, or
+    ``arch.tag``."""
+    if not tags:
+        raise HookscopeError(f"timm:{arch} has no pretrained weights; use {param('weights')} "
+                             "none or a checkpoint path.")
+    if requested.upper() == "DEFAULT":
+        return default or tags[0]
+    tag = requested.removeprefix(f"{arch}.")
+    if tag not in tags:
+        raise HookscopeError(
+            f"timm:{arch} has no pretrained weights {requested!r}.{suggest(tag, tags)} "
+            f"Choose DEFAULT, {', '.join(tags)}, auto, none, or a checkpoint path."
+        )
+    return tag
+
+
+def _pretrained_cfg(arch: str, tag: str) -> Any:
+    from timm.models import get_pretrained_cfg
+
+    return get_pretrained_cfg(f"{arch}.{tag}")
+
+
+def _cached_file(cfg: Any) -> Path | None:
+    """The weights' file in the Hugging Face cache or timm's torch hub cache, if there."""
+    hub_id = getattr(cfg, "hf_hub_id", None)
+    if hub_id:
+        from huggingface_hub import try_to_load_from_cache
+
+        repo, _, revision = hub_id.partition("@")
+        names = ((cfg.hf_hub_filename,) if cfg.hf_hub_filename else ()) + _HUB_FILES
+        for filename in names:
+            found = try_to_load_from_cache(repo, filename, revision=revision or None)
+            if isinstance(found, str) and os.path.isfile(found):
+                return Path(found)
+    url = getattr(cfg, "url", None)
+    if url:
+        path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
+        if path.is_file():
+            return path
+    return None
+
+
+def _cache_hint(cfg: Any) -> str:
+    hub_id = getattr(cfg, "hf_hub_id", None)
+    return f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether weights could be downloaded: never with HOOKSCOPE_OFFLINE set."""
+    from hookscope.models import OFFLINE_ENV
+
+    if os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
+        return False
+    try:
+        with socket.create_connection((_HUB_HOST, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def _hub_offline() -> Iterator[None]:
+    """Forbid Hugging Face hub requests (its flag is read at import, so set both)."""
+    from huggingface_hub import constants
+
+    before_env, before = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+        if before_env is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = before_env
+
+
+def _create(name: str, seed: int, num_classes: int | None = None,
+            pretrained_from: Path | None = None, download: bool = False) -> nn.Module:
+    """Build ``name`` seeded in a forked RNG, pretrained from a cached file or a download."""
+    import timm
+
+    kwargs: dict[str, Any] = {}
+    if num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    if pretrained_from is not None:
+        kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_from)}
+    pretrained = pretrained_from is not None or download
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if download:
+            return timm.create_model(name, pretrained=True, **kwargs)
+        with _hub_offline():
+            return timm.create_model(name, pretrained=pretrained, **kwargs)
+
+
+def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None) -> nn.Module:
+    if why is not None:
+        log.warning(f"{why}; using random initialisation (seed {options.seed}), so predictions "
+                    "are meaningless. weights=none (--weights none) silences this.")
+    return _create(f"{arch}.{tag}" if tag else arch, options.seed, options.num_classes)
+
+
+def _pretrained(arch: str, tag: str, options: LoadOptions) -> nn.Module:
+    """Pretrained weights from the cache, else a download; one error when neither works."""
+    cfg = _pretrained_cfg(arch, tag)
+    classes = cfg.num_classes
+    if options.num_classes is not None and options.num_classes != classes:
+        raise HookscopeError(
+            f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
+            f"timm:{arch}.{tag} has {classes} classes.")
+    cached = _cached_file(cfg)
+    if cached is None and not _hub_reachable():
+        raise HookscopeError(
+            f"timm:{arch}.{tag} is not in {_cache_hint(cfg)} and cannot be downloaded (no "
+            f"network). Use {param('weights')} none or a local checkpoint.")
+    try:
+        return _create(f"{arch}.{tag}", options.seed, pretrained_from=cached,
+                       download=cached is None)
+    except HookscopeError:
+        raise
+    except Exception as exc:  # timm and the hub raise many types for a failed download
+        where = "load" if cached is not None else "download"
+        raise HookscopeError(
+            f"Could not {where} the weights timm:{arch}.{tag} ({exc.__class__.__name__}: {exc}). "
+            f"Use {param('weights')} none for random initialisation, or a local checkpoint."
+        ) from exc
+
+
+def _auto(arch: str, tag: str, options: LoadOptions) -> tuple[nn.Module, str]:
+    """Pretrained when cached or downloadable (and the class count fits), else random."""
+    tags = pretrained_tags(arch)
+    chosen = tag or (tags[0] if tags else None)
+    if chosen is None:
+        return _random(arch, "", options, "this timm model has no pretrained weights"), \
+            f"random (seed {options.seed})"
+    cfg = _pretrained_cfg(arch, chosen)
+    if options.num_classes not in (None, cfg.num_classes):
+        return _random(arch, chosen, options), f"random (seed {options.seed})"
+    if _cached_file(cfg) is None and not _hub_reachable():
+        why = f"timm:{arch}.{chosen} is not in {_cache_hint(cfg)} and cannot be downloaded"
+        return _random(arch, chosen, options, why), f"random (seed {options.seed})"
+    return _pretrained(arch, chosen, options), chosen
+
+
+def _from_checkpoint(arch: str, tag: str, path: Path,
+                     options: LoadOptions) -> tuple[nn.Module, Checkpoint]:
+    """Build ``arch`` to fit a checkpoint, with its head's class count when fine-tuned."""
+    found = open_checkpoint(path, trust=options.trust_checkpoint)
+    if found.module is not None:
+        return found.module, found
+    assert found.state is not None
+    name = f"{arch}.{tag}" if tag else arch
+    model = _create(name, options.seed, options.num_classes)
+    classes = head_classes(model, found.state)
+    if classes is not None:
+        if options.num_classes is not None:
+            raise HookscopeError(
+                f"{path}'s classifier has {classes} classes, but {param('num_classes')} is "
+                f"{options.num_classes}.")
+        log.info("%s: a fine-tuned timm:%s head with %d classes", path, arch, classes)
+        model = _create(name, options.seed, classes)
+    fit(model, found.state, path=path, name=f"timm:{arch}")
+    return model, found
+
+
+def timm_preprocess(model: nn.Module, size: int | None = None) -> Preprocess:
+    """timm's data config for ``model`` (its crop set to ``size`` when given), applied by
+    timm's own eval transform."""
+    from timm.data import create_transform, resolve_data_config
+
+    config = resolve_data_config({}, model=model)
+    if size is not None:
+        if not MIN_SIZE <= size <= MAX_SIZE:
+            raise HookscopeError(f"{param('size')} must be between {MIN_SIZE} and {MAX_SIZE} "
+                                 f"pixels, not {size}.")
+        config["input_size"] = (config["input_size"][0], size, size)
+    channels, crop = int(config["input_size"][0]), int(config["input_size"][-1])
+    crop_pct = config.get("crop_pct") or 0.875
+    interpolation = str(config.get("interpolation") or "bilinear")
+    return Preprocess(
+        resize=math.floor(crop / crop_pct), crop=crop, mean=tuple(config["mean"]),
+        std=tuple(config["std"]), channels=channels,
+        interpolation=interpolation if interpolation in ("bilinear", "bicubic", "nearest")
+        else "bilinear",
+        origin="timm", transform=create_transform(**config))
+
+
+def imagenet_labels(model: nn.Module) -> list[str] | None:
+    """ImageNet class names for a head whose class count is an ImageNet subset's."""
+    try:
+        from timm.data import ImageNetInfo, infer_imagenet_subset
+    except ImportError:  # timm before 0.9.8
+        return None
+    subset = infer_imagenet_subset(model)
+    if subset is None:
+        return None
+    labels = list(ImageNetInfo(subset).label_descriptions())
+    return labels if len(labels) == getattr(model, "num_classes", None) else None
+
+
+def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+    """Build a timm model with the requested weights (on the CPU).
+
+    Raises:
+        HookscopeError: timm is missing, an unknown model or weights tag, weights that are
+            neither cached nor downloadable, an unreadable checkpoint or one for another
+            architecture, or a class count that contradicts the weights.
+    """
+    from hookscope.models import _is_path
+
+    timm = import_timm()
+    arch, tag = _architecture(timm, spec.target)
+    weights = options.weights.strip()
+    found, pretrained = None, False
+    if weights.lower() == "none":
+        model, loaded = _random(arch, tag, options), f"random (seed {options.seed})"
+    elif weights.lower() == "auto":
+        model, loaded = _auto(arch, tag, options)
+        pretrained = not loaded.startswith("random")
+    elif _is_path(weights):
+        path = Path(weights).expanduser()
+        model, found = _from_checkpoint(arch, tag, path, options)
+        loaded = f"file:{path}"
+    else:
+        chosen = _choose_tag(arch, weights, pretrained_tags(arch), default=tag)
+        model, loaded, pretrained = _pretrained(arch, chosen, options), chosen, True
+    categories = imagenet_labels(model) if pretrained else None
+    labels_from = "weights" if categories else None
+    if found is not None and found.labels is not None:
+        categories, labels_from = found.labels, f"checkpoint:{found.labels_key}"
+    return LoadedModel(
+        name=spec.name, model=model, task="classification", weights_requested=options.weights,
+        weights_loaded=loaded, device=torch.device("cpu"),
+        preprocess=timm_preprocess(model, options.size), categories=categories, source="timm",
+        num_classes=getattr(model, "num_classes", None), input_ndim=4, labels_from=labels_from)
+
+
+class Timm:
+    """timm's models, with timm's own data config for preprocessing."""
+
+    name = "timm"
+
+    def parse(self, spec: str) -> ModelSpec | None:
+        if not spec.startswith(PREFIX):
+            return None
+        return ModelSpec("timm", spec, spec[len(PREFIX):], "classification")
+
+    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+        return load_timm(spec, options)
+
+
+register(Timm())
