@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch threads, here and in the memory subprocesses")
     parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--mem-runs", type=int, default=1,
+    parser.add_argument("--mem-runs", type=int, default=3,
                         help="subprocesses per memory figure (the median is reported)")
     parser.add_argument("--mem-calls", type=int, default=2,
                         help="forward passes per subprocess (the highest peak counts)")
@@ -191,10 +191,11 @@ def main() -> None:
     if args.json:
         print(json.dumps({"machine": machine, "torch": torch.__version__, "rows": rows}, indent=2))
     else:
-        print(f"torch {torch.__version__}, {machine}; ratios are min-over-reps / min-over-reps; "
-              f"peak RSS growth is over a baseline taken after loading, before the first forward "
-              f"(median of {args.mem_runs} subprocess(es), {args.mem_calls} passes each); goal: "
-              f"hookscope <= {GOAL_FACTOR:.2f} x bare + {GOAL_SLACK_MIB:.0f} MiB")
+        print(f"torch {torch.__version__}, {machine}; ratios are min-over-reps / min-over-reps"
+              + ("" if args.no_memory else
+                 f"; peak RSS growth is over a baseline taken after loading, before the first "
+                 f"forward (median of {args.mem_runs} subprocesses, {args.mem_calls} passes "
+                 f"each); goal: hookscope <= {GOAL_FACTOR:.2f} x bare + {GOAL_SLACK_MIB:.0f} MiB"))
 
 
 if __name__ == "__main__":

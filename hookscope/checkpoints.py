@@ -10,10 +10,11 @@ architecture is the size of its classifier head(s).
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import warnings
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ from torch import nn
 
 from hookscope.errors import HookscopeError, clip, param
 
-__all__ = ["Checkpoint", "fit", "head_classes", "open_checkpoint", "read_checkpoint",
-           "read_labels"]
+log = logging.getLogger("hookscope")
+
+__all__ = ["Checkpoint", "build_to_fit", "fit", "head_classes", "open_checkpoint",
+           "read_checkpoint", "read_labels"]
 
 #: Checkpoint entries that hold the weights, tried in order.
 _STATE_KEYS = ("state_dict", "model_state_dict", "model", "net", "weights")
@@ -210,6 +213,44 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
             f"{path} does not fit {name}: {'; '.join(parts)}. "
             "Is it a checkpoint for another architecture?"
         )
+
+
+Builder = Callable[[int | None, Mapping[str, torch.Tensor]], nn.Module]
+
+
+def build_to_fit(path: Path, build: Builder, *, name: str, num_classes: int | None = None,
+                 trust: bool = False) -> tuple[nn.Module, Checkpoint]:
+    """Build a model to fit a checkpoint and load it exactly.
+
+    When only the classifier head(s) differ (a fine-tuned model), the model is built again
+    with the checkpoint's class count. A checkpoint holding a whole module returns it.
+
+    Args:
+        path: the checkpoint.
+        build: makes the architecture for a class count (None: its default) and the
+            checkpoint's state (to match optional parts such as auxiliary heads).
+        name: the model's name, for messages.
+        num_classes: the class count the user asked for, if any.
+        trust: allow arbitrary unpickling.
+
+    Raises:
+        HookscopeError: see :func:`open_checkpoint` and :func:`fit`; also a head whose class
+            count contradicts ``num_classes``.
+    """
+    found = open_checkpoint(path, trust=trust)
+    if found.module is not None:
+        return found.module, found
+    assert found.state is not None
+    model = build(num_classes, found.state)
+    classes = head_classes(model, found.state)
+    if classes is not None:
+        if num_classes is not None:
+            raise HookscopeError(f"{path}'s classifier has {classes} classes, but "
+                                 f"{param('num_classes')} is {num_classes}.")
+        log.info("%s: a fine-tuned %s head with %d classes", path, name, classes)
+        model = build(classes, found.state)
+    fit(model, found.state, path=path, name=name)
+    return model, found
 
 
 def _label_list(value: Any, where: str) -> list[str]:

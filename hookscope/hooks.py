@@ -184,19 +184,22 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
 def tensors(obj: Any) -> list[torch.Tensor]:
     """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
     found: list[torch.Tensor] = []
-
-    def walk(o: Any) -> None:
-        if isinstance(o, torch.Tensor):
-            found.append(o)
-        elif isinstance(o, dict):
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, (tuple, list)):
-            for v in o:
-                walk(v)
-
-    walk(obj)
+    _collect_tensors(obj, found)
     return found
+
+
+def _collect_tensors(obj: Any, found: list[torch.Tensor]) -> None:
+    # A module-level function, not a closure: a recursive inner function references itself
+    # through its closure cell, a cycle that kept ``found`` (and so every activation it
+    # saw) alive until the cyclic GC ran, which doubled collect_stats' peak memory.
+    if isinstance(obj, torch.Tensor):
+        found.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect_tensors(v, found)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            _collect_tensors(v, found)
 
 
 def tensor_shapes(obj: Any) -> list[list[int]]:

@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from hookscope.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
+from hookscope.checkpoints import Checkpoint, build_to_fit
 from hookscope.checkpoints import read_checkpoint as read_checkpoint  # re-exported
 from hookscope.errors import HookscopeError, param, suggest
 from hookscope.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
@@ -126,11 +126,12 @@ def _cached_file(weights: Any) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / filename
 
 
-def _network_available(timeout: float = 2.0) -> bool:
+def network_available(host: str = _DOWNLOAD_HOST, timeout: float = 2.0) -> bool:
+    """Whether weights could be downloaded from ``host``: never with HOOKSCOPE_OFFLINE set."""
     if os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
         return False
     try:
-        with socket.create_connection((_DOWNLOAD_HOST, 443), timeout=timeout):
+        with socket.create_connection((host, 443), timeout=timeout):
             return True
     except OSError:
         return False
@@ -248,33 +249,12 @@ def _pretrained(name: str, chosen: Any, options: LoadOptions) -> tuple[nn.Module
             f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
             f"{chosen} has {_default_classes(name, chosen)} classes."
         )
-    if not _cached_file(chosen).exists() and not _network_available():
+    if not _cached_file(chosen).exists() and not network_available():
         raise HookscopeError(
             f"{chosen} is not in the torch cache ({_cached_file(chosen).parent}) and cannot "
             f"be downloaded (no network). Use {param('weights')} none or a local checkpoint."
         )
     return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
-
-
-def _from_checkpoint(name: str, path: Path, options: LoadOptions,
-                     default: Any | None) -> tuple[nn.Module, Checkpoint]:
-    """Build ``name`` to fit a checkpoint: with its head's class count when only the
-    classifier head(s) differ (a fine-tuned model), then load it exactly."""
-    found = open_checkpoint(path, trust=options.trust_checkpoint)
-    if found.module is not None:
-        return found.module, found
-    assert found.state is not None
-    model = _build(name, None, options.seed, options.num_classes, _aux_options(name, found.state))
-    classes = head_classes(model, found.state)
-    if classes is not None:
-        if options.num_classes is not None:
-            raise HookscopeError(
-                f"{path}'s classifier has {classes} classes, but {param('num_classes')} is "
-                f"{options.num_classes}.")
-        log.info("%s: a fine-tuned %s head with %d classes", path, name, classes)
-        model = _build(name, None, options.seed, classes, _aux_options(name, found.state))
-    fit(model, found.state, path=path, name=name)
-    return model, found
 
 
 def _aux_options(name: str, state: Mapping[str, torch.Tensor]) -> dict[str, bool]:
@@ -311,7 +291,7 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         model, loaded = _random_weights(name, options, default)
     elif weights.lower() == "auto":
         if default is not None and options.num_classes in (None, _default_classes(name, default)) \
-                and (_cached_file(default).exists() or _network_available()):
+                and (_cached_file(default).exists() or network_available()):
             chosen = default
             model, loaded = _pretrained(name, chosen, options)
         else:
@@ -321,7 +301,10 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
                     "cannot be downloaded")
             model, loaded = _random_weights(name, options, default, why)
     elif _is_path(weights):
-        model, found = _from_checkpoint(name, Path(weights).expanduser(), options, default)
+        model, found = build_to_fit(
+            Path(weights).expanduser(), name=name, num_classes=options.num_classes,
+            trust=options.trust_checkpoint,
+            build=lambda n, state: _build(name, None, options.seed, n, _aux_options(name, state)))
         loaded = f"file:{Path(weights).expanduser()}"
     else:
         chosen = _named_weights(name, weights, enum, default)

@@ -113,3 +113,26 @@ def test_leaves_by_default_and_depth_cut(tiny_net) -> None:
                                                           "pool", "fc"]
     assert [s.name for s in select_sites(tiny_net, max_depth=1)] == ["conv1", "relu", "block",
                                                                       "pool", "fc"]
+
+
+def test_no_reference_cycle_keeps_activations_alive() -> None:
+    """A cycle in the hooks' bookkeeping (a recursive closure in ``tensors``) once kept every
+    activation alive until the cyclic garbage collector ran, doubling peak memory."""
+    import gc
+
+    from torchvision.models import resnet18
+
+    from hookscope import collect_stats
+
+    model = resnet18().eval()
+    x = torch.randn(1, 3, 64, 64)
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        collect_stats(model, x, input_stats=True)
+        gc.collect()
+        leaked = [o for o in gc.garbage if isinstance(o, torch.Tensor)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert leaked == []

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +22,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from hookscope.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
+from hookscope.checkpoints import build_to_fit
 from hookscope.errors import HookscopeError, param, suggest
 from hookscope.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
 from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, missing_dependency, register
@@ -128,17 +127,11 @@ def _cache_hint(cfg: Any) -> str:
     return f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
 
 
-def _hub_reachable(timeout: float = 2.0) -> bool:
-    """Whether weights could be downloaded: never with HOOKSCOPE_OFFLINE set."""
-    from hookscope.models import OFFLINE_ENV
+def _hub_reachable() -> bool:
+    """Whether the Hugging Face hub can be reached (never with HOOKSCOPE_OFFLINE set)."""
+    from hookscope.models import network_available
 
-    if os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
-        return False
-    try:
-        with socket.create_connection((_HUB_HOST, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    return network_available(_HUB_HOST)
 
 
 @contextmanager
@@ -227,27 +220,6 @@ def _auto(arch: str, tag: str, options: LoadOptions) -> tuple[nn.Module, str]:
     return _pretrained(arch, chosen, options), chosen
 
 
-def _from_checkpoint(arch: str, tag: str, path: Path,
-                     options: LoadOptions) -> tuple[nn.Module, Checkpoint]:
-    """Build ``arch`` to fit a checkpoint, with its head's class count when fine-tuned."""
-    found = open_checkpoint(path, trust=options.trust_checkpoint)
-    if found.module is not None:
-        return found.module, found
-    assert found.state is not None
-    name = f"{arch}.{tag}" if tag else arch
-    model = _create(name, options.seed, options.num_classes)
-    classes = head_classes(model, found.state)
-    if classes is not None:
-        if options.num_classes is not None:
-            raise HookscopeError(
-                f"{path}'s classifier has {classes} classes, but {param('num_classes')} is "
-                f"{options.num_classes}.")
-        log.info("%s: a fine-tuned timm:%s head with %d classes", path, arch, classes)
-        model = _create(name, options.seed, classes)
-    fit(model, found.state, path=path, name=f"timm:{arch}")
-    return model, found
-
-
 def timm_preprocess(model: nn.Module, size: int | None = None) -> Preprocess:
     """timm's data config for ``model`` (its crop set to ``size`` when given), applied by
     timm's own eval transform."""
@@ -304,7 +276,11 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         pretrained = not loaded.startswith("random")
     elif _is_path(weights):
         path = Path(weights).expanduser()
-        model, found = _from_checkpoint(arch, tag, path, options)
+        name = f"{arch}.{tag}" if tag else arch
+        model, found = build_to_fit(
+            path, name=f"timm:{arch}", num_classes=options.num_classes,
+            trust=options.trust_checkpoint,
+            build=lambda n, state: _create(name, options.seed, n))
         loaded = f"file:{path}"
     else:
         chosen = _choose_tag(arch, weights, pretrained_tags(arch), default=tag)
