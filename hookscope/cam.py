@@ -202,7 +202,8 @@ class _LastSpatial(Probe[tuple[str, list[int]] | None]):
         return self.found
 
 
-def default_layer(model: nn.Module, sample: torch.Tensor) -> tuple[str, list[int]]:
+def default_layer(model: nn.Module, sample: torch.Tensor, *,
+                  autocast: torch.dtype | None = None) -> tuple[str, list[int]]:
     """The last module (in execution order) whose output is 4-D with a spatial size over 1x1.
 
     Runs one forward pass of ``sample`` (use one input) with a hook on every module.
@@ -210,7 +211,7 @@ def default_layer(model: nn.Module, sample: torch.Tensor) -> tuple[str, list[int
     Raises:
         HookscopeError: no module has a spatial output.
     """
-    found = drive(model, sample, _LastSpatial(model))
+    found = drive(model, sample, _LastSpatial(model), autocast=autocast)
     if found is None:
         raise HookscopeError(
             f"{type(model).__name__} has no module with a spatial (N, C, H, W) output larger "
@@ -472,6 +473,7 @@ def explain(
     sink: Callable[[CamBatch], None] | None = None,
     progress: Callable[[int], None] | None = None,
     output_key: str | None = None,
+    autocast: torch.dtype | None = None,
 ) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
@@ -487,12 +489,12 @@ def explain(
         first, batches = peek(inputs)
         sample = getattr(first, "tensor", first)
         sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
-        layer, shape = default_layer(model, sample[:1])
+        layer, shape = default_layer(model, sample[:1], autocast=autocast)
         log.info("using layer %s, the last module with a spatial output (%s)",
                  layer, "x".join(str(d) for d in shape[1:]))
     probe = CamProbe(model, layer, methods, targets, reshape=reshape, score_batch=score_batch,
                      transform=transform, sink=sink, output_key=output_key)
-    return drive(model, batches, probe, progress=progress)
+    return drive(model, batches, probe, progress=progress, autocast=autocast)
 
 
 def gradcam(

@@ -82,7 +82,6 @@ def stats(
 
     Example: hookscope stats resnet18 cat.jpg --format json | jq '.layers[] | select(.nonfinite > 0)'
     """
-    from hookscope.run import drive
     from hookscope.stats import StatsProbe
 
     s, fmt = opts.s, _value(fmt)
@@ -93,7 +92,7 @@ def stats(
                        max_depth=max_depth, input_stats=input_stats,
                        categories=loaded.categories, output_key=loaded.output_key)
     with s.progress(len(resolved), "stats", enabled=fmt == "table" or not out.is_stdout) as bar:
-        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
                        train_mode=train_mode, progress=bar)
     doc = loaded.envelope("stats", resolved.names) | report.to_dict()
     s.emit("stats", doc, fmt, out, input_stats=input_stats)
@@ -155,7 +154,7 @@ def layers_command(
     example = loaded.dummy_input()
     if resolved is not None:
         example = peek(s.batches(resolved, loaded, opts.model))[0].tensor[:1]
-    found = model_structure(loaded.model, example, max_depth=max_depth)
+    found = model_structure(loaded.model, example, max_depth=max_depth, autocast=loaded.autocast)
     doc = loaded.envelope("layers", [input_] if input_ is not None else []) | found.to_dict()
     s.emit("layers", doc, _value(fmt), out)
 
@@ -184,7 +183,6 @@ def debug_command(
     """
     from hookscope.debug import DebugProbe, nonfinite_failure
     from hookscope.render.tree import TraceWriter
-    from hookscope.run import drive
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
@@ -195,7 +193,7 @@ def debug_command(
     probe = DebugProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, on_event=writer.event)
     with writer:
-        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
                        train_mode=train_mode)
         writer.summary(report.to_dict())
     if report.failure is not None:
@@ -260,7 +258,7 @@ def gradcam(
         report = explain(loaded.model, s.batches(resolved, loaded, opts.model, keep_images=True),
                          layer=layer, methods=methods, targets=targets, reshape=_value(reshape),
                          score_batch=score_batch, transform=loaded.preprocess, sink=writer,
-                         progress=bar, output_key=loaded.output_key)
+                         progress=bar, output_key=loaded.output_key, autocast=loaded.autocast)
     writer.log_notes(report.notes)
     doc = loaded.envelope("gradcam", resolved.names) | {
         "layer": report.layer, "layer_default": layer is None, "layer_shape": report.layer_shape,
@@ -301,7 +299,6 @@ def grads(
     Example: hookscope grads resnet18 cat.jpg --loss ce --label tabby --format json
     """
     from hookscope.grads import GradsProbe, nonfinite_failure
-    from hookscope.run import drive
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
@@ -313,7 +310,7 @@ def grads(
                        categories=loaded.categories, n_inputs=len(resolved),
                        output_key=loaded.output_key)
     with s.progress(len(resolved), "grads", enabled=fmt == "table" or not out.is_stdout) as bar:
-        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
                        train_mode=train_mode, progress=bar)
     doc = loaded.envelope("grads", resolved.names) | report.to_dict()
     s.emit("grads", doc, fmt, out, params=params)
@@ -353,7 +350,6 @@ def features(
     from hookscope.features import FeaturesProbe, feature_sites, output_name
     from hookscope.render.grid import GridWriter, require_tensorboard
     from hookscope.render.output import Staging
-    from hookscope.run import drive
 
     s = opts.s
     if tensorboard is not None:
@@ -372,7 +368,7 @@ def features(
                        enabled=_value(fmt) == "table") as bar:
         probe = FeaturesProbe(sites, sink=writer.add, max_channels=max_channels,
                               order=_value(order), upsample=upsample, stems=stems)
-        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
                        progress=lambda n: bar(n * len(sites)))
     doc = loaded.envelope("features", resolved.names) | {
         "out": str(out_dir), "tensorboard": str(tensorboard) if tensorboard else None,
@@ -415,7 +411,6 @@ def ablate(
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
     from hookscope.ablate import AblateProbe, parse_mode
-    from hookscope.run import drive
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
@@ -428,7 +423,7 @@ def ablate(
                         n_inputs=len(resolved), output_key=loaded.output_key)
     label = "sweep" if sweep else "ablate"
     with s.progress(len(resolved), label, enabled=fmt == "table" or not out.is_stdout) as bar:
-        report = drive(loaded.model, s.batches(resolved, loaded, opts.model), probe,
+        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
                        progress=bar)
     doc = loaded.envelope("ablate", resolved.names) | report.to_dict()
     s.emit("ablate", doc, fmt, out, top=top, sweep=sweep)

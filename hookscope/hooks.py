@@ -36,6 +36,7 @@ __all__ = [
     "first_tensor",
     "hook_count",
     "model_device",
+    "model_dtype",
     "select_sites",
     "tensor_shapes",
     "tensors",
@@ -212,6 +213,14 @@ def model_device(model: nn.Module) -> torch.device:
     for tensor in (*model.parameters(), *model.buffers()):
         return tensor.device
     return torch.device("cpu")
+
+
+def model_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's first floating-point parameter or buffer (None: none)."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
 
 
 def hook_count(model: nn.Module) -> int:

@@ -114,6 +114,12 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
         "--channels", "--input-channels", help="Input channels: 3 (RGB) or 1 (grayscale); "
         "--input-channels in ablate, whose --channels are the channels it changes.",
         show_default=False)], None),
+    "dtype": (Annotated[str | None, typer.Option(
+        help="Run in float32, float16 or bfloat16: the model and inputs are cast (statistics "
+        "are still accumulated in float64).", show_default=False)], None),
+    "autocast": (Annotated[bool, typer.Option(
+        "--autocast", help="Run under torch.autocast instead of casting (with --dtype, or the "
+        "device's default: float16 on CUDA, bfloat16 on the CPU).")], False),
     "output_key": (Annotated[str | None, typer.Option(
         "--output-key", help="The entry of a dict or tuple output that holds the class logits "
         "(default: logits, out, or the only tensor).", show_default=False)], None),

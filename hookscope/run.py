@@ -22,7 +22,7 @@ again; each such pass gets the same treatment.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from hookscope.errors import ForwardError, HookscopeError
-from hookscope.hooks import Call, Site, Tracer, model_device
+from hookscope.hooks import Call, Site, Tracer, model_device, model_dtype
 
 if TYPE_CHECKING:
     from hookscope.inputs import Batch
@@ -97,6 +97,7 @@ class Step:
     model: nn.Module
     grad: GradMode
     progress: Progress | None = field(default=None, repr=False)
+    autocast: torch.dtype | None = None
 
     def __len__(self) -> int:
         first = self.x[0] if isinstance(self.x, tuple) else self.x
@@ -112,7 +113,7 @@ class Step:
         tracer = self.tracer
         tracer.reset()
         try:
-            with grad_mode(grad or self.grad):
+            with grad_mode(grad or self.grad), self._autocast():
                 return self.model(*args) if isinstance(args, tuple) else self.model(args)
         except HookscopeError:
             raise
@@ -120,6 +121,11 @@ class Step:
             if tracer.callback_error is exc:  # a probe's own callback failed, not the model
                 raise
             raise tracer.forward_error(exc) from exc
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        if self.autocast is None:
+            return nullcontext()
+        return torch.autocast(model_device(self.model).type, dtype=self.autocast)
 
     def advance(self, n: int) -> None:
         """Report ``n`` units of progress (for probes that count their own units)."""
@@ -179,11 +185,14 @@ def _as_batches(inputs: Any) -> Iterable[Any]:
     return inputs
 
 
-def _to_device(x: Any, device: torch.device) -> Any:
+def _to_device(x: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
+    """``x`` on ``device``; floating-point tensors in the model's ``dtype`` (a half-precision
+    model gets half-precision inputs)."""
     if isinstance(x, torch.Tensor):
-        return x.to(device, non_blocking=True)
+        cast = dtype if dtype is not None and x.is_floating_point() else None
+        return x.to(device, dtype=cast, non_blocking=True)
     if isinstance(x, tuple):
-        return tuple(_to_device(v, device) for v in x)
+        return tuple(_to_device(v, device, dtype) for v in x)
     return x
 
 
@@ -194,6 +203,7 @@ def drive(
     *,
     train_mode: bool = False,
     progress: Progress | None = None,
+    autocast: torch.dtype | None = None,
 ) -> R:
     """Run ``model`` over ``inputs`` for ``probe`` and return its report.
 
@@ -205,20 +215,24 @@ def drive(
         probe: the analysis.
         train_mode: run in train mode (BatchNorm uses batch statistics, dropout is on).
         progress: called with each batch's size (or the probe's own units) as work is done.
+        autocast: run every forward pass under ``torch.autocast`` with this dtype; without
+            it, floating-point inputs are cast to the model's own dtype.
 
     Raises:
         ForwardError: the model's code raised (exit code 1).
         HookscopeError: the probe found a problem with the user's input.
     """
     device = model_device(model)
+    dtype = None if autocast is not None else model_dtype(model)
     tracer = Tracer(model, probe.sites, on_enter=probe.on_enter, on_exit=probe.on_exit)
     with training_flags(model, train=train_mode), tracer:
         probe.bind(tracer)
         start = 0
         for index, item in enumerate(_as_batches(inputs)):
             tensor = getattr(item, "tensor", item)
-            step = Step(index, start, _to_device(tensor, device), item if tensor is not item
-                        else None, tracer, model, probe.grad, progress)
+            step = Step(index, start, _to_device(tensor, device, dtype),
+                        item if tensor is not item else None, tracer, model, probe.grad,
+                        progress, autocast)
             try:
                 probe.step(step)
             except ForwardError as error:

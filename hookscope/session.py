@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookscope.errors import HookscopeError, param
 
@@ -26,8 +26,10 @@ if TYPE_CHECKING:
     from hookscope.inputs import Batch, InputSet
     from hookscope.render.console import Bar
     from hookscope.render.output import Output
+    from hookscope.run import Probe
     from hookscope.sources import LoadedModel, LoadOptions
 
+R = TypeVar("R")
 #: Signals handled like Ctrl-C: every temporary file is removed and one line printed.
 SIGNALS = ("SIGTERM", "SIGHUP")
 #: Commands that explain or differentiate class logits.
@@ -126,6 +128,8 @@ class ModelOptions:
     crop: int | None = None
     input_channels: int | None = None
     output_key: str | None = None
+    dtype: str | None = None
+    autocast: bool = False
 
     def load_options(self) -> LoadOptions:
         """The library's :class:`~hookscope.sources.LoadOptions` for these options."""
@@ -137,7 +141,8 @@ class ModelOptions:
             labels=str(self.labels) if self.labels is not None else None,
             model_args=tuple(self.model_args), mean=_floats(self.mean, "mean"),
             std=_floats(self.std, "std"), resize=self.resize, crop=self.crop,
-            input_channels=self.input_channels, output_key=self.output_key)
+            input_channels=self.input_channels, output_key=self.output_key, dtype=self.dtype,
+            autocast=self.autocast)
 
 
 def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
@@ -184,6 +189,12 @@ class Session:
         loaded = sources.load(spec, options.load_options())
         check_batch_memory(loaded, options.batch_size)
         return loaded
+
+    def drive(self, loaded: LoadedModel, inputs: Any, probe: Probe[R], **options: Any) -> R:
+        """Run the loaded model over ``inputs`` for ``probe``, at its precision."""
+        from hookscope.run import drive
+
+        return drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
 
     def batches(self, inputs: InputSet, loaded: LoadedModel, options: ModelOptions, *,
                 keep_images: bool = False) -> Iterator[Batch]:

@@ -312,6 +312,7 @@ def model_structure(
     example: Any | None = None,
     *,
     max_depth: int | None = None,
+    autocast: torch.dtype | None = None,
 ) -> Structure:
     """The module tree of ``model`` with parameter counts and bytes and, given ``example``,
     each call's shapes, output bytes and FLOPs.
@@ -334,7 +335,7 @@ def model_structure(
     sites = [s for s in all_sites(model) if s.module is not model]
     ran = example is not None
     probe = ShapesProbe(model, flops=ran)
-    calls = drive(model, example, probe) if ran else {}
+    calls = drive(model, example, probe, autocast=autocast) if ran else {}
     shapes = tensor_shapes(example) if ran else []
 
     def info(site: Site) -> LayerInfo:

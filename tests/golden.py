@@ -89,7 +89,7 @@ def _new_key(key: str) -> Callable[[Any, Any], tuple[Any, Any]]:
 
 #: Fields the envelope gained since the recording (issue 9): the model's source, its labels,
 #: its preprocessing and, under ``weights``, its class count.
-ENVELOPE_ADDITIONS = ("source", "labels", "preprocessing")
+ENVELOPE_ADDITIONS = ("source", "labels", "preprocessing", "precision")
 
 
 def _without_envelope_additions(doc: Any) -> Any:

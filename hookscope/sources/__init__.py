@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from hookscope.errors import HookscopeError, param, suggest
+from hookscope.errors import HookscopeError, clip, param, suggest
 from hookscope.sources.base import SOURCES, LoadedModel, LoadOptions, ModelSpec, Source, register
 
-__all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "register", "resolve"]
+__all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "register", "resolve",
+           "set_precision"]
 
 log = logging.getLogger("hookscope")
 
@@ -80,6 +81,7 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
     loaded.output_key = options.output_key
     loaded.model = loaded.model.to(device).eval()
     loaded.device = device
+    set_precision(loaded, options.dtype, autocast=options.autocast)
     if options.labels is not None:
         from hookscope.checkpoints import read_labels
 
@@ -119,3 +121,57 @@ def _output_classes(loaded: LoadedModel) -> int | None:
 
     logits = drive(loaded.model, loaded.dummy_input(), Output())
     return int(logits.shape[1]) if logits is not None and logits.dim() == 2 else None
+
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name.strip().lower()]
+    except KeyError:
+        raise HookscopeError(f"{param('dtype')} {name!r}: choose one of "
+                             f"{', '.join(DTYPES)}.") from None
+
+
+def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -> None:
+    """Run a convolution and a matrix product in ``dtype`` on ``device``, or say why not."""
+    x = torch.ones(1, 2, 4, 4, device=device)
+    w = torch.ones(2, 2, 3, 3, device=device)
+    try:
+        if autocast:
+            with torch.autocast(device.type, dtype=dtype):
+                torch.nn.functional.conv2d(x, w) @ torch.ones(2, 2, device=device)
+        else:
+            torch.nn.functional.conv2d(x.to(dtype), w.to(dtype)) @ torch.ones(
+                2, 2, device=device, dtype=dtype)
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        how = "autocast to " if autocast else ""
+        raise HookscopeError(
+            f"{how}{str(dtype).removeprefix('torch.')} is not supported on {device} "
+            f"({clip(str(exc), 100)}); choose another {param('dtype')} or {param('device')}."
+        ) from None
+
+
+def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = False) -> None:
+    """Cast the model to ``dtype``, or (``autocast``) run it under ``torch.autocast``.
+
+    Raises:
+        HookscopeError: an unknown dtype, or a dtype the device cannot run.
+    """
+    device = loaded.device
+    if autocast:
+        chosen = _dtype(dtype) if dtype else torch.get_autocast_dtype(device.type)
+        _probe_precision(device, chosen, autocast=True)
+        loaded.autocast = chosen
+        return
+    if dtype is None:
+        from hookscope.hooks import model_dtype
+
+        loaded.dtype = model_dtype(loaded.model) or torch.float32
+        return
+    chosen = _dtype(dtype)
+    if chosen != torch.float32:
+        _probe_precision(device, chosen, autocast=False)
+    loaded.model = loaded.model.to(chosen)
+    loaded.dtype = chosen

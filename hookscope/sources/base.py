@@ -56,6 +56,9 @@ class LoadOptions:
         model_args: ``key=value`` constructor arguments for models from code.
         mean, std, resize, crop, input_channels: preprocessing overrides.
         output_key: the entry of a dict or tuple output that holds the class logits.
+        dtype: ``float32``, ``float16`` or ``bfloat16``: cast the model (and so its inputs).
+        autocast: run under ``torch.autocast`` instead of casting, with ``dtype`` (default:
+            the device's autocast dtype: float16 on CUDA, bfloat16 on the CPU).
     """
 
     weights: str = "auto"
@@ -72,6 +75,8 @@ class LoadOptions:
     crop: int | None = None
     input_channels: int | None = None
     output_key: str | None = None
+    dtype: str | None = None
+    autocast: bool = False
 
 
 @dataclass
@@ -91,6 +96,8 @@ class LoadedModel:
     output_key: str | None = None
     input_ndim: int = 4
     labels_from: str | None = None
+    dtype: torch.dtype = torch.float32
+    autocast: torch.dtype | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -131,6 +138,9 @@ class LoadedModel:
             "source": self.source,
             "labels": self.labels_from,
             "preprocessing": self.preprocess.to_dict(),
+            "precision": {"dtype": str(self.dtype).removeprefix("torch."),
+                          "autocast": str(self.autocast).removeprefix("torch.")
+                          if self.autocast is not None else None},
         }
 
 
