@@ -27,6 +27,7 @@ _LAZY = {
     "model_structure": "hookscope.structure",
     "run_debug": "hookscope.debug",
     "find_models": "hookscope.catalog",
+    "cam_metrics": "hookscope.cam_faithfulness",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -20,6 +20,7 @@ import fnmatch
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
 from typing import Any
 
 import torch
@@ -210,17 +211,15 @@ def tensor_shapes(obj: Any) -> list[list[int]]:
 
 def model_device(model: nn.Module) -> torch.device:
     """The device of the model's first parameter or buffer (CPU for a stateless model)."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
+    first = next(chain(model.parameters(), model.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def model_dtype(model: nn.Module) -> torch.dtype | None:
     """The dtype of the model's first floating-point parameter or buffer (None: none)."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        if tensor.is_floating_point():
-            return tensor.dtype
-    return None
+    first = next((t for t in chain(model.parameters(), model.buffers())
+                  if t.is_floating_point()), None)
+    return first.dtype if first is not None else None
 
 
 def hook_count(model: nn.Module) -> int:

@@ -371,11 +371,14 @@ def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
     Args:
         spec: what MODEL names (its task and input dimensions).
         needs_logits: the analysis explains or differentiates (N, classes) class logits.
-        needs_images: the analysis needs image batches (N, C, H, W), not video clips.
+        needs_images: the analysis explains image batches (N, C, H, W), not video clips:
+            Grad-CAM, which also explains segmentation models (a class over a region) and
+            detectors (their boxes), so those pass with it.
 
     Raises:
         HookscopeError: optical-flow models (two frames per input) anywhere; detection and
-            segmentation models where class logits are needed; video where images are.
+            segmentation models where class logits are needed (except Grad-CAM); video
+            where images are.
     """
     name, task = spec.name, spec.task
     if task == "optical_flow":
@@ -384,14 +387,14 @@ def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
             "runs models on one batch of images (classification, segmentation, detection) or "
             "clips (video)."
         )
-    if needs_logits and task in ("detection", "segmentation"):
+    if needs_logits and not needs_images and task in ("detection", "segmentation"):
         raise HookscopeError(
             f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
             f"logits. {task.capitalize()} models work with stats, layers, debug and features."
         )
     if needs_images and spec.input_ndim != 4:
         raise HookscopeError(f"{name} is a video model; this analysis explains image "
-                             "classifiers (N, C, H, W).")
+                             "models (N, C, H, W).")
 
 
 def available_memory(device: torch.device) -> int | None:

@@ -73,6 +73,9 @@ FailOpt = Annotated[bool, typer.Option(
     "--fail-on-nonfinite", help="Exit with code 1 when NaN or Inf appears.")]
 OutDirOpt = Annotated[Path, typer.Option(
     "--out", help="Folder for the image files.", file_okay=False)]
+PlotOpt = Annotated[Path | None, typer.Option(
+    "--plot", help="Also draw the run as a figure in this file: FILE.svg or FILE.png.",
+    metavar="FILE", dir_okay=False, show_default=False)]
 
 #: Options every command that runs a model takes, added by :func:`runs_model`.
 MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {

@@ -11,6 +11,10 @@ is copied to the host once.
 
 Accuracy: moments are merged with Chan et al.'s parallel update, in float64, so statistics
 over several batches equal those over the concatenated tensor.
+
+Opt-in: per-channel statistics (:mod:`hookscope.channels`) and percentiles from a
+split-independent sketch (:mod:`hookscope.sketch`) of each call's output, kept in
+:class:`Extras`, which merge exactly too.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.channels import ChannelMoments, ChannelView, channel_dim
 from hookscope.hooks import (
     Call,
     Site,
@@ -32,10 +37,13 @@ from hookscope.hooks import (
     select_sites,
     tensor_shapes,
 )
+from hookscope.kernels import fused
 from hookscope.outputs import select_logits
 from hookscope.run import Probe, Step, drive
+from hookscope.sketch import Sketch, finite_range, parse_percentiles, percentile_key
 
 __all__ = [
+    "Extras",
     "LayerStats",
     "MomentTable",
     "Moments",
@@ -160,7 +168,24 @@ def _sum_squares(part: torch.Tensor) -> float:
     return total
 
 
+_FUSED_DTYPES = (torch.float32, torch.float64)
+
+
 def _moments_host(flat: torch.Tensor, zeros: bool = True) -> tuple[float, ...]:
+    """CPU moments: numel, n, mean, M2, min, max, zeros, non-finite count.
+
+    The compiled one-pass kernel when it is built (see ``hookscope.kernels``; it reads each
+    value once, where the torch path reads it four or five times), else the torch path.
+    With ``zeros=False`` the zero count is skipped (reported as 0).
+    """
+    if flat.dtype in _FUSED_DTYPES:
+        op = fused()
+        if op is not None:
+            return op(flat, zeros)
+    return _moments_torch(flat, zeros)
+
+
+def _moments_torch(flat: torch.Tensor, zeros: bool = True) -> tuple[float, ...]:
     """Branching CPU path: cheap reductions, masking only when something is not finite.
 
     With ``zeros=False`` the zero count is skipped (reported as 0), saving a third of the work.
@@ -203,7 +228,7 @@ def _moments_host(flat: torch.Tensor, zeros: bool = True) -> tuple[float, ...]:
     nonfinite = numel - values.numel()
     if values.numel() == 0:
         return (numel, 0, NAN, NAN, NAN, NAN, 0, nonfinite)
-    inner = _moments_host(values, zeros)
+    inner = _moments_torch(values, zeros)
     return (numel, *inner[1:7], nonfinite)
 
 
@@ -246,12 +271,93 @@ def moments(x: torch.Tensor) -> Moments:
     return Moments.from_values(_moments_device(flat).tolist())
 
 
+def _merged(a: Any, b: Any) -> Any:
+    """``a.merge(b)``, or whichever side exists."""
+    return b if a is None else a if b is None else a.merge(b)
+
+
+@dataclass(frozen=True)
+class Extras:
+    """The opt-in summaries of one call's output, merged exactly across batches and ranks.
+
+    Attributes:
+        per_channel: per-channel statistics were asked for.
+        percentiles: the percentiles asked for (0 to 100), in order.
+        channel_dim: the output's channel dimension (None: the output is one channel).
+        channels: per-channel moments (with ``per_channel``).
+        sketch: the whole output's percentile sketch (with ``percentiles`` alone).
+        channel_sketch: per-channel sketches (with both); the whole output's is their
+            exact :meth:`~hookscope.sketch.Sketch.collapse`.
+    """
+
+    per_channel: bool = False
+    percentiles: tuple[float, ...] = ()
+    channel_dim: int | None = None
+    channels: ChannelMoments | None = None
+    sketch: Sketch | None = None
+    channel_sketch: Sketch | None = None
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, type_name: str, spec: Extras) -> Extras:
+        """What ``spec`` asks for, of one output of a ``type_name`` module."""
+        if spec.per_channel:
+            dim = channel_dim(tensor.shape, type_name)
+            view = ChannelView.of(tensor, dim)
+            channels = ChannelMoments.of(view)
+            sketch = None
+            if spec.percentiles:
+                nonfinite = not view.blocked or bool(channels.nonfinite.any())
+                sketch = Sketch.of(view, channels.min, channels.max, channels.zeros,
+                                   nonfinite=nonfinite)
+            return replace(spec, channel_dim=dim, channels=channels, channel_sketch=sketch)
+        view = ChannelView.of(tensor, None)
+        lo, hi, zeros, nonfinite = finite_range(view)
+        return replace(spec, sketch=Sketch.of(view, lo, hi, zeros, nonfinite=nonfinite))
+
+    @property
+    def empty(self) -> bool:
+        return self.channels is None and self.sketch is None and self.channel_sketch is None
+
+    def merge(self, other: Extras) -> Extras:
+        """Both sides' summaries over their data together (exact; a new object)."""
+        return replace(self, channel_dim=other.channel_dim if self.empty else self.channel_dim,
+                       channels=_merged(self.channels, other.channels),
+                       sketch=_merged(self.sketch, other.sketch),
+                       channel_sketch=_merged(self.channel_sketch, other.channel_sketch))
+
+    def to(self, device: torch.device | str) -> Extras:
+        return replace(self, **{name: value.to(device) for name in ("channels", "sketch",
+                                                                     "channel_sketch")
+                                if (value := getattr(self, name)) is not None})
+
+    def fields(self) -> dict[str, Any]:
+        """The JSON row's ``channel_dim`` and ``channels`` (with ``per_channel``) and
+        ``percentiles`` (when asked for), each channel with its own ``percentiles``."""
+        keys = [percentile_key(p) for p in self.percentiles]
+        out: dict[str, Any] = {}
+        if self.per_channel:
+            rows = self.channels.rows() if self.channels is not None else []
+            if self.channel_sketch is not None and keys:
+                values = self.channel_sketch.quantiles(self.percentiles).tolist()
+                for row, row_values in zip(rows, values, strict=True):
+                    row["percentiles"] = dict(zip(keys, row_values, strict=True))
+            out |= {"channel_dim": self.channel_dim, "channels": rows}
+        if keys:
+            whole = self.sketch if self.sketch is not None else (
+                self.channel_sketch.collapse() if self.channel_sketch is not None else None)
+            values = whole.quantiles(self.percentiles)[0].tolist() if whole is not None else \
+                [NAN] * len(keys)
+            out["percentiles"] = dict(zip(keys, values, strict=True))
+        return out
+
+
 @dataclass(frozen=True)
 class LayerStats:
     """Statistics of one module call's output (and optionally its first input).
 
-    ``moments`` and ``input_moments`` are the exact mergeable summaries behind the numbers;
-    they are not part of the JSON row.
+    ``moments``, ``input_moments`` and ``extras`` are the exact mergeable summaries behind
+    the numbers; they are not part of the JSON row. ``channel_dim``, ``channels`` and
+    ``percentiles`` are None unless asked for (``per_channel``, ``percentiles``).
     """
 
     name: str
@@ -269,22 +375,29 @@ class LayerStats:
     input_stats: dict[str, float | int] | None = None
     moments: Moments | None = field(default=None, repr=False, compare=False)
     input_moments: Moments | None = field(default=None, repr=False, compare=False)
+    channel_dim: int | None = None
+    channels: list[dict[str, Any]] | None = None
+    percentiles: dict[str, float] | None = None
+    extras: Extras | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, name: str, type_name: str, call: int, input_shapes: list[list[int]],
-           output_shapes: list[list[int]], out: Moments, inputs: Moments | None) -> LayerStats:
-        """A row from a call's shapes and its output (and input) moments."""
+           output_shapes: list[list[int]], out: Moments, inputs: Moments | None,
+           extras: Extras | None = None) -> LayerStats:
+        """A row from a call's shapes and its output (and input) moments (and extras)."""
         return cls(
             name=name, type=type_name, call=call, input_shapes=input_shapes,
             output_shape=output_shapes[0] if output_shapes else None,
             output_shapes=output_shapes,
             input_stats=inputs.summary() if inputs is not None else None,
-            moments=out, input_moments=inputs,
+            moments=out, input_moments=inputs, extras=extras,
             **out.summary(),  # type: ignore[arg-type]
+            **(extras.fields() if extras is not None else {}),
         )
 
     def merged(self, other: LayerStats) -> LayerStats:
-        """This call's statistics over both rows' data (exact: Chan's update)."""
+        """This call's statistics over both rows' data (exact: Chan's update, and sketches
+        merged bucket by bucket)."""
         if self.moments is None or other.moments is None:
             raise ValueError("rows without moments cannot be merged")
         out = replace(self.moments).merge(other.moments)
@@ -292,13 +405,18 @@ class LayerStats:
         if self.input_moments is not None and other.input_moments is not None:
             inputs = replace(self.input_moments).merge(other.input_moments)
         return LayerStats.of(self.name, self.type, self.call, self.input_shapes,
-                             self.output_shapes, out, inputs)
+                             self.output_shapes, out, inputs, _merged(self.extras, other.extras))
 
     def to_dict(self) -> dict[str, Any]:
+        optional = ("channel_dim", "channels", "percentiles")
         row = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name not in ("moments", "input_moments", "input_stats")}
+               if f.name not in ("moments", "input_moments", "input_stats", "extras", *optional)}
         if self.input_stats is not None:
             row["input_stats"] = self.input_stats
+        if self.channels is not None:
+            row |= {"channel_dim": self.channel_dim, "channels": self.channels}
+        if self.percentiles is not None:
+            row["percentiles"] = self.percentiles
         return row
 
 
@@ -403,15 +521,25 @@ class StatsProbe(Probe[StatsReport]):
         input_stats: also summarise each call's first input.
         categories: class labels for the top-5 predictions of a classifier.
         output_key: the entry of a dict or tuple output holding the logits.
+        per_channel: also per-channel statistics of each call's output.
+        percentiles: also these percentiles (0 to 100; or ``"0.1,99.9"``) of each call's
+            output (and of each channel, with ``per_channel``).
+
+    Raises:
+        HookscopeError: ``percentiles`` is empty, not numbers, or outside [0, 100].
     """
 
     def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None,
                  types: Sequence[str] | None = None, all_modules: bool = False,
                  max_depth: int | None = None, input_stats: bool = False,
-                 categories: Sequence[str] | None = None, output_key: str | None = None) -> None:
+                 categories: Sequence[str] | None = None, output_key: str | None = None,
+                 per_channel: bool = False,
+                 percentiles: str | Sequence[float] | None = None) -> None:
+        self.spec = Extras(per_channel=per_channel, percentiles=parse_percentiles(percentiles))
         self.sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
                                   max_depth=max_depth)
         self.input_stats = input_stats
+        self.extras: dict[tuple[str, int], Extras] = {}
         self.categories, self.output_key = categories, output_key
         self.table = MomentTable(on_device=model_device(model).type != "cpu")
         self.order: list[tuple[str, int]] = []
@@ -437,6 +565,9 @@ class StatsProbe(Probe[StatsReport]):
         first = first_tensor(output)
         if first is not None:
             self.table.add((*key, "out"), first)
+            if self.spec.per_channel or self.spec.percentiles:
+                self.extras[key] = _merged(self.extras.get(key),
+                                           Extras.of(first, call.site.type, self.spec))
 
     def observe(self, step: Step, output: Any) -> None:
         self.table.flush()
@@ -451,9 +582,12 @@ class StatsProbe(Probe[StatsReport]):
         rows = []
         for key in self.order:
             site, in_shapes, out_shapes = self.meta[key]
+            extras = self.extras.get(key)
+            if self.spec.per_channel or self.spec.percentiles:
+                extras = extras.to("cpu") if extras is not None else self.spec
             rows.append(LayerStats.of(site.name, site.type, key[1], in_shapes, out_shapes,
                                       self.table.get((*key, "out")) or Moments(),
-                                      self.table.get((*key, "in"))))
+                                      self.table.get((*key, "in")), extras))
         return StatsReport(layers=rows, predictions=self.predictions,
                            input_shape=self.input_shape)
 
@@ -470,6 +604,8 @@ def collect_stats(
     categories: Sequence[str] | None = None,
     on_batch: Callable[[int], None] | None = None,
     output_key: str | None = None,
+    per_channel: bool = False,
+    percentiles: str | Sequence[float] | None = None,
 ) -> StatsReport:
     """Run ``model`` in eval and inference mode and summarise each selected module call.
 
@@ -485,11 +621,18 @@ def collect_stats(
         on_batch: called with each batch's size after it ran (progress reporting).
         output_key: the entry of a dict or tuple output holding the logits (default:
             ``logits``, ``out`` or the only tensor).
+        per_channel: also per-channel statistics of each call's output (see
+            :mod:`hookscope.channels` for which dimension holds the channels).
+        percentiles: also these percentiles (0 to 100) of each call's output, and of each
+            channel with ``per_channel``, from a mergeable sketch (see :mod:`hookscope.sketch`).
 
     Returns:
         Per-call statistics in execution order, and top-5 predictions for (N, classes) outputs.
+
+    Raises:
+        HookscopeError: ``percentiles`` is empty, not numbers, or outside [0, 100].
     """
     probe = StatsProbe(model, layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, input_stats=input_stats, categories=categories,
-                       output_key=output_key)
+                       output_key=output_key, per_channel=per_channel, percentiles=percentiles)
     return drive(model, inputs, probe, progress=on_batch)

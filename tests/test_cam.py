@@ -174,13 +174,13 @@ CASES = [
     ("resnet18", "layer4.1.conv1", 96, ["gradcam", "gradcam++", "hirescam"]),
     ("mobilenet_v3_small", "features.8", 96, ["gradcam", "gradcam++", "xgradcam", "layercam",
                                               "hirescam", "eigencam"]),
-    ("inplace", "features.3", 16, method_names()),
-    ("vit", "encoder.layers.encoder_layer_0.mlp", 32, method_names()),
+    ("inplace", "features.3", 16, list(REFERENCE)),
+    ("vit", "encoder.layers.encoder_layer_0.mlp", 32, list(REFERENCE)),
     # torchvision Swin stages are channels-last (N, H, W, C): laid out automatically
     ("swin", "features.1", 32, ["gradcam", "gradcam++", "layercam", "hirescam", "eigencam"]),
     # A block output feeds the next block's LayerNorm, which is scale-invariant, so
     # sum_c G*A (HiResCAM) cancels to rounding noise there: leave it out of this case.
-    ("vit", "encoder.layers.encoder_layer_0", 32, [m for m in method_names()
+    ("vit", "encoder.layers.encoder_layer_0", 32, [m for m in list(REFERENCE)
                                                    if m != "hirescam"]),
 ]
 

@@ -143,7 +143,7 @@ def test_sizes_that_cannot_fit_are_refused(cli, args, message) -> None:
 @pytest.mark.parametrize("args,message", [
     (["stats", "raft_small", CAT], "optical-flow"),
     (["layers", "raft_small"], "optical-flow"),
-    (["gradcam", "fasterrcnn_mobilenet_v3_large_320_fpn", CAT], "detection model"),
+    (["grads", "fasterrcnn_mobilenet_v3_large_320_fpn", CAT], "detection model"),
     (["grads", "fcn_resnet50", CAT], "segmentation model"),
     (["ablate", "ssdlite320_mobilenet_v3_large", CAT, "--layer", "x"], "detection model"),
     (["gradcam", "r3d_18", CAT], "video"),

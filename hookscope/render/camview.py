@@ -10,6 +10,9 @@ from rich.text import Text
 
 from hookscope.render.tables import Col, FitTable, fmt_float, header, num
 
+#: The metric columns, in this order, when present.
+METRIC_ORDER = ("road", "road_morf", "road_lerf", "deletion", "insertion", "drop", "increase")
+
 
 def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
     """One row per input and method: target, score, probability, peak, files written."""
@@ -23,11 +26,16 @@ def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
     previous = None
     for row in results:
         peak = row.get("peak") or []
+        target = row.get("target")
+        if target is None and row.get("detections") is not None:
+            label = f"{len(row['detections'])} detection(s)"
+        else:
+            label = row.get("label") or ""
         table.add_row(
             "" if row["input"] == previous else str(row["input"]),
             row["method"],
-            str(row["target"]),
-            row.get("label") or "",
+            "-" if target is None else str(target),
+            label,
             fmt_float(row.get("score")),
             "-" if row.get("prob") is None else f"{row['prob']:.2%}",
             ",".join(str(v) for v in peak),
@@ -37,16 +45,36 @@ def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
     return table
 
 
+def metrics_table(means: Mapping[str, Mapping[str, float]]) -> FitTable:
+    """One row per method: each metric's mean over the inputs."""
+    present = [m for m in METRIC_ORDER if any(m in v for v in means.values())]
+    table = FitTable([Col("method"), *(num(m) for m in present)],
+                     title="metrics (mean over inputs)")
+    for method, values in means.items():
+        table.add_row(method, *(fmt_float(values.get(m)) for m in present))
+    return table
+
+
 def cam_view(doc: Mapping[str, Any]) -> RenderableType:
-    """Header, the chosen layer, and the per-input table."""
+    """Header, the chosen layers, the per-input table and the metrics' means."""
     layer = Text()
-    layer.append("layer: ", style="bold")
-    layer.append(str(doc.get("layer")))
-    if doc.get("layer_shape"):
-        layer.append(f"  ({'x'.join(str(d) for d in doc['layer_shape'])})", style="dim")
+    layers = doc.get("layers") or [doc.get("layer")]
+    shapes = doc.get("layer_shapes") or [doc.get("layer_shape")]
+    layer.append("layer: " if len(layers) == 1 else "layers (fused): ", style="bold")
+    for i, (name, shape) in enumerate(zip(layers, shapes, strict=False)):
+        layer.append(("" if i == 0 else ", ") + str(name))
+        if shape:
+            layer.append(f" ({'x'.join(str(d) for d in shape)})", style="dim")
     if doc.get("layer_default"):
-        layer.append("  chosen automatically: the last module with a spatial output",
-                     style="dim")
+        what = "the last module" if doc.get("task") in (None, "classification") else \
+            "the backbone's last stage"
+        layer.append(f"  chosen automatically: {what} with a spatial output", style="dim")
     files = len(doc.get("results", []))
     layer.append(f"\nwrote {files} overlay(s) to {doc.get('out')}", style="green")
-    return Group(header(doc), layer, cam_table(doc.get("results", [])))
+    skipped = doc.get("skipped") or []
+    if skipped:
+        layer.append(f"; skipped {len(skipped)} input(s) (see the warnings)", style="yellow")
+    parts: list[RenderableType] = [header(doc), layer, cam_table(doc.get("results", []))]
+    if doc.get("metrics"):
+        parts.append(metrics_table(doc["metrics"]))
+    return Group(*parts)

@@ -1,6 +1,8 @@
 """Heatmap PNGs: a matplotlib colormap, overlays at the original resolution, staged writes.
 
-All image I/O is Pillow. Colouring uses a 256-entry lookup table taken from matplotlib, so
+Overlays also outline a segmentation model's explained region and draw a detector's boxes
+with their labels and scores; ``guided`` writes guided Grad-CAM images. All image I/O is
+Pillow. Colouring uses a 256-entry lookup table taken from matplotlib, so
 a large photo costs one table lookup per pixel. Files are written through
 :class:`hookscope.render.output.Staging` (re-exported here): under temporary names, renamed
 into place only when the whole run succeeded, so a failed run leaves no partial output.
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,6 +117,55 @@ def heatmap_images(
     return over, heat
 
 
+def _outline(mask: np.ndarray) -> np.ndarray:
+    """The pixels on a region's edge, about two pixels wide."""
+    from PIL import ImageFilter
+
+    img = Image.fromarray(mask.astype(np.uint8) * 255, "L")
+    grown = np.asarray(img.filter(ImageFilter.MaxFilter(3))) > 0
+    shrunk = np.asarray(img.filter(ImageFilter.MinFilter(3))) > 0
+    return grown & ~shrunk
+
+
+def draw_region(overlay: Image.Image, region: np.ndarray, box: Box | None,
+                colour: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """Outline ``region`` ((h, w) bool at the model input's resolution) on ``overlay``,
+    placed where the model's input lies in it."""
+    width, height = overlay.size
+    x0, y0, x1, y1 = _box_pixels(box or (0, 0, width, height), (width, height))
+    mask = Image.fromarray(region.astype(np.uint8) * 255, "L").resize(
+        (x1 - x0, y1 - y0), Image.Resampling.NEAREST)
+    edge = _outline(np.asarray(mask) > 0)
+    arr = np.asarray(overlay).copy()
+    arr[y0:y1, x0:x1][edge] = colour
+    return Image.fromarray(arr, "RGB")
+
+
+def draw_boxes(overlay: Image.Image, detections: Sequence[dict[str, Any]],
+               input_size: tuple[int, int], box: Box | None,
+               label: Any = None) -> Image.Image:
+    """Draw detections (boxes in the model input's pixels, ``input_size`` = (w, h)) with
+    their label and score."""
+    from PIL import ImageDraw
+
+    width, height = overlay.size
+    x0, y0, x1, y1 = _box_pixels(box or (0, 0, width, height), (width, height))
+    sx, sy = (x1 - x0) / input_size[0], (y1 - y0) / input_size[1]
+    out = overlay.copy()
+    draw = ImageDraw.Draw(out)
+    line = max(2, round(min(width, height) / 200))
+    for det in detections:
+        bx0, by0, bx1, by1 = det["box"]
+        rect = (x0 + bx0 * sx, y0 + by0 * sy, x0 + bx1 * sx, y0 + by1 * sy)
+        draw.rectangle(rect, outline=(255, 255, 255), width=line)
+        name = (label(det["label"]) if label is not None else None) or str(det["label"])
+        text = f"{name} {det['score']:.2f}"
+        left, top = rect[0], max(0.0, rect[1] - 12)
+        draw.rectangle(draw.textbbox((left, top), text), fill=(0, 0, 0))
+        draw.text((left, top), text, fill=(255, 255, 255))
+    return out
+
+
 def denormalize(
     tensor: Any, mean: Sequence[float] | None, std: Sequence[float] | None
 ) -> Image.Image:
@@ -133,6 +185,18 @@ def denormalize(
     return Image.fromarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), "RGB")
 
 
+@dataclass
+class Extras:
+    """What an overlay shows besides the map, and the extra files of one input."""
+
+    raws: dict[str, np.ndarray] = field(default_factory=dict)  # path key -> raw map
+    region: np.ndarray | None = None
+    detections: list[dict[str, Any]] | None = None
+    input_size: tuple[int, int] = (0, 0)
+    guided: np.ndarray | None = None
+    label: Any = None
+
+
 def write_cam_files(
     staging: Staging,
     values: np.ndarray,
@@ -143,13 +207,27 @@ def write_cam_files(
     raw: np.ndarray | None = None,
     cmap: str = "jet",
     alpha: float = 0.5,
+    extras: Extras | None = None,
 ) -> None:
-    """Render and stage one input's overlay, heatmap and (optionally) raw ``.npy`` files."""
+    """Render and stage one input's overlay, heatmap and (optionally) raw ``.npy`` and
+    guided Grad-CAM files."""
+    from hookscope.cam_backprop import deprocess
+
+    extras = extras or Extras()
     over, heat = heatmap_images(values, image, box, cmap=cmap, alpha=alpha)
+    if extras.region is not None:
+        over = draw_region(over, extras.region, box)
+    if extras.detections:
+        over = draw_boxes(over, extras.detections, extras.input_size, box, extras.label)
     staging.save_png(over, paths["overlay"])  # type: ignore[arg-type]
     staging.save_png(heat, paths["heatmap"])  # type: ignore[arg-type]
-    if raw is not None and paths.get("raw") is not None:
+    if raw is not None and paths.get("raw") is not None and not extras.raws:
         staging.save_npy(raw, paths["raw"])  # type: ignore[arg-type]
+    for key, array in extras.raws.items():
+        staging.save_npy(array, paths[key])  # type: ignore[arg-type]
+    if extras.guided is not None and paths.get("guided") is not None:
+        staging.save_png(Image.fromarray(deprocess(extras.guided), "RGB"),
+                         paths["guided"])  # type: ignore[arg-type]
 
 
 class CamWriter:
@@ -157,7 +235,8 @@ class CamWriter:
     maps) in worker threads and keeps one result row per input and method.
 
     Overlays are drawn on the original image, the map placed where the model's input lies
-    in it; tensor inputs are drawn on their de-normalised tensor.
+    in it; tensor inputs are drawn on their de-normalised tensor. Inputs the probe skipped
+    (a detector found nothing) get no file and no row; :attr:`skipped` lists them.
 
     Args:
         staging: where the files are written (all or nothing).
@@ -174,28 +253,73 @@ class CamWriter:
         self.staging, self.plans, self.loaded = staging, plans, loaded
         self.save_raw, self.cmap, self.alpha = save_raw, cmap, alpha
         self.rows: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, str]] = []
 
     def __call__(self, explained: CamBatch) -> None:
         batch = explained.batch
         if batch is None:
             raise ValueError("CamWriter needs batches from hookscope.inputs.iter_batches")
+        size = (int(batch.tensor.shape[-1]), int(batch.tensor.shape[-2]))
         for i, item in enumerate(batch.items):
+            why = explained.skipped[i] if explained.skipped else None
+            if why is not None:
+                self.skipped.append({"input": item.name, "reason": why})
+                continue
             image = batch.images[i] or denormalize(batch.tensor[i], self.loaded.mean,
                                                    self.loaded.std)
             for name, res in explained.results.items():
                 paths = self.plans[batch.start + i][name]
+                extras = self._extras(res, i, paths, size)
                 self.staging.submit(write_cam_files, self.staging, res.maps[i], image,
                                     explained.boxes[i], paths,
                                     raw=res.raw[i] if self.save_raw else None,
-                                    cmap=self.cmap, alpha=self.alpha)
-                self.rows.append({
-                    "input": item.name, "method": name, "layer": res.layer,
-                    "target": res.targets[i], "label": self.loaded.label(res.targets[i]),
-                    "score": res.scores[i], "prob": res.probs[i],
-                    "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
-                    "raw": str(paths["raw"]) if paths["raw"] is not None else None,
-                    "peak": list(explained.peaks[name][i]),
-                })
+                                    cmap=self.cmap, alpha=self.alpha, extras=extras)
+                self.rows.append(self._row(item.name, name, res, i, paths,
+                                           explained.peaks[name][i]))
+
+    def _extras(self, res: Any, i: int, paths: dict[str, Path | None],
+                size: tuple[int, int]) -> Extras:
+        raws = {}
+        if self.save_raw and len(res.layers) > 1:
+            raws = {f"raw.{layer}": raw[i] for layer, raw in zip(res.layers, res.raws,
+                                                                 strict=True)}
+        return Extras(raws=raws, region=res.regions[i] if res.regions is not None else None,
+                      detections=res.detections[i] if res.detections is not None else None,
+                      input_size=size, label=self.loaded.label,
+                      guided=res.guided[i] if res.guided is not None else None)
+
+    def _row(self, input_name: str, method: str, res: Any, i: int,
+             paths: dict[str, Path | None], peak: tuple[int, int]) -> dict[str, Any]:
+        target = res.targets[i] if res.targets[i] >= 0 else None
+        row: dict[str, Any] = {
+            "input": input_name, "method": method, "layer": res.layer, "target": target,
+            "label": self.loaded.label(target) if target is not None else None,
+            "score": res.scores[i], "prob": res.probs[i],
+            "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
+            "raw": str(paths["raw"]) if paths["raw"] is not None else None,
+            "peak": list(peak), "layers": list(res.layers),
+        }
+        if len(res.layers) > 1:
+            row["raw_layers"] = {layer: str(paths[f"raw.{layer}"]) if self.save_raw else None
+                                 for layer in res.layers}
+        if paths.get("guided") is not None:
+            row["guided"] = str(paths["guided"])
+        if res.metrics:
+            row["metrics"] = {k: float(v[i]) for k, v in res.metrics.items()}
+        if res.regions is not None:
+            row["region_pixels"] = int(res.regions[i].sum())
+        if res.detections is not None:
+            row["detections"] = [d | {"label_name": self.loaded.label(d["label"])}
+                                 for d in res.detections[i]]
+        return row
+
+    def metric_means(self) -> dict[str, dict[str, float]]:
+        """Per method, each metric's mean over the inputs explained."""
+        sums: dict[str, dict[str, list[float]]] = {}
+        for row in self.rows:
+            for key, value in (row.get("metrics") or {}).items():
+                sums.setdefault(row["method"], {}).setdefault(key, []).append(value)
+        return {m: {k: float(np.mean(v)) for k, v in found.items()} for m, found in sums.items()}
 
     @staticmethod
     def log_notes(notes: Sequence[str]) -> None:
@@ -204,16 +328,10 @@ class CamWriter:
             logging.getLogger("hookscope").warning(note)
 
 
-def output_paths(
-    stems: Sequence[str], methods: Sequence[str], out: Path, *, save_raw: bool
-) -> list[dict[str, dict[str, Path | None]]]:
-    """Per input, per method: the ``overlay``, ``heatmap`` and ``raw`` paths in ``out``.
-
-    Inputs with the same stem (``a/cat.jpg`` and ``b/cat.jpg``) get ``cat-2``, ``cat-3``...
-    so no run ever writes one file twice.
-    """
+def _unique_stems(stems: Sequence[str]) -> list[str]:
+    """``cat``, ``cat-2``, ``cat-3``... so no run ever writes one file twice."""
     seen: dict[str, int] = {}
-    plans: list[dict[str, dict[str, Path | None]]] = []
+    found = []
     for stem in stems:
         count = seen.get(stem, 0) + 1
         seen[stem] = count
@@ -223,14 +341,39 @@ def output_paths(
             unique = f"{stem}-{count}"
         if unique != stem:
             seen[unique] = 1
-        plans.append({
-            m: {
+        found.append(unique)
+    return found
+
+
+def output_paths(
+    stems: Sequence[str], methods: Sequence[str], out: Path, *, save_raw: bool,
+    layers: Sequence[str] = (), guided: bool = False,
+) -> list[dict[str, dict[str, Path | None]]]:
+    """Per input, per method: the ``overlay``, ``heatmap``, ``raw`` (and ``guided``) paths.
+
+    With several ``layers``, each layer's raw map is ``raw.<layer>``
+    (``<stem>.<method>.<layer>.npy``) and ``raw`` is the first layer's. Inputs with the same
+    stem (``a/cat.jpg`` and ``b/cat.jpg``) get ``cat-2``, ``cat-3``...
+    """
+    plans: list[dict[str, dict[str, Path | None]]] = []
+    several = len(layers) > 1
+    for unique in _unique_stems(stems):
+        plan: dict[str, dict[str, Path | None]] = {}
+        for m in methods:
+            files: dict[str, Path | None] = {
                 "overlay": out / f"{unique}.{m}.png",
                 "heatmap": out / f"{unique}.{m}.heatmap.png",
-                "raw": out / f"{unique}.{m}.npy" if save_raw else None,
+                "raw": out / f"{unique}.{m}.npy" if save_raw and not several else None,
             }
-            for m in methods
-        })
+            if several:
+                for layer in layers:
+                    files[f"raw.{layer}"] = out / f"{unique}.{m}.{layer}.npy" if save_raw \
+                        else None
+                files["raw"] = files[f"raw.{layers[0]}"]
+            if guided:
+                files["guided"] = out / f"{unique}.{m}.guided.png"
+            plan[m] = files
+        plans.append(plan)
     return plans
 
 

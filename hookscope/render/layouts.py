@@ -33,15 +33,38 @@ def _joined(values: list[Any]) -> str:
     return ",".join(map(str, values))
 
 
-def stats_csv(doc: Doc, *, input_stats: bool = False) -> Rows:
-    rows = [row | {f"input_{k}": v for k, v in (row.get("input_stats") or {}).items()}
-            for row in doc["layers"]]
-    return rows, STATS_COLUMNS + (INPUT_STATS_COLUMNS if input_stats else ())
+CHANNEL_COLUMNS = ("channel_dim", "channel", "channel_count", "channel_mean", "channel_std", "channel_min",
+                   "channel_max", "channel_zero_fraction", "channel_nonfinite")
+
+
+def stats_csv(doc: Doc, *, input_stats: bool = False, per_channel: bool = False,
+              percentiles: tuple[str, ...] = ()) -> Rows:
+    """One row per call; with ``per_channel``, one per (call, channel), the call's columns
+    repeated. New columns come last: ``p<P>`` per percentile (the call's), then
+    ``CHANNEL_COLUMNS`` and ``channel_p<P>`` (the channel's)."""
+    rows = []
+    for row in doc["layers"]:
+        row = row | {f"input_{k}": v for k, v in (row.get("input_stats") or {}).items()}
+        row |= {f"p{k}": v for k, v in (row.get("percentiles") or {}).items()}
+        if not per_channel:
+            rows.append(row)
+            continue
+        for channel in row.get("channels") or [{}]:
+            own = {f"channel_p{k}": v for k, v in (channel.get("percentiles") or {}).items()}
+            rows.append(row | own | {("channel" if k == "channel" else f"channel_{k}"): v
+                                     for k, v in channel.items() if k != "percentiles"})
+    columns = STATS_COLUMNS + (INPUT_STATS_COLUMNS if input_stats else ())
+    columns += tuple(f"p{k}" for k in percentiles)
+    if per_channel:
+        columns += CHANNEL_COLUMNS + tuple(f"channel_p{k}" for k in percentiles)
+    return rows, columns
 
 
 @register("stats", csv=stats_csv)
-def stats_table(doc: Doc, *, input_stats: bool = False) -> RenderableType:
-    return tables.stats_view(doc, input_stats=input_stats)
+def stats_table(doc: Doc, *, input_stats: bool = False, per_channel: bool = False,
+                percentiles: tuple[str, ...] = ()) -> RenderableType:
+    return tables.stats_view(doc, input_stats=input_stats, per_channel=per_channel,
+                             percentiles=percentiles)
 
 
 def models_csv(doc: Doc) -> Rows:
@@ -89,9 +112,16 @@ def debug_text(doc: Doc) -> RenderableType:
 
 
 def cam_csv(doc: Doc) -> Rows:
+    """The contract's columns, then ``layers`` (joined with ``+``) and one column per metric."""
+    from hookscope.render.camview import METRIC_ORDER
+
+    present = [m for m in METRIC_ORDER if any(m in (r.get("metrics") or {})
+                                              for r in doc["results"])]
     rows = [r | dict(zip(("peak_y", "peak_x"), r.get("peak") or [None, None], strict=True))
+            | {"layers": "+".join(r.get("layers") or [r["layer"]])}
+            | {m: (r.get("metrics") or {}).get(m) for m in present}
             for r in doc["results"]]
-    return rows, CAM_COLUMNS
+    return rows, CAM_COLUMNS + ("layers", *present)
 
 
 @register("gradcam", csv=cam_csv)
@@ -127,3 +157,20 @@ def ablate_csv(doc: Doc, *, top: int = 10, sweep: bool = False) -> Rows:
 @register("ablate", csv=ablate_csv)
 def ablate_table(doc: Doc, *, top: int = 10, sweep: bool = False) -> RenderableType:
     return ablate.ablate_view(doc, top=top)
+
+
+# ----------------------------------------------------------------- check
+
+
+@register("check")
+def check_table(doc: Doc) -> RenderableType:
+    from hookscope.render.check import check_view
+
+    return check_view(doc)
+
+
+# ----------------------------------------------------------------- diff
+
+from hookscope.render import diff as _diff  # noqa: E402  (one block per command, appended)
+
+register("diff", csv=_diff.diff_csv)(_diff.diff_view)

@@ -344,8 +344,10 @@ def call_priority(rows: Sequence[Mapping[str, Any]], *, when_all_zero: int, othe
     return when_all_zero if all(int(r.get("call") or 0) == 0 for r in rows) else otherwise
 
 
-def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool) -> list[Col]:
-    # Hidden first: input shapes, type, call (when all 0), min/max, input stats, call, #.
+def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_channel: bool,
+                   percentiles: Sequence[str]) -> list[Col]:
+    # Hidden first: percentiles, input shapes, type, call (when all 0), min/max, dead
+    # channels, input stats, call, #.
     columns = [
         num("#", 10, style="dim"), Col("layer", name=True), Col("type", 2, style="dim"),
         num("call", call_priority(rows, when_all_zero=3, otherwise=9)),
@@ -356,7 +358,16 @@ def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool) -> list
     if input_stats:
         columns += [num("in mean", 7), num("in std", 6),
                     num("in non-finite", 8)]
+    if per_channel:
+        columns.append(num("dead ch.", 11))
+    columns += [num(f"p{key}", 0) for key in percentiles]
     return columns
+
+
+def dead_channels(row: Mapping[str, Any]) -> int:
+    """How many of a call's channels are dead: zero fraction at least ``ZERO_WARN``."""
+    return sum(1 for ch in row.get("channels") or []
+               if ch.get("zero_fraction") is not None and ch["zero_fraction"] >= ZERO_WARN)
 
 
 def _output_shape(row: Mapping[str, Any]) -> str:
@@ -364,9 +375,11 @@ def _output_shape(row: Mapping[str, Any]) -> str:
     return format_shapes(shapes) if len(shapes) > 1 else format_shape(row.get("output_shape"))
 
 
-def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False) -> FitTable:
-    """Per-call statistics; non-finite counts red, mostly-zero layers yellow."""
-    table = FitTable(_stats_columns(rows, input_stats))
+def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
+                per_channel: bool = False, percentiles: Sequence[str] = ()) -> FitTable:
+    """Per-call statistics; non-finite counts red, mostly-zero layers yellow; with
+    ``per_channel`` the dead channels (yellow when any), with ``percentiles`` their values."""
+    table = FitTable(_stats_columns(rows, input_stats, per_channel, percentiles))
     for i, row in enumerate(rows):
         zero = row.get("zero_fraction")
         nonfinite = int(row.get("nonfinite") or 0)
@@ -381,6 +394,11 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False)
             ins = row.get("input_stats") or {}
             cells += [fmt_float(ins.get("mean")), fmt_float(ins.get("std")),
                       count_text(int(ins.get("nonfinite") or 0))]
+        if per_channel:
+            dead = dead_channels(row)
+            cells.append(Text(str(dead), style="yellow") if dead else "0")
+        values = row.get("percentiles") or {}
+        cells += [fmt_float(values.get(key)) for key in percentiles]
         table.add_row(*cells, style=style)
     return table
 
@@ -399,10 +417,12 @@ def predictions_table(inputs: Sequence[str],
     return table
 
 
-def stats_view(doc: Mapping[str, Any], *, input_stats: bool = False) -> RenderableType:
+def stats_view(doc: Mapping[str, Any], *, input_stats: bool = False, per_channel: bool = False,
+               percentiles: Sequence[str] = ()) -> RenderableType:
     """The whole ``stats`` table output."""
-    parts: list[RenderableType] = [header(doc, f"layer calls: {len(doc['layers'])}"),
-                                   stats_table(doc["layers"], input_stats=input_stats)]
+    table = stats_table(doc["layers"], input_stats=input_stats, per_channel=per_channel,
+                        percentiles=percentiles)
+    parts: list[RenderableType] = [header(doc, f"layer calls: {len(doc['layers'])}"), table]
     if doc.get("predictions"):
         parts.append(predictions_table(doc["inputs"], doc["predictions"]))
     return Group(*parts)

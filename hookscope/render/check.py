@@ -1,0 +1,197 @@
+"""``hookscope check`` drawn three ways: a table of rules, JUnit XML, GitHub annotations.
+
+All three read the command's JSON document (the envelope plus ``rules``, ``passed`` and
+``failed``), so what a CI test reporter shows is what ``--format json`` holds.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from hookscope.errors import HookscopeError, param
+from hookscope.render.output import Output, resolve_output, write
+from hookscope.render.tables import Col, FitTable, fmt_float, header
+
+Doc = Mapping[str, Any]
+
+#: Offenders listed per rule in the table and in a GitHub annotation (JSON and JUnit: all).
+SHOWN = 10
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+
+
+def limit_text(limit: Any) -> str:
+    """A rule's limit in a few characters: a number, a path, or a count of inputs."""
+    if isinstance(limit, Mapping):
+        return f"{len(limit)} input{'s' if len(limit) != 1 else ''}"
+    if isinstance(limit, float):
+        return fmt_float(limit)
+    return Path(limit).name if isinstance(limit, str) else str(limit)  # a baseline's path
+
+
+def _more(rule: Mapping[str, Any], shown: int) -> str:
+    rest = len(rule["offenders"]) - shown
+    return f"... and {rest} more (all in --format json or --junit)" if rest > 0 else ""
+
+
+def rules_table(doc: Doc) -> FitTable:
+    """One row per rule: its name, PASS or FAIL, its limit and what was found."""
+    table = FitTable([Col("rule"), Col("result"), Col("limit", name=True),
+                      Col("detail", wrap=True)])
+    for rule in doc["rules"]:
+        result = Text("pass", style="green") if rule["passed"] else \
+            Text("FAIL", style="bold red")
+        table.add_row(rule["rule"], result, limit_text(rule["limit"]), rule["detail"])
+    return table
+
+
+def offenders_table(doc: Doc) -> FitTable:
+    """The offending calls or inputs of each failed rule (the first :data:`SHOWN`)."""
+    table = FitTable([Col("rule"), Col("offending call or input", wrap=True)],
+                     title="offenders")
+    failed = [r for r in doc["rules"] if not r["passed"] and r["offenders"]]
+    for rule in failed:
+        lines = rule["offenders"][:SHOWN] + [m for m in [_more(rule, SHOWN)] if m]
+        for i, line in enumerate(lines):
+            table.add_row(rule["rule"] if i == 0 else "", line,
+                          end_section=i == len(lines) - 1)
+    return table
+
+
+def verdict(doc: Doc) -> Text:
+    """``passed: all 6 rules`` in green, or ``FAILED: 2 of 6 rules (a, b)`` in red."""
+    failed = [r["rule"] for r in doc["rules"] if not r["passed"]]
+    if not failed:
+        return Text(f"passed: all {len(doc['rules'])} rules", style="bold green")
+    return Text(f"FAILED: {len(failed)} of {len(doc['rules'])} rules ({', '.join(failed)})",
+                style="bold red")
+
+
+def check_view(doc: Doc) -> RenderableType:
+    """The whole ``check`` table output."""
+    parts: list[RenderableType] = [header(doc, f"layer calls: {doc.get('calls', 0)}"),
+                                   rules_table(doc)]
+    if any(not r["passed"] and r["offenders"] for r in doc["rules"]):
+        parts.append(offenders_table(doc))
+    parts.append(verdict(doc))
+    return Group(*parts)
+
+
+# ----------------------------------------------------------------------------- JUnit
+
+
+def _xml_text(text: Any) -> str:
+    """``text`` without what XML 1.0 cannot hold (control characters, lone surrogates)."""
+    return _NOT_XML.sub("\ufffd", str(text))
+
+
+def _classname(model: Any) -> str:
+    """``hookscope.check.<model>``, the model's name made one dotted-name part (test
+    reporters split class names at dots)."""
+    return "hookscope.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(model or "model"))
+
+
+def junit_xml(doc: Doc) -> str:
+    """A JUnit XML report: one test case per rule, a ``<failure>`` for each failed rule
+    whose text lists every offender.
+
+    The shape GitLab, Jenkins and the GitHub test-report actions read::
+
+        <testsuites name tests failures errors>
+          <testsuite name="hookscope check" tests failures errors skipped>
+            <properties>...</properties>
+            <testcase classname="hookscope.check.<model>" name="<rule>">
+              <failure message="<detail>" type="<rule>">offenders, one a line</failure>
+    """
+    rules = doc["rules"]
+    counts = {"tests": str(len(rules)), "failures": str(sum(not r["passed"] for r in rules)),
+              "errors": "0"}
+    root = ET.Element("testsuites", {"name": "hookscope check", **counts})
+    suite = ET.SubElement(root, "testsuite", {"name": "hookscope check", **counts,
+                                              "skipped": "0"})
+    props = ET.SubElement(suite, "properties")
+    found = {"model": doc.get("model"), "weights": (doc.get("weights") or {}).get("loaded"),
+             "device": doc.get("device"), "rules_file": doc.get("rules_file")}
+    for key, value in found.items():
+        if value is not None:
+            ET.SubElement(props, "property", {"name": key, "value": _xml_text(value)})
+    classname = _classname(doc.get("model"))
+    for rule in rules:
+        case = ET.SubElement(suite, "testcase", {"classname": classname, "name": rule["rule"],
+                                                 "time": "0"})
+        if rule["passed"]:
+            ET.SubElement(case, "system-out").text = _xml_text(rule["detail"])
+            continue
+        failure = ET.SubElement(case, "failure", {"message": _xml_text(rule["detail"]),
+                                                  "type": rule["rule"]})
+        failure.text = _xml_text("\n".join([rule["detail"], *rule["offenders"]]))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, "unicode") + "\n"
+
+
+def resolve_junit(path: Path | str | None, output: Path | str | None, *,
+                  force: bool) -> Output | None:
+    """Where the JUnit file goes, checked before the model loads (None: not asked for).
+
+    Raises:
+        HookscopeError: the path cannot be written, or it is the report's own output.
+    """
+    if path is None:
+        return None
+    if str(path) == "-" and (output is None or str(output) == "-"):
+        raise HookscopeError(f"{param('junit')} - and the report would both go to stdout; "
+                             f"give {param('junit')} a file, or the report {param('output')}.")
+    if output is not None and str(path) != "-" and str(output) != "-" and \
+            Path(path).resolve() == Path(output).resolve():
+        raise HookscopeError(f"{param('junit')} and {param('output')} name the same file "
+                             f"{str(path)!r}; give two files.")
+    return resolve_output(path, force=force)
+
+
+def write_junit(output: Output, doc: Doc) -> None:
+    """Write the JUnit report of ``doc`` (atomically, like every output)."""
+    write(output, junit_xml(doc))
+
+
+# ----------------------------------------------------------------------------- GitHub
+
+
+def escape_data(text: str) -> str:
+    """A workflow command's message, escaped as GitHub's toolkit does."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    """A workflow command's property (``title=``), escaped as GitHub's toolkit does."""
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _annotation(kind: str, title: str, lines: Sequence[str]) -> str:
+    return f"::{kind} title={escape_property(title)}::{escape_data(chr(10).join(lines))}\n"
+
+
+def github_annotations(doc: Doc) -> str:
+    """One ``::error`` line per failed rule (its detail and first offenders), then a
+    ``::notice`` with the verdict."""
+    out = []
+    for rule in doc["rules"]:
+        if not rule["passed"]:
+            shown = rule["offenders"][:SHOWN]
+            lines = [rule["detail"], *shown, *[m for m in [_more(rule, SHOWN)] if m]]
+            out.append(_annotation("error", f"hookscope check: {rule['rule']}", lines))
+    failed = [r["rule"] for r in doc["rules"] if not r["passed"]]
+    what = f"{len(failed)} of {len(doc['rules'])} rules failed ({', '.join(failed)})" \
+        if failed else f"all {len(doc['rules'])} rules passed"
+    out.append(_annotation("notice", "hookscope check", [f"{doc.get('model')}: {what}"]))
+    return "".join(out)
+
+
+def write_github(output: Output, doc: Doc) -> None:
+    """Write the GitHub annotation lines of ``doc``."""
+    write(output, github_annotations(doc))

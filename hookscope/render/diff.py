@@ -1,0 +1,170 @@
+"""The ``hookscope diff`` view: where two runs part, and each call's difference."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from hookscope.render.output import format_shape
+from hookscope.render.tables import Col, FitTable, call_priority, fmt_float, header, num
+
+Doc = Mapping[str, Any]
+
+#: CSV columns: the JSON layer fields (a contract).
+DIFF_COLUMNS = ("name", "type", "call", "shape", "shape_b", "max_abs", "rel_l2", "cosine",
+                "nonfinite_a", "nonfinite_b", "exceeds")
+OFFLINE_COLUMNS = ("name", "type", "call", "shape", "shape_b",
+                   *(f"{stat}_{part}" for stat in ("mean", "std", "zero_fraction", "nonfinite")
+                     for part in ("a", "b", "delta", "rel")),
+                   "rel", "exceeds")
+#: How many one-side calls are named in the table view.
+SHOWN = 6
+
+
+def diff_csv(doc: Doc) -> tuple[list[dict[str, Any]], Sequence[str]]:
+    """One row per compared call."""
+    return list(doc["layers"]), OFFLINE_COLUMNS if doc.get("offline") else DIFF_COLUMNS
+
+
+def _value(value: Any) -> float | None:
+    """A number to show: None for a missing or NaN value (shown as ``-``)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+def _side(doc: Doc) -> str:
+    """What the second run was: model, weights, precision, device."""
+    against = doc.get("against") or {}
+    precision = against.get("precision") or {}
+    weights = (against.get("weights") or {}).get("loaded")
+    parts = [f"against: {against.get('model')}", f"weights: {weights}",
+             f"dtype: {precision.get('dtype')}"]
+    if precision.get("autocast"):
+        parts.append(f"autocast: {precision['autocast']}")
+    parts.append(f"device: {against.get('device')}")
+    return "  ".join(parts)
+
+
+def _verdict(doc: Doc) -> Text:
+    """The first divergence in bold, or that there is none."""
+    first = doc.get("first_divergence")
+    tolerance = fmt_float(doc.get("tolerance"))
+    if first is None:
+        return Text(f"no call differs by more than the tolerance ({tolerance})", style="green")
+    call = f" (call {first['call']})" if first.get("call") else ""
+    reasons = {"shape": "the output shapes differ", "nonfinite": "the non-finite counts differ"}
+    value = _value(first.get("rel_l2", first.get("rel")))
+    detail = reasons.get(first.get("reason", ""),
+                         f"relative {'L2 error' if 'rel_l2' in first else 'change'} "
+                         f"{fmt_float(value) if value is not None else 'inf'}")
+    limit = f" (tolerance {tolerance})" if first.get("reason") in ("rel_l2", "rel") else ""
+    return Text(f"first divergence: {first['name']}{call} {first['type']}: {detail}{limit}",
+                style="bold red")
+
+
+def _outputs(doc: Doc) -> Text | None:
+    outputs = doc.get("outputs")
+    if not outputs:
+        return None
+    n, agree = outputs["inputs"], outputs["top1_agree"]
+    line = Text(f"final output: top-1 agreement {agree}/{n}",
+                style="" if agree == n else "bold red")
+    if outputs.get("max_abs_logit") is not None:
+        line.append(f", max |Δ logit| {fmt_float(_value(outputs['max_abs_logit']))}, KL(a‖b) "
+                    f"mean {fmt_float(_value(outputs['kl_mean']))}, max "
+                    f"{fmt_float(_value(outputs['kl_max']))}", style="")
+    return line
+
+
+def _one_side(doc: Doc) -> list[Text]:
+    """The calls seen on one side only."""
+    lines = []
+    for key, side in (("unmatched_a", "A (MODEL)"), ("unmatched_b", "B (against)")):
+        refs = doc.get(key) or []
+        if refs:
+            names = [f"{r['name']}" + (f"#{r['call']}" if r["call"] else "") for r in refs]
+            more = f", ... ({len(names) - SHOWN} more)" if len(names) > SHOWN else ""
+            lines.append(Text(f"only in {side}, {len(refs)} call(s): "
+                              f"{', '.join(names[:SHOWN])}{more}", style="yellow"))
+    return lines
+
+
+def _row_style(row: Mapping[str, Any], first: Mapping[str, Any] | None) -> str | None:
+    if first and row["name"] == first["name"] and row["call"] == first["call"]:
+        return "bold red"
+    return "red" if row.get("exceeds") else None
+
+
+def _shape(row: Mapping[str, Any]) -> str:
+    shape, other = row.get("shape"), row.get("shape_b")
+    return format_shape(shape) if other == shape else f"{format_shape(shape)}≠{format_shape(other)}"
+
+
+def layers_table(doc: Doc) -> FitTable:
+    """Each compared call in A's execution order; rows above the tolerance in red."""
+    rows = doc["layers"]
+    mismatch = any(row.get("shape_b") != row.get("shape") for row in rows)
+    # Hidden first: type, call (when all 0), shape (unless one differs), #, cosine,
+    # non-finite counts, max |a−b|.
+    table = FitTable([
+        num("#", 4, style="dim"), Col("layer", name=True), Col("type", 1, style="dim"),
+        num("call", call_priority(rows, when_all_zero=2, otherwise=8)),
+        Col("shape", 10 if mismatch else 3),
+        num("max |a−b|", 9), num("rel L2"), num("cosine", 5), num("NaN/Inf a", 6),
+        num("NaN/Inf b", 7),
+    ])
+    first = doc.get("first_divergence")
+    for i, row in enumerate(rows):
+        table.add_row(
+            str(i), row["name"], row["type"], str(row["call"]), _shape(row),
+            fmt_float(_value(row.get("max_abs"))), fmt_float(_value(row.get("rel_l2"))),
+            fmt_float(_value(row.get("cosine")), 6), str(row["nonfinite_a"]),
+            str(row["nonfinite_b"]), style=_row_style(row, first))
+    return table
+
+
+def offline_table(doc: Doc) -> FitTable:
+    """Two saved ``stats`` documents: each statistic's change, b − a."""
+    rows = doc["layers"]
+    # Hidden first: type, call (when all 0), zero-fraction change, #, std change, counts.
+    table = FitTable([
+        num("#", 4, style="dim"), Col("layer", name=True), Col("type", 1, style="dim"),
+        num("call", call_priority(rows, when_all_zero=2, otherwise=8)),
+        num("Δ mean"), num("Δ std", 6), num("Δ zeros", 3), num("rel"),
+        num("NaN/Inf a", 5), num("NaN/Inf b", 7),
+    ])
+    first = doc.get("first_divergence")
+    for i, row in enumerate(rows):
+        zeros = _value(row.get("zero_fraction_delta"))
+        table.add_row(
+            str(i), row["name"], row["type"], str(row["call"]),
+            fmt_float(_value(row.get("mean_delta"))), fmt_float(_value(row.get("std_delta"))),
+            "-" if zeros is None else f"{zeros:+.1%}",
+            fmt_float(_value(row.get("rel"))),
+            str(_count(row.get("nonfinite_a"))), str(_count(row.get("nonfinite_b"))),
+            style=_row_style(row, first))
+    return table
+
+
+def _count(value: Any) -> int | str:
+    number = _value(value)
+    return "-" if number is None else int(number)
+
+
+def diff_view(doc: Doc) -> RenderableType:
+    """The whole ``diff`` table output."""
+    title = "offline: two saved stats documents" if doc.get("offline") else ""
+    parts: list[RenderableType] = [
+        header(doc, f"layer calls: {len(doc['layers'])}" + (f"  {title}" if title else "")),
+        Text(_side(doc), style="cyan"), _verdict(doc)]
+    outputs = _outputs(doc)
+    if outputs is not None:
+        parts.append(outputs)
+    parts += _one_side(doc)
+    parts.append(offline_table(doc) if doc.get("offline") else layers_table(doc))
+    return Group(*parts)

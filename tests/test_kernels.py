@@ -1,0 +1,233 @@
+"""The compiled moments kernel against float64 references, its cache, and the fallback.
+
+The kernel is built once per session, into the default cache (where ``make install`` put
+it) or, if that cannot be written, a temporary one, and only when a C++ compiler and ninja
+are present. Without them the kernel-on cases check that the torch path is used instead,
+and still hold it to the same accuracy bar.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import hookscope.stats as stats
+from hookscope import kernels
+from hookscope.stats import _moments_host, collect_stats
+from tests.test_stats import CASES, REL, _from, assert_close, reference
+
+pytestmark = pytest.mark.slow  # the first build compiles for tens of seconds
+
+
+def _toolchain() -> bool:
+    from torch.utils.cpp_extension import is_ninja_available
+
+    return shutil.which(os.environ.get("CXX", "c++")) is not None and is_ninja_available()
+
+
+@pytest.fixture(scope="session")
+def kernel_op(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kernels.MomentsOp | None]:
+    """The compiled op (built at most once per session), or None without a compiler."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("HOOKSCOPE_KERNELS", raising=False)
+        kernels.reset()
+        if kernels.fused() is None and _toolchain():
+            try:
+                kernels.build()
+            except OSError:  # an unwritable home: build into a temporary cache instead
+                patch.setenv("HOOKSCOPE_CACHE", str(tmp_path_factory.mktemp("hookscope-cache")))
+                kernels.build()
+            kernels.reset()
+        yield kernels.fused()
+    kernels.reset()
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def path(request: pytest.FixtureRequest, kernel_op, monkeypatch: pytest.MonkeyPatch):
+    """Run a test with the kernel switched on (when built) and with the torch path."""
+    monkeypatch.setenv("HOOKSCOPE_KERNELS", "1" if request.param == "kernel" else "0")
+    kernels.reset()
+    yield request.param
+    kernels.reset()
+
+
+def _uses_kernel(path: str, kernel_op) -> bool:
+    return path == "kernel" and kernel_op is not None
+
+
+def test_kernel_built_or_fallback_said(kernel_op) -> None:
+    if _toolchain():
+        assert kernel_op is not None, "a compiler is present, so the kernel must build"
+    else:
+        assert kernel_op is None
+        warnings.warn("no C++ compiler or ninja: the kernel is not built; statistics and "
+                      "these tests use the torch path", UserWarning, stacklevel=1)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_moments_match_float64_reference(case: str, path: str, kernel_op,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    if _uses_kernel(path, kernel_op):  # prove the kernel, not the torch path, answered
+        monkeypatch.setattr(stats, "_moments_torch", _refuse)
+    x = CASES[case](torch.Generator().manual_seed(1))
+    values = _moments_host(x.reshape(-1))
+    assert_close(_from(values), reference(x))
+    _assert_exact_parts(values, x)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the torch path ran although the kernel is built")
+
+
+def _assert_exact_parts(values, x: torch.Tensor) -> None:
+    """Counts, min and max are exact, not merely close."""
+    flat = x.reshape(-1).double()
+    finite = flat[torch.isfinite(flat)]
+    numel, n, _, _, lo, hi, zeros, nonfinite = values
+    assert (numel, n, nonfinite) == (flat.numel(), finite.numel(), flat.numel() - finite.numel())
+    assert zeros == int((flat == 0).sum())
+    if finite.numel():
+        assert (lo, hi) == (finite.min().item(), finite.max().item())
+
+
+ADVERSARIAL = {
+    # Channels whose means differ by 30 std: each block's shift comes from its neighbour.
+    "channel_offsets": lambda g: torch.randn(2, 64, 40, 40, generator=g)
+    + 30 * torch.randn(1, 64, 1, 1, generator=g),
+    # Blocks alternate between a mean of 0 and 1e4: the worst shift a block can get.
+    "alternating_blocks": lambda g: torch.cat([
+        torch.randn(2048, generator=g) + (1e4 if i % 2 else 0.0) for i in range(40)]),
+    "outlier_first": lambda g: torch.cat([torch.tensor([1e6]), torch.randn(200_000, generator=g)]),
+    "nan_inf_spread": lambda g: torch.randn(300_001, generator=g).index_fill_(
+        0, torch.tensor([0, 4096, 70_000, 300_000]), math.nan).index_fill_(
+        0, torch.tensor([9, 150_000]), math.inf),
+    "huge_in_big": lambda g: torch.randn(100_000, generator=g).index_fill_(
+        0, torch.tensor([3000, 3001]), 3e38),
+    "float64_mean_1e6": lambda g: 1e6 + torch.randn(300_007, generator=g, dtype=torch.float64),
+    "strided": lambda g: torch.randn(50_000, 3, generator=g)[:, 1],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADVERSARIAL))
+def test_adversarial_layouts_match_float64_reference(case: str, path: str) -> None:
+    x = ADVERSARIAL[case](torch.Generator().manual_seed(3))
+    values = _moments_host(x.reshape(-1))
+    assert_close(_from(values), reference(x), rel=REL)
+    _assert_exact_parts(values, x)
+
+
+def test_result_does_not_depend_on_thread_count(kernel_op) -> None:
+    if kernel_op is None:
+        pytest.skip("no kernel without a compiler (the torch path is covered above)")
+    x = 1e3 + torch.randn(1_000_003, generator=torch.Generator().manual_seed(4))
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(kernel_op(x, True))
+    finally:
+        torch.set_num_threads(before)
+    assert results[0] == results[1] == results[2]
+
+
+def test_zero_count_skipped_when_not_asked(path: str) -> None:
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0])
+    assert _moments_host(x, zeros=False)[6] == 0
+    assert _moments_host(x, zeros=True)[6] == 2
+
+
+def test_collect_stats_agrees_with_and_without_kernel(tiny_net, kernel_op,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(3, 3, 12, 12, generator=torch.Generator().manual_seed(5))
+    reports = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("HOOKSCOPE_KERNELS", flag)
+        kernels.reset()
+        reports[flag] = collect_stats(tiny_net, x, input_stats=True)
+    kernels.reset()
+    for on, off in zip(reports["1"].layers, reports["0"].layers, strict=True):
+        assert (on.name, on.call, on.zero_fraction, on.nonfinite) == \
+            (off.name, off.call, off.zero_fraction, off.nonfinite)
+        assert (on.min, on.max) == (off.min, off.max)
+        assert on.mean == pytest.approx(off.mean, rel=1e-5, abs=1e-7)
+        assert on.std == pytest.approx(off.std, rel=1e-5)
+
+
+def test_disabled_by_environment(kernel_op, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKSCOPE_KERNELS", "0")
+    kernels.reset()
+    assert kernels.fused() is None
+    monkeypatch.delenv("HOOKSCOPE_KERNELS")
+    kernels.reset()
+    assert (kernels.fused() is not None) == (kernel_op is not None)
+    kernels.reset()
+
+
+def test_never_compiles_on_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKSCOPE_CACHE", str(tmp_path))
+    monkeypatch.delenv("HOOKSCOPE_KERNELS", raising=False)
+    kernels.reset()
+    assert kernels.fused() is None
+    _moments_host(torch.randn(100))
+    assert list(tmp_path.iterdir()) == []  # nothing built, nothing even created
+    kernels.reset()
+
+
+def test_incomplete_or_broken_builds_are_not_used(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOOKSCOPE_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels, "_loaded", {})  # as if nothing were loaded in this process
+    folder = kernels.build_dir()
+    folder.mkdir(parents=True)
+    (folder / f"hookscope_{kernels.cache_key()}.so").write_bytes(b"not a library")
+    kernels.reset()
+    assert kernels.fused() is None  # no completion mark: maybe still being linked
+    (folder / "complete").write_text("0\n")
+    kernels.reset()
+    with pytest.warns(UserWarning, match="cannot load the compiled kernel"):
+        assert kernels.fused() is None
+    kernels.reset()
+
+
+def test_cache_key_covers_flags_dispatch_and_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = kernels.cache_key()
+    assert kernels.build_dir(Path("/c")).name == \
+        f"kernels-{torch.__version__.replace('+', '_')}-{key}"
+    monkeypatch.setattr(kernels, "CFLAGS", ("-O2", "-fopenmp"))
+    assert kernels.cache_key() != key
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels, "_clones", lambda: "")
+    assert kernels.cache_key() != key
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    assert kernels.cache_key() != key
+    assert "-march=native" not in kernels.CFLAGS  # a shared cache must suit every CPU
+
+
+def test_module_reports_build(kernel_op) -> None:
+    if kernel_op is None:
+        pytest.skip("no compiler: see test_build_failure_is_one_line")
+    done = subprocess.run([sys.executable, "-m", "hookscope.kernels"], capture_output=True,
+                          text=True, env=os.environ | {"HOOKSCOPE_KERNELS": "1"}, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert f"kernel ready in {kernels.build_dir()}" in done.stdout
+
+
+def test_build_failure_is_one_line(tmp_path: Path) -> None:
+    env = os.environ | {"HOOKSCOPE_CACHE": str(tmp_path), "CXX": str(tmp_path / "no-such-c++")}
+    done = subprocess.run([sys.executable, "-m", "hookscope.kernels"], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 1
+    lines = [line for line in done.stderr.splitlines() if line.startswith("hookscope:")]
+    assert len(lines) == 1 and "torch path" in lines[0]
+    assert not list(tmp_path.glob("*/complete"))
