@@ -336,3 +336,17 @@ def _fit_mask(mask: np.ndarray, input_hw: Sequence[int], out_hw: Sequence[int],
     if tuple(fitted.shape) != tuple(out_hw):
         fitted = F.interpolate(fitted[None, None], size=tuple(out_hw), mode="nearest")[0, 0]
     return fitted
+
+
+def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, Targets | None]:
+    """What a loaded model's maps explain (its task) and the parsed ``target`` for it.
+
+    A detector without ``target`` explains every detection (None); otherwise the target is
+    parsed with the model's labels and checked against the number of inputs.
+    """
+    task = loaded.task if loaded.task in TASKS else infer_task(loaded.model)
+    if target is None and task == "detection":
+        return task, None
+    targets = parse_targets(target, loaded.categories)
+    targets.check_count(n_inputs)
+    return task, targets

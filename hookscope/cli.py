@@ -8,40 +8,15 @@ commands, never at module level, so ``hookscope --help`` does not load them.
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from hookscope import __version__
-from hookscope.options import (
-    AllModulesOpt,
-    CamMethod,
-    DebugFormat,
-    FailOpt,
-    FeatureOrder,
-    FormatOpt,
-    GradLoss,
-    InputsArg,
-    LayersOpt,
-    MaxDepthOpt,
-    ModelArg,
-    ModelSource,
-    Options,
-    OutDirOpt,
-    PlotOpt,
-    Reshape,
-    TargetOpt,
-    TrainModeOpt,
-    TypesOpt,
-    command,
-    runs_model,
-)
+from hookscope import options as o
+from hookscope.options import Options, command, runs_model
 from hookscope.options import value as _value
-
-if TYPE_CHECKING:
-    from hookscope.render.output import Output
 
 app = typer.Typer(
     name="hookscope",
@@ -77,20 +52,11 @@ def main_callback(
 @app.command()
 @runs_model
 def stats(
-    model: ModelArg, inputs: InputsArg, layers: LayersOpt = None, types: TypesOpt = None,
-    all_modules: AllModulesOpt = False, max_depth: MaxDepthOpt = None,
-    input_stats: Annotated[bool, typer.Option(
-        "--input-stats", help="Also summarise each module's first input.")] = False,
-    per_channel: Annotated[bool, typer.Option(
-        "--per-channel", help="Also per-channel count, mean, std, min, max, zero fraction and "
-        "non-finite count of each output (channels on dim 1; the last dim of 3-D token "
-        "outputs and of Linear/LayerNorm outputs). CSV: one row per channel.")] = False,
-    percentiles: Annotated[str | None, typer.Option(
-        "--percentiles", help="Also these percentiles of each output (and channel), e.g. "
-        "0.1,99.9,99.99; from a mergeable sketch, within 0.4% of the value range.",
-        metavar="P,P,...", show_default=False)] = None,
-    train_mode: TrainModeOpt = False, fmt: FormatOpt = "table", plot: PlotOpt = None, *,
-    opts: Options,
+    model: o.ModelArg, inputs: o.InputsArg, layers: o.LayersOpt = None, types: o.TypesOpt = None,
+    all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    input_stats: o.StatsInputStatsOpt = False, per_channel: o.StatsPerChannelOpt = False,
+    percentiles: o.StatsPercentilesOpt = None, train_mode: o.TrainModeOpt = False,
+    fmt: o.FormatOpt = "table", plot: o.PlotOpt = None, *, opts: Options,
 ) -> None:
     """Per-layer output statistics: shapes, mean, std, min, max, zeros, non-finite values.
 
@@ -105,7 +71,7 @@ def stats(
     s, fmt = opts.s, _value(fmt)
     wanted = parse_percentiles(percentiles)
     out = s.output(opts.output, force=opts.force)
-    plot_out = _plot_output(plot, opts.force)
+    plot_out = s.plot_output(plot, force=opts.force)
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "stats")
     probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
@@ -116,30 +82,16 @@ def stats(
         report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
                        train_mode=train_mode, progress=bar)
     doc = loaded.envelope("stats", resolved.names) | report.to_dict()
-    figure = None
-    if plot_out is not None:
-        from hookscope.render.plots import profile_figure, render_plot
-
-        figure = render_plot(profile_figure(
-            doc["layers"], title=f"{opts.model.name}: activation profile"), plot_out)
     s.emit("stats", doc, fmt, out, input_stats=input_stats, per_channel=per_channel,
            percentiles=tuple(percentile_key(p) for p in wanted))
-    _write_plot(figure, plot_out)
+    s.plot("stats", doc, plot_out)
 
 
 @app.command("models")
 @command
 def models_command(
-    pattern: Annotated[str | None, typer.Argument(
-        help="fnmatch pattern on model names, e.g. 'resnet*'; without wildcards it matches "
-        "names containing it.", metavar="PATTERN", show_default=False)] = None,
-    task: Annotated[str | None, typer.Option(
-        "--task", help="Only this task: classification, segmentation, detection, video, "
-        "optical_flow, quantization.", show_default=False)] = None,
-    source: Annotated[ModelSource, typer.Option(  # type: ignore[valid-type]
-        "--source", help="torchvision's models, or timm's (names to use as timm:NAME; needs "
-        "hookscope[timm]).")] = "torchvision",
-    fmt: FormatOpt = "table", *, opts: Options,
+    pattern: o.ModelsPatternOpt = None, task: o.ModelsTaskOpt = None,
+    source: o.ModelsSourceOpt = "torchvision", fmt: o.FormatOpt = "table", *, opts: Options,
 ) -> None:
     """List the models hookscope can load by name, with their task and weights.
 
@@ -160,12 +112,8 @@ def models_command(
 @app.command("layers")
 @runs_model
 def layers_command(
-    model: ModelArg,
-    input_: Annotated[str | None, typer.Argument(
-        help="One image or .pt/.npy tensor for the forward pass that records shapes (its "
-        "first sample); default: zeros of the weights' input size.", metavar="INPUT",
-        show_default=False)] = None,
-    max_depth: MaxDepthOpt = None, fmt: FormatOpt = "table", *, opts: Options,
+    model: o.ModelArg, input_: o.LayersInputOpt = None, max_depth: o.MaxDepthOpt = None,
+    fmt: o.FormatOpt = "table", *, opts: Options,
 ) -> None:
     """The module tree: names, types, own and total parameters, trainable, output shape per call.
 
@@ -194,13 +142,10 @@ def layers_command(
 @app.command("debug")
 @runs_model
 def debug_command(
-    model: ModelArg, inputs: InputsArg, layers: LayersOpt = None, types: TypesOpt = None,
-    all_modules: AllModulesOpt = False, max_depth: MaxDepthOpt = None,
-    fail_on_nonfinite: FailOpt = False, train_mode: TrainModeOpt = False,
-    fmt: Annotated[DebugFormat, typer.Option(  # type: ignore[valid-type]
-        "--format", "-f", help="text: a live trace; ndjson: one JSON event per line; json: "
-        "one document.")] = "text",
-    *, opts: Options,
+    model: o.ModelArg, inputs: o.InputsArg, layers: o.LayersOpt = None, types: o.TypesOpt = None,
+    all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    fail_on_nonfinite: o.FailOpt = False, train_mode: o.TrainModeOpt = False,
+    fmt: o.DebugFmtOpt = "text", *, opts: Options,
 ) -> None:
     """Trace the forward pass; report the first non-finite output and the module that crashed.
 
@@ -237,60 +182,15 @@ def debug_command(
 @app.command()
 @runs_model
 def gradcam(
-    model: ModelArg, inputs: InputsArg,
-    layer: Annotated[list[str] | None, typer.Option(
-        "--layer", help="Target layer (dotted name from `hookscope layers`), repeatable: the "
-        "layers' maps are averaged. Default: the last module with a spatial output (layer4); "
-        "for segmentation and detection models the backbone's last stage.",
-        show_default=False)] = None,
-    method: Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
-        "--method", "-m", help="CAM method (repeatable). [default: gradcam]",
-        show_default=False)] = None,
-    target: TargetOpt = None,
-    out_dir: OutDirOpt = Path("hookscope-out"),
-    reshape: Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
-        help="Token outputs to a grid: auto (ViT-style CLS + square grid), none, vit, or swin "
-        "(N, H, W, C).")] = "auto",
-    colormap: Annotated[str, typer.Option(help="A matplotlib colormap name.")] = "jet",
-    alpha: Annotated[float, typer.Option(help="Heatmap weight in the overlay.", min=0.0,
-                                         max=1.0)] = 0.5,
-    save_raw: Annotated[bool, typer.Option(
-        "--save-raw", help="Also write <stem>.<method>.npy (one <stem>.<method>.<layer>.npy "
-        "per layer with several): the float32 map at the layer's resolution, after ReLU, "
-        "before normalisation.")] = False,
-    score_batch: Annotated[int, typer.Option(
-        "--score-batch", help="Masked, ablated or perturbed inputs per forward pass (scorecam, "
-        "ablationcam, sscam, iscam, --metrics).", min=1)] = 32,
-    aug_smooth: Annotated[bool, typer.Option(
-        "--aug-smooth", help="Average the maps of the input flipped and scaled by 0.9, 1, "
-        "1.1 (pytorch-grad-cam's).")] = False,
-    eigen_smooth: Annotated[bool, typer.Option(
-        "--eigen-smooth", help="The first principal component of the weighted activations "
-        "instead of their sum over channels.")] = False,
-    guided: Annotated[bool, typer.Option(
-        "--guided", help="Also write <stem>.<method>.guided.png: guided backpropagation "
-        "times the map (guided Grad-CAM).")] = False,
-    mask: Annotated[Path | None, typer.Option(
-        "--mask", help="Segmentation: the region explained, an image whose non-zero pixels "
-        "are the region (the input image's size or the model input's); default: where the "
-        "model predicts --target.", dir_okay=False, show_default=False)] = None,
-    box_index: Annotated[list[int] | None, typer.Option(
-        "--box-index", help="Detection: explain this detection (repeatable), counted among "
-        "those above --min-score (of class --target, if given), best first.", min=0,
-        show_default=False)] = None,
-    iou: Annotated[float, typer.Option(
-        "--iou", help="Detection: an output box matches an explained one above this IoU.",
-        min=0.0, max=1.0)] = 0.5,
-    min_score: Annotated[float, typer.Option(
-        "--min-score", help="Detection: only detections scoring at least this.", min=0.0,
-        max=1.0)] = 0.5,
-    metrics: Annotated[str | None, typer.Option(
-        "--metrics", help="Score each map: road, deletion, insertion, drop, increase "
-        "(comma list) or all.", show_default=False)] = None,
-    percentiles: Annotated[str | None, typer.Option(
-        "--percentiles", help="ROAD's percentiles, a comma list. [default: 10,20,...,90]",
-        show_default=False)] = None,
-    fmt: FormatOpt = "table", *, opts: Options,
+    model: o.ModelArg, inputs: o.InputsArg, layer: o.CamLayerOpt = None,
+    method: o.CamMethodOpt = None, target: o.TargetOpt = None,
+    out_dir: o.OutDirOpt = Path("hookscope-out"), reshape: o.CamReshapeOpt = "auto",
+    colormap: o.CamColormapOpt = "jet", alpha: o.CamAlphaOpt = 0.5,
+    save_raw: o.CamSaveRawOpt = False, score_batch: o.CamScoreBatchOpt = 32,
+    aug_smooth: o.CamAugSmoothOpt = False, eigen_smooth: o.CamEigenSmoothOpt = False,
+    guided: o.CamGuidedOpt = False, mask: o.CamMaskOpt = None, box_index: o.CamBoxIndexOpt = None,
+    iou: o.CamIouOpt = 0.5, min_score: o.CamMinScoreOpt = 0.5, metrics: o.CamMetricsOpt = None,
+    percentiles: o.CamPercentilesOpt = None, fmt: o.FormatOpt = "table", *, opts: Options,
 ) -> None:
     """Grad-CAM and its family: which pixels made the model choose a class, segment a class
     or detect a box.
@@ -301,10 +201,9 @@ def gradcam(
     """
     from hookscope.cam import explain
     from hookscope.cam_faithfulness import MetricPlan
-    from hookscope.cam_targets import TASKS, infer_task, load_mask
+    from hookscope.cam_targets import load_mask, task_targets
     from hookscope.render.heatmap import CamWriter, check_colormap, output_paths
     from hookscope.render.output import Staging
-    from hookscope.targets import parse_targets
 
     s, layers = opts.s, list(dict.fromkeys(layer or []))
     methods = list(dict.fromkeys(_value(m) for m in method or [])) or ["gradcam"]
@@ -318,11 +217,7 @@ def gradcam(
     s.folder(out_dir, [p for plan_ in plans for f in plan_.values() for p in f.values() if p],
              force=opts.force)
     loaded = s.load(opts.model, "gradcam")
-    task = loaded.task if loaded.task in TASKS else infer_task(loaded.model)
-    targets = None if target is None and task == "detection" else \
-        parse_targets(target, loaded.categories)
-    if targets is not None:
-        targets.check_count(len(resolved))
+    task, targets = task_targets(loaded, target, len(resolved))
     with Staging(out_dir, force=opts.force) as staging, \
             s.progress(len(resolved), "gradcam", enabled=_value(fmt) == "table") as bar:
         writer = CamWriter(staging, plans, loaded, save_raw=save_raw, cmap=colormap, alpha=alpha)
@@ -350,26 +245,13 @@ def gradcam(
 @app.command()
 @runs_model
 def grads(
-    model: ModelArg, inputs: InputsArg, target: TargetOpt = None,
-    loss: Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
-        "--loss", help="logit: the target logit summed over inputs; ce: cross-entropy against "
-        "--label, summed over inputs.")] = "logit",
-    label: Annotated[str | None, typer.Option(
-        "--label", help="With --loss ce: the true class (index or label), one for all inputs "
-        "or a comma list, one per input.", show_default=False)] = None,
-    vanish: Annotated[float, typer.Option(
-        help="Flag calls whose gradient norm is below this factor times the median call's.",
-        min=0.0)] = 1e-3,
-    explode: Annotated[float, typer.Option(
-        help="Flag calls whose gradient norm is above this factor times the median call's.",
-        min=0.0)] = 1e3,
-    fail_on_nonfinite: FailOpt = False,
-    params: Annotated[bool, typer.Option(
-        "--params/--no-params", help="Show the parameter table (table format; JSON and CSV "
-        "always hold the parameters).")] = True,
-    layers: LayersOpt = None, types: TypesOpt = None, all_modules: AllModulesOpt = False,
-    max_depth: MaxDepthOpt = None, train_mode: TrainModeOpt = False, fmt: FormatOpt = "table",
-    plot: PlotOpt = None, *, opts: Options,
+    model: o.ModelArg, inputs: o.InputsArg, target: o.TargetOpt = None,
+    loss: o.GradsLossOpt = "logit", label: o.GradsLabelOpt = None, vanish: o.GradsVanishOpt = 1e-3,
+    explode: o.GradsExplodeOpt = 1e3, fail_on_nonfinite: o.FailOpt = False,
+    params: o.GradsParamsOpt = True, layers: o.LayersOpt = None, types: o.TypesOpt = None,
+    all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    train_mode: o.TrainModeOpt = False, fmt: o.FormatOpt = "table", plot: o.PlotOpt = None, *,
+    opts: Options,
 ) -> None:
     """Gradient flow: the gradient at each module call's output (backward order) and each
     parameter, with vanishing/exploding flags and the first non-finite module.
@@ -383,7 +265,7 @@ def grads(
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
-    plot_out = _plot_output(plot, opts.force)
+    plot_out = s.plot_output(plot, force=opts.force)
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "grads")
     probe = GradsProbe(loaded.model, target=target, loss=_value(loss), label=label,
@@ -395,15 +277,8 @@ def grads(
         report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
                        train_mode=train_mode, progress=bar)
     doc = loaded.envelope("grads", resolved.names) | report.to_dict()
-    figure = None
-    if plot_out is not None:
-        from hookscope.render.plots import gradient_figure, render_plot
-
-        figure = render_plot(gradient_figure(
-            doc["layers"], median=report.median_norm, vanish=vanish, explode=explode,
-            title=f"{opts.model.name}: gradient flow"), plot_out)
     s.emit("grads", doc, fmt, out, params=params)
-    _write_plot(figure, plot_out)
+    s.plot("grads", doc, plot_out, vanish=vanish, explode=explode)
     if fail_on_nonfinite and report.nonfinite:
         raise nonfinite_failure(report)
 
@@ -411,26 +286,11 @@ def grads(
 @app.command()
 @runs_model
 def features(
-    model: ModelArg, inputs: InputsArg,
-    layers: Annotated[list[str] | None, typer.Option(
-        "--layer", "-l", help="A module's dotted name or an fnmatch pattern (repeatable).",
-        show_default=False)] = None,
-    types: TypesOpt = None,
-    out_dir: Annotated[Path, typer.Option(
-        "--out", help="Folder for the grid PNGs (<stem>.<layer>.png).", file_okay=False)] = (
-        Path("hookscope-out")),
-    tensorboard: Annotated[Path | None, typer.Option(
-        "--tensorboard", help="Also log the grids and activation histograms to this "
-        "TensorBoard log directory (needs hookscope[tensorboard]).", file_okay=False,
-        show_default=False)] = None,
-    max_channels: Annotated[int, typer.Option(
-        "--max-channels", help="At most this many channels per grid.", min=1)] = 64,
-    order: Annotated[FeatureOrder, typer.Option(  # type: ignore[valid-type]
-        "--order", help="Channels shown: index (the first), mean or max (the most active "
-        "first).")] = "index",
-    upsample: Annotated[bool, typer.Option(
-        "--upsample", help="Resize each tile to the input size.")] = False,
-    fmt: FormatOpt = "table", *, opts: Options,
+    model: o.ModelArg, inputs: o.InputsArg, layers: o.FeaturesLayersOpt = None,
+    types: o.TypesOpt = None, out_dir: o.FeaturesOutDirOpt = ( Path("hookscope-out")),
+    tensorboard: o.FeaturesTensorboardOpt = None, max_channels: o.FeaturesMaxChannelsOpt = 64,
+    order: o.FeaturesOrderOpt = "index", upsample: o.FeaturesUpsampleOpt = False,
+    fmt: o.FormatOpt = "table", *, opts: Options,
 ) -> None:
     """Feature maps as image grids: one PNG per selected layer and input, optionally to
     TensorBoard too.
@@ -469,31 +329,12 @@ def features(
 @app.command()
 @runs_model
 def ablate(
-    model: ModelArg, inputs: InputsArg,
-    layer: Annotated[str, typer.Option(
-        "--layer", help="The module whose output is changed (dotted name, see `hookscope "
-        "layers`).", show_default=False)],
-    channels: Annotated[str | None, typer.Option(
-        "--channels", help="Channels to change: 0,5,7, ranges such as 0-15, or all (the "
-        "default; with --sweep, the channels swept).", show_default=False)] = None,
-    sweep: Annotated[bool, typer.Option(
-        "--sweep", help="Ablate each channel alone, batched, and rank the channels by how much "
-        "the target logit drops.")] = False,
-    mode: Annotated[str, typer.Option(
-        "--mode", help="zero, mean (the channel's spatial mean), noise:SIGMA (Gaussian noise "
-        "added, seeded by --seed) or scale:F.")] = "zero",
-    target: TargetOpt = None,
-    sweep_batch: Annotated[int, typer.Option(
-        "--sweep-batch", help="Channels ablated per forward pass in a sweep.", min=1)] = 32,
-    call: Annotated[int | None, typer.Option(
-        "--call", help="Only change this call of a module run several times (default: every "
-        "call).", min=0, show_default=False)] = None,
-    channel_dim: Annotated[int, typer.Option(
-        "--channel-dim", help="The output dimension holding channels (1 for (N, C, H, W); -1 "
-        "for token outputs (N, T, C)).")] = 1,
-    top: Annotated[int, typer.Option("--top", help="Sweep ranking rows shown in the table.",
-                                     min=1)] = 10,
-    fmt: FormatOpt = "table", *, opts: Options,
+    model: o.ModelArg, inputs: o.InputsArg, layer: o.AblateLayerOpt,
+    channels: o.AblateChannelsOpt = None, sweep: o.AblateSweepOpt = False,
+    mode: o.AblateModeOpt = "zero", target: o.TargetOpt = None,
+    sweep_batch: o.AblateSweepBatchOpt = 32, call: o.AblateCallOpt = None,
+    channel_dim: o.AblateChannelDimOpt = 1, top: o.AblateTopOpt = 10, fmt: o.FormatOpt = "table", *,
+    opts: Options,
 ) -> None:
     """Feature modification: change channels of a layer's output and compare the top-5
     predictions, the target's logit and probability, and the KL divergence.
@@ -522,58 +363,16 @@ def ablate(
 # ----------------------------------------------------------------- check
 
 
-def _check_formats() -> type[Enum]:
-    return Enum("CheckFormat", {v: v for v in ("table", "json", "github")},  # type: ignore[return-value]
-                type=str)
-
-
-CheckFormat = _check_formats()
-RulesOpt = Annotated[Path | None, typer.Option(
-    "--rules", help="A TOML file of rules (keys at its top level: nonfinite, "
-    "max_zero_fraction, ignore, baseline, max_mean_drift, max_std_drift, min_prob, [expect]); "
-    "each flag below overrides its key.", show_default=False)]
-NonfiniteOpt = Annotated[int | None, typer.Option(
-    "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].",
-    show_default=False)]
-ZeroFractionOpt = Annotated[float | None, typer.Option(
-    "--max-zero-fraction", help="Fail a call whose output is more than this fraction zeros "
-    "(a dead layer).", show_default=False)]
-IgnoreOpt = Annotated[list[str] | None, typer.Option(
-    "--ignore", help="Module-name glob left out of the per-call rules, with the modules under "
-    "it (repeatable).", metavar="GLOB", show_default=False)]
-BaselineOpt = Annotated[Path | None, typer.Option(
-    "--baseline", help="A `hookscope stats --format json` document to compare with.",
-    show_default=False)]
-MeanDriftOpt = Annotated[float | None, typer.Option(
-    "--max-mean-drift", help="Largest relative change of a call's mean from the baseline: "
-    "|mean - base| / max(|base mean|, base std).", show_default=False)]
-StdDriftOpt = Annotated[float | None, typer.Option(
-    "--max-std-drift", help="Largest relative change of a call's std from the baseline.",
-    show_default=False)]
-ExpectOpt = Annotated[list[str] | None, typer.Option(
-    "--expect", help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
-    metavar="INPUT=LABEL", show_default=False)]
-MinProbOpt = Annotated[float | None, typer.Option(
-    "--min-prob", help="Smallest top-1 probability allowed for any input.",
-    show_default=False)]
-JunitOpt = Annotated[Path | None, typer.Option(
-    "--junit", help="Also write a JUnit XML report (one test case per rule) to this file.",
-    metavar="FILE", show_default=False)]
-CheckFormatOpt = Annotated[CheckFormat, typer.Option(  # type: ignore[valid-type]
-    "--format", "-f", help="table, json (one document), or github (workflow-command "
-    "annotations).")]
-
-
 @app.command("check")
 @runs_model
 def check_command(
-    model: ModelArg, inputs: InputsArg, rules: RulesOpt = None, nonfinite: NonfiniteOpt = None,
-    max_zero_fraction: ZeroFractionOpt = None, ignore: IgnoreOpt = None,
-    baseline: BaselineOpt = None, max_mean_drift: MeanDriftOpt = None,
-    max_std_drift: StdDriftOpt = None, expect: ExpectOpt = None, min_prob: MinProbOpt = None,
-    junit: JunitOpt = None, layers: LayersOpt = None, types: TypesOpt = None,
-    all_modules: AllModulesOpt = False, max_depth: MaxDepthOpt = None,
-    fmt: CheckFormatOpt = "table", *, opts: Options,
+    model: o.ModelArg, inputs: o.InputsArg, rules: o.RulesOpt = None,
+    nonfinite: o.NonfiniteOpt = None, max_zero_fraction: o.ZeroFractionOpt = None,
+    ignore: o.IgnoreOpt = None, baseline: o.BaselineOpt = None,
+    max_mean_drift: o.MeanDriftOpt = None, max_std_drift: o.StdDriftOpt = None,
+    expect: o.ExpectOpt = None, min_prob: o.MinProbOpt = None, junit: o.JunitOpt = None,
+    layers: o.LayersOpt = None, types: o.TypesOpt = None, all_modules: o.AllModulesOpt = False,
+    max_depth: o.MaxDepthOpt = None, fmt: o.CheckFormatOpt = "table", *, opts: Options,
 ) -> None:
     """Assert rules about one run: non-finite values, dead layers, drift from a baseline,
     expected classes. Exit 0 when every rule passes, 1 when one fails, 2 for bad rules.
@@ -622,32 +421,12 @@ def check_command(
 @app.command("diff")
 @runs_model
 def diff_command(
-    model: Annotated[str, typer.Argument(
-        help="As in every command; or a saved `stats --format json` document for an offline "
-        "diff (then INPUT is the other document).", metavar="MODEL", show_default=False)],
-    inputs: InputsArg,
-    against_weights: Annotated[str | None, typer.Option(
-        "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).",
-        show_default=False)] = None,
-    against_dtype: Annotated[str | None, typer.Option(
-        "--against-dtype", help="The second run's --dtype: float32, float16 or bfloat16.",
-        show_default=False)] = None,
-    against_autocast: Annotated[bool | None, typer.Option(
-        "--against-autocast/--against-no-autocast", help="The second run with (or without) "
-        "torch.autocast.", show_default=False)] = None,
-    against_device: Annotated[str | None, typer.Option(
-        "--against-device", help="The second run's --device.", show_default=False)] = None,
-    against_model: Annotated[str | None, typer.Option(
-        "--against-model", help="Another model whose module names match; calls are paired by "
-        "name and call index.", metavar="NAME", show_default=False)] = None,
-    tolerance: Annotated[float, typer.Option(
-        "--tolerance", help="Relative L2 error ||a-b||/||a|| above which a call differs; the "
-        "first such call is where the runs part.", min=0.0)] = 1e-3,
-    fail: Annotated[bool, typer.Option(
-        "--fail", help="Exit with code 1 when a call exceeds --tolerance (or its shape or "
-        "non-finite count differs) or a top-1 prediction differs.")] = False,
-    layers: LayersOpt = None, types: TypesOpt = None, all_modules: AllModulesOpt = False,
-    max_depth: MaxDepthOpt = None, fmt: FormatOpt = "table", *, opts: Options,
+    model: o.DiffModelOpt, inputs: o.InputsArg, against_weights: o.DiffAgainstWeightsOpt = None,
+    against_dtype: o.DiffAgainstDtypeOpt = None, against_autocast: o.DiffAgainstAutocastOpt = None,
+    against_device: o.DiffAgainstDeviceOpt = None, against_model: o.DiffAgainstModelOpt = None,
+    tolerance: o.DiffToleranceOpt = 1e-3, fail: o.DiffFailOpt = False, layers: o.LayersOpt = None,
+    types: o.TypesOpt = None, all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    fmt: o.FormatOpt = "table", *, opts: Options,
 ) -> None:
     """Two runs of the same inputs compared call by call: max |a-b|, relative L2 error, cosine;
     the first call where they part; top-1 agreement and KL of the outputs.
@@ -704,35 +483,14 @@ def diff_command(
 @app.command("report")
 @runs_model
 def report_command(
-    model: ModelArg, inputs: InputsArg,
-    layers: LayersOpt = None, types: TypesOpt = None, all_modules: AllModulesOpt = False,
-    max_depth: MaxDepthOpt = None, target: TargetOpt = None,
-    loss: Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
-        "--loss", help="Gradient flow of: logit (the target logit summed over inputs) or ce "
-        "(cross-entropy against --label).")] = "logit",
-    label: Annotated[str | None, typer.Option(
-        "--label", help="With --loss ce: the true class (index or label), one for all inputs "
-        "or a comma list, one per input.", show_default=False)] = None,
-    vanish: Annotated[float, typer.Option(
-        help="Flag calls whose gradient norm is below this factor times the median call's.",
-        min=0.0)] = 1e-3,
-    explode: Annotated[float, typer.Option(
-        help="Flag calls whose gradient norm is above this factor times the median call's.",
-        min=0.0)] = 1e3,
-    layer: Annotated[str | None, typer.Option(
-        "--layer", help="Grad-CAM's layer (dotted name); default: the last module with a "
-        "spatial output.", show_default=False)] = None,
-    method: Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
-        "--method", "-m", help="CAM method (repeatable); gradcam is always shown first.",
-        show_default=False)] = None,
-    reshape: Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
-        help="Token outputs to a grid for Grad-CAM: auto, none, vit or swin.")] = "auto",
-    colormap: Annotated[str, typer.Option(help="A matplotlib colormap name.")] = "jet",
-    alpha: Annotated[float, typer.Option(help="Heatmap weight in the overlay.", min=0.0,
-                                         max=1.0)] = 0.5,
-    score_batch: Annotated[int, typer.Option(
-        "--score-batch", help="Masked inputs per forward pass (scorecam).", min=1)] = 32,
-    train_mode: TrainModeOpt = False, *, opts: Options,
+    model: o.ModelArg, inputs: o.InputsArg, layers: o.LayersOpt = None, types: o.TypesOpt = None,
+    all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    target: o.TargetOpt = None, loss: o.ReportLossOpt = "logit", label: o.ReportLabelOpt = None,
+    vanish: o.ReportVanishOpt = 1e-3, explode: o.ReportExplodeOpt = 1e3,
+    layer: o.ReportLayerOpt = None, method: o.ReportMethodOpt = None,
+    reshape: o.ReportReshapeOpt = "auto", colormap: o.ReportColormapOpt = "jet",
+    alpha: o.ReportAlphaOpt = 0.5, score_batch: o.ReportScoreBatchOpt = 32,
+    train_mode: o.TrainModeOpt = False, *, opts: Options,
 ) -> None:
     """One self-contained HTML page: the run's header, activation profile, gradient flow,
     statistics table, Grad-CAM per input and findings. It loads nothing when opened.
@@ -762,21 +520,6 @@ def report_command(
             loaded, lambda: s.batches(resolved, loaded, opts.model, keep_images=True),
             resolved.names, options, progress=bar)
     write_report(report, out, cmap=colormap, alpha=alpha)
-
-
-def _plot_output(plot: Path | None, force: bool) -> Output | None:
-    """Where ``--plot`` goes, checked before the model loads (its suffix too)."""
-    from hookscope.render.plots import plot_output
-
-    return plot_output(plot, force=force) if plot is not None else None
-
-
-def _write_plot(figure: bytes | None, where: Output | None) -> None:
-    """Write a rendered ``--plot`` figure (after the data: all of it or nothing)."""
-    if figure is not None and where is not None:
-        from hookscope.render.plots import write_plot
-
-        write_plot(figure, where)
 
 
 def main() -> None:

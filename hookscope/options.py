@@ -231,3 +231,235 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
 def value(choice: Any) -> str:
     """The string behind a choice (an Enum member or a plain default)."""
     return str(getattr(choice, "value", choice))
+
+
+# ----------------------------------------------------------------- each command's own options
+
+def _check_formats() -> type[Enum]:
+    return Enum("CheckFormat", {v: v for v in ("table", "json", "github")},  # type: ignore[return-value]
+                type=str)
+
+CheckFormat = _check_formats()
+
+RulesOpt = Annotated[Path | None, typer.Option(
+    "--rules", help="A TOML file of rules (keys at its top level: nonfinite, "
+    "max_zero_fraction, ignore, baseline, max_mean_drift, max_std_drift, min_prob, [expect]); "
+    "each flag below overrides its key.", show_default=False)]
+
+NonfiniteOpt = Annotated[int | None, typer.Option(
+    "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].",
+    show_default=False)]
+
+ZeroFractionOpt = Annotated[float | None, typer.Option(
+    "--max-zero-fraction", help="Fail a call whose output is more than this fraction zeros "
+    "(a dead layer).", show_default=False)]
+
+IgnoreOpt = Annotated[list[str] | None, typer.Option(
+    "--ignore", help="Module-name glob left out of the per-call rules, with the modules under "
+    "it (repeatable).", metavar="GLOB", show_default=False)]
+
+BaselineOpt = Annotated[Path | None, typer.Option(
+    "--baseline", help="A `hookscope stats --format json` document to compare with.",
+    show_default=False)]
+
+MeanDriftOpt = Annotated[float | None, typer.Option(
+    "--max-mean-drift", help="Largest relative change of a call's mean from the baseline: "
+    "|mean - base| / max(|base mean|, base std).", show_default=False)]
+
+StdDriftOpt = Annotated[float | None, typer.Option(
+    "--max-std-drift", help="Largest relative change of a call's std from the baseline.",
+    show_default=False)]
+
+ExpectOpt = Annotated[list[str] | None, typer.Option(
+    "--expect", help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
+    metavar="INPUT=LABEL", show_default=False)]
+
+MinProbOpt = Annotated[float | None, typer.Option(
+    "--min-prob", help="Smallest top-1 probability allowed for any input.",
+    show_default=False)]
+
+JunitOpt = Annotated[Path | None, typer.Option(
+    "--junit", help="Also write a JUnit XML report (one test case per rule) to this file.",
+    metavar="FILE", show_default=False)]
+
+CheckFormatOpt = Annotated[CheckFormat, typer.Option(  # type: ignore[valid-type]
+    "--format", "-f", help="table, json (one document), or github (workflow-command "
+    "annotations).")]
+
+StatsInputStatsOpt = Annotated[bool, typer.Option(
+    "--input-stats", help="Also summarise each module's first input.")]
+StatsPerChannelOpt = Annotated[bool, typer.Option(
+    "--per-channel", help="Also per-channel count, mean, std, min, max, zero fraction and "
+    "non-finite count of each output (channels on dim 1; the last dim of 3-D token "
+    "outputs and of Linear/LayerNorm outputs). CSV: one row per channel.")]
+StatsPercentilesOpt = Annotated[str | None, typer.Option(
+    "--percentiles", help="Also these percentiles of each output (and channel), e.g. "
+    "0.1,99.9,99.99; from a mergeable sketch, within 0.4% of the value range.",
+    metavar="P,P,...", show_default=False)]
+ModelsPatternOpt = Annotated[str | None, typer.Argument(
+    help="fnmatch pattern on model names, e.g. 'resnet*'; without wildcards it matches "
+    "names containing it.", metavar="PATTERN", show_default=False)]
+ModelsTaskOpt = Annotated[str | None, typer.Option(
+    "--task", help="Only this task: classification, segmentation, detection, video, "
+    "optical_flow, quantization.", show_default=False)]
+ModelsSourceOpt = Annotated[ModelSource, typer.Option(  # type: ignore[valid-type]
+    "--source", help="torchvision's models, or timm's (names to use as timm:NAME; needs "
+    "hookscope[timm]).")]
+LayersInputOpt = Annotated[str | None, typer.Argument(
+    help="One image or .pt/.npy tensor for the forward pass that records shapes (its "
+    "first sample); default: zeros of the weights' input size.", metavar="INPUT",
+    show_default=False)]
+DebugFmtOpt = Annotated[DebugFormat, typer.Option(  # type: ignore[valid-type]
+    "--format", "-f", help="text: a live trace; ndjson: one JSON event per line; json: "
+    "one document.")]
+CamLayerOpt = Annotated[list[str] | None, typer.Option(
+    "--layer", help="Target layer (dotted name from `hookscope layers`), repeatable: the "
+    "layers' maps are averaged. Default: the last module with a spatial output (layer4); "
+    "for segmentation and detection models the backbone's last stage.",
+    show_default=False)]
+CamMethodOpt = Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
+    "--method", "-m", help="CAM method (repeatable). [default: gradcam]",
+    show_default=False)]
+CamReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
+    help="Token outputs to a grid: auto (ViT-style CLS + square grid), none, vit, or swin "
+    "(N, H, W, C).")]
+CamColormapOpt = Annotated[str, typer.Option(help="A matplotlib colormap name.")]
+CamAlphaOpt = Annotated[float, typer.Option(help="Heatmap weight in the overlay.", min=0.0,
+    max=1.0)]
+CamSaveRawOpt = Annotated[bool, typer.Option(
+    "--save-raw", help="Also write <stem>.<method>.npy (one <stem>.<method>.<layer>.npy "
+    "per layer with several): the float32 map at the layer's resolution, after ReLU, "
+    "before normalisation.")]
+CamScoreBatchOpt = Annotated[int, typer.Option(
+    "--score-batch", help="Masked, ablated or perturbed inputs per forward pass (scorecam, "
+    "ablationcam, sscam, iscam, --metrics).", min=1)]
+CamAugSmoothOpt = Annotated[bool, typer.Option(
+    "--aug-smooth", help="Average the maps of the input flipped and scaled by 0.9, 1, "
+    "1.1 (pytorch-grad-cam's).")]
+CamEigenSmoothOpt = Annotated[bool, typer.Option(
+    "--eigen-smooth", help="The first principal component of the weighted activations "
+    "instead of their sum over channels.")]
+CamGuidedOpt = Annotated[bool, typer.Option(
+    "--guided", help="Also write <stem>.<method>.guided.png: guided backpropagation "
+    "times the map (guided Grad-CAM).")]
+CamMaskOpt = Annotated[Path | None, typer.Option(
+    "--mask", help="Segmentation: the region explained, an image whose non-zero pixels "
+    "are the region (the input image's size or the model input's); default: where the "
+    "model predicts --target.", dir_okay=False, show_default=False)]
+CamBoxIndexOpt = Annotated[list[int] | None, typer.Option(
+    "--box-index", help="Detection: explain this detection (repeatable), counted among "
+    "those above --min-score (of class --target, if given), best first.", min=0,
+    show_default=False)]
+CamIouOpt = Annotated[float, typer.Option(
+    "--iou", help="Detection: an output box matches an explained one above this IoU.",
+    min=0.0, max=1.0)]
+CamMinScoreOpt = Annotated[float, typer.Option(
+    "--min-score", help="Detection: only detections scoring at least this.", min=0.0,
+    max=1.0)]
+CamMetricsOpt = Annotated[str | None, typer.Option(
+    "--metrics", help="Score each map: road, deletion, insertion, drop, increase "
+    "(comma list) or all.", show_default=False)]
+CamPercentilesOpt = Annotated[str | None, typer.Option(
+    "--percentiles", help="ROAD's percentiles, a comma list. [default: 10,20,...,90]",
+    show_default=False)]
+GradsLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
+    "--loss", help="logit: the target logit summed over inputs; ce: cross-entropy against "
+    "--label, summed over inputs.")]
+GradsLabelOpt = Annotated[str | None, typer.Option(
+    "--label", help="With --loss ce: the true class (index or label), one for all inputs "
+    "or a comma list, one per input.", show_default=False)]
+GradsVanishOpt = Annotated[float, typer.Option(
+    help="Flag calls whose gradient norm is below this factor times the median call's.",
+    min=0.0)]
+GradsExplodeOpt = Annotated[float, typer.Option(
+    help="Flag calls whose gradient norm is above this factor times the median call's.",
+    min=0.0)]
+GradsParamsOpt = Annotated[bool, typer.Option(
+    "--params/--no-params", help="Show the parameter table (table format; JSON and CSV "
+    "always hold the parameters).")]
+FeaturesLayersOpt = Annotated[list[str] | None, typer.Option(
+    "--layer", "-l", help="A module's dotted name or an fnmatch pattern (repeatable).",
+    show_default=False)]
+FeaturesOutDirOpt = Annotated[Path, typer.Option(
+    "--out", help="Folder for the grid PNGs (<stem>.<layer>.png).", file_okay=False)]
+FeaturesTensorboardOpt = Annotated[Path | None, typer.Option(
+    "--tensorboard", help="Also log the grids and activation histograms to this "
+    "TensorBoard log directory (needs hookscope[tensorboard]).", file_okay=False,
+    show_default=False)]
+FeaturesMaxChannelsOpt = Annotated[int, typer.Option(
+    "--max-channels", help="At most this many channels per grid.", min=1)]
+FeaturesOrderOpt = Annotated[FeatureOrder, typer.Option(  # type: ignore[valid-type]
+    "--order", help="Channels shown: index (the first), mean or max (the most active "
+    "first).")]
+FeaturesUpsampleOpt = Annotated[bool, typer.Option(
+    "--upsample", help="Resize each tile to the input size.")]
+AblateLayerOpt = Annotated[str, typer.Option(
+    "--layer", help="The module whose output is changed (dotted name, see `hookscope "
+    "layers`).", show_default=False)]
+AblateChannelsOpt = Annotated[str | None, typer.Option(
+    "--channels", help="Channels to change: 0,5,7, ranges such as 0-15, or all (the "
+    "default; with --sweep, the channels swept).", show_default=False)]
+AblateSweepOpt = Annotated[bool, typer.Option(
+    "--sweep", help="Ablate each channel alone, batched, and rank the channels by how much "
+    "the target logit drops.")]
+AblateModeOpt = Annotated[str, typer.Option(
+    "--mode", help="zero, mean (the channel's spatial mean), noise:SIGMA (Gaussian noise "
+    "added, seeded by --seed) or scale:F.")]
+AblateSweepBatchOpt = Annotated[int, typer.Option(
+    "--sweep-batch", help="Channels ablated per forward pass in a sweep.", min=1)]
+AblateCallOpt = Annotated[int | None, typer.Option(
+    "--call", help="Only change this call of a module run several times (default: every "
+    "call).", min=0, show_default=False)]
+AblateChannelDimOpt = Annotated[int, typer.Option(
+    "--channel-dim", help="The output dimension holding channels (1 for (N, C, H, W); -1 "
+    "for token outputs (N, T, C)).")]
+AblateTopOpt = Annotated[int, typer.Option("--top", help="Sweep ranking rows shown in the table.",
+    min=1)]
+DiffModelOpt = Annotated[str, typer.Argument(
+    help="As in every command; or a saved `stats --format json` document for an offline "
+    "diff (then INPUT is the other document).", metavar="MODEL", show_default=False)]
+DiffAgainstWeightsOpt = Annotated[str | None, typer.Option(
+    "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).",
+    show_default=False)]
+DiffAgainstDtypeOpt = Annotated[str | None, typer.Option(
+    "--against-dtype", help="The second run's --dtype: float32, float16 or bfloat16.",
+    show_default=False)]
+DiffAgainstAutocastOpt = Annotated[bool | None, typer.Option(
+    "--against-autocast/--against-no-autocast", help="The second run with (or without) "
+    "torch.autocast.", show_default=False)]
+DiffAgainstDeviceOpt = Annotated[str | None, typer.Option(
+    "--against-device", help="The second run's --device.", show_default=False)]
+DiffAgainstModelOpt = Annotated[str | None, typer.Option(
+    "--against-model", help="Another model whose module names match; calls are paired by "
+    "name and call index.", metavar="NAME", show_default=False)]
+DiffToleranceOpt = Annotated[float, typer.Option(
+    "--tolerance", help="Relative L2 error ||a-b||/||a|| above which a call differs; the "
+    "first such call is where the runs part.", min=0.0)]
+DiffFailOpt = Annotated[bool, typer.Option(
+    "--fail", help="Exit with code 1 when a call exceeds --tolerance (or its shape or "
+    "non-finite count differs) or a top-1 prediction differs.")]
+ReportLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
+    "--loss", help="Gradient flow of: logit (the target logit summed over inputs) or ce "
+    "(cross-entropy against --label).")]
+ReportLabelOpt = Annotated[str | None, typer.Option(
+    "--label", help="With --loss ce: the true class (index or label), one for all inputs "
+    "or a comma list, one per input.", show_default=False)]
+ReportVanishOpt = Annotated[float, typer.Option(
+    help="Flag calls whose gradient norm is below this factor times the median call's.",
+    min=0.0)]
+ReportExplodeOpt = Annotated[float, typer.Option(
+    help="Flag calls whose gradient norm is above this factor times the median call's.",
+    min=0.0)]
+ReportLayerOpt = Annotated[str | None, typer.Option(
+    "--layer", help="Grad-CAM's layer (dotted name); default: the last module with a "
+    "spatial output.", show_default=False)]
+ReportMethodOpt = Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
+    "--method", "-m", help="CAM method (repeatable); gradcam is always shown first.",
+    show_default=False)]
+ReportReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
+    help="Token outputs to a grid for Grad-CAM: auto, none, vit or swin.")]
+ReportColormapOpt = Annotated[str, typer.Option(help="A matplotlib colormap name.")]
+ReportAlphaOpt = Annotated[float, typer.Option(help="Heatmap weight in the overlay.", min=0.0,
+    max=1.0)]
+ReportScoreBatchOpt = Annotated[int, typer.Option(
+    "--score-batch", help="Masked inputs per forward pass (scorecam).", min=1)]

@@ -211,6 +211,19 @@ class Session:
 
         return console.progress(total, label, enabled=enabled)
 
+    def plot_output(self, path: Path | None, *, force: bool) -> Output | None:
+        """Where ``--plot`` goes (None: no plot), checked now, its suffix too."""
+        from hookscope.render.plots import plot_output
+
+        return plot_output(path, force=force)
+
+    def plot(self, command: str, doc: dict[str, Any], output: Output | None,
+             **options: Any) -> None:
+        """Draw and write the command's figure, after its data (all of it or nothing)."""
+        from hookscope.render.views import emit_plot
+
+        emit_plot(command, doc, output, **options)
+
     def emit(self, command: str, doc: dict[str, Any], fmt: str, output: Output,
              **options: Any) -> None:
         """Write the command's document through its registered view."""

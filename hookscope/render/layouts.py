@@ -37,6 +37,13 @@ CHANNEL_COLUMNS = ("channel_dim", "channel", "channel_count", "channel_mean", "c
                    "channel_max", "channel_zero_fraction", "channel_nonfinite")
 
 
+def stats_plot(doc: Doc, **options: Any) -> Any:
+    """The activation profile (``stats --plot``)."""
+    from hookscope.render.plots import profile_figure
+
+    return profile_figure(doc["layers"], title=f"{doc['model']}: activation profile")
+
+
 def stats_csv(doc: Doc, *, input_stats: bool = False, per_channel: bool = False,
               percentiles: tuple[str, ...] = ()) -> Rows:
     """One row per call; with ``per_channel``, one per (call, channel), the call's columns
@@ -60,7 +67,7 @@ def stats_csv(doc: Doc, *, input_stats: bool = False, per_channel: bool = False,
     return rows, columns
 
 
-@register("stats", csv=stats_csv)
+@register("stats", csv=stats_csv, plot=stats_plot)
 def stats_table(doc: Doc, *, input_stats: bool = False, per_channel: bool = False,
                 percentiles: tuple[str, ...] = ()) -> RenderableType:
     return tables.stats_view(doc, input_stats=input_stats, per_channel=per_channel,
@@ -129,11 +136,19 @@ def cam_table(doc: Doc) -> RenderableType:
     return camview.cam_view(doc)
 
 
+def grads_plot(doc: Doc, *, vanish: float = 1e-3, explode: float = 1e3, **options: Any) -> Any:
+    """The gradient flow (``grads --plot``)."""
+    from hookscope.render.plots import gradient_figure
+
+    return gradient_figure(doc["layers"], median=doc.get("median_norm"), vanish=vanish,
+                           explode=explode, title=f"{doc['model']}: gradient flow")
+
+
 def grads_csv(doc: Doc, *, params: bool = True) -> Rows:
     return grads.csv_rows(doc), grads.CSV_COLUMNS
 
 
-@register("grads", csv=grads_csv)
+@register("grads", csv=grads_csv, plot=grads_plot)
 def grads_table(doc: Doc, *, params: bool = True) -> RenderableType:
     return grads.grads_view(doc, params=params)
 

@@ -246,8 +246,9 @@ def inline_svg(fig: Figure, title: str) -> str:
     return text.replace("<svg", f'<svg role="img" aria-label="{escape(title)}"', 1)
 
 
-def plot_output(path: str | Path, *, force: bool) -> Output:
-    """Where a plot goes, checked before any work: a ``.svg`` or ``.png`` file name.
+def plot_output(path: str | Path | None, *, force: bool) -> Output | None:
+    """Where a plot goes, checked before any work: a ``.svg`` or ``.png`` file name (None:
+    no plot).
 
     Raises:
         HookscopeError: another suffix, or a path that cannot be written (see
@@ -255,6 +256,8 @@ def plot_output(path: str | Path, *, force: bool) -> Output:
     """
     from hookscope.render.output import resolve_output
 
+    if path is None:
+        return None
     plot_format(path)
     return resolve_output(path, force=force)
 

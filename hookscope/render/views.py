@@ -23,23 +23,27 @@ Rows = tuple[list[dict[str, Any]], Sequence[str]]
 
 @dataclass(frozen=True)
 class View:
-    """How one command's document is shown: a Rich renderable, and optionally CSV."""
+    """How one command's document is shown: a Rich renderable, and optionally CSV and a
+    matplotlib figure (``--plot``)."""
 
     table: Callable[..., RenderableType]
     csv: Callable[..., Rows] | None = None
+    plot: Callable[..., Any] | None = None
 
 
 VIEWS: dict[str, View] = {}
 
 
-def register(command: str, *, csv: Callable[..., Rows] | None = None
+def register(command: str, *, csv: Callable[..., Rows] | None = None,
+             plot: Callable[..., Any] | None = None
              ) -> Callable[[Callable[..., RenderableType]], Callable[..., RenderableType]]:
-    """Register ``command``'s table view (the decorated function) and its CSV layout."""
+    """Register ``command``'s table view (the decorated function), its CSV layout and its
+    figure."""
 
     def wrap(table: Callable[..., RenderableType]) -> Callable[..., RenderableType]:
         if command in VIEWS:
             raise ValueError(f"a view for {command!r} is already registered")
-        VIEWS[command] = View(table, csv)
+        VIEWS[command] = View(table, csv, plot)
         return table
 
     return wrap
@@ -75,6 +79,20 @@ def emit(command: str, doc: Doc, fmt: str, output: Output, **options: Any) -> No
         console.stdout().print(view.table(doc, **options))
     else:
         write(output, console.render_text(view.table(doc, **options)))
+
+
+def emit_plot(command: str, doc: Doc, output: Output | None, **options: Any) -> None:
+    """Draw ``command``'s figure of ``doc`` and write it to ``output`` (SVG or PNG, from its
+    suffix; atomically). Nothing happens without an output."""
+    if output is None:
+        return
+    from hookscope.render.plots import render_plot, write_plot
+
+    _load()
+    figure = VIEWS[command].plot
+    if figure is None:
+        raise HookscopeError(f"{command} has no plot.")
+    write_plot(render_plot(figure(doc, **options), output), output)
 
 
 def _load() -> None:
