@@ -485,11 +485,11 @@ def diff_command(
 def report_command(
     model: o.ModelArg, inputs: o.InputsArg, layers: o.LayersOpt = None, types: o.TypesOpt = None,
     all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
-    target: o.TargetOpt = None, loss: o.ReportLossOpt = "logit", label: o.ReportLabelOpt = None,
-    vanish: o.ReportVanishOpt = 1e-3, explode: o.ReportExplodeOpt = 1e3,
+    target: o.TargetOpt = None, loss: o.ReportLossOpt = "logit", label: o.GradsLabelOpt = None,
+    vanish: o.GradsVanishOpt = 1e-3, explode: o.GradsExplodeOpt = 1e3,
     layer: o.ReportLayerOpt = None, method: o.ReportMethodOpt = None,
-    reshape: o.ReportReshapeOpt = "auto", colormap: o.ReportColormapOpt = "jet",
-    alpha: o.ReportAlphaOpt = 0.5, score_batch: o.ReportScoreBatchOpt = 32,
+    reshape: o.ReportReshapeOpt = "auto", colormap: o.CamColormapOpt = "jet",
+    alpha: o.CamAlphaOpt = 0.5, score_batch: o.ReportScoreBatchOpt = 32,
     train_mode: o.TrainModeOpt = False, *, opts: Options,
 ) -> None:
     """One self-contained HTML page: the run's header, activation profile, gradient flow,

@@ -46,6 +46,7 @@ from hookscope.hooks import (
 )
 from hookscope.outputs import select_logits
 from hookscope.run import Probe, Progress, Step, drive
+from hookscope.stats import as_float as _as_float
 
 if TYPE_CHECKING:
     from hookscope.session import ModelOptions
@@ -139,16 +140,6 @@ class DiffSums:
         if not math.isfinite(norms):
             norms = math.sqrt(self.sq_a) * math.sqrt(self.sq_b)
         return max(-1.0, min(1.0, dot / norms))
-
-
-def _as_float(x: torch.Tensor) -> torch.Tensor:
-    """``x`` flat, as float32 (float64 stays float64; complex values as their magnitude)."""
-    x = x.detach()
-    if x.is_complex():
-        x = x.abs()
-    if x.dtype not in (torch.float32, torch.float64):
-        x = x.float()
-    return x.reshape(-1)
 
 
 _local = threading.local()

@@ -441,15 +441,6 @@ DiffFailOpt = Annotated[bool, typer.Option(
 ReportLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
     "--loss", help="Gradient flow of: logit (the target logit summed over inputs) or ce "
     "(cross-entropy against --label).")]
-ReportLabelOpt = Annotated[str | None, typer.Option(
-    "--label", help="With --loss ce: the true class (index or label), one for all inputs "
-    "or a comma list, one per input.", show_default=False)]
-ReportVanishOpt = Annotated[float, typer.Option(
-    help="Flag calls whose gradient norm is below this factor times the median call's.",
-    min=0.0)]
-ReportExplodeOpt = Annotated[float, typer.Option(
-    help="Flag calls whose gradient norm is above this factor times the median call's.",
-    min=0.0)]
 ReportLayerOpt = Annotated[str | None, typer.Option(
     "--layer", help="Grad-CAM's layer (dotted name); default: the last module with a "
     "spatial output.", show_default=False)]
@@ -458,8 +449,5 @@ ReportMethodOpt = Annotated[list[CamMethod] | None, typer.Option(  # type: ignor
     show_default=False)]
 ReportReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
     help="Token outputs to a grid for Grad-CAM: auto, none, vit or swin.")]
-ReportColormapOpt = Annotated[str, typer.Option(help="A matplotlib colormap name.")]
-ReportAlphaOpt = Annotated[float, typer.Option(help="Heatmap weight in the overlay.", min=0.0,
-    max=1.0)]
 ReportScoreBatchOpt = Annotated[int, typer.Option(
     "--score-batch", help="Masked inputs per forward pass (scorecam).", min=1)]

@@ -117,7 +117,8 @@ class Moments:
         }
 
 
-def _as_float(x: torch.Tensor) -> torch.Tensor:
+def as_float(x: torch.Tensor) -> torch.Tensor:
+    """``x`` flat and detached, as float32 (float64 stays; complex values by magnitude)."""
     x = x.detach()
     if x.is_complex():
         x = x.abs()
@@ -265,7 +266,7 @@ def _moments_device(flat: torch.Tensor) -> torch.Tensor:
 
 def moments(x: torch.Tensor) -> Moments:
     """Moments of one tensor (host path on CPU, device path elsewhere)."""
-    flat = _as_float(x)
+    flat = as_float(x)
     if flat.device.type == "cpu":
         return Moments.from_values(_moments_host(flat))
     return Moments.from_values(_moments_device(flat).tolist())
@@ -490,7 +491,7 @@ class MomentTable:
 
     def add(self, key: Hashable, tensor: torch.Tensor) -> None:
         """Summarise ``tensor`` and merge it into ``key``'s moments (deferred on a device)."""
-        flat = _as_float(tensor)
+        flat = as_float(tensor)
         if self.on_device:
             self._pending.append((key, _moments_device(flat)))
         else:
