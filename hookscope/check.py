@@ -21,7 +21,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EPS", "KEYS", "RULES", "Baseline", "CheckReport", "Expect", "Expectation",
            "RuleResult", "Rules", "call_id", "drift", "evaluate", "expectations",
-           "load_baseline", "load_rules", "match_inputs", "rule", "rule_names"]
+           "folder_expectations", "load_baseline", "load_rules", "match_inputs", "rule", "rule_names"]
 
 log = logging.getLogger("hookscope")
 
@@ -474,6 +474,16 @@ def match_inputs(rules: Rules, names: Sequence[str]) -> list[tuple[int, str, Exp
             taken[name] = entry
             matched += [(i, name, entry) for i, n in enumerate(names) if n == name]
     return sorted(matched, key=lambda m: m[0])
+
+
+def folder_expectations(rules: Rules, names: Sequence[str], labels: Sequence[str]
+                        ) -> tuple[Rules, list[tuple[int, str, Expect]]]:
+    """The ``expect`` rule of an ImageFolder layout, when none is given: each input's top-1
+    class is its class folder's (a label of the model, or a class index). Returns the rules
+    with it, and its entries as :func:`match_inputs` gives them."""
+    matched = [(i, name, Expect(name, label, f"{name} (in class folder {label!r})"))
+               for i, (name, label) in enumerate(zip(names, labels, strict=True))]
+    return replace(rules, expect=tuple(e for _, _, e in matched)), matched
 
 
 def _classes(entry: Expect, categories: Sequence[str] | None,

@@ -164,11 +164,15 @@ def debug_command(
     loaded = s.load(opts.model, "debug")
     envelope = loaded.envelope("debug", resolved.names)
     writer = TraceWriter(fmt, out, envelope)
+    merged = s.ranks > 1  # under torchrun the trace is written once the ranks' are merged
     probe = DebugProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
-                       max_depth=max_depth, on_event=writer.event)
+                       max_depth=max_depth, on_event=None if merged else writer.event,
+                       record=merged)
     with writer:
         report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
                        train_mode=train_mode)
+        for event in report.events or ():
+            writer.event(event)
         writer.summary(report.to_dict())
     if report.failure is not None:
         raise report.failure
@@ -262,13 +266,17 @@ def grads(
     Example: hookscope grads resnet18 cat.jpg --loss ce --label tabby --format json
     """
     from hookscope.grads import GradsProbe, nonfinite_failure
+    from hookscope.targets import Targets, folder_targets
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
     plot_out = s.plot_output(plot, force=opts.force)
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "grads")
-    probe = GradsProbe(loaded.model, target=target, loss=_value(loss), label=label,
+    truth: str | Targets | None = label
+    if _value(loss) == "ce" and label is None and resolved.labels is not None:
+        truth = folder_targets(resolved.labels, loaded.categories)  # ImageFolder classes
+    probe = GradsProbe(loaded.model, target=target, loss=_value(loss), label=truth,
                        layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, vanish=vanish, explode=explode,
                        categories=loaded.categories, n_inputs=len(resolved),
@@ -342,10 +350,15 @@ def ablate(
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
     from hookscope.ablate import AblateProbe, parse_mode
+    from hookscope.errors import HookscopeError, param
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
     parsed = parse_mode(mode)
+    if parsed.kind == "noise" and s.ranks > 1:
+        raise HookscopeError(f"{param('mode')} noise draws its noise batch after batch in one "
+                             "process; under torchrun each rank would draw other noise. Run it "
+                             "as one process, or use zero, mean or scale.")
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "ablate")
     probe = AblateProbe(loaded.model, layer, channels=channels, mode=parsed, target=target,
@@ -379,7 +392,14 @@ def check_command(
 
     Example: hookscope check resnet18 sample_images/ --rules hookscope.toml --junit check.xml
     """
-    from hookscope.check import evaluate, expectations, load_baseline, load_rules, match_inputs
+    from hookscope.check import (
+        evaluate,
+        expectations,
+        folder_expectations,
+        load_baseline,
+        load_rules,
+        match_inputs,
+    )
     from hookscope.errors import CheckFailed
     from hookscope.render.check import resolve_junit, write_github, write_junit
     from hookscope.stats import StatsProbe
@@ -394,6 +414,8 @@ def check_command(
     base = load_baseline(checks)
     resolved = s.inputs(inputs, opts.model)
     matched = match_inputs(checks, resolved.names)
+    if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
+        checks, matched = folder_expectations(checks, resolved.names, resolved.labels)
     loaded = s.load(opts.model, "check")
     expected = expectations(matched, loaded.categories, loaded.num_classes)
     probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,

@@ -184,6 +184,26 @@ class DebugReport:
     #: The forward pass's failure, with the message every command prints for it.
     failure: ForwardError | None = field(default=None, repr=False)
     output_shapes: list[list[int]] = field(default_factory=list)
+    #: Every event, in order, when the probe was asked to record them (else None).
+    events: list[Event] | None = field(default=None, repr=False)
+
+    def merge(self, other: DebugReport) -> DebugReport:
+        """One run over this report's inputs, then ``other``'s: counts add, the first
+        non-finite origin is kept (``other``'s own origin event is dropped, as one run stops
+        looking once it has one), and a run that failed ends there, as one run would."""
+        if self.error is not None:
+            return self
+        events = None
+        if self.events is not None:
+            events = [*self.events, *(e for e in other.events or ()
+                                      if self.origin is None or not isinstance(e, NonfiniteEvent))]
+        return DebugReport(
+            batches=self.batches + other.batches, samples=self.samples + other.samples,
+            calls=self.calls + other.calls,
+            nonfinite_calls=self.nonfinite_calls + other.nonfinite_calls,
+            origin=self.origin or other.origin, error=other.error, failure=other.failure,
+            output_shapes=other.output_shapes if other.samples else self.output_shapes,
+            events=events)
 
     def to_dict(self) -> dict[str, Any]:
         origin = None
@@ -206,26 +226,34 @@ class DebugProbe(Probe[DebugReport]):
     """Trace events for the selected calls; non-finite detection on every call.
 
     Every module, containers and the model itself included, is hooked, whatever the
-    selection, so a crash or a non-finite origin is found even outside it.
+    selection, so a crash or a non-finite origin is found even outside it. With ``record``,
+    the report keeps every event too (``events``), so that reports can be merged with
+    their traces.
     """
 
     def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None,
                  types: Sequence[str] | None = None, all_modules: bool = False,
                  max_depth: int | None = None,
-                 on_event: Callable[[Event], None] | None = None) -> None:
+                 on_event: Callable[[Event], None] | None = None, record: bool = False) -> None:
         self.selected = {s.name for s in select_sites(
             model, layers=layers, types=types, all_modules=all_modules, max_depth=max_depth)}
         root = Site("", type(model).__name__, 0, model)
         self.sites = [root, *(s for s in all_sites(model) if s.module is not model)]
         self.model = model
-        self.emit = on_event or (lambda event: None)
-        self.report = DebugReport()
+        self.on_event = on_event
+        self.report = DebugReport(events=[] if record else None)
         self.batch = 0
         # Per running call: input shapes, input summaries (while detecting) and finiteness.
         self._entered: dict[tuple[str, int],
                             tuple[list[list[int]], list[dict[str, Any]] | None, bool]] = {}
         self._input_nonfinite = False  # the model's own input holds NaN/Inf
         self._input_origin: tuple[str, int] | None = None
+
+    def emit(self, event: Event) -> None:
+        if self.report.events is not None:
+            self.report.events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
 
     @property
     def detecting(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Iterable
+from typing import Any
 
 _MARK = "\x1f"  # a control character: repr() escapes it, so user data cannot fake a mark
 _MARKED = re.compile(f"{_MARK}([A-Za-z_][A-Za-z0-9_]*){_MARK}")
@@ -73,14 +74,27 @@ class ForwardError(HookscopeError):
     @property
     def exception(self) -> str:
         """The class name of the model's exception."""
+        given = self.__dict__.get("_exception")
+        if given is not None:
+            return str(given)
         return type(self.cause).__name__ if self.cause is not None else "Exception"
 
     @property
     def reason(self) -> str:
         """The model's exception message on one line."""
+        given = self.__dict__.get("_reason")
+        if given is not None:
+            return str(given)
         if self.cause is None:
             return str(self)
         return " ".join(str(self.cause).split()) or self.exception
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled without the model's exception, which may not pickle (a rank's report is
+        sent to rank 0): its class name and message are kept."""
+        state = {k: v for k, v in self.__dict__.items() if k != "cause"}
+        state |= {"cause": None, "_exception": self.exception, "_reason": self.reason}
+        return (ForwardError, (super().__str__(),), state)
 
 
 def suggest(word: str, candidates: Iterable[str], n: int = 3) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any
 
@@ -56,9 +56,11 @@ class GradLayer:
     max_abs: float
     nonfinite: int
     flag: str | None = None
+    #: The exact mergeable summary behind the numbers (not part of the JSON row).
+    moments: Moments | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "moments"}
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,21 @@ class ParamGrad:
     grad_norm: float
     weight_norm: float
     ratio: float
+    #: The gradient summed over the inputs, for merging (not part of the JSON row).
+    summed: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, name: str, summed: torch.Tensor | None, weight_norm: float) -> ParamGrad:
+        """The row of a parameter whose gradient summed over the inputs is ``summed``."""
+        with torch.no_grad():
+            # Native-precision norms: torch's reduction is accurate to ~1e-7 relative, and
+            # dtype=float64 is ~40x slower on CPU (it costs more than the backward pass).
+            grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
+        return cls(name, grad, weight_norm, grad / weight_norm if weight_norm > 0 else NAN,
+                   summed)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "summed"}
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,45 @@ class GradReport:
     first_nonfinite: str | None
     input_shape: list[int] | None
     first_nonfinite_param: str | None = None
+    vanish: float = field(default=1e-3, compare=False)
+    explode: float = field(default=1e3, compare=False)
+
+    @classmethod
+    def build(cls, layers: Iterable[GradEntry], params: list[ParamGrad], *, loss: str,
+              targets: list[int], objective: float, input_shape: list[int] | None,
+              vanish: float, explode: float) -> GradReport:
+        """The report from each call's gradient summary (backward order) and the parameters'
+        rows: norms, the median, flags and the first non-finite call."""
+        rows, median = _layer_rows(list(layers), vanish, explode)
+        bad = next((r for r in rows if r.nonfinite), None)
+        first = None if bad is None else bad.name if bad.call == 0 else \
+            f"{bad.name} (call {bad.call})"
+        return cls(
+            layers=rows, params=params, loss=loss, targets=targets, objective=objective,
+            median_norm=median, first_nonfinite=first, input_shape=input_shape,
+            first_nonfinite_param=next(
+                (p.name for p in params if not math.isfinite(p.grad_norm)), None),
+            vanish=vanish, explode=explode)
+
+    def merge(self, other: GradReport) -> GradReport:
+        """The report over both reports' inputs, this one's first: what one run over them
+        gives (gradient moments merged exactly, parameter gradients summed).
+
+        Raises:
+            ValueError: a report without its summaries (made by hand).
+        """
+        entries = {(r.name, r.call): _entry(r) for r in self.layers}
+        for row in other.layers:
+            key = (row.name, row.call)
+            entries[key] = _merged_entry(entries[key], _entry(row)) if key in entries \
+                else _entry(row)
+        params = [ParamGrad.of(a.name, _sum(a.summed, b.summed), a.weight_norm)
+                  for a, b in zip(self.params, other.params, strict=True)]
+        return GradReport.build(
+            entries.values(), params, loss=self.loss, targets=[*self.targets, *other.targets],
+            objective=self.objective + other.objective,
+            input_shape=self.input_shape or other.input_shape, vanish=self.vanish,
+            explode=self.explode)
 
     @property
     def nonfinite(self) -> bool:
@@ -122,6 +175,42 @@ def parse_labels(spec: str, categories: Sequence[str] | None) -> Targets:
             f"{param('label')} {spec!r}: give the true class as an index or a label, not a rank."
         )
     return labels
+
+
+#: One call's gradient: name, type, call index, shape (batch dimension summed), moments.
+GradEntry = tuple[str, str, int, list[int], Moments]
+
+
+def _entry(row: GradLayer) -> GradEntry:
+    if row.moments is None:
+        raise ValueError("rows without moments cannot be merged")
+    return row.name, row.type, row.call, list(row.shape), row.moments
+
+
+def _merged_entry(a: GradEntry, b: GradEntry) -> GradEntry:
+    shape = list(a[3])
+    if shape and b[3] and shape[1:] == b[3][1:]:
+        shape[0] += b[3][0]
+    return a[0], a[1], a[2], shape, replace(a[4]).merge(b[4])
+
+
+def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _layer_rows(entries: list[GradEntry], vanish: float,
+                explode: float) -> tuple[list[GradLayer], float]:
+    """Each call's row, flagged against the median norm, and that median."""
+    norms = [_norm(m) for *_, m in entries]
+    finite = [v for v in norms if math.isfinite(v)]
+    median = statistics.median(finite) if finite else NAN
+    rows = [GradLayer(
+        name=name, type=type_name, call=call, shape=shape, norm=norm,
+        mean=m.mean if m.n else NAN, std=m.std,
+        max_abs=max(abs(m.min), abs(m.max)) if m.n else NAN, nonfinite=m.nonfinite,
+        flag=_flag(norm, m.nonfinite, median, vanish, explode), moments=m)
+        for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
+    return rows, median
 
 
 def _norm(m: Moments) -> float:
@@ -251,49 +340,15 @@ class GradsProbe(Probe[GradReport]):
         if self.input_shape is None:
             self.input_shape = list(step.x.shape[1:])
 
-    def _layers(self) -> list[GradLayer]:
-        grads = {key: self.table.get(key) or Moments() for key in self.order}
-        norms = {k: _norm(m) for k, m in grads.items()}
-        finite = [v for v in norms.values() if math.isfinite(v)]
-        median = statistics.median(finite) if finite else NAN
-        self.median = median
-        rows: list[GradLayer] = []
-        for key in self.order:
-            site, shape = self.meta[key]
-            m, norm = grads[key], norms[key]
-            rows.append(GradLayer(
-                name=site.name, type=site.type, call=key[1], shape=shape, norm=norm,
-                mean=m.mean if m.n else NAN, std=m.std,
-                max_abs=max(abs(m.min), abs(m.max)) if m.n else NAN,
-                nonfinite=m.nonfinite,
-                flag=_flag(norm, m.nonfinite, median, self.vanish, self.explode),
-            ))
-        return rows
-
-    def _param_rows(self) -> list[ParamGrad]:
-        rows = []
-        with torch.no_grad():
-            for (name, p), summed in zip(self.params, self.param_sums, strict=True):
-                # Native-precision norms: torch's reduction is accurate to ~1e-7 relative, and
-                # dtype=float64 is ~40x slower on CPU (it costs more than the backward pass).
-                weight = float(torch.linalg.vector_norm(p.detach()))
-                grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
-                rows.append(ParamGrad(name, grad, weight, grad / weight if weight > 0 else NAN))
-        return rows
-
     def finish(self) -> GradReport:
-        layers = self._layers()
-        params = self._param_rows()
-        bad = next((r for r in layers if r.nonfinite), None)
-        first = None if bad is None else bad.name if bad.call == 0 else \
-            f"{bad.name} (call {bad.call})"
-        return GradReport(
-            layers=layers, params=params, loss=self.loss, targets=self.classes,
-            objective=self.objective, median_norm=self.median, first_nonfinite=first,
-            first_nonfinite_param=next(
-                (p.name for p in params if not math.isfinite(p.grad_norm)), None),
-            input_shape=self.input_shape,
-        )
+        entries = [(site.name, site.type, key[1], shape, self.table.get(key) or Moments())
+                   for key in self.order for site, shape in [self.meta[key]]]
+        with torch.no_grad():
+            params = [ParamGrad.of(name, summed, float(torch.linalg.vector_norm(p.detach())))
+                      for (name, p), summed in zip(self.params, self.param_sums, strict=True)]
+        return GradReport.build(entries, params, loss=self.loss, targets=self.classes,
+                                objective=self.objective, input_shape=self.input_shape,
+                                vanish=self.vanish, explode=self.explode)
 
 
 def nonfinite_failure(report: GradReport) -> CheckFailed:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import queue
+import random
+import sys
 import threading
 import warnings
 import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -37,12 +40,22 @@ def image_suffixes() -> set[str]:
 
 @dataclass(frozen=True)
 class InputItem:
-    """One sample: an image, or one entry of a tensor file."""
+    """One sample: an image, or one entry of a tensor file.
+
+    Attributes:
+        name: the path as given (``x.pt[3]`` for a tensor's row, ``-`` for stdin).
+        kind: ``image``, ``tensor`` or ``stdin``.
+        path: the file (None for stdin).
+        index: the row of a tensor file with a leading N dimension.
+        label: the class folder it sits in, in an ImageFolder layout (``photos/cat/1.jpg``:
+            ``cat``); None otherwise.
+    """
 
     name: str
     kind: str  # "image", "tensor" or "stdin"
     path: Path | None = None
     index: int | None = None
+    label: str | None = None
 
     @property
     def stem(self) -> str:
@@ -53,33 +66,18 @@ class InputItem:
 
 
 @dataclass
-class Source:
-    """One input file (or stdin) after directory expansion."""
-
-    name: str
-    kind: str
-    path: Path | None = None
-    data: bytes | None = None
-    count: int = 1
-    batched: bool = False  # a tensor file with a leading N dimension
-
-    def items(self) -> list[InputItem]:
-        if not self.batched:
-            return [InputItem(self.name, self.kind, self.path)]
-        return [
-            InputItem(f"{self.name}[{i}]", self.kind, self.path, i) for i in range(self.count)
-        ]
-
-
-@dataclass
 class InputSet:
-    """The resolved inputs of one command, in order."""
+    """The resolved inputs of one command, in order (or one rank's contiguous part of them).
 
-    sources: list[Source] = field(default_factory=list)
+    Attributes:
+        items: the samples.
+        stdin: the bytes of the image read from stdin, when ``-`` was given.
+        offset: the position of ``items[0]`` among all inputs (0 unless a rank's part).
+    """
 
-    @property
-    def items(self) -> list[InputItem]:
-        return [item for s in self.sources for item in s.items()]
+    items: list[InputItem] = field(default_factory=list)
+    stdin: bytes | None = None
+    offset: int = 0
 
     @property
     def names(self) -> list[str]:
@@ -91,18 +89,37 @@ class InputSet:
         """One output file stem per sample, unique (see :func:`unique_stems`)."""
         return unique_stems([item.stem for item in self.items])
 
+    @property
+    def labels(self) -> list[str] | None:
+        """Each sample's class folder when every sample has one (an ImageFolder), else None."""
+        labels = [item.label for item in self.items]
+        return None if not labels or None in labels else labels  # type: ignore[return-value]
+
+    def part(self, lo: int, hi: int) -> InputSet:
+        """Samples ``lo`` to ``hi`` (exclusive), which keep their positions."""
+        return InputSet(self.items[lo:hi], self.stdin, self.offset + lo)
+
     def __len__(self) -> int:
-        return sum(s.count for s in self.sources)
+        return len(self.items)
 
 
 @dataclass
 class Batch:
-    """A preprocessed batch and where each of its samples came from."""
+    """A preprocessed batch and where each of its samples came from.
+
+    Attributes:
+        items: its samples.
+        tensor: the stacked, preprocessed samples.
+        images: the decoded images when kept (else None each).
+        start: the position of its first sample among all inputs.
+        number: its position among all batches (None: counted by the driver).
+    """
 
     items: list[InputItem]
     tensor: torch.Tensor
     images: list[Image.Image | None]
     start: int
+    number: int | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -240,119 +257,211 @@ def _check_tensor(t: torch.Tensor, name: str, ndim: int) -> torch.Tensor:
     return t
 
 
+class Decoder:
+    """Decodes and preprocesses one sample at a time (in the main process or a DataLoader
+    worker); the last tensor file read stays open for its next rows.
+
+    Args:
+        preprocess: image to tensor.
+        ndim: the model's input rank (5 for video clips).
+        keep_images: also return each decoded image.
+        stdin: the bytes of the image given as ``-``.
+    """
+
+    def __init__(self, preprocess: Callable[[Any], torch.Tensor], *, ndim: int = 4,
+                 keep_images: bool = False, stdin: bytes | None = None) -> None:
+        self.preprocess, self.ndim, self.keep_images, self.stdin = preprocess, ndim, keep_images, stdin
+        self._file: tuple[Path, torch.Tensor] | None = None
+
+    def __call__(self, item: InputItem) -> tuple[torch.Tensor, Image.Image | None]:
+        """The preprocessed sample and, when kept, its image.
+
+        Raises:
+            HookscopeError: the file is missing, corrupt, or not what it was when resolved.
+        """
+        if item.kind == "tensor":
+            return self._row(item), None
+        src = self.stdin if item.kind == "stdin" else item.path
+        img = load_image(src, item.name)  # type: ignore[arg-type]
+        return self.preprocess(img), img if self.keep_images else None
+
+    def _row(self, item: InputItem) -> torch.Tensor:
+        assert item.path is not None  # tensor items always have a file
+        file = item.name if item.index is None else item.name.rpartition("[")[0]
+        if self._file is None or self._file[0] != item.path:
+            self._file = None  # let the previous file's mapping go first
+            tensor = _check_tensor(_read_tensor(item.path, file), file, self.ndim)
+            self._file = (item.path, tensor if tensor.dim() == self.ndim else tensor.unsqueeze(0))
+        rows = self._file[1]
+        if (item.index or 0) >= rows.shape[0]:
+            raise HookscopeError(f"{item.name}: the file has only {rows.shape[0]} rows now.")
+        return rows[item.index or 0].to(torch.float32).clone()
+
+
 # ---------------------------------------------------------------------------- resolving
 
 
 def resolve_inputs(
-    specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4
+    specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
+    recursive: bool = False, limit: int | None = None, shuffle: bool = False, seed: int = 0,
 ) -> InputSet:
-    """Expand files, directories, ``-`` and tensor files; check each one cheaply.
+    """Expand files, directories, ``-`` and tensor files; sample them; check each cheaply.
 
     Headers are read here (so a non-image fails before the model loads); pixels are
-    decoded later, batch by batch.
+    decoded later, batch by batch. A directory whose images all sit in subdirectories is an
+    ImageFolder layout: each image's ``label`` is its subdirectory's name.
+
+    Args:
+        specs: files, directories, ``-`` (one image on stdin), ``.pt``/``.npy`` tensors.
+        stdin: the stream ``-`` reads (default: ``sys.stdin``).
+        ndim: the model's input rank (5 for video clips).
+        recursive: walk directories' whole trees (sorted), not only their files.
+        limit: keep only this many samples (after ``shuffle``).
+        shuffle: put the samples in a random order drawn from ``seed``.
+        seed: the seed of ``shuffle``.
 
     Raises:
         HookscopeError: no inputs, missing files, empty directories, unreadable files.
     """
     if not specs:
         raise HookscopeError("No inputs given; pass image files, directories, '-' or .pt/.npy.")
-    sources: list[Source] = []
+    if limit is not None and limit < 1:
+        raise HookscopeError(f"{param('limit')} must be at least 1, not {limit}.")
+    items: list[InputItem] = []
+    data: bytes | None = None
     for spec in specs:
         if spec == STDIN:
-            if any(s.kind == "stdin" for s in sources):
+            if data is not None:
                 raise HookscopeError("'-' (stdin) can be given only once.")
-            stream = stdin if stdin is not None else __import__("sys").stdin.buffer
-            data = stream.read()
-            if not data:
-                raise HookscopeError("'-': stdin is empty; pipe one image into it.")
-            _open(data, "<stdin>", load=False)
-            sources.append(Source("-", "stdin", None, data))
+            data = _read_stdin(stdin)
+            items.append(InputItem("-", "stdin"))
             continue
         path = Path(spec).expanduser()
         if path.is_dir():
-            sources.extend(_expand_dir(path, spec, ndim))
+            items.extend(_expand_dir(path, spec, recursive))
         elif not path.exists():
             raise HookscopeError(f"{spec}: no such file or directory.")
         else:
-            sources.append(_source_for_file(path, spec, ndim))
-    return InputSet(sources)
+            items.extend(_file_items(path, spec, ndim))
+    if shuffle:
+        random.Random(seed).shuffle(items)
+    items = items[:limit] if limit is not None else items
+    for item in items:
+        if item.kind == "image":
+            _check_image(item, ndim)
+    return InputSet(items, data)
 
 
-def _source_for_file(path: Path, name: str, ndim: int) -> Source:
-    if path.suffix.lower() in TENSOR_SUFFIXES:
-        t = _check_tensor(_read_tensor(path, name), name, ndim)
-        batched = t.dim() == ndim
-        return Source(name, "tensor", path, count=t.shape[0] if batched else 1, batched=batched)
+def _read_stdin(stdin: IO[bytes] | None) -> bytes:
+    stream = stdin if stdin is not None else sys.stdin.buffer
+    data = stream.read()
+    if not data:
+        raise HookscopeError("'-': stdin is empty; pipe one image into it.")
+    _open(data, "<stdin>", load=False)
+    return data
+
+
+def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
+    """A tensor file's rows (read and checked now), or one image (checked later)."""
+    if path.suffix.lower() not in TENSOR_SUFFIXES:
+        return [InputItem(name, "image", path)]
+    t = _check_tensor(_read_tensor(path, name), name, ndim)
+    if t.dim() != ndim:
+        return [InputItem(name, "tensor", path)]
+    return [InputItem(f"{name}[{i}]", "tensor", path, i) for i in range(t.shape[0])]
+
+
+def _check_image(item: InputItem, ndim: int) -> None:
     if ndim == 5:
         raise HookscopeError(
-            f"{name}: video models take clips; pass a .pt/.npy tensor of shape (C,T,H,W) "
+            f"{item.name}: video models take clips; pass a .pt/.npy tensor of shape (C,T,H,W) "
             "or (N,C,T,H,W)."
         )
-    _open(path, name, load=False).close()
-    return Source(name, "image", path)
+    assert item.path is not None  # images always have a file
+    _open(item.path, item.name, load=False).close()
 
 
-def _expand_dir(path: Path, spec: str, ndim: int) -> list[Source]:
+def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:
+    """The images in ``folder`` (with ``recursive``, in its whole tree), sorted by their
+    path's parts, and the names of the other entries, which are skipped."""
     known = image_suffixes()
-    images: list[Source] = []
+    images: list[Path] = []
     skipped: list[str] = []
-    for entry in sorted(path.iterdir()):
-        if entry.is_file() and entry.suffix.lower() in known:
-            images.append(_source_for_file(entry, str(entry), ndim))
-        else:
-            skipped.append(entry.name)
+    if not recursive:
+        for entry in sorted(folder.iterdir()):
+            if entry.is_file() and entry.suffix.lower() in known:
+                images.append(entry)
+            else:
+                skipped.append(entry.name)
+        return images, skipped
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in files:
+            entry = Path(root, name)
+            if entry.suffix.lower() in known and entry.is_file():
+                images.append(entry)
+            else:
+                skipped.append(str(entry.relative_to(folder)))
+    images.sort(key=lambda p: p.relative_to(folder).parts)
+    return images, sorted(skipped)
+
+
+def _expand_dir(path: Path, spec: str, recursive: bool) -> list[InputItem]:
+    """A directory's images: its own (its tree's, with ``recursive``), or, when it holds
+    none itself, those of its subdirectories labelled with their names (ImageFolder)."""
+    images, skipped = _images_in(path, recursive=False)
+    if images:
+        if recursive:
+            images, skipped = _images_in(path, recursive=True)
+        _note_skipped(spec, skipped)
+        return [InputItem(str(p), "image", p) for p in images]
+    items: list[InputItem] = []
+    classes: list[str] = []
+    skipped = [name for name in skipped if not (path / name).is_dir()]
+    for sub in sorted(p for p in path.iterdir() if p.is_dir()):
+        found, other = _images_in(sub, recursive)
+        skipped += [f"{sub.name}/{name}" for name in other]
+        if found:
+            classes.append(sub.name)
+            items += [InputItem(str(p), "image", p, label=sub.name) for p in found]
+    if not items:
+        hint = "" if recursive or not any(p.is_dir() for p in path.iterdir()) else \
+            f" (to walk its subdirectories, pass {param('recursive')})"
+        raise HookscopeError(f"{spec}: the directory holds no images{hint}.")
+    shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+    log.info("%s: an ImageFolder layout: %d images in %d class folders (%s)", spec, len(items),
+             len(classes), shown)
+    _note_skipped(spec, skipped)
+    return items
+
+
+def _note_skipped(spec: str, skipped: list[str]) -> None:
     if skipped:
         shown = ", ".join(skipped[:5]) + (", ..." if len(skipped) > 5 else "")
         log.info("%s: skipped %d entr%s that are not images: %s", spec, len(skipped),
                  "y" if len(skipped) == 1 else "ies", shown)
-    if not images:
-        raise HookscopeError(f"{spec}: the directory holds no images.")
-    return images
 
 
 # ---------------------------------------------------------------------------- batching
 
-
-def _samples(
-    inputs: InputSet, preprocess: Callable[[Any], torch.Tensor], keep_images: bool, ndim: int
-) -> Iterator[tuple[InputItem, torch.Tensor, Image.Image | None]]:
-    for src in inputs.sources:
-        if src.kind == "tensor":
-            assert src.path is not None
-            t = _check_tensor(_read_tensor(src.path, src.name), src.name, ndim)
-            items = src.items()
-            rows = t if t.dim() == ndim else t.unsqueeze(0)
-            for item, row in zip(items, rows, strict=True):
-                yield item, row.to(torch.float32).clone(), None
-        else:
-            img = load_image(src.data if src.kind == "stdin" else src.path, src.name)  # type: ignore[arg-type]
-            tensor = preprocess(img)
-            yield src.items()[0], tensor, img if keep_images else None
+Sample = tuple[InputItem, torch.Tensor, "Image.Image | None"]
 
 
-def _batches(
-    inputs: InputSet,
-    preprocess: Callable[[Any], torch.Tensor],
-    batch_size: int,
-    keep_images: bool,
-    ndim: int,
-) -> Iterator[Batch]:
-    pending: list[tuple[InputItem, torch.Tensor, Image.Image | None]] = []
-    start = 0
+def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Iterator[Batch]:
+    """Stack samples into batches of ``batch_size``; a sample whose shape differs from the
+    batch's starts a new one. ``offset``: the position of the first sample among all."""
+    pending: list[Sample] = []
+    start, number = offset, offset // batch_size
 
     def flush() -> Batch:
-        nonlocal start
-        batch = Batch(
-            items=[p[0] for p in pending],
-            tensor=torch.stack([p[1] for p in pending]),
-            images=[p[2] for p in pending],
-            start=start,
-        )
-        start += len(pending)
+        nonlocal start, number
+        batch = Batch(items=[p[0] for p in pending], tensor=torch.stack([p[1] for p in pending]),
+                      images=[p[2] for p in pending], start=start, number=number)
+        start, number = start + len(pending), number + 1
         pending.clear()
         return batch
 
-    for sample in _samples(inputs, preprocess, keep_images, ndim):
+    for sample in samples:
         if pending and sample[1].shape != pending[0][1].shape:
             yield flush()
         pending.append(sample)
@@ -360,6 +469,11 @@ def _batches(
             yield flush()
     if pending:
         yield flush()
+
+
+def _decoded(inputs: InputSet, decoder: Decoder) -> Iterator[Sample]:
+    for item in inputs.items:
+        yield (item, *decoder(item))
 
 
 def iter_batches(
@@ -370,14 +484,30 @@ def iter_batches(
     keep_images: bool = False,
     ndim: int = 4,
     prefetch: bool = True,
+    workers: int = 0,
 ) -> Iterator[Batch]:
-    """Decode and preprocess inputs into batches, one batch ahead in a background thread.
+    """Decode and preprocess inputs into batches, in input order.
 
-    Samples whose preprocessed shapes differ go into separate batches.
+    With ``workers`` 0, in this process, one batch ahead in a background thread (unless
+    ``prefetch`` is False); otherwise in that many DataLoader worker processes. Either way
+    the batches are the same: samples whose preprocessed shapes differ go into separate
+    batches.
+
+    Raises:
+        HookscopeError: a bad ``batch_size`` or ``workers``; a sample that cannot be decoded
+            (raised when its batch is reached).
     """
     if batch_size < 1:
         raise HookscopeError(f"{param('batch_size')} must be at least 1, not {batch_size}.")
-    gen = _batches(inputs, preprocess, batch_size, keep_images, ndim)
+    if workers < 0:
+        raise HookscopeError(f"{param('workers')} must be 0 or more, not {workers}.")
+    decoder = Decoder(preprocess, ndim=ndim, keep_images=keep_images, stdin=inputs.stdin)
+    if workers > 0 and inputs.items:
+        from hookscope.dataset import loader_samples
+
+        return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size,
+                      inputs.offset)
+    gen = _group(_decoded(inputs, decoder), batch_size, inputs.offset)
     return _prefetched(gen) if prefetch else gen
 
 

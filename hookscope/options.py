@@ -83,8 +83,8 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
         "--weights", "-w", help="auto (pretrained when cached or downloadable, else random "
         "with a warning), DEFAULT, an enum name such as IMAGENET1K_V1, none (random, --seed), "
         "or a checkpoint path (.pt/.pth/.safetensors).")], "auto"),
-    "seed": (Annotated[int, typer.Option(help="Seed for random initialisation (and noise).")],
-             0),
+    "seed": (Annotated[int, typer.Option(help="Seed for random initialisation, noise and "
+                                           "--shuffle.")], 0),
     "device": (Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")], "auto"),
     "size": (Annotated[int | None, typer.Option(
         help="Resize/crop inputs to this size (8 to 8192) instead of the weights' default.",
@@ -127,6 +127,24 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
         "--output-key", help="The entry of a dict or tuple output that holds the class logits "
         "(default: logits, out, or the only tensor).", show_default=False)], None),
 }
+#: Which inputs, and how they are read: added by :func:`runs_model` to every command that
+#: takes INPUT.
+INPUT_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "workers": (Annotated[int | None, typer.Option(
+        "--workers", help="Decode and preprocess images in this many DataLoader worker "
+        "processes (0: in this process, one batch ahead in a thread). Default: one less than "
+        "the CPUs (at most 4), or 0 for stdin, tensor files and fewer than two batches of "
+        "images. The output is the same either way.", min=0, show_default=False)], None),
+    "limit": (Annotated[int | None, typer.Option(
+        "--limit", help="Use only the first N inputs (after --shuffle).", min=1,
+        metavar="N", show_default=False)], None),
+    "shuffle": (Annotated[bool, typer.Option(
+        "--shuffle", help="Take the inputs in a random order drawn from --seed (with "
+        "--limit: a reproducible sample).")], False),
+    "recursive": (Annotated[bool, typer.Option(
+        "--recursive", "-r", help="Walk directories' subdirectories too (sorted by path).")],
+        False),
+}
 #: Options every command takes, added by :func:`runs_model` and :func:`command`.
 RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "output": (Annotated[Path | None, typer.Option(
@@ -159,7 +177,8 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool) -> Call
             values = {name: kwargs.pop(name) for name in names}
             opts = Options(model=kwargs.get("model", ""), **values) if model else \
                 Options(**values)
-            with session(quiet=opts.quiet, traceback=opts.traceback, flags=_flags(ctx)) as s:
+            with session(quiet=opts.quiet, traceback=opts.traceback, flags=_flags(ctx),
+                         command=ctx.command.name) as s:
                 return fn(**kwargs, opts=opts.bind(s))
 
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,
@@ -219,8 +238,8 @@ class Options:
 
 
 def runs_model(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A command that loads a model: the model options and the run options."""
-    return _with_options([MODEL_OPTIONS, RUN_OPTIONS], model=True)(fn)
+    """A command that loads a model: the model, input and run options."""
+    return _with_options([MODEL_OPTIONS, INPUT_OPTIONS, RUN_OPTIONS], model=True)(fn)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:

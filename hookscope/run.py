@@ -82,8 +82,8 @@ class Step:
     """One batch as a probe sees it.
 
     Attributes:
-        index: the batch's number, from 0.
-        start: the index of its first sample among all inputs.
+        index: the batch's number among all batches, from 0 (under torchrun too).
+        start: the index of its first sample among all inputs (under torchrun too).
         x: the batch on the model's device (a tensor, or a tuple of positional arguments).
         batch: where its samples came from (names, original images), when known.
         tracer: the hook engine, for tensor hooks that must be removed with the others.
@@ -230,9 +230,13 @@ def drive(
         start = 0
         for index, item in enumerate(_as_batches(inputs)):
             tensor = getattr(item, "tensor", item)
-            step = Step(index, start, _to_device(tensor, device, dtype),
-                        item if tensor is not item else None, tracer, model, probe.grad,
-                        progress, autocast)
+            batch = item if tensor is not item else None
+            if batch is not None:  # a Batch knows its place among all inputs (a rank's part)
+                start = getattr(batch, "start", start)
+                number = getattr(batch, "number", None)
+                index = index if number is None else number
+            step = Step(index, start, _to_device(tensor, device, dtype), batch, tracer, model,
+                        probe.grad, progress, autocast)
             try:
                 probe.step(step)
             except ForwardError as error:

@@ -6,11 +6,17 @@ failed or the model's forward raised, 2 bad input, 128+N a signal). :class:`Sess
 outputs before any work, resolves inputs, loads the model and runs the progress bar.
 Library errors name Python parameters; here they are spelt as the command's flags.
 
+Under torchrun the session joins the other ranks first (:mod:`hookscope.distributed`): its
+batches are this rank's part of the inputs, :meth:`Session.drive` merges every rank's report
+on rank 0, and only rank 0 checks outputs, shows progress and prints; the others exit with
+rank 0's exit code, or, when one rank fails, every rank exits with its error.
+
 Nothing here imports torch at module level, so ``hookscope --help`` stays fast.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import traceback as tb
@@ -23,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hookscope.errors import HookscopeError, param
 
 if TYPE_CHECKING:
+    from hookscope.distributed import Group, Launch
     from hookscope.inputs import Batch, InputSet
     from hookscope.render.console import Bar
     from hookscope.render.output import Output
@@ -80,32 +87,47 @@ def _fail(message: str, code: int) -> SystemExit:
 
 @contextmanager
 def session(*, quiet: bool = False, traceback: bool = False,
-            flags: Mapping[str, str] | None = None) -> Iterator[Session]:
+            flags: Mapping[str, str] | None = None, command: str | None = None
+            ) -> Iterator[Session]:
     """Run one command: every error becomes one stderr line and its exit code.
 
     Args:
         quiet: only warnings and errors on stderr.
         traceback: print the traceback of an error too.
         flags: the command's flag for each library parameter, for error messages.
+        command: the command's name (under torchrun, only some commands run).
     """
+    from hookscope.distributed import Follow
     from hookscope.render import console
 
     console.setup_logging(quiet=quiet)
+    s = Session()
     try:
         with _signals():
-            yield Session()
+            s.join(command)
+            yield s
+        s.ended(0)
+    except Follow:
+        raise SystemExit(s.follow()) from None
     except HookscopeError as exc:
         if traceback:
             tb.print_exc()
-        raise _fail(exc.render(speller(flags or {})), exc.exit_code) from None
+        raise s.failed(exc, exc.render(speller(flags or {})), exc.exit_code) from None
     except Interrupted as exc:
         name = signal.Signals(exc.signum).name
-        raise _fail(f"stopped by {name}; no output was written", 128 + exc.signum) from None
-    except KeyboardInterrupt:
-        raise _fail("interrupted; no output was written", 130) from None
+        raise s.failed(exc, f"stopped by {name}; no output was written",
+                       128 + exc.signum) from None
+    except KeyboardInterrupt as exc:
+        raise s.failed(exc, "interrupted; no output was written", 130) from None
     except BrokenPipeError:  # `hookscope ... | head`: the reader left; not an error
         sys.stderr.close()
+        s.ended(0)
         raise SystemExit(0) from None
+    except Exception as exc:  # a bug: the traceback is printed, the other ranks told
+        s.failed(exc, f"internal error: {type(exc).__name__}: {exc}", 1, show=False)
+        raise
+    finally:
+        s.close()
 
 
 @dataclass(frozen=True)
@@ -130,6 +152,10 @@ class ModelOptions:
     output_key: str | None = None
     dtype: str | None = None
     autocast: bool = False
+    workers: int | None = None
+    limit: int | None = None
+    shuffle: bool = False
+    recursive: bool = False
 
     def load_options(self) -> LoadOptions:
         """The library's :class:`~hookscope.sources.LoadOptions` for these options."""
@@ -157,26 +183,131 @@ def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
 
 
 class Session:
-    """The steps every command shares, in the order commands take them."""
+    """The steps every command shares, in the order commands take them.
+
+    Attributes:
+        launch: this process's place under torchrun (None: a single process).
+        group: the ranks of a torchrun run, once joined.
+    """
+
+    def __init__(self) -> None:
+        self.launch: Launch | None = None
+        self.group: Group | None = None
+
+    @property
+    def ranks(self) -> int:
+        """How many processes run this command (1 outside torchrun)."""
+        return 1 if self.launch is None else self.launch.world_size
+
+    @property
+    def leader(self) -> bool:
+        """Whether this process prints and writes (rank 0, or the only process)."""
+        return self.launch is None or self.launch.rank == 0
+
+    # ------------------------------------------------------------------ torchrun
+
+    def join(self, command: str | None) -> None:
+        """Under torchrun, join the other ranks (the others stay silent).
+
+        Raises:
+            HookscopeError: the command does not run under torchrun.
+            JoinError: the other ranks could not be reached in time.
+        """
+        from hookscope.distributed import COMMANDS, Group, Launch, timeout_seconds
+
+        launch = Launch.from_env()
+        if launch is None:
+            return
+        self.launch = launch
+        if launch.rank != 0:
+            logging.getLogger("hookscope").setLevel(logging.CRITICAL + 1)
+        if command not in COMMANDS:
+            raise HookscopeError(f"`hookscope {command}` does not run under torchrun "
+                                 f"(WORLD_SIZE={launch.world_size}); run it as one process. "
+                                 f"Under torchrun: {', '.join(COMMANDS)}.")
+        self.group = Group.join(launch, timeout_seconds())
+
+    def failed(self, exc: BaseException, message: str, code: int, *,
+               show: bool = True) -> SystemExit:
+        """Print the error where it belongs and tell the other ranks; the exit to raise.
+
+        Outside torchrun the line is always printed. Under it, rank 0 prints every error
+        (another rank's named by its rank); another rank prints its own error only when it
+        was the first to fail, or when rank 0 is gone.
+        """
+        from hookscope.distributed import JoinError, PeerFailed
+        from hookscope.render import console
+
+        launch, group = self.launch, self.group
+        loud = True
+        if launch is not None:
+            if isinstance(exc, PeerFailed):
+                loud = exc.loud
+            elif group is not None:
+                loud = group.fail(message, code)
+                message = f"rank {launch.rank}: {message}" if launch.rank else message
+            else:
+                loud = isinstance(exc, JoinError)
+            loud = loud or launch.rank == 0
+            self.ended(code)
+        if loud and show:
+            console.error(message)
+        return SystemExit(code)
+
+    def ended(self, code: int) -> None:
+        """Rank 0: publish the run's exit code for the other ranks."""
+        if self.group is not None and self.launch is not None and self.launch.rank == 0:
+            self.group.publish(code)
+
+    def follow(self) -> int:
+        """A rank other than 0, its report sent: rank 0's exit code."""
+        from hookscope.distributed import PeerFailed
+        from hookscope.render import console
+
+        assert self.group is not None  # Follow is raised only by a group's merge
+        try:
+            return self.group.outcome()
+        except PeerFailed as exc:
+            if exc.loud:
+                console.error(str(exc))
+            return exc.exit_code
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+    # ------------------------------------------------------------------ the steps
 
     def output(self, path: Path | str | None, *, force: bool) -> Output:
-        """Where data goes, checked now (before the model loads)."""
+        """Where data goes, checked now (before the model loads); only rank 0 writes."""
         from hookscope.render.output import resolve_output
 
-        return resolve_output(path, force=force)
+        return resolve_output(path if self.leader else None, force=force)
 
     def folder(self, path: Path, planned: Iterable[Path], *, force: bool) -> Path:
         """An output folder and the files planned in it, checked now."""
         from hookscope.render.output import check_folder
 
+        if not self.leader:
+            return path
         return check_folder(path, planned=list(planned), force=force)
 
     def inputs(self, specs: Sequence[str], options: ModelOptions) -> InputSet:
-        """Resolve inputs before the model loads, so a bad path fails fast."""
-        from hookscope.inputs import resolve_inputs
+        """Resolve inputs before the model loads, so a bad path fails fast.
+
+        Raises:
+            HookscopeError: a bad input; ``-`` under torchrun.
+        """
+        from hookscope.inputs import STDIN, resolve_inputs
         from hookscope.sources import resolve
 
-        return resolve_inputs(specs, ndim=resolve(options.name).input_ndim)
+        if self.launch is not None and STDIN in specs:
+            raise HookscopeError("'-' (stdin) cannot be read under torchrun, where every "
+                                 "process would need it; pass the image as a file.")
+        return resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
+                              recursive=options.recursive, limit=options.limit,
+                              shuffle=options.shuffle, seed=options.seed)
 
     def load(self, options: ModelOptions, command: str) -> LoadedModel:
         """Load the model, refusing kinds ``command`` cannot run and sizes that cannot fit."""
@@ -191,31 +322,49 @@ class Session:
         return loaded
 
     def drive(self, loaded: LoadedModel, inputs: Any, probe: Probe[R], **options: Any) -> R:
-        """Run the loaded model over ``inputs`` for ``probe``, at its precision."""
+        """Run the loaded model over ``inputs`` for ``probe``, at its precision.
+
+        Under torchrun the report is every rank's merged, on rank 0; the other ranks stop
+        here (:class:`~hookscope.distributed.Follow`) once theirs is sent.
+        """
         from hookscope.run import drive
 
-        return drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
+        if self.group is None:
+            return drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
+        progress = self.group.progress(options.pop("progress", None))
+        report = drive(loaded.model, inputs, probe, autocast=loaded.autocast,
+                       progress=progress, **options)
+        return self.group.merge(report, progress)
 
     def batches(self, inputs: InputSet, loaded: LoadedModel, options: ModelOptions, *,
                 keep_images: bool = False) -> Iterator[Batch]:
-        """Decode and preprocess the inputs, one batch ahead in a thread."""
+        """Decode and preprocess the inputs (under torchrun, this rank's part of them):
+        with ``workers`` DataLoader processes (default: from the CPU count), or one batch
+        ahead in a thread."""
+        from hookscope.dataset import default_workers
         from hookscope.inputs import iter_batches
 
-        return iter_batches(inputs, loaded.preprocess, batch_size=options.batch_size,
-                            keep_images=keep_images, ndim=loaded.input_ndim)
+        if self.group is not None:
+            inputs = inputs.part(*self.group.shard(len(inputs), options.batch_size))
+        local = self.launch.local_world_size if self.launch is not None else 1
+        workers = options.workers if options.workers is not None else \
+            default_workers(inputs, options.batch_size, local)
+        batches = iter_batches(inputs, loaded.preprocess, batch_size=options.batch_size,
+                               keep_images=keep_images, ndim=loaded.input_ndim, workers=workers)
+        return batches if self.group is None else self.group.watch(batches)
 
     def progress(self, total: int | None, label: str, *, enabled: bool = True
                  ) -> AbstractContextManager[Bar]:
         """A progress bar on stderr (only on a terminal)."""
         from hookscope.render import console
 
-        return console.progress(total, label, enabled=enabled)
+        return console.progress(total, label, enabled=enabled and self.leader)
 
     def plot_output(self, path: Path | None, *, force: bool) -> Output | None:
         """Where ``--plot`` goes (None: no plot), checked now, its suffix too."""
         from hookscope.render.plots import plot_output
 
-        return plot_output(path, force=force)
+        return plot_output(path if self.leader else None, force=force)
 
     def plot(self, command: str, doc: dict[str, Any], output: Output | None,
              **options: Any) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from hookscope.errors import HookscopeError, param, suggest
 
-__all__ = ["Targets", "parse_targets"]
+__all__ = ["Targets", "folder_targets", "parse_targets"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +118,29 @@ def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
             raise HookscopeError(f"{param(name)} {text!r} has an empty entry.")
         entries.append(_entry(item, name, lookup, categories))
     return Targets(tuple(entries), name)
+
+
+def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
+                   name: str = "label") -> Targets:
+    """One class per input from its ImageFolder class folder: a class label of the model
+    (in any case) or a class index.
+
+    Raises:
+        HookscopeError: a folder that names no class of the model.
+    """
+    lookup = {c.lower(): i for i, c in enumerate(categories or [])}
+    classes: dict[str, int] = {}
+    for folder in dict.fromkeys(folders):
+        if folder.isdigit():
+            classes[folder] = int(folder)
+        elif folder.lower() in lookup:
+            classes[folder] = lookup[folder.lower()]
+        else:
+            known = "is not a class label of this model." + suggest(folder, categories) \
+                if categories else "names no class: this model has no class labels."
+            raise HookscopeError(
+                f"class folder {folder!r} {known} Name the folders after the model's labels "
+                f"or class indices, give labels that match them with {param('labels')}, or "
+                f"give {param(name)}."
+            )
+    return Targets(tuple(classes[f] for f in folders), name)
