@@ -74,6 +74,12 @@ class Launch:
                                  "must be integers.") from None
         return cls(rank, world, local, local_world) if world > 1 else None
 
+    @property
+    def same_node_as_leader(self) -> bool:
+        """Whether this rank runs on rank 0's machine (torchrun numbers ranks node by node),
+        and so shares its stderr."""
+        return self.rank - self.local_rank == 0
+
 
 def timeout_seconds(env: Mapping[str, str] = os.environ) -> float:
     """``HOOKSCOPE_DIST_TIMEOUT`` (default 60 s).
@@ -329,16 +335,30 @@ class Group:
             self.check()  # rank 0 failed, died, or took its store with it
             time.sleep(_POLL)
 
-    def close(self) -> None:
-        """Leave: say so, and on rank 0 wait (at most the timeout) for the others to leave
-        too, since they may read the store this process holds."""
+    def acknowledged(self) -> bool:
+        """A rank other than 0 that failed: whether rank 0 took up the failure (it published
+        its exit code, and so printed the error) within the timeout."""
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline and self.dead is None and not self.lost:
+            try:
+                if self.store.check(["exit"]):
+                    return True
+            except Exception:
+                return False
+            time.sleep(_POLL)
+        return False
+
+    def close(self, *, wait: bool = True) -> None:
+        """Leave: say so, and on rank 0 wait (at most the timeout, and not when ``wait`` is
+        False: stopped by a signal) for the others to leave too, since they may read the
+        store this process holds."""
         if self.launch.rank == 0 and not self.published:
             self.publish(1)  # ended by something no handler saw (SystemExit)
         try:
             self.store.set(f"closed/{self.launch.rank}", "1")
             self.store.add("closed", 1)
             deadline = time.monotonic() + self.timeout
-            while self.launch.rank == 0 and time.monotonic() < deadline and \
+            while wait and self.launch.rank == 0 and time.monotonic() < deadline and \
                     self.dead is None and not self.lost and \
                     int(self.store.add("closed", 0)) < self.launch.world_size:
                 time.sleep(_POLL)

@@ -134,10 +134,10 @@ INPUT_OPTIONS: dict[str, tuple[Any, Any]] = {
         "--workers", help="Decode and preprocess images in this many DataLoader worker "
         "processes (0: in this process, one batch ahead in a thread). Default: one less than "
         "the CPUs (at most 4), or 0 for stdin, tensor files and fewer than two batches of "
-        "images. The output is the same either way.", min=0, show_default=False)], None),
+        "images. The output is the same either way.", show_default=False)], None),
     "limit": (Annotated[int | None, typer.Option(
-        "--limit", help="Use only the first N inputs (after --shuffle).", min=1,
-        metavar="N", show_default=False)], None),
+        "--limit", help="Use only the first N inputs (after --shuffle).", metavar="N",
+        show_default=False)], None),
     "shuffle": (Annotated[bool, typer.Option(
         "--shuffle", help="Take the inputs in a random order drawn from --seed (with "
         "--limit: a reproducible sample).")], False),

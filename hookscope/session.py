@@ -115,9 +115,13 @@ def session(*, quiet: bool = False, traceback: bool = False,
         raise s.failed(exc, exc.render(speller(flags or {})), exc.exit_code) from None
     except Interrupted as exc:
         name = signal.Signals(exc.signum).name
-        raise s.failed(exc, f"stopped by {name}; no output was written",
+        s.stopped = True
+        why = " (torchrun stops every rank once one has exited: its report names that rank)" \
+            if s.launch is not None else ""
+        raise s.failed(exc, f"stopped by {name}{why}; no output was written",
                        128 + exc.signum) from None
     except KeyboardInterrupt as exc:
+        s.stopped = True
         raise s.failed(exc, "interrupted; no output was written", 130) from None
     except BrokenPipeError:  # `hookscope ... | head`: the reader left; not an error
         sys.stderr.close()
@@ -193,6 +197,7 @@ class Session:
     def __init__(self) -> None:
         self.launch: Launch | None = None
         self.group: Group | None = None
+        self.stopped = False  # by a signal: leave at once, waiting for no other rank
 
     @property
     def ranks(self) -> int:
@@ -233,7 +238,7 @@ class Session:
 
         Outside torchrun the line is always printed. Under it, rank 0 prints every error
         (another rank's named by its rank); another rank prints its own error only when it
-        was the first to fail, or when rank 0 is gone.
+        was the first to fail and it runs on another machine, or rank 0 did not take it up.
         """
         from hookscope.distributed import JoinError, PeerFailed
         from hookscope.render import console
@@ -248,10 +253,17 @@ class Session:
                 message = f"rank {launch.rank}: {message}" if launch.rank else message
             else:
                 loud = isinstance(exc, JoinError)
+            if group is not None and launch.rank != 0:
+                # Leave only once rank 0 has printed (torchrun stops the rest when one rank
+                # exits). A first failure is printed here too on another machine, or when
+                # rank 0 did not take it up.
+                acknowledged = group.acknowledged()
+                if not isinstance(exc, PeerFailed):
+                    loud = loud and (not launch.same_node_as_leader or not acknowledged)
             loud = loud or launch.rank == 0
-            self.ended(code)
         if loud and show:
             console.error(message)
+        self.ended(code)  # after the line: torchrun stops rank 0 once the others have left
         return SystemExit(code)
 
     def ended(self, code: int) -> None:
@@ -274,7 +286,7 @@ class Session:
 
     def close(self) -> None:
         if self.group is not None:
-            self.group.close()
+            self.group.close(wait=not self.stopped)
             self.group = None
 
     # ------------------------------------------------------------------ the steps
