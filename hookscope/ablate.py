@@ -53,14 +53,25 @@ class Mode:
         return self.kind if self.value is None else f"{self.kind}:{self.value:g}"
 
 
-def parse_mode(spec: str | Mode) -> Mode:
+def parse_mode(spec: str | Mode, *, processes: int = 1) -> Mode:
     """Parse ``zero``, ``mean``, ``noise:SIGMA`` or ``scale:F``.
 
+    Args:
+        spec: the mode.
+        processes: how many processes share the run (torchrun's ranks).
+
     Raises:
-        HookscopeError: an unknown mode or a bad number.
+        HookscopeError: an unknown mode or a bad number; noise in more than one process.
     """
-    if isinstance(spec, Mode):
-        return spec
+    mode = spec if isinstance(spec, Mode) else _parse_mode(spec)
+    if mode.kind == "noise" and processes > 1:
+        raise HookscopeError(f"{param('mode')} noise draws its noise batch after batch in one "
+                             "process; under torchrun each rank would draw other noise. Run it "
+                             "as one process, or use zero, mean or scale.")
+    return mode
+
+
+def _parse_mode(spec: str) -> Mode:
     text = spec.strip().lower()
     kind, _, arg = text.partition(":")
     usage = "use zero, mean, noise:SIGMA or scale:F"

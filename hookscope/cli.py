@@ -265,17 +265,14 @@ def grads(
 
     Example: hookscope grads resnet18 cat.jpg --loss ce --label tabby --format json
     """
-    from hookscope.grads import GradsProbe, nonfinite_failure
-    from hookscope.targets import Targets, folder_targets
+    from hookscope.grads import GradsProbe, nonfinite_failure, true_classes
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
     plot_out = s.plot_output(plot, force=opts.force)
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "grads")
-    truth: str | Targets | None = label
-    if _value(loss) == "ce" and label is None and resolved.labels is not None:
-        truth = folder_targets(resolved.labels, loaded.categories)  # ImageFolder classes
+    truth = true_classes(label, _value(loss), resolved.labels, loaded.categories)
     probe = GradsProbe(loaded.model, target=target, loss=_value(loss), label=truth,
                        layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, vanish=vanish, explode=explode,
@@ -350,15 +347,10 @@ def ablate(
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
     from hookscope.ablate import AblateProbe, parse_mode
-    from hookscope.errors import HookscopeError, param
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
-    parsed = parse_mode(mode)
-    if parsed.kind == "noise" and s.ranks > 1:
-        raise HookscopeError(f"{param('mode')} noise draws its noise batch after batch in one "
-                             "process; under torchrun each rank would draw other noise. Run it "
-                             "as one process, or use zero, mean or scale.")
+    parsed = parse_mode(mode, processes=s.ranks)
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "ablate")
     probe = AblateProbe(loaded.model, layer, channels=channels, mode=parsed, target=target,

@@ -26,7 +26,7 @@ from hookscope.hooks import Call, Hooks, Site, first_tensor, model_device, selec
 from hookscope.outputs import class_logits
 from hookscope.run import Probe, Step, drive
 from hookscope.stats import Moments, MomentTable
-from hookscope.targets import Targets, parse_targets
+from hookscope.targets import Targets, folder_targets, parse_targets
 
 __all__ = [
     "GradLayer",
@@ -36,6 +36,7 @@ __all__ = [
     "collect_grads",
     "nonfinite_failure",
     "parse_labels",
+    "true_classes",
 ]
 
 NAN = float("nan")
@@ -175,6 +176,19 @@ def parse_labels(spec: str, categories: Sequence[str] | None) -> Targets:
             f"{param('label')} {spec!r}: give the true class as an index or a label, not a rank."
         )
     return labels
+
+
+def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
+                 categories: Sequence[str] | None) -> str | Targets | None:
+    """The ``label`` of :class:`GradsProbe`: as given, or with ``loss="ce"`` and none given,
+    each input's ImageFolder class folder (``folders``), when the inputs have them.
+
+    Raises:
+        HookscopeError: a class folder that names no class of the model.
+    """
+    if loss != "ce" or label is not None or folders is None:
+        return label
+    return folder_targets(folders, categories)
 
 
 #: One call's gradient: name, type, call index, shape (batch dimension summed), moments.

@@ -368,3 +368,12 @@ def test_progress_counts_every_rank() -> None:
     leader.refresh()
     leader(1)
     assert shown == [3, 8, 1] and sum(shown) == store.counts["progress"] == 12
+
+
+def test_ablate_noise_is_refused_across_processes() -> None:
+    from hookscope.ablate import parse_mode
+
+    assert parse_mode("noise:0.5").value == 0.5
+    assert parse_mode("zero", processes=2).kind == "zero"
+    with pytest.raises(HookscopeError, match="under torchrun"):
+        parse_mode("noise:0.5", processes=2)
