@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_gradcam.py
 	$(PY) benchmarks/bench_grads.py
 	$(PY) benchmarks/bench_ablate.py
+	$(PY) benchmarks/bench_dataset.py
 
 clean:
 	rm -rf $(VENV) hookscope-out .pytest_cache

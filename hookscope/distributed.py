@@ -26,10 +26,11 @@ Failures never hang. Beside the collectives, the ranks share torchrun's key-valu
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -252,6 +253,35 @@ class Group:
                              "output was written.", 1, loud=self.dead == 0)
 
     # ------------------------------------------------------------------ the run
+
+    def agree(self, what: str, names: Sequence[str]) -> None:
+        """Check that every rank resolved the same ``names`` (inputs, in order) as rank 0,
+        which each rank shards alike: one machine missing a file would make every shard
+        after it wrong.
+
+        Raises:
+            HookscopeError: this rank's names differ from rank 0's.
+            PeerFailed: another rank failed while this one waited.
+        """
+        digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
+        mine = f"{len(names)} {digest}"
+        if self.launch.rank == 0:
+            self.store.set(f"agree/{what}", mine)
+            return
+        deadline = time.monotonic() + self.timeout
+        while not self.store.check([f"agree/{what}"]):
+            self.check()
+            if time.monotonic() > deadline:
+                raise PeerFailed(f"rank 0 did not list its {what} within {self.timeout:g} s; "
+                                 "no output was written.", 1, loud=True)
+            time.sleep(_POLL)
+        theirs = self.store.get(f"agree/{what}").decode()
+        if theirs != mine:
+            count = theirs.split()[0]
+            raise HookscopeError(
+                f"this rank resolved other {what} than rank 0 ({len(names)} here, {count} "
+                f"there, or another order): every machine needs the same files at the same "
+                "paths.")
 
     def shard(self, count: int, batch_size: int) -> tuple[int, int]:
         """This rank's inputs ``[lo, hi)`` (see :func:`shard`)."""

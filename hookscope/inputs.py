@@ -383,12 +383,15 @@ def _check_image(item: InputItem, ndim: int) -> None:
 
 def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:
     """The images in ``folder`` (with ``recursive``, in its whole tree), sorted by their
-    path's parts, and the names of the other entries, which are skipped."""
+    path's parts, and the names of the other files, which are skipped (subdirectories are
+    the caller's to walk or to mention)."""
     known = image_suffixes()
     images: list[Path] = []
     skipped: list[str] = []
     if not recursive:
         for entry in sorted(folder.iterdir()):
+            if entry.is_dir():
+                continue
             if entry.is_file() and entry.suffix.lower() in known:
                 images.append(entry)
             else:
@@ -414,10 +417,15 @@ def _expand_dir(path: Path, spec: str, recursive: bool) -> list[InputItem]:
         if recursive:
             images, skipped = _images_in(path, recursive=True)
         _note_skipped(spec, skipped)
+        subdirs = [] if recursive else sorted(p.name for p in path.iterdir() if p.is_dir())
+        if subdirs:
+            one = len(subdirs) == 1
+            log.info("%s: %d %s (%s); --recursive includes %s", spec, len(subdirs),
+                     "subdirectory not walked" if one else "subdirectories not walked",
+                     _few(subdirs), "it" if one else "them")
         return [InputItem(str(p), "image", p) for p in images]
     items: list[InputItem] = []
     classes: list[str] = []
-    skipped = [name for name in skipped if not (path / name).is_dir()]
     for sub in sorted(p for p in path.iterdir() if p.is_dir()):
         found, other = _images_in(sub, recursive)
         skipped += [f"{sub.name}/{name}" for name in other]
@@ -428,18 +436,22 @@ def _expand_dir(path: Path, spec: str, recursive: bool) -> list[InputItem]:
         hint = "" if recursive or not any(p.is_dir() for p in path.iterdir()) else \
             f" (to walk its subdirectories, pass {param('recursive')})"
         raise HookscopeError(f"{spec}: the directory holds no images{hint}.")
-    shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
     log.info("%s: an ImageFolder layout: %d images in %d class folders (%s)", spec, len(items),
-             len(classes), shown)
+             len(classes), _few(classes))
     _note_skipped(spec, skipped)
     return items
 
 
+def _few(names: Sequence[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
 def _note_skipped(spec: str, skipped: list[str]) -> None:
     if skipped:
-        shown = ", ".join(skipped[:5]) + (", ..." if len(skipped) > 5 else "")
-        log.info("%s: skipped %d entr%s that are not images: %s", spec, len(skipped),
-                 "y" if len(skipped) == 1 else "ies", shown)
+        one = len(skipped) == 1
+        log.info("%s: skipped %d %s: %s", spec, len(skipped),
+                 "file that is not an image" if one else "files that are not images",
+                 _few(skipped))
 
 
 # ---------------------------------------------------------------------------- batching

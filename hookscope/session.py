@@ -226,11 +226,13 @@ class Session:
         self.launch = launch
         if launch.rank != 0:
             logging.getLogger("hookscope").setLevel(logging.CRITICAL + 1)
+        # Joined first, even to refuse: a rank that left at once would have torchrun stop
+        # rank 0 before it printed why.
+        self.group = Group.join(launch, timeout_seconds())
         if command not in COMMANDS:
             raise HookscopeError(f"`hookscope {command}` does not run under torchrun "
                                  f"(WORLD_SIZE={launch.world_size}); run it as one process. "
                                  f"Under torchrun: {', '.join(COMMANDS)}.")
-        self.group = Group.join(launch, timeout_seconds())
 
     def failed(self, exc: BaseException, message: str, code: int, *,
                show: bool = True) -> SystemExit:
@@ -310,6 +312,7 @@ class Session:
 
         Raises:
             HookscopeError: a bad input; ``-`` under torchrun.
+            PeerFailed: under torchrun, this rank found other inputs than rank 0.
         """
         from hookscope.inputs import STDIN, resolve_inputs
         from hookscope.sources import resolve
@@ -317,9 +320,12 @@ class Session:
         if self.launch is not None and STDIN in specs:
             raise HookscopeError("'-' (stdin) cannot be read under torchrun, where every "
                                  "process would need it; pass the image as a file.")
-        return resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
-                              recursive=options.recursive, limit=options.limit,
-                              shuffle=options.shuffle, seed=options.seed)
+        resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
+                                  recursive=options.recursive, limit=options.limit,
+                                  shuffle=options.shuffle, seed=options.seed)
+        if self.group is not None:
+            self.group.agree("inputs", resolved.names)
+        return resolved
 
     def load(self, options: ModelOptions, command: str) -> LoadedModel:
         """Load the model, refusing kinds ``command`` cannot run and sizes that cannot fit."""

@@ -291,14 +291,6 @@ def test_launch_and_timeout_from_the_environment() -> None:
             timeout_seconds({"HOOKSCOPE_DIST_TIMEOUT": bad})
 
 
-def test_commands_that_do_not_merge_are_refused_under_torchrun(
-        cli, cat_jpg: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
-    line = one_line(cli("gradcam", "resnet18", cat_jpg, "-w", "none"))
-    assert "does not run under torchrun" in line and "stats" in line
-
-
 # ------------------------------------------------------------------ reports merge like one run
 
 
@@ -377,3 +369,33 @@ def test_ablate_noise_is_refused_across_processes() -> None:
     assert parse_mode("zero", processes=2).kind == "zero"
     with pytest.raises(HookscopeError, match="under torchrun"):
         parse_mode("noise:0.5", processes=2)
+
+
+class KeyStore(CountingStore):
+    """torchrun's store as Group uses it, in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.values[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.values for k in keys)
+
+
+def test_ranks_agree_on_their_inputs_or_say_so() -> None:
+    from hookscope.distributed import Group
+
+    store = KeyStore()
+    leader, other = (Group(Launch(rank, 2, rank, 2), 5.0, store) for rank in (0, 1))
+    leader.agree("inputs", ["a.jpg", "b.jpg"])
+    other.agree("inputs", ["a.jpg", "b.jpg"])
+    with pytest.raises(HookscopeError, match=r"other inputs than rank 0 \(1 here, 2 there"):
+        other.agree("inputs", ["a.jpg"])
+    with pytest.raises(HookscopeError, match="same files at the same paths"):
+        other.agree("inputs", ["b.jpg", "a.jpg"])

@@ -189,3 +189,11 @@ def test_a_rank_killed_without_a_word_ends_the_run_without_output(work: Path) ->
                               "once one has exited: its report names that rank); no output was "
                               "written"], result.stderr
     assert not out.exists()
+
+
+def test_a_command_that_does_not_merge_is_refused_once(work: Path) -> None:
+    result = hookscope(work, "features", *MODEL_ARGS, "--layer", "features.0")
+    assert result.returncode != 0
+    lines = errors(result)
+    assert len(lines) == 1 and "`hookscope features` does not run under torchrun" in lines[0], \
+        result.stderr

@@ -69,7 +69,8 @@ def test_directory_sorted_skipping_other_files(tmp_path, caplog) -> None:
     with caplog.at_level("INFO", logger="hookscope"):
         inputs = resolve_inputs([str(tmp_path)])
     assert [Path(i.name).name for i in inputs.items] == ["a.jpg", "b.png", "c.webp"]
-    assert "skipped 2" in caplog.text
+    assert "skipped 1 file that is not an image: notes.txt" in caplog.text
+    assert "1 subdirectory not walked (sub); --recursive includes it" in caplog.text
 
 
 def test_stdin_image(cat_jpg) -> None:
