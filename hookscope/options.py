@@ -133,8 +133,8 @@ INPUT_OPTIONS: dict[str, tuple[Any, Any]] = {
     "workers": (Annotated[int | None, typer.Option(
         "--workers", help="Decode and preprocess images in this many DataLoader worker "
         "processes (0: in this process, one batch ahead in a thread). Default: one less than "
-        "the CPUs (at most 4), or 0 for stdin, tensor files and fewer than two batches of "
-        "images. The output is the same either way.", show_default=False)], None),
+        "the CPUs (at most 4; 0 when under 2), or 0 for stdin, tensor files and fewer than "
+        "two batches of images. The output is the same either way.", show_default=False)], None),
     "limit": (Annotated[int | None, typer.Option(
         "--limit", help="Use only the first N inputs (after --shuffle).", metavar="N",
         show_default=False)], None),

@@ -160,9 +160,10 @@ def test_default_workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)), raising=False)
     images = resolve_inputs([str(p) for p in write_images(tmp_path, 20)])
     assert default_workers(images, batch_size=8) == MAX_DEFAULT_WORKERS
-    assert default_workers(images, batch_size=8, processes=8) == 1  # 2 CPUs per rank
+    assert default_workers(images, batch_size=8, processes=4) == 3  # 4 CPUs per rank
+    assert default_workers(images, batch_size=8, processes=8) == 0  # 1 would be the thread
     assert default_workers(images, batch_size=16) == 0  # fewer than two batches
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert default_workers(images, batch_size=8) == 0
 
 
