@@ -5,7 +5,8 @@ torchrun (or any launcher that sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``,
 group (gloo; on CUDA machines NCCL for CUDA tensors and gloo for the CPU), loads the model,
 and runs a contiguous, disjoint part of the inputs (:func:`shard`: whole batches, nothing
 repeated or padded) through the same probe and the one driver. The reports are then
-gathered to rank 0 with ``torch.distributed.gather_object`` and merged in rank order with
+gathered to rank 0 with ``torch.distributed.gather_object`` (as ``torch.save`` bytes, loaded
+there with every tensor on the CPU, whichever GPU each rank used) and merged in rank order with
 their own exact ``merge`` (Chan's update for moments, sums of counts, min/max, sketches
 bucket by bucket), which is the report of one run over all inputs in order. No probe knows
 about ranks: :class:`~hookscope.session.Session` does this around the driver.
@@ -27,6 +28,7 @@ Failures never hang. Beside the collectives, the ranks share torchrun's key-valu
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import threading
 import time
@@ -126,6 +128,24 @@ class JoinError(HookscopeError):
 class Follow(BaseException):
     """Raised on ranks other than 0 once their report is sent: rank 0 writes the output,
     and the others exit with its exit code."""
+
+
+def _packed(report: Any) -> bytes:
+    """A report as bytes, its tensors (on whatever GPU the rank used) included."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(report, buffer)
+    return buffer.getvalue()
+
+
+def _unpacked(data: bytes) -> Any:
+    """A rank's report with every tensor on the CPU, so that reports from ranks on other
+    GPUs (or machines with fewer) merge; rank 0's own goes the same way. The bytes come from
+    this job's own ranks, so the full unpickler is used."""
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 class Progress:
@@ -325,14 +345,15 @@ class Group:
         gathered: list[Any] | None = [None] * self.launch.world_size \
             if self.launch.rank == 0 else None
         try:
-            dist.gather_object(report, gathered, dst=0)
+            dist.gather_object(_packed(report), gathered, dst=0)
         except RuntimeError as exc:
             raise PeerFailed(f"gathering the reports failed: {str(exc).splitlines()[0][:160]}; "
                              "no output was written.") from None
         if gathered is None:
             raise Follow()
-        merged = gathered[0]
-        for other in gathered[1:]:
+        reports = [_unpacked(data) for data in gathered]
+        merged = reports[0]
+        for other in reports[1:]:
             merged = merged.merge(other)
         return merged  # type: ignore[no-any-return]
 
