@@ -44,6 +44,7 @@ from hookscope.hooks import (
     select_sites,
     tensors,
 )
+from hookscope.kernels import fused_diff
 from hookscope.outputs import select_logits
 from hookscope.run import Probe, Progress, Step, drive
 from hookscope.stats import as_float as _as_float
@@ -155,8 +156,18 @@ def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _compare_host(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
-    """The eight values of :class:`DiffSums` for two flat tensors of one dtype, on the CPU."""
+    """The eight values of :class:`DiffSums` for two flat tensors of one dtype, on the CPU:
+    float32 in one pass over both with the compiled kernel when it is built, else a few
+    passes over cache-sized chunks; anything not finite is redone masked, in float64."""
     numel = a.numel()
+    if numel == 0:
+        return (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0)
+    op = fused_diff() if a.dtype == torch.float32 else None
+    if op is not None:
+        finite, sd, sa, sb, mx = op(a, b)
+        if finite:
+            return (numel, numel, sd, sa, sb, mx, 0, 0)
+        return _compare_masked(a, b)
     # Each of torch's threads takes its share of a chunk: keep each share cache-sized.
     chunk = min(_CHUNK * torch.get_num_threads(), _MAX_CHUNK)
     parts = torch.empty(-(-numel // chunk), 4, dtype=a.dtype)
@@ -173,7 +184,12 @@ def _compare_host(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
     mx = float(parts[:, 3].max()) if numel else 0.0
     if all(math.isfinite(v) for v in (sd, sa, sb, mx)):
         return (numel, numel, sd, sa, sb, mx, 0, 0)
-    # Something is not finite (or a float32 square overflowed): mask, and redo in float64.
+    return _compare_masked(a, b)
+
+
+def _compare_masked(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
+    """Something is not finite (or a float32 square overflowed): mask, and redo in float64."""
+    numel = a.numel()
     fa, fb = torch.isfinite(a), torch.isfinite(b)
     both = fa & fb
     x, y = a[both].double(), b[both].double()

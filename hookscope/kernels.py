@@ -1,7 +1,9 @@
-"""Optional compiled CPU kernel: an activation's moments in one pass, built once into a cache.
+"""Optional compiled CPU kernels, built once into a cache: an activation's moments in one
+pass (``stats``), and the sums ``diff`` compares two activations by, in one pass over both.
 
-``fused()`` returns the compiled op when a build of this exact source, these flags and this
-torch is already in the cache, and None otherwise, so ``stats`` falls back to its torch path.
+``fused()`` and ``fused_diff()`` return the compiled ops when a build of this exact source,
+these flags and this torch is already in the cache, and None otherwise, so ``stats`` and
+``diff`` fall back to their torch paths.
 It never compiles: that takes tens of seconds and happens only when asked for, through
 ``python -m hookscope.kernels`` (which ``make install`` runs). ``HOOKSCOPE_KERNELS=0``
 disables the kernel; ``HOOKSCOPE_CACHE`` moves the cache from ``~/.cache/hookscope``.
@@ -18,13 +20,17 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-__all__ = ["MomentsOp", "build", "build_dir", "cache_key", "enabled", "fused", "main", "reset"]
+__all__ = ["DiffOp", "MomentsOp", "build", "build_dir", "cache_key", "enabled", "fused",
+           "fused_diff", "main", "reset"]
 
 #: The op's result: numel, finite count, mean, M2, min, max, zeros, non-finite count.
 MomentsOp = Callable[[torch.Tensor, bool], tuple[int, int, float, float, float, float, int, int]]
+#: Two float32 tensors' (all finite, sum (a-b)^2, sum a^2, sum b^2, max |a-b|).
+DiffOp = Callable[[torch.Tensor, torch.Tensor], tuple[bool, float, float, float, float]]
 
 SOURCE = r"""
 // One pass over a contiguous float32 or float64 tensor: finite count, mean and M2 (float64),
@@ -260,13 +266,97 @@ moments(const at::Tensor& input, bool zeros) {
   return {numel, a.n, a.mean, a.m2, a.lo, a.hi, zeros ? a.zeros : 0, a.nonfinite};
 }
 
+// ---------------------------------------------------------------- diff: two tensors at once
+
+// Sums of (a - b)^2, a^2 and b^2 (float64) and max |a - b| over a run of two float32 tensors:
+// one read of each value, the squares summed in float32 lanes for a window of 16 values a
+// lane, then in float64 (like float_block: within ~1e-6 relative). A sum that is not finite
+// (a value that is not, or a float32 square that overflowed) sends the caller to its masked
+// float64 path.
+struct DiffAcc {
+  double sd = 0.0, sa = 0.0, sb = 0.0;
+  float mx = 0.0f;
+};
+
+HS_CLONES DiffAcc diff_task(const float* a, const float* b, int64_t len) {
+  DiffAcc acc;
+  d4 sd0 = {}, sd1 = {}, sa0 = {}, sa1 = {}, sb0 = {}, sb1 = {};
+  f8 m0 = {}, m1 = {};
+  const int64_t whole = len - len % kStep;
+  for (int64_t w = 0; w < whole; w += kStep * kWindow) {
+    f8 d0 = {}, d1 = {}, a0 = {}, a1 = {}, b0 = {}, b1 = {};
+    for (int64_t i = w, end = std::min(whole, w + kStep * kWindow); i < end; i += kStep) {
+      __builtin_prefetch(a + i + kAhead);
+      __builtin_prefetch(b + i + kAhead);
+      f8 u0, u1, v0, v1;
+      std::memcpy(&u0, a + i, sizeof u0);
+      std::memcpy(&u1, a + i + 8, sizeof u1);
+      std::memcpy(&v0, b + i, sizeof v0);
+      std::memcpy(&v1, b + i + 8, sizeof v1);
+      const f8 e0 = u0 - v0, e1 = u1 - v1;
+      d0 += e0 * e0; d1 += e1 * e1;
+      a0 += u0 * u0; a1 += u1 * u1;
+      b0 += v0 * v0; b1 += v1 * v1;
+      const f8 g0 = e0 < 0.0f ? -e0 : e0, g1 = e1 < 0.0f ? -e1 : e1;
+      m0 = g0 > m0 ? g0 : m0; m1 = g1 > m1 ? g1 : m1;
+    }
+    widen_add(sd0, sd1, d0 + d1);
+    widen_add(sa0, sa1, a0 + a1);
+    widen_add(sb0, sb1, b0 + b1);
+  }
+  sd0 += sd1; sa0 += sa1; sb0 += sb1;
+  acc.sd = (sd0[0] + sd0[1]) + (sd0[2] + sd0[3]);
+  acc.sa = (sa0[0] + sa0[1]) + (sa0[2] + sa0[3]);
+  acc.sb = (sb0[0] + sb0[1]) + (sb0[2] + sb0[3]);
+  for (int j = 0; j < 8; ++j) acc.mx = std::max({acc.mx, m0[j], m1[j]});
+  for (int64_t i = whole; i < len; ++i) {
+    const double x = a[i], y = b[i], e = x - y;
+    acc.sd += e * e; acc.sa += x * x; acc.sb += y * y;
+    acc.mx = std::max(acc.mx, static_cast<float>(std::abs(e)));
+  }
+  return acc;
+}
+
+// (finite, sum (a-b)^2, sum a^2, sum b^2, max |a-b|) of two float32 tensors of one size.
+std::tuple<bool, double, double, double, double> diff_sums(const at::Tensor& a_in,
+                                                           const at::Tensor& b_in) {
+  TORCH_CHECK(a_in.device().is_cpu() && b_in.device().is_cpu(),
+              "hookscope diff_sums: CPU tensors are needed");
+  TORCH_CHECK(a_in.scalar_type() == at::kFloat && b_in.scalar_type() == at::kFloat,
+              "hookscope diff_sums: float32 only");
+  TORCH_CHECK(a_in.numel() == b_in.numel(), "hookscope diff_sums: sizes differ");
+  const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  const float* pa = a.const_data_ptr<float>();
+  const float* pb = b.const_data_ptr<float>();
+  const int64_t numel = a.numel(), span = kBlock * kTaskBlocks;
+  const int64_t tasks = (numel + span - 1) / span;
+  std::vector<DiffAcc> parts(tasks);
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      parts[t] = diff_task(pa + t * span, pb + t * span, std::min(span, numel - t * span));
+    }
+  });
+  DiffAcc total;
+  for (const DiffAcc& p : parts) {  // in order: the same result for any number of threads
+    total.sd += p.sd; total.sa += p.sa; total.sb += p.sb;
+    total.mx = std::max(total.mx, p.mx);
+  }
+  const bool finite = std::isfinite(total.sd) && std::isfinite(total.sa) &&
+                      std::isfinite(total.sb) && std::isfinite(total.mx);
+  return {finite, total.sd, total.sa, total.sb, total.mx};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(HS_NAMESPACE, m) {
   m.def("moments(Tensor x, bool zeros=True) -> (int, int, float, float, float, float, int, int)");
+  m.def("diff_sums(Tensor a, Tensor b) -> (bool, float, float, float, float)");
 }
 
-TORCH_LIBRARY_IMPL(HS_NAMESPACE, CPU, m) { m.impl("moments", &moments); }
+TORCH_LIBRARY_IMPL(HS_NAMESPACE, CPU, m) {
+  m.impl("moments", &moments);
+  m.impl("diff_sums", &diff_sums);
+}
 """
 
 #: Runtime dispatch (GCC/Clang function multiversioning, x86-64 ELF): an AVX2+FMA clone and a
@@ -313,12 +403,13 @@ def enabled() -> bool:
 
 
 _DONE = "complete"  # written after a successful build, so a half-linked library is never loaded
-#: Ops loaded in this process, by cache key: a library is loaded at most once per process,
-#: since a second copy would register its op namespace twice.
-_loaded: dict[str, MomentsOp] = {}
-#: fused()'s answer, found once per process (``reset()`` forgets it): it is asked once per
-#: layer call, and reading the environment each time would cost more than a small kernel.
-_found: list[MomentsOp | None] = []
+#: The ops loaded in this process (torch's namespace of them), by cache key: a library is
+#: loaded at most once per process, since a second copy would register its namespace twice.
+_loaded: dict[str, Any] = {}
+#: The answer of fused() and fused_diff(), found once per process (``reset()`` forgets it):
+#: they are asked once per layer call, and reading the environment each time would cost
+#: more than a small kernel.
+_found: list[Any] = []
 
 
 def _namespace() -> str:
@@ -326,8 +417,8 @@ def _namespace() -> str:
     return f"hookscope_{cache_key()}"
 
 
-def _load(directory: Path) -> MomentsOp | None:
-    """The op from the complete build in ``directory``, loaded once per process; else None."""
+def _load(directory: Path) -> Any:
+    """The ops from the complete build in ``directory``, loaded once per process; else None."""
     key = cache_key()
     library = directory / f"{_namespace()}.so"
     if not (directory / _DONE).is_file() or not library.is_file():
@@ -336,15 +427,21 @@ def _load(directory: Path) -> MomentsOp | None:
         return _loaded[key]
     try:
         torch.ops.load_library(str(library))
-        # The overload itself: calling it skips the packet's overload resolution (~3 us).
-        op: MomentsOp = getattr(torch.ops, _namespace()).moments.default
+        ops = getattr(torch.ops, _namespace())
+        _ = (ops.moments.default, ops.diff_sums.default)  # both ops are in the library
     except (OSError, RuntimeError, AttributeError) as exc:
         warnings.warn(f"hookscope: cannot load the compiled kernel {library} ({exc}); using "
                       "the torch path. Rebuild it with `python -m hookscope.kernels`.",
                       stacklevel=3)
         return None
-    _loaded[key] = op
-    return op
+    _loaded[key] = ops
+    return ops
+
+
+def _ops() -> Any:
+    if not _found:
+        _found.append(_load(build_dir()) if enabled() else None)
+    return _found[0]
 
 
 def fused() -> MomentsOp | None:
@@ -352,9 +449,16 @@ def fused() -> MomentsOp | None:
 
     Looks once per process (see ``reset``), and never compiles.
     """
-    if not _found:
-        _found.append(_load(build_dir()) if enabled() else None)
-    return _found[0]
+    ops = _ops()
+    # The overload itself: calling it skips the packet's overload resolution (~3 us).
+    return None if ops is None else ops.moments.default  # type: ignore[no-any-return]
+
+
+def fused_diff() -> DiffOp | None:
+    """The compiled diff op if it is built in the cache and enabled, else None (like
+    :func:`fused`)."""
+    ops = _ops()
+    return None if ops is None else ops.diff_sums.default  # type: ignore[no-any-return]
 
 
 def reset() -> None:
@@ -388,7 +492,7 @@ def build(root: Path | None = None, *, verbose: bool = False) -> Path:
          extra_ldflags=list(LDFLAGS), build_directory=str(directory), is_python_module=False,
          verbose=verbose)
     (directory / _DONE).write_text(f"{time.time():.0f}\n")
-    _loaded[cache_key()] = getattr(torch.ops, name).moments.default
+    _loaded[cache_key()] = getattr(torch.ops, name)
     reset()
     return directory
 

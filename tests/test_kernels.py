@@ -140,6 +140,75 @@ def test_result_does_not_depend_on_thread_count(kernel_op) -> None:
     assert results[0] == results[1] == results[2]
 
 
+DIFF_CASES = {
+    "empty": (0, 1.0, 1e-3),
+    "tail only": (15, 1.0, 1e-3),
+    "one step": (16, 1.0, 1e-3),
+    "windows and a tail": (4096 + 7, 3.0, 1e-2),
+    "many tasks": (1_000_003, 1.0, 1e-4),
+    "mean far from zero": (70_001, 1e4, 1e-3),
+    "identical": (5000, 1.0, 0.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIFF_CASES))
+def test_diff_sums_match_float64_reference(case: str, path: str, kernel_op,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import hookscope.diff as diff
+
+    numel, scale, noise = DIFF_CASES[case]
+    g = torch.Generator().manual_seed(6)
+    a = scale * (1 + torch.randn(numel, generator=g))
+    b = a + noise * torch.randn(numel, generator=g)
+    if _uses_kernel(path, kernel_op):  # prove the kernel, not the torch path, answered
+        monkeypatch.setattr(diff, "_scratch", _refuse)
+    got = diff._compare_host(a, b)
+    x, y = a.double(), b.double()
+    d = x - y
+    want = (numel, numel, float(d @ d), float(x @ x), float(y @ y),
+            float(d.abs().max()) if numel else 0.0, 0, 0)
+    assert got[:2] == want[:2] and got[5:] == pytest.approx(want[5:], rel=1e-6, abs=0)
+    assert got[2:5] == pytest.approx(want[2:5], rel=2e-6, abs=1e-30)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
+def test_diff_sums_not_finite_go_the_masked_way(bad: str, path: str) -> None:
+    from hookscope.diff import _compare_host
+
+    a = torch.linspace(-1, 1, 1000)
+    b = a + 1e-3
+    if bad == "overflow":  # finite values whose float32 squares are not
+        a[3] = 3e20
+        got = _compare_host(a, b)
+        assert got[6:] == (0, 0) and got[5] == pytest.approx(3e20, rel=1e-6)
+        assert math.isfinite(got[3]) and got[3] == pytest.approx(9e40, rel=1e-5)
+        return
+    a[10] = float(bad)
+    b[20] = -float(bad) if bad == "inf" else float(bad)
+    got = _compare_host(a, b)
+    assert got[:2] == (1000, 998) and got[6:] == (1, 1)
+    assert got[2] == pytest.approx(998 * 1e-6, rel=1e-4) and got[5] == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_diff_sums_do_not_depend_on_thread_count(kernel_op) -> None:
+    if kernel_op is None:
+        pytest.skip("no kernel without a compiler (the torch path is covered above)")
+    op = kernels.fused_diff()
+    assert op is not None
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(1_000_003, generator=g)
+    b = a + 1e-3 * torch.randn(1_000_003, generator=g)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(op(a, b))
+    finally:
+        torch.set_num_threads(before)
+    assert results[0] == results[1] == results[2] and results[0][0]
+
+
 def test_zero_count_skipped_when_not_asked(path: str) -> None:
     x = torch.tensor([0.0, 1.0, 0.0, 2.0])
     assert _moments_host(x, zeros=False)[6] == 0
