@@ -12,7 +12,12 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+import pytorch_grad_cam as pgc  # the test extra installs it
 import torch
+from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+from pytorch_grad_cam.utils.svd_on_activations import (
+    get_2d_projection_with_sign_correction,
+)
 from torch import nn
 
 import hookscope
@@ -21,12 +26,6 @@ from hookscope.cam_methods import METHODS, method_names, register
 from hookscope.errors import HookscopeError
 from hookscope.hooks import hook_count
 from hookscope.targets import parse_targets
-
-pgc = pytest.importorskip("pytorch_grad_cam")
-from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget  # noqa: E402
-from pytorch_grad_cam.utils.svd_on_activations import (  # noqa: E402
-    get_2d_projection_with_sign_correction,
-)
 
 REFERENCE = {
     "gradcam": pgc.GradCAM,

@@ -14,7 +14,9 @@ import copy
 
 import numpy as np
 import pytest
+import pytorch_grad_cam as pgc  # the test extra installs it
 import torch
+from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 
 from hookscope.cam import explain, gradcam
@@ -22,10 +24,6 @@ from hookscope.cam_methods import method_names
 from hookscope.hooks import hook_count
 from hookscope.targets import parse_targets
 from tests.test_cam import TOL, InplaceNet, _minmax, _no_inplace
-
-pgc = pytest.importorskip("pytorch_grad_cam")
-torchcam = pytest.importorskip("torchcam")
-from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

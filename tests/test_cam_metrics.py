@@ -9,16 +9,14 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 import torch
+import torchcam  # noqa: F401  (the test extra installs it)
+from pytorch_grad_cam.utils.model_targets import ClassifierOutputSoftmaxTarget
 
 import hookscope
 from hookscope.cam_faithfulness import MetricPlan, impute, parse_metrics
 from hookscope.errors import HookscopeError
 from hookscope.hooks import hook_count
 from tests.test_cam import InplaceNet
-
-pgc = pytest.importorskip("pytorch_grad_cam")
-pytest.importorskip("torchcam")
-from pytorch_grad_cam.utils.model_targets import ClassifierOutputSoftmaxTarget  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOL = 1e-4

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import pytorch_grad_cam as pgc  # the test extra installs it
 import torch
 from PIL import Image
+from pytorch_grad_cam.utils.model_targets import (
+    FasterRCNNBoxScoreTarget,
+    SemanticSegmentationTarget,
+)
 from torch import nn
 
 from hookscope.cam import default_layer, explain
@@ -20,12 +25,6 @@ from hookscope.hooks import hook_count
 from hookscope.targets import parse_targets
 from tests.test_cam import TOL, _minmax, _no_inplace
 from tests.test_cam_methods import _signed
-
-pgc = pytest.importorskip("pytorch_grad_cam")
-from pytorch_grad_cam.utils.model_targets import (  # noqa: E402
-    FasterRCNNBoxScoreTarget,
-    SemanticSegmentationTarget,
-)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SMALL = {"min_size": 128, "max_size": 128}

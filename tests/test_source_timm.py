@@ -12,14 +12,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import timm  # the test extra installs it
 import torch
 from PIL import Image
 
 from hookscope import sources
 from hookscope.errors import HookscopeError
 from hookscope.sources.base import LoadOptions
-
-timm = pytest.importorskip("timm")
 
 FAST = ("--weights", "none", "--size", "64")
 

@@ -325,7 +325,6 @@ LAYER = {"torchvision-fine-tuned": "layer4", "timm": "layer4", "code": "conv",
 @pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize("form", list(LAYER))
 def test_every_command_on_every_model_form(cli, forms, cat_jpg, tmp_path, form, command) -> None:
-    pytest.importorskip("timm") if form == "timm" else None
     model, *options = forms[form]
     extra = [a.replace("{out}", str(tmp_path / "out")).replace("{layer}", LAYER[form])
              for a in COMMANDS[command]]
