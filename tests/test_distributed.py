@@ -133,6 +133,13 @@ def test_grads_debug_and_ablate_equal_one_process(run_both, command: str,
     assert_close_docs(ranked, one)
 
 
+def test_a_rank_without_a_batch_changes_nothing(run_both) -> None:
+    # 20 inputs in one batch of 32: rank 1 runs none, and its empty report merges away.
+    ranked, one = run_both("grads-one-batch", "grads", "small_model.py:Small", "imgs", "--size",
+                           "32", "-b", "32")
+    assert_close_docs(ranked, one)
+
+
 def test_check_with_class_folders_and_junit(work: Path, cli, one_thread,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(work)
