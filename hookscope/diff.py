@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookscope import __version__
+from hookscope.channels import as_float
 from hookscope.errors import CheckFailed, ForwardError, HookscopeError, param
 from hookscope.hooks import (
     Call,
@@ -47,7 +48,6 @@ from hookscope.hooks import (
 from hookscope.kernels import fused_diff
 from hookscope.outputs import select_logits
 from hookscope.run import Probe, Progress, Step, drive
-from hookscope.stats import as_float as _as_float
 
 if TYPE_CHECKING:
     from hookscope.session import ModelOptions
@@ -570,9 +570,9 @@ class DiffProbe(Probe[DiffReport]):
             return
         if shape_b is None:  # shapes as in the first batch, like `stats`
             self.meta[key] = (type_a, shape, list(found.shape))
-        a = _as_float(kept)
+        a = as_float(kept).reshape(-1)
         del kept
-        self.table.add(key, a, _as_float(found).to(a.device, a.dtype))
+        self.table.add(key, a, as_float(found).reshape(-1).to(a.device, a.dtype))
 
     def step(self, step: Step) -> None:
         with _CopyOnWrite(self):

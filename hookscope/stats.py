@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.channels import ChannelMoments, ChannelView, channel_dim
+from hookscope.channels import ChannelMoments, ChannelView, as_float, channel_dim
 from hookscope.hooks import (
     Call,
     Site,
@@ -115,16 +115,6 @@ class Moments:
             "zero_fraction": self.zeros / self.numel if self.numel else NAN,
             "nonfinite": self.nonfinite,
         }
-
-
-def as_float(x: torch.Tensor) -> torch.Tensor:
-    """``x`` flat and detached, as float32 (float64 stays; complex values by magnitude)."""
-    x = x.detach()
-    if x.is_complex():
-        x = x.abs()
-    if x.dtype not in (torch.float32, torch.float64):
-        x = x.float()
-    return x.reshape(-1)
 
 
 _local = threading.local()
@@ -266,7 +256,7 @@ def _moments_device(flat: torch.Tensor) -> torch.Tensor:
 
 def moments(x: torch.Tensor) -> Moments:
     """Moments of one tensor (host path on CPU, device path elsewhere)."""
-    flat = as_float(x)
+    flat = as_float(x).reshape(-1)
     if flat.device.type == "cpu":
         return Moments.from_values(_moments_host(flat))
     return Moments.from_values(_moments_device(flat).tolist())
@@ -491,7 +481,7 @@ class MomentTable:
 
     def add(self, key: Hashable, tensor: torch.Tensor) -> None:
         """Summarise ``tensor`` and merge it into ``key``'s moments (deferred on a device)."""
-        flat = as_float(tensor)
+        flat = as_float(tensor).reshape(-1)
         if self.on_device:
             self._pending.append((key, _moments_device(flat)))
         else:

@@ -7,6 +7,7 @@ its gradient: that is the full-graph autograd definition the fast path must repr
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 
@@ -442,8 +443,10 @@ def _shapes_dataset(n: int, rng: np.random.Generator, side: int = 32):
     return torch.from_numpy(x), torch.from_numpy(y), masks
 
 
-def test_gradcam_localises_the_deciding_shape():
-    """Catches sign and weighting errors an equivalence test can share with the reference."""
+@functools.cache
+def shapes_model() -> nn.Module:
+    """A tiny CNN trained for a few seconds on synthetic shapes (square, plus, none), once per
+    session; its layer "5" is the last convolution, followed by an in-place ReLU."""
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(inplace=True),
@@ -461,6 +464,12 @@ def test_gradcam_localises_the_deciding_shape():
             opt.step()
     model.eval()
     model.zero_grad(set_to_none=True)
+    return model
+
+
+def test_gradcam_localises_the_deciding_shape():
+    """Catches sign and weighting errors an equivalence test can share with the reference."""
+    model = shapes_model()
     xt, yt, masks = _shapes_dataset(300, np.random.default_rng(1))
     with torch.no_grad():
         pred = model(xt).argmax(1)

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 import hookscope
-from tests.test_cam import _shapes_dataset
+from tests.test_cam import _shapes_dataset, shapes_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,23 +30,7 @@ KNOWN = {
 
 @pytest.fixture(scope="module")
 def trained():
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(inplace=True),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(inplace=True),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 3),
-    )
-    x, y, _ = _shapes_dataset(1536, np.random.default_rng(0))
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    model.train()
-    for _epoch in range(2):
-        for i in range(0, len(x), 64):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x[i:i + 64]), y[i:i + 64]).backward()
-            opt.step()
-    model.eval()
-    model.zero_grad(set_to_none=True)
+    model = shapes_model()
     xt, yt, masks = _shapes_dataset(150, np.random.default_rng(1))
     keep = yt != 2
     return model, xt[keep], yt[keep], masks[keep.numpy()]
