@@ -78,9 +78,8 @@ def stats(
                        max_depth=max_depth, input_stats=input_stats,
                        categories=loaded.categories, output_key=loaded.output_key,
                        per_channel=per_channel, percentiles=wanted)
-    with s.progress(len(resolved), "stats", enabled=fmt == "table" or not out.is_stdout) as bar:
-        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
-                       train_mode=train_mode, progress=bar)
+    report = s.run(loaded, resolved, opts.model, probe, "stats",
+                   shown=fmt == "table" or not out.is_stdout, train_mode=train_mode)
     doc = loaded.envelope("stats", resolved.names) | report.to_dict()
     s.emit("stats", doc, fmt, out, input_stats=input_stats, per_channel=per_channel,
            percentiles=tuple(percentile_key(p) for p in wanted))
@@ -169,7 +168,7 @@ def debug_command(
                        max_depth=max_depth, on_event=None if merged else writer.event,
                        record=merged)
     with writer:
-        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
+        report = s.run(loaded, resolved, opts.model, probe, "debug", shown=False,
                        train_mode=train_mode)
         for event in report.events or ():
             writer.event(event)
@@ -278,9 +277,8 @@ def grads(
                        max_depth=max_depth, vanish=vanish, explode=explode,
                        categories=loaded.categories, n_inputs=len(resolved),
                        output_key=loaded.output_key)
-    with s.progress(len(resolved), "grads", enabled=fmt == "table" or not out.is_stdout) as bar:
-        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
-                       train_mode=train_mode, progress=bar)
+    report = s.run(loaded, resolved, opts.model, probe, "grads",
+                   shown=fmt == "table" or not out.is_stdout, train_mode=train_mode)
     doc = loaded.envelope("grads", resolved.names) | report.to_dict()
     s.emit("grads", doc, fmt, out, params=params)
     s.plot("grads", doc, plot_out, vanish=vanish, explode=explode)
@@ -357,10 +355,8 @@ def ablate(
                         seed=opts.model.seed, channel_dim=channel_dim, call=call,
                         categories=loaded.categories, sweep=sweep, sweep_batch=sweep_batch,
                         n_inputs=len(resolved), output_key=loaded.output_key)
-    label = "sweep" if sweep else "ablate"
-    with s.progress(len(resolved), label, enabled=fmt == "table" or not out.is_stdout) as bar:
-        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
-                       progress=bar)
+    report = s.run(loaded, resolved, opts.model, probe, "sweep" if sweep else "ablate",
+                   shown=fmt == "table" or not out.is_stdout)
     doc = loaded.envelope("ablate", resolved.names) | report.to_dict()
     s.emit("ablate", doc, fmt, out, top=top, sweep=sweep)
 
@@ -384,47 +380,36 @@ def check_command(
 
     Example: hookscope check resnet18 sample_images/ --rules hookscope.toml --junit check.xml
     """
-    from hookscope.check import (
-        evaluate,
-        expectations,
-        folder_expectations,
-        load_baseline,
-        load_rules,
-        match_inputs,
-    )
+    from hookscope import check
     from hookscope.errors import CheckFailed
-    from hookscope.render.check import resolve_junit, write_github, write_junit
+    from hookscope.render.check import resolve_junit, write_junit
     from hookscope.stats import StatsProbe
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
     junit_out = resolve_junit(junit, opts.output, force=opts.force)
-    checks = load_rules(rules, {
+    checks = check.load_rules(rules, {
         "nonfinite": nonfinite, "max_zero_fraction": max_zero_fraction, "ignore": ignore,
         "baseline": baseline, "max_mean_drift": max_mean_drift, "max_std_drift": max_std_drift,
         "expect": expect, "min_prob": min_prob})
-    base = load_baseline(checks)
+    base = check.load_baseline(checks)
     resolved = s.inputs(inputs, opts.model)
-    matched = match_inputs(checks, resolved.names)
+    matched = check.match_inputs(checks, resolved.names)
     if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
-        checks, matched = folder_expectations(checks, resolved.names, resolved.labels)
+        checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
     loaded = s.load(opts.model, "check")
-    expected = expectations(matched, loaded.categories, loaded.num_classes)
+    expected = check.expectations(matched, loaded.categories, loaded.num_classes)
     probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, categories=loaded.categories,
                        output_key=loaded.output_key)
-    with s.progress(len(resolved), "check", enabled=fmt == "table" or not out.is_stdout) as bar:
-        stats_report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
-                               progress=bar)
-    report = evaluate(checks, stats_report, inputs=resolved.names, baseline=base,
+    stats_report = s.run(loaded, resolved, opts.model, probe, "check",
+                         shown=fmt == "table" or not out.is_stdout)
+    report = check.evaluate(checks, stats_report, inputs=resolved.names, baseline=base,
                       expectations=expected)
     doc = loaded.envelope("check", resolved.names) | report.to_dict()
     if junit_out is not None:
         write_junit(junit_out, doc)
-    if fmt == "github":
-        write_github(out, doc)
-    else:
-        s.emit("check", doc, fmt, out)
+    s.emit("check", doc, fmt, out)
     if not report.passed:
         raise CheckFailed(report.summary())
 
@@ -450,41 +435,31 @@ def diff_command(
 
     Example: hookscope diff resnet18 cat.jpg --weights a.pt --against-weights b.pt --fail
     """
-    from hookscope.diff import (
-        DiffProbe,
-        DiffReport,
-        StatsDiffReport,
-        against_options,
-        describe_against,
-        diff_stats,
-        offline_files,
-        read_stats,
-    )
+    from hookscope import diff
 
     s, fmt = opts.s, _value(fmt)
     against = {"against_model": against_model, "against_weights": against_weights,
                "against_dtype": against_dtype, "against_autocast": against_autocast,
                "against_device": against_device}
     out = s.output(opts.output, force=opts.force)
-    files = offline_files(model, inputs, against)
-    report: DiffReport | StatsDiffReport
+    files = diff.offline_files(model, inputs, against)
+    report: diff.DiffReport | diff.StatsDiffReport
     if files is not None:
-        report = diff_stats(read_stats(files[0]), read_stats(files[1]), tolerance=tolerance,
+        report = diff.diff_stats(diff.read_stats(files[0]), diff.read_stats(files[1]), tolerance=tolerance,
                             files=files)
         doc = report.to_dict()
     else:
-        other_options = against_options(opts.model, against)
+        other_options = diff.against_options(opts.model, against)
         resolved = s.inputs(inputs, opts.model)
         loaded = s.load(opts.model, "diff")
         other = s.load(other_options, "diff")
-        probe = DiffProbe(loaded.model, other.model, layers=layers, types=types,
+        probe = diff.DiffProbe(loaded.model, other.model, layers=layers, types=types,
                           all_modules=all_modules, max_depth=max_depth, tolerance=tolerance,
                           output_key=loaded.output_key, other_output_key=other.output_key,
                           other_autocast=other.autocast)
-        with s.progress(len(resolved), "diff", enabled=fmt == "table" or not out.is_stdout) as bar:
-            report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
-                             progress=bar)
-        doc = loaded.envelope("diff", resolved.names) | {"against": describe_against(other)} \
+        report = s.run(loaded, resolved, opts.model, probe, "diff",
+                       shown=fmt == "table" or not out.is_stdout)
+        doc = loaded.envelope("diff", resolved.names) | {"against": diff.describe_against(other)} \
             | report.to_dict()
     s.emit("diff", doc, fmt, out)
     if fail and report.failed:

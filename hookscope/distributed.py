@@ -18,11 +18,15 @@ Failures never hang. Beside the collectives, the ranks share torchrun's key-valu
 
 * a rank that fails (a bad image, the model's forward raising, a signal) posts its error
   there before it exits; every other rank looks for it before each batch and while it
-  waits, and exits with that error and exit code (rank 0 prints it, naming the rank);
+  waits, and exits with that error and exit code (rank 0 prints it, naming the rank; the
+  others leave only once it has, since torchrun stops every rank as soon as one exits);
 * each rank beats a counter every second and watches the next rank's (a ring), so a rank
   that dies without a word (killed, out of memory) is noticed after the timeout;
 * the timeout (``HOOKSCOPE_DIST_TIMEOUT`` seconds, default 60) also bounds joining the
   group and every collective.
+
+Before any work each rank also checks that it resolved the same inputs as rank 0
+(:meth:`Group.agree`): a machine missing one file would shift every part after it.
 """
 
 from __future__ import annotations

@@ -354,6 +354,14 @@ class Session:
                        progress=progress, **options)
         return self.group.merge(report, progress)
 
+    def run(self, loaded: LoadedModel, inputs: InputSet, options: ModelOptions,
+            probe: Probe[R], label: str, *, shown: bool, **drive_options: Any) -> R:
+        """Decode ``inputs`` and drive ``probe`` over them, with a progress bar on stderr
+        labelled ``label`` when ``shown`` (see :meth:`batches` and :meth:`drive`)."""
+        with self.progress(len(inputs), label, enabled=shown) as bar:
+            return self.drive(loaded, self.batches(inputs, loaded, options), probe,
+                              progress=bar, **drive_options)
+
     def batches(self, inputs: InputSet, loaded: LoadedModel, options: ModelOptions, *,
                 keep_images: bool = False) -> Iterator[Batch]:
         """Decode and preprocess the inputs (under torchrun, this rank's part of them):

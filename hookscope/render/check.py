@@ -190,8 +190,3 @@ def github_annotations(doc: Doc) -> str:
         if failed else f"all {len(doc['rules'])} rules passed"
     out.append(_annotation("notice", "hookscope check", [f"{doc.get('model')}: {what}"]))
     return "".join(out)
-
-
-def write_github(output: Output, doc: Doc) -> None:
-    """Write the GitHub annotation lines of ``doc``."""
-    write(output, github_annotations(doc))

@@ -177,7 +177,13 @@ def ablate_table(doc: Doc, *, top: int = 10, sweep: bool = False) -> RenderableT
 # ----------------------------------------------------------------- check
 
 
-@register("check")
+def _github(doc: Doc) -> str:
+    from hookscope.render.check import github_annotations
+
+    return github_annotations(doc)
+
+
+@register("check", texts={"github": _github})
 def check_table(doc: Doc) -> RenderableType:
     from hookscope.render.check import check_view
 

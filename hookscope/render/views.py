@@ -8,7 +8,7 @@ and, where the command has one, a function that lays it out as CSV rows and colu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import RenderableType
@@ -23,27 +23,30 @@ Rows = tuple[list[dict[str, Any]], Sequence[str]]
 
 @dataclass(frozen=True)
 class View:
-    """How one command's document is shown: a Rich renderable, and optionally CSV and a
-    matplotlib figure (``--plot``)."""
+    """How one command's document is shown: a Rich renderable, and optionally CSV, a
+    matplotlib figure (``--plot``) and formats of its own, each the document as text (such
+    as ``check``'s GitHub annotations)."""
 
     table: Callable[..., RenderableType]
     csv: Callable[..., Rows] | None = None
     plot: Callable[..., Any] | None = None
+    texts: Mapping[str, Callable[[Doc], str]] = field(default_factory=dict)
 
 
 VIEWS: dict[str, View] = {}
 
 
 def register(command: str, *, csv: Callable[..., Rows] | None = None,
-             plot: Callable[..., Any] | None = None
+             plot: Callable[..., Any] | None = None,
+             texts: Mapping[str, Callable[[Doc], str]] | None = None,
              ) -> Callable[[Callable[..., RenderableType]], Callable[..., RenderableType]]:
-    """Register ``command``'s table view (the decorated function), its CSV layout and its
-    figure."""
+    """Register ``command``'s table view (the decorated function), its CSV layout, its
+    figure and its own text formats."""
 
     def wrap(table: Callable[..., RenderableType]) -> Callable[..., RenderableType]:
         if command in VIEWS:
             raise ValueError(f"a view for {command!r} is already registered")
-        VIEWS[command] = View(table, csv, plot)
+        VIEWS[command] = View(table, csv, plot, dict(texts or {}))
         return table
 
     return wrap
@@ -52,11 +55,13 @@ def register(command: str, *, csv: Callable[..., Rows] | None = None,
 def formats(command: str) -> list[str]:
     """The formats ``command`` can be emitted in."""
     _load()
-    return ["table", "json", *(["csv"] if VIEWS[command].csv else [])]
+    view = VIEWS[command]
+    return ["table", "json", *(["csv"] if view.csv else []), *view.texts]
 
 
 def emit(command: str, doc: Doc, fmt: str, output: Output, **options: Any) -> None:
-    """Write ``doc`` as ``fmt`` (table, json, ndjson or csv) to ``output``.
+    """Write ``doc`` as ``fmt`` (table, json, ndjson, csv, or a text format of the command's
+    own) to ``output``.
 
     A table goes to the terminal with colour, or as plain text into a file. ``options`` go
     to the view (for example ``input_stats=True`` for ``stats``).
@@ -70,6 +75,8 @@ def emit(command: str, doc: Doc, fmt: str, output: Output, **options: Any) -> No
         write(output, dumps_json(doc))
     elif fmt == "ndjson":
         write(output, dumps_ndjson(doc))
+    elif fmt in view.texts:
+        write(output, view.texts[fmt](doc))
     elif fmt == "csv":
         if view.csv is None:
             raise HookscopeError(f"{command} has no CSV output; use --format table or json.")
