@@ -70,27 +70,36 @@ def _vit_reshape(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0], side, side, t.shape[2]).permute(0, 3, 1, 2)
 
 
+def pgc_cam_image(cam, module, x, targets, *, eigen: bool = False, project=None):
+    """pytorch-grad-cam's own map for its ``cam`` object: its hooked forward over ``x``, a
+    backward of the ``targets`` (its target objects) when the method uses gradients, then
+    ``get_cam_image`` (or ``project`` of the activations). Returns the map and the outputs;
+    the hooks are released and no ``.grad`` is left."""
+    try:
+        outputs = cam.activations_and_grads(x)
+        grads = None
+        if cam.uses_gradients:
+            cam.model.zero_grad(set_to_none=True)
+            sum(t(o) for t, o in zip(targets, outputs, strict=True)).backward()
+            grads = cam.activations_and_grads.gradients[0].numpy()
+        acts = cam.activations_and_grads.activations[0].numpy()
+        if project is not None:
+            return project(acts), outputs
+        return cam.get_cam_image(x, module, targets, acts, grads, eigen), outputs
+    finally:
+        cam.activations_and_grads.release()
+        cam.model.zero_grad(set_to_none=True)
+
+
 def reference(model, layer: str, x, targets, method, reshape=None) -> np.ndarray:
     """pytorch-grad-cam's map at the layer's resolution, ReLU'd and min-max normalised."""
     module = dict(model.named_modules())[layer]
     with _no_inplace(model):
         cam = REFERENCE[method](model, [module], reshape_transform=reshape)
-        try:
-            outputs = cam.activations_and_grads(x)
-            tgs = [ClassifierOutputTarget(t) for t in targets]
-            grads = None
-            if cam.uses_gradients:
-                model.zero_grad(set_to_none=True)
-                sum(t(o) for t, o in zip(tgs, outputs, strict=True)).backward()
-                grads = cam.activations_and_grads.gradients[0].numpy()
-            acts = cam.activations_and_grads.activations[0].numpy()
-            if method == "eigencam":  # the sign-corrected projection
-                ref = get_2d_projection_with_sign_correction(acts)
-            else:
-                ref = cam.get_cam_image(x, module, tgs, acts, grads, False)
-        finally:
-            cam.activations_and_grads.release()
-            model.zero_grad(set_to_none=True)
+        tgs = [ClassifierOutputTarget(t) for t in targets]
+        # EigenCAM: the sign-corrected projection.
+        project = get_2d_projection_with_sign_correction if method == "eigencam" else None
+        ref, _ = pgc_cam_image(cam, module, x, tgs, project=project)
     return _minmax(ref)
 
 

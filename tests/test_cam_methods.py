@@ -23,7 +23,7 @@ from hookscope.cam import explain, gradcam
 from hookscope.cam_methods import method_names
 from hookscope.hooks import hook_count
 from hookscope.targets import parse_targets
-from tests.test_cam import TOL, InplaceNet, _minmax, _no_inplace
+from tests.test_cam import TOL, InplaceNet, _minmax, _no_inplace, pgc_cam_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,24 +56,25 @@ def _signed(cam: np.ndarray) -> np.ndarray:
     return np.stack(out)
 
 
+def pgc_full(cls, model, layers, x, targets, **call):
+    """pytorch-grad-cam's whole pipeline (fused over ``layers``, upsampled to the input),
+    its hooks released and no ``.grad`` left."""
+    modules = [dict(model.named_modules())[n] for n in layers]
+    with _no_inplace(model):
+        cam = cls(model, modules)
+        try:
+            return cam(x, [ClassifierOutputTarget(t) for t in targets], **call)
+        finally:
+            cam.activations_and_grads.release()
+            model.zero_grad(set_to_none=True)
+
+
 def pgc_layer(cls, model, layer, x, targets, *, eigen=False, signed=False, **kw):
     """pytorch-grad-cam's ``get_cam_image`` at the layer's resolution, ReLU'd, scaled."""
     module = dict(model.named_modules())[layer]
     with _no_inplace(model):
-        cam = cls(model, [module], **kw)
-        try:
-            outputs = cam.activations_and_grads(x)
-            tgs = [ClassifierOutputTarget(t) for t in targets]
-            grads = None
-            if cam.uses_gradients:
-                model.zero_grad(set_to_none=True)
-                sum(t(o) for t, o in zip(tgs, outputs, strict=True)).backward()
-                grads = cam.activations_and_grads.gradients[0].numpy()
-            acts = cam.activations_and_grads.activations[0].numpy()
-            ref = cam.get_cam_image(x, module, tgs, acts, grads, eigen)
-        finally:
-            cam.activations_and_grads.release()
-            model.zero_grad(set_to_none=True)
+        tgs = [ClassifierOutputTarget(t) for t in targets]
+        ref, _ = pgc_cam_image(cls(model, [module], **kw), module, x, tgs, eigen=eigen)
     return _minmax(_signed(ref) if signed else ref)
 
 
@@ -339,14 +340,7 @@ def test_multi_layer_fusion_matches_pytorch_grad_cam(nets, key, layers, side, me
     torch.manual_seed(8)
     x = torch.randn(2, 3, side, side)
     cls = {"gradcam": pgc.GradCAM, "layercam": pgc.LayerCAM}[method]
-    modules = [dict(model.named_modules())[n] for n in layers]
-    with _no_inplace(model):
-        cam = cls(model, modules)
-        try:
-            ref = cam(x, [ClassifierOutputTarget(t) for t in (1, 3)])
-        finally:
-            cam.activations_and_grads.release()
-            model.zero_grad(set_to_none=True)
+    ref = pgc_full(cls, model, layers, x, (1, 3))
     r = ours(model, layers, x, [1, 3], method)
     assert r.layers == layers and [a.shape for a in r.raws] != []
     np.testing.assert_allclose(r.maps, _minmax(ref), atol=TOL, rtol=0)
@@ -360,14 +354,7 @@ def test_aug_smooth_matches_pytorch_grad_cam(nets, key, layers, side, method):
     torch.manual_seed(9)
     x = torch.randn(2, 3, side, side)
     cls = {"gradcam": pgc.GradCAM, "gradcam++": pgc.GradCAMPlusPlus}[method]
-    modules = [dict(model.named_modules())[n] for n in layers]
-    with _no_inplace(model):
-        cam = cls(model, modules)
-        try:
-            ref = cam(x, [ClassifierOutputTarget(t) for t in (1, 3)], aug_smooth=True)
-        finally:
-            cam.activations_and_grads.release()
-            model.zero_grad(set_to_none=True)
+    ref = pgc_full(cls, model, layers, x, (1, 3), aug_smooth=True)
     r = ours(model, layers, x, [1, 3], method, aug_smooth=True)
     np.testing.assert_allclose(r.maps, _minmax(ref), atol=TOL, rtol=0)
 

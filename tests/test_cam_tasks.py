@@ -23,7 +23,7 @@ from hookscope.cam import default_layer, explain
 from hookscope.errors import HookscopeError
 from hookscope.hooks import hook_count
 from hookscope.targets import parse_targets
-from tests.test_cam import TOL, _minmax, _no_inplace
+from tests.test_cam import TOL, _minmax, _no_inplace, pgc_cam_image
 from tests.test_cam_methods import _signed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -75,21 +75,11 @@ def lraspp():
 
 
 def _seg_reference(model, layer, x, cls, masks):
-    wrapped = Out(model)
     module = dict(model.named_modules())[layer]
     with _no_inplace(model):
-        cam = pgc.GradCAM(wrapped, [module])
-        try:
-            outputs = cam.activations_and_grads(x)
-            targets = [SemanticSegmentationTarget(cls, m) for m in masks]
-            scores = [float(t(o)) for t, o in zip(targets, outputs, strict=True)]
-            sum(t(o) for t, o in zip(targets, outputs, strict=True)).backward()
-            acts = cam.activations_and_grads.activations[0].numpy()
-            grads = cam.activations_and_grads.gradients[0].numpy()
-            ref = cam.get_cam_image(x, module, targets, acts, grads, False)
-        finally:
-            cam.activations_and_grads.release()
-            model.zero_grad(set_to_none=True)
+        targets = [SemanticSegmentationTarget(cls, m) for m in masks]
+        ref, outputs = pgc_cam_image(pgc.GradCAM(Out(model), [module]), module, x, targets)
+        scores = [float(t(o)) for t, o in zip(targets, outputs, strict=True)]
     return _minmax(ref), scores
 
 

@@ -70,7 +70,8 @@ def many(tmp_path_factory) -> Path:
     (signal.SIGHUP, ["gradcam", "--out", "out"]),
     (signal.SIGTERM, ["features", "--layer", "layer1.0.conv1", "--out", "out"]),
     (signal.SIGINT, ["features", "--layer", "conv1", "--out", "out", "-b", "4"]),
-], ids=["stats-TERM", "gradcam-HUP", "features-TERM", "features-INT"])
+    (signal.SIGTERM, ["stats", "--workers", "2", "-b", "4", "-f", "json", "-o", "stats.json"]),
+], ids=["stats-TERM", "gradcam-HUP", "features-TERM", "features-INT", "stats-workers-TERM"])
 def test_a_signal_midway_leaves_nothing_and_says_so(tmp_path, many, signum, command) -> None:
     name, *options = command
     code, stderr = _stop_midway([name, "resnet50", str(many), "--weights", "auto", *options],
