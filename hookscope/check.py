@@ -64,6 +64,12 @@ def _count(value: Any) -> int:
     return value
 
 
+def _positive(value: Any) -> int:
+    if _count(value) < 1:
+        raise ValueError
+    return value
+
+
 def _number(high: float | None = None) -> Callable[[Any], float]:
     def convert(value: Any) -> float:
         if not _is_number(value) or value < 0 or (high is not None and value > high):
@@ -102,6 +108,12 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     Key("max_std_drift", "a non-negative number (relative drift)", _number()),
     Key("expect", "a table of input = label or class index", _table),
     Key("min_prob", "a number from 0 to 1", _number(1.0)),
+    # A training log's rules (`hookscope check LOG_DIR`, see hookscope.watch_check).
+    Key("last", "a positive integer (the logging steps checked, the last ones)", _positive),
+    Key("min_grad_norm", "a non-negative number", _number()),
+    Key("max_grad_norm", "a non-negative number", _number()),
+    Key("min_update_ratio", "a non-negative number", _number()),
+    Key("max_update_ratio", "a non-negative number", _number()),
 ]}
 
 
@@ -157,6 +169,8 @@ class Rules:
         max_std_drift: the largest relative change of a call's std from the baseline.
         expect: expected top-1 classes of inputs.
         min_prob: the smallest top-1 probability allowed for any input.
+        last, min_grad_norm, max_grad_norm, min_update_ratio, max_update_ratio: a training
+            log's rules (see :mod:`hookscope.watch_check`).
         source: the rules file, when there was one.
         where: for each key given, where (file and line, or flag) it was set.
     """
@@ -169,6 +183,11 @@ class Rules:
     max_std_drift: float | None = None
     expect: tuple[Expect, ...] = ()
     min_prob: float | None = None
+    last: int | None = None
+    min_grad_norm: float | None = None
+    max_grad_norm: float | None = None
+    min_update_ratio: float | None = None
+    max_update_ratio: float | None = None
     source: str | None = None
     where: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -607,6 +626,7 @@ class Context:
     expectations: list[Expectation]
     baseline: Baseline | None
     baseline_rows: dict[tuple[str, int], Mapping[str, Any]]
+    log: Any = None  # a training log's view (hookscope.watch_check.LogView), else None
 
     def note(self) -> str:
         """The detail's ending that says how many calls ``ignore`` left out."""
@@ -684,13 +704,24 @@ def _nonfinite(ctx: Context) -> RuleResult:
     """At most ``nonfinite`` NaN/Inf values in each call's output."""
     limit = ctx.rules.nonfinite
     bad = [c for c in ctx.calls if c.nonfinite > limit]
-    offenders = [f"{call_id(c.name, c.call)}: nonfinite {c.nonfinite}" for c in bad]
+    offenders = [f"{_call(c)}: nonfinite {c.nonfinite}" for c in bad]
     if bad:
         detail = (f"{len(bad)} of {len(ctx.calls)} calls have more than {limit} non-finite "
-                  f"values (NaN, Inf); the first is {call_id(bad[0].name, bad[0].call)}")
+                  f"values (NaN, Inf); the first is {_call(bad[0])}")
     else:
         detail = f"no call of {len(ctx.calls)} has more than {limit} non-finite values"
-    return RuleResult("nonfinite", not bad, limit, detail + ctx.note(), offenders)
+    event = getattr(ctx.log, "event", None)  # a training log's stop on a NaN or Inf
+    if event is not None:
+        offenders.insert(0, event)
+        detail = f"the run stopped on a non-finite value: {event}; " + detail
+    return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(),
+                      offenders)
+
+
+def _call(c: Any) -> str:
+    """A call as offenders name it, with its logging step when it has one (a log's row)."""
+    step = getattr(c, "step", None)
+    return call_id(c.name, c.call) + (f" at step {step}" if step is not None else "")
 
 
 @rule("max_zero_fraction")
@@ -702,10 +733,9 @@ def _zeros(ctx: Context) -> RuleResult | None:
     measured = [c for c in ctx.calls if c.zero_fraction is not None
                 and math.isfinite(c.zero_fraction)]
     bad = [c for c in measured if c.zero_fraction > limit]
-    offenders = [f"{call_id(c.name, c.call)}: zero_fraction {_g(c.zero_fraction)}"
-                 for c in bad]
+    offenders = [f"{_call(c)}: zero_fraction {_g(c.zero_fraction)}" for c in bad]
     top = max(measured, key=lambda c: c.zero_fraction, default=None)
-    most = f"; the most: {_g(top.zero_fraction)} at {call_id(top.name, top.call)}" \
+    most = f"; the most: {_g(top.zero_fraction)} at {_call(top)}" \
         if top is not None and top.zero_fraction > 0 else ""
     detail = (f"{len(bad)} of {len(ctx.calls)} calls are more than {limit:.4g} zeros" if bad
               else f"no call of {len(ctx.calls)} is more than {limit:.4g} zeros")

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from hookscope import __version__
+from hookscope import __version__, cli_watch
 from hookscope import options as o
 from hookscope.options import Options, command, runs_model
 from hookscope.options import value as _value
@@ -367,7 +367,7 @@ def ablate(
 @app.command("check")
 @runs_model
 def check_command(
-    model: o.ModelArg, inputs: o.InputsArg, rules: o.RulesOpt = None,
+    model: o.ModelArg, inputs: o.LogInputsArg = None, rules: o.RulesOpt = None,
     nonfinite: o.NonfiniteOpt = None, max_zero_fraction: o.ZeroFractionOpt = None,
     ignore: o.IgnoreOpt = None, baseline: o.BaselineOpt = None,
     max_mean_drift: o.MeanDriftOpt = None, max_std_drift: o.StdDriftOpt = None,
@@ -378,22 +378,30 @@ def check_command(
     """Assert rules about one run: non-finite values, dead layers, drift from a baseline,
     expected classes. Exit 0 when every rule passes, 1 when one fails, 2 for bad rules.
 
+    A training log (a directory holding watch.jsonl) in place of MODEL INPUT checks the
+    run it logged: its non-finite stop, dead layers, gradient norms and update ratios.
+
     Example: hookscope check resnet18 sample_images/ --rules hookscope.toml --junit check.xml
     """
     from hookscope import check
     from hookscope.errors import CheckFailed
     from hookscope.render.check import resolve_junit, write_junit
-    from hookscope.stats import StatsProbe
 
     s, fmt = opts.s, _value(fmt)
-    out = s.output(opts.output, force=opts.force)
-    junit_out = resolve_junit(junit, opts.output, force=opts.force)
-    checks = check.load_rules(rules, {
+    overrides = {
         "nonfinite": nonfinite, "max_zero_fraction": max_zero_fraction, "ignore": ignore,
         "baseline": baseline, "max_mean_drift": max_mean_drift, "max_std_drift": max_std_drift,
-        "expect": expect, "min_prob": min_prob})
+        "expect": expect, "min_prob": min_prob}
+    if cli_watch.is_log_run(model, inputs):
+        return cli_watch.check_log(opts, rules, overrides, junit, fmt)
+    from hookscope.stats import StatsProbe
+    from hookscope.watch_check import for_run
+
+    out = s.output(opts.output, force=opts.force)
+    junit_out = resolve_junit(junit, opts.output, force=opts.force)
+    checks = for_run(check.load_rules(rules, overrides))
     base = check.load_baseline(checks)
-    resolved = s.inputs(inputs, opts.model)
+    resolved = s.inputs(inputs or [], opts.model)
     matched = check.match_inputs(checks, resolved.names)
     if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
         checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
@@ -472,7 +480,7 @@ def diff_command(
 @app.command("report")
 @runs_model
 def report_command(
-    model: o.ModelArg, inputs: o.InputsArg, layers: o.LayersOpt = None, types: o.TypesOpt = None,
+    model: o.ModelArg, inputs: o.LogInputsArg = None, layers: o.LayersOpt = None, types: o.TypesOpt = None,
     all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
     target: o.TargetOpt = None, loss: o.ReportLossOpt = "logit", label: o.GradsLabelOpt = None,
     vanish: o.GradsVanishOpt = 1e-3, explode: o.GradsExplodeOpt = 1e3,
@@ -486,9 +494,13 @@ def report_command(
 
     Runs stats and grads (with --layers, --type, --target, --loss...) and Grad-CAM (the
     default method plus each --method, at --layer) over the inputs; -o names the page.
+    A training log (a directory holding watch.jsonl) in place of MODEL INPUT draws the
+    training page: statistics and gradient norms over the steps, update ratios, findings.
 
     Example: hookscope report resnet18 sample_images/ -o report.html
     """
+    if cli_watch.is_log_run(model, inputs):
+        return cli_watch.report_log(opts)
     from hookscope.render.heatmap import check_colormap
     from hookscope.render.report import write_report
     from hookscope.report import ReportOptions, build_report
@@ -497,7 +509,7 @@ def report_command(
     methods = list(dict.fromkeys(["gradcam", *(_value(m) for m in method or [])]))
     check_colormap(colormap)
     out = s.output(opts.output, force=opts.force)
-    resolved = s.inputs(inputs, opts.model)
+    resolved = s.inputs(inputs or [], opts.model)
     loaded = s.load(opts.model, "gradcam")  # Grad-CAM and grads need an image classifier
     options = ReportOptions(
         layers=layers, types=types, all_modules=all_modules, max_depth=max_depth,
@@ -509,6 +521,11 @@ def report_command(
             loaded, lambda: s.batches(resolved, loaded, opts.model, keep_images=True),
             resolved.names, options, progress=bar)
     write_report(report, out, cmap=colormap, alpha=alpha)
+
+
+# ----------------------------------------------------------------- watch (cli_watch.py)
+
+app.command("watch")(cli_watch.watch_command)
 
 
 def main() -> None:

@@ -50,6 +50,10 @@ ModelArg = Annotated[str, typer.Argument(
 InputsArg = Annotated[list[str], typer.Argument(
     help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors of shape "
     "(C,H,W) or (N,C,H,W).", metavar="INPUT...", show_default=False)]
+LogInputsArg = Annotated[list[str] | None, typer.Argument(
+    help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors; none "
+    "when MODEL is a training log (a directory holding watch.jsonl).", metavar="[INPUT]...",
+    show_default=False)]
 LayersOpt = Annotated[list[str] | None, typer.Option(
     "--layers", "-l", help="fnmatch pattern on dotted module names (repeatable), e.g. "
     "'layer4.*' (the leaves under layer4); an exact name selects that module.",
@@ -470,3 +474,22 @@ ReportReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
     help="Token outputs to a grid for Grad-CAM: auto, none, vit or swin.")]
 ReportScoreBatchOpt = Annotated[int, typer.Option(
     "--score-batch", help="Masked inputs per forward pass (scorecam).", min=1)]
+WatchStepsOpt = Annotated[int, typer.Option(
+    "--steps", help="Training steps (one batch each).", min=1)]
+WatchLrOpt = Annotated[float, typer.Option(
+    "--lr", help="SGD learning rate.", min=0.0)]
+WatchMomentumOpt = Annotated[float, typer.Option(
+    "--momentum", help="SGD momentum.", min=0.0)]
+WatchLabelOpt = Annotated[str | None, typer.Option(
+    "--label", help="The true class (index or label), one for all inputs or a comma list, "
+    "one per input; default: each input's ImageFolder class folder.", show_default=False)]
+WatchOverfitOpt = Annotated[bool, typer.Option(
+    "--overfit", help="Train on the first batch only, --steps times, and fail unless the "
+    "loss falls (the classic sanity check).")]
+WatchEveryOpt = Annotated[int, typer.Option(
+    "--every", help="A logging step every N steps (statistics, gradients, update ratios); "
+    "NaN and Inf are checked on every step.", min=1)]
+WatchLogDirOpt = Annotated[Path | None, typer.Option(
+    "--log-dir", help="Keep the training log in this directory (watch.jsonl, and "
+    "nonfinite.json on a NaN or Inf), for `hookscope report` and `hookscope check`.",
+    file_okay=False, show_default=False)]

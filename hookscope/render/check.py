@@ -73,10 +73,21 @@ def verdict(doc: Doc) -> Text:
                 style="bold red")
 
 
+def log_header(doc: Doc) -> Text:
+    """A training log's check: the model, the log, its logging steps, the rows checked."""
+    text = Text()
+    text.append(str(doc.get("model")), style="bold")
+    text.append(f"  log: {doc['log']}", style="cyan")
+    text.append(f"  logging steps: {doc.get('logging_steps')} (steps {doc.get('first_step')} "
+                f"to {doc.get('last_step')})  layer calls checked: {doc.get('calls', 0)}")
+    return text
+
+
 def check_view(doc: Doc) -> RenderableType:
     """The whole ``check`` table output."""
-    parts: list[RenderableType] = [header(doc, f"layer calls: {doc.get('calls', 0)}"),
-                                   rules_table(doc)]
+    top = log_header(doc) if doc.get("log") is not None else \
+        header(doc, f"layer calls: {doc.get('calls', 0)}")
+    parts: list[RenderableType] = [top, rules_table(doc)]
     if any(not r["passed"] and r["offenders"] for r in doc["rules"]):
         parts.append(offenders_table(doc))
     parts.append(verdict(doc))

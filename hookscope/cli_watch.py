@@ -1,0 +1,114 @@
+"""The command line around training: ``check`` and ``report`` on a training log, and
+``hookscope watch``, a smoke training run under :func:`hookscope.watch`.
+
+A training log (a directory holding ``watch.jsonl``) is accepted where ``check`` and
+``report`` expect MODEL INPUT; reading it never imports torch. Like :mod:`hookscope.cli`,
+each function here only wires options to the library and the render layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hookscope import options as o
+from hookscope.errors import HookscopeError
+from hookscope.options import Options, runs_model
+from hookscope.options import value as _value
+
+
+def is_log_run(model: str, inputs: Sequence[str] | None) -> bool:
+    """Whether MODEL is a training log (True) or a model to run on INPUT (False).
+
+    Raises:
+        HookscopeError: a log with inputs, or a model without them.
+    """
+    from hookscope.watchlog import LOG_FILE, is_log
+
+    if is_log(model):
+        if inputs:
+            raise HookscopeError(f"{model!r} is a training log (it holds {LOG_FILE}); give it "
+                                 "alone, without INPUT.")
+        return True
+    if not inputs:
+        hint = f" ({model!r} is a directory without {LOG_FILE})" if Path(model).is_dir() \
+            else ""
+        raise HookscopeError(f"missing INPUT: give images, directories of images or tensor "
+                             f"files after MODEL, or a training log directory (holding "
+                             f"{LOG_FILE}) alone{hint}.")
+    return False
+
+
+def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
+              junit: Path | None, fmt: str) -> None:
+    """``hookscope check LOG_DIR``: the rules over the log, written as a model run's check."""
+    from hookscope import check
+    from hookscope.errors import CheckFailed
+    from hookscope.render.check import resolve_junit, write_junit
+    from hookscope.watch_check import evaluate_log, log_doc
+    from hookscope.watchlog import read_log
+
+    s = opts.s
+    out = s.output(opts.output, force=opts.force)
+    junit_out = resolve_junit(junit, opts.output, force=opts.force)
+    checks = check.load_rules(rules, overrides)
+    log = read_log(opts.model.name)
+    report = evaluate_log(checks, log)
+    doc = log_doc(log, report)
+    if junit_out is not None:
+        write_junit(junit_out, doc)
+    s.emit("check", doc, fmt, out)
+    if not report.passed:
+        raise CheckFailed(report.summary())
+
+
+def report_log(opts: Options) -> None:
+    """``hookscope report LOG_DIR``: the training page."""
+    from hookscope.render.training import write_training_page
+    from hookscope.watchlog import read_log
+
+    out = opts.s.output(opts.output, force=opts.force)
+    write_training_page(read_log(opts.model.name), out)
+
+
+# ----------------------------------------------------------------- hookscope watch
+
+
+@runs_model
+def watch_command(
+    model: o.ModelArg, inputs: o.InputsArg, steps: o.WatchStepsOpt = 50,
+    lr: o.WatchLrOpt = 0.01, momentum: o.WatchMomentumOpt = 0.0,
+    label: o.WatchLabelOpt = None, overfit: o.WatchOverfitOpt = False,
+    every: o.WatchEveryOpt = 10, log_dir: o.WatchLogDirOpt = None,
+    layers: o.LayersOpt = None, types: o.TypesOpt = None, fmt: o.FormatOpt = "table", *,
+    opts: Options,
+) -> None:
+    """Smoke training: SGD on a copy of the model over the inputs, watched every step.
+
+    Labels are the inputs' ImageFolder class folders, or --label. The table says the loss
+    at the first and last step, the layers flagged, and the first non-finite value with the
+    module that produced it. Exit 1 when the loss is not finite, a NaN or Inf appeared, or,
+    with --overfit (one batch, repeated), the loss did not fall. The model file is never
+    written.
+
+    Example: hookscope watch resnet18 data/train --weights none --steps 50 --lr 0.01 --overfit
+    """
+    from hookscope.errors import CheckFailed
+    from hookscope.smoke import SmokeOptions, smoke_labels, train
+
+    s, fmt = opts.s, _value(fmt)
+    out = s.output(opts.output, force=opts.force)
+    folder = s.folder(log_dir, [], force=opts.force) if log_dir is not None else None
+    resolved = s.inputs(inputs, opts.model)
+    loaded = s.load(opts.model, "watch")
+    labels = smoke_labels(label, resolved.labels, loaded.categories)
+    options = SmokeOptions(steps=steps, lr=lr, momentum=momentum, overfit=overfit,
+                           every=every, log_dir=folder, layers=layers, types=types)
+    with s.progress(steps, "watch", enabled=fmt == "table" or not out.is_stdout) as bar:
+        report = train(loaded, lambda: s.batches(resolved, loaded, opts.model), labels,
+                       options, progress=bar)
+    doc = loaded.envelope("watch", resolved.names) | report.to_dict()
+    s.emit("watch", doc, fmt, out)
+    if report.failure is not None:
+        raise CheckFailed(report.failure)

@@ -1,0 +1,247 @@
+"""The training page: one self-contained HTML page drawn from a training log.
+
+``hookscope report LOG_DIR`` writes it. It shows the run's envelope, the non-finite event
+that stopped it (``nonfinite.json``), the layers flagged for drift, layers x steps heat maps
+of each layer call's mean, std, zero fraction and gradient norm, line plots of the gradient
+norms and the update ratios over the steps, and the last logging step's rows as sortable
+tables. It is a Jinja2 template with autoescape on the model report's base template: every
+string from the log is escaped by construction, and the page shares the model report's
+style, script and Content-Security-Policy (nothing loads, only the page's own script runs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hookscope.render import plots
+from hookscope.render import training_plots as tp
+from hookscope.render.output import Output, dumps_json, format_shape, write
+from hookscope.render.tables import ZERO_WARN, fmt_float
+
+if TYPE_CHECKING:
+    from jinja2 import Environment
+
+    from hookscope.watchlog import TrainingLog
+
+TEMPLATES = Path(__file__).parent / "templates"
+LAYER_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
+                 ("output", "text"), ("mean", "num"), ("std", "num"), ("min", "num"),
+                 ("max", "num"), ("zeros", "num"), ("non-finite", "num"),
+                 ("grad norm", "num"), ("grad non-finite", "num"))
+PARAM_COLUMNS = (("#", "num"), ("parameter", "text"), ("norm", "num"), ("grad norm", "num"),
+                 ("update ratio", "num"))
+#: The classic rule of thumb for SGD: an update about 1e-3 of the weight per step.
+RATIO_REFERENCE = 1e-3
+
+
+@lru_cache(maxsize=1)
+def environment() -> Environment:
+    """The pages' Jinja2 environment: autoescape on for every template, undefined names an
+    error rather than an empty string."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    return Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
+                       undefined=StrictUndefined, keep_trailing_newline=True)
+
+
+def page_assets() -> dict[str, Any]:
+    """The base template's style, script and policy: the model report's own."""
+    from markupsafe import Markup
+
+    from hookscope.render.report import CSS, SCRIPT, _policy
+
+    return {"css": Markup(CSS), "script": Markup(SCRIPT), "policy": _policy(SCRIPT)}
+
+
+def _raw(value: Any) -> str:
+    """A cell's sort key: numbers as ``repr``, non-finite and None empty."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def _cell(text: Any, raw: Any = None, cls: str = "", code: bool = False) -> dict[str, Any]:
+    return {"text": text, "v": _raw(raw), "cls": cls, "code": code}
+
+
+def _num(value: Any) -> dict[str, Any]:
+    return _cell(fmt_float(value), value, "n")
+
+
+def _layer_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    zero, bad = row.get("zero_fraction"), int(row.get("nonfinite") or 0)
+    grad_bad = int(row.get("grad_nonfinite") or 0)
+    zero_ok = isinstance(zero, (int, float)) and math.isfinite(zero)
+    cls = "bad" if bad or grad_bad else "dead" if zero_ok and zero >= ZERO_WARN else ""
+    cells = [_cell(i, i, "n dim"), _cell(row["name"], row["name"], code=True),
+             _cell(row.get("type") or "", row.get("type") or "", "dim"),
+             _cell(row.get("call") or 0, row.get("call") or 0, "n"),
+             _cell(format_shape(row.get("output_shape")), None),
+             *(_num(row.get(k)) for k in ("mean", "std", "min", "max")),
+             _cell(f"{zero:.1%}" if zero_ok else "-", zero, "n"),
+             _cell(bad, bad, "n strong" if bad else "n"), _num(row.get("grad_norm")),
+             _cell(grad_bad, grad_bad, "n strong" if grad_bad else "n")]
+    return {"name": row["name"], "cls": cls, "cells": cells}
+
+
+def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    cells = [_cell(i, i, "n dim"), _cell(row["name"], row["name"], code=True),
+             *(_num(row.get(k)) for k in ("norm", "grad_norm", "update_ratio"))]
+    return {"name": row["name"], "cls": "", "cells": cells}
+
+
+# ----------------------------------------------------------------------------- findings
+
+
+def flagged_layers(log: TrainingLog) -> list[dict[str, Any]]:
+    """Each layer call flagged on any logging step (a truthy ``flagged`` or ``flag`` in its
+    row, or its name in the step's ``flagged`` list), with the steps and the last detail."""
+    last = log.steps[-1].get("layers") or [] if log.steps else []
+    rows = {(r.get("name"), int(r.get("call") or 0)): i for i, r in enumerate(last)}
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for step in log.steps:
+        listed = {str(n) for n in step.get("flagged") or () if isinstance(n, str)}
+        for row in step.get("layers") or ():
+            flag = row.get("flagged") or row.get("flag")
+            if not flag and row.get("name") not in listed:
+                continue
+            key = (str(row.get("name")), int(row.get("call") or 0))
+            shown = key[0] + (f" (call {key[1]})" if key[1] else "")
+            entry = found.setdefault(key, {"name": shown, "row": rows.get(key, 0), "at": []})
+            entry["at"].append(step.get("step"))
+            drift = row.get("drift")
+            entry["detail"] = (flag if isinstance(flag, str) else "") + (
+                f" drift {fmt_float(drift)}" if isinstance(drift, (int, float)) else "")
+    for entry in found.values():
+        at = entry.pop("at")
+        entry["steps"] = f"step {at[0]}" if len(at) == 1 else \
+            f"{len(at)} steps, {at[0]} to {at[-1]}"
+        entry["detail"] = entry["detail"].strip()
+    return list(found.values())
+
+
+def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    from hookscope.watch_check import event_text
+
+    if event is None:
+        return None
+    keys = ("module", "type", "phase", "step", "call", "rank")
+    facts = [(k, event[k]) for k in keys if event.get(k) is not None]
+    inputs = [i for i in event.get("inputs") or () if isinstance(i, Mapping)]
+    columns = list(dict.fromkeys(k for i in inputs for k in i))
+    cells = [[_value(i.get(c)) for c in columns] for i in inputs]
+    return {"text": event_text(event), "facts": facts, "inputs": cells, "columns": columns}
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return fmt_float(value)
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return format_shape(value)
+    return "-" if value is None else value if isinstance(value, str) else json.dumps(value)
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from markupsafe import Markup
+
+    heat, lines = [], []
+    for key, title, log10, cmap in tp.QUANTITIES:
+        steps, series = log.series("layers", key)
+        if not tp.has_values(series):
+            continue
+        fig = tp.heatmap_figure(steps, series, key, title, log10, cmap)
+        heat.append({"key": key, "title": f"{title.capitalize()} over steps",
+                     "svg": Markup(plots.inline_svg(fig, f"{title} heat map")),
+                     "caption": f"One row per layer call, one column per logging step"
+                                f"{'; log10 of the value' if log10 else ''}. Grey: not "
+                                "logged, or not finite."})
+    steps, grads = log.series("layers", "grad_norm")
+    if tp.has_values(grads):
+        fig = tp.lines_figure(steps, grads, "Gradient norm at each layer call's output",
+                              log10=True, ylabel="‖grad‖")
+        lines.append({"key": "grad_norm", "title": "Gradient norms",
+                      "svg": Markup(plots.inline_svg(fig, "gradient norms over steps")),
+                      "caption": "One line per layer call, first layers dark; red: the "
+                                 "median over layers."})
+    steps, ratios = log.series("params", "update_ratio")
+    if tp.has_values(ratios):
+        fig = tp.lines_figure(steps, ratios, "Update ratio ‖Δw‖/‖w‖ per parameter",
+                              log10=True, ylabel="‖Δw‖/‖w‖", reference=RATIO_REFERENCE)
+        lines.append({"key": "update_ratio", "title": "Update ratios",
+                      "svg": Markup(plots.inline_svg(fig, "update ratios over steps")),
+                      "caption": "One line per parameter since the previous logging step; "
+                                 f"dashed: {RATIO_REFERENCE:g}, the usual rule of thumb."})
+    return heat, lines
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def _chips(log: TrainingLog, flagged: list[Any]) -> list[dict[str, str]]:
+    last = log.steps[-1] if log.steps else {}
+    bad = sum(1 for r in last.get("layers") or () if r.get("nonfinite") or r.get("grad_nonfinite"))
+    return [{"cls": "", "text": f"{len(log.steps)} logging steps"},
+            {"cls": "", "text": f"{len(log.layer_keys())} layer calls"},
+            {"cls": "error" if log.event else "ok",
+             "text": "stopped on a non-finite value" if log.event else "no non-finite stop"},
+            {"cls": "error" if bad else "ok", "text": f"{bad} non-finite at the last step"},
+            {"cls": "warning" if flagged else "ok", "text": f"{len(flagged)} flagged layers"}]
+
+
+def _facts(log: TrainingLog) -> list[tuple[str, str]]:
+    env = log.envelope
+    steps = [s.get("step") for s in log.steps]
+    facts = [("log", log.path), ("steps", f"{steps[0]} to {steps[-1]}" if steps else "-")]
+    for key, value in env.items():
+        if key in ("hookscope", "model"):
+            continue
+        facts.append((key.replace("_", " "), value if isinstance(value, str)
+                      else json.dumps(value, default=str)))
+    return facts
+
+
+def training_html(log: TrainingLog) -> str:
+    """The whole training page as text."""
+    from hookscope import __version__
+
+    last = log.steps[-1] if log.steps else {}
+    flagged = flagged_layers(log)
+    heat, lines = _figures(log)
+    return environment().get_template("training.html.j2").render(
+        **page_assets(), model=str(log.envelope.get("model") or log.path),
+        env={"hookscope": log.envelope.get("hookscope", __version__)},
+        version=__version__, log_path=log.path, chips=_chips(log, flagged), facts=_facts(log),
+        env_json=dumps_json(log.envelope), event=_event(log.event), flagged=flagged,
+        heatmaps=heat, lines=lines, last_step=last.get("step", "-"),
+        layer_columns=LAYER_COLUMNS, param_columns=PARAM_COLUMNS,
+        layers=[_layer_row(i, r) for i, r in enumerate(last.get("layers") or ())],
+        params=[_param_row(i, r) for i, r in enumerate(last.get("params") or ())])
+
+
+def write_training_page(log: TrainingLog, output: Output) -> int:
+    """Draw the page and write it to ``output`` (a file atomically); return its size.
+
+    Raises:
+        HookscopeError: the output cannot be written (a file is then left as it was).
+    """
+    start = time.perf_counter()
+    text = training_html(log)
+    write(output, text)
+    size = len(text.encode("utf-8", "surrogateescape"))
+    logging.getLogger("hookscope").info("wrote %s (%d bytes) in %.2f s", output, size,
+                                        time.perf_counter() - start)
+    return size
+
+
+__all__ = ["environment", "flagged_layers", "page_assets", "training_html",
+           "write_training_page"]
