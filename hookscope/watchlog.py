@@ -100,6 +100,33 @@ class TrainingLog:
                 values[k][i] = number(row.get(key))
         return steps, values
 
+    def flagged(self) -> list[dict[str, Any]]:
+        """Each layer call flagged on any logging step (a truthy ``flagged`` or ``flag`` in
+        its row, or its name in the step's ``flagged`` list): its name, its row in the last
+        step, the steps it was flagged at and the last step's words and drift."""
+        last = self.steps[-1].get("layers") or [] if self.steps else []
+        rows = {(r.get("name"), int(r.get("call") or 0)): i for i, r in enumerate(last)}
+        found: dict[tuple[str, int], dict[str, Any]] = {}
+        for step in self.steps:
+            listed = {n for n in step.get("flagged") or () if isinstance(n, str)}
+            for row in step.get("layers") or ():
+                flag = row.get("flagged") or row.get("flag")
+                if not flag and row.get("name") not in listed:
+                    continue
+                key = (str(row.get("name")), int(row.get("call") or 0))
+                entry = found.setdefault(key, {
+                    "name": key[0] + (f" (call {key[1]})" if key[1] else ""), "layer": key[0],
+                    "call": key[1], "row": rows.get(key), "at": []})
+                entry["at"].append(step.get("step"))
+                drift = number(row.get("drift"))
+                entry["detail"] = " ".join(
+                    [flag] * isinstance(flag, str) + [f"drift {drift:.4g}"] * (drift is not None))
+        for entry in found.values():
+            at = entry["at"]
+            entry["steps"] = f"step {at[0]}" if len(at) == 1 else \
+                f"{len(at)} steps, {at[0]} to {at[-1]}"
+        return list(found.values())
+
     def to_dict(self) -> dict[str, Any]:
         """What a document says about the log it read."""
         return {"log": self.path, "logging_steps": len(self.steps),

@@ -195,3 +195,10 @@ def check_table(doc: Doc) -> RenderableType:
 from hookscope.render import diff as _diff  # noqa: E402  (one block per command, appended)
 
 register("diff", csv=_diff.diff_csv)(_diff.diff_view)
+
+
+# ----------------------------------------------------------------- watch
+
+from hookscope.render import watchview as _watch  # noqa: E402
+
+register("watch", csv=_watch.watch_csv)(_watch.watch_view)

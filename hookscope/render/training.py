@@ -100,33 +100,6 @@ def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- findings
 
 
-def flagged_layers(log: TrainingLog) -> list[dict[str, Any]]:
-    """Each layer call flagged on any logging step (a truthy ``flagged`` or ``flag`` in its
-    row, or its name in the step's ``flagged`` list), with the steps and the last detail."""
-    last = log.steps[-1].get("layers") or [] if log.steps else []
-    rows = {(r.get("name"), int(r.get("call") or 0)): i for i, r in enumerate(last)}
-    found: dict[tuple[str, int], dict[str, Any]] = {}
-    for step in log.steps:
-        listed = {str(n) for n in step.get("flagged") or () if isinstance(n, str)}
-        for row in step.get("layers") or ():
-            flag = row.get("flagged") or row.get("flag")
-            if not flag and row.get("name") not in listed:
-                continue
-            key = (str(row.get("name")), int(row.get("call") or 0))
-            shown = key[0] + (f" (call {key[1]})" if key[1] else "")
-            entry = found.setdefault(key, {"name": shown, "row": rows.get(key, 0), "at": []})
-            entry["at"].append(step.get("step"))
-            drift = row.get("drift")
-            entry["detail"] = (flag if isinstance(flag, str) else "") + (
-                f" drift {fmt_float(drift)}" if isinstance(drift, (int, float)) else "")
-    for entry in found.values():
-        at = entry.pop("at")
-        entry["steps"] = f"step {at[0]}" if len(at) == 1 else \
-            f"{len(at)} steps, {at[0]} to {at[-1]}"
-        entry["detail"] = entry["detail"].strip()
-    return list(found.values())
-
-
 def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
     from hookscope.watch_check import event_text
 
@@ -215,7 +188,7 @@ def training_html(log: TrainingLog) -> str:
     from hookscope import __version__
 
     last = log.steps[-1] if log.steps else {}
-    flagged = flagged_layers(log)
+    flagged = log.flagged()
     heat, lines = _figures(log)
     return environment().get_template("training.html.j2").render(
         **page_assets(), model=str(log.envelope.get("model") or log.path),
@@ -243,5 +216,5 @@ def write_training_page(log: TrainingLog, output: Output) -> int:
     return size
 
 
-__all__ = ["environment", "flagged_layers", "page_assets", "training_html",
+__all__ = ["environment", "page_assets", "training_html",
            "write_training_page"]
