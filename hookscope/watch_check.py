@@ -169,7 +169,8 @@ def _grad_norms(ctx: Context) -> list[tuple[str, float | None]]:
     view: LogView | None = ctx.log
     if view is None:
         return []
-    layers = [(f"{call_id(c.name, c.call)} at step {c.step}", c.grad_norm) for c in ctx.calls]
+    calls: list[LogCall] = ctx.calls  # type: ignore[assignment]  # a log's rows
+    layers = [(f"{call_id(c.name, c.call)} at step {c.step}", c.grad_norm) for c in calls]
     params = [(f"parameter {p['name']} at step {step}", number(p.get("grad_norm")))
               for step, p in view.params]
     return layers + params

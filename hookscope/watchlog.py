@@ -211,7 +211,7 @@ def read_log(path: str | Path) -> TrainingLog:
                              f"{LOG_FILE}, as hookscope.watch(model, log_dir=...) writes.")
     lines, skipped = _read_lines(folder / LOG_FILE)
     envelope = {k: v for k, v in (lines[0] if lines else {}).items() if k not in STEP_KEYS}
-    steps = [line for line in lines if "step" in line]
+    steps: list[Mapping[str, Any]] = [line for line in lines if "step" in line]
     steps.sort(key=lambda s: s["step"])
     event = _read_event(folder)
     if not steps and event is None:

@@ -24,6 +24,7 @@ from hookscope.render import plots
 from hookscope.render import training_plots as tp
 from hookscope.render.output import Output, dumps_json, format_shape, write
 from hookscope.render.tables import ZERO_WARN, fmt_float
+from hookscope.watchlog import number
 
 if TYPE_CHECKING:
     from jinja2 import Environment
@@ -76,16 +77,15 @@ def _num(value: Any) -> dict[str, Any]:
 
 
 def _layer_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    zero, bad = row.get("zero_fraction"), int(row.get("nonfinite") or 0)
+    zero, bad = number(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
     grad_bad = int(row.get("grad_nonfinite") or 0)
-    zero_ok = isinstance(zero, (int, float)) and math.isfinite(zero)
-    cls = "bad" if bad or grad_bad else "dead" if zero_ok and zero >= ZERO_WARN else ""
+    cls = "bad" if bad or grad_bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
     cells = [_cell(i, i, "n dim"), _cell(row["name"], row["name"], code=True),
              _cell(row.get("type") or "", row.get("type") or "", "dim"),
              _cell(row.get("call") or 0, row.get("call") or 0, "n"),
              _cell(format_shape(row.get("output_shape")), None),
              *(_num(row.get(k)) for k in ("mean", "std", "min", "max")),
-             _cell(f"{zero:.1%}" if zero_ok else "-", zero, "n"),
+             _cell("-" if zero is None else f"{zero:.1%}", zero, "n"),
              _cell(bad, bad, "n strong" if bad else "n"), _num(row.get("grad_norm")),
              _cell(grad_bad, grad_bad, "n strong" if grad_bad else "n")]
     return {"name": row["name"], "cls": cls, "cells": cells}
