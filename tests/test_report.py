@@ -8,13 +8,13 @@ import math
 import os
 import shutil
 import xml.etree.ElementTree as ET
-from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from markupsafe import escape  # Jinja2's autoescape: quotes as &#34; and &#39;
 from PIL import Image
 from typer.testing import CliRunner
 

@@ -13,25 +13,20 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Mapping
-from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookscope.render import plots
 from hookscope.render import training_plots as tp
+from hookscope.render.html import cell, num, render
 from hookscope.render.output import Output, dumps_json, format_shape, write
 from hookscope.render.tables import ZERO_WARN, fmt_float
 from hookscope.watchlog import number
 
 if TYPE_CHECKING:
-    from jinja2 import Environment
-
     from hookscope.watchlog import TrainingLog
 
-TEMPLATES = Path(__file__).parent / "templates"
 LAYER_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
                  ("output", "text"), ("mean", "num"), ("std", "num"), ("min", "num"),
                  ("max", "num"), ("zeros", "num"), ("non-finite", "num"),
@@ -42,58 +37,24 @@ PARAM_COLUMNS = (("#", "num"), ("parameter", "text"), ("norm", "num"), ("grad no
 RATIO_REFERENCE = 1e-3
 
 
-@lru_cache(maxsize=1)
-def environment() -> Environment:
-    """The pages' Jinja2 environment: autoescape on for every template, undefined names an
-    error rather than an empty string."""
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
-    return Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
-                       undefined=StrictUndefined, keep_trailing_newline=True)
-
-
-def page_assets() -> dict[str, Any]:
-    """The base template's style, script and policy: the model report's own."""
-    from markupsafe import Markup
-
-    from hookscope.render.report import CSS, SCRIPT, _policy
-
-    return {"css": Markup(CSS), "script": Markup(SCRIPT), "policy": _policy(SCRIPT)}
-
-
-def _raw(value: Any) -> str:
-    """A cell's sort key: numbers as ``repr``, non-finite and None empty."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return ""
-    return repr(float(value)) if isinstance(value, float) else str(value)
-
-
-def _cell(text: Any, raw: Any = None, cls: str = "", code: bool = False) -> dict[str, Any]:
-    return {"text": text, "v": _raw(raw), "cls": cls, "code": code}
-
-
-def _num(value: Any) -> dict[str, Any]:
-    return _cell(fmt_float(value), value, "n")
-
-
 def _layer_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     zero, bad = number(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
     grad_bad = int(row.get("grad_nonfinite") or 0)
     cls = "bad" if bad or grad_bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
-    cells = [_cell(i, i, "n dim"), _cell(row["name"], row["name"], code=True),
-             _cell(row.get("type") or "", row.get("type") or "", "dim"),
-             _cell(row.get("call") or 0, row.get("call") or 0, "n"),
-             _cell(format_shape(row.get("output_shape")), None),
-             *(_num(row.get(k)) for k in ("mean", "std", "min", "max")),
-             _cell("-" if zero is None else f"{zero:.1%}", zero, "n"),
-             _cell(bad, bad, "n strong" if bad else "n"), _num(row.get("grad_norm")),
-             _cell(grad_bad, grad_bad, "n strong" if grad_bad else "n")]
+    cells = [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
+             cell(row.get("type") or "", row.get("type") or "", "dim"),
+             cell(row.get("call") or 0, row.get("call") or 0, "n"),
+             cell(format_shape(row.get("output_shape")), None),
+             *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
+             cell("-" if zero is None else f"{zero:.1%}", zero, "n"),
+             cell(bad, bad, "n strong" if bad else "n"), num(row.get("grad_norm")),
+             cell(grad_bad, grad_bad, "n strong" if grad_bad else "n")]
     return {"name": row["name"], "cls": cls, "cells": cells}
 
 
 def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    cells = [_cell(i, i, "n dim"), _cell(row["name"], row["name"], code=True),
-             *(_num(row.get(k)) for k in ("norm", "grad_norm", "update_ratio"))]
+    cells = [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
+             *(num(row.get(k)) for k in ("norm", "grad_norm", "update_ratio"))]
     return {"name": row["name"], "cls": "", "cells": cells}
 
 
@@ -190,10 +151,10 @@ def training_html(log: TrainingLog) -> str:
     last = log.steps[-1] if log.steps else {}
     flagged = log.flagged()
     heat, lines = _figures(log)
-    return environment().get_template("training.html.j2").render(
-        **page_assets(), model=str(log.envelope.get("model") or log.path),
+    return render(
+        "training.html.j2", model=str(log.envelope.get("model") or log.path),
         env={"hookscope": log.envelope.get("hookscope", __version__)},
-        version=__version__, log_path=log.path, chips=_chips(log, flagged), facts=_facts(log),
+        version=__version__, log_path=log.path, chip_items=_chips(log, flagged), facts=_facts(log),
         env_json=dumps_json(log.envelope), event=_event(log.event), flagged=flagged,
         heatmaps=heat, lines=lines, last_step=last.get("step", "-"),
         layer_columns=LAYER_COLUMNS, param_columns=PARAM_COLUMNS,
@@ -216,5 +177,4 @@ def write_training_page(log: TrainingLog, output: Output) -> int:
     return size
 
 
-__all__ = ["environment", "page_assets", "training_html",
-           "write_training_page"]
+__all__ = ["training_html", "write_training_page"]

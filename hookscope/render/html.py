@@ -1,0 +1,80 @@
+"""What every HTML page shares: the Jinja2 environment, the base template's style and script,
+the Content-Security-Policy, and the cells of the sortable tables.
+
+Pages are Jinja2 templates in ``templates/`` with autoescape on, so every string from a
+model, its labels, file names or a log is escaped by construction; only the page's own
+style, script and matplotlib's SVG figures are marked safe. Each page is self-contained:
+CSS and script inline, images as ``data:`` URIs, plots as inline SVG, and a policy that
+allows nothing else (no request can leave the page) and only the page's own script, by its
+hash.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jinja2 import Environment
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@lru_cache(maxsize=1)
+def environment() -> Environment:
+    """The pages' Jinja2 environment: autoescape on for every template, and an undefined
+    name an error rather than an empty string."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    return Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
+                       undefined=StrictUndefined, keep_trailing_newline=True)
+
+
+@lru_cache(maxsize=1)
+def asset(name: str) -> str:
+    """A static file of the templates folder (``page.css``, ``page.js``)."""
+    return (TEMPLATES / name).read_text(encoding="utf-8")
+
+
+def policy(script: str) -> str:
+    """Nothing loads from anywhere; images only from ``data:``; only this script runs."""
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    return (f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+            f"script-src 'sha256-{digest}'; base-uri 'none'; form-action 'none'")
+
+
+def page_assets() -> dict[str, Any]:
+    """The base template's ``css``, ``script`` and ``policy``."""
+    from markupsafe import Markup
+
+    script = asset("page.js")
+    return {"css": Markup(asset("page.css")), "script": Markup(script),
+            "policy": policy(script)}
+
+
+def render(template: str, **context: Any) -> str:
+    """The page ``template`` drawn with ``context`` and the base template's assets."""
+    return environment().get_template(template).render(**page_assets(), **context)
+
+
+def sort_key(value: Any) -> str:
+    """A cell's sort key for ``data-v``: numbers as ``repr``, non-finite and None empty."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def cell(text: Any, raw: Any = None, cls: str = "", *, code: bool = False) -> dict[str, Any]:
+    """One table cell: its text, its sort key, its class, and whether it is code."""
+    return {"text": text, "v": sort_key(raw), "cls": cls, "code": code}
+
+
+def num(value: Any) -> dict[str, Any]:
+    """A number's cell, as the terminal tables write it."""
+    from hookscope.render.tables import fmt_float
+
+    return cell(fmt_float(value), value, "n")
