@@ -28,6 +28,9 @@ _LAZY = {
     "run_debug": "hookscope.debug",
     "find_models": "hookscope.catalog",
     "cam_metrics": "hookscope.cam_faithfulness",
+    "watch": "hookscope.training.watch",
+    "Watch": "hookscope.training.watch",
+    "NonFiniteError": "hookscope.training.nonfinite",
 }
 
 __all__ = ["__version__", *_LAZY]

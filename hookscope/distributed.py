@@ -43,8 +43,8 @@ from typing import Any, TypeVar
 
 from hookscope.errors import HookscopeError
 
-__all__ = ["COMMANDS", "Follow", "Group", "JoinError", "Launch", "PeerFailed", "shard",
-           "timeout_seconds"]
+__all__ = ["COMMANDS", "Follow", "Group", "JoinError", "Launch", "PeerFailed", "gather_merged",
+           "shard", "timeout_seconds"]
 
 T = TypeVar("T")
 TIMEOUT_ENV = "HOOKSCOPE_DIST_TIMEOUT"
@@ -150,6 +150,23 @@ def _unpacked(data: bytes) -> Any:
     import torch
 
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def gather_merged(report: T) -> T | None:
+    """Every rank's ``report`` merged in rank order with its own exact ``merge``, on rank 0;
+    None on the other ranks. A collective: every rank of the job calls it."""
+    import torch.distributed as dist
+
+    gathered: list[Any] | None = [None] * dist.get_world_size() \
+        if dist.get_rank() == 0 else None
+    dist.gather_object(_packed(report), gathered, dst=0)
+    if gathered is None:
+        return None
+    reports = [_unpacked(data) for data in gathered]
+    merged = reports[0]
+    for other in reports[1:]:
+        merged = merged.merge(other)
+    return merged  # type: ignore[no-any-return]
 
 
 class Progress:
@@ -338,7 +355,6 @@ class Group:
             Follow: on the other ranks, once their report is sent.
             PeerFailed: another rank failed first.
         """
-        import torch.distributed as dist
 
         self.store.add("done", 1)
         while int(self.store.add("done", 0)) < self.launch.world_size:
@@ -346,20 +362,14 @@ class Group:
             progress.refresh()
             time.sleep(_POLL)
         progress.refresh()
-        gathered: list[Any] | None = [None] * self.launch.world_size \
-            if self.launch.rank == 0 else None
         try:
-            dist.gather_object(_packed(report), gathered, dst=0)
+            merged = gather_merged(report)
         except RuntimeError as exc:
             raise PeerFailed(f"gathering the reports failed: {str(exc).splitlines()[0][:160]}; "
                              "no output was written.") from None
-        if gathered is None:
+        if merged is None:
             raise Follow()
-        reports = [_unpacked(data) for data in gathered]
-        merged = reports[0]
-        for other in reports[1:]:
-            merged = merged.merge(other)
-        return merged  # type: ignore[no-any-return]
+        return merged
 
     # ------------------------------------------------------------------ the end
 

@@ -354,9 +354,14 @@ class GradsProbe(Probe[GradReport]):
         if self.input_shape is None:
             self.input_shape = list(step.x.shape[1:])
 
+    def entries(self) -> list[GradEntry]:
+        """Each call's gradient summary so far, in backward order (flushed first)."""
+        self.table.flush()
+        return [(site.name, site.type, key[1], shape, self.table.get(key) or Moments())
+                for key in self.order for site, shape in [self.meta[key]]]
+
     def finish(self) -> GradReport:
-        entries = [(site.name, site.type, key[1], shape, self.table.get(key) or Moments())
-                   for key in self.order for site, shape in [self.meta[key]]]
+        entries = self.entries()
         with torch.no_grad():
             params = [ParamGrad.of(name, summed, float(torch.linalg.vector_norm(p.detach())))
                       for (name, p), summed in zip(self.params, self.param_sums, strict=True)]

@@ -267,6 +267,11 @@ class Hooks:
         """``tensor.register_hook(hook)``, removed on exit."""
         return self._keep(tensor.register_hook(hook))
 
+    def accumulated(self, param: torch.Tensor,
+                    hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
+        """``param.register_post_accumulate_grad_hook(hook)``, removed on exit."""
+        return self._keep(param.register_post_accumulate_grad_hook(hook))
+
     def remove(self) -> None:
         """Remove every handle; safe to call twice."""
         while self._handles:

@@ -1,0 +1,158 @@
+"""A watch's log directory: ``watch.jsonl``, ``nonfinite.json`` and TensorBoard events.
+
+``watch.jsonl`` holds one JSON object per line: the envelope first, then one line per
+logging step, each written and flushed as the step ends, so a crash loses at most the
+step in progress. ``nonfinite.json`` (the flight recorder) is written whole, atomically.
+The format is documented in ``docs/watch.md`` and is a contract. :func:`read_log` reads a
+directory back for the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from hookscope.errors import HookscopeError, param
+from hookscope.render.output import dumps_json, dumps_ndjson, write_text
+
+__all__ = ["LOG_NAME", "NONFINITE_NAME", "TensorBoardLog", "WatchLog", "is_log_dir", "read_log"]
+
+LOG_NAME = "watch.jsonl"
+NONFINITE_NAME = "nonfinite.json"
+
+
+def is_log_dir(path: str | Path) -> bool:
+    """Whether ``path`` is a watch's log directory (it holds ``watch.jsonl``)."""
+    return (Path(path) / LOG_NAME).is_file()
+
+
+class WatchLog:
+    """Appends a watch's lines to ``log_dir/watch.jsonl``.
+
+    Raises:
+        HookscopeError: the directory cannot be made, or already holds a watch log and
+            ``force`` is not set.
+    """
+
+    def __init__(self, log_dir: str | Path, *, force: bool = False) -> None:
+        self.dir = Path(log_dir)
+        self.path = self.dir / LOG_NAME
+        self._file: IO[str] | None = None
+        try:
+            if self.dir.exists() and not self.dir.is_dir():
+                raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} is a file, not a "
+                                     "directory.")
+            if self.path.exists() and not force:
+                raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} already holds a "
+                                     f"watch log ({LOG_NAME}); choose another directory, or "
+                                     f"pass {param('force')} to replace it.")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            stale = self.dir / NONFINITE_NAME
+            if stale.exists():  # the previous run's event, replaced with its log
+                stale.unlink()
+            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        except OSError as exc:
+            raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} cannot be written: "
+                                 f"{exc.strerror or exc}.") from None
+
+    def write(self, line: Mapping[str, Any]) -> None:
+        """Append one line (non-finite numbers as ``null``) and flush it to the disk."""
+        if self._file is None:
+            return
+        try:
+            self._file.write(dumps_ndjson(line))
+            self._file.flush()
+        except OSError as exc:
+            raise HookscopeError(f"{str(self.path)!r} cannot be written: "
+                                 f"{exc.strerror or exc}.") from None
+
+    def nonfinite(self, doc: Mapping[str, Any]) -> Path:
+        """Write the flight recorder, ``nonfinite.json`` (all or nothing)."""
+        path = self.dir / NONFINITE_NAME
+        write_text(path, dumps_json(doc), force=True)
+        return path
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class TensorBoardLog:
+    """TensorBoard scalars (per layer and parameter) and parameter histograms.
+
+    Raises:
+        HookscopeError: the ``tensorboard`` extra is not installed.
+    """
+
+    def __init__(self, log_dir: str | Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise HookscopeError(f"{param('tensorboard')} needs the tensorboard package: pip "
+                                 "install 'hookscope[tensorboard]'.") from None
+        self.writer = SummaryWriter(log_dir=os.fspath(log_dir))
+
+    def write(self, line: Mapping[str, Any], weights: Sequence[tuple[str, Any]]) -> None:
+        step = int(line["step"])
+        add = self.writer.add_scalar
+        if line.get("loss") is not None:
+            add("loss", line["loss"], step)
+        for row in line["layers"]:
+            name = row["name"] + (f"#{row['call']}" if row["call"] else "")
+            for key in ("mean", "std", "zero_fraction", "grad_norm", "drift"):
+                if isinstance(row.get(key), (int, float)):
+                    add(f"layers/{name}/{key}", row[key], step)
+        for row in line["params"]:
+            for key in ("norm", "grad_norm", "update_ratio"):
+                if isinstance(row.get(key), (int, float)):
+                    add(f"params/{row['name']}/{key}", row[key], step)
+        for name, weight in weights:
+            self.writer.add_histogram(f"params/{name}", weight.detach().float().cpu(), step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def read_log(log_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                             dict[str, Any] | None]:
+    """A log directory's envelope, its logging-step lines, and its ``nonfinite.json``.
+
+    A last line cut short by a crash is skipped.
+
+    Raises:
+        HookscopeError: no ``watch.jsonl``, unreadable, or not a watch log.
+    """
+    folder = Path(log_dir)
+    path = folder / LOG_NAME
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise HookscopeError(f"{str(folder)!r} is not a watch log directory: it has no "
+                             f"{LOG_NAME}.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HookscopeError(f"{str(path)!r} cannot be read: "
+                             f"{getattr(exc, 'strerror', None) or 'not UTF-8 text'}.") from None
+    docs = []
+    for number, text in enumerate(lines, 1):
+        try:
+            docs.append(json.loads(text))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break  # the step being written when the run stopped
+            raise HookscopeError(f"{str(path)!r} line {number} is not JSON.") from None
+    if not docs or not isinstance(docs[0], dict) or docs[0].get("command") != "watch":
+        raise HookscopeError(f"{str(path)!r} is not a watch log: its first line is not the "
+                             "envelope of `watch`.")
+    event = None
+    recorder = folder / NONFINITE_NAME
+    if recorder.is_file():
+        try:
+            event = json.loads(recorder.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            raise HookscopeError(f"{str(recorder)!r} cannot be read as JSON.") from None
+    return docs[0], docs[1:], event

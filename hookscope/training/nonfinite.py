@@ -1,0 +1,379 @@
+"""The every-step non-finite check: fused device-side flags, read once per step, and the locator.
+
+Off-steps carry only this. Each selected module call's floating-point inputs and outputs are
+reduced on their device to ``torch.aminmax`` (a NaN anywhere makes both values NaN, a ±inf
+shows as the min or the max, and unlike a sum nothing can overflow). A tensor hook on each
+output, and on each input that needs a gradient, does the same for the gradient in the
+backward pass. Nothing is read on the host until :meth:`StepFlags.verdict`, which stacks
+every value into one tensor and returns one device boolean: the watch reads it once per step.
+Only when it is set do the values come to the host, and :meth:`StepFlags.locate` finds the
+producing module:
+
+* forward: the first call, in the order calls finish, whose output holds NaN or ±inf while
+  all its inputs were finite;
+* backward: the first call, in the order gradients arrive, whose gradient with respect to
+  an input is non-finite while the gradient at its output was finite.
+
+A tensor is reduced once however many calls see it (keyed by identity and version, so an
+in-place change makes a new one). References to tensors are weak: the check keeps no
+activation alive, and full statistics of a located call's inputs are given only while they
+still exist; their shapes, min and max always are.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from hookscope.errors import HookscopeError
+from hookscope.hooks import Call, Hooks, tensors
+
+__all__ = ["Finding", "NonFiniteError", "StepFlags", "allowed"]
+
+#: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
+INFO, STRICT, NAN_ONLY = 0, 1, 2
+
+
+class NonFiniteError(HookscopeError):
+    """A training step produced NaN or ±inf; raised by ``watch`` with ``nonfinite="raise"``.
+
+    Attributes:
+        module: dotted name of the producing module (``""``: the model itself).
+        phase: ``"forward"`` or ``"backward"``.
+        step: the training step (counted from 0 by ``.step()``).
+        call: the call index of the module within its forward pass.
+        inputs: one dict per input tensor of that call: ``shape``, ``min``, ``max`` (and
+            ``mean``, ``std``, ``zero_fraction``, ``nonfinite`` while the tensor still existed).
+        type_name: the module's class name.
+        source: ``"module"`` (the module made it from finite values), ``"outside"`` (it
+            arrived from code outside the selected modules, the model's input or the loss).
+        rank: the rank that found it under ``torch.distributed`` (None: one process).
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, module: str = "", phase: str = "forward", step: int = 0,
+                 call: int = 0, inputs: list[dict[str, Any]] | None = None,
+                 type_name: str = "", source: str = "module", rank: int | None = None) -> None:
+        super().__init__(message)
+        self.module, self.phase, self.step, self.call = module, phase, step, call
+        self.inputs = inputs or []
+        self.type_name, self.source, self.rank = type_name, source, rank
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NonFiniteError, (super().__str__(),), dict(self.__dict__))
+
+
+def allowed(name: str, patterns: Sequence[str]) -> bool:
+    """Whether module ``name`` matches one of the ``allow_inf`` fnmatch patterns."""
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+@dataclass
+class _Slot:
+    """One reduced tensor: where its two values sit, its shape, and a weak reference."""
+
+    index: int
+    kind: int
+    shape: list[int]
+    ref: Any
+    version: int
+
+    def alive(self) -> torch.Tensor | None:
+        t = self.ref() if self.ref is not None else None
+        return t if t is not None and t._version == self.version else None
+
+
+@dataclass
+class _Record:
+    """One selected call: its forward slots, and its backward slots (gradient at inputs and
+    at outputs)."""
+
+    call: Call
+    inputs: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    grad_inputs: list[int] = field(default_factory=list)
+    grad_outputs: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Where a step's first non-finite value came from (see the module docstring)."""
+
+    phase: str
+    module: str
+    type: str
+    call: int
+    source: str
+    produced: str
+    inputs: list[dict[str, Any]]
+    grad: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "module": self.module, "type": self.type, "call": self.call,
+                "source": self.source, "produced": self.produced, "inputs": self.inputs,
+                "grad_output": self.grad}
+
+    def message(self, step: int, rank: int | None = None) -> str:
+        """The one-line message: ``step 7, forward: act (Log) produced 3 NaN from finite
+        inputs (min -0.41, max 2.3)``."""
+        where = f"rank {rank}: " if rank is not None else ""
+        name = f"{self.module or 'the model'} ({self.type}" + \
+            (f", call {self.call})" if self.call else ")")
+        head = f"{where}step {step}, {self.phase}: "
+        shown = _range(self.inputs)
+        if self.phase == "forward" and self.source == "module":
+            return f"{head}{name} produced {self.produced} from finite inputs{shown}"
+        if self.phase == "forward":
+            return (f"{head}{name} received {self.produced} from outside the selected modules "
+                    f"(the model's input or its own code){shown}")
+        grad = _range([self.grad] if self.grad else [])
+        if self.source == "module":
+            return (f"{head}{name} produced {self.produced} in the gradient of its input from a "
+                    f"finite gradient at its output{grad}; its inputs{shown or ' unknown'}")
+        return (f"{head}the gradient at the output of {name} is already {self.produced} "
+                "(it comes from the loss or code outside the selected modules)")
+
+
+def _g(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _range(inputs: list[dict[str, Any]]) -> str:
+    lows = [d["min"] for d in inputs if d.get("min") is not None and math.isfinite(d["min"])]
+    highs = [d["max"] for d in inputs if d.get("max") is not None and math.isfinite(d["max"])]
+    if not lows or not highs:
+        return ""
+    return f" (min {_g(min(lows))}, max {_g(max(highs))})"
+
+
+def _describe(lo: float, hi: float, alive: torch.Tensor | None) -> str:
+    """``3 NaN``, ``1 +inf``, or without counts when the tensor is gone: ``NaN``."""
+    if alive is not None:
+        t = alive.detach()
+        counts = [(int(torch.isnan(t).sum()), "NaN"), (int(torch.isposinf(t).sum()), "+inf"),
+                  (int(torch.isneginf(t).sum()), "-inf")]
+        parts = [f"{n} {what}" for n, what in counts if n]
+        if parts:
+            return ", ".join(parts)
+    if math.isnan(lo) or math.isnan(hi):
+        return "NaN"
+    return " and ".join(w for w, bad in (("-inf", math.isinf(lo)), ("+inf", math.isinf(hi)))
+                        if bad) or "non-finite values"
+
+
+class StepFlags:
+    """The flags one training step's hooks recorded.
+
+    Args:
+        allow_inf: fnmatch patterns of modules whose ±inf is intended (NaN still counts).
+        hooks: where the gradient hooks go; removed by the owner at the end of the step.
+        layouts: a cache kept across steps by the owner.
+    """
+
+    def __init__(self, allow_inf: Sequence[str], hooks: Hooks,
+                 layouts: dict[tuple[int, ...], torch.Tensor] | None = None) -> None:
+        self.allow_inf = tuple(allow_inf)
+        self.hooks = hooks
+        self.values: list[torch.Tensor] = []  # forward: two per slot, in slot order
+        self.kinds: list[int] = []
+        self.grad_values: list[torch.Tensor] = []  # backward: two per firing, in order
+        self.grad_kinds: list[int] = []
+        self.slots: list[_Slot] = []
+        self.grad_slots: list[_Slot] = []
+        self.fired: list[int] = []  # gradient slots in the order their hooks ran
+        self.records: list[_Record] = []
+        self._open: dict[tuple[str, int], _Record] = {}
+        self._seen: dict[int, _Slot] = {}
+        self._grad_seen: dict[int, _Slot] = {}
+        self._allowed: dict[str, bool] = {}
+        #: The check's layout on the device, shared from step to step (see :meth:`verdict`).
+        self._layouts = {} if layouts is None else layouts
+
+    def __len__(self) -> int:
+        return len(self.values) + len(self.grad_values)
+
+    def _is_allowed(self, name: str) -> bool:
+        found = self._allowed.get(name)
+        if found is None:
+            found = self._allowed[name] = allowed(name, self.allow_inf)
+        return found
+
+    def _slot(self, t: torch.Tensor, kind: int) -> int:
+        known = self._seen.get(id(t))
+        if known is not None and known.ref() is t and known.version == t._version:
+            return known.index
+        lo, hi = torch.aminmax(t.detach())
+        slot = _Slot(len(self.slots), kind, list(t.shape), weakref.ref(t), t._version)
+        self.values += (lo, hi)
+        self.kinds += (kind, kind)
+        self.slots.append(slot)
+        self._seen[id(t)] = slot
+        return slot.index
+
+    def _grad_slot(self, t: torch.Tensor, lenient: bool) -> int:
+        known = self._grad_seen.get(id(t))
+        if known is not None and known.ref() is t and known.version == t._version:
+            return known.index
+        slot = _Slot(len(self.grad_slots), NAN_ONLY if lenient else STRICT, list(t.shape),
+                     weakref.ref(t), t._version)
+        self.grad_slots.append(slot)
+        self._grad_seen[id(t)] = slot
+        self.hooks.tensor(t, partial(self._on_grad, slot))
+        return slot.index
+
+    def _on_grad(self, slot: _Slot, grad: torch.Tensor) -> None:
+        if grad.numel():
+            self.grad_values += torch.aminmax(grad.detach())
+            self.grad_kinds += (slot.kind, slot.kind)
+            self.fired.append(slot.index)
+
+    @staticmethod
+    def _checked(obj: Any) -> list[torch.Tensor]:
+        return [t for t in tensors(obj) if t.is_floating_point() and t.numel()]
+
+    def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A selected call starts: reduce its inputs (before an in-place module changes them)."""
+        record = _Record(call)
+        grad = torch.is_grad_enabled()
+        lenient = self._is_allowed(call.name)
+        for t in self._checked((args, kwargs)):
+            record.inputs.append(self._slot(t, INFO))
+            if grad and t.requires_grad:
+                record.grad_inputs.append(self._grad_slot(t, lenient))
+        self._open[call.key] = record
+
+    def exit(self, call: Call, output: Any) -> None:
+        """A selected call returned: reduce its outputs and hook their gradients."""
+        record = self._open.pop(call.key, None) or _Record(call)
+        lenient = self._is_allowed(call.name)
+        grad = torch.is_grad_enabled()
+        for t in self._checked(output):
+            record.outputs.append(self._slot(t, NAN_ONLY if lenient else STRICT))
+            if grad and t.requires_grad:
+                record.grad_outputs.append(self._grad_slot(t, lenient))
+        self.records.append(record)
+
+    # ------------------------------------------------------------------ reading
+
+    def stacked(self) -> torch.Tensor | None:
+        """Every value so far in one float tensor on their device (forward values first),
+        or None when nothing was recorded."""
+        values = self.values + self.grad_values
+        return torch.stack(values).float() if values else None
+
+    def verdict(self, stacked: torch.Tensor | None) -> torch.Tensor | None:
+        """A device boolean: whether a checked value is non-finite (None: nothing recorded)."""
+        if stacked is None:
+            return None
+        layout = tuple(self.kinds + self.grad_kinds)
+        kinds = self._layouts.get(layout)
+        if kinds is None or kinds.device != stacked.device:
+            # The layout repeats step after step: copied to the device once, not per step.
+            kinds = torch.tensor(layout, dtype=torch.int8).to(stacked.device)
+            self._layouts.clear()
+            self._layouts[layout] = kinds
+        strict = (kinds == STRICT) & ~torch.isfinite(stacked)
+        return (strict | ((kinds == NAN_ONLY) & torch.isnan(stacked))).any()
+
+    def locate(self, host: list[float]) -> Finding | None:
+        """Where the first non-finite value came from, given :meth:`stacked` on the host."""
+        split = 2 * len(self.slots)
+        forward, backward = host[:split], host[split:]
+        return self._locate_forward(forward) or self._locate_backward(forward, backward)
+
+    @staticmethod
+    def _ok(host: list[float], kind: int, at: int) -> bool:
+        lo, hi = host[at], host[at + 1]
+        if kind == NAN_ONLY:
+            return not (math.isnan(lo) or math.isnan(hi))
+        return math.isfinite(lo) and math.isfinite(hi)
+
+    def _input_rows(self, forward: list[float], slots: list[int]) -> list[dict[str, Any]]:
+        from hookscope.stats import moments
+
+        rows = []
+        for i in slots:
+            slot = self.slots[i]
+            row: dict[str, Any] = {"shape": slot.shape, "min": forward[2 * i],
+                                   "max": forward[2 * i + 1]}
+            alive = slot.alive()
+            if alive is not None:
+                row |= moments(alive.detach()).summary()
+            rows.append(row)
+        return rows
+
+    def _locate_forward(self, forward: list[float]) -> Finding | None:
+        ok = [self._ok(forward, s.kind, 2 * s.index) for s in self.slots]
+        first: _Record | None = None
+        for record in self.records:
+            if all(ok[i] for i in record.outputs):
+                continue
+            # An allowed module's ±inf is an intended input (a mask), not a non-finite one.
+            if all(ok[i] or self._finite_enough(forward, i) for i in record.inputs):
+                return self._forward_finding(forward, record, "module")
+            first = first or record
+        return None if first is None else self._forward_finding(forward, first, "outside")
+
+    def _finite_enough(self, forward: list[float], i: int) -> bool:
+        return self.slots[i].kind == NAN_ONLY and self._ok(forward, NAN_ONLY, 2 * i)
+
+    def _forward_finding(self, forward: list[float], record: _Record, source: str) -> Finding:
+        bad = next(i for i in record.outputs
+                   if not self._ok(forward, self.slots[i].kind, 2 * i))
+        produced = _describe(forward[2 * bad], forward[2 * bad + 1], self.slots[bad].alive())
+        call = record.call
+        return Finding("forward", call.name, call.site.type, call.index, source, produced,
+                       self._input_rows(forward, record.inputs))
+
+    def _locate_backward(self, forward: list[float], backward: list[float]) -> Finding | None:
+        arrived: dict[int, dict[str, Any]] = {}  # gradient slot -> its finite arrival
+        for n, index in enumerate(self.fired):
+            slot = self.grad_slots[index]
+            seen = {"shape": slot.shape, "min": backward[2 * n], "max": backward[2 * n + 1]}
+            if self._ok(backward, slot.kind, 2 * n):
+                arrived.setdefault(index, seen)
+                continue
+            produced = _describe(seen["min"], seen["max"], None)
+            for record in reversed(self.records):  # the last to run is the first in backward
+                if index in record.grad_inputs and record.grad_outputs and \
+                        all(i in arrived for i in record.grad_outputs):
+                    return self._backward_finding(forward, record, "module", produced,
+                                                  arrived[record.grad_outputs[0]])
+            producer = next((r for r in self.records if index in r.grad_outputs), None) or \
+                next(r for r in self.records if index in r.grad_inputs)
+            return self._backward_finding(forward, producer, "outside", produced, seen)
+        return None
+
+    def _backward_finding(self, forward: list[float], record: _Record, source: str,
+                          produced: str, grad: dict[str, Any]) -> Finding:
+        call = record.call
+        return Finding("backward", call.name, call.site.type, call.index, source, produced,
+                       self._input_rows(forward, record.inputs), grad)
+
+    def summary(self, host: list[float]) -> list[dict[str, Any]]:
+        """Per call: the (first) output's min and max, and the gradient at it, for the
+        flight recorder."""
+        split = 2 * len(self.slots)
+        forward, backward = host[:split], host[split:]
+        arrivals = {index: n for n, index in enumerate(self.fired)}
+        rows = []
+        for record in self.records:
+            row: dict[str, Any] = {"name": record.call.name, "type": record.call.site.type,
+                                   "call": record.call.index, "min": None, "max": None,
+                                   "grad_min": None, "grad_max": None}
+            if record.outputs:
+                i = record.outputs[0]
+                row["min"], row["max"] = forward[2 * i], forward[2 * i + 1]
+            n = arrivals.get(record.grad_outputs[0]) if record.grad_outputs else None
+            if n is not None:
+                row["grad_min"], row["grad_max"] = backward[2 * n], backward[2 * n + 1]
+            rows.append(row)
+        return rows

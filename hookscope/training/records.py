@@ -1,0 +1,216 @@
+"""What a logging step records: the ``stats`` and ``grads`` probes' rows, parameters, drift.
+
+A logging step attaches the existing probes for one training step and detaches them after:
+:class:`~hookscope.stats.StatsProbe` summarises each selected call's output inside its
+forward hook, and :class:`~hookscope.grads.GradsProbe` hooks the gradient at each output.
+Their reports are the mergeable ones (``StatsReport.merge``, ``GradReport.merge``), so ranks
+merge exactly as ``stats`` and ``grads`` do under torchrun. A layer row is a ``stats`` row
+(the same fields as ``stats --format json``) plus the gradient at the call's output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.errors import HookscopeError, param
+from hookscope.grads import GradReport, GradsProbe
+from hookscope.hooks import Call, Hooks
+from hookscope.stats import StatsProbe, StatsReport
+
+__all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows"]
+
+NAN = float("nan")
+#: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
+DEAD = 0.99
+#: Floor of a drift's scale, as ``check``'s drift rules use (see ``hookscope.check.drift``).
+_EPS = 1e-6
+
+
+class LoggingStep:
+    """The probes attached for one logging step.
+
+    Args:
+        model: the watched model.
+        layers, types: the selection (see ``select_sites``).
+        hooks: the step's hook handles (gradient tensor hooks), removed after the step.
+    """
+
+    def __init__(self, model: nn.Module, layers: Sequence[str] | None,
+                 types: Sequence[str] | None, hooks: Hooks) -> None:
+        self.stats = StatsProbe(model, layers=layers, types=types)
+        trainable = any(p.requires_grad for p in model.parameters())
+        self.grads = GradsProbe(model, layers=layers, types=types) if trainable else None
+        if self.grads is not None:
+            self.grads.bind(hooks)
+
+    def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        with torch.no_grad():
+            self.stats.on_enter(call, args, kwargs)
+
+    def exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        with torch.no_grad():
+            self.stats.on_exit(call, args, kwargs, output)
+        if self.grads is not None:
+            self.grads.on_exit(call, args, kwargs, output)
+
+    def reports(self) -> tuple[StatsReport, GradReport | None]:
+        """This rank's reports (mergeable across ranks)."""
+        self.stats.table.flush()
+        grads = None
+        if self.grads is not None:
+            grads = GradReport.build(self.grads.entries(), [], loss="", targets=[],
+                                     objective=NAN, input_shape=None,
+                                     vanish=self.grads.vanish, explode=self.grads.explode)
+        return self.stats.finish(), grads
+
+
+@dataclass(frozen=True)
+class StepReports:
+    """A logging step's two reports, merged as one across ranks."""
+
+    stats: StatsReport
+    grads: GradReport | None
+
+    def merge(self, other: StepReports) -> StepReports:
+        grads = self.grads if other.grads is None else other.grads if self.grads is None \
+            else self.grads.merge(other.grads)
+        return StepReports(self.stats.merge(other.stats), grads)
+
+
+def layer_rows(reports: StepReports) -> list[dict[str, Any]]:
+    """One row per selected call, in execution order: the ``stats`` row and the gradient
+    at the call's output (``grad_norm``, ``grad_mean``, ``grad_std``, ``grad_nonfinite``;
+    null where no gradient reached it), and ``flags``."""
+    grads = {(g.name, g.call): g for g in (reports.grads.layers if reports.grads else [])}
+    rows = []
+    for layer in reports.stats.layers:
+        row = layer.to_dict()
+        g = grads.get((layer.name, layer.call))
+        row |= {"grad_norm": g.norm if g else None, "grad_mean": g.mean if g else None,
+                "grad_std": g.std if g else None, "grad_nonfinite": g.nonfinite if g else None}
+        flags = []
+        if layer.nonfinite or (g is not None and g.nonfinite):
+            flags.append("nonfinite")
+        if g is not None and g.flag in ("vanish", "explode"):
+            flags.append(g.flag)
+        if math.isfinite(layer.zero_fraction) and layer.zero_fraction >= DEAD:
+            flags.append("dead")
+        row["flags"] = flags
+        rows.append(row)
+    return rows
+
+
+class ParamTracker:
+    """Each parameter's norm, gradient norm and update ratio at logging steps.
+
+    The gradient norm is taken when autograd has accumulated the gradient (a
+    post-accumulate-grad hook), so ``optimizer.zero_grad()`` before ``watch.step()`` loses
+    nothing. The update ratio is ``‖w - w_prev‖ / ‖w‖``, with ``w_prev`` the weights at the
+    previous logging step (kept as one copy of the parameters).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = list(model.named_parameters())
+        self.grad_norms: dict[int, torch.Tensor] = {}
+        self.previous: list[torch.Tensor] | None = None
+
+    def attach(self, hooks: Hooks) -> None:
+        """Hook each trainable parameter's gradient for this step."""
+        self.grad_norms.clear()
+        for i, (_, p) in enumerate(self.params):
+            if p.requires_grad:
+                hooks.accumulated(p, partial(self._on_grad, i))
+
+    def _on_grad(self, index: int, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self.grad_norms[index] = torch.linalg.vector_norm(p.grad.detach()).float()
+
+    def rows(self) -> list[dict[str, Any]]:
+        """``name``, ``norm``, ``grad_norm`` and ``update_ratio`` of each parameter (one
+        transfer to the host), and the weights kept for the next logging step's ratios."""
+        if not self.params:
+            return []
+        with torch.no_grad():
+            weights = [p.detach() for _, p in self.params]
+            norms = torch._foreach_norm(weights)
+            missing = norms[0].new_full((), NAN)
+            deltas = torch._foreach_norm(torch._foreach_sub(weights, self.previous)) \
+                if self.previous is not None else [missing] * len(weights)
+            grads = [self.grad_norms.get(i, missing) for i in range(len(weights))]
+            host = torch.stack([torch.stack([n.float(), g.to(n.device).float(), d.float()])
+                                for n, g, d in zip(norms, grads, deltas, strict=True)]).tolist()
+            if self.previous is None:
+                self.previous = [w.clone() for w in weights]
+            else:
+                torch._foreach_copy_(self.previous, weights)
+        return [{"name": name, "norm": n, "grad_norm": g if i in self.grad_norms else None,
+                 "update_ratio": d / n if math.isfinite(d) and n > 0 else None}
+                for i, ((name, _), (n, g, d)) in enumerate(zip(self.params, host, strict=True))]
+
+
+class Drift:
+    """Each call's distance to a reference, as ``check``'s ``max_mean_drift`` and
+    ``max_std_drift`` measure it: the mean's change relative to ``max(|mean|, std)`` of the
+    reference, the std's relative to the reference std; a row's ``drift`` is the larger.
+
+    Args:
+        reference: rows by (name, call) with ``mean`` and ``std`` (a ``stats`` document's);
+            None: the first logging step's rows become the reference.
+        limit: rows whose drift exceeds it are flagged ``drift``.
+    """
+
+    def __init__(self, reference: Mapping[tuple[str, int], Mapping[str, Any]] | None,
+                 limit: float) -> None:
+        self.reference = reference
+        self.limit = limit
+
+    @classmethod
+    def from_file(cls, path: str | Path | None, limit: float) -> Drift:
+        """The reference in a ``hookscope stats --format json`` document (None: the first
+        logging step).
+
+        Raises:
+            HookscopeError: the file is missing, unreadable or not a stats document.
+        """
+        if path is None:
+            return cls(None, limit)
+        from hookscope.check import _baseline_doc, _baseline_rows
+
+        doc = _baseline_doc(Path(path), param("reference"))
+        rows = _baseline_rows(doc)
+        if isinstance(rows, str):
+            raise HookscopeError(f"{param('reference')} {str(path)!r} is not a `hookscope stats "
+                                 f"--format json` document: {rows}.")
+        return cls(rows, limit)
+
+    def apply(self, rows: list[dict[str, Any]]) -> None:
+        """Add ``drift`` to each row (null when the reference lacks the call) and flag it."""
+        if self.reference is None:
+            self.reference = {(r["name"], r["call"]): dict(r) for r in rows}
+        for row in rows:
+            base = self.reference.get((row["name"], row["call"]))
+            row["drift"] = None if base is None else _distance(row, base)
+            if row["drift"] is not None and row["drift"] > self.limit:
+                row["flags"].append("drift")
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _distance(row: Mapping[str, Any], base: Mapping[str, Any]) -> float:
+    from hookscope.check import drift
+
+    mean, std = _number(row.get("mean")), _number(row.get("std"))
+    mean_b, std_b = _number(base.get("mean")), _number(base.get("std"))
+    scale_mean = max(abs(mean_b or 0.0), std_b or 0.0, _EPS)
+    scale_std = max(std_b or 0.0, _EPS * abs(mean_b or 0.0), _EPS)
+    return max(drift(mean, mean_b, scale_mean), drift(std, std_b, scale_std))

@@ -1,0 +1,319 @@
+"""``hookscope.watch``: watch a model while it trains.
+
+The user's loop owns the batches, the loss and the optimiser, so the watch cannot be a
+probe of :func:`hookscope.run.drive`, which runs a model over batches itself. It reuses the
+driver's pieces instead: the one hook engine (:class:`~hookscope.hooks.Tracer` for per-call
+hooks and names, :class:`~hookscope.hooks.Hooks` for tensor and gradient hooks, all removed
+on exit, error and Ctrl-C), the module selection, and on a logging step the ``stats`` and
+``grads`` probes themselves with their mergeable reports (:mod:`hookscope.training.records`).
+
+Each step carries only the fused non-finite flags (:mod:`hookscope.training.nonfinite`),
+read with one host synchronisation at ``.step()``; every ``every`` steps the probes are
+attached for one step and detached after. Forward passes run with autograd off
+(validation under ``torch.no_grad``) are not watched. The watch never changes the model's
+``training`` flags, parameters or buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.errors import HookscopeError, param
+from hookscope.hooks import Call, Hooks, Tracer, model_device, select_sites
+from hookscope.training.nonfinite import Finding, NonFiniteError, StepFlags
+from hookscope.training.ranks import Ranks
+from hookscope.training.records import Drift, LoggingStep, ParamTracker, StepReports, layer_rows
+
+__all__ = ["MODES", "Watch", "watch"]
+
+log = logging.getLogger("hookscope")
+MODES = ("raise", "warn", "off")
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HookscopeError(f"{param(name)} must be a whole number of at least 1, not {value!r}.")
+    return value
+
+
+class Watch:
+    """A watch over one model; see :func:`watch`. Use as a context manager."""
+
+    def __init__(self, model: nn.Module, log_dir: str | Path, *, every: int = 100,
+                 layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
+                 nonfinite: str = "raise", allow_inf: Sequence[str] = (), keep: int = 8,
+                 tensorboard: bool = False, reference: str | Path | None = None,
+                 max_drift: float = 1.0, name: str | None = None, force: bool = False) -> None:
+        if nonfinite not in MODES:
+            raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
+                                 f"{', '.join(MODES)}.")
+        if not (isinstance(max_drift, (int, float)) and max_drift >= 0):
+            raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
+        self.model, self.log_dir = model, Path(log_dir)
+        self.every, self.keep = _positive("every", every), _positive("keep", keep)
+        self.layers = list(layers) if layers else None
+        self.types = list(types) if types else None
+        self.sites = select_sites(model, layers=self.layers, types=self.types)
+        self.nonfinite, self.allow_inf = nonfinite, tuple(allow_inf)
+        self.drift = Drift.from_file(reference, float(max_drift))
+        self.reference, self.tensorboard, self.force = reference, tensorboard, force
+        self.name = name or type(model).__name__
+        self.index = 0  # the step in progress
+        self.findings: list[tuple[int, int, Finding]] = []  # (step, rank, finding), warned
+        self.tracer = Tracer(model, self.sites, on_enter=self._enter, on_exit=self._exit)
+        self.params = ParamTracker(model)
+        self.ranks = Ranks()
+        self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
+            deque(maxlen=self.keep)
+        self._layouts: dict[tuple[int, ...], torch.Tensor] = {}
+        self._hooks = Hooks()
+        self._flags: StepFlags | None = None
+        self._logging: LoggingStep | None = None
+        self._writer: Any = None
+        self._board: Any = None
+        self._open = False
+
+    # ------------------------------------------------------------------ the block
+
+    def __enter__(self) -> Watch:
+        from hookscope import __version__
+        from hookscope.render.watchlog import TensorBoardLog, WatchLog
+
+        self.ranks = Ranks.current()
+        failure = None
+        if self.ranks.leader:
+            try:
+                self._writer = WatchLog(self.log_dir, force=self.force)
+                if self.tensorboard:
+                    self._board = TensorBoardLog(self.log_dir)
+            except HookscopeError as exc:
+                failure = exc.render()
+                self._close_writers()
+        agreed = self.ranks.agree(failure)
+        if agreed is not None:
+            self._close_writers()
+            raise HookscopeError(agreed if self.ranks.many else failure or agreed)
+        if self._writer is not None:
+            self._writer.write(self.envelope(__version__))
+        self._open = True
+        try:
+            self._begin()
+        except BaseException:
+            self._cleanup()
+            raise
+        return self
+
+    def envelope(self, version: str) -> dict[str, Any]:
+        """The first line of ``watch.jsonl``."""
+        return {"hookscope": version, "command": "watch", "model": self.name,
+                "device": str(model_device(self.model)), "world_size": self.ranks.world,
+                "selection": {"layers": self.layers, "types": self.types,
+                              "modules": [s.name for s in self.sites]},
+                "every": self.every, "nonfinite": self.nonfinite,
+                "allow_inf": list(self.allow_inf), "keep": self.keep,
+                "reference": str(self.reference) if self.reference is not None else None,
+                "max_drift": self.drift.limit, "started": time.time()}
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            # A step whose work was recorded but not ended by .step() ends here (one
+            # process only: under DDP every rank would have to agree that it exists).
+            if exc_type is None and self._open and not self.ranks.many and self._pending():
+                self._end(None)
+        finally:
+            self._cleanup()
+
+    def _pending(self) -> bool:
+        return bool(self._flags is not None and self._flags.records) or bool(
+            self._logging is not None and self._logging.stats.order)
+
+    def _cleanup(self) -> None:
+        self._open = False
+        self._hooks.remove()
+        self.tracer.remove()
+        self._flags = self._logging = None
+        self._close_writers()
+
+    def _close_writers(self) -> None:
+        for writer in (self._writer, self._board):
+            if writer is not None:
+                writer.close()
+        self._writer = self._board = None
+
+    # ------------------------------------------------------------------ hooks
+
+    def _enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not torch.is_grad_enabled():
+            return  # a validation forward pass: not part of a training step
+        if self._flags is not None:
+            self._flags.enter(call, args, kwargs)
+        if self._logging is not None:
+            self._logging.enter(call, args, kwargs)
+
+    def _exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any],
+              output: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        if self._flags is not None:
+            self._flags.exit(call, output)
+        if self._logging is not None:
+            self._logging.exit(call, args, kwargs, output)
+
+    # ------------------------------------------------------------------ steps
+
+    @property
+    def logging_step(self) -> bool:
+        """Whether the step in progress records rows."""
+        return self.index % self.every == 0
+
+    def _begin(self) -> None:
+        self._hooks = Hooks()
+        self._flags = None if self.nonfinite == "off" else \
+            StepFlags(self.allow_inf, self._hooks, self._layouts)
+        self._logging = None
+        if self.logging_step:
+            self._logging = LoggingStep(self.model, self.layers, self.types, self._hooks)
+            self.params.attach(self._hooks)
+        if self._flags is None and self._logging is None:
+            self.tracer.remove()  # an off-step without the check carries no hook at all
+        else:
+            self.tracer.attach()
+        self.tracer.reset()
+
+    def step(self, loss: Any = None) -> None:
+        """End one training step (after ``optimizer.step()``).
+
+        Args:
+            loss: the step's loss (a number or a tensor), recorded on logging steps.
+
+        Raises:
+            NonFiniteError: with ``nonfinite="raise"``, a non-finite value appeared in this
+                step (on any rank); the watch is closed and every hook removed.
+        """
+        if not self._open:
+            raise HookscopeError("watch.step() was called outside the watch's `with` block.")
+        try:
+            self._end(loss)
+        except BaseException:
+            self._cleanup()
+            raise
+        self.index += 1
+        self._begin()
+
+    def _end(self, loss: Any) -> None:
+        """Check the step, write its line on a logging step, and report a non-finite value."""
+        flags, logging_step = self._flags, self._logging
+        self._hooks.remove()
+        stacked = flags.stacked() if flags is not None else None
+        failing = self.ranks.failing(flags.verdict(stacked)) if flags is not None else []
+        rows = self._log(logging_step, loss) if logging_step is not None else None
+        self.recorder.append((self.index, flags, stacked, rows))
+        if failing and flags is not None:
+            self._nonfinite(failing[0], flags, stacked)
+
+    def _log(self, step: LoggingStep, loss: Any) -> list[dict[str, Any]] | None:
+        """The logging step's line: merged over ranks and written by rank 0."""
+        merged = self.ranks.merged(StepReports(*step.reports()))
+        params = self.params.rows()
+        if merged is None:
+            return None
+        rows = layer_rows(merged)
+        self.drift.apply(rows)
+        line: dict[str, Any] = {"step": self.index, "time": time.time()}
+        if loss is not None:
+            line["loss"] = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        line |= {"layers": rows, "params": params,
+                 "flagged": [{"name": r["name"], "call": r["call"], "flags": r["flags"]}
+                             for r in rows if r["flags"]]}
+        if self._writer is not None:
+            self._writer.write(line)
+        if self._board is not None:
+            self._board.write(line, self.params.params)
+        return rows
+
+    def _nonfinite(self, rank: int, flags: StepFlags, stacked: Any) -> None:
+        finding = None
+        if rank == self.ranks.rank and stacked is not None:
+            finding = flags.locate(stacked.tolist())
+        payload = self.ranks.share((finding, self._recorded() if finding else None), rank)
+        finding, recorded = payload
+        if finding is None:  # the verdict and the values disagree: cannot happen
+            finding = Finding("forward", "", type(self.model).__name__, 0, "outside",
+                              "non-finite values", [])
+        shown_rank = rank if self.ranks.many else None
+        message = finding.message(self.index, shown_rank)
+        if self._writer is not None and not self.findings:
+            self._write_event(finding, message, shown_rank, recorded)
+        if self.nonfinite == "warn":
+            self.findings.append((self.index, rank, finding))
+            log.warning(message)
+            return
+        raise NonFiniteError(message, module=finding.module, phase=finding.phase,
+                             step=self.index, call=finding.call, inputs=finding.inputs,
+                             type_name=finding.type, source=finding.source, rank=shown_rank)
+
+    def _recorded(self) -> list[dict[str, Any]]:
+        """The flight recorder: the last ``keep`` steps, oldest first."""
+        steps = []
+        for index, flags, stacked, rows in self.recorder:
+            entry: dict[str, Any] = {"step": index}
+            if flags is not None and stacked is not None:
+                entry["layers"] = flags.summary(stacked.tolist())
+            if rows is not None:
+                entry["rows"] = rows
+            steps.append(entry)
+        return steps
+
+    def _write_event(self, finding: Finding, message: str, rank: int | None,
+                     recorded: list[dict[str, Any]] | None) -> None:
+        from hookscope import __version__
+
+        event = {"step": self.index, "rank": rank, "message": message} | finding.to_dict()
+        doc = self.envelope(__version__) | {"event": event, "steps": recorded or []}
+        path = self._writer.nonfinite(doc)
+        log.debug("wrote %s", path)
+
+
+def watch(model: nn.Module, log_dir: str | Path, *, every: int = 100,
+          layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
+          nonfinite: str = "raise", allow_inf: Sequence[str] = (), keep: int = 8,
+          tensorboard: bool = False, reference: str | Path | None = None,
+          max_drift: float = 1.0, name: str | None = None, force: bool = False) -> Watch:
+    """Watch ``model`` while a training loop runs; use as ``with watch(...) as w``.
+
+    Call ``w.step()`` at the end of each training step. Every ``every`` steps (steps 0,
+    ``every``, ...) one line is appended to ``log_dir/watch.jsonl`` (see ``docs/watch.md``).
+    Every step is checked for NaN and ±inf, forward and backward.
+
+    Args:
+        model: the model being trained (a DDP wrapper or the module itself).
+        log_dir: the log directory (made if missing).
+        every: a logging step every ``every`` steps.
+        layers, types: the modules watched (fnmatch patterns on dotted names, class names);
+            leaf modules by default.
+        nonfinite: ``"raise"`` (a :class:`NonFiniteError` at the step that made one),
+            ``"warn"`` (log it and go on) or ``"off"`` (no every-step check).
+        allow_inf: fnmatch patterns of modules whose ±inf is intended (attention masks).
+        keep: steps kept by the flight recorder written to ``log_dir/nonfinite.json``.
+        tensorboard: also write TensorBoard scalars and histograms to ``log_dir``.
+        reference: a ``hookscope stats --format json`` document to measure drift against
+            (default: the first logging step).
+        max_drift: layers whose drift exceeds it are flagged ``drift``.
+        name: the model's name in the log (default: its class name).
+        force: replace an existing log in ``log_dir``.
+
+    Raises:
+        HookscopeError: bad arguments, a selection matching nothing, an existing log
+            without ``force``, an unreadable reference.
+    """
+    return Watch(model, log_dir, every=every, layers=layers, types=types, nonfinite=nonfinite,
+                 allow_inf=allow_inf, keep=keep, tensorboard=tensorboard, reference=reference,
+                 max_drift=max_drift, name=name, force=force)
