@@ -99,12 +99,14 @@ def watch_command(
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
-    folder = s.folder(log_dir, [], force=opts.force) if log_dir is not None else None
+    folder = s.folder(log_dir, [log_dir / "watch.jsonl"], force=opts.force) \
+        if log_dir is not None else None
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "watch")
     labels = smoke_labels(label, resolved.labels, loaded.categories)
     options = SmokeOptions(steps=steps, lr=lr, momentum=momentum, overfit=overfit,
-                           every=every, log_dir=folder, layers=layers, types=types)
+                           every=every, log_dir=folder, layers=layers, types=types,
+                           force=opts.force)
     with s.progress(steps, "watch", enabled=fmt == "table" or not out.is_stdout) as bar:
         report = train(loaded, lambda: s.batches(resolved, loaded, opts.model), labels,
                        options, progress=bar)

@@ -48,6 +48,7 @@ class SmokeOptions:
     log_dir: Path | None = None
     layers: Sequence[str] | None = None
     types: Sequence[str] | None = None
+    force: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,8 @@ class TrainProbe(Probe[list[float]]):
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.losses.append(float(loss))  # the one host read of the step, besides the watch's
-        self.watch.step()
+        self.losses.append(float(loss.detach()))  # the one host read of the step, besides the watch's
+        self.watch.step(self.losses[-1])
         step.advance(1)
         if not math.isfinite(self.losses[-1]):
             raise _LossNotFinite
@@ -194,8 +195,9 @@ def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Tar
     with tempfile.TemporaryDirectory(prefix="hookscope-watch-") as scratch:
         folder = options.log_dir if options.log_dir is not None else Path(scratch)
         nonfinite = None
-        with hookscope.watch(model, log_dir=folder, every=options.every, layers=options.layers,
-                             types=options.types, nonfinite="raise") as w:
+        with hookscope.watch(model, folder, every=options.every, layers=options.layers,
+                             types=options.types, nonfinite="raise", name=loaded.name,
+                             force=options.force or options.log_dir is None) as w:
             probe = TrainProbe(model, labels, options, w, loaded.output_key)
             try:
                 drive(model, _batches(batches, options.steps, options.overfit), probe,

@@ -3,7 +3,8 @@
 A log directory holds ``watch.jsonl``, one JSON object per logging step (``step``, ``time``,
 ``layers``, ``params``; the first line also carries the envelope: the model, the selection,
 ``every`` and the hookscope version), and, when the watch stopped on a NaN or Inf,
-``nonfinite.json``, the event and its flight recorder. :func:`read_log` turns both into a
+``nonfinite.json``: the envelope, the ``event`` (step, rank, phase, module, call, message,
+inputs) and the flight recorder's ``steps``. :func:`read_log` turns both into a
 :class:`TrainingLog`, which ``hookscope check`` and ``hookscope report`` read where they would
 otherwise run a model. Plain JSON only: nothing here imports torch.
 """
@@ -101,17 +102,17 @@ class TrainingLog:
         return steps, values
 
     def flagged(self) -> list[dict[str, Any]]:
-        """Each layer call flagged on any logging step (a truthy ``flagged`` or ``flag`` in
-        its row, or its name in the step's ``flagged`` list): its name, its row in the last
-        step, the steps it was flagged at and the last step's words and drift."""
+        """Each layer call flagged on any logging step (its row's ``flags``: ``drift``,
+        ``dead``, ``vanish``, ``explode``, ``nonfinite``): its name, its row in the last
+        step's layers (None if absent), the steps it was flagged at, and the last flagged
+        step's flags and drift in words."""
         last = self.steps[-1].get("layers") or [] if self.steps else []
         rows = {(r.get("name"), int(r.get("call") or 0)): i for i, r in enumerate(last)}
         found: dict[tuple[str, int], dict[str, Any]] = {}
         for step in self.steps:
-            listed = {n for n in step.get("flagged") or () if isinstance(n, str)}
             for row in step.get("layers") or ():
-                flag = row.get("flagged") or row.get("flag")
-                if not flag and row.get("name") not in listed:
+                flags = [str(f) for f in row.get("flags") or () if isinstance(f, str)]
+                if not flags:
                     continue
                 key = (str(row.get("name")), int(row.get("call") or 0))
                 entry = found.setdefault(key, {
@@ -119,8 +120,9 @@ class TrainingLog:
                     "call": key[1], "row": rows.get(key), "at": []})
                 entry["at"].append(step.get("step"))
                 drift = number(row.get("drift"))
-                entry["detail"] = " ".join(
-                    [flag] * isinstance(flag, str) + [f"drift {drift:.4g}"] * (drift is not None))
+                entry["flags"] = flags
+                entry["detail"] = ", ".join(flags) + (
+                    f" (drift {drift:.4g})" if drift is not None and "drift" in flags else "")
         for entry in found.values():
             at = entry["at"]
             entry["steps"] = f"step {at[0]}" if len(at) == 1 else \
@@ -195,7 +197,8 @@ def _read_event(folder: Path) -> dict[str, Any] | None:
     if not isinstance(event, dict):
         raise HookscopeError(f"{str(file)!r} holds a {type(event).__name__}, not the "
                              "non-finite event's object.")
-    return event
+    # The event sits under "event", beside the envelope and the flight recorder's "steps".
+    return event["event"] if isinstance(event.get("event"), dict) else event
 
 
 def read_log(path: str | Path) -> TrainingLog:

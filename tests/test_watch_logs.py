@@ -38,7 +38,7 @@ def layer_row(i: int, k: int, name: str, kind: str, **extra: Any) -> dict[str, A
             "mean": 0.1 * k + i, "std": 1.0 + k, "min": -1.0, "max": 2.0,
             "zero_fraction": 0.5 if kind == "ReLU" else 0.0, "nonfinite": 0,
             "grad_norm": 10.0 ** (i - k), "grad_mean": 0.0, "grad_std": 0.1,
-            "grad_nonfinite": 0} | extra
+            "grad_nonfinite": 0, "flags": [], "drift": 0.0} | extra
 
 
 def write_log(folder: Path, *, steps: int = 5, every: int = 10,
@@ -46,7 +46,8 @@ def write_log(folder: Path, *, steps: int = 5, every: int = 10,
     """A log of ``steps`` logging steps in the documented format; update ratios
     1e-3 * k (conv1.weight) and 2e-3 (fc.weight), none at the first step."""
     folder.mkdir(parents=True, exist_ok=True)
-    lines = []
+    lines = [json.dumps({"hookscope": "0.1.0", "command": "watch", "model": f"Net{EVIL}",
+                         "every": every, "selection": {"layers": None, "types": None}})]
     for k in range(steps):
         line: dict[str, Any] = {
             "step": k * every, "time": float(k),
@@ -55,15 +56,13 @@ def write_log(folder: Path, *, steps: int = 5, every: int = 10,
                         "update_ratio": None if k == 0 else 1e-3 * k},
                        {"name": "fc.weight", "norm": 2.0, "grad_norm": 0.2,
                         "update_ratio": None if k == 0 else 2e-3}]}
-        if k == 0:
-            line = {"hookscope": "0.1.0", "command": "watch", "model": f"Net{EVIL}",
-                    "every": every, "selection": {"layers": None, "types": None}} | line
         if tweak is not None:
             tweak(k, line)
         lines.append(json.dumps(line))
     (folder / "watch.jsonl").write_text("\n".join(lines) + "\n")
-    if event is not None:
-        (folder / "nonfinite.json").write_text(json.dumps(event))
+    if event is not None:  # under "event", beside the envelope and the flight recorder
+        (folder / "nonfinite.json").write_text(json.dumps({"command": "watch", "event": event,
+                                                           "steps": []}))
     return folder
 
 
@@ -201,7 +200,7 @@ def test_bad_log_lines(tmp_path) -> None:
     assert "the last line is cut short" in r.stderr
     (log / "watch.jsonl").write_text(text + '{"step": 50, "layers": 3}\n' + text)
     bad = run("check", log)
-    assert bad.exit_code == 2 and "watch.jsonl:6: not a logging step" in bad.stderr
+    assert bad.exit_code == 2 and "watch.jsonl:7: not a logging step" in bad.stderr
 
 
 @pytest.mark.slow
@@ -237,7 +236,7 @@ class Tags(HTMLParser):
 
 def _flag(k: int, line: dict[str, Any]) -> None:
     if k >= 3:
-        line["layers"][2] |= {"flagged": True, "drift": 0.8}
+        line["layers"][2] |= {"flags": ["drift"], "drift": 0.8}
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +276,7 @@ def test_training_page_shows_the_log(page) -> None:
     assert params == PARAMS
     shown = " ".join("".join(parsed.text).split())
     assert EVENT["message"] in shown
-    assert f"{EVIL} (flagged at 2 steps, 30 to 40): drift 0.8" in shown
+    assert f"{EVIL} (flagged at 2 steps, 30 to 40): drift (drift 0.8)" in shown
     cells = [a.get("data-v") for t, a in parsed.tags if t == "td"]
     assert repr(0.004) in cells and repr(0.1 * 4 + 3) in cells  # conv1.weight ratio, fc mean
 

@@ -99,6 +99,13 @@ def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any
                      "caption": f"One row per layer call, one column per logging step"
                                 f"{'; log10 of the value' if log10 else ''}. Grey: not "
                                 "logged, or not finite."})
+    losses = [(int(s["step"]), number(s.get("loss"))) for s in log.steps]
+    if any(v is not None for _, v in losses):
+        fig = tp.lines_figure([k for k, _ in losses], {"loss": [v for _, v in losses]},
+                              "Loss at the logging steps", log10=False, ylabel="loss")
+        lines.append({"key": "loss", "title": "Loss",
+                      "svg": Markup(plots.inline_svg(fig, "loss over steps")),
+                      "caption": "The loss given to watch.step() at each logging step."})
     steps, grads = log.series("layers", "grad_norm")
     if tp.has_values(grads):
         fig = tp.lines_figure(steps, grads, "Gradient norm at each layer call's output",

@@ -100,7 +100,7 @@ def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, l
 def lines_figure(steps: Sequence[int], series: Series, title: str, *, log10: bool,
                  ylabel: str, reference: float | None = None) -> Figure:
     """Each row of ``series`` as a thin line over the logging steps, coloured from the
-    first (dark) to the last (light); the median over rows in bold."""
+    first (dark) to the last (light); with several rows, their median in bold red."""
     import matplotlib
     import numpy as np
 
@@ -113,7 +113,7 @@ def lines_figure(steps: Sequence[int], series: Series, title: str, *, log10: boo
         n = max(len(values) - 1, 1)
         for i, row in enumerate(values):
             ax.plot(x, row, color=shades(0.9 * i / n), lw=0.7, alpha=0.7)
-        if len(values):
+        if len(values) > 1:
             with warnings.catch_warnings():  # a step where nothing is finite: no median
                 warnings.simplefilter("ignore", RuntimeWarning)
                 middle = np.nanmedian(np.where(np.isfinite(values), values, np.nan), axis=0)

@@ -18,7 +18,7 @@ SHOWN = 10
 def _flagged(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "none"
-    names = [f"{r['name']} ({r['steps']})" for r in rows[:SHOWN]]
+    names = [f"{r['name']}: {r['detail']} ({r['steps']})" for r in rows[:SHOWN]]
     more = f" and {len(rows) - SHOWN} more" if len(rows) > SHOWN else ""
     return ", ".join(names) + more
 
