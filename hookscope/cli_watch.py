@@ -80,7 +80,7 @@ def watch_command(
     model: o.ModelArg, inputs: o.InputsArg, steps: o.WatchStepsOpt = 50,
     lr: o.WatchLrOpt = 0.01, momentum: o.WatchMomentumOpt = 0.0,
     label: o.WatchLabelOpt = None, overfit: o.WatchOverfitOpt = False,
-    every: o.WatchEveryOpt = 10, log_dir: o.WatchLogDirOpt = None,
+    every: o.WatchEveryOpt = 10, log_dir: o.WatchLogDirOpt = None, rules: o.WatchRulesOpt = None,
     layers: o.LayersOpt = None, types: o.TypesOpt = None, fmt: o.FormatOpt = "table", *,
     opts: Options,
 ) -> None:
@@ -89,28 +89,41 @@ def watch_command(
     Labels are the inputs' ImageFolder class folders, or --label. The table says the loss
     at the first and last step, the layers flagged, and the first non-finite value with the
     module that produced it. Exit 1 when the loss is not finite, a NaN or Inf appeared, or,
-    with --overfit (one batch, repeated), the loss did not fall. The model file is never
-    written.
+    with --overfit (one batch, repeated), the loss did not fall, or a --rules rule failed
+    on the training log. The model file is never written.
 
     Example: hookscope watch resnet18 data/train --weights none --steps 50 --lr 0.01 --overfit
     """
+    import tempfile
+
+    from hookscope.check import load_rules
     from hookscope.errors import CheckFailed
     from hookscope.smoke import SmokeOptions, smoke_labels, train
+    from hookscope.watch_check import evaluate_log, for_log
+    from hookscope.watchlog import read_log
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
-    folder = s.folder(log_dir, [log_dir / "watch.jsonl"], force=opts.force) \
-        if log_dir is not None else None
+    if log_dir is not None:
+        s.folder(log_dir, [log_dir / "watch.jsonl"], force=opts.force)
+    checks = for_log(load_rules(rules)) if rules is not None else None
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "watch")
     labels = smoke_labels(label, resolved.labels, loaded.categories)
-    options = SmokeOptions(steps=steps, lr=lr, momentum=momentum, overfit=overfit,
-                           every=every, log_dir=folder, layers=layers, types=types,
-                           force=opts.force)
-    with s.progress(steps, "watch", enabled=fmt == "table" or not out.is_stdout) as bar:
-        report = train(loaded, lambda: s.batches(resolved, loaded, opts.model), labels,
-                       options, progress=bar)
-    doc = loaded.envelope("watch", resolved.names) | report.to_dict()
+    with tempfile.TemporaryDirectory(prefix="hookscope-watch-") as scratch:
+        folder = log_dir or Path(scratch)
+        options = SmokeOptions(steps=steps, lr=lr, momentum=momentum, overfit=overfit,
+                               every=every, log_dir=folder, layers=layers,
+                               types=types, force=opts.force or log_dir is None)
+        with s.progress(steps, "watch", enabled=fmt == "table" or not out.is_stdout) as bar:
+            report = train(loaded, lambda: s.batches(resolved, loaded, opts.model), labels,
+                           options, progress=bar)
+        verdict = evaluate_log(checks, read_log(folder)) if checks else None
+    doc = loaded.envelope("watch", resolved.names) | report.to_dict() | {
+        "log_dir": str(log_dir) if log_dir is not None else None,
+        "check": verdict.to_dict() if verdict is not None else None}
+    failure = report.failure or (verdict.summary() if verdict and not verdict.passed else None)
+    doc |= {"passed": failure is None, "failure": failure}
     s.emit("watch", doc, fmt, out)
-    if report.failure is not None:
-        raise CheckFailed(report.failure)
+    if failure is not None:
+        raise CheckFailed(failure)

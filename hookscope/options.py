@@ -493,3 +493,8 @@ WatchLogDirOpt = Annotated[Path | None, typer.Option(
     "--log-dir", help="Keep the training log in this directory (watch.jsonl, and "
     "nonfinite.json on a NaN or Inf), for `hookscope report` and `hookscope check`.",
     file_okay=False, show_default=False)]
+WatchRulesOpt = Annotated[Path | None, typer.Option(
+    "--rules", help="Also check the training log with these `hookscope check` rules (a "
+    "TOML file: nonfinite, max_zero_fraction, ignore, last, min_grad_norm, max_grad_norm, "
+    "min_update_ratio, max_update_ratio); exit 1 when one fails.", show_default=False,
+    dir_okay=False)]

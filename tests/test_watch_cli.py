@@ -193,3 +193,22 @@ def test_a_kept_log_draws_the_training_page(work, tmp_path) -> None:
     for section in ('id="heat-grad_norm"', 'id="lines-update_ratio"', 'id="lines-loss"'):
         assert section in text
     assert [f'data-name="{n}"' in text for n in ("conv", "act", "fc")] == [True] * 3
+
+
+def test_rules_check_the_training_log(work, tmp_path) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text("max_update_ratio = 1e-9\n")  # any SGD step with lr 0.1 moves more
+    r = run("watch", *_common(work), "--steps", "3", "--every", "1", "--lr", "0.1",
+            "--rules", rules, "--format", "json")
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    [_, ratio] = doc["check"]["rules"]
+    assert ratio["rule"] == "max_update_ratio" and not ratio["passed"]
+    assert doc["failure"] == "1 of 2 rules failed: max_update_ratio" and doc["log_dir"] is None
+    rules.write_text("max_grad_norm = 1e9\nlast = 2\n")
+    ok = run("watch", *_common(work), "--steps", "3", "--every", "1", "--lr", "0.1",
+             "--rules", rules)
+    assert ok.exit_code == 0, ok.output
+    rules.write_text("min_prob = 0.5\n")
+    bad = run("watch", *_common(work), "--rules", rules)
+    assert bad.exit_code == 2 and "min_prob checks a model run" in bad.stderr

@@ -35,6 +35,12 @@ def watch_view(doc: Doc) -> RenderableType:
     event = doc.get("nonfinite")
     table.add_row("first non-finite", Text(event["message"], style="bold red") if event
                   else Text("none", style="green"))
+    check = doc.get("check")
+    if check is not None:
+        failed = [r for r in check["rules"] if not r["passed"]]
+        table.add_row("rules", Text("; ".join(f"{r['rule']}: {r['detail']}" for r in failed),
+                                    style="bold red") if failed
+                      else Text(f"all {len(check['rules'])} passed", style="green"))
     if doc.get("log_dir"):
         table.add_row("log", str(doc["log_dir"]))
     verdict = Text(f"FAILED: {doc['failure']}", style="bold red") if doc.get("failure") else \
