@@ -184,32 +184,27 @@ def _ratios(ctx: Context) -> list[tuple[str, float | None]]:
             for step, p in view.params]
 
 
-@rule("min_grad_norm")
-def _min_grad_norm(ctx: Context) -> RuleResult | None:
-    """No layer call's or parameter's gradient norm below ``min_grad_norm`` (vanishing)."""
-    return _bounded(ctx, "min_grad_norm", "gradient norm", _grad_norms(ctx),
-                    ctx.rules.min_grad_norm, lambda v, lim: v < lim, "below")
+def _bound_rule(name: str, what: str, values: Callable[[Context], list[tuple[str, float | None]]],
+                side: str) -> Callable[[Context], RuleResult | None]:
+    """The rule ``name``: every ``what`` measured is not ``side`` the rule's limit."""
+    def check(ctx: Context) -> RuleResult | None:
+        outside: Bound = (lambda v, lim: v > lim) if side == "above" else \
+            (lambda v, lim: v < lim)
+        return _bounded(ctx, name, what, values(ctx), getattr(ctx.rules, name), outside, side)
+
+    check.__doc__ = f"No {what} over the logging steps checked is {side} ``{name}``."
+    return check
 
 
-@rule("max_grad_norm")
-def _max_grad_norm(ctx: Context) -> RuleResult | None:
-    """No layer call's or parameter's gradient norm above ``max_grad_norm`` (exploding)."""
-    return _bounded(ctx, "max_grad_norm", "gradient norm", _grad_norms(ctx),
-                    ctx.rules.max_grad_norm, lambda v, lim: v > lim, "above")
-
-
-@rule("min_update_ratio")
-def _min_update_ratio(ctx: Context) -> RuleResult | None:
-    """Every parameter's update ratio ‖Δw‖/‖w‖ at least ``min_update_ratio`` (it learns)."""
-    return _bounded(ctx, "min_update_ratio", "update ratio", _ratios(ctx),
-                    ctx.rules.min_update_ratio, lambda v, lim: v < lim, "below")
-
-
-@rule("max_update_ratio")
-def _max_update_ratio(ctx: Context) -> RuleResult | None:
-    """No parameter's update ratio ‖Δw‖/‖w‖ above ``max_update_ratio`` (too large a step)."""
-    return _bounded(ctx, "max_update_ratio", "update ratio", _ratios(ctx),
-                    ctx.rules.max_update_ratio, lambda v, lim: v > lim, "above")
+#: The log's bounds, registered in check's one registry in this order: vanishing and
+#: exploding gradients (at layer outputs and of parameters), and update ratios too small
+#: (nothing learns) or too large (a step that wrecks the weights).
+BOUNDS = (("min_grad_norm", "gradient norm", _grad_norms, "below"),
+          ("max_grad_norm", "gradient norm", _grad_norms, "above"),
+          ("min_update_ratio", "update ratio", _ratios, "below"),
+          ("max_update_ratio", "update ratio", _ratios, "above"))
+for _name, _what, _values, _side in BOUNDS:
+    rule(_name)(_bound_rule(_name, _what, _values, _side))
 
 
 def log_doc(log: TrainingLog, report: CheckReport) -> dict[str, Any]:

@@ -314,23 +314,30 @@ def _order(rows: list[dict[str, Any]], key: str, descending: bool) -> list[str]:
     return [f"stats-{i}" for i in ranked + [i for i, r in enumerate(rows) if r[key] is None]]
 
 
+def open_page(driver: Any, page: Path) -> None:
+    """Open ``page`` and check that it raised no alert, ran no injected code, logged no
+    error and loaded nothing but ``data:`` URIs."""
+    from selenium.common.exceptions import NoAlertPresentException
+
+    driver.get(page.as_uri())
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text  # noqa: B018
+    assert driver.execute_script("return typeof window.__xss") == "undefined"
+    errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert errors == [], errors
+    loaded = driver.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name)")
+    assert [u for u in loaded if not u.startswith("data:")] == []
+
+
 @pytest.mark.slow
 def test_page_in_a_real_browser(resnet_page) -> None:
-    from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
 
     page, layers = resnet_page
     driver = _driver()
     try:
-        driver.get(page.as_uri())
-        with pytest.raises(NoAlertPresentException):
-            driver.switch_to.alert.text  # noqa: B018
-        assert driver.execute_script("return typeof window.__xss") == "undefined"
-        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
-        assert errors == [], errors
-        loaded = driver.execute_script(
-            "return performance.getEntriesByType('resource').map(e => e.name)")
-        assert [u for u in loaded if not u.startswith("data:")] == []
+        open_page(driver, page)
         widths = driver.execute_script(
             "return Array.from(document.images, i => i.complete ? i.naturalWidth : 0)")
         assert len(widths) == 8 and min(widths) > 0, widths

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from html import escape
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hookscope.cli import app
+from tests.test_report import Tags
 
 ROOT = Path(__file__).resolve().parent.parent
 EVIL = "<img src=x onerror=__xss=1>"  # a module name that runs code if written unescaped
@@ -221,19 +221,6 @@ def test_reading_a_log_imports_no_torch(tmp_path) -> None:
 # ------------------------------------------------------------------------- report
 
 
-class Tags(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, dict[str, str | None]]] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, dict(attrs)))
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-
 def _flag(k: int, line: dict[str, Any]) -> None:
     if k >= 3:
         line["layers"][2] |= {"flags": ["drift"], "drift": 0.8}
@@ -283,23 +270,14 @@ def test_training_page_shows_the_log(page) -> None:
 
 @pytest.mark.slow
 def test_training_page_in_a_real_browser(page) -> None:
-    from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
 
-    from tests.test_report import _driver
+    from tests.test_report import _driver, open_page
 
     out, _ = page
     driver = _driver()
     try:
-        driver.get(out.as_uri())
-        with pytest.raises(NoAlertPresentException):
-            driver.switch_to.alert.text  # noqa: B018
-        assert driver.execute_script("return typeof window.__xss") == "undefined"
-        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
-        assert errors == [], errors
-        loaded = driver.execute_script(
-            "return performance.getEntriesByType('resource').map(e => e.name)")
-        assert [u for u in loaded if not u.startswith("data:")] == []
+        open_page(driver, out)
         # The heat maps and colour bars are PNG images inside the inline SVGs: each decodes.
         sizes = driver.execute_async_script("""
             const done = arguments[arguments.length - 1];
