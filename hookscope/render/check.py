@@ -78,8 +78,10 @@ def log_header(doc: Doc) -> Text:
     text = Text()
     text.append(str(doc.get("model")), style="bold")
     text.append(f"  log: {doc['log']}", style="cyan")
-    text.append(f"  logging steps: {doc.get('logging_steps')} (steps {doc.get('first_step')} "
-                f"to {doc.get('last_step')})  layer calls checked: {doc.get('calls', 0)}")
+    span = f" (steps {doc.get('first_step')} to {doc.get('last_step')})" \
+        if doc.get("logging_steps") else ""
+    text.append(f"  logging steps: {doc.get('logging_steps')}{span}  layer calls checked: "
+                f"{doc.get('calls', 0)}")
     return text
 
 
