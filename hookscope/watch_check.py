@@ -213,6 +213,7 @@ def log_doc(log: TrainingLog, report: CheckReport) -> dict[str, Any]:
 
     env = dict(log.envelope)
     return {"hookscope": __version__, "command": "check", "model": env.get("model"),
-            "weights": env.get("weights") or {"requested": None, "loaded": None}, "device": env.get("device"), "inputs": [],
+            "weights": env.get("weights") or {"requested": None, "loaded": None},
+            "device": env.get("device"), "inputs": [],
             "watch": env} | log.to_dict() | report.to_dict()
 
