@@ -121,8 +121,8 @@ class TrainingLog:
                 entry["at"].append(step.get("step"))
                 drift = number(row.get("drift"))
                 entry["flags"] = flags
-                entry["detail"] = ", ".join(flags) + (
-                    f" (drift {drift:.4g})" if drift is not None and "drift" in flags else "")
+                entry["detail"] = ", ".join(f"drift {drift:.4g}" if f == "drift" and drift
+                                            is not None else f for f in flags)
         for entry in found.values():
             at = entry["at"]
             entry["steps"] = f"step {at[0]}" if len(at) == 1 else \

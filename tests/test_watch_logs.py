@@ -263,7 +263,7 @@ def test_training_page_shows_the_log(page) -> None:
     assert params == PARAMS
     shown = " ".join("".join(parsed.text).split())
     assert EVENT["message"] in shown
-    assert f"{EVIL} (flagged at 2 steps, 30 to 40): drift (drift 0.8)" in shown
+    assert f"{EVIL} (flagged at 2 steps, 30 to 40): drift 0.8" in shown
     cells = [a.get("data-v") for t, a in parsed.tags if t == "td"]
     assert repr(0.004) in cells and repr(0.1 * 4 + 3) in cells  # conv1.weight ratio, fc mean
 

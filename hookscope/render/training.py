@@ -139,15 +139,25 @@ def _chips(log: TrainingLog, flagged: list[Any]) -> list[dict[str, str]]:
             {"cls": "warning" if flagged else "ok", "text": f"{len(flagged)} flagged layers"}]
 
 
+def _fact(key: str, value: Any) -> str:
+    """An envelope entry in words: the selection summarised, times as UTC, the rest JSON."""
+    if key == "selection" and isinstance(value, Mapping):
+        modules = value.get("modules")
+        shown = {k: v for k, v in value.items() if k != "modules"}
+        count = f"; {len(modules)} modules" if isinstance(modules, list) else ""
+        return ", ".join(f"{k} {json.dumps(v)}" for k, v in shown.items()) + count
+    if key == "started" and isinstance(value, (int, float)):
+        from datetime import datetime, timezone
+
+        return datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="seconds")
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
 def _facts(log: TrainingLog) -> list[tuple[str, str]]:
-    env = log.envelope
     steps = [s.get("step") for s in log.steps]
     facts = [("log", log.path), ("steps", f"{steps[0]} to {steps[-1]}" if steps else "-")]
-    for key, value in env.items():
-        if key in ("hookscope", "model"):
-            continue
-        facts.append((key.replace("_", " "), value if isinstance(value, str)
-                      else json.dumps(value, default=str)))
+    facts += [(key.replace("_", " "), _fact(key, value)) for key, value in log.envelope.items()
+              if key not in ("hookscope", "model", "command")]
     return facts
 
 
