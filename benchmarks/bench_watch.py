@@ -114,7 +114,8 @@ def report(args: argparse.Namespace, times: dict[str, dict[str, list[float]]]) -
 def _table(best: dict[str, float]) -> None:
     bare = best["bare"]
     logging_extra = best["every1"] - bare
-    for name, label in (("bare", "unwatched"), ("bare2", "unwatched copy (noise floor)"), ("check", "every=100, check (off-step)"),
+    for name, label in (("bare", "unwatched"), ("bare2", "unwatched copy (noise floor)"),
+                        ("check", "every=100, check (off-step)"),
                         ("off", "every=100, nonfinite=off (off-step)"),
                         ("every1", "every=1 (logging step)")):
         ratio = best[name] / bare
