@@ -18,7 +18,7 @@ try:
     from lightning.pytorch import Callback
 except ImportError:  # pragma: no cover - depends on what is installed
     try:
-        from pytorch_lightning import Callback  # type: ignore[no-redef]
+        from pytorch_lightning import Callback  # type: ignore[no-redef,assignment]
     except ImportError:
         raise HookscopeError("The Lightning callback needs Lightning: pip install "
                              "'hookscope[lightning]'.") from None
