@@ -443,3 +443,24 @@ def test_an_unended_step_is_checked_on_exit(tmp_path: Path) -> None:
         with hookscope.watch(model, tmp_path):
             model(batch(0, 0)).sum().backward()
     assert caught.value.step == 0 and math.isfinite(len(caught.value.inputs))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_off_steps_never_synchronise_inside_the_step(tmp_path: Path) -> None:
+    model = Net().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 6, device="cuda"), torch.randint(0, 3, (8,), device="cuda")
+    with hookscope.watch(model, tmp_path, every=100) as w:
+        for step in range(4):
+            # The step's work, hooks included, runs with every host synchronisation an error;
+            # .step() reads the one flag of the step, so it runs outside that mode.
+            if step:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            w.step()
+    assert no_hooks(model)

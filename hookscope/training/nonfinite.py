@@ -337,7 +337,8 @@ class StepFlags:
         arrived: dict[int, dict[str, Any]] = {}  # gradient slot -> its finite arrival
         for n, index in enumerate(self.fired):
             slot = self.grad_slots[index]
-            seen = {"shape": slot.shape, "min": backward[2 * n], "max": backward[2 * n + 1]}
+            seen: dict[str, Any] = {"shape": slot.shape, "min": backward[2 * n],
+                                    "max": backward[2 * n + 1]}
             if self._ok(backward, slot.kind, 2 * n):
                 arrived.setdefault(index, seen)
                 continue

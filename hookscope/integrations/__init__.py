@@ -1,0 +1,54 @@
+"""Training frameworks' callbacks around ``hookscope.watch``: thin adapters, one per framework.
+
+* :mod:`hookscope.integrations.lightning`: ``WatchCallback`` for Lightning's ``Trainer``
+  (``pip install 'hookscope[lightning]'``);
+* :mod:`hookscope.integrations.transformers`: ``WatchCallback`` for Hugging Face's
+  ``Trainer`` (``pip install 'hookscope[transformers]'``).
+
+Both take the options of :func:`hookscope.watch` and write the same log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+__all__ = ["Adapter"]
+
+
+class Adapter:
+    """What both callbacks do: open a watch on the model when training starts, end a step
+    after each optimiser step, and close the watch when training ends or fails.
+
+    Args:
+        options: the keyword arguments of :func:`hookscope.watch` (``log_dir`` included).
+    """
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        from hookscope.training.watch import Watch
+
+        if "log_dir" not in options:
+            raise TypeError("WatchCallback needs log_dir, as hookscope.watch does.")
+        self.options = dict(options)
+        self.watch: Watch | None = None
+
+    def start(self, model: nn.Module) -> None:
+        from hookscope.training.watch import watch
+
+        self.stop()
+        self.watch = watch(model, **self.options)
+        self.watch.__enter__()
+
+    def step(self, loss: Any = None) -> None:
+        if self.watch is not None:
+            self.watch.step(loss)
+
+    def stop(self, error: BaseException | None = None) -> None:
+        """Close the watch: every hook removed (after ``error`` too)."""
+        current, self.watch = self.watch, None
+        if current is not None:
+            if error is None:
+                current.__exit__(None, None, None)
+            else:
+                current.__exit__(type(error), error, error.__traceback__)

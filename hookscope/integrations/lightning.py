@@ -1,0 +1,57 @@
+"""``WatchCallback`` for Lightning's ``Trainer``: ``hookscope.watch`` around ``fit``.
+
+    trainer = lightning.Trainer(callbacks=[WatchCallback(log_dir="runs/exp1", every=50)])
+
+A step ends after each training batch (``on_train_batch_end``, after the optimiser step);
+its loss is the one ``training_step`` returned. Validation runs without autograd and is
+not watched. The watch closes when training ends, and on any exception (every hook removed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hookscope.errors import HookscopeError
+from hookscope.integrations import Adapter
+
+try:
+    from lightning.pytorch import Callback
+except ImportError:  # pragma: no cover - depends on what is installed
+    try:
+        from pytorch_lightning import Callback  # type: ignore[no-redef,assignment]
+    except ImportError:
+        raise HookscopeError("The Lightning callback needs Lightning: pip install "
+                             "'hookscope[lightning]'.") from None
+
+__all__ = ["WatchCallback"]
+
+
+class WatchCallback(Callback):  # type: ignore[misc]
+    """Watch the ``LightningModule`` while it trains.
+
+    Args:
+        watch_options: the keyword arguments of :func:`hookscope.watch`, ``log_dir`` included.
+    """
+
+    def __init__(self, **watch_options: Any) -> None:
+        super().__init__()
+        self.adapter = Adapter(watch_options)
+
+    @property
+    def watch(self) -> Any:
+        """The open watch (None outside training)."""
+        return self.adapter.watch
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.adapter.start(pl_module)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        self.adapter.step(loss)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.adapter.stop()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.adapter.stop(exception)

@@ -1,0 +1,65 @@
+"""``WatchCallback`` for Hugging Face's ``Trainer``: ``hookscope.watch`` around ``train``.
+
+    callback = WatchCallback(log_dir="runs/exp1", every=50)
+    with callback:  # closes the watch even when training raises
+        Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+
+A step is one optimiser step (``on_step_end``): with gradient accumulation, all its forward
+and backward passes. Evaluation runs without autograd and is not watched. The ``Trainer``
+has no callback for an exception, so use the callback as a context manager (or call
+:meth:`WatchCallback.close`) to be sure every hook is removed when training fails; a
+:class:`hookscope.NonFiniteError` removes them itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hookscope.errors import HookscopeError
+from hookscope.integrations import Adapter
+
+try:
+    from transformers import TrainerCallback
+except ImportError:  # pragma: no cover - depends on what is installed
+    raise HookscopeError("The Hugging Face callback needs transformers: pip install "
+                         "'hookscope[transformers]'.") from None
+
+__all__ = ["WatchCallback"]
+
+
+class WatchCallback(TrainerCallback):  # type: ignore[misc]
+    """Watch the ``Trainer``'s model while it trains.
+
+    Args:
+        watch_options: the keyword arguments of :func:`hookscope.watch`, ``log_dir`` included.
+    """
+
+    def __init__(self, **watch_options: Any) -> None:
+        self.adapter = Adapter(watch_options)
+
+    @property
+    def watch(self) -> Any:
+        """The open watch (None outside training)."""
+        return self.adapter.watch
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       **kwargs: Any) -> None:
+        if model is None:
+            raise HookscopeError("The Trainer gave the callback no model to watch.")
+        self.adapter.start(model)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.adapter.step()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.adapter.stop()
+
+    def close(self) -> None:
+        """Close the watch now (every hook removed)."""
+        self.adapter.stop()
+
+    def __enter__(self) -> WatchCallback:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.adapter.stop(exc)
