@@ -40,6 +40,12 @@ def is_log_run(model: str, inputs: Sequence[str] | None) -> bool:
     return False
 
 
+def _one_process(opts: Options) -> None:
+    if opts.s.ranks > 1:
+        raise HookscopeError("a training log is read by one process: run this without "
+                             "torchrun.")
+
+
 def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
               junit: Path | None, fmt: str) -> None:
     """``hookscope check LOG_DIR``: the rules over the log, written as a model run's check."""
@@ -50,6 +56,7 @@ def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
     from hookscope.watchlog import read_log
 
     s = opts.s
+    _one_process(opts)
     out = s.output(opts.output, force=opts.force)
     junit_out = resolve_junit(junit, opts.output, force=opts.force)
     checks = check.load_rules(rules, overrides)
@@ -68,6 +75,7 @@ def report_log(opts: Options) -> None:
     from hookscope.render.training import write_training_page
     from hookscope.watchlog import read_log
 
+    _one_process(opts)
     out = opts.s.output(opts.output, force=opts.force)
     write_training_page(read_log(opts.model.name), out)
 
