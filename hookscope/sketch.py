@@ -1,158 +1,205 @@
-"""Percentiles from a fixed-memory sketch whose merge does not depend on how data was split.
+"""Percentiles with a relative-error guarantee, from a sketch that merges by addition.
 
-The sketch of a set of values is a histogram of ``BUCKETS`` (512) equal buckets on a dyadic
-grid chosen from the set's exact finite min and max alone: bucket ``i`` holds the values in
-``[(offset + i) * 2**e, (offset + i + 1) * 2**e)``, where ``e`` is the smallest integer
-(at least ``exponent(max|x|) - 50``) for which ``BUCKETS`` buckets cover ``[min, max]``, and
-``offset = floor(min / 2**e)``. Exact zeros are counted apart, non-finite values are left
-out (they are counted by the moments). The bucket of a value is ``floor(x * 2**-e)``:
-exact in float64, since scaling by a power of two is.
+A DDSketch (Masson et al., 2019) of log-spaced buckets. The bucket of a value ``x`` is its
+index on a fixed grid of 64 buckets per octave: ``i(x) = 64 * e + f`` for
+``|x| = 2**e * (1 + f/64 + r)`` with ``0 <= r < 1/64``. This is DDSketch's linearly
+interpolated mapping (``log2 |x|`` read from the float's exponent and first six mantissa
+bits, so ``i(x)`` approximates ``64 * log2 |x|``): it is taken with integer operations on
+the float's bits, so it is exact and the same on every CPU, SIMD width and device. A
+sketch holds, per channel, the counts of positive and negative values per bucket, the
+count of zeros, and the exact finite min and max; non-finite values are left out (the
+moments count them).
 
-Merging is exact and split-independent: dyadic grids nest, so the merge recomputes ``e``
-and ``offset`` from the union's min and max (exact) and moves each bucket of either side
-whole into the coarser bucket holding it, then adds counts. The result is the very
-histogram the union would have got at once, so any split of the data into batches,
-DataLoader workers or ranks, merged in any order, gives identical sketches.
+Accuracy: bucket ``i`` holds ``[lo, hi)`` with ``hi = lo * (1 + 1/(64 + f))``, and its
+value is taken as ``2 * lo * hi / (lo + hi)``, within ``(hi - lo) / (hi + lo) <=`` 1/129
+(0.78%) of any value in it. A percentile (``torch.quantile``'s linear interpolation between
+two order statistics) is estimated from the buckets holding both, clamped to the exact
+``[min, max]``, so it is within 0.78% (relative) of the exact percentile whenever the two
+order statistics have the same sign or one is zero; when they straddle zero the error is at
+most 0.78% of the larger magnitude. The 0th and 100th percentiles are the exact min and
+max, and zeros are exact. Two limits, both documented: values with ``|x| < 2**-126`` (the
+float32 subnormals) count as zeros; and a sketch keeps at most ``SPAN`` (4096 buckets,
+64 octaves) below the largest magnitude of all its channels, so values below ``2**-64``
+(~5e-20) of it are counted in its lowest bucket (this collapse depends only on the largest
+magnitude, so it commutes with merging).
 
-Error bound: ``e`` is the smallest that fits, so ``2**(e-1)`` did not: the range exceeds
-``(BUCKETS - 1) * 2**(e-1)``, and a bucket is narrower than ``2 * range / (BUCKETS - 1)``,
-0.39% of the range. A percentile (``torch.quantile``'s linear interpolation between order
-statistics) is estimated from the bucket holding each of the two order statistics, spread
-evenly over the bucket clamped to ``[min, max]``, so each estimate is within one bucket of
-the order statistic, and so is their interpolation: the error is below
-``max(2 * range / (BUCKETS - 1), 2**-49 * max|x|)``. The second term only matters for
-float64 data whose spread is below ~1e-13 of its magnitude; float32, float16 and bfloat16
-values that differ do so by at least ``2**-24`` of their magnitude. Exact zeros, the
-minimum (0th percentile), the maximum (100th) and constant data are exact.
+Merging is plain addition: the grid is fixed, so two sketches' counts are added bucket by
+bucket after aligning their stores on the grid, and any split of the data into batches,
+DataLoader workers or ranks, merged in any order, gives the identical sketch.
 
-Memory: ``BUCKETS`` int64 counts, 4 KiB per sketch (per channel with ``per_channel``).
+Memory: the store is dense over the bucket range that occurs in the sketch (shared by its
+channels): ``(Wn + 1 + Wp)`` int64 counts per channel, where ``Wn`` and ``Wp`` are the
+number of buckets between the smallest and largest magnitude (0 for a sign that does not
+occur), at most ``SPAN`` each: at most 64 KiB per channel; in practice 64 buckets per
+octave the data spans (200,000 normal values span 20 octaves: 1,280 buckets, 10 KiB, per
+sign; 200,000 Cauchy values 38 octaves).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 
 import torch
+import torch.nn.functional as F
 
 from hookscope.channels import ChannelView, scratch
 from hookscope.errors import HookscopeError, param
 
-__all__ = ["BUCKETS", "Sketch", "finite_range", "parse_percentiles", "percentile_key"]
+__all__ = ["ALPHA", "PER_OCTAVE", "SPAN", "Sketch", "finite_range", "parse_percentiles",
+           "percentile_key"]
 
-#: Buckets per sketch: the bound 2 / (BUCKETS - 1) of the range must stay under 0.5%.
-BUCKETS = 512
-#: The grid is never finer than 2**-FLOOR_BITS of the largest magnitude, so that bucket
-#: indices stay exact integers in float64 and int64.
-_FLOOR_BITS = 50
-#: Lowest grid exponent (2**-e must be a normal float64), also that of an empty sketch.
-_E_MIN = -1000
-_SHIFT_MAX = 62
-#: Integers below this are exact in float32 (with a bit to spare for the subtraction).
-_EXACT32 = float(1 << 23)
+#: Buckets per octave: the first ``_BITS`` mantissa bits.
+_BITS = 6
+PER_OCTAVE = 1 << _BITS
+#: The relative accuracy of every bucket's value: 1 / (2 * PER_OCTAVE + 1).
+ALPHA = 1 / (2 * PER_OCTAVE + 1)
+#: Buckets kept per sign below the largest magnitude (64 octaves).
+SPAN = 64 * PER_OCTAVE
+#: The index of 2**-126: smaller magnitudes count as zeros.
+_ZERO = -126 * PER_OCTAVE
+#: The low and top index of a sketch without a bucket.
+_NONE = 1 << 40
 
-
-def pow2(e: torch.Tensor) -> torch.Tensor:
-    """Exactly ``2.0 ** e`` for int64 ``e`` in [-1022, 1023], from the float64 bit pattern."""
-    return ((e + 1023) << 52).view(torch.float64)
-
-
-def _fits(lo: torch.Tensor, hi: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    scale = pow2(-e)
-    return (hi * scale).floor() - (lo * scale).floor() <= BUCKETS - 1
-
-
-def grid(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The grid exponent and offset for each channel's exact ``[lo, hi]`` (int64 tensors).
-
-    A function of ``lo`` and ``hi`` alone (the starting guess from ``log2`` only saves
-    steps), monotonic as the range grows: the property exact merging rests on.
-    """
-    empty = ~(lo <= hi)
-    lo0, hi0 = torch.where(empty, 0.0, lo), torch.where(empty, 0.0, hi)
-    mag = torch.maximum(lo0.abs(), hi0.abs())
-    floor = (torch.frexp(mag).exponent.long() - _FLOOR_BITS).clamp(min=_E_MIN)
-    half = hi0 * 0.5 - lo0 * 0.5  # the range halved, which cannot overflow
-    guess = torch.log2(half / (BUCKETS - 1)).ceil().nan_to_num(0, 2000, -2000).long() + 1 - 2
-    e = torch.where(half > 0, torch.maximum(guess, floor), floor)
-    for _ in range(6):  # the smallest e >= the guess at which the range fits
-        e = torch.where(_fits(lo0, hi0, e), e, e + 1)
-    e = torch.where(empty, _E_MIN, e)
-    offset = (lo0 * pow2(-e)).floor().long()
-    return e, torch.where(empty, 0, offset)
+#: Per float dtype: the integer dtype of its bits, the mask of the magnitude bits, the
+#: shift that keeps the exponent and ``_BITS`` mantissa bits, the exponent bias, and the
+#: shift that leaves the sign (-1 or 0).
+_LAYOUT = {
+    torch.float32: (torch.int32, 0x7FFF_FFFF, 23 - _BITS, 127, 31),
+    torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF, 52 - _BITS, 1023, 63),
+}
 
 
-@dataclass
+def _buffers(m: torch.Tensor, itype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two integer buffers shaped like ``m``: reused per thread on the CPU."""
+    if m.device.type != "cpu":
+        return torch.empty(m.shape, dtype=itype, device=m.device), \
+            torch.empty(m.shape, dtype=itype, device=m.device)
+    return (scratch(m.numel(), itype).view(m.shape),
+            scratch(m.numel(), m.dtype).view(m.shape).view(itype))
+
+
+def _window(key: torch.Tensor, floor: int, mask: int) -> tuple[int, int, int]:
+    """The largest bucket key, the smallest one at or above ``floor`` (zeros aside), and
+    the low end of the store: that one, or ``SPAN`` buckets below the largest."""
+    if key.numel() == 0:
+        return -_NONE, _NONE, _NONE
+    top = int(key.amax())
+    if top < floor:  # nothing but zeros
+        return -_NONE, _NONE, _NONE
+    # Keys below the floor wrap to large positive numbers, out of the minimum's way.
+    smallest = int(torch.sub(key, floor).bitwise_and_(mask).amin()) + floor
+    return top, smallest, max(smallest, top - SPAN + 1)
+
+
+@dataclass(frozen=True)
 class Sketch:
     """Percentile sketches of ``C`` channels (``C = 1`` for a whole output).
 
     Attributes:
-        exponent: ``(C,)`` int64: the buckets are ``2**exponent`` wide.
-        offset: ``(C,)`` int64: the grid index of bucket 0.
-        counts: ``(C, BUCKETS)`` int64: non-zero finite values per bucket.
-        zeros: ``(C,)`` int64: exact zeros.
+        low, top: the smallest and largest bucket index in the store (``low > top``: none).
+        negative, positive: the store has the negative (positive) buckets.
+        counts: ``(C, Wn + 1 + Wp)`` int64, in the order of the values: the negative
+            buckets from ``top`` down to ``low``, the zeros, the positive buckets from
+            ``low`` up to ``top`` (``Wn``, ``Wp``: ``top - low + 1``, or 0 for a sign the
+            store lacks).
         min, max: ``(C,)`` float64: the finite range (+inf and -inf when empty).
     """
 
-    exponent: torch.Tensor
-    offset: torch.Tensor
+    low: int
+    top: int
+    negative: bool
+    positive: bool
     counts: torch.Tensor
-    zeros: torch.Tensor
     min: torch.Tensor
     max: torch.Tensor
 
     @classmethod
-    def of(cls, view: ChannelView, lo: torch.Tensor, hi: torch.Tensor, zeros: torch.Tensor, *,
+    def of(cls, view: ChannelView, lo: torch.Tensor, hi: torch.Tensor, *,
            nonfinite: bool = True) -> Sketch:
-        """The sketch of each channel of ``view``, given its exact finite range ``[lo, hi]``
-        and its count of exact zeros.
+        """The sketch of each channel of ``view``, given its exact finite range ``[lo, hi]``.
 
         Args:
             nonfinite: the view may hold NaN or Inf (False skips their masking).
         """
-        e, offset = grid(lo, hi)
-        slots = view.channels * BUCKETS  # one more: the dump for non-finite values
-        acc = torch.zeros(slots + 1, dtype=torch.int64, device=lo.device)
-        # Each value's slot: channel * BUCKETS + floor(x * 2**-e) - offset, with the scale
-        # and the start of each row (or column) of the view.
-        start = (offset - torch.arange(view.channels, device=lo.device) * BUCKETS)[view.ids]
-        scale = pow2(-e)[view.ids]
-        fast = view.blocked and not nonfinite and view.matrix.dtype == torch.float32 and \
-            slots < _EXACT32 and _exact_in_float32(lo, hi, e, offset)
-        if fast:
-            scale, start = scale.float(), start.float()
+        m = view.matrix
+        itype, mask, shift, bias, sign_shift = _LAYOUT[m.dtype]
+        key, work = _buffers(m, itype)
+        torch.bitwise_and(m.view(itype), mask, out=key).bitwise_right_shift_(shift)
+        finite = torch.isfinite(m) if nonfinite else None
+        if finite is not None:
+            key.masked_fill_(~finite, 0)  # out of the range; dumped below
+        floor = _ZERO + bias * PER_OCTAVE
+        top, smallest, low = _window(key, floor, mask)
+        negative, positive = bool((lo < 0).any()), bool((hi > 0).any())
+        width = max(top - low + 1, 0)
+        wn, wp = width if negative else 0, width if positive else 0
+        total = wn + 1 + wp
+        # Each value's column: wn + u for positives, wn - u for negatives, where u is its
+        # bucket's rank from the low end (1 and up), and 0 for zeros.
+        if not width:  # zeros only
+            key.zero_()
+        elif low > smallest:  # the lowest buckets collapse: keys under low, not zeros, to 1
+            above = key >= floor
+            key.clamp_(min=low).sub_(low - 1).mul_(above)
         else:
-            start = start.double()
-        ones = torch.ones(1, dtype=torch.int64, device=lo.device)
-        for block, at in view.blocks():
-            index = _bucket(block, scale[at].unsqueeze(view.dim), start[at].unsqueeze(view.dim),
-                            dump=slots if nonfinite else None)
-            acc.index_add_(0, index.reshape(-1), ones.expand(index.numel()))
-        counts = acc[:slots].view(view.channels, BUCKETS)
-        # Zeros went to the bucket starting at 0 with the small positive values: move them out.
-        counts.scatter_add_(1, (-offset).clamp(0, BUCKETS - 1).unsqueeze(1), -zeros.unsqueeze(1))
-        return cls(e, offset, counts, zeros.clone(), lo.double(), hi.double())
+            key.sub_(low - 1).clamp_(min=0)
+        if width:
+            sign = torch.bitwise_right_shift(m.view(itype), sign_shift, out=work)
+            key.bitwise_xor_(sign).sub_(sign)  # -u where the sign is -1
+        start = torch.arange(view.channels, device=m.device, dtype=itype) * total + wn
+        key.add_(start[view.ids].unsqueeze(view.dim))
+        dump = view.channels * total
+        if finite is not None:
+            key.masked_fill_(~finite, dump)
+        counts = torch.bincount(key.reshape(-1), minlength=dump + 1)[:dump]
+        return cls(low - bias * PER_OCTAVE if width else _NONE,
+                   top - bias * PER_OCTAVE if width else -_NONE, negative, positive,
+                   counts.view(view.channels, total), lo.double(), hi.double())
 
     @property
     def channels(self) -> int:
-        return int(self.zeros.numel())
+        return int(self.min.numel())
+
+    @property
+    def width(self) -> int:
+        """Buckets per sign in the store."""
+        return max(self.top - self.low + 1, 0)
 
     def to(self, device: torch.device | str) -> Sketch:
-        return Sketch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return replace(self, counts=self.counts.to(device), min=self.min.to(device),
+                       max=self.max.to(device))
 
     def identical(self, other: Sketch) -> bool:
         """Every field equal, bit for bit."""
-        return all(torch.equal(getattr(self, f.name), getattr(other, f.name))
-                   for f in fields(self))
+        return all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+                   for a, b in ((getattr(self, f.name), getattr(other, f.name))
+                                for f in fields(self)))
 
-    def _rebin(self, e: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-        """The counts on the coarser (or same) grid ``(e, offset)``: each bucket moves whole."""
-        shift = (e - self.exponent).clamp(0, _SHIFT_MAX).unsqueeze(1)
-        index = self.offset.unsqueeze(1) + torch.arange(BUCKETS, device=self.counts.device)
-        local = ((index >> shift) - offset.unsqueeze(1)).clamp_(0, BUCKETS - 1)
-        return torch.zeros_like(self.counts).scatter_add_(1, local, self.counts)
+    def _side(self, part: torch.Tensor, low: int, width: int) -> torch.Tensor:
+        """One sign's counts (ascending from ``self.low``) on the store from ``low`` up to
+        ``width`` buckets: moved whole, with buckets below ``low`` collapsed into it."""
+        if part.shape[1] == 0:
+            return part.new_zeros(part.shape[0], width)
+        shift = self.low - low
+        if shift < 0:  # the new store starts higher: the lowest buckets collapse
+            part = torch.cat([part[:, :1 - shift].sum(1, keepdim=True), part[:, 1 - shift:]], 1)
+            shift = 0
+        return F.pad(part, (shift, width - shift - part.shape[1]))
+
+    def aligned(self, low: int, top: int, negative: bool, positive: bool) -> torch.Tensor:
+        """The counts on the store ``(low, top, negative, positive)``, which covers this one's."""
+        width = max(top - low + 1, 0)
+        wn = self.width if self.negative else 0
+        neg, zeros, pos = self.counts.split([wn, 1, self.counts.shape[1] - wn - 1], dim=1)
+        parts = [zeros]
+        if negative:
+            parts.insert(0, self._side(neg.flip(1), low, width).flip(1))
+        if positive:
+            parts.append(self._side(pos, low, width))
+        return torch.cat(parts, 1)
 
     def merge(self, other: Sketch) -> Sketch:
         """The sketch of both sides' values: exactly that of their union (a new object).
@@ -164,119 +211,72 @@ class Sketch:
             raise HookscopeError(
                 f"Percentile sketches of {self.channels} and {other.channels} channels cannot "
                 f"be merged: one call's output changed its channel count between batches.")
-        lo, hi = torch.minimum(self.min, other.min), torch.maximum(self.max, other.max)
-        e, offset = grid(lo, hi)
-        counts = self._rebin(e, offset) + other._rebin(e, offset)
-        return Sketch(e, offset, counts, self.zeros + other.zeros, lo, hi)
+        top = max(self.top, other.top)
+        low = max(min(self.low, other.low), top - SPAN + 1)
+        store = (low, top, self.negative or other.negative, self.positive or other.positive)
+        return Sketch(*store, self.aligned(*store) + other.aligned(*store),
+                      torch.minimum(self.min, other.min), torch.maximum(self.max, other.max))
 
     def collapse(self) -> Sketch:
         """One sketch of all channels' values together (exactly the whole output's sketch)."""
-        lo, hi = self.min.amin().reshape(1), self.max.amax().reshape(1)
-        e, offset = grid(lo, hi)
-        shift = (e - self.exponent).clamp(0, _SHIFT_MAX).unsqueeze(1)
-        index = self.offset.unsqueeze(1) + torch.arange(BUCKETS, device=self.counts.device)
-        local = ((index >> shift) - offset).clamp_(0, BUCKETS - 1)
-        counts = torch.zeros(BUCKETS, dtype=torch.int64, device=self.counts.device)
-        counts.scatter_add_(0, local.reshape(-1), self.counts.reshape(-1))
-        return Sketch(e, offset, counts.unsqueeze(0), self.zeros.sum().reshape(1), lo, hi)
+        return replace(self, counts=self.counts.sum(0, keepdim=True),
+                       min=self.min.amin().reshape(1), max=self.max.amax().reshape(1))
 
     def quantiles(self, percentiles: Sequence[float]) -> torch.Tensor:
         """``(C, P)`` float64: each percentile (0 to 100) as ``torch.quantile``'s default
         linear interpolation would give it, within the documented error; NaN when empty."""
-        n = self.counts.sum(1) + self.zeros
+        n = self.counts.sum(1)
         last = (n - 1).clamp(min=0).unsqueeze(1)
         q = torch.tensor(list(percentiles), dtype=torch.float64, device=n.device) / 100
         pos = q.unsqueeze(0) * last.double()
         below = pos.floor()
         ranks = torch.cat([below.long(), torch.minimum(below.long() + 1, last)], dim=1)
-        low, high = self._order_stats(ranks).split(len(q), dim=1)
+        low, high = self._order_stats(ranks, last).split(len(q), dim=1)
         value = torch.lerp(low, high, pos - below)
         return torch.where(n.unsqueeze(1) > 0, value, math.nan)
 
-    def _order_stats(self, ranks: torch.Tensor) -> torch.Tensor:
-        """The estimated values of the given 0-based order statistics, per channel."""
+    def _order_stats(self, ranks: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The estimated values of the given 0-based order statistics, per channel: the
+        value of the bucket holding each, clamped to the exact range; the exact min and max
+        for the first and last."""
         cum = self.counts.cumsum(1)
-        # The negative values are those in the buckets below the one starting at 0.
-        last_negative = (-self.offset - 1).unsqueeze(1)
-        negative = torch.where(last_negative < 0, 0,
-                               cum.gather(1, last_negative.clamp(0, BUCKETS - 1)))
-        zeros = self.zeros.unsqueeze(1)
-        is_zero = (ranks >= negative) & (ranks < negative + zeros)
-        ranks = torch.where(ranks >= negative + zeros, ranks - zeros, ranks)
-        bucket = torch.searchsorted(cum, ranks, right=True).clamp_(max=BUCKETS - 1)
-        count = self.counts.gather(1, bucket)
-        before = cum.gather(1, bucket) - count
-        width = pow2(self.exponent).unsqueeze(1)
-        lo = (self.offset.unsqueeze(1) + bucket).double() * width
-        lo, hi = lo.clamp(min=self.min.unsqueeze(1)), (lo + width).clamp(max=self.max.unsqueeze(1))
-        # A lone value in the bucket holding the minimum (or maximum) is that value.
-        alone = torch.where(lo == self.min.unsqueeze(1), 0.0,
-                            torch.where(hi == self.max.unsqueeze(1), 1.0, 0.5))
-        t = torch.where(count > 1, (ranks - before).double() / (count - 1).clamp(min=1), alone)
-        return torch.where(is_zero, 0.0, lo + t * (hi - lo))
+        column = torch.searchsorted(cum, ranks, right=True).clamp_(max=cum.shape[1] - 1)
+        wn = self.width if self.negative else 0
+        index = torch.where(column < wn, self.top - column, self.low + column - wn - 1)
+        octave = torch.div(index, PER_OCTAVE, rounding_mode="floor")
+        start = 1 + (index - octave * PER_OCTAVE).double() / PER_OCTAVE
+        end = start + 1 / PER_OCTAVE
+        # The bucket's value, 2 * lo * hi / (lo + hi), taken within the octave (exact powers
+        # of two scale it), so that it cannot overflow.
+        value = 2 * start * end / (start + end) * torch.pow(2.0, octave.double())
+        value = torch.where(column < wn, -value, torch.where(column == wn, 0.0, value))
+        mn, mx = self.min.unsqueeze(1), self.max.unsqueeze(1)
+        value = torch.minimum(torch.maximum(value, mn), mx)
+        return torch.where(ranks == 0, mn, torch.where(ranks == last, mx, value))
 
 
-def _exact_in_float32(lo: torch.Tensor, hi: torch.Tensor, e: torch.Tensor,
-                      offset: torch.Tensor) -> bool:
-    """Whether float32 arithmetic gives every bucket exactly: ``2**-e`` is at least 1 (so
-    nothing underflows) and a normal float32, and all indices stay below 2**23."""
-    has = lo <= hi
-    mag = torch.maximum(lo.abs(), hi.abs()) * pow2(-e)
-    ok = (e <= 0) & (e >= -126) & (mag < _EXACT32) & (offset.abs() < _EXACT32)
-    return bool((ok | ~has).all())
-
-
-def _bucket(block: torch.Tensor, scale: torch.Tensor, start: torch.Tensor, *,
-            dump: int | None) -> torch.Tensor:
-    """Each value's slot, ``floor(x * scale) - start``, with ``scale`` (a power of two) and
-    ``start`` broadcast along rows or columns; non-finite values go to ``dump``.
-
-    In float32 and int32 when ``scale`` is float32 (exact where :func:`_exact_in_float32`
-    says so), ~3x faster; otherwise in float64 and int64.
-    """
-    on_cpu = block.device.type == "cpu"
-    if scale.dtype == torch.float32:
-        y = torch.mul(block, scale, out=scratch(block.numel(), torch.float32).view(block.shape))
-        y.floor_().sub_(start)
-        return y.view(torch.int32).copy_(y)  # converted in place, element by element
-    y = scratch(block.numel(), torch.float64).view(block.shape) if on_cpu else \
-        torch.empty(block.shape, dtype=torch.float64, device=block.device)
-    torch.mul(block, scale, out=y)
-    y.floor_().sub_(start)
-    if dump is not None:
-        y.masked_fill_(~torch.isfinite(block), dump)
-    if not on_cpu:
-        return y.long()
-    return scratch(block.numel(), torch.int64).view(block.shape).copy_(y)
-
-
-def finite_range(view: ChannelView) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """Each channel's finite min and max (float64; +inf and -inf when it has none), its
-    exact zeros, and whether a non-finite value may be present (always True off the CPU)."""
+def finite_range(view: ChannelView) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Each channel's finite min and max (float64; +inf and -inf when it has none), and
+    whether a non-finite value may be present (always True off the CPU)."""
     c, device, dim = view.channels, view.matrix.device, view.dim
     lo = torch.full((c,), math.inf, dtype=torch.float64, device=device)
     hi = torch.full((c,), -math.inf, dtype=torch.float64, device=device)
-    zeros = torch.zeros(c, dtype=torch.int64, device=device)
     blocks = list(view.blocks())
     if not blocks:
-        return lo, hi, zeros, False
+        return lo, hi, False
     if view.blocked:  # unchecked first, as in ChannelMoments.of: few small operations
-        parts = [(b.amin(dim), b.amax(dim), b.shape[dim] - torch.ne(
-            b, 0, out=scratch(b.numel(), b.dtype).view(b.shape)).sum(dim), view.ids[at])
-            for b, at in blocks]
-        b_lo, b_hi, b_zeros, ids = (torch.cat(p) for p in zip(*parts, strict=True))
+        parts = [(b.amin(dim), b.amax(dim), view.ids[at]) for b, at in blocks]
+        b_lo, b_hi, ids = (torch.cat(p) for p in zip(*parts, strict=True))
         if bool(torch.cat([b_lo, b_hi]).isfinite().all()):
             return (lo.scatter_reduce_(0, ids, b_lo.double(), "amin"),
-                    hi.scatter_reduce_(0, ids, b_hi.double(), "amax"),
-                    zeros.index_add_(0, ids, b_zeros.round().long()), False)
+                    hi.scatter_reduce_(0, ids, b_hi.double(), "amax"), False)
     for block, at in blocks:
         ids = view.ids[at]
         finite = torch.isfinite(block)
         inf = torch.tensor(math.inf, dtype=block.dtype, device=device)
         lo.scatter_reduce_(0, ids, torch.where(finite, block, inf).amin(dim).double(), "amin")
         hi.scatter_reduce_(0, ids, torch.where(finite, block, -inf).amax(dim).double(), "amax")
-        zeros.index_add_(0, ids, (block == 0).sum(dim))
-    return lo, hi, zeros, True
+    return lo, hi, True
 
 
 # ----------------------------------------------------------------------------- options

@@ -298,12 +298,11 @@ class Extras:
             sketch = None
             if spec.percentiles:
                 nonfinite = not view.blocked or bool(channels.nonfinite.any())
-                sketch = Sketch.of(view, channels.min, channels.max, channels.zeros,
-                                   nonfinite=nonfinite)
+                sketch = Sketch.of(view, channels.min, channels.max, nonfinite=nonfinite)
             return replace(spec, channel_dim=dim, channels=channels, channel_sketch=sketch)
         view = ChannelView.of(tensor, None)
-        lo, hi, zeros, nonfinite = finite_range(view)
-        return replace(spec, sketch=Sketch.of(view, lo, hi, zeros, nonfinite=nonfinite))
+        lo, hi, nonfinite = finite_range(view)
+        return replace(spec, sketch=Sketch.of(view, lo, hi, nonfinite=nonfinite))
 
     @property
     def empty(self) -> bool:
