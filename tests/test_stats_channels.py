@@ -351,7 +351,8 @@ def test_sketch_memory_is_the_range_that_occurs() -> None:
     positive = sketch_of(torch.tensor([1.0, 2.0, 4.0 - 1e-6]))
     assert positive.counts.shape == (1, 1 + 2 * PER_OCTAVE) and not positive.negative
     both = sketch_of(torch.tensor([-1.0, 3.0]), None)
-    assert both.counts.shape == (1, 2 * (PER_OCTAVE + 38) + 1)  # 1 to 3: 1.58 octaves
+    # 1 is bucket 0; 3 = 2 * 1.5 is bucket 64 * 1 + 32: 97 buckets per sign, and the zeros.
+    assert both.counts.shape == (1, 2 * (PER_OCTAVE + PER_OCTAVE // 2 + 1) + 1)
     wide = sketch_of(torch.randn(2, 16, 5, 5) * 1e30, 1)
     assert wide.counts.shape[0] == 16 and wide.counts.shape[1] <= 2 * SPAN + 1
 
