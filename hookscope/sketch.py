@@ -1,37 +1,38 @@
 """Percentiles with a relative-error guarantee, from a sketch that merges by addition.
 
-A DDSketch (Masson et al., 2019) of log-spaced buckets. The bucket of a value ``x`` is its
-index on a fixed grid of 64 buckets per octave: ``i(x) = 64 * e + f`` for
-``|x| = 2**e * (1 + f/64 + r)`` with ``0 <= r < 1/64``. This is DDSketch's linearly
-interpolated mapping (``log2 |x|`` read from the float's exponent and first six mantissa
-bits, so ``i(x)`` approximates ``64 * log2 |x|``): it is taken with integer operations on
-the float's bits, so it is exact and the same on every CPU, SIMD width and device. A
-sketch holds, per channel, the counts of positive and negative values per bucket, the
-count of zeros, and the exact finite min and max; non-finite values are left out (the
-moments count them).
+A DDSketch (Masson et al., 2019) of log-spaced buckets, ``PER_OCTAVE`` (37) per octave: the
+bucket of a value ``x`` with ``|x| = 2**e * m`` (``1 <= m < 2``) is ``37 * e + b``, where
+``b = floor(37 * log2(m'))`` for ``m'``, ``m`` cut to its first 10 bits (the index
+``ceil(log_gamma |x|)`` of DDSketch, with ``gamma = 2**(1/37)``, read from the float's
+exponent and a 1024-entry table of the mantissa's first bits). It is taken with integer
+operations on the float's bits and a table built with exact integer arithmetic, so it is
+the same on every CPU, SIMD width and device, and a float32 value and its float64 copy
+share their bucket. A sketch holds, per channel, the counts of negative values, zeros and
+positive values per bucket, and the exact finite min and max; non-finite values are left
+out (the moments count them).
 
-Accuracy: bucket ``i`` holds ``[lo, hi)`` with ``hi = lo * (1 + 1/(64 + f))``, and its
-value is taken as ``2 * lo * hi / (lo + hi)``, within ``(hi - lo) / (hi + lo) <=`` 1/129
-(0.78%) of any value in it. A percentile (``torch.quantile``'s linear interpolation between
-two order statistics) is estimated from the buckets holding both, clamped to the exact
-``[min, max]``, so it is within 0.78% (relative) of the exact percentile whenever the two
-order statistics have the same sign or one is zero; when they straddle zero the error is at
-most 0.78% of the larger magnitude. The 0th and 100th percentiles are the exact min and
-max, and zeros are exact. Two limits, both documented: values with ``|x| < 2**-126`` (the
-float32 subnormals) count as zeros; and a sketch keeps at most ``SPAN`` (4096 buckets,
-64 octaves) below the largest magnitude of all its channels, so values below ``2**-64``
-(~5e-20) of it are counted in its lowest bucket (this collapse depends only on the largest
-magnitude, so it commutes with merging).
+Accuracy: bucket ``b`` of an octave holds ``[lo, hi)``; its value is taken as
+``2 * lo * hi / (lo + hi)``, within ``(hi - lo) / (hi + lo) <= ALPHA`` (0.967%, the largest
+over the 37 buckets, computed from the table) of any value in it. A percentile
+(``torch.quantile``'s linear interpolation between two order statistics) is estimated from
+the buckets holding both, clamped to the exact ``[min, max]``, so it is within ALPHA
+(relative) of the exact percentile whenever the two order statistics have the same sign or
+one is zero; when they straddle zero the error is at most ALPHA of the larger magnitude.
+The 0th and 100th percentiles are the exact min and max, and zeros are exact. Two limits,
+both documented: values with ``|x| < 2**-126`` (float32's subnormals) count as zeros; and
+a sketch keeps at most ``SPAN`` buckets (64 octaves) below the largest magnitude of all its
+channels, so values below ``2**-64`` (~5e-20) of it are counted in its lowest bucket (a
+collapse that depends only on the largest magnitude, so it commutes with merging).
 
 Merging is plain addition: the grid is fixed, so two sketches' counts are added bucket by
 bucket after aligning their stores on the grid, and any split of the data into batches,
 DataLoader workers or ranks, merged in any order, gives the identical sketch.
 
 Memory: the store is dense over the bucket range that occurs in the sketch (shared by its
-channels): ``(Wn + 1 + Wp)`` int64 counts per channel, where ``Wn`` and ``Wp`` are the
+channels): ``Wn + 1 + Wp`` int64 counts per channel, where ``Wn`` and ``Wp`` are the
 number of buckets between the smallest and largest magnitude (0 for a sign that does not
-occur), at most ``SPAN`` each: at most 64 KiB per channel; in practice 64 buckets per
-octave the data spans (200,000 normal values span 20 octaves: 1,280 buckets, 10 KiB, per
+occur), at most ``SPAN`` (2,368) each: at most 37 KiB per channel; in practice 37 buckets
+per octave the data spans (200,000 normal values span 20 octaves: 740 buckets, 6 KiB, per
 sign; 200,000 Cauchy values 38 octaves).
 """
 
@@ -51,14 +52,32 @@ from hookscope.errors import HookscopeError, param
 __all__ = ["ALPHA", "PER_OCTAVE", "SPAN", "Sketch", "finite_range", "parse_percentiles",
            "percentile_key"]
 
-#: Buckets per octave: the first ``_BITS`` mantissa bits.
-_BITS = 6
-PER_OCTAVE = 1 << _BITS
-#: The relative accuracy of every bucket's value: 1 / (2 * PER_OCTAVE + 1).
-ALPHA = 1 / (2 * PER_OCTAVE + 1)
+#: Buckets per octave, and the mantissa bits that choose one.
+PER_OCTAVE = 37
+_BITS = 10
+
+
+def _table() -> tuple[list[int], list[float], list[float]]:
+    """Each 10-bit mantissa prefix's bucket, ``floor(37 * log2(1 + j/1024))`` in exact
+    integer arithmetic (the largest ``b`` with ``2**b * 1024**37 <= (1024 + j)**37``), and
+    each bucket's ends ``[lo, hi)`` within the octave."""
+    n = 1 << _BITS
+    bucket, b = [], 0
+    for j in range(n):
+        while 2 ** (b + 1) * n ** PER_OCTAVE <= (n + j) ** PER_OCTAVE:
+            b += 1
+        bucket.append(b)
+    lo = [1 + bucket.index(b) / n for b in range(PER_OCTAVE)]
+    hi = [*lo[1:], 2.0]
+    return bucket, lo, hi
+
+
+_BUCKET, _LO, _HI = _table()
+#: The relative accuracy of every bucket's value (0.967%).
+ALPHA = max((h - lo) / (h + lo) for lo, h in zip(_LO, _HI, strict=True))
 #: Buckets kept per sign below the largest magnitude (64 octaves).
 SPAN = 64 * PER_OCTAVE
-#: The index of 2**-126: smaller magnitudes count as zeros.
+#: The bucket of 2**-126: smaller magnitudes count as zeros.
 _ZERO = -126 * PER_OCTAVE
 #: The low and top index of a sketch without a bucket.
 _NONE = 1 << 40
@@ -70,7 +89,6 @@ _LAYOUT = {
     torch.float32: (torch.int32, 0x7FFF_FFFF, 23 - _BITS, 127, 31),
     torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF, 52 - _BITS, 1023, 63),
 }
-
 
 def _buffers(m: torch.Tensor, itype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Two integer buffers shaped like ``m``: reused per thread on the CPU."""
@@ -127,11 +145,16 @@ class Sketch:
         m = view.matrix
         itype, mask, shift, bias, sign_shift = _LAYOUT[m.dtype]
         key, work = _buffers(m, itype)
+        # The bucket: 37 per octave of the exponent, and the table's of the mantissa's bits.
         torch.bitwise_and(m.view(itype), mask, out=key).bitwise_right_shift_(shift)
+        within = torch.tensor(_BUCKET, dtype=itype, device=m.device)[
+            torch.bitwise_and(key, (1 << _BITS) - 1, out=work)]
+        key.bitwise_right_shift_(_BITS).mul_(PER_OCTAVE).add_(within)
+        del within
         finite = torch.isfinite(m) if nonfinite else None
         if finite is not None:
             key.masked_fill_(~finite, 0)  # out of the range; dumped below
-        floor = _ZERO + bias * PER_OCTAVE
+        floor = _ZERO + bias * PER_OCTAVE  # every zero's and subnormal's bucket is below
         top, smallest, low = _window(key, floor, mask)
         negative, positive = bool((lo < 0).any()), bool((hi > 0).any())
         width = max(top - low + 1, 0)
@@ -244,8 +267,9 @@ class Sketch:
         wn = self.width if self.negative else 0
         index = torch.where(column < wn, self.top - column, self.low + column - wn - 1)
         octave = torch.div(index, PER_OCTAVE, rounding_mode="floor")
-        start = 1 + (index - octave * PER_OCTAVE).double() / PER_OCTAVE
-        end = start + 1 / PER_OCTAVE
+        within = (index - octave * PER_OCTAVE).clamp_(0, PER_OCTAVE - 1)
+        start = torch.tensor(_LO, dtype=torch.float64, device=index.device)[within]
+        end = torch.tensor(_HI, dtype=torch.float64, device=index.device)[within]
         # The bucket's value, 2 * lo * hi / (lo + hi), taken within the octave (exact powers
         # of two scale it), so that it cannot overflow.
         value = 2 * start * end / (start + end) * torch.pow(2.0, octave.double())
