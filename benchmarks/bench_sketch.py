@@ -1,9 +1,10 @@
 """Cost of the percentile sketch against the range sketch it replaced (512 equal buckets
 over [min, max], commit 28d4474), on activation-shaped tensors, whole output and per channel.
 
-Both run in one process, interleaved (the minimum of each): the old module is read from git
-history (``git show REV:hookscope/sketch.py``), so the repository must hold that commit. The
-time of each includes its range pass (``finite_range``), which each sketch needs.
+Both run in one process, interleaved, on one torch thread, timed in the thread's CPU time
+(the minimum of each), so that a loaded machine inflates neither: the old module is read
+from git history (``git show REV:hookscope/sketch.py``), so the repository must hold that
+commit. The time of each includes its range pass (``finite_range``), which each needs.
 
     python benchmarks/bench_sketch.py [--rev 28d4474] [--reps 7]
 """
@@ -16,11 +17,12 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import torch
-from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from hookscope.channels import ChannelView
 from hookscope.sketch import Sketch, finite_range
@@ -50,12 +52,26 @@ def old_module(rev: str) -> ModuleType:
     return module
 
 
+def cpu_timed(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """The least thread CPU seconds of each function, interleaved after one warm-up run."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.thread_time()
+            fn()
+            best[name] = min(best[name], time.thread_time() - start)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rev", default="28d4474")
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
     old = old_module(args.rev)
+    torch.set_num_threads(1)  # every operation runs in this thread, so its CPU time is all
     torch.manual_seed(0)
     results = {}
     for name, shape, transform in CASES:
@@ -71,15 +87,15 @@ def main() -> None:
                 lo, hi, zeros, nonfinite = old.finite_range(view)
                 return old.Sketch.of(view, lo, hi, zeros, nonfinite=nonfinite)
 
-            timing = timed({"old": old_sketch, "new": new_sketch}, args.reps)
+            timing = cpu_timed({"old": old_sketch, "new": new_sketch}, args.reps)
             store = new_sketch().counts
             results[f"{name} {'per channel' if dim else 'whole'}"] = {
-                "old_ms": round(timing["old"][0] * 1e3, 2),
-                "new_ms": round(timing["new"][0] * 1e3, 2),
-                "new_vs_old": round(timing["new"][0] / timing["old"][0], 2),
+                "old_ms": round(timing["old"] * 1e3, 2),
+                "new_ms": round(timing["new"] * 1e3, 2),
+                "new_vs_old": round(timing["new"] / timing["old"], 2),
                 "store_kib": round(store.numel() * 8 / 1024, 1),
                 "old_store_kib": round(view.channels * 512 * 8 / 1024, 1)}
-    print(json.dumps({"threads": torch.get_num_threads(), "cases": results}, indent=1))
+    print(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
