@@ -87,7 +87,7 @@ Key = tuple[str, int]
 # ----------------------------------------------------------------------------- the sums
 
 
-@dataclass
+@dataclass(frozen=True)
 class DiffSums:
     """Mergeable sums behind one call's comparison, over elements finite on both sides."""
 
@@ -106,16 +106,11 @@ class DiffSums:
         return cls(int(numel), int(n), sd, sa, sb, mx, int(nfa), int(nfb))
 
     def merge(self, other: DiffSums) -> DiffSums:
-        """Add ``other``'s sums (in place; returns self)."""
-        self.numel += other.numel
-        self.n += other.n
-        self.sq_diff += other.sq_diff
-        self.sq_a += other.sq_a
-        self.sq_b += other.sq_b
-        self.max_abs = max(self.max_abs, other.max_abs)
-        self.nonfinite_a += other.nonfinite_a
-        self.nonfinite_b += other.nonfinite_b
-        return self
+        """Both sides' sums added (a new object; neither side changes)."""
+        return DiffSums(self.numel + other.numel, self.n + other.n,
+                        self.sq_diff + other.sq_diff, self.sq_a + other.sq_a,
+                        self.sq_b + other.sq_b, max(self.max_abs, other.max_abs),
+                        self.nonfinite_a + other.nonfinite_a, self.nonfinite_b + other.nonfinite_b)
 
     @property
     def rel_l2(self) -> float:
@@ -234,12 +229,14 @@ class DiffTable:
 
     def count(self, key: Hashable, a: torch.Tensor, b: torch.Tensor) -> None:
         """Only count the non-finite values of two outputs that cannot be compared."""
-        self._sums.setdefault(key, DiffSums()).merge(DiffSums(
-            nonfinite_a=int((~torch.isfinite(a)).sum()),
-            nonfinite_b=int((~torch.isfinite(b)).sum())))
+        self._add(key, DiffSums(nonfinite_a=int((~torch.isfinite(a)).sum()),
+                                nonfinite_b=int((~torch.isfinite(b)).sum())))
 
     def _merge(self, key: Hashable, values: Sequence[float]) -> None:
-        self._sums.setdefault(key, DiffSums()).merge(DiffSums.from_values(values))
+        self._add(key, DiffSums.from_values(values))
+
+    def _add(self, key: Hashable, sums: DiffSums) -> None:
+        self._sums[key] = self._sums.get(key, DiffSums()).merge(sums)
 
     def flush(self) -> None:
         """Bring deferred device sums to the host in one transfer and merge them."""
@@ -307,7 +304,7 @@ class LayerDiff:
         return "rel_l2" if rel > tolerance else None  # NaN (nothing finite) never exceeds
 
     def merged(self, other: LayerDiff) -> LayerDiff:
-        return replace(self, sums=replace(self.sums).merge(other.sums))
+        return replace(self, sums=self.sums.merge(other.sums))
 
     def to_dict(self, tolerance: float) -> dict[str, Any]:
         s = self.sums
