@@ -374,6 +374,7 @@ def check_command(
     nonfinite: o.NonfiniteOpt = None, max_zero_fraction: o.ZeroFractionOpt = None,
     ignore: o.IgnoreOpt = None, baseline: o.BaselineOpt = None,
     max_mean_drift: o.MeanDriftOpt = None, max_std_drift: o.StdDriftOpt = None,
+    max_drift: o.DriftOpt = None,
     expect: o.ExpectOpt = None, min_prob: o.MinProbOpt = None, junit: o.JunitOpt = None,
     layers: o.LayersOpt = None, types: o.TypesOpt = None, all_modules: o.AllModulesOpt = False,
     max_depth: o.MaxDepthOpt = None, fmt: o.CheckFormatOpt = "table", *, opts: Options,
@@ -394,6 +395,7 @@ def check_command(
     checks = check.load_rules(rules, {
         "nonfinite": nonfinite, "max_zero_fraction": max_zero_fraction, "ignore": ignore,
         "baseline": baseline, "max_mean_drift": max_mean_drift, "max_std_drift": max_std_drift,
+        "max_drift": max_drift,
         "expect": expect, "min_prob": min_prob})
     base = check.load_baseline(checks)
     resolved = s.inputs(inputs, opts.model)
@@ -404,7 +406,7 @@ def check_command(
     expected = check.expectations(matched, loaded.categories, loaded.num_classes)
     probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, categories=loaded.categories,
-                       output_key=loaded.output_key)
+                       output_key=loaded.output_key, percentiles=check.drift_percentiles(base))
     stats_report = s.run(loaded, resolved, opts.model, probe, "check",
                          shown=fmt == "table" or not out.is_stdout)
     report = check.evaluate(checks, stats_report, inputs=resolved.names, baseline=base,
