@@ -422,7 +422,7 @@ MALFORMED = {
     "syntax": ("nonfinite = 0\nmax_zero_fraction = \n", ":2: not valid TOML (column"),
     "syntax_at_end": ('nonfinite = 0\nignore = ["a",\n', ":2: not valid TOML"),
     "unknown_key": ("nonfinite = 0\n\nmax_zero_frac = 0.5\n",
-                    ":3: unknown key 'max_zero_frac'. Did you mean: max_zero_fraction?"),
+                    ":3: unknown key 'max_zero_frac'. Did you mean: max_zero_fraction"),
     "unknown_table": ("[check]\nnonfinite = 1\n", ":1: unknown key 'check'. Rules sit at"),
     "wrong_type": ('nonfinite = 0\nmin_prob = "high"\n',
                    ":2: min_prob must be a number from 0 to 1, not the string 'high'"),
