@@ -13,7 +13,8 @@ from torch import nn
 
 import hookscope
 from hookscope.hooks import hook_count
-from hookscope.render.watchlog import read_log
+
+from .watch_logs import read_log
 
 EPS32 = torch.finfo(torch.float32).eps
 
