@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from hookscope.drift import quantile_drift
 from hookscope.errors import HookscopeError, clip, param, suggest
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     Key("baseline", "a file name (a `hookscope stats --format json` document)", _text),
     Key("max_mean_drift", "a non-negative number (relative drift)", _number()),
     Key("max_std_drift", "a non-negative number (relative drift)", _number()),
+    Key("max_drift", "a non-negative number (distribution drift, in baseline stds)", _number()),
     Key("expect", "a table of input = label or class index", _table),
     Key("min_prob", "a number from 0 to 1", _number(1.0)),
     # A training log's rules (`hookscope check LOG_DIR`, see hookscope.watch_check).
@@ -167,6 +169,8 @@ class Rules:
         baseline: a ``hookscope stats --format json`` document to compare with.
         max_mean_drift: the largest relative change of a call's mean from the baseline.
         max_std_drift: the largest relative change of a call's std from the baseline.
+        max_drift: the largest distribution drift of a call from the baseline
+            (:func:`~hookscope.drift.quantile_drift`; the baseline needs percentiles).
         expect: expected top-1 classes of inputs.
         min_prob: the smallest top-1 probability allowed for any input.
         last, min_grad_norm, max_grad_norm, min_update_ratio, max_update_ratio: a training
@@ -181,6 +185,7 @@ class Rules:
     baseline: Path | None = None
     max_mean_drift: float | None = None
     max_std_drift: float | None = None
+    max_drift: float | None = None
     expect: tuple[Expect, ...] = ()
     min_prob: float | None = None
     last: int | None = None
@@ -338,7 +343,7 @@ def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
 
 
 def _check_needs(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
-    for key in ("max_mean_drift", "max_std_drift"):
+    for key in ("max_mean_drift", "max_std_drift", "max_drift"):
         if values.get(key) is not None and values.get("baseline") is None:
             raise HookscopeError(f"{where[key]} needs a baseline to compare with: "
                                  f"baseline = \"stats.json\" in the rules file, or "
@@ -380,11 +385,22 @@ def load_rules(path: str | Path | None = None,
 
 @dataclass(frozen=True)
 class Baseline:
-    """The per-call rows of a ``hookscope stats --format json`` document, by (name, call)."""
+    """The per-call rows of a ``hookscope stats --format json`` document, by (name, call),
+    and the percentiles its rows hold (their JSON keys, in order; empty without)."""
 
     path: str
     model: str | None
     rows: Mapping[tuple[str, int], Mapping[str, Any]]
+    percentiles: tuple[str, ...] = ()
+    #: The rules' ``max_drift`` is set: the run takes these percentiles too.
+    drift: bool = False
+
+
+def drift_percentiles(baseline: Baseline | None) -> tuple[float, ...] | None:
+    """The percentiles a run takes for ``max_drift``: the baseline's (None when not asked)."""
+    if baseline is None or not baseline.drift:
+        return None
+    return tuple(float(key) for key in baseline.percentiles)
 
 
 def _baseline_doc(path: Path, subject: str) -> Any:
@@ -436,7 +452,14 @@ def load_baseline(rules: Rules) -> Baseline | None:
     if isinstance(rows, str):
         raise HookscopeError(f"{subject} {str(rules.baseline)!r} is not a `hookscope stats "
                              f"--format json` document: {rows}.")
-    return Baseline(str(rules.baseline), doc.get("model"), rows)
+    found = next((row["percentiles"] for row in rows.values()
+                  if isinstance(row.get("percentiles"), dict) and row["percentiles"]), {})
+    if rules.max_drift is not None and not found:
+        raise HookscopeError(f"{rules.subject('max_drift')} needs percentiles in the baseline "
+                             f"{str(rules.baseline)!r}: write it with `hookscope stats MODEL "
+                             f"INPUT... --percentiles 1,5,25,50,75,95,99 --format json`.")
+    return Baseline(str(rules.baseline), doc.get("model"), rows, tuple(found),
+                    drift=rules.max_drift is not None)
 
 
 # ----------------------------------------------------------------------------- expect
@@ -783,16 +806,37 @@ def _dg(value: float) -> str:
     return "inf" if math.isinf(value) else _g(value)
 
 
-def _drift_rule(ctx: Context, stat: str, limit: float | None) -> RuleResult | None:
-    """The relative drift of ``stat`` (mean or std) in each call present on both sides."""
+Measure = Callable[["LayerStats", Mapping[str, Any]], "tuple[float, str] | None"]
+
+
+def _drift_result(ctx: Context, name: str, limit: float | None,
+                  measure: Measure) -> RuleResult | None:
+    """Each call present on both sides within ``limit`` of the baseline, by ``measure``
+    (the drift and how an offender shows it; None: not compared)."""
     if limit is None or ctx.baseline is None:
         return None
-    name, worst, offenders, compared = f"max_{stat}_drift", (0.0, ""), [], 0
+    worst, offenders, compared = (0.0, ""), [], 0
     for c in ctx.calls:
         base = ctx.baseline_rows.get((c.name, c.call))
-        if base is None:
+        found = measure(c, base) if base is not None else None
+        if found is None:
             continue
         compared += 1
+        d, shown = found
+        if d > worst[0]:  # the first of equal drifts, in execution order
+            worst = (d, call_id(c.name, c.call))
+        if d > limit:
+            offenders.append(f"{call_id(c.name, c.call)}: {shown}")
+    most = f"; the largest: {_dg(worst[0])} at {worst[1]}" if worst[1] else ""
+    detail = (f"{len(offenders)} of {compared} calls drift more than {limit:.4g}" if offenders
+              else f"no call of {compared} drifts more than {limit:.4g}")
+    return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)
+
+
+def _stat_drift(stat: str) -> Measure:
+    """The relative drift of ``stat`` (mean or std)."""
+
+    def measure(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
         mean_b, std_b = _finite(base.get("mean")), _finite(base.get("std"))
         # Mean: a change relative to the layer's magnitude, max(|mean|, std), so a mean
         # near zero does not explode. Std: relative to the baseline std itself.
@@ -801,27 +845,34 @@ def _drift_rule(ctx: Context, stat: str, limit: float | None) -> RuleResult | No
         base_value = mean_b if stat == "mean" else std_b
         value = _finite(getattr(c, stat))
         d = drift(value, base_value, scale)
-        if d > worst[0]:  # the first of equal drifts, in execution order
-            worst = (d, call_id(c.name, c.call))
-        if d > limit:
-            offenders.append(f"{call_id(c.name, c.call)}: {stat} {_g(value)}, baseline "
-                             f"{_g(base_value)} (drift {_dg(d)})")
-    most = f"; the largest: {_dg(worst[0])} at {worst[1]}" if worst[1] else ""
-    detail = (f"{len(offenders)} of {compared} calls drift more than {limit:.4g}" if offenders
-              else f"no call of {compared} drifts more than {limit:.4g}")
-    return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)
+        return d, f"{stat} {_g(value)}, baseline {_g(base_value)} (drift {_dg(d)})"
+
+    return measure
+
+
+def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str] | None:
+    d = quantile_drift(base.get("percentiles"), c.percentiles, base.get("std"), base.get("mean"))
+    return None if d is None else (d, f"drift {_dg(d)}")
 
 
 @rule("max_mean_drift")
 def _mean_drift(ctx: Context) -> RuleResult | None:
     """Each call's mean within ``max_mean_drift`` of the baseline's (relative)."""
-    return _drift_rule(ctx, "mean", ctx.rules.max_mean_drift)
+    return _drift_result(ctx, "max_mean_drift", ctx.rules.max_mean_drift, _stat_drift("mean"))
 
 
 @rule("max_std_drift")
 def _std_drift(ctx: Context) -> RuleResult | None:
     """Each call's std within ``max_std_drift`` of the baseline's (relative)."""
-    return _drift_rule(ctx, "std", ctx.rules.max_std_drift)
+    return _drift_result(ctx, "max_std_drift", ctx.rules.max_std_drift, _stat_drift("std"))
+
+
+@rule("max_drift")
+def _distribution_drift(ctx: Context) -> RuleResult | None:
+    """Each call's distribution within ``max_drift`` of the baseline's
+    (:func:`~hookscope.drift.quantile_drift`: the mean |difference| of the two quantile
+    functions over the baseline's percentiles, in baseline standard deviations)."""
+    return _drift_result(ctx, "max_drift", ctx.rules.max_drift, _quantile_drift)
 
 
 def _top1(p: Prediction) -> str:

@@ -9,7 +9,7 @@ commands, never at module level, so ``hookscope --help`` does not load them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,6 +17,9 @@ from hookscope import __version__, cli_watch
 from hookscope import options as o
 from hookscope.options import Options, command, runs_model
 from hookscope.options import value as _value
+
+if TYPE_CHECKING:
+    from hookscope.diff import DiffReport
 
 app = typer.Typer(
     name="hookscope",
@@ -371,6 +374,7 @@ def check_command(
     nonfinite: o.NonfiniteOpt = None, max_zero_fraction: o.ZeroFractionOpt = None,
     ignore: o.IgnoreOpt = None, baseline: o.BaselineOpt = None,
     max_mean_drift: o.MeanDriftOpt = None, max_std_drift: o.StdDriftOpt = None,
+    max_drift: o.DriftOpt = None,
     expect: o.ExpectOpt = None, min_prob: o.MinProbOpt = None, junit: o.JunitOpt = None,
     layers: o.LayersOpt = None, types: o.TypesOpt = None, all_modules: o.AllModulesOpt = False,
     max_depth: o.MaxDepthOpt = None, fmt: o.CheckFormatOpt = "table", *, opts: Options,
@@ -391,6 +395,7 @@ def check_command(
     overrides = {
         "nonfinite": nonfinite, "max_zero_fraction": max_zero_fraction, "ignore": ignore,
         "baseline": baseline, "max_mean_drift": max_mean_drift, "max_std_drift": max_std_drift,
+        "max_drift": max_drift,
         "expect": expect, "min_prob": min_prob}
     if cli_watch.is_log_run(model, inputs):
         return cli_watch.check_log(opts, rules, overrides, junit, fmt)
@@ -409,7 +414,7 @@ def check_command(
     expected = check.expectations(matched, loaded.categories, loaded.num_classes)
     probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, categories=loaded.categories,
-                       output_key=loaded.output_key)
+                       output_key=loaded.output_key, percentiles=check.drift_percentiles(base))
     stats_report = s.run(loaded, resolved, opts.model, probe, "check",
                          shown=fmt == "table" or not out.is_stdout)
     report = check.evaluate(checks, stats_report, inputs=resolved.names, baseline=base,
@@ -443,31 +448,34 @@ def diff_command(
 
     Example: hookscope diff resnet18 cat.jpg --weights a.pt --against-weights b.pt --fail
     """
-    from hookscope import diff
+    from hookscope.session import against_options, describe_against, offline_files
+    from hookscope.statsdiff import StatsDiffReport, diff_stats, read_stats
 
     s, fmt = opts.s, _value(fmt)
     against = {"against_model": against_model, "against_weights": against_weights,
                "against_dtype": against_dtype, "against_autocast": against_autocast,
                "against_device": against_device}
     out = s.output(opts.output, force=opts.force)
-    files = diff.offline_files(model, inputs, against)
-    report: diff.DiffReport | diff.StatsDiffReport
-    if files is not None:
-        report = diff.diff_stats(diff.read_stats(files[0]), diff.read_stats(files[1]), tolerance=tolerance,
+    files = offline_files(model, inputs, against)
+    report: StatsDiffReport | DiffReport
+    if files is not None:  # two saved documents: torch is never imported
+        report = diff_stats(read_stats(files[0]), read_stats(files[1]), tolerance=tolerance,
                             files=files)
         doc = report.to_dict()
     else:
-        other_options = diff.against_options(opts.model, against)
+        from hookscope.diff import DiffProbe
+
+        other_options = against_options(opts.model, against)
         resolved = s.inputs(inputs, opts.model)
         loaded = s.load(opts.model, "diff")
         other = s.load(other_options, "diff")
-        probe = diff.DiffProbe(loaded.model, other.model, layers=layers, types=types,
+        probe = DiffProbe(loaded.model, other.model, layers=layers, types=types,
                           all_modules=all_modules, max_depth=max_depth, tolerance=tolerance,
                           output_key=loaded.output_key, other_output_key=other.output_key,
                           other_autocast=other.autocast)
         report = s.run(loaded, resolved, opts.model, probe, "diff",
                        shown=fmt == "table" or not out.is_stdout)
-        doc = loaded.envelope("diff", resolved.names) | {"against": diff.describe_against(other)} \
+        doc = loaded.envelope("diff", resolved.names) | {"against": describe_against(other)} \
             | report.to_dict()
     s.emit("diff", doc, fmt, out)
     if fail and report.failed:

@@ -17,24 +17,21 @@ are masked, in float64, only when a sum comes out non-finite. On an accelerator 
 comparison has no branches and a batch's sums reach the host in one transfer.
 
 ``hookscope diff a.json b.json`` compares two saved ``stats`` documents instead
-(:func:`diff_stats`).
+(:mod:`hookscope.statsdiff`, which never imports torch).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hookscope import __version__
 from hookscope.channels import as_float
 from hookscope.errors import CheckFailed, ForwardError, HookscopeError, param
 from hookscope.hooks import (
@@ -48,10 +45,7 @@ from hookscope.hooks import (
 from hookscope.kernels import fused_diff
 from hookscope.outputs import select_logits
 from hookscope.run import Probe, Progress, Step, drive
-
-if TYPE_CHECKING:
-    from hookscope.session import ModelOptions
-    from hookscope.sources import LoadedModel
+from hookscope.statsdiff import DEFAULT_TOLERANCE, CallRef, describe_where, first_exceeding
 
 __all__ = [
     "DEFAULT_TOLERANCE",
@@ -61,21 +55,10 @@ __all__ = [
     "DiffSums",
     "LayerDiff",
     "OutputDiff",
-    "StatsDiffReport",
-    "against_options",
-    "describe_against",
     "diff_models",
-    "diff_stats",
-    "offline_files",
-    "read_stats",
 ]
 
 NAN = float("nan")
-#: A call whose output's relative L2 error exceeds this is where two runs part. float32 noise
-#: (another thread count or batch size, float32 against float64) measured at most 1.3e-6 on
-#: resnet18/50 and mobilenet_v3_small; float16 and bfloat16 exceeded 1.4e-3 from the first
-#: convolution on (see the README).
-DEFAULT_TOLERANCE = 1e-3
 #: Elements per comparison chunk and thread: three float32 chunks (A's, B's, their difference)
 #: stay in a core's cache while every sum is taken, and a float32 dot over them stays accurate.
 _CHUNK = 1 << 16
@@ -87,7 +70,7 @@ Key = tuple[str, int]
 # ----------------------------------------------------------------------------- the sums
 
 
-@dataclass
+@dataclass(frozen=True)
 class DiffSums:
     """Mergeable sums behind one call's comparison, over elements finite on both sides."""
 
@@ -106,16 +89,11 @@ class DiffSums:
         return cls(int(numel), int(n), sd, sa, sb, mx, int(nfa), int(nfb))
 
     def merge(self, other: DiffSums) -> DiffSums:
-        """Add ``other``'s sums (in place; returns self)."""
-        self.numel += other.numel
-        self.n += other.n
-        self.sq_diff += other.sq_diff
-        self.sq_a += other.sq_a
-        self.sq_b += other.sq_b
-        self.max_abs = max(self.max_abs, other.max_abs)
-        self.nonfinite_a += other.nonfinite_a
-        self.nonfinite_b += other.nonfinite_b
-        return self
+        """Both sides' sums added (a new object; neither side changes)."""
+        return DiffSums(self.numel + other.numel, self.n + other.n,
+                        self.sq_diff + other.sq_diff, self.sq_a + other.sq_a,
+                        self.sq_b + other.sq_b, max(self.max_abs, other.max_abs),
+                        self.nonfinite_a + other.nonfinite_a, self.nonfinite_b + other.nonfinite_b)
 
     @property
     def rel_l2(self) -> float:
@@ -234,12 +212,14 @@ class DiffTable:
 
     def count(self, key: Hashable, a: torch.Tensor, b: torch.Tensor) -> None:
         """Only count the non-finite values of two outputs that cannot be compared."""
-        self._sums.setdefault(key, DiffSums()).merge(DiffSums(
-            nonfinite_a=int((~torch.isfinite(a)).sum()),
-            nonfinite_b=int((~torch.isfinite(b)).sum())))
+        self._add(key, DiffSums(nonfinite_a=int((~torch.isfinite(a)).sum()),
+                                nonfinite_b=int((~torch.isfinite(b)).sum())))
 
     def _merge(self, key: Hashable, values: Sequence[float]) -> None:
-        self._sums.setdefault(key, DiffSums()).merge(DiffSums.from_values(values))
+        self._add(key, DiffSums.from_values(values))
+
+    def _add(self, key: Hashable, sums: DiffSums) -> None:
+        self._sums[key] = self._sums.get(key, DiffSums()).merge(sums)
 
     def flush(self) -> None:
         """Bring deferred device sums to the host in one transfer and merge them."""
@@ -255,22 +235,6 @@ class DiffTable:
 
 
 # ----------------------------------------------------------------------------- the report
-
-
-@dataclass(frozen=True)
-class CallRef:
-    """A module call seen on one side only."""
-
-    name: str
-    type: str
-    call: int
-
-    @property
-    def key(self) -> Key:
-        return (self.name, self.call)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "call": self.call}
 
 
 @dataclass(frozen=True)
@@ -307,7 +271,7 @@ class LayerDiff:
         return "rel_l2" if rel > tolerance else None  # NaN (nothing finite) never exceeds
 
     def merged(self, other: LayerDiff) -> LayerDiff:
-        return replace(self, sums=replace(self.sums).merge(other.sums))
+        return replace(self, sums=self.sums.merge(other.sums))
 
     def to_dict(self, tolerance: float) -> dict[str, Any]:
         s = self.sums
@@ -350,17 +314,6 @@ class OutputDiff:
                 "kl_mean": self.kl_sum / n if n else NAN, "kl_max": self.kl_max}
 
 
-def _first(rows: Iterable[Any], tolerance: float, measure: str) -> dict[str, Any] | None:
-    """The first row (in execution order) that exceeds ``tolerance``, as JSON, with its
-    relative difference under the name ``measure``."""
-    for row in rows:
-        reason = row.excess(tolerance)
-        if reason is not None:
-            return {"name": row.name, "type": row.type, "call": row.call,
-                    measure: row.relative, "reason": reason}
-    return None
-
-
 def _unique(refs: Iterable[CallRef]) -> list[CallRef]:
     return list({ref.key: ref for ref in refs}.values())
 
@@ -381,7 +334,7 @@ class DiffReport:
     def first_divergence(self) -> dict[str, Any] | None:
         """The first call whose relative L2 error exceeds the tolerance, whose shapes differ,
         or whose non-finite counts differ."""
-        return _first(self.layers, self.tolerance, "rel_l2")
+        return first_exceeding(self.layers, self.tolerance, "rel_l2")
 
     @property
     def failed(self) -> bool:
@@ -394,7 +347,7 @@ class DiffReport:
         """The error for ``fail``: where the runs part."""
         first = self.first_divergence
         if first is not None:
-            return CheckFailed(f"the runs part at {_where(first)} (tolerance "
+            return CheckFailed(f"the runs part at {describe_where(first)} (tolerance "
                                f"{self.tolerance:g}).")
         outputs = self.outputs or OutputDiff()
         return CheckFailed(f"the top-1 predictions differ for {outputs.inputs - outputs.agree} "
@@ -419,14 +372,6 @@ class DiffReport:
                 "layers": [row.to_dict(self.tolerance) for row in self.layers],
                 "unmatched_a": [r.to_dict() for r in self.unmatched_a],
                 "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
-
-
-def _where(first: Mapping[str, Any]) -> str:
-    call = f" (call {first['call']})" if first["call"] else ""
-    what = {"shape": "the output shapes differ", "nonfinite": "the non-finite counts differ"}
-    value = first.get("rel_l2", first.get("rel"))
-    detail = what.get(first["reason"]) or f"relative error {value:.3g}"
-    return f"{first['name']}{call}: {detail}"
 
 
 # ----------------------------------------------------------------------------- the probe
@@ -669,228 +614,3 @@ def diff_models(
     return drive(model, inputs, probe, autocast=autocast, progress=progress)
 
 
-# ----------------------------------------------------------------------------- the CLI's side
-
-
-#: Each ``against_*`` option and the model option it replaces for side B.
-AGAINST = {"against_model": "name", "against_weights": "weights", "against_dtype": "dtype",
-           "against_autocast": "autocast", "against_device": "device"}
-
-
-def against_options(options: ModelOptions, against: Mapping[str, Any]) -> ModelOptions:
-    """Side B's options: A's, with each given ``against_*`` option (:data:`AGAINST`) replaced.
-
-    Raises:
-        HookscopeError: none is given, or the dtype is unknown.
-    """
-    from hookscope.sources import DTYPES
-
-    given = {AGAINST[k]: v for k, v in against.items() if v is not None}
-    if not given:
-        flags = ", ".join(param(p) for p in AGAINST)
-        raise HookscopeError(f"Nothing to compare against: give at least one of {flags}; or "
-                             "give two saved `stats` JSON documents (diff a.json b.json).")
-    dtype = given.get("dtype")
-    if dtype is not None and dtype.strip().lower() not in DTYPES:
-        raise HookscopeError(f"{param('against_dtype')} {dtype!r}: choose one of "
-                             f"{', '.join(DTYPES)}.")
-    return replace(options, **given)
-
-
-def describe_against(loaded: LoadedModel) -> dict[str, Any]:
-    """The ``against`` entry of the JSON document: what side B ran."""
-    envelope = loaded.envelope("diff", [])
-    return {k: envelope[k] for k in ("model", "weights", "device", "source", "precision")}
-
-
-# ----------------------------------------------------------------------------- offline
-
-
-#: The statistics an offline diff compares.
-STATS = ("mean", "std", "zero_fraction", "nonfinite")
-
-
-def offline_files(model: str, inputs: Sequence[str],
-                  against: Mapping[str, Any] | None = None) -> tuple[Path, Path] | None:
-    """The two documents of an offline diff (MODEL and the one INPUT are ``.json``), or None.
-
-    Raises:
-        HookscopeError: MODEL is a ``.json`` file but the rest does not fit an offline diff.
-    """
-    if not model.lower().endswith(".json"):
-        return None
-    if len(inputs) != 1 or not inputs[0].lower().endswith(".json"):
-        raise HookscopeError("An offline diff compares two saved `stats` documents: "
-                             "hookscope diff a.json b.json (one INPUT, a .json file).")
-    given = [name for name, value in (against or {}).items() if value not in (None, False)]
-    if given:
-        raise HookscopeError(f"{param(given[0])} has no meaning in an offline diff of two saved "
-                             "documents; leave it out.")
-    return Path(model), Path(inputs[0])
-
-
-def read_stats(path: Path) -> dict[str, Any]:
-    """A saved ``hookscope stats --format json`` document.
-
-    Raises:
-        HookscopeError: the file is missing, not JSON, or not a ``stats`` document.
-    """
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise HookscopeError(f"Cannot read {str(path)!r}: {exc.strerror or exc}.") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HookscopeError(f"{str(path)!r} is not a JSON document ({exc}).") from None
-    command = doc.get("command") if isinstance(doc, dict) else None
-    if command != "stats" or not isinstance(doc.get("layers"), list):
-        what = f"a {command!r} document" if command else "not a hookscope document"
-        raise HookscopeError(f"{str(path)!r} is {what}; an offline diff compares two "
-                             "`hookscope stats --format json` documents.")
-    return doc
-
-
-def _number(value: Any) -> float:
-    return NAN if value is None else float(value)
-
-
-def _relative(delta: float, scale: float) -> float:
-    if delta == 0:
-        return 0.0
-    return abs(delta) / scale if scale else math.inf
-
-
-@dataclass(frozen=True)
-class StatsDelta:
-    """One call's statistics on both sides: each as a, b, b − a and a relative change.
-
-    The mean's change is relative to max(|mean_a|, std_a), so that a mean near zero (after a
-    normalisation) is measured against its spread; the others are relative to their A value.
-    """
-
-    name: str
-    type: str
-    call: int
-    shape: list[int] | None
-    shape_b: list[int] | None
-    a: dict[str, float]
-    b: dict[str, float]
-
-    def change(self, stat: str) -> tuple[float, float]:
-        """(b − a, relative change) of one statistic."""
-        delta = self.b[stat] - self.a[stat]
-        scale = max(abs(self.a["mean"]), self.a["std"]) if stat == "mean" else abs(self.a[stat])
-        return delta, _relative(delta, scale)
-
-    @property
-    def relative(self) -> float:
-        """The larger relative change of the mean and the std."""
-        return max(self.change("mean")[1], self.change("std")[1])
-
-    def excess(self, tolerance: float) -> str | None:
-        if self.shape_b != self.shape:
-            return "shape"
-        if self.a["nonfinite"] != self.b["nonfinite"]:
-            return "nonfinite"
-        return "rel" if self.relative > tolerance else None
-
-    def to_dict(self, tolerance: float) -> dict[str, Any]:
-        row: dict[str, Any] = {"name": self.name, "type": self.type, "call": self.call,
-                               "shape": self.shape, "shape_b": self.shape_b}
-        for stat in STATS:
-            delta, rel = self.change(stat)
-            row |= {f"{stat}_a": self.a[stat], f"{stat}_b": self.b[stat],
-                    f"{stat}_delta": delta, f"{stat}_rel": rel}
-        return row | {"rel": self.relative, "exceeds": self.excess(tolerance) is not None}
-
-
-def _top1(doc: Mapping[str, Any]) -> list[int | None]:
-    return [preds[0]["index"] if preds else None for preds in doc.get("predictions") or []]
-
-
-@dataclass(frozen=True)
-class StatsDiffReport:
-    """Two saved ``stats`` documents compared call by call."""
-
-    tolerance: float
-    layers: list[StatsDelta]
-    unmatched_a: list[CallRef]
-    unmatched_b: list[CallRef]
-    envelope: dict[str, Any]
-    top1: tuple[list[int | None], list[int | None]] = ([], [])
-
-    @property
-    def first_divergence(self) -> dict[str, Any] | None:
-        """The first call whose mean or std changed by more than the tolerance (relative),
-        whose shapes differ, or whose non-finite counts differ."""
-        return _first(self.layers, self.tolerance, "rel")
-
-    @property
-    def agreement(self) -> tuple[int, int] | None:
-        """(inputs whose saved top-1 predictions agree, inputs), when both saved them."""
-        a, b = self.top1
-        if not a or len(a) != len(b):
-            return None
-        return sum(x == y for x, y in zip(a, b, strict=True)), len(a)
-
-    @property
-    def failed(self) -> bool:
-        agreement = self.agreement
-        return self.first_divergence is not None or (
-            agreement is not None and agreement[0] < agreement[1])
-
-    def failure(self) -> CheckFailed:
-        first = self.first_divergence
-        if first is not None:
-            return CheckFailed(f"the runs part at {_where(first)} (tolerance "
-                               f"{self.tolerance:g}).")
-        agree, n = self.agreement or (0, 0)
-        return CheckFailed(f"the saved top-1 predictions differ for {n - agree} of {n} inputs.")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The whole JSON document, envelope included."""
-        agreement = self.agreement
-        outputs = None if agreement is None else {
-            "inputs": agreement[1], "top1_agree": agreement[0],
-            "top1_agreement": agreement[0] / agreement[1] if agreement[1] else NAN,
-            "max_abs_logit": None, "kl_mean": None, "kl_max": None}
-        return self.envelope | {
-            "tolerance": self.tolerance, "first_divergence": self.first_divergence,
-            "outputs": outputs, "layers": [row.to_dict(self.tolerance) for row in self.layers],
-            "unmatched_a": [r.to_dict() for r in self.unmatched_a],
-            "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
-
-
-def _rows(doc: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
-    return {(str(row["name"]), int(row.get("call") or 0)): row for row in doc["layers"]}
-
-
-def _envelope(a: Mapping[str, Any], b: Mapping[str, Any], files: tuple[Path, Path]
-              ) -> dict[str, Any]:
-    """An offline document's envelope: A's, and B's under ``against``."""
-    keys = ("model", "weights", "device", "source", "precision", "inputs")
-    return {"hookscope": __version__, "command": "diff", "model": a.get("model"),
-            "weights": a.get("weights"), "device": a.get("device"),
-            "inputs": list(a.get("inputs") or []), "offline": True,
-            "files": [str(files[0]), str(files[1])],
-            "against": {k: b.get(k) for k in keys}, "input_shape": a.get("input_shape")}
-
-
-def diff_stats(a: Mapping[str, Any], b: Mapping[str, Any], *,
-               tolerance: float = DEFAULT_TOLERANCE,
-               files: tuple[Path, Path] = (Path("a.json"), Path("b.json"))) -> StatsDiffReport:
-    """Compare two ``stats`` documents call by call, paired by (name, call)."""
-    rows_a, rows_b = _rows(a), _rows(b)
-    layers, only_a = [], []
-    for key, row in rows_a.items():
-        other = rows_b.get(key)
-        if other is None:
-            only_a.append(CallRef(key[0], str(row.get("type")), key[1]))
-            continue
-        layers.append(StatsDelta(key[0], str(row.get("type")), key[1], row.get("output_shape"),
-                                 other.get("output_shape"),
-                                 {s: _number(row.get(s)) for s in STATS},
-                                 {s: _number(other.get(s)) for s in STATS}))
-    only_b = [CallRef(k[0], str(r.get("type")), k[1]) for k, r in rows_b.items()
-              if k not in rows_a]
-    return StatsDiffReport(tolerance, layers, only_a, only_b, _envelope(a, b, files),
-                           (_top1(a), _top1(b)))

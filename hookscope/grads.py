@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
@@ -205,7 +205,7 @@ def _merged_entry(a: GradEntry, b: GradEntry) -> GradEntry:
     shape = list(a[3])
     if shape and b[3] and shape[1:] == b[3][1:]:
         shape[0] += b[3][0]
-    return a[0], a[1], a[2], shape, replace(a[4]).merge(b[4])
+    return a[0], a[1], a[2], shape, a[4].merge(b[4])
 
 
 def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:

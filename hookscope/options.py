@@ -266,7 +266,8 @@ CheckFormat = _check_formats()
 
 RulesOpt = Annotated[Path | None, typer.Option(
     "--rules", help="A TOML file of rules (keys at its top level: nonfinite, "
-    "max_zero_fraction, ignore, baseline, max_mean_drift, max_std_drift, min_prob, [expect]); "
+    "max_zero_fraction, ignore, baseline, max_mean_drift, max_std_drift, max_drift, min_prob, "
+    "[expect]); "
     "each flag below overrides its key.", show_default=False)]
 
 NonfiniteOpt = Annotated[int | None, typer.Option(
@@ -292,6 +293,11 @@ MeanDriftOpt = Annotated[float | None, typer.Option(
 StdDriftOpt = Annotated[float | None, typer.Option(
     "--max-std-drift", help="Largest relative change of a call's std from the baseline.",
     show_default=False)]
+
+DriftOpt = Annotated[float | None, typer.Option(
+    "--max-drift", help="Largest distribution drift of a call from the baseline: the mean "
+    "|difference| of the two quantile functions over the baseline's percentiles, in baseline "
+    "stds (the baseline needs --percentiles).", show_default=False)]
 
 ExpectOpt = Annotated[list[str] | None, typer.Option(
     "--expect", help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",

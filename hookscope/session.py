@@ -22,7 +22,7 @@ import sys
 import traceback as tb
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -405,3 +405,56 @@ class Session:
         from hookscope.render.views import emit
 
         emit(command, doc, fmt, output, **options)
+
+
+# ----------------------------------------------------------------------------- diff's two sides
+
+
+#: Each ``against_*`` option and the model option it replaces for side B.
+AGAINST = {"against_model": "name", "against_weights": "weights", "against_dtype": "dtype",
+           "against_autocast": "autocast", "against_device": "device"}
+
+
+def against_options(options: ModelOptions, against: Mapping[str, Any]) -> ModelOptions:
+    """Side B's options: A's, with each given ``against_*`` option (:data:`AGAINST`) replaced.
+
+    Raises:
+        HookscopeError: none is given, or the dtype is unknown.
+    """
+    from hookscope.sources import DTYPES
+
+    given = {AGAINST[k]: v for k, v in against.items() if v is not None}
+    if not given:
+        flags = ", ".join(param(p) for p in AGAINST)
+        raise HookscopeError(f"Nothing to compare against: give at least one of {flags}; or "
+                             "give two saved `stats` JSON documents (diff a.json b.json).")
+    dtype = given.get("dtype")
+    if dtype is not None and dtype.strip().lower() not in DTYPES:
+        raise HookscopeError(f"{param('against_dtype')} {dtype!r}: choose one of "
+                             f"{', '.join(DTYPES)}.")
+    return replace(options, **given)
+
+
+def describe_against(loaded: LoadedModel) -> dict[str, Any]:
+    """The ``against`` entry of the JSON document: what side B ran."""
+    envelope = loaded.envelope("diff", [])
+    return {k: envelope[k] for k in ("model", "weights", "device", "source", "precision")}
+
+
+def offline_files(model: str, inputs: Sequence[str],
+                  against: Mapping[str, Any] | None = None) -> tuple[Path, Path] | None:
+    """The two documents of an offline diff (MODEL and the one INPUT are ``.json``), or None.
+
+    Raises:
+        HookscopeError: MODEL is a ``.json`` file but the rest does not fit an offline diff.
+    """
+    if not model.lower().endswith(".json"):
+        return None
+    if len(inputs) != 1 or not inputs[0].lower().endswith(".json"):
+        raise HookscopeError("An offline diff compares two saved `stats` documents: "
+                             "hookscope diff a.json b.json (one INPUT, a .json file).")
+    given = [name for name, value in (against or {}).items() if value not in (None, False)]
+    if given:
+        raise HookscopeError(f"{param(given[0])} has no meaning in an offline diff of two saved "
+                             "documents; leave it out.")
+    return Path(model), Path(inputs[0])

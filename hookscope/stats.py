@@ -38,6 +38,7 @@ from hookscope.hooks import (
     tensor_shapes,
 )
 from hookscope.kernels import fused
+from hookscope.mergeable import merged
 from hookscope.outputs import select_logits
 from hookscope.run import Probe, Step, drive
 from hookscope.sketch import Sketch, finite_range, parse_percentiles, percentile_key
@@ -60,7 +61,7 @@ NAN = float("nan")
 _CANCELLATION = 100.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Moments:
     """Mergeable summary of a tensor: counts, mean and M2 over finite values, range, zeros."""
 
@@ -79,9 +80,9 @@ class Moments:
         return cls(int(numel), int(n), mean, m2, mn, mx, int(zeros), int(nonfinite))
 
     def merge(self, other: Moments) -> Moments:
-        """Chan et al.'s exact parallel combination (in place; returns self)."""
+        """Chan et al.'s exact parallel combination (a new object; neither side changes)."""
         if other.numel == 0:
-            return self
+            return replace(self)
         if self.n == 0:
             mean, m2, mn, mx = other.mean, other.m2, other.min, other.max
         elif other.n == 0:
@@ -92,12 +93,8 @@ class Moments:
             mean = self.mean + delta * other.n / n
             m2 = self.m2 + other.m2 + delta * delta * self.n * other.n / n
             mn, mx = min(self.min, other.min), max(self.max, other.max)
-        self.numel += other.numel
-        self.n += other.n
-        self.mean, self.m2, self.min, self.max = mean, m2, mn, mx
-        self.zeros += other.zeros
-        self.nonfinite += other.nonfinite
-        return self
+        return Moments(self.numel + other.numel, self.n + other.n, mean, m2, mn, mx,
+                       self.zeros + other.zeros, self.nonfinite + other.nonfinite)
 
     @property
     def std(self) -> float:
@@ -262,11 +259,6 @@ def moments(x: torch.Tensor) -> Moments:
     return Moments.from_values(_moments_device(flat).tolist())
 
 
-def _merged(a: Any, b: Any) -> Any:
-    """``a.merge(b)``, or whichever side exists."""
-    return b if a is None else a if b is None else a.merge(b)
-
-
 @dataclass(frozen=True)
 class Extras:
     """The opt-in summaries of one call's output, merged exactly across batches and ranks.
@@ -298,12 +290,11 @@ class Extras:
             sketch = None
             if spec.percentiles:
                 nonfinite = not view.blocked or bool(channels.nonfinite.any())
-                sketch = Sketch.of(view, channels.min, channels.max, channels.zeros,
-                                   nonfinite=nonfinite)
+                sketch = Sketch.of(view, channels.min, channels.max, nonfinite=nonfinite)
             return replace(spec, channel_dim=dim, channels=channels, channel_sketch=sketch)
         view = ChannelView.of(tensor, None)
-        lo, hi, zeros, nonfinite = finite_range(view)
-        return replace(spec, sketch=Sketch.of(view, lo, hi, zeros, nonfinite=nonfinite))
+        lo, hi, nonfinite = finite_range(view)
+        return replace(spec, sketch=Sketch.of(view, lo, hi, nonfinite=nonfinite))
 
     @property
     def empty(self) -> bool:
@@ -312,9 +303,9 @@ class Extras:
     def merge(self, other: Extras) -> Extras:
         """Both sides' summaries over their data together (exact; a new object)."""
         return replace(self, channel_dim=other.channel_dim if self.empty else self.channel_dim,
-                       channels=_merged(self.channels, other.channels),
-                       sketch=_merged(self.sketch, other.sketch),
-                       channel_sketch=_merged(self.channel_sketch, other.channel_sketch))
+                       channels=merged(self.channels, other.channels),
+                       sketch=merged(self.sketch, other.sketch),
+                       channel_sketch=merged(self.channel_sketch, other.channel_sketch))
 
     def to(self, device: torch.device | str) -> Extras:
         return replace(self, **{name: value.to(device) for name in ("channels", "sketch",
@@ -391,12 +382,12 @@ class LayerStats:
         merged bucket by bucket)."""
         if self.moments is None or other.moments is None:
             raise ValueError("rows without moments cannot be merged")
-        out = replace(self.moments).merge(other.moments)
+        out = self.moments.merge(other.moments)
         inputs = None
         if self.input_moments is not None and other.input_moments is not None:
-            inputs = replace(self.input_moments).merge(other.input_moments)
+            inputs = self.input_moments.merge(other.input_moments)
         return LayerStats.of(self.name, self.type, self.call, self.input_shapes,
-                             self.output_shapes, out, inputs, _merged(self.extras, other.extras))
+                             self.output_shapes, out, inputs, merged(self.extras, other.extras))
 
     def to_dict(self) -> dict[str, Any]:
         optional = ("channel_dim", "channels", "percentiles")
@@ -488,7 +479,7 @@ class MomentTable:
             self._merge(key, _moments_host(flat, self.zeros))
 
     def _merge(self, key: Hashable, values: Sequence[float]) -> None:
-        self._moments.setdefault(key, Moments()).merge(Moments.from_values(values))
+        self._moments[key] = self._moments.get(key, Moments()).merge(Moments.from_values(values))
 
     def flush(self) -> None:
         """Bring deferred device summaries to the host in one transfer and merge them."""
@@ -557,7 +548,7 @@ class StatsProbe(Probe[StatsReport]):
         if first is not None:
             self.table.add((*key, "out"), first)
             if self.spec.per_channel or self.spec.percentiles:
-                self.extras[key] = _merged(self.extras.get(key),
+                self.extras[key] = merged(self.extras.get(key),
                                            Extras.of(first, call.site.type, self.spec))
 
     def observe(self, step: Step, output: Any) -> None:

@@ -32,7 +32,7 @@ from hookscope.watchlog import TrainingLog, number
 __all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]
 
 #: Keys that only a model run can check (a log has no predictions and no stats baseline).
-RUN_KEYS = ("baseline", "max_mean_drift", "max_std_drift", "expect", "min_prob")
+RUN_KEYS = ("baseline", "max_mean_drift", "max_std_drift", "max_drift", "expect", "min_prob")
 #: Keys that only a training log can check.
 LOG_KEYS = ("last", "min_grad_norm", "max_grad_norm", "min_update_ratio", "max_update_ratio")
 

@@ -80,7 +80,7 @@ def test_merge_across_batches_equals_whole_tensor() -> None:
     parts.append(torch.tensor([float("nan"), 0.0, 0.0]))
     merged = Moments()
     for part in parts:
-        merged.merge(moments(part))
+        merged = merged.merge(moments(part))
     assert_close(merged.summary(), reference(torch.cat(parts)))
 
 

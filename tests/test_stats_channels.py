@@ -8,6 +8,7 @@ import math
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -17,7 +18,9 @@ from hookscope.channels import ChannelMoments, ChannelView, channel_dim
 from hookscope.errors import HookscopeError
 from hookscope.hooks import hook_count
 from hookscope.sketch import (
-    BUCKETS,
+    ALPHA,
+    PER_OCTAVE,
+    SPAN,
     Sketch,
     finite_range,
     parse_percentiles,
@@ -26,8 +29,6 @@ from hookscope.sketch import (
 from hookscope.stats import StatsReport, collect_stats
 
 REL = 1e-4
-#: The documented bound: a bucket is narrower than 2 / (BUCKETS - 1) of the range.
-BOUND = 2 / (BUCKETS - 1)
 PERCENTILES = (0, 0.1, 1, 5, 25, 50, 75, 95, 99, 99.9, 99.99, 100)
 ROW_KEYS = {"channel", "count", "mean", "std", "min", "max", "zero_fraction", "nonfinite"}
 
@@ -155,10 +156,18 @@ def lognormal(g: torch.Generator) -> torch.Tensor:
     return torch.exp(torch.randn(20_000, generator=g) * 1.5)
 
 
+def relu_outlier(g: torch.Generator) -> torch.Tensor:
+    """The issue's case: 200,000 values of relu(randn) and one of 1e4."""
+    x = torch.relu(torch.randn(200_000, generator=g))
+    x[12_345] = 1e4
+    return x
+
+
 DATA = {
     "normal": lambda g: torch.randn(30_000, generator=g),
     "lognormal": lognormal,
     "relu": lambda g: torch.relu(torch.randn(30_000, generator=g)),
+    "relu_outlier": relu_outlier,
     "mixed_signs": lambda g: torch.cat([-50 + torch.rand(5000, generator=g),
                                         torch.randn(20_000, generator=g) * 0.01,
                                         torch.full((3000,), 7.0)]),
@@ -178,34 +187,52 @@ DATA = {
 
 def sketch_of(x: torch.Tensor, dim: int | None = None) -> Sketch:
     view = ChannelView.of(x, dim)
-    lo, hi, zeros, nonfinite = finite_range(view)
-    return Sketch.of(view, lo, hi, zeros, nonfinite=nonfinite)
+    lo, hi, nonfinite = finite_range(view)
+    return Sketch.of(view, lo, hi, nonfinite=nonfinite)
 
 
-def exact_percentiles(values: torch.Tensor) -> torch.Tensor:
-    """``torch.quantile`` over the finite values (NaN and Inf are left out, as documented)."""
-    finite = values.double()[torch.isfinite(values)]
-    q = torch.tensor(PERCENTILES, dtype=torch.float64) / 100
-    return torch.quantile(finite, q)
+def exact_quantiles(values: torch.Tensor, percentiles=PERCENTILES) -> np.ndarray:
+    """``numpy.quantile`` (linear, as ``torch.quantile``) in float64 over the finite values
+    (NaN and Inf are left out, as documented), with the two order statistics around each."""
+    finite = np.sort(values.double().numpy()[np.isfinite(values.double().numpy())])
+    q = np.array(percentiles, dtype=np.float64) / 100
+    pos = q * (len(finite) - 1)
+    below = np.floor(pos).astype(int)
+    return np.quantile(finite, q), finite[below], finite[np.minimum(below + 1, len(finite) - 1)]
 
 
-def assert_within_bound(got: torch.Tensor, values: torch.Tensor) -> None:
-    finite = values.double()[torch.isfinite(values)]
-    span = (finite.max() - finite.min()).item()
-    want = exact_percentiles(values)
-    error = (got - want).abs()
-    assert (error <= BOUND * span).all(), (error.max().item(), span)
-    assert (error <= 0.005 * span).all()  # the issue's requirement, which the bound is under
+def worst_relative_error(got: torch.Tensor, values: torch.Tensor,
+                         percentiles=PERCENTILES) -> float:
+    """The largest error relative to the exact percentile; where the two order statistics
+    around it straddle zero, relative to the larger of them (the documented bound)."""
+    want, a, b = exact_quantiles(values, percentiles)
+    scale = np.where(np.sign(a) * np.sign(b) < 0, np.maximum(abs(a), abs(b)), np.abs(want))
+    error = np.abs(got.numpy() - want)
+    assert ((error == 0) | (scale > 0)).all()  # zeros exactly
+    return float(np.max(np.where(error == 0, 0.0, error / np.where(scale > 0, scale, 1))))
+
+
+#: Subnormal float32 magnitudes count as zeros: a data set of them is estimated within that.
+SUBNORMAL = 2.0 ** -126
 
 
 @pytest.mark.parametrize("case", sorted(DATA))
-def test_percentiles_within_stated_error_of_torch_quantile(case: str, block) -> None:
+def test_percentiles_within_one_percent_of_numpy_quantile(case: str, block) -> None:
     values = DATA[case](torch.Generator().manual_seed(6))
     got = sketch_of(values).quantiles(PERCENTILES)[0]
-    assert_within_bound(got, values)
+    assert worst_relative_error(got, values) <= ALPHA * (1 + 1e-9) < 0.01
     finite = values.double()[torch.isfinite(values)]
     # The minimum and maximum are exact, and so is anything in constant data.
     assert got[0].item() == finite.min().item() and got[-1].item() == finite.max().item()
+
+
+def test_the_issues_outlier_case_against_torch_quantile() -> None:
+    """relu(randn) with one 1e4 (200,000 values): every percentile within 1%, in float64."""
+    values = relu_outlier(torch.Generator().manual_seed(17))
+    wanted = (50, 90, 99, 99.9, 99.99)
+    got = sketch_of(values).quantiles(wanted)[0]
+    exact = torch.quantile(values.double(), torch.tensor(wanted, dtype=torch.float64) / 100)
+    assert ((got - exact).abs() <= 0.01 * exact.abs()).all(), (got, exact)
 
 
 def test_zeros_are_exact() -> None:
@@ -215,18 +242,38 @@ def test_zeros_are_exact() -> None:
     assert got.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
-def test_per_channel_percentiles_against_torch_quantile(block) -> None:
+def test_subnormal_values_count_as_zeros() -> None:
+    values = torch.tensor([1e-40, -1e-41, 0.0, 3.0])
+    got = sketch_of(values).quantiles([25, 50])[0]
+    assert (got.abs() <= SUBNORMAL).all()
+
+
+@pytest.mark.parametrize("case", ["normal", "lognormal", "cauchy", "relu_outlier", "constant"])
+def test_per_channel_percentiles_within_one_percent(case: str, block) -> None:
     g = torch.Generator().manual_seed(8)
-    x = torch.randn(6, 5, 20, 20, generator=g) * torch.tensor([1, 10, 1e-3, 100, 1]).view(1, 5, 1, 1)
-    x[:, 4] = torch.relu(x[:, 4]) + 1e3
+    scales = torch.tensor([1, 10, 1e-3, 100, 1e-6, 3e5]).view(1, 6, 1, 1)
+    base = DATA[case](g).repeat(15)[:6 * 6 * 20 * 20]
+    x = base[torch.randperm(base.numel(), generator=g)].reshape(6, 6, 20, 20) * scales
+    x[:, 5] = torch.relu(x[:, 5]) + 1e3
     got = sketch_of(x, 1).quantiles(PERCENTILES)
-    for c in range(5):
-        assert_within_bound(got[c], x[:, c].reshape(-1))
+    for c in range(6):
+        assert worst_relative_error(got[c], x[:, c].reshape(-1)) <= ALPHA * (1 + 1e-9)
 
 
 def test_empty_sketch_gives_nan() -> None:
     got = sketch_of(torch.full((10,), math.nan)).quantiles([50])
     assert math.isnan(got.item())
+
+
+def test_a_range_beyond_the_span_collapses_only_its_smallest_values() -> None:
+    """Values more than SPAN buckets below the largest magnitude land in the lowest bucket;
+    the others keep the bound."""
+    x = torch.cat([torch.full((10,), 1e-25), torch.rand(1000) + 1.0, torch.tensor([1e6])])
+    sketch = sketch_of(x)
+    assert sketch.width == SPAN
+    got = sketch.quantiles([50, 99])[0]
+    assert worst_relative_error(got, x, [50, 99]) <= ALPHA * (1 + 1e-9)
+    assert 0 < sketch.quantiles([0.5])[0, 0].item() <= 1e6 * 2.0 ** -62
 
 
 # ----------------------------------------------------------------------------- splits
@@ -284,26 +331,32 @@ def test_device_path_gives_the_identical_sketch(block) -> None:
     x = spread_batches(torch.Generator().manual_seed(12))
     view = ChannelView.of(x, 1)
     flat = replace(view, blocked=False)
-    assert Sketch.of(view, *finite_range(view)[:3]).identical(
-        Sketch.of(flat, *finite_range(flat)[:3]))
+    assert Sketch.of(view, *finite_range(view)[:2]).identical(
+        Sketch.of(flat, *finite_range(flat)[:2]))
 
 
 @pytest.mark.parametrize("dim", [None, 1])
-def test_float32_and_float64_bucketing_agree(dim, monkeypatch) -> None:
-    import hookscope.sketch as sketch
-
+def test_float32_and_float64_values_share_the_grid(dim) -> None:
+    """A float32 value lands in the same bucket as its float64 copy: sketches of both
+    give the same counts and percentiles."""
     x = spread_batches(torch.Generator().manual_seed(16))
-    x[5, 0, 0, 0] = 0.5  # no NaN: the float32 path is taken where it is exact
-    fast = [sketch_of(part, dim) for part in x.split(1)]
-    monkeypatch.setattr(sketch, "_exact_in_float32", lambda *args: False)
-    slow = [sketch_of(part, dim) for part in x.split(1)]
-    assert all(a.identical(b) for a, b in zip(fast, slow, strict=True))
+    x[5, 0, 0, 0] = 0.5
+    single, double = sketch_of(x, dim), sketch_of(x.double(), dim)
+    assert single.identical(double)
 
 
-def test_sketch_memory_is_fixed() -> None:
-    small, large = sketch_of(torch.randn(10)), sketch_of(torch.randn(100_000) * 1e6)
-    assert small.counts.shape == large.counts.shape == (1, BUCKETS)
-    assert sketch_of(torch.randn(2, 16, 5, 5), 1).counts.shape == (16, BUCKETS)
+def test_sketch_memory_is_the_range_that_occurs() -> None:
+    """Dense over the buckets between the smallest and largest magnitude, PER_OCTAVE per octave,
+    one side per sign that occurs, never more than SPAN per sign."""
+    positive = sketch_of(torch.tensor([1.0, 2.0, 4.0 - 1e-6]))
+    # 1 is bucket 0 and 4 - 1e-6 the last of the second octave: two octaves, and the zeros.
+    assert positive.counts.shape == (1, 1 + 2 * PER_OCTAVE) and not positive.negative
+    both = sketch_of(torch.tensor([-1.0, 3.0]), None)
+    # 3 = 2 * 1.5 is bucket PER_OCTAVE + floor(PER_OCTAVE * log2(1.5)), per sign.
+    width = PER_OCTAVE + math.floor(PER_OCTAVE * math.log2(1.5)) + 1
+    assert both.counts.shape == (1, 2 * width + 1)
+    wide = sketch_of(torch.randn(2, 16, 5, 5) * 1e30, 1)
+    assert wide.counts.shape[0] == 16 and wide.counts.shape[1] <= 2 * SPAN + 1
 
 
 # ----------------------------------------------------------------------------- collect_stats
@@ -330,10 +383,8 @@ def test_collect_stats_per_channel_matches_independent_hooks(tiny_net) -> None:
         assert_rows_close(row.channels, per_channel_reference(x, 1))
         assert set(row.channels[0]) == ROW_KEYS | {"percentiles"}
         assert list(row.percentiles) == ["1", "50", "99.9"]
-        exact = torch.quantile(x.reshape(-1), torch.tensor([0.01, 0.5, 0.999], dtype=torch.float64))
-        span = (x.max() - x.min()).item()
-        assert max(abs(a - b) for a, b in zip(row.percentiles.values(), exact.tolist(),
-                                               strict=True)) <= BOUND * span
+        got = torch.tensor(list(row.percentiles.values()), dtype=torch.float64)
+        assert worst_relative_error(got, x.reshape(-1), (1, 50, 99.9)) <= ALPHA * (1 + 1e-9)
 
 
 def doc_of(report: StatsReport) -> list[dict]:

@@ -13,7 +13,8 @@ from torch import nn
 
 import hookscope
 from hookscope.hooks import hook_count
-from hookscope.render.watchlog import read_log
+
+from .watch_logs import read_log
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -343,6 +344,43 @@ def test_drift_against_a_reference_flags_the_shifted_layer(tmp_path: Path) -> No
                abs(fc1["std"] - base.std) / base.std)
     assert fc1["drift"] == pytest.approx(want, rel=1e-6) and "drift" in fc1["flags"]
     assert {"name": "fc1", "call": 0, "flags": fc1["flags"]} in shifted["flagged"]
+
+
+def test_quantile_drift_of_a_shifted_input_is_the_shift_in_stds(tmp_path: Path) -> None:
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Identity(), nn.Linear(6, 2))
+    x = torch.randn(4096, 6)
+    stats = hookscope.collect_stats(model, x, percentiles=[1, 5, 25, 50, 75, 95, 99])
+    reference = tmp_path / "stats.json"
+    reference.write_text(json.dumps({"command": "stats", **stats.to_dict()}))
+    with hookscope.watch(model, tmp_path / "log", every=1, reference=reference) as w:
+        for shift in (0.0, 3.0):
+            model(x + shift).sum().backward()
+            model.zero_grad()
+            w.step()
+    envelope, (same, shifted), _ = read_log(tmp_path / "log")
+    assert envelope["drift_measure"] == "quantile"
+    assert set(shifted["layers"][0]["percentiles"]) == {"1", "5", "25", "50", "75", "95", "99"}
+    # Every quantile moves by the shift, so the drift is shift / std of the reference; each
+    # sketched quantile is within 1% of its value (the sketch's relative error), |q| <= 6.
+    assert same["layers"][0]["drift"] == pytest.approx(0.0, abs=1e-9)
+    assert shifted["layers"][0]["drift"] == pytest.approx(3.0 / float(x.std()), abs=0.12)
+    assert "drift" in shifted["layers"][0]["flags"]
+
+
+def test_the_default_reference_is_the_first_logging_step(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Identity(), nn.Linear(6, 2))
+    torch.manual_seed(5)
+    x = torch.randn(2048, 6)
+    with hookscope.watch(model, tmp_path, every=2) as w:
+        for step in range(3):
+            model(x + (2.0 if step == 2 else 0.0)).sum().backward()
+            model.zero_grad()
+            w.step()
+    envelope, (first, later), _ = read_log(tmp_path)
+    assert envelope["drift_measure"] == "quantile" and envelope["reference"] is None
+    assert first["layers"][0]["drift"] == 0.0
+    assert later["layers"][0]["drift"] == pytest.approx(2.0 / float(x.std()), abs=0.1)
 
 
 # ----------------------------------------------------------------------------- hooks, errors

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 import hookscope
-from hookscope.render.watchlog import read_log
+
+from .watch_logs import read_log
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,8 @@ from torch import nn
 
 import hookscope
 from hookscope.hooks import hook_count
-from hookscope.render.watchlog import read_log
+
+from .watch_logs import read_log
 
 pytestmark = pytest.mark.slow  # each imports a training framework (seconds)
 

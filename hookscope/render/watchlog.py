@@ -3,13 +3,12 @@
 ``watch.jsonl`` holds one JSON object per line: the envelope first, then one line per
 logging step, each written and flushed as the step ends, so a crash loses at most the
 step in progress. ``nonfinite.json`` (the flight recorder) is written whole, atomically.
-The format is documented in ``docs/watch.md`` and is a contract. :func:`read_log` reads a
-directory back for the command line.
+The format is documented in ``docs/watch.md`` and is a contract; ``hookscope.watchlog``
+reads a directory back for the command line.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,15 +17,10 @@ from typing import IO, Any
 from hookscope.errors import HookscopeError, param
 from hookscope.render.output import dumps_json, dumps_ndjson, write_text
 
-__all__ = ["LOG_NAME", "NONFINITE_NAME", "TensorBoardLog", "WatchLog", "is_log_dir", "read_log"]
+__all__ = ["LOG_NAME", "NONFINITE_NAME", "TensorBoardLog", "WatchLog"]
 
 LOG_NAME = "watch.jsonl"
 NONFINITE_NAME = "nonfinite.json"
-
-
-def is_log_dir(path: str | Path) -> bool:
-    """Whether ``path`` is a watch's log directory (it holds ``watch.jsonl``)."""
-    return (Path(path) / LOG_NAME).is_file()
 
 
 class WatchLog:
@@ -116,43 +110,3 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self.writer.close()
-
-
-def read_log(log_dir: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]],
-                                             dict[str, Any] | None]:
-    """A log directory's envelope, its logging-step lines, and its ``nonfinite.json``.
-
-    A last line cut short by a crash is skipped.
-
-    Raises:
-        HookscopeError: no ``watch.jsonl``, unreadable, or not a watch log.
-    """
-    folder = Path(log_dir)
-    path = folder / LOG_NAME
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise HookscopeError(f"{str(folder)!r} is not a watch log directory: it has no "
-                             f"{LOG_NAME}.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HookscopeError(f"{str(path)!r} cannot be read: "
-                             f"{getattr(exc, 'strerror', None) or 'not UTF-8 text'}.") from None
-    docs = []
-    for number, text in enumerate(lines, 1):
-        try:
-            docs.append(json.loads(text))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                break  # the step being written when the run stopped
-            raise HookscopeError(f"{str(path)!r} line {number} is not JSON.") from None
-    if not docs or not isinstance(docs[0], dict) or docs[0].get("command") != "watch":
-        raise HookscopeError(f"{str(path)!r} is not a watch log: its first line is not the "
-                             "envelope of `watch`.")
-    event = None
-    recorder = folder / NONFINITE_NAME
-    if recorder.is_file():
-        try:
-            event = json.loads(recorder.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            raise HookscopeError(f"{str(recorder)!r} cannot be read as JSON.") from None
-    return docs[0], docs[1:], event

@@ -25,7 +25,7 @@ from hookscope.grads import GradReport, GradsProbe
 from hookscope.hooks import Call, Hooks
 from hookscope.stats import StatsProbe, StatsReport
 
-__all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows"]
+__all__ = ["DEAD", "DEFAULT_PERCENTILES", "Drift", "LoggingStep", "ParamTracker", "layer_rows"]
 
 NAN = float("nan")
 #: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
@@ -41,11 +41,14 @@ class LoggingStep:
         model: the watched model.
         layers, types: the selection (see ``select_sites``).
         hooks: the step's hook handles (gradient tensor hooks), removed after the step.
+        percentiles: also these percentiles of each call's output (for drift).
     """
 
     def __init__(self, model: nn.Module, layers: Sequence[str] | None,
-                 types: Sequence[str] | None, hooks: Hooks) -> None:
-        self.stats = StatsProbe(model, layers=layers, types=types)
+                 types: Sequence[str] | None, hooks: Hooks,
+                 percentiles: Sequence[float] = ()) -> None:
+        self.stats = StatsProbe(model, layers=layers, types=types,
+                                percentiles=tuple(percentiles) or None)
         trainable = any(p.requires_grad for p in model.parameters())
         self.grads = GradsProbe(model, layers=layers, types=types) if trainable else None
         if self.grads is not None:
@@ -156,21 +159,35 @@ class ParamTracker:
                 for i, ((name, _), (n, g, d)) in enumerate(zip(self.params, host, strict=True))]
 
 
+#: The percentiles a logging step takes for drift when the reference is the first logging step.
+DEFAULT_PERCENTILES = (1.0, 5.0, 25.0, 50.0, 75.0, 95.0, 99.0)
+
+
 class Drift:
-    """Each call's distance to a reference, as ``check``'s ``max_mean_drift`` and
-    ``max_std_drift`` measure it: the mean's change relative to ``max(|mean|, std)`` of the
-    reference, the std's relative to the reference std; a row's ``drift`` is the larger.
+    """Each call's distance to a reference: the distribution drift of ``diff`` and
+    ``check``'s ``max_drift`` (:func:`hookscope.drift.quantile_drift`, the mean distance
+    between the two quantile curves in reference standard deviations), from the
+    percentiles each logging step takes. A reference without percentiles is compared by
+    the mean/std drift of ``check``'s ``max_mean_drift`` and ``max_std_drift`` instead (the
+    larger of the two).
 
     Args:
-        reference: rows by (name, call) with ``mean`` and ``std`` (a ``stats`` document's);
-            None: the first logging step's rows become the reference.
+        reference: rows by (name, call) with ``mean``, ``std`` and ``percentiles`` (a
+            ``stats`` document's); None: the first logging step's rows become it.
         limit: rows whose drift exceeds it are flagged ``drift``.
+        percentiles: what each logging step takes (the reference's; none: mean/std drift).
     """
 
     def __init__(self, reference: Mapping[tuple[str, int], Mapping[str, Any]] | None,
-                 limit: float) -> None:
+                 limit: float, percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> None:
         self.reference = reference
         self.limit = limit
+        self.percentiles = percentiles
+
+    @property
+    def measure(self) -> str:
+        """``"quantile"`` or ``"mean_std"``."""
+        return "quantile" if self.percentiles else "mean_std"
 
     @classmethod
     def from_file(cls, path: str | Path | None, limit: float) -> Drift:
@@ -189,7 +206,9 @@ class Drift:
         if isinstance(rows, str):
             raise HookscopeError(f"{param('reference')} {str(path)!r} is not a `hookscope stats "
                                  f"--format json` document: {rows}.")
-        return cls(rows, limit)
+        found = next((row["percentiles"] for row in rows.values()
+                      if isinstance(row.get("percentiles"), dict) and row["percentiles"]), {})
+        return cls(rows, limit, tuple(float(key) for key in found))
 
     def apply(self, rows: list[dict[str, Any]]) -> None:
         """Add ``drift`` to each row (null when the reference lacks the call) and flag it."""
@@ -197,20 +216,23 @@ class Drift:
             self.reference = {(r["name"], r["call"]): dict(r) for r in rows}
         for row in rows:
             base = self.reference.get((row["name"], row["call"]))
-            row["drift"] = None if base is None else _distance(row, base)
+            row["drift"] = None if base is None else self._distance(row, base)
             if row["drift"] is not None and row["drift"] > self.limit:
                 row["flags"].append("drift")
+
+    def _distance(self, row: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
+        from hookscope.check import drift
+        from hookscope.drift import quantile_drift
+
+        if self.percentiles:
+            return quantile_drift(base.get("percentiles"), row.get("percentiles"),
+                                  base.get("std"), base.get("mean"))
+        mean, std = _number(row.get("mean")), _number(row.get("std"))
+        mean_b, std_b = _number(base.get("mean")), _number(base.get("std"))
+        scale_mean = max(abs(mean_b or 0.0), std_b or 0.0, _EPS)
+        scale_std = max(std_b or 0.0, _EPS * abs(mean_b or 0.0), _EPS)
+        return max(drift(mean, mean_b, scale_mean), drift(std, std_b, scale_std))
 
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
-def _distance(row: Mapping[str, Any], base: Mapping[str, Any]) -> float:
-    from hookscope.check import drift
-
-    mean, std = _number(row.get("mean")), _number(row.get("std"))
-    mean_b, std_b = _number(base.get("mean")), _number(base.get("std"))
-    scale_mean = max(abs(mean_b or 0.0), std_b or 0.0, _EPS)
-    scale_std = max(std_b or 0.0, _EPS * abs(mean_b or 0.0), _EPS)
-    return max(drift(mean, mean_b, scale_mean), drift(std, std_b, scale_std))

@@ -120,7 +120,8 @@ class Watch:
                 "every": self.every, "nonfinite": self.nonfinite,
                 "allow_inf": list(self.allow_inf), "keep": self.keep,
                 "reference": str(self.reference) if self.reference is not None else None,
-                "max_drift": self.drift.limit, "started": time.time()}
+                "max_drift": self.drift.limit, "drift_measure": self.drift.measure,
+                "started": time.time()}
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
@@ -180,7 +181,8 @@ class Watch:
             StepFlags(self.allow_inf, self._hooks, self._layouts)
         self._logging = None
         if self.logging_step:
-            self._logging = LoggingStep(self.model, self.layers, self.types, self._hooks)
+            self._logging = LoggingStep(self.model, self.layers, self.types, self._hooks,
+                                        self.drift.percentiles)
             self.params.attach(self._hooks)
         if self._flags is None and self._logging is None:
             self.tracer.remove()  # an off-step without the check carries no hook at all

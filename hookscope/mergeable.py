@@ -1,0 +1,28 @@
+"""The one contract of every accumulating report: a pure, exact ``merge``.
+
+Batches, DataLoader workers and ranks are all merges: ``a.merge(b)`` returns a new object
+that summarises both sides' data, as one run over ``a``'s data then ``b``'s would, and
+changes neither side, so a report may be merged into several others, kept, or reused.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, TypeVar
+
+__all__ = ["Mergeable", "merged"]
+
+M = TypeVar("M", bound="Mergeable")
+
+
+class Mergeable(Protocol):
+    """A summary that merges exactly and purely (see the module's text)."""
+
+    def merge(self: M, other: M) -> M:
+        """Both sides' data together, as a new object; neither side changes."""
+        ...
+
+
+def merged(a: M | None, b: M | None) -> M | None:
+    """``a.merge(b)``, or whichever side exists."""
+    return b if a is None else a if b is None else a.merge(b)
