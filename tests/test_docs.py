@@ -45,6 +45,7 @@ EXPECTED_EXIT = {
     "--expect cat.jpg=tabby": 1,           # random weights do not see a tabby
     "check resnet50 val/ --min-prob 0.2": 1,  # nor reach 0.2 on the folders' classes
     "--against-dtype bfloat16 --fail": 1,  # bfloat16 parts by more than the default 0.001
+    "--lr 1e30": 1,                        # the absurd learning rate watch names
 }
 
 #: The input size an example runs at when it gives none (a ViT is built for 224 only).
