@@ -298,7 +298,7 @@ def test_the_examples_run(page: Path, base: Path, tmp_path: Path) -> None:
                                  env=os.environ | {"PYTHONPATH": str(ROOT)})
             assert run.returncode == 0, f"{where}\n{run.stderr[-3000:]}"
             ran += 1
-    assert ran or page.name not in {"README.md", "index.md"}, f"{page.name}: no example ran"
+    assert ran or page.name != "README.md", "the README ran no example"
 
 
 def test_the_readme_is_short_and_every_page_is_indexed() -> None:
