@@ -40,7 +40,7 @@ R = TypeVar("R")
 #: Signals handled like Ctrl-C: every temporary file is removed and one line printed.
 SIGNALS = ("SIGTERM", "SIGHUP")
 #: Commands that explain or differentiate class logits.
-NEEDS_LOGITS = frozenset({"gradcam", "grads", "ablate"})
+NEEDS_LOGITS = frozenset({"gradcam", "grads", "ablate", "watch"})
 
 
 class Interrupted(KeyboardInterrupt):
