@@ -178,7 +178,9 @@ def test_bad_input_is_one_line_before_training(work, tmp_path) -> None:
     taken = run("watch", *_common(work), "--log-dir", log, "--steps", "2")
     assert taken.exit_code == 2 and "--force" in taken.stderr, taken.output
     assert (log / "watch.jsonl").read_text() == "{}\n"
-    for r in (no_labels, taken):
+    segmentation = run("watch", "fcn_resnet50", work["x"], "--weights", "none", "--label", "0")
+    assert segmentation.exit_code == 2 and "segmentation model" in segmentation.stderr
+    for r in (no_labels, taken, segmentation):
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
