@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError, param
+from hookscope.errors import param
 from hookscope.grads import GradReport, GradsProbe
 from hookscope.hooks import Call, Hooks
 from hookscope.stats import StatsProbe, StatsReport
@@ -199,15 +199,9 @@ class Drift:
         """
         if path is None:
             return cls(None, limit)
-        from hookscope.check import _baseline_doc, _baseline_rows
+        from hookscope.check import read_stats
 
-        doc = _baseline_doc(Path(path), param("reference"))
-        rows = _baseline_rows(doc)
-        if isinstance(rows, str):
-            raise HookscopeError(f"{param('reference')} {str(path)!r} is not a `hookscope stats "
-                                 f"--format json` document: {rows}.")
-        found = next((row["percentiles"] for row in rows.values()
-                      if isinstance(row.get("percentiles"), dict) and row["percentiles"]), {})
+        rows, found, _ = read_stats(Path(path), param("reference"))
         return cls(rows, limit, tuple(float(key) for key in found))
 
     def apply(self, rows: list[dict[str, Any]]) -> None:
