@@ -372,15 +372,23 @@ def test_the_default_reference_is_the_first_logging_step(tmp_path: Path) -> None
     model = nn.Sequential(nn.Identity(), nn.Linear(6, 2))
     torch.manual_seed(5)
     x = torch.randn(2048, 6)
-    with hookscope.watch(model, tmp_path, every=2) as w:
-        for step in range(3):
-            model(x + (2.0 if step == 2 else 0.0)).sum().backward()
-            model.zero_grad()
-            w.step()
-    envelope, (first, later), _ = read_log(tmp_path)
-    assert envelope["drift_measure"] == "quantile" and envelope["reference"] is None
-    assert first["layers"][0]["drift"] == 0.0
-    assert later["layers"][0]["drift"] == pytest.approx(2.0 / float(x.std()), abs=0.1)
+    for percentiles, measure in (("1,5,25,50,75,95,99", "quantile"), (None, "mean_std")):
+        folder = tmp_path / measure
+        with hookscope.watch(model, folder, every=2, percentiles=percentiles) as w:
+            for step in range(3):
+                model(x + (2.0 if step == 2 else 0.0)).sum().backward()
+                model.zero_grad()
+                w.step()
+        envelope, (first, later), _ = read_log(folder)
+        assert envelope["drift_measure"] == measure and envelope["reference"] is None
+        assert first["layers"][0]["drift"] == 0.0
+        # A pure shift by 2: 2 / std in quantile drift (each sketched quantile within 1%);
+        # the mean's change over max(|mean|, std) in mean/std drift.
+        mean, std = float(x.mean()), float(x.std())
+        want = 2.0 / std if measure == "quantile" else 2.0 / max(abs(mean), std)
+        tol = 0.1 if measure == "quantile" else 1e-4
+        assert later["layers"][0]["drift"] == pytest.approx(want, abs=tol)
+        assert ("percentiles" in later["layers"][0]) == (measure == "quantile")
 
 
 # ----------------------------------------------------------------------------- hooks, errors
