@@ -510,3 +510,31 @@ def test_cuda_off_steps_never_synchronise_inside_the_step(tmp_path: Path) -> Non
                 torch.cuda.set_sync_debug_mode("default")
             w.step()
     assert no_hooks(model)
+
+
+def test_tensorboard_scalars_are_the_logged_numbers(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with hookscope.watch(model, tmp_path, every=1, tensorboard=True) as w:
+        for step in range(2):
+            torch.manual_seed(step)
+            loss = model(torch.randn(8, 6)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            w.step(loss)
+    _, lines, _ = read_log(tmp_path)
+    events = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0}).Reload()
+    for line in lines:
+        step = line["step"]
+        got = {e.step: e.value for e in events.Scalars("layers/fc2/mean")}
+        assert got[step] == pytest.approx(line["layers"][2]["mean"], rel=1e-6)
+        got = {e.step: e.value for e in events.Scalars("params/fc1.weight/grad_norm")}
+        assert got[step] == pytest.approx(line["params"][0]["grad_norm"], rel=1e-6)
+        assert {e.step: e.value for e in events.Scalars("loss")}[step] == \
+            pytest.approx(line["loss"], rel=1e-6)
+    assert "params/head.bias" in events.Tags()["histograms"]
+    assert no_hooks(model)
