@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EPS", "KEYS", "RULES", "Baseline", "CheckReport", "Expect", "Expectation",
            "RuleResult", "Rules", "call_id", "drift", "evaluate", "expectations",
-           "folder_expectations", "load_baseline", "load_rules", "match_inputs", "rule", "rule_names"]
+           "folder_expectations", "load_baseline", "load_rules", "match_inputs", "read_stats",
+           "rule", "rule_names"]
 
 log = logging.getLogger("hookscope")
 
@@ -438,6 +439,26 @@ def _baseline_rows(doc: Any) -> dict[tuple[str, int], Mapping[str, Any]] | str:
     return rows
 
 
+def read_stats(path: Path, subject: str) -> tuple[dict[tuple[str, int], Mapping[str, Any]],
+                                                  tuple[str, ...], dict[str, Any]]:
+    """A ``hookscope stats --format json`` document's rows by call, the percentiles its rows
+    hold (their JSON keys, in order; empty without), and the document.
+
+    Raises:
+        HookscopeError: the file is missing, unreadable, or not a stats JSON document; the
+            message names it as ``subject``.
+    """
+    doc = _baseline_doc(path, subject)
+    rows = _baseline_rows(doc)
+    if isinstance(rows, str):
+        raise HookscopeError(f"{subject} {str(path)!r} is not a `hookscope stats --format json` "
+                             f"document: {rows}.")
+    found: Mapping[str, Any] = next((row["percentiles"] for row in rows.values()
+                                     if isinstance(row.get("percentiles"), dict)
+                                     and row["percentiles"]), {})
+    return rows, tuple(found), doc
+
+
 def load_baseline(rules: Rules) -> Baseline | None:
     """Read the rules' baseline, when they have one.
 
@@ -446,19 +467,12 @@ def load_baseline(rules: Rules) -> Baseline | None:
     """
     if rules.baseline is None:
         return None
-    subject = rules.subject("baseline")
-    doc = _baseline_doc(rules.baseline, subject)
-    rows = _baseline_rows(doc)
-    if isinstance(rows, str):
-        raise HookscopeError(f"{subject} {str(rules.baseline)!r} is not a `hookscope stats "
-                             f"--format json` document: {rows}.")
-    found = next((row["percentiles"] for row in rows.values()
-                  if isinstance(row.get("percentiles"), dict) and row["percentiles"]), {})
+    rows, found, doc = read_stats(rules.baseline, rules.subject("baseline"))
     if rules.max_drift is not None and not found:
         raise HookscopeError(f"{rules.subject('max_drift')} needs percentiles in the baseline "
                              f"{str(rules.baseline)!r}: write it with `hookscope stats MODEL "
                              f"INPUT... --percentiles 1,5,25,50,75,95,99 --format json`.")
-    return Baseline(str(rules.baseline), doc.get("model"), rows, tuple(found),
+    return Baseline(str(rules.baseline), doc.get("model"), rows, found,
                     drift=rules.max_drift is not None)
 
 

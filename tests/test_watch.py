@@ -372,15 +372,23 @@ def test_the_default_reference_is_the_first_logging_step(tmp_path: Path) -> None
     model = nn.Sequential(nn.Identity(), nn.Linear(6, 2))
     torch.manual_seed(5)
     x = torch.randn(2048, 6)
-    with hookscope.watch(model, tmp_path, every=2) as w:
-        for step in range(3):
-            model(x + (2.0 if step == 2 else 0.0)).sum().backward()
-            model.zero_grad()
-            w.step()
-    envelope, (first, later), _ = read_log(tmp_path)
-    assert envelope["drift_measure"] == "quantile" and envelope["reference"] is None
-    assert first["layers"][0]["drift"] == 0.0
-    assert later["layers"][0]["drift"] == pytest.approx(2.0 / float(x.std()), abs=0.1)
+    for percentiles, measure in (("1,5,25,50,75,95,99", "quantile"), (None, "mean_std")):
+        folder = tmp_path / measure
+        with hookscope.watch(model, folder, every=2, percentiles=percentiles) as w:
+            for step in range(3):
+                model(x + (2.0 if step == 2 else 0.0)).sum().backward()
+                model.zero_grad()
+                w.step()
+        envelope, (first, later), _ = read_log(folder)
+        assert envelope["drift_measure"] == measure and envelope["reference"] is None
+        assert first["layers"][0]["drift"] == 0.0
+        # A pure shift by 2: 2 / std in quantile drift (each sketched quantile within 1%);
+        # the mean's change over max(|mean|, std) in mean/std drift.
+        mean, std = float(x.mean()), float(x.std())
+        want = 2.0 / std if measure == "quantile" else 2.0 / max(abs(mean), std)
+        tol = 0.1 if measure == "quantile" else 1e-4
+        assert later["layers"][0]["drift"] == pytest.approx(want, abs=tol)
+        assert ("percentiles" in later["layers"][0]) == (measure == "quantile")
 
 
 # ----------------------------------------------------------------------------- hooks, errors
@@ -501,4 +509,32 @@ def test_cuda_off_steps_never_synchronise_inside_the_step(tmp_path: Path) -> Non
             finally:
                 torch.cuda.set_sync_debug_mode("default")
             w.step()
+    assert no_hooks(model)
+
+
+def test_tensorboard_scalars_are_the_logged_numbers(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with hookscope.watch(model, tmp_path, every=1, tensorboard=True) as w:
+        for step in range(2):
+            torch.manual_seed(step)
+            loss = model(torch.randn(8, 6)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            w.step(loss)
+    _, lines, _ = read_log(tmp_path)
+    events = EventAccumulator(str(tmp_path), size_guidance={"histograms": 0}).Reload()
+    for line in lines:
+        step = line["step"]
+        got = {e.step: e.value for e in events.Scalars("layers/fc2/mean")}
+        assert got[step] == pytest.approx(line["layers"][2]["mean"], rel=1e-6)
+        got = {e.step: e.value for e in events.Scalars("params/fc1.weight/grad_norm")}
+        assert got[step] == pytest.approx(line["params"][0]["grad_norm"], rel=1e-6)
+        assert {e.step: e.value for e in events.Scalars("loss")}[step] == \
+            pytest.approx(line["loss"], rel=1e-6)
+    assert "params/head.bias" in events.Tags()["histograms"]
     assert no_hooks(model)

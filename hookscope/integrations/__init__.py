@@ -10,43 +10,51 @@ Both take the options of :func:`hookscope.watch` and write the same log.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-__all__ = ["Adapter"]
+if TYPE_CHECKING:
+    from hookscope.training.watch import Watch
+
+__all__ = ["Watching"]
 
 
-class Adapter:
-    """What both callbacks do: open a watch on the model when training starts, end a step
-    after each optimiser step, and close the watch when training ends or fails.
+class Watching:
+    """What both callbacks do (a mixin before the framework's callback class): open a watch
+    on the model when training starts, end a step after each optimiser step, and close the
+    watch when training ends or fails.
 
     Args:
-        options: the keyword arguments of :func:`hookscope.watch` (``log_dir`` included).
+        watch_options: the keyword arguments of :func:`hookscope.watch`, ``log_dir`` included.
     """
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        from hookscope.training.watch import Watch
-
-        if "log_dir" not in options:
+    def __init__(self, **watch_options: Any) -> None:
+        super().__init__()
+        if "log_dir" not in watch_options:
             raise TypeError("WatchCallback needs log_dir, as hookscope.watch does.")
-        self.options = dict(options)
-        self.watch: Watch | None = None
+        self.options = dict(watch_options)
+        self._watch: Watch | None = None
 
-    def start(self, model: nn.Module) -> None:
+    @property
+    def watch(self) -> Watch | None:
+        """The open watch (None outside training)."""
+        return self._watch
+
+    def begin_watch(self, model: nn.Module) -> None:
         from hookscope.training.watch import watch
 
-        self.stop()
-        self.watch = watch(model, **self.options)
-        self.watch.__enter__()
+        self.end_watch()
+        self._watch = watch(model, **self.options)
+        self._watch.__enter__()
 
-    def step(self, loss: Any = None) -> None:
-        if self.watch is not None:
-            self.watch.step(loss)
+    def end_step(self, loss: Any = None) -> None:
+        if self._watch is not None:
+            self._watch.step(loss)
 
-    def stop(self, error: BaseException | None = None) -> None:
+    def end_watch(self, error: BaseException | None = None) -> None:
         """Close the watch: every hook removed (after ``error`` too)."""
-        current, self.watch = self.watch, None
+        current, self._watch = self._watch, None
         if current is not None:
             if error is None:
                 current.__exit__(None, None, None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hookscope.errors import HookscopeError
-from hookscope.integrations import Adapter
+from hookscope.integrations import Watching
 
 try:
     from lightning.pytorch import Callback
@@ -26,32 +26,23 @@ except ImportError:  # pragma: no cover - depends on what is installed
 __all__ = ["WatchCallback"]
 
 
-class WatchCallback(Callback):  # type: ignore[misc]
+class WatchCallback(Watching, Callback):  # type: ignore[misc]
     """Watch the ``LightningModule`` while it trains.
 
     Args:
         watch_options: the keyword arguments of :func:`hookscope.watch`, ``log_dir`` included.
     """
 
-    def __init__(self, **watch_options: Any) -> None:
-        super().__init__()
-        self.adapter = Adapter(watch_options)
-
-    @property
-    def watch(self) -> Any:
-        """The open watch (None outside training)."""
-        return self.adapter.watch
-
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self.adapter.start(pl_module)
+        self.begin_watch(pl_module)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self.adapter.step(loss)
+        self.end_step(loss)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self.adapter.stop()
+        self.end_watch()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self.adapter.stop(exception)
+        self.end_watch(exception)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from hookscope.errors import HookscopeError
-from hookscope.integrations import Adapter
+from hookscope.integrations import Watching
 
 try:
     from transformers import TrainerCallback
@@ -27,39 +27,31 @@ except ImportError:  # pragma: no cover - depends on what is installed
 __all__ = ["WatchCallback"]
 
 
-class WatchCallback(TrainerCallback):  # type: ignore[misc]
+class WatchCallback(Watching, TrainerCallback):  # type: ignore[misc]
     """Watch the ``Trainer``'s model while it trains.
 
     Args:
         watch_options: the keyword arguments of :func:`hookscope.watch`, ``log_dir`` included.
     """
 
-    def __init__(self, **watch_options: Any) -> None:
-        self.adapter = Adapter(watch_options)
-
-    @property
-    def watch(self) -> Any:
-        """The open watch (None outside training)."""
-        return self.adapter.watch
-
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         if model is None:
             raise HookscopeError("The Trainer gave the callback no model to watch.")
-        self.adapter.start(model)
+        self.begin_watch(model)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.adapter.step()
+        self.end_step()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.adapter.stop()
+        self.end_watch()
 
     def close(self) -> None:
         """Close the watch now (every hook removed)."""
-        self.adapter.stop()
+        self.end_watch()
 
     def __enter__(self) -> WatchCallback:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.adapter.stop(exc)
+        self.end_watch(exc)

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError, param
+from hookscope.errors import param
 from hookscope.grads import GradReport, GradsProbe
 from hookscope.hooks import Call, Hooks
 from hookscope.stats import StatsProbe, StatsReport
 
-__all__ = ["DEAD", "DEFAULT_PERCENTILES", "Drift", "LoggingStep", "ParamTracker", "layer_rows"]
+__all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows"]
 
 NAN = float("nan")
 #: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
@@ -159,27 +159,23 @@ class ParamTracker:
                 for i, ((name, _), (n, g, d)) in enumerate(zip(self.params, host, strict=True))]
 
 
-#: The percentiles a logging step takes for drift when the reference is the first logging step.
-DEFAULT_PERCENTILES = (1.0, 5.0, 25.0, 50.0, 75.0, 95.0, 99.0)
-
-
 class Drift:
-    """Each call's distance to a reference: the distribution drift of ``diff`` and
-    ``check``'s ``max_drift`` (:func:`hookscope.drift.quantile_drift`, the mean distance
-    between the two quantile curves in reference standard deviations), from the
-    percentiles each logging step takes. A reference without percentiles is compared by
-    the mean/std drift of ``check``'s ``max_mean_drift`` and ``max_std_drift`` instead (the
-    larger of the two).
+    """Each call's distance to a reference. With percentiles, the distribution drift of
+    ``diff`` and ``check``'s ``max_drift`` (:func:`hookscope.drift.quantile_drift`: the mean
+    distance between the two quantile curves, in reference standard deviations), from the
+    percentiles each logging step then takes. Without, the mean/std drift of ``check``'s
+    ``max_mean_drift`` and ``max_std_drift`` (the larger of the two), which costs nothing
+    beyond the rows.
 
     Args:
-        reference: rows by (name, call) with ``mean``, ``std`` and ``percentiles`` (a
-            ``stats`` document's); None: the first logging step's rows become it.
+        reference: rows by (name, call) with ``mean``, ``std`` (and ``percentiles``), a
+            ``stats`` document's; None: the first logging step's rows become it.
         limit: rows whose drift exceeds it are flagged ``drift``.
-        percentiles: what each logging step takes (the reference's; none: mean/std drift).
+        percentiles: what each logging step takes (none: mean/std drift).
     """
 
     def __init__(self, reference: Mapping[tuple[str, int], Mapping[str, Any]] | None,
-                 limit: float, percentiles: tuple[float, ...] = DEFAULT_PERCENTILES) -> None:
+                 limit: float, percentiles: tuple[float, ...] = ()) -> None:
         self.reference = reference
         self.limit = limit
         self.percentiles = percentiles
@@ -190,25 +186,25 @@ class Drift:
         return "quantile" if self.percentiles else "mean_std"
 
     @classmethod
-    def from_file(cls, path: str | Path | None, limit: float) -> Drift:
+    def of(cls, path: str | Path | None, limit: float,
+           percentiles: str | Sequence[float] | None = None) -> Drift:
         """The reference in a ``hookscope stats --format json`` document (None: the first
-        logging step).
+        logging step), and the percentiles to take: ``percentiles`` when given, else the
+        reference's (none without a reference).
 
         Raises:
-            HookscopeError: the file is missing, unreadable or not a stats document.
+            HookscopeError: the file is missing, unreadable or not a stats document; bad
+                percentiles.
         """
-        if path is None:
-            return cls(None, limit)
-        from hookscope.check import _baseline_doc, _baseline_rows
+        from hookscope.sketch import parse_percentiles
 
-        doc = _baseline_doc(Path(path), param("reference"))
-        rows = _baseline_rows(doc)
-        if isinstance(rows, str):
-            raise HookscopeError(f"{param('reference')} {str(path)!r} is not a `hookscope stats "
-                                 f"--format json` document: {rows}.")
-        found = next((row["percentiles"] for row in rows.values()
-                      if isinstance(row.get("percentiles"), dict) and row["percentiles"]), {})
-        return cls(rows, limit, tuple(float(key) for key in found))
+        taken = parse_percentiles(percentiles)
+        if path is None:
+            return cls(None, limit, taken)
+        from hookscope.check import read_stats
+
+        rows, found, _ = read_stats(Path(path), param("reference"))
+        return cls(rows, limit, taken or tuple(float(key) for key in found))
 
     def apply(self, rows: list[dict[str, Any]]) -> None:
         """Add ``drift`` to each row (null when the reference lacks the call) and flag it."""

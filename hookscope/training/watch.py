@@ -51,7 +51,9 @@ class Watch:
                  layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
                  nonfinite: str = "raise", allow_inf: Sequence[str] = (), keep: int = 8,
                  tensorboard: bool = False, reference: str | Path | None = None,
-                 max_drift: float = 1.0, name: str | None = None, force: bool = False) -> None:
+                 max_drift: float = 1.0,
+                 percentiles: str | Sequence[float] | None = None, name: str | None = None,
+                 force: bool = False) -> None:
         if nonfinite not in MODES:
             raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
                                  f"{', '.join(MODES)}.")
@@ -63,7 +65,7 @@ class Watch:
         self.types = list(types) if types else None
         self.sites = select_sites(model, layers=self.layers, types=self.types)
         self.nonfinite, self.allow_inf = nonfinite, tuple(allow_inf)
-        self.drift = Drift.from_file(reference, float(max_drift))
+        self.drift = Drift.of(reference, float(max_drift), percentiles)
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
         self.name = name or type(model).__name__
         self.index = 0  # the step in progress
@@ -121,6 +123,7 @@ class Watch:
                 "allow_inf": list(self.allow_inf), "keep": self.keep,
                 "reference": str(self.reference) if self.reference is not None else None,
                 "max_drift": self.drift.limit, "drift_measure": self.drift.measure,
+                "percentiles": list(self.drift.percentiles),
                 "started": time.time()}
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -288,7 +291,9 @@ def watch(model: nn.Module, log_dir: str | Path, *, every: int = 100,
           layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
           nonfinite: str = "raise", allow_inf: Sequence[str] = (), keep: int = 8,
           tensorboard: bool = False, reference: str | Path | None = None,
-          max_drift: float = 1.0, name: str | None = None, force: bool = False) -> Watch:
+          max_drift: float = 1.0,
+          percentiles: str | Sequence[float] | None = None, name: str | None = None,
+          force: bool = False) -> Watch:
     """Watch ``model`` while a training loop runs; use as ``with watch(...) as w``.
 
     Call ``w.step()`` at the end of each training step. Every ``every`` steps (steps 0,
@@ -309,6 +314,9 @@ def watch(model: nn.Module, log_dir: str | Path, *, every: int = 100,
         reference: a ``hookscope stats --format json`` document to measure drift against
             (default: the first logging step).
         max_drift: layers whose drift exceeds it are flagged ``drift``.
+        percentiles: percentiles each logging step takes of each output (0 to 100), for
+            the rows and a distribution drift; default: the reference's, if it has them.
+            Without any, drift compares means and stds.
         name: the model's name in the log (default: its class name).
         force: replace an existing log in ``log_dir``.
 
@@ -318,4 +326,4 @@ def watch(model: nn.Module, log_dir: str | Path, *, every: int = 100,
     """
     return Watch(model, log_dir, every=every, layers=layers, types=types, nonfinite=nonfinite,
                  allow_inf=allow_inf, keep=keep, tensorboard=tensorboard, reference=reference,
-                 max_drift=max_drift, name=name, force=force)
+                 max_drift=max_drift, percentiles=percentiles, name=name, force=force)
