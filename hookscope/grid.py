@@ -119,7 +119,7 @@ class Layout:
 def _fits(h: int, w: int, size: tuple[int, int]) -> bool:
     """An h x w map has the aspect of a ``size`` input (rounding allowed)."""
     big_h, big_w = size
-    if h * w <= 1:
+    if h * w <= 1 or min(size) <= 0:
         return False
     return abs(w - h * big_w / big_h) <= 1 + 0.15 * w and abs(h - w * big_h / big_w) <= 1 + 0.15 * h
 
@@ -127,6 +127,8 @@ def _fits(h: int, w: int, size: tuple[int, int]) -> bool:
 def _token_grid(count: int, size: tuple[int, int]) -> tuple[int, int] | None:
     """(h, w) with h*w == count for an integer stride of the input, or None."""
     big_h, big_w = size
+    if min(size) <= 0:
+        return None
     for stride in range(1, max(big_h, big_w) + 1):
         for h, w in ((big_h // stride, big_w // stride),
                      (-(-big_h // stride), -(-big_w // stride))):
