@@ -268,8 +268,9 @@ class _Spatial(Probe[list[_Grid]]):
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         self.ran.add(call.name)
         t = first_tensor(output)
-        if t is None:
-            return
+        if t is None or not (output is t or isinstance(output, (tuple, list)) and output
+                             and output[0] is t):
+            return  # a layer must return a tensor, or a tuple starting with one
         found = layout(list(t.shape), self.size, type_name=call.site.type, hint=self.hint)
         if isinstance(found, Layout):
             c = t.shape[found.channel_dim]

@@ -184,6 +184,9 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     raw = _config_json(path)
     _check_remote_code(path, raw, options.trust_checkpoint)
     transformers = import_transformers()
+    bars = transformers.utils.logging
+    shown = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()  # its loading bar is chatter on stderr
     try:
         model, task, loaded = _build(transformers, path, options)
         preprocess = _processor(transformers, path, options.trust_checkpoint)
@@ -192,6 +195,9 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     except Exception as exc:  # transformers raises many types for a folder it cannot load
         raise HookscopeError(f"hf:{spec.target}: transformers cannot load it "
                              f"({type(exc).__name__}: {clip(str(exc), 200)}).") from None
+    finally:
+        if shown:
+            bars.enable_progress_bar()
     if preprocess is None:
         log.warning(f"hf:{spec.target} has no preprocessor_config.json; using ImageNet "
                     "preprocessing (give --mean/--std/--resize/--crop to choose).")
