@@ -498,6 +498,7 @@ class CamProbe(Probe[CamReport]):
         seed: seeds the noise of ``sscam``, ``smoothgradcam++`` and the ROAD metric.
         metrics: metric names (see :mod:`hookscope.cam_faithfulness`) to score every map with.
         percentiles: the ROAD metric's percentiles.
+        head_fusion, discard_ratio: the rollout's (see :mod:`hookscope.attention`).
     """
 
     grad = "off"  # autograd starts at the layer: its hook switches it on
@@ -509,8 +510,8 @@ class CamProbe(Probe[CamReport]):
                  output_key: str | None = None, task: str | None = None,
                  objective: Objective | None = None, aug_smooth: bool = False,
                  eigen_smooth: bool = False, guided: bool = False, seed: int = 0,
-                 metrics: Sequence[str] = (), percentiles: Sequence[float] | None = None
-                 ) -> None:
+                 metrics: Sequence[str] = (), percentiles: Sequence[float] | None = None,
+                 head_fusion: str = "mean", discard_ratio: float = 0.0) -> None:
         if reshape not in RESHAPES:
             raise HookscopeError(f"{param('reshape')} {reshape!r}: choose one of "
                                  f"{', '.join(RESHAPES)}.")
@@ -534,6 +535,16 @@ class CamProbe(Probe[CamReport]):
         self.needs_grad = any(m.gradients for m in self.methods)
         self.keep_graph, self.second_order = bool(needs & {"regrad", "hvp"}), "hvp" in needs
         self.needs_full = "full" in needs
+        self.attn_kinds: dict[int, str] = {}
+        if "attention" in needs:
+            from hookscope.attention import attention_sites, check_rollout
+
+            check_rollout(head_fusion, discard_ratio)
+            found = attention_sites(model)
+            self.attn_kinds = {id(site.module): kind for site, kind in found}
+            self.attn_sites = [site for site, _ in found]
+        self.rollout = (head_fusion, discard_ratio)
+        self.attn_probs: list[torch.Tensor] = []
         self.gens = {m.name: torch.Generator().manual_seed(seed) for m in self.methods}
         self._hook_sites(model)
         self.notes: dict[str, None] = {}
@@ -555,7 +566,9 @@ class CamProbe(Probe[CamReport]):
         self.layer_ids = {id(s.module): i for i, s in enumerate(self.layer_sites)}
         self.bias_ids = {id(s.module) for s in bias}
         self.relu_ids = {id(s.module) for s in relus}
-        self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus]}.values())
+        attention = getattr(self, "attn_sites", [])
+        self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus,
+                                                     *attention]}.values())
 
     def _check_methods(self, aug_smooth: bool) -> None:
         """A method or option that cannot work with this model says why, before any pass."""
@@ -583,8 +596,22 @@ class CamProbe(Probe[CamReport]):
             )
         self.grids[index] = found
 
+    def on_enter(self, call: Call, args: Any, kwargs: dict[str, Any]) -> None:
+        kind = self.attn_kinds.get(id(call.site.module))
+        if self.mode == "attention" and kind is not None:
+            from hookscope.attention import ask_for_weights
+
+            ask_for_weights(kind, kwargs)
+
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
         key = id(call.site.module)
+        if self.mode == "attention" and key in self.attn_kinds:
+            from hookscope.attention import probabilities
+
+            found = probabilities(self.attn_kinds[key], output)
+            if found is not None:
+                self.attn_probs.append(found)
+            return None
         if self.mode == "capture" and key in self.layer_ids:
             return self._on_layer(call, self.layer_ids[key], output)
         if self.mode == "ablate" and self.ablation is not None and key in self.layer_ids:
@@ -738,6 +765,46 @@ class CamProbe(Probe[CamReport]):
         first = grads[0]
         return (first.detach() if first is not None else torch.zeros_like(leaf)), pairs
 
+    def _attention(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Any:
+        """One pass with every attention module's probabilities (and, with ``gradients``,
+        the summed target scores' gradients with respect to them)."""
+        from hookscope.attention import Attentions, check_tokens, eager_attention
+
+        self.mode, self.attn_probs = "attention", []
+        try:
+            with eager_attention(self.model):
+                out = self.objective.output(step.forward(x, grad="grad" if gradients
+                                                         else "inference"))
+        finally:
+            self.mode = "idle"
+        probs, self.attn_probs = self.attn_probs, []
+        if not probs:
+            raise HookscopeError("No attention module returned its probabilities during the "
+                                 "forward pass.")
+        check_tokens(probs)
+        grads = self._attention_grads(out, sel, probs) if gradients else None
+        grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
+                      hint=self.hint, force="vit")
+        if not isinstance(grid, Layout):
+            raise HookscopeError(f"The attention is over tokens that are not a patch grid: "
+                                 f"{grid}.")
+        return Attentions([p.detach() for p in probs], grads, grid.prefix, (grid.h, grid.w),
+                          *self.rollout)
+
+    def _attention_grads(self, out: Any, sel: Selection, probs: list[torch.Tensor]
+                         ) -> list[torch.Tensor]:
+        # torch's MultiheadAttention returns a per-head view of the matrix it used: take
+        # the gradient at that matrix.
+        nodes = [p._base if p._base is not None and p._base.numel() == p.numel() else p
+                 for p in probs]
+        with torch.inference_mode(False), torch.enable_grad():
+            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
+            if not total.requires_grad:
+                return [torch.zeros_like(p) for p in probs]
+            grads = torch.autograd.grad(total, nodes, allow_unused=True)
+        return [g.detach().reshape(p.shape) if g is not None else torch.zeros_like(p)
+                for g, p in zip(grads, probs, strict=True)]
+
     def _regrad(self, cap: _Captured, layer: int, fn: Callable[[Any], torch.Tensor]
                 ) -> torch.Tensor:
         with torch.inference_mode(False), torch.enable_grad():
@@ -804,7 +871,8 @@ class CamProbe(Probe[CamReport]):
             logits=cap.out if self.task == "classification" else None,
             hvp=partial(self._hvp, cap, layer) if cap.graph_grads else None,
             noisy=partial(self._noisy, step, sel, ctx, x, name, cache, layer),
-            noise=partial(self._noise, name, x.device), full=full)
+            noise=partial(self._noise, name, x.device), full=full,
+            attention=partial(self._attention, step, x, sel) if self.attn_kinds else None)
 
     def _raws(self, method: Method, step: Step, cap: _Captured, sel: Selection, ctx: Context,
               x: torch.Tensor, full: FullBackward | None) -> list[torch.Tensor]:
