@@ -1058,9 +1058,9 @@ def explain(
 ) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
-    ``layer`` None picks the last module with a spatial output larger than 1x1 (for
-    segmentation models and detectors, the backbone's last such stage), found on the first
-    input (logged). ``task``, ``targets``, ``output_key``, ``mask``, ``box_index``, ``iou``
+    ``layer`` None picks :func:`default_layer` (the last image-grid output; a token
+    transformer's last block's first norm; for segmentation models and detectors, the
+    backbone's last stage), found on the first input (logged). ``task``, ``targets``, ``output_key``, ``mask``, ``box_index``, ``iou``
     and ``min_score`` make the objective (see :func:`hookscope.cam_targets.make_objective`);
     other arguments and ``options`` (``aug_smooth``, ``eigen_smooth``, ``guided``, ``seed``,
     ``metrics``, ``percentiles``) are those of :class:`CamProbe`.

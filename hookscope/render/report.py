@@ -370,7 +370,7 @@ def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> str:
 
 
 def _cam(report: Report, cmap: str, alpha: float) -> str:
-    how = "chosen automatically (the last spatial output)" if report.cam_layer_default else \
+    how = "chosen automatically (the last image-grid output)" if report.cam_layer_default else \
         "as asked"
     return (f'<section id="gradcam"><h2>Grad-CAM</h2><p class="dim">layer '
             f"<code>{e(report.cam_layer)}</code> ({e(how)}); methods "
