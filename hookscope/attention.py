@@ -143,14 +143,16 @@ def check_rollout(fusion: str, discard: float) -> None:
         raise HookscopeError(f"{param('discard_ratio')} must be in [0, 1), not {discard}.")
 
 
-def check_tokens(probs: Sequence[torch.Tensor]) -> None:
-    """Every layer must attend over the same tokens (global self-attention)."""
-    shapes = {tuple(p.shape[-2:]) for p in probs}
-    if len(shapes) != 1 or any(a != b for a, b in shapes):
+def check_tokens(probs: Sequence[torch.Tensor], batch: int) -> None:
+    """Every layer must attend over the same tokens, one matrix per input (global
+    self-attention; not Swin's windows, nor SegFormer's reduced keys)."""
+    shapes = sorted({(int(p.shape[0]), *map(int, p.shape[-2:])) for p in probs})
+    if len(shapes) != 1 or shapes[0][0] != batch or shapes[0][1] != shapes[0][2]:
         raise HookscopeError(
             "rollout and attention-grad need global self-attention over the same tokens in "
-            f"every block; this model's attention matrices are {sorted(shapes)} (windowed or "
-            "reduced attention, as in Swin or SegFormer).")
+            f"every block; this model's attention matrices are {shapes} (batch, queries, "
+            f"keys) for a batch of {batch} (windowed or reduced attention, as in Swin or "
+            "SegFormer).")
 
 
 def rollout(att: Attentions) -> torch.Tensor:

@@ -781,7 +781,7 @@ class CamProbe(Probe[CamReport]):
         if not probs:
             raise HookscopeError("No attention module returned its probabilities during the "
                                  "forward pass.")
-        check_tokens(probs)
+        check_tokens(probs, len(x))
         grads = self._attention_grads(out, sel, probs) if gradients else None
         grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
                       hint=self.hint, force="vit")
@@ -1060,10 +1060,11 @@ def explain(
 
     ``layer`` None picks :func:`default_layer` (the last image-grid output; a token
     transformer's last block's first norm; for segmentation models and detectors, the
-    backbone's last stage), found on the first input (logged). ``task``, ``targets``, ``output_key``, ``mask``, ``box_index``, ``iou``
-    and ``min_score`` make the objective (see :func:`hookscope.cam_targets.make_objective`);
-    other arguments and ``options`` (``aug_smooth``, ``eigen_smooth``, ``guided``, ``seed``,
-    ``metrics``, ``percentiles``) are those of :class:`CamProbe`.
+    backbone's last stage), found on the first input (logged). ``task``, ``targets``,
+    ``output_key``, ``mask``, ``box_index``, ``iou`` and ``min_score`` make the objective
+    (see :func:`hookscope.cam_targets.make_objective`); other arguments and ``options``
+    (``aug_smooth``, ``eigen_smooth``, ``guided``, ``seed``, ``metrics``, ``percentiles``,
+    ``head_fusion``, ``discard_ratio``) are those of :class:`CamProbe`.
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or an

@@ -166,9 +166,8 @@ def _reshape(prefix: int, side: int):
 @pytest.mark.parametrize(("key", "prefix", "side"), [
     ("vit", 1, 4), ("deit", 2, 4), ("dinov2", 5, 4), ("swin", 0, 8)])
 def test_token_maps_match_pytorch_grad_cam(folders, key, prefix, side) -> None:
-    from tests.test_cam import TOL, reference
-
     import hookscope
+    from tests.test_cam import TOL, reference
 
     model = load(f"hf:{folders[key]}").model
     torch.manual_seed(1)
@@ -228,3 +227,132 @@ def test_channels_last_outputs_are_laid_out(folders) -> None:
     probe = FeaturesProbe(feature_sites(model, [name]), max_channels=64)
     drive(model, x, probe)
     torch.testing.assert_close(probe.kept[0].values, nhwc[0].permute(2, 0, 1))
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def _hf(folder: Path, attn: str) -> nn.Module:
+    auto = transformers.AutoModelForImageClassification
+    return auto.from_pretrained(folder, local_files_only=True, attn_implementation=attn).eval()
+
+
+def _reference_attentions(model: nn.Module, x: torch.Tensor, targets: list[int]):
+    """The probabilities through transformers' own ``output_attentions``, and the target
+    logits' gradients with respect to them (autograd, retain_grad)."""
+    out = model(x, output_attentions=True)
+    for a in out.attentions:
+        a.retain_grad()
+    out.logits[torch.arange(len(targets)), torch.tensor(targets)].sum().backward()
+    probs = [a.detach().double() for a in out.attentions]
+    grads = [a.grad.double() for a in out.attentions]
+    model.zero_grad(set_to_none=True)
+    return probs, grads
+
+
+def _rollout_reference(probs, fusion="mean", discard=0.0) -> torch.Tensor:
+    """The paper's recurrence, written out per input: fuse heads, (0.5 A + 0.5 I), rows
+    normalised, multiplied through the layers."""
+    maps = []
+    for n in range(probs[0].shape[0]):
+        result = torch.eye(probs[0].shape[-1], dtype=torch.float64)
+        for layer in probs:
+            heads = layer[n]
+            fused = {"mean": heads.mean(0), "max": heads.max(0).values,
+                     "min": heads.min(0).values}[fusion].clone()
+            flat = fused.view(-1)
+            k = int(flat.numel() * discard)
+            if k:
+                order = sorted(range(flat.numel()), key=lambda i: float(flat[i]))
+                for i in order[:k]:
+                    if i != 0:
+                        flat[i] = 0.0
+            a = 0.5 * fused + 0.5 * torch.eye(fused.shape[0], dtype=torch.float64)
+            a = a / a.sum(dim=1, keepdim=True)
+            result = a @ result
+        maps.append(result[0])
+    return torch.stack(maps)
+
+
+def _chefer_reference(probs, grads) -> torch.Tensor:
+    """Chefer et al.'s rule: R = I; per block, R += mean_h((grad * A)^+) @ R."""
+    maps = []
+    for n in range(probs[0].shape[0]):
+        r = torch.eye(probs[0].shape[-1], dtype=torch.float64)
+        for a, g in zip(probs, grads, strict=True):
+            cam = (g[n] * a[n]).clamp(min=0).mean(dim=0)
+            r = r + cam @ r
+        maps.append(r[0])
+    return torch.stack(maps)
+
+
+@pytest.mark.parametrize(("key", "prefix"), [("vit", 1), ("deit", 2), ("dinov2", 5)])
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_rollout_and_attention_grad_match_references(folders, key, prefix, attn) -> None:
+    import hookscope
+
+    model = _hf(folders[key], attn)
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 32, 32)
+    targets = [0, 2]
+    probs, grads = _reference_attentions(_hf(folders[key], "eager"), x, targets)
+    for fusion, discard in (("mean", 0.0), ("max", 0.0), ("min", 0.5)):
+        ours = hookscope.gradcam(model, x, method="rollout", target=targets,
+                                 head_fusion=fusion, discard_ratio=discard)
+        ref = _rollout_reference(probs, fusion, discard)[:, prefix:].reshape(2, 4, 4)
+        np.testing.assert_allclose(ours.raw, ref.numpy(), atol=1e-5, rtol=0)
+    ours = hookscope.gradcam(model, x, method="attention-grad", target=targets)
+    ref = _chefer_reference(probs, grads)[:, prefix:].reshape(2, 4, 4).clamp(min=0)
+    # float32 products of T x T matrices through two layers: a few eps of their size.
+    tol = 64 * torch.finfo(torch.float32).eps * float(ref.abs().max()) + 1e-7
+    assert float(ref.max()) > 0
+    np.testing.assert_allclose(ours.raw, ref.numpy(), atol=tol, rtol=0)
+    assert model.config._attn_implementation == attn
+    assert hook_count(model) == 0 and all(p.grad is None for p in model.parameters())
+
+
+def test_attention_methods_on_timm_and_torchvision() -> None:
+    """timm's fused attention and torch's MultiheadAttention give their probabilities for
+    the pass, and are left as they were."""
+    timm = pytest.importorskip("timm")
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    import hookscope
+
+    torch.manual_seed(0)
+    vit = timm.create_model("deit_tiny_distilled_patch16_224", img_size=32, depth=2,
+                            num_classes=3).eval()
+    tv = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                           hidden_dim=32, mlp_dim=64, num_classes=3).eval()
+    nn.init.normal_(tv.heads.head.weight)  # torchvision starts the head at zero
+    x = torch.randn(2, 3, 32, 32)
+    for model, side in ((vit, 2), (tv, 4)):
+        fused = [getattr(m, "fused_attn", None) for m in model.modules()]
+        for method in ("rollout", "attention-grad"):
+            r = hookscope.gradcam(model, x, method=method, target=1)
+            assert r.raw.shape == (2, side, side) and float(r.raw.min()) >= 0
+            assert all(float(m.max()) > 0 for m in r.raw)
+        assert [getattr(m, "fused_attn", None) for m in model.modules()] == fused
+        assert hook_count(model) == 0 and all(p.grad is None for p in model.parameters())
+
+
+def test_attention_methods_refuse_what_they_cannot_read(folders, tiny_net) -> None:
+    import hookscope
+
+    with pytest.raises(HookscopeError, match="no attention module"):
+        hookscope.gradcam(tiny_net, torch.randn(1, 3, 16, 16), "conv1", method="rollout")
+    swin = load(f"hf:{folders['swin']}").model
+    with pytest.raises(HookscopeError, match="same tokens in every block"):
+        hookscope.gradcam(swin, torch.randn(1, 3, 32, 32), method="rollout")
+    vit = load(f"hf:{folders['vit']}").model
+    with pytest.raises(HookscopeError, match="head_fusion"):
+        hookscope.gradcam(vit, torch.randn(1, 3, 32, 32), method="rollout",
+                          head_fusion="median")
+
+
+def test_cli_rollout(cli, folders, cat_jpg, tmp_path) -> None:
+    doc = _json(cli("gradcam", f"hf:{folders['dinov2']}", cat_jpg, "-m", "rollout", "-m",
+                    "attention-grad", "--head-fusion", "max", "--discard-ratio", "0.2",
+                    "--out", tmp_path, "-f", "json"))
+    assert [r["method"] for r in doc["results"]] == ["rollout", "attention-grad"]
+    assert all(Path(r["overlay"]).is_file() for r in doc["results"])
