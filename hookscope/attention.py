@@ -78,9 +78,9 @@ def attention_sites(model: nn.Module) -> list[tuple[Site, str]]:
 @contextmanager
 def eager_attention(model: nn.Module) -> Iterator[None]:
     """Every attention module on its path that computes the probabilities, for a while."""
-    fused = [m for m in model.modules() if _kind(m) == "timm" and m.fused_attn]
-    configs = list({id(c): c for m in model.modules() if _kind(m) == "hf"
-                    for c in [m.config]}.values())
+    modules: list[Any] = list(model.modules())
+    fused = [m for m in modules if _kind(m) == "timm" and m.fused_attn]
+    configs = list({id(m.config): m.config for m in modules if _kind(m) == "hf"}.values())
     before = [c._attn_implementation for c in configs]
     try:
         for m in fused:

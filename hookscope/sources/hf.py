@@ -122,7 +122,9 @@ def _side(size: Any) -> tuple[int | None, bool]:
         return None, False
     if isinstance(size, (int, float)):
         return int(size), False
-    get = size.get if isinstance(size, dict) else lambda k: getattr(size, k, None)
+    def get(key: str) -> Any:
+        return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
     if get("height") is not None:
         height, width = int(get("height")), int(get("width") or get("height"))
         if height != width:
@@ -202,7 +204,7 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         log.warning(f"hf:{spec.target} has no preprocessor_config.json; using ImageNet "
                     "preprocessing (give --mean/--std/--resize/--crop to choose).")
         preprocess = Preprocess(origin="default")
-    config = model.config
+    config: Any = model.config
     labels = _labels(config, task)
     return LoadedModel(
         name=spec.name, model=model, task=task, weights_requested=options.weights,
