@@ -21,7 +21,7 @@ token's row over the patch tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +30,11 @@ import torch
 from torch import nn
 
 from hookscope.errors import HookscopeError, param
+from hookscope.grid import Layout, TokenHint, layout
 from hookscope.hooks import Site, all_sites
 
-__all__ = ["FUSIONS", "Attentions", "attention_sites", "eager_attention", "relevance",
-           "rollout"]
+__all__ = ["FUSIONS", "Attentions", "attention_sites", "collect", "eager_attention",
+           "relevance", "rollout"]
 
 FUSIONS = ("mean", "max", "min")
 #: Hugging Face attention modules hold their query projection under one of these names.
@@ -153,6 +154,43 @@ def check_tokens(probs: Sequence[torch.Tensor], batch: int) -> None:
             f"every block; this model's attention matrices are {shapes} (batch, queries, "
             f"keys) for a batch of {batch} (windowed or reduced attention, as in Swin or "
             "SegFormer).")
+
+
+def collect(probs: list[torch.Tensor], score: Callable[[], torch.Tensor] | None,
+            x: torch.Tensor, hint: TokenHint, fusion: str, discard: float) -> Attentions:
+    """One pass's captured probabilities as :class:`Attentions`: checked, with the gradients
+    of ``score()`` (the summed target scores) when it is given, on the input's patch grid.
+
+    Raises:
+        HookscopeError: no probabilities, attention that is not global, or tokens that are
+            not a patch grid of ``x``.
+    """
+    if not probs:
+        raise HookscopeError("No attention module returned its probabilities during the "
+                             "forward pass.")
+    check_tokens(probs, len(x))
+    grads = _gradients(probs, score) if score is not None else None
+    grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
+                  hint=hint, force="vit")
+    if not isinstance(grid, Layout):
+        raise HookscopeError(f"The attention is over tokens that are not a patch grid: {grid}.")
+    return Attentions([p.detach() for p in probs], grads, grid.prefix, (grid.h, grid.w),
+                      fusion, discard)
+
+
+def _gradients(probs: list[torch.Tensor], score: Callable[[], torch.Tensor]
+               ) -> list[torch.Tensor]:
+    # torch's MultiheadAttention returns a per-head view of the matrix it used: take the
+    # gradient at that matrix.
+    nodes = [p._base if p._base is not None and p._base.numel() == p.numel() else p
+             for p in probs]
+    with torch.inference_mode(False), torch.enable_grad():
+        total = score().sum()
+        if not total.requires_grad:
+            return [torch.zeros_like(p) for p in probs]
+        grads = torch.autograd.grad(total, nodes, allow_unused=True)
+    return [g.detach().reshape(p.shape) if g is not None else torch.zeros_like(p)
+            for g, p in zip(grads, probs, strict=True)]
 
 
 def rollout(att: Attentions) -> torch.Tensor:

@@ -139,6 +139,8 @@ def _spatial(output: Any, site: Site, size: tuple[int, int], hint: TokenHint) ->
     t = first_tensor(output)
     found = layout(list(t.shape), size, type_name=site.type, hint=hint) if t is not None \
         else "it returns no tensor"
+    if not isinstance(found, Layout) and t is not None and t.dim() == 4:
+        return t  # any other (N, C, H, W), 1x1 squeeze-excite outputs too, as it is
     if not isinstance(found, Layout):
         shape = list(t.shape) if t is not None else None
         raise HookscopeError(
