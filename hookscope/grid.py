@@ -30,7 +30,7 @@ __all__ = ["Layout", "TokenHint", "layout", "token_hint"]
 
 #: Parameters that add prefix tokens before the patch grid (their dimension 1 counts them).
 PREFIX_PARAMS = frozenset({"cls_token", "class_token", "dist_token", "distillation_token",
-                           "register_tokens", "reg_token", "mask_token_prefix"})
+                           "register_tokens", "reg_token"})
 #: Modules whose output keeps its channels in the last dimension.
 CHANNELS_LAST = frozenset({"Linear", "LayerNorm", "RMSNorm", "GroupNorm1", "LayerNorm2d"})
 #: 3-D outputs of these are (N, C, L), not tokens.

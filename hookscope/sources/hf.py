@@ -216,7 +216,7 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
 
 def describe(target: str) -> list[dict[str, Any]]:
     """What ``target`` holds: one entry per model folder (itself, or its sub-folders), with
-    its architecture, task, classes and files. Reads only the JSON files.
+    its task, files (``weights``) and architecture (``default``). Reads only the JSON files.
 
     Raises:
         HookscopeError: ``target`` is not a folder, or holds no model folder.
@@ -239,9 +239,7 @@ def describe(target: str) -> list[dict[str, Any]]:
         files = [n for n in (*WEIGHT_FILES, "preprocessor_config.json")
                  if (folder / n).is_file()]
         found.append({"name": f"{PREFIX}{folder}", "task": task, "weights": files,
-                      "default": arch or raw.get("model_type"),
-                      "classes": len(raw.get("id2label") or {}) or None,
-                      "remote_code": bool(raw.get("auto_map"))})
+                      "default": arch or raw.get("model_type")})
     return found
 
 
