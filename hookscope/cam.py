@@ -30,7 +30,6 @@ the one driver (:func:`hookscope.run.drive`) runs it.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -42,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hookscope.cam_backprop import GuidedGrad, bias_of, has_bias
+from hookscope.cam_layer import default_layer
 from hookscope.cam_methods import (
     SMOOTH_STD,
     CamInputs,
@@ -53,6 +53,7 @@ from hookscope.cam_methods import (
 )
 from hookscope.cam_targets import Context, Objective, Selection, infer_task, make_objective
 from hookscope.errors import ForwardError, HookscopeError, param
+from hookscope.grid import Layout, layout, token_hint
 from hookscope.hooks import Call, Site, all_sites, find_site, first_tensor
 from hookscope.run import Probe, Step, drive, peek
 from hookscope.targets import Targets, parse_targets
@@ -165,52 +166,6 @@ class CamResult:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _is_square(n: int) -> bool:
-    return n > 1 and math.isqrt(n) ** 2 == n
-
-
-def _spatial_reason(shape: Sequence[int], reshape: str) -> str | None:
-    """Why an output of this shape cannot give a map (None when it can)."""
-    dims = len(shape)
-    if reshape in ("auto", "none") and dims == 4:
-        return None if shape[2] * shape[3] > 1 else (
-            f"its spatial size is {shape[2]}x{shape[3]}, so there is nowhere to point at")
-    if reshape == "swin" and dims == 4:
-        return None if shape[1] * shape[2] > 1 else (
-            f"its spatial size is {shape[1]}x{shape[2]} (read as N, H, W, C)")
-    if dims == 3 and reshape in ("auto", "vit", "swin"):
-        tokens = shape[1]
-        if _is_square(tokens - 1) or _is_square(tokens):
-            return None
-        return (f"its {tokens} tokens are not a square grid (with or without one CLS token)")
-    if reshape == "none" and dims == 3:
-        return f"it is a token sequence (N, tokens, C); set {param('reshape')} vit to use it"
-    if reshape == "vit":
-        return f"{param('reshape')} vit needs token outputs (N, tokens, C)"
-    if dims < 3:
-        return "it has no spatial dimensions"
-    return f"it is {dims}-D; Grad-CAM needs (N, C, H, W) or ViT tokens (N, 1+h*w, C)"
-
-
-def _auto_layout(model: nn.Module, layer: str) -> str:
-    """``swin`` for torchvision Swin layers before its ``permute`` (channels-last), else auto."""
-    if "Swin" in type(model).__name__ and (layer == "norm" or layer.startswith("features")):
-        return "swin"
-    return "auto"
-
-
-def _to_nchw(t: torch.Tensor, reshape: str) -> torch.Tensor:
-    """Bring an activation (or its gradient) to (N, C, h, w)."""
-    if t.dim() == 4:
-        return t.permute(0, 3, 1, 2) if reshape == "swin" else t
-    n, tokens, c = t.shape
-    if not _is_square(tokens):  # a CLS token first, then a square grid
-        t = t[:, 1:]
-        tokens -= 1
-    side = math.isqrt(tokens)
-    return t.reshape(n, side, side, c).permute(0, 3, 1, 2)
-
-
 def _normalise(maps: torch.Tensor) -> torch.Tensor:
     """Min-max scale each (h, w) map to [0, 1]; a constant map becomes zeros."""
     flat = maps.reshape(maps.shape[0], -1)
@@ -285,64 +240,6 @@ def _with_output(output: Any, out: torch.Tensor, replacement: torch.Tensor, name
 
 
 # ----------------------------------------------------------------------------- layers
-
-
-class _Spatial(Probe[list[tuple[str, list[int]]]]):
-    """Every module (in execution order of their ends) with a 4-D output larger than 1x1."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.sites = [s for s in all_sites(model) if s.name]
-        self.found: list[tuple[str, list[int]]] = []
-        self.ran: set[str] = set()
-
-    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
-        self.ran.add(call.name)
-        t = first_tensor(output)
-        if t is not None and t.dim() == 4 and t.shape[2] * t.shape[3] > 1:
-            self.found.append((call.name, list(t.shape)))
-
-    def finish(self) -> list[tuple[str, list[int]]]:
-        return self.found
-
-
-def _stage(found: Sequence[tuple[str, list[int]]], ran: set[str], model: nn.Module
-           ) -> tuple[str, list[int]] | None:
-    """The last spatial stage of a backbone: a module under ``backbone.body`` (FPN
-    backbones) or ``backbone`` whose parent there did not run itself (so ModuleList
-    entries count as stages)."""
-    names = dict(model.named_modules())
-    prefix = "backbone.body" if "backbone.body" in names else "backbone"
-    if prefix not in names:
-        return None
-    stages = [(n, s) for n, s in found if n.startswith(prefix + ".")
-              and (n.rsplit(".", 1)[0] == prefix or n.rsplit(".", 1)[0] not in ran)]
-    return stages[-1] if stages else None
-
-
-def default_layer(model: nn.Module, sample: torch.Tensor, *,
-                  autocast: torch.dtype | None = None,
-                  task: str = "classification") -> tuple[str, list[int]]:
-    """The layer to explain when none is given, found with one forward pass of ``sample``.
-
-    A classifier's: the last module (in execution order) whose output is 4-D with a
-    spatial size over 1x1. A segmentation model's or detector's: the last such stage of
-    its backbone (``backbone.layer4``, ``backbone.body.layer4``), else the classifier's rule.
-
-    Raises:
-        HookscopeError: no module has a spatial output.
-    """
-    probe = _Spatial(model)
-    found = drive(model, sample, probe, autocast=autocast)
-    chosen = _stage(found, probe.ran, model) if task != "classification" else None
-    if chosen is None and found:
-        chosen = found[-1]
-    if chosen is None:
-        raise HookscopeError(
-            f"{type(model).__name__} has no module with a spatial (N, C, H, W) output larger "
-            f"than 1x1; choose {param('layer')} (with {param('reshape')} vit or swin for token "
-            "outputs)."
-        )
-    return chosen
 
 
 def _resolve_site(model: nn.Module, layer: str | nn.Module) -> Site:
@@ -475,7 +372,8 @@ class CamProbe(Probe[CamReport]):
         layer: dotted module name (or the module itself), or several (their maps are fused).
         methods: registered method names.
         targets: parsed targets (see :func:`hookscope.targets.parse_targets`).
-        reshape: ``auto``, ``none``, ``vit`` (tokens with a CLS token) or ``swin`` (N, H, W, C).
+        reshape: ``auto`` (see :mod:`hookscope.grid`), or only ``none`` (N, C, H, W),
+            ``vit`` (tokens after prefix tokens) or ``swin`` (N, H, W, C).
         score_batch: masked, ablated or perturbed inputs per forward pass.
         transform: the preprocessing, to place maps on the original images (see
             :func:`crop_box`).
@@ -493,6 +391,7 @@ class CamProbe(Probe[CamReport]):
         seed: seeds the noise of ``sscam``, ``smoothgradcam++`` and the ROAD metric.
         metrics: metric names (see :mod:`hookscope.cam_faithfulness`) to score every map with.
         percentiles: the ROAD metric's percentiles.
+        head_fusion, discard_ratio: the rollout's (see :mod:`hookscope.attention`).
     """
 
     grad = "off"  # autograd starts at the layer: its hook switches it on
@@ -504,8 +403,8 @@ class CamProbe(Probe[CamReport]):
                  output_key: str | None = None, task: str | None = None,
                  objective: Objective | None = None, aug_smooth: bool = False,
                  eigen_smooth: bool = False, guided: bool = False, seed: int = 0,
-                 metrics: Sequence[str] = (), percentiles: Sequence[float] | None = None
-                 ) -> None:
+                 metrics: Sequence[str] = (), percentiles: Sequence[float] | None = None,
+                 head_fusion: str = "mean", discard_ratio: float = 0.0) -> None:
         if reshape not in RESHAPES:
             raise HookscopeError(f"{param('reshape')} {reshape!r}: choose one of "
                                  f"{', '.join(RESHAPES)}.")
@@ -517,8 +416,9 @@ class CamProbe(Probe[CamReport]):
         self.methods: list[Method] = list({m.name: m for m in map(get_method, methods)}.values())
         self.task = objective.kind if objective is not None else task or infer_task(model)
         self.objective = objective or make_objective(self.task, targets, output_key=output_key)
-        self.layouts = [_auto_layout(model, s.name) if reshape == "auto" else reshape
-                        for s in self.layer_sites]
+        self.reshape, self.hint = reshape, token_hint(model)
+        self.grids: list[Layout] = [Layout("nchw", 0, 0)] * len(self.layer_sites)
+        self.size = (0, 0)
         self.score_batch, self.transform, self.sink = score_batch, transform, sink
         self.augs = AUGMENTATIONS if aug_smooth else AUGMENTATIONS[:1]
         self.eigen_smooth, self.guided, self.seed = eigen_smooth, guided, seed
@@ -528,6 +428,16 @@ class CamProbe(Probe[CamReport]):
         self.needs_grad = any(m.gradients for m in self.methods)
         self.keep_graph, self.second_order = bool(needs & {"regrad", "hvp"}), "hvp" in needs
         self.needs_full = "full" in needs
+        self.attn_kinds: dict[int, str] = {}
+        if "attention" in needs:
+            from hookscope.attention import attention_sites, check_rollout
+
+            check_rollout(head_fusion, discard_ratio)
+            found = attention_sites(model)
+            self.attn_kinds = {id(site.module): kind for site, kind in found}
+            self.attn_sites = [site for site, _ in found]
+        self.rollout = (head_fusion, discard_ratio)
+        self.attn_probs: list[torch.Tensor] = []
         self.gens = {m.name: torch.Generator().manual_seed(seed) for m in self.methods}
         self._hook_sites(model)
         self.notes: dict[str, None] = {}
@@ -549,7 +459,9 @@ class CamProbe(Probe[CamReport]):
         self.layer_ids = {id(s.module): i for i, s in enumerate(self.layer_sites)}
         self.bias_ids = {id(s.module) for s in bias}
         self.relu_ids = {id(s.module) for s in relus}
-        self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus]}.values())
+        attention = getattr(self, "attn_sites", [])
+        self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus,
+                                                     *attention]}.values())
 
     def _check_methods(self, aug_smooth: bool) -> None:
         """A method or option that cannot work with this model says why, before any pass."""
@@ -565,18 +477,34 @@ class CamProbe(Probe[CamReport]):
 
     # ------------------------------------------------------------------ hooks
 
-    def _check(self, site: Site, out: torch.Tensor, layout: str) -> None:
-        reason = _spatial_reason(list(out.shape), layout)
-        if reason is not None:
+    def _check(self, site: Site, out: torch.Tensor, index: int) -> None:
+        found = layout(list(out.shape), self.size, type_name=site.type, hint=self.hint,
+                       force=self.reshape)
+        if not isinstance(found, Layout):
             raise HookscopeError(
                 f"Layer {site.name!r} ({site.type}) outputs shape {list(out.shape)}, "
-                f"which cannot give a class activation map: {reason}. Choose a convolutional "
-                f"layer (or leave {param('layer')} out for the last spatial one); `hookscope "
-                "layers MODEL` lists the names and shapes."
+                f"which cannot give a class activation map: {found}. Choose a layer whose "
+                f"output is an image grid (or leave {param('layer')} out for a good default); "
+                "`hookscope layers MODEL` lists the names and shapes."
             )
+        self.grids[index] = found
+
+    def on_enter(self, call: Call, args: Any, kwargs: dict[str, Any]) -> None:
+        kind = self.attn_kinds.get(id(call.site.module))
+        if self.mode == "attention" and kind is not None:
+            from hookscope.attention import ask_for_weights
+
+            ask_for_weights(kind, kwargs)
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
         key = id(call.site.module)
+        if self.mode == "attention" and key in self.attn_kinds:
+            from hookscope.attention import probabilities
+
+            found = probabilities(self.attn_kinds[key], output)
+            if found is not None:
+                self.attn_probs.append(found)
+            return None
         if self.mode == "capture" and key in self.layer_ids:
             return self._on_layer(call, self.layer_ids[key], output)
         if self.mode == "ablate" and self.ablation is not None and key in self.layer_ids:
@@ -599,7 +527,7 @@ class CamProbe(Probe[CamReport]):
         out = first_tensor(output)
         if out is None:
             raise HookscopeError(f"Layer {call.name!r} returned no tensor.")
-        self._check(call.site, out, self.layouts[index])
+        self._check(call.site, out, index)
         if not self.needs_grad:
             self.cap[index] = (out.detach().clone(), out, call.index)
             return None
@@ -619,6 +547,7 @@ class CamProbe(Probe[CamReport]):
                  keep: bool = False, strict: bool = True) -> tuple[_Captured, Selection]:
         """One forward (and backward) pass: the output, activations and gradients."""
         self.mode, self.cap = "capture", [None] * len(self.layer_sites)
+        self.size = (int(x.shape[-2]), int(x.shape[-1]))
         try:
             out = self.objective.output(step.forward(x))
         finally:
@@ -640,11 +569,11 @@ class CamProbe(Probe[CamReport]):
         rows = list(range(len(x)))
         with torch.no_grad():
             scores = self.objective.score(_detach(out), sel, rows).float()
-        nchw = [_to_nchw(c[0], lay).float() for c, lay in zip(taken, self.layouts, strict=True)]
+        nchw = [lay.to_nchw(c[0]).float() for c, lay in zip(taken, self.grids, strict=True)]
         return _Captured(
             out=_detach(out), acts=[c[0] for c in taken], nchw=nchw,
-            grads=[_to_nchw(g, lay).float() if g is not None else None
-                   for g, lay in zip(grads, self.layouts, strict=True)],
+            grads=[lay.to_nchw(g).float() if g is not None else None
+                   for g, lay in zip(grads, self.grids, strict=True)],
             calls=[c[2] for c in taken], scores=scores,
             graph_out=out if keep else None, nodes=[c[1] for c in taken] if keep else [],
             graph_grads=graph_grads if keep else []), sel
@@ -689,7 +618,7 @@ class CamProbe(Probe[CamReport]):
         batch = orig.repeat(k, *([1] * (orig.dim() - 1)))
         low = float(orig.min())
         value = 0.0 if low == 0 else low - 1e7  # pytorch-grad-cam's AblationLayer
-        cdim = 1 if orig.dim() == 4 and self.layouts[layer] != "swin" else orig.dim() - 1
+        cdim = self.grids[layer].channel_dim
         batch.movedim(cdim, 1)[torch.arange(k), torch.tensor(channels)] = value
         self.mode, self.ablation = "ablate", (layer, cap.calls[layer], batch)
         try:
@@ -729,13 +658,30 @@ class CamProbe(Probe[CamReport]):
         first = grads[0]
         return (first.detach() if first is not None else torch.zeros_like(leaf)), pairs
 
+    def _attention(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Any:
+        """One pass with every attention module's probabilities (and, with ``gradients``,
+        the summed target scores' gradients with respect to them)."""
+        from hookscope.attention import collect, eager_attention
+
+        self.mode, self.attn_probs = "attention", []
+        try:
+            with eager_attention(self.model):
+                out = self.objective.output(step.forward(x, grad="grad" if gradients
+                                                         else "inference"))
+        finally:
+            self.mode = "idle"
+        probs, self.attn_probs = self.attn_probs, []
+        rows = list(range(len(sel.classes)))
+        score = partial(self.objective.score, out, sel, rows) if gradients else None
+        return collect(probs, score, x, self.hint, *self.rollout)
+
     def _regrad(self, cap: _Captured, layer: int, fn: Callable[[Any], torch.Tensor]
                 ) -> torch.Tensor:
         with torch.inference_mode(False), torch.enable_grad():
             (g,) = torch.autograd.grad(fn(cap.graph_out).sum(), cap.nodes[layer],
                                        retain_graph=True, allow_unused=True)
         g = torch.zeros_like(cap.acts[layer]) if g is None else g.detach()
-        return _to_nchw(g, self.layouts[layer]).float()
+        return self.grids[layer].to_nchw(g).float()
 
     def _hvp(self, cap: _Captured, layer: int) -> torch.Tensor:
         grad, node = cap.graph_grads[layer], cap.nodes[layer]
@@ -753,7 +699,7 @@ class CamProbe(Probe[CamReport]):
                     f"operation of this model after layer {self.layer_sites[layer].name!r} "
                     f"({' '.join(str(exc).split())}); choose another method.") from None
         h = torch.zeros_like(cap.acts[layer]) if h is None else h.detach()
-        return _to_nchw(h, self.layouts[layer]).float()
+        return self.grids[layer].to_nchw(h).float()
 
     def _noise(self, name: str, device: torch.device, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randn(shape, generator=self.gens[name]).to(device)
@@ -795,7 +741,8 @@ class CamProbe(Probe[CamReport]):
             logits=cap.out if self.task == "classification" else None,
             hvp=partial(self._hvp, cap, layer) if cap.graph_grads else None,
             noisy=partial(self._noisy, step, sel, ctx, x, name, cache, layer),
-            noise=partial(self._noise, name, x.device), full=full)
+            noise=partial(self._noise, name, x.device), full=full,
+            attention=partial(self._attention, step, x, sel) if self.attn_kinds else None)
 
     def _raws(self, method: Method, step: Step, cap: _Captured, sel: Selection, ctx: Context,
               x: torch.Tensor, full: FullBackward | None) -> list[torch.Tensor]:
@@ -952,9 +899,9 @@ def _default_layer(model: nn.Module, inputs: Any, task: str, autocast: torch.dty
     sample = getattr(first, "tensor", first)
     sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
     layer, shape = default_layer(model, sample[:1], autocast=autocast, task=task)
-    what = "the last module" if task == "classification" else "the backbone's last stage"
-    log.info("using layer %s, %s with a spatial output (%s)", layer, what,
-             "x".join(str(d) for d in shape[1:]))
+    log.info("using layer %s, %s (%s channels on a %sx%s grid)", layer,
+             "the default for this model" if task == "classification" else
+             "the backbone's last stage", *shape[1:])
     return layer, batches
 
 
@@ -981,12 +928,13 @@ def explain(
 ) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
-    ``layer`` None picks the last module with a spatial output larger than 1x1 (for
-    segmentation models and detectors, the backbone's last such stage), found on the first
-    input (logged). ``task``, ``targets``, ``output_key``, ``mask``, ``box_index``, ``iou``
-    and ``min_score`` make the objective (see :func:`hookscope.cam_targets.make_objective`);
-    other arguments and ``options`` (``aug_smooth``, ``eigen_smooth``, ``guided``, ``seed``,
-    ``metrics``, ``percentiles``) are those of :class:`CamProbe`.
+    ``layer`` None picks :func:`default_layer` (the last image-grid output; a token
+    transformer's last block's first norm; for segmentation models and detectors, the
+    backbone's last stage), found on the first input (logged). ``task``, ``targets``,
+    ``output_key``, ``mask``, ``box_index``, ``iou`` and ``min_score`` make the objective
+    (see :func:`hookscope.cam_targets.make_objective`); other arguments and ``options``
+    (``aug_smooth``, ``eigen_smooth``, ``guided``, ``seed``, ``metrics``, ``percentiles``,
+    ``head_fusion``, ``discard_ratio``) are those of :class:`CamProbe`.
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or an

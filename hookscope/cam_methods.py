@@ -75,6 +75,8 @@ class CamInputs:
             the input (the same noise for every layer).
         noise: ``noise(shape)``: standard normal noise from the seeded generator.
         full: the full backward pass (FullGrad).
+        attention: ``attention(gradients)``: the attention probabilities of every block
+            (with the target scores' gradients with respect to them), from one more pass.
     """
 
     acts: torch.Tensor
@@ -91,6 +93,7 @@ class CamInputs:
     noisy: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
     noise: Callable[[tuple[int, ...]], torch.Tensor] | None = None
     full: FullBackward | None = None
+    attention: Callable[[bool], Any] | None = None
 
 
 CamFn = Callable[[CamInputs], "torch.Tensor"]
@@ -103,7 +106,7 @@ class Method:
     Attributes:
         gradients: needs the gradients at the layer.
         needs: the extra passes it uses: ``score``, ``ablate``, ``regrad``, ``hvp``,
-            ``noisy``, ``noise``, ``full``.
+            ``noisy``, ``noise``, ``full``, ``attention``.
         classifier: only for classifiers (it compares classes of the logits).
         layerwise: computed at each target layer (False: FullGrad, which uses every bias).
         origin: the implementation it follows.
@@ -523,3 +526,26 @@ def smoothgradcam_pp(inp: CamInputs) -> torch.Tensor:
     g2, g3 = g2 / SMOOTH_SAMPLES, g3 / SMOOTH_SAMPLES
     alpha = g2 / (2 * g2 + _spatial_sum(g3 * inp.acts) + 1e-8)
     return _channels((alpha * grads.clamp(min=0)).sum(dim=(2, 3)), acts)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@register("rollout", gradients=False, needs=("attention",), layerwise=False, origin="paper",
+          summary="Attention rollout: head-fused attention, with the residual, multiplied "
+                  "through the blocks.")
+def attention_rollout(inp: CamInputs) -> torch.Tensor:
+    """Attention rollout (Abnar & Zuidema, 2020); see :func:`hookscope.attention.rollout`."""
+    from hookscope.attention import rollout
+
+    return rollout(_need(inp.attention, "attention")(False))
+
+
+@register("attention-grad", gradients=False, needs=("attention",), layerwise=False,
+          classifier=False, origin="paper",
+          summary="Chefer et al.: gradient-weighted attention relevance through the blocks.")
+def attention_grad(inp: CamInputs) -> torch.Tensor:
+    """Chefer, Gur & Wolf (2021); see :func:`hookscope.attention.relevance`."""
+    from hookscope.attention import relevance
+
+    return relevance(_need(inp.attention, "attention")(True))

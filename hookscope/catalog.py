@@ -9,7 +9,7 @@ from typing import Any
 
 from hookscope.errors import HookscopeError, suggest
 
-__all__ = ["ModelInfo", "find_models", "find_timm_models", "name_matcher"]
+__all__ = ["ModelInfo", "find_hf_models", "find_models", "find_timm_models", "name_matcher"]
 
 _WILDCARDS = set("*?[")
 
@@ -106,4 +106,23 @@ def find_timm_models(pattern: str | None = None, task: str | None = None) -> lis
         tags = pretrained_tags(name, with_weights)
         found.append(ModelInfo(f"{PREFIX}{name}", "classification", tags,
                                tags[0] if tags else None))
+    return found
+
+
+def find_hf_models(path: str | None = None, task: str | None = None) -> list[ModelInfo]:
+    """The Hugging Face model folders at ``path`` (itself, or its sub-folders): each as
+    ``hf:FOLDER``, its task, its files as ``weights`` and its architecture as ``default``.
+
+    Raises:
+        HookscopeError: no path, not a folder, or no model folder there.
+    """
+    from hookscope.sources.hf import describe
+
+    if not path:
+        raise HookscopeError("`hookscope models --source hf PATH` needs the PATH of a folder "
+                             "(a save_pretrained folder, or one that holds several).")
+    found = [ModelInfo(d["name"], d["task"], d["weights"], d["default"])
+             for d in describe(path) if task is None or d["task"] == task]
+    if not found:
+        raise HookscopeError(f"No model folder with task {task} under {path}.")
     return found

@@ -57,13 +57,24 @@ BLOCK = 1 << 19
 _local = threading.local()
 
 
-def channel_dim(shape: torch.Size | list[int] | tuple[int, ...], type_name: str) -> int | None:
-    """The dimension holding the channels of an output (None: the output is one channel)."""
+def channel_dim(shape: torch.Size | list[int] | tuple[int, ...], type_name: str,
+                size: tuple[int, int] | None = None, hint: Any = None) -> int | None:
+    """The dimension holding the channels of an output (None: the output is one channel).
+
+    With the input's ``size`` (H, W), a 4-D output is placed by :func:`hookscope.grid.layout`,
+    so a channels-last (N, H, W, C) output of any module has its channels last.
+    """
     rank = len(shape)
     if rank < 2:
         return None
     if type_name in CHANNELS_LAST or (rank == 3 and type_name not in CHANNELS_FIRST_1D):
         return rank - 1
+    if rank == 4 and size is not None and min(size) > 0:
+        from hookscope.grid import Layout, layout
+
+        found = layout(list(shape), size, type_name=type_name, hint=hint)
+        if isinstance(found, Layout):
+            return found.channel_dim
     return 1
 
 

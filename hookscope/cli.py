@@ -98,13 +98,14 @@ def models_command(
     """List the models hookscope can load by name, with their task and weights.
 
     Example: hookscope models 'resnet*' --format json | jq -r '.models[].name'
+    (hookscope models --source hf ./checkpoints lists the Hugging Face folders there)
     """
-    from hookscope.catalog import find_models, find_timm_models
+    from hookscope.catalog import find_hf_models, find_models, find_timm_models
 
     s = opts.s
     out = s.output(opts.output, force=opts.force)
-    found = find_timm_models(pattern, task) if _value(source) == "timm" else \
-        find_models(pattern, task)
+    finder = {"timm": find_timm_models, "hf": find_hf_models}.get(_value(source), find_models)
+    found = finder(pattern, task)
     doc = {"hookscope": __version__, "command": "models", "model": None, "weights": None,
            "device": None, "inputs": [], "pattern": pattern, "task": task,
            "source": _value(source), "models": [m.to_dict() for m in found]}
@@ -196,7 +197,8 @@ def gradcam(
     aug_smooth: o.CamAugSmoothOpt = False, eigen_smooth: o.CamEigenSmoothOpt = False,
     guided: o.CamGuidedOpt = False, mask: o.CamMaskOpt = None, box_index: o.CamBoxIndexOpt = None,
     iou: o.CamIouOpt = 0.5, min_score: o.CamMinScoreOpt = 0.5, metrics: o.CamMetricsOpt = None,
-    percentiles: o.CamPercentilesOpt = None, fmt: o.FormatOpt = "table", *, opts: Options,
+    percentiles: o.CamPercentilesOpt = None, head_fusion: o.CamHeadFusionOpt = "mean",
+    discard_ratio: o.CamDiscardRatioOpt = 0.0, fmt: o.FormatOpt = "table", *, opts: Options,
 ) -> None:
     """Grad-CAM and its family: which pixels made the model choose a class, segment a class
     or detect a box.
@@ -234,7 +236,8 @@ def gradcam(
             output_key=loaded.output_key, autocast=loaded.autocast, task=task, mask=region,
             box_index=box_index or (), iou=iou, min_score=min_score, aug_smooth=aug_smooth,
             eigen_smooth=eigen_smooth, guided=guided, seed=opts.model.seed,
-            metrics=plan.names if plan else (), percentiles=plan.percentiles if plan else None)
+            metrics=plan.names if plan else (), percentiles=plan.percentiles if plan else None,
+            head_fusion=_value(head_fusion), discard_ratio=discard_ratio)
     writer.log_notes(report.notes)
     doc = loaded.envelope("gradcam", resolved.names) | {
         "layer": report.layer, "layer_default": not layers, "layer_shape": report.layer_shape,

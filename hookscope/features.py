@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from hookscope.errors import HookscopeError, param
+from hookscope.grid import Layout, TokenHint, layout
 from hookscope.hooks import Call, Site, all_sites, find_site, first_tensor, select_sites
 from hookscope.run import Probe, Step, drive
 
@@ -133,16 +134,22 @@ def make_tiles(
     return grid.clamp_(0, 1), channels
 
 
-def _spatial(output: Any, site: Site) -> torch.Tensor:
+def _spatial(output: Any, site: Site, size: tuple[int, int], hint: TokenHint) -> torch.Tensor:
+    """The output as (N, C, h, w): channels-last and token outputs laid out on their grid."""
     t = first_tensor(output)
-    if t is None or t.dim() != 4:
+    found = layout(list(t.shape), size, type_name=site.type, hint=hint) if t is not None \
+        else "it returns no tensor"
+    if not isinstance(found, Layout) and t is not None and t.dim() == 4:
+        return t  # any other (N, C, H, W), 1x1 squeeze-excite outputs too, as it is
+    if not isinstance(found, Layout):
         shape = list(t.shape) if t is not None else None
         raise HookscopeError(
             f"{site.name} ({site.type}) returns {shape if shape else 'no tensor'}; feature "
-            "grids need a (N, C, H, W) output. Choose a convolutional layer "
-            "(see `hookscope layers MODEL`)."
+            f"grids need an image grid ((N, C, H, W), (N, H, W, C) or patch tokens): {found}. "
+            "Choose another layer (see `hookscope layers MODEL`)."
         )
-    return t
+    assert t is not None
+    return found.to_nchw(t)
 
 
 @dataclass(frozen=True)
@@ -170,12 +177,14 @@ class FeaturesProbe(Probe[FeaturesReport]):
         order: ``index`` (the first channels), ``mean`` or ``max`` (the most active first).
         upsample: resize each tile to the input's size.
         stems: output file stems per input (default: each input's ``stem``).
+        hint: the model's tokens (default: :func:`hookscope.grid.token_hint` of the model
+            driven), to lay token outputs on their grid.
     """
 
     def __init__(self, sites: Sequence[Site], *,
                  sink: Callable[[FeatureGrid], dict[str, Any] | None] | None = None,
                  max_channels: int = 64, order: str = "index", upsample: bool = False,
-                 stems: Sequence[str] | None = None) -> None:
+                 stems: Sequence[str] | None = None, hint: TokenHint | None = None) -> None:
         if order not in ORDERS:
             raise HookscopeError(f"{param('order')} {order!r}: choose one of "
                                  f"{', '.join(ORDERS)}.")
@@ -186,15 +195,25 @@ class FeaturesProbe(Probe[FeaturesReport]):
         self.sink = sink
         self.max_channels, self.order, self.upsample = max_channels, order, upsample
         self.stems = stems
+        self.hint = hint
+        self.size = (0, 0)
         self.captured: list[tuple[Call, torch.Tensor]] = []
         self.rows: list[dict[str, Any]] = []
         self.kept: list[FeatureGrid] = []
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
-        self.captured.append((call, _spatial(output, call.site).detach().float().cpu().clone()))
+        fmap = _spatial(output, call.site, self.size, self.hint or TokenHint())
+        self.captured.append((call, fmap.detach().float().cpu().clone()))
+
+    def bind(self, tracer: Any) -> None:
+        if self.hint is None:
+            from hookscope.grid import token_hint
+
+            self.hint = token_hint(tracer.model)
 
     def step(self, step: Step) -> None:
         self.captured.clear()
+        self.size = (int(step.x.shape[-2]), int(step.x.shape[-1]))
         step.forward()
         size = (int(step.x.shape[-2]), int(step.x.shape[-1])) if self.upsample else None
         items = step.batch.items if step.batch is not None else None

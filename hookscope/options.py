@@ -30,7 +30,8 @@ DebugFormat = _choices("DebugFormat", ["text", "ndjson", "json"])
 Reshape = _choices("Reshape", ["auto", "none", "vit", "swin"])
 GradLoss = _choices("GradLoss", ["logit", "ce"])
 FeatureOrder = _choices("FeatureOrder", ["index", "mean", "max"])
-ModelSource = _choices("ModelSource", ["torchvision", "timm"])
+ModelSource = _choices("ModelSource", ["torchvision", "timm", "hf"])
+HeadFusion = _choices("HeadFusion", ["mean", "max", "min"])
 
 
 def _cam_methods() -> type[Enum]:
@@ -332,8 +333,9 @@ ModelsTaskOpt = Annotated[str | None, typer.Option(
     "--task", help="Only this task: classification, segmentation, detection, video, "
     "optical_flow, quantization.", show_default=False)]
 ModelsSourceOpt = Annotated[ModelSource, typer.Option(  # type: ignore[valid-type]
-    "--source", help="torchvision's models, or timm's (names to use as timm:NAME; needs "
-    "hookscope[timm]).")]
+    "--source", help="torchvision's models, timm's (names to use as timm:NAME; needs "
+    "hookscope[timm]), or hf: the model folders under PATTERN, a local path (needs "
+    "hookscope[hf]).")]
 LayersInputOpt = Annotated[str | None, typer.Argument(
     help="One image or .pt/.npy tensor for the forward pass that records shapes (its "
     "first sample); default: zeros of the weights' input size.", metavar="INPUT",
@@ -343,15 +345,17 @@ DebugFmtOpt = Annotated[DebugFormat, typer.Option(  # type: ignore[valid-type]
     "one document.")]
 CamLayerOpt = Annotated[list[str] | None, typer.Option(
     "--layer", help="Target layer (dotted name from `hookscope layers`), repeatable: the "
-    "layers' maps are averaged. Default: the last module with a spatial output (layer4); "
-    "for segmentation and detection models the backbone's last stage.",
+    "layers' maps are averaged. Default: the last module with an image-grid output "
+    "(layer4); for a token transformer its last block's first norm (blocks.11.norm1); for "
+    "segmentation and detection models the backbone's last stage.",
     show_default=False)]
 CamMethodOpt = Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
     "--method", "-m", help="CAM method (repeatable). [default: gradcam]",
     show_default=False)]
 CamReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
-    help="Token outputs to a grid: auto (ViT-style CLS + square grid), none, vit, or swin "
-    "(N, H, W, C).")]
+    help="Outputs to a grid: auto ((N, C, H, W), channels-last (N, H, W, C), or patch "
+    "tokens after CLS/distillation/register tokens), or only none (N, C, H, W), vit "
+    "(tokens) or swin (N, H, W, C).")]
 CamColormapOpt = Annotated[str, typer.Option(help="A matplotlib colormap name.")]
 CamAlphaOpt = Annotated[float, typer.Option(help="Heatmap weight in the overlay.", min=0.0,
     max=1.0)]
@@ -368,6 +372,11 @@ CamAugSmoothOpt = Annotated[bool, typer.Option(
 CamEigenSmoothOpt = Annotated[bool, typer.Option(
     "--eigen-smooth", help="The first principal component of the weighted activations "
     "instead of their sum over channels.")]
+CamHeadFusionOpt = Annotated[HeadFusion, typer.Option(  # type: ignore[valid-type]
+    "--head-fusion", help="rollout: fuse the attention heads by their mean, max or min.")]
+CamDiscardRatioOpt = Annotated[float, typer.Option(
+    "--discard-ratio", help="rollout: zero this fraction of the lowest fused attentions.",
+    min=0.0, max=0.99)]
 CamGuidedOpt = Annotated[bool, typer.Option(
     "--guided", help="Also write <stem>.<method>.guided.png: guided backpropagation "
     "times the map (guided Grad-CAM).")]

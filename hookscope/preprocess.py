@@ -44,6 +44,8 @@ class Preprocess:
         channels: 3 (RGB) or 1 (grayscale).
         interpolation: ``bilinear``, ``bicubic`` or ``nearest``.
         origin: where these settings came from (``weights``, ``timm``, ``default``...).
+        stretch: resize both sides to ``resize`` (Hugging Face processors' ``{"height",
+            "width"}``) instead of the shorter one.
         transform: a transform to apply instead of building one (the weights' own, or
             timm's); the fields above still describe what it does.
     """
@@ -55,13 +57,16 @@ class Preprocess:
     channels: int = 3
     interpolation: str = "bilinear"
     origin: str = "default"
+    stretch: bool = False
     transform: Callable[[Any], torch.Tensor] | None = field(default=None, compare=False,
                                                             repr=False)
 
     @property
     def resize_size(self) -> list[int] | None:
         """torchvision presets' name for :attr:`resize`."""
-        return [self.resize] if self.resize is not None else None
+        if self.resize is None:
+            return None
+        return [self.resize, self.resize] if self.stretch else [self.resize]
 
     @property
     def crop_size(self) -> list[int] | None:
@@ -85,7 +90,8 @@ class Preprocess:
 
         steps: list[Any] = []
         if self.resize is not None:
-            steps.append(T.Resize(self.resize, InterpolationMode(self.interpolation),
+            side = (self.resize, self.resize) if self.stretch else self.resize
+            steps.append(T.Resize(side, InterpolationMode(self.interpolation),
                                   antialias=True))
         if self.crop is not None:
             steps.append(T.CenterCrop(self.crop))
@@ -97,9 +103,10 @@ class Preprocess:
 
     def to_dict(self) -> dict[str, Any]:
         """What the JSON envelope records as ``preprocessing``."""
-        return {"resize": self.resize, "crop": self.crop, "mean": list(self.mean),
-                "std": list(self.std), "channels": self.channels,
-                "interpolation": self.interpolation, "origin": self.origin}
+        found = {"resize": self.resize, "crop": self.crop, "mean": list(self.mean),
+                 "std": list(self.std), "channels": self.channels,
+                 "interpolation": self.interpolation, "origin": self.origin}
+        return found | {"stretch": True} if self.stretch else found
 
     @classmethod
     def from_preset(cls, preset: Any, origin: str) -> Preprocess:

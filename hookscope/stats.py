@@ -281,10 +281,12 @@ class Extras:
     channel_sketch: Sketch | None = None
 
     @classmethod
-    def of(cls, tensor: torch.Tensor, type_name: str, spec: Extras) -> Extras:
-        """What ``spec`` asks for, of one output of a ``type_name`` module."""
+    def of(cls, tensor: torch.Tensor, type_name: str, spec: Extras,
+           grid: tuple[tuple[int, int], Any] | None = None) -> Extras:
+        """What ``spec`` asks for, of one output of a ``type_name`` module (``grid``: the
+        input's (H, W) and the model's token hint, to find channels-last outputs)."""
         if spec.per_channel:
-            dim = channel_dim(tensor.shape, type_name)
+            dim = channel_dim(tensor.shape, type_name, *(grid or ()))
             view = ChannelView.of(tensor, dim)
             channels = ChannelMoments.of(view)
             sketch = None
@@ -529,6 +531,17 @@ class StatsProbe(Probe[StatsReport]):
         self._entered: dict[tuple[str, int], list[list[int]]] = {}
         self.predictions: list[list[Prediction]] = []
         self.input_shape: list[int] | None = None
+        self.grid: tuple[tuple[int, int], Any] | None = None
+        if per_channel:
+            from hookscope.grid import token_hint
+
+            self.grid = ((0, 0), token_hint(model))
+
+    def step(self, step: Step) -> None:
+        x = first_tensor(step.x)
+        if self.grid is not None and x is not None and x.dim() == 4:
+            self.grid = ((int(x.shape[-2]), int(x.shape[-1])), self.grid[1])
+        super().step(step)
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if call.key not in self.meta:  # shapes are recorded from the first batch
@@ -549,7 +562,8 @@ class StatsProbe(Probe[StatsReport]):
             self.table.add((*key, "out"), first)
             if self.spec.per_channel or self.spec.percentiles:
                 self.extras[key] = merged(self.extras.get(key),
-                                           Extras.of(first, call.site.type, self.spec))
+                                           Extras.of(first, call.site.type, self.spec,
+                                                     self.grid))
 
     def observe(self, step: Step, output: Any) -> None:
         self.table.flush()

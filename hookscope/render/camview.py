@@ -66,9 +66,10 @@ def cam_view(doc: Mapping[str, Any]) -> RenderableType:
         if shape:
             layer.append(f" ({'x'.join(str(d) for d in shape)})", style="dim")
     if doc.get("layer_default"):
-        what = "the last module" if doc.get("task") in (None, "classification") else \
-            "the backbone's last stage"
-        layer.append(f"  chosen automatically: {what} with a spatial output", style="dim")
+        what = "the last module with an image-grid output (a token model: its last " \
+            "block's first norm)" if doc.get("task") in (None, "classification") else \
+            "the backbone's last stage with a spatial output"
+        layer.append(f"  chosen automatically: {what}", style="dim")
     files = len(doc.get("results", []))
     layer.append(f"\nwrote {files} overlay(s) to {doc.get('out')}", style="green")
     skipped = doc.get("skipped") or []

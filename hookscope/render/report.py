@@ -246,7 +246,7 @@ def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[
 
 
 def _cam(report: Report, cmap: str, alpha: float) -> dict[str, Any]:
-    how = "chosen automatically (the last spatial output)" if report.cam_layer_default else \
+    how = "chosen automatically (the last image-grid output)" if report.cam_layer_default else \
         "as asked"
     return {"layer": report.cam_layer, "how": how, "methods": ", ".join(report.methods),
             "inputs": [_cam_input(item, report, cmap, alpha) for item in report.inputs]}

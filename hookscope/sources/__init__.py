@@ -1,6 +1,7 @@
 """Model sources: what MODEL can name, and the one way every command loads it.
 
-MODEL is a torchvision name (``resnet18``), ``timm:NAME``, ``path/to/file.py:NAME`` or
+MODEL is a torchvision name (``resnet18``), ``timm:NAME``, ``hf:FOLDER`` (a Hugging Face
+``save_pretrained`` folder), ``path/to/file.py:NAME`` or
 ``package.module:NAME`` (your own code), or the path of a whole pickled module. Each form is
 a registered :class:`~hookscope.sources.base.Source`; :func:`load` resolves the form, lets
 the source build the model, then applies what every source shares: preprocessing options,
@@ -24,8 +25,9 @@ __all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "registe
 log = logging.getLogger("hookscope")
 
 
-#: The built-in sources, asked in this order: a torchvision name, ``timm:``, code, a path.
-BUILTIN = ("torchvision", "timm", "code", "pickled")
+#: The built-in sources, asked in this order: a torchvision name, ``timm:``, ``hf:``, code,
+#: a path.
+BUILTIN = ("torchvision", "timm", "hf", "code", "pickled")
 
 
 def _builtin() -> list[Source]:
@@ -51,8 +53,8 @@ def resolve(spec: str) -> ModelSpec:
 
     raise HookscopeError(
         f"Unknown model {spec!r}.{suggest(text, model_tasks())} MODEL is a torchvision name "
-        "(`hookscope models`), timm:NAME, file.py:NAME or package.module:NAME, or a pickled "
-        "model's path."
+        "(`hookscope models`), timm:NAME, hf:FOLDER, file.py:NAME or package.module:NAME, or a "
+        "pickled model's path."
     )
 
 

@@ -1,0 +1,199 @@
+"""Which module outputs are image grids, and how to bring them to (N, C, h, w).
+
+One rule, used by the CAMs, by ``features`` and by per-channel statistics. For an input
+of H x W pixels, an output is an image grid when it is
+
+* ``(N, C, h, w)`` whose h x w has the input's aspect (convolutions, pools);
+* ``(N, h, w, C)`` channels-last, the same way (ConvNeXt's and Swin's blocks), preferred
+  for modules that act on the last dimension (``Linear``, ``LayerNorm``) and wherever the
+  first reading does not fit;
+* ``(N, tokens, C)`` where the tokens are a few prefix tokens (CLS, DeiT's distillation
+  token, DINOv2's registers) and then an h x w patch grid: h = H/s and w = W/s for an
+  integer stride s. The prefix count comes from the model's token parameters
+  (``cls_token``, ``dist_token``, ``register_tokens``...), else none or one.
+
+A tensor that is not a grid is never read as one: ``(N, heads, tokens, head_dim)`` fails
+the aspect check, and a token model's ``(N, heads, tokens, tokens)`` attention matrix is
+refused by name. :func:`layout` says why in one clause when an output is not a grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["Layout", "TokenHint", "layout", "token_hint"]
+
+#: Parameters that add prefix tokens before the patch grid (their dimension 1 counts them).
+PREFIX_PARAMS = frozenset({"cls_token", "class_token", "dist_token", "distillation_token",
+                           "register_tokens", "reg_token"})
+#: Modules whose output keeps its channels in the last dimension.
+CHANNELS_LAST = frozenset({"Linear", "LayerNorm", "RMSNorm", "GroupNorm1", "LayerNorm2d"})
+#: 3-D outputs of these are (N, C, L), not tokens.
+CHANNELS_FIRST_1D = ("Conv1d", "BatchNorm1d", "InstanceNorm1d", "Pool1d", "Pad1d", "Upsample")
+
+
+@dataclass(frozen=True)
+class TokenHint:
+    """What the model says about its tokens.
+
+    Attributes:
+        prefix: tokens before the patch grid (None: the model has no token parameters).
+        patch: the patch size of its patch embedding (None: unknown).
+        channels_last: its 4-D outputs are (N, H, W, C) where both readings would fit
+            (torchvision's Swin, whose stages are channels-last).
+    """
+
+    prefix: int | None = None
+    patch: int | None = None
+    channels_last: bool = False
+
+    def token_counts(self, size: tuple[int, int]) -> set[int]:
+        """The model's token count for this input (with and without the prefix)."""
+        if self.prefix is None or not self.patch:
+            return set()
+        grid = (size[0] // self.patch) * (size[1] // self.patch)
+        return {grid, grid + self.prefix}
+
+
+def _patch(model: nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    for value in (getattr(config, "patch_size", None), getattr(model, "patch_size", None),
+                  getattr(getattr(model, "patch_embed", None), "patch_size", None)):
+        if isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def token_hint(model: nn.Module) -> TokenHint:
+    """The prefix tokens and patch size of ``model``, from its parameters and config."""
+    prefix = None
+    for name, param in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in PREFIX_PARAMS and param.dim() == 3:
+            prefix = (prefix or 0) + int(param.shape[1])
+    kind = type(model)
+    last = kind.__module__.startswith("torchvision.") and "Swin" in kind.__name__
+    return TokenHint(prefix, _patch(model), last)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How an output lies on the image grid.
+
+    Attributes:
+        kind: ``nchw``, ``nhwc`` or ``tokens`` (``(N, prefix + h*w, C)``).
+        h, w: the grid's size.
+        prefix: tokens before the grid (``tokens`` only).
+    """
+
+    kind: str
+    h: int
+    w: int
+    prefix: int = 0
+
+    @property
+    def channel_dim(self) -> int:
+        """The dimension holding the channels, in the module's own output."""
+        return {"nchw": 1, "nhwc": 3, "tokens": 2}[self.kind]
+
+    def to_nchw(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (this layout, or its gradient) as (N, C, h, w); the prefix tokens dropped."""
+        if self.kind == "nchw":
+            return t
+        if self.kind == "nhwc":
+            return t.permute(0, 3, 1, 2)
+        n, _, c = t.shape
+        return t[:, self.prefix:].reshape(n, self.h, self.w, c).permute(0, 3, 1, 2)
+
+    def describe(self) -> str:
+        extra = f" after {self.prefix} prefix token(s)" if self.prefix else ""
+        return f"{self.kind} {self.h}x{self.w}{extra}"
+
+
+def _fits(h: int, w: int, size: tuple[int, int]) -> bool:
+    """An h x w map has the aspect of a ``size`` input (rounding allowed)."""
+    big_h, big_w = size
+    if h * w <= 1 or min(size) <= 0:
+        return False
+    return abs(w - h * big_w / big_h) <= 1 + 0.15 * w and abs(h - w * big_h / big_w) <= 1 + 0.15 * h
+
+
+def _token_grid(count: int, size: tuple[int, int]) -> tuple[int, int] | None:
+    """(h, w) with h*w == count for an integer stride of the input, or None."""
+    big_h, big_w = size
+    if min(size) <= 0:
+        return None
+    for stride in range(1, max(big_h, big_w) + 1):
+        for h, w in ((big_h // stride, big_w // stride),
+                     (-(-big_h // stride), -(-big_w // stride))):
+            if h * w == count and h * w > 1:
+                return h, w
+        if (big_h // stride) * (big_w // stride) < count:
+            break
+    return None
+
+
+def _prefixes(hint: TokenHint) -> list[int]:
+    return list(dict.fromkeys([hint.prefix, 0] if hint.prefix is not None else [0, 1]))
+
+
+def _tokens(shape: Sequence[int], size: tuple[int, int], hint: TokenHint) -> Layout | str:
+    count = shape[1]
+    for prefix in _prefixes(hint):
+        grid = _token_grid(count - prefix, size)
+        if grid is not None:
+            return Layout("tokens", grid[0], grid[1], prefix)
+    tried = " or ".join(str(p) for p in _prefixes(hint))
+    return (f"its {count} tokens are not the patch grid of a {size[0]}x{size[1]} input after "
+            f"{tried} prefix token(s)")
+
+
+def _attention(shape: Sequence[int], size: tuple[int, int], hint: TokenHint) -> bool:
+    counts = hint.token_counts(size)
+    return bool(counts) and shape[2] == shape[3] and shape[2] in counts and \
+        shape[2] != size[0] // (hint.patch or 1)
+
+
+def layout(shape: Sequence[int], size: tuple[int, int], *, type_name: str = "",
+           hint: TokenHint | None = None, force: str = "auto") -> Layout | str:
+    """How an output of ``shape`` lies on the grid of an input of ``size`` (H, W), or why
+    it does not.
+
+    Args:
+        shape: the output's shape, batch first.
+        size: the input's (H, W).
+        type_name: the module's class name (channels-last modules prefer ``nhwc``).
+        hint: the model's tokens (see :func:`token_hint`).
+        force: ``auto``; ``none`` (only nchw), ``vit`` (only tokens), ``swin`` (only nhwc).
+    """
+    hint = hint or TokenHint()
+    dims = len(shape)
+    if dims == 3 and force in ("auto", "vit") and not type_name.endswith(CHANNELS_FIRST_1D):
+        return _tokens(shape, size, hint)
+    if dims == 3:
+        return ("it is a token sequence (N, tokens, C); read it as tokens (reshape vit)"
+                if force == "none" else f"it is 3-D {list(shape)}, not (N, tokens, C)")
+    if dims < 3:
+        return "it has no spatial dimensions"
+    if dims != 4 or force == "vit":
+        return (f"it is {dims}-D; a map needs (N, C, H, W), (N, H, W, C) or tokens "
+                "(N, tokens, C)")
+    if force == "auto" and _attention(shape, size, hint):
+        return "it is an attention matrix (N, heads, tokens, tokens), not an image grid"
+    nchw = force in ("auto", "none") and _fits(shape[2], shape[3], size)
+    nhwc = force in ("auto", "swin") and _fits(shape[1], shape[2], size)
+    last = hint.channels_last or any(type_name.endswith(t) for t in CHANNELS_LAST)
+    if nhwc and (last or not nchw):
+        return Layout("nhwc", shape[1], shape[2])
+    if nchw:
+        return Layout("nchw", shape[2], shape[3])
+    if math.prod(shape[2:]) <= 1 or (force == "swin" and shape[1] * shape[2] <= 1):
+        return "its spatial size is 1x1, so there is nowhere to point at"
+    return (f"neither {shape[2]}x{shape[3]} (N, C, H, W) nor {shape[1]}x{shape[2]} "
+            f"(N, H, W, C) is a grid of the {size[0]}x{size[1]} input (heads x tokens?)")

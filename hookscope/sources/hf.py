@@ -1,0 +1,263 @@
+"""Hugging Face model directories: ``hf:PATH`` (optional: ``pip install 'hookscope[hf]'``).
+
+PATH is a local folder as ``save_pretrained`` writes it: ``config.json``, the weights
+(``model.safetensors``) and ``preprocessor_config.json``. Nothing is fetched: every
+``from_pretrained`` call is ``local_files_only``, and a PATH that is not a folder is an
+error, never a Hub lookup. The model class follows the config (image classification,
+semantic segmentation, else the bare backbone); labels come from ``config.id2label``;
+preprocessing from the folder's image processor. A folder whose config names its own code
+(``auto_map``) is loaded only with ``trust_checkpoint``, since loading it runs that code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.errors import HookscopeError, clip, param
+from hookscope.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, with_overrides
+from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, missing_dependency, register
+
+__all__ = ["PREFIX", "HuggingFace", "describe", "hf_preprocess", "import_transformers"]
+
+log = logging.getLogger("hookscope")
+
+PREFIX = "hf:"
+#: Weight files ``save_pretrained`` writes, safetensors first.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+#: PIL's resampling codes, as the processors store them.
+_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+_GENERIC_LABEL = re.compile(r"^LABEL_\d+$")
+
+
+def import_transformers() -> ModuleType:
+    """The transformers package, or the one-line install hint when it is missing."""
+    try:
+        import transformers
+    except ImportError:
+        raise missing_dependency("transformers", "hf") from None
+    return transformers
+
+
+def _folder(target: str) -> Path:
+    path = Path(target).expanduser()
+    if not path.is_dir():
+        what = "a file" if path.exists() else "not found"
+        raise HookscopeError(
+            f"hf:{target}: {what}; hf:PATH names a local folder that save_pretrained wrote "
+            "(config.json and the weights). Nothing is downloaded from the Hugging Face Hub.")
+    if not (path / "config.json").is_file():
+        raise HookscopeError(f"hf:{target}: the folder has no config.json; hf:PATH names a "
+                             "folder that save_pretrained wrote.")
+    return path
+
+
+def _config_json(path: Path) -> dict[str, Any]:
+    try:
+        found = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise HookscopeError(f"{path / 'config.json'}: not readable JSON ({clip(str(exc), 120)})."
+                             ) from None
+    if not isinstance(found, dict):
+        raise HookscopeError(f"{path / 'config.json'}: not a JSON object.")
+    return found
+
+
+def _check_remote_code(path: Path, raw: dict[str, Any], trust: bool) -> None:
+    if raw.get("auto_map") and not trust:
+        raise HookscopeError(
+            f"hf:{path}: its config.json names its own model code (auto_map), and loading it "
+            f"runs that code. If you trust the folder, set {param('trust_checkpoint')}.")
+
+
+def _model_class(transformers: ModuleType, config: Any) -> tuple[Any, str]:
+    """The Auto class for ``config``'s task, and hookscope's name for the task: the saved
+    architecture's head, else (no architectures saved) image classification when the
+    family has such a head, else the bare backbone."""
+    arch = " ".join(getattr(config, "architectures", None) or [])
+    if "ForSemanticSegmentation" in arch:
+        return transformers.AutoModelForSemanticSegmentation, "segmentation"
+    mapping = transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING
+    if "ForImageClassification" in arch or (not arch and type(config) in mapping):
+        return transformers.AutoModelForImageClassification, "classification"
+    return transformers.AutoModel, "custom"
+
+
+def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[nn.Module, str,
+                                                                                  str]:
+    """The model (its weights, or seeded random ones for ``weights=none``), task, weights."""
+    weights = options.weights.strip().lower()
+    if weights not in ("auto", "none"):
+        raise HookscopeError(f"{param('weights')} {options.weights!r}: an hf: folder carries its "
+                             "own weights; use auto (the folder's) or none (random, seeded).")
+    trust = options.trust_checkpoint
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True,
+                                                     trust_remote_code=trust)
+    auto, task = _model_class(transformers, config)
+    has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(options.seed)
+        if weights == "none" or not has_weights:
+            if weights == "auto":
+                log.warning(f"hf:{path} has no weights file; using random initialisation (seed "
+                            f"{options.seed}). weights=none (--weights none) silences this.")
+            model = auto.from_config(config, trust_remote_code=trust)
+            return model, task, f"random (seed {options.seed})"
+        model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
+    return model, task, f"file:{path}"
+
+
+def _side(size: Any) -> tuple[int | None, bool]:
+    """A processor's ``size`` as (side, stretch): ``{"height", "width"}`` resizes both sides
+    (stretch), ``{"shortest_edge"}`` the shorter one."""
+    if size is None:
+        return None, False
+    if isinstance(size, (int, float)):
+        return int(size), False
+    def get(key: str) -> Any:
+        return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
+    if get("height") is not None:
+        height, width = int(get("height")), int(get("width") or get("height"))
+        if height != width:
+            log.warning(f"the image processor resizes to {height}x{width}; hookscope resizes "
+                        f"to {height}x{height} (give --resize/--crop to choose).")
+        return height, True
+    if get("shortest_edge") is not None:
+        return int(get("shortest_edge")), False
+    return None, False
+
+
+def hf_preprocess(processor: Any) -> Preprocess:
+    """The image processor's settings (size, crop, mean/std, resample) as a Preprocess."""
+    resize, stretch = _side(getattr(processor, "size", None)) \
+        if getattr(processor, "do_resize", True) else (None, False)
+    crop = _side(getattr(processor, "crop_size", None))[0] \
+        if getattr(processor, "do_center_crop", False) else None
+    crop_pct = getattr(processor, "crop_pct", None)
+    if crop_pct and resize is not None and crop is None and not stretch and resize < 384:
+        crop, resize = resize, int(resize / crop_pct)  # ConvNeXt's processor
+    normalise = getattr(processor, "do_normalize", True)
+    mean = tuple(float(v) for v in getattr(processor, "image_mean", None) or IMAGENET_MEAN) \
+        if normalise else (0.0, 0.0, 0.0)
+    std = tuple(float(v) for v in getattr(processor, "image_std", None) or IMAGENET_STD) \
+        if normalise else (1.0, 1.0, 1.0)
+    if not getattr(processor, "do_rescale", True):
+        mean, std = tuple(m / 255 for m in mean), tuple(s / 255 for s in std)
+    resample = getattr(processor, "resample", 2)
+    code = getattr(resample, "value", resample)
+    mode = _RESAMPLE.get(code, code if code in ("nearest", "bilinear", "bicubic") else "bilinear")
+    return Preprocess(resize=resize, crop=crop, mean=mean, std=std, interpolation=str(mode),
+                      origin="processor", stretch=stretch)
+
+
+def _processor(transformers: ModuleType, path: Path, trust: bool) -> Preprocess | None:
+    if not (path / "preprocessor_config.json").is_file():
+        return None
+    processor = transformers.AutoImageProcessor.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust)
+    return hf_preprocess(processor)
+
+
+def _labels(config: Any, task: str) -> list[str] | None:
+    found = getattr(config, "id2label", None) or {}
+    if task == "custom" or not found:
+        return None
+    labels = [str(found.get(i, found.get(str(i), i))) for i in range(len(found))]
+    return None if all(_GENERIC_LABEL.match(name) for name in labels) else labels
+
+
+def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+    """Load ``hf:PATH`` (on the CPU).
+
+    Raises:
+        HookscopeError: transformers is missing, PATH is not a model folder, its code is
+            remote and not trusted, or transformers cannot load it.
+    """
+    path = _folder(spec.target)
+    raw = _config_json(path)
+    _check_remote_code(path, raw, options.trust_checkpoint)
+    transformers = import_transformers()
+    bars = transformers.utils.logging
+    shown = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()  # its loading bar is chatter on stderr
+    try:
+        model, task, loaded = _build(transformers, path, options)
+        preprocess = _processor(transformers, path, options.trust_checkpoint)
+    except HookscopeError:
+        raise
+    except Exception as exc:  # transformers raises many types for a folder it cannot load
+        raise HookscopeError(f"hf:{spec.target}: transformers cannot load it "
+                             f"({type(exc).__name__}: {clip(str(exc), 200)}).") from None
+    finally:
+        if shown:
+            bars.enable_progress_bar()
+    if preprocess is None:
+        log.warning(f"hf:{spec.target} has no preprocessor_config.json; using ImageNet "
+                    "preprocessing (give --mean/--std/--resize/--crop to choose).")
+        preprocess = Preprocess(origin="default")
+    config: Any = model.config
+    labels = _labels(config, task)
+    return LoadedModel(
+        name=spec.name, model=model, task=task, weights_requested=options.weights,
+        weights_loaded=loaded, device=torch.device("cpu"),
+        preprocess=with_overrides(preprocess, size=options.size), categories=labels,
+        source="hf", num_classes=int(config.num_labels) if task == "classification" else None,
+        input_ndim=4, labels_from="config:id2label" if labels else None)
+
+
+def describe(target: str) -> list[dict[str, Any]]:
+    """What ``target`` holds: one entry per model folder (itself, or its sub-folders), with
+    its task, files (``weights``) and architecture (``default``). Reads only the JSON files.
+
+    Raises:
+        HookscopeError: ``target`` is not a folder, or holds no model folder.
+    """
+    root = Path(target.removeprefix(PREFIX)).expanduser()
+    if not root.is_dir():
+        raise HookscopeError(f"{target}: not a folder; `hookscope models --source hf PATH` "
+                             "lists the model folders under PATH.")
+    folders = [root] if (root / "config.json").is_file() else sorted(
+        p for p in root.iterdir() if (p / "config.json").is_file())
+    if not folders:
+        raise HookscopeError(f"{target}: no config.json in it or its sub-folders; it holds no "
+                             "save_pretrained model.")
+    found = []
+    for folder in folders:
+        raw = _config_json(folder)
+        arch = " ".join(raw.get("architectures") or [])
+        task = "segmentation" if "Segmentation" in arch else "classification" \
+            if "Classification" in arch else "custom"
+        files = [n for n in (*WEIGHT_FILES, "preprocessor_config.json")
+                 if (folder / n).is_file()]
+        found.append({"name": f"{PREFIX}{folder}", "task": task, "weights": files,
+                      "default": arch or raw.get("model_type")})
+    return found
+
+
+class HuggingFace:
+    """Local Hugging Face model folders, with their own labels and image processor."""
+
+    name = "hf"
+
+    def parse(self, spec: str) -> ModelSpec | None:
+        if not spec.startswith(PREFIX):
+            return None
+        return ModelSpec("hf", spec, spec[len(PREFIX):], "custom")
+
+    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+        if options.num_classes is not None:
+            raise HookscopeError(f"{param('num_classes')}: an hf: folder's class count is "
+                                 "its config's num_labels.")
+        return load_hf(spec, options)
+
+
+register(HuggingFace())

@@ -1,0 +1,80 @@
+"""Tiny Hugging Face models built from configs and saved with ``save_pretrained`` (nothing
+from the Hub): what the hf: tests load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LABELS = {0: "cat", 1: "dog", 2: "bird"}
+#: The models, by key: each is small enough to run every command in a second or two.
+KEYS = ("vit", "deit", "dinov2", "swin", "convnext", "segformer")
+
+
+def _labels() -> dict[str, Any]:
+    return {"id2label": dict(LABELS), "label2id": {v: k for k, v in LABELS.items()}}
+
+
+def _vit(t: Any) -> tuple[Any, Any]:
+    config = t.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, image_size=32, patch_size=8, **_labels())
+    return (t.ViTForImageClassification(config),
+            t.ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3,
+                                image_std=[0.5] * 3))
+
+
+def _deit(t: Any) -> tuple[Any, Any]:
+    config = t.DeiTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=64, image_size=32, patch_size=8, **_labels())
+    return (t.DeiTForImageClassificationWithTeacher(config),
+            t.DeiTImageProcessor(size={"height": 36, "width": 36},
+                                 crop_size={"height": 32, "width": 32}))
+
+
+def _dinov2(t: Any) -> tuple[Any, Any]:
+    config = t.Dinov2WithRegistersConfig(hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=2, mlp_ratio=2, image_size=32,
+                                         patch_size=8, num_register_tokens=4, **_labels())
+    return (t.Dinov2WithRegistersForImageClassification(config),
+            t.BitImageProcessor(size={"shortest_edge": 36}, crop_size={"height": 32,
+                                                                         "width": 32},
+                                resample=3, do_convert_rgb=True))
+
+
+def _swin(t: Any) -> tuple[Any, Any]:
+    config = t.SwinConfig(image_size=32, patch_size=2, embed_dim=16, depths=[1, 1],
+                          num_heads=[1, 2], window_size=4, **_labels())
+    return (t.SwinForImageClassification(config),
+            t.ViTImageProcessor(size={"height": 32, "width": 32}))
+
+
+def _convnext(t: Any) -> tuple[Any, Any]:
+    config = t.ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, **_labels())
+    return (t.ConvNextForImageClassification(config),
+            t.ConvNextImageProcessor(size={"shortest_edge": 32}, crop_pct=0.875))
+
+
+def _segformer(t: Any) -> tuple[Any, Any]:
+    config = t.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                               hidden_sizes=[8, 16], patch_sizes=[7, 3], strides=[4, 2],
+                               num_attention_heads=[1, 2], decoder_hidden_size=16,
+                               **_labels())
+    return (t.SegformerForSemanticSegmentation(config),
+            t.SegformerImageProcessor(size={"height": 32, "width": 32}))
+
+
+BUILDERS = {"vit": _vit, "deit": _deit, "dinov2": _dinov2, "swin": _swin,
+            "convnext": _convnext, "segformer": _segformer}
+
+
+def save_model(key: str, folder: Path, seed: int = 0) -> Path:
+    """Build model ``key`` seeded, save it and its image processor to ``folder``."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model, processor = BUILDERS[key](transformers)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
