@@ -33,7 +33,7 @@ from hookscope.errors import HookscopeError, param, suggest
 from hookscope.run import Probe, Step, drive
 from hookscope.targets import Targets, parse_targets
 
-__all__ = ["METRICS", "MetricPlan", "cam_metrics", "impute", "metric_names", "parse_metrics"]
+__all__ = ["METRICS", "MetricPlan", "cam_metrics", "impute", "parse_metrics"]
 
 #: The names ``metrics`` takes, and the values each reports.
 METRICS: dict[str, tuple[str, ...]] = {
@@ -48,11 +48,6 @@ DEFAULT_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
 NEIGHBOURS = (((1, 1), 1 / 12), ((0, 1), 1 / 6), ((-1, 1), 1 / 12), ((1, -1), 1 / 12),
               ((0, -1), 1 / 6), ((-1, -1), 1 / 12), ((1, 0), 1 / 6), ((-1, 0), 1 / 6))
 Score = Callable[[torch.Tensor, list[int]], torch.Tensor]
-
-
-def metric_names() -> list[str]:
-    """The names ``metrics`` accepts (``all`` for every one)."""
-    return list(METRICS)
 
 
 def parse_metrics(spec: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EPS", "KEYS", "RULES", "Baseline", "CheckReport", "Expect", "Expectation",
            "RuleResult", "Rules", "call_id", "drift", "evaluate", "expectations",
-           "folder_expectations", "load_baseline", "load_rules", "match_inputs", "rule", "rule_names"]
+           "folder_expectations", "load_baseline", "load_rules", "match_inputs", "rule"]
 
 log = logging.getLogger("hookscope")
 
@@ -628,11 +628,6 @@ def rule(name: str) -> Callable[[RuleFn], RuleFn]:
         return fn
 
     return wrap
-
-
-def rule_names() -> list[str]:
-    """Registered rule names, in the order they run."""
-    return list(RULES)
 
 
 def call_id(name: str, call: int) -> str:

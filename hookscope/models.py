@@ -111,16 +111,6 @@ def _weights_enum(name: str) -> Any | None:
         return None
 
 
-def check_model_name(name: str) -> str:
-    """Raise with the closest names when ``name`` is not a torchvision model."""
-    tasks = model_tasks()
-    if name in tasks:
-        return name
-    raise HookscopeError(
-        f"Unknown model {name!r}.{suggest(name, tasks)} Run `hookscope models` to list them."
-    )
-
-
 def _cached_file(weights: Any) -> Path:
     filename = os.path.basename(urlparse(weights.url).path)
     return Path(torch.hub.get_dir()) / "checkpoints" / filename

@@ -78,13 +78,6 @@ def speller(flags: Mapping[str, str]) -> Callable[[str], str]:
     return lambda name: flags.get(name, name)
 
 
-def _fail(message: str, code: int) -> SystemExit:
-    from hookscope.render import console
-
-    console.error(message)
-    return SystemExit(code)
-
-
 @contextmanager
 def session(*, quiet: bool = False, traceback: bool = False,
             flags: Mapping[str, str] | None = None, command: str | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import RenderableType
 
 from hookscope.render import ablate, camview, grads, grid, tables, tree
 from hookscope.render.views import Rows, register
@@ -102,20 +102,6 @@ def layers_csv(doc: Doc) -> Rows:
 @register("layers", csv=layers_csv)
 def layers_table(doc: Doc) -> RenderableType:
     return tree.layers_view(doc)
-
-
-@register("debug")
-def debug_text(doc: Doc) -> RenderableType:
-    """The whole trace of a finished run, as the live text format prints it."""
-    lines: list[RenderableType] = [tables.header(doc)]
-    batch = 0
-    for event in doc["events"]:
-        if int(event.get("batch") or 0) != batch:
-            batch = int(event["batch"])
-            lines.append(tree.batch_rule(batch))
-        lines.append(tree.trace_line(event))
-    lines.append(tree.summary_line(doc["summary"]))
-    return Group(*lines)
 
 
 def cam_csv(doc: Doc) -> Rows:

@@ -52,13 +52,6 @@ def register(command: str, *, csv: Callable[..., Rows] | None = None,
     return wrap
 
 
-def formats(command: str) -> list[str]:
-    """The formats ``command`` can be emitted in."""
-    _load()
-    view = VIEWS[command]
-    return ["table", "json", *(["csv"] if view.csv else []), *view.texts]
-
-
 def emit(command: str, doc: Doc, fmt: str, output: Output, **options: Any) -> None:
     """Write ``doc`` as ``fmt`` (table, json, ndjson, csv, or a text format of the command's
     own) to ``output``.

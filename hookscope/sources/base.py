@@ -7,7 +7,6 @@ its labels and a record of what was loaded. Commands never care which source it 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -173,5 +172,3 @@ def missing_dependency(package: str, extra: str) -> HookscopeError:
     """The one-line error for an optional dependency that is not installed."""
     return HookscopeError(f"this needs the {package} package: pip install 'hookscope[{extra}]'")
 
-
-Factory = Callable[..., nn.Module]
