@@ -31,7 +31,7 @@ from torch import nn
 
 from hookscope.errors import HookscopeError, param, suggest
 from hookscope.run import Probe, Step, drive
-from hookscope.targets import Targets, parse_targets
+from hookscope.targets import Targets, as_targets, parse_targets
 
 __all__ = ["METRICS", "MetricPlan", "cam_metrics", "impute", "parse_metrics"]
 
@@ -365,7 +365,6 @@ def cam_metrics(model: nn.Module, inputs: Any, maps: Any,
         HookscopeError: an unknown metric, a bad percentile, or maps that do not match
             the inputs.
     """
-    from hookscope.cam import _as_targets
 
     plan = MetricPlan.make(metrics, percentiles, seed, noise)
     tensor = torch.as_tensor(np.asarray(maps, dtype=np.float32)) if not isinstance(
@@ -374,6 +373,6 @@ def cam_metrics(model: nn.Module, inputs: Any, maps: Any,
         tensor = tensor.unsqueeze(0)
     if tensor.dim() != 3:
         raise HookscopeError(f"{param('maps')} must be (N, H, W); got {list(tensor.shape)}.")
-    parsed = _as_targets(targets, categories) if targets is not None else parse_targets(None, None)
+    parsed = as_targets(targets, categories) if targets is not None else parse_targets(None, None)
     probe = MetricsProbe(plan, tensor, parsed, output_key, batch_size)
     return drive(model, inputs, probe)

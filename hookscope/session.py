@@ -323,7 +323,7 @@ class Session:
     def load(self, options: ModelOptions, command: str) -> LoadedModel:
         """Load the model, refusing kinds ``command`` cannot run and sizes that cannot fit."""
         from hookscope import sources
-        from hookscope.models import check_batch_memory, check_supported
+        from hookscope.sources import check_batch_memory, check_supported
 
         spec = sources.resolve(options.name)
         check_supported(spec, needs_logits=command in NEEDS_LOGITS,

@@ -415,8 +415,8 @@ def test_relative_error_and_cosine_edge_cases() -> None:
 @pytest.fixture(scope="module")
 def stats_docs(tmp_path_factory, checkpoints) -> tuple[Path, Path, dict]:
     """A saved stats document and a copy with one layer's mean changed by hand."""
-    from hookscope.models import load_model
     from hookscope.render.output import dumps_json
+    from hookscope.sources import load_model
     from hookscope.stats import collect_stats
 
     # What `hookscope stats x.pt --weights none -f json` writes: envelope and report.
