@@ -8,6 +8,7 @@ Goals (issue 18): Grad-CAM at most 1.05 times a bare ``no_grad`` forward, ``stat
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from _timing import timed
@@ -23,6 +24,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: this process's CPU time, steadier on a machine others load "
+                        "(with one thread)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -43,9 +47,10 @@ def main() -> None:
         "bare inference": bare_inference,
         "stats": lambda: hookscope.collect_stats(model, x),
     }
-    best = timed(fns, args.repeats)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    best = timed(fns, args.repeats, clock)
     print(f"{args.model}, batch {args.batch}, {args.size} px, {args.threads} thread(s), "
-          f"best of {args.repeats} (median in brackets)")
+          f"{args.clock} clock, best of {args.repeats} (median in brackets)")
     for name, base in (("gradcam", "bare no_grad"), ("stats", "bare inference")):
         (low, mid), (blow, bmid) = best[name], best[base]
         print(f"  {name:8s} {low * 1e3:7.1f} ms  vs {base}: {low / blow:.3f}x "
