@@ -338,8 +338,7 @@ class Tracer(Hooks):
         self.started = True
 
     def _pre(
-        self, site: Site, selected: bool, module: nn.Module, args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, site: Site, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     ) -> None:
         if self.muted:
             return
@@ -347,7 +346,7 @@ class Tracer(Hooks):
         self._counts[site.name] = index + 1
         call = Call(site, index)
         self.active.append((call, args, kwargs))
-        if selected and self.on_enter is not None:
+        if self.on_enter is not None:
             try:
                 self.on_enter(call, args, kwargs)
             except BaseException as exc:
@@ -357,7 +356,6 @@ class Tracer(Hooks):
     def _post(
         self,
         site: Site,
-        selected: bool,
         module: nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -372,7 +370,7 @@ class Tracer(Hooks):
                 break
         else:  # pragma: no cover - a forward hook without its pre-hook
             call = Call(site, self._counts.get(site.name, 1) - 1)
-        if selected and self.on_exit is not None:
+        if self.on_exit is not None:
             try:
                 return self.on_exit(call, args, kwargs, output)
             except BaseException as exc:
@@ -386,9 +384,9 @@ class Tracer(Hooks):
             return self
         try:
             for site in self.sites:
-                self.forward_pre(site.module, partial(self._pre, site, True),
+                self.forward_pre(site.module, partial(self._pre, site),
                                  with_kwargs=True, prepend=True)
-                self.forward(site.module, partial(self._post, site, True),
+                self.forward(site.module, partial(self._post, site),
                              with_kwargs=True, prepend=True)
             # Registered last with prepend, so it runs first: before the root's own site.
             self.forward_pre(self.model, self._root_pre, prepend=True)
