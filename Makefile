@@ -27,6 +27,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hookscope tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/vulture
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'

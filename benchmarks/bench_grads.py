@@ -18,7 +18,7 @@ import torch
 from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from hookscope.grads import collect_grads
-from hookscope.models import load_model
+from hookscope.sources import load_model
 
 
 def main() -> None:

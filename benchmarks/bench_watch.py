@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 import hookscope
-from hookscope.models import load_model
+from hookscope.sources import load_model
 
 GOALS = {"check": 1.10, "off": 1.02, "every1": 1.6}
 

@@ -15,7 +15,7 @@ _LAZY = {
     "collect_stats": "hookscope.stats",
     "StatsReport": "hookscope.stats",
     "LayerStats": "hookscope.stats",
-    "load_model": "hookscope.models",
+    "load_model": "hookscope.sources",
     "HookscopeError": "hookscope.errors",
     "Hooks": "hookscope.hooks",
     "Tracer": "hookscope.hooks",

@@ -56,7 +56,7 @@ from hookscope.errors import ForwardError, HookscopeError, param
 from hookscope.grid import Layout, layout, token_hint
 from hookscope.hooks import Call, Site, all_sites, find_site, first_tensor
 from hookscope.run import Probe, Step, drive, peek
-from hookscope.targets import Targets, parse_targets
+from hookscope.targets import Targets, as_targets
 
 if TYPE_CHECKING:
     from hookscope.inputs import Batch
@@ -173,21 +173,6 @@ def _normalise(maps: torch.Tensor) -> torch.Tensor:
     span = (flat.amax(dim=1).reshape(-1, 1, 1) - lo)
     safe = torch.where(span > 0, span, torch.ones_like(span))
     return torch.where(span > 0, (maps - lo) / safe, torch.zeros_like(maps))
-
-
-def _as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
-    if target is None:
-        return parse_targets(None, categories)
-    if isinstance(target, Targets):
-        return target
-    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
-        return parse_targets(str(int(target)), categories)
-    if isinstance(target, str):
-        return parse_targets(target, categories)
-    if isinstance(target, torch.Tensor):
-        target = target.reshape(-1).tolist()
-    return parse_targets(",".join(str(int(t) if not isinstance(t, str) else t) for t in target),
-                         categories)
 
 
 def _scale_pgc(maps: torch.Tensor) -> torch.Tensor:
@@ -994,7 +979,7 @@ def gradcam(
     """
     options["task"] = options.get("task") or infer_task(model)
     targets = None if target is None and options["task"] == "detection" else \
-        _as_targets(target, categories)
+        as_targets(target, categories)
     if isinstance(inputs, torch.Tensor):
         inputs = inputs.unsqueeze(0) if inputs.dim() == 3 else inputs
         count = inputs.shape[0]

@@ -31,9 +31,9 @@ from torch import nn
 
 from hookscope.errors import HookscopeError, param, suggest
 from hookscope.run import Probe, Step, drive
-from hookscope.targets import Targets, parse_targets
+from hookscope.targets import Targets, as_targets, parse_targets
 
-__all__ = ["METRICS", "MetricPlan", "cam_metrics", "impute", "metric_names", "parse_metrics"]
+__all__ = ["METRICS", "MetricPlan", "cam_metrics", "impute", "parse_metrics"]
 
 #: The names ``metrics`` takes, and the values each reports.
 METRICS: dict[str, tuple[str, ...]] = {
@@ -48,11 +48,6 @@ DEFAULT_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
 NEIGHBOURS = (((1, 1), 1 / 12), ((0, 1), 1 / 6), ((-1, 1), 1 / 12), ((1, -1), 1 / 12),
               ((0, -1), 1 / 6), ((-1, -1), 1 / 12), ((1, 0), 1 / 6), ((-1, 0), 1 / 6))
 Score = Callable[[torch.Tensor, list[int]], torch.Tensor]
-
-
-def metric_names() -> list[str]:
-    """The names ``metrics`` accepts (``all`` for every one)."""
-    return list(METRICS)
 
 
 def parse_metrics(spec: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -370,7 +365,6 @@ def cam_metrics(model: nn.Module, inputs: Any, maps: Any,
         HookscopeError: an unknown metric, a bad percentile, or maps that do not match
             the inputs.
     """
-    from hookscope.cam import _as_targets
 
     plan = MetricPlan.make(metrics, percentiles, seed, noise)
     tensor = torch.as_tensor(np.asarray(maps, dtype=np.float32)) if not isinstance(
@@ -379,6 +373,6 @@ def cam_metrics(model: nn.Module, inputs: Any, maps: Any,
         tensor = tensor.unsqueeze(0)
     if tensor.dim() != 3:
         raise HookscopeError(f"{param('maps')} must be (N, H, W); got {list(tensor.shape)}.")
-    parsed = _as_targets(targets, categories) if targets is not None else parse_targets(None, None)
+    parsed = as_targets(targets, categories) if targets is not None else parse_targets(None, None)
     probe = MetricsProbe(plan, tensor, parsed, output_key, batch_size)
     return drive(model, inputs, probe)

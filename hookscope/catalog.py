@@ -46,7 +46,7 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
     """
     from torchvision.models import get_model_weights
 
-    from hookscope.models import model_tasks
+    from hookscope.sources.torchvision import model_tasks
 
     tasks = model_tasks()
     if task is not None and task not in set(tasks.values()):

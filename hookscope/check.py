@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["EPS", "KEYS", "RULES", "Baseline", "CheckReport", "Expect", "Expectation",
            "RuleResult", "Rules", "call_id", "drift", "evaluate", "expectations",
            "folder_expectations", "load_baseline", "load_rules", "match_inputs", "read_stats",
-           "rule", "rule_names"]
+           "rule"]
 
 log = logging.getLogger("hookscope")
 
@@ -214,39 +214,26 @@ def _toml() -> ModuleType:
     return tomllib
 
 
-_TOKEN = r"""(?:"(?:[^"\\]|\\.)*"|'[^']*'|[A-Za-z0-9_-]+)"""
-_DOTTED = rf"{_TOKEN}(?:\s*\.\s*{_TOKEN})*"
-_HEADER = re.compile(rf"^\s*\[\[?\s*({_DOTTED})\s*\]")
-_ASSIGN = re.compile(rf"^\s*({_DOTTED})\s*=")
 _AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
-
-
-def _key_path(token: str) -> tuple[str, ...]:
-    """A (dotted, maybe quoted) TOML key as its parts: ``"a.b".c`` -> ``("a.b", "c")``."""
-    try:
-        node: Any = _toml().loads(f"{token} = 0")
-    except Exception:
-        return (token,)
-    path: list[str] = []
-    while isinstance(node, dict) and len(node) == 1:
-        key, node = next(iter(node.items()))
-        path.append(key)
-    return tuple(path)
+_MISSING = object()
 
 
 def _find_line(text: str, path: tuple[str, ...]) -> int | None:
-    """The first line that defines ``path`` (a table header or a ``key =`` under a table)."""
-    table: tuple[str, ...] = ()
-    for number, line in enumerate(text.splitlines(), 1):
-        header = _HEADER.match(line)
-        if header:
-            table = _key_path(header.group(1))
-            if table[: len(path)] == path:
-                return number
+    """The line that defines ``path`` (a table header or a key under it), found by the TOML
+    parser itself: the first line after the longest start of the file that parses without
+    ``path``, once a longer start parses with it (a multi-line value names its first line)."""
+    lines = text.splitlines()
+    toml, read = _toml(), 0
+    for number in range(1, len(lines) + 1):
+        try:
+            node: Any = toml.loads("\n".join(lines[:number]))
+        except toml.TOMLDecodeError:  # this start ends inside a multi-line value
             continue
-        assign = _ASSIGN.match(line)
-        if assign and (table + _key_path(assign.group(1)))[: len(path)] == path:
-            return number
+        for key in path:
+            node = node.get(key, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            return read + 1
+        read = number
     return None
 
 
@@ -685,11 +672,6 @@ def rule(name: str) -> Callable[[RuleFn], RuleFn]:
         return fn
 
     return wrap
-
-
-def rule_names() -> list[str]:
-    """Registered rule names, in the order they run."""
-    return list(RULES)
 
 
 def call_id(name: str, call: int) -> str:

@@ -336,7 +336,7 @@ def features(
 
 
 @app.command()
-@runs_model
+@runs_model(input_channels=o.InputChannelsOnly)
 def ablate(
     model: o.ModelArg, inputs: o.InputsArg, layer: o.AblateLayerOpt,
     channels: o.AblateChannelsOpt = None, sweep: o.AblateSweepOpt = False,

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Dataset
 
 from hookscope.errors import HookscopeError
-from hookscope.inputs import Decoder, InputItem, InputSet, Sample
+
+if TYPE_CHECKING:  # inputs imports this module; it needs their types only
+    from hookscope.inputs import Decoder, InputItem, InputSet, Sample
 
 __all__ = ["InputDataset", "default_workers", "loader_samples"]
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookscope.channels import as_float
 from hookscope.errors import CheckFailed, ForwardError, HookscopeError, param
@@ -381,7 +381,13 @@ def _storage(tensor: torch.Tensor) -> int:
     return int(tensor.untyped_storage().data_ptr())
 
 
-class _CopyOnWrite(TorchDispatchMode):
+try:  # torch's private module: without it every kept output is copied (slower, the same result)
+    from torch.utils._python_dispatch import TorchDispatchMode as _Mode
+except ImportError:  # pragma: no cover - depends on the torch release
+    _Mode = None  # type: ignore[assignment,misc]
+
+
+class _CopyOnWrite(_Mode or object):  # type: ignore[misc]
     """While A runs: before any operation writes into a tensor in place, the probe copies
     the kept outputs that share its memory.
 
@@ -486,7 +492,7 @@ class DiffProbe(Probe[DiffReport]):
             self.meta[call.key] = (call.site.type, list(found.shape), None)
         # A reference, not a copy: _CopyOnWrite copies it only if an in-place operation
         # (ReLU(inplace=True), `out += identity`) is about to change it.
-        kept = found.detach()
+        kept = found.detach() if _Mode is not None else found.detach().clone()
         self.kept[call.key] = kept
         self._storages.setdefault(_storage(kept), []).append(call.key)
         self.peak_kept = max(self.peak_kept, len(self.kept))
@@ -520,7 +526,7 @@ class DiffProbe(Probe[DiffReport]):
         self.table.add(key, a, as_float(found).reshape(-1).to(a.device, a.dtype))
 
     def step(self, step: Step) -> None:
-        with _CopyOnWrite(self):
+        with _CopyOnWrite(self) if _Mode is not None else nullcontext():
             output = step.forward()
         self._storages.clear()
         logits = select_logits(output, self.output_key, required=False)

@@ -292,7 +292,7 @@ ExitFn = Callable[[Call, tuple[Any, ...], dict[str, Any], Any], Any]
 
 
 class Tracer(Hooks):
-    """Per-call hooks on selected sites, and a locator on every module.
+    """Per-call hooks on selected sites; :meth:`locate` names the module that raised.
 
     ``on_enter(call, args, kwargs)`` runs from a pre-forward hook, before the module runs
     (so inputs are seen before an in-place module overwrites them). ``on_exit(call, args,
@@ -300,9 +300,9 @@ class Tracer(Hooks):
     change the output; a non-None return value replaces the module's output.
 
     Call indices restart at each forward pass of ``model`` (a pre-forward hook on the root
-    resets them). :attr:`active` is the stack of calls entered but not finished, selected
-    or not: after an exception it names the innermost module that was running, wherever
-    it is. Modules outside the selection get only this bookkeeping, no callback.
+    resets them). :attr:`active` is the stack of calls entered but not finished. Only the
+    selected sites are hooked, so a run that succeeds pays nothing for naming a crash; when
+    the forward pass raises, :meth:`locate` runs it again with a locator on every module.
     """
 
     def __init__(
@@ -324,6 +324,8 @@ class Tracer(Hooks):
         self.callback_error: BaseException | None = None
         #: Whether the model's own forward has begun (its pre-forward hook ran).
         self.started = False
+        #: While :meth:`locate` runs a pass again, the callbacks stay silent.
+        self.muted = False
         self._counts: dict[str, int] = {}
 
     def reset(self) -> None:
@@ -334,19 +336,22 @@ class Tracer(Hooks):
         self.started = False
 
     def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.muted:
+            return
         if not self.active:
             self._counts.clear()
         self.started = True
 
     def _pre(
-        self, site: Site, selected: bool, module: nn.Module, args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, site: Site, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
     ) -> None:
+        if self.muted:
+            return
         index = self._counts.get(site.name, 0)
         self._counts[site.name] = index + 1
         call = Call(site, index)
         self.active.append((call, args, kwargs))
-        if selected and self.on_enter is not None:
+        if self.on_enter is not None:
             try:
                 self.on_enter(call, args, kwargs)
             except BaseException as exc:
@@ -356,12 +361,13 @@ class Tracer(Hooks):
     def _post(
         self,
         site: Site,
-        selected: bool,
         module: nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         output: Any,
     ) -> Any:
+        if self.muted:
+            return None
         # Pop this site's innermost active call (a module may recurse into itself).
         for i in range(len(self.active) - 1, -1, -1):
             if self.active[i][0].site is site:
@@ -369,7 +375,7 @@ class Tracer(Hooks):
                 break
         else:  # pragma: no cover - a forward hook without its pre-hook
             call = Call(site, self._counts.get(site.name, 1) - 1)
-        if selected and self.on_exit is not None:
+        if self.on_exit is not None:
             try:
                 return self.on_exit(call, args, kwargs, output)
             except BaseException as exc:
@@ -381,14 +387,11 @@ class Tracer(Hooks):
         """Register the hooks (done by ``with``); prepend so hookscope sees outputs first."""
         if len(self):
             return self
-        chosen = {id(s.module): s for s in self.sites}
-        located = [s for s in all_sites(self.model) if id(s.module) not in chosen]
         try:
-            for site in [*self.sites, *located]:
-                selected = id(site.module) in chosen
-                self.forward_pre(site.module, partial(self._pre, site, selected),
+            for site in self.sites:
+                self.forward_pre(site.module, partial(self._pre, site),
                                  with_kwargs=True, prepend=True)
-                self.forward(site.module, partial(self._post, site, selected),
+                self.forward(site.module, partial(self._post, site),
                              with_kwargs=True, prepend=True)
             # Registered last with prepend, so it runs first: before the root's own site.
             self.forward_pre(self.model, self._root_pre, prepend=True)
@@ -400,6 +403,44 @@ class Tracer(Hooks):
     def innermost(self) -> tuple[Call, tuple[Any, ...], dict[str, Any]] | None:
         """The innermost call still running (after an exception: the one that raised)."""
         return self.active[-1] if self.active else None
+
+    def locate(self, again: Callable[[], Any], exc: Exception) -> ForwardError:
+        """The :class:`ForwardError` for ``exc``, naming the innermost module that was running.
+
+        ``again`` repeats the failed forward pass; it runs with a locator on every module
+        and this tracer's callbacks muted (a model fails again in the same place). Should it
+        not fail the same way, the innermost module among the traceback's frames is named.
+        """
+        locator = Tracer(self.model, all_sites(self.model))
+        self.muted = True
+        try:
+            with locator:
+                again()
+        except type(exc):
+            return locator.forward_error(exc)
+        except Exception:  # noqa: S110 - another failure: the traceback names the place
+            pass
+        finally:
+            self.muted = False
+        return self.traceback_error(exc)
+
+    def traceback_error(self, exc: BaseException) -> ForwardError:
+        """Name the innermost module whose code is among ``exc``'s traceback frames."""
+        names = {id(m): n for n, m in self.model.named_modules()}
+        tb, found = exc.__traceback__, None
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            if id(owner) in names:
+                found = owner
+            tb = tb.tb_next
+        if found is None:
+            return ForwardError(f"The forward pass failed: {exc.__class__.__name__}: "
+                                f"{clip(str(exc)) or exc.__class__.__name__}", cause=exc)
+        name, kind = names[id(found)], type(found).__name__
+        site = Site(name, kind, _depth(name), found)
+        self.active = [(Call(site, 0), (), {})]
+        self.started = True
+        return self.forward_error(exc)
 
     def forward_error(self, exc: BaseException) -> ForwardError:
         """Wrap an exception raised by the model with the innermost running module."""

@@ -8,7 +8,6 @@ Torch-free, so ``hookscope --help`` stays fast.
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 from collections.abc import Callable
@@ -43,6 +42,13 @@ def _cam_methods() -> type[Enum]:
 CamMethod = _cam_methods()
 
 # ----------------------------------------------------------------- options, declared once
+
+_INPUT_CHANNELS_HELP = ("Input channels: 3 (RGB) or 1 (grayscale); --input-channels in ablate, "
+                        "whose --channels are the channels it changes.")
+#: ablate's ``--channels`` are the channels it changes; there the input channels are only
+#: ``--input-channels``.
+InputChannelsOnly = Annotated[int | None, typer.Option(
+    "--input-channels", help=_INPUT_CHANNELS_HELP, show_default=False)]
 
 ModelArg = Annotated[str, typer.Argument(
     help="A torchvision name (resnet18, see `hookscope models`), timm:NAME, file.py:NAME or "
@@ -119,9 +125,7 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
     "crop": (Annotated[int | None, typer.Option(
         help="Centre-crop to this many pixels.", show_default=False)], None),
     "input_channels": (Annotated[int | None, typer.Option(
-        "--channels", "--input-channels", help="Input channels: 3 (RGB) or 1 (grayscale); "
-        "--input-channels in ablate, whose --channels are the channels it changes.",
-        show_default=False)], None),
+        "--channels", "--input-channels", help=_INPUT_CHANNELS_HELP, show_default=False)], None),
     "dtype": (Annotated[str | None, typer.Option(
         help="Run in float32, float16 or bfloat16: the model and inputs are cast (statistics "
         "are still accumulated in float64).", show_default=False)], None),
@@ -165,15 +169,21 @@ RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
-def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool) -> Callable[..., Any]:
-    """Add the options in ``groups`` to a command; it receives them as ``opts``."""
+def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
+                  replace: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """Add the options in ``groups`` to a command; it receives them as ``opts``.
+
+    ``replace`` gives some of them another declaration in this command (ablate's own
+    ``--channels`` leaves the input channels only ``--input-channels``). The command's
+    signature is the one ``inspect.signature`` reports (``__signature__``), which is what
+    Typer reads.
+    """
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = [p for p in inspect.signature(fn, eval_str=True).parameters.values()
                if p.name != "opts"]
-        taken = {flag for p in own for flag in _flags_of(p.annotation)}
         added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                   annotation=_without_flags(annotation, taken))
+                                   annotation=(replace or {}).get(name, annotation))
                  for group in groups for name, (annotation, default) in group.items()]
         names = [p.name for p in added]
 
@@ -194,31 +204,6 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool) -> Call
         return run
 
     return wrap
-
-
-def _declared(info: Any) -> list[str]:
-    """The flags a ``typer.Option`` declares (in Annotated form its first flag is stored as
-    the ``default``)."""
-    first = [info.default] if isinstance(info.default, str) and info.default.startswith("-") \
-        else []
-    return first + [d for d in info.param_decls or () if d.startswith("-")]
-
-
-def _flags_of(annotation: Any) -> list[str]:
-    """The flags an ``Annotated[..., typer.Option(...)]`` declares."""
-    return [flag for info in getattr(annotation, "__metadata__", ())
-            if hasattr(info, "param_decls") for flag in _declared(info)]
-
-
-def _without_flags(annotation: Any, taken: set[str]) -> Any:
-    """A shared option without the flags the command uses for its own options (ablate's
-    --channels), so each flag means one thing in each command."""
-    if not taken.intersection(_flags_of(annotation)):
-        return annotation
-    info = copy.copy(annotation.__metadata__[0])
-    kept = [flag for flag in _declared(info) if flag not in taken]
-    info.default, info.param_decls = kept[0], tuple(kept[1:])
-    return Annotated[annotation.__origin__, info]
 
 
 def _flags(ctx: typer.Context) -> dict[str, str]:
@@ -242,9 +227,11 @@ class Options:
         return self
 
 
-def runs_model(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A command that loads a model: the model, input and run options."""
-    return _with_options([MODEL_OPTIONS, INPUT_OPTIONS, RUN_OPTIONS], model=True)(fn)
+def runs_model(fn: Callable[..., Any] | None = None, /, **replace: Any) -> Any:
+    """A command that loads a model: the model, input and run options (``replace``: another
+    declaration for some of them, by name)."""
+    wrap = _with_options([MODEL_OPTIONS, INPUT_OPTIONS, RUN_OPTIONS], True, replace)
+    return wrap if fn is None else wrap(fn)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -113,14 +113,17 @@ class Step:
         tracer = self.tracer
         tracer.reset()
         try:
-            with grad_mode(grad or self.grad), self._autocast():
-                return self.model(*args) if isinstance(args, tuple) else self.model(args)
+            return self._run(args, grad)
         except HookscopeError:
             raise
         except Exception as exc:
             if tracer.callback_error is exc:  # a probe's own callback failed, not the model
                 raise
-            raise tracer.forward_error(exc) from exc
+            raise tracer.locate(lambda: self._run(args, grad), exc) from exc
+
+    def _run(self, args: Any, grad: GradMode | None) -> Any:
+        with grad_mode(grad or self.grad), self._autocast():
+            return self.model(*args) if isinstance(args, tuple) else self.model(args)
 
     def _autocast(self) -> AbstractContextManager[Any]:
         if self.autocast is None:

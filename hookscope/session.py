@@ -78,13 +78,6 @@ def speller(flags: Mapping[str, str]) -> Callable[[str], str]:
     return lambda name: flags.get(name, name)
 
 
-def _fail(message: str, code: int) -> SystemExit:
-    from hookscope.render import console
-
-    console.error(message)
-    return SystemExit(code)
-
-
 @contextmanager
 def session(*, quiet: bool = False, traceback: bool = False,
             flags: Mapping[str, str] | None = None, command: str | None = None
@@ -330,7 +323,7 @@ class Session:
     def load(self, options: ModelOptions, command: str) -> LoadedModel:
         """Load the model, refusing kinds ``command`` cannot run and sizes that cannot fit."""
         from hookscope import sources
-        from hookscope.models import check_batch_memory, check_supported
+        from hookscope.sources import check_batch_memory, check_supported
 
         spec = sources.resolve(options.name)
         check_supported(spec, needs_logits=command in NEEDS_LOGITS,

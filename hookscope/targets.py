@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
+from typing import Any
 
 import torch
 
@@ -144,3 +146,20 @@ def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
                 f"give {param(name)}."
             )
     return Targets(tuple(classes[f] for f in folders), name)
+
+
+def as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
+    """:class:`Targets` from what the Python API takes: None (top-1), an index, a spec such
+    as ``"top2"`` or ``"tabby"``, a list or tensor of indices or labels, or Targets."""
+    if target is None:
+        return parse_targets(None, categories)
+    if isinstance(target, Targets):
+        return target
+    if isinstance(target, Integral) and not isinstance(target, bool):
+        return parse_targets(str(int(target)), categories)
+    if isinstance(target, str):
+        return parse_targets(target, categories)
+    if isinstance(target, torch.Tensor):
+        target = target.reshape(-1).tolist()
+    return parse_targets(",".join(str(int(t) if not isinstance(t, str) else t) for t in target),
+                         categories)

@@ -173,7 +173,7 @@ def test_parsing_errors():
 
 
 def test_cli_zero_all_equals_hand_zeroed_resnet(cli, tmp_path):
-    from hookscope.models import load_model
+    from hookscope.sources import load_model
 
     torch.manual_seed(5)
     x = torch.randn(3, 64, 64)

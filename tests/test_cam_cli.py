@@ -159,6 +159,11 @@ def test_output_paths_keep_same_stems_apart(tmp_path):
     names = [p["gradcam"]["overlay"].name for p in plans]
     assert names == ["cat.gradcam.png", "cat-2.gradcam.png", "dog.gradcam.png"]
     assert plans[0]["gradcam"]["raw"] is None
+    # The same names as every other command's files (inputs.unique_stems): a made-up name
+    # never takes a stem that is given elsewhere.
+    plans = output_paths(["cat", "cat", "cat-2"], ["gradcam"], tmp_path, save_raw=False)
+    names = [p["gradcam"]["overlay"].name for p in plans]
+    assert names == ["cat.gradcam.png", "cat-3.gradcam.png", "cat-2.gradcam.png"]
 
 
 def test_failure_mid_run_leaves_no_files(cli, cat_jpg, tmp_path):

@@ -501,3 +501,18 @@ def test_expect_by_basename_must_be_unambiguous(cli, work, tmp_path) -> None:
     assert ok.exit_code in (0, 1), ok.stderr
     [rule] = [r for r in json.loads(ok.stdout)["rules"] if r["rule"] == "expect"]
     assert list(rule["limit"]) == [str(tmp_path / "two" / "a.pt")]
+
+
+def test_a_key_is_named_by_the_line_that_defines_it() -> None:
+    """The line is found by the TOML parser itself, across multi-line arrays (their first
+    line), comments, tables and quoted or dotted keys."""
+    from hookscope.check import _at
+
+    text = ('ignore = [\n  "fc",\n  "layer4.*",\n]\n# a comment\nmin_prob = 2\n'
+            '[expect]\n"a.jpg" = "tabby"\nb.jpg = 1\n')
+    assert _at("r.toml", text, "min_prob") == "r.toml:6:"
+    assert _at("r.toml", text, "ignore") == "r.toml:1:"
+    assert _at("r.toml", text, "expect") == "r.toml:7:"
+    assert _at("r.toml", text, "expect", "a.jpg") == "r.toml:8:"
+    assert _at("r.toml", text, "expect", "b") == "r.toml:9:"
+    assert _at("r.toml", text, "nowhere") == "r.toml:"

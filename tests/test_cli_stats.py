@@ -46,7 +46,7 @@ def test_json_contract_and_values_match_independent_hooks(cli, cat_jpg) -> None:
     assert all(ROW <= set(row) for row in doc["layers"])
 
     # Independent: the same preprocessing and seeded model, plain hooks, float64 statistics.
-    from hookscope.models import load_model
+    from hookscope.sources import load_model
 
     loaded = load_model("resnet18", weights="none", size=64)
     x = loaded.preprocess(Image.open(cat_jpg).convert("RGB")).unsqueeze(0)

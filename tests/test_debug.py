@@ -10,7 +10,7 @@ from torch import nn
 
 from hookscope.debug import run_debug
 from hookscope.hooks import hook_count
-from hookscope.models import load_model
+from hookscope.sources import load_model
 
 NAN = float("nan")
 

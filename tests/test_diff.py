@@ -321,10 +321,15 @@ class AddsInPlace(nn.Module):
         return self.head(out.mean((2, 3)))
 
 
-def test_outputs_changed_in_place_later_are_compared_as_they_were(tiny_net) -> None:
+@pytest.mark.parametrize("dispatch", [True, False], ids=["copy-on-write", "copy-always"])
+def test_outputs_changed_in_place_later_are_compared_as_they_were(tiny_net, dispatch,
+                                                                  monkeypatch) -> None:
     """The conv output is changed by `+=` and `relu_` after its hook; B is a copy of A, so
     every call must compare equal, and against a changed copy the conv must differ by the
-    change alone (computed by hand)."""
+    change alone (computed by hand). Without torch's (private) dispatch mode, every kept
+    output is copied instead, with the same results."""
+    if not dispatch:
+        monkeypatch.setattr("hookscope.diff._Mode", None)
     torch.manual_seed(0)
     model = AddsInPlace().eval()
     x = torch.randn(2, 3, 8, 8)
@@ -415,8 +420,8 @@ def test_relative_error_and_cosine_edge_cases() -> None:
 @pytest.fixture(scope="module")
 def stats_docs(tmp_path_factory, checkpoints) -> tuple[Path, Path, dict]:
     """A saved stats document and a copy with one layer's mean changed by hand."""
-    from hookscope.models import load_model
     from hookscope.render.output import dumps_json
+    from hookscope.sources import load_model
     from hookscope.stats import collect_stats
 
     # What `hookscope stats x.pt --weights none -f json` writes: envelope and report.

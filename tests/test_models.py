@@ -8,8 +8,10 @@ import pytest
 import torch
 from torchvision.models import get_model
 
+from hookscope.checkpoints import read_checkpoint
 from hookscope.errors import HookscopeError
-from hookscope.models import load_model, read_checkpoint, resolve_device
+from hookscope.sources import load_model
+from hookscope.sources.base import resolve_device
 
 
 def _weights_of(model: torch.nn.Module) -> torch.Tensor:

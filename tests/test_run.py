@@ -203,3 +203,66 @@ def test_grad_modes_are_per_forward_pass() -> None:
     drive(model, x4(), probe)
     # outside a forward: the caller's mode; in the forwards: "off", then inference
     assert seen == [(True, False), (False, False), (False, True)]
+
+
+class HookCounter(Probe[list[int]]):
+    """Hooks one module and records how many forward hooks the whole model holds per pass."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.sites = hookscope.select_sites(model, layers=["fc"])
+        self.seen: list[int] = []
+        self.entered = 0
+
+    def on_enter(self, call: Any, args: Any, kwargs: Any) -> None:
+        self.entered += 1
+
+    def observe(self, step: Step, output: Any) -> None:
+        self.seen.append(sum(len(m._forward_hooks) for m in self.model.modules()))
+
+    def finish(self) -> list[int]:
+        return self.seen
+
+
+def test_a_run_that_succeeds_hooks_only_the_selected_modules() -> None:
+    """Success pays nothing for failure: one forward hook (on ``fc``), no locator."""
+    model = Net()
+    assert drive(model, [x4(), x4()], HookCounter(model)) == [1, 1]
+
+
+def test_the_failing_pass_runs_again_with_the_locator_and_silent_callbacks() -> None:
+    model = Net()
+    model.spy.fail = True
+    probe = HookCounter(model)
+    probe.sites = hookscope.select_sites(model, layers=["conv"])
+    with pytest.raises(ForwardError) as info:
+        drive(model, x4(), probe)
+    assert (info.value.module, info.value.call, info.value.input_shapes) == \
+        ("body.1", 0, [[4, 6, 8, 8]])
+    assert probe.entered == 1, "the second pass must not reach the probe"
+    assert len(model.spy.seen) == 2 and hook_count(model) == 0
+
+
+class FailsOnce(nn.Module):
+    """Raises on its first call only: a failure that does not repeat."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def helper(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("only once")
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.helper(x)
+
+
+def test_a_failure_that_does_not_repeat_is_named_from_the_traceback() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.Sequential(FailsOnce()), nn.ReLU())
+    with pytest.raises(ForwardError) as info:
+        hookscope.collect_stats(model, x4())
+    assert (info.value.module, info.value.type_name) == ("1.0", "FailsOnce")
+    assert "only once" in str(info.value) and hook_count(model) == 0

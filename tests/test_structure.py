@@ -11,7 +11,7 @@ from torch import nn
 
 from hookscope.errors import HookscopeError
 from hookscope.hooks import find_site, hook_count, select_sites
-from hookscope.models import load_model
+from hookscope.sources import load_model
 from hookscope.structure import model_structure, parameter_bytes
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 
 from hookscope.errors import HookscopeError
-from hookscope.render.output import Staging, atomic_path, check_folder, encode_png, format_shape
+from hookscope.render.output import Staging, atomic_path, encode_png, format_shape
 from hookscope.render.tables import Col, FitTable, call_priority, header, num
 
 if TYPE_CHECKING:
@@ -41,15 +41,6 @@ def save_png(image: Any, path: Path, *, force: bool = False,
     with atomic_path(path, force=force) as tmp:
         encode_png(image, tmp)
     return path
-
-
-def check_outputs(out_dir: Path, names: Sequence[str], *, force: bool) -> None:
-    """Fail before any work when ``out_dir`` cannot be written to or a named file exists.
-
-    Raises:
-        HookscopeError: see :func:`hookscope.render.output.check_folder`.
-    """
-    check_folder(out_dir, planned=[out_dir / name for name in names], force=force)
 
 
 def require_tensorboard() -> None:

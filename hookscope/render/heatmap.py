@@ -4,7 +4,7 @@ Overlays also outline a segmentation model's explained region and draw a detecto
 with their labels and scores; ``guided`` writes guided Grad-CAM images. All image I/O is
 Pillow. Colouring uses a 256-entry lookup table taken from matplotlib, so
 a large photo costs one table lookup per pixel. Files are written through
-:class:`hookscope.render.output.Staging` (re-exported here): under temporary names, renamed
+:class:`hookscope.render.output.Staging`: under temporary names, renamed
 into place only when the whole run succeeded, so a failed run leaves no partial output.
 """
 
@@ -21,9 +21,8 @@ import numpy as np
 from PIL import Image
 
 from hookscope.errors import HookscopeError
-from hookscope.render.output import Staging as Staging  # re-exported: callers use heatmap.Staging
-from hookscope.render.output import check_folder
-from hookscope.render.output import output_folder as output_folder
+from hookscope.inputs import unique_stems
+from hookscope.render.output import Staging
 
 if TYPE_CHECKING:
     from hookscope.cam import CamBatch
@@ -328,23 +327,6 @@ class CamWriter:
             logging.getLogger("hookscope").warning(note)
 
 
-def _unique_stems(stems: Sequence[str]) -> list[str]:
-    """``cat``, ``cat-2``, ``cat-3``... so no run ever writes one file twice."""
-    seen: dict[str, int] = {}
-    found = []
-    for stem in stems:
-        count = seen.get(stem, 0) + 1
-        seen[stem] = count
-        unique = stem if count == 1 else f"{stem}-{count}"
-        while count > 1 and unique in seen:
-            count += 1
-            unique = f"{stem}-{count}"
-        if unique != stem:
-            seen[unique] = 1
-        found.append(unique)
-    return found
-
-
 def output_paths(
     stems: Sequence[str], methods: Sequence[str], out: Path, *, save_raw: bool,
     layers: Sequence[str] = (), guided: bool = False,
@@ -353,11 +335,11 @@ def output_paths(
 
     With several ``layers``, each layer's raw map is ``raw.<layer>``
     (``<stem>.<method>.<layer>.npy``) and ``raw`` is the first layer's. Inputs with the same
-    stem (``a/cat.jpg`` and ``b/cat.jpg``) get ``cat-2``, ``cat-3``...
+    stem (``a/cat.jpg`` and ``b/cat.jpg``) get ``cat-2``, ``cat-3``... (:func:`unique_stems`).
     """
     plans: list[dict[str, dict[str, Path | None]]] = []
     several = len(layers) > 1
-    for unique in _unique_stems(stems):
+    for unique in unique_stems(stems):
         plan: dict[str, dict[str, Path | None]] = {}
         for m in methods:
             files: dict[str, Path | None] = {
@@ -375,15 +357,3 @@ def output_paths(
             plan[m] = files
         plans.append(plan)
     return plans
-
-
-def check_outputs(out: Path, plans: Sequence[dict[str, dict[str, Path | None]]], *,
-                  force: bool) -> None:
-    """Fail before any work when ``out`` cannot be written to or a planned file exists.
-
-    Raises:
-        HookscopeError: see :func:`hookscope.render.output.check_folder`.
-    """
-    planned = [p for plan in plans for files in plan.values() for p in files.values()
-               if p is not None]
-    check_folder(out, planned=planned, force=force)

@@ -2,15 +2,48 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import RenderableType
 
 from hookscope.render import ablate, camview, grads, grid, tables, tree
-from hookscope.render.views import Rows, register
 
 Doc = Mapping[str, Any]
+Rows = tuple[list[dict[str, Any]], Sequence[str]]
+
+
+@dataclass(frozen=True)
+class View:
+    """How one command's document is shown: a Rich renderable, and optionally CSV, a
+    matplotlib figure (``--plot``) and formats of its own, each the document as text (such
+    as ``check``'s GitHub annotations)."""
+
+    table: Callable[..., RenderableType]
+    csv: Callable[..., Rows] | None = None
+    plot: Callable[..., Any] | None = None
+    texts: Mapping[str, Callable[[Doc], str]] = field(default_factory=dict)
+
+
+VIEWS: dict[str, View] = {}
+
+
+def register(command: str, *, csv: Callable[..., Rows] | None = None,
+             plot: Callable[..., Any] | None = None,
+             texts: Mapping[str, Callable[[Doc], str]] | None = None,
+             ) -> Callable[[Callable[..., RenderableType]], Callable[..., RenderableType]]:
+    """Register ``command``'s table view (the decorated function), its CSV layout, its
+    figure and its own text formats."""
+
+    def wrap(table: Callable[..., RenderableType]) -> Callable[..., RenderableType]:
+        if command in VIEWS:
+            raise ValueError(f"a view for {command!r} is already registered")
+        VIEWS[command] = View(table, csv, plot, dict(texts or {}))
+        return table
+
+    return wrap
+
 
 STATS_COLUMNS = ("name", "type", "call", "input_shapes", "output_shape", "mean", "std", "min",
                  "max", "zero_fraction", "nonfinite", "output_shapes")
@@ -102,20 +135,6 @@ def layers_csv(doc: Doc) -> Rows:
 @register("layers", csv=layers_csv)
 def layers_table(doc: Doc) -> RenderableType:
     return tree.layers_view(doc)
-
-
-@register("debug")
-def debug_text(doc: Doc) -> RenderableType:
-    """The whole trace of a finished run, as the live text format prints it."""
-    lines: list[RenderableType] = [tables.header(doc)]
-    batch = 0
-    for event in doc["events"]:
-        if int(event.get("batch") or 0) != batch:
-            batch = int(event["batch"])
-            lines.append(tree.batch_rule(batch))
-        lines.append(tree.trace_line(event))
-    lines.append(tree.summary_line(doc["summary"]))
-    return Group(*lines)
 
 
 def cam_csv(doc: Doc) -> Rows:

@@ -183,11 +183,6 @@ def resolve_output(path: str | Path | None, *, force: bool) -> Output:
     return output
 
 
-def check_writable(path: str | Path | None, *, force: bool) -> Output:
-    """Same as :func:`resolve_output` (kept for existing callers)."""
-    return resolve_output(path, force=force)
-
-
 def _classify(given: Path, *, force: bool) -> Output:
     """The :class:`Output` for a path; checks the parent but creates nothing."""
     st = _stat(given)
@@ -327,11 +322,6 @@ def emit(text: str, output: Output | str | Path | None, *, force: bool = False) 
     """Send data to ``output`` (resolved now unless it is an :class:`Output`) or stdout."""
     where = output if isinstance(output, Output) else resolve_output(output, force=force)
     write(where, text)
-
-
-def write_text(path: str | Path, text: str, *, force: bool = False) -> None:
-    """Write ``text`` to ``path``; see :func:`write`."""
-    emit(text, path, force=force)
 
 
 @contextmanager
@@ -505,18 +495,6 @@ def _remove_empty(created: list[Path]) -> None:
             os.rmdir(p)
         except OSError:  # not empty (or gone): its parents are not empty either
             return
-
-
-@contextmanager
-def output_folder(out: Path) -> Iterator[Path]:
-    """Create ``out`` (and its parents); if the run fails, remove those it created while
-    they are still empty, so a failed run leaves nothing behind, not even the folder."""
-    created = _make_folder(Path(out))
-    try:
-        yield Path(out)
-    except BaseException:
-        _remove_empty(created)
-        raise
 
 
 def encode_png(image: Any, path: Path) -> None:

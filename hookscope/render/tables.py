@@ -426,8 +426,3 @@ def stats_view(doc: Mapping[str, Any], *, input_stats: bool = False, per_channel
     if doc.get("predictions"):
         parts.append(predictions_table(doc["inputs"], doc["predictions"]))
     return Group(*parts)
-
-
-def print_view(renderable: RenderableType, console: Console) -> None:
-    """Print a renderable on the data console."""
-    console.print(renderable)

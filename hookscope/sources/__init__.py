@@ -17,7 +17,15 @@ from typing import Any
 import torch
 
 from hookscope.errors import HookscopeError, clip, param, suggest
-from hookscope.sources.base import SOURCES, LoadedModel, LoadOptions, ModelSpec, Source, register
+from hookscope.sources.base import (
+    SOURCES,
+    LoadedModel,
+    LoadOptions,
+    ModelSpec,
+    Source,
+    register,
+    resolve_device,
+)
 
 __all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "register", "resolve",
            "set_precision"]
@@ -49,7 +57,7 @@ def resolve(spec: str) -> ModelSpec:
         found = source.parse(text)
         if found is not None:
             return found
-    from hookscope.models import model_tasks
+    from hookscope.sources.torchvision import model_tasks
 
     raise HookscopeError(
         f"Unknown model {spec!r}.{suggest(text, model_tasks())} MODEL is a torchvision name "
@@ -69,7 +77,6 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
         HookscopeError: see the sources; also labels whose count does not match the model's
             classes, and an unavailable device.
     """
-    from hookscope.models import resolve_device
     from hookscope.preprocess import with_overrides
 
     options = options or LoadOptions()
@@ -177,3 +184,101 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
         _probe_precision(device, chosen, autocast=False)
     loaded.model = loaded.model.to(chosen)
     loaded.dtype = chosen
+
+
+#: Activation memory per input pixel, in float32 values, assumed by :func:`check_batch_memory`:
+#: a typical stem's output (64 channels at half resolution: 16 values per pixel), about
+#: three such tensors live at once.
+_VALUES_PER_PIXEL = 48
+
+
+def load_model(name: str, *, weights: str = "auto", seed: int = 0,
+               device: str | torch.device = "cpu", size: int | None = None,
+               trust_checkpoint: bool = False, **options: Any) -> LoadedModel:
+    """Load any model hookscope can name, in eval mode, on ``device``.
+
+    ``name`` is a torchvision name, ``timm:NAME``, ``file.py:NAME`` or ``package.module:NAME``,
+    or a whole pickled module's path (with ``trust_checkpoint``). ``options`` are the other
+    fields of :class:`hookscope.sources.LoadOptions` (``num_classes``, ``labels``,
+    ``model_args``, ``mean``, ``std``, ``resize``, ``crop``, ``channels``, ``output_key``).
+
+    Raises:
+        HookscopeError: unknown model or weights, an unreadable checkpoint, an unavailable
+            device, or options that contradict the model.
+    """
+    return load(name, LoadOptions(weights=weights, seed=seed, device=device, size=size,
+                                          trust_checkpoint=trust_checkpoint, **options))
+
+
+def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
+                    needs_images: bool = False) -> None:
+    """Refuse, before the model is built, a model kind an analysis cannot run.
+
+    Args:
+        spec: what MODEL names (its task and input dimensions).
+        needs_logits: the analysis explains or differentiates (N, classes) class logits.
+        needs_images: the analysis explains image batches (N, C, H, W), not video clips:
+            Grad-CAM, which also explains segmentation models (a class over a region) and
+            detectors (their boxes), so those pass with it.
+
+    Raises:
+        HookscopeError: optical-flow models (two frames per input) anywhere; detection and
+            segmentation models where class logits are needed (except Grad-CAM); video
+            where images are.
+    """
+    name, task = spec.name, spec.task
+    if task == "optical_flow":
+        raise HookscopeError(
+            f"{name} is an optical-flow model: it takes two frames per input, and hookscope "
+            "runs models on one batch of images (classification, segmentation, detection) or "
+            "clips (video)."
+        )
+    if needs_logits and not needs_images and task in ("detection", "segmentation"):
+        raise HookscopeError(
+            f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
+            f"logits. {task.capitalize()} models work with stats, layers, debug and features."
+        )
+    if needs_images and spec.input_ndim != 4:
+        raise HookscopeError(f"{name} is a video model; this analysis explains image "
+                             "models (N, C, H, W).")
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for tensors on ``device``, or None when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
+    """Refuse a batch whose activations clearly cannot fit in memory, before it is made.
+
+    The estimate is deliberately rough (see ``_VALUES_PER_PIXEL``); it catches ``size``
+    100000 or ``batch_size`` 100000, which would otherwise end in the out-of-memory killer.
+
+    Raises:
+        HookscopeError: the batch size is out of range or the estimate exceeds the memory
+            available on the model's device.
+    """
+    if not 1 <= batch_size <= 4096:
+        raise HookscopeError(f"{param('batch_size')} must be between 1 and 4096, not "
+                             f"{batch_size}.")
+    h, w = loaded.input_size
+    frames = 16 if loaded.input_ndim == 5 else 1
+    need = batch_size * h * w * frames * _VALUES_PER_PIXEL * 4
+    free = available_memory(loaded.device)
+    if free is not None and need > free:
+        raise HookscopeError(
+            f"{batch_size} input(s) of {h}x{w} need about {need / 2**30:.1f} GiB for "
+            f"activations, and {loaded.device} has {free / 2**30:.1f} GiB available; lower "
+            f"{param('size')} or {param('batch_size')}."
+        )

@@ -7,15 +7,17 @@ its labels and a record of what was loaded. Commands never care which source it 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from hookscope import __version__
-from hookscope.errors import HookscopeError
+from hookscope.errors import HookscopeError, param
 from hookscope.preprocess import Preprocess
 
 __all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "SOURCES", "Source", "register"]
@@ -174,4 +176,68 @@ def missing_dependency(package: str, extra: str) -> HookscopeError:
     return HookscopeError(f"this needs the {package} package: pip install 'hookscope[{extra}]'")
 
 
-Factory = Callable[..., nn.Module]
+#: Set to 1 to forbid any download attempt (tests and air-gapped CI set it).
+OFFLINE_ENV = "HOOKSCOPE_OFFLINE"
+_DOWNLOAD_HOST = "download.pytorch.org"
+_CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors"}
+
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """Turn ``auto|cpu|cuda|cuda:N|mps`` into a device that exists.
+
+    Raises:
+        HookscopeError: the device is not available here.
+    """
+    spec = spec.strip().lower()
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise HookscopeError(
+            f"{param('device')} {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps."
+        ) from None
+    if device.type == "cpu":
+        return device
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise HookscopeError(
+                f"{param('device')} {spec}: CUDA is not available on this machine; use cpu."
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise HookscopeError(
+                f"{param('device')} {spec}: this machine has {count} CUDA device(s), "
+                f"numbered 0 to {count - 1}."
+            )
+        return device
+    if device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise HookscopeError(f"{param('device')} {spec}: MPS is not available; use cpu.")
+        return device
+    raise HookscopeError(f"{param('device')} {spec}: unsupported device type; use auto, cpu, cuda "
+                         "or mps.")
+
+
+def network_available(host: str = _DOWNLOAD_HOST, timeout: float = 2.0) -> bool:
+    """Whether weights could be downloaded from ``host``: never with HOOKSCOPE_OFFLINE set."""
+    if os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
+        return False
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def is_path(spec: str) -> bool:
+    """Whether a MODEL or weights spec names a file rather than a name."""
+    p = Path(spec)
+    return (
+        os.sep in spec
+        or "/" in spec
+        or p.suffix.lower() in _CHECKPOINT_SUFFIXES
+        or p.exists()
+    )

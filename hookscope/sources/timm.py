@@ -129,7 +129,7 @@ def _cache_hint(cfg: Any) -> str:
 
 def _hub_reachable() -> bool:
     """Whether the Hugging Face hub can be reached (never with HOOKSCOPE_OFFLINE set)."""
-    from hookscope.models import network_available
+    from hookscope.sources.base import network_available
 
     return network_available(_HUB_HOST)
 
@@ -263,7 +263,7 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
             neither cached nor downloadable, an unreadable checkpoint or one for another
             architecture, or a class count that contradicts the weights.
     """
-    from hookscope.models import _is_path
+    from hookscope.sources.base import is_path
 
     timm = import_timm()
     arch, tag = _architecture(timm, spec.target)
@@ -274,7 +274,7 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     elif weights.lower() == "auto":
         model, loaded = _auto(arch, tag, options)
         pretrained = not loaded.startswith("random")
-    elif _is_path(weights):
+    elif is_path(weights):
         path = Path(weights).expanduser()
         name = f"{arch}.{tag}" if tag else arch
         model, found = build_to_fit(

@@ -1,26 +1,287 @@
-"""The torchvision source: every name in ``torchvision.models.list_models()``."""
+"""The torchvision model source: names, tasks, weights, fine-tuned checkpoints and their
+preprocessing, through torchvision's public API only."""
 
 from __future__ import annotations
 
-from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, register
+import inspect
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from torch import nn
+
+from hookscope.checkpoints import Checkpoint, build_to_fit
+from hookscope.errors import HookscopeError, param, suggest
+from hookscope.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
+from hookscope.sources.base import (
+    LoadedModel,
+    LoadOptions,
+    ModelSpec,
+    is_path,
+    network_available,
+    register,
+)
+
+log = logging.getLogger("hookscope")
+
+@lru_cache(maxsize=1)
+def model_tasks() -> dict[str, str]:
+    """Every torchvision model name mapped to its task (classification, detection, ...)."""
+    import torchvision.models as tvm
+    from torchvision.models import list_models
+
+    groups = {
+        "segmentation": tvm.segmentation,
+        "detection": tvm.detection,
+        "video": tvm.video,
+        "optical_flow": tvm.optical_flow,
+        "quantization": tvm.quantization,
+        "classification": tvm,
+    }
+    tasks: dict[str, str] = {}
+    for task, module in groups.items():
+        for name in list_models(module):
+            tasks.setdefault(name, task)
+    for name in list_models():
+        tasks.setdefault(name, "other")
+    return tasks
+
+
+def input_ndim(name: str) -> int:
+    """Dimensions of one input batch for a model: 5 for video (N, C, T, H, W), else 4."""
+    return 5 if model_tasks().get(name) == "video" else 4
+
+
+def _weights_enum(name: str) -> Any | None:
+    from torchvision.models import get_model_weights
+
+    try:
+        return get_model_weights(name)
+    except (ValueError, KeyError):
+        return None
+
+
+def _cached_file(weights: Any) -> Path:
+    filename = os.path.basename(urlparse(weights.url).path)
+    return Path(torch.hub.get_dir()) / "checkpoints" / filename
+
+
+def _build(name: str, weights: Any | None, seed: int, num_classes: int | None = None,
+           extra: Mapping[str, Any] | None = None) -> nn.Module:
+    from torchvision.models import get_model, get_model_builder
+
+    # Seeded in a forked RNG so loading a model leaves the caller's global RNG untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        kwargs: dict[str, Any] = dict(extra or {})
+        if num_classes is not None:
+            kwargs["num_classes"] = num_classes
+        if name.startswith("quantized_") and weights is not None:
+            kwargs["quantize"] = True
+        if "weights_backbone" in inspect.signature(get_model_builder(name)).parameters:
+            # Otherwise detection and segmentation builders download a backbone.
+            kwargs["weights_backbone"] = None
+        try:
+            with warnings.catch_warnings():  # builders' deprecation notes are not the user's
+                warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", UserWarning)
+                return get_model(name, weights=weights, **kwargs)
+        except (OSError, RuntimeError) as exc:
+            if weights is None:
+                raise
+            raise HookscopeError(
+                f"Could not download the weights {weights} for {name} ({exc.__class__.__name__}: "
+                f"{exc}). Use {param('weights')} none for random initialisation, or a local checkpoint."
+            ) from exc
+
+
+def _scaled(value: Any, factor: float) -> Any:
+    if isinstance(value, (tuple, list)):
+        return type(value)(round(v * factor) for v in value)
+    return round(value * factor)
+
+
+def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]:
+    """The weights' own transforms, rescaled so the crop (or resize) is ``size`` when given."""
+    from torchvision.transforms._presets import ImageClassification
+
+    factory: Any = weights.transforms if weights is not None else ImageClassification
+    cls = getattr(factory, "func", factory)
+    keywords: dict[str, Any] = dict(getattr(factory, "keywords", None) or {})
+    params = inspect.signature(cls).parameters
+    if size is not None:
+        if not MIN_SIZE <= size <= MAX_SIZE:
+            raise HookscopeError(f"{param('size')} must be between {MIN_SIZE} and {MAX_SIZE} "
+                                 f"pixels, not {size}.")
+        key = "crop_size" if "crop_size" in params else "resize_size" if "resize_size" in params else None
+        if key is None:
+            log.info("size is ignored: this model's preprocessing does not resize")
+        else:
+            current = keywords.get(key, params[key].default)
+            if current is inspect.Parameter.empty:
+                current = 224
+            first = current[0] if isinstance(current, (tuple, list)) else current
+            factor = size / first
+            for k in ("crop_size", "resize_size"):
+                if k in params:
+                    value = keywords.get(k, params[k].default)
+                    if value is not inspect.Parameter.empty and value is not None:
+                        keywords[k] = _scaled(value, factor)
+    if "crop_size" in params and "crop_size" not in keywords:
+        keywords["crop_size"] = 224
+    return cls(**keywords)
+
+
+def _default_classes(name: str, default: Any | None) -> int | None:
+    """The class count a builder uses without ``num_classes``: its weights' categories."""
+    categories = default.meta.get("categories") if default is not None else None
+    return len(categories) if categories else None
+
+
+def _random_weights(name: str, options: LoadOptions, default: Any | None,
+                    why: str | None = None) -> tuple[nn.Module, str]:
+    if why is not None:
+        log.warning(f"{why}; using random initialisation (seed {options.seed}), so predictions "
+                    "are meaningless. weights=none (--weights none) silences this.")
+    return (_build(name, None, options.seed, options.num_classes),
+            f"random (seed {options.seed})")
+
+
+def _named_weights(name: str, spec: str, enum: Any | None, default: Any | None) -> Any:
+    if enum is None:
+        raise HookscopeError(f"{name} has no pretrained weights; use {param('weights')} none.")
+    member = spec.split(".")[-1]
+    members = [m.name for m in enum]
+    if member.upper() == "DEFAULT":
+        return default
+    if member not in members:
+        raise HookscopeError(
+            f"{enum.__name__} has no member {spec!r}.{suggest(member, members)} "
+            f"Choose DEFAULT, {', '.join(members)}, auto, none, or a checkpoint path."
+        )
+    return enum[member]
+
+
+def _pretrained(name: str, chosen: Any, options: LoadOptions) -> tuple[nn.Module, str]:
+    if options.num_classes is not None and options.num_classes != _default_classes(name, chosen):
+        raise HookscopeError(
+            f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
+            f"{chosen} has {_default_classes(name, chosen)} classes."
+        )
+    if not _cached_file(chosen).exists() and not network_available():
+        raise HookscopeError(
+            f"{chosen} is not in the torch cache ({_cached_file(chosen).parent}) and cannot "
+            f"be downloaded (no network). Use {param('weights')} none or a local checkpoint."
+        )
+    return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
+
+
+def _aux_options(name: str, state: Mapping[str, torch.Tensor]) -> dict[str, bool]:
+    """Build auxiliary heads exactly when the checkpoint has them."""
+    from torchvision.models import get_model_builder
+
+    params = inspect.signature(get_model_builder(name)).parameters
+    keys = list(state)
+    if "aux_loss" in params:  # segmentation: aux_classifier
+        return {"aux_loss": any(k.startswith("aux_classifier.") for k in keys)}
+    if name in ("googlenet", "inception_v3"):  # aux1/aux2, AuxLogits
+        return {"aux_logits": any(k.startswith(("aux1.", "aux2.", "AuxLogits.")) for k in keys)}
+    return {}
+
+
+def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+    """Build a torchvision model with the requested weights (on the CPU).
+
+    ``weights``: ``auto`` (DEFAULT weights when cached or downloadable, else random with a
+    warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a checkpoint
+    path. A checkpoint whose classifier head has another class count (a fine-tuned model)
+    builds the architecture with that count; ``num_classes`` sets it for random weights.
+
+    Raises:
+        HookscopeError: unknown weights, an unreadable checkpoint, a checkpoint for another
+            architecture, or a class count that contradicts the weights.
+    """
+    name = spec.target
+    enum = _weights_enum(name)
+    default = getattr(enum, "DEFAULT", None) if enum is not None else None
+    weights = options.weights.strip()
+    chosen, found = None, None
+    if weights.lower() == "none":
+        model, loaded = _random_weights(name, options, default)
+    elif weights.lower() == "auto":
+        if default is not None and options.num_classes in (None, _default_classes(name, default)) \
+                and (_cached_file(default).exists() or network_available()):
+            chosen = default
+            model, loaded = _pretrained(name, chosen, options)
+        else:
+            why = None if options.num_classes is not None else \
+                "this model has no pretrained weights" if default is None else (
+                    f"{default} is not in the torch cache ({_cached_file(default).parent}) and "
+                    "cannot be downloaded")
+            model, loaded = _random_weights(name, options, default, why)
+    elif is_path(weights):
+        model, found = build_to_fit(
+            Path(weights).expanduser(), name=name, num_classes=options.num_classes,
+            trust=options.trust_checkpoint,
+            build=lambda n, state: _build(name, None, options.seed, n, _aux_options(name, state)))
+        loaded = f"file:{Path(weights).expanduser()}"
+    else:
+        chosen = _named_weights(name, weights, enum, default)
+        model, loaded = _pretrained(name, chosen, options)
+    return _loaded(spec, model, options, loaded, chosen or default, found)
+
+
+def _head_size(model: nn.Module, meta_classes: int | None) -> int | None:
+    """The class count of the model as built: its last Linear (or 1x1 conv) layer's outputs."""
+    last = None
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            last = module.out_features
+        elif isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1):
+            last = module.out_channels
+    return last if last is not None else meta_classes
+
+
+def _loaded(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str,
+            meta: Any | None, found: Checkpoint | None) -> LoadedModel:
+    preset = _preprocess_for(meta, options.size)
+    origin = "weights" if meta is not None else "default"
+    categories = list(meta.meta.get("categories") or []) or None if meta is not None else None
+    classes = _head_size(model, len(categories) if categories else None) \
+        if spec.task in ("classification", "video", "segmentation") else None
+    labels_from = "weights" if categories else None
+    if categories and classes is not None and len(categories) != classes:
+        categories, labels_from = None, None  # a fine-tuned head: ImageNet's labels do not fit
+    if found is not None and found.labels is not None:
+        categories, labels_from = found.labels, f"checkpoint:{found.labels_key}"
+    return LoadedModel(
+        name=spec.name, model=model, task=spec.task, weights_requested=options.weights,
+        weights_loaded=loaded, device=torch.device("cpu"),
+        preprocess=Preprocess.from_preset(preset, origin), categories=categories,
+        source="torchvision", num_classes=classes, input_ndim=spec.input_ndim,
+        labels_from=labels_from,
+    )
 
 
 class Torchvision:
-    """torchvision's models, weights enums and preprocessing presets."""
+    """torchvision's models, weights enums and preprocessing presets: every name in
+    ``torchvision.models.list_models()``."""
 
     name = "torchvision"
 
     def parse(self, spec: str) -> ModelSpec | None:
-        from hookscope.models import input_ndim, model_tasks
-
         task = model_tasks().get(spec)
         if task is None:
             return None
         return ModelSpec("torchvision", spec, spec, task, input_ndim(spec))
 
     def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        from hookscope.models import load_torchvision
-
         return load_torchvision(spec, options)
 
 
