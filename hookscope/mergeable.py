@@ -8,7 +8,7 @@ Torch-free.
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, overload
 
 __all__ = ["Mergeable", "merged"]
 
@@ -23,6 +23,10 @@ class Mergeable(Protocol):
         ...
 
 
+@overload
+def merged(a: M | None, b: M) -> M: ...
+@overload
+def merged(a: M | None, b: M | None) -> M | None: ...
 def merged(a: M | None, b: M | None) -> M | None:
     """``a.merge(b)``, or whichever side exists."""
     return b if a is None else a if b is None else a.merge(b)

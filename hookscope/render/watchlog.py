@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hookscope.errors import HookscopeError, param
-from hookscope.render.output import dumps_json, dumps_ndjson, write_text
+from hookscope.render.output import dumps_json, dumps_ndjson, emit
 
 __all__ = ["LOG_NAME", "NONFINITE_NAME", "TensorBoardLog", "WatchLog"]
 
@@ -66,7 +66,7 @@ class WatchLog:
     def nonfinite(self, doc: Mapping[str, Any]) -> Path:
         """Write the flight recorder, ``nonfinite.json`` (all or nothing)."""
         path = self.dir / NONFINITE_NAME
-        write_text(path, dumps_json(doc), force=True)
+        emit(dumps_json(doc), path, force=True)
         return path
 
     def close(self) -> None:
