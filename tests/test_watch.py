@@ -538,3 +538,21 @@ def test_tensorboard_scalars_are_the_logged_numbers(tmp_path: Path) -> None:
             pytest.approx(line["loss"], rel=1e-6)
     assert "params/head.bias" in events.Tags()["histograms"]
     assert no_hooks(model)
+
+
+@pytest.mark.slow  # dynamo traces the model (seconds)
+def test_a_compiled_model_is_watched_and_left_clean(tmp_path: Path) -> None:
+    model = log_model()
+    compiled = torch.compile(model, backend="eager")  # dynamo only: no C++ compiler needed
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pytest.raises(hookscope.NonFiniteError) as caught:
+        with hookscope.watch(compiled, tmp_path, every=2) as w:
+            for step in range(4):
+                compiled(batch(step, 2)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+                w.step()
+    assert (caught.value.module, caught.value.step) == ("_orig_mod.blocks.2", 2)
+    _, lines, _ = read_log(tmp_path)
+    assert [r["name"] for r in lines[0]["layers"]][0] == "_orig_mod.pre"
+    assert no_hooks(model)

@@ -103,7 +103,10 @@ class Watch:
         self.name = name or type(model).__name__
         self.index = 0  # the step in progress
         self.findings: list[tuple[int, int, Finding]] = []  # (step, rank, finding), warned
-        self.tracer = Tracer(model, self.sites, on_enter=self._enter, on_exit=self._exit)
+        # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
+        # and recompile for every tensor they see.
+        self.tracer = Tracer(model, self.sites, on_enter=torch.compiler.disable(self._enter),
+                             on_exit=torch.compiler.disable(self._exit))
         self.params = ParamTracker(model)
         self.ranks = Ranks()
         self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
