@@ -77,6 +77,7 @@ def main(mode, log_dir, out):
         result = f"{exc.rank}|{exc.module}|{exc.phase}|{exc.step}|{exc}"
     with open(f"{out}-{rank}.txt", "w") as f:
         f.write(result)
+    dist.barrier()  # both ranks are done before either tears the group down
     dist.destroy_process_group()
 
 
