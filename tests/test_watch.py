@@ -538,3 +538,53 @@ def test_tensorboard_scalars_are_the_logged_numbers(tmp_path: Path) -> None:
             pytest.approx(line["loss"], rel=1e-6)
     assert "params/head.bias" in events.Tags()["histograms"]
     assert no_hooks(model)
+
+
+@pytest.mark.slow  # dynamo traces the model (seconds)
+def test_a_compiled_model_is_watched_and_left_clean(tmp_path: Path) -> None:
+    model = log_model()
+    compiled = torch.compile(model, backend="eager")  # dynamo only: no C++ compiler needed
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pytest.raises(hookscope.NonFiniteError) as caught:
+        with hookscope.watch(compiled, tmp_path, every=2) as w:
+            for step in range(4):
+                compiled(batch(step, 2)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+                w.step()
+    assert (caught.value.module, caught.value.step) == ("_orig_mod.blocks.2", 2)
+    _, lines, _ = read_log(tmp_path)
+    assert [r["name"] for r in lines[0]["layers"]][0] == "_orig_mod.pre"
+    assert no_hooks(model)
+
+
+class PassThrough(nn.Module):
+    """Returns its input itself: its output is the tensor it was given."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class Gate(nn.Module):
+    """Code between modules (a functional log), then a module that passes it on, then one
+    that masks NaN away: only the pass-through module's output shows the NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = positive_linear(4, 4)
+        self.through = PassThrough()
+        self.clean = nn.Hardtanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.through(torch.log(self.pre(x)))
+        return self.clean(torch.nan_to_num(h))
+
+
+def test_a_value_made_outside_the_modules_is_caught_where_a_module_returns_it(
+        tmp_path: Path) -> None:
+    model = Gate()
+    with pytest.raises(hookscope.NonFiniteError) as caught:
+        with hookscope.watch(model, tmp_path) as w:
+            model(batch(0, 0)).sum().backward()
+            w.step()
+    assert (caught.value.module, caught.value.source) == ("through", "outside")

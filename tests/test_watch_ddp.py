@@ -77,6 +77,7 @@ def main(mode, log_dir, out):
         result = f"{exc.rank}|{exc.module}|{exc.phase}|{exc.step}|{exc}"
     with open(f"{out}-{rank}.txt", "w") as f:
         f.write(result)
+    dist.barrier()  # both ranks are done before either tears the group down
     dist.destroy_process_group()
 
 
@@ -146,6 +147,12 @@ def test_rank_zero_writes_rows_equal_to_one_process_over_both_batches(folder: Pa
                     assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6 * size), key
                 else:
                     assert a[key] == b[key], key
+        # The weights are the same; each rank's loss is a sum over its batch and DDP
+        # averages the ranks' gradients: half the one-process gradient over both batches.
+        for a, b in zip(merged["params"], alone["params"], strict=True):
+            assert a["name"] == "module." + b["name"]
+            assert a["norm"] == pytest.approx(b["norm"], rel=1e-6)
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"] / 2, rel=1e-5)
 
 
 def test_a_nan_on_rank_one_ends_both_ranks_naming_rank_one(folder: Path) -> None:

@@ -209,6 +209,9 @@ class StepFlags:
     def _slot(self, t: torch.Tensor, kind: int) -> int:
         known = self._seen.get(id(t))
         if known is not None and known.ref() is t and known.version == t._version:
+            if known.kind == INFO and kind != INFO:  # first an input, now a module's output
+                known.kind = kind
+                self.kinds[2 * known.index:2 * known.index + 2] = (kind, kind)
             return known.index
         lo, hi = torch.aminmax(t.detach())
         slot = _Slot(len(self.slots), kind, list(t.shape), weakref.ref(t), t._version)
@@ -237,7 +240,8 @@ class StepFlags:
 
     @staticmethod
     def _checked(obj: Any) -> list[torch.Tensor]:
-        return [t for t in tensors(obj) if t.is_floating_point() and t.numel()]
+        return [t for t in tensors(obj)
+                if t.is_floating_point() and t.layout == torch.strided and t.numel()]
 
     def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A selected call starts: reduce its inputs (before an in-place module changes them)."""

@@ -111,30 +111,53 @@ def layer_rows(reports: StepReports) -> list[dict[str, Any]]:
     return rows
 
 
+def _engine() -> Any:
+    """Autograd's execution engine (for callbacks at the end of a backward pass)."""
+    return torch.autograd.Variable._execution_engine
+
+
 class ParamTracker:
     """Each parameter's norm, gradient norm and update ratio at logging steps.
 
-    The gradient norm is taken when autograd has accumulated the gradient (a
-    post-accumulate-grad hook), so ``optimizer.zero_grad()`` before ``watch.step()`` loses
-    nothing. The update ratio is ``‖w - w_prev‖ / ‖w‖``, with ``w_prev`` the weights at the
-    previous logging step (kept as one copy of the parameters).
+    The gradient norm is read at the end of each backward pass that reached the parameter,
+    so ``optimizer.zero_grad()`` before ``watch.step()`` loses nothing: a
+    post-accumulate-grad hook notes the parameter and queues a callback on autograd's
+    engine, which queues the reading behind every callback queued so far. Under DDP the
+    reducer's own callback, which writes the ranks' averaged gradient into ``.grad``, is
+    among those, so the norm is that of the averaged gradient the optimiser uses. The update
+    ratio is ``‖w - w_prev‖ / ‖w‖``, with ``w_prev`` the weights at the previous logging step
+    (kept as one copy of the parameters).
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.params = list(model.named_parameters())
         self.grad_norms: dict[int, torch.Tensor] = {}
         self.previous: list[torch.Tensor] | None = None
+        self._reached: set[int] = set()
 
     def attach(self, hooks: Hooks) -> None:
         """Hook each trainable parameter's gradient for this step."""
         self.grad_norms.clear()
+        self._reached.clear()
         for i, (_, p) in enumerate(self.params):
             if p.requires_grad:
                 hooks.accumulated(p, partial(self._on_grad, i))
 
     def _on_grad(self, index: int, p: torch.Tensor) -> None:
-        if p.grad is not None:
-            self.grad_norms[index] = torch.linalg.vector_norm(p.grad.detach()).float()
+        if not self._reached:
+            _engine().queue_callback(self._behind)
+        self._reached.add(index)
+
+    def _behind(self) -> None:
+        _engine().queue_callback(self._read)
+
+    def _read(self) -> None:
+        reached, self._reached = sorted(self._reached), set()
+        grads = [(i, g.detach()) for i in reached
+                 if (g := self.params[i][1].grad) is not None]
+        if grads:
+            norms = torch._foreach_norm([g for _, g in grads])
+            self.grad_norms |= {i: n.float() for (i, _), n in zip(grads, norms, strict=True)}
 
     def rows(self) -> list[dict[str, Any]]:
         """``name``, ``norm``, ``grad_norm`` and ``update_ratio`` of each parameter (one

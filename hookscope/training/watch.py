@@ -45,7 +45,40 @@ def _positive(name: str, value: Any) -> int:
 
 
 class Watch:
-    """A watch over one model; see :func:`watch`. Use as a context manager."""
+    """Watch ``model`` while a training loop runs; use as ``with watch(...) as w``.
+
+    Call ``w.step()`` at the end of each training step. Every ``every`` steps (steps 0,
+    ``every``, ...) one line is appended to ``log_dir/watch.jsonl`` (see ``docs/watch.md``).
+    Every step is checked for NaN and ±inf, forward and backward.
+
+    Args:
+        model: the model being trained (a DDP wrapper or the module itself).
+        log_dir: the log directory (made if missing).
+        every: a logging step every ``every`` steps.
+        layers, types: the modules watched (fnmatch patterns on dotted names, class names);
+            leaf modules by default.
+        nonfinite: ``"raise"`` (a :class:`NonFiniteError` at the step that made one),
+            ``"warn"`` (log it and go on) or ``"off"`` (no every-step check).
+        allow_inf: fnmatch patterns of modules whose ±inf is intended (attention masks).
+        keep: steps kept by the flight recorder written to ``log_dir/nonfinite.json``.
+        tensorboard: also write TensorBoard scalars and histograms to ``log_dir``.
+        reference: a ``hookscope stats --format json`` document to measure drift against
+            (default: the first logging step).
+        max_drift: layers whose drift exceeds it are flagged ``drift``.
+        percentiles: percentiles each logging step takes of each output (0 to 100), for
+            the rows and a distribution drift; default: the reference's, if it has them.
+            Without any, drift compares means and stds.
+        name: the model's name in the log (default: its class name).
+        force: replace an existing log in ``log_dir``.
+
+    Attributes:
+        index: the step in progress (counted from 0 by :meth:`step`).
+        findings: with ``nonfinite="warn"``, each (step, rank, finding) warned about.
+
+    Raises:
+        HookscopeError: bad arguments, a selection matching nothing, an existing log
+            without ``force``, an unreadable reference.
+    """
 
     def __init__(self, model: nn.Module, log_dir: str | Path, *, every: int = 100,
                  layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
@@ -70,7 +103,10 @@ class Watch:
         self.name = name or type(model).__name__
         self.index = 0  # the step in progress
         self.findings: list[tuple[int, int, Finding]] = []  # (step, rank, finding), warned
-        self.tracer = Tracer(model, self.sites, on_enter=self._enter, on_exit=self._exit)
+        # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
+        # and recompile for every tensor they see.
+        self.tracer = Tracer(model, self.sites, on_enter=torch.compiler.disable(self._enter),
+                             on_exit=torch.compiler.disable(self._exit))
         self.params = ParamTracker(model)
         self.ranks = Ranks()
         self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
@@ -287,43 +323,5 @@ class Watch:
         log.debug("wrote %s", path)
 
 
-def watch(model: nn.Module, log_dir: str | Path, *, every: int = 100,
-          layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
-          nonfinite: str = "raise", allow_inf: Sequence[str] = (), keep: int = 8,
-          tensorboard: bool = False, reference: str | Path | None = None,
-          max_drift: float = 1.0,
-          percentiles: str | Sequence[float] | None = None, name: str | None = None,
-          force: bool = False) -> Watch:
-    """Watch ``model`` while a training loop runs; use as ``with watch(...) as w``.
-
-    Call ``w.step()`` at the end of each training step. Every ``every`` steps (steps 0,
-    ``every``, ...) one line is appended to ``log_dir/watch.jsonl`` (see ``docs/watch.md``).
-    Every step is checked for NaN and ±inf, forward and backward.
-
-    Args:
-        model: the model being trained (a DDP wrapper or the module itself).
-        log_dir: the log directory (made if missing).
-        every: a logging step every ``every`` steps.
-        layers, types: the modules watched (fnmatch patterns on dotted names, class names);
-            leaf modules by default.
-        nonfinite: ``"raise"`` (a :class:`NonFiniteError` at the step that made one),
-            ``"warn"`` (log it and go on) or ``"off"`` (no every-step check).
-        allow_inf: fnmatch patterns of modules whose ±inf is intended (attention masks).
-        keep: steps kept by the flight recorder written to ``log_dir/nonfinite.json``.
-        tensorboard: also write TensorBoard scalars and histograms to ``log_dir``.
-        reference: a ``hookscope stats --format json`` document to measure drift against
-            (default: the first logging step).
-        max_drift: layers whose drift exceeds it are flagged ``drift``.
-        percentiles: percentiles each logging step takes of each output (0 to 100), for
-            the rows and a distribution drift; default: the reference's, if it has them.
-            Without any, drift compares means and stds.
-        name: the model's name in the log (default: its class name).
-        force: replace an existing log in ``log_dir``.
-
-    Raises:
-        HookscopeError: bad arguments, a selection matching nothing, an existing log
-            without ``force``, an unreadable reference.
-    """
-    return Watch(model, log_dir, every=every, layers=layers, types=types, nonfinite=nonfinite,
-                 allow_inf=allow_inf, keep=keep, tensorboard=tensorboard, reference=reference,
-                 max_drift=max_drift, percentiles=percentiles, name=name, force=force)
+#: ``hookscope.watch(model, log_dir, ...)``: see :class:`Watch`.
+watch = Watch
