@@ -16,3 +16,16 @@ _.__signature__  # read by typer (inspect.signature)
 _.__annotations__  # read by typer
 _.identical  # the sketch's bucket-for-bucket equality, which the merge tests assert
 _.save_text  # Staging's text file, beside save_png and save_npy
+_.min_grad_norm  # check's log rules read these Rules fields by key (getattr)
+_.max_grad_norm
+_.min_update_ratio
+_.max_update_ratio
+_.on_train_start  # Lightning calls its Callback hooks by name
+_.on_train_batch_end
+_.on_exception
+_.on_train_begin  # HF Trainer calls its TrainerCallback hooks by name
+_.on_step_end
+_.on_train_end
+trainer  # the frameworks' callback signatures, passed positionally
+batch_idx
+control

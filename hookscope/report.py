@@ -183,10 +183,6 @@ class Report:
         }
 
 
-def _where(name: str, call: int) -> str:
-    return name if call == 0 else f"{name} (call {call})"
-
-
 def _stats_findings(stats: StatsReport) -> list[Finding]:
     found: list[Finding] = []
     first = next((i for i, r in enumerate(stats.layers) if r.nonfinite), None)
