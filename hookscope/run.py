@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from hookscope.errors import ForwardError, HookscopeError
-from hookscope.hooks import Call, Site, Tracer, model_device, model_dtype
+from hookscope.hooks import (Call, Site, Tracer, model_device, model_dtype,
+                             raised_in_machinery)
 
 if TYPE_CHECKING:
     from hookscope.inputs import Batch
@@ -118,7 +119,8 @@ class Step:
         except HookscopeError:
             raise
         except Exception as exc:
-            if tracer.callback_error is exc:  # a probe's own callback failed, not the model
+            # A probe's own callback, or other hook machinery, failed: not the model.
+            if tracer.callback_error is exc or raised_in_machinery(exc):
                 raise
             raise tracer.forward_error(exc) from exc
 
