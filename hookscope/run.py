@@ -30,8 +30,7 @@ import torch
 from torch import nn
 
 from hookscope.errors import ForwardError, HookscopeError
-from hookscope.hooks import (Call, Site, Tracer, model_device, model_dtype,
-                             raised_in_machinery)
+from hookscope.hooks import Call, Site, Tracer, model_device, model_dtype, raised_in_machinery
 
 if TYPE_CHECKING:
     from hookscope.inputs import Batch
