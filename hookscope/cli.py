@@ -451,8 +451,10 @@ def diff_command(
     else:
         other_options = diff.against_options(opts.model, against)
         resolved = s.inputs(inputs, opts.model)
-        loaded = s.load(opts.model, "diff")
-        other = s.load(other_options, "diff")
+        with diff.on_side("A"):
+            loaded = s.load(opts.model, "diff")
+        with diff.on_side("B"):
+            other = s.load(other_options, "diff")
         probe = diff.DiffProbe(loaded.model, other.model, layers=layers, types=types,
                           all_modules=all_modules, max_depth=max_depth, tolerance=tolerance,
                           output_key=loaded.output_key, other_output_key=other.output_key,

@@ -25,7 +25,8 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -575,7 +576,7 @@ class DiffProbe(Probe[DiffReport]):
         self.table.add(key, a, as_float(found).reshape(-1).to(a.device, a.dtype))
 
     def step(self, step: Step) -> None:
-        with _CopyOnWrite(self):
+        with _CopyOnWrite(self), on_side("A"):
             output = step.forward()
         self._storages.clear()
         logits = select_logits(output, self.output_key, required=False)
@@ -628,9 +629,25 @@ def _other_sites(other: nn.Module, names: set[str], selection: Mapping[str, Any]
 
 def _second_run(error: ForwardError) -> ForwardError:
     """B's forward error, saying it was the second run."""
-    return ForwardError(f"In the second run (against): {error}", module=error.module,
-                        type_name=error.type_name, call=error.call, depth=error.depth,
-                        input_shapes=error.input_shapes, cause=error.cause)
+    return ForwardError(f"Side B (the second run, against): {error.args[0]}",
+                        module=error.module, type_name=error.type_name, call=error.call,
+                        depth=error.depth, input_shapes=error.input_shapes, cause=error.cause)
+
+
+@contextmanager
+def on_side(side: str) -> Iterator[None]:
+    """Name the side (``A``, or ``B``: the run against) in any error raised inside."""
+    try:
+        yield
+    except HookscopeError as exc:
+        text = str(exc.args[0]) if exc.args else ""
+        if not text.startswith("Side "):
+            what = "A" if side == "A" else "B (the second run, against)"
+            if side == "B":  # B's options are the against_* ones
+                for option, own in AGAINST.items():
+                    text = text.replace(param(own), param(option))
+            exc.args = (f"Side {what}: {text}", *exc.args[1:])
+        raise
 
 
 def diff_models(

@@ -95,7 +95,8 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
 def _check_label_count(loaded: LoadedModel) -> None:
     """Labels must match the model's classes; count them with one forward pass if needed."""
     classes = loaded.num_classes
-    if classes is None:
+    # Detectors, segmenters and flow models give no (N, classes) logits: none is run to count.
+    if classes is None and loaded.task not in ("detection", "segmentation", "optical_flow"):
         classes = _output_classes(loaded)
         loaded.num_classes = classes
     count = len(loaded.categories or [])
@@ -153,6 +154,36 @@ def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -
         ) from None
 
 
+def _detection_ops(device: torch.device) -> dict[str, Any]:
+    """The torchvision operators a detection model runs after its network, each as a call
+    on a tiny input in a given dtype."""
+    from torchvision.ops import nms, roi_align
+
+    boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 1.0, 3.0, 3.0]], device=device)
+    scores = torch.tensor([0.9, 0.8], device=device)
+    x, rois = torch.ones(1, 2, 4, 4, device=device), torch.tensor([[0.0, 0, 0, 2, 2]],
+                                                                    device=device)
+    return {"nms": lambda d: nms(boxes.to(d), scores.to(d), 0.5),
+            "roi_align": lambda d: roi_align(x.to(d), rois.to(d), 2)}
+
+
+def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
+    """Refuse, before the model runs, a cast to ``dtype`` that a detection model's
+    post-processing operators (torchvision's ``nms``, ``roi_align``) cannot run."""
+    if loaded.task != "detection":
+        return
+    for name, run in _detection_ops(loaded.device).items():
+        try:
+            run(dtype)
+        except (RuntimeError, NotImplementedError):
+            kind = str(dtype).removeprefix("torch.")
+            raise HookscopeError(
+                f"{loaded.name} cannot run in {kind} on {loaded.device}: torchvision's {name}, "
+                f"which detection models run, has no {kind} kernel there. Choose "
+                f"{param('dtype')} float32, or {param('autocast')} (which keeps {name} in "
+                "float32).") from None
+
+
 def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = False) -> None:
     """Cast the model to ``dtype``, or (``autocast``) run it under ``torch.autocast``.
 
@@ -173,5 +204,6 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
     chosen = _dtype(dtype)
     if chosen != torch.float32:
         _probe_precision(device, chosen, autocast=False)
+        _probe_operators(loaded, chosen)
     loaded.model = loaded.model.to(chosen)
     loaded.dtype = chosen
