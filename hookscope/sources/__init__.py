@@ -82,6 +82,8 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
     loaded.model = loaded.model.to(device).eval()
     loaded.device = device
     set_precision(loaded, options.dtype, autocast=options.autocast)
+    if options.size is not None or options.crop is not None or options.resize is not None:
+        _check_size(loaded)
     if options.labels is not None:
         from hookscope.checkpoints import read_labels
 
@@ -90,6 +92,32 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
     if loaded.categories is not None:
         _check_label_count(loaded)
     return loaded
+
+
+def _check_size(loaded: LoadedModel) -> None:
+    """Refuse, in one line, an input size the model declares it cannot take.
+
+    A declaration can be cautious (torchvision's Swin runs below its weights' min_size,
+    timm's XCiT at any multiple of its patch), so a size it rules out is first tried on one
+    zero sample; only when that fails is the size refused, naming the sizes it takes.
+    """
+    declared, size = loaded.declared_size, loaded.input_size
+    if declared is None or declared.takes(size) or loaded.task in ("detection", "optical_flow"):
+        return
+    from hookscope.run import Probe, drive
+
+    class Trial(Probe[None]):
+        def finish(self) -> None:
+            return None
+
+    try:
+        drive(loaded.model, loaded.dummy_input(), Trial())
+    except HookscopeError:
+        h, w = declared.size
+        fix = f"{h}" if declared.exact else f"{max(h, w)} or more"
+        raise HookscopeError(
+            f"{loaded.name} takes {declared.describe()} ({declared.origin}), not {size[0]}x"
+            f"{size[1]}: choose {param('size')} {fix}, or leave it out.") from None
 
 
 def _check_label_count(loaded: LoadedModel) -> None:
