@@ -77,6 +77,9 @@ __all__ = [
 ]
 
 RESHAPES = ("auto", "none", "vit", "swin")
+#: A raw map whose range is within this fraction of its magnitude (128 float32 ulps) is
+#: constant: its variation is the rounding of the sums that made it, not localisation.
+CONSTANT_RTOL = 128 * float(torch.finfo(torch.float32).eps)
 #: pytorch-grad-cam's ``aug_smooth``: (horizontal flip, intensity factor), the identity first.
 AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1.0),
                  (True, 1.1))
@@ -103,6 +106,9 @@ class CamResult:
         regions: segmentation: the explained region per input, (N, H, W) bool.
         detections: detection: per input, the explained boxes.
         metrics: per metric name, one value per input.
+        constant: per input, whether every raw map was constant (its range within float
+            noise of its magnitude, :data:`CONSTANT_RTOL`): the map is then all zeros, not
+            rounding noise stretched to [0, 1].
     """
 
     method: str
@@ -120,6 +126,7 @@ class CamResult:
     regions: np.ndarray | None = None
     detections: list[list[dict[str, Any]]] | None = None
     metrics: dict[str, np.ndarray] = field(default_factory=dict)
+    constant: list[bool] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -159,6 +166,7 @@ class CamResult:
             guided=cat("guided"), regions=cat("regions"),
             detections=None if any(d is None for d in dets) else [x for d in dets for x in d or []],
             metrics={k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics},
+            constant=[c for p in parts for c in p.constant],
         )
 
 
@@ -218,6 +226,17 @@ def _normalise(maps: torch.Tensor) -> torch.Tensor:
     span = (flat.amax(dim=1).reshape(-1, 1, 1) - lo)
     safe = torch.where(span > 0, span, torch.ones_like(span))
     return torch.where(span > 0, (maps - lo) / safe, torch.zeros_like(maps))
+
+
+def constant_maps(raws: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per input, whether every layer's raw (N, h, w) map is constant: its range within
+    :data:`CONSTANT_RTOL` of its largest magnitude (an all-zero map included)."""
+    found = torch.ones(raws[0].shape[0], dtype=torch.bool, device=raws[0].device)
+    for raw in raws:
+        flat = raw.reshape(raw.shape[0], -1).float()
+        span = flat.amax(dim=1) - flat.amin(dim=1)
+        found &= span <= CONSTANT_RTOL * flat.abs().amax(dim=1)
+    return found
 
 
 def _as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
@@ -287,8 +306,15 @@ def _with_output(output: Any, out: torch.Tensor, replacement: torch.Tensor, name
 # ----------------------------------------------------------------------------- layers
 
 
+def _grid(t: torch.Tensor | None) -> int | None:
+    """The number of cells of a 4-D (N, C, H, W) tensor's spatial grid."""
+    return int(t.shape[2] * t.shape[3]) if t is not None and t.dim() == 4 else None
+
+
 class _Spatial(Probe[list[tuple[str, list[int]]]]):
-    """Every module (in execution order of their ends) with a 4-D output larger than 1x1."""
+    """Every module (in execution order of their ends) with a 4-D output larger than 1x1,
+    except one whose 4-D input is 1x1 (AlexNet's ``avgpool`` on a small input repeats one
+    cell: its map would be constant)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.sites = [s for s in all_sites(model) if s.name]
@@ -298,7 +324,9 @@ class _Spatial(Probe[list[tuple[str, list[int]]]]):
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         self.ran.add(call.name)
         t = first_tensor(output)
-        if t is not None and t.dim() == 4 and t.shape[2] * t.shape[3] > 1:
+        cells = _grid(t)
+        if t is not None and cells is not None and cells > 1 \
+                and _grid(first_tensor(args)) != 1:
             self.found.append((call.name, list(t.shape)))
 
     def finish(self) -> list[tuple[str, list[int]]]:
@@ -325,7 +353,8 @@ def default_layer(model: nn.Module, sample: torch.Tensor, *,
     """The layer to explain when none is given, found with one forward pass of ``sample``.
 
     A classifier's: the last module (in execution order) whose output is 4-D with a
-    spatial size over 1x1. A segmentation model's or detector's: the last such stage of
+    spatial size over 1x1, not repeated from a 1x1 input (a map with one cell carries no
+    localisation, however it is upsampled). A segmentation model's or detector's: the last such stage of
     its backbone (``backbone.layer4``, ``backbone.body.layer4``), else the classifier's rule.
 
     Raises:
@@ -459,11 +488,15 @@ class _Acc:
                                                 zip(self.raws, raws, strict=True)]
         self.count += 1
 
-    def result(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def result(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """The maps in [0, 1], the raw maps, and which inputs' maps are constant (drawn
+        blank: zeros)."""
         assert self.maps is not None
-        if self.count == 1:
-            return _normalise(self.maps), self.raws
-        return _normalise(self.maps / self.count), [r / self.count for r in self.raws]
+        raws = self.raws if self.count == 1 else [r / self.count for r in self.raws]
+        constant = constant_maps(raws)
+        maps = torch.where(constant[:, None, None], torch.zeros_like(self.maps),
+                           _normalise(self.maps / self.count))
+        return maps, raws, constant
 
 
 class CamProbe(Probe[CamReport]):
@@ -843,15 +876,23 @@ class CamProbe(Probe[CamReport]):
 
     def _result(self, method: Method, acc: _Acc, sel: Selection, scores: list[float],
                 probs: list[float | None], guided: torch.Tensor | None) -> CamResult:
-        maps, raws = acc.result()
+        maps, raws, constant = acc.result()
         notes = list(sel.notes)
-        if any(float(r.amax()) <= 0 and why is None for r, why in
-               zip(raws[0], sel.skipped, strict=True)):
+        zero = [float(r.amax()) <= 0 and why is None for r, why in
+                zip(raws[0], sel.skipped, strict=True)]
+        if any(zero):
             notes.append(
                 f"{method.name}: some maps are zero everywhere at layer "
                 f"{self.layer_sites[0].name!r} (the target score does not increase with any "
                 "position's activations there; for ViT, pick a block before the last one or "
                 "its ln_1).")
+        if any(c and not z and why is None
+               for c, z, why in zip(constant.tolist(), zero, sel.skipped, strict=True)):
+            notes.append(
+                f"{method.name}: some maps are constant at layer {self.layer_sites[0].name!r} "
+                "(their range is float rounding, so they carry no localisation) and are "
+                "drawn blank; choose a layer whose spatial grid is larger than 1x1 at this "
+                "input size.")
         mixed = None
         if guided is not None:
             mixed = (maps.unsqueeze(1) * guided).permute(0, 2, 3, 1).cpu().numpy()
@@ -863,7 +904,7 @@ class CamProbe(Probe[CamReport]):
             notes=notes, layers=[s.name for s in self.layer_sites],
             raws=raw_np * (1 if method.layerwise else len(self.layer_sites)),
             skipped=list(sel.skipped), guided=mixed, regions=_regions(sel, maps.shape[-2:]),
-            detections=_detections(sel))
+            detections=_detections(sel), constant=constant.tolist())
 
     def _probs(self, step: Step, sel: Selection, x: torch.Tensor, rows: list[int]
                ) -> torch.Tensor:
