@@ -69,6 +69,7 @@ __all__ = [
     "CamReport",
     "CamResult",
     "RESHAPES",
+    "check_explain",
     "crop_box",
     "default_layer",
     "explain",
@@ -1043,6 +1044,21 @@ def explain(
     probe = CamProbe(model, layer, methods, reshape=reshape, score_batch=score_batch,
                      transform=transform, sink=sink, objective=objective, **options)
     return drive(model, batches, probe, progress=progress, autocast=autocast)
+
+
+def check_explain(model: nn.Module, *, layer: Layers | None = None,
+                  methods: Sequence[str] = ("gradcam",), targets: Targets | None = None,
+                  output_key: str | None = None, task: str | None = None,
+                  **options: Any) -> None:
+    """Raise what :func:`explain` with these arguments would refuse, without running the
+    model (so a command that runs other analyses first refuses before any of them)."""
+    task = task or infer_task(model)
+    objective = make_objective(task, targets, output_key=output_key)
+    sites = [s for s in all_sites(model) if s.name]
+    if layer is None and not sites:
+        return
+    CamProbe(model, layer if layer is not None else sites[-1].name, methods,
+             objective=objective, **options)
 
 
 def gradcam(

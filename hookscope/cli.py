@@ -487,13 +487,14 @@ def report_command(
     statistics table, Grad-CAM per input and findings. It loads nothing when opened.
 
     Runs stats and grads (with --layers, --type, --target, --loss...) and Grad-CAM (the
-    default method plus each --method, at --layer) over the inputs; -o names the page.
+    default method plus each --method, at --layer) over the inputs; -o names the page. A
+    segmentation model's or detector's page leaves the gradients out (no class logits).
 
     Example: hookscope report resnet18 sample_images/ -o report.html
     """
     from hookscope.render.heatmap import check_colormap
     from hookscope.render.report import write_report
-    from hookscope.report import ReportOptions, build_report
+    from hookscope.report import ReportOptions, build_report, left_out
 
     s = opts.s
     methods = list(dict.fromkeys(["gradcam", *(_value(m) for m in method or [])]))
@@ -506,7 +507,8 @@ def report_command(
         target=target, loss=_value(loss), label=label, vanish=vanish, explode=explode,
         layer=layer, methods=methods, reshape=_value(reshape), score_batch=score_batch,
         train_mode=train_mode)
-    with s.progress(3 * len(resolved), "report", enabled=True) as bar:
+    sections = 3 - len(left_out(loaded.task))
+    with s.progress(sections * len(resolved), "report", enabled=True) as bar:
         report = build_report(
             loaded, lambda: s.batches(resolved, loaded, opts.model, keep_images=True),
             resolved.names, options, progress=bar)

@@ -177,19 +177,21 @@ def _summary(report: Report) -> str:
     layers = report.stats.layers
     bad = sum(1 for r in layers if r.nonfinite)
     dead = sum(1 for r in layers if math.isfinite(r.zero_fraction) and r.zero_fraction >= ZERO_WARN)
-    flagged = sum(1 for r in report.grads.layers if r.flag)
     chips = [("", f"{len(layers)} module calls"),
              ("error" if bad else "ok", f"{bad} non-finite"),
-             ("warning" if dead else "ok", f"{dead} dead"),
-             (_flag_class(report), f"{flagged} flagged gradients"),
-             ("", f"{len(report.inputs)} inputs")]
+             ("warning" if dead else "ok", f"{dead} dead")]
+    if report.grads is not None:
+        flagged = sum(1 for r in report.grads.layers if r.flag)
+        chips.append((_flag_class(report), f"{flagged} flagged gradients"))
+    chips.append(("", f"{len(report.inputs)} inputs"))
     return '<p class="chips">' + "".join(
         f'<span class="chip {cls}">{e(text)}</span>' for cls, text in chips) + "</p>"
 
 
 def _flag_class(report: Report) -> str:
     """Red for exploding or non-finite gradients, yellow for vanishing ones only."""
-    flags = {r.flag for r in report.grads.layers if r.flag}
+    flags = {r.flag for r in report.grads.layers if r.flag} if report.grads is not None \
+        else set()
     return "error" if flags - {"vanish"} else "warning" if flags else "ok"
 
 
@@ -212,6 +214,8 @@ def _findings(report: Report) -> str:
             items.append(f'<li class="more">and {len(found) - MAX_FINDINGS} more '
                          f"{e(kind.replace('_', ' '))} calls (see the table)</li>")
     items += [f'<li class="note">{e(note)}</li>' for note in report.notes]
+    items += [f'<li class="note">{e(section.capitalize())} left out: {e(why)}.</li>'
+              for section, why in report.left_out.items()]
     body = f'<ul class="findings">{"".join(items)}</ul>' if items else (
         '<p class="ok-line">Nothing flagged: every output is finite, no call is dead, and no '
         "gradient vanishes or explodes.</p>")
@@ -226,15 +230,17 @@ def _plots(report: Report) -> str:
     opts = report.options
     profile = plots.inline_svg(plots.profile_figure(doc["stats"]["layers"]),
                                "Activation profile")
+    figure = (f'<figure id="profile"><h2>Activation profile</h2>{profile}<figcaption>Each '
+              "module call's output in execution order: mean ± std (band), min/max (light "
+              "band), zero fraction (dashed, right axis). Red: non-finite values; yellow: "
+              "dead (≥99% zeros).</figcaption></figure>")
+    if report.grads is None:
+        return f'<section id="plots" class="plots">{figure}</section>'
     flow = plots.inline_svg(plots.gradient_figure(
         doc["grads"]["layers"], median=report.grads.median_norm, vanish=opts.vanish,
         explode=opts.explode), "Gradient flow")
     return (
-        '<section id="plots" class="plots">'
-        f'<figure id="profile"><h2>Activation profile</h2>{profile}<figcaption>Each module '
-        "call's output in execution order: mean ± std (band), min/max (light band), zero "
-        "fraction (dashed, right axis). Red: non-finite values; yellow: dead (≥99% zeros)."
-        "</figcaption></figure>"
+        f'<section id="plots" class="plots">{figure}'
         f'<figure id="gradient-flow"><h2>Gradient flow</h2>{flow}<figcaption>log10 of the '
         f"gradient norm at each call's output, backward order, for the "
         f"{e(_objective(report))}. Dashed: vanish ({opts.vanish:g}×) and explode "
@@ -242,6 +248,7 @@ def _plots(report: Report) -> str:
 
 
 def _objective(report: Report) -> str:
+    assert report.grads is not None
     classes = sorted(set(report.grads.targets))
     shown = ", ".join(str(c) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
     what = "cross-entropy" if report.grads.loss == "ce" else "target logit"
@@ -310,14 +317,17 @@ def _filter(table_id: str, total: int) -> str:
 
 def _tables(report: Report) -> str:
     doc = report.to_dict()
-    stats_rows, grad_rows = doc["stats"]["layers"], doc["grads"]["layers"]
+    stats_rows = doc["stats"]["layers"]
     stats = _table("stats", STATS_COLUMNS, (_stats_row(i, r) for i, r in enumerate(stats_rows)),
                    "Output statistics per module call, execution order")
+    activations = (f'<section id="activations"><h2>Activation statistics</h2>'
+                   f'{_filter("stats", len(stats_rows))}{stats}</section>')
+    if report.grads is None:
+        return activations
+    grad_rows = doc["grads"]["layers"]
     grads = _table("grads", GRAD_COLUMNS, (_grad_row(i, r) for i, r in enumerate(grad_rows)),
                    "Gradient at each module call's output, backward order")
-    return (f'<section id="activations"><h2>Activation statistics</h2>{_filter("stats", len(stats_rows))}'
-            f"{stats}</section>"
-            f'<section id="gradients"><details id="grads-details"><summary><h2>Gradients'
+    return (f'{activations}<section id="gradients"><details id="grads-details"><summary><h2>Gradients'
             f'</h2> <span class="dim">{len(grad_rows)} calls, median norm '
             f"{e(fmt_float(report.grads.median_norm))}</span></summary>"
             f'{_filter("grads", len(grad_rows))}{grads}</details></section>')
