@@ -52,7 +52,7 @@ from hookscope.cam_methods import (
     project,
 )
 from hookscope.cam_targets import Context, Objective, Selection, infer_task, make_objective
-from hookscope.errors import ForwardError, HookscopeError, param
+from hookscope.errors import HookscopeError, param
 from hookscope.hooks import Call, Site, all_sites, find_site, first_tensor
 from hookscope.run import Probe, Step, drive, peek
 from hookscope.targets import Targets, parse_targets
@@ -727,18 +727,10 @@ class CamProbe(Probe[CamReport]):
         batch.movedim(cdim, 1)[torch.arange(k), torch.tensor(channels)] = value
         self.mode, self.ablation = "ablate", (layer, cap.calls[layer], batch)
         try:
-            if self.expand_ok.get(layer, True):
-                try:
-                    out = self.objective.output(step.forward(x[i : i + 1], grad="inference"))
-                    if self.objective.rows(out) == k:
-                        self.expand_ok[layer] = True
-                        return self.objective.score(out, sel, [i] * k)
-                except ForwardError:
-                    pass
-                self.expand_ok[layer] = False
-            copies = x[i : i + 1].expand(k, *x.shape[1:])
-            out = self.objective.output(step.forward(copies, grad="inference"))
-            return self.objective.score(out, sel, [i] * k)
+            out = step.forward_expanded(
+                x[i : i + 1], k, lambda o: self.objective.rows(self.objective.output(o)),
+                self.expand_ok, layer, grad="inference")
+            return self.objective.score(self.objective.output(out), sel, [i] * k)
         finally:
             self.mode, self.ablation = "idle", None
 

@@ -123,6 +123,28 @@ class Step:
                 raise
             raise tracer.forward_error(exc) from exc
 
+    def forward_expanded(self, x: torch.Tensor, k: int, rows: Callable[[Any], int],
+                         known: dict[Any, bool], key: Any, *, grad: GradMode | None = None
+                         ) -> Any:
+        """Run one input ``x`` (batch 1) whose hooked layer's output a probe's hook turns
+        into ``k`` rows, so what runs before that layer runs once, not ``k`` times.
+
+        A model that cannot take this (it mixes tensors from before the layer with the
+        batch: its forward raises, or its output has not ``rows(output) == k``) runs ``k``
+        copies of ``x`` instead; which one worked is remembered in ``known[key]``.
+        """
+        if known.get(key, True):
+            try:
+                out = self.forward(x, grad=grad)
+                if rows(out) == k:
+                    known[key] = True
+                    return out
+            except ForwardError:
+                pass
+            known[key] = False
+        # One contiguous copy: convolutions are slower on a stride-0 batch.
+        return self.forward(x.expand(k, *x.shape[1:]).contiguous(), grad=grad)
+
     def _autocast(self) -> AbstractContextManager[Any]:
         if self.autocast is None:
             return nullcontext()
