@@ -29,10 +29,9 @@ log = logging.getLogger("hookscope")
 OFFLINE_ENV = "HOOKSCOPE_OFFLINE"
 _DOWNLOAD_HOST = "download.pytorch.org"
 _CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors"}
-#: Activation memory per input pixel, in float32 values, assumed by :func:`check_batch_memory`:
-#: a typical stem's output (64 channels at half resolution: 16 values per pixel), about
-#: three such tensors live at once.
-_VALUES_PER_PIXEL = 48
+#: How many tensors the size of the stem's output :func:`check_batch_memory` assumes live at
+#: once: a module's input and output, a residual branch, and a probe's temporary.
+_LIVE = 4
 
 
 @lru_cache(maxsize=1)
@@ -433,11 +432,45 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
-def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
-    """Refuse a batch whose activations clearly cannot fit in memory, before it is made.
+def _stride_area(module: nn.Module) -> int:
+    stride = getattr(module, "stride", 1)
+    stride = (stride, stride) if isinstance(stride, int) else tuple(stride or (1,))[-2:]
+    return int(stride[0] * stride[-1])
 
-    The estimate is deliberately rough (see ``_VALUES_PER_PIXEL``); it catches ``size``
-    100000 or ``batch_size`` 100000, which would otherwise end in the out-of-memory killer.
+
+def values_per_pixel(model: nn.Module) -> float:
+    """Values per input pixel of the model's widest activation: the most output channels
+    of a convolution (or features of a Linear layer) over the grid's area by then (the strides of the convolutions and
+    pools before it, in definition order), at least the 3 of an RGB input.
+
+    An inverted bottleneck (EfficientNet's 16 -> 96 channels at half resolution) is wider
+    than the stem; a branch's stride counted twice only makes later layers look smaller,
+    and the widest activation comes early.
+    """
+    area, widest = 1, 3.0
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.Conv3d)):
+            widest = max(widest, module.out_channels / (area * _stride_area(module)))
+        elif isinstance(module, nn.Linear):  # ConvNeXt's and ViT's MLPs, on every position
+            widest = max(widest, module.out_features / area)
+        if isinstance(module, (nn.Conv2d, nn.Conv3d, nn.MaxPool2d, nn.AvgPool2d)):
+            area *= _stride_area(module)
+    return widest
+
+
+def batch_memory(loaded: LoadedModel, batch_size: int) -> int:
+    """Bytes of activations a batch needs, as :func:`check_batch_memory` estimates them."""
+    h, w = loaded.input_size
+    frames = 16 if loaded.input_ndim == 5 else 1
+    return int(batch_size * h * w * frames * _LIVE * values_per_pixel(loaded.model) * 4)
+
+
+def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
+    """Refuse a batch whose activations cannot fit in memory, before it is made.
+
+    The estimate is ``_LIVE`` tensors the size of the model's widest early activation
+    (:func:`values_per_pixel`), in float32; it catches ``size`` 8192 on a machine without
+    the memory, which would otherwise end in the out-of-memory killer.
 
     Raises:
         HookscopeError: the batch size is out of range or the estimate exceeds the memory
@@ -446,9 +479,8 @@ def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
     if not 1 <= batch_size <= 4096:
         raise HookscopeError(f"{param('batch_size')} must be between 1 and 4096, not "
                              f"{batch_size}.")
+    need = batch_memory(loaded, batch_size)
     h, w = loaded.input_size
-    frames = 16 if loaded.input_ndim == 5 else 1
-    need = batch_size * h * w * frames * _VALUES_PER_PIXEL * 4
     free = available_memory(loaded.device)
     if free is not None and need > free:
         raise HookscopeError(

@@ -111,6 +111,10 @@ def _check_size(loaded: LoadedModel) -> None:
             return None
 
     try:
+        # Past twice the declared side no trial runs: a ViT's attention grows with the
+        # square of the pixel count, so a huge trial could exhaust the memory.
+        if max(size) > 2 * max(declared.size):
+            raise HookscopeError("no trial")
         drive(loaded.model, loaded.dummy_input(), Trial())
     except HookscopeError:
         h, w = declared.size
