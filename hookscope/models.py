@@ -440,8 +440,9 @@ def _stride_area(module: nn.Module) -> int:
 
 def values_per_pixel(model: nn.Module) -> float:
     """Values per input pixel of the model's widest activation: the most output channels
-    of a convolution (or features of a Linear layer) over the grid's area by then (the strides of the convolutions and
-    pools before it, in definition order), at least the 3 of an RGB input.
+    of a convolution (or features of a Linear layer) over the grid's area by then (the
+    strides of the convolutions and pools before it, in definition order), at least the 3
+    of an RGB input.
 
     An inverted bottleneck (EfficientNet's 16 -> 96 channels at half resolution) is wider
     than the stem; a branch's stride counted twice only makes later layers look smaller,
