@@ -230,6 +230,8 @@ class _Modifier:
 
     def __call__(self, out: torch.Tensor) -> torch.Tensor:
         moved = out.movedim(self.dim, 1)
+        if self.per_row and moved.shape[0] == 1:  # one input: a row per channel from here
+            moved = moved.expand(len(self.channels), *moved.shape[1:])
         new = moved.clone()
         cols = torch.tensor(self.channels, device=out.device)
         if self.per_row:
@@ -309,6 +311,8 @@ class AblateProbe(Probe[AblateReport]):
         self.modifier = _Modifier(self.mode, channel_dim, generator)
         self.active = False
         self.seen = 0
+        #: Whether the model runs one input expanded at the layer (see Step.forward_expanded).
+        self.expand_ok: dict[str, bool] = {}
         self.shape: list[int] | None = None
         self.chosen: list[int] | None = None
         self.results: list[AblationResult] = []
@@ -348,11 +352,17 @@ class AblateProbe(Probe[AblateReport]):
     def _logits(self, output: Any) -> torch.Tensor:
         return class_logits(output, self.output_key, "ablate").float()
 
-    def _changed(self, step: Step, x: torch.Tensor) -> torch.Tensor:
-        """One forward pass with the modifier on."""
+    def _changed(self, step: Step, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """One forward pass with the modifier on; with ``rows``, ``x`` is one input that
+        becomes ``rows`` at the layer (see :meth:`Step.forward_expanded`)."""
         self.active, self.seen = True, 0
         try:
-            after = self._logits(step.forward(x))
+            if rows is None:
+                after = self._logits(step.forward(x))
+            else:
+                after = self._logits(step.forward_expanded(
+                    x, rows, lambda out: int(self._logits(out).shape[0]), self.expand_ok,
+                    self.site.name))
         finally:
             self.active = False
         if self.seen == 0:
@@ -387,14 +397,12 @@ class AblateProbe(Probe[AblateReport]):
         if step.index == 0 and i == 0:
             step.expect((self.n_inputs or len(step)) * len(chosen))
         self.modifier.per_row = True
-        # One contiguous copy per input: convolutions are slower on a stride-0 batch.
-        x = step.x[i:i + 1]
-        repeated = x.expand(min(self.sweep_batch, len(chosen)), *x.shape[1:]).contiguous()
         afters = []
         for lo in range(0, len(chosen), self.sweep_batch):
             part = chosen[lo:lo + self.sweep_batch]
             self.modifier.channels = part
-            afters.append(self._changed(step, repeated[:len(part)]))
+            # What runs before the layer runs once per pass, on the one input.
+            afters.append(self._changed(step, step.x[i:i + 1], rows=len(part)))
             step.advance(len(part))
         after = torch.cat(afters)
         drops = (before[0, cls] - after[:, cls]).tolist()

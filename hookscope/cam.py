@@ -70,6 +70,7 @@ __all__ = [
     "CamReport",
     "CamResult",
     "RESHAPES",
+    "check_explain",
     "crop_box",
     "default_layer",
     "explain",
@@ -78,6 +79,9 @@ __all__ = [
 ]
 
 RESHAPES = ("auto", "none", "vit", "swin")
+#: A raw map whose range is within this fraction of its magnitude (128 float32 ulps) is
+#: constant: its variation is the rounding of the sums that made it, not localisation.
+CONSTANT_RTOL = 128 * float(torch.finfo(torch.float32).eps)
 #: pytorch-grad-cam's ``aug_smooth``: (horizontal flip, intensity factor), the identity first.
 AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1.0),
                  (True, 1.1))
@@ -104,6 +108,9 @@ class CamResult:
         regions: segmentation: the explained region per input, (N, H, W) bool.
         detections: detection: per input, the explained boxes.
         metrics: per metric name, one value per input.
+        constant: per input, whether every raw map was constant (its range within float
+            noise of its magnitude, :data:`CONSTANT_RTOL`): the map is then all zeros, not
+            rounding noise stretched to [0, 1].
     """
 
     method: str
@@ -121,6 +128,7 @@ class CamResult:
     regions: np.ndarray | None = None
     detections: list[list[dict[str, Any]]] | None = None
     metrics: dict[str, np.ndarray] = field(default_factory=dict)
+    constant: list[bool] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -160,6 +168,7 @@ class CamResult:
             guided=cat("guided"), regions=cat("regions"),
             detections=None if any(d is None for d in dets) else [x for d in dets for x in d or []],
             metrics={k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics},
+            constant=[c for p in parts for c in p.constant],
         )
 
 
@@ -173,6 +182,17 @@ def _normalise(maps: torch.Tensor) -> torch.Tensor:
     span = (flat.amax(dim=1).reshape(-1, 1, 1) - lo)
     safe = torch.where(span > 0, span, torch.ones_like(span))
     return torch.where(span > 0, (maps - lo) / safe, torch.zeros_like(maps))
+
+
+def constant_maps(raws: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per input, whether every layer's raw (N, h, w) map is constant: its range within
+    :data:`CONSTANT_RTOL` of its largest magnitude (an all-zero map included)."""
+    found = torch.ones(raws[0].shape[0], dtype=torch.bool, device=raws[0].device)
+    for raw in raws:
+        flat = raw.reshape(raw.shape[0], -1).float()
+        span = flat.amax(dim=1) - flat.amin(dim=1)
+        found &= span <= CONSTANT_RTOL * flat.abs().amax(dim=1)
+    return found
 
 
 def _scale_pgc(maps: torch.Tensor) -> torch.Tensor:
@@ -341,11 +361,15 @@ class _Acc:
                                                 zip(self.raws, raws, strict=True)]
         self.count += 1
 
-    def result(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def result(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """The maps in [0, 1], the raw maps, and which inputs' maps are constant (drawn
+        blank: zeros)."""
         assert self.maps is not None
-        if self.count == 1:
-            return _normalise(self.maps), self.raws
-        return _normalise(self.maps / self.count), [r / self.count for r in self.raws]
+        raws = self.raws if self.count == 1 else [r / self.count for r in self.raws]
+        constant = constant_maps(raws)
+        maps = torch.where(constant[:, None, None], torch.zeros_like(self.maps),
+                           _normalise(self.maps / self.count))
+        return maps, raws, constant
 
 
 class CamProbe(Probe[CamReport]):
@@ -607,18 +631,10 @@ class CamProbe(Probe[CamReport]):
         batch.movedim(cdim, 1)[torch.arange(k), torch.tensor(channels)] = value
         self.mode, self.ablation = "ablate", (layer, cap.calls[layer], batch)
         try:
-            if self.expand_ok.get(layer, True):
-                try:
-                    out = self.objective.output(step.forward(x[i : i + 1], grad="inference"))
-                    if self.objective.rows(out) == k:
-                        self.expand_ok[layer] = True
-                        return self.objective.score(out, sel, [i] * k)
-                except ForwardError:
-                    pass
-                self.expand_ok[layer] = False
-            copies = x[i : i + 1].expand(k, *x.shape[1:])
-            out = self.objective.output(step.forward(copies, grad="inference"))
-            return self.objective.score(out, sel, [i] * k)
+            out = step.forward_expanded(
+                x[i : i + 1], k, lambda o: self.objective.rows(self.objective.output(o)),
+                self.expand_ok, layer, grad="inference")
+            return self.objective.score(self.objective.output(out), sel, [i] * k)
         finally:
             self.mode, self.ablation = "idle", None
 
@@ -775,15 +791,23 @@ class CamProbe(Probe[CamReport]):
 
     def _result(self, method: Method, acc: _Acc, sel: Selection, scores: list[float],
                 probs: list[float | None], guided: torch.Tensor | None) -> CamResult:
-        maps, raws = acc.result()
+        maps, raws, constant = acc.result()
         notes = list(sel.notes)
-        if any(float(r.amax()) <= 0 and why is None for r, why in
-               zip(raws[0], sel.skipped, strict=True)):
+        zero = [float(r.amax()) <= 0 and why is None for r, why in
+                zip(raws[0], sel.skipped, strict=True)]
+        if any(zero):
             notes.append(
                 f"{method.name}: some maps are zero everywhere at layer "
                 f"{self.layer_sites[0].name!r} (the target score does not increase with any "
                 "position's activations there; for ViT, pick a block before the last one or "
                 "its ln_1).")
+        if any(c and not z and why is None
+               for c, z, why in zip(constant.tolist(), zero, sel.skipped, strict=True)):
+            notes.append(
+                f"{method.name}: some maps are constant at layer {self.layer_sites[0].name!r} "
+                "(their range is float rounding, so they carry no localisation) and are "
+                "drawn blank; choose a layer whose spatial grid is larger than 1x1 at this "
+                "input size.")
         mixed = None
         if guided is not None:
             mixed = (maps.unsqueeze(1) * guided).permute(0, 2, 3, 1).cpu().numpy()
@@ -795,7 +819,7 @@ class CamProbe(Probe[CamReport]):
             notes=notes, layers=[s.name for s in self.layer_sites],
             raws=raw_np * (1 if method.layerwise else len(self.layer_sites)),
             skipped=list(sel.skipped), guided=mixed, regions=_regions(sel, maps.shape[-2:]),
-            detections=_detections(sel))
+            detections=_detections(sel), constant=constant.tolist())
 
     def _probs(self, step: Step, sel: Selection, x: torch.Tensor, rows: list[int]
                ) -> torch.Tensor:
@@ -935,6 +959,21 @@ def explain(
     probe = CamProbe(model, layer, methods, reshape=reshape, score_batch=score_batch,
                      transform=transform, sink=sink, objective=objective, **options)
     return drive(model, batches, probe, progress=progress, autocast=autocast)
+
+
+def check_explain(model: nn.Module, *, layer: Layers | None = None,
+                  methods: Sequence[str] = ("gradcam",), targets: Targets | None = None,
+                  output_key: str | None = None, task: str | None = None,
+                  **options: Any) -> None:
+    """Raise what :func:`explain` with these arguments would refuse, without running the
+    model (so a command that runs other analyses first refuses before any of them)."""
+    task = task or infer_task(model)
+    objective = make_objective(task, targets, output_key=output_key)
+    sites = [s for s in all_sites(model) if s.name]
+    if layer is None and not sites:
+        return
+    CamProbe(model, layer if layer is not None else sites[-1].name, methods,
+             objective=objective, **options)
 
 
 def gradcam(

@@ -31,7 +31,8 @@ class _Grid:
 
 
 class _Spatial(Probe[list[_Grid]]):
-    """Every module (in execution order of their ends) whose output is an image grid."""
+    """Every module (in execution order of their ends) whose output is an image grid, except
+    one whose 4-D input is 1x1: a map repeated from one cell carries no localisation."""
 
     def __init__(self, model: nn.Module) -> None:
         self.sites = [s for s in all_sites(model) if s.name]
@@ -50,6 +51,9 @@ class _Spatial(Probe[list[_Grid]]):
         if t is None or not (output is t or isinstance(output, (tuple, list)) and output
                              and output[0] is t):
             return  # a layer must return a tensor, or a tuple starting with one
+        source = first_tensor(args)
+        if source is not None and source.dim() == 4 and source.shape[2] * source.shape[3] == 1:
+            return  # repeated from a 1x1 input (AlexNet's avgpool, small inputs): constant
         found = layout(list(t.shape), self.size, type_name=call.site.type, hint=self.hint)
         if isinstance(found, Layout):
             c = t.shape[found.channel_dim]

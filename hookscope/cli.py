@@ -451,7 +451,7 @@ def diff_command(
 
     Example: hookscope diff resnet18 cat.jpg --weights a.pt --against-weights b.pt --fail
     """
-    from hookscope.session import against_options, describe_against, offline_files
+    from hookscope.session import AGAINST, against_options, describe_against, offline_files
     from hookscope.statsdiff import StatsDiffReport, diff_stats, read_stats
 
     s, fmt = opts.s, _value(fmt)
@@ -466,12 +466,14 @@ def diff_command(
                             files=files)
         doc = report.to_dict()
     else:
-        from hookscope.diff import DiffProbe
+        from hookscope.diff import DiffProbe, on_side
 
         other_options = against_options(opts.model, against)
         resolved = s.inputs(inputs, opts.model)
-        loaded = s.load(opts.model, "diff")
-        other = s.load(other_options, "diff")
+        with on_side("A"):
+            loaded = s.load(opts.model, "diff")
+        with on_side("B", AGAINST):
+            other = s.load(other_options, "diff")
         probe = DiffProbe(loaded.model, other.model, layers=layers, types=types,
                           all_modules=all_modules, max_depth=max_depth, tolerance=tolerance,
                           output_key=loaded.output_key, other_output_key=other.output_key,
@@ -505,6 +507,7 @@ def report_command(
 
     Runs stats and grads (with --layers, --type, --target, --loss...) and Grad-CAM (the
     default method plus each --method, at --layer) over the inputs; -o names the page.
+    A segmentation model's or detector's page leaves the gradients out (no class logits).
     A training log (a directory holding watch.jsonl) in place of MODEL INPUT draws the
     training page: statistics and gradient norms over the steps, update ratios, findings.
 
@@ -514,7 +517,7 @@ def report_command(
         return cli_watch.report_log(opts)
     from hookscope.render.heatmap import check_colormap
     from hookscope.render.report import write_report
-    from hookscope.report import ReportOptions, build_report
+    from hookscope.report import ReportOptions, build_report, left_out
 
     s = opts.s
     methods = list(dict.fromkeys(["gradcam", *(_value(m) for m in method or [])]))
@@ -527,7 +530,8 @@ def report_command(
         target=target, loss=_value(loss), label=label, vanish=vanish, explode=explode,
         layer=layer, methods=methods, reshape=_value(reshape), score_batch=score_batch,
         train_mode=train_mode)
-    with s.progress(3 * len(resolved), "report", enabled=True) as bar:
+    sections = 3 - len(left_out(loaded.task))
+    with s.progress(sections * len(resolved), "report", enabled=True) as bar:
         report = build_report(
             loaded, lambda: s.batches(resolved, loaded, opts.model, keep_images=True),
             resolved.names, options, progress=bar)

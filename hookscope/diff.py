@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -56,6 +56,7 @@ __all__ = [
     "LayerDiff",
     "OutputDiff",
     "diff_models",
+    "on_side",
 ]
 
 NAN = float("nan")
@@ -526,7 +527,7 @@ class DiffProbe(Probe[DiffReport]):
         self.table.add(key, a, as_float(found).reshape(-1).to(a.device, a.dtype))
 
     def step(self, step: Step) -> None:
-        with _CopyOnWrite(self) if _Mode is not None else nullcontext():
+        with _CopyOnWrite(self) if _Mode is not None else nullcontext(), on_side("A"):
             output = step.forward()
         self._storages.clear()
         logits = select_logits(output, self.output_key, required=False)
@@ -577,11 +578,30 @@ def _other_sites(other: nn.Module, names: set[str], selection: Mapping[str, Any]
     return [s for s in all_sites(other) if s.name in names or s.name in own]
 
 
+@contextmanager
+def on_side(side: str, renames: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Name the side (``A``, or ``B``: the run against) in any error raised inside.
+
+    ``renames`` maps the option a message should name to the one it names (B's own
+    options are the ``against_*`` ones).
+    """
+    try:
+        yield
+    except HookscopeError as exc:
+        text = str(exc.args[0]) if exc.args else ""
+        if not text.startswith("Side "):
+            what = "A" if side == "A" else "B (the second run, against)"
+            for option, own in (renames or {}).items():
+                text = text.replace(param(own), param(option))
+            exc.args = (f"Side {what}: {text}", *exc.args[1:])
+        raise
+
+
 def _second_run(error: ForwardError) -> ForwardError:
     """B's forward error, saying it was the second run."""
-    return ForwardError(f"In the second run (against): {error}", module=error.module,
-                        type_name=error.type_name, call=error.call, depth=error.depth,
-                        input_shapes=error.input_shapes, cause=error.cause)
+    return ForwardError(f"Side B (the second run, against): {error.args[0]}",
+                        module=error.module, type_name=error.type_name, call=error.call,
+                        depth=error.depth, input_shapes=error.input_shapes, cause=error.cause)
 
 
 def diff_models(

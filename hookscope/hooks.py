@@ -17,6 +17,7 @@ variable, so the late-binding closure bug cannot give a hook the wrong layer nam
 from __future__ import annotations
 
 import fnmatch
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,12 +37,38 @@ __all__ = [
     "Tracer",
     "first_tensor",
     "hook_count",
+    "raised_in_machinery",
     "model_device",
     "model_dtype",
     "select_sites",
     "tensor_shapes",
     "tensors",
 ]
+
+
+#: Where hook machinery lives: hookscope's own package, and the module hooks torch
+#: installs for it (``FlopCounterMode``'s module tracker, the full-backward-hook wrapper).
+_HOOKSCOPE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TORCH_HOOKS = tuple(os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "utils", f)
+                     for f in ("module_tracker.py", "hooks.py"))
+
+
+def raised_in_machinery(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside hook machinery, not by the model's own code.
+
+    The first frame of the traceback is where the forward pass was called (and the
+    exception caught), so it is skipped; any later frame in hookscope's package or in
+    one of torch's module-hook helpers means a hook raised while the model ran. A
+    ``forward`` there is a module wrapping the model, and does not count.
+    """
+    frame = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    while frame is not None:
+        code = frame.tb_frame.f_code
+        path = os.path.abspath(code.co_filename)
+        if (path.startswith(_HOOKSCOPE) or path in _TORCH_HOOKS) and code.co_name != "forward":
+            return True
+        frame = frame.tb_next
+    return False
 
 
 @dataclass(frozen=True)

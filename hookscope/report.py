@@ -10,6 +10,7 @@ HTML is :mod:`hookscope.render.report`'s job; nothing here writes files.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,19 +21,19 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hookscope.cam import CamBatch, explain
+from hookscope.cam import CamBatch, check_explain, explain
+from hookscope.cam_targets import task_targets
 from hookscope.grads import GradReport, GradsProbe
 from hookscope.run import drive
 from hookscope.stats import Prediction, StatsProbe, StatsReport
 from hookscope.structure import model_structure
-from hookscope.targets import parse_targets
 
 if TYPE_CHECKING:
     from hookscope.inputs import Batch
     from hookscope.sources import LoadedModel
 
 __all__ = ["CamInput", "CamTarget", "DEAD", "Finding", "Report", "ReportOptions",
-           "build_report", "find_issues"]
+           "build_report", "find_issues", "left_out"]
 
 #: A call whose output is at least this fraction of zeros is dead (the terminal table's
 #: yellow, ``render.tables.ZERO_WARN``).
@@ -159,7 +160,7 @@ class Report:
     flops: int | None
     flops_shape: list[int] | None
     stats: StatsReport
-    grads: GradReport
+    grads: GradReport | None
     cam_layer: str
     cam_layer_default: bool
     methods: list[str]
@@ -167,13 +168,17 @@ class Report:
     findings: list[Finding]
     notes: list[str]
     options: ReportOptions
+    #: Each section the model's kind leaves out (``gradients``), with why.
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The envelope, then each analysis's document (as its command writes it)."""
         return self.envelope | {
             "created": self.created, "params": self.params, "flops": self.flops,
             "flops_input_shape": self.flops_shape,
-            "stats": self.stats.to_dict(), "grads": self.grads.to_dict(),
+            "stats": self.stats.to_dict(),
+            "grads": self.grads.to_dict() if self.grads is not None else None,
+            "left_out": dict(self.left_out),
             "gradcam": {"layer": self.cam_layer, "layer_default": self.cam_layer_default,
                         "methods": self.methods,
                         "inputs": [i.to_dict() for i in self.inputs]},
@@ -214,10 +219,18 @@ def _grads_findings(grads: GradReport) -> list[Finding]:
     return found
 
 
-def find_issues(stats: StatsReport, grads: GradReport) -> list[Finding]:
+def find_issues(stats: StatsReport, grads: GradReport | None) -> list[Finding]:
     """What the report flags: the first non-finite output, dead calls, then the first
     non-finite gradient and vanishing or exploding ones, each with its table row."""
-    return _stats_findings(stats) + _grads_findings(grads)
+    return _stats_findings(stats) + (_grads_findings(grads) if grads is not None else [])
+
+
+def left_out(task: str) -> dict[str, str]:
+    """The sections a model of kind ``task`` leaves out of the report, each with why."""
+    if task in ("detection", "segmentation"):
+        return {"gradients": f"a {task} model has no (N, classes) class logits to "
+                             "differentiate; its statistics and Grad-CAM are drawn"}
+    return {}
 
 
 class _CamCollector:
@@ -299,20 +312,27 @@ def build_report(
     opts = options or ReportOptions()
     model, categories, key = loaded.model, loaded.categories, loaded.output_key
     run: dict[str, Any] = {"autocast": loaded.autocast, "progress": progress}
-    targets = parse_targets(opts.target, categories)
-    targets.check_count(len(names))
+    task, targets = task_targets(loaded, opts.target, len(names))
+    skipped = left_out(task)
+    for section, why in skipped.items():
+        logging.getLogger("hookscope").info(f"{section} left out: {why}")
+    cam_options: dict[str, Any] = {
+        "layer": opts.layer, "methods": opts.methods, "targets": targets, "task": task,
+        "reshape": opts.reshape, "score_batch": opts.score_batch, "output_key": key}
+    check_explain(model, **cam_options)
     stats_probe = StatsProbe(model, categories=categories, output_key=key, **_selection(opts))
     # With the cross-entropy loss, the target is Grad-CAM's alone (grads uses the label).
     grad_target = opts.target if opts.loss == "logit" else None
-    grads_probe = GradsProbe(model, target=grad_target, loss=opts.loss, label=opts.label,
-                             vanish=opts.vanish, explode=opts.explode, categories=categories,
-                             n_inputs=len(names), output_key=key, **_selection(opts))
+    grads_probe = None if "gradients" in skipped else GradsProbe(
+        model, target=grad_target, loss=opts.loss, label=opts.label, vanish=opts.vanish,
+        explode=opts.explode, categories=categories, n_inputs=len(names), output_key=key,
+        **_selection(opts))
     stats = drive(model, batches(), stats_probe, train_mode=opts.train_mode, **run)
-    grads = drive(model, batches(), grads_probe, train_mode=opts.train_mode, **run)
+    grads = None if grads_probe is None else drive(model, batches(), grads_probe,
+                                                   train_mode=opts.train_mode, **run)
     collector = _CamCollector(loaded, opts.max_side)
-    cam = explain(model, batches(), layer=opts.layer, methods=opts.methods, targets=targets,
-                  reshape=opts.reshape, score_batch=opts.score_batch,
-                  transform=loaded.preprocess, sink=collector, output_key=key, **run)
+    cam = explain(model, batches(), transform=loaded.preprocess, sink=collector,
+                  **cam_options, **run)
     params, flops, shape = _flops(loaded, stats.input_shape)
     predictions = stats.predictions or [[] for _ in collector.inputs]
     inputs = [replace(item, predictions=list(preds))
@@ -322,4 +342,5 @@ def build_report(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         params=params, flops=flops, flops_shape=shape, stats=stats, grads=grads,
         cam_layer=cam.layer, cam_layer_default=opts.layer is None, methods=cam.methods,
-        inputs=inputs, findings=find_issues(stats, grads), notes=cam.notes, options=opts)
+        inputs=inputs, findings=find_issues(stats, grads), notes=cam.notes, options=opts,
+        left_out=skipped)

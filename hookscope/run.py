@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from hookscope.errors import ForwardError, HookscopeError
-from hookscope.hooks import Call, Site, Tracer, model_device, model_dtype
+from hookscope.hooks import Call, Site, Tracer, model_device, model_dtype, raised_in_machinery
 
 if TYPE_CHECKING:
     from hookscope.inputs import Batch
@@ -117,13 +117,36 @@ class Step:
         except HookscopeError:
             raise
         except Exception as exc:
-            if tracer.callback_error is exc:  # a probe's own callback failed, not the model
+            # A probe's own callback, or other hook machinery, failed: not the model.
+            if tracer.callback_error is exc or raised_in_machinery(exc):
                 raise
             raise tracer.locate(lambda: self._run(args, grad), exc) from exc
 
     def _run(self, args: Any, grad: GradMode | None) -> Any:
         with grad_mode(grad or self.grad), self._autocast():
             return self.model(*args) if isinstance(args, tuple) else self.model(args)
+
+    def forward_expanded(self, x: torch.Tensor, k: int, rows: Callable[[Any], int],
+                         known: dict[Any, bool], key: Any, *, grad: GradMode | None = None
+                         ) -> Any:
+        """Run one input ``x`` (batch 1) whose hooked layer's output a probe's hook turns
+        into ``k`` rows, so what runs before that layer runs once, not ``k`` times.
+
+        A model that cannot take this (it mixes tensors from before the layer with the
+        batch: its forward raises, or its output has not ``rows(output) == k``) runs ``k``
+        copies of ``x`` instead; which one worked is remembered in ``known[key]``.
+        """
+        if known.get(key, True):
+            try:
+                out = self.forward(x, grad=grad)
+                if rows(out) == k:
+                    known[key] = True
+                    return out
+            except ForwardError:
+                pass
+            known[key] = False
+        # One contiguous copy: convolutions are slower on a stride-0 batch.
+        return self.forward(x.expand(k, *x.shape[1:]).contiguous(), grad=grad)
 
     def _autocast(self) -> AbstractContextManager[Any]:
         if self.autocast is None:

@@ -219,6 +219,24 @@ def _extra_formulas() -> dict[Any, Any]:
     return {} if kernel is None else {kernel: _sdpa_cpu_flop}
 
 
+class _NoModuleTracker:
+    """Stands in for ``FlopCounterMode``'s module tracker: every FLOP goes to ``Global``.
+
+    hookscope attributes FLOPs with its own hooks, so the tracker's per-module table is
+    never read. The tracker also puts a multi-grad hook on every module's inputs that
+    require a gradient, which fails in inference mode on a parameter (or a view of one)
+    passed straight to a submodule, as timm's CaiT passes its class token.
+    """
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _NoModuleTracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 @contextmanager
 def count_flops() -> Iterator[FlopCounterMode]:
     """A ``FlopCounterMode`` that also sees attention: count everything run inside.
@@ -227,12 +245,15 @@ def count_flops() -> Iterator[FlopCounterMode]:
     ``nn.TransformerEncoderLayer`` have no FLOP formula, so their fast path is switched
     off inside (and restored): the same modules then run their projections and attention
     as separate operators, which are counted. Scaled dot-product attention on CPU gets
-    the formula FlopCounterMode uses for its CUDA kernels.
+    the formula FlopCounterMode uses for its CUDA kernels. Its module tracker is left out
+    (see :class:`_NoModuleTracker`): only the total is read.
     """
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
+    counter = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
+    counter.mod_tracker = _NoModuleTracker()  # type: ignore[assignment]
     try:
-        with FlopCounterMode(display=False, custom_mapping=_extra_formulas()) as counter:
+        with counter:
             yield counter
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)

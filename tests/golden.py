@@ -130,14 +130,16 @@ def _layers_csv(recorded: Any, new: Any) -> tuple[Any, Any]:
 
 
 #: Fields ``gradcam`` gained since the recording (issue 11): several layers, the task, the
-#: smoothing options, metrics and skipped inputs; each result's ``layers``.
+#: smoothing options, metrics and skipped inputs; each result's ``layers`` and (issue 21)
+#: ``constant``.
 GRADCAM_ADDITIONS = ("layers", "layer_shapes", "task", "aug_smooth", "eigen_smooth", "guided",
                      "metrics", "skipped")
 
 
 def _gradcam_json(recorded: Any, new: Any) -> tuple[Any, Any]:
     kept = {k: v for k, v in new.items() if k not in GRADCAM_ADDITIONS}
-    kept["results"] = [{k: v for k, v in row.items() if k != "layers"} for row in new["results"]]
+    kept["results"] = [{k: v for k, v in row.items() if k not in ("layers", "constant")}
+                       for row in new["results"]]
     return recorded, kept
 
 

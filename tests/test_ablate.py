@@ -127,6 +127,47 @@ def test_sweep_ranking_equals_one_channel_at_a_time(tiny_net):
     assert hook_count(tiny_net) == 0
 
 
+class Mixes(nn.Module):
+    """Its head concatenates the ablated layer's output with its input: a batch of one
+    input cannot grow at the layer, so the sweep must fall back to copies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 16 + 3 * 16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat([self.conv(x).flatten(1), x.flatten(1)], dim=1))
+
+
+def test_a_sweep_runs_what_precedes_the_layer_once_per_pass(tiny_net):
+    torch.manual_seed(3)
+    x = torch.randn(2, 3, 9, 9)
+    rows: list[int] = []
+    handle = tiny_net.conv1.register_forward_hook(lambda m, a, out: rows.append(len(out)))
+    results = sweep(tiny_net, x, "block.0", target="1", batch=3)
+    handle.remove()
+    # One pass of the batch, then per input ceil(8 / 3) = 3 passes of that one input.
+    assert rows == [2] + [1] * 6
+    original = manual(tiny_net, x)
+    for i, r in enumerate(results):
+        for d in r.ranking:
+            hand = manual(tiny_net, x, block0=zero_channels([d.channel]))
+            assert d.drop == pytest.approx(float(original[i, 1] - hand[i, 1]), abs=1e-5)
+    torch.manual_seed(0)
+    mixes = Mixes().eval()
+    x = torch.randn(1, 3, 4, 4)
+    (r,) = sweep(mixes, x, "conv", target="0", batch=4)
+    with torch.no_grad():
+        before = mixes(x)[0, 0]
+        for d in r.ranking:
+            a = mixes.conv(x).clone()
+            a[:, d.channel] = 0
+            after = mixes.fc(torch.cat([a.flatten(1), x.flatten(1)], dim=1))[0, 0]
+            assert d.drop == pytest.approx(float(before - after), abs=1e-5)
+    assert hook_count(mixes) == 0 and hook_count(tiny_net) == 0
+
+
 def test_sweep_of_chosen_channels_with_mean_mode(tiny_net):
     x = torch.randn(1, 3, 8, 8)
     (r,) = sweep(tiny_net, x, "block.0", channels="2,5,6", mode="mean", batch=2)

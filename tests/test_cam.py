@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import pytorch_grad_cam as pgc  # the test extra installs it
 import torch
+import torchvision
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from pytorch_grad_cam.utils.svd_on_activations import (
     get_2d_projection_with_sign_correction,
@@ -329,6 +330,47 @@ def test_default_layer(models, vgg):
     head = nn.Sequential(nn.Conv2d(3, 4, 8), nn.Flatten(), nn.Linear(4, 2))  # 1x1 conv output
     with pytest.raises(HookscopeError, match="no module with a spatial"):
         default_layer(head, torch.randn(1, 3, 8, 8))
+
+
+class OneCell(nn.Module):
+    """A 1x1 grid repeated to 4x4 (as AlexNet's avgpool does on a small input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.up = nn.Upsample(size=4)
+        self.fc = nn.Linear(6 * 16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.up(self.pool(self.relu(self.conv(x)))).flatten(1))
+
+
+def test_a_map_repeated_from_one_cell_is_not_the_default_layer() -> None:
+    torch.manual_seed(0)
+    assert default_layer(OneCell().eval(), torch.randn(1, 3, 8, 8))[0] == "relu"
+    alexnet = torchvision.models.alexnet(weights=None).eval()
+    # At 64 px AlexNet's features end 1x1 (15, 7, 3, 3, 3, 1): avgpool repeats that one
+    # cell to 6x6, so the last grid of its own is features.11, the ReLU after conv5 (3x3).
+    layer, shape = default_layer(alexnet, torch.randn(1, 3, 64, 64))
+    assert (layer, shape[2:]) == ("features.11", [3, 3])
+
+
+def test_a_constant_map_is_blank_and_flagged_not_stretched(caplog) -> None:
+    torch.manual_seed(0)
+    model = OneCell().eval()
+    x = torch.randn(2, 3, 8, 8)
+    flat = explain(model, x, layer="up", methods=["gradcam"]).results["gradcam"]
+    # Its raw map is one value per input repeated: any range it has is rounding.
+    raw = flat.raw.astype(np.float64)
+    assert np.all(raw.max((1, 2)) - raw.min((1, 2)) <= 1e-5 * np.abs(raw).max((1, 2)))
+    assert flat.constant == [True, True]
+    assert not flat.maps.any()  # drawn blank
+    assert any("constant" in note for note in flat.notes)
+    grid = explain(model, x, layer="relu", methods=["gradcam"]).results["gradcam"]
+    assert grid.constant == [False, False] and grid.maps.max() == 1
+    assert not any("constant" in note for note in grid.notes)
 
 
 def test_vit_tokens_reshaped_automatically(models):

@@ -185,3 +185,21 @@ def test_gradcam_help_does_not_import_torch():
             "assert r.exit_code == 0 and 'scorecam' in r.stdout; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_constant_map_is_flagged_in_json_and_on_stderr(cli, cat_jpg, tmp_path):
+    # At 64 px AlexNet's avgpool repeats a 1x1 grid: its map is constant up to rounding.
+    r = cli("gradcam", "alexnet", cat_jpg, "--out", tmp_path, *FAST, "--layer", "avgpool",
+            "--save-raw", "--format", "json")
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads(r.stdout)["results"]
+    raw = np.load(row["raw"]).astype(np.float64)
+    assert raw.max() - raw.min() <= 1e-5 * np.abs(raw).max()
+    assert row["constant"] is True and row["peak"] is None
+    assert "some maps are constant at layer 'avgpool'" in r.stderr
+    heat = np.asarray(Image.open(row["heatmap"]).convert("RGBA"), dtype=np.int64)
+    shown = heat[heat[..., 3] > 0]  # the crop's pixels (outside it, transparent)
+    assert len(shown) and (shown == shown[0]).all()  # one colour, not a stretched heatmap
+    r = cli("gradcam", "alexnet", cat_jpg, "--out", tmp_path / "b", *FAST, "--format", "json")
+    (row,) = json.loads(r.stdout)["results"]
+    assert row["layer"] == "features.11" and row["constant"] is False and row["peak"]

@@ -180,6 +180,41 @@ def test_float32_against_bfloat16_gives_small_finite_errors_and_the_same_top1(cl
     assert doc["outputs"]["top1_agreement"] == 1
 
 
+@pytest.mark.slow
+def test_a_dtype_a_detectors_operators_cannot_run_is_refused_before_it_runs(
+        cli, cat_jpg, monkeypatch) -> None:
+    """torchvision's nms has no bfloat16 or float16 kernel on the CPU: the side is named,
+    nothing runs, and the note both loads make is said once."""
+    import hookscope.run
+
+    def no_forward(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model ran")
+
+    monkeypatch.setattr(hookscope.run, "drive", no_forward)
+    det = "fasterrcnn_mobilenet_v3_large_320_fpn"
+    result = cli("diff", det, cat_jpg, *SMALL, "--against-dtype", "bfloat16")
+    line = one_error_line(result)
+    assert line.startswith("hookscope: error: Side B") and "nms" in line
+    assert "--against-autocast" in line
+    assert result.stderr.count("size is ignored") == 1
+    result = cli("diff", det, cat_jpg, *SMALL, "--dtype", "float16", "--against-dtype",
+                 "float32")
+    assert one_error_line(result).startswith("hookscope: error: Side A") and "nms" in result.stderr
+
+
+def test_a_failure_of_side_a_names_side_a(tiny_net) -> None:
+    other = copy.deepcopy(tiny_net)
+
+    class Boom(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("boom")
+
+    tiny_net.fc = Boom()
+    with pytest.raises(ForwardError, match=r"^Side A: .*fc") as caught:
+        diff_models(tiny_net, other, torch.randn(2, 3, 8, 8))
+    assert caught.value.module == "fc"
+
+
 def test_float32_noise_stays_under_the_default_tolerance(tiny_net) -> None:
     """float32 against float64 (the float32 run's own rounding): far under the default."""
     torch.manual_seed(1)
@@ -300,7 +335,8 @@ def test_no_hooks_are_left_and_flags_restored_even_when_b_raises(tiny_net) -> No
     other.fc = Boom()
     with pytest.raises(ForwardError) as caught:
         diff_models(tiny_net, other, x)
-    assert "second run" in str(caught.value) and caught.value.module == "fc"
+    assert str(caught.value).startswith("Side B (the second run")
+    assert caught.value.module == "fc"
     assert hook_count(tiny_net) == 0 and hook_count(other) == 0
     with pytest.raises(HookscopeError, match="same module"):
         DiffProbe(tiny_net, tiny_net)
@@ -489,3 +525,19 @@ def test_bad_inputs_are_one_line_exit_2(cli, checkpoints, stats_docs, tmp_path) 
     assert "--against-dtype" in line
     assert "two saved" in one_error_line(cli("diff", stats_docs[0], x))
     assert "Cannot read" in one_error_line(cli("diff", tmp_path / "no.json", stats_docs[0]))
+
+
+def test_a_note_both_sides_make_is_said_once(capsys) -> None:
+    import logging
+
+    from hookscope.render.console import setup_logging
+
+    setup_logging()
+    log = logging.getLogger("hookscope")
+    for _side in "AB":  # each side's load says the same
+        log.info("size is ignored: this model's preprocessing does not resize")
+    log.warning("size is ignored: this model's preprocessing does not resize")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["hookscope: note: size is ignored: this model's preprocessing does not resize",
+                     "hookscope: warning: size is ignored: this model's preprocessing does not "
+                     "resize"]

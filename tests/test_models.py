@@ -183,3 +183,53 @@ def test_devices() -> None:
     else:
         with pytest.raises(HookscopeError, match="CUDA device"):
             resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+@pytest.mark.parametrize("name", [
+    "resnet18", "vgg11", "alexnet", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny",
+    pytest.param("resnet50", marks=pytest.mark.slow),
+    pytest.param("densenet121", marks=pytest.mark.slow),
+    pytest.param("inception_v3", marks=pytest.mark.slow),
+    pytest.param("googlenet", marks=pytest.mark.slow),
+    pytest.param("shufflenet_v2_x1_0", marks=pytest.mark.slow),
+    pytest.param("squeezenet1_1", marks=pytest.mark.slow),
+    pytest.param("regnet_y_400mf", marks=pytest.mark.slow),
+    pytest.param("mnasnet1_0", marks=pytest.mark.slow),
+])
+def test_the_memory_estimate_covers_every_call_the_forward_makes(name) -> None:
+    """A call's input and output are live together: the estimate must cover the largest
+    such pair, from the shape pass (at 96 px, scaled as the estimate is per pixel)."""
+    from hookscope.sources import batch_memory
+    from hookscope.structure import model_structure
+
+    loaded = load_model(name, weights="none", size=96)
+    h, w = loaded.input_size
+    found = model_structure(loaded.model, torch.zeros(1, 3, h, w))
+    pair = max(4 * sum(torch.Size(s).numel() for s in call.input_shapes) + call.output_bytes
+               for layer in found.layers for call in layer.calls)
+    assert pair <= batch_memory(loaded, 1)
+
+
+def test_a_batch_over_the_memory_budget_is_refused_before_it_runs(cli, cat_jpg,
+                                                                  monkeypatch) -> None:
+    import hookscope.sources
+    import hookscope.run
+    from hookscope.sources import batch_memory, check_batch_memory
+    from tests.test_cli_stats import one_error_line
+
+    loaded = load_model("vgg11", weights="none", size=64)
+    need = batch_memory(loaded, 2)
+    monkeypatch.setattr(hookscope.sources, "available_memory", lambda device: need)
+    check_batch_memory(loaded, 2)  # exactly enough
+    monkeypatch.setattr(hookscope.sources, "available_memory", lambda device: need - 1)
+    with pytest.raises(HookscopeError, match="need about"):
+        check_batch_memory(loaded, 2)
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model ran")
+
+    monkeypatch.setattr(hookscope.run, "drive", no_run)
+    monkeypatch.setattr(hookscope.sources, "available_memory", lambda device: 10 * 2**30)
+    line = one_error_line(cli("stats", "vgg11", cat_jpg, "--weights", "none", "--size", "8192",
+                              "--batch-size", "1"))
+    assert "need about 64.0 GiB" in line and "10.0 GiB available" in line

@@ -176,6 +176,36 @@ def test_report_is_plain_data(evil) -> None:
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in loaded.model.modules())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lraspp_mobilenet_v3_large", "ssdlite320_mobilenet_v3_large"])
+def test_a_segmenter_or_detector_gets_statistics_and_grad_cam(name, cat_jpg, tmp_path) -> None:
+    """Their output is no (N, classes) logits: the gradient section is left out, and the
+    page and stderr say so."""
+    out = tmp_path / "page.html"
+    r = run("report", name, cat_jpg, "--weights", "none", "--size", "64", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert "gradients left out: a " in r.stderr
+    tags = Tags()
+    tags.feed(out.read_text(encoding="utf-8"))
+    ids = {attrs.get("id") for _tag, attrs in tags.tags}
+    assert {"activations", "gradcam", "profile"} <= ids
+    assert not ids & {"gradients", "gradient-flow"}
+    assert "Gradients left out: a " in "".join(tags.text)
+
+
+def test_cam_options_are_refused_before_any_model_runs(evil, tmp_path, monkeypatch) -> None:
+    import hookscope.report
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model ran")
+
+    monkeypatch.setattr(hookscope.report, "drive", no_run)
+    monkeypatch.setattr(hookscope.report, "explain", no_run)
+    r = run("report", *_small(evil), "-o", tmp_path / "r.html", "--layer", "nope")
+    assert r.exit_code == 2 and "no module named 'nope'" in r.stderr, r.output
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_dead_threshold_is_the_terminal_tables() -> None:
     from hookscope.render.tables import ZERO_WARN
     from hookscope.report import DEAD

@@ -97,6 +97,25 @@ def test_size_rescales_timms_transform(cat_jpg) -> None:
         _load(weights="none", size=4)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name,size,says", [
+    ("levit_128s", 64, r"timm:levit_128s takes 224x224 inputs only \(its pretrained_cfg has "
+                       r"fixed_input_size\), not 64x64: choose size 224"),
+    ("vit_tiny_patch16_224", 96, "takes 224x224 inputs only"),
+    ("xcit_nano_12_p16_224", 64, None),  # declares a fixed size, but takes others
+])
+def test_a_fixed_input_size_is_refused_at_load(name, size, says) -> None:
+    from hookscope import sources
+    from hookscope.sources import LoadOptions
+
+    options = LoadOptions(weights="none", size=size)
+    if says is None:
+        assert sources.load(f"timm:{name}", options).input_size == (size, size)
+        return
+    with pytest.raises(HookscopeError, match=says):
+        sources.load(f"timm:{name}", options)
+
+
 def test_auto_offline_is_random_with_one_warning(caplog) -> None:
     with caplog.at_level("WARNING", logger="hookscope"):
         loaded = _load(weights="auto", seed=2)

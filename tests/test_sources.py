@@ -210,6 +210,37 @@ def test_bad_preprocessing_options(options, says) -> None:
         sources.load("resnet18", LoadOptions(weights="none", **options))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name,options,says", [
+    ("vit_b_32", {"size": 64}, r"takes 224x224 inputs only \(its image_size\), not 64x64: "
+                               r"choose size 224"),
+    ("inception_v3", {"size": 64}, r"inputs of at least 75x75 .*not 64x64: choose size 75 or"),
+    ("inception_v3", {"crop": 74}, r"inputs of at least 75x75 .*not 74x74"),
+    ("maxvit_t", {"size": 256}, r"224x224 inputs only .*MaxVit is built for one size"),
+    ("inception_v3", {"size": 75}, None),
+    ("swin_t", {"size": 64}, None),  # declares min_size 224, but pads its windows
+])
+def test_a_size_the_model_declares_it_cannot_take_is_refused_at_load(name, options,
+                                                                     says) -> None:
+    from hookscope.hooks import hook_count
+
+    if says is None:
+        loaded = sources.load(name, LoadOptions(weights="none", **options))
+        assert hook_count(loaded.model) == 0
+        return
+    with pytest.raises(HookscopeError, match=says) as caught:
+        sources.load(name, LoadOptions(weights="none", **options))
+    assert caught.value.exit_code == 2
+
+
+def test_a_refused_size_is_one_line_before_the_model_runs_on_the_inputs(cli, cat_jpg) -> None:
+    from tests.test_cli_stats import one_error_line
+
+    line = one_error_line(cli("stats", "vit_b_32", cat_jpg, "--weights", "none", "--size", "64"))
+    assert line.endswith("takes 224x224 inputs only (its image_size), not 64x64: choose "
+                         "--size 224, or leave it out.")
+
+
 GRAY = """
 import torch
 from torch import nn

@@ -166,6 +166,74 @@ def test_a_failing_forward_names_the_module_and_removes_hooks(resnet18) -> None:
     assert hook_count(resnet18) == 0
 
 
+class ClassToken(nn.Module):
+    """timm CaiT's pattern: a parameter (and a view of it) passed straight to a submodule,
+    as CaiT's ``forward_cls`` passes its class token to each class-attention block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = nn.Parameter(torch.zeros(1, 1, 4))
+        self.embed = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        self.head(self.token)  # the parameter itself
+        return self.head(self.token.expand(x.shape[0], -1, -1) + x.mean(1, keepdim=True))
+
+
+def test_a_parameter_passed_to_a_submodule_is_counted() -> None:
+    model = ClassToken()
+    found = model_structure(model, torch.randn(2, 5, 4))
+    rows = by_name(found)
+    assert [c.flops for c in rows["head"].calls] == [2 * 1 * 4 * 3, 2 * 2 * 4 * 3]
+    assert found.flops == 2 * (2 * 5 * 4 * 4 + 4 * 3 + 2 * 4 * 3)
+    assert hook_count(model) == 0 and all(p.grad is None for p in model.parameters())
+
+
+def test_a_failure_in_hook_machinery_is_never_blamed_on_the_model() -> None:
+    # torch's module tracker (what FlopCounterMode runs) fails on the pattern above: that
+    # is a failure of the hooks around the model, so no ForwardError names the model.
+    from torch.utils.module_tracker import ModuleTracker
+
+    from hookscope.run import Probe, drive
+
+    class Tracked(Probe[None]):
+        def step(self, step) -> None:
+            with ModuleTracker():
+                step.forward()
+
+        def finish(self) -> None:
+            return None
+
+    model = ClassToken()
+    with pytest.raises(Exception) as caught:
+        drive(model, torch.randn(2, 5, 4), Tracked())
+    assert not isinstance(caught.value, HookscopeError)
+    assert "own code" not in str(caught.value)
+    assert hook_count(model) == 0
+
+
+def test_a_failure_in_the_models_own_code_still_names_it() -> None:
+    class Fails(ClassToken):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.embed(x) @ torch.ones(3, 3)  # a shape error between submodules
+
+    with pytest.raises(HookscopeError, match=r"model's own code \(Fails\)"):
+        model_structure(Fails(), torch.randn(2, 5, 4))
+
+
+@pytest.mark.slow
+def test_timm_cait_layers_run() -> None:
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, patch_size=16,
+                              embed_dim=24, depth=1, num_heads=2, depth_token_only=1,
+                              num_classes=3).eval()
+    found = model_structure(model, torch.randn(1, 3, 32, 32))
+    assert by_name(found)["blocks_token_only.0"].calls  # the class-attention block ran
+    assert by_name(found)["head"].calls[0].flops == 2 * 24 * 3
+
+
 # ----------------------------------------------------------------------------- FLOPs and bytes
 
 

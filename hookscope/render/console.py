@@ -67,9 +67,20 @@ def error(message: str) -> None:
 
 
 class _LineHandler(logging.Handler):
+    """One line per message; a message said once already in this invocation is not
+    repeated (``diff`` loads the model twice, and each load has the same notes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: set[tuple[int, str]] = set()
+
     def emit(self, record: logging.LogRecord) -> None:
         level = "warning" if record.levelno >= logging.WARNING else "note"
-        sys.stderr.write(f"hookscope: {level}: {record.getMessage()}\n")
+        message = record.getMessage()
+        if (record.levelno, message) in self._said:
+            return
+        self._said.add((record.levelno, message))
+        sys.stderr.write(f"hookscope: {level}: {message}\n")
         sys.stderr.flush()
 
 

@@ -297,7 +297,10 @@ class CamWriter:
             "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
             "raw": str(paths["raw"]) if paths["raw"] is not None else None,
             "peak": list(peak), "layers": list(res.layers),
+            "constant": bool(res.constant[i]) if res.constant else False,
         }
+        if row["constant"]:  # a blank map has no peak
+            row["peak"] = None
         if len(res.layers) > 1:
             row["raw_layers"] = {layer: str(paths[f"raw.{layer}"]) if self.save_raw else None
                                  for layer in res.layers}

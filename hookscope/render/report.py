@@ -134,12 +134,14 @@ def _summary(report: Report) -> list[dict[str, str]]:
     layers = report.stats.layers
     bad = sum(1 for r in layers if r.nonfinite)
     dead = sum(1 for r in layers if math.isfinite(r.zero_fraction) and r.zero_fraction >= ZERO_WARN)
-    flagged = sum(1 for r in report.grads.layers if r.flag)
-    flags = {r.flag for r in report.grads.layers if r.flag}
-    flag_class = "error" if flags - {"vanish"} else "warning" if flags else "ok"
     chips = [("", f"{len(layers)} module calls"), ("error" if bad else "ok", f"{bad} non-finite"),
-             ("warning" if dead else "ok", f"{dead} dead"),
-             (flag_class, f"{flagged} flagged gradients"), ("", f"{len(report.inputs)} inputs")]
+             ("warning" if dead else "ok", f"{dead} dead")]
+    if report.grads is not None:  # a segmentation model's or detector's page has none
+        flags = [r.flag for r in report.grads.layers if r.flag]
+        red = set(flags) - {"vanish"}
+        chips.append(("error" if red else "warning" if flags else "ok",
+                      f"{len(flags)} flagged gradients"))
+    chips.append(("", f"{len(report.inputs)} inputs"))
     return [{"cls": cls, "text": text} for cls, text in chips]
 
 
@@ -160,6 +162,7 @@ def _findings(report: Report) -> list[dict[str, Any]]:
 
 
 def _objective(report: Report) -> str:
+    assert report.grads is not None
     classes = sorted(set(report.grads.targets))
     shown = ", ".join(str(c) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
     what = "cross-entropy" if report.grads.loss == "ce" else "target logit"
@@ -268,20 +271,24 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
     doc, opts = report.to_dict(), report.options
     profile = plots.inline_svg(plots.profile_figure(doc["stats"]["layers"]),
                                "Activation profile")
-    flow = plots.inline_svg(plots.gradient_figure(
-        doc["grads"]["layers"], median=report.grads.median_norm, vanish=opts.vanish,
-        explode=opts.explode), "Gradient flow")
+    grads = report.grads
+    flow = None if grads is None else Markup(plots.inline_svg(plots.gradient_figure(
+        doc["grads"]["layers"], median=grads.median_norm, vanish=opts.vanish,
+        explode=opts.explode), "Gradient flow"))
     env = report.envelope
     return render(
         "report.html.j2", model=env.get("model"), version=env.get("hookscope"),
         created=report.created, summary=_summary(report), envelope=_envelope(report),
         envelope_json=dumps_json(env), findings=_findings(report), notes=report.notes,
-        profile=Markup(profile), flow=Markup(flow), objective=_objective(report),
+        left_out=list(report.left_out.items()),
+        profile=Markup(profile), flow=flow, objective=None if grads is None else _objective(report),
         vanish=f"{opts.vanish:g}", explode=f"{opts.explode:g}",
         stats_columns=STATS_COLUMNS, grad_columns=GRAD_COLUMNS,
         stats_rows=[_stats_row(i, r) for i, r in enumerate(doc["stats"]["layers"])],
-        grad_rows=[_grad_row(i, r) for i, r in enumerate(doc["grads"]["layers"])],
-        median=fmt_float(report.grads.median_norm), cam=_cam(report, cmap, alpha))
+        grad_rows=None if grads is None else [_grad_row(i, r) for i, r in
+                                              enumerate(doc["grads"]["layers"])],
+        median=None if grads is None else fmt_float(grads.median_norm),
+        cam=_cam(report, cmap, alpha))
 
 
 def write_report(report: Report, output: Output, *, cmap: str = "jet",

@@ -15,6 +15,7 @@ from importlib import import_module
 from typing import Any
 
 import torch
+from torch import nn
 
 from hookscope.errors import HookscopeError, clip, param, suggest
 from hookscope.sources.base import (
@@ -91,6 +92,8 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
     loaded.model = loaded.model.to(device).eval()
     loaded.device = device
     set_precision(loaded, options.dtype, autocast=options.autocast)
+    if options.size is not None or options.crop is not None or options.resize is not None:
+        _check_size(loaded)
     if options.labels is not None:
         from hookscope.checkpoints import read_labels
 
@@ -101,10 +104,41 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
     return loaded
 
 
+def _check_size(loaded: LoadedModel) -> None:
+    """Refuse, in one line, an input size the model declares it cannot take.
+
+    A declaration can be cautious (torchvision's Swin runs below its weights' min_size,
+    timm's XCiT at any multiple of its patch), so a size it rules out is first tried on one
+    zero sample; only when that fails is the size refused, naming the sizes it takes.
+    """
+    declared, size = loaded.declared_size, loaded.input_size
+    if declared is None or declared.takes(size) or loaded.task in ("detection", "optical_flow"):
+        return
+    from hookscope.run import Probe, drive
+
+    class Trial(Probe[None]):
+        def finish(self) -> None:
+            return None
+
+    try:
+        # Past twice the declared side no trial runs: a ViT's attention grows with the
+        # square of the pixel count, so a huge trial could exhaust the memory.
+        if max(size) > 2 * max(declared.size):
+            raise HookscopeError("no trial")
+        drive(loaded.model, loaded.dummy_input(), Trial())
+    except HookscopeError:
+        h, w = declared.size
+        fix = f"{h}" if declared.exact else f"{max(h, w)} or more"
+        raise HookscopeError(
+            f"{loaded.name} takes {declared.describe()} ({declared.origin}), not {size[0]}x"
+            f"{size[1]}: choose {param('size')} {fix}, or leave it out.") from None
+
+
 def _check_label_count(loaded: LoadedModel) -> None:
     """Labels must match the model's classes; count them with one forward pass if needed."""
     classes = loaded.num_classes
-    if classes is None:
+    # Detectors, segmenters and flow models give no (N, classes) logits: none is run to count.
+    if classes is None and loaded.task not in ("detection", "segmentation", "optical_flow"):
         classes = _output_classes(loaded)
         loaded.num_classes = classes
     count = len(loaded.categories or [])
@@ -162,6 +196,36 @@ def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -
         ) from None
 
 
+def _detection_ops(device: torch.device) -> dict[str, Any]:
+    """The torchvision operators a detection model runs after its network, each as a call
+    on a tiny input in a given dtype."""
+    from torchvision.ops import nms, roi_align
+
+    boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 1.0, 3.0, 3.0]], device=device)
+    scores = torch.tensor([0.9, 0.8], device=device)
+    x, rois = torch.ones(1, 2, 4, 4, device=device), torch.tensor([[0.0, 0, 0, 2, 2]],
+                                                                    device=device)
+    return {"nms": lambda d: nms(boxes.to(d), scores.to(d), 0.5),
+            "roi_align": lambda d: roi_align(x.to(d), rois.to(d), 2)}
+
+
+def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
+    """Refuse, before the model runs, a cast to ``dtype`` that a detection model's
+    post-processing operators (torchvision's ``nms``, ``roi_align``) cannot run."""
+    if loaded.task != "detection":
+        return
+    for name, run in _detection_ops(loaded.device).items():
+        try:
+            run(dtype)
+        except (RuntimeError, NotImplementedError):
+            kind = str(dtype).removeprefix("torch.")
+            raise HookscopeError(
+                f"{loaded.name} cannot run in {kind} on {loaded.device}: torchvision's {name}, "
+                f"which detection models run, has no {kind} kernel there. Choose "
+                f"{param('dtype')} float32, or {param('autocast')} (which keeps {name} in "
+                "float32).") from None
+
+
 def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = False) -> None:
     """Cast the model to ``dtype``, or (``autocast``) run it under ``torch.autocast``.
 
@@ -182,14 +246,14 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
     chosen = _dtype(dtype)
     if chosen != torch.float32:
         _probe_precision(device, chosen, autocast=False)
+        _probe_operators(loaded, chosen)
     loaded.model = loaded.model.to(chosen)
     loaded.dtype = chosen
 
 
-#: Activation memory per input pixel, in float32 values, assumed by :func:`check_batch_memory`:
-#: a typical stem's output (64 channels at half resolution: 16 values per pixel), about
-#: three such tensors live at once.
-_VALUES_PER_PIXEL = 48
+#: How many tensors the size of the stem's output :func:`check_batch_memory` assumes live at
+#: once: a module's input and output, a residual branch, and a probe's temporary.
+_LIVE = 4
 
 
 def load_model(name: str, *, weights: str = "auto", seed: int = 0,
@@ -259,11 +323,46 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
-def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
-    """Refuse a batch whose activations clearly cannot fit in memory, before it is made.
+def _stride_area(module: nn.Module) -> int:
+    stride = getattr(module, "stride", 1)
+    stride = (stride, stride) if isinstance(stride, int) else tuple(stride or (1,))[-2:]
+    return int(stride[0] * stride[-1])
 
-    The estimate is deliberately rough (see ``_VALUES_PER_PIXEL``); it catches ``size``
-    100000 or ``batch_size`` 100000, which would otherwise end in the out-of-memory killer.
+
+def values_per_pixel(model: nn.Module) -> float:
+    """Values per input pixel of the model's widest activation: the most output channels
+    of a convolution (or features of a Linear layer) over the grid's area by then (the
+    strides of the convolutions and pools before it, in definition order), at least the 3
+    of an RGB input.
+
+    An inverted bottleneck (EfficientNet's 16 -> 96 channels at half resolution) is wider
+    than the stem; a branch's stride counted twice only makes later layers look smaller,
+    and the widest activation comes early.
+    """
+    area, widest = 1, 3.0
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.Conv3d)):
+            widest = max(widest, module.out_channels / (area * _stride_area(module)))
+        elif isinstance(module, nn.Linear):  # ConvNeXt's and ViT's MLPs, on every position
+            widest = max(widest, module.out_features / area)
+        if isinstance(module, (nn.Conv2d, nn.Conv3d, nn.MaxPool2d, nn.AvgPool2d)):
+            area *= _stride_area(module)
+    return widest
+
+
+def batch_memory(loaded: LoadedModel, batch_size: int) -> int:
+    """Bytes of activations a batch needs, as :func:`check_batch_memory` estimates them."""
+    h, w = loaded.input_size
+    frames = 16 if loaded.input_ndim == 5 else 1
+    return int(batch_size * h * w * frames * _LIVE * values_per_pixel(loaded.model) * 4)
+
+
+def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
+    """Refuse a batch whose activations cannot fit in memory, before it is made.
+
+    The estimate is ``_LIVE`` tensors the size of the model's widest early activation
+    (:func:`values_per_pixel`), in float32; it catches ``size`` 8192 on a machine without
+    the memory, which would otherwise end in the out-of-memory killer.
 
     Raises:
         HookscopeError: the batch size is out of range or the estimate exceeds the memory
@@ -272,9 +371,8 @@ def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
     if not 1 <= batch_size <= 4096:
         raise HookscopeError(f"{param('batch_size')} must be between 1 and 4096, not "
                              f"{batch_size}.")
+    need = batch_memory(loaded, batch_size)
     h, w = loaded.input_size
-    frames = 16 if loaded.input_ndim == 5 else 1
-    need = batch_size * h * w * frames * _VALUES_PER_PIXEL * 4
     free = available_memory(loaded.device)
     if free is not None and need > free:
         raise HookscopeError(

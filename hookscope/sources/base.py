@@ -20,7 +20,8 @@ from hookscope import __version__
 from hookscope.errors import HookscopeError, param
 from hookscope.preprocess import Preprocess
 
-__all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "SOURCES", "Source", "register"]
+__all__ = ["DeclaredSize", "LoadOptions", "LoadedModel", "ModelSpec", "SOURCES", "Source",
+           "register"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,31 @@ class LoadOptions:
     autocast: bool = False
 
 
+@dataclass(frozen=True)
+class DeclaredSize:
+    """The input size a model declares: exactly ``size`` (``exact``), or at least it.
+
+    Attributes:
+        size: (height, width) in pixels.
+        exact: the model takes this size only (a ViT's position embeddings), not more.
+        origin: where it is declared, for messages (``its weights' min_size``).
+    """
+
+    size: tuple[int, int]
+    exact: bool
+    origin: str
+
+    def takes(self, size: tuple[int, int]) -> bool:
+        if self.exact:
+            return size == self.size
+        return size[0] >= self.size[0] and size[1] >= self.size[1]
+
+    def describe(self) -> str:
+        """``224x224 inputs only`` or ``inputs of at least 75x75``."""
+        h, w = self.size
+        return f"{h}x{w} inputs only" if self.exact else f"inputs of at least {h}x{w}"
+
+
 @dataclass
 class LoadedModel:
     """A model ready to run, with what was loaded and how inputs are preprocessed."""
@@ -101,6 +127,8 @@ class LoadedModel:
     dtype: torch.dtype = torch.float32
     autocast: torch.dtype | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The input size the model declares, when it does (see :class:`DeclaredSize`).
+    declared_size: DeclaredSize | None = None
 
     @property
     def mean(self) -> tuple[float, ...]:

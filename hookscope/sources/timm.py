@@ -25,7 +25,14 @@ from torch import nn
 from hookscope.checkpoints import build_to_fit
 from hookscope.errors import HookscopeError, param, suggest
 from hookscope.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
-from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, missing_dependency, register
+from hookscope.sources.base import (
+    DeclaredSize,
+    LoadedModel,
+    LoadOptions,
+    ModelSpec,
+    missing_dependency,
+    register,
+)
 
 __all__ = ["PREFIX", "Timm", "import_timm", "load_timm", "pretrained_tags"]
 
@@ -242,6 +249,21 @@ def timm_preprocess(model: nn.Module, size: int | None = None) -> Preprocess:
         origin="timm", transform=create_transform(**config))
 
 
+def declared_size(model: nn.Module) -> DeclaredSize | None:
+    """The input size a timm model declares: when its ``pretrained_cfg`` says the size is
+    fixed, its patch embedding's ``img_size`` (else the config's ``input_size``)."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    if not cfg.get("fixed_input_size") or getattr(model, "dynamic_img_size", False):
+        return None
+    found = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if not (isinstance(found, (tuple, list)) and len(found) == 2):
+        found = tuple(cfg.get("input_size") or ())[1:]
+    if len(found) != 2:
+        return None
+    return DeclaredSize((int(found[0]), int(found[1])), True,
+                        "its pretrained_cfg has fixed_input_size")
+
+
 def imagenet_labels(model: nn.Module) -> list[str] | None:
     """ImageNet class names for a head whose class count is an ImageNet subset's."""
     try:
@@ -293,7 +315,8 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         name=spec.name, model=model, task="classification", weights_requested=options.weights,
         weights_loaded=loaded, device=torch.device("cpu"),
         preprocess=timm_preprocess(model, options.size), categories=categories, source="timm",
-        num_classes=getattr(model, "num_classes", None), input_ndim=4, labels_from=labels_from)
+        num_classes=getattr(model, "num_classes", None), input_ndim=4, labels_from=labels_from,
+        declared_size=declared_size(model))
 
 
 class Timm:

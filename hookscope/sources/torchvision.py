@@ -20,6 +20,7 @@ from hookscope.checkpoints import Checkpoint, build_to_fit
 from hookscope.errors import HookscopeError, param, suggest
 from hookscope.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
 from hookscope.sources.base import (
+    DeclaredSize,
     LoadedModel,
     LoadOptions,
     ModelSpec,
@@ -248,6 +249,26 @@ def _head_size(model: nn.Module, meta_classes: int | None) -> int | None:
     return last if last is not None else meta_classes
 
 
+#: Constructor parameters that fix a torchvision model's input size (ViT, MaxViT, MViT).
+_FIXED_SIZE = ("image_size", "input_size", "spatial_size")
+
+
+def declared_size(model: nn.Module, meta: Any | None) -> DeclaredSize | None:
+    """The input size a torchvision model declares: its ``image_size`` (ViT), else its
+    weights' ``min_size``, exact when its class is built for one size."""
+    image_size = getattr(model, "image_size", None)
+    if isinstance(image_size, int):
+        return DeclaredSize((image_size, image_size), True, "its image_size")
+    found = meta.meta.get("min_size") if meta is not None else None
+    if not found or tuple(found) == (1, 1):
+        return None
+    kind = type(model)
+    exact = any(p in inspect.signature(kind.__init__).parameters for p in _FIXED_SIZE)
+    origin = f"its weights' min_size, and {kind.__name__} is built for one size" if exact \
+        else "its weights' min_size"
+    return DeclaredSize((int(found[0]), int(found[1])), exact, origin)
+
+
 def _loaded(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str,
             meta: Any | None, found: Checkpoint | None) -> LoadedModel:
     preset = _preprocess_for(meta, options.size)
@@ -265,7 +286,7 @@ def _loaded(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str
         weights_loaded=loaded, device=torch.device("cpu"),
         preprocess=Preprocess.from_preset(preset, origin), categories=categories,
         source="torchvision", num_classes=classes, input_ndim=spec.input_ndim,
-        labels_from=labels_from,
+        labels_from=labels_from, declared_size=declared_size(model, meta),
     )
 
 
