@@ -52,7 +52,7 @@ from hookscope.cam_methods import (
     project,
 )
 from hookscope.cam_targets import Context, Objective, Selection, infer_task, make_objective
-from hookscope.errors import ForwardError, HookscopeError, param
+from hookscope.errors import HookscopeError, param
 from hookscope.grid import Layout, layout, token_hint
 from hookscope.hooks import Call, Site, all_sites, find_site, first_tensor
 from hookscope.run import Probe, Step, drive, peek

@@ -212,8 +212,8 @@ def test_the_memory_estimate_covers_every_call_the_forward_makes(name) -> None:
 
 def test_a_batch_over_the_memory_budget_is_refused_before_it_runs(cli, cat_jpg,
                                                                   monkeypatch) -> None:
-    import hookscope.sources
     import hookscope.run
+    import hookscope.sources
     from hookscope.sources import batch_memory, check_batch_memory
     from tests.test_cli_stats import one_error_line
 
