@@ -175,10 +175,11 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool) -> Call
         @functools.wraps(fn)
         def run(ctx: typer.Context, **kwargs: Any) -> Any:
             values = {name: kwargs.pop(name) for name in names}
-            opts = Options(model=kwargs.get("model", ""), **values) if model else \
-                Options(**values)
-            with session(quiet=opts.quiet, traceback=opts.traceback, flags=_flags(ctx),
-                         command=ctx.command.name) as s:
+            with session(quiet=values["quiet"], traceback=values["traceback"],
+                         flags=_flags(ctx), command=ctx.command.name) as s:
+                # Inside the session: a bad common option (--seed) is one line too.
+                opts = Options(model=kwargs.get("model", ""), **values) if model else \
+                    Options(**values)
                 return fn(**kwargs, opts=opts.bind(s))
 
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,

@@ -1,8 +1,9 @@
 """One command-line invocation: what every command does before and after its analysis.
 
-:func:`session` sets up logging, turns SIGTERM and SIGHUP into the same clean stop as
-Ctrl-C, and turns every error into one line on stderr and an exit code (0 ok, 1 a check
-failed or the model's forward raised, 2 bad input, 128+N a signal). :class:`Session` checks
+:func:`session` sets up logging, turns SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 into the same
+clean stop as Ctrl-C, sends the model's prints to stderr (data alone goes to stdout), and
+turns every error into one line on stderr and an exit code (0 ok, 1 a check failed or the
+model's forward raised, 2 bad input, 128+N a signal). :class:`Session` checks
 outputs before any work, resolves inputs, loads the model and runs the progress bar.
 Library errors name Python parameters; here they are spelt as the command's flags.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookscope.errors import HookscopeError, param
+from hookscope.render.streams import prints_to_stderr
 
 if TYPE_CHECKING:
     from hookscope.distributed import Group, Launch
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 #: Signals handled like Ctrl-C: every temporary file is removed and one line printed.
-SIGNALS = ("SIGTERM", "SIGHUP")
+SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
 #: Commands that explain or differentiate class logits.
 NEEDS_LOGITS = frozenset({"gradcam", "grads", "ablate"})
 
@@ -103,7 +105,7 @@ def session(*, quiet: bool = False, traceback: bool = False,
     console.setup_logging(quiet=quiet)
     s = Session()
     try:
-        with _signals():
+        with _signals(), prints_to_stderr():  # a model's print cannot break the JSON
             s.join(command)
             yield s
         s.ended(0)
@@ -160,6 +162,11 @@ class ModelOptions:
     limit: int | None = None
     shuffle: bool = False
     recursive: bool = False
+
+    def __post_init__(self) -> None:
+        if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
+            raise HookscopeError(f"{param('seed')} {self.seed} is out of range; give a whole "
+                                 f"number from 0 to {2**64 - 1} (seeds are 64-bit).")
 
     def load_options(self) -> LoadOptions:
         """The library's :class:`~hookscope.sources.LoadOptions` for these options."""
