@@ -117,7 +117,7 @@ class Step:
                 return self.model(*args) if isinstance(args, tuple) else self.model(args)
         except HookscopeError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a forward is its failure too
             if tracer.callback_error is exc:  # a probe's own callback failed, not the model
                 raise
             raise tracer.forward_error(exc) from exc
