@@ -23,6 +23,7 @@ from hookscope.errors import HookscopeError, param
 from hookscope.hooks import Call, find_site, model_device
 from hookscope.outputs import class_logits
 from hookscope.run import Probe, Step, drive
+from hookscope.stats import warn_nonfinite_logits
 from hookscope.targets import Targets, parse_targets
 
 __all__ = [
@@ -171,8 +172,8 @@ class AblationResult:
     mode: str
     target: int
     target_label: str | None
-    before: list[Top]
-    after: list[Top]
+    before: list[Top] | None  # None: the logits held NaN or Inf
+    after: list[Top] | None
     delta_logit: float
     delta_prob: float
     kl: float
@@ -186,8 +187,8 @@ class AblationResult:
             "mode": self.mode,
             "target": self.target,
             "target_label": self.target_label,
-            "before": [t.to_dict() for t in self.before],
-            "after": [t.to_dict() for t in self.after],
+            "before": None if self.before is None else [t.to_dict() for t in self.before],
+            "after": None if self.after is None else [t.to_dict() for t in self.after],
             "delta_logit": self.delta_logit,
             "delta_prob": self.delta_prob,
             "kl": self.kl,
@@ -258,13 +259,16 @@ def _has_dim(ndim: int, dim: int) -> bool:
     return ndim >= 2 and -ndim <= dim < ndim and dim not in (0, -ndim)
 
 
-def _top(logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5) -> list[list[Top]]:
+def _top(logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5
+         ) -> list[list[Top] | None]:
+    """Top-k per row; None for a row holding NaN or Inf, whose softmax ranks nothing."""
     probs = torch.softmax(logits, dim=1)
     values, indices = probs.topk(min(k, probs.shape[1]), dim=1)
     labels = categories if categories is not None and len(categories) == probs.shape[1] else None
     return [
         [Top(int(i), labels[int(i)] if labels else None, float(p), float(logits[row, int(i)]))
          for p, i in zip(values[row].tolist(), indices[row].tolist(), strict=True)]
+        if bool(torch.isfinite(logits[row]).all()) else None
         for row in range(logits.shape[0])
     ]
 
@@ -423,6 +427,8 @@ class AblateProbe(Probe[AblateReport]):
         )
 
     def finish(self) -> AblateReport:
+        warn_nonfinite_logits([None if r.before is None or r.after is None else r.before
+                               for r in self.results], "top-5 (before or after)")
         return AblateReport(self.results)
 
 

@@ -339,6 +339,8 @@ def _overlays(item: CamInput, loaded_mean: Sequence[float] | None,
 
 
 def _predictions(item: CamInput) -> str:
+    if item.predictions is None:
+        return '<p class="chip error">non-finite logits (NaN or Inf): no prediction</p>'
     if not item.predictions:
         return ""
     rows = "".join(

@@ -403,13 +403,21 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
     return table
 
 
+#: Shown where an input's logits held NaN or Inf, instead of a ranking that means nothing.
+NONFINITE_LOGITS = "non-finite logits: no prediction"
+
+
 def predictions_table(inputs: Sequence[str],
-                      predictions: Sequence[Sequence[Mapping[str, Any]]]) -> FitTable:
+                      predictions: Sequence[Sequence[Mapping[str, Any]] | None]) -> FitTable:
     """Top predictions per input."""
     table = FitTable([Col("input", name=True), num("rank", 1),
                       num("class"), Col("label", wrap=True),
                       num("prob")], title="top predictions")
     for name, preds in zip(inputs, predictions, strict=False):
+        if preds is None:
+            table.add_row(name, "", "", Text(NONFINITE_LOGITS, style="red"), "",
+                          end_section=True)
+            continue
         for rank, p in enumerate(preds, 1):
             table.add_row(name if rank == 1 else "", str(rank), str(p["index"]),
                           p.get("label") or "", f"{p['prob']:.2%}",
