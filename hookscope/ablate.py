@@ -254,6 +254,19 @@ class _Modifier:
         return x + noise * value
 
 
+def one_layer(layers: Sequence[str]) -> str:
+    """The one layer a run changes, from a repeatable option that must name one.
+
+    Raises:
+        HookscopeError: several layers named.
+    """
+    named = list(dict.fromkeys(layers))
+    if len(named) != 1:
+        raise HookscopeError(f"{param('layer')} is given {len(named)} times ({', '.join(named)});"
+                             " ablate changes one layer per run: run it once per layer.")
+    return named[0]
+
+
 def _has_dim(ndim: int, dim: int) -> bool:
     """Whether ``dim`` is a valid, non-batch dimension of an ``ndim``-dimensional output."""
     return ndim >= 2 and -ndim <= dim < ndim and dim not in (0, -ndim)

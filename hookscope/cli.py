@@ -344,14 +344,14 @@ def ablate(
 
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
-    from hookscope.ablate import AblateProbe, parse_mode
+    from hookscope.ablate import AblateProbe, one_layer, parse_mode
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
     parsed = parse_mode(mode, processes=s.ranks)
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "ablate")
-    probe = AblateProbe(loaded.model, layer, channels=channels, mode=parsed, target=target,
+    probe = AblateProbe(loaded.model, one_layer(layer), channels=channels, mode=parsed, target=target,
                         seed=opts.model.seed, channel_dim=channel_dim, call=call,
                         categories=loaded.categories, sweep=sweep, sweep_batch=sweep_batch,
                         n_inputs=len(resolved), output_key=loaded.output_key)

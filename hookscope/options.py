@@ -413,9 +413,9 @@ FeaturesOrderOpt = Annotated[FeatureOrder, typer.Option(  # type: ignore[valid-t
     "first).")]
 FeaturesUpsampleOpt = Annotated[bool, typer.Option(
     "--upsample", help="Resize each tile to the input size.")]
-AblateLayerOpt = Annotated[str, typer.Option(
+AblateLayerOpt = Annotated[list[str], typer.Option(  # a list only to refuse a second one
     "--layer", help="The module whose output is changed (dotted name, see `hookscope "
-    "layers`).", show_default=False)]
+    "layers`); one per run.", show_default=False)]
 AblateChannelsOpt = Annotated[str | None, typer.Option(
     "--channels", help="Channels to change: 0,5,7, ranges such as 0-15, or all (the "
     "default; with --sweep, the channels swept).", show_default=False)]

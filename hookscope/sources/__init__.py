@@ -72,6 +72,11 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
 
     options = options or LoadOptions()
     found = resolve(spec) if isinstance(spec, str) else spec
+    if options.model_args and found.source != "code":
+        raise HookscopeError(
+            f"{param('model_args')} passes constructor arguments to a model from your code "
+            f"(file.py:NAME, package.module:NAME); {found.name} is not one, and hookscope "
+            f"passes it none (for its class count, use {param('num_classes')}).")
     device = resolve_device(options.device) if not isinstance(options.device, torch.device) \
         else options.device
     loaded = _source(found.source).load(found, options)
