@@ -443,6 +443,7 @@ def diff_command(
                "against_device": against_device}
     out = s.output(opts.output, force=opts.force)
     files = diff.offline_files(model, inputs, against)
+    s.reading(files or ())
     report: diff.DiffReport | diff.StatsDiffReport
     if files is not None:
         report = diff.diff_stats(diff.read_stats(files[0]), diff.read_stats(files[1]), tolerance=tolerance,

@@ -22,7 +22,7 @@ import signal
 import sys
 import traceback as tb
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -205,6 +205,7 @@ class Session:
         self.launch: Launch | None = None
         self.group: Group | None = None
         self.stopped = False  # by a signal: leave at once, waiting for no other rank
+        self.writes: list[Path] = []  # the files this run will replace: never one it reads
 
     @property
     def ranks(self) -> int:
@@ -304,7 +305,10 @@ class Session:
         """Where data goes, checked now (before the model loads); only rank 0 writes."""
         from hookscope.render.output import resolve_output
 
-        return resolve_output(path if self.leader else None, force=force)
+        output = resolve_output(path if self.leader else None, force=force)
+        if output.target is not None:
+            self.writes.append(output.target)
+        return output
 
     def folder(self, path: Path, planned: Iterable[Path], *, force: bool) -> Path:
         """An output folder and the files planned in it, checked now."""
@@ -312,7 +316,36 @@ class Session:
 
         if not self.leader:
             return path
-        return check_folder(path, planned=list(planned), force=force)
+        planned = list(planned)
+        self.writes += planned
+        return check_folder(path, planned=planned, force=force)
+
+    def reading(self, paths: Iterable[Path | str | None], what: str = "an input of this run"
+                ) -> None:
+        """Refuse to write any of ``paths``: an output that replaced what the run reads
+        is never what was meant, ``--force`` or not.
+
+        Raises:
+            HookscopeError: an output is one of ``paths`` (the same file, by any name).
+        """
+        import os
+
+        written = {}
+        for target in self.writes:
+            with suppress(OSError):  # not there yet: then it is nothing the run reads
+                st = os.stat(target)
+                written[(st.st_dev, st.st_ino)] = target
+        if not written:
+            return
+        for path in paths:
+            if path is None:
+                continue
+            with suppress(OSError):
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) in written:
+                    raise HookscopeError(
+                        f"{written[(st.st_dev, st.st_ino)]} is {what} ({path}); "
+                        "writing the output there would replace it. Choose another output.")
 
     def inputs(self, specs: Sequence[str], options: ModelOptions) -> InputSet:
         """Resolve inputs before the model loads, so a bad path fails fast.
@@ -330,6 +363,7 @@ class Session:
         resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
                                   recursive=options.recursive, limit=options.limit,
                                   shuffle=options.shuffle, seed=options.seed)
+        self.reading(item.path for item in resolved.items)
         if self.group is not None:
             self.group.agree("inputs", resolved.names)
         return resolved
@@ -340,6 +374,9 @@ class Session:
         from hookscope.models import check_batch_memory, check_supported
 
         spec = sources.resolve(options.name)
+        code = [spec.target, spec.target.rpartition(":")[0]] \
+            if spec.source not in ("torchvision", "timm") else []
+        self.reading([options.weights, options.labels, *code], "a file the model is loaded from")
         check_supported(spec, needs_logits=command in NEEDS_LOGITS,
                         needs_images=command == "gradcam")
         loaded = sources.load(spec, options.load_options())
@@ -397,7 +434,10 @@ class Session:
         """Where ``--plot`` goes (None: no plot), checked now, its suffix too."""
         from hookscope.render.plots import plot_output
 
-        return plot_output(path if self.leader else None, force=force)
+        output = plot_output(path if self.leader else None, force=force)
+        if output is not None and output.target is not None:
+            self.writes.append(output.target)
+        return output
 
     def plot(self, command: str, doc: dict[str, Any], output: Output | None,
              **options: Any) -> None:
