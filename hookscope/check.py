@@ -810,9 +810,9 @@ def _expect(ctx: Context) -> RuleResult | None:
         if e.position >= len(ctx.predictions):
             offenders.append(f"{e.input}: no class prediction (the output is not (N, "
                              f"classes) logits), expected {e.text}")
-        elif ctx.predictions[e.position] is None:
+        elif (preds := ctx.predictions[e.position]) is None:
             offenders.append(f"{e.input}: non-finite logits (NaN or Inf), expected {e.text}")
-        elif (top := ctx.predictions[e.position][0]).index not in e.classes:
+        elif (top := preds[0]).index not in e.classes:
             offenders.append(f"{e.input}: top-1 {_top1(top)}, expected {e.text}")
     n = len(ctx.expectations)
     detail = (f"{len(offenders)} of {n} inputs have another top-1 class" if offenders

@@ -94,8 +94,9 @@ def _refuse_compiled(path: Source, shown: Path | None = None) -> None:
     elif any("serialized_exported_program" in n or n.endswith("archive_format") for n in names):
         kind = "a torch.export program"
     if kind:
+        where = shown if shown is not None else path if isinstance(path, Path) else "the file"
         raise HookscopeError(
-            f"{shown or path} is {kind}; hooks need an eager nn.Module. Load the Python class with "
+            f"{where} is {kind}; hooks need an eager nn.Module. Load the Python class with "
             f"MODEL file.py:NAME and a state_dict in {param('weights')} instead."
         )
 

@@ -390,7 +390,8 @@ def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
     if needs_logits and not needs_images and task in ("detection", "segmentation"):
         raise HookscopeError(
             f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
-            f"logits. {task.capitalize()} models work with stats, layers, debug and features."
+            f"logits. {task.capitalize()} models work with stats, layers, debug, features, "
+            "gradcam, check and diff."
         )
     if needs_images and spec.input_ndim != 4:
         raise HookscopeError(f"{name} is a video model; this analysis explains image "

@@ -319,19 +319,34 @@ def fit_parts(parts: Sequence[Part], width: int) -> tuple[Text, list[str], bool]
 # ----------------------------------------------------------------------------- stats
 
 
-def header(doc: Mapping[str, Any], extra: str = "") -> Text:
-    """One line: model, weights actually loaded, device, number of inputs."""
-    n = len(doc.get("inputs", []))
-    text = Text()
-    text.append(str(doc.get("model")), style="bold")
-    text.append(f"  weights: {doc['weights']['loaded']}", style="cyan")
-    text.append(f"  device: {doc.get('device')}")
-    text.append(f"  inputs: {n}")
+class Header:
+    """A one-line renderable of :class:`Part` s: at a narrow width the least important
+    parts go (everything is in the JSON), so the line never wraps."""
+
+    def __init__(self, parts: Sequence[Part]) -> None:
+        self.parts = list(parts)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        line = fit_parts(self.parts, options.max_width)[0]
+        line.overflow = "fold"
+        yield line
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(1, _join(self.parts).cell_len)
+
+
+def header(doc: Mapping[str, Any], extra: str = "") -> Header:
+    """One line: model, weights actually loaded, device, number of inputs, input shape and
+    ``extra``; at a narrow width ``extra`` goes first, then the shape, the device, the count."""
+    parts = [Part("model", Text(str(doc.get("model")), style="bold"), name=True),
+             Part("weights", Text(f"weights: {doc['weights']['loaded']}", style="cyan")),
+             Part("device", Text(f"device: {doc.get('device')}"), 3),
+             Part("inputs", Text(f"inputs: {len(doc.get('inputs', []))}"), 4)]
     if doc.get("input_shape"):
-        text.append(f"  input: {format_shape(doc['input_shape'])}")
+        parts.append(Part("input", Text(f"input: {format_shape(doc['input_shape'])}"), 2))
     if extra:
-        text.append(f"  {extra}")
-    return text
+        parts.append(Part("extra", Text(extra), 1))
+    return Header(parts)
 
 
 def count_text(count: int) -> Text:
@@ -346,8 +361,8 @@ def call_priority(rows: Sequence[Mapping[str, Any]], *, when_all_zero: int, othe
 
 def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_channel: bool,
                    percentiles: Sequence[str]) -> list[Col]:
-    # Hidden first: percentiles, input shapes, type, call (when all 0), min/max, dead
-    # channels, input stats, call, #.
+    # Hidden first: input shapes, type, call (when all 0), min/max, input stats, call, #,
+    # dead channels, and last the percentiles, which the user asked for by name.
     columns = [
         num("#", 10, style="dim"), Col("layer", name=True), Col("type", 2, style="dim"),
         num("call", call_priority(rows, when_all_zero=3, otherwise=9)),
@@ -360,7 +375,7 @@ def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_cha
                     num("in non-finite", 8)]
     if per_channel:
         columns.append(num("dead ch.", 11))
-    columns += [num(f"p{key}", 0) for key in percentiles]
+    columns += [num(f"p{key}", 12) for key in percentiles]
     return columns
 
 

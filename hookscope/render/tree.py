@@ -325,7 +325,7 @@ class TraceWriter:
         self._batch = 0
         self._started = False
 
-    def _send(self, item: Text | str) -> None:
+    def _send(self, item: RenderableType | str) -> None:
         if not self.output.is_stdout:
             self.held.append(item)
         elif isinstance(item, str):
