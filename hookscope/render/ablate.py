@@ -8,7 +8,15 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.render.tables import NONFINITE_LOGITS, Col, FitTable, fmt_float, header, num
+from hookscope.render.tables import (
+    NONFINITE_LOGITS,
+    Col,
+    FitTable,
+    fmt_float,
+    fmt_pct,
+    header,
+    num,
+)
 
 
 def _channels(channels: list[int]) -> str:
@@ -33,7 +41,7 @@ def _top_table(result: Mapping[str, Any]) -> FitTable:
                 p = preds[rank]
                 name = f"{p['index']} {p.get('label') or ''}".strip()
                 style = "bold" if p["index"] == result["target"] else None
-                cells += [Text(name, style=style or ""), f"{p['prob']:.2%}"]
+                cells += [Text(name, style=style or ""), fmt_pct(p["prob"])]
             else:
                 cells += ["", ""]
         table.add_row(*cells)

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.render.tables import Col, FitTable, fmt_float, header, num
+from hookscope.render.tables import Col, FitTable, fmt_float, fmt_pct, header, num
 
 #: The metric columns, in this order, when present.
 METRIC_ORDER = ("road", "road_morf", "road_lerf", "deletion", "insertion", "drop", "increase")
@@ -37,7 +37,7 @@ def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
             "-" if target is None else str(target),
             label,
             fmt_float(row.get("score")),
-            "-" if row.get("prob") is None else f"{row['prob']:.2%}",
+            fmt_pct(row.get("prob")),
             ",".join(str(v) for v in peak),
             str(row.get("overlay") or ""),
         )

@@ -68,10 +68,11 @@ def stderr() -> Console:
 
 
 def render_text(renderable: RenderableType, width: int = 160) -> str:
-    """Render to plain text (no colour), for writing a table to a file."""
+    """Render to plain text (no colour, no trailing spaces), for a file or a pipe."""
     console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
     console.print(renderable)
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    return "".join(line.rstrip() + "\n" for line in text.splitlines())
 
 
 def error(message: str) -> None:

@@ -47,12 +47,18 @@ def data_table(**kwargs: Any) -> Table:
                  collapse_padding=True, **kwargs)
 
 
-def fmt_float(value: float | None, digits: int = 4) -> str:
-    """Compact, aligned-friendly float text; ``nan``/``inf`` spelt out, None as ``-``."""
-    if value is None:
+def fmt_pct(value: float | None, digits: int = 2, *, sign: bool = False) -> str:
+    """A fraction as a percentage; None and non-finite values (null in JSON) as ``-``."""
+    if value is None or not math.isfinite(value):
         return "-"
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+    return f"{value:+.{digits}%}" if sign else f"{value:.{digits}%}"
+
+
+def fmt_float(value: float | None, digits: int = 4) -> str:
+    """Compact, aligned-friendly float text; None and non-finite values (null in JSON) as
+    ``-``."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
     if value == 0:
         return "0"
     magnitude = abs(value)
@@ -403,7 +409,7 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
             str(i), row["name"], row["type"], str(row["call"]),
             format_shapes(row.get("input_shapes") or []), _output_shape(row),
             *(fmt_float(row.get(k)) for k in ("mean", "std", "min", "max")),
-            "-" if zero is None else f"{zero:.1%}", count_text(nonfinite),
+            fmt_pct(zero, 1), count_text(nonfinite),
         ]
         if input_stats:
             ins = row.get("input_stats") or {}
@@ -435,7 +441,7 @@ def predictions_table(inputs: Sequence[str],
             continue
         for rank, p in enumerate(preds, 1):
             table.add_row(name if rank == 1 else "", str(rank), str(p["index"]),
-                          p.get("label") or "", f"{p['prob']:.2%}",
+                          p.get("label") or "", fmt_pct(p["prob"]),
                           end_section=rank == len(preds))
     return table
 
