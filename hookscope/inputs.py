@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import pickle
 import queue
 import random
 import stat
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from hookscope.errors import HookscopeError, param
+from hookscope.errors import HookscopeError, clip, param
 
 log = logging.getLogger("hookscope")
 
@@ -235,10 +236,14 @@ def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tens
             torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except HookscopeError:
         raise
-    except Exception as exc:  # torch.load and np.load raise many types for bad files
+    except pickle.UnpicklingError:  # objects whose code would run, not only tensors
         raise HookscopeError(
-            f"{name}: not a readable tensor file ({exc.__class__.__name__}: "
-            f"{str(exc).splitlines()[0][:120] if str(exc) else ''})."
+            f"{name}: holds Python objects besides tensors, which hookscope does not unpickle; "
+            "save one preprocessed float tensor with torch.save(tensor, path).") from None
+    except Exception as exc:  # torch.load and np.load raise many types for bad files
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise HookscopeError(
+            f"{name}: not a readable tensor file ({exc.__class__.__name__}: {clip(first, 120)})."
         ) from None
     if not isinstance(obj, torch.Tensor):
         raise HookscopeError(
