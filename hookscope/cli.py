@@ -18,7 +18,7 @@ from hookscope import options as o
 from hookscope.options import Options, command, runs_model
 from hookscope.options import value as _value
 
-app = typer.Typer(
+app = o.App(
     name="hookscope",
     help="Inspect PyTorch vision models through hooks that are always removed.\n\n"
     "Data goes to stdout, progress and notes to stderr; exit codes: 0 ok, 1 a requested "
