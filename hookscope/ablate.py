@@ -23,7 +23,6 @@ from hookscope.errors import HookscopeError, param
 from hookscope.hooks import Call, find_site, model_device
 from hookscope.outputs import class_logits
 from hookscope.run import Probe, Step, drive
-from hookscope.stats import warn_nonfinite_logits
 from hookscope.targets import Targets, parse_targets
 
 __all__ = [
@@ -440,8 +439,6 @@ class AblateProbe(Probe[AblateReport]):
         )
 
     def finish(self) -> AblateReport:
-        warn_nonfinite_logits([None if r.before is None or r.after is None else r.before
-                               for r in self.results], "top-5 (before or after)")
         return AblateReport(self.results)
 
 

@@ -66,7 +66,7 @@ def stats(
     Example: hookscope stats resnet18 cat.jpg --format json | jq '.layers[] | select(.nonfinite > 0)'
     """
     from hookscope.sketch import parse_percentiles, percentile_key
-    from hookscope.stats import StatsProbe
+    from hookscope.stats import StatsProbe, warn_nonfinite_logits
 
     s, fmt = opts.s, _value(fmt)
     wanted = parse_percentiles(percentiles)
@@ -80,6 +80,7 @@ def stats(
                        per_channel=per_channel, percentiles=wanted)
     report = s.run(loaded, resolved, opts.model, probe, "stats",
                    shown=fmt == "table" or not out.is_stdout, train_mode=train_mode)
+    warn_nonfinite_logits(report.predictions, "prediction")
     doc = loaded.envelope("stats", resolved.names) | report.to_dict()
     s.emit("stats", doc, fmt, out, input_stats=input_stats, per_channel=per_channel,
            percentiles=tuple(percentile_key(p) for p in wanted))
@@ -345,6 +346,7 @@ def ablate(
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
     from hookscope.ablate import AblateProbe, one_layer, parse_mode
+    from hookscope.stats import warn_nonfinite_logits
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
@@ -357,6 +359,8 @@ def ablate(
                         n_inputs=len(resolved), output_key=loaded.output_key)
     report = s.run(loaded, resolved, opts.model, probe, "sweep" if sweep else "ablate",
                    shown=fmt == "table" or not out.is_stdout)
+    warn_nonfinite_logits([None if r.before is None or r.after is None else r.before
+                           for r in report.results], "top-5 (before or after)")
     doc = loaded.envelope("ablate", resolved.names) | report.to_dict()
     s.emit("ablate", doc, fmt, out, top=top, sweep=sweep)
 

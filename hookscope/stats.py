@@ -593,7 +593,6 @@ class StatsProbe(Probe[StatsReport]):
             rows.append(LayerStats.of(site.name, site.type, key[1], in_shapes, out_shapes,
                                       self.table.get((*key, "out")) or Moments(),
                                       self.table.get((*key, "in")), extras))
-        warn_nonfinite_logits(self.predictions, "prediction")
         return StatsReport(layers=rows, predictions=self.predictions,
                            input_shape=self.input_shape)
 
