@@ -65,8 +65,9 @@ def stats(
 
     Example: hookscope stats resnet18 cat.jpg --format json | jq '.layers[] | select(.nonfinite > 0)'
     """
+    from hookscope.outputs import warn_nonfinite_logits
     from hookscope.sketch import parse_percentiles, percentile_key
-    from hookscope.stats import StatsProbe, warn_nonfinite_logits
+    from hookscope.stats import StatsProbe
 
     s, fmt = opts.s, _value(fmt)
     wanted = parse_percentiles(percentiles)
@@ -346,7 +347,7 @@ def ablate(
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
     from hookscope.ablate import AblateProbe, one_layer, parse_mode
-    from hookscope.stats import warn_nonfinite_logits
+    from hookscope.outputs import warn_nonfinite_logits
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)

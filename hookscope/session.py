@@ -18,6 +18,7 @@ Nothing here imports torch at module level, so ``hookscope --help`` stays fast.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import traceback as tb
@@ -182,6 +183,30 @@ class ModelOptions:
             autocast=self.autocast)
 
 
+def refuse_overwriting(writes: Iterable[Path], reads: Iterable[Path | str | None],
+                       what: str) -> None:
+    """Refuse to write any file the run reads: an output that replaced an input (or the
+    weights) is never what was meant, ``--force`` or not.
+
+    Raises:
+        HookscopeError: one of ``writes`` is one of ``reads`` (the same file, by any name).
+    """
+    written = {}
+    for target in writes:
+        with suppress(OSError):  # not there yet: then it is nothing the run reads
+            st = os.stat(target)
+            written[(st.st_dev, st.st_ino)] = target
+    for path in reads if written else ():
+        if path is None:
+            continue
+        with suppress(OSError):
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) in written:
+                raise HookscopeError(
+                    f"{written[(st.st_dev, st.st_ino)]} is {what} ({path}); writing the output "
+                    "there would replace it. Choose another output.")
+
+
 def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
     """``0.5`` or ``0.485,0.456,0.406`` as floats."""
     if text is None:
@@ -322,30 +347,8 @@ class Session:
 
     def reading(self, paths: Iterable[Path | str | None], what: str = "an input of this run"
                 ) -> None:
-        """Refuse to write any of ``paths``: an output that replaced what the run reads
-        is never what was meant, ``--force`` or not.
-
-        Raises:
-            HookscopeError: an output is one of ``paths`` (the same file, by any name).
-        """
-        import os
-
-        written = {}
-        for target in self.writes:
-            with suppress(OSError):  # not there yet: then it is nothing the run reads
-                st = os.stat(target)
-                written[(st.st_dev, st.st_ino)] = target
-        if not written:
-            return
-        for path in paths:
-            if path is None:
-                continue
-            with suppress(OSError):
-                st = os.stat(path)
-                if (st.st_dev, st.st_ino) in written:
-                    raise HookscopeError(
-                        f"{written[(st.st_dev, st.st_ino)]} is {what} ({path}); "
-                        "writing the output there would replace it. Choose another output.")
+        """Refuse an output that is one of ``paths`` (see :func:`refuse_overwriting`)."""
+        refuse_overwriting(self.writes, paths, what)
 
     def inputs(self, specs: Sequence[str], options: ModelOptions) -> InputSet:
         """Resolve inputs before the model loads, so a bad path fails fast.

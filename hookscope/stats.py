@@ -19,7 +19,6 @@ split-independent sketch (:mod:`hookscope.sketch`) of each call's output, kept i
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -468,15 +467,6 @@ def top_predictions(
          for p, i in zip(prow.tolist(), irow.tolist(), strict=True)] if ok else None
         for prow, irow, ok in zip(values, indices, finite, strict=True)
     ]
-
-
-def warn_nonfinite_logits(predictions: Sequence[Sequence[Any] | None], what: str) -> None:
-    """One warning when some inputs' logits were not finite (their ``what`` is None)."""
-    bad = sum(p is None for p in predictions)
-    if bad:
-        logging.getLogger("hookscope").warning(
-            f"{bad} of {len(predictions)} input(s) have non-finite logits (NaN or Inf): no "
-            f"{what} for them (null in JSON).")
 
 
 class MomentTable:
