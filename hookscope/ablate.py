@@ -171,8 +171,8 @@ class AblationResult:
     mode: str
     target: int
     target_label: str | None
-    before: list[Top]
-    after: list[Top]
+    before: list[Top] | None  # None: the logits held NaN or Inf
+    after: list[Top] | None
     delta_logit: float
     delta_prob: float
     kl: float
@@ -186,8 +186,8 @@ class AblationResult:
             "mode": self.mode,
             "target": self.target,
             "target_label": self.target_label,
-            "before": [t.to_dict() for t in self.before],
-            "after": [t.to_dict() for t in self.after],
+            "before": None if self.before is None else [t.to_dict() for t in self.before],
+            "after": None if self.after is None else [t.to_dict() for t in self.after],
             "delta_logit": self.delta_logit,
             "delta_prob": self.delta_prob,
             "kl": self.kl,
@@ -255,18 +255,34 @@ class _Modifier:
         return x + noise * value
 
 
+def one_layer(layers: Sequence[str]) -> str:
+    """The one layer a run changes, from a repeatable option that must name one.
+
+    Raises:
+        HookscopeError: several layers named.
+    """
+    named = list(dict.fromkeys(layers))
+    if len(named) != 1:
+        raise HookscopeError(f"{param('layer')} is given {len(named)} times ({', '.join(named)});"
+                             " ablate changes one layer per run: run it once per layer.")
+    return named[0]
+
+
 def _has_dim(ndim: int, dim: int) -> bool:
     """Whether ``dim`` is a valid, non-batch dimension of an ``ndim``-dimensional output."""
     return ndim >= 2 and -ndim <= dim < ndim and dim not in (0, -ndim)
 
 
-def _top(logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5) -> list[list[Top]]:
+def _top(logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5
+         ) -> list[list[Top] | None]:
+    """Top-k per row; None for a row holding NaN or Inf, whose softmax ranks nothing."""
     probs = torch.softmax(logits, dim=1)
     values, indices = probs.topk(min(k, probs.shape[1]), dim=1)
     labels = categories if categories is not None and len(categories) == probs.shape[1] else None
     return [
         [Top(int(i), labels[int(i)] if labels else None, float(p), float(logits[row, int(i)]))
          for p, i in zip(values[row].tolist(), indices[row].tolist(), strict=True)]
+        if bool(torch.isfinite(logits[row]).all()) else None
         for row in range(logits.shape[0])
     ]
 

@@ -30,6 +30,7 @@ the one driver (:func:`hookscope.run.drive`) runs it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -134,12 +135,14 @@ class CamResult:
         return len(self.targets)
 
     @property
-    def peaks(self) -> list[tuple[int, int]]:
-        """(y, x) of each map's maximum at input resolution."""
-        out = []
-        for m in self.maps:
+    def peaks(self) -> list[tuple[int, int] | None]:
+        """(y, x) of each map's maximum at input resolution; None for a map that is blank
+        (zero everywhere: no position stands out) or whose target score is not finite."""
+        out: list[tuple[int, int] | None] = []
+        for m, score in zip(self.maps, self.scores, strict=True):
             flat = int(np.argmax(m))
-            out.append((flat // m.shape[1], flat % m.shape[1]))
+            blank = not m.max() > 0 or not math.isfinite(score)
+            out.append(None if blank else (flat // m.shape[1], flat % m.shape[1]))
         return out
 
     @staticmethod
@@ -282,7 +285,7 @@ class CamBatch:
         boxes: per input, where the model's input lies in the original image (a centre
             crop), or None for tensor inputs.
         peaks: per method, each input's (y, x) peak in original-image pixels (at the input
-            tensor's resolution for tensor inputs).
+            tensor's resolution for tensor inputs); None for a blank map.
         layers, layer_shapes: every explained layer and its output shape.
         skipped: per input, why it was not explained (None when it was): no file is
             written for it.
@@ -294,7 +297,7 @@ class CamBatch:
     layer: str
     layer_shape: list[int]
     boxes: list[tuple[float, float, float, float] | None]
-    peaks: dict[str, list[tuple[int, int]]]
+    peaks: dict[str, list[tuple[int, int] | None]]
     layers: list[str] = field(default_factory=list)
     layer_shapes: list[list[int]] = field(default_factory=list)
     skipped: list[str | None] = field(default_factory=list)
@@ -793,8 +796,16 @@ class CamProbe(Probe[CamReport]):
                 probs: list[float | None], guided: torch.Tensor | None) -> CamResult:
         maps, raws, constant = acc.result()
         notes = list(sel.notes)
-        zero = [float(r.amax()) <= 0 and why is None for r, why in
-                zip(raws[0], sel.skipped, strict=True)]
+        finite = [math.isfinite(float(s)) or why is not None  # a skipped input has no score
+                  for s, why in zip(scores, sel.skipped, strict=True)]
+        if not all(finite):  # NaN or Inf in the input, or the model made them
+            notes.append(
+                f"{method.name}: the target score of {finite.count(False)} input(s) is not "
+                "finite (NaN or Inf: check the input, or where `hookscope debug` finds the "
+                "first non-finite output); their maps are blank.")
+            maps = maps * torch.tensor(finite, dtype=maps.dtype, device=maps.device)[:, None, None]
+        zero = [float(r.amax()) <= 0 and why is None and ok for r, why, ok in
+                zip(raws[0], sel.skipped, finite, strict=True)]
         if any(zero):
             notes.append(
                 f"{method.name}: some maps are zero everywhere at layer "
@@ -845,7 +856,8 @@ class CamProbe(Probe[CamReport]):
         images = step.batch.images if step.batch is not None else [None] * len(step)
         boxes = [crop_box(self.transform, image.size) if image is not None else None
                  for image in images]
-        peaks = {name: [peak if box is None else peak_in_box(peak, res.maps.shape[1:], box)
+        peaks = {name: [peak if box is None or peak is None else
+                        peak_in_box(peak, res.maps.shape[1:], box)
                         for peak, box in zip(res.peaks, boxes, strict=True)]
                  for name, res in results.items()}
         first = self.layer_shapes[0] if self.layer_shapes else []

@@ -646,7 +646,7 @@ class Context:
     calls: list[LayerStats]
     ignored: int
     inputs: list[str]
-    predictions: list[list[Prediction]]
+    predictions: list[list[Prediction] | None]
     expectations: list[Expectation]
     baseline: Baseline | None
     baseline_rows: dict[tuple[str, int], Mapping[str, Any]]
@@ -887,7 +887,9 @@ def _expect(ctx: Context) -> RuleResult | None:
         if e.position >= len(ctx.predictions):
             offenders.append(f"{e.input}: no class prediction (the output is not (N, "
                              f"classes) logits), expected {e.text}")
-        elif (top := ctx.predictions[e.position][0]).index not in e.classes:
+        elif (preds := ctx.predictions[e.position]) is None:
+            offenders.append(f"{e.input}: non-finite logits (NaN or Inf), expected {e.text}")
+        elif (top := preds[0]).index not in e.classes:
             offenders.append(f"{e.input}: top-1 {_top1(top)}, expected {e.text}")
     n = len(ctx.expectations)
     detail = (f"{len(offenders)} of {n} inputs have another top-1 class" if offenders
@@ -904,12 +906,14 @@ def _min_prob(ctx: Context) -> RuleResult | None:
     if not ctx.predictions:
         return RuleResult("min_prob", False, limit, "no class predictions: the model's "
                           "output is not (N, classes) logits", [])
-    tops = [(name, preds[0]) for name, preds in zip(ctx.inputs, ctx.predictions,
-                                                    strict=False)]
-    bad = [(name, p) for name, p in tops if not p.prob >= limit]  # NaN fails too
-    offenders = [f"{name}: top-1 {_top1(p)}" for name, p in bad]
-    low = min(tops, key=lambda t: t[1].prob if math.isfinite(t[1].prob) else -1.0)
+    tops = [(name, preds[0] if preds is not None else None)
+            for name, preds in zip(ctx.inputs, ctx.predictions, strict=False)]
+    bad = [(name, p) for name, p in tops if p is None or not p.prob >= limit]  # NaN fails too
+    offenders = [f"{name}: top-1 {_top1(p)}" if p is not None else
+                 f"{name}: non-finite logits (NaN or Inf)" for name, p in bad]
+    prob = [(name, p.prob if p is not None else math.nan) for name, p in tops]
+    low = min(prob, key=lambda t: t[1] if math.isfinite(t[1]) else -1.0)
     detail = (f"{len(bad)} of {len(tops)} inputs have a top-1 probability below {limit:.4g}"
               if bad else f"every top-1 probability is at least {limit:.4g}")
     return RuleResult("min_prob", not bad, limit,
-                      f"{detail}; the lowest: {_g(low[1].prob)} ({low[0]})", offenders)
+                      f"{detail}; the lowest: {_g(low[1])} ({low[0]})", offenders)

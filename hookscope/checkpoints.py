@@ -9,9 +9,12 @@ architecture is the size of its classifier head(s).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import os
 import pickle
+import stat
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping
@@ -46,21 +49,44 @@ class Checkpoint:
     labels_key: str | None = None
 
 
-def _is_pickle(path: Path) -> bool:
+#: A checkpoint to read: a regular file, or the bytes of one that can be read only once.
+Source = Path | bytes
+
+
+def _readable(src: Source) -> Path | io.BytesIO:
+    """Something to open ``src`` as: the path, or a fresh stream over its bytes."""
+    return io.BytesIO(src) if isinstance(src, bytes) else src
+
+
+def _read_once(path: Path) -> Source:
+    """``path``, or its bytes when it can be read only once (a FIFO, ``<(cat w.pt)``), which
+    every later step reads instead of opening it again."""
+    try:
+        return path if stat.S_ISREG(os.stat(path).st_mode) else path.read_bytes()
+    except OSError as exc:
+        raise HookscopeError(f"Cannot read the weights file {path}: "
+                             f"{exc.strerror or exc}.") from None
+
+
+def _is_pickle(path: Source) -> bool:
     """Whether ``path`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
     try:
-        with path.open("rb") as fh:
-            head = fh.read(2)
+        if isinstance(path, bytes):
+            head = path[:2]
+        else:
+            with path.open("rb") as fh:
+                head = fh.read(2)
     except OSError:
         return False
-    return zipfile.is_zipfile(path) or (len(head) == 2 and head[0] == 0x80 and head[1] >= 2)
+    return zipfile.is_zipfile(_readable(path)) or (len(head) == 2 and head[0] == 0x80
+                                                   and head[1] >= 2)
 
 
-def _refuse_compiled(path: Path) -> None:
+def _refuse_compiled(path: Source, shown: Path | None = None) -> None:
     """TorchScript archives and torch.export programs have no eager modules to hook."""
-    if not zipfile.is_zipfile(path):
+    if not zipfile.is_zipfile(_readable(path)):
         return
-    with zipfile.ZipFile(path) as archive:
+    with zipfile.ZipFile(_readable(path)) as archive:
         names = archive.namelist()
     kind = None
     if any(n.endswith("constants.pkl") or "/code/" in n for n in names):
@@ -68,20 +94,21 @@ def _refuse_compiled(path: Path) -> None:
     elif any("serialized_exported_program" in n or n.endswith("archive_format") for n in names):
         kind = "a torch.export program"
     if kind:
+        where = shown if shown is not None else path if isinstance(path, Path) else "the file"
         raise HookscopeError(
-            f"{path} is {kind}; hooks need an eager nn.Module. Load the Python class with "
+            f"{where} is {kind}; hooks need an eager nn.Module. Load the Python class with "
             f"MODEL file.py:NAME and a state_dict in {param('weights')} instead."
         )
 
 
-def _torch_load(path: Path, trust: bool) -> Any:
-    _refuse_compiled(path)
+def _torch_load(src: Source, trust: bool, path: Path) -> Any:
+    _refuse_compiled(src, path)
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
             warnings.simplefilter("ignore")
-            return torch.load(path, map_location="cpu", weights_only=not trust)
+            return torch.load(_readable(src), map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        if not trust and _is_pickle(path):
+        if not trust and _is_pickle(src):
             raise HookscopeError(
                 f"{path}: the file holds Python objects that need arbitrary unpickling, which "
                 f"can run code. If it is a checkpoint from a source you trust, set "
@@ -147,16 +174,18 @@ def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
         raise HookscopeError(f"Weights file not found: {path}.")
     if path.is_dir():
         raise HookscopeError(f"{path} is a directory; {param('weights')} takes a checkpoint file.")
+    src = _read_once(path)  # read each file once: a FIFO cannot be opened twice
     if path.suffix.lower() == ".safetensors":
         from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        from safetensors.torch import load, load_file
 
         try:
-            found, _ = _unwrap(load_file(str(path), device="cpu"), path)
+            tensors = load(src) if isinstance(src, bytes) else load_file(str(path), device="cpu")
+            found, _ = _unwrap(tensors, path)
         except (SafetensorError, OSError, ValueError) as exc:
             raise HookscopeError(f"{path}: not a readable .safetensors file ({exc}).") from None
         return Checkpoint(path, state=found)  # type: ignore[arg-type]
-    found, around = _unwrap(_torch_load(path, trust), path)
+    found, around = _unwrap(_torch_load(src, trust, path), path)
     labels, key = _labels_in(around) if around is not None else (None, None)
     if isinstance(found, nn.Module):
         return Checkpoint(path, module=found, labels=labels, labels_key=key)

@@ -21,7 +21,7 @@ from hookscope.options import value as _value
 if TYPE_CHECKING:
     from hookscope.diff import DiffReport
 
-app = typer.Typer(
+app = o.App(
     name="hookscope",
     help="Inspect PyTorch vision models through hooks that are always removed.\n\n"
     "Data goes to stdout, progress and notes to stderr; exit codes: 0 ok, 1 a requested "
@@ -68,6 +68,7 @@ def stats(
 
     Example: hookscope stats resnet18 cat.jpg --format json | jq '.layers[] | select(.nonfinite > 0)'
     """
+    from hookscope.outputs import warn_nonfinite_logits
     from hookscope.sketch import parse_percentiles, percentile_key
     from hookscope.stats import StatsProbe
 
@@ -83,6 +84,7 @@ def stats(
                        per_channel=per_channel, percentiles=wanted)
     report = s.run(loaded, resolved, opts.model, probe, "stats",
                    shown=fmt == "table" or not out.is_stdout, train_mode=train_mode)
+    warn_nonfinite_logits(report.predictions, "prediction")
     doc = loaded.envelope("stats", resolved.names) | report.to_dict()
     s.emit("stats", doc, fmt, out, input_stats=input_stats, per_channel=per_channel,
            percentiles=tuple(percentile_key(p) for p in wanted))
@@ -350,19 +352,22 @@ def ablate(
 
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
-    from hookscope.ablate import AblateProbe, parse_mode
+    from hookscope.ablate import AblateProbe, one_layer, parse_mode
+    from hookscope.outputs import warn_nonfinite_logits
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
     parsed = parse_mode(mode, processes=s.ranks)
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "ablate")
-    probe = AblateProbe(loaded.model, layer, channels=channels, mode=parsed, target=target,
+    probe = AblateProbe(loaded.model, one_layer(layer), channels=channels, mode=parsed, target=target,
                         seed=opts.model.seed, channel_dim=channel_dim, call=call,
                         categories=loaded.categories, sweep=sweep, sweep_batch=sweep_batch,
                         n_inputs=len(resolved), output_key=loaded.output_key)
     report = s.run(loaded, resolved, opts.model, probe, "sweep" if sweep else "ablate",
                    shown=fmt == "table" or not out.is_stdout)
+    warn_nonfinite_logits([None if r.before is None or r.after is None else r.before
+                           for r in report.results], "top-5 (before or after)")
     doc = loaded.envelope("ablate", resolved.names) | report.to_dict()
     s.emit("ablate", doc, fmt, out, top=top, sweep=sweep)
 
@@ -460,6 +465,7 @@ def diff_command(
                "against_device": against_device}
     out = s.output(opts.output, force=opts.force)
     files = offline_files(model, inputs, against)
+    s.reading(files or ())
     report: StatsDiffReport | DiffReport
     if files is not None:  # two saved documents: torch is never imported
         report = diff_stats(read_stats(files[0]), read_stats(files[1]), tolerance=tolerance,

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal styles in a library's message
 _MARK = "\x1f"  # a control character: repr() escapes it, so user data cannot fake a mark
 _MARKED = re.compile(f"{_MARK}([A-Za-z_][A-Za-z0-9_]*){_MARK}")
 
@@ -109,8 +110,8 @@ def suggest(word: str, candidates: Iterable[str], n: int = 3) -> str:
 
 def clip(text: str, limit: int = 200) -> str:
     """``text`` on one line, cut to at most ``limit`` characters at a space outside any
-    brackets, so no word, number or shape is ever cut in half."""
-    text = " ".join(text.split())
+    brackets, so no word, number or shape is ever cut in half; terminal styles removed."""
+    text = " ".join(_ANSI.sub("", text).split())
     if len(text) <= limit:
         return text
     depth, cut = 0, 0

@@ -56,12 +56,15 @@ _TORCH_HOOKS = tuple(os.path.join(os.path.dirname(os.path.abspath(torch.__file__
 def raised_in_machinery(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside hook machinery, not by the model's own code.
 
-    The first frame of the traceback is where the forward pass was called (and the
-    exception caught), so it is skipped; any later frame in hookscope's package or in
-    one of torch's module-hook helpers means a hook raised while the model ran. A
+    The leading frames of the traceback are hookscope's driver calling the model (where
+    the exception was caught), so they are skipped; any later frame in hookscope's package
+    or in one of torch's module-hook helpers means a hook raised while the model ran. A
     ``forward`` there is a module wrapping the model, and does not count.
     """
-    frame = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+    frame = exc.__traceback__
+    while frame is not None and os.path.abspath(
+            frame.tb_frame.f_code.co_filename).startswith(_HOOKSCOPE):
+        frame = frame.tb_next
     while frame is not None:
         code = frame.tb_frame.f_code
         path = os.path.abspath(code.co_filename)
@@ -431,7 +434,7 @@ class Tracer(Hooks):
         """The innermost call still running (after an exception: the one that raised)."""
         return self.active[-1] if self.active else None
 
-    def locate(self, again: Callable[[], Any], exc: Exception) -> ForwardError:
+    def locate(self, again: Callable[[], Any], exc: BaseException) -> ForwardError:
         """The :class:`ForwardError` for ``exc``, naming the innermost module that was running.
 
         ``again`` repeats the failed forward pass; it runs with a locator on every module

@@ -10,8 +10,10 @@ from __future__ import annotations
 import io
 import logging
 import os
+import pickle
 import queue
 import random
+import stat
 import sys
 import threading
 import warnings
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from hookscope.errors import HookscopeError, param
+from hookscope.errors import HookscopeError, clip, param
 
 log = logging.getLogger("hookscope")
 
@@ -49,6 +51,8 @@ class InputItem:
         index: the row of a tensor file with a leading N dimension.
         label: the class folder it sits in, in an ImageFolder layout (``photos/cat/1.jpg``:
             ``cat``); None otherwise.
+        data: the file's bytes, read once when resolved, for a file that can be read only
+            once (a FIFO, ``<(cat x.jpg)``, a device); None for a regular file.
     """
 
     name: str
@@ -56,6 +60,13 @@ class InputItem:
     path: Path | None = None
     index: int | None = None
     label: str | None = None
+    data: bytes | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def source(self) -> Path | bytes:
+        """What to read: the bytes already read, else the file."""
+        assert self.path is not None or self.data is not None  # not for stdin
+        return self.data if self.data is not None else self.path  # type: ignore[return-value]
 
     @property
     def stem(self) -> str:
@@ -209,22 +220,30 @@ def load_image(src: Path | bytes, name: str) -> Image.Image:
     return to_rgb(img)
 
 
-def _read_tensor(path: Path, name: str) -> torch.Tensor:
+def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tensor:
+    """The tensor in ``path`` (or in ``data``, its bytes already read)."""
     try:
         if path.suffix.lower() == ".npy":
-            arr = np.load(path, mmap_mode="c", allow_pickle=False)  # copy-on-write: lazy, writable
+            # Copy-on-write mapping of a file: lazy and writable.
+            arr = np.load(io.BytesIO(data), allow_pickle=False) if data is not None else \
+                np.load(path, mmap_mode="c", allow_pickle=False)
             if not np.issubdtype(arr.dtype, np.floating):
                 raise HookscopeError(
                     f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected."
                 )
             return torch.from_numpy(np.asarray(arr))
-        obj = _load_pt(path)
+        obj = _load_pt(path) if data is None else \
+            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except HookscopeError:
         raise
-    except Exception as exc:  # torch.load and np.load raise many types for bad files
+    except pickle.UnpicklingError:  # objects whose code would run, not only tensors
         raise HookscopeError(
-            f"{name}: not a readable tensor file ({exc.__class__.__name__}: "
-            f"{str(exc).splitlines()[0][:120] if str(exc) else ''})."
+            f"{name}: holds Python objects besides tensors, which hookscope does not unpickle; "
+            "save one preprocessed float tensor with torch.save(tensor, path).") from None
+    except Exception as exc:  # torch.load and np.load raise many types for bad files
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise HookscopeError(
+            f"{name}: not a readable tensor file ({exc.__class__.__name__}: {clip(first, 120)})."
         ) from None
     if not isinstance(obj, torch.Tensor):
         raise HookscopeError(
@@ -281,7 +300,7 @@ class Decoder:
         """
         if item.kind == "tensor":
             return self._row(item), None
-        src = self.stdin if item.kind == "stdin" else item.path
+        src = self.stdin if item.kind == "stdin" else item.source
         img = load_image(src, item.name)  # type: ignore[arg-type]
         return self.preprocess(img), img if self.keep_images else None
 
@@ -290,7 +309,7 @@ class Decoder:
         file = item.name if item.index is None else item.name.rpartition("[")[0]
         if self._file is None or self._file[0] != item.path:
             self._file = None  # let the previous file's mapping go first
-            tensor = _check_tensor(_read_tensor(item.path, file), file, self.ndim)
+            tensor = _check_tensor(_read_tensor(item.path, file, item.data), file, self.ndim)
             self._file = (item.path, tensor if tensor.dim() == self.ndim else tensor.unsqueeze(0))
         rows = self._file[1]
         if (item.index or 0) >= rows.shape[0]:
@@ -361,14 +380,26 @@ def _read_stdin(stdin: IO[bytes] | None) -> bytes:
     return data
 
 
+def _read_once(path: Path, name: str) -> bytes | None:
+    """The bytes of a file that cannot be read twice (a FIFO, ``<(...)``, a device), read
+    now; None for a regular file, which is read when its batch comes."""
+    try:
+        if stat.S_ISREG(path.stat().st_mode):
+            return None
+        return path.read_bytes()
+    except OSError as exc:
+        raise HookscopeError(f"{name}: cannot be read ({exc.strerror or exc}).") from None
+
+
 def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
     """A tensor file's rows (read and checked now), or one image (checked later)."""
+    data = _read_once(path, name)
     if path.suffix.lower() not in TENSOR_SUFFIXES:
-        return [InputItem(name, "image", path)]
-    t = _check_tensor(_read_tensor(path, name), name, ndim)
+        return [InputItem(name, "image", path, data=data)]
+    t = _check_tensor(_read_tensor(path, name, data), name, ndim)
     if t.dim() != ndim:
-        return [InputItem(name, "tensor", path)]
-    return [InputItem(f"{name}[{i}]", "tensor", path, i) for i in range(t.shape[0])]
+        return [InputItem(name, "tensor", path, data=data)]
+    return [InputItem(f"{name}[{i}]", "tensor", path, i, data=data) for i in range(t.shape[0])]
 
 
 def _check_image(item: InputItem, ndim: int) -> None:
@@ -377,8 +408,7 @@ def _check_image(item: InputItem, ndim: int) -> None:
             f"{item.name}: video models take clips; pass a .pt/.npy tensor of shape (C,T,H,W) "
             "or (N,C,T,H,W)."
         )
-    assert item.path is not None  # images always have a file
-    _open(item.path, item.name, load=False).close()
+    _open(item.source, item.name, load=False).close()
 
 
 def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:

@@ -16,8 +16,61 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
 
 from hookscope.session import ModelOptions, Session, session
+
+# ----------------------------------------------------------------- help in the CLI's words
+
+#: Typer shows Python's types (``<list[str]>``, ``<int range>``); help shows these instead.
+_WORDS = {"str": "TEXT", "int": "N", "int range": "N", "float": "NUMBER",
+          "float range": "NUMBER", "file": "FILE", "directory": "DIR", "path": "PATH"}
+
+
+def _word(shown: str | None) -> str | None:
+    """Typer's ``<list[str]>`` as ``TEXT``, ``<table|json>`` as ``[table|json]``."""
+    if not shown:
+        return shown
+    inner = shown.strip("<>").removeprefix("list[").removesuffix("]")
+    return _WORDS.get(inner, f"[{inner}]" if "|" in inner else inner.upper())
+
+
+class _PlainOption(typer.core.TyperOption):
+    def display_type_rich(self, ctx: typer.Context) -> str | None:  # type: ignore[override]
+        if self.metavar is not None:
+            return self.metavar
+        return _word(self.display_type(ctx))
+
+
+class _PlainArgument(typer.core.TyperArgument):
+    def display_type_rich(self, ctx: typer.Context) -> str | None:  # type: ignore[override]
+        return None  # its metavar (MODEL, INPUT...) says it
+
+    def _usage_display_name(self) -> str:
+        name = self.display_name_raw
+        name = name if self.nargs == 1 or name.endswith("...") else f"{name}..."
+        return name if self.required else f"[{name}]"
+
+
+class PlainHelpCommand(typer.core.TyperCommand):
+    """A command whose help says ``--layers TEXT`` and ``MODEL INPUT...``, not Python's
+    ``<list[str]>`` and ``{MODEL} {INPUT...}...``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for p in self.params:
+            if type(p) is typer.core.TyperOption:
+                p.__class__ = _PlainOption
+            elif type(p) is typer.core.TyperArgument:
+                p.__class__ = _PlainArgument
+
+
+class App(typer.Typer):
+    """The app: every command's help in the CLI's words (:class:`PlainHelpCommand`)."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs.setdefault("cls", PlainHelpCommand)
+        return super().command(*args, **kwargs)
 
 
 def _choices(name: str, values: list[str]) -> type[Enum]:
@@ -190,10 +243,11 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
         @functools.wraps(fn)
         def run(ctx: typer.Context, **kwargs: Any) -> Any:
             values = {name: kwargs.pop(name) for name in names}
-            opts = Options(model=kwargs.get("model", ""), **values) if model else \
-                Options(**values)
-            with session(quiet=opts.quiet, traceback=opts.traceback, flags=_flags(ctx),
-                         command=ctx.command.name) as s:
+            with session(quiet=values["quiet"], traceback=values["traceback"],
+                         flags=_flags(ctx), command=ctx.command.name) as s:
+                # Inside the session: a bad common option (--seed) is one line too.
+                opts = Options(model=kwargs.get("model", ""), **values) if model else \
+                    Options(**values)
                 return fn(**kwargs, opts=opts.bind(s))
 
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,
@@ -418,9 +472,9 @@ FeaturesOrderOpt = Annotated[FeatureOrder, typer.Option(  # type: ignore[valid-t
     "first).")]
 FeaturesUpsampleOpt = Annotated[bool, typer.Option(
     "--upsample", help="Resize each tile to the input size.")]
-AblateLayerOpt = Annotated[str, typer.Option(
+AblateLayerOpt = Annotated[list[str], typer.Option(  # a list only to refuse a second one
     "--layer", help="The module whose output is changed (dotted name, see `hookscope "
-    "layers`).", show_default=False)]
+    "layers`); one per run.", show_default=False)]
 AblateChannelsOpt = Annotated[str | None, typer.Option(
     "--channels", help="Channels to change: 0,5,7, ranges such as 0-15, or all (the "
     "default; with --sweep, the channels swept).", show_default=False)]

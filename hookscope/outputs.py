@@ -8,7 +8,8 @@ that predictions and targets use: the one named by ``output_key``, else ``logits
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import fields, is_dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 
 from hookscope.errors import HookscopeError, param
 
-__all__ = ["class_logits", "entries", "select_logits"]
+__all__ = ["class_logits", "entries", "select_logits", "warn_nonfinite_logits"]
 
 _PREFERRED = ("logits", "out")
 
@@ -96,3 +97,12 @@ def class_logits(output: Any, key: str | None, analysis: str) -> torch.Tensor:
             f"returned {what}."
         )
     return logits
+
+
+def warn_nonfinite_logits(predictions: Sequence[Sequence[Any] | None], what: str) -> None:
+    """One warning when some inputs' logits were not finite (their ``what`` is None)."""
+    bad = sum(p is None for p in predictions)
+    if bad:
+        logging.getLogger("hookscope").warning(
+            f"{bad} of {len(predictions)} input(s) have non-finite logits (NaN or Inf): no "
+            f"{what} for them (null in JSON).")

@@ -9,6 +9,7 @@ classification presets, so Grad-CAM maps can be placed back on the original imag
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -137,8 +138,8 @@ def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | N
     ``size`` -> ``size * 256 / 224``); ``resize`` and ``crop`` set either side exactly.
 
     Raises:
-        HookscopeError: a size out of range, a mean or std of the wrong length, a std of
-            zero, or channels other than 1 or 3.
+        HookscopeError: a size out of range, a crop larger than the resize, a mean or std
+            of the wrong length or not finite, a std of zero, or channels other than 1 or 3.
     """
     for name, value in (("size", size), ("resize", resize), ("crop", crop)):
         _check_side(name, value)
@@ -161,6 +162,9 @@ def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | N
             if len(values) not in (1, n):
                 raise HookscopeError(f"{param(name)} has {len(values)} values; give 1 or {n} "
                                      "(one per channel).")
+            if not all(math.isfinite(float(v)) for v in values):
+                raise HookscopeError(f"{param(name)} must be finite numbers, not "
+                                     f"{','.join(str(v) for v in values)}.")
             changes[name] = tuple(float(v) for v in values) * (n if len(values) == 1 else 1)
     if channels is not None and channels != base.channels:
         changes["channels"] = channels
@@ -173,4 +177,10 @@ def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | N
         raise HookscopeError(f"{param('std')} must not be zero.")
     if not changes:
         return base
-    return replace(base, transform=None, origin="options", **changes)
+    new = replace(base, transform=None, origin="options", **changes)
+    if new.crop is not None and new.resize is not None and new.crop > new.resize:
+        raise HookscopeError(
+            f"The centre crop ({new.crop} px) is larger than the resized image's shorter side "
+            f"({new.resize} px), so it would be padded with zeros; give a {param('crop')} no "
+            f"larger than {param('resize')}.")
+    return new

@@ -102,7 +102,8 @@ class CamInput:
         box: where the model's input lies in ``image`` (a centre crop), or None for all of it.
         maps: per method, the (H, W) map in [0, 1] at the model input's resolution.
         targets: per method, the class explained.
-        predictions: the top-5 predictions (from the statistics pass).
+        predictions: the top-5 predictions (from the statistics pass); None when the
+            input's logits held NaN or Inf.
         skipped: why the input was not explained (then ``maps`` is empty), or None.
     """
 
@@ -111,7 +112,7 @@ class CamInput:
     box: Box | None
     maps: dict[str, np.ndarray]
     targets: dict[str, CamTarget]
-    predictions: list[Prediction] = field(default_factory=list)
+    predictions: list[Prediction] | None = field(default_factory=list)
     tensor: torch.Tensor | None = field(default=None, repr=False)
     skipped: str | None = None
 
@@ -119,7 +120,8 @@ class CamInput:
         return {"input": self.name,
                 "size": list(self.image.size) if self.image is not None else None,
                 "targets": {m: t.to_dict() for m, t in self.targets.items()},
-                "predictions": [p.to_dict() for p in self.predictions],
+                "predictions": None if self.predictions is None else
+                [p.to_dict() for p in self.predictions],
                 "skipped": self.skipped}
 
 
@@ -335,7 +337,7 @@ def build_report(
                   **cam_options, **run)
     params, flops, shape = _flops(loaded, stats.input_shape)
     predictions = stats.predictions or [[] for _ in collector.inputs]
-    inputs = [replace(item, predictions=list(preds))
+    inputs = [replace(item, predictions=None if preds is None else list(preds))
               for item, preds in zip(collector.inputs, predictions, strict=False)]
     return Report(
         envelope=loaded.envelope("report", list(names)),

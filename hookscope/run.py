@@ -116,7 +116,7 @@ class Step:
             return self._run(args, grad)
         except HookscopeError:
             raise
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a forward is its failure too
             # A probe's own callback, or other hook machinery, failed: not the model.
             if tracer.callback_error is exc or raised_in_machinery(exc):
                 raise

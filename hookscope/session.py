@@ -1,8 +1,9 @@
 """One command-line invocation: what every command does before and after its analysis.
 
-:func:`session` sets up logging, turns SIGTERM and SIGHUP into the same clean stop as
-Ctrl-C, and turns every error into one line on stderr and an exit code (0 ok, 1 a check
-failed or the model's forward raised, 2 bad input, 128+N a signal). :class:`Session` checks
+:func:`session` sets up logging, turns SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 into the same
+clean stop as Ctrl-C, sends the model's prints to stderr (data alone goes to stdout), and
+turns every error into one line on stderr and an exit code (0 ok, 1 a check failed or the
+model's forward raised, 2 bad input, 128+N a signal). :class:`Session` checks
 outputs before any work, resolves inputs, loads the model and runs the progress bar.
 Library errors name Python parameters; here they are spelt as the command's flags.
 
@@ -17,16 +18,18 @@ Nothing here imports torch at module level, so ``hookscope --help`` stays fast.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import traceback as tb
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookscope.errors import HookscopeError, param
+from hookscope.render.streams import prints_to_stderr
 
 if TYPE_CHECKING:
     from hookscope.distributed import Group, Launch
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 #: Signals handled like Ctrl-C: every temporary file is removed and one line printed.
-SIGNALS = ("SIGTERM", "SIGHUP")
+SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
 #: Commands that explain or differentiate class logits.
 NEEDS_LOGITS = frozenset({"gradcam", "grads", "ablate", "watch"})
 
@@ -96,7 +99,7 @@ def session(*, quiet: bool = False, traceback: bool = False,
     console.setup_logging(quiet=quiet)
     s = Session()
     try:
-        with _signals():
+        with _signals(), prints_to_stderr():  # a model's print cannot break the JSON
             s.join(command)
             yield s
         s.ended(0)
@@ -154,6 +157,11 @@ class ModelOptions:
     shuffle: bool = False
     recursive: bool = False
 
+    def __post_init__(self) -> None:
+        if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
+            raise HookscopeError(f"{param('seed')} {self.seed} is out of range; give a whole "
+                                 f"number from 0 to {2**64 - 1} (seeds are 64-bit).")
+
     def load_options(self) -> LoadOptions:
         """The library's :class:`~hookscope.sources.LoadOptions` for these options."""
         from hookscope.sources import LoadOptions
@@ -166,6 +174,30 @@ class ModelOptions:
             std=_floats(self.std, "std"), resize=self.resize, crop=self.crop,
             input_channels=self.input_channels, output_key=self.output_key, dtype=self.dtype,
             autocast=self.autocast)
+
+
+def refuse_overwriting(writes: Iterable[Path], reads: Iterable[Path | str | None],
+                       what: str) -> None:
+    """Refuse to write any file the run reads: an output that replaced an input (or the
+    weights) is never what was meant, ``--force`` or not.
+
+    Raises:
+        HookscopeError: one of ``writes`` is one of ``reads`` (the same file, by any name).
+    """
+    written = {}
+    for target in writes:
+        with suppress(OSError):  # not there yet: then it is nothing the run reads
+            st = os.stat(target)
+            written[(st.st_dev, st.st_ino)] = target
+    for path in reads if written else ():
+        if path is None:
+            continue
+        with suppress(OSError):
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) in written:
+                raise HookscopeError(
+                    f"{written[(st.st_dev, st.st_ino)]} is {what} ({path}); writing the output "
+                    "there would replace it. Choose another output.")
 
 
 def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
@@ -191,6 +223,7 @@ class Session:
         self.launch: Launch | None = None
         self.group: Group | None = None
         self.stopped = False  # by a signal: leave at once, waiting for no other rank
+        self.writes: list[Path] = []  # the files this run will replace: never one it reads
 
     @property
     def ranks(self) -> int:
@@ -290,7 +323,10 @@ class Session:
         """Where data goes, checked now (before the model loads); only rank 0 writes."""
         from hookscope.render.output import resolve_output
 
-        return resolve_output(path if self.leader else None, force=force)
+        output = resolve_output(path if self.leader else None, force=force)
+        if output.target is not None:
+            self.writes.append(output.target)
+        return output
 
     def folder(self, path: Path, planned: Iterable[Path], *, force: bool) -> Path:
         """An output folder and the files planned in it, checked now."""
@@ -298,7 +334,14 @@ class Session:
 
         if not self.leader:
             return path
-        return check_folder(path, planned=list(planned), force=force)
+        planned = list(planned)
+        self.writes += planned
+        return check_folder(path, planned=planned, force=force)
+
+    def reading(self, paths: Iterable[Path | str | None], what: str = "an input of this run"
+                ) -> None:
+        """Refuse an output that is one of ``paths`` (see :func:`refuse_overwriting`)."""
+        refuse_overwriting(self.writes, paths, what)
 
     def inputs(self, specs: Sequence[str], options: ModelOptions) -> InputSet:
         """Resolve inputs before the model loads, so a bad path fails fast.
@@ -316,6 +359,7 @@ class Session:
         resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
                                   recursive=options.recursive, limit=options.limit,
                                   shuffle=options.shuffle, seed=options.seed)
+        self.reading(item.path for item in resolved.items)
         if self.group is not None:
             self.group.agree("inputs", resolved.names)
         return resolved
@@ -326,6 +370,9 @@ class Session:
         from hookscope.sources import check_batch_memory, check_supported
 
         spec = sources.resolve(options.name)
+        code = [spec.target, spec.target.rpartition(":")[0]] \
+            if spec.source not in ("torchvision", "timm") else []
+        self.reading([options.weights, options.labels, *code], "a file the model is loaded from")
         check_supported(spec, needs_logits=command in NEEDS_LOGITS,
                         needs_images=command == "gradcam")
         loaded = sources.load(spec, options.load_options())
@@ -383,7 +430,10 @@ class Session:
         """Where ``--plot`` goes (None: no plot), checked now, its suffix too."""
         from hookscope.render.plots import plot_output
 
-        return plot_output(path if self.leader else None, force=force)
+        output = plot_output(path if self.leader else None, force=force)
+        if output is not None and output.target is not None:
+            self.writes.append(output.target)
+        return output
 
     def plot(self, command: str, doc: dict[str, Any], output: Output | None,
              **options: Any) -> None:

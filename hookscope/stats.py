@@ -421,14 +421,16 @@ class StatsReport:
     """What ``collect_stats`` returns: per-call layer statistics and top predictions."""
 
     layers: list[LayerStats]
-    predictions: list[list[Prediction]]
+    #: Per input, its top-k; None where its logits were not finite (no ranking is honest).
+    predictions: list[list[Prediction] | None]
     input_shape: list[int] | None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope: ``input_shape``, ``predictions``, ``layers``."""
         return {
             "input_shape": self.input_shape,
-            "predictions": [[p.to_dict() for p in preds] for preds in self.predictions],
+            "predictions": [None if preds is None else [p.to_dict() for p in preds]
+                            for preds in self.predictions],
             "layers": [layer.to_dict() for layer in self.layers],
         }
 
@@ -446,15 +448,17 @@ class StatsReport:
 
 def top_predictions(
     logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5
-) -> list[list[Prediction]]:
-    """Top-k softmax predictions per row of a (N, classes) output."""
+) -> list[list[Prediction] | None]:
+    """Top-k softmax predictions per row of a (N, classes) output; None for a row holding
+    NaN or Inf, whose softmax ranks nothing."""
     probs = torch.softmax(logits.detach().float(), dim=1)
+    finite = torch.isfinite(logits.detach()).all(dim=1).tolist()
     values, indices = probs.topk(min(k, probs.shape[1]), dim=1)
     labels = categories if categories is not None and len(categories) == probs.shape[1] else None
     return [
         [Prediction(int(i), labels[int(i)] if labels else None, float(p))
-         for p, i in zip(prow.tolist(), irow.tolist(), strict=True)]
-        for prow, irow in zip(values, indices, strict=True)
+         for p, i in zip(prow.tolist(), irow.tolist(), strict=True)] if ok else None
+        for prow, irow, ok in zip(values, indices, finite, strict=True)
     ]
 
 
@@ -529,7 +533,7 @@ class StatsProbe(Probe[StatsReport]):
         self.order: list[tuple[str, int]] = []
         self.meta: dict[tuple[str, int], tuple[Site, list[list[int]], list[list[int]]]] = {}
         self._entered: dict[tuple[str, int], list[list[int]]] = {}
-        self.predictions: list[list[Prediction]] = []
+        self.predictions: list[list[Prediction] | None] = []
         self.input_shape: list[int] | None = None
         self.grid: tuple[tuple[int, int], Any] | None = None
         if per_channel:

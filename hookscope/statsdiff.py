@@ -65,7 +65,8 @@ def first_exceeding(rows: Iterable[Any], tolerance: float, measure: str) -> dict
 
 def describe_where(first: Mapping[str, Any]) -> str:
     call = f" (call {first['call']})" if first["call"] else ""
-    what = {"shape": "the output shapes differ", "nonfinite": "the non-finite counts differ"}
+    what = {"shape": "the output shapes differ", "nonfinite": "the non-finite counts differ",
+            "null": "a statistic is null (non-finite) on one side only"}
     value = first.get("rel_l2", first.get("rel"))
     detail = what.get(first["reason"]) or f"relative error {value:.3g}"
     return f"{first['name']}{call}: {detail}"
@@ -216,6 +217,8 @@ class StatsDelta:
             return "shape"
         if self.a["nonfinite"] != self.b["nonfinite"]:
             return "nonfinite"
+        if any(math.isnan(self.a[s]) != math.isnan(self.b[s]) for s in STATS):
+            return "null"  # a statistic non-finite on one side only: no tolerance covers it
         return "rel" if self.relative > tolerance else None
 
     def to_dict(self, tolerance: float) -> dict[str, Any]:

@@ -42,7 +42,9 @@ def test_stats_view_text() -> None:
     conv = next(line for line in lines if " conv1 " in line)
     assert "1x3x8x8" in conv and "1x4x8x8" in conv and "0.25" in conv and "0.0%" in conv
     relu = next(line for line in lines if " relu " in line)
-    assert "nan" in relu and "99.5%" in relu and relu.rstrip().endswith("3")
+    # A NaN mean is null in JSON and "-" in the table, never "nan" (issue 21, item 25).
+    assert "nan" not in relu and relu.split()[6:8] == ["-", "-"]
+    assert "99.5%" in relu and relu.rstrip().endswith("3")
     assert "tabby" in text and "50.00%" in text
 
 
@@ -177,7 +179,7 @@ def _check_hidden(hidden: list[str], width: int, drop_order: list[str]) -> None:
 def test_stats_table_fits_the_width(width: int) -> None:
     rows = _stats_rows()
     cells = [_stats_cells(i, row) for i, row in enumerate(rows)]
-    wholes = ("layer4.0.downsample.0", "8x64x112x112", "8x512x7x7", "-1.235e-05", "nan")
+    wholes = ("layer4.0.downsample.0", "8x64x112x112", "8x512x7x7", "-1.235e-05")
     hidden = _check_table(tables.stats_table(rows, input_stats=True), width, STATS_HEADERS, cells,
                           wholes)
     _check_hidden(hidden, width, STATS_DROP)

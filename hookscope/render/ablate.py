@@ -8,7 +8,15 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.render.tables import Col, FitTable, fmt_float, header, num
+from hookscope.render.tables import (
+    NONFINITE_LOGITS,
+    Col,
+    FitTable,
+    fmt_float,
+    fmt_pct,
+    header,
+    num,
+)
 
 
 def _channels(channels: list[int]) -> str:
@@ -23,14 +31,17 @@ def _top_table(result: Mapping[str, Any]) -> FitTable:
                       num("prob"), Col("after", wrap=True),
                       num("prob")])
     before, after = result["before"], result["after"]
-    for rank in range(max(len(before), len(after))):
+    if before is None or after is None:
+        flags = [Text(NONFINITE_LOGITS if p is None else "", style="red") for p in (before, after)]
+        table.add_row("", flags[0], "", flags[1], "")
+    for rank in range(max(len(before or ()), len(after or ()))):
         cells: list[RenderableType] = [str(rank + 1)]
         for preds in (before, after):
-            if rank < len(preds):
+            if preds is not None and rank < len(preds):
                 p = preds[rank]
                 name = f"{p['index']} {p.get('label') or ''}".strip()
                 style = "bold" if p["index"] == result["target"] else None
-                cells += [Text(name, style=style or ""), f"{p['prob']:.2%}"]
+                cells += [Text(name, style=style or ""), fmt_pct(p["prob"])]
             else:
                 cells += ["", ""]
         table.add_row(*cells)

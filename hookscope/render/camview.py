@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.render.tables import Col, FitTable, fmt_float, header, num
+from hookscope.render.tables import Col, FitTable, Header, Part, fmt_float, fmt_pct, header, num
 
 #: The metric columns, in this order, when present.
 METRIC_ORDER = ("road", "road_morf", "road_lerf", "deletion", "insertion", "drop", "increase")
@@ -37,7 +37,7 @@ def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
             "-" if target is None else str(target),
             label,
             fmt_float(row.get("score")),
-            "-" if row.get("prob") is None else f"{row['prob']:.2%}",
+            fmt_pct(row.get("prob")),
             ",".join(str(v) for v in peak),
             str(row.get("overlay") or ""),
         )
@@ -65,17 +65,19 @@ def cam_view(doc: Mapping[str, Any]) -> RenderableType:
         layer.append(("" if i == 0 else ", ") + str(name))
         if shape:
             layer.append(f" ({'x'.join(str(d) for d in shape)})", style="dim")
-    if doc.get("layer_default"):
+    chosen = []
+    if doc.get("layer_default"):  # the first to go at a narrow width: the line never wraps
         what = "the last module with an image-grid output (a token model: its last " \
             "block's first norm)" if doc.get("task") in (None, "classification") else \
             "the backbone's last stage with a spatial output"
-        layer.append(f"  chosen automatically: {what}", style="dim")
+        chosen.append(Part("why", Text(f"chosen automatically: {what}", style="dim"), 1))
     files = len(doc.get("results", []))
-    layer.append(f"\nwrote {files} overlay(s) to {doc.get('out')}", style="green")
+    wrote = Text(f"wrote {files} overlay(s) to {doc.get('out')}", style="green")
     skipped = doc.get("skipped") or []
     if skipped:
-        layer.append(f"; skipped {len(skipped)} input(s) (see the warnings)", style="yellow")
-    parts: list[RenderableType] = [header(doc), layer, cam_table(doc.get("results", []))]
+        wrote.append(f"; skipped {len(skipped)} input(s) (see the warnings)", style="yellow")
+    parts: list[RenderableType] = [header(doc), Header([Part("layer", layer), *chosen]), wrote,
+                                   cam_table(doc.get("results", []))]
     if doc.get("metrics"):
         parts.append(metrics_table(doc["metrics"]))
     return Group(*parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from hookscope.render.streams import DataFile, data
+
 _stdout: Console | None = None
 _stderr: Console | None = None
 
@@ -30,18 +33,28 @@ class _DataConsole(Console):
     def on_broken_pipe(self) -> None:
         # Rich would exit with code 1; the CLI treats BrokenPipeError as a reader that left.
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, data().fileno())
         raise BrokenPipeError("stdout was closed")
 
 
+def _width(terminal: bool, pipe: int) -> int | None:
+    """The width to draw at: COLUMNS when it is a positive number (None: Rich reads it);
+    otherwise the terminal's, or ``pipe`` columns for a pipe or file."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return None
+    return shutil.get_terminal_size().columns if terminal else pipe
+
+
 def stdout() -> Console:
-    """The console for data (tables, trees)."""
+    """The console for data (tables, trees); it writes to :func:`~.streams.data`."""
     global _stdout
     if _stdout is None:
-        _stdout = _DataConsole(soft_wrap=False)
-        if not _stdout.is_terminal and "COLUMNS" not in os.environ:
-            # Piped tables keep one row per line instead of folding at 80 columns.
-            _stdout = _DataConsole(soft_wrap=False, width=200)
+        file: object = DataFile()
+        terminal = Console(file=file).is_terminal  # type: ignore[arg-type]
+        # Piped tables keep one row per line instead of folding at 80 columns.
+        _stdout = _DataConsole(soft_wrap=False, file=file,  # type: ignore[arg-type]
+                               width=_width(terminal, 200))
     return _stdout
 
 
@@ -49,15 +62,17 @@ def stderr() -> Console:
     """The console for chatter: progress, notes, warnings, errors."""
     global _stderr
     if _stderr is None:
-        _stderr = Console(stderr=True, highlight=False)
+        width = None if "COLUMNS" not in os.environ else _width(sys.stderr.isatty(), 80)
+        _stderr = Console(stderr=True, highlight=False, width=width)
     return _stderr
 
 
 def render_text(renderable: RenderableType, width: int = 160) -> str:
-    """Render to plain text (no colour), for writing a table to a file."""
+    """Render to plain text (no colour, no trailing spaces), for a file or a pipe."""
     console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
     console.print(renderable)
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    return "".join(line.rstrip() + "\n" for line in text.splitlines())
 
 
 def error(message: str) -> None:

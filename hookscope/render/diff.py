@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from hookscope.render.output import format_shape
-from hookscope.render.tables import Col, FitTable, call_priority, fmt_float, header, num
+from hookscope.render.tables import Col, FitTable, call_priority, fmt_float, fmt_pct, header, num
 
 Doc = Mapping[str, Any]
 
@@ -144,7 +144,7 @@ def offline_table(doc: Doc) -> FitTable:
         table.add_row(
             str(i), row["name"], row["type"], str(row["call"]),
             fmt_float(_value(row.get("mean_delta"))), fmt_float(_value(row.get("std_delta"))),
-            "-" if zeros is None else f"{zeros:+.1%}",
+            fmt_pct(zeros, 1, sign=True),
             fmt_float(_value(row.get("rel"))),
             str(_count(row.get("nonfinite_a"))), str(_count(row.get("nonfinite_b"))),
             style=_row_style(row, first))

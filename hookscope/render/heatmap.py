@@ -288,7 +288,7 @@ class CamWriter:
                       guided=res.guided[i] if res.guided is not None else None)
 
     def _row(self, input_name: str, method: str, res: Any, i: int,
-             paths: dict[str, Path | None], peak: tuple[int, int]) -> dict[str, Any]:
+             paths: dict[str, Path | None], peak: tuple[int, int] | None) -> dict[str, Any]:
         target = res.targets[i] if res.targets[i] >= 0 else None
         row: dict[str, Any] = {
             "input": input_name, "method": method, "layer": res.layer, "target": target,
@@ -296,7 +296,7 @@ class CamWriter:
             "score": res.scores[i], "prob": res.probs[i],
             "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
             "raw": str(paths["raw"]) if paths["raw"] is not None else None,
-            "peak": list(peak), "layers": list(res.layers),
+            "peak": list(peak) if peak is not None else None, "layers": list(res.layers),
             "constant": bool(res.constant[i]) if res.constant else False,
         }
         if row["constant"]:  # a blank map has no peak

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hookscope.errors import HookscopeError
+from hookscope.render.streams import data as _data_stream
 
 # ----------------------------------------------------------------- serialisation
 
@@ -296,7 +297,7 @@ def write(output: Output, text: str) -> None:
             path; a regular file is then left as it was and no temporary file remains.
     """
     if output.kind in (OutputKind.STDOUT, OutputKind.STDERR):
-        stream = sys.stdout if output.kind is OutputKind.STDOUT else sys.stderr
+        stream = _data_stream() if output.kind is OutputKind.STDOUT else sys.stderr
         try:
             stream.write(text)
             stream.flush()
@@ -396,7 +397,7 @@ def _deliver(output: Output, tmp: Path) -> None:
 def _send(output: Output, data: bytes) -> None:
     """Write bytes to a stream, device, FIFO or socket, in place."""
     if output.kind in (OutputKind.STDOUT, OutputKind.STDERR):
-        stream = sys.stdout if output.kind is OutputKind.STDOUT else sys.stderr
+        stream = _data_stream() if output.kind is OutputKind.STDOUT else sys.stderr
         stream.flush()  # keep order with text written before
         binary = getattr(stream, "buffer", None)
         if binary is None:

@@ -242,8 +242,9 @@ def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[
         detail = f"{t.index}" + ("" if t.prob is None else f", {t.prob:.1%}")
         figures.append(_img(image, f"{method} for {label} on {item.name}", method=method,
                             label=label, detail=detail))
-    predictions = [{"label": p.label if p.label is not None else p.index,
-                    "prob": f"{p.prob:.1%}"} for p in item.predictions]
+    predictions = None if item.predictions is None else [  # None: non-finite logits
+        {"label": p.label if p.label is not None else p.index, "prob": f"{p.prob:.1%}"}
+        for p in item.predictions]
     return {"name": item.name, "figures": figures, "skipped": item.skipped,
             "predictions": predictions}
 

@@ -47,12 +47,18 @@ def data_table(**kwargs: Any) -> Table:
                  collapse_padding=True, **kwargs)
 
 
-def fmt_float(value: float | None, digits: int = 4) -> str:
-    """Compact, aligned-friendly float text; ``nan``/``inf`` spelt out, None as ``-``."""
-    if value is None:
+def fmt_pct(value: float | None, digits: int = 2, *, sign: bool = False) -> str:
+    """A fraction as a percentage; None and non-finite values (null in JSON) as ``-``."""
+    if value is None or not math.isfinite(value):
         return "-"
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+    return f"{value:+.{digits}%}" if sign else f"{value:.{digits}%}"
+
+
+def fmt_float(value: float | None, digits: int = 4) -> str:
+    """Compact, aligned-friendly float text; None and non-finite values (null in JSON) as
+    ``-``."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
     if value == 0:
         return "0"
     magnitude = abs(value)
@@ -319,19 +325,34 @@ def fit_parts(parts: Sequence[Part], width: int) -> tuple[Text, list[str], bool]
 # ----------------------------------------------------------------------------- stats
 
 
-def header(doc: Mapping[str, Any], extra: str = "") -> Text:
-    """One line: model, weights actually loaded, device, number of inputs."""
-    n = len(doc.get("inputs", []))
-    text = Text()
-    text.append(str(doc.get("model")), style="bold")
-    text.append(f"  weights: {doc['weights']['loaded']}", style="cyan")
-    text.append(f"  device: {doc.get('device')}")
-    text.append(f"  inputs: {n}")
+class Header:
+    """A one-line renderable of :class:`Part` s: at a narrow width the least important
+    parts go (everything is in the JSON), so the line never wraps."""
+
+    def __init__(self, parts: Sequence[Part]) -> None:
+        self.parts = list(parts)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        line = fit_parts(self.parts, options.max_width)[0]
+        line.overflow = "fold"
+        yield line
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(1, _join(self.parts).cell_len)
+
+
+def header(doc: Mapping[str, Any], extra: str = "") -> Header:
+    """One line: model, weights actually loaded, device, number of inputs, input shape and
+    ``extra``; at a narrow width ``extra`` goes first, then the shape, the device, the count."""
+    parts = [Part("model", Text(str(doc.get("model")), style="bold"), name=True),
+             Part("weights", Text(f"weights: {doc['weights']['loaded']}", style="cyan")),
+             Part("device", Text(f"device: {doc.get('device')}"), 3),
+             Part("inputs", Text(f"inputs: {len(doc.get('inputs', []))}"), 4)]
     if doc.get("input_shape"):
-        text.append(f"  input: {format_shape(doc['input_shape'])}")
+        parts.append(Part("input", Text(f"input: {format_shape(doc['input_shape'])}"), 2))
     if extra:
-        text.append(f"  {extra}")
-    return text
+        parts.append(Part("extra", Text(extra), 1))
+    return Header(parts)
 
 
 def count_text(count: int) -> Text:
@@ -346,8 +367,8 @@ def call_priority(rows: Sequence[Mapping[str, Any]], *, when_all_zero: int, othe
 
 def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_channel: bool,
                    percentiles: Sequence[str]) -> list[Col]:
-    # Hidden first: percentiles, input shapes, type, call (when all 0), min/max, dead
-    # channels, input stats, call, #.
+    # Hidden first: input shapes, type, call (when all 0), min/max, input stats, call, #,
+    # dead channels, and last the percentiles, which the user asked for by name.
     columns = [
         num("#", 10, style="dim"), Col("layer", name=True), Col("type", 2, style="dim"),
         num("call", call_priority(rows, when_all_zero=3, otherwise=9)),
@@ -360,7 +381,7 @@ def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_cha
                     num("in non-finite", 8)]
     if per_channel:
         columns.append(num("dead ch.", 11))
-    columns += [num(f"p{key}", 0) for key in percentiles]
+    columns += [num(f"p{key}", 12) for key in percentiles]
     return columns
 
 
@@ -388,7 +409,7 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
             str(i), row["name"], row["type"], str(row["call"]),
             format_shapes(row.get("input_shapes") or []), _output_shape(row),
             *(fmt_float(row.get(k)) for k in ("mean", "std", "min", "max")),
-            "-" if zero is None else f"{zero:.1%}", count_text(nonfinite),
+            fmt_pct(zero, 1), count_text(nonfinite),
         ]
         if input_stats:
             ins = row.get("input_stats") or {}
@@ -403,16 +424,24 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
     return table
 
 
+#: Shown where an input's logits held NaN or Inf, instead of a ranking that means nothing.
+NONFINITE_LOGITS = "non-finite logits: no prediction"
+
+
 def predictions_table(inputs: Sequence[str],
-                      predictions: Sequence[Sequence[Mapping[str, Any]]]) -> FitTable:
+                      predictions: Sequence[Sequence[Mapping[str, Any]] | None]) -> FitTable:
     """Top predictions per input."""
     table = FitTable([Col("input", name=True), num("rank", 1),
                       num("class"), Col("label", wrap=True),
                       num("prob")], title="top predictions")
     for name, preds in zip(inputs, predictions, strict=False):
+        if preds is None:
+            table.add_row(name, "", "", Text(NONFINITE_LOGITS, style="red"), "",
+                          end_section=True)
+            continue
         for rank, p in enumerate(preds, 1):
             table.add_row(name if rank == 1 else "", str(rank), str(p["index"]),
-                          p.get("label") or "", f"{p['prob']:.2%}",
+                          p.get("label") or "", fmt_pct(p["prob"]),
                           end_section=rank == len(preds))
     return table
 

@@ -6,7 +6,6 @@ terminal and the file formats cannot drift apart.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ from rich.tree import Tree
 
 from hookscope.render import console
 from hookscope.render.output import Output, dumps_json, dumps_ndjson, format_shape, write
+from hookscope.render.streams import data
 from hookscope.render.tables import Col, FitTable, Part, fit_parts, fmt_float, footnote, header
 
 # ----------------------------------------------------------------------------- models
@@ -325,12 +325,12 @@ class TraceWriter:
         self._batch = 0
         self._started = False
 
-    def _send(self, item: Text | str) -> None:
+    def _send(self, item: RenderableType | str) -> None:
         if not self.output.is_stdout:
             self.held.append(item)
         elif isinstance(item, str):
-            sys.stdout.write(item)
-            sys.stdout.flush()
+            data().write(item)
+            data().flush()
         else:  # a closed pipe raises BrokenPipeError (see render.console): exit 0
             console.stdout().print(item, soft_wrap=True, highlight=False)
 

@@ -38,10 +38,11 @@ def emit(command: str, doc: Mapping[str, Any], fmt: str, output: Output, **optio
             raise HookscopeError(f"{command} has no CSV output; use --format table or json.")
         rows, columns = view.csv(doc, **options)
         write(output, dumps_csv(rows, columns))
-    elif output.is_stdout:
+    elif output.is_stdout and console.stdout().is_terminal:
         console.stdout().print(view.table(doc, **options))
-    else:
-        write(output, console.render_text(view.table(doc, **options)))
+    else:  # a file or a pipe: plain text, at the width a pipe gets
+        width = console.stdout().width if output.is_stdout else 160
+        write(output, console.render_text(view.table(doc, **options), width))
 
 
 def emit_plot(command: str, doc: Mapping[str, Any], output: Output | None, **options: Any) -> None:

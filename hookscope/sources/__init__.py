@@ -82,6 +82,11 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
 
     options = options or LoadOptions()
     found = resolve(spec) if isinstance(spec, str) else spec
+    if options.model_args and found.source != "code":
+        raise HookscopeError(
+            f"{param('model_args')} passes constructor arguments to a model from your code "
+            f"(file.py:NAME, package.module:NAME); {found.name} is not one, and hookscope "
+            f"passes it none (for its class count, use {param('num_classes')}).")
     device = resolve_device(options.device) if not isinstance(options.device, torch.device) \
         else options.device
     loaded = _source(found.source).load(found, options)
@@ -300,7 +305,8 @@ def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
     if needs_logits and not needs_images and task in ("detection", "segmentation"):
         raise HookscopeError(
             f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
-            f"logits. {task.capitalize()} models work with stats, layers, debug and features."
+            f"logits. {task.capitalize()} models work with stats, layers, debug, features, "
+            "gradcam, report, check and diff."
         )
     if needs_images and spec.input_ndim != 4:
         raise HookscopeError(f"{name} is a video model; this analysis explains image "

@@ -73,6 +73,10 @@ class Pickled:
 
     def parse(self, spec: str) -> ModelSpec | None:
         path = Path(spec).expanduser()
+        if path.suffix.lower() == ".py":  # code, not a pickle: the form is file.py:NAME
+            raise HookscopeError(
+                f"{spec} is Python code, not a pickled model: name the model in it as "
+                f"{spec}:NAME (an nn.Module subclass, or a function that returns one).")
         if path.suffix.lower() not in SUFFIXES and not path.is_file():
             return None
         return ModelSpec("pickle", spec, str(path), "custom")
