@@ -368,12 +368,12 @@ TORCH_LIBRARY_IMPL(HS_NAMESPACE, CPU, m) {
 """
 
 #: Runtime dispatch (GCC/Clang function multiversioning, x86-64 ELF): an AVX2+FMA clone and a
-#: baseline one, so one build serves every CPU that shares the cache. Measured on a 2-core
+#: baseline one, so one build serves every CPU a home folder is used from. Measured on a 2-core
 #: Xeon, 800K float32 values, one thread: plain -O3 (SSE2) 4-6 GB/s, -O3 -mavx2 -mfma 19-24
 #: GB/s, these clones the same as -mavx2 (``x.sum()``: ~27 GB/s). "arch=haswell" won't do:
 #: GCC dispatches it on the CPU model, not on its features, so newer CPUs got the baseline.
 CLONES = '__attribute__((target_clones("arch=x86-64-v3", "default")))'
-#: No -march=native: the cache may be shared by machines with different CPUs.
+#: No -march=native: one user's cache may serve machines with different CPUs (a home on NFS).
 CFLAGS: tuple[str, ...] = ("-O3", "-fopenmp")
 LDFLAGS: tuple[str, ...] = ("-fopenmp",)
 
