@@ -136,8 +136,9 @@ def held_signals() -> Iterator[None]:
             mask(signal.SIG_SETMASK, blocked)  # a pending signal is noted now
         for number, handler in previous.items():
             signal.signal(number, handler)
-        if came:
-            previous[came[0]](came[0], None)
+        handler = previous.get(came[0]) if came else None
+        if callable(handler):
+            handler(came[0], None)
 
 
 def _worker_signals(_: int) -> None:
