@@ -24,6 +24,7 @@ import torch
 import hookscope.stats as stats
 from hookscope import kernels
 from hookscope.stats import _moments_host, collect_stats
+from tests.bounds import U32, diff_chain, sum_bound
 from tests.test_stats import CASES, REL, _from, assert_close, reference
 
 pytestmark = pytest.mark.slow  # the first build compiles for tens of seconds
@@ -152,28 +153,9 @@ DIFF_CASES = {
 }
 
 
-#: The unit roundoff of float32 and of float64 (half of each machine epsilon).
-U32, U64 = 2.0 ** -24, 2.0 ** -53
-
-
-def sum_bound(terms: torch.Tensor, chain: int) -> float:
-    """The worst-case error of a sum of these float64 ``terms`` (>= 0) computed from float32
-    inputs as the code does: every float32 partial sum chains at most ``chain`` additions,
-    which add at most (chain - 1)·u·Σ|x| (Higham, Accuracy and Stability of Numerical
-    Algorithms, 2002, eq. 4.4); each term is off by at most 3u (rounding a difference, then
-    its square); the partial sums and the reference are added in float64."""
-    total = float(terms.abs().sum())
-    return (chain + 2) * U32 * total + 2 * terms.numel() * U64 * total
-
-
 def _chain(path: str, kernel_op) -> int:
-    """The longest float32 addition chain of the diff sums: the kernel adds 16 values a lane
-    (kWindow) and the two halves of a step; the torch path takes each chunk's dot in float32."""
-    import hookscope.diff as diff
-
-    if _uses_kernel(path, kernel_op):
-        return 16 + 1
-    return min(diff._CHUNK * torch.get_num_threads(), diff._MAX_CHUNK)
+    """The diff sums' longest float32 addition chain on this path (see ``diff_chain``)."""
+    return diff_chain(_uses_kernel(path, kernel_op))
 
 
 @pytest.mark.parametrize("case", sorted(DIFF_CASES))
