@@ -238,8 +238,10 @@ def test_collect_stats_agrees_with_and_without_kernel(tiny_net, kernel_op,
         assert (on.name, on.call, on.zero_fraction, on.nonfinite) == \
             (off.name, off.call, off.zero_fraction, off.nonfinite)
         assert (on.min, on.max) == (off.min, off.max)
-        assert on.mean == pytest.approx(off.mean, rel=1e-5, abs=1e-7)
-        assert on.std == pytest.approx(off.std, rel=1e-5)
+        # Each path is within REL of the float64 reference (the tests above), so within
+        # 2 REL of each other; a mean near zero, within 2 REL of the spread it sums.
+        assert on.mean == pytest.approx(off.mean, rel=2 * REL, abs=2 * REL * off.std)
+        assert on.std == pytest.approx(off.std, rel=2 * REL)
 
 
 def test_disabled_by_environment(kernel_op, monkeypatch: pytest.MonkeyPatch) -> None:
