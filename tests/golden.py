@@ -127,8 +127,11 @@ def _run(argv: list[str], out: Path, code: int) -> str:
     from hookscope.cli import app
     from hookscope.render import console
 
-    console._stdout = None  # made afresh, at WIDTH columns
-    result = CliRunner().invoke(app, argv, env={"COLUMNS": WIDTH, "HOOKSCOPE_OFFLINE": "1"})
+    console._stdout = None  # made afresh, at WIDTH columns, and forgotten after
+    try:
+        result = CliRunner().invoke(app, argv, env={"COLUMNS": WIDTH, "HOOKSCOPE_OFFLINE": "1"})
+    finally:
+        console._stdout = None
     if result.exit_code != code:
         raise RuntimeError(f"{' '.join(argv)} exited {result.exit_code}, not {code}: "
                            f"{result.stderr}")
