@@ -7,6 +7,11 @@ these flags and this torch is already in the cache, and None otherwise, so ``sta
 It never compiles: that takes tens of seconds and happens only when asked for, through
 ``python -m hookscope.kernels`` (which ``make install`` runs). ``HOOKSCOPE_KERNELS=0``
 disables the kernel; ``HOOKSCOPE_CACHE`` moves the cache from ``~/.cache/hookscope``.
+
+A library is code run in every process that loads it, so the cache is trusted only when
+nobody else could have written it: the library and every folder above it must belong to
+this user (or root) and be writable by neither group nor others (see :func:`unsafe`).
+Otherwise hookscope says so in one line and uses the torch path, and ``build`` refuses.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import hashlib
 import logging
 import os
 import platform
+import stat
 import sys
 import time
 import warnings
@@ -25,7 +31,9 @@ from typing import Any
 import torch
 
 __all__ = ["DiffOp", "MomentsOp", "build", "build_dir", "cache_key", "enabled", "fused",
-           "fused_diff", "main", "reset"]
+           "fused_diff", "main", "reset", "unsafe"]
+
+log = logging.getLogger("hookscope")
 
 #: The op's result: numel, finite count, mean, M2, min, max, zeros, non-finite count.
 MomentsOp = Callable[[torch.Tensor, bool], tuple[int, int, float, float, float, float, int, int]]
@@ -360,12 +368,12 @@ TORCH_LIBRARY_IMPL(HS_NAMESPACE, CPU, m) {
 """
 
 #: Runtime dispatch (GCC/Clang function multiversioning, x86-64 ELF): an AVX2+FMA clone and a
-#: baseline one, so one build serves every CPU that shares the cache. Measured on a 2-core
+#: baseline one, so one build serves every CPU a home folder is used from. Measured on a 2-core
 #: Xeon, 800K float32 values, one thread: plain -O3 (SSE2) 4-6 GB/s, -O3 -mavx2 -mfma 19-24
 #: GB/s, these clones the same as -mavx2 (``x.sum()``: ~27 GB/s). "arch=haswell" won't do:
 #: GCC dispatches it on the CPU model, not on its features, so newer CPUs got the baseline.
 CLONES = '__attribute__((target_clones("arch=x86-64-v3", "default")))'
-#: No -march=native: the cache may be shared by machines with different CPUs.
+#: No -march=native: one user's cache may serve machines with different CPUs (a home on NFS).
 CFLAGS: tuple[str, ...] = ("-O3", "-fopenmp")
 LDFLAGS: tuple[str, ...] = ("-fopenmp",)
 
@@ -417,12 +425,43 @@ def _namespace() -> str:
     return f"hookscope_{cache_key()}"
 
 
+def unsafe(path: Path) -> str | None:
+    """Why code at ``path`` cannot be trusted, or None: it, or a folder above it, belongs to
+    a user other than this one and root, or is writable by its group or by others.
+
+    A folder with the sticky bit (``/tmp``) passes: there each user can replace only their
+    own entries, and the entries below are checked in turn. Without POSIX owners (Windows)
+    nothing is checked.
+    """
+    if not hasattr(os, "getuid"):
+        return None
+    real = path.resolve()
+    for part in (real, *real.parents):
+        try:
+            info = part.stat()
+        except OSError as exc:
+            return f"{part} cannot be checked ({exc.strerror})"
+        if info.st_uid not in (os.getuid(), 0):
+            return f"{part} belongs to another user (uid {info.st_uid})"
+        sticky = stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX
+        if info.st_mode & 0o022 and not sticky:
+            return f"{part} is writable by {'others' if info.st_mode & 0o002 else 'its group'}"
+    return None
+
+
 def _load(directory: Path) -> Any:
-    """The ops from the complete build in ``directory``, loaded once per process; else None."""
+    """The ops from the complete build in ``directory``, loaded once per process; else None
+    (with one line saying why when the build is there but cannot be trusted)."""
     key = cache_key()
     library = directory / f"{_namespace()}.so"
     if not (directory / _DONE).is_file() or not library.is_file():
         return None
+    if (why := unsafe(library)) is not None:
+        log.warning("not loading the compiled kernel %s: %s; statistics use the torch path. "
+                    "Build it in a cache only you can write (python -m hookscope.kernels).",
+                    library, why)
+        return None
+    library = library.resolve()  # the path just checked, whatever links may change later
     if key in _loaded:  # the same build, already loaded from this or another folder
         return _loaded[key]
     try:
@@ -477,13 +516,16 @@ def build(root: Path | None = None, *, verbose: bool = False) -> Path:
     from torch.utils.cpp_extension import load
 
     directory = build_dir(root)
+    _private_folders(directory)
+    if (why := unsafe(directory)) is not None:
+        raise RuntimeError(f"refusing to build into {directory}: {why}; choose a cache only "
+                           "you can write with HOOKSCOPE_CACHE")
     if _load(directory) is not None:
         return directory
     if cache_key() in _loaded:
         # load() would load a second copy, registering the op's namespace twice.
         raise RuntimeError(f"this kernel is already loaded from another folder; build into "
                            f"{directory} from a fresh process (python -m hookscope.kernels)")
-    directory.mkdir(parents=True, exist_ok=True)
     name = _namespace()
     source = directory / f"{name}.cpp"
     source.write_text(SOURCE.replace("HS_NAMESPACE", name).replace("HS_CLONES", _clones()))
@@ -491,10 +533,19 @@ def build(root: Path | None = None, *, verbose: bool = False) -> Path:
     load(name=name, sources=[str(source)], extra_cflags=list(CFLAGS),
          extra_ldflags=list(LDFLAGS), build_directory=str(directory), is_python_module=False,
          verbose=verbose)
+    for built in directory.iterdir():  # a umask of 002 must not make the library untrusted
+        built.chmod(built.stat().st_mode & ~0o022)
     (directory / _DONE).write_text(f"{time.time():.0f}\n")
     _loaded[cache_key()] = getattr(torch.ops, name)
     reset()
     return directory
+
+
+def _private_folders(directory: Path) -> None:
+    """Create ``directory`` and the missing folders above it, writable by this user alone."""
+    missing = [part for part in (directory, *directory.parents) if not part.exists()]
+    for part in reversed(missing):
+        part.mkdir(mode=0o700, exist_ok=True)
 
 
 def _reason(exc: Exception) -> str:

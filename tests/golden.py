@@ -1,252 +1,325 @@
-"""Golden outputs: every command's JSON and CSV on the sample images, recorded and compared.
+"""Golden outputs: one recorded output per command and format, compared field by field.
 
-The files under ``tests/golden/`` were recorded before the run pipeline was rebuilt
-(issue 8); ``tests/test_golden.py`` checks that today's outputs still equal them, up to
-float rounding and the documented fixes listed in :data:`DOCUMENTED`.
+Every case runs the CLI in-process on the seeded tiny model ``tests/golden_model.py:Tiny``
+(``--weights none``, 32 px, the two sample images), with one thread, tables at a fixed width
+of 160 columns. Only what cannot repeat is normalised: this checkout's and the temporary
+folder's paths, the versions of hookscope, torch, torchvision and Python, timestamps,
+embedded images' bytes (kept as their format and size), and matplotlib's SVG ids. Nothing
+else is filtered: a field added to an output changes its golden file.
+
+To re-record after an intended change of outputs (new fields, new values)::
 
     python -m tests.golden record     # rewrite tests/golden/ from the current code
-    python -m tests.golden compare    # print the differences
+    git diff tests/golden             # exactly what changed: review it, commit it
+    python -m tests.golden compare    # print the differences without writing
+
+Numbers are compared with tolerances derived from how they are computed (see
+:func:`tolerance`), so the goldens hold on any CPU (AVX2 or AVX-512, Intel or AMD).
 """
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
 import math
 import os
+import platform
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
-SMALL = ["--weights", "none", "--size", "96"]
+MODEL = "tests/golden_model.py:Tiny"
 IMAGES = ["sample_images/cat.jpg", "sample_images/coffee.jpg"]
-
-#: name -> CLI arguments. Paths are relative to the repository root; ``OUT`` is replaced
-#: by a fresh folder name under the working directory.
-CASES: dict[str, list[str]] = {
-    "stats.json": ["stats", "resnet18", *IMAGES, *SMALL, "-f", "json"],
-    "stats.csv": ["stats", "resnet18", *IMAGES, *SMALL, "-f", "csv", "--input-stats"],
-    "stats_layers.json": ["stats", "resnet18", *IMAGES, *SMALL, "-f", "json", "--max-depth", "2",
-                          "--type", "Sequential"],
-    "models.json": ["models", "resnet", "-f", "json"],
-    "layers.json": ["layers", "resnet18", IMAGES[0], *SMALL, "-f", "json"],
-    "layers.csv": ["layers", "mobilenet_v3_small", *SMALL, "-f", "csv"],
-    "debug.json": ["debug", "resnet18", *IMAGES, *SMALL, "-f", "json", "--layers", "layer1.*"],
-    "debug.ndjson": ["debug", "resnet18", IMAGES[0], *SMALL, "-f", "ndjson", "--max-depth", "1"],
-    "gradcam.json": ["gradcam", "resnet18", *IMAGES, *SMALL, "-f", "json", "-m", "gradcam",
-                     "-m", "eigencam", "--out", "OUT", "--save-raw"],
-    "grads.json": ["grads", "resnet18", *IMAGES, *SMALL, "-f", "json"],
-    "grads.csv": ["grads", "resnet18", *IMAGES, *SMALL, "-f", "csv", "--loss", "ce",
-                  "--label", "3"],
-    "features.json": ["features", "resnet18", *IMAGES, *SMALL, "-f", "json", "--layer",
-                      "layer1.0.conv1", "--layer", "layer2.*.conv2", "--out", "OUT"],
-    "features.csv": ["features", "resnet18", IMAGES[0], *SMALL, "-f", "csv", "--type", "MaxPool2d",
-                     "--out", "OUT"],
-    "ablate.json": ["ablate", "resnet18", *IMAGES, *SMALL, "-f", "json", "--layer", "layer4",
-                    "--channels", "0-63", "--mode", "noise:0.5"],
-    "ablate.csv": ["ablate", "resnet18", IMAGES[0], *SMALL, "-f", "csv", "--layer", "layer4.1.conv2",
-                   "--channels", "0-15"],
-    "sweep.json": ["ablate", "resnet18", IMAGES[0], *SMALL, "-f", "json", "--layer",
-                   "layer4.1.conv2", "--channels", "0-47", "--sweep", "--sweep-batch", "16"],
-    "sweep.csv": ["ablate", "resnet18", *IMAGES, *SMALL, "-f", "csv", "--layer", "layer3",
-                  "--channels", "0-9", "--sweep"],
-}
-
-def _drop_column(name: str) -> Callable[[Any, Any], tuple[Any, Any]]:
-    """A CSV column added since the recording: compare the others."""
-    def change(recorded: Any, new: Any) -> tuple[Any, Any]:
-        index = new[0].index(name)
-        return recorded, [row[:index] + row[index + 1:] for row in new]
-    return change
+SMALL = ["--weights", "none", "--size", "32"]
+RUN = [MODEL, *IMAGES, *SMALL]
+#: The width tables are drawn at.
+WIDTH = "160"
 
 
-def _json_spelling(recorded: Any, new: Any) -> tuple[Any, Any]:
-    """CSV booleans are written as JSON spells them (true/false), no longer True/False."""
-    spelt = {"True": "true", "False": "false"}
-    return [[spelt.get(c, c) if isinstance(c, str) else c for c in row] for row in recorded], new
+@dataclass(frozen=True)
+class Case:
+    """A command line (``OUT`` is a fresh folder), the file it writes there to record instead
+    of stdout, its exit code, and what it needs in ``OUT`` first."""
+
+    args: list[str]
+    read: str | None = None
+    code: int = 0
+    setup: Callable[[Path], None] | None = None
 
 
-def _leaves_only(recorded: Any, new: Any) -> tuple[Any, Any]:
-    """``--layers 'layer1.*'`` selects the leaves under layer1, as the README says, no longer
-    the BasicBlock containers layer1.0 and layer1.1 too."""
-    containers = {"layer1.0", "layer1.1"}
-    events = [e for e in recorded["events"] if e.get("name") not in containers]
-    dropped = sum(1 for e in recorded["events"]
-                  if e.get("name") in containers and e["event"] == "exit")
-    summary = recorded["summary"] | {"calls": recorded["summary"]["calls"] - dropped}
-    return recorded | {"events": events, "summary": summary}, new
+def _stats_documents(out: Path) -> None:
+    """Two stats documents of different seeds: a baseline and another run."""
+    for seed, name in (("0", "a.json"), ("1", "b.json")):
+        _run(["stats", *RUN, "--seed", seed, "-f", "json", "-o", str(out / name)], out, 0)
 
 
-def _new_key(key: str) -> Callable[[Any, Any], tuple[Any, Any]]:
-    """A JSON field added since the recording."""
-    return lambda recorded, new: (recorded, {k: v for k, v in new.items() if k != key})
+def _other_weights(out: Path) -> None:
+    """A checkpoint of the tiny model with another seed, for a live diff."""
+    import torch
+
+    from tests.golden_model import Tiny
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        torch.save(Tiny().state_dict(), out / "other.pt")
 
 
-#: Fields the envelope gained since the recording (issue 9): the model's source, its labels,
-#: its preprocessing and, under ``weights``, its class count.
-ENVELOPE_ADDITIONS = ("source", "labels", "preprocessing", "precision")
+CHECK = ["check", *RUN, "--max-zero-fraction", "0.5"]  # the ReLUs' 55% zeros fail it
+SWEEP = ["ablate", *RUN, "--layer", "features.3", "--channels", "0-7", "--sweep"]
 
-
-def _without_envelope_additions(doc: Any) -> Any:
-    if isinstance(doc, list):
-        return [_without_envelope_additions(d) for d in doc]
-    if not isinstance(doc, dict) or "weights" not in doc:
-        if isinstance(doc, dict) and isinstance(doc.get("summary"), dict):
-            return doc | {"summary": _without_envelope_additions(doc["summary"])}
-        return doc
-    kept = {k: v for k, v in doc.items() if k not in ENVELOPE_ADDITIONS}
-    if isinstance(doc["weights"], dict):
-        kept["weights"] = {k: v for k, v in doc["weights"].items() if k != "num_classes"}
-    if isinstance(kept.get("summary"), dict):
-        kept["summary"] = _without_envelope_additions(kept["summary"])
-    return kept
-
-
-#: Fields ``layers`` gained since the recording (issue 9): FLOPs, MACs and bytes.
-LAYERS_ADDITIONS = ("flops", "macs", "flops_own", "macs_own", "params_bytes",
-                    "params_bytes_total", "output_bytes", "activation_bytes", "input_bytes")
-
-
-def _without(keys: tuple[str, ...], doc: Any) -> Any:
-    if isinstance(doc, list):
-        return [_without(keys, d) for d in doc]
-    if isinstance(doc, dict):
-        return {k: _without(keys, v) for k, v in doc.items() if k not in keys}
-    return doc
-
-
-def _layers_json(recorded: Any, new: Any) -> tuple[Any, Any]:
-    return recorded, _without(LAYERS_ADDITIONS, new)
-
-
-def _layers_csv(recorded: Any, new: Any) -> tuple[Any, Any]:
-    """Five columns added at the end (FLOPs, MACs, bytes), and JSON-spelt booleans."""
-    return _json_spelling(recorded, [row[:10] for row in new])
-
-
-#: Fields ``gradcam`` gained since the recording (issue 11): several layers, the task, the
-#: smoothing options, metrics and skipped inputs; each result's ``layers`` and (issue 21)
-#: ``constant``.
-GRADCAM_ADDITIONS = ("layers", "layer_shapes", "task", "aug_smooth", "eigen_smooth", "guided",
-                     "metrics", "skipped")
-
-
-def _gradcam_json(recorded: Any, new: Any) -> tuple[Any, Any]:
-    kept = {k: v for k, v in new.items() if k not in GRADCAM_ADDITIONS}
-    kept["results"] = [{k: v for k, v in row.items() if k not in ("layers", "constant")}
-                       for row in new["results"]]
-    return recorded, kept
-
-
-#: Documented changes since the recording (issue 8): case -> a function of the recorded and
-#: the new output that takes out the documented difference and nothing else.
-DOCUMENTED: dict[str, Callable[[Any, Any], tuple[Any, Any]]] = {
-    "stats.csv": _drop_column("output_shapes"),
-    "layers.csv": _layers_csv,
-    "layers.json": _layers_json,
-    "debug.json": _leaves_only,
-    "grads.json": _new_key("first_nonfinite_param"),
-    "gradcam.json": _gradcam_json,
+CASES: dict[str, Case] = {
+    "stats.json": Case(["stats", *RUN, "-f", "json", "--percentiles", "1,50,99"]),
+    "stats.csv": Case(["stats", *RUN, "-f", "csv", "--input-stats"]),
+    "stats.txt": Case(["stats", *RUN]),
+    "stats_channels.json": Case(["stats", *RUN, "-f", "json", "--per-channel", "--layers",
+                                 "features.3"]),
+    "models.json": Case(["models", "resnet", "-f", "json"]),
+    "models.csv": Case(["models", "resnet", "-f", "csv"]),
+    "models.txt": Case(["models", "resnet"]),
+    "layers.json": Case(["layers", MODEL, IMAGES[0], *SMALL, "-f", "json"]),
+    "layers.csv": Case(["layers", MODEL, IMAGES[0], *SMALL, "-f", "csv"]),
+    "layers.txt": Case(["layers", MODEL, IMAGES[0], *SMALL]),
+    "debug.json": Case(["debug", *RUN, "-f", "json"]),
+    "debug.ndjson": Case(["debug", MODEL, IMAGES[0], *SMALL,
+                          "-f", "ndjson", "--max-depth", "1"]),
+    "gradcam.json": Case(["gradcam", *RUN, "-f", "json", "-m", "gradcam", "-m", "eigencam",
+                          "--out", "OUT/cams", "--save-raw"]),
+    "grads.json": Case(["grads", *RUN, "-f", "json"]),
+    "grads.csv": Case(["grads", *RUN, "-f", "csv", "--loss", "ce", "--label", "3"]),
+    "grads.txt": Case(["grads", *RUN]),
+    "features.json": Case(["features", *RUN, "-f", "json", "--layer", "features.0",
+                           "--layer", "features.3", "--out", "OUT/maps"]),
+    "features.csv": Case(["features", MODEL, IMAGES[0], *SMALL, "-f", "csv", "--type", "ReLU",
+                          "--out", "OUT/maps"]),
+    "ablate.json": Case(["ablate", *RUN, "-f", "json", "--layer", "features.3", "--channels",
+                         "0-7", "--mode", "noise:0.5"]),
+    "ablate.csv": Case(["ablate", *RUN, "-f", "csv", "--layer", "features.3", "--channels",
+                        "0-3"]),
+    "ablate.txt": Case(["ablate", *RUN, "--layer", "features.3", "--channels", "0-3"]),
+    "sweep.json": Case([*SWEEP, "-f", "json", "--sweep-batch", "4"]),
+    "sweep.csv": Case([*SWEEP, "-f", "csv"]),
+    "check.txt": Case(CHECK, code=1),
+    "check.json": Case([*CHECK, "-f", "json", "--baseline", "OUT/b.json", "--max-mean-drift",
+                        "0.5"], code=1, setup=_stats_documents),
+    "check.github": Case([*CHECK, "-f", "github"], code=1),
+    "check.junit.xml": Case([*CHECK, "--junit", "OUT/check.xml"], read="check.xml", code=1),
+    "diff.json": Case(["diff", *RUN, "-f", "json", "--against-weights", "OUT/other.pt"],
+                      setup=_other_weights),
+    "diff.txt": Case(["diff", *RUN, "--against-weights", "OUT/other.pt"], setup=_other_weights),
+    "diff_offline.json": Case(["diff", "OUT/a.json", "OUT/b.json", "-f", "json"],
+                              setup=_stats_documents),
+    "diff_offline.txt": Case(["diff", "OUT/a.json", "OUT/b.json"], setup=_stats_documents),
+    "report.html": Case(["report", *RUN, "-o", "OUT/report.html"], read="report.html"),
 }
 
 
-def _run(args: list[str], workdir: Path) -> str:
+def _run(argv: list[str], out: Path, code: int) -> str:
     from typer.testing import CliRunner
 
     from hookscope.cli import app
+    from hookscope.render import console
 
-    out = workdir / "out"
-    argv = [str(out) if a == "OUT" else a for a in args]
-    result = CliRunner().invoke(app, argv)
-    if result.exit_code != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {result.exit_code}: {result.stderr}")
-    return result.stdout.replace(str(out), "OUT")
-
-
-def outputs() -> Iterator[tuple[str, str]]:
-    """Every case's output, run in-process from the repository root."""
-    os.environ.setdefault("HOOKSCOPE_OFFLINE", "1")
-    os.environ.setdefault("COLUMNS", "200")
-    cwd = Path.cwd()
-    os.chdir(ROOT)
+    console._stdout = None  # made afresh, at WIDTH columns, and forgotten after
     try:
-        for name, args in CASES.items():
-            with tempfile.TemporaryDirectory(prefix="hookscope-golden-") as tmp:
-                yield name, _run(args, Path(tmp))
+        result = CliRunner().invoke(app, argv, env={"COLUMNS": WIDTH, "HOOKSCOPE_OFFLINE": "1"})
     finally:
+        console._stdout = None
+    if result.exit_code != code:
+        raise RuntimeError(f"{' '.join(argv)} exited {result.exit_code}, not {code}: "
+                           f"{result.stderr}")
+    return result.stdout
+
+
+def output(name: str) -> str:
+    """One case's output, normalised, run in-process from the repository root on one thread."""
+    import torch
+
+    case = CASES[name]
+    cwd, threads = Path.cwd(), torch.get_num_threads()
+    os.chdir(ROOT)
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="hookscope-golden-") as tmp:
+            out = Path(tmp)
+            if case.setup is not None:
+                case.setup(out)
+            text = _run([a.replace("OUT", str(out)) for a in case.args], out, case.code)
+            if case.read is not None:
+                text = (out / case.read).read_text(encoding="utf-8")
+            return normalise(text, out)
+    finally:
+        torch.set_num_threads(threads)
         os.chdir(cwd)
 
 
+def _versions() -> dict[str, str]:
+    import torch
+    import torchvision
+
+    import hookscope
+
+    return {hookscope.__version__: "<hookscope-version>", torch.__version__: "<torch-version>",
+            torchvision.__version__: "<torchvision-version>",
+            platform.python_version(): "<python-version>"}
+
+
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?")
+#: Matplotlib's SVG ids: a hash of the drawn path, which float noise changes.
+SVG_ID = re.compile(r"(?<=[\"#(])[mp][0-9a-f]{10}(?=[\")])")
+IMAGE = re.compile(r"data:image/(png|jpeg|webp);base64,([A-Za-z0-9+/=]+)")
+
+
+def _image_size(match: re.Match[str]) -> str:
+    """An embedded image as its format and size: its bytes depend on the codec's version."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(match.group(2)))) as image:
+        size = f"{image.width}x{image.height}"
+    return f"data:image/{match.group(1)};base64,<{match.group(1)} {size}>"
+
+
+def normalise(text: str, out: Path) -> str:
+    """What cannot repeat from one run or machine to another, replaced by a placeholder."""
+    text = text.replace(str(out), "OUT").replace(f"{ROOT}/", "").replace(str(ROOT), ".")
+    for version, placeholder in sorted(_versions().items(), key=lambda kv: -len(kv[0])):
+        text = re.sub(rf'(?<![\w.]){re.escape(version)}(?![\w])', placeholder, text)
+    text = SVG_ID.sub("<svg-id>", TIMESTAMP.sub("<time>", text))
+    return IMAGE.sub(_image_size, text)
+
+
+# ---------------------------------------------------------------------------- comparing
+
+#: Relative noise allowed in a float, of its operands' magnitude. A float32 sum of n terms
+#: is off by at most n·u·Σ|x| (u = 2^-24): the tiny model's longest float32 sums are its
+#: 16x16 average pool (256 terms) and its convolutions (72), so another order of summation
+#: (another SIMD width or CPU) moves a layer's output by at most 256·u = 1.5e-5 of its
+#: operands, and four such layers deep by 6e-5. The statistics' own sums are float64, or
+#: float32 held to 1e-4 by tests/test_stats.py.
+REL = 1e-4
+#: The largest |logit| of the tiny model on the sample images is about 5 (logits scaled by 10,
+#: see ``golden_model.Tiny``): differences of logits are held to REL of this.
+LOGITS = 10.0
+#: Fields that are differences of logits: their operands are logits, not the result.
+LOGIT_DIFFERENCES = frozenset({"drop", "delta_logit", "logit_drop"})
+
+
+def tolerance(field: str, value: float, row: dict[str, Any]) -> float:
+    """The absolute tolerance of a float ``field`` in ``row``: REL of its operands' magnitude.
+
+    A difference of logits: REL of the logits' magnitude. Any other float: REL of the largest
+    float in its row (a mean near zero is the sum of values as large as the row's min, max
+    and std, and carries their noise, not a noise relative to itself).
+    """
+    if field in LOGIT_DIFFERENCES:
+        return REL * max(abs(value), LOGITS)
+    floats = [abs(v) for v in row.values() if isinstance(v, float) and math.isfinite(v)]
+    return REL * max([abs(value), *floats])
+
+
 def parse(name: str, text: str) -> Any:
-    """JSON, NDJSON (a list of documents) or CSV (a list of rows, numbers as floats)."""
+    """JSON, NDJSON (a list), CSV (a list of rows as dicts) or text (a list of lines)."""
     if name.endswith(".ndjson"):
         return [json.loads(line) for line in text.splitlines() if line.strip()]
     if name.endswith(".json"):
         return json.loads(text)
-    rows = list(csv.reader(io.StringIO(text)))
-    return [[_number(cell) for cell in row] for row in rows]
+    if name.endswith(".csv"):
+        return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(io.StringIO(text))]
+    return text.splitlines()
 
 
-def _number(cell: str) -> Any:
-    try:
-        return float(cell)
-    except ValueError:
-        return cell
+def _cell(cell: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(cell)
+        except ValueError:
+            pass
+    return cell
 
 
-def differences(a: Any, b: Any, path: str = "", rel: float = 1e-4) -> list[str]:
-    """Where two parsed outputs differ; floats are equal within ``rel`` (or 1e-6 absolute)."""
+def differences(a: Any, b: Any, path: str = "", field: str = "", row: Any = None
+                ) -> list[str]:
+    """Where a recorded and a new parsed output differ: strings, ints and bools exactly,
+    floats within :func:`tolerance`, lines of text within :func:`line_differences`."""
     if isinstance(a, dict) and isinstance(b, dict):
-        found = [f"{path}.{k}: only in the recording" for k in a if k not in b]
-        found += [f"{path}.{k}: only in the new output" for k in b if k not in a]
-        common = [k for k in b if k in a]
-        if [k for k in a if k in b] != common:
-            found.append(f"{path}: keys in another order: {common}")
-        for k in a:
-            if k in b:
-                found += differences(a[k], b[k], f"{path}.{k}", rel)
-        return found
+        if list(a) != list(b):
+            return [f"{path}: keys {list(a)} != {list(b)}"]
+        return [d for k in a for d in differences(a[k], b[k], f"{path}.{k}", k, a)]
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return [f"{path}: length {len(a)} != {len(b)}"]
-        pairs = enumerate(zip(a, b, strict=True))
-        return [d for i, (x, y) in pairs for d in differences(x, y, f"{path}[{i}]", rel)]
-    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        if math.isclose(a, b, rel_tol=rel, abs_tol=1e-6) or (math.isnan(a) and math.isnan(b)):
+        if all(isinstance(x, str) for x in a) and a and all(isinstance(x, str) for x in b):
+            if path == "":  # text: one line each
+                return [d for i, (x, y) in enumerate(zip(a, b, strict=True))
+                        for d in line_differences(x, y, f"line {i + 1}")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True))
+                for d in differences(x, y, f"{path}[{i}]", field, row)]
+    if type(a) is float and type(b) in (float, int):
+        if math.isclose(a, b, rel_tol=0, abs_tol=tolerance(field, a, row or {})):
             return []
-    elif a == b:
+    elif type(a) is int and type(b) is float and a == b:
+        return []
+    elif a == b and type(a) is type(b):
         return []
     return [f"{path}: {a!r} != {b!r}"]
 
 
-def compare() -> dict[str, list[str]]:
-    """Per case, the differences between the recording (updated by DOCUMENTED) and now."""
-    found: dict[str, list[str]] = {}
-    for name, text in outputs():
-        recorded = parse(name, (GOLDEN / name).read_text(encoding="utf-8"))
-        new = _without_envelope_additions(parse(name, text))
-        if name in DOCUMENTED:
-            recorded, new = DOCUMENTED[name](recorded, new)
-        diff = differences(recorded, new)
-        if diff:
-            found[name] = diff
-    return found
+NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+
+
+def line_differences(a: str, b: str, where: str) -> list[str]:
+    """A line of text: the words alike (runs of spaces aside, since a table's columns take
+    their width from what they print) and each number within REL of the line's largest
+    number, or one unit of its last printed digit (a value on a rounding boundary)."""
+    words_a, words_b = NUMBER.split(a), NUMBER.split(b)
+    numbers_a, numbers_b = NUMBER.findall(a), NUMBER.findall(b)
+    if len(numbers_a) != len(numbers_b) or \
+            [" ".join(w.split()) for w in words_a] != [" ".join(w.split()) for w in words_b]:
+        return [f"{where}: {a.strip()!r} != {b.strip()!r}"]
+    scale = max([abs(float(n)) for n in numbers_a] or [0.0])
+    for x, y in zip(numbers_a, numbers_b, strict=True):
+        if abs(float(x) - float(y)) > max(REL * scale, _last_digit(x), _last_digit(y)):
+            return [f"{where}: {x} != {y} in {a.strip()!r} / {b.strip()!r}"]
+    return []
+
+
+def _last_digit(number: str) -> float:
+    """One unit of the last printed digit: 0.01 for ``1.25``, 1e-6 for ``1.5e-05``."""
+    mantissa, _, exponent = number.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** max(-300, min(300, int(exponent or 0) - decimals))
+
+
+def compare(name: str) -> list[str]:
+    """The differences between the recording of ``name`` and its output now."""
+    recorded = (GOLDEN / name).read_text(encoding="utf-8")
+    return differences(parse(name, recorded), parse(name, output(name)))
+
+
+def record(names: Iterator[str] | list[str]) -> None:
+    GOLDEN.mkdir(exist_ok=True)
+    for stale in set(p.name for p in GOLDEN.iterdir()) - set(CASES):
+        (GOLDEN / stale).unlink()
+    for name in names:
+        (GOLDEN / name).write_text(output(name), encoding="utf-8")
+        print(f"recorded {name}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
+    os.environ.setdefault("HOOKSCOPE_OFFLINE", "1")
+    names = [n for n in argv[1:] if n in CASES] or list(CASES)
     if argv[:1] == ["record"]:
-        GOLDEN.mkdir(exist_ok=True)
-        for name, text in outputs():
-            (GOLDEN / name).write_text(text, encoding="utf-8")
-            print(f"recorded {name}", file=sys.stderr)
+        record(names)
         return 0
     if argv[:1] == ["compare"]:
-        found = compare()
+        found = {name: diff for name in names if (diff := compare(name))}
         for name, diff in found.items():
             print(f"{name}: {len(diff)} difference(s)")
             for line in diff[:20]:

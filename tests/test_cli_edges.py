@@ -39,19 +39,34 @@ def leftovers(folder: Path) -> list[str]:
 def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     env = os.environ | {"HOOKSCOPE_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "hookscope", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
-def _stop_midway(args: list[str], cwd: Path, signum: int) -> tuple[int, str]:
-    """Start a long run, wait until the model has loaded and is running, send ``signum``."""
+#: A hang guard, not an expected duration: a stopped run that has not ended by then is stuck.
+HANG_GUARD = 300
+
+
+def _stop_midway(args: list[str], cwd: Path, signum: int, group: bool = False
+                 ) -> tuple[int, str]:
+    """Start a long run, wait until the model has loaded and is running, send ``signum`` to
+    it, or to its whole process group (its DataLoader workers too) as a terminal's Ctrl-C or
+    a service manager's stop does."""
     proc = _start(args, cwd)
     assert proc.stderr is not None
     line = proc.stderr.readline()  # the random-initialisation warning: the model is loaded
     assert RANDOM_INIT in line, line
     time.sleep(1.0)
     assert proc.poll() is None, "the run ended before the signal"
-    proc.send_signal(signum)
-    _, rest = proc.communicate(timeout=120)
+    if group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    try:
+        _, rest = proc.communicate(timeout=HANG_GUARD)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode, rest
 
 
@@ -71,11 +86,19 @@ def many(tmp_path_factory) -> Path:
     (signal.SIGTERM, ["features", "--layer", "layer1.0.conv1", "--out", "out"]),
     (signal.SIGINT, ["features", "--layer", "conv1", "--out", "out", "-b", "4"]),
     (signal.SIGTERM, ["stats", "--workers", "2", "-b", "4", "-f", "json", "-o", "stats.json"]),
-], ids=["stats-TERM", "gradcam-HUP", "features-TERM", "features-INT", "stats-workers-TERM"])
+    (signal.SIGTERM, ["stats", "--workers", "2", "-b", "4", "-f", "json", "-o", "stats.json",
+                      "group"]),
+    (signal.SIGINT, ["stats", "--workers", "2", "-b", "4", "-f", "json", "-o", "stats.json",
+                     "group"]),
+    (signal.SIGHUP, ["stats", "--workers", "2", "-b", "4", "-f", "json", "-o", "stats.json",
+                     "group"]),
+], ids=["stats-TERM", "gradcam-HUP", "features-TERM", "features-INT", "stats-workers-TERM",
+        "stats-workers-group-TERM", "stats-workers-group-INT", "stats-workers-group-HUP"])
 def test_a_signal_midway_leaves_nothing_and_says_so(tmp_path, many, signum, command) -> None:
     name, *options = command
-    code, stderr = _stop_midway([name, "resnet50", str(many), "--weights", "auto", *options],
-                                tmp_path, signum)
+    group = options[-1] == "group"
+    code, stderr = _stop_midway([name, "resnet50", str(many), "--weights", "auto",
+                                 *options[:len(options) - group]], tmp_path, signum, group)
     expected = 130 if signum == signal.SIGINT else 128 + signum
     assert code == expected, stderr
     lines = [ln for ln in stderr.strip().splitlines() if "note:" not in ln]
