@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e '.[test,lint]'
-	$(PY) -m hookscope.kernels || true  # optional: without it, stats use the torch path
+	$(PY) -m hookscope.probes.kernels || true  # optional: without it, stats use the torch path
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -20,7 +20,7 @@ import platform
 import torch
 from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
-from hookscope.ablate import sweep
+from hookscope.probes.ablate import sweep
 from hookscope.sources import load_model
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = load_model(args.model, weights="none", device="cpu").model
     x = torch.randn(1, 3, args.size, args.size)
-    from hookscope.structure import model_structure
+    from hookscope.probes.structure import model_structure
 
     layer = {r.name: r for r in model_structure(model, x).layers}[args.layer]
     channels = layer.calls[0].output_shapes[0][1]

@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from hookscope.diff import DiffProbe
-from hookscope.run import drive
+from hookscope.core.run import drive
+from hookscope.probes.diff import DiffProbe
 from hookscope.sources import LoadOptions, load
 
 GOAL = 1.5

@@ -17,7 +17,7 @@ import os
 import torch
 from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
-from hookscope.grads import collect_grads
+from hookscope.probes.grads import collect_grads
 from hookscope.sources import load_model
 
 

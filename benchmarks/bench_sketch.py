@@ -3,7 +3,7 @@ over [min, max], commit 28d4474), on activation-shaped tensors, whole output and
 
 Both run in one process, interleaved, on one torch thread, timed in the thread's CPU time
 (the minimum of each), so that a loaded machine inflates neither: the old module is read
-from git history (``git show REV:hookscope/sketch.py``), so the repository must hold that
+from git history (``git show REV:hookscope/probes/sketch.py``), so the repository must hold that
 commit. The time of each includes its range pass (``finite_range``), which each needs.
 
     python benchmarks/bench_sketch.py [--rev 28d4474] [--reps 7]
@@ -24,8 +24,8 @@ from types import ModuleType
 
 import torch
 
-from hookscope.channels import ChannelView
-from hookscope.sketch import Sketch, finite_range
+from hookscope.probes.channels import ChannelView
+from hookscope.probes.sketch import Sketch, finite_range
 
 #: (name, shape, transform): resnet-like outputs at batch 8.
 CASES = [
@@ -40,7 +40,7 @@ CASES = [
 def old_module(rev: str) -> ModuleType:
     """The replaced sketch module, loaded from git history."""
     root = Path(__file__).resolve().parents[1]
-    text = subprocess.run(["git", "show", f"{rev}:hookscope/sketch.py"], cwd=root, check=True,
+    text = subprocess.run(["git", "show", f"{rev}:hookscope/probes/sketch.py"], cwd=root, check=True,
                           capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "old_sketch.py"
     path.write_text(text)

@@ -5,7 +5,7 @@ Prints, per model and batch size, the ratio of collect_stats to a bare
 (the minimum of each, so a noisy neighbour inflates neither side), and the same ratio for a
 hand-written hook that calls ``output.mean().item()`` and ``output.std().item()``.
 ``--kernels both`` (the default when the compiled kernel is built: ``python -m
-hookscope.kernels``) times collect_stats with the kernel and with the torch path, interleaved.
+hookscope.probes.kernels``) times collect_stats with the kernel and with the torch path, interleaved.
 
 Then memory: how much each of a bare forward and collect_stats raises peak RSS. Each is
 measured in a fresh subprocess that loads the model, makes the input, and takes its baseline
@@ -35,8 +35,9 @@ import torch
 from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from torchvision.models import get_model
 
-from hookscope import collect_stats, kernels
-from hookscope.hooks import select_sites
+from hookscope import collect_stats
+from hookscope.core.hooks import select_sites
+from hookscope.probes import kernels
 
 #: growth(collect_stats) <= GOAL_FACTOR * growth(bare) + GOAL_SLACK_MIB
 GOAL_FACTOR = 1.10
@@ -100,9 +101,9 @@ def kernel_modes(choice: str) -> list[bool]:
     use_kernels(True)  # --kernels decides, whatever HOOKSCOPE_KERNELS says
     built = kernels.fused() is not None
     if choice == "on" and not built:
-        raise SystemExit("the compiled kernel is not built: run `python -m hookscope.kernels`")
+        raise SystemExit("the compiled kernel is not built: run `python -m hookscope.probes.kernels`")
     if choice == "both" and not built:
-        print("note: the compiled kernel is not built (python -m hookscope.kernels); "
+        print("note: the compiled kernel is not built (python -m hookscope.probes.kernels); "
               "timing the torch path only", file=sys.stderr)
         return [False]
     return {"on": [True], "off": [False], "both": [True, False]}[choice]

@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from hookscope.errors import HookscopeError, suggest
+from hookscope.core.errors import HookscopeError, suggest
 
 __all__ = ["ModelInfo", "find_hf_models", "find_models", "find_timm_models", "live_catalog",
            "name_matcher", "torchvision_catalog"]

@@ -1,7 +1,7 @@
 """The ``hookscope`` command line: options in, then source, probe, drive, emit.
 
 Each command only collects its options and wires the library together; errors, signals,
-outputs and progress are :mod:`hookscope.session`'s, drawing and writing are
+outputs and progress are :mod:`hookscope.core.session`'s, drawing and writing are
 :mod:`hookscope.render`'s. Start-up stays fast: torch and Rich are imported inside the
 commands, never at module level, so ``hookscope --help`` does not load them.
 """
@@ -19,7 +19,7 @@ from hookscope.options import Options, command, runs_model
 from hookscope.options import value as _value
 
 if TYPE_CHECKING:
-    from hookscope.diff import DiffReport
+    from hookscope.probes.diff import DiffReport
 
 app = o.App(
     name="hookscope",
@@ -68,9 +68,9 @@ def stats(
 
     Example: hookscope stats resnet18 cat.jpg --format json | jq '.layers[] | select(.nonfinite > 0)'
     """
-    from hookscope.outputs import warn_nonfinite_logits
-    from hookscope.sketch import parse_percentiles, percentile_key
-    from hookscope.stats import StatsProbe
+    from hookscope.core.outputs import warn_nonfinite_logits
+    from hookscope.probes.sketch import parse_percentiles, percentile_key
+    from hookscope.probes.stats import StatsProbe
 
     s, fmt = opts.s, _value(fmt)
     wanted = parse_percentiles(percentiles)
@@ -126,8 +126,8 @@ def layers_command(
 
     Example: hookscope layers resnet18 --max-depth 2 --weights none
     """
-    from hookscope.run import peek
-    from hookscope.structure import model_structure
+    from hookscope.core.run import peek
+    from hookscope.probes.structure import model_structure
 
     s = opts.s
     out = s.output(opts.output, force=opts.force)
@@ -160,7 +160,7 @@ def debug_command(
 
     Example: hookscope debug resnet18 cat.jpg --weights ckpt.pt --format ndjson --fail-on-nonfinite
     """
-    from hookscope.debug import DebugProbe, nonfinite_failure
+    from hookscope.probes.debug import DebugProbe, nonfinite_failure
     from hookscope.render.tree import TraceWriter
 
     s, fmt = opts.s, _value(fmt)
@@ -209,9 +209,9 @@ def gradcam(
 
     Example: hookscope gradcam resnet18 sample_images/*.jpg -m gradcam -m gradcam++ --out out/
     """
-    from hookscope.cam import explain
-    from hookscope.cam_faithfulness import MetricPlan
-    from hookscope.cam_targets import load_mask, task_targets
+    from hookscope.cam.faithfulness import MetricPlan
+    from hookscope.cam.probe import explain
+    from hookscope.cam.targets import load_mask, task_targets
     from hookscope.render.heatmap import CamWriter, check_colormap, output_paths
     from hookscope.render.output import Staging
 
@@ -272,7 +272,7 @@ def grads(
 
     Example: hookscope grads resnet18 cat.jpg --loss ce --label tabby --format json
     """
-    from hookscope.grads import GradsProbe, nonfinite_failure, true_classes
+    from hookscope.probes.grads import GradsProbe, nonfinite_failure, true_classes
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
@@ -308,7 +308,7 @@ def features(
 
     Example: hookscope features resnet18 cat.jpg --type Conv2d --out maps/ --tensorboard runs/
     """
-    from hookscope.features import FeaturesProbe, feature_sites, output_name
+    from hookscope.probes.features import FeaturesProbe, feature_sites, output_name
     from hookscope.render.grid import GridWriter, require_tensorboard
     from hookscope.render.output import Staging
 
@@ -352,8 +352,8 @@ def ablate(
 
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
-    from hookscope.ablate import AblateProbe, one_layer, parse_mode
-    from hookscope.outputs import warn_nonfinite_logits
+    from hookscope.core.outputs import warn_nonfinite_logits
+    from hookscope.probes.ablate import AblateProbe, one_layer, parse_mode
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
@@ -395,8 +395,8 @@ def check_command(
 
     Example: hookscope check resnet18 sample_images/ --rules hookscope.toml --junit check.xml
     """
-    from hookscope import check
-    from hookscope.errors import CheckFailed
+    from hookscope.core.errors import CheckFailed
+    from hookscope.probes import check
     from hookscope.render.check import resolve_junit, write_junit
 
     s, fmt = opts.s, _value(fmt)
@@ -407,8 +407,8 @@ def check_command(
         "expect": expect, "min_prob": min_prob}
     if cli_watch.is_log_run(model, inputs):
         return cli_watch.check_log(opts, rules, overrides, junit, fmt)
-    from hookscope.stats import StatsProbe
-    from hookscope.watch_check import for_run
+    from hookscope.probes.stats import StatsProbe
+    from hookscope.training.rules import for_run
 
     out = s.output(opts.output, force=opts.force)
     junit_out = resolve_junit(junit, opts.output, force=opts.force)
@@ -456,8 +456,8 @@ def diff_command(
 
     Example: hookscope diff resnet18 cat.jpg --weights a.pt --against-weights b.pt --fail
     """
-    from hookscope.session import AGAINST, against_options, describe_against, offline_files
-    from hookscope.statsdiff import StatsDiffReport, diff_stats, read_stats
+    from hookscope.core.session import AGAINST, against_options, describe_against, offline_files
+    from hookscope.probes.statsdiff import StatsDiffReport, diff_stats, read_stats
 
     s, fmt = opts.s, _value(fmt)
     against = {"against_model": against_model, "against_weights": against_weights,
@@ -472,7 +472,7 @@ def diff_command(
                             files=files)
         doc = report.to_dict()
     else:
-        from hookscope.diff import DiffProbe, on_side
+        from hookscope.probes.diff import DiffProbe, on_side
 
         other_options = against_options(opts.model, against)
         resolved = s.inputs(inputs, opts.model)
@@ -521,9 +521,9 @@ def report_command(
     """
     if cli_watch.is_log_run(model, inputs):
         return cli_watch.report_log(opts)
+    from hookscope.probes.report import ReportOptions, build_report, left_out
     from hookscope.render.heatmap import check_colormap
     from hookscope.render.report import write_report
-    from hookscope.report import ReportOptions, build_report, left_out
 
     s = opts.s
     methods = list(dict.fromkeys(["gradcam", *(_value(m) for m in method or [])]))

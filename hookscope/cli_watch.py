@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hookscope import options as o
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 from hookscope.options import Options, runs_model
 from hookscope.options import value as _value
 
@@ -24,7 +24,7 @@ def is_log_run(model: str, inputs: Sequence[str] | None) -> bool:
     Raises:
         HookscopeError: a log with inputs, or a model without them.
     """
-    from hookscope.watchlog import LOG_FILE, is_log
+    from hookscope.training.logs import LOG_FILE, is_log
 
     if is_log(model):
         if inputs:
@@ -49,11 +49,11 @@ def _one_process(opts: Options) -> None:
 def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
               junit: Path | None, fmt: str) -> None:
     """``hookscope check LOG_DIR``: the rules over the log, written as a model run's check."""
-    from hookscope import check
-    from hookscope.errors import CheckFailed
+    from hookscope.core.errors import CheckFailed
+    from hookscope.probes import check
     from hookscope.render.check import resolve_junit, write_junit
-    from hookscope.watch_check import evaluate_log, log_doc
-    from hookscope.watchlog import read_log
+    from hookscope.training.logs import read_log
+    from hookscope.training.rules import evaluate_log, log_doc
 
     s = opts.s
     _one_process(opts)
@@ -73,7 +73,7 @@ def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
 def report_log(opts: Options) -> None:
     """``hookscope report LOG_DIR``: the training page."""
     from hookscope.render.training import write_training_page
-    from hookscope.watchlog import read_log
+    from hookscope.training.logs import read_log
 
     _one_process(opts)
     out = opts.s.output(opts.output, force=opts.force)
@@ -104,11 +104,11 @@ def watch_command(
     """
     import tempfile
 
-    from hookscope.check import load_rules
-    from hookscope.errors import CheckFailed
-    from hookscope.smoke import SmokeOptions, smoke_labels, train
-    from hookscope.watch_check import evaluate_log, for_log
-    from hookscope.watchlog import read_log
+    from hookscope.core.errors import CheckFailed
+    from hookscope.probes.check import load_rules
+    from hookscope.training.logs import read_log
+    from hookscope.training.rules import evaluate_log, for_log
+    from hookscope.training.smoke import SmokeOptions, smoke_labels, train
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)

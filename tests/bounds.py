@@ -22,7 +22,7 @@ def diff_chain(kernel: bool) -> int:
     """The longest float32 addition chain of ``diff``'s host sums: the compiled kernel adds 16
     values a lane (kWindow) and the two halves of a step; the torch path takes each chunk's
     dot in float32."""
-    import hookscope.diff as diff
+    import hookscope.probes.diff as diff
 
     if kernel:
         return 16 + 1

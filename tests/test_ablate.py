@@ -1,4 +1,4 @@
-"""hookscope.ablate and `hookscope ablate`: modified outputs against forward passes written
+"""hookscope.probes.ablate and `hookscope ablate`: modified outputs against forward passes written
 out by hand here, the batched sweep against a one-channel-at-a-time loop, and bad input."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from hookscope.ablate import ablate, parse_channels, parse_mode, sweep
-from hookscope.errors import HookscopeError
-from hookscope.hooks import hook_count
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import hook_count
+from hookscope.probes.ablate import ablate, parse_channels, parse_mode, sweep
 
 from .conftest import TinyNet
 

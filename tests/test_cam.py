@@ -23,11 +23,11 @@ from pytorch_grad_cam.utils.svd_on_activations import (
 from torch import nn
 
 import hookscope
-from hookscope.cam import crop_box, default_layer, explain, peak_in_box
-from hookscope.cam_methods import METHODS, method_names, register
-from hookscope.errors import HookscopeError
-from hookscope.hooks import hook_count
-from hookscope.targets import parse_targets
+from hookscope.cam.methods import METHODS, method_names, register
+from hookscope.cam.probe import crop_box, default_layer, explain, peak_in_box
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import hook_count
+from hookscope.core.targets import parse_targets
 
 REFERENCE = {
     "gradcam": pgc.GradCAM,
@@ -275,7 +275,7 @@ def test_eigencam_is_sign_independent(models):
     """The SVD's sign is arbitrary; the corrected map must not depend on it. Negating the
     activations flips that sign (an uncorrected projection comes out negated), so the maps
     of A and -A must be equal, and equal to a numpy principal component oriented the same way."""
-    from hookscope.cam_methods import CamInputs, eigencam
+    from hookscope.cam.methods import CamInputs, eigencam
 
     torch.manual_seed(4)
     acts = torch.randn(2, 6, 4, 4) + torch.linspace(0, 3, 16).reshape(1, 1, 4, 4)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hookscope.cam_methods import method_names
+from hookscope.cam.methods import method_names
 
 FAST = ("--weights", "none", "--size", "64")
 

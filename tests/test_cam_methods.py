@@ -19,10 +19,10 @@ import torch
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from torch import nn
 
-from hookscope.cam import explain, gradcam
-from hookscope.cam_methods import method_names
-from hookscope.hooks import hook_count
-from hookscope.targets import parse_targets
+from hookscope.cam.methods import method_names
+from hookscope.cam.probe import explain, gradcam
+from hookscope.core.hooks import hook_count
+from hookscope.core.targets import parse_targets
 from tests.test_cam import TOL, InplaceNet, _minmax, _no_inplace, pgc_cam_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -115,7 +115,7 @@ def test_kpcacam_matches_pytorch_grad_cam(nets, key, layer, side):
     scikit-learn use ARPACK."""
     from pytorch_grad_cam.utils.svd_on_activations import get_2d_projection_kernel
 
-    from hookscope.cam_methods import CamInputs, kpcacam
+    from hookscope.cam.methods import CamInputs, kpcacam
 
     model = nets[key]
     torch.manual_seed(1)
@@ -253,7 +253,7 @@ def test_shapleycam_matches_pytorch_grad_cam(nets, key, layer, side):
 
 def test_shapleycam_without_second_derivatives_says_why(nets):
     """MobileNetV3's Hardsigmoid has no double backward in PyTorch."""
-    from hookscope.errors import HookscopeError
+    from hookscope.core.errors import HookscopeError
 
     with pytest.raises(HookscopeError, match="second derivatives"):
         gradcam(nets["mobilenet"], torch.randn(1, 3, 32, 32), "features.2", method="shapleycam")

@@ -13,9 +13,9 @@ import torchcam  # noqa: F401  (the test extra installs it)
 from pytorch_grad_cam.utils.model_targets import ClassifierOutputSoftmaxTarget
 
 import hookscope
-from hookscope.cam_faithfulness import MetricPlan, impute, parse_metrics
-from hookscope.errors import HookscopeError
-from hookscope.hooks import hook_count
+from hookscope.cam.faithfulness import MetricPlan, impute, parse_metrics
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import hook_count
 from tests.test_cam import InplaceNet
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -19,10 +19,10 @@ from pytorch_grad_cam.utils.model_targets import (
 )
 from torch import nn
 
-from hookscope.cam import default_layer, explain
-from hookscope.errors import HookscopeError
-from hookscope.hooks import hook_count
-from hookscope.targets import parse_targets
+from hookscope.cam.probe import default_layer, explain
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import hook_count
+from hookscope.core.targets import parse_targets
 from tests.test_cam import TOL, _minmax, _no_inplace, pgc_cam_image
 from tests.test_cam_methods import _signed
 
@@ -136,7 +136,7 @@ def test_segmentation_mask_file_and_given_class(lraspp, tmp_path):
     pytest.param("retinanet_resnet50_fpn", "backbone.body.layer4", marks=pytest.mark.slow),
 ])
 def test_default_layer_is_the_backbones_last_stage(name, layer):
-    from hookscope.cam_targets import infer_task
+    from hookscope.cam.targets import infer_task
 
     model = build(name, **(SMALL if "fpn" in name else {}))
     task = infer_task(model)
@@ -295,8 +295,8 @@ def test_cli_detector_draws_boxes(cli, cat_jpg, detector_file, tmp_path):
     assert doc["task"] == "detection" and doc["layer"] == "backbone.body.16"
     row = doc["results"][0]
     assert row["target"] == 18 and len(row["detections"]) == 2
-    from hookscope.cam import crop_box
-    from hookscope.preprocess import Preprocess
+    from hookscope.cam.probe import crop_box
+    from hookscope.inputs.preprocess import Preprocess
 
     overlay = np.asarray(Image.open(row["overlay"]))
     left, top, right, _ = crop_box(Preprocess(), Image.open(cat_jpg).size)  # 256, crop 224

@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from hookscope.check import drift, load_rules
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
+from hookscope.probes.check import drift, load_rules
 from hookscope.render.check import check_view, escape_data, escape_property, junit_xml
 from hookscope.render.console import render_text
 
@@ -141,7 +141,7 @@ def parse_junit(path: Path) -> ET.Element:
     assert int(suite.get("tests")) == len(cases) == int(root.get("tests"))
     failed = [c for c in cases if c.find("failure") is not None]
     assert int(suite.get("failures")) == len(failed) == int(root.get("failures"))
-    assert all(c.get("classname").startswith("hookscope.check.") for c in cases)
+    assert all(c.get("classname").startswith("hookscope.probes.check.") for c in cases)
     return suite
 
 
@@ -172,7 +172,7 @@ def test_nan_checkpoint_fails_nonfinite_with_one_junit_failure(cli, work, tmp_pa
     [case] = suite.findall("testcase")
     assert case.get("name") == "nonfinite"
     # One class per model: the model's name is one part of the dotted class name.
-    assert case.get("classname").startswith("hookscope.check.")
+    assert case.get("classname").startswith("hookscope.probes.check.")
     assert case.get("classname").count(".") == 2 and case.get("classname").endswith("_Net")
     assert failures[0].get("message") == rule["detail"]
     assert failures[0].text.splitlines()[1:] == want
@@ -506,7 +506,7 @@ def test_expect_by_basename_must_be_unambiguous(cli, work, tmp_path) -> None:
 def test_a_key_is_named_by_the_line_that_defines_it() -> None:
     """The line is found by the TOML parser itself, across multi-line arrays (their first
     line), comments, tables and quoted or dotted keys."""
-    from hookscope.check import _at
+    from hookscope.probes.check import _at
 
     text = ('ignore = [\n  "fc",\n  "layer4.*",\n]\n# a comment\nmin_prob = 2\n'
             '[expect]\n"a.jpg" = "tabby"\nb.jpg = 1\n')

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hookscope.inputs import unique_stems
+from hookscope.inputs.resolve import unique_stems
 
 ROOT = Path(__file__).resolve().parent.parent
 CAT = str(ROOT / "sample_images" / "cat.jpg")

@@ -414,7 +414,7 @@ def test_messages_name_what_is_wrong_in_whole_words(cli, net, tmp_path) -> None:
 
 
 def test_clip_drops_terminal_styles_and_cuts_at_a_space() -> None:
-    from hookscope.errors import clip
+    from hookscope.core.errors import clip
 
     text = "\x1b[1mWeights only load failed.\x1b[0m " + "`torch.load` from a file " * 20
     cut = clip(text, 100)

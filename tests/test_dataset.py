@@ -12,13 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from hookscope.dataset import MAX_DEFAULT_WORKERS, default_workers
-from hookscope.debug import DebugProbe
-from hookscope.distributed import Launch, shard, timeout_seconds
-from hookscope.errors import HookscopeError
-from hookscope.grads import GradsProbe
-from hookscope.inputs import Batch, InputItem, resolve_inputs
-from hookscope.run import drive
+from hookscope.core.distributed import Launch, shard, timeout_seconds
+from hookscope.core.errors import HookscopeError
+from hookscope.core.run import drive
+from hookscope.inputs.dataset import MAX_DEFAULT_WORKERS, default_workers
+from hookscope.inputs.resolve import Batch, InputItem, resolve_inputs
+from hookscope.probes.debug import DebugProbe
+from hookscope.probes.grads import GradsProbe
 
 from .conftest import TinyNet
 
@@ -351,7 +351,7 @@ class CountingStore:
 
 
 def test_progress_counts_every_rank() -> None:
-    from hookscope.distributed import Progress
+    from hookscope.core.distributed import Progress
 
     store, shown = CountingStore(), []
     leader, other = Progress(store, shown.append), Progress(store, None)
@@ -364,7 +364,7 @@ def test_progress_counts_every_rank() -> None:
 
 
 def test_ablate_noise_is_refused_across_processes() -> None:
-    from hookscope.ablate import parse_mode
+    from hookscope.probes.ablate import parse_mode
 
     assert parse_mode("noise:0.5").value == 0.5
     assert parse_mode("zero", processes=2).kind == "zero"
@@ -390,7 +390,7 @@ class KeyStore(CountingStore):
 
 
 def test_ranks_agree_on_their_inputs_or_say_so() -> None:
-    from hookscope.distributed import Group
+    from hookscope.core.distributed import Group
 
     store = KeyStore()
     leader, other = (Group(Launch(rank, 2, rank, 2), 5.0, store) for rank in (0, 1))

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from hookscope.debug import run_debug
-from hookscope.hooks import hook_count
+from hookscope.core.hooks import hook_count
+from hookscope.probes.debug import run_debug
 from hookscope.sources import load_model
 
 NAN = float("nan")

@@ -14,12 +14,12 @@ import torch
 from torch import nn
 from torchvision.models import get_model
 
-from hookscope.diff import DEFAULT_TOLERANCE, DiffProbe, DiffSums, diff_models
-from hookscope.errors import ForwardError, HookscopeError
-from hookscope.hooks import hook_count
-from hookscope.kernels import fused_diff
+from hookscope.core.errors import ForwardError, HookscopeError
+from hookscope.core.hooks import hook_count
+from hookscope.core.run import drive
+from hookscope.probes.diff import DEFAULT_TOLERANCE, DiffProbe, DiffSums, diff_models
+from hookscope.probes.kernels import fused_diff
 from hookscope.render.diff import DIFF_COLUMNS, OFFLINE_COLUMNS
-from hookscope.run import drive
 from tests.bounds import U32, diff_chain, sum_bound
 from tests.conftest import TinyNet
 from tests.test_cli_stats import one_error_line
@@ -187,12 +187,12 @@ def test_a_dtype_a_detectors_operators_cannot_run_is_refused_before_it_runs(
         cli, cat_jpg, monkeypatch) -> None:
     """torchvision's nms has no bfloat16 or float16 kernel on the CPU: the side is named,
     nothing runs, and the note both loads make is said once."""
-    import hookscope.run
+    import hookscope.core.run
 
     def no_forward(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model ran")
 
-    monkeypatch.setattr(hookscope.run, "drive", no_forward)
+    monkeypatch.setattr(hookscope.core.run, "drive", no_forward)
     det = "fasterrcnn_mobilenet_v3_large_320_fpn"
     result = cli("diff", det, cat_jpg, *SMALL, "--against-dtype", "bfloat16")
     line = one_error_line(result)
@@ -367,7 +367,7 @@ def test_outputs_changed_in_place_later_are_compared_as_they_were(tiny_net, disp
     change alone (computed by hand). Without torch's (private) dispatch mode, every kept
     output is copied instead, with the same results."""
     if not dispatch:
-        monkeypatch.setattr("hookscope.diff._Mode", None)
+        monkeypatch.setattr("hookscope.probes.diff._Mode", None)
     torch.manual_seed(0)
     model = AddsInPlace().eval()
     x = torch.randn(2, 3, 8, 8)
@@ -390,7 +390,7 @@ def test_outputs_changed_in_place_later_are_compared_as_they_were(tiny_net, disp
 
 def test_device_path_gives_the_host_path_sums() -> None:
     """The branch-free accelerator path, run on the CPU, against the chunked host path."""
-    from hookscope.diff import _compare_device, _compare_host
+    from hookscope.probes.diff import _compare_device, _compare_host
 
     torch.manual_seed(0)
     a = torch.randn(300_000)
@@ -464,9 +464,9 @@ def test_relative_error_and_cosine_edge_cases() -> None:
 @pytest.fixture(scope="module")
 def stats_docs(tmp_path_factory, checkpoints) -> tuple[Path, Path, dict]:
     """A saved stats document and a copy with one layer's mean changed by hand."""
+    from hookscope.probes.stats import collect_stats
     from hookscope.render.output import dumps_json
     from hookscope.sources import load_model
-    from hookscope.stats import collect_stats
 
     # What `hookscope stats x.pt --weights none -f json` writes: envelope and report.
     folder = tmp_path_factory.mktemp("offline")

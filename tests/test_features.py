@@ -1,4 +1,4 @@
-"""hookscope.features and `hookscope features`: grid geometry, per-tile normalisation,
+"""hookscope.probes.features and `hookscope features`: grid geometry, per-tile normalisation,
 channel order, PNG sizes, TensorBoard events read back, and bad input."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import torch
 from PIL import Image
 from torch import nn
 
-from hookscope.errors import HookscopeError
-from hookscope.features import FeaturesProbe, feature_grids, feature_sites, make_tiles
-from hookscope.hooks import hook_count
-from hookscope.inputs import Batch, InputItem
-from hookscope.run import drive
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import hook_count
+from hookscope.core.run import drive
+from hookscope.inputs.resolve import Batch, InputItem
+from hookscope.probes.features import FeaturesProbe, feature_grids, feature_sites, make_tiles
 
 ARGS = ("--weights", "none", "--size", "64")
 
@@ -191,7 +191,7 @@ def test_tensorboard_histogram_drops_nonfinite(tmp_path):
     fmap = torch.randn(2, 4, 4)
     fmap[0, 0, 0], fmap[1, 1, 1], fmap[1, 2, 2] = math.nan, math.inf, -math.inf
     grid_image, channels = make_tiles(fmap)
-    from hookscope.features import FeatureGrid
+    from hookscope.probes.features import FeatureGrid
 
     grid = FeatureGrid("x", "x", 0, "conv", "Conv2d", 0, [2, 4, 4], channels, 3,
                        grid_image, fmap)

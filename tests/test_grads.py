@@ -1,4 +1,4 @@
-"""hookscope.grads and `hookscope grads`: output and parameter gradients against
+"""hookscope.probes.grads and `hookscope grads`: output and parameter gradients against
 torch.autograd.grad computed here, flags, the non-finite origin, and model state."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError
-from hookscope.grads import collect_grads
-from hookscope.hooks import hook_count
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import hook_count
+from hookscope.probes.grads import collect_grads
 
 from .conftest import TinyNet
 

@@ -15,8 +15,8 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
-from hookscope.errors import HookscopeError  # noqa: E402
-from hookscope.hooks import hook_count  # noqa: E402
+from hookscope.core.errors import HookscopeError  # noqa: E402
+from hookscope.core.hooks import hook_count  # noqa: E402
 from hookscope.sources import load  # noqa: E402
 from tests.hf_models import KEYS, LABELS, save_model  # noqa: E402
 
@@ -191,7 +191,7 @@ def test_default_layers_of_token_models() -> None:
     from torchvision.models.vision_transformer import VisionTransformer
 
     import hookscope
-    from hookscope.cam import default_layer
+    from hookscope.cam.probe import default_layer
 
     vit = timm.create_model("vit_tiny_patch16_224", img_size=64, depth=2, num_classes=3).eval()
     x = torch.randn(1, 3, 64, 64)
@@ -210,9 +210,9 @@ def test_default_layers_of_token_models() -> None:
 def test_channels_last_outputs_are_laid_out(folders) -> None:
     """ConvNeXt's blocks run channels-last: their GELU output (N, h, w, C) is a grid in
     (N, C, h, w) for the features and has its channels last for the statistics."""
-    from hookscope.channels import channel_dim
-    from hookscope.features import FeaturesProbe, feature_sites
-    from hookscope.run import drive
+    from hookscope.core.run import drive
+    from hookscope.probes.channels import channel_dim
+    from hookscope.probes.features import FeaturesProbe, feature_sites
 
     model = load(f"hf:{folders['convnext']}").model
     name = "convnext.encoder.stages.1.layers.0.act"

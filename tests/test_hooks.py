@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError
-from hookscope.hooks import Hooks, Tracer, find_site, hook_count, select_sites
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import Hooks, Tracer, find_site, hook_count, select_sites
 
 
 def handles_empty(model: nn.Module) -> bool:

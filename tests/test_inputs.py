@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from hookscope.errors import HookscopeError
-from hookscope.inputs import iter_batches, load_image, resolve_inputs
+from hookscope.core.errors import HookscopeError
+from hookscope.inputs.resolve import iter_batches, load_image, resolve_inputs
 
 
 def identity(img: Image.Image) -> torch.Tensor:

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import hookscope.stats as stats
-from hookscope import kernels
-from hookscope.stats import _moments_host, collect_stats
+import hookscope.probes.stats as stats
+from hookscope.probes import kernels
+from hookscope.probes.stats import _moments_host, collect_stats
 from tests.bounds import U32, diff_chain, sum_bound
 from tests.test_stats import CASES, REL, _from, assert_close, reference
 
@@ -161,7 +161,7 @@ def _chain(path: str, kernel_op) -> int:
 @pytest.mark.parametrize("case", sorted(DIFF_CASES))
 def test_diff_sums_match_float64_reference(case: str, path: str, kernel_op,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import hookscope.diff as diff
+    import hookscope.probes.diff as diff
 
     numel, scale, noise = DIFF_CASES[case]
     g = torch.Generator().manual_seed(6)
@@ -183,7 +183,7 @@ def test_diff_sums_match_float64_reference(case: str, path: str, kernel_op,
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
 def test_diff_sums_not_finite_go_the_masked_way(bad: str, path: str) -> None:
-    from hookscope.diff import _compare_host
+    from hookscope.probes.diff import _compare_host
 
     a = torch.linspace(-1, 1, 1000)
     b = a + 1e-3
@@ -298,7 +298,7 @@ def test_cache_key_covers_flags_dispatch_and_torch(monkeypatch: pytest.MonkeyPat
 def test_module_reports_build(kernel_op) -> None:
     if kernel_op is None:
         pytest.skip("no compiler: see test_build_failure_is_one_line")
-    done = subprocess.run([sys.executable, "-m", "hookscope.kernels"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "hookscope.probes.kernels"], capture_output=True,
                           text=True, env=os.environ | {"HOOKSCOPE_KERNELS": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr
     assert f"kernel ready in {kernels.build_dir()}" in done.stdout
@@ -306,7 +306,7 @@ def test_module_reports_build(kernel_op) -> None:
 
 def test_build_failure_is_one_line(tmp_path: Path) -> None:
     env = os.environ | {"HOOKSCOPE_CACHE": str(tmp_path), "CXX": str(tmp_path / "no-such-c++")}
-    done = subprocess.run([sys.executable, "-m", "hookscope.kernels"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "hookscope.probes.kernels"], capture_output=True,
                           text=True, env=env, timeout=600)
     assert done.returncode == 1
     lines = [line for line in done.stderr.splitlines() if line.startswith("hookscope:")]
@@ -403,7 +403,7 @@ def test_an_unsafe_cache_is_not_built_into(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="refusing to build into .* writable by others"):
         kernels.build(root)
     assert not list(root.rglob("*.cpp")), "nothing written into it"
-    done = subprocess.run([sys.executable, "-m", "hookscope.kernels"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "hookscope.probes.kernels"], capture_output=True,
                           text=True, env=os.environ | {"HOOKSCOPE_CACHE": str(root)},
                           timeout=HANG_GUARD)
     assert done.returncode == 1

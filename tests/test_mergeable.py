@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from hookscope.channels import ChannelMoments, ChannelView
-from hookscope.diff import DiffSums, LayerDiff
-from hookscope.mergeable import merged
-from hookscope.sketch import Sketch, finite_range
-from hookscope.stats import Extras, Moments, StatsReport, collect_stats, moments
+from hookscope.core.mergeable import merged
+from hookscope.probes.channels import ChannelMoments, ChannelView
+from hookscope.probes.diff import DiffSums, LayerDiff
+from hookscope.probes.sketch import Sketch, finite_range
+from hookscope.probes.stats import Extras, Moments, StatsReport, collect_stats, moments
 
 
 def snapshot(value: Any) -> Any:

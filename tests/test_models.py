@@ -8,10 +8,10 @@ import pytest
 import torch
 from torchvision.models import get_model
 
-from hookscope.checkpoints import read_checkpoint
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 from hookscope.sources import load_model
 from hookscope.sources.base import resolve_device
+from hookscope.sources.checkpoints import read_checkpoint
 
 
 def _weights_of(model: torch.nn.Module) -> torch.Tensor:
@@ -199,8 +199,8 @@ def test_devices() -> None:
 def test_the_memory_estimate_covers_every_call_the_forward_makes(name) -> None:
     """A call's input and output are live together: the estimate must cover the largest
     such pair, from the shape pass (at 96 px, scaled as the estimate is per pixel)."""
+    from hookscope.probes.structure import model_structure
     from hookscope.sources import batch_memory
-    from hookscope.structure import model_structure
 
     loaded = load_model(name, weights="none", size=96)
     h, w = loaded.input_size
@@ -212,7 +212,7 @@ def test_the_memory_estimate_covers_every_call_the_forward_makes(name) -> None:
 
 def test_a_batch_over_the_memory_budget_is_refused_before_it_runs(cli, cat_jpg,
                                                                   monkeypatch) -> None:
-    import hookscope.run
+    import hookscope.core.run
     import hookscope.sources
     from hookscope.sources import batch_memory, check_batch_memory
     from tests.test_cli_stats import one_error_line
@@ -228,7 +228,7 @@ def test_a_batch_over_the_memory_budget_is_refused_before_it_runs(cli, cat_jpg,
     def no_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model ran")
 
-    monkeypatch.setattr(hookscope.run, "drive", no_run)
+    monkeypatch.setattr(hookscope.core.run, "drive", no_run)
     monkeypatch.setattr(hookscope.sources, "available_memory", lambda device: 10 * 2**30)
     line = one_error_line(cli("stats", "vgg11", cat_jpg, "--weights", "none", "--size", "8192",
                               "--batch-size", "1"))

@@ -10,7 +10,7 @@ import torchvision.models as tvm
 from torchvision.models import get_model_weights, list_models
 
 from hookscope.catalog import find_models, name_matcher
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 
 
 def names_of(result) -> list[str]:

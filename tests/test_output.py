@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 from hookscope.render import grid, output
 from hookscope.render.output import OutputKind, Staging, atomic_path, check_folder, resolve_output
 

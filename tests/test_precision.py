@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from hookscope import collect_stats, run_debug
-from hookscope.run import drive
-from hookscope.stats import StatsProbe
+from hookscope.core.run import drive
+from hookscope.probes.stats import StatsProbe
 
 
 class Loud(nn.Module):

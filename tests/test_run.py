@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 import hookscope
-from hookscope.ablate import ablate, sweep
-from hookscope.errors import ForwardError
-from hookscope.features import feature_grids, feature_sites
-from hookscope.hooks import hook_count
-from hookscope.run import Probe, Step, drive
+from hookscope.core.errors import ForwardError
+from hookscope.core.hooks import hook_count
+from hookscope.core.run import Probe, Step, drive
+from hookscope.probes.ablate import ablate, sweep
+from hookscope.probes.features import feature_grids, feature_sites
 
 
 class ModeSpy(nn.Module):
@@ -142,7 +142,7 @@ class Counter(Probe[list[int]]):
     """Counts forward passes and batch sizes; fails on demand from a hook callback."""
 
     def __init__(self, model: nn.Module, fail_in_callback: BaseException | None = None) -> None:
-        self.sites = [s for s in hookscope.hooks.all_sites(model) if s.name == "fc"]
+        self.sites = [s for s in hookscope.core.hooks.all_sites(model) if s.name == "fc"]
         self.sizes: list[int] = []
         self.fail = fail_in_callback
 
@@ -199,7 +199,7 @@ def test_grad_modes_are_per_forward_pass() -> None:
 
     model = Net()
     probe = Modes()
-    probe.sites = [s for s in hookscope.hooks.all_sites(model) if s.name == "fc"]
+    probe.sites = [s for s in hookscope.core.hooks.all_sites(model) if s.name == "fc"]
     drive(model, x4(), probe)
     # outside a forward: the caller's mode; in the forwards: "off", then inference
     assert seen == [(True, False), (False, False), (False, True)]

@@ -14,7 +14,7 @@ from PIL import Image
 from torch import nn
 
 from hookscope import sources
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 from hookscope.sources import LoadOptions
 from hookscope.sources.code import parse_model_args
 

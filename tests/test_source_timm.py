@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from hookscope import sources
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 from hookscope.sources.base import LoadOptions
 
 FAST = ("--weights", "none", "--size", "64")

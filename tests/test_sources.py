@@ -13,10 +13,10 @@ from torchvision.models import get_model
 from torchvision.transforms import functional as TF
 
 from hookscope import sources
-from hookscope.checkpoints import read_labels
-from hookscope.errors import HookscopeError
-from hookscope.outputs import select_logits
+from hookscope.core.errors import HookscopeError
+from hookscope.core.outputs import select_logits
 from hookscope.sources import LoadOptions
+from hookscope.sources.checkpoints import read_labels
 
 CLASSES = ["cat", "dog", "car", "ship", "frog", "horse", "bird", "deer", "truck", "plane"]
 
@@ -222,7 +222,7 @@ def test_bad_preprocessing_options(options, says) -> None:
 ])
 def test_a_size_the_model_declares_it_cannot_take_is_refused_at_load(name, options,
                                                                      says) -> None:
-    from hookscope.hooks import hook_count
+    from hookscope.core.hooks import hook_count
 
     if says is None:
         loaded = sources.load(name, LoadOptions(weights="none", **options))

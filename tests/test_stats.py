@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from hookscope.hooks import hook_count
-from hookscope.stats import (
+from hookscope.core.hooks import hook_count
+from hookscope.probes.stats import (
     Moments,
     _moments_device,
     _moments_host,
@@ -199,7 +199,7 @@ class Boom(nn.Module):
 
 
 def test_hooks_removed_after_a_model_error() -> None:
-    from hookscope.errors import ForwardError
+    from hookscope.core.errors import ForwardError
 
     model = Boom(RuntimeError("mid-forward"))
     with pytest.raises(ForwardError) as info:
@@ -219,7 +219,7 @@ def test_hooks_removed_after_ctrl_c() -> None:
 
 
 def test_forward_error_names_innermost_module() -> None:
-    from hookscope.errors import ForwardError
+    from hookscope.core.errors import ForwardError
 
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(7, 2))
     with pytest.raises(ForwardError) as info:
@@ -273,7 +273,7 @@ def test_cuda_matches_cpu_without_per_layer_sync(tiny_net) -> None:
 
 
 def test_scratch_made_in_inference_mode_is_usable_outside_it() -> None:
-    import hookscope.stats as stats
+    import hookscope.probes.stats as stats
 
     stats._local.buf = None
     with torch.inference_mode():

@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-import hookscope.channels as channels
-from hookscope.channels import ChannelMoments, ChannelView, channel_dim
-from hookscope.errors import HookscopeError
-from hookscope.hooks import hook_count
-from hookscope.sketch import (
+import hookscope.probes.channels as channels
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import hook_count
+from hookscope.probes.channels import ChannelMoments, ChannelView, channel_dim
+from hookscope.probes.sketch import (
     ALPHA,
     PER_OCTAVE,
     SPAN,
@@ -26,7 +26,7 @@ from hookscope.sketch import (
     parse_percentiles,
     percentile_key,
 )
-from hookscope.stats import StatsReport, collect_stats
+from hookscope.probes.stats import StatsReport, collect_stats
 
 REL = 1e-4
 PERCENTILES = (0, 0.1, 1, 5, 25, 50, 75, 95, 99, 99.9, 99.99, 100)

@@ -1,4 +1,4 @@
-"""`hookscope layers` and hookscope.structure: counts and shapes against direct computation."""
+"""`hookscope layers` and hookscope.probes.structure: counts and shapes against direct computation."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError
-from hookscope.hooks import find_site, hook_count, select_sites
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import find_site, hook_count, select_sites
+from hookscope.probes.structure import model_structure, parameter_bytes
 from hookscope.sources import load_model
-from hookscope.structure import model_structure, parameter_bytes
 
 
 def by_name(structure) -> dict:
@@ -196,7 +196,7 @@ def test_a_failure_in_hook_machinery_is_never_blamed_on_the_model() -> None:
     # is a failure of the hooks around the model, so no ForwardError names the model.
     from torch.utils.module_tracker import ModuleTracker
 
-    from hookscope.run import Probe, drive
+    from hookscope.core.run import Probe, drive
 
     class Tracked(Probe[None]):
         def step(self, step) -> None:

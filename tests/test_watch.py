@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import hookscope
-from hookscope.hooks import hook_count
+from hookscope.core.hooks import hook_count
 
 from .watch_logs import read_log
 

@@ -136,9 +136,9 @@ def test_the_model_file_is_never_written(work, tmp_path) -> None:
 
 
 def test_the_loaded_model_is_left_as_it_came(work) -> None:
-    from hookscope.inputs import iter_batches, resolve_inputs
-    from hookscope.smoke import SmokeOptions, smoke_labels, train
+    from hookscope.inputs.resolve import iter_batches, resolve_inputs
     from hookscope.sources import LoadOptions, load
+    from hookscope.training.smoke import SmokeOptions, smoke_labels, train
 
     loaded = load(f"{work['model']}:Net", LoadOptions(weights="none"))
     loaded.model.eval()
@@ -155,7 +155,7 @@ def test_the_loaded_model_is_left_as_it_came(work) -> None:
 
 
 def test_image_folder_classes_are_the_labels(work, samples, tmp_path) -> None:
-    from hookscope.smoke import smoke_labels
+    from hookscope.training.smoke import smoke_labels
 
     data = tmp_path / "data"
     for folder, name in (("dog", "cat.jpg"), ("cat", "coffee.jpg"), ("cat", "rocket.jpg")):

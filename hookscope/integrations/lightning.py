@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 from hookscope.integrations import Watching
 
 try:

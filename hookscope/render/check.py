@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.errors import HookscopeError, param
+from hookscope.core.errors import HookscopeError, param
 from hookscope.render.output import Output, resolve_output, write
 from hookscope.render.tables import Col, FitTable, fmt_float, header
 
@@ -105,9 +105,9 @@ def _xml_text(text: Any) -> str:
 
 
 def _classname(model: Any) -> str:
-    """``hookscope.check.<model>``, the model's name made one dotted-name part (test
+    """``hookscope.probes.check.<model>``, the model's name made one dotted-name part (test
     reporters split class names at dots)."""
-    return "hookscope.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(model or "model"))
+    return "hookscope.probes.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(model or "model"))
 
 
 def junit_xml(doc: Doc) -> str:
@@ -119,7 +119,7 @@ def junit_xml(doc: Doc) -> str:
         <testsuites name tests failures errors>
           <testsuite name="hookscope check" tests failures errors skipped>
             <properties>...</properties>
-            <testcase classname="hookscope.check.<model>" name="<rule>">
+            <testcase classname="hookscope.probes.check.<model>" name="<rule>">
               <failure message="<detail>" type="<rule>">offenders, one a line</failure>
     """
     rules = doc["rules"]

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 from hookscope.render.output import Staging, atomic_path, encode_png, format_shape
 from hookscope.render.tables import Col, FitTable, call_priority, header, num
 
 if TYPE_CHECKING:
-    from hookscope.features import FeatureGrid
+    from hookscope.probes.features import FeatureGrid
 
 TENSORBOARD_HINT = "pip install hookscope[tensorboard]"
 
@@ -90,7 +90,7 @@ class Board:
 
 
 class GridWriter:
-    """Sink for :class:`hookscope.features.FeaturesProbe`: each grid into a staged PNG and,
+    """Sink for :class:`hookscope.probes.features.FeaturesProbe`: each grid into a staged PNG and,
     optionally, TensorBoard.
 
     TensorBoard events are logged into a hidden folder beside ``tensorboard`` and moved into

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
-from hookscope.errors import HookscopeError
-from hookscope.inputs import unique_stems
+from hookscope.core.errors import HookscopeError
+from hookscope.inputs.resolve import unique_stems
 from hookscope.render.output import Staging
 
 if TYPE_CHECKING:
-    from hookscope.cam import CamBatch
+    from hookscope.cam.probe import CamBatch
 
 Box = tuple[float, float, float, float]
 
@@ -39,7 +39,7 @@ def colormap_lut(name: str) -> np.ndarray:
     """
     import matplotlib
 
-    from hookscope.errors import suggest
+    from hookscope.core.errors import suggest
 
     try:
         cmap = matplotlib.colormaps[name]
@@ -210,7 +210,7 @@ def write_cam_files(
 ) -> None:
     """Render and stage one input's overlay, heatmap and (optionally) raw ``.npy`` and
     guided Grad-CAM files."""
-    from hookscope.cam_backprop import deprocess
+    from hookscope.cam.backprop import deprocess
 
     extras = extras or Extras()
     over, heat = heatmap_images(values, image, box, cmap=cmap, alpha=alpha)
@@ -230,7 +230,7 @@ def write_cam_files(
 
 
 class CamWriter:
-    """Sink for :class:`hookscope.cam.CamProbe`: stages each batch's PNGs (and ``.npy``
+    """Sink for :class:`hookscope.cam.probe.CamProbe`: stages each batch's PNGs (and ``.npy``
     maps) in worker threads and keeps one result row per input and method.
 
     Overlays are drawn on the original image, the map placed where the model's input lies
@@ -257,7 +257,7 @@ class CamWriter:
     def __call__(self, explained: CamBatch) -> None:
         batch = explained.batch
         if batch is None:
-            raise ValueError("CamWriter needs batches from hookscope.inputs.iter_batches")
+            raise ValueError("CamWriter needs batches from hookscope.inputs.resolve.iter_batches")
         size = (int(batch.tensor.shape[-1]), int(batch.tensor.shape[-2]))
         for i, item in enumerate(batch.items):
             why = explained.skipped[i] if explained.skipped else None

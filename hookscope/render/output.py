@@ -36,7 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 from hookscope.render.streams import data as _data_stream
 
 # ----------------------------------------------------------------- serialisation

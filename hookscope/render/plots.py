@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

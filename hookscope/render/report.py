@@ -1,4 +1,4 @@
-"""The HTML report: one self-contained page drawn from a :class:`hookscope.report.Report`.
+"""The HTML report: one self-contained page drawn from a :class:`hookscope.probes.report.Report`.
 
 The page is the Jinja2 template ``templates/report.html.j2`` on the pages' base template
 (:mod:`hookscope.render.html`): autoescape escapes every string that comes from the model,
@@ -27,7 +27,7 @@ from hookscope.render.tables import ZERO_WARN, fmt_float
 if TYPE_CHECKING:
     from PIL import Image
 
-    from hookscope.report import CamInput, Report
+    from hookscope.probes.report import CamInput, Report
 
 #: The long side of every image in the page, in pixels.
 MAX_SIDE = 512
@@ -263,7 +263,7 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
     """The whole page as text.
 
     Args:
-        report: what :func:`hookscope.report.build_report` returned.
+        report: what :func:`hookscope.probes.report.build_report` returned.
         cmap: the matplotlib colormap of the Grad-CAM overlays.
         alpha: the heatmap's weight in the overlays.
     """

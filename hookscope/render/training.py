@@ -22,10 +22,10 @@ from hookscope.render import training_plots as tp
 from hookscope.render.html import cell, num, render
 from hookscope.render.output import Output, dumps_json, format_shape, write
 from hookscope.render.tables import ZERO_WARN, fmt_float
-from hookscope.watchlog import number
+from hookscope.training.logs import number
 
 if TYPE_CHECKING:
-    from hookscope.watchlog import TrainingLog
+    from hookscope.training.logs import TrainingLog
 
 LAYER_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
                  ("output", "text"), ("mean", "num"), ("std", "num"), ("min", "num"),
@@ -62,7 +62,7 @@ def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    from hookscope.watch_check import event_text
+    from hookscope.training.rules import event_text
 
     if event is None:
         return None

@@ -1,6 +1,6 @@
 """Figures of a training log: layers x steps heat maps and per-step line plots.
 
-They take a :class:`~hookscope.watchlog.TrainingLog`'s series (one value per logging step
+They take a :class:`~hookscope.training.logs.TrainingLog`'s series (one value per logging step
 for each layer call or parameter) and draw with matplotlib's object API, as
 :mod:`hookscope.render.plots` does; its style, colours and canvas are reused.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hookscope.errors import HookscopeError
+from hookscope.core.errors import HookscopeError
 from hookscope.render import console
 from hookscope.render.output import Output, dumps_csv, dumps_json, dumps_ndjson, write
 

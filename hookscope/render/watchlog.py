@@ -3,7 +3,7 @@
 ``watch.jsonl`` holds one JSON object per line: the envelope first, then one line per
 logging step, each written and flushed as the step ends, so a crash loses at most the
 step in progress. ``nonfinite.json`` (the flight recorder) is written whole, atomically.
-The format is documented in ``docs/watch.md`` and is a contract; ``hookscope.watchlog``
+The format is documented in ``docs/watch.md`` and is a contract; ``hookscope.training.logs``
 reads a directory back for the command line.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from hookscope.errors import HookscopeError, param
+from hookscope.core.errors import HookscopeError, param
 from hookscope.render.output import dumps_json, dumps_ndjson, emit
 
 __all__ = ["LOG_NAME", "NONFINITE_NAME", "TensorBoardLog", "WatchLog"]

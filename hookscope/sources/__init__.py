@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError, clip, param, suggest
+from hookscope.core.errors import HookscopeError, clip, param, suggest
 from hookscope.sources.base import (
     SOURCES,
     LoadedModel,
@@ -78,7 +78,7 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
         HookscopeError: see the sources; also labels whose count does not match the model's
             classes, and an unavailable device.
     """
-    from hookscope.preprocess import with_overrides
+    from hookscope.inputs.preprocess import with_overrides
 
     options = options or LoadOptions()
     found = resolve(spec) if isinstance(spec, str) else spec
@@ -100,7 +100,7 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
     if options.size is not None or options.crop is not None or options.resize is not None:
         _check_size(loaded)
     if options.labels is not None:
-        from hookscope.checkpoints import read_labels
+        from hookscope.sources.checkpoints import read_labels
 
         loaded.categories = read_labels(options.labels)
         loaded.labels_from = f"file:{options.labels}"
@@ -119,7 +119,7 @@ def _check_size(loaded: LoadedModel) -> None:
     declared, size = loaded.declared_size, loaded.input_size
     if declared is None or declared.takes(size) or loaded.task in ("detection", "optical_flow"):
         return
-    from hookscope.run import Probe, drive
+    from hookscope.core.run import Probe, drive
 
     class Trial(Probe[None]):
         def finish(self) -> None:
@@ -157,8 +157,8 @@ def _check_label_count(loaded: LoadedModel) -> None:
 
 def _output_classes(loaded: LoadedModel) -> int | None:
     """The class count of a model's logits, from one forward pass on a zero input."""
-    from hookscope.outputs import select_logits
-    from hookscope.run import Probe, Step, drive
+    from hookscope.core.outputs import select_logits
+    from hookscope.core.run import Probe, Step, drive
 
     class Output(Probe[Any]):
         def observe(self, step: Step, output: Any) -> None:
@@ -244,7 +244,7 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
         loaded.autocast = chosen
         return
     if dtype is None:
-        from hookscope.hooks import model_dtype
+        from hookscope.core.hooks import model_dtype
 
         loaded.dtype = model_dtype(loaded.model) or torch.float32
         return

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from hookscope import __version__
-from hookscope.errors import HookscopeError, param
-from hookscope.preprocess import Preprocess
+from hookscope.core.errors import HookscopeError, param
+from hookscope.inputs.preprocess import Preprocess
 
 __all__ = ["DeclaredSize", "LoadOptions", "LoadedModel", "ModelSpec", "SOURCES", "Source",
            "register"]

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
-from hookscope.errors import HookscopeError, clip, param, suggest
-from hookscope.preprocess import Preprocess, with_overrides
+from hookscope.core.errors import HookscopeError, clip, param, suggest
+from hookscope.inputs.preprocess import Preprocess, with_overrides
 from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, register
+from hookscope.sources.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
 
 __all__ = ["Code", "build", "check_eager", "check_weights", "first_on_path", "load_weights",
            "parse_model_args"]

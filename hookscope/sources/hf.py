@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError, clip, param
-from hookscope.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, with_overrides
+from hookscope.core.errors import HookscopeError, clip, param
+from hookscope.inputs.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, with_overrides
 from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, missing_dependency, register
 
 __all__ = ["PREFIX", "HuggingFace", "describe", "hf_preprocess", "import_transformers"]

@@ -15,10 +15,10 @@ from typing import NoReturn
 
 import torch
 
-from hookscope.checkpoints import Checkpoint, _is_pickle, _refuse_compiled, open_checkpoint
-from hookscope.errors import HookscopeError, param
-from hookscope.preprocess import Preprocess, with_overrides
+from hookscope.core.errors import HookscopeError, param
+from hookscope.inputs.preprocess import Preprocess, with_overrides
 from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, register
+from hookscope.sources.checkpoints import Checkpoint, _is_pickle, _refuse_compiled, open_checkpoint
 from hookscope.sources.code import check_eager, check_weights, first_on_path, load_weights
 
 SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".pt2", ".ts"}

@@ -22,9 +22,8 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from hookscope.checkpoints import build_to_fit
-from hookscope.errors import HookscopeError, param, suggest
-from hookscope.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
+from hookscope.core.errors import HookscopeError, param, suggest
+from hookscope.inputs.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
 from hookscope.sources.base import (
     DeclaredSize,
     LoadedModel,
@@ -33,6 +32,7 @@ from hookscope.sources.base import (
     missing_dependency,
     register,
 )
+from hookscope.sources.checkpoints import build_to_fit
 
 __all__ = ["PREFIX", "Timm", "import_timm", "load_timm", "pretrained_tags"]
 

@@ -16,9 +16,8 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from hookscope.checkpoints import Checkpoint, build_to_fit
-from hookscope.errors import HookscopeError, param, suggest
-from hookscope.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
+from hookscope.core.errors import HookscopeError, param, suggest
+from hookscope.inputs.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
 from hookscope.sources.base import (
     DeclaredSize,
     LoadedModel,
@@ -28,6 +27,7 @@ from hookscope.sources.base import (
     network_available,
     register,
 )
+from hookscope.sources.checkpoints import Checkpoint, build_to_fit
 
 log = logging.getLogger("hookscope")
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from hookscope.errors import HookscopeError
-from hookscope.hooks import Call, Hooks, tensors
+from hookscope.core.errors import HookscopeError
+from hookscope.core.hooks import Call, Hooks, tensors
 
 __all__ = ["Finding", "NonFiniteError", "StepFlags", "allowed"]
 
@@ -301,7 +301,7 @@ class StepFlags:
         return math.isfinite(lo) and math.isfinite(hi)
 
     def _input_rows(self, forward: list[float], slots: list[int]) -> list[dict[str, Any]]:
-        from hookscope.stats import moments
+        from hookscope.probes.stats import moments
 
         rows = []
         for i in slots:

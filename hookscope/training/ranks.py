@@ -4,7 +4,7 @@ Each rank watches its own replica. At the end of every step the ranks exchange o
 each (one ``all_reduce`` of a ``world_size`` vector), so a non-finite value on any rank
 stops every rank at the same step, naming that rank; the finding travels from it by
 ``broadcast_object_list``. On a logging step the reports are gathered to rank 0 and merged
-there with their own exact ``merge`` (:func:`hookscope.distributed.gather_merged`, as the
+there with their own exact ``merge`` (:func:`hookscope.core.distributed.gather_merged`, as the
 commands do under torchrun), and rank 0 alone writes. Every rank makes the same collective
 calls in the same order, so none waits for a call another skipped.
 """
@@ -87,6 +87,6 @@ class Ranks:
         """Every rank's ``report`` merged exactly, on rank 0; None elsewhere."""
         if not self.many:
             return report
-        from hookscope.distributed import gather_merged
+        from hookscope.core.distributed import gather_merged
 
         return gather_merged(report)

@@ -1,8 +1,8 @@
 """What a logging step records: the ``stats`` and ``grads`` probes' rows, parameters, drift.
 
 A logging step attaches the existing probes for one training step and detaches them after:
-:class:`~hookscope.stats.StatsProbe` summarises each selected call's output inside its
-forward hook, and :class:`~hookscope.grads.GradsProbe` hooks the gradient at each output.
+:class:`~hookscope.probes.stats.StatsProbe` summarises each selected call's output inside its
+forward hook, and :class:`~hookscope.probes.grads.GradsProbe` hooks the gradient at each output.
 Their reports are the mergeable ones (``StatsReport.merge``, ``GradReport.merge``), so ranks
 merge exactly as ``stats`` and ``grads`` do under torchrun. A layer row is a ``stats`` row
 (the same fields as ``stats --format json``) plus the gradient at the call's output.
@@ -20,17 +20,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.errors import param
-from hookscope.grads import GradReport, GradsProbe
-from hookscope.hooks import Call, Hooks
-from hookscope.stats import StatsProbe, StatsReport
+from hookscope.core.errors import param
+from hookscope.core.hooks import Call, Hooks
+from hookscope.probes.grads import GradReport, GradsProbe
+from hookscope.probes.stats import StatsProbe, StatsReport
 
 __all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows"]
 
 NAN = float("nan")
 #: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
 DEAD = 0.99
-#: Floor of a drift's scale, as ``check``'s drift rules use (see ``hookscope.check.drift``).
+#: Floor of a drift's scale, as ``check``'s drift rules use (see ``hookscope.probes.check.drift``).
 _EPS = 1e-6
 
 
@@ -184,7 +184,7 @@ class ParamTracker:
 
 class Drift:
     """Each call's distance to a reference. With percentiles, the distribution drift of
-    ``diff`` and ``check``'s ``max_drift`` (:func:`hookscope.drift.quantile_drift`: the mean
+    ``diff`` and ``check``'s ``max_drift`` (:func:`hookscope.probes.drift.quantile_drift`: the mean
     distance between the two quantile curves, in reference standard deviations), from the
     percentiles each logging step then takes. Without, the mean/std drift of ``check``'s
     ``max_mean_drift`` and ``max_std_drift`` (the larger of the two), which costs nothing
@@ -219,12 +219,12 @@ class Drift:
             HookscopeError: the file is missing, unreadable or not a stats document; bad
                 percentiles.
         """
-        from hookscope.sketch import parse_percentiles
+        from hookscope.probes.sketch import parse_percentiles
 
         taken = parse_percentiles(percentiles)
         if path is None:
             return cls(None, limit, taken)
-        from hookscope.check import read_stats
+        from hookscope.probes.check import read_stats
 
         rows, found, _ = read_stats(Path(path), param("reference"))
         return cls(rows, limit, taken or tuple(float(key) for key in found))
@@ -240,8 +240,8 @@ class Drift:
                 row["flags"].append("drift")
 
     def _distance(self, row: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
-        from hookscope.check import drift
-        from hookscope.drift import quantile_drift
+        from hookscope.probes.check import drift
+        from hookscope.probes.drift import quantile_drift
 
         if self.percentiles:
             return quantile_drift(base.get("percentiles"), row.get("percentiles"),

@@ -1,9 +1,9 @@
 """``hookscope.watch``: watch a model while it trains.
 
 The user's loop owns the batches, the loss and the optimiser, so the watch cannot be a
-probe of :func:`hookscope.run.drive`, which runs a model over batches itself. It reuses the
-driver's pieces instead: the one hook engine (:class:`~hookscope.hooks.Tracer` for per-call
-hooks and names, :class:`~hookscope.hooks.Hooks` for tensor and gradient hooks, all removed
+probe of :func:`hookscope.core.run.drive`, which runs a model over batches itself. It reuses the
+driver's pieces instead: the one hook engine (:class:`~hookscope.core.hooks.Tracer` for per-call
+hooks and names, :class:`~hookscope.core.hooks.Hooks` for tensor and gradient hooks, all removed
 on exit, error and Ctrl-C), the module selection, and on a logging step the ``stats`` and
 ``grads`` probes themselves with their mergeable reports (:mod:`hookscope.training.records`).
 
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.errors import HookscopeError, param
-from hookscope.hooks import Call, Hooks, Tracer, model_device, select_sites
+from hookscope.core.errors import HookscopeError, param
+from hookscope.core.hooks import Call, Hooks, Tracer, model_device, select_sites
 from hookscope.training.nonfinite import Finding, NonFiniteError, StepFlags
 from hookscope.training.ranks import Ranks
 from hookscope.training.records import Drift, LoggingStep, ParamTracker, StepReports, layer_rows

@@ -1,0 +1,132 @@
+"""The layer a CAM explains when none is given: the last image-grid output, found with one
+forward pass; a token transformer's last block's first norm; a detector's or segmentation
+model's last backbone stage. What counts as an image grid is :mod:`hookscope.core.grid`'s rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.core.errors import HookscopeError, param
+from hookscope.core.grid import Layout, layout, token_hint
+from hookscope.core.hooks import Call, all_sites, first_tensor
+from hookscope.core.run import Probe, Step, drive
+
+__all__ = ["default_layer"]
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """A module call whose output is an image grid."""
+
+    name: str
+    type: str
+    shape: list[int]  # as (N, C, h, w)
+    kind: str
+
+
+class _Spatial(Probe[list[_Grid]]):
+    """Every module (in execution order of their ends) whose output is an image grid, except
+    one whose 4-D input is 1x1: a map repeated from one cell carries no localisation."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.sites = [s for s in all_sites(model) if s.name]
+        self.found: list[_Grid] = []
+        self.ran: set[str] = set()
+        self.hint = token_hint(model)
+        self.size = (0, 0)
+
+    def step(self, step: Step) -> None:
+        self.size = (int(step.x.shape[-2]), int(step.x.shape[-1]))
+        step.forward()
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        self.ran.add(call.name)
+        t = first_tensor(output)
+        if t is None or not (output is t or isinstance(output, (tuple, list)) and output
+                             and output[0] is t):
+            return  # a layer must return a tensor, or a tuple starting with one
+        source = first_tensor(args)
+        if source is not None and source.dim() == 4 and source.shape[2] * source.shape[3] == 1:
+            return  # repeated from a 1x1 input (AlexNet's avgpool, small inputs): constant
+        found = layout(list(t.shape), self.size, type_name=call.site.type, hint=self.hint)
+        if isinstance(found, Layout):
+            c = t.shape[found.channel_dim]
+            self.found.append(_Grid(call.name, call.site.type,
+                                    [int(t.shape[0]), int(c), found.h, found.w], found.kind))
+
+    def finish(self) -> list[_Grid]:
+        return self.found
+
+
+def _stage(found: Sequence[_Grid], ran: set[str], model: nn.Module) -> _Grid | None:
+    """The last spatial stage of a backbone: a module under ``backbone.body`` (FPN
+    backbones) or ``backbone`` whose parent there did not run itself (so ModuleList
+    entries count as stages)."""
+    names = dict(model.named_modules())
+    prefix = "backbone.body" if "backbone.body" in names else "backbone"
+    if prefix not in names:
+        return None
+    stages = [g for g in found if g.name.startswith(prefix + ".")
+              and (g.name.rsplit(".", 1)[0] == prefix or g.name.rsplit(".", 1)[0] not in ran)]
+    return stages[-1] if stages else None
+
+
+def _block(name: str, containers: set[str]) -> str | None:
+    """The nearest enclosing block of ``name``: an ancestor held by a ModuleList or
+    Sequential (``blocks.11``, ``encoder.layer.1``, ``encoder.layers.encoder_layer_11``)."""
+    parts = name.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        if ".".join(parts[:end - 1]) in containers:
+            return ".".join(parts[:end])
+    return None
+
+
+def _token_layer(found: Sequence[_Grid], model: nn.Module) -> _Grid | None:
+    """A token model's layer: the first norm of the last block (its ``norm1``, ``ln_1``,
+    ``layernorm_before``), as pytorch-grad-cam advises. Its patch tokens feed the last
+    block's attention, so the class score depends on them; after the last block, a
+    classifier that reads only the class token gives them no gradient."""
+    containers = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList,
+                                                                          nn.Sequential))}
+    norms = [g for g in found if g.kind == "tokens" and "Norm" in g.type]
+    blocks = [(g, _block(g.name, containers)) for g in norms]
+    inside = [(g, b) for g, b in blocks if b is not None]
+    if not inside:
+        return None
+    last = inside[-1][1]
+    return next(g for g, b in inside if b == last)
+
+
+def default_layer(model: nn.Module, sample: torch.Tensor, *,
+                  autocast: torch.dtype | None = None,
+                  task: str = "classification") -> tuple[str, list[int]]:
+    """The layer to explain when none is given, found with one forward pass of ``sample``.
+
+    A classifier's: the last module (in execution order) whose output is an image grid
+    (see :mod:`hookscope.core.grid`); for a token transformer, whose last grid is a token
+    sequence, the first norm of its last block. A segmentation model's or detector's: the
+    last such stage of its backbone (``backbone.layer4``, ``backbone.body.layer4``), else
+    the classifier's rule. The shape returned is the layer's (N, C, h, w).
+
+    Raises:
+        HookscopeError: no module has a spatial output.
+    """
+    probe = _Spatial(model)
+    found = drive(model, sample, probe, autocast=autocast)
+    chosen = _stage(found, probe.ran, model) if task != "classification" else None
+    if chosen is None and found and found[-1].kind == "tokens":
+        chosen = _token_layer(found, model)
+    if chosen is None and found:
+        chosen = found[-1]
+    if chosen is None:
+        raise HookscopeError(
+            f"{type(model).__name__} has no module with a spatial output larger than 1x1 "
+            f"(N, C, H, W), (N, H, W, C) or patch tokens; choose {param('layer')}."
+        )
+    return chosen.name, chosen.shape

@@ -1,0 +1,352 @@
+"""What a class activation map explains, for each kind of model.
+
+* A classifier: the target class's logit (``ClassifierOutputTarget``).
+* A segmentation model (torchvision's ``{"out": (N, K, H, W)}``): the sum of the target
+  class's logits over a region: the pixels where the model predicts the class, or the
+  non-zero pixels of a mask file (pytorch-grad-cam's ``SemanticSegmentationTarget``).
+* A detector (torchvision's list of ``{"boxes", "labels", "scores"}``): for each chosen
+  detection, the IoU plus the score of the output box that overlaps it most, when that box
+  has the same label and an IoU above ``iou`` (pytorch-grad-cam's
+  ``FasterRCNNBoxScoreTarget``), summed.
+
+An :class:`Objective` chooses, from the clean forward pass, what each input explains (a
+:class:`Selection`) and then scores any output of the model against it, differentiably, so
+gradients and the extra passes of ScoreCAM, Ablation-CAM and the metrics share one
+definition of "the target score".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hookscope.core.errors import HookscopeError, param
+from hookscope.core.outputs import class_logits, select_logits
+from hookscope.core.targets import Targets, parse_targets
+
+__all__ = ["Objective", "Selection", "TASKS", "box_score", "infer_task", "load_mask",
+           "make_objective"]
+
+TASKS = ("classification", "segmentation", "detection")
+Box = tuple[float, float, float, float]
+
+
+@dataclass
+class Selection:
+    """What each input of a batch explains.
+
+    Attributes:
+        classes: the class per input (-1: several classes, for detection).
+        masks: segmentation: the region per input, (N, H, W) float at the output's size.
+        boxes, labels, det_scores: detection: the chosen detections per input.
+        skipped: per input, why it cannot be explained (None when it can).
+        notes: things to tell the user.
+    """
+
+    classes: list[int]
+    masks: torch.Tensor | None = None
+    boxes: list[torch.Tensor] = field(default_factory=list)
+    labels: list[torch.Tensor] = field(default_factory=list)
+    det_scores: list[torch.Tensor] = field(default_factory=list)
+    skipped: list[str | None] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    """Where a batch's inputs came from: names, original sizes and crop boxes."""
+
+    names: list[str]
+    sizes: list[tuple[int, int] | None]
+    boxes: list[Box | None]
+
+
+class Objective:
+    """The target score of a classifier: the target class's logit."""
+
+    kind = "classification"
+
+    def __init__(self, targets: Targets | None = None, output_key: str | None = None) -> None:
+        self.targets = targets or parse_targets(None, None)
+        self.output_key = output_key
+
+    def output(self, raw: Any) -> Any:
+        """The part of the model's output that is scored."""
+        return class_logits(raw, self.output_key, "Grad-CAM")
+
+    def select(self, out: Any, x: torch.Tensor, start: int, ctx: Context) -> Selection:
+        """What each input explains, from the clean pass's output."""
+        return Selection(self.targets.resolve(out, start), skipped=[None] * len(x))
+
+    def score(self, out: Any, sel: Selection, rows: Sequence[int]) -> torch.Tensor:
+        """The target score of each output row, row j against input ``rows[j]``."""
+        index = torch.tensor([sel.classes[r] for r in rows], device=out.device)
+        return out.gather(1, index.unsqueeze(1)).squeeze(1)
+
+    def rows(self, out: Any) -> int:
+        """How many inputs an output answers."""
+        return int(out.shape[0])
+
+    def probs(self, out: Any, sel: Selection) -> list[float | None]:
+        """The target's probability per input (None where there is none)."""
+        index = torch.tensor(sel.classes, device=out.device).unsqueeze(1)
+        return torch.softmax(out.float(), dim=1).gather(1, index).squeeze(1).tolist()
+
+
+class SegmentationObjective(Objective):
+    """The summed logits of the target class over its predicted region (or a mask)."""
+
+    kind = "segmentation"
+
+    def __init__(self, targets: Targets | None = None, output_key: str | None = None,
+                 mask: np.ndarray | None = None) -> None:
+        super().__init__(targets, output_key)
+        self.mask = mask
+
+    def output(self, raw: Any) -> Any:
+        out = select_logits(raw, self.output_key)
+        if out is None or out.dim() != 4:
+            shape = "nothing" if out is None else f"shape {list(out.shape)}"
+            raise HookscopeError(f"A segmentation model must return (N, classes, H, W) "
+                                 f"logits (torchvision's 'out'); it returned {shape}.")
+        return out
+
+    def _classes(self, out: torch.Tensor, start: int) -> list[int]:
+        n, k = out.shape[:2]
+        self.targets.check_count(start + n) if self.targets.per_input else None
+        pred = out.argmax(dim=1).reshape(n, -1)
+        chosen = []
+        for i in range(n):
+            entry = self.targets.entries[start + i if self.targets.per_input else 0]
+            if isinstance(entry, int):
+                if not 0 <= entry < k:
+                    raise HookscopeError(f"{param('target')} {entry} is out of range: the "
+                                         f"model has {k} classes (0 to {k - 1}).")
+                chosen.append(entry)
+                continue
+            counts = torch.bincount(pred[i], minlength=k).float()
+            if bool((counts[1:] > 0).any()):
+                counts[0] = -1.0  # background last, unless nothing else is predicted
+            rank = int(entry[3:])
+            if rank > k:
+                raise HookscopeError(f"{param('target')} {entry}: the model has {k} classes.")
+            chosen.append(int(torch.argsort(counts, descending=True, stable=True)[rank - 1]))
+        return chosen
+
+    def select(self, out: Any, x: torch.Tensor, start: int, ctx: Context) -> Selection:
+        classes = self._classes(out, start)
+        size = tuple(out.shape[-2:])
+        notes = []
+        if self.mask is not None:
+            masks = torch.stack([_fit_mask(self.mask, x.shape[-2:], size, ctx.sizes[i],
+                                           ctx.boxes[i], ctx.names[i])
+                                 for i in range(len(x))]).to(out.device, out.dtype)
+        else:
+            pred = out.argmax(dim=1)
+            masks = (pred == torch.tensor(classes, device=out.device)[:, None, None]).to(
+                out.dtype)
+            notes = [f"{ctx.names[i]}: class {c} is predicted on no pixel, so its map is "
+                     "empty; give the region as a mask file."
+                     for i, c in enumerate(classes) if not bool(masks[i].any())]
+        return Selection(classes, masks=masks, skipped=[None] * len(x), notes=notes)
+
+    def score(self, out: Any, sel: Selection, rows: Sequence[int]) -> torch.Tensor:
+        idx = torch.tensor(list(rows), device=out.device)
+        cls = torch.tensor([sel.classes[r] for r in rows], device=out.device)
+        picked = out[torch.arange(len(idx), device=out.device), cls]
+        assert sel.masks is not None
+        return (picked * sel.masks[idx].to(picked.dtype)).sum(dim=(1, 2))
+
+    def probs(self, out: Any, sel: Selection) -> list[float | None]:
+        assert sel.masks is not None
+        prob = torch.softmax(out.float(), dim=1)
+        found: list[float | None] = []
+        for i, c in enumerate(sel.classes):
+            area = float(sel.masks[i].sum())
+            found.append(float((prob[i, c] * sel.masks[i]).sum()) / area if area else None)
+        return found
+
+
+def box_score(out: dict[str, torch.Tensor], boxes: torch.Tensor, labels: torch.Tensor,
+              iou: float) -> torch.Tensor:
+    """pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` on one image's detections.
+
+    For each reference box: the output box with the largest IoU, if its IoU is above
+    ``iou`` and its label is the same, adds its IoU plus its score.
+    """
+    from torchvision.ops import box_iou
+
+    found = out["boxes"]
+    total = torch.zeros((), device=found.device, dtype=found.dtype)
+    if len(found) == 0 or len(boxes) == 0:
+        return total
+    ious = box_iou(boxes.to(found), found)
+    best, index = ious.max(dim=1)
+    hit = (best > iou) & (out["labels"][index] == labels.to(out["labels"].device))
+    return total + ((best + out["scores"][index]) * hit.to(found.dtype)).sum()
+
+
+class DetectionObjective(Objective):
+    """The summed box scores of chosen detections (``FasterRCNNBoxScoreTarget``)."""
+
+    kind = "detection"
+
+    def __init__(self, targets: Targets | None = None, *, box_index: Sequence[int] = (),
+                 iou: float = 0.5, min_score: float = 0.5) -> None:
+        super().__init__(targets)
+        self.labelled = targets is not None
+        if targets is not None and targets.ranks:
+            raise HookscopeError(f"{param('target')} {','.join(map(str, targets.entries))}: "
+                                 "a detector's target is a class label or index, not a rank.")
+        self.box_index, self.iou, self.min_score = list(box_index), iou, min_score
+
+    def output(self, raw: Any) -> Any:
+        if not (isinstance(raw, (list, tuple)) and raw and all(
+                isinstance(r, dict) and {"boxes", "labels", "scores"} <= set(r) for r in raw)):
+            raise HookscopeError("A detector must return one dict of boxes, labels and "
+                                 f"scores per image (torchvision's); it returned "
+                                 f"{type(raw).__name__}.")
+        return list(raw)
+
+    def rows(self, out: Any) -> int:
+        return len(out)
+
+    def _chosen(self, det: dict[str, torch.Tensor], label: int | None, name: str
+                ) -> tuple[torch.Tensor, str | None]:
+        keep = torch.nonzero(det["scores"] >= self.min_score).flatten()
+        if label is not None:
+            keep = keep[det["labels"][keep] == label]
+        what = f" of class {label}" if label is not None else ""
+        if len(keep) == 0:
+            return keep, (f"{name}: no detection{what} above min_score={self.min_score:g} "
+                          "(--min-score); skipped.")
+        if self.box_index:
+            bad = [i for i in self.box_index if not 0 <= i < len(keep)]
+            if bad:
+                raise HookscopeError(
+                    f"{param('box_index')} {bad[0]} is out of range: {name} has {len(keep)} "
+                    f"detection(s){what} above {param('min_score')} {self.min_score:g} "
+                    f"(0 to {len(keep) - 1}).")
+            keep = keep[torch.tensor(self.box_index, device=keep.device)]
+        return keep, None
+
+    def select(self, out: Any, x: torch.Tensor, start: int, ctx: Context) -> Selection:
+        self.targets.check_count(start + len(out)) if self.targets.per_input else None
+        sel = Selection([])
+        for i, det in enumerate(out):
+            entry = self.targets.entries[start + i if self.targets.per_input else 0] \
+                if self.labelled else None
+            label = int(entry) if entry is not None else None
+            keep, why = self._chosen(det, label, ctx.names[i])
+            sel.classes.append(label if label is not None else -1)
+            sel.boxes.append(det["boxes"][keep].detach())
+            sel.labels.append(det["labels"][keep].detach())
+            sel.det_scores.append(det["scores"][keep].detach())
+            sel.skipped.append(why)
+        return sel
+
+    def score(self, out: Any, sel: Selection, rows: Sequence[int]) -> torch.Tensor:
+        return torch.stack([box_score(out[j], sel.boxes[r], sel.labels[r], self.iou)
+                            for j, r in enumerate(rows)])
+
+    def probs(self, out: Any, sel: Selection) -> list[float | None]:
+        return [None] * len(out)
+
+
+def infer_task(model: Any) -> str:
+    """``segmentation`` or ``detection`` for torchvision's model classes, else
+    ``classification``."""
+    names = {cls.__name__ for cls in type(model).__mro__}
+    if names & {"GeneralizedRCNN", "RetinaNet", "FCOS", "SSD"}:
+        return "detection"
+    if names & {"_SimpleSegmentationModel", "LRASPP"}:
+        return "segmentation"
+    return "classification"
+
+
+def make_objective(task: str, targets: Targets | None, *, output_key: str | None = None,
+                   mask: np.ndarray | None = None, box_index: Sequence[int] = (),
+                   iou: float = 0.5, min_score: float = 0.5) -> Objective:
+    """The objective for ``task``.
+
+    Raises:
+        HookscopeError: an option that does not apply to the task.
+    """
+    if task not in TASKS:
+        raise HookscopeError(f"{param('task')} {task!r}: choose one of {', '.join(TASKS)}.")
+    if task != "detection" and box_index:
+        raise HookscopeError(f"{param('box_index')} selects detections; this is a {task} "
+                             "model.")
+    if task != "segmentation" and mask is not None:
+        raise HookscopeError(f"{param('mask')} sets a segmentation region; this is a {task} "
+                             "model.")
+    if not 0.0 <= iou <= 1.0 or not 0.0 <= min_score <= 1.0:
+        raise HookscopeError(f"{param('iou')} and {param('min_score')} must be within 0 and 1.")
+    if task == "segmentation":
+        return SegmentationObjective(targets, output_key, mask)
+    if task == "detection":
+        return DetectionObjective(targets, box_index=box_index, iou=iou, min_score=min_score)
+    return Objective(targets, output_key)
+
+
+def load_mask(path: str | Path) -> np.ndarray:
+    """A region from an image file: its non-zero pixels, as an (H, W) bool array.
+
+    Raises:
+        HookscopeError: the file cannot be read as an image.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            arr = np.asarray(img.convert("L") if img.mode not in ("L", "1", "I", "F") else img)
+    except (OSError, UnidentifiedImageError) as exc:
+        raise HookscopeError(f"{param('mask')} {str(path)!r} cannot be read as an image "
+                             f"({exc.__class__.__name__}).") from None
+    return arr != 0
+
+
+def _fit_mask(mask: np.ndarray, input_hw: Sequence[int], out_hw: Sequence[int],
+              size: tuple[int, int] | None, box: Box | None, name: str) -> torch.Tensor:
+    """The mask at the output's resolution, from the input's size or the original image's.
+
+    Raises:
+        HookscopeError: the mask is neither size.
+    """
+    h, w = mask.shape
+    t = torch.from_numpy(mask.astype(np.float32))
+    if (h, w) == tuple(input_hw):
+        fitted = t
+    elif size is not None and (w, h) == tuple(size):
+        left, top, right, bottom = box or (0.0, 0.0, float(w), float(h))
+        crop = t[int(round(top)):int(round(bottom)), int(round(left)):int(round(right))]
+        fitted = F.interpolate(crop[None, None], size=tuple(input_hw), mode="nearest")[0, 0]
+    else:
+        sizes = f"{input_hw[1]}x{input_hw[0]} (the model input)"
+        if size is not None:
+            sizes = f"{size[0]}x{size[1]} (the image) or " + sizes
+        raise HookscopeError(f"{param('mask')} is {w}x{h} pixels; for {name} it must be "
+                             f"{sizes}.")
+    if tuple(fitted.shape) != tuple(out_hw):
+        fitted = F.interpolate(fitted[None, None], size=tuple(out_hw), mode="nearest")[0, 0]
+    return fitted
+
+
+def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, Targets | None]:
+    """What a loaded model's maps explain (its task) and the parsed ``target`` for it.
+
+    A detector without ``target`` explains every detection (None); otherwise the target is
+    parsed with the model's labels and checked against the number of inputs.
+    """
+    task = loaded.task if loaded.task in TASKS else infer_task(loaded.model)
+    if target is None and task == "detection":
+        return task, None
+    targets = parse_targets(target, loaded.categories)
+    targets.check_count(n_inputs)
+    return task, targets

@@ -1,0 +1,503 @@
+"""The one hook engine: every hook hookscope registers goes through here and is removed.
+
+Two layers:
+
+* :class:`Hooks` owns raw ``RemovableHandle`` objects (module forward, pre-forward and
+  backward hooks, tensor hooks) and removes every one of them on exit, whether the block
+  ended normally, raised, or was interrupted.
+* :class:`Tracer` attaches a pre-forward and a forward hook to each selected module
+  (a :class:`Site`) and turns raw hook calls into :class:`Call` objects: the module's
+  dotted name, type, depth and a per-forward ``call`` index for modules run several times
+  (ResNet's shared ``relu``). Callbacks get the call, the inputs and the output.
+
+Names are bound with :func:`functools.partial` per site, never captured from a loop
+variable, so the late-binding closure bug cannot give a hook the wrong layer name.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import chain
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from hookscope.core.errors import ForwardError, HookscopeError, clip, param, suggest
+
+__all__ = [
+    "Call",
+    "Hooks",
+    "Site",
+    "Tracer",
+    "first_tensor",
+    "hook_count",
+    "raised_in_machinery",
+    "model_device",
+    "model_dtype",
+    "select_sites",
+    "tensor_shapes",
+    "tensors",
+]
+
+
+#: Where hook machinery lives: hookscope's own package, and the module hooks torch
+#: installs for it (``FlopCounterMode``'s module tracker, the full-backward-hook wrapper).
+_HOOKSCOPE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_TORCH_HOOKS = tuple(os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "utils", f)
+                     for f in ("module_tracker.py", "hooks.py"))
+
+
+def raised_in_machinery(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside hook machinery, not by the model's own code.
+
+    The leading frames of the traceback are hookscope's driver calling the model (where
+    the exception was caught), so they are skipped; any later frame in hookscope's package
+    or in one of torch's module-hook helpers means a hook raised while the model ran. A
+    ``forward`` there is a module wrapping the model, and does not count.
+    """
+    frame = exc.__traceback__
+    while frame is not None and os.path.abspath(
+            frame.tb_frame.f_code.co_filename).startswith(_HOOKSCOPE):
+        frame = frame.tb_next
+    while frame is not None:
+        code = frame.tb_frame.f_code
+        path = os.path.abspath(code.co_filename)
+        if (path.startswith(_HOOKSCOPE) or path in _TORCH_HOOKS) and code.co_name != "forward":
+            return True
+        frame = frame.tb_next
+    return False
+
+
+@dataclass(frozen=True)
+class Site:
+    """A module selected for hooking, named as in ``model.named_modules()``."""
+
+    name: str
+    type: str
+    depth: int
+    module: nn.Module = field(compare=False, repr=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One execution of a site's module; ``index`` counts calls within one forward pass."""
+
+    site: Site
+    index: int
+
+    @property
+    def name(self) -> str:
+        return self.site.name
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.site.name, self.index)
+
+
+def _depth(name: str) -> int:
+    return 0 if not name else name.count(".") + 1
+
+
+def all_sites(model: nn.Module) -> list[Site]:
+    """Every named module except the root, in definition order (the root only for a bare leaf)."""
+    named = list(model.named_modules())
+    sites = [Site(n, type(m).__name__, _depth(n), m) for n, m in named if n]
+    if not sites:
+        sites = [Site("", type(model).__name__, 0, model)]
+    return sites
+
+
+def _is_leaf(site: Site, max_depth: int | None) -> bool:
+    return site.depth == max_depth or not any(True for _ in site.module.children())
+
+
+def select_sites(
+    model: nn.Module,
+    *,
+    layers: Sequence[str] | None = None,
+    types: Sequence[str] | None = None,
+    all_modules: bool = False,
+    max_depth: int | None = None,
+) -> list[Site]:
+    """Choose the modules to hook.
+
+    Leaf modules are chosen by default: modules without children, or modules at
+    ``max_depth`` when the tree is cut there. A container is chosen only when asked for:
+    by ``all_modules``, by its class name in ``types``, or by its exact name in ``layers``.
+    ``layers`` are fnmatch patterns on dotted names (``layer4.*`` selects the leaves under
+    ``layer4``); a module must satisfy both ``layers`` and ``types`` when both are given.
+
+    Raises:
+        HookscopeError: when nothing matches, saying which filter excluded what.
+    """
+    if max_depth is not None and max_depth < 1:
+        raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
+    wanted = set(types or ())
+    exact = set(layers or ())
+    candidates = [
+        s for s in all_sites(model)
+        if (max_depth is None or s.depth <= max_depth)
+        and (all_modules or s.type in wanted or s.name in exact or _is_leaf(s, max_depth))
+    ]
+    by_name = [s for s in candidates
+               if not layers or any(fnmatch.fnmatchcase(s.name, p) for p in layers)]
+    chosen = [s for s in by_name if not types or s.type in wanted]
+    if chosen:
+        return chosen
+    raise _no_match(model, candidates, by_name, layers, types, max_depth)
+
+
+def _no_match(model: nn.Module, candidates: list[Site], by_name: list[Site],
+              layers: Sequence[str] | None, types: Sequence[str] | None,
+              max_depth: int | None) -> HookscopeError:
+    """The one error that says which filter left nothing."""
+    kind = type(model).__name__
+    everything = all_sites(model)
+    names = [s.name for s in everything]
+    hint = " Run `hookscope layers MODEL` to list the names."
+    within = f" within {param('max_depth')} {max_depth}" if max_depth is not None else ""
+    if layers and not by_name:
+        if not any(fnmatch.fnmatchcase(n, p) for n in names for p in layers):
+            close = "".join(suggest(p, names) for p in layers)
+            return HookscopeError(f"{param('layers')} {' '.join(layers)} matches no module of "
+                                  f"{kind}.{close}{hint}")
+        return HookscopeError(
+            f"{param('layers')} {' '.join(layers)} matches only containers{within}; name one "
+            f"exactly, or add {param('all_modules')} to include containers.{hint}")
+    present = sorted({s.type for s in everything})
+    if types and not any(s.type in set(types) for s in candidates):
+        close = "".join(suggest(t, present) for t in types)
+        listed = ", ".join(present[:12]) + ("..." if len(present) > 12 else "")
+        return HookscopeError(f"{param('types')} {' '.join(types)} matches no module of "
+                              f"{kind}{within}.{close} Types present: {listed}.")
+    if layers and types:
+        found = sorted({s.type for s in by_name})
+        return HookscopeError(
+            f"{param('layers')} {' '.join(layers)} and {param('types')} {' '.join(types)} each "
+            f"match modules, but no module matches both; the modules {param('layers')} selects "
+            f"are of type {', '.join(found[:8])}{'...' if len(found) > 8 else ''}.")
+    return HookscopeError(f"The selection matches no module{within}.{hint}")
+
+
+def find_site(model: nn.Module, name: str) -> Site:
+    """The site of one module by its exact dotted name.
+
+    Raises:
+        HookscopeError: the name does not exist, with close matches and a hint.
+    """
+    for site in all_sites(model):
+        if site.name == name:
+            return site
+    names = [s.name for s in all_sites(model)]
+    raise HookscopeError(
+        f"{type(model).__name__} has no module named {name!r}.{suggest(name, names)} "
+        "Run `hookscope layers MODEL` to list the names."
+    )
+
+
+def first_tensor(obj: Any) -> torch.Tensor | None:
+    """The first tensor in a tensor, tuple, list or dict (depth first), or None."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
+    for item in items:
+        found = first_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+def tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    found: list[torch.Tensor] = []
+    _collect_tensors(obj, found)
+    return found
+
+
+def _collect_tensors(obj: Any, found: list[torch.Tensor]) -> None:
+    # A module-level function, not a closure: a recursive inner function references itself
+    # through its closure cell, a cycle that kept ``found`` (and so every activation it
+    # saw) alive until the cyclic GC ran, which doubled collect_stats' peak memory.
+    if isinstance(obj, torch.Tensor):
+        found.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect_tensors(v, found)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            _collect_tensors(v, found)
+
+
+def tensor_shapes(obj: Any) -> list[list[int]]:
+    """Shapes of every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    return [list(t.shape) for t in tensors(obj)]
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (CPU for a stateless model)."""
+    first = next(chain(model.parameters(), model.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def model_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's first floating-point parameter or buffer (None: none)."""
+    first = next((t for t in chain(model.parameters(), model.buffers())
+                  if t.is_floating_point()), None)
+    return first.dtype if first is not None else None
+
+
+def hook_count(model: nn.Module) -> int:
+    """Hooks registered on the model and its submodules (forward, pre-forward, backward)."""
+    total = 0
+    for m in model.modules():
+        total += len(m._forward_hooks) + len(m._forward_pre_hooks)
+        total += len(m._backward_hooks) + len(m._backward_pre_hooks)
+    return total
+
+
+class Hooks:
+    """Owns hook handles and removes all of them on exit.
+
+    Use as a context manager; hooks are gone after normal exit, exceptions and
+    ``KeyboardInterrupt`` alike.
+    """
+
+    def __init__(self) -> None:
+        self._handles: list[RemovableHandle] = []
+
+    def _keep(self, handle: RemovableHandle) -> RemovableHandle:
+        self._handles.append(handle)
+        return handle
+
+    def forward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
+        """``module.register_forward_hook(hook, **kw)``, removed on exit."""
+        return self._keep(module.register_forward_hook(hook, **kw))
+
+    def forward_pre(
+        self, module: nn.Module, hook: Callable[..., Any], **kw: Any
+    ) -> RemovableHandle:
+        """``module.register_forward_pre_hook(hook, **kw)``, removed on exit."""
+        return self._keep(module.register_forward_pre_hook(hook, **kw))
+
+    def backward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
+        """``module.register_full_backward_hook(hook)``, removed on exit.
+
+        Prefer :meth:`tensor` hooks registered from a forward hook: full backward hooks
+        fail on modules followed by in-place operations.
+        """
+        return self._keep(module.register_full_backward_hook(hook, **kw))
+
+    def tensor(self, tensor: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
+        """``tensor.register_hook(hook)``, removed on exit."""
+        return self._keep(tensor.register_hook(hook))
+
+    def accumulated(self, param: torch.Tensor,
+                    hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
+        """``param.register_post_accumulate_grad_hook(hook)``, removed on exit."""
+        return self._keep(param.register_post_accumulate_grad_hook(hook))
+
+    def remove(self) -> None:
+        """Remove every handle; safe to call twice."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def __enter__(self) -> Hooks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+EnterFn = Callable[[Call, tuple[Any, ...], dict[str, Any]], None]
+ExitFn = Callable[[Call, tuple[Any, ...], dict[str, Any], Any], Any]
+
+
+class Tracer(Hooks):
+    """Per-call hooks on selected sites; :meth:`locate` names the module that raised.
+
+    ``on_enter(call, args, kwargs)`` runs from a pre-forward hook, before the module runs
+    (so inputs are seen before an in-place module overwrites them). ``on_exit(call, args,
+    kwargs, output)`` runs from a forward hook, before any later in-place operation can
+    change the output; a non-None return value replaces the module's output.
+
+    Call indices restart at each forward pass of ``model`` (a pre-forward hook on the root
+    resets them). :attr:`active` is the stack of calls entered but not finished. Only the
+    selected sites are hooked, so a run that succeeds pays nothing for naming a crash; when
+    the forward pass raises, :meth:`locate` runs it again with a locator on every module.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sites: Iterable[Site],
+        *,
+        on_enter: EnterFn | None = None,
+        on_exit: ExitFn | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.sites = list(sites)
+        self.on_enter = on_enter
+        self.on_exit = on_exit
+        self.active: list[tuple[Call, tuple[Any, ...], dict[str, Any]]] = []
+        #: The exception a callback raised (not the model's own), so it is not blamed on
+        #: the module that happened to be running.
+        self.callback_error: BaseException | None = None
+        #: Whether the model's own forward has begun (its pre-forward hook ran).
+        self.started = False
+        #: While :meth:`locate` runs a pass again, the callbacks stay silent.
+        self.muted = False
+        self._counts: dict[str, int] = {}
+
+    def reset(self) -> None:
+        """Forget call counts and the active stack (done automatically per forward pass)."""
+        self._counts.clear()
+        self.active.clear()
+        self.callback_error = None
+        self.started = False
+
+    def _root_pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.muted:
+            return
+        if not self.active:
+            self._counts.clear()
+        self.started = True
+
+    def _pre(
+        self, site: Site, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+    ) -> None:
+        if self.muted:
+            return
+        index = self._counts.get(site.name, 0)
+        self._counts[site.name] = index + 1
+        call = Call(site, index)
+        self.active.append((call, args, kwargs))
+        if self.on_enter is not None:
+            try:
+                self.on_enter(call, args, kwargs)
+            except BaseException as exc:
+                self.callback_error = exc
+                raise
+
+    def _post(
+        self,
+        site: Site,
+        module: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+    ) -> Any:
+        if self.muted:
+            return None
+        # Pop this site's innermost active call (a module may recurse into itself).
+        for i in range(len(self.active) - 1, -1, -1):
+            if self.active[i][0].site is site:
+                call = self.active.pop(i)[0]
+                break
+        else:  # pragma: no cover - a forward hook without its pre-hook
+            call = Call(site, self._counts.get(site.name, 1) - 1)
+        if self.on_exit is not None:
+            try:
+                return self.on_exit(call, args, kwargs, output)
+            except BaseException as exc:
+                self.callback_error = exc
+                raise
+        return None
+
+    def attach(self) -> Tracer:
+        """Register the hooks (done by ``with``); prepend so hookscope sees outputs first."""
+        if len(self):
+            return self
+        try:
+            for site in self.sites:
+                self.forward_pre(site.module, partial(self._pre, site),
+                                 with_kwargs=True, prepend=True)
+                self.forward(site.module, partial(self._post, site),
+                             with_kwargs=True, prepend=True)
+            # Registered last with prepend, so it runs first: before the root's own site.
+            self.forward_pre(self.model, self._root_pre, prepend=True)
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def innermost(self) -> tuple[Call, tuple[Any, ...], dict[str, Any]] | None:
+        """The innermost call still running (after an exception: the one that raised)."""
+        return self.active[-1] if self.active else None
+
+    def locate(self, again: Callable[[], Any], exc: BaseException) -> ForwardError:
+        """The :class:`ForwardError` for ``exc``, naming the innermost module that was running.
+
+        ``again`` repeats the failed forward pass; it runs with a locator on every module
+        and this tracer's callbacks muted (a model fails again in the same place). Should it
+        not fail the same way, the innermost module among the traceback's frames is named.
+        """
+        locator = Tracer(self.model, all_sites(self.model))
+        self.muted = True
+        try:
+            with locator:
+                again()
+        except type(exc):
+            return locator.forward_error(exc)
+        except Exception:  # noqa: S110 - another failure: the traceback names the place
+            pass
+        finally:
+            self.muted = False
+        return self.traceback_error(exc)
+
+    def traceback_error(self, exc: BaseException) -> ForwardError:
+        """Name the innermost module whose code is among ``exc``'s traceback frames."""
+        names = {id(m): n for n, m in self.model.named_modules()}
+        tb, found = exc.__traceback__, None
+        while tb is not None:
+            owner = tb.tb_frame.f_locals.get("self")
+            if id(owner) in names:
+                found = owner
+            tb = tb.tb_next
+        if found is None:
+            return ForwardError(f"The forward pass failed: {exc.__class__.__name__}: "
+                                f"{clip(str(exc)) or exc.__class__.__name__}", cause=exc)
+        name, kind = names[id(found)], type(found).__name__
+        site = Site(name, kind, _depth(name), found)
+        self.active = [(Call(site, 0), (), {})]
+        self.started = True
+        return self.forward_error(exc)
+
+    def forward_error(self, exc: BaseException) -> ForwardError:
+        """Wrap an exception raised by the model with the innermost running module."""
+        message = clip(str(exc)) or exc.__class__.__name__
+        inner = self.innermost()
+        if inner is None and self.started:  # between submodules, in the model's own code
+            kind = type(self.model).__name__
+            return ForwardError(f"The forward pass failed in the model's own code ({kind}): "
+                                f"{exc.__class__.__name__}: {message}", module="",
+                                type_name=kind, call=0, depth=0, cause=exc)
+        if inner is None:
+            return ForwardError(f"The forward pass failed before the model started: "
+                                f"{exc.__class__.__name__}: {message}", cause=exc)
+        call, args, kwargs = inner
+        shapes = tensor_shapes(args) + tensor_shapes(kwargs)
+        where = call.name if call.name else f"the model's own code ({call.site.type})"
+        if call.name and call.index:
+            where += f" (call {call.index})"
+        return ForwardError(
+            f"The forward pass failed in {where}"
+            + (f" ({call.site.type}, input shapes {shapes})" if call.name else
+               f" (input shapes {shapes})")
+            + f": {exc.__class__.__name__}: {message}",
+            module=call.name, type_name=call.site.type, call=call.index, depth=call.site.depth,
+            input_shapes=shapes, cause=exc,
+        )
+
+    def __enter__(self) -> Tracer:
+        self.reset()
+        return self.attach()

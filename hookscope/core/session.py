@@ -1,0 +1,503 @@
+"""One command-line invocation: what every command does before and after its analysis.
+
+:func:`session` sets up logging, turns SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 into the same
+clean stop as Ctrl-C, sends the model's prints to stderr (data alone goes to stdout), and
+turns every error into one line on stderr and an exit code (0 ok, 1 a check failed or the
+model's forward raised, 2 bad input, 128+N a signal). :class:`Session` checks
+outputs before any work, resolves inputs, loads the model and runs the progress bar.
+Library errors name Python parameters; here they are spelt as the command's flags.
+
+Under torchrun the session joins the other ranks first (:mod:`hookscope.core.distributed`): its
+batches are this rank's part of the inputs, :meth:`Session.drive` merges every rank's report
+on rank 0, and only rank 0 checks outputs, shows progress and prints; the others exit with
+rank 0's exit code, or, when one rank fails, every rank exits with its error.
+
+Nothing here imports torch at module level, so ``hookscope --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback as tb
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hookscope.core.errors import HookscopeError, param
+from hookscope.render.streams import prints_to_stderr
+
+if TYPE_CHECKING:
+    from hookscope.core.distributed import Group, Launch
+    from hookscope.core.run import Probe
+    from hookscope.inputs.resolve import Batch, InputSet
+    from hookscope.render.console import Bar
+    from hookscope.render.output import Output
+    from hookscope.sources import LoadedModel, LoadOptions
+
+R = TypeVar("R")
+#: Signals handled like Ctrl-C: every temporary file is removed and one line printed.
+SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+#: Commands that explain or differentiate class logits.
+NEEDS_LOGITS = frozenset({"gradcam", "grads", "ablate", "watch"})
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal asked hookscope to stop; it unwinds like Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def _signals() -> Iterator[None]:
+    previous = {}
+    for name in SIGNALS:
+        number = getattr(signal, name, None)
+        if number is not None:
+            try:
+                previous[number] = signal.signal(number, _raise_interrupted)
+            except ValueError:  # not the main thread (e.g. a test runner's worker)
+                pass
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def speller(flags: Mapping[str, str]) -> Callable[[str], str]:
+    """Spell a library parameter as the running command's flag (``target`` -> ``--target``);
+    parameters the command has no flag for keep their name."""
+    return lambda name: flags.get(name, name)
+
+
+@contextmanager
+def session(*, quiet: bool = False, traceback: bool = False,
+            flags: Mapping[str, str] | None = None, command: str | None = None
+            ) -> Iterator[Session]:
+    """Run one command: every error becomes one stderr line and its exit code.
+
+    Args:
+        quiet: only warnings and errors on stderr.
+        traceback: print the traceback of an error too.
+        flags: the command's flag for each library parameter, for error messages.
+        command: the command's name (under torchrun, only some commands run).
+    """
+    from hookscope.core.distributed import Follow
+    from hookscope.render import console
+
+    console.setup_logging(quiet=quiet)
+    s = Session()
+    try:
+        with _signals(), prints_to_stderr():  # a model's print cannot break the JSON
+            s.join(command)
+            yield s
+        s.ended(0)
+    except Follow:
+        raise SystemExit(s.follow()) from None
+    except HookscopeError as exc:
+        if traceback:
+            tb.print_exc()
+        raise s.failed(exc, exc.render(speller(flags or {})), exc.exit_code) from None
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        s.stopped = True
+        why = " (torchrun stops every rank once one has exited: its report names that rank)" \
+            if s.launch is not None else ""
+        raise s.failed(exc, f"stopped by {name}{why}; no output was written",
+                       128 + exc.signum) from None
+    except KeyboardInterrupt as exc:
+        s.stopped = True
+        raise s.failed(exc, "interrupted; no output was written", 130) from None
+    except BrokenPipeError:  # `hookscope ... | head`: the reader left; not an error
+        sys.stderr.close()
+        s.ended(0)
+        raise SystemExit(0) from None
+    except Exception as exc:  # a bug: the traceback is printed, the other ranks told
+        s.failed(exc, f"internal error: {type(exc).__name__}: {exc}", 1, show=False)
+        raise
+    finally:
+        s.close()
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What a command needs to load a model and feed it: the common options, as given."""
+
+    name: str
+    weights: str = "auto"
+    seed: int = 0
+    device: str = "auto"
+    size: int | None = None
+    batch_size: int = 8
+    trust_checkpoint: bool = False
+    num_classes: int | None = None
+    labels: Path | None = None
+    model_args: tuple[str, ...] = ()
+    mean: str | None = None
+    std: str | None = None
+    resize: int | None = None
+    crop: int | None = None
+    input_channels: int | None = None
+    output_key: str | None = None
+    dtype: str | None = None
+    autocast: bool = False
+    workers: int | None = None
+    limit: int | None = None
+    shuffle: bool = False
+    recursive: bool = False
+
+    def __post_init__(self) -> None:
+        if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
+            raise HookscopeError(f"{param('seed')} {self.seed} is out of range; give a whole "
+                                 f"number from 0 to {2**64 - 1} (seeds are 64-bit).")
+
+    def load_options(self) -> LoadOptions:
+        """The library's :class:`~hookscope.sources.LoadOptions` for these options."""
+        from hookscope.sources import LoadOptions
+
+        return LoadOptions(
+            weights=self.weights, seed=self.seed, device=self.device, size=self.size,
+            trust_checkpoint=self.trust_checkpoint, num_classes=self.num_classes,
+            labels=str(self.labels) if self.labels is not None else None,
+            model_args=tuple(self.model_args), mean=_floats(self.mean, "mean"),
+            std=_floats(self.std, "std"), resize=self.resize, crop=self.crop,
+            input_channels=self.input_channels, output_key=self.output_key, dtype=self.dtype,
+            autocast=self.autocast)
+
+
+def refuse_overwriting(writes: Iterable[Path], reads: Iterable[Path | str | None],
+                       what: str) -> None:
+    """Refuse to write any file the run reads: an output that replaced an input (or the
+    weights) is never what was meant, ``--force`` or not.
+
+    Raises:
+        HookscopeError: one of ``writes`` is one of ``reads`` (the same file, by any name).
+    """
+    written = {}
+    for target in writes:
+        with suppress(OSError):  # not there yet: then it is nothing the run reads
+            st = os.stat(target)
+            written[(st.st_dev, st.st_ino)] = target
+    for path in reads if written else ():
+        if path is None:
+            continue
+        with suppress(OSError):
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino) in written:
+                raise HookscopeError(
+                    f"{written[(st.st_dev, st.st_ino)]} is {what} ({path}); writing the output "
+                    "there would replace it. Choose another output.")
+
+
+def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
+    """``0.5`` or ``0.485,0.456,0.406`` as floats."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise HookscopeError(f"{param(name)} {text!r}: give one number, or one per channel "
+                             "separated by commas (0.485,0.456,0.406).") from None
+
+
+class Session:
+    """The steps every command shares, in the order commands take them.
+
+    Attributes:
+        launch: this process's place under torchrun (None: a single process).
+        group: the ranks of a torchrun run, once joined.
+    """
+
+    def __init__(self) -> None:
+        self.launch: Launch | None = None
+        self.group: Group | None = None
+        self.stopped = False  # by a signal: leave at once, waiting for no other rank
+        self.writes: list[Path] = []  # the files this run will replace: never one it reads
+
+    @property
+    def ranks(self) -> int:
+        """How many processes run this command (1 outside torchrun)."""
+        return 1 if self.launch is None else self.launch.world_size
+
+    @property
+    def leader(self) -> bool:
+        """Whether this process prints and writes (rank 0, or the only process)."""
+        return self.launch is None or self.launch.rank == 0
+
+    # ------------------------------------------------------------------ torchrun
+
+    def join(self, command: str | None) -> None:
+        """Under torchrun, join the other ranks (the others stay silent).
+
+        Raises:
+            HookscopeError: the command does not run under torchrun.
+            JoinError: the other ranks could not be reached in time.
+        """
+        from hookscope.core.distributed import COMMANDS, Group, Launch, timeout_seconds
+
+        launch = Launch.from_env()
+        if launch is None:
+            return
+        self.launch = launch
+        if launch.rank != 0:
+            logging.getLogger("hookscope").setLevel(logging.CRITICAL + 1)
+        # Joined first, even to refuse: a rank that left at once would have torchrun stop
+        # rank 0 before it printed why.
+        self.group = Group.join(launch, timeout_seconds())
+        if command not in COMMANDS:
+            raise HookscopeError(f"`hookscope {command}` does not run under torchrun "
+                                 f"(WORLD_SIZE={launch.world_size}); run it as one process. "
+                                 f"Under torchrun: {', '.join(COMMANDS)}.")
+
+    def failed(self, exc: BaseException, message: str, code: int, *,
+               show: bool = True) -> SystemExit:
+        """Print the error where it belongs and tell the other ranks; the exit to raise.
+
+        Outside torchrun the line is always printed. Under it, rank 0 prints every error
+        (another rank's named by its rank); another rank prints its own error only when it
+        was the first to fail and it runs on another machine, or rank 0 did not take it up.
+        """
+        from hookscope.core.distributed import JoinError, PeerFailed
+        from hookscope.render import console
+
+        launch, group = self.launch, self.group
+        loud = True
+        if launch is not None:
+            if isinstance(exc, PeerFailed):
+                loud = exc.loud
+            elif group is not None:
+                loud = group.fail(message, code)
+                message = f"rank {launch.rank}: {message}" if launch.rank else message
+            else:
+                loud = isinstance(exc, JoinError)
+            if group is not None and launch.rank != 0:
+                # Leave only once rank 0 has printed (torchrun stops the rest when one rank
+                # exits). A first failure is printed here too on another machine, or when
+                # rank 0 did not take it up.
+                acknowledged = group.acknowledged()
+                if not isinstance(exc, PeerFailed):
+                    loud = loud and (not launch.same_node_as_leader or not acknowledged)
+            loud = loud or launch.rank == 0
+        if loud and show:
+            console.error(message)
+        self.ended(code)  # after the line: torchrun stops rank 0 once the others have left
+        return SystemExit(code)
+
+    def ended(self, code: int) -> None:
+        """Rank 0: publish the run's exit code for the other ranks."""
+        if self.group is not None and self.launch is not None and self.launch.rank == 0:
+            self.group.publish(code)
+
+    def follow(self) -> int:
+        """A rank other than 0, its report sent: rank 0's exit code."""
+        from hookscope.core.distributed import PeerFailed
+        from hookscope.render import console
+
+        assert self.group is not None  # Follow is raised only by a group's merge
+        try:
+            return self.group.outcome()
+        except PeerFailed as exc:
+            if exc.loud:
+                console.error(str(exc))
+            return exc.exit_code
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close(wait=not self.stopped)
+            self.group = None
+
+    # ------------------------------------------------------------------ the steps
+
+    def output(self, path: Path | str | None, *, force: bool) -> Output:
+        """Where data goes, checked now (before the model loads); only rank 0 writes."""
+        from hookscope.render.output import resolve_output
+
+        output = resolve_output(path if self.leader else None, force=force)
+        if output.target is not None:
+            self.writes.append(output.target)
+        return output
+
+    def folder(self, path: Path, planned: Iterable[Path], *, force: bool) -> Path:
+        """An output folder and the files planned in it, checked now."""
+        from hookscope.render.output import check_folder
+
+        if not self.leader:
+            return path
+        planned = list(planned)
+        self.writes += planned
+        return check_folder(path, planned=planned, force=force)
+
+    def reading(self, paths: Iterable[Path | str | None], what: str = "an input of this run"
+                ) -> None:
+        """Refuse an output that is one of ``paths`` (see :func:`refuse_overwriting`)."""
+        refuse_overwriting(self.writes, paths, what)
+
+    def inputs(self, specs: Sequence[str], options: ModelOptions) -> InputSet:
+        """Resolve inputs before the model loads, so a bad path fails fast.
+
+        Raises:
+            HookscopeError: a bad input; ``-`` under torchrun.
+            PeerFailed: under torchrun, this rank found other inputs than rank 0.
+        """
+        from hookscope.inputs.resolve import STDIN, resolve_inputs
+        from hookscope.sources import resolve
+
+        if self.launch is not None and STDIN in specs:
+            raise HookscopeError("'-' (stdin) cannot be read under torchrun, where every "
+                                 "process would need it; pass the image as a file.")
+        resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
+                                  recursive=options.recursive, limit=options.limit,
+                                  shuffle=options.shuffle, seed=options.seed)
+        self.reading(item.path for item in resolved.items)
+        if self.group is not None:
+            self.group.agree("inputs", resolved.names)
+        return resolved
+
+    def load(self, options: ModelOptions, command: str) -> LoadedModel:
+        """Load the model, refusing kinds ``command`` cannot run and sizes that cannot fit."""
+        from hookscope import sources
+        from hookscope.sources import check_batch_memory, check_supported
+
+        spec = sources.resolve(options.name)
+        code = [spec.target, spec.target.rpartition(":")[0]] \
+            if spec.source not in ("torchvision", "timm") else []
+        self.reading([options.weights, options.labels, *code], "a file the model is loaded from")
+        check_supported(spec, needs_logits=command in NEEDS_LOGITS,
+                        needs_images=command == "gradcam")
+        loaded = sources.load(spec, options.load_options())
+        check_batch_memory(loaded, options.batch_size)
+        return loaded
+
+    def drive(self, loaded: LoadedModel, inputs: Any, probe: Probe[R], **options: Any) -> R:
+        """Run the loaded model over ``inputs`` for ``probe``, at its precision.
+
+        Under torchrun the report is every rank's merged, on rank 0; the other ranks stop
+        here (:class:`~hookscope.core.distributed.Follow`) once theirs is sent.
+        """
+        from hookscope.core.run import drive
+
+        if self.group is None:
+            return drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
+        progress = self.group.progress(options.pop("progress", None))
+        report = drive(loaded.model, inputs, probe, autocast=loaded.autocast,
+                       progress=progress, **options)
+        return self.group.merge(report, progress)
+
+    def run(self, loaded: LoadedModel, inputs: InputSet, options: ModelOptions,
+            probe: Probe[R], label: str, *, shown: bool, **drive_options: Any) -> R:
+        """Decode ``inputs`` and drive ``probe`` over them, with a progress bar on stderr
+        labelled ``label`` when ``shown`` (see :meth:`batches` and :meth:`drive`)."""
+        with self.progress(len(inputs), label, enabled=shown) as bar:
+            return self.drive(loaded, self.batches(inputs, loaded, options), probe,
+                              progress=bar, **drive_options)
+
+    def batches(self, inputs: InputSet, loaded: LoadedModel, options: ModelOptions, *,
+                keep_images: bool = False) -> Iterator[Batch]:
+        """Decode and preprocess the inputs (under torchrun, this rank's part of them):
+        with ``workers`` DataLoader processes (default: from the CPU count), or one batch
+        ahead in a thread."""
+        from hookscope.inputs.dataset import default_workers
+        from hookscope.inputs.resolve import iter_batches
+
+        if self.group is not None:
+            inputs = inputs.part(*self.group.shard(len(inputs), options.batch_size))
+        local = self.launch.local_world_size if self.launch is not None else 1
+        workers = options.workers if options.workers is not None else \
+            default_workers(inputs, options.batch_size, local)
+        batches = iter_batches(inputs, loaded.preprocess, batch_size=options.batch_size,
+                               keep_images=keep_images, ndim=loaded.input_ndim, workers=workers)
+        return batches if self.group is None else self.group.watch(batches)
+
+    def progress(self, total: int | None, label: str, *, enabled: bool = True
+                 ) -> AbstractContextManager[Bar]:
+        """A progress bar on stderr (only on a terminal)."""
+        from hookscope.render import console
+
+        return console.progress(total, label, enabled=enabled and self.leader)
+
+    def plot_output(self, path: Path | None, *, force: bool) -> Output | None:
+        """Where ``--plot`` goes (None: no plot), checked now, its suffix too."""
+        from hookscope.render.plots import plot_output
+
+        output = plot_output(path if self.leader else None, force=force)
+        if output is not None and output.target is not None:
+            self.writes.append(output.target)
+        return output
+
+    def plot(self, command: str, doc: dict[str, Any], output: Output | None,
+             **options: Any) -> None:
+        """Draw and write the command's figure, after its data (all of it or nothing)."""
+        from hookscope.render.views import emit_plot
+
+        emit_plot(command, doc, output, **options)
+
+    def emit(self, command: str, doc: dict[str, Any], fmt: str, output: Output,
+             **options: Any) -> None:
+        """Write the command's document through its registered view."""
+        from hookscope.render.views import emit
+
+        emit(command, doc, fmt, output, **options)
+
+
+# ----------------------------------------------------------------------------- diff's two sides
+
+
+#: Each ``against_*`` option and the model option it replaces for side B.
+AGAINST = {"against_model": "name", "against_weights": "weights", "against_dtype": "dtype",
+           "against_autocast": "autocast", "against_device": "device"}
+
+
+def against_options(options: ModelOptions, against: Mapping[str, Any]) -> ModelOptions:
+    """Side B's options: A's, with each given ``against_*`` option (:data:`AGAINST`) replaced.
+
+    Raises:
+        HookscopeError: none is given, or the dtype is unknown.
+    """
+    from hookscope.sources import DTYPES
+
+    given = {AGAINST[k]: v for k, v in against.items() if v is not None}
+    if not given:
+        flags = ", ".join(param(p) for p in AGAINST)
+        raise HookscopeError(f"Nothing to compare against: give at least one of {flags}; or "
+                             "give two saved `stats` JSON documents (diff a.json b.json).")
+    dtype = given.get("dtype")
+    if dtype is not None and dtype.strip().lower() not in DTYPES:
+        raise HookscopeError(f"{param('against_dtype')} {dtype!r}: choose one of "
+                             f"{', '.join(DTYPES)}.")
+    return replace(options, **given)
+
+
+def describe_against(loaded: LoadedModel) -> dict[str, Any]:
+    """The ``against`` entry of the JSON document: what side B ran."""
+    envelope = loaded.envelope("diff", [])
+    return {k: envelope[k] for k in ("model", "weights", "device", "source", "precision")}
+
+
+def offline_files(model: str, inputs: Sequence[str],
+                  against: Mapping[str, Any] | None = None) -> tuple[Path, Path] | None:
+    """The two documents of an offline diff (MODEL and the one INPUT are ``.json``), or None.
+
+    Raises:
+        HookscopeError: MODEL is a ``.json`` file but the rest does not fit an offline diff.
+    """
+    if not model.lower().endswith(".json"):
+        return None
+    if len(inputs) != 1 or not inputs[0].lower().endswith(".json"):
+        raise HookscopeError("An offline diff compares two saved `stats` documents: "
+                             "hookscope diff a.json b.json (one INPUT, a .json file).")
+    given = [name for name, value in (against or {}).items() if value not in (None, False)]
+    if given:
+        raise HookscopeError(f"{param(given[0])} has no meaning in an offline diff of two saved "
+                             "documents; leave it out.")
+    return Path(model), Path(inputs[0])

@@ -1,0 +1,594 @@
+"""Input discovery, decoding and batching.
+
+Inputs are image files (anything Pillow reads), directories of images, ``-`` for one image
+on stdin, and ``.pt``/``.npy`` files holding an already-preprocessed float tensor. They
+stream through in batches: only one batch (plus one being prefetched) is in memory.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import pickle
+import queue
+import random
+import stat
+import sys
+import threading
+import warnings
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from hookscope.core.errors import HookscopeError, clip, param
+
+log = logging.getLogger("hookscope")
+
+TENSOR_SUFFIXES = {".pt", ".npy"}
+STDIN = "-"
+
+
+def image_suffixes() -> set[str]:
+    """File suffixes Pillow can open (used to pick images out of a directory)."""
+    return {ext.lower() for ext in Image.registered_extensions()}
+
+
+@dataclass(frozen=True)
+class InputItem:
+    """One sample: an image, or one entry of a tensor file.
+
+    Attributes:
+        name: the path as given (``x.pt[3]`` for a tensor's row, ``-`` for stdin).
+        kind: ``image``, ``tensor`` or ``stdin``.
+        path: the file (None for stdin).
+        index: the row of a tensor file with a leading N dimension.
+        label: the class folder it sits in, in an ImageFolder layout (``photos/cat/1.jpg``:
+            ``cat``); None otherwise.
+        data: the file's bytes, read once when resolved, for a file that can be read only
+            once (a FIFO, ``<(cat x.jpg)``, a device); None for a regular file.
+    """
+
+    name: str
+    kind: str  # "image", "tensor" or "stdin"
+    path: Path | None = None
+    index: int | None = None
+    label: str | None = None
+    data: bytes | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def source(self) -> Path | bytes:
+        """What to read: the bytes already read, else the file."""
+        assert self.path is not None or self.data is not None  # not for stdin
+        return self.data if self.data is not None else self.path  # type: ignore[return-value]
+
+    @property
+    def stem(self) -> str:
+        """A file-name stem for outputs derived from this input."""
+        if self.path is None:
+            return "stdin"
+        return self.path.stem if self.index is None else f"{self.path.stem}_{self.index}"
+
+
+@dataclass
+class InputSet:
+    """The resolved inputs of one command, in order (or one rank's contiguous part of them).
+
+    Attributes:
+        items: the samples.
+        stdin: the bytes of the image read from stdin, when ``-`` was given.
+        offset: the position of ``items[0]`` among all inputs (0 unless a rank's part).
+    """
+
+    items: list[InputItem] = field(default_factory=list)
+    stdin: bytes | None = None
+    offset: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        """One name per sample: the path, ``-`` for stdin, ``x.pt[3]`` for a tensor's row."""
+        return [item.name for item in self.items]
+
+    @property
+    def stems(self) -> list[str]:
+        """One output file stem per sample, unique (see :func:`unique_stems`)."""
+        return unique_stems([item.stem for item in self.items])
+
+    @property
+    def labels(self) -> list[str] | None:
+        """Each sample's class folder when every sample has one (an ImageFolder), else None."""
+        labels = [item.label for item in self.items]
+        return None if not labels or None in labels else labels  # type: ignore[return-value]
+
+    def part(self, lo: int, hi: int) -> InputSet:
+        """Samples ``lo`` to ``hi`` (exclusive), which keep their positions."""
+        return InputSet(self.items[lo:hi], self.stdin, self.offset + lo)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass
+class Batch:
+    """A preprocessed batch and where each of its samples came from.
+
+    Attributes:
+        items: its samples.
+        tensor: the stacked, preprocessed samples.
+        images: the decoded images when kept (else None each).
+        start: the position of its first sample among all inputs.
+        number: its position among all batches (None: counted by the driver).
+    """
+
+    items: list[InputItem]
+    tensor: torch.Tensor
+    images: list[Image.Image | None]
+    start: int
+    number: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def unique_stems(stems: Sequence[str]) -> list[str]:
+    """Make repeated stems unique, in order: ``cat``, ``cat-2``, ``cat-3``...
+
+    A made-up name never takes a stem that appears elsewhere in the list, so
+    ``['cat', 'cat', 'cat-2']`` becomes ``['cat', 'cat-3', 'cat-2']`` and no output file is
+    written twice.
+    """
+    given = set(stems)
+    used: set[str] = set()
+    out: list[str] = []
+    for stem in stems:
+        unique, n = stem, 1
+        while unique in used or (unique != stem and unique in given):
+            n += 1
+            unique = f"{stem}-{n}"
+        used.add(unique)
+        out.append(unique)
+    return out
+
+
+# ---------------------------------------------------------------------------- decoding
+
+
+def _decode_error(name: str, exc: BaseException) -> HookscopeError:
+    if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return HookscopeError(
+            f"{name}: image is over Pillow's decompression-bomb limit "
+            f"({Image.MAX_IMAGE_PIXELS} pixels); refusing to decode it. Downscale it first."
+        )
+    if isinstance(exc, UnidentifiedImageError):
+        return HookscopeError(
+            f"{name}: not an image Pillow can read (inputs are images, directories, '-', "
+            "or .pt/.npy tensors)."
+        )
+    if isinstance(exc, FileNotFoundError):
+        return HookscopeError(f"{name}: no such file.")
+    return HookscopeError(f"{name}: corrupt or truncated image ({exc}).")
+
+
+def _open(src: Path | bytes, name: str, *, load: bool) -> Image.Image:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            img = Image.open(io.BytesIO(src) if isinstance(src, bytes) else src)
+            if load:
+                img.load()
+            return img
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning,
+                Image.DecompressionBombError) as exc:
+            raise _decode_error(name, exc) from None
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert any Pillow image to 8-bit RGB: 16-bit and float scaled, alpha over white."""
+    if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+        arr = np.asarray(img, dtype=np.float64)
+        peak = float(arr.max()) if arr.size else 0.0
+        if img.mode == "F" and peak <= 1.0:
+            arr = arr * 255.0
+        elif peak > 255.0:
+            arr = arr / 257.0
+        img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), mode="L")
+    has_alpha = img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
+    if has_alpha:
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def load_image(src: Path | bytes, name: str) -> Image.Image:
+    """Decode an image fully, apply EXIF orientation, convert to RGB.
+
+    Raises:
+        HookscopeError: missing, not an image, corrupt or truncated, or a decompression bomb.
+    """
+    img = _open(src, name, load=True)
+    try:
+        img = ImageOps.exif_transpose(img) or img
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise _decode_error(name, exc) from None
+    return to_rgb(img)
+
+
+def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tensor:
+    """The tensor in ``path`` (or in ``data``, its bytes already read)."""
+    try:
+        if path.suffix.lower() == ".npy":
+            # Copy-on-write mapping of a file: lazy and writable.
+            arr = np.load(io.BytesIO(data), allow_pickle=False) if data is not None else \
+                np.load(path, mmap_mode="c", allow_pickle=False)
+            if not np.issubdtype(arr.dtype, np.floating):
+                raise HookscopeError(
+                    f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected."
+                )
+            return torch.from_numpy(np.asarray(arr))
+        obj = _load_pt(path) if data is None else \
+            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except HookscopeError:
+        raise
+    except pickle.UnpicklingError:  # objects whose code would run, not only tensors
+        raise HookscopeError(
+            f"{name}: holds Python objects besides tensors, which hookscope does not unpickle; "
+            "save one preprocessed float tensor with torch.save(tensor, path).") from None
+    except Exception as exc:  # torch.load and np.load raise many types for bad files
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise HookscopeError(
+            f"{name}: not a readable tensor file ({exc.__class__.__name__}: {clip(first, 120)})."
+        ) from None
+    if not isinstance(obj, torch.Tensor):
+        raise HookscopeError(
+            f"{name}: holds a {type(obj).__name__}, not a tensor; save one preprocessed float "
+            "tensor with torch.save(tensor, path)."
+        )
+    return obj
+
+
+def _load_pt(path: Path) -> Any:
+    """A ``.pt`` file, memory-mapped when it is in the zip format (``torch.save``'s default
+    since 1.6), read whole when it is in the legacy format, which cannot be mapped."""
+    with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+        warnings.simplefilter("ignore")
+        if zipfile.is_zipfile(path):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _check_tensor(t: torch.Tensor, name: str, ndim: int) -> torch.Tensor:
+    if not t.is_floating_point():
+        raise HookscopeError(
+            f"{name}: tensor dtype is {t.dtype}; a preprocessed float tensor is expected."
+        )
+    layout = "(C,T,H,W) or (N,C,T,H,W)" if ndim == 5 else "(C,H,W) or (N,C,H,W)"
+    if t.dim() not in (ndim - 1, ndim) or 0 in t.shape:
+        raise HookscopeError(
+            f"{name}: tensor shape is {list(t.shape)}; expected {layout}."
+        )
+    return t
+
+
+class Decoder:
+    """Decodes and preprocesses one sample at a time (in the main process or a DataLoader
+    worker); the last tensor file read stays open for its next rows.
+
+    Args:
+        preprocess: image to tensor.
+        ndim: the model's input rank (5 for video clips).
+        keep_images: also return each decoded image.
+        stdin: the bytes of the image given as ``-``.
+    """
+
+    def __init__(self, preprocess: Callable[[Any], torch.Tensor], *, ndim: int = 4,
+                 keep_images: bool = False, stdin: bytes | None = None) -> None:
+        self.preprocess, self.ndim, self.keep_images, self.stdin = preprocess, ndim, keep_images, stdin
+        self._file: tuple[Path, torch.Tensor] | None = None
+
+    def __call__(self, item: InputItem) -> tuple[torch.Tensor, Image.Image | None]:
+        """The preprocessed sample and, when kept, its image.
+
+        Raises:
+            HookscopeError: the file is missing, corrupt, or not what it was when resolved.
+        """
+        if item.kind == "tensor":
+            return self._row(item), None
+        src = self.stdin if item.kind == "stdin" else item.source
+        img = load_image(src, item.name)  # type: ignore[arg-type]
+        return self.preprocess(img), img if self.keep_images else None
+
+    def _row(self, item: InputItem) -> torch.Tensor:
+        assert item.path is not None  # tensor items always have a file
+        file = item.name if item.index is None else item.name.rpartition("[")[0]
+        if self._file is None or self._file[0] != item.path:
+            self._file = None  # let the previous file's mapping go first
+            tensor = _check_tensor(_read_tensor(item.path, file, item.data), file, self.ndim)
+            self._file = (item.path, tensor if tensor.dim() == self.ndim else tensor.unsqueeze(0))
+        rows = self._file[1]
+        if (item.index or 0) >= rows.shape[0]:
+            raise HookscopeError(f"{item.name}: the file has only {rows.shape[0]} rows now.")
+        return rows[item.index or 0].to(torch.float32).clone()
+
+
+# ---------------------------------------------------------------------------- resolving
+
+
+def resolve_inputs(
+    specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
+    recursive: bool = False, limit: int | None = None, shuffle: bool = False, seed: int = 0,
+) -> InputSet:
+    """Expand files, directories, ``-`` and tensor files; sample them; check each cheaply.
+
+    Headers are read here (so a non-image fails before the model loads); pixels are
+    decoded later, batch by batch. A directory whose images all sit in subdirectories is an
+    ImageFolder layout: each image's ``label`` is its subdirectory's name.
+
+    Args:
+        specs: files, directories, ``-`` (one image on stdin), ``.pt``/``.npy`` tensors.
+        stdin: the stream ``-`` reads (default: ``sys.stdin``).
+        ndim: the model's input rank (5 for video clips).
+        recursive: walk directories' whole trees (sorted), not only their files.
+        limit: keep only this many samples (after ``shuffle``).
+        shuffle: put the samples in a random order drawn from ``seed``.
+        seed: the seed of ``shuffle``.
+
+    Raises:
+        HookscopeError: no inputs, missing files, empty directories, unreadable files.
+    """
+    if not specs:
+        raise HookscopeError("No inputs given; pass image files, directories, '-' or .pt/.npy.")
+    if limit is not None and limit < 1:
+        raise HookscopeError(f"{param('limit')} must be at least 1, not {limit}.")
+    items: list[InputItem] = []
+    data: bytes | None = None
+    for spec in specs:
+        if spec == STDIN:
+            if data is not None:
+                raise HookscopeError("'-' (stdin) can be given only once.")
+            data = _read_stdin(stdin)
+            items.append(InputItem("-", "stdin"))
+            continue
+        path = Path(spec).expanduser()
+        if path.is_dir():
+            items.extend(_expand_dir(path, spec, recursive))
+        elif not path.exists():
+            raise HookscopeError(f"{spec}: no such file or directory.")
+        else:
+            items.extend(_file_items(path, spec, ndim))
+    if shuffle:
+        random.Random(seed).shuffle(items)
+    items = items[:limit] if limit is not None else items
+    for item in items:
+        if item.kind == "image":
+            _check_image(item, ndim)
+    return InputSet(items, data)
+
+
+def _read_stdin(stdin: IO[bytes] | None) -> bytes:
+    stream = stdin if stdin is not None else sys.stdin.buffer
+    data = stream.read()
+    if not data:
+        raise HookscopeError("'-': stdin is empty; pipe one image into it.")
+    _open(data, "<stdin>", load=False)
+    return data
+
+
+def _read_once(path: Path, name: str) -> bytes | None:
+    """The bytes of a file that cannot be read twice (a FIFO, ``<(...)``, a device), read
+    now; None for a regular file, which is read when its batch comes."""
+    try:
+        if stat.S_ISREG(path.stat().st_mode):
+            return None
+        return path.read_bytes()
+    except OSError as exc:
+        raise HookscopeError(f"{name}: cannot be read ({exc.strerror or exc}).") from None
+
+
+def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
+    """A tensor file's rows (read and checked now), or one image (checked later)."""
+    data = _read_once(path, name)
+    if path.suffix.lower() not in TENSOR_SUFFIXES:
+        return [InputItem(name, "image", path, data=data)]
+    t = _check_tensor(_read_tensor(path, name, data), name, ndim)
+    if t.dim() != ndim:
+        return [InputItem(name, "tensor", path, data=data)]
+    return [InputItem(f"{name}[{i}]", "tensor", path, i, data=data) for i in range(t.shape[0])]
+
+
+def _check_image(item: InputItem, ndim: int) -> None:
+    if ndim == 5:
+        raise HookscopeError(
+            f"{item.name}: video models take clips; pass a .pt/.npy tensor of shape (C,T,H,W) "
+            "or (N,C,T,H,W)."
+        )
+    _open(item.source, item.name, load=False).close()
+
+
+def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:
+    """The images in ``folder`` (with ``recursive``, in its whole tree), sorted by their
+    path's parts, and the names of the other files, which are skipped (subdirectories are
+    the caller's to walk or to mention)."""
+    known = image_suffixes()
+    images: list[Path] = []
+    skipped: list[str] = []
+    if not recursive:
+        for entry in sorted(folder.iterdir()):
+            if entry.is_dir():
+                continue
+            if entry.is_file() and entry.suffix.lower() in known:
+                images.append(entry)
+            else:
+                skipped.append(entry.name)
+        return images, skipped
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in files:
+            entry = Path(root, name)
+            if entry.suffix.lower() in known and entry.is_file():
+                images.append(entry)
+            else:
+                skipped.append(str(entry.relative_to(folder)))
+    images.sort(key=lambda p: p.relative_to(folder).parts)
+    return images, sorted(skipped)
+
+
+def _expand_dir(path: Path, spec: str, recursive: bool) -> list[InputItem]:
+    """A directory's images: its own (its tree's, with ``recursive``), or, when it holds
+    none itself, those of its subdirectories labelled with their names (ImageFolder)."""
+    images, skipped = _images_in(path, recursive=False)
+    if images:
+        if recursive:
+            images, skipped = _images_in(path, recursive=True)
+        _note_skipped(spec, skipped)
+        subdirs = [] if recursive else sorted(p.name for p in path.iterdir() if p.is_dir())
+        if subdirs:
+            one = len(subdirs) == 1
+            log.info("%s: %d %s (%s); --recursive includes %s", spec, len(subdirs),
+                     "subdirectory not walked" if one else "subdirectories not walked",
+                     _few(subdirs), "it" if one else "them")
+        return [InputItem(str(p), "image", p) for p in images]
+    items: list[InputItem] = []
+    classes: list[str] = []
+    for sub in sorted(p for p in path.iterdir() if p.is_dir()):
+        found, other = _images_in(sub, recursive)
+        skipped += [f"{sub.name}/{name}" for name in other]
+        if found:
+            classes.append(sub.name)
+            items += [InputItem(str(p), "image", p, label=sub.name) for p in found]
+    if not items:
+        hint = "" if recursive or not any(p.is_dir() for p in path.iterdir()) else \
+            f" (to walk its subdirectories, pass {param('recursive')})"
+        raise HookscopeError(f"{spec}: the directory holds no images{hint}.")
+    log.info("%s: an ImageFolder layout: %d images in %d class folders (%s)", spec, len(items),
+             len(classes), _few(classes))
+    _note_skipped(spec, skipped)
+    return items
+
+
+def _few(names: Sequence[str]) -> str:
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+
+def _note_skipped(spec: str, skipped: list[str]) -> None:
+    if skipped:
+        one = len(skipped) == 1
+        log.info("%s: skipped %d %s: %s", spec, len(skipped),
+                 "file that is not an image" if one else "files that are not images",
+                 _few(skipped))
+
+
+# ---------------------------------------------------------------------------- batching
+
+Sample = tuple[InputItem, torch.Tensor, "Image.Image | None"]
+
+
+def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Iterator[Batch]:
+    """Stack samples into batches of ``batch_size``; a sample whose shape differs from the
+    batch's starts a new one. ``offset``: the position of the first sample among all."""
+    pending: list[Sample] = []
+    start, number = offset, offset // batch_size
+
+    def flush() -> Batch:
+        nonlocal start, number
+        batch = Batch(items=[p[0] for p in pending], tensor=torch.stack([p[1] for p in pending]),
+                      images=[p[2] for p in pending], start=start, number=number)
+        start, number = start + len(pending), number + 1
+        pending.clear()
+        return batch
+
+    for sample in samples:
+        if pending and sample[1].shape != pending[0][1].shape:
+            yield flush()
+        pending.append(sample)
+        if len(pending) >= batch_size:
+            yield flush()
+    if pending:
+        yield flush()
+
+
+def _decoded(inputs: InputSet, decoder: Decoder) -> Iterator[Sample]:
+    for item in inputs.items:
+        yield (item, *decoder(item))
+
+
+def iter_batches(
+    inputs: InputSet,
+    preprocess: Callable[[Any], torch.Tensor],
+    *,
+    batch_size: int = 8,
+    keep_images: bool = False,
+    ndim: int = 4,
+    prefetch: bool = True,
+    workers: int = 0,
+) -> Iterator[Batch]:
+    """Decode and preprocess inputs into batches, in input order.
+
+    With ``workers`` 0, in this process, one batch ahead in a background thread (unless
+    ``prefetch`` is False); otherwise in that many DataLoader worker processes. Either way
+    the batches are the same: samples whose preprocessed shapes differ go into separate
+    batches.
+
+    Raises:
+        HookscopeError: a bad ``batch_size`` or ``workers``; a sample that cannot be decoded
+            (raised when its batch is reached).
+    """
+    if batch_size < 1:
+        raise HookscopeError(f"{param('batch_size')} must be at least 1, not {batch_size}.")
+    if workers < 0:
+        raise HookscopeError(f"{param('workers')} must be 0 or more, not {workers}.")
+    decoder = Decoder(preprocess, ndim=ndim, keep_images=keep_images, stdin=inputs.stdin)
+    if workers > 0 and inputs.items:
+        from hookscope.inputs.dataset import loader_samples
+
+        return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size,
+                      inputs.offset)
+    gen = _group(_decoded(inputs, decoder), batch_size, inputs.offset)
+    return _prefetched(gen) if prefetch else gen
+
+
+_DONE = object()
+
+
+def _prefetched(gen: Iterator[Batch], depth: int = 1) -> Iterator[Batch]:
+    """Run ``gen`` one step ahead in a daemon thread; errors re-raise in the consumer."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for batch in gen:
+                if not put(batch):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # handed to the consumer
+            put(exc)
+
+    thread = threading.Thread(target=work, name="hookscope-decode", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)

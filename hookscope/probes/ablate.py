@@ -1,0 +1,510 @@
+"""Feature modification: change chosen channels of one layer's output and compare predictions.
+
+A forward hook (through :class:`Tracer`) returns a modified copy of the layer's output, so
+the module and anything that shares its output tensor are left alone.
+
+``sweep`` ablates each channel alone, batched: one input is repeated ``batch`` times and
+batch element ``i`` has its own channel ablated, so a sweep over C channels costs about
+``C / batch`` batched forward passes, not C single ones.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.core.errors import HookscopeError, param
+from hookscope.core.hooks import Call, find_site, model_device
+from hookscope.core.outputs import class_logits
+from hookscope.core.run import Probe, Step, drive
+from hookscope.core.targets import Targets, parse_targets
+
+__all__ = [
+    "AblateProbe",
+    "AblateReport",
+    "AblationResult",
+    "ChannelDrop",
+    "Mode",
+    "Top",
+    "ablate",
+    "parse_channels",
+    "parse_mode",
+    "sweep",
+]
+
+MODES = ("zero", "mean", "noise", "scale")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How chosen channels change: ``zero``, ``mean``, ``noise`` (std) or ``scale`` (factor)."""
+
+    kind: str
+    value: float | None = None
+
+    @property
+    def text(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}:{self.value:g}"
+
+
+def parse_mode(spec: str | Mode, *, processes: int = 1) -> Mode:
+    """Parse ``zero``, ``mean``, ``noise:SIGMA`` or ``scale:F``.
+
+    Args:
+        spec: the mode.
+        processes: how many processes share the run (torchrun's ranks).
+
+    Raises:
+        HookscopeError: an unknown mode or a bad number; noise in more than one process.
+    """
+    mode = spec if isinstance(spec, Mode) else _parse_mode(spec)
+    if mode.kind == "noise" and processes > 1:
+        raise HookscopeError(f"{param('mode')} noise draws its noise batch after batch in one "
+                             "process; under torchrun each rank would draw other noise. Run it "
+                             "as one process, or use zero, mean or scale.")
+    return mode
+
+
+def _parse_mode(spec: str) -> Mode:
+    text = spec.strip().lower()
+    kind, _, arg = text.partition(":")
+    usage = "use zero, mean, noise:SIGMA or scale:F"
+    if kind not in MODES:
+        raise HookscopeError(f"{param('mode')} {spec!r} is not a mode; {usage}.")
+    if kind in ("zero", "mean"):
+        if arg:
+            raise HookscopeError(f"{param('mode')} {spec!r}: {kind} takes no value; {usage}.")
+        return Mode(kind)
+    if not arg:
+        raise HookscopeError(f"{param('mode')} {spec!r}: {kind} needs a value, e.g. {kind}:0.5.")
+    try:
+        value = float(arg)
+    except ValueError:
+        raise HookscopeError(f"{param('mode')} {spec!r}: {arg!r} is not a number.") from None
+    if not math.isfinite(value) or (kind == "noise" and value < 0):
+        raise HookscopeError(f"{param('mode')} {spec!r}: the value must be finite"
+                             f"{' and not negative' if kind == 'noise' else ''}.")
+    return Mode(kind, value)
+
+
+def parse_channels(spec: str | Sequence[int] | None, count: int) -> list[int]:
+    """Parse ``0,5,7``, ranges such as ``0-15``, or ``all``; check against ``count``.
+
+    Raises:
+        HookscopeError: a malformed entry, a duplicate or a channel out of range.
+    """
+    if spec is None:
+        return list(range(count))
+    if not isinstance(spec, str):
+        chosen = [int(c) for c in spec]
+    elif spec.strip().lower() == "all":
+        return list(range(count))
+    else:
+        chosen = []
+        for raw in spec.split(","):
+            item = raw.strip()
+            m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
+            if not m:
+                raise HookscopeError(
+                    f"{param('channels')} {spec!r}: {item!r} is not a channel number or a range A-B."
+                )
+            lo, hi = int(m[1]), int(m[2] or m[1])
+            if hi < lo:
+                raise HookscopeError(f"{param('channels')} {spec!r}: the range {item} is empty.")
+            chosen.extend(range(lo, hi + 1))
+    if not chosen:
+        raise HookscopeError(f"{param('channels')} lists no channel.")
+    bad = [c for c in chosen if not 0 <= c < count]
+    if bad:
+        raise HookscopeError(
+            f"{param('channels')}: channel {bad[0]} is out of range; the layer has {count} channels "
+            f"(0 to {count - 1})."
+        )
+    if len(set(chosen)) != len(chosen):
+        raise HookscopeError(f"{param('channels')} lists a channel twice.")
+    return chosen
+
+
+@dataclass(frozen=True)
+class Top:
+    """One of the top predictions."""
+
+    index: int
+    label: str | None
+    prob: float
+    logit: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ChannelDrop:
+    """One channel of a sweep: how much the target logit dropped when it alone was ablated."""
+
+    channel: int
+    drop: float
+    delta_prob: float
+    kl: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AblationResult:
+    """Predictions of one input before and after the ablation.
+
+    For a sweep, ``after`` and the deltas are those of the channel with the largest drop,
+    and ``ranking`` holds every channel, largest drop first.
+    """
+
+    input: str
+    layer: str
+    channels: list[int]
+    mode: str
+    target: int
+    target_label: str | None
+    before: list[Top] | None  # None: the logits held NaN or Inf
+    after: list[Top] | None
+    delta_logit: float
+    delta_prob: float
+    kl: float
+    ranking: list[ChannelDrop] | None = field(default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        row = {
+            "input": self.input,
+            "layer": self.layer,
+            "channels": list(self.channels),
+            "mode": self.mode,
+            "target": self.target,
+            "target_label": self.target_label,
+            "before": None if self.before is None else [t.to_dict() for t in self.before],
+            "after": None if self.after is None else [t.to_dict() for t in self.after],
+            "delta_logit": self.delta_logit,
+            "delta_prob": self.delta_prob,
+            "kl": self.kl,
+        }
+        if self.ranking is not None:
+            row["ranking"] = [r.to_dict() for r in self.ranking]
+        return row
+
+
+@dataclass(frozen=True)
+class AblateReport:
+    """What :class:`AblateProbe` returns: one result per input, in input order."""
+
+    results: list[AblationResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"results": [r.to_dict() for r in self.results]}
+
+    def merge(self, other: AblateReport) -> AblateReport:
+        """Both reports' results, this one's first."""
+        return AblateReport([*self.results, *other.results])
+
+
+# ---------------------------------------------------------------------------- the hook
+
+
+class _Modifier:
+    """Returns a layer output with chosen channels changed.
+
+    ``channels`` apply to every batch element, or (``per_row``, for sweeps) one channel per
+    batch element.
+    """
+
+    def __init__(self, mode: Mode, channel_dim: int, generator: torch.Generator | None) -> None:
+        self.mode = mode
+        self.dim = channel_dim
+        self.generator = generator
+        self.channels: list[int] = []
+        self.per_row = False
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        moved = out.movedim(self.dim, 1)
+        if self.per_row and moved.shape[0] == 1:  # one input: a row per channel from here
+            moved = moved.expand(len(self.channels), *moved.shape[1:])
+        new = moved.clone()
+        cols = torch.tensor(self.channels, device=out.device)
+        if self.per_row:
+            rows = torch.arange(len(self.channels), device=out.device)
+            new[rows, cols] = self._apply(moved[rows, cols], spatial_from=1)
+        else:
+            new[:, cols] = self._apply(moved[:, cols], spatial_from=2)
+        return new.movedim(1, self.dim)
+
+    def _apply(self, x: torch.Tensor, spatial_from: int) -> torch.Tensor:
+        kind, value = self.mode.kind, self.mode.value
+        if kind == "zero":
+            return torch.zeros_like(x)
+        if kind == "mean":
+            dims = tuple(range(spatial_from, x.dim()))
+            return x.mean(dim=dims, keepdim=True).expand_as(x)
+        assert value is not None  # parse_mode gives scale and noise a value
+        if kind == "scale":
+            return x * value
+        noise = torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
+        return x + noise * value
+
+
+def one_layer(layers: Sequence[str]) -> str:
+    """The one layer a run changes, from a repeatable option that must name one.
+
+    Raises:
+        HookscopeError: several layers named.
+    """
+    named = list(dict.fromkeys(layers))
+    if len(named) != 1:
+        raise HookscopeError(f"{param('layer')} is given {len(named)} times ({', '.join(named)});"
+                             " ablate changes one layer per run: run it once per layer.")
+    return named[0]
+
+
+def _has_dim(ndim: int, dim: int) -> bool:
+    """Whether ``dim`` is a valid, non-batch dimension of an ``ndim``-dimensional output."""
+    return ndim >= 2 and -ndim <= dim < ndim and dim not in (0, -ndim)
+
+
+def _top(logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5
+         ) -> list[list[Top] | None]:
+    """Top-k per row; None for a row holding NaN or Inf, whose softmax ranks nothing."""
+    probs = torch.softmax(logits, dim=1)
+    values, indices = probs.topk(min(k, probs.shape[1]), dim=1)
+    labels = categories if categories is not None and len(categories) == probs.shape[1] else None
+    return [
+        [Top(int(i), labels[int(i)] if labels else None, float(p), float(logits[row, int(i)]))
+         for p, i in zip(values[row].tolist(), indices[row].tolist(), strict=True)]
+        if bool(torch.isfinite(logits[row]).all()) else None
+        for row in range(logits.shape[0])
+    ]
+
+
+def _kl(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """KL(before || after) per row, from logits."""
+    lp = torch.log_softmax(before.double(), dim=1)
+    lq = torch.log_softmax(after.double(), dim=1)
+    return (lp.exp() * (lp - lq)).sum(dim=1)
+
+
+class AblateProbe(Probe[AblateReport]):
+    """Each batch runs twice: as it is, then with the chosen channels of ``layer`` changed.
+
+    With ``sweep``, each input is instead repeated ``sweep_batch`` times per forward pass,
+    batch element ``i`` with its own channel changed, and the channels are ranked by how
+    much the target logit drops. Arguments are those of :func:`ablate` and :func:`sweep`.
+    """
+
+    def __init__(self, model: nn.Module, layer: str, *,
+                 channels: str | Sequence[int] | None = None, mode: str | Mode = "zero",
+                 target: Targets | str | None = None, seed: int = 0, channel_dim: int = 1,
+                 call: int | None = None, categories: Sequence[str] | None = None,
+                 names: Sequence[str] | None = None, sweep: bool = False,
+                 sweep_batch: int = 32, n_inputs: int | None = None,
+                 output_key: str | None = None) -> None:
+        if sweep_batch < 1:
+            raise HookscopeError(f"{param('sweep_batch')} must be at least 1, not {sweep_batch}.")
+        self.mode = parse_mode(mode)
+        self.targets = target if isinstance(target, Targets) else parse_targets(target, categories)
+        self.site = find_site(model, layer)
+        self.sites = [self.site]
+        self.channel_spec, self.channel_dim, self.call = channels, channel_dim, call
+        self.categories, self.names = categories, names
+        self.sweep, self.sweep_batch, self.n_inputs = sweep, sweep_batch, n_inputs
+        self.output_key = output_key
+        if n_inputs is not None:
+            self.targets.check_count(n_inputs)
+        self.counts_progress = sweep  # a sweep counts channels, not inputs
+        generator = torch.Generator(device=model_device(model))
+        generator.manual_seed(seed)
+        self.modifier = _Modifier(self.mode, channel_dim, generator)
+        self.active = False
+        self.seen = 0
+        #: Whether the model runs one input expanded at the layer (see Step.forward_expanded).
+        self.expand_ok: dict[str, bool] = {}
+        self.shape: list[int] | None = None
+        self.chosen: list[int] | None = None
+        self.results: list[AblationResult] = []
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
+        if self.call is not None and call.index != self.call:
+            return None
+        if not isinstance(output, torch.Tensor):
+            raise HookscopeError(f"{call.name} returns {type(output).__name__}, not a tensor; "
+                                 "choose a layer whose output is one tensor.")
+        if self.shape is None:
+            self.shape = list(output.shape)
+        if not self.active:
+            return None
+        self.seen += 1
+        return self.modifier(output)
+
+    def _channels(self) -> list[int]:
+        """The channels to change, checked against the layer's output (first batch)."""
+        if self.chosen is not None:
+            return self.chosen
+        layer, shape, dim = self.site.name, self.shape, self.channel_dim
+        if shape is None:
+            which = f"call {self.call} of " if self.call is not None else ""
+            raise HookscopeError(f"{which}{layer} never ran in the forward pass; nothing was "
+                                 "changed.")
+        if not _has_dim(len(shape), dim):
+            raise HookscopeError(f"{layer}: output shape {shape} has no channel dimension {dim} "
+                                 f"(see {param('channel_dim')}).")
+        if self.mode.kind == "mean" and len(shape) < 3:
+            raise HookscopeError(
+                f"{param('mode')} mean replaces a channel with its spatial mean, but {layer}'s "
+                f"output {shape} has no spatial dimensions; use zero, noise or scale.")
+        self.chosen = parse_channels(self.channel_spec, shape[dim])
+        return self.chosen
+
+    def _logits(self, output: Any) -> torch.Tensor:
+        return class_logits(output, self.output_key, "ablate").float()
+
+    def _changed(self, step: Step, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """One forward pass with the modifier on; with ``rows``, ``x`` is one input that
+        becomes ``rows`` at the layer (see :meth:`Step.forward_expanded`)."""
+        self.active, self.seen = True, 0
+        try:
+            if rows is None:
+                after = self._logits(step.forward(x))
+            else:
+                after = self._logits(step.forward_expanded(
+                    x, rows, lambda out: int(self._logits(out).shape[0]), self.expand_ok,
+                    self.site.name))
+        finally:
+            self.active = False
+        if self.seen == 0:
+            raise HookscopeError(f"call {self.call} of {self.site.name} never ran in the forward "
+                                 "pass; nothing was changed.")
+        return after
+
+    def step(self, step: Step) -> None:
+        before = self._logits(step.forward())
+        chosen = self._channels()
+        classes = self.targets.resolve(before, step.start)
+        items = step.batch.items if step.batch is not None else None
+        for i in range(len(step)):
+            index = step.start + i
+            name = (items[i].name if items else self.names[index] if self.names
+                    else f"input[{index}]")
+            if self.sweep:
+                self.results.append(self._sweep_one(step, i, name, before[i:i + 1], classes[i]))
+        if not self.sweep:
+            self.modifier.channels, self.modifier.per_row = chosen, False
+            after = self._changed(step, step.x)
+            for i in range(len(step)):
+                index = step.start + i
+                name = (items[i].name if items else self.names[index] if self.names
+                        else f"input[{index}]")
+                self.results.append(self._result(name, classes[i], before[i:i + 1],
+                                                 after[i:i + 1]))
+
+    def _sweep_one(self, step: Step, i: int, name: str, before: torch.Tensor,
+                   cls: int) -> AblationResult:
+        chosen = self._channels()
+        if step.index == 0 and i == 0:
+            step.expect((self.n_inputs or len(step)) * len(chosen))
+        self.modifier.per_row = True
+        afters = []
+        for lo in range(0, len(chosen), self.sweep_batch):
+            part = chosen[lo:lo + self.sweep_batch]
+            self.modifier.channels = part
+            # What runs before the layer runs once per pass, on the one input.
+            afters.append(self._changed(step, step.x[i:i + 1], rows=len(part)))
+            step.advance(len(part))
+        after = torch.cat(afters)
+        drops = (before[0, cls] - after[:, cls]).tolist()
+        dprob = torch.softmax(after, 1)[:, cls] - torch.softmax(before, 1)[0, cls]
+        kls = _kl(before.expand_as(after), after).tolist()
+        ranking = sorted(
+            (ChannelDrop(c, d, p, k)
+             for c, d, p, k in zip(chosen, drops, dprob.tolist(), kls, strict=True)),
+            key=lambda r: (-r.drop if math.isfinite(r.drop) else math.inf, r.channel),
+        )
+        best = chosen.index(ranking[0].channel)
+        return self._result(name, cls, before, after[best:best + 1], ranking)
+
+    def _result(self, name: str, target: int, before: torch.Tensor, after: torch.Tensor,
+                ranking: list[ChannelDrop] | None = None) -> AblationResult:
+        pb, pa = torch.softmax(before, 1), torch.softmax(after, 1)
+        cats = self.categories
+        labels = cats if cats is not None and len(cats) == before.shape[1] else None
+        return AblationResult(
+            input=name, layer=self.site.name, channels=list(self._channels()),
+            mode=self.mode.text, target=target, target_label=labels[target] if labels else None,
+            before=_top(before, cats)[0], after=_top(after, cats)[0],
+            delta_logit=float(after[0, target] - before[0, target]),
+            delta_prob=float(pa[0, target] - pb[0, target]),
+            kl=float(_kl(before, after)[0]), ranking=ranking,
+        )
+
+    def finish(self) -> AblateReport:
+        return AblateReport(self.results)
+
+
+def ablate(
+    model: nn.Module,
+    x: torch.Tensor,
+    layer: str,
+    *,
+    channels: str | Sequence[int] | None = None,
+    mode: str | Mode = "zero",
+    target: Targets | str | None = None,
+    seed: int = 0,
+    channel_dim: int = 1,
+    call: int | None = None,
+    categories: Sequence[str] | None = None,
+    names: Sequence[str] | None = None,
+    output_key: str | None = None,
+) -> list[AblationResult]:
+    """Run ``x`` with and without the chosen channels of ``layer`` changed.
+
+    Args:
+        model: a classifier returning (N, classes) logits; left in the state it was in.
+        x: a batch of inputs, or an iterable of batches.
+        layer: the module's dotted name.
+        channels: ``0,5,7``, ``0-15``, ``all`` or a list (default: all channels).
+        mode: ``zero``, ``mean`` (spatial mean), ``noise:SIGMA`` (added) or ``scale:F``.
+        target: the class whose logit and probability are compared (default ``top1``
+            before the ablation); one for all inputs or a comma list, one per input.
+        seed: seed for ``noise``.
+        channel_dim: the output dimension holding channels.
+        call: only change this call of a module run several times (default: every call).
+        categories: class labels.
+        names: input names for the results (default ``input[i]``).
+        output_key: the entry of a dict or tuple output holding the logits.
+
+    Raises:
+        HookscopeError: unknown layer, bad channels or mode, no classifier output.
+    """
+    probe = AblateProbe(model, layer, channels=channels, mode=mode, target=target, seed=seed,
+                        channel_dim=channel_dim, call=call, categories=categories, names=names,
+                        output_key=output_key)
+    return drive(model, x, probe).results
+
+
+def sweep(
+    model: nn.Module,
+    x: torch.Tensor,
+    layer: str,
+    *,
+    batch: int = 32,
+    on_step: Callable[[int], None] | None = None,
+    **options: Any,
+) -> list[AblationResult]:
+    """Ablate each channel alone and rank channels by how much the target logit drops.
+
+    Each input is repeated ``batch`` times per forward pass, element ``i`` with its own
+    channel changed. ``options`` are those of :func:`ablate`; ``on_step`` is called with the
+    number of channels done after each forward pass.
+    """
+    probe = AblateProbe(model, layer, sweep=True, sweep_batch=batch, **options)
+    return drive(model, x, probe, progress=on_step).results

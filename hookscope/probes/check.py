@@ -1,0 +1,919 @@
+"""``hookscope check``: assertions about one run, read from a TOML file or flags.
+
+The rules (:class:`Rules`) are checked against one :class:`~hookscope.probes.stats.StatsReport`
+(per-call statistics and top predictions). Each rule is a small function registered by
+name; :func:`evaluate` runs every active rule, in registration order, and returns a
+:class:`CheckReport` with one :class:`RuleResult` per rule: passed or not, and the calls
+(or inputs) that broke it.
+
+Everything that can be wrong with the rules themselves (syntax, an unknown key, a wrong
+type, a missing or foreign baseline, an expectation for an input not given) is a
+:class:`~hookscope.core.errors.HookscopeError` raised before the model runs, naming the file and
+line. Torch-free: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from hookscope.core.errors import HookscopeError, clip, param, suggest
+from hookscope.probes.drift import quantile_drift
+
+if TYPE_CHECKING:
+    from hookscope.probes.stats import LayerStats, Prediction, StatsReport
+
+__all__ = ["EPS", "KEYS", "RULES", "Baseline", "CheckReport", "Expect", "Expectation",
+           "RuleResult", "Rules", "call_id", "drift", "evaluate", "expectations",
+           "folder_expectations", "load_baseline", "load_rules", "match_inputs", "read_stats",
+           "rule"]
+
+log = logging.getLogger("hookscope")
+
+#: Floor of the scale a drift is divided by, so a layer whose baseline mean and std are
+#: both (nearly) zero does not turn float rounding into an infinite relative drift.
+EPS = 1e-6
+
+# ----------------------------------------------------------------------------- keys
+
+
+@dataclass(frozen=True)
+class Key:
+    """A key of the rules file: what its value must be, and the check that converts it."""
+
+    name: str
+    kind: str
+    convert: Callable[[Any], Any]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError
+    return value
+
+
+def _positive(value: Any) -> int:
+    if _count(value) < 1:
+        raise ValueError
+    return value
+
+
+def _number(high: float | None = None) -> Callable[[Any], float]:
+    def convert(value: Any) -> float:
+        if not _is_number(value) or value < 0 or (high is not None and value > high):
+            raise ValueError
+        return float(value)
+
+    return convert
+
+
+def _globs(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or \
+            not all(isinstance(v, str) and v.strip() for v in value):
+        raise ValueError
+    return tuple(v.strip() for v in value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError
+    return value
+
+
+def _table(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError
+    return value
+
+
+#: Every key a rules file may hold (the flags mirror them), in the order rules run.
+KEYS: dict[str, Key] = {k.name: k for k in [
+    Key("nonfinite", "a non-negative integer (non-finite values allowed per call)", _count),
+    Key("max_zero_fraction", "a number from 0 to 1", _number(1.0)),
+    Key("ignore", "an array of module-name globs", _globs),
+    Key("baseline", "a file name (a `hookscope stats --format json` document)", _text),
+    Key("max_mean_drift", "a non-negative number (relative drift)", _number()),
+    Key("max_std_drift", "a non-negative number (relative drift)", _number()),
+    Key("max_drift", "a non-negative number (distribution drift, in baseline stds)", _number()),
+    Key("expect", "a table of input = label or class index", _table),
+    Key("min_prob", "a number from 0 to 1", _number(1.0)),
+    # A training log's rules (`hookscope check LOG_DIR`, see hookscope.training.rules).
+    Key("last", "a positive integer (the logging steps checked, the last ones)", _positive),
+    Key("min_grad_norm", "a non-negative number", _number()),
+    Key("max_grad_norm", "a non-negative number", _number()),
+    Key("min_update_ratio", "a non-negative number", _number()),
+    Key("max_update_ratio", "a non-negative number", _number()),
+]}
+
+
+def _describe(value: Any) -> str:
+    """A value as an error message shows it: its TOML type, and the value when short."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return f"the string {clip(repr(value), 60)}"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return "a table" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
+def _convert(key: Key, value: Any, subject: str) -> Any:
+    try:
+        return key.convert(value)
+    except ValueError:
+        raise HookscopeError(f"{subject} must be {key.kind}, not {_describe(value)}.") from None
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One ``expect`` entry as written: an input's name and its expected top-1 class.
+
+    Attributes:
+        input: the input's name (a path as given, a basename, or ``x.pt[3]``).
+        want: a class label (matched case-insensitively) or a class index.
+        where: where it was written, for error messages.
+    """
+
+    input: str
+    want: str | int
+    where: str = field(default="expect", compare=False)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The assertions of one check. ``nonfinite`` is always on; the others only when given.
+
+    Attributes:
+        nonfinite: the most non-finite values (NaN, Inf) allowed in one call's output.
+        max_zero_fraction: the largest fraction of zeros allowed in one call's output.
+        ignore: fnmatch globs on module names left out of every per-call rule; a glob also
+            covers the modules under what it matches.
+        baseline: a ``hookscope stats --format json`` document to compare with.
+        max_mean_drift: the largest relative change of a call's mean from the baseline.
+        max_std_drift: the largest relative change of a call's std from the baseline.
+        max_drift: the largest distribution drift of a call from the baseline
+            (:func:`~hookscope.probes.drift.quantile_drift`; the baseline needs percentiles).
+        expect: expected top-1 classes of inputs.
+        min_prob: the smallest top-1 probability allowed for any input.
+        last, min_grad_norm, max_grad_norm, min_update_ratio, max_update_ratio: a training
+            log's rules (see :mod:`hookscope.training.rules`).
+        source: the rules file, when there was one.
+        where: for each key given, where (file and line, or flag) it was set.
+    """
+
+    nonfinite: int = 0
+    max_zero_fraction: float | None = None
+    ignore: tuple[str, ...] = ()
+    baseline: Path | None = None
+    max_mean_drift: float | None = None
+    max_std_drift: float | None = None
+    max_drift: float | None = None
+    expect: tuple[Expect, ...] = ()
+    min_prob: float | None = None
+    last: int | None = None
+    min_grad_norm: float | None = None
+    max_grad_norm: float | None = None
+    min_update_ratio: float | None = None
+    max_update_ratio: float | None = None
+    source: str | None = None
+    where: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def subject(self, key: str) -> str:
+        """How an error names ``key``: ``rules.toml:5: baseline``, or the parameter."""
+        return self.where.get(key, param(key))
+
+
+def _toml() -> ModuleType:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise HookscopeError("Reading a rules file needs Python 3.11 or later, or tomli "
+                                 "(pip install tomli).") from None
+    return tomllib
+
+
+_AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
+_MISSING = object()
+
+
+def _find_line(text: str, path: tuple[str, ...]) -> int | None:
+    """The line that defines ``path`` (a table header or a key under it), found by the TOML
+    parser itself: the first line after the longest start of the file that parses without
+    ``path``, once a longer start parses with it (a multi-line value names its first line)."""
+    lines = text.splitlines()
+    toml, read = _toml(), 0
+    for number in range(1, len(lines) + 1):
+        try:
+            node: Any = toml.loads("\n".join(lines[:number]))
+        except toml.TOMLDecodeError:  # this start ends inside a multi-line value
+            continue
+        for key in path:
+            node = node.get(key, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            return read + 1
+        read = number
+    return None
+
+
+def _at(file: str, text: str, *path: str) -> str:
+    """``rules.toml:7:`` for the line defining ``path`` (or its table), ``rules.toml:``
+    when no line is found."""
+    for end in range(len(path), 0, -1):
+        line = _find_line(text, path[:end])
+        if line is not None:
+            return f"{file}:{line}:"
+    return f"{file}:"
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except FileNotFoundError:
+        raise HookscopeError(f"rules file {str(path)!r} not found.") from None
+    except IsADirectoryError:
+        raise HookscopeError(f"rules file {str(path)!r} is a directory; give a TOML "
+                             "file.") from None
+    except OSError as exc:
+        raise HookscopeError(f"rules file {str(path)!r} cannot be read: "
+                             f"{exc.strerror or exc}.") from None
+    except UnicodeDecodeError:
+        raise HookscopeError(f"rules file {str(path)!r} is not UTF-8 text (TOML files "
+                             "are UTF-8).") from None
+
+
+def _parse(path: Path, text: str) -> dict[str, Any]:
+    toml = _toml()
+    try:
+        return toml.loads(text)
+    except toml.TOMLDecodeError as exc:
+        message = str(exc)
+        found = _AT.search(message)
+        line = getattr(exc, "lineno", None) or (found and found.group(1)) \
+            or max(len(text.splitlines()), 1)
+        column = getattr(exc, "colno", None) or (found and found.group(2))
+        where = f"column {column}" if column else "at the end of the file"
+        reason = _AT.sub("", getattr(exc, "msg", None) or message)
+        reason = reason[:1].lower() + reason[1:]
+        raise HookscopeError(f"{path}:{line}: not valid TOML ({where}): {reason}.") from None
+
+
+def _file_expect(value: Any, subject: str, file: str, text: str) -> tuple[Expect, ...]:
+    table = _convert(KEYS["expect"], value, subject)
+    entries = []
+    for name, want in table.items():
+        where = f"{_at(file, text, 'expect', name)} expect {name!r}"
+        if not (isinstance(want, str) and want.strip()) and \
+                (isinstance(want, bool) or not isinstance(want, int) or want < 0):
+            hint = " (quote file names: \"cat.jpg\" = \"tabby\")" if isinstance(want, dict) \
+                else ""
+            raise HookscopeError(f"{where} must be a class label (a string) or a class index "
+                                 f"(a non-negative integer), not {_describe(want)}{hint}.")
+        entries.append(Expect(name, want, where))
+    return tuple(entries)
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The rules in a TOML file, checked, and where each was set."""
+    text = _read_text(path)
+    data = _parse(path, text)
+    file = str(path)
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for key, value in data.items():
+        at = _at(file, text, key)
+        if key not in KEYS:
+            nested = " Rules sit at the top level of the file, not in a table." \
+                if isinstance(value, dict) else ""
+            raise HookscopeError(f"{at} unknown key {key!r}.{suggest(key, KEYS)}{nested} "
+                                 f"Valid keys: {', '.join(KEYS)}.")
+        where[key] = f"{at} {key}"
+        if key == "expect":
+            values[key] = _file_expect(value, where[key], file, text)
+        else:
+            values[key] = _convert(KEYS[key], value, where[key])
+    if "baseline" in values:  # relative to the rules file, wherever hookscope runs
+        values["baseline"] = path.parent / values["baseline"]
+    return values, where
+
+
+def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
+    entries = []
+    for given in values:
+        name, sep, want = given.rpartition("=")
+        where = f"{param('expect')} {given!r}"
+        if not sep or not name.strip() or not want.strip():
+            raise HookscopeError(f"{where}: give INPUT=LABEL or INPUT=INDEX, e.g. "
+                                 "cat.jpg=tabby.")
+        entries.append(Expect(name.strip(), want.strip(), where))
+    return tuple(entries)
+
+
+def _check_needs(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
+    for key in ("max_mean_drift", "max_std_drift", "max_drift"):
+        if values.get(key) is not None and values.get("baseline") is None:
+            raise HookscopeError(f"{where[key]} needs a baseline to compare with: "
+                                 f"baseline = \"stats.json\" in the rules file, or "
+                                 f"{param('baseline')}.")
+
+
+def load_rules(path: str | Path | None = None,
+               overrides: Mapping[str, Any] | None = None) -> Rules:
+    """Read the rules from a TOML file and/or ``overrides``; an override replaces the file's
+    value (``ignore`` and ``expect`` as a whole).
+
+    Args:
+        path: a TOML file with the keys of :data:`KEYS` at its top level.
+        overrides: values by key (None: not given); ``expect`` as ``INPUT=LABEL`` strings.
+
+    Raises:
+        HookscopeError: unreadable file, bad TOML, an unknown key, a wrong type or range, a
+            drift limit without a baseline; file errors name the line.
+    """
+    values, where = _read_file(Path(path)) if path is not None else ({}, {})
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in KEYS:
+            raise ValueError(f"{key!r} is not a rules key")
+        where[key] = param(key)
+        if key == "expect":
+            values[key] = _flag_expect(value)
+        elif key == "baseline":
+            values[key] = Path(_convert(KEYS[key], str(value), where[key]))
+        else:
+            values[key] = _convert(KEYS[key], value, where[key])
+    _check_needs(values, where)
+    return Rules(**values, source=str(path) if path is not None else None, where=where)
+
+
+# ----------------------------------------------------------------------------- baseline
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The per-call rows of a ``hookscope stats --format json`` document, by (name, call),
+    and the percentiles its rows hold (their JSON keys, in order; empty without)."""
+
+    path: str
+    model: str | None
+    rows: Mapping[tuple[str, int], Mapping[str, Any]]
+    percentiles: tuple[str, ...] = ()
+    #: The rules' ``max_drift`` is set: the run takes these percentiles too.
+    drift: bool = False
+
+
+def drift_percentiles(baseline: Baseline | None) -> tuple[float, ...] | None:
+    """The percentiles a run takes for ``max_drift``: the baseline's (None when not asked)."""
+    if baseline is None or not baseline.drift:
+        return None
+    return tuple(float(key) for key in baseline.percentiles)
+
+
+def _baseline_doc(path: Path, subject: str) -> Any:
+    shown = f"{subject} {str(path)!r}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HookscopeError(f"{shown} not found; write one with `hookscope stats MODEL "
+                             f"INPUT... --format json -o {path.name}`.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+        raise HookscopeError(f"{shown} cannot be read: {reason}.") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HookscopeError(f"{shown} is not JSON (line {exc.lineno}: {exc.msg}); give a "
+                             "`hookscope stats --format json` document.") from None
+
+
+def _baseline_rows(doc: Any) -> dict[tuple[str, int], Mapping[str, Any]] | str:
+    """The rows by call, or why ``doc`` is not a stats document."""
+    if not isinstance(doc, dict):
+        return f"it holds {_describe(doc)}"
+    if doc.get("command") != "stats":
+        return f"its command is {doc.get('command')!r}"
+    layers = doc.get("layers")
+    if not isinstance(layers, list):
+        return "it has no layers list"
+    rows: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for i, row in enumerate(layers):
+        if not (isinstance(row, dict) and isinstance(row.get("name"), str)
+                and isinstance(row.get("call"), int) and "mean" in row and "std" in row):
+            return f"its layer {i} lacks name, call, mean or std"
+        rows[(row["name"], row["call"])] = row
+    return rows
+
+
+def read_stats(path: Path, subject: str) -> tuple[dict[tuple[str, int], Mapping[str, Any]],
+                                                  tuple[str, ...], dict[str, Any]]:
+    """A ``hookscope stats --format json`` document's rows by call, the percentiles its rows
+    hold (their JSON keys, in order; empty without), and the document.
+
+    Raises:
+        HookscopeError: the file is missing, unreadable, or not a stats JSON document; the
+            message names it as ``subject``.
+    """
+    doc = _baseline_doc(path, subject)
+    rows = _baseline_rows(doc)
+    if isinstance(rows, str):
+        raise HookscopeError(f"{subject} {str(path)!r} is not a `hookscope stats --format json` "
+                             f"document: {rows}.")
+    found: Mapping[str, Any] = next((row["percentiles"] for row in rows.values()
+                                     if isinstance(row.get("percentiles"), dict)
+                                     and row["percentiles"]), {})
+    return rows, tuple(found), doc
+
+
+def load_baseline(rules: Rules) -> Baseline | None:
+    """Read the rules' baseline, when they have one.
+
+    Raises:
+        HookscopeError: the file is missing, unreadable, or not a stats JSON document.
+    """
+    if rules.baseline is None:
+        return None
+    rows, found, doc = read_stats(rules.baseline, rules.subject("baseline"))
+    if rules.max_drift is not None and not found:
+        raise HookscopeError(f"{rules.subject('max_drift')} needs percentiles in the baseline "
+                             f"{str(rules.baseline)!r}: write it with `hookscope stats MODEL "
+                             f"INPUT... --percentiles 1,5,25,50,75,95,99 --format json`.")
+    return Baseline(str(rules.baseline), doc.get("model"), rows, found,
+                    drift=rules.max_drift is not None)
+
+
+# ----------------------------------------------------------------------------- expect
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One input's expected top-1, resolved: any of ``classes`` passes."""
+
+    input: str
+    position: int
+    classes: tuple[int, ...]
+    want: str | int
+    text: str = ""  # as offenders show it: 'tabby' (281)
+
+
+def _parts(name: str) -> tuple[str, ...]:
+    return tuple(p for p in os.path.normpath(name).replace(os.sep, "/").split("/") if p)
+
+
+def _inputs_named(entry: Expect, names: Sequence[str]) -> list[str]:
+    """The distinct input names ``entry`` means: the same path, else the one name that ends
+    with it (``cat.jpg`` for ``sample_images/cat.jpg``)."""
+    distinct = list(dict.fromkeys(names))
+    wanted = _parts(entry.input)
+    same = [n for n in distinct if _parts(n) == wanted
+            or os.path.abspath(n) == os.path.abspath(entry.input)]
+    if same:
+        return same
+    ending = [n for n in distinct if wanted and _parts(n)[-len(wanted):] == wanted]
+    if len(ending) > 1:
+        raise HookscopeError(f"{entry.where} matches several inputs ({clip(', '.join(ending))}); "
+                             "give more of the path.")
+    if not ending:
+        raise HookscopeError(f"{entry.where}: no input is named {entry.input!r}; the inputs "
+                             f"are {clip(', '.join(distinct))}.")
+    return ending
+
+
+def match_inputs(rules: Rules, names: Sequence[str]) -> list[tuple[int, str, Expect]]:
+    """Each ``expect`` entry's inputs: (position, name, entry), checked before the model loads.
+
+    Raises:
+        HookscopeError: an entry names no input, several inputs, or an input that another
+            entry names too.
+    """
+    taken: dict[str, Expect] = {}
+    matched = []
+    for entry in rules.expect:
+        for name in _inputs_named(entry, names):
+            if name in taken:
+                raise HookscopeError(f"{entry.where}: input {name!r} already has an expected "
+                                     f"class ({taken[name].where}).")
+            taken[name] = entry
+            matched += [(i, name, entry) for i, n in enumerate(names) if n == name]
+    return sorted(matched, key=lambda m: m[0])
+
+
+def folder_expectations(rules: Rules, names: Sequence[str], labels: Sequence[str]
+                        ) -> tuple[Rules, list[tuple[int, str, Expect]]]:
+    """The ``expect`` rule of an ImageFolder layout, when none is given: each input's top-1
+    class is its class folder's (a label of the model, or a class index). Returns the rules
+    with it, and its entries as :func:`match_inputs` gives them."""
+    matched = [(i, name, Expect(name, label, f"{name} (in class folder {label!r})"))
+               for i, (name, label) in enumerate(zip(names, labels, strict=True))]
+    return replace(rules, expect=tuple(e for _, _, e in matched)), matched
+
+
+def _classes(entry: Expect, categories: Sequence[str] | None,
+             num_classes: int | None) -> tuple[int, ...]:
+    want = entry.want
+    if isinstance(want, str):
+        folded = want.strip().casefold()
+        hits = tuple(i for i, c in enumerate(categories or ()) if c.casefold() == folded)
+        if hits:  # ImageNet has two "crane"s and two "maillot"s: either passes
+            return hits
+        if not re.fullmatch(r"[0-9]+", want.strip()):
+            if not categories:
+                raise HookscopeError(f"{entry.where}: {want!r} is a label, but the model has no "
+                                     f"class labels; give a class index, or labels with "
+                                     f"{param('labels')}.")
+            raise HookscopeError(f"{entry.where}: {want!r} is not one of the model's "
+                                 f"{len(categories)} class labels.{suggest(want, categories)}")
+        want = int(want)
+    count = len(categories) if categories else num_classes
+    if count is not None and want >= count:
+        raise HookscopeError(f"{entry.where}: class index {want} is out of range; the model "
+                             f"has {count} classes (0 to {count - 1}).")
+    return (want,)
+
+
+def expectations(matched: Sequence[tuple[int, str, Expect]],
+                 categories: Sequence[str] | None = None,
+                 num_classes: int | None = None) -> list[Expectation]:
+    """Resolve matched entries' labels to class indices, once the model's labels are known.
+
+    Raises:
+        HookscopeError: a label the model does not have, or an index out of range.
+    """
+    found = []
+    for position, name, entry in matched:
+        classes = _classes(entry, categories, num_classes)
+        found.append(Expectation(name, position, classes, entry.want,
+                                 _class_text(classes, categories)))
+    return found
+
+
+def _class_text(classes: Sequence[int], categories: Sequence[str] | None) -> str:
+    """``'crane' (134 or 517)``, or ``7`` without labels."""
+    indices = " or ".join(map(str, classes))
+    if categories and len(categories) > max(classes):
+        return f"{categories[classes[0]]!r} ({indices})"
+    return indices
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """One rule's verdict.
+
+    Attributes:
+        name: the rule (its key in the rules file).
+        passed: whether it held.
+        limit: the rule's setting (a number, the baseline's path, the expectations).
+        detail: one line saying what was found.
+        offenders: the calls (``layer4.1.relu#1: zero_fraction 0.995``) or inputs that broke
+            it, in execution or input order.
+    """
+
+    name: str
+    passed: bool
+    limit: Any
+    detail: str
+    offenders: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.name, "passed": self.passed, "limit": self.limit,
+                "detail": self.detail, "offenders": list(self.offenders)}
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Every active rule's result, in a fixed order, and the verdict."""
+
+    results: list[RuleResult]
+    calls: int = 0
+    ignored: int = 0
+    rules_file: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> list[RuleResult]:
+        return [r for r in self.results if not r.passed]
+
+    def summary(self) -> str:
+        """``2 of 6 rules failed: nonfinite, expect``, or ``all 6 rules passed``."""
+        failed = self.failures
+        if not failed:
+            return f"all {len(self.results)} rules passed"
+        return (f"{len(failed)} of {len(self.results)} rules failed: "
+                f"{', '.join(r.name for r in failed)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document without its envelope."""
+        return {"rules_file": self.rules_file, "calls": self.calls, "ignored": self.ignored,
+                "rules": [r.to_dict() for r in self.results], "passed": self.passed,
+                "failed": len(self.failures)}
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every rule sees: the rules, the calls not ignored, predictions, the baseline."""
+
+    rules: Rules
+    calls: list[LayerStats]
+    ignored: int
+    inputs: list[str]
+    predictions: list[list[Prediction] | None]
+    expectations: list[Expectation]
+    baseline: Baseline | None
+    baseline_rows: dict[tuple[str, int], Mapping[str, Any]]
+    log: Any = None  # a training log's view (hookscope.training.rules.LogView), else None
+
+    def note(self) -> str:
+        """The detail's ending that says how many calls ``ignore`` left out."""
+        return f"; {self.ignored} ignored" if self.ignored else ""
+
+
+RuleFn = Callable[[Context], "RuleResult | None"]
+#: Registered rules, run in registration order; a rule returns None when not asked for.
+RULES: dict[str, RuleFn] = {}
+
+
+def rule(name: str) -> Callable[[RuleFn], RuleFn]:
+    """Register ``fn`` as the rule ``name``; a duplicate name is a programming error."""
+
+    def wrap(fn: RuleFn) -> RuleFn:
+        if name in RULES:
+            raise ValueError(f"check rule {name!r} is already registered")
+        RULES[name] = fn
+        return fn
+
+    return wrap
+
+
+def call_id(name: str, call: int) -> str:
+    """A call as offenders name it: ``layer4.1.relu#1``."""
+    return f"{name or '(model)'}#{call}"
+
+
+def _ignored(name: str, globs: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name, f"{g}.*")
+               for g in globs)
+
+
+def _warn_unused(globs: Sequence[str], names: set[str]) -> None:
+    for glob in globs:
+        if not any(_ignored(name, [glob]) for name in names):
+            log.warning("ignore glob %r matches no module call", glob)
+
+
+def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
+             baseline: Baseline | None = None,
+             expectations: Sequence[Expectation] = ()) -> CheckReport:
+    """Run every active rule against ``report`` (one run's statistics and predictions).
+
+    Args:
+        rules: the rules.
+        report: the run's statistics over the selected calls.
+        inputs: the input names, in order (for the offenders of ``min_prob``).
+        baseline: the rules' baseline (see :func:`load_baseline`).
+        expectations: the resolved ``expect`` entries (see :func:`expectations`).
+    """
+    calls = [row for row in report.layers if not _ignored(row.name, rules.ignore)]
+    base_rows = {key: row for key, row in (baseline.rows if baseline else {}).items()
+                 if not _ignored(key[0], rules.ignore)}
+    names = {row.name for row in report.layers} | {key[0] for key in (baseline.rows if
+                                                                       baseline else {})}
+    _warn_unused(rules.ignore, names)
+    ctx = Context(rules, calls, len(report.layers) - len(calls), list(inputs),
+                  report.predictions, list(expectations), baseline, base_rows)
+    results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
+    return CheckReport(results, calls=len(calls), ignored=ctx.ignored, rules_file=rules.source)
+
+
+def _g(value: float | None) -> str:
+    return "null" if value is None or not math.isfinite(value) else f"{value:.4g}"
+
+
+@rule("nonfinite")
+def _nonfinite(ctx: Context) -> RuleResult:
+    """At most ``nonfinite`` NaN/Inf values in each call's output."""
+    limit = ctx.rules.nonfinite
+    bad = [c for c in ctx.calls if c.nonfinite > limit]
+    offenders = [f"{_call(c)}: nonfinite {c.nonfinite}" for c in bad]
+    if bad:
+        detail = (f"{len(bad)} of {len(ctx.calls)} calls have more than {limit} non-finite "
+                  f"values (NaN, Inf); the first is {_call(bad[0])}")
+    else:
+        detail = f"no call of {len(ctx.calls)} has more than {limit} non-finite values"
+    event = getattr(ctx.log, "event", None)  # a training log's stop on a NaN or Inf
+    if event is not None:
+        offenders.insert(0, event)
+        detail = f"the run stopped on a non-finite value: {event}; " + detail
+    return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(),
+                      offenders)
+
+
+def _call(c: Any) -> str:
+    """A call as offenders name it, with its logging step when it has one (a log's row)."""
+    step = getattr(c, "step", None)
+    return call_id(c.name, c.call) + (f" at step {step}" if step is not None else "")
+
+
+@rule("max_zero_fraction")
+def _zeros(ctx: Context) -> RuleResult | None:
+    """No call's output is more than ``max_zero_fraction`` zeros (a dead layer)."""
+    limit = ctx.rules.max_zero_fraction
+    if limit is None:
+        return None
+    measured = [c for c in ctx.calls if c.zero_fraction is not None
+                and math.isfinite(c.zero_fraction)]
+    bad = [c for c in measured if c.zero_fraction > limit]
+    offenders = [f"{_call(c)}: zero_fraction {_g(c.zero_fraction)}" for c in bad]
+    top = max(measured, key=lambda c: c.zero_fraction, default=None)
+    most = f"; the most: {_g(top.zero_fraction)} at {_call(top)}" \
+        if top is not None and top.zero_fraction > 0 else ""
+    detail = (f"{len(bad)} of {len(ctx.calls)} calls are more than {limit:.4g} zeros" if bad
+              else f"no call of {len(ctx.calls)} is more than {limit:.4g} zeros")
+    return RuleResult("max_zero_fraction", not bad, limit, detail + most + ctx.note(),
+                      offenders)
+
+
+def _batchless(shape: Any) -> list[int] | None:
+    return list(shape[1:]) if isinstance(shape, list) and shape else None
+
+
+@rule("baseline")
+def _baseline(ctx: Context) -> RuleResult | None:
+    """The same calls as the baseline, with the same output shapes (batch aside)."""
+    if ctx.baseline is None:
+        return None
+    here = {(c.name, c.call): c for c in ctx.calls}
+    base = ctx.baseline_rows
+    offenders = [f"{call_id(*key)}: in the baseline, not in this run" for key in base
+                 if key not in here]
+    offenders += [f"{call_id(*key)}: not in the baseline" for key in here if key not in base]
+    for key, row in here.items():
+        want = _batchless(base[key].get("output_shape")) if key in base else None
+        got = _batchless(row.output_shape)
+        if want is not None and got is not None and want != got:
+            offenders.append(f"{call_id(*key)}: output shape {got}, baseline {want}")
+    shared, path = len(set(here) & set(base)), ctx.baseline.path
+    detail = (f"{len(offenders)} calls differ from the baseline {path} ({shared} shared)"
+              if offenders else f"the {shared} calls match the baseline {path}")
+    return RuleResult("baseline", not offenders, path, detail + ctx.note(), offenders)
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if _is_number(value) else None
+
+
+def drift(value: float | None, base: float | None, scale: float) -> float:
+    """``|value - base| / max(scale, EPS)``; 0 when both are null, inf when one is."""
+    if value is None or base is None:
+        return 0.0 if value is None and base is None else math.inf
+    return abs(value - base) / max(scale, EPS)
+
+
+def _dg(value: float) -> str:
+    return "inf" if math.isinf(value) else _g(value)
+
+
+Measure = Callable[["LayerStats", Mapping[str, Any]], "tuple[float, str] | None"]
+
+
+def _drift_result(ctx: Context, name: str, limit: float | None,
+                  measure: Measure) -> RuleResult | None:
+    """Each call present on both sides within ``limit`` of the baseline, by ``measure``
+    (the drift and how an offender shows it; None: not compared)."""
+    if limit is None or ctx.baseline is None:
+        return None
+    worst, offenders, compared = (0.0, ""), [], 0
+    for c in ctx.calls:
+        base = ctx.baseline_rows.get((c.name, c.call))
+        found = measure(c, base) if base is not None else None
+        if found is None:
+            continue
+        compared += 1
+        d, shown = found
+        if d > worst[0]:  # the first of equal drifts, in execution order
+            worst = (d, call_id(c.name, c.call))
+        if d > limit:
+            offenders.append(f"{call_id(c.name, c.call)}: {shown}")
+    most = f"; the largest: {_dg(worst[0])} at {worst[1]}" if worst[1] else ""
+    detail = (f"{len(offenders)} of {compared} calls drift more than {limit:.4g}" if offenders
+              else f"no call of {compared} drifts more than {limit:.4g}")
+    return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)
+
+
+def _stat_drift(stat: str) -> Measure:
+    """The relative drift of ``stat`` (mean or std)."""
+
+    def measure(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
+        mean_b, std_b = _finite(base.get("mean")), _finite(base.get("std"))
+        # Mean: a change relative to the layer's magnitude, max(|mean|, std), so a mean
+        # near zero does not explode. Std: relative to the baseline std itself.
+        scale = max(abs(mean_b or 0.0), std_b or 0.0) if stat == "mean" else \
+            max(std_b or 0.0, EPS * abs(mean_b or 0.0))
+        base_value = mean_b if stat == "mean" else std_b
+        value = _finite(getattr(c, stat))
+        d = drift(value, base_value, scale)
+        return d, f"{stat} {_g(value)}, baseline {_g(base_value)} (drift {_dg(d)})"
+
+    return measure
+
+
+def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str] | None:
+    d = quantile_drift(base.get("percentiles"), c.percentiles, base.get("std"), base.get("mean"))
+    return None if d is None else (d, f"drift {_dg(d)}")
+
+
+@rule("max_mean_drift")
+def _mean_drift(ctx: Context) -> RuleResult | None:
+    """Each call's mean within ``max_mean_drift`` of the baseline's (relative)."""
+    return _drift_result(ctx, "max_mean_drift", ctx.rules.max_mean_drift, _stat_drift("mean"))
+
+
+@rule("max_std_drift")
+def _std_drift(ctx: Context) -> RuleResult | None:
+    """Each call's std within ``max_std_drift`` of the baseline's (relative)."""
+    return _drift_result(ctx, "max_std_drift", ctx.rules.max_std_drift, _stat_drift("std"))
+
+
+@rule("max_drift")
+def _distribution_drift(ctx: Context) -> RuleResult | None:
+    """Each call's distribution within ``max_drift`` of the baseline's
+    (:func:`~hookscope.probes.drift.quantile_drift`: the mean |difference| of the two quantile
+    functions over the baseline's percentiles, in baseline standard deviations)."""
+    return _drift_result(ctx, "max_drift", ctx.rules.max_drift, _quantile_drift)
+
+
+def _top1(p: Prediction) -> str:
+    label = f"{p.label!r} " if p.label else ""
+    return f"{label}({p.index}, prob {_g(p.prob)})"
+
+
+@rule("expect")
+def _expect(ctx: Context) -> RuleResult | None:
+    """Each expected input's top-1 class is the one expected."""
+    if not ctx.rules.expect:
+        return None
+    limit = {e.input: e.want for e in ctx.expectations}
+    offenders = []
+    for e in ctx.expectations:
+        if e.position >= len(ctx.predictions):
+            offenders.append(f"{e.input}: no class prediction (the output is not (N, "
+                             f"classes) logits), expected {e.text}")
+        elif (preds := ctx.predictions[e.position]) is None:
+            offenders.append(f"{e.input}: non-finite logits (NaN or Inf), expected {e.text}")
+        elif (top := preds[0]).index not in e.classes:
+            offenders.append(f"{e.input}: top-1 {_top1(top)}, expected {e.text}")
+    n = len(ctx.expectations)
+    detail = (f"{len(offenders)} of {n} inputs have another top-1 class" if offenders
+              else f"the {n} inputs have the expected top-1 class")
+    return RuleResult("expect", not offenders, limit, detail, offenders)
+
+
+@rule("min_prob")
+def _min_prob(ctx: Context) -> RuleResult | None:
+    """Every input's top-1 probability is at least ``min_prob``."""
+    limit = ctx.rules.min_prob
+    if limit is None:
+        return None
+    if not ctx.predictions:
+        return RuleResult("min_prob", False, limit, "no class predictions: the model's "
+                          "output is not (N, classes) logits", [])
+    tops = [(name, preds[0] if preds is not None else None)
+            for name, preds in zip(ctx.inputs, ctx.predictions, strict=False)]
+    bad = [(name, p) for name, p in tops if p is None or not p.prob >= limit]  # NaN fails too
+    offenders = [f"{name}: top-1 {_top1(p)}" if p is not None else
+                 f"{name}: non-finite logits (NaN or Inf)" for name, p in bad]
+    prob = [(name, p.prob if p is not None else math.nan) for name, p in tops]
+    low = min(prob, key=lambda t: t[1] if math.isfinite(t[1]) else -1.0)
+    detail = (f"{len(bad)} of {len(tops)} inputs have a top-1 probability below {limit:.4g}"
+              if bad else f"every top-1 probability is at least {limit:.4g}")
+    return RuleResult("min_prob", not bad, limit,
+                      f"{detail}; the lowest: {_g(low[1])} ({low[0]})", offenders)

@@ -1,0 +1,371 @@
+"""A live forward-pass trace that finds where non-finite values start and where a crash happened.
+
+Every module, containers and the model itself included, gets a pre-forward and a forward
+hook through one :class:`~hookscope.core.hooks.Tracer`, whatever the user selected. The
+selection (``layers``, ``types``, ``all_modules``, ``max_depth``) only decides which calls
+produce ``enter``/``exit`` trace events; locating a crash or a non-finite origin always
+looks at every module, so the innermost running module is found even when the selection
+leaves it out.
+
+* **First non-finite.** The origin is the first module call, in the order calls finish,
+  whose output holds NaN or Inf while all its inputs were finite. Inputs are checked and
+  summarised in the pre-forward hook, before an in-place module can overwrite them. A
+  container is the origin when the non-finite value comes from its own code between its
+  children (a functional op, a parameter used directly). When the model's own input is
+  already non-finite, the origin is the first module that receives it (``source:
+  "input"``).
+* **Crash locator.** When the forward pass raises, the innermost module still running is
+  reported with its type, input shapes and the exception message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.core.errors import CheckFailed, ForwardError
+from hookscope.core.hooks import Call, Site, all_sites, first_tensor, select_sites, tensors
+from hookscope.core.run import Probe, Step, drive
+
+__all__ = [
+    "DebugReport",
+    "EnterEvent",
+    "ErrorEvent",
+    "Event",
+    "DebugProbe",
+    "ExitEvent",
+    "NonfiniteEvent",
+    "nonfinite_failure",
+    "run_debug",
+]
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every value is finite: one cheap sum, and an exact check only if it is not."""
+    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+        return True
+    total = t.detach().sum()
+    if t.is_complex():
+        total = total.abs()
+    if math.isfinite(float(total)):
+        return True  # a NaN or Inf anywhere makes the sum non-finite
+    return bool(torch.isfinite(t.detach()).all())  # the sum may just have overflowed
+
+
+def _summary(t: torch.Tensor | None) -> dict[str, float | int] | None:
+    from hookscope.probes.stats import moments
+
+    return None if t is None else moments(t).summary()
+
+
+@dataclass(frozen=True)
+class EnterEvent:
+    """A selected module call starts."""
+
+    name: str
+    type: str
+    call: int
+    depth: int
+    batch: int
+    input_shapes: list[list[int]]
+
+    event = "enter"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
+                "depth": self.depth, "batch": self.batch, "input_shapes": self.input_shapes}
+
+
+@dataclass(frozen=True)
+class ExitEvent:
+    """A selected module call finished: its output shapes and the first output's statistics."""
+
+    name: str
+    type: str
+    call: int
+    depth: int
+    batch: int
+    output_shapes: list[list[int]]
+    stats: dict[str, float | int] | None
+
+    event = "exit"
+
+    @property
+    def output_shape(self) -> list[int] | None:
+        return self.output_shapes[0] if self.output_shapes else None
+
+    @property
+    def nonfinite(self) -> int:
+        return int((self.stats or {}).get("nonfinite", 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        stats = self.stats or dict.fromkeys(
+            ("mean", "std", "min", "max", "zero_fraction", "nonfinite"))
+        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
+                "depth": self.depth, "batch": self.batch, "output_shape": self.output_shape,
+                "output_shapes": self.output_shapes, **stats}
+
+
+@dataclass(frozen=True)
+class NonfiniteEvent:
+    """The first module call whose output is non-finite while its inputs were finite.
+
+    ``source`` is ``"module"`` for such a call, or ``"input"`` when the model's input itself
+    held non-finite values (then the call is the first module that received it).
+    ``input_stats`` and ``output_stats`` hold one summary per tensor, in the order of
+    ``input_shapes`` and ``output_shapes``.
+    """
+
+    name: str
+    type: str
+    call: int
+    depth: int
+    batch: int
+    source: str
+    input_shapes: list[list[int]]
+    output_shapes: list[list[int]]
+    input_stats: list[dict[str, float | int]]
+    output_stats: list[dict[str, float | int]]
+
+    event = "nonfinite"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
+                "depth": self.depth, "batch": self.batch, "source": self.source,
+                "input_shapes": self.input_shapes,
+                "output_shape": self.output_shapes[0] if self.output_shapes else None,
+                "output_shapes": self.output_shapes, "input_stats": self.input_stats,
+                "output_stats": self.output_stats}
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The forward pass raised; ``name`` is the innermost module that was running.
+
+    ``name`` is ``""`` when the model's own code raised outside any submodule, and None
+    when the error came before the model started.
+    """
+
+    name: str | None
+    type: str | None
+    call: int | None
+    depth: int | None
+    batch: int
+    input_shapes: list[list[int]]
+    message: str
+    exception: str
+
+    event = "error"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
+                "depth": self.depth, "batch": self.batch, "input_shapes": self.input_shapes,
+                "message": self.message, "exception": self.exception}
+
+
+Event = EnterEvent | ExitEvent | NonfiniteEvent | ErrorEvent
+
+
+@dataclass
+class DebugReport:
+    """The outcome of :func:`run_debug`; ``to_dict`` is the ``summary`` event."""
+
+    batches: int = 0
+    samples: int = 0
+    calls: int = 0
+    nonfinite_calls: int = 0
+    origin: NonfiniteEvent | None = None
+    error: ErrorEvent | None = None
+    #: The forward pass's failure, with the message every command prints for it.
+    failure: ForwardError | None = field(default=None, repr=False)
+    output_shapes: list[list[int]] = field(default_factory=list)
+    #: Every event, in order, when the probe was asked to record them (else None).
+    events: list[Event] | None = field(default=None, repr=False)
+
+    def merge(self, other: DebugReport) -> DebugReport:
+        """One run over this report's inputs, then ``other``'s: counts add, the first
+        non-finite origin is kept (``other``'s own origin event is dropped, as one run stops
+        looking once it has one), and a run that failed ends there, as one run would."""
+        if self.error is not None:
+            return self
+        events = None
+        if self.events is not None:
+            events = [*self.events, *(e for e in other.events or ()
+                                      if self.origin is None or not isinstance(e, NonfiniteEvent))]
+        return DebugReport(
+            batches=self.batches + other.batches, samples=self.samples + other.samples,
+            calls=self.calls + other.calls,
+            nonfinite_calls=self.nonfinite_calls + other.nonfinite_calls,
+            origin=self.origin or other.origin, error=other.error, failure=other.failure,
+            output_shapes=other.output_shapes if other.samples else self.output_shapes,
+            events=events)
+
+    def to_dict(self) -> dict[str, Any]:
+        origin = None
+        if self.origin is not None:
+            o = self.origin
+            origin = {"name": o.name, "type": o.type, "call": o.call, "batch": o.batch,
+                      "source": o.source}
+        error = None
+        if self.error is not None:
+            e = self.error
+            error = {"name": e.name, "type": e.type, "call": e.call, "batch": e.batch,
+                     "input_shapes": e.input_shapes, "message": e.message,
+                     "exception": e.exception}
+        return {"event": "summary", "batches": self.batches, "samples": self.samples,
+                "calls": self.calls, "nonfinite_calls": self.nonfinite_calls,
+                "origin": origin, "error": error, "output_shapes": self.output_shapes}
+
+
+class DebugProbe(Probe[DebugReport]):
+    """Trace events for the selected calls; non-finite detection on every call.
+
+    Every module, containers and the model itself included, is hooked, whatever the
+    selection, so a crash or a non-finite origin is found even outside it. With ``record``,
+    the report keeps every event too (``events``), so that reports can be merged with
+    their traces.
+    """
+
+    def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None,
+                 types: Sequence[str] | None = None, all_modules: bool = False,
+                 max_depth: int | None = None,
+                 on_event: Callable[[Event], None] | None = None, record: bool = False) -> None:
+        self.selected = {s.name for s in select_sites(
+            model, layers=layers, types=types, all_modules=all_modules, max_depth=max_depth)}
+        root = Site("", type(model).__name__, 0, model)
+        self.sites = [root, *(s for s in all_sites(model) if s.module is not model)]
+        self.model = model
+        self.on_event = on_event
+        self.report = DebugReport(events=[] if record else None)
+        self.batch = 0
+        # Per running call: input shapes, input summaries (while detecting) and finiteness.
+        self._entered: dict[tuple[str, int],
+                            tuple[list[list[int]], list[dict[str, Any]] | None, bool]] = {}
+        self._input_nonfinite = False  # the model's own input holds NaN/Inf
+        self._input_origin: tuple[str, int] | None = None
+
+    def emit(self, event: Event) -> None:
+        if self.report.events is not None:
+            self.report.events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    @property
+    def detecting(self) -> bool:
+        return self.report.origin is None
+
+    def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        inputs = tensors((args, kwargs))
+        shapes = [list(t.shape) for t in inputs]
+        summaries: list[dict[str, Any]] | None = None
+        finite = True
+        if self.detecting:
+            # Summarised now: an in-place module may overwrite its input before it returns.
+            summaries = [s for s in (_summary(t) for t in inputs) if s is not None]
+            finite = all(s["nonfinite"] == 0 for s in summaries)
+            is_root = call.site.module is self.model
+            if is_root and not finite:
+                self._input_nonfinite = True
+            elif self._input_nonfinite and self._input_origin is None and not is_root:
+                self._input_origin = call.key
+        self._entered[call.key] = (shapes, summaries, finite)
+        if call.name in self.selected:
+            self.emit(EnterEvent(call.name, call.site.type, call.index, call.site.depth,
+                                 self.batch, shapes))
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        in_shapes, in_summaries, finite = self._entered.pop(call.key, ([], None, True))
+        outputs = tensors(output)
+        out_shapes = [list(t.shape) for t in outputs]
+        if call.name in self.selected:
+            event = ExitEvent(call.name, call.site.type, call.index, call.site.depth,
+                              self.batch, out_shapes, _summary(first_tensor(output)))
+            self.report.calls += 1
+            if event.nonfinite:
+                self.report.nonfinite_calls += 1
+            self.emit(event)
+        if not self.detecting or in_summaries is None:
+            return
+        is_root = call.site.module is self.model
+        if call.key == self._input_origin or (is_root and self._input_nonfinite):
+            source = "input"
+        elif finite and not all(_all_finite(t) for t in outputs):
+            source = "module"
+        else:
+            return
+        origin = NonfiniteEvent(
+            call.name, call.site.type, call.index, call.site.depth, self.batch, source,
+            in_shapes, out_shapes, in_summaries,
+            [s for s in (_summary(t) for t in outputs) if s is not None],
+        )
+        self.report.origin = origin
+        self.emit(origin)
+
+    def step(self, step: Step) -> None:
+        self.batch = step.index
+        self._entered.clear()
+        self._input_nonfinite = False
+        self._input_origin = None
+        output = step.forward()
+        self.report.batches += 1
+        self.report.samples += len(step)
+        self.report.output_shapes = [list(t.shape) for t in tensors(output)]
+
+    def on_error(self, error: ForwardError, step: Step) -> bool:
+        self.report.error = ErrorEvent(error.module, error.type_name, error.call, error.depth,
+                                       step.index, error.input_shapes, error.reason,
+                                       error.exception)
+        self.report.failure = error
+        self.report.batches += 1
+        self.emit(self.report.error)
+        return True
+
+    def finish(self) -> DebugReport:
+        return self.report
+
+
+def nonfinite_failure(origin: NonfiniteEvent) -> CheckFailed:
+    """The error for ``fail_on_nonfinite``: where non-finite values first appeared."""
+    where = f"{origin.name or 'the model itself'} ({origin.type}, call {origin.call}, batch " \
+        f"{origin.batch})"
+    if origin.source == "input":
+        return CheckFailed(f"the input holds non-finite values (first module: {where}).")
+    return CheckFailed(f"non-finite values first appear in {where}.")
+
+
+def run_debug(
+    model: nn.Module,
+    inputs: torch.Tensor | Iterable[torch.Tensor],
+    *,
+    layers: Sequence[str] | None = None,
+    types: Sequence[str] | None = None,
+    all_modules: bool = False,
+    max_depth: int | None = None,
+    on_event: Callable[[Event], None] | None = None,
+) -> DebugReport:
+    """Run ``model`` in eval and inference mode, tracing selected calls and locating problems.
+
+    Args:
+        model: any ``nn.Module``; left with no hooks and its ``training`` flags intact.
+        inputs: one batch tensor, or an iterable of batch tensors.
+        layers: fnmatch patterns on dotted module names (trace events only).
+        types: module class names (trace events only).
+        all_modules: trace containers too when no other selection is given.
+        max_depth: cut the traced tree at this depth.
+        on_event: called with each event as it happens, in execution order.
+
+    Returns:
+        Counts, the non-finite origin (or None) and the error (or None). After an error
+        the run stops; ``failure`` holds it, ready to raise.
+
+    Raises:
+        HookscopeError: the selection matches no module.
+    """
+    probe = DebugProbe(model, layers=layers, types=types, all_modules=all_modules,
+                       max_depth=max_depth, on_event=on_event)
+    return drive(model, inputs, probe)

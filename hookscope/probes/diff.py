@@ -1,0 +1,642 @@
+"""Two runs of the same inputs compared module call by module call (``hookscope diff``).
+
+Side A is one model; side B is another load of it (other weights, dtype, autocast or device)
+or another model whose module names match. One :class:`DiffProbe` runs A on each batch and
+keeps the selected calls' outputs of that batch; it then runs B on the same batch through a
+nested :func:`~hookscope.core.run.drive`, whose hooks compare each of B's calls with A's kept
+output for the same (name, call index) as soon as B produces it, and drop A's tensor. At most
+one batch of A's selected outputs is held at a time. Only sums are kept, in float64, so the
+report over several batches equals the report over their concatenation (:meth:`DiffReport.merge`).
+
+Speed: A's outputs are kept by reference. While A runs, a dispatch mode copies a kept output
+only when an in-place operation is about to write into it (``relu_``, ``out += identity``).
+On the CPU the comparison reads both tensors once, in cache-sized chunks: each chunk's
+difference goes into one reused buffer, and its largest |a−b| and three float32 dot products
+(‖a−b‖², ‖a‖², ‖b‖², summed in float64) are taken while it is in cache. Non-finite values
+are masked, in float64, only when a sum comes out non-finite. On an accelerator the
+comparison has no branches and a batch's sums reach the host in one transfer.
+
+``hookscope diff a.json b.json`` compares two saved ``stats`` documents instead
+(:mod:`hookscope.probes.statsdiff`, which never imports torch).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from hookscope.core.errors import CheckFailed, ForwardError, HookscopeError, param
+from hookscope.core.hooks import (
+    Call,
+    Site,
+    all_sites,
+    first_tensor,
+    select_sites,
+    tensors,
+)
+from hookscope.core.outputs import select_logits
+from hookscope.core.run import Probe, Progress, Step, drive
+from hookscope.probes.channels import as_float
+from hookscope.probes.kernels import fused_diff
+from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, describe_where, first_exceeding
+
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "CallRef",
+    "DiffProbe",
+    "DiffReport",
+    "DiffSums",
+    "LayerDiff",
+    "OutputDiff",
+    "diff_models",
+    "on_side",
+]
+
+NAN = float("nan")
+#: Elements per comparison chunk and thread: three float32 chunks (A's, B's, their difference)
+#: stay in a core's cache while every sum is taken, and a float32 dot over them stays accurate.
+_CHUNK = 1 << 16
+#: At most this many elements per chunk: the size of the reused scratch buffer.
+_MAX_CHUNK = 1 << 20
+Key = tuple[str, int]
+
+
+# ----------------------------------------------------------------------------- the sums
+
+
+@dataclass(frozen=True)
+class DiffSums:
+    """Mergeable sums behind one call's comparison, over elements finite on both sides."""
+
+    numel: int = 0
+    n: int = 0
+    sq_diff: float = 0.0
+    sq_a: float = 0.0
+    sq_b: float = 0.0
+    max_abs: float = 0.0
+    nonfinite_a: int = 0
+    nonfinite_b: int = 0
+
+    @classmethod
+    def from_values(cls, values: Sequence[float]) -> DiffSums:
+        numel, n, sd, sa, sb, mx, nfa, nfb = values
+        return cls(int(numel), int(n), sd, sa, sb, mx, int(nfa), int(nfb))
+
+    def merge(self, other: DiffSums) -> DiffSums:
+        """Both sides' sums added (a new object; neither side changes)."""
+        return DiffSums(self.numel + other.numel, self.n + other.n,
+                        self.sq_diff + other.sq_diff, self.sq_a + other.sq_a,
+                        self.sq_b + other.sq_b, max(self.max_abs, other.max_abs),
+                        self.nonfinite_a + other.nonfinite_a, self.nonfinite_b + other.nonfinite_b)
+
+    @property
+    def rel_l2(self) -> float:
+        """‖a−b‖ / ‖a‖: 0 when both are 0, inf when only ‖a‖ is, NaN when nothing compared."""
+        if self.n == 0:
+            return NAN
+        if self.sq_a == 0:
+            return 0.0 if self.sq_diff == 0 else math.inf
+        return math.sqrt(self.sq_diff / self.sq_a)
+
+    @property
+    def cosine(self) -> float:
+        """Cosine similarity of a and b; NaN when either norm is 0.
+
+        a·b is taken as (‖a‖² + ‖b‖² − ‖a−b‖²) / 2, which saves a fourth dot product per
+        chunk; the cosine is then exact for a == b and within ~1e-7 (absolute) otherwise,
+        unless one norm is thousands of times the other.
+        """
+        if self.n == 0 or self.sq_a == 0 or self.sq_b == 0:
+            return NAN
+        dot = (self.sq_a + self.sq_b - self.sq_diff) / 2
+        norms = math.sqrt(self.sq_a * self.sq_b)  # exact for a == b, unlike a product of roots
+        if not math.isfinite(norms):
+            norms = math.sqrt(self.sq_a) * math.sqrt(self.sq_b)
+        return max(-1.0, min(1.0, dot / norms))
+
+
+_local = threading.local()
+
+
+def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-thread CPU buffer of ``numel`` (at most ``_MAX_CHUNK``) elements, reused."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.dtype != dtype:
+        with torch.inference_mode(False):  # a normal tensor, writable outside inference mode
+            buf = _local.buf = torch.empty(_MAX_CHUNK, dtype=dtype)
+    return buf[:numel]
+
+
+def _compare_host(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
+    """The eight values of :class:`DiffSums` for two flat tensors of one dtype, on the CPU:
+    float32 in one pass over both with the compiled kernel when it is built, else a few
+    passes over cache-sized chunks; anything not finite is redone masked, in float64."""
+    numel = a.numel()
+    if numel == 0:
+        return (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0)
+    op = fused_diff() if a.dtype == torch.float32 else None
+    if op is not None:
+        finite, sd, sa, sb, mx = op(a, b)
+        if finite:
+            return (numel, numel, sd, sa, sb, mx, 0, 0)
+        return _compare_masked(a, b)
+    # Each of torch's threads takes its share of a chunk: keep each share cache-sized.
+    chunk = min(_CHUNK * torch.get_num_threads(), _MAX_CHUNK)
+    parts = torch.empty(-(-numel // chunk), 4, dtype=a.dtype)
+    for row, pa, pb in zip(parts, a.split(chunk), b.split(chunk), strict=True):
+        # Every sum of a chunk runs while it is in cache: one trip to memory per value. A
+        # float32 BLAS dot over one chunk stays within ~1e-6 (over a million values it
+        # drifts by 1e-4); the chunks' results are summed in float64.
+        d = torch.sub(pa, pb, out=_scratch(pa.numel(), pa.dtype))
+        torch.dot(d, d, out=row[0])
+        torch.dot(pa, pa, out=row[1])
+        torch.dot(pb, pb, out=row[2])
+        torch.amax(d.abs_(), dim=0, out=row[3])  # faster than aminmax
+    sd, sa, sb = parts[:, :3].sum(0, dtype=torch.float64).tolist()
+    mx = float(parts[:, 3].max()) if numel else 0.0
+    if all(math.isfinite(v) for v in (sd, sa, sb, mx)):
+        return (numel, numel, sd, sa, sb, mx, 0, 0)
+    return _compare_masked(a, b)
+
+
+def _compare_masked(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
+    """Something is not finite (or a float32 square overflowed): mask, and redo in float64."""
+    numel = a.numel()
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    both = fa & fb
+    x, y = a[both].double(), b[both].double()
+    d = x - y
+    mx = float(d.abs().max()) if d.numel() else 0.0
+    return (numel, x.numel(), float(d @ d), float(x @ x), float(y @ y), mx,
+            numel - int(fa.sum()), numel - int(fb.sum()))
+
+
+def _compare_device(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The eight values of :class:`DiffSums` as one float64 tensor that stays on the device."""
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    both = fa & fb
+    zero = a.new_zeros(())
+    x = torch.where(both, a, zero).double()
+    y = torch.where(both, b, zero).double()
+    d = x - y
+    mx = d.abs().amax() if d.numel() else d.new_zeros(())
+    count = torch.full((), float(a.numel()), dtype=torch.float64, device=a.device)
+    return torch.stack([count, both.sum().double(), d @ d, x @ x, y @ y, mx,
+                        (~fa).sum().double(), (~fb).sum().double()])
+
+
+class DiffTable:
+    """Comparison sums per key, merged across batches.
+
+    On the CPU each pair is compared at once; on an accelerator the sums stay on the device
+    until :meth:`flush` copies a whole batch's worth to the host in one transfer.
+    :func:`_compare_device` is also right on the CPU, only slower.
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[Hashable, DiffSums] = {}
+        self._pending: list[tuple[Hashable, torch.Tensor]] = []
+
+    def add(self, key: Hashable, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Compare two flat tensors of one dtype and device; merge into ``key``'s sums."""
+        if a.device.type != "cpu":
+            self._pending.append((key, _compare_device(a, b)))
+        else:
+            self._merge(key, _compare_host(a, b))
+
+    def count(self, key: Hashable, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Only count the non-finite values of two outputs that cannot be compared."""
+        self._add(key, DiffSums(nonfinite_a=int((~torch.isfinite(a)).sum()),
+                                nonfinite_b=int((~torch.isfinite(b)).sum())))
+
+    def _merge(self, key: Hashable, values: Sequence[float]) -> None:
+        self._add(key, DiffSums.from_values(values))
+
+    def _add(self, key: Hashable, sums: DiffSums) -> None:
+        self._sums[key] = self._sums.get(key, DiffSums()).merge(sums)
+
+    def flush(self) -> None:
+        """Bring deferred device sums to the host in one transfer and merge them."""
+        if not self._pending:
+            return
+        host = torch.stack([v for _, v in self._pending]).cpu().tolist()
+        for (key, _), values in zip(self._pending, host, strict=True):
+            self._merge(key, values)
+        self._pending.clear()
+
+    def get(self, key: Hashable) -> DiffSums:
+        return self._sums.get(key) or DiffSums()
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True)
+class LayerDiff:
+    """One call's comparison. ``shape_b`` differs from ``shape`` when the outputs could not be
+    compared; the metrics are then NaN (null in JSON)."""
+
+    name: str
+    type: str
+    call: int
+    shape: list[int]
+    shape_b: list[int] | None
+    sums: DiffSums = field(default_factory=DiffSums, compare=False)
+
+    @property
+    def key(self) -> Key:
+        return (self.name, self.call)
+
+    @property
+    def mismatch(self) -> bool:
+        return self.shape_b != self.shape
+
+    @property
+    def relative(self) -> float:
+        return self.sums.rel_l2
+
+    def excess(self, tolerance: float) -> str | None:
+        """Why this call exceeds ``tolerance`` (``shape``, ``nonfinite``, ``rel_l2``), or None."""
+        if self.mismatch:
+            return "shape"
+        if self.sums.nonfinite_a != self.sums.nonfinite_b:
+            return "nonfinite"
+        rel = self.sums.rel_l2
+        return "rel_l2" if rel > tolerance else None  # NaN (nothing finite) never exceeds
+
+    def merged(self, other: LayerDiff) -> LayerDiff:
+        return replace(self, sums=self.sums.merge(other.sums))
+
+    def to_dict(self, tolerance: float) -> dict[str, Any]:
+        s = self.sums
+        return {"name": self.name, "type": self.type, "call": self.call, "shape": self.shape,
+                "shape_b": self.shape_b, "max_abs": s.max_abs if s.n else NAN,
+                "rel_l2": s.rel_l2, "cosine": s.cosine, "nonfinite_a": s.nonfinite_a,
+                "nonfinite_b": s.nonfinite_b, "exceeds": self.excess(tolerance) is not None}
+
+
+@dataclass
+class OutputDiff:
+    """The final (N, classes) outputs compared: top-1 agreement, max |Δ logit| and KL(a‖b)."""
+
+    inputs: int = 0
+    agree: int = 0
+    max_abs: float = 0.0
+    kl_sum: float = 0.0
+    kl_max: float = 0.0
+
+    def add(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Add one batch of logits (float64 arithmetic)."""
+        a, b = a.detach().double(), b.detach().to(a.device).double()
+        self.inputs += a.shape[0]
+        self.agree += int((a.argmax(1) == b.argmax(1)).sum())
+        self.max_abs = max(self.max_abs, float((a - b).abs().max()))
+        la, lb = torch.log_softmax(a, dim=1), torch.log_softmax(b, dim=1)
+        kl = (la.exp() * (la - lb)).sum(1).clamp(min=0)  # >= 0 but for rounding
+        self.kl_sum += float(kl.sum())
+        self.kl_max = max(self.kl_max, float(kl.max()))
+
+    def merge(self, other: OutputDiff) -> OutputDiff:
+        return OutputDiff(self.inputs + other.inputs, self.agree + other.agree,
+                          max(self.max_abs, other.max_abs), self.kl_sum + other.kl_sum,
+                          max(self.kl_max, other.kl_max))
+
+    def to_dict(self) -> dict[str, Any]:
+        n = self.inputs
+        return {"inputs": n, "top1_agree": self.agree,
+                "top1_agreement": self.agree / n if n else NAN, "max_abs_logit": self.max_abs,
+                "kl_mean": self.kl_sum / n if n else NAN, "kl_max": self.kl_max}
+
+
+def _unique(refs: Iterable[CallRef]) -> list[CallRef]:
+    return list({ref.key: ref for ref in refs}.values())
+
+
+@dataclass(frozen=True)
+class DiffReport:
+    """What :class:`DiffProbe` returns: per-call comparisons in A's execution order, calls
+    seen on one side only, and the final outputs compared (None unless both are logits)."""
+
+    tolerance: float
+    layers: list[LayerDiff]
+    unmatched_a: list[CallRef]
+    unmatched_b: list[CallRef]
+    outputs: OutputDiff | None
+    input_shape: list[int] | None = None
+
+    @property
+    def first_divergence(self) -> dict[str, Any] | None:
+        """The first call whose relative L2 error exceeds the tolerance, whose shapes differ,
+        or whose non-finite counts differ."""
+        return first_exceeding(self.layers, self.tolerance, "rel_l2")
+
+    @property
+    def failed(self) -> bool:
+        """A call exceeds the tolerance, or the top-1 predictions differ for some input."""
+        outputs = self.outputs
+        return self.first_divergence is not None or (
+            outputs is not None and outputs.agree < outputs.inputs)
+
+    def failure(self) -> CheckFailed:
+        """The error for ``fail``: where the runs part."""
+        first = self.first_divergence
+        if first is not None:
+            return CheckFailed(f"the runs part at {describe_where(first)} (tolerance "
+                               f"{self.tolerance:g}).")
+        outputs = self.outputs or OutputDiff()
+        return CheckFailed(f"the top-1 predictions differ for {outputs.inputs - outputs.agree} "
+                           f"of {outputs.inputs} inputs, though no call exceeds the tolerance.")
+
+    def merge(self, other: DiffReport) -> DiffReport:
+        """The report over both reports' inputs: sums added, one-side calls united."""
+        rows = {row.key: row for row in self.layers}
+        for row in other.layers:
+            rows[row.key] = rows[row.key].merged(row) if row.key in rows else row
+        outputs = self.outputs.merge(other.outputs) if self.outputs and other.outputs else None
+        return DiffReport(self.tolerance, list(rows.values()),
+                          _unique([*self.unmatched_a, *other.unmatched_a]),
+                          _unique([*self.unmatched_b, *other.unmatched_b]), outputs,
+                          self.input_shape or other.input_shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document without its envelope and ``against``."""
+        return {"offline": False, "input_shape": self.input_shape, "tolerance": self.tolerance,
+                "first_divergence": self.first_divergence,
+                "outputs": self.outputs.to_dict() if self.outputs else None,
+                "layers": [row.to_dict(self.tolerance) for row in self.layers],
+                "unmatched_a": [r.to_dict() for r in self.unmatched_a],
+                "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
+
+
+# ----------------------------------------------------------------------------- the probe
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return int(tensor.untyped_storage().data_ptr())
+
+
+try:  # torch's private module: without it every kept output is copied (slower, the same result)
+    from torch.utils._python_dispatch import TorchDispatchMode as _Mode
+except ImportError:  # pragma: no cover - depends on the torch release
+    _Mode = None  # type: ignore[assignment,misc]
+
+
+class _CopyOnWrite(_Mode or object):  # type: ignore[misc]
+    """While A runs: before any operation writes into a tensor in place, the probe copies
+    the kept outputs that share its memory.
+
+    Copying every kept output instead cost as much as the comparison itself (ResNets write
+    into only their BatchNorm outputs: ``relu_`` and ``out += identity``). The mode sees
+    each operation once and changes no result.
+    """
+
+    #: Per operator, the positions of the arguments it writes into (most have none).
+    _writes: ClassVar[dict[Any, tuple[tuple[int, str], ...]]] = {}
+
+    def __init__(self, probe: DiffProbe) -> None:
+        super().__init__()
+        self.probe = probe
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        writes = self._writes.get(func)
+        if writes is None:
+            writes = self._writes[func] = tuple(
+                (i, arg.name) for i, arg in enumerate(func._schema.arguments)
+                if arg.alias_info is not None and arg.alias_info.is_write)
+        if writes and self.probe.kept:
+            written = [args[i] if i < len(args) else kwargs.get(name) for i, name in writes]
+            self.probe.protect(t for t in tensors(written))
+        return func(*args, **kwargs)
+
+
+class _Against(Probe[Any]):
+    """Side B of one batch: each selected call is handed to the :class:`DiffProbe`."""
+
+    def __init__(self, owner: DiffProbe, sites: list[Site]) -> None:
+        self.owner = owner
+        self.sites = sites
+        self.output: Any = None
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        self.owner.compare(call, output)
+
+    def observe(self, step: Step, output: Any) -> None:
+        self.output = output
+
+    def finish(self) -> Any:
+        output, self.output = self.output, None
+        return output
+
+
+class DiffProbe(Probe[DiffReport]):
+    """Run A, keep the selected outputs of the batch, run B and compare call by call.
+
+    Args:
+        model: side A, which :func:`~hookscope.core.run.drive` runs.
+        other: side B: another module (another load of the model, or a model whose module
+            names match); it runs on the same batches through a nested ``drive``.
+        layers, types, all_modules, max_depth: the selection on A (see ``select_sites``);
+            B's modules of the same names are compared, and B's own selection is listed
+            when A has no such call.
+        tolerance: the relative L2 error above which a call exceeds.
+        output_key, other_output_key: the entry holding each side's logits.
+        other_autocast: B's ``torch.autocast`` dtype.
+
+    Raises:
+        HookscopeError: ``other`` is ``model`` itself, or the selection matches nothing.
+    """
+
+    def __init__(self, model: nn.Module, other: nn.Module, *, layers: Sequence[str] | None = None,
+                 types: Sequence[str] | None = None, all_modules: bool = False,
+                 max_depth: int | None = None, tolerance: float = DEFAULT_TOLERANCE,
+                 output_key: str | None = None, other_output_key: str | None = None,
+                 other_autocast: torch.dtype | None = None) -> None:
+        if other is model:
+            raise HookscopeError(f"{param('other')} is the same module as {param('model')}; "
+                                 "load the second side separately.")
+        selection: dict[str, Any] = {"layers": layers, "types": types,
+                                     "all_modules": all_modules, "max_depth": max_depth}
+        self.sites = select_sites(model, **selection)
+        self.names = {s.name for s in self.sites}
+        self.other, self.other_autocast = other, other_autocast
+        self.against = _Against(self, _other_sites(other, self.names, selection))
+        self.tolerance = tolerance
+        self.output_key, self.other_output_key = output_key, other_output_key
+        self.table = DiffTable()
+        #: A's outputs of the current batch not yet compared; never more than one batch.
+        self.kept: dict[Key, torch.Tensor] = {}
+        self.peak_kept = 0
+        #: Kept outputs not yet copied, by the address of the memory they share.
+        self._storages: dict[int, list[Key]] = {}
+        self.meta: dict[Key, tuple[str, list[int], list[int] | None]] = {}
+        self.without_tensor: set[Key] = set()
+        self.only_a: dict[Key, CallRef] = {}
+        self.only_b: dict[Key, CallRef] = {}
+        self.outputs: OutputDiff | None = OutputDiff()
+        self.input_shape: list[int] | None = None
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        found = first_tensor(output)
+        if found is None:
+            self.without_tensor.add(call.key)
+            return
+        if call.key not in self.meta:
+            self.meta[call.key] = (call.site.type, list(found.shape), None)
+        # A reference, not a copy: _CopyOnWrite copies it only if an in-place operation
+        # (ReLU(inplace=True), `out += identity`) is about to change it.
+        kept = found.detach() if _Mode is not None else found.detach().clone()
+        self.kept[call.key] = kept
+        self._storages.setdefault(_storage(kept), []).append(call.key)
+        self.peak_kept = max(self.peak_kept, len(self.kept))
+
+    def protect(self, tensors: Iterable[torch.Tensor]) -> None:
+        """``tensors`` are about to be changed in place: copy the kept outputs they share
+        memory with first."""
+        for tensor in tensors:
+            for key in self._storages.pop(_storage(tensor), ()):
+                if key in self.kept:
+                    self.kept[key] = self.kept[key].clone()
+
+    def compare(self, call: Call, output: Any) -> None:
+        """B's call ``call`` returned ``output``: compare it with A's kept output, drop that."""
+        key = call.key
+        kept = self.kept.pop(key, None)
+        found = first_tensor(output)
+        if kept is None or found is None:
+            if key not in self.without_tensor:
+                self.only_b.setdefault(key, CallRef(call.name, call.site.type, call.index))
+            return
+        type_a, shape, shape_b = self.meta[key]
+        if kept.shape != found.shape:  # reported with this batch's shapes, and kept so
+            self.meta[key] = (type_a, list(kept.shape), list(found.shape))
+            self.table.count(key, kept, found)
+            return
+        if shape_b is None:  # shapes as in the first batch, like `stats`
+            self.meta[key] = (type_a, shape, list(found.shape))
+        a = as_float(kept).reshape(-1)
+        del kept
+        self.table.add(key, a, as_float(found).reshape(-1).to(a.device, a.dtype))
+
+    def step(self, step: Step) -> None:
+        with _CopyOnWrite(self) if _Mode is not None else nullcontext(), on_side("A"):
+            output = step.forward()
+        self._storages.clear()
+        logits = select_logits(output, self.output_key, required=False)
+        del output
+        if self.input_shape is None:
+            found = first_tensor(step.x)
+            self.input_shape = list(found.shape[1:]) if found is not None else None
+        # B gets the batch as preprocessed, before the cast to A's dtype, when it is known.
+        x = step.batch.tensor if step.batch is not None else step.x
+        try:
+            output = drive(self.other, x, self.against, autocast=self.other_autocast)
+        except ForwardError as error:
+            raise _second_run(error) from error.cause
+        finally:
+            for key in self.kept:
+                type_a = self.meta[key][0]
+                self.only_a.setdefault(key, CallRef(key[0], type_a, key[1]))
+            self.kept.clear()
+        self.table.flush()
+        self._compare_outputs(logits, select_logits(output, self.other_output_key,
+                                                    required=False))
+
+    def _compare_outputs(self, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
+        if self.outputs is None:
+            return
+        if a is None or b is None or a.dim() != 2 or a.shape != b.shape or a.shape[1] < 2:
+            self.outputs = None  # not (N, classes) logits on both sides
+            return
+        self.outputs.add(a, b)
+
+    def finish(self) -> DiffReport:
+        rows = []
+        for key, (type_a, shape, shape_b) in self.meta.items():
+            if shape_b is not None:  # compared at least once
+                rows.append(LayerDiff(key[0], type_a, key[1], shape, shape_b,
+                                      self.table.get(key)))
+        outputs = self.outputs if self.outputs is not None and self.outputs.inputs else None
+        return DiffReport(self.tolerance, rows, list(self.only_a.values()),
+                          list(self.only_b.values()), outputs, self.input_shape)
+
+
+def _other_sites(other: nn.Module, names: set[str], selection: Mapping[str, Any]) -> list[Site]:
+    """B's modules named like A's selected ones, and those B's own selection picks."""
+    try:
+        own = {s.name for s in select_sites(other, **selection)}
+    except HookscopeError:  # the selection matches nothing in B: its names alone are paired
+        own = set()
+    return [s for s in all_sites(other) if s.name in names or s.name in own]
+
+
+@contextmanager
+def on_side(side: str, renames: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Name the side (``A``, or ``B``: the run against) in any error raised inside.
+
+    ``renames`` maps the option a message should name to the one it names (B's own
+    options are the ``against_*`` ones).
+    """
+    try:
+        yield
+    except HookscopeError as exc:
+        text = str(exc.args[0]) if exc.args else ""
+        if not text.startswith("Side "):
+            what = "A" if side == "A" else "B (the second run, against)"
+            for option, own in (renames or {}).items():
+                text = text.replace(param(own), param(option))
+            exc.args = (f"Side {what}: {text}", *exc.args[1:])
+        raise
+
+
+def _second_run(error: ForwardError) -> ForwardError:
+    """B's forward error, saying it was the second run."""
+    return ForwardError(f"Side B (the second run, against): {error.args[0]}",
+                        module=error.module, type_name=error.type_name, call=error.call,
+                        depth=error.depth, input_shapes=error.input_shapes, cause=error.cause)
+
+
+def diff_models(
+    model: nn.Module,
+    other: nn.Module,
+    inputs: Any,
+    *,
+    layers: Sequence[str] | None = None,
+    types: Sequence[str] | None = None,
+    all_modules: bool = False,
+    max_depth: int | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    autocast: torch.dtype | None = None,
+    other_autocast: torch.dtype | None = None,
+    output_key: str | None = None,
+    progress: Progress | None = None,
+) -> DiffReport:
+    """Run ``model`` and ``other`` on the same inputs and compare each selected call.
+
+    Args:
+        model: side A; ``other``: side B (a separate module; its names should match A's).
+        inputs: one batch, or an iterable of batches (streamed; sums merged exactly).
+        layers, types, all_modules, max_depth: the selection, as in ``collect_stats``.
+        tolerance: the relative L2 error above which a call exceeds.
+        autocast, other_autocast: each side's ``torch.autocast`` dtype.
+        output_key: the entry of a dict or tuple output holding the logits (both sides).
+        progress: called with each batch's size.
+
+    Returns:
+        Per-call max |a−b|, relative L2 error, cosine and non-finite counts in A's execution
+        order; the first divergence; the final logits compared.
+    """
+    probe = DiffProbe(model, other, layers=layers, types=types, all_modules=all_modules,
+                      max_depth=max_depth, tolerance=tolerance, output_key=output_key,
+                      other_output_key=output_key, other_autocast=other_autocast)
+    return drive(model, inputs, probe, autocast=autocast, progress=progress)
+
+

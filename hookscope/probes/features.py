@@ -1,0 +1,256 @@
+"""Feature maps as pictures: capture layer outputs with forward hooks and tile their channels.
+
+The library returns :class:`FeatureGrid` objects (the grid as a float image in [0, 1] and the
+raw activations); :mod:`hookscope.render.grid` writes them as PNG files and to TensorBoard.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.core.errors import HookscopeError, param
+from hookscope.core.grid import Layout, TokenHint, layout
+from hookscope.core.hooks import Call, Site, all_sites, find_site, first_tensor, select_sites
+from hookscope.core.run import Probe, Step, drive
+
+__all__ = ["ORDERS", "FeatureGrid", "FeaturesProbe", "FeaturesReport", "feature_grids",
+           "feature_sites", "make_tiles"]
+
+ORDERS = ("index", "mean", "max")
+
+
+@dataclass(frozen=True)
+class FeatureGrid:
+    """One layer call's feature maps for one input, tiled into a grid image."""
+
+    input: str
+    stem: str
+    index: int
+    layer: str
+    type: str
+    call: int
+    shape: list[int]
+    channels: list[int]
+    nonfinite: int
+    image: torch.Tensor = field(repr=False, compare=False)
+    values: torch.Tensor = field(repr=False, compare=False)
+
+    @property
+    def tag(self) -> str:
+        """The TensorBoard tag: the layer name (``/callK`` for later calls)."""
+        return self.layer if self.call == 0 else f"{self.layer}/call{self.call}"
+
+    @property
+    def filename(self) -> str:
+        """``<stem>.<layer>.png`` (``.callK`` before ``.png`` for later calls)."""
+        return output_name(self.stem, self.layer, self.call)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input": self.input, "layer": self.layer, "type": self.type, "call": self.call,
+            "shape": self.shape, "channels": self.channels, "nonfinite": self.nonfinite,
+            "grid_size": [int(self.image.shape[2]), int(self.image.shape[1])],
+        }
+
+
+def output_name(stem: str, layer: str, call: int = 0) -> str:
+    """The grid file name for an input stem and a layer call."""
+    safe = layer.replace("/", "_") or "model"
+    return f"{stem}.{safe}.png" if call == 0 else f"{stem}.{safe}.call{call}.png"
+
+
+def feature_sites(
+    model: nn.Module, layers: Sequence[str] | None = None, types: Sequence[str] | None = None
+) -> list[Site]:
+    """The union of ``layers`` (exact names or fnmatch patterns) and modules of ``types``.
+
+    Raises:
+        HookscopeError: nothing chosen, an unknown name, or a type that matches nothing.
+    """
+    if not layers and not types:
+        raise HookscopeError(
+            f"Choose layers with {param('layers')} (dotted names or patterns) or "
+            f"{param('types')} (class names, e.g. Conv2d)."
+        )
+    chosen: dict[str, Site] = {}
+    for name in layers or []:
+        if any(ch in name for ch in "*?["):
+            matched = select_sites(model, layers=[name], all_modules=True)
+        else:
+            matched = [find_site(model, name)]
+        chosen.update((s.name, s) for s in matched)
+    if types:
+        chosen.update((s.name, s) for s in select_sites(model, types=types, all_modules=True))
+    order = {s.name: i for i, s in enumerate(all_sites(model))}
+    return sorted(chosen.values(), key=lambda s: order.get(s.name, -1))
+
+
+def _ranked(fmap: torch.Tensor, max_channels: int, order: str) -> list[int]:
+    count = fmap.shape[0]
+    k = min(max_channels, count)
+    if order == "index":
+        return list(range(k))
+    clean = torch.nan_to_num(fmap.reshape(count, -1), nan=-math.inf)
+    score = clean.mean(dim=1) if order == "mean" else clean.amax(dim=1)
+    score = torch.nan_to_num(score, nan=-math.inf)
+    # Stable sort: ties keep channel order.
+    return torch.sort(score, descending=True, stable=True).indices[:k].tolist()
+
+
+def make_tiles(
+    fmap: torch.Tensor,
+    *,
+    max_channels: int = 64,
+    order: str = "index",
+    upsample: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, list[int]]:
+    """Tile a (C, H, W) feature map into a grid image, each tile normalised on its own.
+
+    Returns:
+        The grid as a (3, H', W') float tensor in [0, 1] and the channels shown, in order.
+    """
+    from torchvision.utils import make_grid
+
+    if order not in ORDERS:
+        raise HookscopeError(f"{param('order')} {order!r}: choose one of {', '.join(ORDERS)}.")
+    if max_channels < 1:
+        raise HookscopeError(f"{param('max_channels')} must be at least 1, not {max_channels}.")
+    channels = _ranked(fmap, max_channels, order)
+    tiles = fmap[channels].float().unsqueeze(1)  # (k, 1, H, W)
+    finite = torch.isfinite(tiles)
+    if not bool(finite.all()):
+        tiles = torch.where(finite, tiles, torch.zeros_like(tiles))
+    if upsample is not None and tuple(tiles.shape[-2:]) != tuple(upsample):
+        tiles = torch.nn.functional.interpolate(tiles, size=upsample, mode="bilinear",
+                                                align_corners=False)
+    nrow = math.ceil(math.sqrt(len(channels)))
+    grid = make_grid(tiles, nrow=nrow, padding=2, normalize=True, scale_each=True, pad_value=1.0)
+    return grid.clamp_(0, 1), channels
+
+
+def _spatial(output: Any, site: Site, size: tuple[int, int], hint: TokenHint) -> torch.Tensor:
+    """The output as (N, C, h, w): channels-last and token outputs laid out on their grid."""
+    t = first_tensor(output)
+    found = layout(list(t.shape), size, type_name=site.type, hint=hint) if t is not None \
+        else "it returns no tensor"
+    if not isinstance(found, Layout) and t is not None and t.dim() == 4:
+        return t  # any other (N, C, H, W), 1x1 squeeze-excite outputs too, as it is
+    if not isinstance(found, Layout):
+        shape = list(t.shape) if t is not None else None
+        raise HookscopeError(
+            f"{site.name} ({site.type}) returns {shape if shape else 'no tensor'}; feature "
+            f"grids need an image grid ((N, C, H, W), (N, H, W, C) or patch tokens): {found}. "
+            "Choose another layer (see `hookscope layers MODEL`)."
+        )
+    assert t is not None
+    return found.to_nchw(t)
+
+
+@dataclass(frozen=True)
+class FeaturesReport:
+    """What :class:`FeaturesProbe` returns: one row per grid, in the order they were made."""
+
+    grids: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"grids": list(self.grids)}
+
+
+class FeaturesProbe(Probe[FeaturesReport]):
+    """Tile each selected call's feature maps, per input, and hand each grid to ``sink``.
+
+    Feature maps are copied inside the forward hook, before a later in-place operation can
+    change them. Only one batch's maps are held at a time.
+
+    Args:
+        sites: the layers to picture (see :func:`feature_sites`).
+        sink: receives each :class:`FeatureGrid` as it is made (writes a file, logs it to
+            TensorBoard) and returns extra fields for its row (e.g. ``{"path": ...}``);
+            without it the grids are kept in :attr:`kept`.
+        max_channels: at most this many channels per grid.
+        order: ``index`` (the first channels), ``mean`` or ``max`` (the most active first).
+        upsample: resize each tile to the input's size.
+        stems: output file stems per input (default: each input's ``stem``).
+        hint: the model's tokens (default: :func:`hookscope.core.grid.token_hint` of the model
+            driven), to lay token outputs on their grid.
+    """
+
+    def __init__(self, sites: Sequence[Site], *,
+                 sink: Callable[[FeatureGrid], dict[str, Any] | None] | None = None,
+                 max_channels: int = 64, order: str = "index", upsample: bool = False,
+                 stems: Sequence[str] | None = None, hint: TokenHint | None = None) -> None:
+        if order not in ORDERS:
+            raise HookscopeError(f"{param('order')} {order!r}: choose one of "
+                                 f"{', '.join(ORDERS)}.")
+        if max_channels < 1:
+            raise HookscopeError(f"{param('max_channels')} must be at least 1, not "
+                                 f"{max_channels}.")
+        self.sites = list(sites)
+        self.sink = sink
+        self.max_channels, self.order, self.upsample = max_channels, order, upsample
+        self.stems = stems
+        self.hint = hint
+        self.size = (0, 0)
+        self.captured: list[tuple[Call, torch.Tensor]] = []
+        self.rows: list[dict[str, Any]] = []
+        self.kept: list[FeatureGrid] = []
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        fmap = _spatial(output, call.site, self.size, self.hint or TokenHint())
+        self.captured.append((call, fmap.detach().float().cpu().clone()))
+
+    def bind(self, tracer: Any) -> None:
+        if self.hint is None:
+            from hookscope.core.grid import token_hint
+
+            self.hint = token_hint(tracer.model)
+
+    def step(self, step: Step) -> None:
+        self.captured.clear()
+        self.size = (int(step.x.shape[-2]), int(step.x.shape[-1]))
+        step.forward()
+        size = (int(step.x.shape[-2]), int(step.x.shape[-1])) if self.upsample else None
+        items = step.batch.items if step.batch is not None else None
+        for row in range(len(step)):
+            index = step.start + row
+            name = items[row].name if items else f"input[{index}]"
+            stem = (self.stems[index] if self.stems else
+                    items[row].stem if items else f"input_{index}")
+            for call, maps in self.captured:
+                self._emit(self._grid(name, stem, index, call, maps[row], size))
+        self.captured.clear()
+
+    def _grid(self, name: str, stem: str, index: int, call: Call, fmap: torch.Tensor,
+              size: tuple[int, int] | None) -> FeatureGrid:
+        grid, channels = make_tiles(fmap, max_channels=self.max_channels, order=self.order,
+                                    upsample=size)
+        nonfinite = int(fmap.numel() - torch.isfinite(fmap).sum())
+        return FeatureGrid(input=name, stem=stem, index=index, layer=call.name,
+                           type=call.site.type, call=call.index, shape=list(fmap.shape),
+                           channels=channels, nonfinite=nonfinite, image=grid, values=fmap)
+
+    def _emit(self, grid: FeatureGrid) -> None:
+        extra = self.sink(grid) if self.sink is not None else None
+        if self.sink is None:
+            self.kept.append(grid)
+        self.rows.append(grid.to_dict() | (extra or {}))
+
+    def finish(self) -> FeaturesReport:
+        return FeaturesReport(self.rows)
+
+
+def feature_grids(model: nn.Module, inputs: Any, sites: Sequence[Site], **options: Any
+                  ) -> list[FeatureGrid]:
+    """Every grid for ``inputs`` (a batch or an iterable of batches) at ``sites``.
+
+    ``options`` are those of :class:`FeaturesProbe` (``max_channels``, ``order``, ...).
+    """
+    probe = FeaturesProbe(sites, **options)
+    drive(model, inputs, probe)
+    return probe.kept

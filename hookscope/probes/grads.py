@@ -1,0 +1,433 @@
+"""Gradient flow: the gradient at every module call's output and every parameter.
+
+The gradients at module outputs are caught by tensor hooks registered from forward hooks
+(``Tracer``), not by ``register_full_backward_hook``, which fails when the module is
+followed by an in-place operation. A tensor hook registered before an in-place ReLU still
+receives the gradient with respect to the module's own output.
+
+Parameter gradients come from ``torch.autograd.grad`` in the same single backward pass, so
+no ``.grad`` is ever written to the model. One forward and one backward pass per batch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.core.errors import CheckFailed, HookscopeError, param
+from hookscope.core.hooks import Call, Hooks, Site, first_tensor, model_device, select_sites
+from hookscope.core.outputs import class_logits
+from hookscope.core.run import Probe, Step, drive
+from hookscope.core.targets import Targets, folder_targets, parse_targets
+from hookscope.probes.stats import Moments, MomentTable
+
+__all__ = [
+    "GradLayer",
+    "GradReport",
+    "GradsProbe",
+    "ParamGrad",
+    "collect_grads",
+    "nonfinite_failure",
+    "parse_labels",
+    "true_classes",
+]
+
+NAN = float("nan")
+LOSSES = ("logit", "ce")
+
+
+@dataclass(frozen=True)
+class GradLayer:
+    """The gradient with respect to one module call's output (over all inputs)."""
+
+    name: str
+    type: str
+    call: int
+    shape: list[int]
+    norm: float
+    mean: float
+    std: float
+    max_abs: float
+    nonfinite: int
+    flag: str | None = None
+    #: The exact mergeable summary behind the numbers (not part of the JSON row).
+    moments: Moments | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "moments"}
+
+
+@dataclass(frozen=True)
+class ParamGrad:
+    """A parameter's gradient norm, its weight norm and their ratio."""
+
+    name: str
+    grad_norm: float
+    weight_norm: float
+    ratio: float
+    #: The gradient summed over the inputs, for merging (not part of the JSON row).
+    summed: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, name: str, summed: torch.Tensor | None, weight_norm: float) -> ParamGrad:
+        """The row of a parameter whose gradient summed over the inputs is ``summed``."""
+        with torch.no_grad():
+            # Native-precision norms: torch's reduction is accurate to ~1e-7 relative, and
+            # dtype=float64 is ~40x slower on CPU (it costs more than the backward pass).
+            grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
+        return cls(name, grad, weight_norm, grad / weight_norm if weight_norm > 0 else NAN,
+                   summed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "summed"}
+
+
+@dataclass(frozen=True)
+class GradReport:
+    """What :func:`collect_grads` returns; ``layers`` are in backward order."""
+
+    layers: list[GradLayer]
+    params: list[ParamGrad]
+    loss: str
+    targets: list[int]
+    objective: float
+    median_norm: float
+    first_nonfinite: str | None
+    input_shape: list[int] | None
+    first_nonfinite_param: str | None = None
+    vanish: float = field(default=1e-3, compare=False)
+    explode: float = field(default=1e3, compare=False)
+
+    @classmethod
+    def build(cls, layers: Iterable[GradEntry], params: list[ParamGrad], *, loss: str,
+              targets: list[int], objective: float, input_shape: list[int] | None,
+              vanish: float, explode: float) -> GradReport:
+        """The report from each call's gradient summary (backward order) and the parameters'
+        rows: norms, the median, flags and the first non-finite call."""
+        rows, median = _layer_rows(list(layers), vanish, explode)
+        bad = next((r for r in rows if r.nonfinite), None)
+        first = None if bad is None else bad.name if bad.call == 0 else \
+            f"{bad.name} (call {bad.call})"
+        return cls(
+            layers=rows, params=params, loss=loss, targets=targets, objective=objective,
+            median_norm=median, first_nonfinite=first, input_shape=input_shape,
+            first_nonfinite_param=next(
+                (p.name for p in params if not math.isfinite(p.grad_norm)), None),
+            vanish=vanish, explode=explode)
+
+    def merge(self, other: GradReport) -> GradReport:
+        """The report over both reports' inputs, this one's first: what one run over them
+        gives (gradient moments merged exactly, parameter gradients summed).
+
+        Raises:
+            ValueError: a report without its summaries (made by hand).
+        """
+        entries = {(r.name, r.call): _entry(r) for r in self.layers}
+        for row in other.layers:
+            key = (row.name, row.call)
+            entries[key] = _merged_entry(entries[key], _entry(row)) if key in entries \
+                else _entry(row)
+        params = [ParamGrad.of(a.name, _sum(a.summed, b.summed), a.weight_norm)
+                  for a, b in zip(self.params, other.params, strict=True)]
+        return GradReport.build(
+            entries.values(), params, loss=self.loss, targets=[*self.targets, *other.targets],
+            objective=self.objective + other.objective,
+            input_shape=self.input_shape or other.input_shape, vanish=self.vanish,
+            explode=self.explode)
+
+    @property
+    def nonfinite(self) -> bool:
+        """Whether any layer or parameter gradient holds NaN or Inf."""
+        return self.first_nonfinite is not None or any(
+            not math.isfinite(p.grad_norm) for p in self.params
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document without its envelope."""
+        return {
+            "input_shape": self.input_shape,
+            "loss": self.loss,
+            "targets": list(self.targets),
+            "objective": self.objective,
+            "median_norm": self.median_norm,
+            "first_nonfinite": self.first_nonfinite,
+            "first_nonfinite_param": self.first_nonfinite_param,
+            "layers": [layer.to_dict() for layer in self.layers],
+            "params": [p.to_dict() for p in self.params],
+        }
+
+
+def parse_labels(spec: str, categories: Sequence[str] | None) -> Targets:
+    """Parse ``label``: a class index or label, for all inputs or a comma list, one each.
+
+    Raises:
+        HookscopeError: a malformed or unknown label, or a rank such as ``top1``.
+    """
+    labels = parse_targets(spec, categories, name="label")
+    if labels.ranks:
+        raise HookscopeError(
+            f"{param('label')} {spec!r}: give the true class as an index or a label, not a rank."
+        )
+    return labels
+
+
+def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
+                 categories: Sequence[str] | None) -> str | Targets | None:
+    """The ``label`` of :class:`GradsProbe`: as given, or with ``loss="ce"`` and none given,
+    each input's ImageFolder class folder (``folders``), when the inputs have them.
+
+    Raises:
+        HookscopeError: a class folder that names no class of the model.
+    """
+    if loss != "ce" or label is not None or folders is None:
+        return label
+    return folder_targets(folders, categories)
+
+
+#: One call's gradient: name, type, call index, shape (batch dimension summed), moments.
+GradEntry = tuple[str, str, int, list[int], Moments]
+
+
+def _entry(row: GradLayer) -> GradEntry:
+    if row.moments is None:
+        raise ValueError("rows without moments cannot be merged")
+    return row.name, row.type, row.call, list(row.shape), row.moments
+
+
+def _merged_entry(a: GradEntry, b: GradEntry) -> GradEntry:
+    shape = list(a[3])
+    if shape and b[3] and shape[1:] == b[3][1:]:
+        shape[0] += b[3][0]
+    return a[0], a[1], a[2], shape, a[4].merge(b[4])
+
+
+def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _layer_rows(entries: list[GradEntry], vanish: float,
+                explode: float) -> tuple[list[GradLayer], float]:
+    """Each call's row, flagged against the median norm, and that median."""
+    norms = [_norm(m) for *_, m in entries]
+    finite = [v for v in norms if math.isfinite(v)]
+    median = statistics.median(finite) if finite else NAN
+    rows = [GradLayer(
+        name=name, type=type_name, call=call, shape=shape, norm=norm,
+        mean=m.mean if m.n else NAN, std=m.std,
+        max_abs=max(abs(m.min), abs(m.max)) if m.n else NAN, nonfinite=m.nonfinite,
+        flag=_flag(norm, m.nonfinite, median, vanish, explode), moments=m)
+        for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
+    return rows, median
+
+
+def _norm(m: Moments) -> float:
+    if m.n == 0:
+        return NAN
+    return math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0))
+
+
+def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: float) -> str | None:
+    if nonfinite:
+        return "nonfinite"
+    if not (math.isfinite(median) and median > 0 and math.isfinite(norm)):
+        return None
+    if norm < median * vanish:
+        return "vanish"
+    if norm > median * explode:
+        return "explode"
+    return None
+
+
+def _objective(logits: torch.Tensor, loss: str, targets: Targets,
+               start: int) -> tuple[torch.Tensor, list[int]]:
+    classes = targets.resolve(logits, start)
+    index = torch.tensor(classes, device=logits.device)
+    if loss == "ce":
+        return torch.nn.functional.cross_entropy(logits, index, reduction="sum"), classes
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    return logits[rows, index].sum(), classes
+
+
+def _objective_targets(target: Targets | str | None, loss: str, label: Targets | str | None,
+                       categories: Sequence[str] | None) -> Targets:
+    """The classes differentiated: ``target`` for the logit loss, ``label`` for ce."""
+    if loss not in LOSSES:
+        raise HookscopeError(f"{param('loss')} {loss!r}: choose one of {', '.join(LOSSES)}.")
+    targets = parse_targets(target, categories) if isinstance(target, str) else target
+    labels = parse_labels(label, categories) if isinstance(label, str) else label
+    if loss == "logit":
+        if labels is not None:
+            raise HookscopeError(f"{param('label')} applies to {param('loss')} ce; use "
+                                 f"{param('target')} with the logit loss.")
+        return targets or parse_targets(None, categories)
+    if labels is None:
+        raise HookscopeError(f"{param('loss')} ce needs {param('label')}: the true class (an "
+                             "index or a label).")
+    if targets is not None and targets.entries != ("top1",):
+        raise HookscopeError(f"{param('target')} applies to {param('loss')} logit; with "
+                             f"{param('loss')} ce use {param('label')}.")
+    return labels
+
+
+class GradsProbe(Probe[GradReport]):
+    """Gradients at each selected call's output (tensor hooks) and at each parameter.
+
+    Args: as :func:`collect_grads`.
+    """
+
+    grad = "grad"
+
+    def __init__(self, model: nn.Module, *, target: Targets | str | None = None,
+                 loss: str = "logit", label: Targets | str | None = None,
+                 layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
+                 all_modules: bool = False, max_depth: int | None = None,
+                 vanish: float = 1e-3, explode: float = 1e3,
+                 categories: Sequence[str] | None = None, n_inputs: int | None = None,
+                 output_key: str | None = None) -> None:
+        if not (vanish > 0 and explode > 0):
+            raise HookscopeError(f"{param('vanish')} and {param('explode')} must be positive "
+                                 "factors.")
+        self.loss, self.vanish, self.explode = loss, vanish, explode
+        self.targets = _objective_targets(target, loss, label, categories)
+        if n_inputs is not None:
+            self.targets.check_count(n_inputs)
+        self.sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
+                                  max_depth=max_depth)
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not self.params:
+            raise HookscopeError(
+                "The model has no parameter that requires a gradient; nothing to differentiate."
+            )
+        self.output_key = output_key
+        self.table = MomentTable(on_device=model_device(model).type != "cpu", zeros=False)
+        self.order: dict[tuple[str, int], None] = {}  # backward order, from the first batch
+        self.meta: dict[tuple[str, int], tuple[Site, list[int]]] = {}
+        self.param_sums: list[torch.Tensor | None] = [None] * len(self.params)
+        self.classes: list[int] = []
+        self.objective = 0.0
+        self.input_shape: list[int] | None = None
+        self.hooks: Hooks | None = None
+
+    def bind(self, tracer: Hooks) -> None:
+        self.hooks = tracer
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        t = first_tensor(output)
+        if t is None or not t.requires_grad or self.hooks is None:
+            return  # nothing before it needs a gradient: no gradient flows here
+        key = call.key
+        if key not in self.meta:
+            self.meta[key] = (call.site, list(t.shape))
+        else:  # batches of other sizes: keep the trailing shape, sum the batch dimension
+            shape = self.meta[key][1]
+            if shape and list(t.shape[1:]) == shape[1:]:
+                shape[0] += t.shape[0]
+        self.hooks.tensor(t, partial(self._on_grad, key))
+
+    def _on_grad(self, key: tuple[str, int], grad: torch.Tensor) -> None:
+        self.order.setdefault(key, None)
+        self.table.add(key, grad)
+
+    def observe(self, step: Step, output: Any) -> None:
+        logits = class_logits(output, self.output_key, "grads")
+        value, classes = _objective(logits, self.loss, self.targets, step.start)
+        if not value.requires_grad:
+            raise HookscopeError(
+                "The model's output depends on no parameter that requires a gradient."
+            )
+        grads = torch.autograd.grad(value, [p for _, p in self.params], allow_unused=True)
+        for i, g in enumerate(grads):
+            if g is not None:
+                prev = self.param_sums[i]
+                self.param_sums[i] = g if prev is None else prev + g
+        del grads, output, logits
+        self.table.flush()
+        self.objective += float(value.detach())
+        self.classes.extend(classes)
+        if self.input_shape is None:
+            self.input_shape = list(step.x.shape[1:])
+
+    def entries(self) -> list[GradEntry]:
+        """Each call's gradient summary so far, in backward order (flushed first)."""
+        self.table.flush()
+        return [(site.name, site.type, key[1], shape, self.table.get(key) or Moments())
+                for key in self.order for site, shape in [self.meta[key]]]
+
+    def finish(self) -> GradReport:
+        entries = self.entries()
+        with torch.no_grad():
+            params = [ParamGrad.of(name, summed, float(torch.linalg.vector_norm(p.detach())))
+                      for (name, p), summed in zip(self.params, self.param_sums, strict=True)]
+        return GradReport.build(entries, params, loss=self.loss, targets=self.classes,
+                                objective=self.objective, input_shape=self.input_shape,
+                                vanish=self.vanish, explode=self.explode)
+
+
+def nonfinite_failure(report: GradReport) -> CheckFailed:
+    """The error for ``fail_on_nonfinite``: the first non-finite gradient."""
+    if report.first_nonfinite is not None:
+        return CheckFailed(f"non-finite gradient; first in backward order: "
+                           f"{report.first_nonfinite}.")
+    return CheckFailed(f"non-finite gradient in parameter {report.first_nonfinite_param} (the "
+                       "first in model order); the gradients at the module outputs are "
+                       "finite, so the non-finite values come from the activations (is the "
+                       "input finite?).")
+
+
+def collect_grads(
+    model: nn.Module,
+    inputs: torch.Tensor | Iterable[torch.Tensor],
+    *,
+    target: Targets | str | None = None,
+    loss: str = "logit",
+    label: Targets | str | None = None,
+    layers: Sequence[str] | None = None,
+    types: Sequence[str] | None = None,
+    all_modules: bool = False,
+    max_depth: int | None = None,
+    vanish: float = 1e-3,
+    explode: float = 1e3,
+    categories: Sequence[str] | None = None,
+    n_inputs: int | None = None,
+    train_mode: bool = False,
+    on_batch: Callable[[int], None] | None = None,
+    output_key: str | None = None,
+) -> GradReport:
+    """Gradients at each selected module call's output and at each parameter.
+
+    The model runs in eval mode unless ``train_mode`` (its ``training`` flags are restored
+    afterwards), one forward and one backward pass per batch; over several batches the
+    objectives add up. No ``.grad`` is written.
+
+    Args:
+        model: a classifier returning (N, classes) logits.
+        inputs: one batch tensor, or an iterable of batch tensors.
+        target: ``loss="logit"``: the class whose raw logit is differentiated (``top1``,
+            ``topK``, an index or label; one for all inputs or one per input), summed.
+        loss: ``"logit"`` or ``"ce"`` (cross-entropy against ``label``, summed over inputs).
+        label: ``loss="ce"``: the true class, one for all inputs or one per input.
+        layers, types, all_modules, max_depth: module selection, as in ``collect_stats``.
+        vanish, explode: flag calls whose gradient norm is below ``vanish`` or above
+            ``explode`` times the median call's norm.
+        categories: class labels, to parse labels given by name.
+        n_inputs: the number of inputs, to check a per-input target or label list early.
+        train_mode: run in train mode (BatchNorm batch statistics, dropout on).
+        on_batch: called with each batch's size after it ran.
+        output_key: the entry of a dict or tuple output holding the logits.
+
+    Raises:
+        HookscopeError: bad target or label, no classifier output, bad selection.
+        ForwardError: the model's forward pass raised.
+    """
+    probe = GradsProbe(model, target=target, loss=loss, label=label, layers=layers, types=types,
+                       all_modules=all_modules, max_depth=max_depth, vanish=vanish,
+                       explode=explode, categories=categories, n_inputs=n_inputs,
+                       output_key=output_key)
+    return drive(model, inputs, probe, train_mode=train_mode, progress=on_batch)

@@ -1,0 +1,638 @@
+"""Per-layer activation statistics, taken inside forward hooks and merged exactly across batches.
+
+Speed: on CPU, ``torch.std``, ``var_mean`` and ``count_nonzero`` are many times slower than
+``sum``, ``dot`` and ``aminmax``. The CPU path therefore takes the mean from ``sum``, the range
+from ``aminmax``, the squares and the zero count (``dot(sign, sign)``) from cache-sized
+chunks written into one reused buffer. It masks only when a value is not finite, and takes
+a shifted second pass only when the mean is so large against the spread that one pass
+would cancel. On CUDA the
+path has no branches at all: each call's moments stay on the device and the whole batch
+is copied to the host once.
+
+Accuracy: moments are merged with Chan et al.'s parallel update, in float64, so statistics
+over several batches equal those over the concatenated tensor.
+
+Opt-in: per-channel statistics (:mod:`hookscope.probes.channels`) and percentiles from a
+split-independent sketch (:mod:`hookscope.probes.sketch`) of each call's output, kept in
+:class:`Extras`, which merge exactly too.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.core.hooks import (
+    Call,
+    Site,
+    first_tensor,
+    model_device,
+    select_sites,
+    tensor_shapes,
+)
+from hookscope.core.mergeable import merged
+from hookscope.core.outputs import select_logits
+from hookscope.core.run import Probe, Step, drive
+from hookscope.probes.channels import ChannelMoments, ChannelView, as_float, channel_dim
+from hookscope.probes.kernels import fused
+from hookscope.probes.sketch import Sketch, finite_range, parse_percentiles, percentile_key
+
+__all__ = [
+    "Extras",
+    "LayerStats",
+    "MomentTable",
+    "Moments",
+    "Prediction",
+    "StatsProbe",
+    "StatsReport",
+    "collect_stats",
+    "moments",
+    "top_predictions",
+]
+
+NAN = float("nan")
+#: Relative mean-to-spread size above which the one-pass variance is recomputed shifted.
+_CANCELLATION = 100.0
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Mergeable summary of a tensor: counts, mean and M2 over finite values, range, zeros."""
+
+    numel: int = 0
+    n: int = 0
+    mean: float = NAN
+    m2: float = NAN
+    min: float = NAN
+    max: float = NAN
+    zeros: int = 0
+    nonfinite: int = 0
+
+    @classmethod
+    def from_values(cls, values: Sequence[float]) -> Moments:
+        numel, n, mean, m2, mn, mx, zeros, nonfinite = values
+        return cls(int(numel), int(n), mean, m2, mn, mx, int(zeros), int(nonfinite))
+
+    def merge(self, other: Moments) -> Moments:
+        """Chan et al.'s exact parallel combination (a new object; neither side changes)."""
+        if other.numel == 0:
+            return replace(self)
+        if self.n == 0:
+            mean, m2, mn, mx = other.mean, other.m2, other.min, other.max
+        elif other.n == 0:
+            mean, m2, mn, mx = self.mean, self.m2, self.min, self.max
+        else:
+            n = self.n + other.n
+            delta = other.mean - self.mean
+            mean = self.mean + delta * other.n / n
+            m2 = self.m2 + other.m2 + delta * delta * self.n * other.n / n
+            mn, mx = min(self.min, other.min), max(self.max, other.max)
+        return Moments(self.numel + other.numel, self.n + other.n, mean, m2, mn, mx,
+                       self.zeros + other.zeros, self.nonfinite + other.nonfinite)
+
+    @property
+    def std(self) -> float:
+        """Unbiased standard deviation over the finite values (NaN for fewer than two)."""
+        if self.n < 2:
+            return NAN
+        return math.sqrt(max(self.m2, 0.0) / (self.n - 1))
+
+    def summary(self) -> dict[str, float | int]:
+        return {
+            "mean": self.mean if self.n else NAN,
+            "std": self.std,
+            "min": self.min if self.n else NAN,
+            "max": self.max if self.n else NAN,
+            "zero_fraction": self.zeros / self.numel if self.numel else NAN,
+            "nonfinite": self.nonfinite,
+        }
+
+
+_local = threading.local()
+#: Elements per chunk of the passes that need a temporary: 4 MiB of float32, which stays in
+#: cache between writing the temporary and reducing it, and bounds the extra memory.
+_CHUNK = 1 << 20
+
+
+def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-thread CPU buffer of ``numel`` (at most ``_CHUNK``) elements, reused."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.dtype != dtype:
+        # A normal tensor even when first made under inference_mode, so that code outside
+        # inference mode (gradient statistics) may write into it too.
+        with torch.inference_mode(False):
+            buf = _local.buf = torch.empty(_CHUNK, dtype=dtype)
+    return buf[:numel]
+
+
+def _chunks(flat: torch.Tensor) -> list[torch.Tensor]:
+    return list(flat.split(_CHUNK)) if flat.numel() > _CHUNK else [flat]
+
+
+_ROW = 4096
+
+
+def _sum_squares(part: torch.Tensor) -> float:
+    """Sum of squares, accurate to ~1e-8 relative.
+
+    A single BLAS dot accumulates long float32 runs and was measured 3e-4 off on a 1M-value
+    chunk; dots over rows of 4096, summed by torch's cascaded sum, stay exact to ~1e-8 and
+    are faster than squaring into a buffer and summing it.
+    """
+    rows = part.numel() // _ROW
+    total = 0.0
+    if rows:
+        grid = part[: rows * _ROW].view(rows, _ROW)
+        total += float(torch.linalg.vecdot(grid, grid).sum())
+    tail = part[rows * _ROW :]
+    if tail.numel():
+        total += float(torch.dot(tail, tail))
+    return total
+
+
+_FUSED_DTYPES = (torch.float32, torch.float64)
+
+
+def _moments_host(flat: torch.Tensor, zeros: bool = True) -> tuple[float, ...]:
+    """CPU moments: numel, n, mean, M2, min, max, zeros, non-finite count.
+
+    The compiled one-pass kernel when it is built (see ``hookscope.probes.kernels``; it reads each
+    value once, where the torch path reads it four or five times), else the torch path.
+    With ``zeros=False`` the zero count is skipped (reported as 0).
+    """
+    if flat.dtype in _FUSED_DTYPES:
+        op = fused()
+        if op is not None:
+            return op(flat, zeros)
+    return _moments_torch(flat, zeros)
+
+
+def _moments_torch(flat: torch.Tensor, zeros: bool = True) -> tuple[float, ...]:
+    """Branching CPU path: cheap reductions, masking only when something is not finite.
+
+    With ``zeros=False`` the zero count is skipped (reported as 0), saving a third of the work.
+    """
+    numel = flat.numel()
+    if numel == 0:
+        return (0, 0, NAN, NAN, NAN, NAN, 0, 0)
+    s1 = sq = 0.0
+    nonzero = 0
+    lo, hi = math.inf, -math.inf
+    for part in _chunks(flat):
+        # Every reduction of a chunk runs while it is in cache: one trip to memory per value.
+        # dot(sign, sign) counts non-zeros exactly (0/1 terms) at the speed of a dot;
+        # count_nonzero is ~20x slower.
+        s1 += float(part.sum())
+        part_lo, part_hi = (float(v) for v in torch.aminmax(part))
+        lo, hi = min(lo, part_lo), max(hi, part_hi)
+        sq += _sum_squares(part)
+        if zeros and part_lo <= 0.0 <= part_hi:
+            sign = torch.sign(part, out=_scratch(part.numel(), part.dtype))
+            nonzero += round(float(torch.dot(sign, sign)))
+        else:
+            nonzero += part.numel()
+    if all(math.isfinite(v) for v in (s1, sq, lo, hi)):
+        mean = s1 / numel
+        m2 = sq - s1 * mean
+        if mean * mean * numel > _CANCELLATION * max(m2, 0.0):
+            # The one-pass M2 cancels badly; shift by the mean and take the moments again.
+            t1 = t2 = 0.0
+            for part in _chunks(flat):
+                d = torch.sub(part, mean, out=_scratch(part.numel(), part.dtype))
+                t1 += float(d.sum())
+                t2 += float(d.mul_(d).sum())
+            m2 = t2 - t1 * t1 / numel
+            mean = mean + t1 / numel
+        return (numel, numel, mean, max(m2, 0.0), lo, hi, numel - nonzero, 0)
+    # Something is not finite, or the squares overflow float32: mask, and redo in float64.
+    finite = torch.isfinite(flat)
+    values = flat[finite].double()
+    nonfinite = numel - values.numel()
+    if values.numel() == 0:
+        return (numel, 0, NAN, NAN, NAN, NAN, 0, nonfinite)
+    inner = _moments_torch(values, zeros)
+    return (numel, *inner[1:7], nonfinite)
+
+
+def _moments_device(flat: torch.Tensor) -> torch.Tensor:
+    """Branch-free path for accelerators: eight float64 values, still on the device."""
+    numel = flat.numel()
+    if numel == 0:
+        return torch.tensor([0, 0, NAN, NAN, NAN, NAN, 0, 0], dtype=torch.float64,
+                            device=flat.device)
+    finite = torch.isfinite(flat)
+    n = finite.sum()
+    zero = flat.new_zeros(())
+    total = torch.where(finite, flat, zero).sum(dtype=torch.float64)
+    mean = total / n.clamp(min=1)
+    d = torch.where(finite, flat.double() - mean, zero.double())
+    m2 = torch.dot(d, d) - d.sum() ** 2 / n.clamp(min=1)
+    inf = flat.new_full((), math.inf)
+    mn = torch.where(finite, flat, inf).amin().double()
+    mx = torch.where(finite, flat, -inf).amax().double()
+    zeros = (flat == 0).sum()
+    empty = n == 0
+    nan = torch.full((), NAN, dtype=torch.float64, device=flat.device)
+    return torch.stack([
+        torch.full((), float(numel), dtype=torch.float64, device=flat.device),
+        n.double(),
+        torch.where(empty, nan, mean),
+        torch.where(empty, nan, m2.clamp(min=0)),
+        torch.where(empty, nan, mn),
+        torch.where(empty, nan, mx),
+        zeros.double(),
+        (numel - n).double(),
+    ])
+
+
+def moments(x: torch.Tensor) -> Moments:
+    """Moments of one tensor (host path on CPU, device path elsewhere)."""
+    flat = as_float(x).reshape(-1)
+    if flat.device.type == "cpu":
+        return Moments.from_values(_moments_host(flat))
+    return Moments.from_values(_moments_device(flat).tolist())
+
+
+@dataclass(frozen=True)
+class Extras:
+    """The opt-in summaries of one call's output, merged exactly across batches and ranks.
+
+    Attributes:
+        per_channel: per-channel statistics were asked for.
+        percentiles: the percentiles asked for (0 to 100), in order.
+        channel_dim: the output's channel dimension (None: the output is one channel).
+        channels: per-channel moments (with ``per_channel``).
+        sketch: the whole output's percentile sketch (with ``percentiles`` alone).
+        channel_sketch: per-channel sketches (with both); the whole output's is their
+            exact :meth:`~hookscope.probes.sketch.Sketch.collapse`.
+    """
+
+    per_channel: bool = False
+    percentiles: tuple[float, ...] = ()
+    channel_dim: int | None = None
+    channels: ChannelMoments | None = None
+    sketch: Sketch | None = None
+    channel_sketch: Sketch | None = None
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, type_name: str, spec: Extras,
+           grid: tuple[tuple[int, int], Any] | None = None) -> Extras:
+        """What ``spec`` asks for, of one output of a ``type_name`` module (``grid``: the
+        input's (H, W) and the model's token hint, to find channels-last outputs)."""
+        if spec.per_channel:
+            dim = channel_dim(tensor.shape, type_name, *(grid or ()))
+            view = ChannelView.of(tensor, dim)
+            channels = ChannelMoments.of(view)
+            sketch = None
+            if spec.percentiles:
+                nonfinite = not view.blocked or bool(channels.nonfinite.any())
+                sketch = Sketch.of(view, channels.min, channels.max, nonfinite=nonfinite)
+            return replace(spec, channel_dim=dim, channels=channels, channel_sketch=sketch)
+        view = ChannelView.of(tensor, None)
+        lo, hi, nonfinite = finite_range(view)
+        return replace(spec, sketch=Sketch.of(view, lo, hi, nonfinite=nonfinite))
+
+    @property
+    def empty(self) -> bool:
+        return self.channels is None and self.sketch is None and self.channel_sketch is None
+
+    def merge(self, other: Extras) -> Extras:
+        """Both sides' summaries over their data together (exact; a new object)."""
+        return replace(self, channel_dim=other.channel_dim if self.empty else self.channel_dim,
+                       channels=merged(self.channels, other.channels),
+                       sketch=merged(self.sketch, other.sketch),
+                       channel_sketch=merged(self.channel_sketch, other.channel_sketch))
+
+    def to(self, device: torch.device | str) -> Extras:
+        return replace(self, **{name: value.to(device) for name in ("channels", "sketch",
+                                                                     "channel_sketch")
+                                if (value := getattr(self, name)) is not None})
+
+    def fields(self) -> dict[str, Any]:
+        """The JSON row's ``channel_dim`` and ``channels`` (with ``per_channel``) and
+        ``percentiles`` (when asked for), each channel with its own ``percentiles``."""
+        keys = [percentile_key(p) for p in self.percentiles]
+        out: dict[str, Any] = {}
+        if self.per_channel:
+            rows = self.channels.rows() if self.channels is not None else []
+            if self.channel_sketch is not None and keys:
+                values = self.channel_sketch.quantiles(self.percentiles).tolist()
+                for row, row_values in zip(rows, values, strict=True):
+                    row["percentiles"] = dict(zip(keys, row_values, strict=True))
+            out |= {"channel_dim": self.channel_dim, "channels": rows}
+        if keys:
+            whole = self.sketch if self.sketch is not None else (
+                self.channel_sketch.collapse() if self.channel_sketch is not None else None)
+            values = whole.quantiles(self.percentiles)[0].tolist() if whole is not None else \
+                [NAN] * len(keys)
+            out["percentiles"] = dict(zip(keys, values, strict=True))
+        return out
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """Statistics of one module call's output (and optionally its first input).
+
+    ``moments``, ``input_moments`` and ``extras`` are the exact mergeable summaries behind
+    the numbers; they are not part of the JSON row. ``channel_dim``, ``channels`` and
+    ``percentiles`` are None unless asked for (``per_channel``, ``percentiles``).
+    """
+
+    name: str
+    type: str
+    call: int
+    input_shapes: list[list[int]]
+    output_shape: list[int] | None
+    mean: float
+    std: float
+    min: float
+    max: float
+    zero_fraction: float
+    nonfinite: int
+    output_shapes: list[list[int]] = field(default_factory=list)
+    input_stats: dict[str, float | int] | None = None
+    moments: Moments | None = field(default=None, repr=False, compare=False)
+    input_moments: Moments | None = field(default=None, repr=False, compare=False)
+    channel_dim: int | None = None
+    channels: list[dict[str, Any]] | None = None
+    percentiles: dict[str, float] | None = None
+    extras: Extras | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, name: str, type_name: str, call: int, input_shapes: list[list[int]],
+           output_shapes: list[list[int]], out: Moments, inputs: Moments | None,
+           extras: Extras | None = None) -> LayerStats:
+        """A row from a call's shapes and its output (and input) moments (and extras)."""
+        return cls(
+            name=name, type=type_name, call=call, input_shapes=input_shapes,
+            output_shape=output_shapes[0] if output_shapes else None,
+            output_shapes=output_shapes,
+            input_stats=inputs.summary() if inputs is not None else None,
+            moments=out, input_moments=inputs, extras=extras,
+            **out.summary(),  # type: ignore[arg-type]
+            **(extras.fields() if extras is not None else {}),
+        )
+
+    def merged(self, other: LayerStats) -> LayerStats:
+        """This call's statistics over both rows' data (exact: Chan's update, and sketches
+        merged bucket by bucket)."""
+        if self.moments is None or other.moments is None:
+            raise ValueError("rows without moments cannot be merged")
+        out = self.moments.merge(other.moments)
+        inputs = None
+        if self.input_moments is not None and other.input_moments is not None:
+            inputs = self.input_moments.merge(other.input_moments)
+        return LayerStats.of(self.name, self.type, self.call, self.input_shapes,
+                             self.output_shapes, out, inputs, merged(self.extras, other.extras))
+
+    def to_dict(self) -> dict[str, Any]:
+        optional = ("channel_dim", "channels", "percentiles")
+        row = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("moments", "input_moments", "input_stats", "extras", *optional)}
+        if self.input_stats is not None:
+            row["input_stats"] = self.input_stats
+        if self.channels is not None:
+            row |= {"channel_dim": self.channel_dim, "channels": self.channels}
+        if self.percentiles is not None:
+            row["percentiles"] = self.percentiles
+        return row
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One of an input's top predictions."""
+
+    index: int
+    label: str | None
+    prob: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StatsReport:
+    """What ``collect_stats`` returns: per-call layer statistics and top predictions."""
+
+    layers: list[LayerStats]
+    #: Per input, its top-k; None where its logits were not finite (no ranking is honest).
+    predictions: list[list[Prediction] | None]
+    input_shape: list[int] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document without its envelope: ``input_shape``, ``predictions``, ``layers``."""
+        return {
+            "input_shape": self.input_shape,
+            "predictions": [None if preds is None else [p.to_dict() for p in preds]
+                            for preds in self.predictions],
+            "layers": [layer.to_dict() for layer in self.layers],
+        }
+
+    def merge(self, other: StatsReport) -> StatsReport:
+        """The report over both reports' inputs, in order: exactly what one run over the
+        concatenated inputs gives (calls present on one side only are kept)."""
+        rows = {(r.name, r.call): r for r in self.layers}
+        for row in other.layers:
+            key = (row.name, row.call)
+            rows[key] = rows[key].merged(row) if key in rows else row
+        return StatsReport(layers=list(rows.values()),
+                           predictions=[*self.predictions, *other.predictions],
+                           input_shape=self.input_shape or other.input_shape)
+
+
+def top_predictions(
+    logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5
+) -> list[list[Prediction] | None]:
+    """Top-k softmax predictions per row of a (N, classes) output; None for a row holding
+    NaN or Inf, whose softmax ranks nothing."""
+    probs = torch.softmax(logits.detach().float(), dim=1)
+    finite = torch.isfinite(logits.detach()).all(dim=1).tolist()
+    values, indices = probs.topk(min(k, probs.shape[1]), dim=1)
+    labels = categories if categories is not None and len(categories) == probs.shape[1] else None
+    return [
+        [Prediction(int(i), labels[int(i)] if labels else None, float(p))
+         for p, i in zip(prow.tolist(), irow.tolist(), strict=True)] if ok else None
+        for prow, irow, ok in zip(values, indices, finite, strict=True)
+    ]
+
+
+class MomentTable:
+    """Moments per key, merged exactly across batches.
+
+    On the CPU each tensor is summarised at once. On an accelerator the summaries stay on
+    the device until :meth:`flush`, which copies a whole batch's worth to the host in one
+    transfer, so nothing synchronises once per layer.
+    """
+
+    def __init__(self, *, on_device: bool, zeros: bool = True) -> None:
+        self.on_device = on_device
+        self.zeros = zeros
+        self._moments: dict[Hashable, Moments] = {}
+        self._pending: list[tuple[Hashable, torch.Tensor]] = []
+
+    def add(self, key: Hashable, tensor: torch.Tensor) -> None:
+        """Summarise ``tensor`` and merge it into ``key``'s moments (deferred on a device)."""
+        flat = as_float(tensor).reshape(-1)
+        if self.on_device:
+            self._pending.append((key, _moments_device(flat)))
+        else:
+            self._merge(key, _moments_host(flat, self.zeros))
+
+    def _merge(self, key: Hashable, values: Sequence[float]) -> None:
+        self._moments[key] = self._moments.get(key, Moments()).merge(Moments.from_values(values))
+
+    def flush(self) -> None:
+        """Bring deferred device summaries to the host in one transfer and merge them."""
+        if not self._pending:
+            return
+        host = torch.stack([summary for _, summary in self._pending]).cpu().tolist()
+        for (key, _), values in zip(self._pending, host, strict=True):
+            self._merge(key, values)
+        self._pending.clear()
+
+    def get(self, key: Hashable) -> Moments | None:
+        return self._moments.get(key)
+
+
+class StatsProbe(Probe[StatsReport]):
+    """Summarise each selected call's output (and first input) inside its hooks.
+
+    Args:
+        model: the model that will run.
+        layers, types, all_modules, max_depth: the selection (see ``select_sites``).
+        input_stats: also summarise each call's first input.
+        categories: class labels for the top-5 predictions of a classifier.
+        output_key: the entry of a dict or tuple output holding the logits.
+        per_channel: also per-channel statistics of each call's output.
+        percentiles: also these percentiles (0 to 100; or ``"0.1,99.9"``) of each call's
+            output (and of each channel, with ``per_channel``).
+
+    Raises:
+        HookscopeError: ``percentiles`` is empty, not numbers, or outside [0, 100].
+    """
+
+    def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None,
+                 types: Sequence[str] | None = None, all_modules: bool = False,
+                 max_depth: int | None = None, input_stats: bool = False,
+                 categories: Sequence[str] | None = None, output_key: str | None = None,
+                 per_channel: bool = False,
+                 percentiles: str | Sequence[float] | None = None) -> None:
+        self.spec = Extras(per_channel=per_channel, percentiles=parse_percentiles(percentiles))
+        self.sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
+                                  max_depth=max_depth)
+        self.input_stats = input_stats
+        self.extras: dict[tuple[str, int], Extras] = {}
+        self.categories, self.output_key = categories, output_key
+        self.table = MomentTable(on_device=model_device(model).type != "cpu")
+        self.order: list[tuple[str, int]] = []
+        self.meta: dict[tuple[str, int], tuple[Site, list[list[int]], list[list[int]]]] = {}
+        self._entered: dict[tuple[str, int], list[list[int]]] = {}
+        self.predictions: list[list[Prediction] | None] = []
+        self.input_shape: list[int] | None = None
+        self.grid: tuple[tuple[int, int], Any] | None = None
+        if per_channel:
+            from hookscope.core.grid import token_hint
+
+            self.grid = ((0, 0), token_hint(model))
+
+    def step(self, step: Step) -> None:
+        x = first_tensor(step.x)
+        if self.grid is not None and x is not None and x.dim() == 4:
+            self.grid = ((int(x.shape[-2]), int(x.shape[-1])), self.grid[1])
+        super().step(step)
+
+    def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if call.key not in self.meta:  # shapes are recorded from the first batch
+            self._entered[call.key] = tensor_shapes(args) + tensor_shapes(kwargs)
+        if self.input_stats:
+            # Inputs are summarised here, before an in-place module overwrites them.
+            first = first_tensor((args, kwargs))
+            if first is not None:
+                self.table.add((*call.key, "in"), first)
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        key = call.key
+        if key not in self.meta:
+            self.order.append(key)
+            self.meta[key] = (call.site, self._entered.pop(key, []), tensor_shapes(output))
+        first = first_tensor(output)
+        if first is not None:
+            self.table.add((*key, "out"), first)
+            if self.spec.per_channel or self.spec.percentiles:
+                self.extras[key] = merged(self.extras.get(key),
+                                           Extras.of(first, call.site.type, self.spec,
+                                                     self.grid))
+
+    def observe(self, step: Step, output: Any) -> None:
+        self.table.flush()
+        if self.input_shape is None:
+            found = first_tensor(step.x)
+            self.input_shape = list(found.shape[1:]) if found is not None else None
+        logits = select_logits(output, self.output_key, required=False)
+        if logits is not None and logits.dim() == 2 and logits.shape[1] > 1:
+            self.predictions.extend(top_predictions(logits, self.categories))
+
+    def finish(self) -> StatsReport:
+        rows = []
+        for key in self.order:
+            site, in_shapes, out_shapes = self.meta[key]
+            extras = self.extras.get(key)
+            if self.spec.per_channel or self.spec.percentiles:
+                extras = extras.to("cpu") if extras is not None else self.spec
+            rows.append(LayerStats.of(site.name, site.type, key[1], in_shapes, out_shapes,
+                                      self.table.get((*key, "out")) or Moments(),
+                                      self.table.get((*key, "in")), extras))
+        return StatsReport(layers=rows, predictions=self.predictions,
+                           input_shape=self.input_shape)
+
+
+def collect_stats(
+    model: nn.Module,
+    inputs: torch.Tensor | Iterable[torch.Tensor],
+    *,
+    layers: Sequence[str] | None = None,
+    types: Sequence[str] | None = None,
+    all_modules: bool = False,
+    max_depth: int | None = None,
+    input_stats: bool = False,
+    categories: Sequence[str] | None = None,
+    on_batch: Callable[[int], None] | None = None,
+    output_key: str | None = None,
+    per_channel: bool = False,
+    percentiles: str | Sequence[float] | None = None,
+) -> StatsReport:
+    """Run ``model`` in eval and inference mode and summarise each selected module call.
+
+    Args:
+        model: any ``nn.Module``; it is left with no hooks and its ``training`` flags intact.
+        inputs: one batch tensor, or an iterable of batch tensors (streamed, merged exactly).
+        layers: fnmatch patterns on dotted module names.
+        types: module class names.
+        all_modules: include containers when no other selection is given.
+        max_depth: cut the module tree at this depth.
+        input_stats: also summarise each call's first input.
+        categories: class labels for the top-5 predictions of a classifier.
+        on_batch: called with each batch's size after it ran (progress reporting).
+        output_key: the entry of a dict or tuple output holding the logits (default:
+            ``logits``, ``out`` or the only tensor).
+        per_channel: also per-channel statistics of each call's output (see
+            :mod:`hookscope.probes.channels` for which dimension holds the channels).
+        percentiles: also these percentiles (0 to 100) of each call's output, and of each
+            channel with ``per_channel``, from a mergeable sketch (see :mod:`hookscope.probes.sketch`).
+
+    Returns:
+        Per-call statistics in execution order, and top-5 predictions for (N, classes) outputs.
+
+    Raises:
+        HookscopeError: ``percentiles`` is empty, not numbers, or outside [0, 100].
+    """
+    probe = StatsProbe(model, layers=layers, types=types, all_modules=all_modules,
+                       max_depth=max_depth, input_stats=input_stats, categories=categories,
+                       output_key=output_key, per_channel=per_channel, percentiles=percentiles)
+    return drive(model, inputs, probe, progress=on_batch)

@@ -1,0 +1,386 @@
+"""The module tree of a model: names, types, parameters, per-call shapes, FLOPs and bytes.
+
+Parameters are counted once each, however they are shared: a module registered under two
+names appears once (``named_modules`` deduplicates it, so its one name is the one every
+other command accepts), and a parameter tied between two modules (weight tying) is owned
+by the first module that holds it. The owned counts therefore add up to
+``sum(p.numel() for p in model.parameters())``.
+
+Output shapes come from one forward pass in inference mode with a pre-forward and a
+forward hook on every module, through the one hook engine, so no hook is ever left behind.
+The same pass runs under ``torch.utils.flop_counter.FlopCounterMode``: each call's FLOPs
+are how much the counter's total grew between the module's two hooks. Calls are thereby
+attributed by the hook engine's own names (those of ``named_modules``), one call at a
+time, without mapping back the class-qualified names FlopCounterMode's module tracker
+gives (``ResNet.layer1.0``), which differ for a module registered under two names (the
+tracker keeps the last, ``named_modules`` the first) and collapse to the bare class name
+(``Linear``) for a module called outside its parent's forward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from hookscope.core.errors import HookscopeError, param
+from hookscope.core.hooks import Call, Site, all_sites, tensor_shapes, tensors
+from hookscope.core.run import Probe, Step, drive
+
+__all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
+           "model_structure", "parameter_bytes", "parameter_counts"]
+
+#: ``trainable`` when a module's parameters are partly trainable and partly frozen.
+PARTIAL = "partial"
+
+
+def _macs(flops: int | None) -> int | None:
+    # Every formula FlopCounterMode has (matmul, convolution, attention) counts 2 per MAC.
+    return None if flops is None else flops // 2
+
+
+def nbytes(obj: Any) -> int:
+    """Bytes of every tensor in a (nested) tensor, tuple, list or dict, each tensor once."""
+    found = {id(t): t for t in tensors(obj)}
+    return sum(t.numel() * t.element_size() for t in found.values())
+
+
+@dataclass(frozen=True)
+class LayerCall:
+    """The shapes, output bytes and FLOPs of one call of a module.
+
+    ``flops`` covers everything the call ran, its submodules included (None when FLOPs
+    were not counted).
+    """
+
+    input_shapes: list[list[int]]
+    output_shape: list[int] | None
+    output_shapes: list[list[int]]
+    output_bytes: int = 0
+    flops: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input_shapes": self.input_shapes, "output_shape": self.output_shape,
+                "output_shapes": self.output_shapes, "flops": self.flops,
+                "macs": _macs(self.flops), "output_bytes": self.output_bytes}
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One module: its own and subtree parameter counts, trainability and calls.
+
+    ``trainable`` is True when every parameter of the subtree requires a gradient, False
+    when none does, ``"partial"`` when some do, and None when the subtree has none.
+    ``flops`` sums its calls (submodules included), ``flops_own`` only what its forward
+    ran outside any submodule call; both are None when no forward pass ran. Parameter
+    bytes are by dtype name, owned (``params_bytes``) and of the subtree (``_total``).
+    """
+
+    name: str
+    type: str
+    depth: int
+    params: int
+    params_total: int
+    trainable_params: int
+    trainable: bool | str | None
+    calls: list[LayerCall] = field(default_factory=list)
+    flops: int | None = None
+    flops_own: int | None = None
+    params_bytes: dict[str, int] = field(default_factory=dict)
+    params_bytes_total: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.type,
+            "depth": self.depth,
+            "params": self.params,
+            "params_total": self.params_total,
+            "trainable": self.trainable,
+            "calls": [c.to_dict() for c in self.calls],
+            "flops": self.flops,
+            "macs": _macs(self.flops),
+            "flops_own": self.flops_own,
+            "macs_own": _macs(self.flops_own),
+            "params_bytes": self.params_bytes,
+            "params_bytes_total": self.params_bytes_total,
+        }
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What :func:`model_structure` returns.
+
+    ``root`` is the model itself (name ``""``, depth 0), kept out of ``layers`` because its
+    empty name cannot be selected; ``layers`` holds every other module in definition order,
+    cut at ``max_depth`` when given. ``totals`` always cover the whole model. ``flops``,
+    ``activation_bytes`` (outputs of every leaf module's calls) and ``input_bytes`` are
+    for the example batch, None without one.
+    """
+
+    root: LayerInfo
+    layers: list[LayerInfo]
+    params: int
+    trainable_params: int
+    modules: int
+    input_shape: list[int] | None
+    flops: int | None = None
+    params_bytes: dict[str, int] = field(default_factory=dict)
+    activation_bytes: int | None = None
+    input_bytes: int | None = None
+
+    def totals(self) -> dict[str, Any]:
+        return {"params": self.params, "trainable_params": self.trainable_params,
+                "modules": self.modules, "flops": self.flops, "macs": _macs(self.flops),
+                "params_bytes": self.params_bytes, "activation_bytes": self.activation_bytes,
+                "input_bytes": self.input_bytes}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document without its envelope: ``input_shape``, ``root``, ``layers``,
+        ``totals``."""
+        return {
+            "input_shape": self.input_shape,
+            "root": self.root.to_dict(),
+            "layers": [layer.to_dict() for layer in self.layers],
+            "totals": self.totals(),
+        }
+
+
+def _trainable(total: int, trainable: int) -> bool | str | None:
+    if total == 0:
+        return None
+    if trainable == total:
+        return True
+    return False if trainable == 0 else PARTIAL
+
+
+def _owned(model: nn.Module) -> Iterator[tuple[str, nn.Module, list[nn.Parameter]]]:
+    """Each module with the parameters it owns: the first module (in ``named_modules``
+    order) that holds a parameter owns it, so shared ones are owned once."""
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        yield name, module, own
+
+
+def parameter_counts(model: nn.Module) -> dict[str, tuple[int, int, int, int]]:
+    """Per module name: (own, own trainable, subtree total, subtree trainable) parameters.
+
+    Each parameter is owned by the first module (in ``named_modules`` order) that holds it,
+    so shared modules and tied parameters are counted once, in the totals too.
+    """
+    counts: dict[str, tuple[int, int, int, int]] = {}
+    for name, module, own in _owned(model):
+        # module.parameters() deduplicates within the subtree, as model.parameters() does.
+        subtree = list(module.parameters())
+        counts[name] = (sum(p.numel() for p in own),
+                        sum(p.numel() for p in own if p.requires_grad),
+                        sum(p.numel() for p in subtree),
+                        sum(p.numel() for p in subtree if p.requires_grad))
+    return counts
+
+
+def _dtype_bytes(params: Iterable[nn.Parameter]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for p in params:
+        dtype = str(p.dtype).removeprefix("torch.")
+        found[dtype] = found.get(dtype, 0) + p.numel() * p.element_size()
+    return dict(sorted(found.items()))
+
+
+def parameter_bytes(model: nn.Module) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
+    """Per module name: (own, subtree) parameter bytes by dtype name (``"float32"``).
+
+    Ownership is as in :func:`parameter_counts`; a subtree counts each parameter once.
+    """
+    return {name: (_dtype_bytes(own), _dtype_bytes(module.parameters()))
+            for name, module, own in _owned(model)}
+
+
+def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: list[int],
+                   *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """``softmax(q k^T) v``: two batched matmuls, 2 FLOPs per multiply-add, as FlopCounterMode
+    counts its other attention kernels (the causal mask ignored)."""
+    batch_heads, queries, dim = math.prod(query_shape[:-2]), query_shape[-2], query_shape[-1]
+    keys, value_dim = key_shape[-2], value_shape[-1]
+    return 2 * batch_heads * queries * keys * (dim + value_dim)
+
+
+def _extra_formulas() -> dict[Any, Any]:
+    # FlopCounterMode knows the CUDA attention kernels but not the one SDPA runs on CPU.
+    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return {} if kernel is None else {kernel: _sdpa_cpu_flop}
+
+
+class _NoModuleTracker:
+    """Stands in for ``FlopCounterMode``'s module tracker: every FLOP goes to ``Global``.
+
+    hookscope attributes FLOPs with its own hooks, so the tracker's per-module table is
+    never read. The tracker also puts a multi-grad hook on every module's inputs that
+    require a gradient, which fails in inference mode on a parameter (or a view of one)
+    passed straight to a submodule, as timm's CaiT passes its class token.
+    """
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> _NoModuleTracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@contextmanager
+def count_flops() -> Iterator[FlopCounterMode]:
+    """A ``FlopCounterMode`` that also sees attention: count everything run inside.
+
+    The fused inference kernels of ``nn.MultiheadAttention`` and
+    ``nn.TransformerEncoderLayer`` have no FLOP formula, so their fast path is switched
+    off inside (and restored): the same modules then run their projections and attention
+    as separate operators, which are counted. Scaled dot-product attention on CPU gets
+    the formula FlopCounterMode uses for its CUDA kernels. Its module tracker is left out
+    (see :class:`_NoModuleTracker`): only the total is read.
+    """
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    counter = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
+    counter.mod_tracker = _NoModuleTracker()  # type: ignore[assignment]
+    try:
+        with counter:
+            yield counter
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
+    """Record each call's input and output shapes, output bytes and, with ``flops``, FLOPs,
+    on every module and the model itself, in one forward pass per batch.
+
+    Attributes:
+        flops_own: per module name, the FLOPs its calls ran outside any submodule call.
+        flops: the FLOPs of every forward pass (None when not counted).
+    """
+
+    def __init__(self, model: nn.Module, *, flops: bool = True) -> None:
+        self.sites = [Site("", type(model).__name__, 0, model),
+                      *(s for s in all_sites(model) if s.module is not model)]
+        self.calls: dict[str, list[LayerCall]] = {}
+        self.flops_own: dict[str, int] = {}
+        self.flops: int | None = 0 if flops else None
+        self._inputs: dict[tuple[str, int], list[list[int]]] = {}
+        self._counter: FlopCounterMode | None = None
+        # One entry per running call: the counter's total at entry, FLOPs of nested calls.
+        self._open: list[list[int]] = []
+
+    def step(self, step: Step) -> None:
+        """One forward pass, under a FLOP counter when FLOPs are counted."""
+        if self.flops is None:
+            step.forward()
+            return
+        self._open.clear()
+        with count_flops() as counter:
+            self._counter = counter
+            try:
+                step.forward()
+            finally:
+                self._counter = None
+        self.flops += counter.get_total_flops()
+
+    def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._inputs[call.key] = tensor_shapes(args) + tensor_shapes(kwargs)
+        if self._counter is not None:
+            self._open.append([self._counter.get_total_flops(), 0])
+
+    def _call_flops(self, name: str) -> int | None:
+        if self._counter is None or not self._open:
+            return None
+        start, nested = self._open.pop()
+        spent = self._counter.get_total_flops() - start
+        if self._open:
+            self._open[-1][1] += spent
+        self.flops_own[name] = self.flops_own.get(name, 0) + spent - nested
+        return spent
+
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
+        shapes = tensor_shapes(output)
+        self.calls.setdefault(call.name, []).append(LayerCall(
+            input_shapes=self._inputs.pop(call.key, []),
+            output_shape=shapes[0] if shapes else None,
+            output_shapes=shapes,
+            output_bytes=nbytes(output),
+            flops=self._call_flops(call.name),
+        ))
+
+    def finish(self) -> dict[str, list[LayerCall]]:
+        return self.calls
+
+
+def _leaf_bytes(model: nn.Module, calls: dict[str, list[LayerCall]]) -> int:
+    """Output bytes of every call of every leaf module (one without children)."""
+    leaves = [name for name, m in model.named_modules() if next(m.children(), None) is None]
+    return sum(c.output_bytes for name in leaves for c in calls.get(name, []))
+
+
+def model_structure(
+    model: nn.Module,
+    example: Any | None = None,
+    *,
+    max_depth: int | None = None,
+    autocast: torch.dtype | None = None,
+) -> Structure:
+    """The module tree of ``model`` with parameter counts and bytes and, given ``example``,
+    each call's shapes, output bytes and FLOPs.
+
+    Args:
+        model: any ``nn.Module``; left with no hooks and its ``training`` flags intact.
+        example: an input batch (a tensor, or a tuple of positional arguments) for one
+            forward pass in eval and inference mode; without it no call shapes or FLOPs
+            are recorded. FLOPs and bytes are for this whole batch.
+        max_depth: list modules down to this depth only (1 = the model's children); the
+            parameter counts of a module at the cut still include everything below it.
+
+    Raises:
+        HookscopeError: ``max_depth`` below 1.
+        ForwardError: the forward pass failed (it names the innermost running module).
+    """
+    if max_depth is not None and max_depth < 1:
+        raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
+    counts, sizes = parameter_counts(model), parameter_bytes(model)
+    sites = [s for s in all_sites(model) if s.module is not model]
+    ran = example is not None
+    probe = ShapesProbe(model, flops=ran)
+    calls = drive(model, example, probe, autocast=autocast) if ran else {}
+    shapes = tensor_shapes(example) if ran else []
+
+    def info(site: Site) -> LayerInfo:
+        own, _own_train, total, total_train = counts[site.name]
+        mine = calls.get(site.name, [])
+        flops = sum(c.flops or 0 for c in mine) if ran else None
+        return LayerInfo(
+            name=site.name, type=site.type, depth=site.depth, params=own, params_total=total,
+            trainable_params=total_train, trainable=_trainable(total, total_train),
+            calls=mine, flops=flops,
+            flops_own=probe.flops_own.get(site.name, 0) if ran else None,
+            params_bytes=sizes[site.name][0], params_bytes_total=sizes[site.name][1],
+        )
+
+    return Structure(
+        root=info(Site("", type(model).__name__, 0, model)),
+        layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
+        params=counts[""][2],
+        trainable_params=counts[""][3],
+        modules=len(sites),
+        # Per sample, without the batch dimension, as in the `stats` document.
+        input_shape=shapes[0][1:] if shapes else None,
+        flops=probe.flops,
+        params_bytes=sizes[""][1],
+        activation_bytes=_leaf_bytes(model, calls) if ran else None,
+        input_bytes=nbytes(example) if ran else None,
+    )

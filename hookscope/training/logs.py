@@ -1,0 +1,223 @@
+"""A training log as ``hookscope.watch`` writes it, read back without torch.
+
+A log directory holds ``watch.jsonl``, one JSON object per logging step (``step``, ``time``,
+``layers``, ``params``; the first line also carries the envelope: the model, the selection,
+``every`` and the hookscope version), and, when the watch stopped on a NaN or Inf,
+``nonfinite.json``: the envelope, the ``event`` (step, rank, phase, module, call, message,
+inputs) and the flight recorder's ``steps``. :func:`read_log` turns both into a
+:class:`TrainingLog`, which ``hookscope check`` and ``hookscope report`` read where they would
+otherwise run a model. Plain JSON only: nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hookscope.core.errors import HookscopeError
+
+__all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "is_log", "read_log"]
+
+log = logging.getLogger("hookscope")
+
+#: The file that makes a directory a training log.
+LOG_FILE = "watch.jsonl"
+#: The non-finite event, written when the watch stopped on a NaN or Inf.
+EVENT_FILE = "nonfinite.json"
+#: Keys of a logging step's line; the other keys of the first line are its envelope.
+STEP_KEYS = ("step", "time", "layers", "params")
+
+Row = Mapping[str, Any]
+
+
+def is_log(path: str | Path) -> bool:
+    """Whether ``path`` is a training log: a directory holding :data:`LOG_FILE`."""
+    try:
+        return Path(path).is_dir() and (Path(path) / LOG_FILE).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def number(value: Any) -> float | None:
+    """A finite float, or None (JSON ``null`` stands for NaN and Inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class TrainingLog:
+    """The logging steps of one watched run, in step order, and its non-finite event.
+
+    Attributes:
+        path: the log directory, as given.
+        envelope: the first line's keys other than a step's (model, selection, every...).
+        steps: each logging step's line (``step``, ``time``, ``layers``, ``params``...).
+        event: ``nonfinite.json`` when the watch stopped on a non-finite value, else None.
+    """
+
+    path: str
+    envelope: Mapping[str, Any]
+    steps: list[Mapping[str, Any]]
+    event: Mapping[str, Any] | None = None
+    skipped: int = field(default=0, compare=False)
+
+    def last(self, n: int | None) -> list[Mapping[str, Any]]:
+        """The last ``n`` logging steps (all of them when ``n`` is None)."""
+        return list(self.steps) if n is None else list(self.steps[-n:]) if n else []
+
+    def layer_keys(self) -> list[tuple[str, int]]:
+        """Every (name, call) logged, in the order first seen (execution order)."""
+        seen: dict[tuple[str, int], None] = {}
+        for step in self.steps:
+            for row in step.get("layers") or ():
+                seen[(str(row.get("name")), int(row.get("call") or 0))] = None
+        return list(seen)
+
+    def param_names(self) -> list[str]:
+        """Every parameter logged, in the order first seen."""
+        seen: dict[str, None] = {}
+        for step in self.steps:
+            for row in step.get("params") or ():
+                seen[str(row.get("name"))] = None
+        return list(seen)
+
+    def series(self, kind: str, key: str) -> tuple[list[int], dict[Any, list[float | None]]]:
+        """One value per logging step for each layer call (``kind="layers"``, keyed by
+        (name, call)) or parameter (``kind="params"``, keyed by name): the steps, and
+        each row's values (None where the step lacks it or it is not finite)."""
+        steps = [int(s.get("step") or 0) for s in self.steps]
+        keys: Sequence[Any] = self.layer_keys() if kind == "layers" else self.param_names()
+        values: dict[Any, list[float | None]] = {k: [None] * len(steps) for k in keys}
+        for i, step in enumerate(self.steps):
+            for row in step.get(kind) or ():
+                k = (str(row.get("name")), int(row.get("call") or 0)) if kind == "layers" \
+                    else str(row.get("name"))
+                values[k][i] = number(row.get(key))
+        return steps, values
+
+    def flagged(self) -> list[dict[str, Any]]:
+        """Each layer call flagged on any logging step (its row's ``flags``: ``drift``,
+        ``dead``, ``vanish``, ``explode``, ``nonfinite``): its name, its row in the last
+        step's layers (None if absent), the steps it was flagged at, and the last flagged
+        step's flags and drift in words."""
+        last = self.steps[-1].get("layers") or [] if self.steps else []
+        rows = {(r.get("name"), int(r.get("call") or 0)): i for i, r in enumerate(last)}
+        found: dict[tuple[str, int], dict[str, Any]] = {}
+        for step in self.steps:
+            for row in step.get("layers") or ():
+                flags = [str(f) for f in row.get("flags") or () if isinstance(f, str)]
+                if not flags:
+                    continue
+                key = (str(row.get("name")), int(row.get("call") or 0))
+                entry = found.setdefault(key, {
+                    "name": key[0] + (f" (call {key[1]})" if key[1] else ""), "layer": key[0],
+                    "call": key[1], "row": rows.get(key), "at": []})
+                entry["at"].append(step.get("step"))
+                drift = number(row.get("drift"))
+                entry["flags"] = flags
+                entry["detail"] = ", ".join(f"drift {drift:.4g}" if f == "drift" and drift
+                                            is not None else f for f in flags)
+        for entry in found.values():
+            at = entry["at"]
+            entry["steps"] = f"step {at[0]}" if len(at) == 1 else \
+                f"{len(at)} steps, {at[0]} to {at[-1]}"
+        return list(found.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a document says about the log it read."""
+        return {"log": self.path, "logging_steps": len(self.steps),
+                "first_step": self.steps[0].get("step") if self.steps else None,
+                "last_step": self.steps[-1].get("step") if self.steps else None,
+                "nonfinite_event": dict(self.event) if self.event is not None else None}
+
+
+def _problem(line: Any) -> str | None:
+    """Why a parsed line is not a logging step, or None."""
+    if not isinstance(line, dict):
+        return f"it holds a {type(line).__name__}, not an object"
+    if not isinstance(line.get("step"), int) or isinstance(line.get("step"), bool):
+        return "it has no integer \"step\""
+    for kind in ("layers", "params"):
+        rows = line.get(kind, [])
+        if not isinstance(rows, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("name"), str) for r in rows):
+            return f"its \"{kind}\" is not a list of rows with a \"name\""
+    return None
+
+
+def _read_lines(file: Path) -> tuple[list[dict[str, Any]], int]:
+    """The file's step lines; a last line cut short (a run killed mid-write) is skipped."""
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise HookscopeError(f"training log {str(file)!r} cannot be read: "
+                             f"{exc.strerror or exc}.") from None
+    except UnicodeDecodeError:
+        raise HookscopeError(f"training log {str(file)!r} is not UTF-8 text.") from None
+    lines = [(n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip()]
+    found: list[dict[str, Any]] = []
+    skipped = 0
+    for i, (number_, line) in enumerate(lines):
+        try:
+            parsed = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                skipped = 1
+                log.warning("%s:%d: the last line is cut short (the run stopped while "
+                            "writing it); it is left out", file, number_)
+                break
+            raise HookscopeError(f"{file}:{number_}: not JSON ({exc.msg}); a training log "
+                                 "holds one JSON object per line.") from None
+        header = i == 0 and isinstance(parsed, dict) and "step" not in parsed  # envelope only
+        why = None if header else _problem(parsed)
+        if why is not None:
+            raise HookscopeError(f"{file}:{number_}: not a logging step of hookscope.watch: "
+                                 f"{why}.")
+        found.append(parsed)
+    return found, skipped
+
+
+def _read_event(folder: Path) -> dict[str, Any] | None:
+    file = folder / EVENT_FILE
+    if not file.exists():
+        return None
+    try:
+        event = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise HookscopeError(f"{str(file)!r} cannot be read: {exc.strerror or exc}.") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise HookscopeError(f"{str(file)!r} is not a JSON document; hookscope.watch writes "
+                             "it when a step produced a NaN or Inf.") from None
+    if not isinstance(event, dict):
+        raise HookscopeError(f"{str(file)!r} holds a {type(event).__name__}, not the "
+                             "non-finite event's object.")
+    # The event sits under "event", beside the envelope and the flight recorder's "steps".
+    return event["event"] if isinstance(event.get("event"), dict) else event
+
+
+def read_log(path: str | Path) -> TrainingLog:
+    """Read the training log in the directory ``path``.
+
+    Raises:
+        HookscopeError: no ``watch.jsonl`` there, a line that is not a logging step (named
+            by file and line), or an unreadable ``nonfinite.json``.
+    """
+    folder = Path(path)
+    if not is_log(folder):
+        raise HookscopeError(f"{str(path)!r} is not a training log: a directory holding "
+                             f"{LOG_FILE}, as hookscope.watch(model, log_dir=...) writes.")
+    lines, skipped = _read_lines(folder / LOG_FILE)
+    envelope = {k: v for k, v in (lines[0] if lines else {}).items() if k not in STEP_KEYS}
+    steps: list[Mapping[str, Any]] = [line for line in lines if "step" in line]
+    steps.sort(key=lambda s: s["step"])
+    event = _read_event(folder)
+    if not steps and event is None:
+        raise HookscopeError(f"training log {str(path)!r} has no logging step yet; the "
+                             f"watch writes one at step 0 and every `every` steps.")
+    return TrainingLog(str(path), envelope, steps, event, skipped)

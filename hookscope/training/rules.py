@@ -1,0 +1,219 @@
+"""``hookscope check LOG_DIR``: the check rules applied to a training log.
+
+The rules are :mod:`hookscope.probes.check`'s, in its one registry: ``nonfinite`` and
+``max_zero_fraction`` read the layer rows of the last ``last`` logging steps (and
+``nonfinite`` the event ``nonfinite.json`` records), and the rules registered here bound the
+gradient norms and the update ratios of those steps. The report, its JSON, JUnit and GitHub
+outputs are the ones a model run's check has. Torch-free: a log is JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hookscope.core.errors import HookscopeError
+from hookscope.probes.check import (
+    RULES,
+    CheckReport,
+    Context,
+    RuleResult,
+    Rules,
+    _g,
+    _ignored,
+    _warn_unused,
+    call_id,
+    rule,
+)
+from hookscope.training.logs import TrainingLog, number
+
+__all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]
+
+#: Keys that only a model run can check (a log has no predictions and no stats baseline).
+RUN_KEYS = ("baseline", "max_mean_drift", "max_std_drift", "max_drift", "expect", "min_prob")
+#: Keys that only a training log can check.
+LOG_KEYS = ("last", "min_grad_norm", "max_grad_norm", "min_update_ratio", "max_update_ratio")
+
+
+def _refuse(rules: Rules, keys: tuple[str, ...], why: str) -> None:
+    given = [k for k in keys if k in rules.where]
+    if given:
+        raise HookscopeError(f"{rules.subject(given[0])} {why}")
+
+
+def for_log(rules: Rules) -> Rules:
+    """``rules`` if a training log can check them all.
+
+    Raises:
+        HookscopeError: a model run's key (baseline, drift, expect, min_prob) was given.
+    """
+    _refuse(rules, RUN_KEYS, "checks a model run on its inputs; a training log has no "
+            "predictions or stats baseline. Keys for a log: nonfinite, max_zero_fraction, "
+            f"ignore, {', '.join(LOG_KEYS)}.")
+    return rules
+
+
+def for_run(rules: Rules) -> Rules:
+    """``rules`` if a model run can check them all.
+
+    Raises:
+        HookscopeError: a training log's key (last, gradient norms, update ratios) was given.
+    """
+    _refuse(rules, LOG_KEYS, "checks a training log: give the log directory (the one "
+            "holding watch.jsonl) instead of MODEL INPUT.")
+    return rules
+
+
+@dataclass(frozen=True)
+class LogCall:
+    """One layer call at one logging step, as the per-call rules read it."""
+
+    name: str
+    call: int
+    step: int
+    type: str
+    nonfinite: int  # in the output and in the gradient at the output
+    zero_fraction: float
+    grad_norm: float | None
+
+
+@dataclass(frozen=True)
+class LogView:
+    """What the log rules see: the steps checked, their rows, and the event in words."""
+
+    log: TrainingLog
+    steps: list[Mapping[str, Any]]
+    params: list[tuple[int, Mapping[str, Any]]]
+    event: str | None
+
+    def span(self) -> str:
+        """``the last 3 logging steps (200 to 400)``."""
+        n = len(self.steps)
+        if not n:
+            return "no logging step"
+        first, last = self.steps[0]["step"], self.steps[-1]["step"]
+        what = f"{n} logging step{'s' if n != 1 else ''}"
+        return f"{what} (step {first})" if n == 1 else f"{what} (steps {first} to {last})"
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _calls(steps: list[Mapping[str, Any]]) -> Iterator[LogCall]:
+    for step in steps:
+        for row in step.get("layers") or ():
+            zero = number(row.get("zero_fraction"))
+            yield LogCall(str(row["name"]), _count(row.get("call")), int(step["step"]),
+                          str(row.get("type") or ""),
+                          _count(row.get("nonfinite")) + _count(row.get("grad_nonfinite")),
+                          math.nan if zero is None else zero, number(row.get("grad_norm")))
+
+
+def event_text(event: Mapping[str, Any] | None) -> str | None:
+    """The event in one line: its own message, else its step, phase and module."""
+    if event is None:
+        return None
+    message = event.get("message")
+    if isinstance(message, str) and message.strip():
+        return " ".join(message.split())
+    rank = f"rank {event['rank']}, " if event.get("rank") is not None else ""
+    return (f"step {event.get('step')}, {rank}{event.get('phase')}: {event.get('module')} "
+            f"(call {event.get('call')}) produced a non-finite value")
+
+
+def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
+    """Run every active rule against the last ``rules.last`` logging steps of ``log``."""
+    for_log(rules)
+    steps = log.last(rules.last)
+    rows = list(_calls(steps))
+    calls = [c for c in rows if not _ignored(c.name, rules.ignore)]
+    params = [(int(s["step"]), p) for s in steps for p in s.get("params") or ()
+              if not _ignored(str(p["name"]), rules.ignore)]
+    _warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for s in steps
+                                                       for p in s.get("params") or ()})
+    view = LogView(log, steps, params, event_text(log.event))
+    ctx = Context(rules, calls, len(rows) - len(calls), [], [], [], None, {},  # type: ignore[arg-type]
+                  log=view)
+    results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
+    return CheckReport(results, calls=len(calls), ignored=ctx.ignored, rules_file=rules.source)
+
+
+# ----------------------------------------------------------------------------- the rules
+
+Bound = Callable[[float, float], bool]
+
+
+def _bounded(ctx: Context, name: str, what: str, values: list[tuple[str, float | None]],
+             limit: float | None, outside: Bound, side: str) -> RuleResult | None:
+    """Every measured value within ``limit``; ``values`` are (who, value) pairs."""
+    view: LogView | None = ctx.log
+    if limit is None or view is None:
+        return None
+    measured = [(who, v) for who, v in values if v is not None]
+    bad = [(who, v) for who, v in measured if outside(v, limit)]
+    offenders = [f"{who}: {what} {_g(v)}" for who, v in bad]
+    pick = max if side == "above" else min
+    worst = pick(measured, key=lambda m: m[1], default=None)
+    extreme = f"; the {'largest' if side == 'above' else 'smallest'}: {_g(worst[1])} at " \
+        f"{worst[0]}" if worst is not None else ""
+    detail = (f"{len(bad)} of {len(measured)} {what}s over {view.span()} are {side} "
+              f"{limit:.4g}" if bad else
+              f"no {what} of {len(measured)} over {view.span()} is {side} {limit:.4g}")
+    return RuleResult(name, not bad, limit, detail + extreme + ctx.note(), offenders)
+
+
+def _grad_norms(ctx: Context) -> list[tuple[str, float | None]]:
+    view: LogView | None = ctx.log
+    if view is None:
+        return []
+    calls: list[LogCall] = ctx.calls  # type: ignore[assignment]  # a log's rows
+    layers = [(f"{call_id(c.name, c.call)} at step {c.step}", c.grad_norm) for c in calls]
+    params = [(f"parameter {p['name']} at step {step}", number(p.get("grad_norm")))
+              for step, p in view.params]
+    return layers + params
+
+
+def _ratios(ctx: Context) -> list[tuple[str, float | None]]:
+    view: LogView | None = ctx.log
+    if view is None:
+        return []
+    return [(f"parameter {p['name']} at step {step}", number(p.get("update_ratio")))
+            for step, p in view.params]
+
+
+def _bound_rule(name: str, what: str, values: Callable[[Context], list[tuple[str, float | None]]],
+                side: str) -> Callable[[Context], RuleResult | None]:
+    """The rule ``name``: every ``what`` measured is not ``side`` the rule's limit."""
+    def check(ctx: Context) -> RuleResult | None:
+        outside: Bound = (lambda v, lim: v > lim) if side == "above" else \
+            (lambda v, lim: v < lim)
+        return _bounded(ctx, name, what, values(ctx), getattr(ctx.rules, name), outside, side)
+
+    check.__doc__ = f"No {what} over the logging steps checked is {side} ``{name}``."
+    return check
+
+
+#: The log's bounds, registered in check's one registry in this order: vanishing and
+#: exploding gradients (at layer outputs and of parameters), and update ratios too small
+#: (nothing learns) or too large (a step that wrecks the weights).
+BOUNDS = (("min_grad_norm", "gradient norm", _grad_norms, "below"),
+          ("max_grad_norm", "gradient norm", _grad_norms, "above"),
+          ("min_update_ratio", "update ratio", _ratios, "below"),
+          ("max_update_ratio", "update ratio", _ratios, "above"))
+for _name, _what, _values, _side in BOUNDS:
+    rule(_name)(_bound_rule(_name, _what, _values, _side))
+
+
+def log_doc(log: TrainingLog, report: CheckReport) -> dict[str, Any]:
+    """The check's document for a log: the log's envelope, what was read, the rules."""
+    from hookscope import __version__
+
+    env = dict(log.envelope)
+    return {"hookscope": __version__, "command": "check", "model": env.get("model"),
+            "weights": env.get("weights") or {"requested": None, "loaded": None},
+            "device": env.get("device"), "inputs": [],
+            "watch": env} | log.to_dict() | report.to_dict()
+

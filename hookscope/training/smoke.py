@@ -1,0 +1,222 @@
+"""Smoke training: does the model train at all? SGD on a copy of it, under
+:func:`hookscope.watch`.
+
+:func:`train` runs ``steps`` SGD steps of cross-entropy on a deep copy of the model (the
+loaded model, and so its file, are never changed), as a probe of the one driver
+(:func:`hookscope.core.run.drive`) in train mode, inside ``hookscope.watch``: the watch checks
+every step for NaN and Inf, names the module that produced one, and logs statistics every
+``every`` steps. With ``overfit`` the first batch is repeated, and the loss must fall.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from hookscope.core.errors import HookscopeError, param
+from hookscope.core.outputs import class_logits
+from hookscope.core.run import Probe, Progress, Step, drive
+from hookscope.core.targets import Targets, folder_targets, parse_targets
+
+if TYPE_CHECKING:
+    from hookscope.sources import LoadedModel
+
+__all__ = ["SmokeOptions", "SmokeReport", "smoke_labels", "train"]
+
+log = logging.getLogger("hookscope")
+
+
+@dataclass(frozen=True)
+class SmokeOptions:
+    """How to train: steps, SGD's learning rate and momentum, one batch or all, and the
+    watch's logging interval, log directory and module selection."""
+
+    steps: int = 50
+    lr: float = 0.01
+    momentum: float = 0.0
+    overfit: bool = False
+    every: int = 10
+    log_dir: Path | None = None
+    layers: Sequence[str] | None = None
+    types: Sequence[str] | None = None
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class SmokeReport:
+    """What happened: the loss at each step run, the layers the watch flagged, the first
+    non-finite value, and the verdict.
+
+    Attributes:
+        losses: the loss of each step run (NaN where it was not finite).
+        steps: the steps asked for.
+        overfit: whether one batch was repeated.
+        nonfinite: the watch's non-finite event (module, phase, step, call, message).
+        flagged: the layers the watch flagged (see :meth:`TrainingLog.flagged`).
+        log_dir: where the log was kept (None: a temporary directory, removed).
+    """
+
+    losses: list[float]
+    steps: int
+    overfit: bool = False
+    nonfinite: dict[str, Any] | None = None
+    flagged: list[dict[str, Any]] = field(default_factory=list)
+    log_dir: str | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the run failed, in one line, or None."""
+        if self.nonfinite is not None:
+            return f"a non-finite value stopped training: {self.nonfinite['message']}"
+        if self.losses and not math.isfinite(self.losses[-1]):
+            return f"the loss is not finite at step {len(self.losses) - 1}"
+        if self.overfit and len(self.losses) > 1 and not self.losses[-1] < self.losses[0]:
+            return (f"--overfit: the loss did not fall on one repeated batch ({self.losses[0]:.4g} "
+                    f"at step 0, {self.losses[-1]:.4g} at step {len(self.losses) - 1})")
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document without its envelope."""
+        first, last = (self.losses[0], self.losses[-1]) if self.losses else (None, None)
+        return {"steps": self.steps, "steps_run": len(self.losses), "overfit": self.overfit,
+                "loss_first": first, "loss_last": last,
+                "loss": [{"step": i, "loss": v} for i, v in enumerate(self.losses)],
+                "flagged": self.flagged, "nonfinite": self.nonfinite, "log_dir": self.log_dir,
+                "passed": self.failure is None, "failure": self.failure}
+
+
+def smoke_labels(label: str | None, folders: Sequence[str] | None,
+                 categories: Sequence[str] | None) -> Targets:
+    """The true classes: ``label`` as given, else each input's ImageFolder class folder (a
+    class label or index of the model; for a model without labels, the folders in sorted
+    order, as torchvision's ImageFolder numbers them).
+
+    Raises:
+        HookscopeError: no label and no class folders, or a folder the model has no class for.
+    """
+    if label is not None:
+        return parse_targets(label, categories, name="label")
+    if folders is None:
+        raise HookscopeError(f"training needs a true class per input: give {param('label')}, "
+                             "or inputs in class folders (root/CLASS/image.jpg, as "
+                             "torchvision's ImageFolder).")
+    if not categories and not all(f.isdigit() for f in folders):
+        order = {name: i for i, name in enumerate(sorted(set(folders)))}
+        log.info("classes by folder, sorted: %s", ", ".join(f"{k}={v}" for k, v in order.items()))
+        return Targets(tuple(order[f] for f in folders), "label")
+    return folder_targets(folders, categories)
+
+
+def _batches(make: Callable[[], Iterable[Any]], steps: int, overfit: bool) -> Iterator[Any]:
+    """``steps`` batches: the inputs' batches over and over, or the first one repeated."""
+    done = 0
+    while done < steps:
+        epoch = 0
+        for batch in make():
+            yield batch
+            done, epoch = done + 1, epoch + 1
+            if done == steps:
+                return
+            if overfit:
+                while done < steps:
+                    yield batch
+                    done += 1
+                return
+        if not epoch:
+            return
+
+
+class TrainProbe(Probe[list[float]]):
+    """One SGD step per batch: forward, cross-entropy, backward, update, ``watch.step()``."""
+
+    grad = "grad"
+    counts_progress = True
+
+    def __init__(self, model: nn.Module, labels: Targets, options: SmokeOptions,
+                 watch: Any, output_key: str | None = None) -> None:
+        self.labels, self.watch, self.output_key = labels, watch, output_key
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=options.lr,
+                                         momentum=options.momentum)
+        self.losses: list[float] = []
+
+    def step(self, step: Step) -> None:
+        logits = class_logits(step.forward(), self.output_key, "watch")
+        target = torch.tensor(self.labels.resolve(logits, step.start), device=logits.device)
+        loss = nn.functional.cross_entropy(logits.float(), target)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.losses.append(float(loss.detach()))  # the one host read of the step, besides the watch's
+        self.watch.step(self.losses[-1])
+        step.advance(1)
+        if not math.isfinite(self.losses[-1]):
+            raise _LossNotFinite
+
+    def finish(self) -> list[float]:
+        return self.losses
+
+
+class _LossNotFinite(Exception):
+    """The loss itself is NaN or Inf while no watched module produced one."""
+
+
+def _event(error: Any) -> dict[str, Any]:
+    return {"module": getattr(error, "module", None), "phase": getattr(error, "phase", None),
+            "step": getattr(error, "step", None), "call": getattr(error, "call", None),
+            "rank": getattr(error, "rank", None), "message": str(error)}
+
+
+def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Targets,
+          options: SmokeOptions, *, progress: Progress | None = None) -> SmokeReport:
+    """Train a copy of ``loaded.model`` for ``options.steps`` SGD steps under the watch.
+
+    Args:
+        loaded: the model; it is copied, and the copy alone is trained.
+        batches: makes the inputs' batches (called again for each pass over them).
+        labels: the true class of each input (by position among the inputs).
+        options: steps, learning rate, overfit, and the watch's settings.
+        progress: called with 1 after each step.
+
+    Raises:
+        ForwardError: the model's code raised.
+    """
+    import hookscope
+
+    model = copy.deepcopy(loaded.model)
+    with tempfile.TemporaryDirectory(prefix="hookscope-watch-") as scratch:
+        folder = options.log_dir if options.log_dir is not None else Path(scratch)
+        nonfinite = None
+        with hookscope.watch(model, folder, every=options.every, layers=options.layers,
+                             types=options.types, nonfinite="raise", name=loaded.name,
+                             force=options.force or options.log_dir is None) as w:
+            probe = TrainProbe(model, labels, options, w, loaded.output_key)
+            try:
+                drive(model, _batches(batches, options.steps, options.overfit), probe,
+                      train_mode=True, progress=progress, autocast=loaded.autocast)
+            except hookscope.NonFiniteError as error:
+                nonfinite = _event(error)
+            except _LossNotFinite:
+                pass
+        flagged = _flagged(folder)
+    return SmokeReport(probe.losses, options.steps, options.overfit, nonfinite, flagged,
+                       str(options.log_dir) if options.log_dir is not None else None)
+
+
+def _flagged(folder: Path) -> list[dict[str, Any]]:
+    from hookscope.training.logs import is_log, read_log
+
+    if not is_log(folder):
+        return []
+    try:
+        return read_log(folder).flagged()
+    except HookscopeError:  # no logging step yet (stopped at once)
+        return []
