@@ -48,7 +48,7 @@ __all__ = [
 
 #: Where hook machinery lives: hookscope's own package, and the module hooks torch
 #: installs for it (``FlopCounterMode``'s module tracker, the full-backward-hook wrapper).
-_HOOKSCOPE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HOOKSCOPE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package
 _TORCH_HOOKS = tuple(os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "utils", f)
                      for f in ("module_tracker.py", "hooks.py"))
 
