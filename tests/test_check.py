@@ -141,7 +141,7 @@ def parse_junit(path: Path) -> ET.Element:
     assert int(suite.get("tests")) == len(cases) == int(root.get("tests"))
     failed = [c for c in cases if c.find("failure") is not None]
     assert int(suite.get("failures")) == len(failed) == int(root.get("failures"))
-    assert all(c.get("classname").startswith("hookscope.probes.check.") for c in cases)
+    assert all(c.get("classname").startswith("hookscope.check.") for c in cases)
     return suite
 
 
@@ -172,7 +172,7 @@ def test_nan_checkpoint_fails_nonfinite_with_one_junit_failure(cli, work, tmp_pa
     [case] = suite.findall("testcase")
     assert case.get("name") == "nonfinite"
     # One class per model: the model's name is one part of the dotted class name.
-    assert case.get("classname").startswith("hookscope.probes.check.")
+    assert case.get("classname").startswith("hookscope.check.")
     assert case.get("classname").count(".") == 2 and case.get("classname").endswith("_Net")
     assert failures[0].get("message") == rule["detail"]
     assert failures[0].text.splitlines()[1:] == want

@@ -105,9 +105,9 @@ def _xml_text(text: Any) -> str:
 
 
 def _classname(model: Any) -> str:
-    """``hookscope.probes.check.<model>``, the model's name made one dotted-name part (test
+    """``hookscope.check.<model>``, the model's name made one dotted-name part (test
     reporters split class names at dots)."""
-    return "hookscope.probes.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(model or "model"))
+    return "hookscope.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(model or "model"))
 
 
 def junit_xml(doc: Doc) -> str:
@@ -119,7 +119,7 @@ def junit_xml(doc: Doc) -> str:
         <testsuites name tests failures errors>
           <testsuite name="hookscope check" tests failures errors skipped>
             <properties>...</properties>
-            <testcase classname="hookscope.probes.check.<model>" name="<rule>">
+            <testcase classname="hookscope.check.<model>" name="<rule>">
               <failure message="<detail>" type="<rule>">offenders, one a line</failure>
     """
     rules = doc["rules"]
