@@ -295,7 +295,7 @@ def test_cli_detector_draws_boxes(cli, cat_jpg, detector_file, tmp_path):
     assert doc["task"] == "detection" and doc["layer"] == "backbone.body.16"
     row = doc["results"][0]
     assert row["target"] == 18 and len(row["detections"]) == 2
-    from hookscope.cam.probe import crop_box
+    from hookscope.cam.targets import crop_box
     from hookscope.inputs.preprocess import Preprocess
 
     overlay = np.asarray(Image.open(row["overlay"]))

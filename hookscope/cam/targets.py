@@ -350,3 +350,36 @@ def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, T
     targets = parse_targets(target, loaded.categories)
     targets.check_count(n_inputs)
     return task, targets
+
+
+def crop_box(transform: Any, size: tuple[int, int]) -> Box:
+    """Where the model's input lies in the original image: (left, top, right, bottom).
+
+    Follows torchvision's classification presets: the shorter side resized to
+    ``resize_size``, then a centre crop of ``crop_size``. Other transforms map to the
+    whole image.
+
+    Args:
+        transform: the preprocessing (e.g. ``weights.transforms()``).
+        size: the original image's (width, height).
+    """
+    width, height = size
+    resize = getattr(transform, "resize_size", None)
+    crop = getattr(transform, "crop_size", None)
+    if not resize or not crop or width < 1 or height < 1:
+        return (0.0, 0.0, float(width), float(height))
+    sizes = list(resize) if isinstance(resize, (list, tuple)) else [resize]
+    c = list(crop) if isinstance(crop, (list, tuple)) else [crop]
+    ch, cw = int(c[0]), int(c[-1])
+    if len(sizes) > 1:  # an explicit (h, w) resize
+        rh, rw = int(sizes[0]), int(sizes[1])
+    elif width <= height:
+        rw, rh = int(sizes[0]), int(int(sizes[0]) * height / width)
+    else:
+        rh, rw = int(sizes[0]), int(int(sizes[0]) * width / height)
+    if ch > rh or cw > rw:  # the crop pads; keep the whole image
+        return (0.0, 0.0, float(width), float(height))
+    top = int(round((rh - ch) / 2.0))
+    left = int(round((rw - cw) / 2.0))
+    sx, sy = width / rw, height / rh
+    return (left * sx, top * sy, (left + cw) * sx, (top + ch) * sy)

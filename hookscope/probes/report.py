@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hookscope.cam.probe import CamBatch, check_explain, explain
+from hookscope.cam.probe import check_explain, explain
+from hookscope.cam.result import CamBatch
 from hookscope.cam.targets import task_targets
 from hookscope.core.run import drive
 from hookscope.probes.grads import GradReport, GradsProbe

@@ -25,9 +25,20 @@ from hookscope.inputs.resolve import unique_stems
 from hookscope.render.output import Staging
 
 if TYPE_CHECKING:
-    from hookscope.cam.probe import CamBatch
+    from hookscope.cam.result import CamBatch
 
 Box = tuple[float, float, float, float]
+
+
+def peak_in_box(
+    peak: tuple[int, int], map_size: tuple[int, int], box: Box
+) -> tuple[int, int]:
+    """Map a (y, x) peak of an (h, w) map onto original-image pixels inside ``box``."""
+    (y, x), (h, w) = peak, map_size
+    left, top, right, bottom = box
+    py = top + (y + 0.5) * (bottom - top) / h
+    px = left + (x + 0.5) * (right - left) / w
+    return (int(py), int(px))
 
 
 @lru_cache(maxsize=16)
@@ -259,6 +270,7 @@ class CamWriter:
         if batch is None:
             raise ValueError("CamWriter needs batches from hookscope.inputs.resolve.iter_batches")
         size = (int(batch.tensor.shape[-1]), int(batch.tensor.shape[-2]))
+        peaks = {name: res.peaks for name, res in explained.results.items()}
         for i, item in enumerate(batch.items):
             why = explained.skipped[i] if explained.skipped else None
             if why is not None:
@@ -273,8 +285,10 @@ class CamWriter:
                                     explained.boxes[i], paths,
                                     raw=res.raw[i] if self.save_raw else None,
                                     cmap=self.cmap, alpha=self.alpha, extras=extras)
-                self.rows.append(self._row(item.name, name, res, i, paths,
-                                           explained.peaks[name][i]))
+                peak, box = peaks[name][i], explained.boxes[i]
+                if peak is not None and box is not None:
+                    peak = peak_in_box(peak, res.maps.shape[1:], box)
+                self.rows.append(self._row(item.name, name, res, i, paths, peak))
 
     def _extras(self, res: Any, i: int, paths: dict[str, Path | None],
                 size: tuple[int, int]) -> Extras:

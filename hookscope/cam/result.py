@@ -1,0 +1,310 @@
+"""What the CAM engine returns, and how one method's raw maps become its result.
+
+:class:`CamResult` holds one method's maps; :class:`CamBatch` one batch's maps of every
+method (what a sink receives); :class:`CamReport` what :class:`hookscope.cam.probe.CamProbe`
+returns. :func:`fuse` joins several layers' raw maps as pytorch-grad-cam does, and
+:class:`MapSum` averages them over ``aug_smooth``'s passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hookscope.cam.methods import Method
+from hookscope.cam.targets import Selection
+
+if TYPE_CHECKING:
+    from hookscope.inputs.resolve import Batch
+
+#: A raw map whose range is within this fraction of its magnitude (128 float32 ulps) is
+#: constant: its variation is the rounding of the sums that made it, not localisation.
+CONSTANT_RTOL = 128 * float(torch.finfo(torch.float32).eps)
+
+
+@dataclass(frozen=True)
+class CamResult:
+    """Class activation maps for a batch of inputs, one method.
+
+    Attributes:
+        method: the registered method name.
+        layer: dotted module name of the (first) target layer.
+        maps: (N, H, W) float32 in [0, 1] at the input tensor's resolution.
+        raw: (N, h, w) float32 at the (first) layer's resolution, after ReLU, before
+            normalisation (FullGrad's is at the input's resolution).
+        targets: the explained class index per input (-1: several classes).
+        scores: the target score per input (a classifier's logit).
+        probs: the target's softmax probability per input (None where there is none).
+        layers: every target layer, in the order given.
+        raws: one raw map per layer.
+        skipped: per input, why it was not explained (None when it was).
+        guided: with ``guided``, (N, H, W, 3): the map times guided backpropagation.
+        regions: segmentation: the explained region per input, (N, H, W) bool.
+        detections: detection: per input, the explained boxes.
+        metrics: per metric name, one value per input.
+        constant: per input, whether every raw map was constant (its range within float
+            noise of its magnitude, :data:`CONSTANT_RTOL`): the map is then all zeros, not
+            rounding noise stretched to [0, 1].
+    """
+
+    method: str
+    layer: str
+    maps: np.ndarray
+    raw: np.ndarray
+    targets: list[int]
+    scores: list[float]
+    probs: list[float | None]
+    notes: list[str] = field(default_factory=list)
+    layers: list[str] = field(default_factory=list)
+    raws: list[np.ndarray] = field(default_factory=list)
+    skipped: list[str | None] = field(default_factory=list)
+    guided: np.ndarray | None = None
+    regions: np.ndarray | None = None
+    detections: list[list[dict[str, Any]]] | None = None
+    metrics: dict[str, np.ndarray] = field(default_factory=dict)
+    constant: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    @property
+    def peaks(self) -> list[tuple[int, int] | None]:
+        """(y, x) of each map's maximum at input resolution; None for a map that is blank
+        (zero everywhere: no position stands out) or whose target score is not finite."""
+        out: list[tuple[int, int] | None] = []
+        for m, score in zip(self.maps, self.scores, strict=True):
+            flat = int(np.argmax(m))
+            blank = not m.max() > 0 or not math.isfinite(score)
+            out.append(None if blank else (flat // m.shape[1], flat % m.shape[1]))
+        return out
+
+    @staticmethod
+    def concat(parts: Sequence[CamResult]) -> CamResult:
+        """Join per-batch results of one method and layer."""
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+
+        def cat(name: str) -> np.ndarray | None:
+            arrays = [getattr(p, name) for p in parts]
+            return None if any(a is None for a in arrays) else np.concatenate(arrays)
+
+        dets = [p.detections for p in parts]
+        return CamResult(
+            method=first.method, layer=first.layer,
+            maps=np.concatenate([p.maps for p in parts]),
+            raw=np.concatenate([p.raw for p in parts]),
+            targets=[t for p in parts for t in p.targets],
+            scores=[s for p in parts for s in p.scores],
+            probs=[s for p in parts for s in p.probs],
+            notes=list(dict.fromkeys(n for p in parts for n in p.notes)),
+            layers=first.layers,
+            raws=[np.concatenate(r) for r in zip(*(p.raws for p in parts), strict=True)],
+            skipped=[s for p in parts for s in p.skipped],
+            guided=cat("guided"), regions=cat("regions"),
+            detections=None if any(d is None for d in dets) else [x for d in dets for x in d or []],
+            metrics={k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics},
+            constant=[c for p in parts for c in p.constant],
+        )
+
+
+
+def _normalise(maps: torch.Tensor) -> torch.Tensor:
+    """Min-max scale each (h, w) map to [0, 1]; a constant map becomes zeros."""
+    flat = maps.reshape(maps.shape[0], -1)
+    lo = flat.amin(dim=1).reshape(-1, 1, 1)
+    span = (flat.amax(dim=1).reshape(-1, 1, 1) - lo)
+    safe = torch.where(span > 0, span, torch.ones_like(span))
+    return torch.where(span > 0, (maps - lo) / safe, torch.zeros_like(maps))
+
+
+def constant_maps(raws: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per input, whether every layer's raw (N, h, w) map is constant: its range within
+    :data:`CONSTANT_RTOL` of its largest magnitude (an all-zero map included)."""
+    found = torch.ones(raws[0].shape[0], dtype=torch.bool, device=raws[0].device)
+    for raw in raws:
+        flat = raw.reshape(raw.shape[0], -1).float()
+        span = flat.amax(dim=1) - flat.amin(dim=1)
+        found &= span <= CONSTANT_RTOL * flat.abs().amax(dim=1)
+    return found
+
+
+def _scale_pgc(maps: torch.Tensor) -> torch.Tensor:
+    """pytorch-grad-cam's ``scale_cam_image``: minus the minimum, over the span plus 1e-7."""
+    flat = maps.reshape(maps.shape[0], -1)
+    lo = flat.amin(dim=1).reshape(-1, 1, 1)
+    return (maps - lo) / (flat.amax(dim=1).reshape(-1, 1, 1) - lo + 1e-7)
+
+
+def _resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    if tuple(maps.shape[-2:]) == tuple(size):
+        return maps
+    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
+                         align_corners=False).squeeze(1)
+
+
+def fuse(raws: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
+    """One pass's map at ``size`` from the raw maps of one or more layers.
+
+    As pytorch-grad-cam's aggregation: each map scaled at its layer, resized to ``size``,
+    averaged over layers, and scaled again, with its 1e-7 in each denominator (so a pass
+    with tiny maps weighs less in ``aug_smooth``'s average, as there). The engine min-max
+    scales the result.
+    """
+    return _scale_pgc(torch.stack([_resize(_scale_pgc(r), size) for r in raws]).mean(dim=0))
+
+
+@dataclass(frozen=True)
+class CamBatch:
+    """One batch of inputs with every method's maps, as :class:`CamProbe` makes it.
+
+    Attributes:
+        batch: the inputs, their preprocessed tensor and (for image files) original images;
+            None when the inputs were plain tensors.
+        start: the index of the batch's first input among all inputs.
+        results: per method name, the maps of the whole batch.
+        layer: dotted name of the (first) explained layer.
+        layer_shape: its output shape (C, h, w) for this batch.
+        boxes: per input, where the model's input lies in the original image (a centre
+            crop), or None for tensor inputs.
+        layers, layer_shapes: every explained layer and its output shape.
+        skipped: per input, why it was not explained (None when it was): no file is
+            written for it.
+    """
+
+    batch: Batch | None
+    start: int
+    results: dict[str, CamResult]
+    layer: str
+    layer_shape: list[int]
+    boxes: list[tuple[float, float, float, float] | None]
+    layers: list[str] = field(default_factory=list)
+    layer_shapes: list[list[int]] = field(default_factory=list)
+    skipped: list[str | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.results.values())))
+
+    @property
+    def notes(self) -> list[str]:
+        """Every method's notes, in order, without repeats."""
+        return list(dict.fromkeys(n for res in self.results.values() for n in res.notes))
+
+
+@dataclass(frozen=True)
+class CamReport:
+    """What :class:`CamProbe` returns.
+
+    ``results`` holds each method's maps over all inputs, unless a ``sink`` took the
+    batches (then it is empty and only the layers and notes are kept).
+    """
+
+    layer: str
+    layer_shape: list[int]
+    methods: list[str]
+    results: dict[str, CamResult]
+    notes: list[str]
+    layers: list[str] = field(default_factory=list)
+    layer_shapes: list[list[int]] = field(default_factory=list)
+    task: str = "classification"
+
+
+
+class MapSum:
+    """One method's maps summed over augmentations."""
+
+    def __init__(self) -> None:
+        self.maps: torch.Tensor | None = None
+        self.raws: list[torch.Tensor] = []
+        self.count = 0
+
+    def add(self, raws: list[torch.Tensor], size: Sequence[int], flip: bool, smooth: bool
+            ) -> None:
+        maps = fuse(raws, size)
+        if smooth:  # each raw map scaled, then averaged over augmentations
+            raws = [_scale_pgc(r) for r in raws]
+        if flip:
+            maps, raws = maps.flip(-1), [r.flip(-1) for r in raws]
+        self.maps = maps if self.maps is None else self.maps + maps
+        self.raws = raws if not self.raws else [a + b for a, b in
+                                                zip(self.raws, raws, strict=True)]
+        self.count += 1
+
+    def result(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """The maps in [0, 1], the raw maps, and which inputs' maps are constant (drawn
+        blank: zeros)."""
+        assert self.maps is not None
+        raws = self.raws if self.count == 1 else [r / self.count for r in self.raws]
+        constant = constant_maps(raws)
+        maps = torch.where(constant[:, None, None], torch.zeros_like(self.maps),
+                           _normalise(self.maps / self.count))
+        return maps, raws, constant
+
+
+
+def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float],
+                probs: list[float | None], guided: torch.Tensor | None, layers: Sequence[str]
+                ) -> CamResult:
+    """One method's result for a batch: its averaged maps, with notes on blank ones."""
+    maps, raws, constant = acc.result()
+    notes = list(sel.notes)
+    finite = [math.isfinite(float(s)) or why is not None  # a skipped input has no score
+              for s, why in zip(scores, sel.skipped, strict=True)]
+    if not all(finite):  # NaN or Inf in the input, or the model made them
+        notes.append(
+            f"{method.name}: the target score of {finite.count(False)} input(s) is not "
+            "finite (NaN or Inf: check the input, or where `hookscope debug` finds the "
+            "first non-finite output); their maps are blank.")
+        maps = maps * torch.tensor(finite, dtype=maps.dtype, device=maps.device)[:, None, None]
+    zero = [float(r.amax()) <= 0 and why is None and ok for r, why, ok in
+            zip(raws[0], sel.skipped, finite, strict=True)]
+    if any(zero):
+        notes.append(
+            f"{method.name}: some maps are zero everywhere at layer "
+            f"{layers[0]!r} (the target score does not increase with any "
+            "position's activations there; for ViT, pick a block before the last one or "
+            "its ln_1).")
+    if any(c and not z and why is None
+           for c, z, why in zip(constant.tolist(), zero, sel.skipped, strict=True)):
+        notes.append(
+            f"{method.name}: some maps are constant at layer {layers[0]!r} "
+            "(their range is float rounding, so they carry no localisation) and are "
+            "drawn blank; choose a layer whose spatial grid is larger than 1x1 at this "
+            "input size.")
+    mixed = None
+    if guided is not None:
+        mixed = (maps.unsqueeze(1) * guided).permute(0, 2, 3, 1).cpu().numpy()
+    raw_np = [r.cpu().numpy().astype(np.float32, copy=False) for r in raws]
+    return CamResult(
+        method=method.name, layer=layers[0],
+        maps=maps.cpu().numpy().astype(np.float32, copy=False), raw=raw_np[0],
+        targets=list(sel.classes), scores=[float(s) for s in scores], probs=list(probs),
+        notes=notes, layers=list(layers),
+        raws=raw_np * (1 if method.layerwise else len(layers)),
+        skipped=list(sel.skipped), guided=mixed, regions=_regions(sel, maps.shape[-2:]),
+        detections=_detections(sel), constant=constant.tolist())
+
+
+def _regions(sel: Selection, size: Sequence[int]) -> np.ndarray | None:
+    if sel.masks is None:
+        return None
+    masks = sel.masks.float()
+    if tuple(masks.shape[-2:]) != tuple(size):
+        masks = F.interpolate(masks.unsqueeze(1), size=tuple(size), mode="nearest").squeeze(1)
+    return (masks > 0.5).cpu().numpy()
+
+
+def _detections(sel: Selection) -> list[list[dict[str, Any]]] | None:
+    if not sel.boxes:
+        return None
+    return [[{"box": [float(v) for v in box], "label": int(label), "score": float(score)}
+             for box, label, score in zip(boxes.tolist(), labels.tolist(), scores.tolist(),
+                                          strict=True)]
+            for boxes, labels, scores in zip(sel.boxes, sel.labels, sel.det_scores, strict=True)]
+
