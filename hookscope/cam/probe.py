@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookscope.cam.backprop import GuidedGrad, bias_of, has_bias
+from hookscope.cam.backprop import has_bias
 from hookscope.cam.layer import default_layer
 from hookscope.cam.methods import (
     SMOOTH_STD,
@@ -49,6 +48,16 @@ from hookscope.cam.methods import (
     get_method,
     method_names,
     project,
+)
+from hookscope.cam.passes import (
+    AblationPass,
+    AttentionPass,
+    Captured,
+    CapturePass,
+    FullGradPass,
+    GuidedPass,
+    Switch,
+    score,
 )
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
 from hookscope.cam.targets import (
@@ -60,8 +69,8 @@ from hookscope.cam.targets import (
     make_objective,
 )
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, layout, token_hint
-from hookscope.core.hooks import Call, Site, all_sites, find_site, first_tensor
+from hookscope.core.grid import token_hint
+from hookscope.core.hooks import Call, Site, all_sites, find_site
 from hookscope.core.run import Probe, Step, drive, peek
 from hookscope.core.targets import Targets, as_targets
 
@@ -96,25 +105,6 @@ def _augment(x: torch.Tensor, flip: bool, factor: float) -> torch.Tensor:
     return x * factor if factor != 1.0 else x
 
 
-def _detach(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return out.detach()
-    return [{k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in d.items()}
-            for d in out]
-
-
-def _with_output(output: Any, out: torch.Tensor, replacement: torch.Tensor, name: str) -> Any:
-    """The module's output with its tensor ``out`` replaced."""
-    if output is out:
-        return replacement
-    if isinstance(output, (tuple, list)) and output and output[0] is out:
-        return type(output)([replacement, *output[1:]])
-    raise HookscopeError(
-        f"Layer {name!r} returns a {type(output).__name__}; Grad-CAM needs a layer that "
-        "returns a tensor (or a tuple starting with one)."
-    )
-
-
 # ----------------------------------------------------------------------------- layers
 
 
@@ -137,21 +127,6 @@ def _layer_list(layer: Layers) -> list[str | nn.Module]:
 
 
 # ----------------------------------------------------------------------------- engine
-
-
-@dataclass
-class _Captured:
-    """One capture pass: the output, and per layer its activations and gradients."""
-
-    out: Any  # detached
-    acts: list[torch.Tensor]  # per layer, the layer's own layout
-    nchw: list[torch.Tensor]
-    grads: list[torch.Tensor | None]
-    calls: list[int]
-    scores: torch.Tensor
-    graph_out: Any = None  # with its graph, for regrad
-    nodes: list[torch.Tensor] = field(default_factory=list)
-    graph_grads: list[torch.Tensor] = field(default_factory=list)  # for the HVP
 
 
 class CamProbe(Probe[CamReport]):
@@ -207,50 +182,43 @@ class CamProbe(Probe[CamReport]):
         self.methods: list[Method] = list({m.name: m for m in map(get_method, methods)}.values())
         self.task = objective.kind if objective is not None else task or infer_task(model)
         self.objective = objective or make_objective(self.task, targets, output_key=output_key)
-        self.reshape, self.hint = reshape, token_hint(model)
-        self.grids: list[Layout] = [Layout("nchw", 0, 0)] * len(self.layer_sites)
-        self.size = (0, 0)
         self.score_batch, self.transform, self.sink = score_batch, transform, sink
         self.augs = AUGMENTATIONS if aug_smooth else AUGMENTATIONS[:1]
-        self.eigen_smooth, self.guided, self.seed = eigen_smooth, guided, seed
+        self.eigen_smooth = eigen_smooth
         self.metrics = _metric_plan(metrics, percentiles, self.task, seed)
         self._check_methods(aug_smooth)
         needs = frozenset().union(*(m.needs for m in self.methods))
-        self.needs_grad = any(m.gradients for m in self.methods)
-        self.keep_graph, self.second_order = bool(needs & {"regrad", "hvp"}), "hvp" in needs
-        self.needs_full = "full" in needs
-        self.attn_kinds: dict[int, str] = {}
-        if "attention" in needs:
-            from hookscope.cam.attention import attention_sites, check_rollout
-
-            check_rollout(head_fusion, discard_ratio)
-            found = attention_sites(model)
-            self.attn_kinds = {id(site.module): kind for site, kind in found}
-            self.attn_sites = [site for site, _ in found]
-        self.rollout = (head_fusion, discard_ratio)
-        self.attn_probs: list[torch.Tensor] = []
+        self.keep_graph = bool(needs & {"regrad", "hvp"})
         self.gens = {m.name: torch.Generator().manual_seed(seed) for m in self.methods}
-        self._hook_sites(model)
         self.notes: dict[str, None] = {}
-        if guided and not self.relu_ids:
-            self.notes[f"{type(model).__name__} has no nn.ReLU module, so guided "
-                       "backpropagation is the plain input gradient."] = None
-        self.mode = "idle"
-        self.cap: list[tuple[torch.Tensor, torch.Tensor, int] | None] = []
-        self.biases: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.ablation: tuple[int, int, torch.Tensor] | None = None
-        self.expand_ok: dict[int, bool] = {}
+        self._make_passes(model, needs, reshape, guided, (head_fusion, discard_ratio))
         self.layer_shapes: list[list[int]] = []
         self.kept: list[CamBatch] = []
 
-    def _hook_sites(self, model: nn.Module) -> None:
+    def _make_passes(self, model: nn.Module, needs: frozenset[str], reshape: str, guided: bool,
+                     rollout: tuple[str, float]) -> None:
+        """One object per kind of pass, and the union of their modules as the probe's sites."""
+        switch, objective, hint = Switch(), self.objective, token_hint(model)
+        self.switch = switch
+        self.capture = CapturePass(switch, objective, self.layer_sites, hint, reshape,
+                                   any(m.gradients for m in self.methods), "hvp" in needs)
+        self.ablation = AblationPass(switch, objective, self.capture)
         everything = all_sites(model)
-        bias = [s for s in everything if has_bias(s.module)] if self.needs_full else []
-        relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if self.guided else []
-        self.layer_ids = {id(s.module): i for i, s in enumerate(self.layer_sites)}
-        self.bias_ids = {id(s.module) for s in bias}
-        self.relu_ids = {id(s.module) for s in relus}
-        attention = getattr(self, "attn_sites", [])
+        bias = [s for s in everything if has_bias(s.module)] if "full" in needs else []
+        relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if guided else []
+        self.fullgrad = FullGradPass(switch, objective, bias) if "full" in needs else None
+        self.guided = GuidedPass(switch, objective, relus) if guided else None
+        if guided and not relus:
+            self.notes[f"{type(model).__name__} has no nn.ReLU module, so guided "
+                       "backpropagation is the plain input gradient."] = None
+        self.attention = None
+        if "attention" in needs:
+            from hookscope.cam.attention import attention_sites, check_rollout
+
+            check_rollout(*rollout)
+            self.attention = AttentionPass(switch, objective, model, attention_sites(model),
+                                           hint, rollout)
+        attention = self.attention.sites if self.attention is not None else []
         self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus,
                                                      *attention]}.values())
 
@@ -268,232 +236,24 @@ class CamProbe(Probe[CamReport]):
 
     # ------------------------------------------------------------------ hooks
 
-    def _check(self, site: Site, out: torch.Tensor, index: int) -> None:
-        found = layout(list(out.shape), self.size, type_name=site.type, hint=self.hint,
-                       force=self.reshape)
-        if not isinstance(found, Layout):
-            raise HookscopeError(
-                f"Layer {site.name!r} ({site.type}) outputs shape {list(out.shape)}, "
-                f"which cannot give a class activation map: {found}. Choose a layer whose "
-                f"output is an image grid (or leave {param('layer')} out for a good default); "
-                "`hookscope layers MODEL` lists the names and shapes."
-            )
-        self.grids[index] = found
-
     def on_enter(self, call: Call, args: Any, kwargs: dict[str, Any]) -> None:
-        kind = self.attn_kinds.get(id(call.site.module))
-        if self.mode == "attention" and kind is not None:
-            from hookscope.cam.attention import ask_for_weights
-
-            ask_for_weights(kind, kwargs)
+        self.switch.on_enter(call, kwargs)
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
-        key = id(call.site.module)
-        if self.mode == "attention" and key in self.attn_kinds:
-            from hookscope.cam.attention import probabilities
-
-            found = probabilities(self.attn_kinds[key], output)
-            if found is not None:
-                self.attn_probs.append(found)
-            return None
-        if self.mode == "capture" and key in self.layer_ids:
-            return self._on_layer(call, self.layer_ids[key], output)
-        if self.mode == "ablate" and self.ablation is not None and key in self.layer_ids:
-            layer, index, replacement = self.ablation
-            if self.layer_ids[key] == layer and call.index == index:
-                out = first_tensor(output)
-                assert out is not None
-                return _with_output(output, out, replacement, call.name)
-        if self.mode == "full" and key in self.bias_ids:
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                self.biases.append((bias_of(call.site.module), output))
-                return output.clone()  # a following in-place ReLU must not change it
-        if self.mode == "guided" and key in self.relu_ids:
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                return GuidedGrad.apply(output)
-        return None
-
-    def _on_layer(self, call: Call, index: int, output: Any) -> Any:
-        """Snapshot a target layer's output; start the graph there (or keep it going)."""
-        out = first_tensor(output)
-        if out is None:
-            raise HookscopeError(f"Layer {call.name!r} returned no tensor.")
-        self._check(call.site, out, index)
-        if not self.needs_grad:
-            self.cap[index] = (out.detach().clone(), out, call.index)
-            return None
-        # Last call wins: a module run several times is explained at its last call.
-        if out.requires_grad:  # a later layer, already in the graph
-            node = out
-        else:
-            node = out.detach().clone().requires_grad_(True)
-            torch.set_grad_enabled(True)  # for the rest of this forward pass only
-        self.cap[index] = (node.detach(), node, call.index)
-        # The model gets a copy, so a following in-place op cannot touch the snapshot.
-        return _with_output(output, out, node.clone(), call.name)
+        return self.switch.on_exit(call, output)
 
     # ------------------------------------------------------------------ passes
-
-    def _capture(self, step: Step, x: torch.Tensor, sel: Selection | None, ctx: Context, *,
-                 keep: bool = False, strict: bool = True) -> tuple[_Captured, Selection]:
-        """One forward (and backward) pass: the output, activations and gradients."""
-        self.mode, self.cap = "capture", [None] * len(self.layer_sites)
-        self.size = (int(x.shape[-2]), int(x.shape[-1]))
-        try:
-            out = self.objective.output(step.forward(x))
-        finally:
-            self.mode = "idle"
-        cap = self.cap
-        for site, found in zip(self.layer_sites, cap, strict=True):
-            if found is None:
-                raise HookscopeError(f"Layer {site.name!r} did not run during the forward "
-                                     "pass; choose a layer the model uses.")
-        taken = [c for c in cap if c is not None]
-        sel = sel or self.objective.select(_detach(out), x, step.start, ctx)
-        grads: list[torch.Tensor | None] = [None] * len(taken)
-        graph_grads: list[torch.Tensor] = []
-        if self.needs_grad:
-            nodes = [c[1] for c in taken]
-            graph_grads = [torch.zeros_like(n) for n in nodes] if all(sel.skipped) else \
-                self._backward(out, sel, nodes, keep, strict)
-            grads = [g.detach() for g in graph_grads]
-        rows = list(range(len(x)))
-        with torch.no_grad():
-            scores = self.objective.score(_detach(out), sel, rows).float()
-        nchw = [lay.to_nchw(c[0]).float() for c, lay in zip(taken, self.grids, strict=True)]
-        return _Captured(
-            out=_detach(out), acts=[c[0] for c in taken], nchw=nchw,
-            grads=[lay.to_nchw(g).float() if g is not None else None
-                   for g, lay in zip(grads, self.grids, strict=True)],
-            calls=[c[2] for c in taken], scores=scores,
-            graph_out=out if keep else None, nodes=[c[1] for c in taken] if keep else [],
-            graph_grads=graph_grads if keep else []), sel
-
-    def _backward(self, out: Any, sel: Selection, nodes: list[torch.Tensor], keep: bool,
-                  strict: bool) -> list[torch.Tensor]:
-        """Gradients of the summed target scores at each layer."""
-        with torch.inference_mode(False), torch.enable_grad():
-            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
-            if not total.requires_grad:
-                if strict:
-                    raise self._disconnected(self.layer_sites[0].name)
-                return [torch.zeros_like(n) for n in nodes]
-            grads = torch.autograd.grad(total, nodes, allow_unused=True, retain_graph=keep,
-                                        create_graph=keep and self.second_order)
-        for site, g in zip(self.layer_sites, grads, strict=True):
-            if g is None:
-                raise self._disconnected(site.name)
-        return list(grads)  # type: ignore[arg-type]
-
-    def _disconnected(self, name: str) -> HookscopeError:
-        return HookscopeError(
-            f"The model's output does not depend on layer {name!r}, so it has no "
-            "gradient; choose a layer on the path to the output."
-        )
-
-    def _score(self, step: Step, sel: Selection, x: torch.Tensor, rows: list[int]
-               ) -> torch.Tensor:
-        out = self.objective.output(step.forward(x, grad="inference"))
-        return self.objective.score(out, sel, rows)
-
-    def _ablate(self, step: Step, sel: Selection, cap: _Captured, layer: int, x: torch.Tensor,
-                i: int, channels: list[int]) -> torch.Tensor:
-        """Scores of input ``i`` with each of ``channels`` of the layer's output ablated.
-
-        The pass starts from one copy of the input and the layer's hook returns the k
-        ablated outputs, so what runs before the layer runs once; a model that cannot take
-        that (it mixes tensors from before the layer with the batch) gets k copies.
-        """
-        orig = cap.acts[layer][i : i + 1]
-        k = len(channels)
-        batch = orig.repeat(k, *([1] * (orig.dim() - 1)))
-        low = float(orig.min())
-        value = 0.0 if low == 0 else low - 1e7  # pytorch-grad-cam's AblationLayer
-        cdim = self.grids[layer].channel_dim
-        batch.movedim(cdim, 1)[torch.arange(k), torch.tensor(channels)] = value
-        self.mode, self.ablation = "ablate", (layer, cap.calls[layer], batch)
-        try:
-            out = step.forward_expanded(
-                x[i : i + 1], k, lambda o: self.objective.rows(self.objective.output(o)),
-                self.expand_ok, layer, grad="inference")
-            return self.objective.score(self.objective.output(out), sel, [i] * k)
-        finally:
-            self.mode, self.ablation = "idle", None
-
-    def _input_pass(self, step: Step, x: torch.Tensor, sel: Selection, mode: str
-                    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """The full backward pass to the input (FullGrad's or guided backpropagation's)."""
-        leaf = x.detach().clone().requires_grad_(True)
-        self.mode, self.biases = mode, []
-        try:
-            out = self.objective.output(step.forward(leaf, grad="grad"))
-        finally:
-            self.mode = "idle"
-        biases, self.biases = self.biases, []
-        with torch.inference_mode(False), torch.enable_grad():
-            total = self.objective.score(out, sel, list(range(len(x)))).sum()
-            if not total.requires_grad:
-                return torch.zeros_like(leaf), []
-            grads = torch.autograd.grad(total, [leaf, *(o for _, o in biases)],
-                                        allow_unused=True)
-        pairs = [(b, g.detach() if g is not None else torch.zeros_like(o))
-                 for (b, o), g in zip(biases, grads[1:], strict=True)]
-        first = grads[0]
-        return (first.detach() if first is not None else torch.zeros_like(leaf)), pairs
-
-    def _attention(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Any:
-        """One pass with every attention module's probabilities (and, with ``gradients``,
-        the summed target scores' gradients with respect to them)."""
-        from hookscope.cam.attention import collect, eager_attention
-
-        self.mode, self.attn_probs = "attention", []
-        try:
-            with eager_attention(self.model):
-                out = self.objective.output(step.forward(x, grad="grad" if gradients
-                                                         else "inference"))
-        finally:
-            self.mode = "idle"
-        probs, self.attn_probs = self.attn_probs, []
-        rows = list(range(len(sel.classes)))
-        score = partial(self.objective.score, out, sel, rows) if gradients else None
-        return collect(probs, score, x, self.hint, *self.rollout)
-
-    def _regrad(self, cap: _Captured, layer: int, fn: Callable[[Any], torch.Tensor]
-                ) -> torch.Tensor:
-        with torch.inference_mode(False), torch.enable_grad():
-            (g,) = torch.autograd.grad(fn(cap.graph_out).sum(), cap.nodes[layer],
-                                       retain_graph=True, allow_unused=True)
-        g = torch.zeros_like(cap.acts[layer]) if g is None else g.detach()
-        return self.grids[layer].to_nchw(g).float()
-
-    def _hvp(self, cap: _Captured, layer: int) -> torch.Tensor:
-        grad, node = cap.graph_grads[layer], cap.nodes[layer]
-        h = None
-        if grad.requires_grad:
-            try:
-                with torch.inference_mode(False), torch.enable_grad():
-                    (h,) = torch.autograd.grad(grad, node, grad_outputs=node.detach(),
-                                               retain_graph=True, allow_unused=True)
-            except RuntimeError as exc:
-                if "not implemented" not in str(exc):
-                    raise
-                raise HookscopeError(
-                    "shapleycam needs second derivatives, and PyTorch has none for an "
-                    f"operation of this model after layer {self.layer_sites[layer].name!r} "
-                    f"({' '.join(str(exc).split())}); choose another method.") from None
-        h = torch.zeros_like(cap.acts[layer]) if h is None else h.detach()
-        return self.grids[layer].to_nchw(h).float()
 
     def _noise(self, name: str, device: torch.device, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.randn(shape, generator=self.gens[name]).to(device)
 
     def _noisy(self, step: Step, sel: Selection, ctx: Context, x: torch.Tensor, name: str,
-               cache: dict[int, _Captured], layer: int, sample: int
+               cache: dict[int, Captured], layer: int, sample: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``sample``-th noisy copy's activations and gradients (shared by the layers)."""
         if sample not in cache:
             noisy = x + SMOOTH_STD * self._noise(name, x.device, tuple(x.shape))
-            cache[sample] = self._capture(step, noisy, sel, ctx, strict=False)[0]
+            cache[sample] = self.capture.run(step, noisy, sel, ctx, strict=False)[0]
         found = cache[sample]
         grads = found.grads[layer]
         return found.nchw[layer], grads if grads is not None else torch.zeros_like(
@@ -512,25 +272,25 @@ class CamProbe(Probe[CamReport]):
                        [crop_box(self.transform, size) if size is not None else None
                         for size in sizes])
 
-    def _inputs(self, method: Method, step: Step, cap: _Captured, sel: Selection,
+    def _inputs(self, method: Method, step: Step, cap: Captured, sel: Selection,
                 ctx: Context, x: torch.Tensor, full: FullBackward | None, layer: int,
-                cache: dict[int, _Captured]) -> CamInputs:
+                cache: dict[int, Captured]) -> CamInputs:
         name = method.name
         return CamInputs(
             acts=cap.nchw[layer], grads=cap.grads[layer], x=x, targets=list(sel.classes),
-            score=partial(self._score, step, sel), score_batch=self.score_batch,
-            base_scores=cap.scores, ablate=partial(self._ablate, step, sel, cap, layer, x),
-            regrad=partial(self._regrad, cap, layer) if cap.graph_out is not None else None,
+            score=partial(score, step, self.objective, sel), score_batch=self.score_batch,
+            base_scores=cap.scores, ablate=partial(self.ablation.run, step, sel, cap, layer, x),
+            regrad=partial(self.capture.regrad, cap, layer) if cap.graph_out is not None else None,
             logits=cap.out if self.task == "classification" else None,
-            hvp=partial(self._hvp, cap, layer) if cap.graph_grads else None,
+            hvp=partial(self.capture.hvp, cap, layer) if cap.graph_grads else None,
             noisy=partial(self._noisy, step, sel, ctx, x, name, cache, layer),
             noise=partial(self._noise, name, x.device), full=full,
-            attention=partial(self._attention, step, x, sel) if self.attn_kinds else None)
+            attention=partial(self.attention.run, step, x, sel) if self.attention else None)
 
-    def _raws(self, method: Method, step: Step, cap: _Captured, sel: Selection, ctx: Context,
+    def _raws(self, method: Method, step: Step, cap: Captured, sel: Selection, ctx: Context,
               x: torch.Tensor, full: FullBackward | None) -> list[torch.Tensor]:
         """The method's raw maps (ReLU'd) at each layer (once, for FullGrad)."""
-        cache: dict[int, _Captured] = {}
+        cache: dict[int, Captured] = {}
         grad_free = not method.needs & {"regrad", "hvp", "noisy"}
         raws = []
         for layer in range(len(self.layer_sites) if method.layerwise else 1):
@@ -553,18 +313,18 @@ class CamProbe(Probe[CamReport]):
         first: tuple[list[float], list[float | None], Any] | None = None
         for flip, factor in self.augs:
             xa = _augment(x, flip, factor)
-            cap, sel = self._capture(step, xa, sel, ctx, keep=self.keep_graph)
+            cap, sel = self.capture.run(step, xa, sel, ctx, keep=self.keep_graph)
             if first is None:
                 first = (cap.scores.tolist(), self.objective.probs(cap.out, sel), cap.out)
                 self.layer_shapes = [list(a.shape[1:]) for a in cap.nchw]
-            full = FullBackward(xa, *self._input_pass(step, xa, sel, "full")) \
-                if self.needs_full else None
+            full = FullBackward(xa, *self.fullgrad.run(step, xa, sel)) \
+                if self.fullgrad is not None else None
             for m in self.methods:
                 raws = self._raws(m, step, cap, sel, ctx, xa, full)
                 accs[m.name].add(raws, x.shape[-2:], flip, len(self.augs) > 1)
             del cap, full
         assert sel is not None and first is not None
-        guided = self._input_pass(step, x, sel, "guided")[0] if self.guided else None
+        guided = self.guided.run(step, x, sel)[0] if self.guided is not None else None
         results = {m.name: make_result(m, accs[m.name], sel, first[0], first[1], guided,
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}

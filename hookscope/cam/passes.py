@@ -1,0 +1,373 @@
+"""The CAM engine's passes: each forward pass whose hooks do one thing is its own object.
+
+:class:`CapturePass` snapshots the target layers' outputs (starting the autograd graph at the
+first one) and takes the gradients there; :class:`AblationPass` puts Ablation-CAM's ablated
+outputs in at the layer; :class:`FullGradPass` and :class:`GuidedPass` take the full backward
+pass to the input (keeping each bias's output, or guiding each ReLU's gradient);
+:class:`AttentionPass` collects the attention probabilities for the rollout. The probe's
+hooks go to the pass that is running through one :class:`Switch`; between passes they do
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.cam.backprop import GuidedGrad, bias_of
+from hookscope.cam.targets import Context, Objective, Selection
+from hookscope.core.errors import HookscopeError, param
+from hookscope.core.grid import Layout, layout
+from hookscope.core.hooks import Call, Site, first_tensor
+from hookscope.core.run import Step
+
+
+def detach(out: Any) -> Any:
+    """A model output (a tensor, or a detector's list of dicts) without its graph."""
+    if isinstance(out, torch.Tensor):
+        return out.detach()
+    return [{k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+            for d in out]
+
+
+def _with_output(output: Any, out: torch.Tensor, replacement: torch.Tensor, name: str) -> Any:
+    """The module's output with its tensor ``out`` replaced."""
+    if output is out:
+        return replacement
+    if isinstance(output, (tuple, list)) and output and output[0] is out:
+        return type(output)([replacement, *output[1:]])
+    raise HookscopeError(
+        f"Layer {name!r} returns a {type(output).__name__}; Grad-CAM needs a layer that "
+        "returns a tensor (or a tuple starting with one)."
+    )
+
+
+@dataclass
+class Captured:
+    """One capture pass: the output, and per layer its activations and gradients."""
+
+    out: Any  # detached
+    acts: list[torch.Tensor]  # per layer, the layer's own layout
+    nchw: list[torch.Tensor]
+    grads: list[torch.Tensor | None]
+    calls: list[int]
+    scores: torch.Tensor
+    graph_out: Any = None  # with its graph, for regrad
+    nodes: list[torch.Tensor] = field(default_factory=list)
+    graph_grads: list[torch.Tensor] = field(default_factory=list)  # for the HVP
+
+
+class Pass:
+    """A forward pass whose hooks do one thing; they act only while it runs."""
+
+    def __init__(self, switch: Switch, objective: Objective) -> None:
+        self.switch, self.objective = switch, objective
+
+    def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
+        return None
+
+    def on_exit(self, call: Call, output: Any) -> Any:
+        return None
+
+
+class Switch:
+    """Routes the probe's hooks to the pass that is running; between passes, to none."""
+
+    def __init__(self) -> None:
+        self.active: Pass | None = None
+
+    @contextmanager
+    def running(self, active: Pass) -> Iterator[None]:
+        self.active = active
+        try:
+            yield
+        finally:
+            self.active = None
+
+    def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
+        if self.active is not None:
+            self.active.on_enter(call, kwargs)
+
+    def on_exit(self, call: Call, output: Any) -> Any:
+        return None if self.active is None else self.active.on_exit(call, output)
+
+
+def score(step: Step, objective: Objective, sel: Selection, x: torch.Tensor, rows: list[int]
+          ) -> torch.Tensor:
+    """The target scores of ``x`` (its rows are ``rows`` of the batch): a plain pass."""
+    out = objective.output(step.forward(x, grad="inference"))
+    return objective.score(out, sel, rows)
+
+
+class CapturePass(Pass):
+    """Snapshots each target layer's output, starting the graph at the first one when a
+    method needs gradients, and takes the gradients of the target scores there."""
+
+    def __init__(self, switch: Switch, objective: Objective, sites: list[Site], hint: Any,
+                 reshape: str, needs_grad: bool, second_order: bool) -> None:
+        super().__init__(switch, objective)
+        self.layer_sites, self.hint, self.reshape = sites, hint, reshape
+        self.needs_grad, self.second_order = needs_grad, second_order
+        self.layer_ids = {id(s.module): i for i, s in enumerate(sites)}
+        self.grids: list[Layout] = [Layout("nchw", 0, 0)] * len(sites)
+        self.size = (0, 0)
+        self.cap: list[tuple[torch.Tensor, torch.Tensor, int] | None] = []
+
+    def on_exit(self, call: Call, output: Any) -> Any:
+        index = self.layer_ids.get(id(call.site.module))
+        return None if index is None else self._on_layer(call, index, output)
+
+    def _check(self, site: Site, out: torch.Tensor, index: int) -> None:
+        found = layout(list(out.shape), self.size, type_name=site.type, hint=self.hint,
+                       force=self.reshape)
+        if not isinstance(found, Layout):
+            raise HookscopeError(
+                f"Layer {site.name!r} ({site.type}) outputs shape {list(out.shape)}, "
+                f"which cannot give a class activation map: {found}. Choose a layer whose "
+                f"output is an image grid (or leave {param('layer')} out for a good default); "
+                "`hookscope layers MODEL` lists the names and shapes."
+            )
+        self.grids[index] = found
+
+    def _on_layer(self, call: Call, index: int, output: Any) -> Any:
+        """Snapshot a target layer's output; start the graph there (or keep it going)."""
+        out = first_tensor(output)
+        if out is None:
+            raise HookscopeError(f"Layer {call.name!r} returned no tensor.")
+        self._check(call.site, out, index)
+        if not self.needs_grad:
+            self.cap[index] = (out.detach().clone(), out, call.index)
+            return None
+        # Last call wins: a module run several times is explained at its last call.
+        if out.requires_grad:  # a later layer, already in the graph
+            node = out
+        else:
+            node = out.detach().clone().requires_grad_(True)
+            torch.set_grad_enabled(True)  # for the rest of this forward pass only
+        self.cap[index] = (node.detach(), node, call.index)
+        # The model gets a copy, so a following in-place op cannot touch the snapshot.
+        return _with_output(output, out, node.clone(), call.name)
+
+    def run(self, step: Step, x: torch.Tensor, sel: Selection | None, ctx: Context, *,
+                 keep: bool = False, strict: bool = True) -> tuple[Captured, Selection]:
+        """One forward (and backward) pass: the output, activations and gradients."""
+        self.cap = [None] * len(self.layer_sites)
+        self.size = (int(x.shape[-2]), int(x.shape[-1]))
+        with self.switch.running(self):
+            out = self.objective.output(step.forward(x))
+        cap = self.cap
+        for site, found in zip(self.layer_sites, cap, strict=True):
+            if found is None:
+                raise HookscopeError(f"Layer {site.name!r} did not run during the forward "
+                                     "pass; choose a layer the model uses.")
+        taken = [c for c in cap if c is not None]
+        sel = sel or self.objective.select(detach(out), x, step.start, ctx)
+        grads: list[torch.Tensor | None] = [None] * len(taken)
+        graph_grads: list[torch.Tensor] = []
+        if self.needs_grad:
+            nodes = [c[1] for c in taken]
+            graph_grads = [torch.zeros_like(n) for n in nodes] if all(sel.skipped) else \
+                self._backward(out, sel, nodes, keep, strict)
+            grads = [g.detach() for g in graph_grads]
+        rows = list(range(len(x)))
+        with torch.no_grad():
+            scores = self.objective.score(detach(out), sel, rows).float()
+        nchw = [lay.to_nchw(c[0]).float() for c, lay in zip(taken, self.grids, strict=True)]
+        return Captured(
+            out=detach(out), acts=[c[0] for c in taken], nchw=nchw,
+            grads=[lay.to_nchw(g).float() if g is not None else None
+                   for g, lay in zip(grads, self.grids, strict=True)],
+            calls=[c[2] for c in taken], scores=scores,
+            graph_out=out if keep else None, nodes=[c[1] for c in taken] if keep else [],
+            graph_grads=graph_grads if keep else []), sel
+
+    def _backward(self, out: Any, sel: Selection, nodes: list[torch.Tensor], keep: bool,
+                  strict: bool) -> list[torch.Tensor]:
+        """Gradients of the summed target scores at each layer."""
+        with torch.inference_mode(False), torch.enable_grad():
+            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
+            if not total.requires_grad:
+                if strict:
+                    raise self._disconnected(self.layer_sites[0].name)
+                return [torch.zeros_like(n) for n in nodes]
+            grads = torch.autograd.grad(total, nodes, allow_unused=True, retain_graph=keep,
+                                        create_graph=keep and self.second_order)
+        for site, g in zip(self.layer_sites, grads, strict=True):
+            if g is None:
+                raise self._disconnected(site.name)
+        return list(grads)  # type: ignore[arg-type]
+
+    def _disconnected(self, name: str) -> HookscopeError:
+        return HookscopeError(
+            f"The model's output does not depend on layer {name!r}, so it has no "
+            "gradient; choose a layer on the path to the output."
+        )
+
+    def regrad(self, cap: Captured, layer: int, fn: Callable[[Any], torch.Tensor]
+                ) -> torch.Tensor:
+        with torch.inference_mode(False), torch.enable_grad():
+            (g,) = torch.autograd.grad(fn(cap.graph_out).sum(), cap.nodes[layer],
+                                       retain_graph=True, allow_unused=True)
+        g = torch.zeros_like(cap.acts[layer]) if g is None else g.detach()
+        return self.grids[layer].to_nchw(g).float()
+
+    def hvp(self, cap: Captured, layer: int) -> torch.Tensor:
+        grad, node = cap.graph_grads[layer], cap.nodes[layer]
+        h = None
+        if grad.requires_grad:
+            try:
+                with torch.inference_mode(False), torch.enable_grad():
+                    (h,) = torch.autograd.grad(grad, node, grad_outputs=node.detach(),
+                                               retain_graph=True, allow_unused=True)
+            except RuntimeError as exc:
+                if "not implemented" not in str(exc):
+                    raise
+                raise HookscopeError(
+                    "shapleycam needs second derivatives, and PyTorch has none for an "
+                    f"operation of this model after layer {self.layer_sites[layer].name!r} "
+                    f"({' '.join(str(exc).split())}); choose another method.") from None
+        h = torch.zeros_like(cap.acts[layer]) if h is None else h.detach()
+        return self.grids[layer].to_nchw(h).float()
+
+
+class AblationPass(Pass):
+    """Ablation-CAM's passes: the target layer's hook hands on the ablated outputs."""
+
+    def __init__(self, switch: Switch, objective: Objective, capture: CapturePass) -> None:
+        super().__init__(switch, objective)
+        self.capture = capture
+        self.ablation: tuple[int, int, torch.Tensor] | None = None
+        self.expand_ok: dict[int, bool] = {}
+
+    def on_exit(self, call: Call, output: Any) -> Any:
+        if self.ablation is None:
+            return None
+        layer, index, replacement = self.ablation
+        if self.capture.layer_ids.get(id(call.site.module)) == layer and call.index == index:
+            out = first_tensor(output)
+            assert out is not None
+            return _with_output(output, out, replacement, call.name)
+        return None
+
+    def run(self, step: Step, sel: Selection, cap: Captured, layer: int, x: torch.Tensor,
+            i: int, channels: list[int]) -> torch.Tensor:
+        """Scores of input ``i`` with each of ``channels`` of the layer's output ablated.
+
+        The pass starts from one copy of the input and the layer's hook returns the k
+        ablated outputs, so what runs before the layer runs once; a model that cannot take
+        that (it mixes tensors from before the layer with the batch) gets k copies.
+        """
+        orig = cap.acts[layer][i : i + 1]
+        k = len(channels)
+        batch = orig.repeat(k, *([1] * (orig.dim() - 1)))
+        low = float(orig.min())
+        value = 0.0 if low == 0 else low - 1e7  # pytorch-grad-cam's AblationLayer
+        cdim = self.capture.grids[layer].channel_dim
+        batch.movedim(cdim, 1)[torch.arange(k), torch.tensor(channels)] = value
+        self.ablation = (layer, cap.calls[layer], batch)
+        try:
+            with self.switch.running(self):
+                out = step.forward_expanded(
+                    x[i : i + 1], k, lambda o: self.objective.rows(self.objective.output(o)),
+                    self.expand_ok, layer, grad="inference")
+            return self.objective.score(self.objective.output(out), sel, [i] * k)
+        finally:
+            self.ablation = None
+
+
+class InputPass(Pass):
+    """A pass with the full backward pass to the input."""
+
+    def __init__(self, switch: Switch, objective: Objective, modules: list[Site]) -> None:
+        super().__init__(switch, objective)
+        self.ids = {id(s.module) for s in modules}
+        self.biases: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def run(self, step: Step, x: torch.Tensor, sel: Selection
+            ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The full backward pass to the input (FullGrad's or guided backpropagation's)."""
+        leaf = x.detach().clone().requires_grad_(True)
+        self.biases = []
+        with self.switch.running(self):
+            out = self.objective.output(step.forward(leaf, grad="grad"))
+        biases, self.biases = self.biases, []
+        with torch.inference_mode(False), torch.enable_grad():
+            total = self.objective.score(out, sel, list(range(len(x)))).sum()
+            if not total.requires_grad:
+                return torch.zeros_like(leaf), []
+            grads = torch.autograd.grad(total, [leaf, *(o for _, o in biases)],
+                                        allow_unused=True)
+        pairs = [(b, g.detach() if g is not None else torch.zeros_like(o))
+                 for (b, o), g in zip(biases, grads[1:], strict=True)]
+        first = grads[0]
+        return (first.detach() if first is not None else torch.zeros_like(leaf)), pairs
+
+
+class FullGradPass(InputPass):
+    """FullGrad's pass: each biased module's output is kept, for its bias gradient."""
+
+    def on_exit(self, call: Call, output: Any) -> Any:
+        if id(call.site.module) in self.ids:
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                self.biases.append((bias_of(call.site.module), output))
+                return output.clone()  # a following in-place ReLU must not change it
+        return None
+
+
+class GuidedPass(InputPass):
+    """Guided backpropagation's pass: each ReLU passes back only positive gradients."""
+
+    def on_exit(self, call: Call, output: Any) -> Any:
+        if id(call.site.module) in self.ids:
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                return GuidedGrad.apply(output)
+        return None
+
+
+class AttentionPass(Pass):
+    """The rollout's pass: every attention module's probabilities, asked for and kept."""
+
+    def __init__(self, switch: Switch, objective: Objective, model: nn.Module,
+                 found: list[tuple[Site, str]], hint: Any, rollout: tuple[str, float]) -> None:
+        super().__init__(switch, objective)
+        self.model, self.hint, self.rollout = model, hint, rollout
+        self.kinds = {id(site.module): kind for site, kind in found}
+        self.sites = [site for site, _ in found]
+        self.probs: list[torch.Tensor] = []
+
+    def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
+        kind = self.kinds.get(id(call.site.module))
+        if kind is not None:
+            from hookscope.cam.attention import ask_for_weights
+
+            ask_for_weights(kind, kwargs)
+
+    def on_exit(self, call: Call, output: Any) -> Any:
+        kind = self.kinds.get(id(call.site.module))
+        if kind is not None:
+            from hookscope.cam.attention import probabilities
+
+            found = probabilities(kind, output)
+            if found is not None:
+                self.probs.append(found)
+        return None
+
+    def run(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Any:
+        """One pass with every attention module's probabilities (and, with ``gradients``,
+        the summed target scores' gradients with respect to them)."""
+        from hookscope.cam.attention import collect, eager_attention
+
+        self.probs = []
+        with self.switch.running(self), eager_attention(self.model):
+            out = self.objective.output(step.forward(x, grad="grad" if gradients
+                                                     else "inference"))
+        probs, self.probs = self.probs, []
+        rows = list(range(len(sel.classes)))
+        score = partial(self.objective.score, out, sel, rows) if gradients else None
+        return collect(probs, score, x, self.hint, *self.rollout)
