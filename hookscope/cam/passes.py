@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from hookscope.cam.backprop import GuidedGrad, bias_of
+from hookscope.cam.methods import SMOOTH_STD
 from hookscope.cam.targets import Context, Objective, Selection
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
@@ -103,6 +104,14 @@ def score(step: Step, objective: Objective, sel: Selection, x: torch.Tensor, row
     """The target scores of ``x`` (its rows are ``rows`` of the batch): a plain pass."""
     out = objective.output(step.forward(x, grad="inference"))
     return objective.score(out, sel, rows)
+
+
+def probs(step: Step, objective: Objective, sel: Selection, x: torch.Tensor, rows: list[int]
+          ) -> torch.Tensor:
+    """The target classes' softmax probabilities for ``x``: a plain pass (the metrics')."""
+    logits = objective.output(step.forward(x, grad="inference")).float()
+    index = torch.tensor([sel.classes[r] for r in rows], device=logits.device)
+    return torch.softmax(logits, dim=1).gather(1, index[:, None]).squeeze(1)
 
 
 class CapturePass(Pass):
@@ -234,6 +243,30 @@ class CapturePass(Pass):
                     f"({' '.join(str(exc).split())}); choose another method.") from None
         h = torch.zeros_like(cap.acts[layer]) if h is None else h.detach()
         return self.grids[layer].to_nchw(h).float()
+
+
+class Noise:
+    """Each method's seeded noise, and the capture passes of noisy copies of the input
+    (``sscam``, ``smoothgradcam++``)."""
+
+    def __init__(self, capture: CapturePass, names: list[str], seed: int) -> None:
+        self.capture = capture
+        self.gens = {name: torch.Generator().manual_seed(seed) for name in names}
+
+    def noise(self, name: str, device: torch.device, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randn(shape, generator=self.gens[name]).to(device)
+
+    def noisy(self, step: Step, sel: Selection, ctx: Context, x: torch.Tensor, name: str,
+              cache: dict[int, Captured], layer: int, sample: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``sample``-th noisy copy's activations and gradients (shared by the layers)."""
+        if sample not in cache:
+            noisy = x + SMOOTH_STD * self.noise(name, x.device, tuple(x.shape))
+            cache[sample] = self.capture.run(step, noisy, sel, ctx, strict=False)[0]
+        found = cache[sample]
+        grads = found.grads[layer]
+        return found.nchw[layer], grads if grads is not None else torch.zeros_like(
+            found.nchw[layer])
 
 
 class AblationPass(Pass):

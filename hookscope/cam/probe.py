@@ -41,7 +41,6 @@ from torch import nn
 from hookscope.cam.backprop import has_bias
 from hookscope.cam.layer import default_layer
 from hookscope.cam.methods import (
-    SMOOTH_STD,
     CamInputs,
     FullBackward,
     Method,
@@ -56,15 +55,23 @@ from hookscope.cam.passes import (
     CapturePass,
     FullGradPass,
     GuidedPass,
+    Noise,
     Switch,
+    probs,
     score,
 )
-from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
+from hookscope.cam.result import (
+    CamBatch,
+    CamReport,
+    CamResult,
+    MapSum,
+    make_result,
+    with_metrics,
+)
 from hookscope.cam.targets import (
     Context,
     Objective,
     Selection,
-    crop_box,
     infer_task,
     make_objective,
 )
@@ -176,7 +183,6 @@ class CamProbe(Probe[CamReport]):
                                  f"{', '.join(RESHAPES)}.")
         if not methods:
             raise HookscopeError(f"No CAM method given ({param('method')}).")
-        self.model = model
         sites = [_resolve_site(model, item) for item in _layer_list(layer)]
         self.layer_sites = list({s.name: s for s in sites}.values())
         self.methods: list[Method] = list({m.name: m for m in map(get_method, methods)}.values())
@@ -189,20 +195,20 @@ class CamProbe(Probe[CamReport]):
         self._check_methods(aug_smooth)
         needs = frozenset().union(*(m.needs for m in self.methods))
         self.keep_graph = bool(needs & {"regrad", "hvp"})
-        self.gens = {m.name: torch.Generator().manual_seed(seed) for m in self.methods}
         self.notes: dict[str, None] = {}
-        self._make_passes(model, needs, reshape, guided, (head_fusion, discard_ratio))
+        self._make_passes(model, needs, reshape, guided, seed, (head_fusion, discard_ratio))
         self.layer_shapes: list[list[int]] = []
         self.kept: list[CamBatch] = []
 
     def _make_passes(self, model: nn.Module, needs: frozenset[str], reshape: str, guided: bool,
-                     rollout: tuple[str, float]) -> None:
+                     seed: int, rollout: tuple[str, float]) -> None:
         """One object per kind of pass, and the union of their modules as the probe's sites."""
         switch, objective, hint = Switch(), self.objective, token_hint(model)
         self.switch = switch
         self.capture = CapturePass(switch, objective, self.layer_sites, hint, reshape,
                                    any(m.gradients for m in self.methods), "hvp" in needs)
         self.ablation = AblationPass(switch, objective, self.capture)
+        self.noise = Noise(self.capture, [m.name for m in self.methods], seed)
         everything = all_sites(model)
         bias = [s for s in everything if has_bias(s.module)] if "full" in needs else []
         relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if guided else []
@@ -242,35 +248,7 @@ class CamProbe(Probe[CamReport]):
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
         return self.switch.on_exit(call, output)
 
-    # ------------------------------------------------------------------ passes
-
-    def _noise(self, name: str, device: torch.device, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.randn(shape, generator=self.gens[name]).to(device)
-
-    def _noisy(self, step: Step, sel: Selection, ctx: Context, x: torch.Tensor, name: str,
-               cache: dict[int, Captured], layer: int, sample: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``sample``-th noisy copy's activations and gradients (shared by the layers)."""
-        if sample not in cache:
-            noisy = x + SMOOTH_STD * self._noise(name, x.device, tuple(x.shape))
-            cache[sample] = self.capture.run(step, noisy, sel, ctx, strict=False)[0]
-        found = cache[sample]
-        grads = found.grads[layer]
-        return found.nchw[layer], grads if grads is not None else torch.zeros_like(
-            found.nchw[layer])
-
     # ------------------------------------------------------------------ one batch
-
-    def _context(self, step: Step) -> Context:
-        batch = step.batch
-        if batch is None:
-            return Context([f"input {step.start + i}" for i in range(len(step))],
-                           [None] * len(step), [None] * len(step))
-        images = batch.images or [None] * len(step)
-        sizes = [image.size if image is not None else None for image in images]
-        return Context([item.name for item in batch.items], sizes,
-                       [crop_box(self.transform, size) if size is not None else None
-                        for size in sizes])
 
     def _inputs(self, method: Method, step: Step, cap: Captured, sel: Selection,
                 ctx: Context, x: torch.Tensor, full: FullBackward | None, layer: int,
@@ -283,8 +261,8 @@ class CamProbe(Probe[CamReport]):
             regrad=partial(self.capture.regrad, cap, layer) if cap.graph_out is not None else None,
             logits=cap.out if self.task == "classification" else None,
             hvp=partial(self.capture.hvp, cap, layer) if cap.graph_grads else None,
-            noisy=partial(self._noisy, step, sel, ctx, x, name, cache, layer),
-            noise=partial(self._noise, name, x.device), full=full,
+            noisy=partial(self.noise.noisy, step, sel, ctx, x, name, cache, layer),
+            noise=partial(self.noise.noise, name, x.device), full=full,
             attention=partial(self.attention.run, step, x, sel) if self.attention else None)
 
     def _raws(self, method: Method, step: Step, cap: Captured, sel: Selection, ctx: Context,
@@ -307,7 +285,7 @@ class CamProbe(Probe[CamReport]):
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise HookscopeError(f"Grad-CAM takes image batches (N, C, H, W); got {shape}.")
-        ctx = self._context(step)
+        ctx = Context.of(step.batch, step.start, len(step), self.transform)
         accs = {m.name: MapSum() for m in self.methods}
         sel: Selection | None = None
         first: tuple[list[float], list[float | None], Any] | None = None
@@ -329,37 +307,16 @@ class CamProbe(Probe[CamReport]):
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}
         if self.metrics is not None:
-            results = self._scored(step, x, sel, results)
-        self._emit(step, results, sel)
+            results = with_metrics(results, self.metrics, partial(probs, step, self.objective, sel),
+                                   x, self.score_batch)
+        self._emit(step, results, sel, ctx)
 
-    def _probs(self, step: Step, sel: Selection, x: torch.Tensor, rows: list[int]
-               ) -> torch.Tensor:
-        logits = self.objective.output(step.forward(x, grad="inference")).float()
-        index = torch.tensor([sel.classes[r] for r in rows], device=logits.device)
-        return torch.softmax(logits, dim=1).gather(1, index[:, None]).squeeze(1)
-
-    def _scored(self, step: Step, x: torch.Tensor, sel: Selection,
-                results: dict[str, CamResult]) -> dict[str, CamResult]:
-        """Every result with its metrics (perturbed inputs run ``score_batch`` at a time)."""
-        from dataclasses import replace
-
-        assert self.metrics is not None
-        scored = {}
-        for name, res in results.items():
-            maps = torch.from_numpy(res.maps).to(x.device)
-            values = self.metrics.evaluate(partial(self._probs, step, sel), x, maps,
-                                           self.score_batch)
-            scored[name] = replace(res, metrics=values)
-        return scored
-
-    def _emit(self, step: Step, results: dict[str, CamResult], sel: Selection) -> None:
-        images = step.batch.images if step.batch is not None else [None] * len(step)
-        boxes = [crop_box(self.transform, image.size) if image is not None else None
-                 for image in images]
+    def _emit(self, step: Step, results: dict[str, CamResult], sel: Selection, ctx: Context
+              ) -> None:
         first = self.layer_shapes[0] if self.layer_shapes else []
         explained = CamBatch(batch=step.batch, start=step.start, results=results,
                              layer=self.layer_sites[0].name, layer_shape=list(first),
-                             boxes=boxes,
+                             boxes=ctx.boxes,
                              layers=[s.name for s in self.layer_sites],
                              layer_shapes=[list(s) for s in self.layer_shapes],
                              skipped=list(sel.skipped))

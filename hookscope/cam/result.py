@@ -9,8 +9,8 @@ returns. :func:`fuse` joins several layers' raw maps as pytorch-grad-cam does, a
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -308,3 +308,14 @@ def _detections(sel: Selection) -> list[list[dict[str, Any]]] | None:
                                           strict=True)]
             for boxes, labels, scores in zip(sel.boxes, sel.labels, sel.det_scores, strict=True)]
 
+
+def with_metrics(results: dict[str, CamResult], plan: Any,
+                 prob: Callable[[torch.Tensor, list[int]], torch.Tensor], x: torch.Tensor,
+                 batch: int) -> dict[str, CamResult]:
+    """Every result with its metrics (see :class:`hookscope.cam.faithfulness.MetricPlan`;
+    perturbed inputs run ``batch`` at a time)."""
+    scored = {}
+    for name, res in results.items():
+        maps = torch.from_numpy(res.maps).to(x.device)
+        scored[name] = replace(res, metrics=plan.evaluate(prob, x, maps, batch))
+    return scored

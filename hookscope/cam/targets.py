@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ import torch.nn.functional as F
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.outputs import class_logits, select_logits
 from hookscope.core.targets import Targets, parse_targets
+
+if TYPE_CHECKING:
+    from hookscope.inputs.resolve import Batch
 
 __all__ = ["Objective", "Selection", "TASKS", "box_score", "infer_task", "load_mask",
            "make_objective"]
@@ -65,6 +68,18 @@ class Context:
     names: list[str]
     sizes: list[tuple[int, int] | None]
     boxes: list[Box | None]
+
+    @staticmethod
+    def of(batch: Batch | None, start: int, count: int, transform: Any) -> Context:
+        """A batch's context; ``transform`` places the crop (see :func:`crop_box`)."""
+        if batch is None:
+            return Context([f"input {start + i}" for i in range(count)],
+                           [None] * count, [None] * count)
+        images = batch.images or [None] * count
+        sizes = [image.size if image is not None else None for image in images]
+        return Context([item.name for item in batch.items], sizes,
+                       [crop_box(transform, size) if size is not None else None
+                        for size in sizes])
 
 
 class Objective:
