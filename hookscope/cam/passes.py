@@ -164,7 +164,7 @@ class CapturePass(Pass):
         return _with_output(output, out, node.clone(), call.name)
 
     def run(self, step: Step, x: torch.Tensor, sel: Selection | None, ctx: Context, *,
-                 keep: bool = False, strict: bool = True) -> tuple[Captured, Selection]:
+            keep: bool = False, strict: bool = True) -> tuple[Captured, Selection]:
         """One forward (and backward) pass: the output, activations and gradients."""
         self.cap = [None] * len(self.layer_sites)
         self.size = (int(x.shape[-2]), int(x.shape[-1]))
@@ -219,7 +219,7 @@ class CapturePass(Pass):
         )
 
     def regrad(self, cap: Captured, layer: int, fn: Callable[[Any], torch.Tensor]
-                ) -> torch.Tensor:
+               ) -> torch.Tensor:
         with torch.inference_mode(False), torch.enable_grad():
             (g,) = torch.autograd.grad(fn(cap.graph_out).sum(), cap.nodes[layer],
                                        retain_graph=True, allow_unused=True)
