@@ -10,7 +10,8 @@ one forward pass. Methods that need extra passes (ScoreCAM's masked inputs, Abla
 ablated layer outputs, noisy inputs) run them through :meth:`hookscope.core.run.Step.forward`,
 batched; Ablation-CAM's passes start from one copy of the input and put the ablated batch
 in at the layer, so what comes before the layer runs once per batch of channels. Only
-FullGrad and guided backpropagation take the full backward pass to the input.
+FullGrad and guided backpropagation take the full backward pass to the input. Each kind of
+pass whose hooks act is its own object (:mod:`hookscope.cam.passes`).
 
 Correctness: the snapshot is taken inside the hook, before any later in-place operation
 (VGG's ``ReLU(inplace=True)``) can change the tensor, and the gradient is the one with respect
@@ -23,8 +24,9 @@ as pytorch-grad-cam does (each map min-max scaled, resized to the input, average
 the sum over channels by their first principal component.
 
 The model is left as it was found: no hook, no ``.grad``, ``training`` flags and the
-grad mode restored, also when the forward pass raises. :class:`CamProbe` is the analysis;
-the one driver (:func:`hookscope.core.run.drive`) runs it.
+grad mode restored, also when the forward pass raises. :class:`CamProbe` is the analysis
+(its results are built in :mod:`hookscope.cam.result`); the one driver
+(:func:`hookscope.core.run.drive`) runs it.
 """
 
 from __future__ import annotations
