@@ -51,7 +51,7 @@ def jsonable(obj: Any) -> Any:
         return obj.value
     if hasattr(obj, "to_dict"):
         return jsonable(obj.to_dict())
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+    if callable(getattr(obj, "item", None)):  # numpy / torch scalars
         return jsonable(obj.item())
     return obj
 
@@ -66,15 +66,9 @@ def dumps_ndjson(event: Any) -> str:
     return json.dumps(jsonable(event), allow_nan=False, separators=(",", ":")) + "\n"
 
 
-def _scalar(value: Any) -> Any:
-    """numpy and 0-d torch scalars as Python numbers; anything else unchanged."""
-    if callable(getattr(value, "item", None)) and getattr(value, "ndim", None) == 0:
-        return value.item()
-    return value
-
-
 def _cell(value: Any) -> Any:
-    value = _scalar(value)
+    if callable(getattr(value, "item", None)) and getattr(value, "ndim", None) == 0:
+        value = value.item()  # numpy and 0-d torch scalars
     if value is None:
         return ""
     if isinstance(value, bool):  # before numbers: bool is an int
@@ -287,26 +281,27 @@ def _deliver(output: Output, tmp: Path, *, force: bool) -> None:
 
 
 def _send(output: Output, data: str | bytes) -> None:
-    """Write text or bytes in place, to a stream, device, FIFO or socket."""
-    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    """Write text or bytes in place: to a stream, device, FIFO or socket."""
     try:
-        if output.kind is OutputKind.SOCKET:
-            import socket
-
-            with socket.socket(socket.AF_UNIX) as sock:
-                sock.connect(str(output.path))
-                sock.sendall(raw)
-        elif output.kind is OutputKind.DEVICE:  # no O_CREAT or O_TRUNC: never made or cut
-            flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0)
-            with open(os.open(str(output.path), flags), "wb") as fh:
-                fh.write(raw)
-        else:
+        if output.kind in (OutputKind.STDOUT, OutputKind.STDERR):
             stream: Any = _data_stream() if output.kind is OutputKind.STDOUT else sys.stderr
             if isinstance(data, bytes):
                 stream.flush()  # keep order with text written before
                 stream = stream.buffer
             stream.write(data)
             stream.flush()
+            return
+        raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+        if output.kind is OutputKind.SOCKET:
+            import socket
+
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.connect(str(output.path))
+                sock.sendall(raw)
+        else:  # a device or FIFO: no O_CREAT or O_TRUNC, so never created or truncated
+            flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0)
+            with open(os.open(str(output.path), flags), "wb") as fh:
+                fh.write(raw)
     except BrokenPipeError:  # the reader left (`| head`): the CLI exits quietly
         raise
     except OSError as exc:
@@ -354,13 +349,13 @@ def encode_png(image: Any, path: Path) -> None:
 
 
 class Staging:
-    """Files staged under hidden temporary names, moved into place together on commit.
+    """A folder of files staged under hidden temporary names, moved into place together.
 
     As a context manager: ``folder`` and its parents are created on entering; a clean exit
-    moves every file into place (removing the new ones if one fails); an exception,
-    KeyboardInterrupt or SystemExit deletes every temporary file, then each folder created,
-    if empty. Writes may run in two threads (:meth:`submit`); files follow the rules of
-    :func:`resolve_output`.
+    moves every file into place (removing the new ones again if one fails); an exception,
+    KeyboardInterrupt or SystemExit included, deletes every temporary file, then each folder
+    created, if empty. Writes may run in two threads (:meth:`submit`); each file follows the
+    rules of :func:`resolve_output` (links written through, devices in place).
     """
 
     def __init__(self, folder: str | Path, *, force: bool = False) -> None:
@@ -368,35 +363,40 @@ class Staging:
         self._staged: list[tuple[Path, Output]] = []
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hookscope-write")
         self._futures: deque[Future[None]] = deque()
-        parents = (self.folder, *self.folder.parents)
-        self._created = list(takewhile(lambda p: not p.is_dir(), parents))  # innermost first
+        self._created: list[Path] = []
 
-    def _temp(self, path: str | Path) -> Path:
+    @contextmanager
+    def _file(self, path: str | Path) -> Iterator[Path]:
+        """A new temporary file that the commit moves to ``path``; OS errors as one line."""
         output = _classify(Path(path), force=True)  # the commit checks for existing files
         self._staged.append((_temp_for(output), output))
-        return self._staged[-1][0]
+        try:
+            yield self._staged[-1][0]
+        except OSError as exc:
+            raise _error(output, exc) from exc
 
     def save_png(self, image: Any, path: str | Path) -> None:
         """Stage a PNG from a PIL image or a (3, H, W) float tensor in [0, 1]."""
-        encode_png(image, self._temp(path))
+        with self._file(path) as tmp:
+            encode_png(image, tmp)
 
     def save_npy(self, array: Any, path: str | Path) -> None:
         """Stage a float32 ``.npy`` file."""
         import numpy as np
 
-        with open(self._temp(path), "wb") as fh:
+        with self._file(path) as tmp, open(tmp, "wb") as fh:
             np.save(fh, np.asarray(array, dtype=np.float32), allow_pickle=False)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Run a write in a worker; at most 8 in flight, so memory stays bounded."""
         if len(self._futures) >= 8:
-            _result(self._futures.popleft())
+            self._futures.popleft().result()
         self._futures.append(self._pool.submit(fn, *args, **kwargs))
 
     def wait(self) -> None:
-        """Wait for every write; re-raise the first failure (an OS error as one line)."""
+        """Wait for every write; re-raise the first failure."""
         while self._futures:
-            _result(self._futures.popleft())
+            self._futures.popleft().result()
 
     def _commit(self) -> None:
         self.wait()
@@ -417,6 +417,8 @@ class Staging:
             raise
 
     def __enter__(self) -> Staging:
+        parents = (self.folder, *self.folder.parents)
+        self._created = list(takewhile(lambda p: not p.is_dir(), parents))  # innermost first
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -437,17 +439,10 @@ class Staging:
             self._remove_created()
 
     def _remove_created(self) -> None:
+        """Remove the folders this staging created, innermost first, while empty."""
         for p in self._created:
             try:
                 p.rmdir()
             except OSError:  # not empty (or gone): its parents are not empty either
                 return
 
-
-def _result(future: Future[None]) -> None:
-    """A worker's result; an OS error as one line."""
-    try:
-        future.result()
-    except OSError as exc:
-        where = f" {exc.filename}" if exc.filename else ""
-        raise HookscopeError(f"Could not write{where}: {_reason(exc)}.") from exc
