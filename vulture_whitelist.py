@@ -15,7 +15,6 @@ out_shape  # FlopCounterMode passes it to a FLOP formula
 _.__signature__  # read by typer (inspect.signature)
 _.__annotations__  # read by typer
 _.identical  # the sketch's bucket-for-bucket equality, which the merge tests assert
-_.save_text  # Staging's text file, beside save_png and save_npy
 _.min_grad_norm  # check's log rules read these Rules fields by key (getattr)
 _.max_grad_norm
 _.min_update_ratio

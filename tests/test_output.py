@@ -59,7 +59,7 @@ def test_symlink_is_written_through_and_stays_a_link(tmp_path: Path) -> None:
         tmp.write_text("new")
     assert target.read_text() == "new"
     assert link.is_symlink() and os.readlink(link) == str(target)
-    out.write("newer")
+    output.write(out, "newer")
     assert target.read_text() == "newer" and link.is_symlink()
     assert listing(real) == {"target.json"} and listing(links) == {"link.json"}
 
@@ -79,7 +79,7 @@ def test_dev_null_is_written_in_place(tmp_path: Path) -> None:
     before = os.stat("/dev/null")
     out = resolve_output("/dev/null", force=False)
     assert out.kind is OutputKind.DEVICE
-    out.write("discarded\n")
+    output.write(out, "discarded\n")
     with atomic_path("/dev/null") as tmp:
         tmp.write_bytes(b"\x89PNG")
     after = os.lstat("/dev/null")
@@ -93,7 +93,7 @@ def test_fifo_is_written_in_place(tmp_path: Path) -> None:
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
     out = resolve_output(fifo, force=False)  # no force needed: nothing is replaced
-    out.write("through the pipe\n")
+    output.write(out, "through the pipe\n")
     reader.join(timeout=10)
     assert got == [b"through the pipe\n"]
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and listing(tmp_path) == {"pipe"}
@@ -126,7 +126,7 @@ def test_unix_socket_is_connected_to(tmp_path: Path) -> None:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        resolve_output(path, force=False).write("over a socket\n")
+        output.write(resolve_output(path, force=False), "over a socket\n")
         thread.join(timeout=10)
     finally:
         server.close()
@@ -137,7 +137,7 @@ def test_unix_socket_is_connected_to(tmp_path: Path) -> None:
 def test_dev_full_gives_one_line_naming_enospc() -> None:
     out = resolve_output("/dev/full", force=False)
     with pytest.raises(HookscopeError) as exc:
-        out.write("x" * 10000)
+        output.write(out, "x" * 10000)
     message = one_line(exc)
     assert "/dev/full" in message and os.strerror(errno.ENOSPC) in message
     assert stat.S_ISCHR(os.lstat("/dev/full").st_mode)
@@ -157,7 +157,7 @@ def test_dev_stdout_is_the_stream_even_when_it_is_a_file(capfd: pytest.CaptureFi
     # root, --force used to replace the /dev/stdout link itself).
     out = resolve_output("/dev/stdout", force=False)
     assert out.kind is OutputKind.STDOUT
-    out.write("hello\n")
+    output.write(out, "hello\n")
     assert capfd.readouterr().out == "hello\n"
     assert os.path.islink("/dev/stdout")
 
@@ -204,7 +204,7 @@ def test_failed_write_leaves_no_part_file(tmp_path: Path) -> None:
     out = resolve_output(path, force=True)
     path.mkdir()  # the name turns into a folder while the model runs: the rename fails
     with pytest.raises(HookscopeError) as exc:
-        out.write("data")
+        output.write(out, "data")
     assert str(path) in one_line(exc)
     assert listing(tmp_path) == {"out.json"} and path.is_dir()
 
@@ -223,7 +223,7 @@ def test_file_appearing_meanwhile_is_not_clobbered(tmp_path: Path) -> None:
     out = resolve_output(path, force=False)
     path.write_text("someone else's")
     with pytest.raises(HookscopeError, match="already exists"):
-        out.write("ours")
+        output.write(out, "ours")
     assert path.read_text() == "someone else's" and listing(tmp_path) == {"out.json"}
 
 
@@ -255,7 +255,7 @@ def test_check_folder_probes_writability() -> None:
 def test_staging_abort_leaves_nothing(tmp_path: Path, stop: type[BaseException]) -> None:
     folder = tmp_path / "a" / "b"
     with pytest.raises(stop), Staging(folder, force=False) as staging:
-        staging.save_text("partial", folder / "one.txt")
+        staging.save_npy(np.zeros(3), folder / "one.npy")
         staging.submit(staging.save_png, Image.new("RGB", (4, 3)), folder / "two.png")
         staging.wait()
         assert len(list(folder.iterdir())) == 2  # staged under hidden names
@@ -278,10 +278,10 @@ def test_staging_commit_places_every_file(tmp_path: Path) -> None:
 
 def test_staging_commit_refuses_a_file_that_appeared(tmp_path: Path) -> None:
     with pytest.raises(HookscopeError, match="already exists"), Staging(tmp_path) as staging:
-        staging.save_text("ours", tmp_path / "a.txt")
-        staging.save_text("ours", tmp_path / "b.txt")
-        (tmp_path / "b.txt").write_text("theirs")
-    assert listing(tmp_path) == {"b.txt"} and (tmp_path / "b.txt").read_text() == "theirs"
+        staging.save_npy(np.zeros(3), tmp_path / "a.npy")
+        staging.save_npy(np.zeros(3), tmp_path / "b.npy")
+        (tmp_path / "b.npy").write_text("theirs")
+    assert listing(tmp_path) == {"b.npy"} and (tmp_path / "b.npy").read_text() == "theirs"
 
 
 def test_staging_folder_error_is_one_line(tmp_path: Path) -> None:
