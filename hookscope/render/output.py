@@ -274,10 +274,17 @@ def _deliver(output: Output, tmp: Path, *, force: bool) -> None:
     """Publish a finished temporary file: rename it into place, or send its bytes."""
     if output.target is None:
         _send(output, tmp.read_bytes())
-    elif not force and os.path.lexists(output.target):  # taken meanwhile: never clobbered
-        raise _exists_error(output)
-    else:
+    elif force:
         os.replace(tmp, output.target)
+    else:  # a link fails if the name was taken meanwhile: never clobbered, even in a race
+        try:
+            os.link(tmp, output.target)
+        except FileExistsError:
+            raise _exists_error(output) from None
+        except OSError:  # a file system without hard links: check, then rename
+            if os.path.lexists(output.target):
+                raise _exists_error(output) from None
+            os.replace(tmp, output.target)
 
 
 def _send(output: Output, data: str | bytes) -> None:
