@@ -22,8 +22,8 @@ def diff_chain(kernel: bool) -> int:
     """The longest float32 addition chain of ``diff``'s host sums: the compiled kernel adds 16
     values a lane (kWindow) and the two halves of a step; the torch path takes each chunk's
     dot in float32."""
-    import hookscope.probes.diff as diff
+    import hookscope.probes.diffsums as diffsums
 
     if kernel:
         return 16 + 1
-    return min(diff._CHUNK * torch.get_num_threads(), diff._MAX_CHUNK)
+    return min(diffsums._CHUNK * torch.get_num_threads(), diffsums._MAX_CHUNK)

@@ -17,7 +17,8 @@ from torchvision.models import get_model
 from hookscope.core.errors import ForwardError, HookscopeError
 from hookscope.core.hooks import hook_count
 from hookscope.core.run import drive
-from hookscope.probes.diff import DEFAULT_TOLERANCE, DiffProbe, DiffSums, diff_models
+from hookscope.probes.diff import DEFAULT_TOLERANCE, DiffProbe, diff_models
+from hookscope.probes.diffsums import DiffSums
 from hookscope.probes.kernels import fused_diff
 from hookscope.render.diff import DIFF_COLUMNS, OFFLINE_COLUMNS
 from tests.bounds import U32, diff_chain, sum_bound
@@ -390,7 +391,7 @@ def test_outputs_changed_in_place_later_are_compared_as_they_were(tiny_net, disp
 
 def test_device_path_gives_the_host_path_sums() -> None:
     """The branch-free accelerator path, run on the CPU, against the chunked host path."""
-    from hookscope.probes.diff import _compare_device, _compare_host
+    from hookscope.probes.diffsums import _compare_device, _compare_host
 
     torch.manual_seed(0)
     a = torch.randn(300_000)

@@ -161,15 +161,15 @@ def _chain(path: str, kernel_op) -> int:
 @pytest.mark.parametrize("case", sorted(DIFF_CASES))
 def test_diff_sums_match_float64_reference(case: str, path: str, kernel_op,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import hookscope.probes.diff as diff
+    import hookscope.probes.diffsums as diffsums
 
     numel, scale, noise = DIFF_CASES[case]
     g = torch.Generator().manual_seed(6)
     a = scale * (1 + torch.randn(numel, generator=g))
     b = a + noise * torch.randn(numel, generator=g)
     if _uses_kernel(path, kernel_op):  # prove the kernel, not the torch path, answered
-        monkeypatch.setattr(diff, "_scratch", _refuse)
-    got = diff._compare_host(a, b)
+        monkeypatch.setattr(diffsums, "_scratch", _refuse)
+    got = diffsums._compare_host(a, b)
     x, y = a.double(), b.double()
     d = x - y
     want = (numel, numel, float(d @ d), float(x @ x), float(y @ y),
@@ -183,7 +183,7 @@ def test_diff_sums_match_float64_reference(case: str, path: str, kernel_op,
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "overflow"])
 def test_diff_sums_not_finite_go_the_masked_way(bad: str, path: str) -> None:
-    from hookscope.probes.diff import _compare_host
+    from hookscope.probes.diffsums import _compare_host
 
     a = torch.linspace(-1, 1, 1000)
     b = a + 1e-3

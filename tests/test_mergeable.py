@@ -11,9 +11,11 @@ import torch
 
 from hookscope.core.mergeable import merged
 from hookscope.probes.channels import ChannelMoments, ChannelView
-from hookscope.probes.diff import DiffSums, LayerDiff
+from hookscope.probes.diff import LayerDiff
+from hookscope.probes.diffsums import DiffSums
+from hookscope.probes.extras import Extras
 from hookscope.probes.sketch import Sketch, finite_range
-from hookscope.probes.stats import Extras, Moments, StatsReport, collect_stats, moments
+from hookscope.probes.stats import Moments, StatsReport, collect_stats, moments
 
 
 def snapshot(value: Any) -> Any:

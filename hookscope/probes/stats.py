@@ -14,7 +14,7 @@ over several batches equal those over the concatenated tensor.
 
 Opt-in: per-channel statistics (:mod:`hookscope.probes.channels`) and percentiles from a
 split-independent sketch (:mod:`hookscope.probes.sketch`) of each call's output, kept in
-:class:`Extras`, which merge exactly too.
+:class:`~hookscope.probes.extras.Extras`, which merge exactly too.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from hookscope.core.hooks import (
 from hookscope.core.mergeable import merged
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Step, drive
-from hookscope.probes.channels import ChannelMoments, ChannelView, as_float, channel_dim
+from hookscope.probes.channels import as_float
+from hookscope.probes.extras import Extras
 from hookscope.probes.kernels import fused
-from hookscope.probes.sketch import Sketch, finite_range, parse_percentiles, percentile_key
+from hookscope.probes.sketch import parse_percentiles
 
 __all__ = [
-    "Extras",
     "LayerStats",
     "MomentTable",
     "Moments",
@@ -257,82 +257,6 @@ def moments(x: torch.Tensor) -> Moments:
     if flat.device.type == "cpu":
         return Moments.from_values(_moments_host(flat))
     return Moments.from_values(_moments_device(flat).tolist())
-
-
-@dataclass(frozen=True)
-class Extras:
-    """The opt-in summaries of one call's output, merged exactly across batches and ranks.
-
-    Attributes:
-        per_channel: per-channel statistics were asked for.
-        percentiles: the percentiles asked for (0 to 100), in order.
-        channel_dim: the output's channel dimension (None: the output is one channel).
-        channels: per-channel moments (with ``per_channel``).
-        sketch: the whole output's percentile sketch (with ``percentiles`` alone).
-        channel_sketch: per-channel sketches (with both); the whole output's is their
-            exact :meth:`~hookscope.probes.sketch.Sketch.collapse`.
-    """
-
-    per_channel: bool = False
-    percentiles: tuple[float, ...] = ()
-    channel_dim: int | None = None
-    channels: ChannelMoments | None = None
-    sketch: Sketch | None = None
-    channel_sketch: Sketch | None = None
-
-    @classmethod
-    def of(cls, tensor: torch.Tensor, type_name: str, spec: Extras,
-           grid: tuple[tuple[int, int], Any] | None = None) -> Extras:
-        """What ``spec`` asks for, of one output of a ``type_name`` module (``grid``: the
-        input's (H, W) and the model's token hint, to find channels-last outputs)."""
-        if spec.per_channel:
-            dim = channel_dim(tensor.shape, type_name, *(grid or ()))
-            view = ChannelView.of(tensor, dim)
-            channels = ChannelMoments.of(view)
-            sketch = None
-            if spec.percentiles:
-                nonfinite = not view.blocked or bool(channels.nonfinite.any())
-                sketch = Sketch.of(view, channels.min, channels.max, nonfinite=nonfinite)
-            return replace(spec, channel_dim=dim, channels=channels, channel_sketch=sketch)
-        view = ChannelView.of(tensor, None)
-        lo, hi, nonfinite = finite_range(view)
-        return replace(spec, sketch=Sketch.of(view, lo, hi, nonfinite=nonfinite))
-
-    @property
-    def empty(self) -> bool:
-        return self.channels is None and self.sketch is None and self.channel_sketch is None
-
-    def merge(self, other: Extras) -> Extras:
-        """Both sides' summaries over their data together (exact; a new object)."""
-        return replace(self, channel_dim=other.channel_dim if self.empty else self.channel_dim,
-                       channels=merged(self.channels, other.channels),
-                       sketch=merged(self.sketch, other.sketch),
-                       channel_sketch=merged(self.channel_sketch, other.channel_sketch))
-
-    def to(self, device: torch.device | str) -> Extras:
-        return replace(self, **{name: value.to(device) for name in ("channels", "sketch",
-                                                                     "channel_sketch")
-                                if (value := getattr(self, name)) is not None})
-
-    def fields(self) -> dict[str, Any]:
-        """The JSON row's ``channel_dim`` and ``channels`` (with ``per_channel``) and
-        ``percentiles`` (when asked for), each channel with its own ``percentiles``."""
-        keys = [percentile_key(p) for p in self.percentiles]
-        out: dict[str, Any] = {}
-        if self.per_channel:
-            rows = self.channels.rows() if self.channels is not None else []
-            if self.channel_sketch is not None and keys:
-                values = self.channel_sketch.quantiles(self.percentiles).tolist()
-                for row, row_values in zip(rows, values, strict=True):
-                    row["percentiles"] = dict(zip(keys, row_values, strict=True))
-            out |= {"channel_dim": self.channel_dim, "channels": rows}
-        if keys:
-            whole = self.sketch if self.sketch is not None else (
-                self.channel_sketch.collapse() if self.channel_sketch is not None else None)
-            values = whole.quantiles(self.percentiles)[0].tolist() if whole is not None else \
-                [NAN] * len(keys)
-            out["percentiles"] = dict(zip(keys, values, strict=True))
-        return out
 
 
 @dataclass(frozen=True)
