@@ -224,7 +224,7 @@ class Drift:
         taken = parse_percentiles(percentiles)
         if path is None:
             return cls(None, limit, taken)
-        from hookscope.probes.check import read_stats
+        from hookscope.probes.baseline import read_stats
 
         rows, found, _ = read_stats(Path(path), param("reference"))
         return cls(rows, limit, taken or tuple(float(key) for key in found))
