@@ -397,6 +397,8 @@ def check_command(
     """
     from hookscope.core.errors import CheckFailed
     from hookscope.probes import check
+    from hookscope.probes.baseline import drift_percentiles, load_baseline
+    from hookscope.probes.rulefile import load_rules
     from hookscope.render.check import resolve_junit, write_junit
 
     s, fmt = opts.s, _value(fmt)
@@ -412,8 +414,8 @@ def check_command(
 
     out = s.output(opts.output, force=opts.force)
     junit_out = resolve_junit(junit, opts.output, force=opts.force)
-    checks = for_run(check.load_rules(rules, overrides))
-    base = check.load_baseline(checks)
+    checks = for_run(load_rules(rules, overrides))
+    base = load_baseline(checks)
     resolved = s.inputs(inputs or [], opts.model)
     matched = check.match_inputs(checks, resolved.names)
     if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
@@ -422,7 +424,7 @@ def check_command(
     expected = check.expectations(matched, loaded.categories, loaded.num_classes)
     probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
                        max_depth=max_depth, categories=loaded.categories,
-                       output_key=loaded.output_key, percentiles=check.drift_percentiles(base))
+                       output_key=loaded.output_key, percentiles=drift_percentiles(base))
     stats_report = s.run(loaded, resolved, opts.model, probe, "check",
                          shown=fmt == "table" or not out.is_stdout)
     report = check.evaluate(checks, stats_report, inputs=resolved.names, baseline=base,

@@ -50,7 +50,7 @@ def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
               junit: Path | None, fmt: str) -> None:
     """``hookscope check LOG_DIR``: the rules over the log, written as a model run's check."""
     from hookscope.core.errors import CheckFailed
-    from hookscope.probes import check
+    from hookscope.probes.rulefile import load_rules
     from hookscope.render.check import resolve_junit, write_junit
     from hookscope.training.logs import read_log
     from hookscope.training.rules import evaluate_log, log_doc
@@ -59,7 +59,7 @@ def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
     _one_process(opts)
     out = s.output(opts.output, force=opts.force)
     junit_out = resolve_junit(junit, opts.output, force=opts.force)
-    checks = check.load_rules(rules, overrides)
+    checks = load_rules(rules, overrides)
     log = read_log(opts.model.name)
     report = evaluate_log(checks, log)
     doc = log_doc(log, report)
@@ -105,7 +105,7 @@ def watch_command(
     import tempfile
 
     from hookscope.core.errors import CheckFailed
-    from hookscope.probes.check import load_rules
+    from hookscope.probes.rulefile import load_rules
     from hookscope.training.logs import read_log
     from hookscope.training.rules import evaluate_log, for_log
     from hookscope.training.smoke import SmokeOptions, smoke_labels, train

@@ -1,469 +1,44 @@
 """``hookscope check``: assertions about one run, read from a TOML file or flags.
 
-The rules (:class:`Rules`) are checked against one :class:`~hookscope.probes.stats.StatsReport`
-(per-call statistics and top predictions). Each rule is a small function registered by
-name; :func:`evaluate` runs every active rule, in registration order, and returns a
-:class:`CheckReport` with one :class:`RuleResult` per rule: passed or not, and the calls
-(or inputs) that broke it.
+The rules (:class:`~hookscope.probes.rulefile.Rules`) are checked against one
+:class:`~hookscope.probes.stats.StatsReport` (per-call statistics and top predictions). Each
+rule is a small function registered by name; :func:`evaluate` runs every active rule, in
+registration order, and returns a :class:`CheckReport` with one :class:`RuleResult` per rule:
+passed or not, and the calls (or inputs) that broke it.
 
-Everything that can be wrong with the rules themselves (syntax, an unknown key, a wrong
-type, a missing or foreign baseline, an expectation for an input not given) is a
-:class:`~hookscope.core.errors.HookscopeError` raised before the model runs, naming the file and
-line. Torch-free: nothing here imports torch.
+An expectation for an input not given, or a label the model does not have, is a
+:class:`~hookscope.core.errors.HookscopeError` raised before the model runs (the rules file's
+own errors are :mod:`hookscope.probes.rulefile`'s, the baseline's
+:mod:`hookscope.probes.baseline`'s). Torch-free: nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
+from hookscope.probes.baseline import Baseline
 from hookscope.probes.drift import quantile_drift
+from hookscope.probes.rulefile import Expect, Rules, is_number
 
 if TYPE_CHECKING:
     from hookscope.probes.stats import LayerStats, Prediction, StatsReport
 
-__all__ = ["EPS", "KEYS", "RULES", "Baseline", "CheckReport", "Expect", "Expectation",
-           "RuleResult", "Rules", "call_id", "drift", "evaluate", "expectations",
-           "folder_expectations", "load_baseline", "load_rules", "match_inputs", "read_stats",
-           "rule"]
+__all__ = ["EPS", "RULES", "CheckReport", "Expectation", "RuleResult", "call_id", "drift",
+           "evaluate", "expectations", "folder_expectations", "match_inputs", "rule"]
 
 log = logging.getLogger("hookscope")
 
 #: Floor of the scale a drift is divided by, so a layer whose baseline mean and std are
 #: both (nearly) zero does not turn float rounding into an infinite relative drift.
 EPS = 1e-6
-
-# ----------------------------------------------------------------------------- keys
-
-
-@dataclass(frozen=True)
-class Key:
-    """A key of the rules file: what its value must be, and the check that converts it."""
-
-    name: str
-    kind: str
-    convert: Callable[[Any], Any]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
-
-
-def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError
-    return value
-
-
-def _positive(value: Any) -> int:
-    if _count(value) < 1:
-        raise ValueError
-    return value
-
-
-def _number(high: float | None = None) -> Callable[[Any], float]:
-    def convert(value: Any) -> float:
-        if not _is_number(value) or value < 0 or (high is not None and value > high):
-            raise ValueError
-        return float(value)
-
-    return convert
-
-
-def _globs(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or \
-            not all(isinstance(v, str) and v.strip() for v in value):
-        raise ValueError
-    return tuple(v.strip() for v in value)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError
-    return value
-
-
-def _table(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ValueError
-    return value
-
-
-#: Every key a rules file may hold (the flags mirror them), in the order rules run.
-KEYS: dict[str, Key] = {k.name: k for k in [
-    Key("nonfinite", "a non-negative integer (non-finite values allowed per call)", _count),
-    Key("max_zero_fraction", "a number from 0 to 1", _number(1.0)),
-    Key("ignore", "an array of module-name globs", _globs),
-    Key("baseline", "a file name (a `hookscope stats --format json` document)", _text),
-    Key("max_mean_drift", "a non-negative number (relative drift)", _number()),
-    Key("max_std_drift", "a non-negative number (relative drift)", _number()),
-    Key("max_drift", "a non-negative number (distribution drift, in baseline stds)", _number()),
-    Key("expect", "a table of input = label or class index", _table),
-    Key("min_prob", "a number from 0 to 1", _number(1.0)),
-    # A training log's rules (`hookscope check LOG_DIR`, see hookscope.training.rules).
-    Key("last", "a positive integer (the logging steps checked, the last ones)", _positive),
-    Key("min_grad_norm", "a non-negative number", _number()),
-    Key("max_grad_norm", "a non-negative number", _number()),
-    Key("min_update_ratio", "a non-negative number", _number()),
-    Key("max_update_ratio", "a non-negative number", _number()),
-]}
-
-
-def _describe(value: Any) -> str:
-    """A value as an error message shows it: its TOML type, and the value when short."""
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return f"the string {clip(repr(value), 60)}"
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    return "a table" if isinstance(value, dict) else f"a {type(value).__name__}"
-
-
-def _convert(key: Key, value: Any, subject: str) -> Any:
-    try:
-        return key.convert(value)
-    except ValueError:
-        raise HookscopeError(f"{subject} must be {key.kind}, not {_describe(value)}.") from None
-
-
-# ----------------------------------------------------------------------------- rules
-
-
-@dataclass(frozen=True)
-class Expect:
-    """One ``expect`` entry as written: an input's name and its expected top-1 class.
-
-    Attributes:
-        input: the input's name (a path as given, a basename, or ``x.pt[3]``).
-        want: a class label (matched case-insensitively) or a class index.
-        where: where it was written, for error messages.
-    """
-
-    input: str
-    want: str | int
-    where: str = field(default="expect", compare=False)
-
-
-@dataclass(frozen=True)
-class Rules:
-    """The assertions of one check. ``nonfinite`` is always on; the others only when given.
-
-    Attributes:
-        nonfinite: the most non-finite values (NaN, Inf) allowed in one call's output.
-        max_zero_fraction: the largest fraction of zeros allowed in one call's output.
-        ignore: fnmatch globs on module names left out of every per-call rule; a glob also
-            covers the modules under what it matches.
-        baseline: a ``hookscope stats --format json`` document to compare with.
-        max_mean_drift: the largest relative change of a call's mean from the baseline.
-        max_std_drift: the largest relative change of a call's std from the baseline.
-        max_drift: the largest distribution drift of a call from the baseline
-            (:func:`~hookscope.probes.drift.quantile_drift`; the baseline needs percentiles).
-        expect: expected top-1 classes of inputs.
-        min_prob: the smallest top-1 probability allowed for any input.
-        last, min_grad_norm, max_grad_norm, min_update_ratio, max_update_ratio: a training
-            log's rules (see :mod:`hookscope.training.rules`).
-        source: the rules file, when there was one.
-        where: for each key given, where (file and line, or flag) it was set.
-    """
-
-    nonfinite: int = 0
-    max_zero_fraction: float | None = None
-    ignore: tuple[str, ...] = ()
-    baseline: Path | None = None
-    max_mean_drift: float | None = None
-    max_std_drift: float | None = None
-    max_drift: float | None = None
-    expect: tuple[Expect, ...] = ()
-    min_prob: float | None = None
-    last: int | None = None
-    min_grad_norm: float | None = None
-    max_grad_norm: float | None = None
-    min_update_ratio: float | None = None
-    max_update_ratio: float | None = None
-    source: str | None = None
-    where: Mapping[str, str] = field(default_factory=dict, compare=False)
-
-    def subject(self, key: str) -> str:
-        """How an error names ``key``: ``rules.toml:5: baseline``, or the parameter."""
-        return self.where.get(key, param(key))
-
-
-def _toml() -> ModuleType:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            raise HookscopeError("Reading a rules file needs Python 3.11 or later, or tomli "
-                                 "(pip install tomli).") from None
-    return tomllib
-
-
-_AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
-_MISSING = object()
-
-
-def _find_line(text: str, path: tuple[str, ...]) -> int | None:
-    """The line that defines ``path`` (a table header or a key under it), found by the TOML
-    parser itself: the first line after the longest start of the file that parses without
-    ``path``, once a longer start parses with it (a multi-line value names its first line)."""
-    lines = text.splitlines()
-    toml, read = _toml(), 0
-    for number in range(1, len(lines) + 1):
-        try:
-            node: Any = toml.loads("\n".join(lines[:number]))
-        except toml.TOMLDecodeError:  # this start ends inside a multi-line value
-            continue
-        for key in path:
-            node = node.get(key, _MISSING) if isinstance(node, dict) else _MISSING
-        if node is not _MISSING:
-            return read + 1
-        read = number
-    return None
-
-
-def _at(file: str, text: str, *path: str) -> str:
-    """``rules.toml:7:`` for the line defining ``path`` (or its table), ``rules.toml:``
-    when no line is found."""
-    for end in range(len(path), 0, -1):
-        line = _find_line(text, path[:end])
-        if line is not None:
-            return f"{file}:{line}:"
-    return f"{file}:"
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8-sig")
-    except FileNotFoundError:
-        raise HookscopeError(f"rules file {str(path)!r} not found.") from None
-    except IsADirectoryError:
-        raise HookscopeError(f"rules file {str(path)!r} is a directory; give a TOML "
-                             "file.") from None
-    except OSError as exc:
-        raise HookscopeError(f"rules file {str(path)!r} cannot be read: "
-                             f"{exc.strerror or exc}.") from None
-    except UnicodeDecodeError:
-        raise HookscopeError(f"rules file {str(path)!r} is not UTF-8 text (TOML files "
-                             "are UTF-8).") from None
-
-
-def _parse(path: Path, text: str) -> dict[str, Any]:
-    toml = _toml()
-    try:
-        return toml.loads(text)
-    except toml.TOMLDecodeError as exc:
-        message = str(exc)
-        found = _AT.search(message)
-        line = getattr(exc, "lineno", None) or (found and found.group(1)) \
-            or max(len(text.splitlines()), 1)
-        column = getattr(exc, "colno", None) or (found and found.group(2))
-        where = f"column {column}" if column else "at the end of the file"
-        reason = _AT.sub("", getattr(exc, "msg", None) or message)
-        reason = reason[:1].lower() + reason[1:]
-        raise HookscopeError(f"{path}:{line}: not valid TOML ({where}): {reason}.") from None
-
-
-def _file_expect(value: Any, subject: str, file: str, text: str) -> tuple[Expect, ...]:
-    table = _convert(KEYS["expect"], value, subject)
-    entries = []
-    for name, want in table.items():
-        where = f"{_at(file, text, 'expect', name)} expect {name!r}"
-        if not (isinstance(want, str) and want.strip()) and \
-                (isinstance(want, bool) or not isinstance(want, int) or want < 0):
-            hint = " (quote file names: \"cat.jpg\" = \"tabby\")" if isinstance(want, dict) \
-                else ""
-            raise HookscopeError(f"{where} must be a class label (a string) or a class index "
-                                 f"(a non-negative integer), not {_describe(want)}{hint}.")
-        entries.append(Expect(name, want, where))
-    return tuple(entries)
-
-
-def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """The rules in a TOML file, checked, and where each was set."""
-    text = _read_text(path)
-    data = _parse(path, text)
-    file = str(path)
-    values: dict[str, Any] = {}
-    where: dict[str, str] = {}
-    for key, value in data.items():
-        at = _at(file, text, key)
-        if key not in KEYS:
-            nested = " Rules sit at the top level of the file, not in a table." \
-                if isinstance(value, dict) else ""
-            raise HookscopeError(f"{at} unknown key {key!r}.{suggest(key, KEYS)}{nested} "
-                                 f"Valid keys: {', '.join(KEYS)}.")
-        where[key] = f"{at} {key}"
-        if key == "expect":
-            values[key] = _file_expect(value, where[key], file, text)
-        else:
-            values[key] = _convert(KEYS[key], value, where[key])
-    if "baseline" in values:  # relative to the rules file, wherever hookscope runs
-        values["baseline"] = path.parent / values["baseline"]
-    return values, where
-
-
-def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
-    entries = []
-    for given in values:
-        name, sep, want = given.rpartition("=")
-        where = f"{param('expect')} {given!r}"
-        if not sep or not name.strip() or not want.strip():
-            raise HookscopeError(f"{where}: give INPUT=LABEL or INPUT=INDEX, e.g. "
-                                 "cat.jpg=tabby.")
-        entries.append(Expect(name.strip(), want.strip(), where))
-    return tuple(entries)
-
-
-def _check_needs(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
-    for key in ("max_mean_drift", "max_std_drift", "max_drift"):
-        if values.get(key) is not None and values.get("baseline") is None:
-            raise HookscopeError(f"{where[key]} needs a baseline to compare with: "
-                                 f"baseline = \"stats.json\" in the rules file, or "
-                                 f"{param('baseline')}.")
-
-
-def load_rules(path: str | Path | None = None,
-               overrides: Mapping[str, Any] | None = None) -> Rules:
-    """Read the rules from a TOML file and/or ``overrides``; an override replaces the file's
-    value (``ignore`` and ``expect`` as a whole).
-
-    Args:
-        path: a TOML file with the keys of :data:`KEYS` at its top level.
-        overrides: values by key (None: not given); ``expect`` as ``INPUT=LABEL`` strings.
-
-    Raises:
-        HookscopeError: unreadable file, bad TOML, an unknown key, a wrong type or range, a
-            drift limit without a baseline; file errors name the line.
-    """
-    values, where = _read_file(Path(path)) if path is not None else ({}, {})
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        if key not in KEYS:
-            raise ValueError(f"{key!r} is not a rules key")
-        where[key] = param(key)
-        if key == "expect":
-            values[key] = _flag_expect(value)
-        elif key == "baseline":
-            values[key] = Path(_convert(KEYS[key], str(value), where[key]))
-        else:
-            values[key] = _convert(KEYS[key], value, where[key])
-    _check_needs(values, where)
-    return Rules(**values, source=str(path) if path is not None else None, where=where)
-
-
-# ----------------------------------------------------------------------------- baseline
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """The per-call rows of a ``hookscope stats --format json`` document, by (name, call),
-    and the percentiles its rows hold (their JSON keys, in order; empty without)."""
-
-    path: str
-    model: str | None
-    rows: Mapping[tuple[str, int], Mapping[str, Any]]
-    percentiles: tuple[str, ...] = ()
-    #: The rules' ``max_drift`` is set: the run takes these percentiles too.
-    drift: bool = False
-
-
-def drift_percentiles(baseline: Baseline | None) -> tuple[float, ...] | None:
-    """The percentiles a run takes for ``max_drift``: the baseline's (None when not asked)."""
-    if baseline is None or not baseline.drift:
-        return None
-    return tuple(float(key) for key in baseline.percentiles)
-
-
-def _baseline_doc(path: Path, subject: str) -> Any:
-    shown = f"{subject} {str(path)!r}"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HookscopeError(f"{shown} not found; write one with `hookscope stats MODEL "
-                             f"INPUT... --format json -o {path.name}`.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
-        raise HookscopeError(f"{shown} cannot be read: {reason}.") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HookscopeError(f"{shown} is not JSON (line {exc.lineno}: {exc.msg}); give a "
-                             "`hookscope stats --format json` document.") from None
-
-
-def _baseline_rows(doc: Any) -> dict[tuple[str, int], Mapping[str, Any]] | str:
-    """The rows by call, or why ``doc`` is not a stats document."""
-    if not isinstance(doc, dict):
-        return f"it holds {_describe(doc)}"
-    if doc.get("command") != "stats":
-        return f"its command is {doc.get('command')!r}"
-    layers = doc.get("layers")
-    if not isinstance(layers, list):
-        return "it has no layers list"
-    rows: dict[tuple[str, int], Mapping[str, Any]] = {}
-    for i, row in enumerate(layers):
-        if not (isinstance(row, dict) and isinstance(row.get("name"), str)
-                and isinstance(row.get("call"), int) and "mean" in row and "std" in row):
-            return f"its layer {i} lacks name, call, mean or std"
-        rows[(row["name"], row["call"])] = row
-    return rows
-
-
-def read_stats(path: Path, subject: str) -> tuple[dict[tuple[str, int], Mapping[str, Any]],
-                                                  tuple[str, ...], dict[str, Any]]:
-    """A ``hookscope stats --format json`` document's rows by call, the percentiles its rows
-    hold (their JSON keys, in order; empty without), and the document.
-
-    Raises:
-        HookscopeError: the file is missing, unreadable, or not a stats JSON document; the
-            message names it as ``subject``.
-    """
-    doc = _baseline_doc(path, subject)
-    rows = _baseline_rows(doc)
-    if isinstance(rows, str):
-        raise HookscopeError(f"{subject} {str(path)!r} is not a `hookscope stats --format json` "
-                             f"document: {rows}.")
-    found: Mapping[str, Any] = next((row["percentiles"] for row in rows.values()
-                                     if isinstance(row.get("percentiles"), dict)
-                                     and row["percentiles"]), {})
-    return rows, tuple(found), doc
-
-
-def load_baseline(rules: Rules) -> Baseline | None:
-    """Read the rules' baseline, when they have one.
-
-    Raises:
-        HookscopeError: the file is missing, unreadable, or not a stats JSON document.
-    """
-    if rules.baseline is None:
-        return None
-    rows, found, doc = read_stats(rules.baseline, rules.subject("baseline"))
-    if rules.max_drift is not None and not found:
-        raise HookscopeError(f"{rules.subject('max_drift')} needs percentiles in the baseline "
-                             f"{str(rules.baseline)!r}: write it with `hookscope stats MODEL "
-                             f"INPUT... --percentiles 1,5,25,50,75,95,99 --format json`.")
-    return Baseline(str(rules.baseline), doc.get("model"), rows, found,
-                    drift=rules.max_drift is not None)
-
-
-# ----------------------------------------------------------------------------- expect
 
 
 @dataclass(frozen=True)
@@ -788,7 +363,7 @@ def _baseline(ctx: Context) -> RuleResult | None:
 
 
 def _finite(value: Any) -> float | None:
-    return float(value) if _is_number(value) else None
+    return float(value) if is_number(value) else None
 
 
 def drift(value: float | None, base: float | None, scale: float) -> float:

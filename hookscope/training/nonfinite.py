@@ -25,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import math
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,7 +36,7 @@ import torch
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
 
-__all__ = ["Finding", "NonFiniteError", "StepFlags", "allowed"]
+__all__ = ["Finding", "FlightRecorder", "NonFiniteError", "StepFlags", "allowed", "event_doc"]
 
 #: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
 INFO, STRICT, NAN_ONLY = 0, 1, 2
@@ -120,6 +121,12 @@ class Finding:
         return {"phase": self.phase, "module": self.module, "type": self.type, "call": self.call,
                 "source": self.source, "produced": self.produced, "inputs": self.inputs,
                 "grad_output": self.grad}
+
+    def error(self, message: str, step: int, rank: int | None) -> NonFiniteError:
+        """The error that reports this finding with ``message``."""
+        return NonFiniteError(message, module=self.module, phase=self.phase, step=step,
+                              call=self.call, inputs=self.inputs, type_name=self.type,
+                              source=self.source, rank=rank)
 
     def message(self, step: int, rank: int | None = None) -> str:
         """The one-line message: ``step 7, forward: act (Log) produced 3 NaN from finite
@@ -382,3 +389,36 @@ class StepFlags:
                 row["grad_min"], row["grad_max"] = backward[2 * n], backward[2 * n + 1]
             rows.append(row)
         return rows
+
+
+class FlightRecorder:
+    """The last ``keep`` steps' non-finite flags and logged rows, written to
+    ``nonfinite.json`` with the step that made a non-finite value."""
+
+    def __init__(self, keep: int) -> None:
+        self.kept: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
+            deque(maxlen=keep)
+
+    def append(self, index: int, flags: StepFlags | None, stacked: Any,
+               rows: list[Any] | None) -> None:
+        """Record step ``index``: its flags and their stacked values, its rows if logged."""
+        self.kept.append((index, flags, stacked, rows))
+
+    def steps(self) -> list[dict[str, Any]]:
+        """The kept steps, oldest first, as ``nonfinite.json`` lists them."""
+        steps = []
+        for index, flags, stacked, rows in self.kept:
+            entry: dict[str, Any] = {"step": index}
+            if flags is not None and stacked is not None:
+                entry["layers"] = flags.summary(stacked.tolist())
+            if rows is not None:
+                entry["rows"] = rows
+            steps.append(entry)
+        return steps
+
+
+def event_doc(envelope: dict[str, Any], step: int, rank: int | None, message: str,
+              finding: Finding, recorded: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """``nonfinite.json``: the watch's envelope, the event, and the recorded steps."""
+    event = {"step": step, "rank": rank, "message": message} | finding.to_dict()
+    return envelope | {"event": event, "steps": recorded or []}

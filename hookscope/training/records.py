@@ -11,6 +11,7 @@ merge exactly as ``stats`` and ``grads`` do under torchrun. A layer row is a ``s
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -25,7 +26,7 @@ from hookscope.core.hooks import Call, Hooks
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.stats import StatsProbe, StatsReport
 
-__all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows"]
+__all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows", "step_line"]
 
 NAN = float("nan")
 #: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
@@ -109,6 +110,18 @@ def layer_rows(reports: StepReports) -> list[dict[str, Any]]:
         row["flags"] = flags
         rows.append(row)
     return rows
+
+
+def step_line(index: int, loss: Any, rows: list[dict[str, Any]],
+              params: Any) -> dict[str, Any]:
+    """A logging step's line of ``watch.jsonl``: its loss (when given), rows and params, and
+    the rows that carry a flag."""
+    line: dict[str, Any] = {"step": index, "time": time.time()}
+    if loss is not None:
+        line["loss"] = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+    return line | {"layers": rows, "params": params,
+                   "flagged": [{"name": r["name"], "call": r["call"], "flags": r["flags"]}
+                               for r in rows if r["flags"]]}
 
 
 def _engine() -> Any:
@@ -224,7 +237,7 @@ class Drift:
         taken = parse_percentiles(percentiles)
         if path is None:
             return cls(None, limit, taken)
-        from hookscope.probes.check import read_stats
+        from hookscope.probes.baseline import read_stats
 
         rows, found, _ = read_stats(Path(path), param("reference"))
         return cls(rows, limit, taken or tuple(float(key) for key in found))

@@ -20,13 +20,13 @@ from hookscope.probes.check import (
     CheckReport,
     Context,
     RuleResult,
-    Rules,
     _g,
     _ignored,
     _warn_unused,
     call_id,
     rule,
 )
+from hookscope.probes.rulefile import Rules
 from hookscope.training.logs import TrainingLog, number
 
 __all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,21 @@ from torch import nn
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device, select_sites
-from hookscope.training.nonfinite import Finding, NonFiniteError, StepFlags
+from hookscope.training.nonfinite import (
+    Finding,
+    FlightRecorder,
+    StepFlags,
+    event_doc,
+)
 from hookscope.training.ranks import Ranks
-from hookscope.training.records import Drift, LoggingStep, ParamTracker, StepReports, layer_rows
+from hookscope.training.records import (
+    Drift,
+    LoggingStep,
+    ParamTracker,
+    StepReports,
+    layer_rows,
+    step_line,
+)
 
 __all__ = ["MODES", "Watch", "watch"]
 
@@ -42,6 +53,14 @@ def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise HookscopeError(f"{param(name)} must be a whole number of at least 1, not {value!r}.")
     return value
+
+
+def _check_modes(nonfinite: str, max_drift: Any) -> None:
+    if nonfinite not in MODES:
+        raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
+                             f"{', '.join(MODES)}.")
+    if not (isinstance(max_drift, (int, float)) and max_drift >= 0):
+        raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
 
 
 class Watch:
@@ -87,11 +106,7 @@ class Watch:
                  max_drift: float = 1.0,
                  percentiles: str | Sequence[float] | None = None, name: str | None = None,
                  force: bool = False) -> None:
-        if nonfinite not in MODES:
-            raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
-                                 f"{', '.join(MODES)}.")
-        if not (isinstance(max_drift, (int, float)) and max_drift >= 0):
-            raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
+        _check_modes(nonfinite, max_drift)
         self.model, self.log_dir = model, Path(log_dir)
         self.every, self.keep = _positive("every", every), _positive("keep", keep)
         self.layers = list(layers) if layers else None
@@ -109,8 +124,7 @@ class Watch:
                              on_exit=torch.compiler.disable(self._exit))
         self.params = ParamTracker(model)
         self.ranks = Ranks()
-        self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
-            deque(maxlen=self.keep)
+        self.recorder = FlightRecorder(self.keep)
         self._layouts: dict[tuple[int, ...], torch.Tensor] = {}
         self._hooks = Hooks()
         self._flags: StepFlags | None = None
@@ -256,7 +270,7 @@ class Watch:
         stacked = flags.stacked() if flags is not None else None
         failing = self.ranks.failing(flags.verdict(stacked)) if flags is not None else []
         rows = self._log(logging_step, loss) if logging_step is not None else None
-        self.recorder.append((self.index, flags, stacked, rows))
+        self.recorder.append(self.index, flags, stacked, rows)
         if failing and flags is not None:
             self._nonfinite(failing[0], flags, stacked)
 
@@ -268,12 +282,7 @@ class Watch:
             return None
         rows = layer_rows(merged)
         self.drift.apply(rows)
-        line: dict[str, Any] = {"step": self.index, "time": time.time()}
-        if loss is not None:
-            line["loss"] = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
-        line |= {"layers": rows, "params": params,
-                 "flagged": [{"name": r["name"], "call": r["call"], "flags": r["flags"]}
-                             for r in rows if r["flags"]]}
+        line = step_line(self.index, loss, rows, params)
         if self._writer is not None:
             self._writer.write(line)
         if self._board is not None:
@@ -284,7 +293,7 @@ class Watch:
         finding = None
         if rank == self.ranks.rank and stacked is not None:
             finding = flags.locate(stacked.tolist())
-        payload = self.ranks.share((finding, self._recorded() if finding else None), rank)
+        payload = self.ranks.share((finding, self.recorder.steps() if finding else None), rank)
         finding, recorded = payload
         if finding is None:  # the verdict and the values disagree: cannot happen
             finding = Finding("forward", "", type(self.model).__name__, 0, "outside",
@@ -292,35 +301,16 @@ class Watch:
         shown_rank = rank if self.ranks.many else None
         message = finding.message(self.index, shown_rank)
         if self._writer is not None and not self.findings:
-            self._write_event(finding, message, shown_rank, recorded)
+            from hookscope import __version__
+
+            doc = event_doc(self.envelope(__version__), self.index, shown_rank, message,
+                            finding, recorded)
+            log.debug("wrote %s", self._writer.nonfinite(doc))
         if self.nonfinite == "warn":
             self.findings.append((self.index, rank, finding))
             log.warning(message)
             return
-        raise NonFiniteError(message, module=finding.module, phase=finding.phase,
-                             step=self.index, call=finding.call, inputs=finding.inputs,
-                             type_name=finding.type, source=finding.source, rank=shown_rank)
-
-    def _recorded(self) -> list[dict[str, Any]]:
-        """The flight recorder: the last ``keep`` steps, oldest first."""
-        steps = []
-        for index, flags, stacked, rows in self.recorder:
-            entry: dict[str, Any] = {"step": index}
-            if flags is not None and stacked is not None:
-                entry["layers"] = flags.summary(stacked.tolist())
-            if rows is not None:
-                entry["rows"] = rows
-            steps.append(entry)
-        return steps
-
-    def _write_event(self, finding: Finding, message: str, rank: int | None,
-                     recorded: list[dict[str, Any]] | None) -> None:
-        from hookscope import __version__
-
-        event = {"step": self.index, "rank": rank, "message": message} | finding.to_dict()
-        doc = self.envelope(__version__) | {"event": event, "steps": recorded or []}
-        path = self._writer.nonfinite(doc)
-        log.debug("wrote %s", path)
+        raise finding.error(message, self.index, shown_rank)
 
 
 #: ``hookscope.watch(model, log_dir, ...)``: see :class:`Watch`.
