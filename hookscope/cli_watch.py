@@ -102,6 +102,7 @@ def watch_command(
 
     Example: hookscope watch resnet18 data/train --weights none --steps 50 --lr 0.01 --overfit
     """
+    import shutil
     import tempfile
 
     from hookscope.core.errors import CheckFailed
@@ -123,9 +124,17 @@ def watch_command(
         options = SmokeOptions(steps=steps, lr=lr, momentum=momentum, overfit=overfit,
                                every=every, log_dir=folder, layers=layers,
                                types=types, force=opts.force or log_dir is None)
-        with s.progress(steps, "watch", enabled=fmt == "table" or not out.is_stdout) as bar:
-            report = train(loaded, lambda: s.batches(resolved, loaded, opts.model), labels,
-                           options, progress=bar)
+        # The outermost folder of --log-dir that this run creates, if any.
+        fresh = next((p for p in reversed([log_dir, *log_dir.parents]) if not p.exists()),
+                     None) if log_dir is not None else None
+        try:
+            with s.progress(steps, "watch", enabled=fmt == "table" or not out.is_stdout) as bar:
+                report = train(loaded, lambda: s.batches(resolved, loaded, opts.model), labels,
+                               options, progress=bar)
+        except KeyboardInterrupt:  # Ctrl-C or a signal: no output, so no log this run began
+            if fresh is not None:
+                shutil.rmtree(fresh, ignore_errors=True)
+            raise
         verdict = evaluate_log(checks, read_log(folder)) if checks else None
     doc = loaded.envelope("watch", resolved.names) | report.to_dict() | {
         "log_dir": str(log_dir) if log_dir is not None else None,

@@ -92,8 +92,11 @@ def many(tmp_path_factory) -> Path:
                      "group"]),
     (signal.SIGHUP, ["stats", "--workers", "2", "-b", "4", "-f", "json", "-o", "stats.json",
                      "group"]),
+    (signal.SIGTERM, ["watch", "--label", "0", "--steps", "1000", "--every", "1", "-b", "4",
+                      "--log-dir", "runs/exp1"]),
 ], ids=["stats-TERM", "gradcam-HUP", "features-TERM", "features-INT", "stats-workers-TERM",
-        "stats-workers-group-TERM", "stats-workers-group-INT", "stats-workers-group-HUP"])
+        "stats-workers-group-TERM", "stats-workers-group-INT", "stats-workers-group-HUP",
+        "watch-TERM"])
 def test_a_signal_midway_leaves_nothing_and_says_so(tmp_path, many, signum, command) -> None:
     name, *options = command
     group = options[-1] == "group"
