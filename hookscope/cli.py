@@ -1,7 +1,7 @@
 """The ``hookscope`` command line: options in, then source, probe, drive, emit.
 
 Each command only collects its options and wires the library together; errors, signals,
-outputs and progress are :mod:`hookscope.core.session`'s, drawing and writing are
+outputs and progress are :mod:`hookscope.session`'s, drawing and writing are
 :mod:`hookscope.render`'s. Start-up stays fast: torch and Rich are imported inside the
 commands, never at module level, so ``hookscope --help`` does not load them.
 """
@@ -212,8 +212,8 @@ def gradcam(
     from hookscope.cam.faithfulness import MetricPlan
     from hookscope.cam.probe import explain
     from hookscope.cam.targets import load_mask, task_targets
+    from hookscope.core.output import Staging
     from hookscope.render.heatmap import CamWriter, check_colormap, output_paths
-    from hookscope.render.output import Staging
 
     s, layers = opts.s, list(dict.fromkeys(layer or []))
     methods = list(dict.fromkeys(_value(m) for m in method or [])) or ["gradcam"]
@@ -308,9 +308,9 @@ def features(
 
     Example: hookscope features resnet18 cat.jpg --type Conv2d --out maps/ --tensorboard runs/
     """
+    from hookscope.core.output import Staging
     from hookscope.probes.features import FeaturesProbe, feature_sites, output_name
     from hookscope.render.grid import GridWriter, require_tensorboard
-    from hookscope.render.output import Staging
 
     s = opts.s
     if tensorboard is not None:
@@ -458,8 +458,8 @@ def diff_command(
 
     Example: hookscope diff resnet18 cat.jpg --weights a.pt --against-weights b.pt --fail
     """
-    from hookscope.core.session import AGAINST, against_options, describe_against, offline_files
     from hookscope.probes.statsdiff import StatsDiffReport, diff_stats, read_stats
+    from hookscope.session import AGAINST, against_options, describe_against, offline_files
 
     s, fmt = opts.s, _value(fmt)
     against = {"against_model": against_model, "against_weights": against_weights,

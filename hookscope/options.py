@@ -2,7 +2,7 @@
 
 Every command that runs a model gets the same model and output options through
 :func:`runs_model`; the others get the output options through :func:`command`. Both hand
-the command an :class:`Options` with a :class:`~hookscope.core.session.Session` bound to it.
+the command an :class:`Options` with a :class:`~hookscope.session.Session` bound to it.
 Torch-free, so ``hookscope --help`` stays fast.
 """
 
@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
-from hookscope.core.session import ModelOptions, Session, session
+from hookscope.session import ModelOptions, Session, session
 
 # ----------------------------------------------------------------- help in the CLI's words
 
@@ -267,7 +267,7 @@ def _flags(ctx: typer.Context) -> dict[str, str]:
 
 
 class Options:
-    """The shared options of one invocation, and its :class:`~hookscope.core.session.Session`."""
+    """The shared options of one invocation, and its :class:`~hookscope.session.Session`."""
 
     def __init__(self, *, output: Path | None = None, force: bool = False, quiet: bool = False,
                  traceback: bool = False, model: str = "", **model_options: Any) -> None:

@@ -4,6 +4,9 @@ Every module under ``hookscope/`` is parsed (not imported) and every ``import`` 
 counts, at the top or inside a function; only ``if TYPE_CHECKING:`` blocks are left out,
 since they never run. A circle hidden behind a function-level import is still a circle: the
 two modules cannot be understood, tested or moved apart.
+
+The layers are checked too: a module imports only from its own layer or the ones below it, so
+the arrows run downward from the command line to the core.
 """
 
 from __future__ import annotations
@@ -99,3 +102,46 @@ def test_the_graph_sees_lazy_imports() -> None:
 
 def test_no_import_circles() -> None:
     assert cycles(graph()) == []
+
+
+# Lowest first. A module belongs to the first layer whose prefix it starts with; the package
+# root (``hookscope``, a lazy table that Python imports before any submodule) belongs to none.
+LAYERS = (
+    ("hookscope.core",),
+    ("hookscope.inputs",),
+    ("hookscope.sources",),
+    ("hookscope.cam",),
+    ("hookscope.probes",),
+    ("hookscope.training",),
+    ("hookscope.integrations",),
+    ("hookscope.render",),
+    ("hookscope.catalog_data", "hookscope.catalog", "hookscope.session", "hookscope.options",
+     "hookscope.cli_watch", "hookscope.cli", "hookscope.__main__"),
+)
+
+
+def layer(module: str) -> int | None:
+    for level, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return level
+    return None
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    found = []
+    for source, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            low, high = layer(source), layer(target)
+            if low is not None and high is not None and high > low:
+                found.append(f"{source} -> {target}")
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in graph() if m != "hookscope" and layer(m) is None] == []
+
+
+def test_imports_only_run_downward() -> None:
+    assert upward({"hookscope.core.run": {"hookscope.render.views"}}) == [
+        "hookscope.core.run -> hookscope.render.views"]
+    assert upward(graph()) == []

@@ -1,4 +1,4 @@
-"""hookscope.render.output: where output goes (files, links, devices, FIFOs, stdout), atomic
+"""hookscope.core.output: where output goes (files, links, devices, FIFOs, stdout), atomic
 replacement, one-line errors, staged folders, CSV cells.
 
 Device tests never pass ``force``: were the code to rename over ``/dev/null``, it fails on
@@ -19,9 +19,10 @@ import pytest
 import torch
 from PIL import Image
 
+from hookscope.core import output
 from hookscope.core.errors import HookscopeError
-from hookscope.render import grid, output
-from hookscope.render.output import OutputKind, Staging, atomic_path, check_folder, resolve_output
+from hookscope.core.output import OutputKind, Staging, atomic_path, check_folder, resolve_output
+from hookscope.render import grid
 
 
 def one_line(exc: pytest.ExceptionInfo[HookscopeError]) -> str:

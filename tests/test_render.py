@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from hookscope.render import ablate, camview, grads, grid, output, tables, tree
+from hookscope.core import output
+from hookscope.render import ablate, camview, grads, grid, tables, tree
 
 
 def _render(renderable, width: int = 100) -> str:

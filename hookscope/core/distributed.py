@@ -9,7 +9,7 @@ gathered to rank 0 with ``torch.distributed.gather_object`` (as ``torch.save`` b
 there with every tensor on the CPU, whichever GPU each rank used) and merged in rank order with
 their own exact ``merge`` (Chan's update for moments, sums of counts, min/max, sketches
 bucket by bucket), which is the report of one run over all inputs in order. No probe knows
-about ranks: :class:`~hookscope.core.session.Session` does this around the driver.
+about ranks: :class:`~hookscope.session.Session` does this around the driver.
 
 Only rank 0 prints and writes. The other ranks, once their report is sent, wait for rank
 0's exit code and exit with it (:class:`Follow`).

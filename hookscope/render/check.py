@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.render.output import Output, resolve_output, write
+from hookscope.core.output import Output, resolve_output, write
 from hookscope.render.tables import Col, FitTable, fmt_float, header
 
 Doc = Mapping[str, Any]

@@ -21,7 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from hookscope.render.streams import DataFile, data
+from hookscope.core.streams import DataFile, data
 
 _stdout: Console | None = None
 _stderr: Console | None = None

@@ -4,7 +4,7 @@ Overlays also outline a segmentation model's explained region and draw a detecto
 with their labels and scores; ``guided`` writes guided Grad-CAM images. All image I/O is
 Pillow. Colouring uses a 256-entry lookup table taken from matplotlib, so
 a large photo costs one table lookup per pixel. Files are written through
-:class:`hookscope.render.output.Staging`: under temporary names, renamed
+:class:`hookscope.core.output.Staging`: under temporary names, renamed
 into place only when the whole run succeeded, so a failed run leaves no partial output.
 """
 
@@ -21,8 +21,8 @@ import numpy as np
 from PIL import Image
 
 from hookscope.core.errors import HookscopeError
+from hookscope.core.output import Staging
 from hookscope.inputs.resolve import unique_stems
-from hookscope.render.output import Staging
 
 if TYPE_CHECKING:
     from hookscope.cam.result import CamBatch

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from hookscope.render.output import Output
+    from hookscope.core.output import Output
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -252,9 +252,9 @@ def plot_output(path: str | Path | None, *, force: bool) -> Output | None:
 
     Raises:
         HookscopeError: another suffix, or a path that cannot be written (see
-            :func:`hookscope.render.output.resolve_output`).
+            :func:`hookscope.core.output.resolve_output`).
     """
-    from hookscope.render.output import resolve_output
+    from hookscope.core.output import resolve_output
 
     if path is None:
         return None
@@ -273,7 +273,7 @@ def write_plot(data: bytes, output: Output) -> None:
     Raises:
         HookscopeError: the file cannot be written.
     """
-    from hookscope.render.output import atomic_path
+    from hookscope.core.output import atomic_path
 
     with atomic_path(output) as tmp:
         tmp.write_bytes(data)

@@ -19,9 +19,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hookscope.core.output import Output, dumps_json, format_shape, format_shapes, write
 from hookscope.render import plots
 from hookscope.render.html import cell, num, render
-from hookscope.render.output import Output, dumps_json, format_shape, format_shapes, write
 from hookscope.render.tables import ZERO_WARN, fmt_float
 
 if TYPE_CHECKING:

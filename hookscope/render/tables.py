@@ -26,7 +26,7 @@ from rich.style import StyleType
 from rich.table import Table
 from rich.text import Text
 
-from hookscope.render.output import format_shape, format_shapes
+from hookscope.core.output import format_shape, format_shapes
 
 ZERO_WARN = 0.99
 

@@ -17,10 +17,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from hookscope.core.output import Output, dumps_json, format_shape, write
 from hookscope.render import plots
 from hookscope.render import training_plots as tp
 from hookscope.render.html import cell, num, render
-from hookscope.render.output import Output, dumps_json, format_shape, write
 from hookscope.render.tables import ZERO_WARN, fmt_float
 from hookscope.training.logs import number
 

@@ -13,9 +13,9 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.text import Text
 from rich.tree import Tree
 
+from hookscope.core.output import Output, dumps_json, dumps_ndjson, format_shape, write
+from hookscope.core.streams import data
 from hookscope.render import console
-from hookscope.render.output import Output, dumps_json, dumps_ndjson, format_shape, write
-from hookscope.render.streams import data
 from hookscope.render.tables import Col, FitTable, Part, fit_parts, fmt_float, footnote, header
 
 # ----------------------------------------------------------------------------- models

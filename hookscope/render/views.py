@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hookscope.core.errors import HookscopeError
+from hookscope.core.output import Output, dumps_csv, dumps_json, dumps_ndjson, write
 from hookscope.render import console
-from hookscope.render.output import Output, dumps_csv, dumps_json, dumps_ndjson, write
 
 
 def emit(command: str, doc: Mapping[str, Any], fmt: str, output: Output, **options: Any) -> None:

@@ -137,7 +137,7 @@ class Watch:
 
     def __enter__(self) -> Watch:
         from hookscope import __version__
-        from hookscope.render.watchlog import TensorBoardLog, WatchLog
+        from hookscope.training.watchlog import TensorBoardLog, WatchLog
 
         self.ranks = Ranks.current()
         failure = None

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hookscope.core.errors import HookscopeError
-from hookscope.render.streams import data as _data_stream
+from hookscope.core.streams import data as _data_stream
 
 # ----------------------------------------------------------------- serialisation
 

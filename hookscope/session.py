@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.render.streams import prints_to_stderr
+from hookscope.core.streams import prints_to_stderr
 
 if TYPE_CHECKING:
     from hookscope.core.distributed import Group, Launch
+    from hookscope.core.output import Output
     from hookscope.core.run import Probe
     from hookscope.inputs.resolve import Batch, InputSet
     from hookscope.render.console import Bar
-    from hookscope.render.output import Output
     from hookscope.sources import LoadedModel, LoadOptions
 
 R = TypeVar("R")
@@ -321,7 +321,7 @@ class Session:
 
     def output(self, path: Path | str | None, *, force: bool) -> Output:
         """Where data goes, checked now (before the model loads); only rank 0 writes."""
-        from hookscope.render.output import resolve_output
+        from hookscope.core.output import resolve_output
 
         output = resolve_output(path if self.leader else None, force=force)
         if output.target is not None:
@@ -330,7 +330,7 @@ class Session:
 
     def folder(self, path: Path, planned: Iterable[Path], *, force: bool) -> Path:
         """An output folder and the files planned in it, checked now."""
-        from hookscope.render.output import check_folder
+        from hookscope.core.output import check_folder
 
         if not self.leader:
             return path

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.render.output import dumps_json, dumps_ndjson, emit
+from hookscope.core.output import dumps_json, dumps_ndjson, emit
 
 __all__ = ["LOG_NAME", "NONFINITE_NAME", "TensorBoardLog", "WatchLog"]
 
