@@ -241,12 +241,9 @@ def gradcam(
             metrics=plan.names if plan else (), percentiles=plan.percentiles if plan else None,
             head_fusion=_value(head_fusion), discard_ratio=discard_ratio)
     writer.log_notes(report.notes)
-    doc = loaded.envelope("gradcam", resolved.names) | {
-        "layer": report.layer, "layer_default": not layers, "layer_shape": report.layer_shape,
-        "methods": methods, "out": str(out_dir), "results": writer.rows,
-        "layers": report.layers, "layer_shapes": report.layer_shapes, "task": report.task,
-        "aug_smooth": aug_smooth, "eigen_smooth": eigen_smooth, "guided": guided,
-        "metrics": writer.metric_means(), "skipped": writer.skipped}
+    doc = loaded.envelope("gradcam", resolved.names) | writer.document(
+        report, out=out_dir, layer_default=not layers, aug_smooth=aug_smooth,
+        eigen_smooth=eigen_smooth, guided=guided)
     s.emit("gradcam", doc, _value(fmt), out)
 
 
@@ -331,9 +328,7 @@ def features(
                               order=_value(order), upsample=upsample, stems=stems)
         report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
                        progress=lambda n: bar(n * len(sites)))
-    doc = loaded.envelope("features", resolved.names) | {
-        "out": str(out_dir), "tensorboard": str(tensorboard) if tensorboard else None,
-        "files": [row["path"] for row in report.grids]} | report.to_dict()
+    doc = loaded.envelope("features", resolved.names) | report.document(out_dir, tensorboard)
     s.emit("features", doc, _value(fmt), out)
 
 

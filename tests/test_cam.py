@@ -29,7 +29,7 @@ from hookscope.cam.targets import crop_box
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import hook_count
 from hookscope.core.targets import parse_targets
-from hookscope.render.heatmap import peak_in_box
+from hookscope.cam.result import peak_in_box
 
 REFERENCE = {
     "gradcam": pgc.GradCAM,

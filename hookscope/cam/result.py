@@ -3,7 +3,8 @@
 :class:`CamResult` holds one method's maps; :class:`CamBatch` one batch's maps of every
 method (what a sink receives); :class:`CamReport` what :class:`hookscope.cam.probe.CamProbe`
 returns. :func:`fuse` joins several layers' raw maps as pytorch-grad-cam does, and
-:class:`MapSum` averages them over ``aug_smooth``'s passes.
+:class:`MapSum` averages them over ``aug_smooth``'s passes. :class:`CamRows` makes the
+``gradcam`` document: the one the command writes, from the Python API too.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 #: A raw map whose range is within this fraction of its magnitude (128 float32 ulps) is
 #: constant: its variation is the rounding of the sums that made it, not localisation.
 CONSTANT_RTOL = 128 * float(torch.finfo(torch.float32).eps)
+
+Box = tuple[float, float, float, float]
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,109 @@ class CamReport:
     layers: list[str] = field(default_factory=list)
     layer_shapes: list[list[int]] = field(default_factory=list)
     task: str = "classification"
+
+
+def peak_in_box(
+    peak: tuple[int, int], map_size: tuple[int, int], box: Box
+) -> tuple[int, int]:
+    """Map a (y, x) peak of an (h, w) map onto original-image pixels inside ``box``."""
+    (y, x), (h, w) = peak, map_size
+    left, top, right, bottom = box
+    py = top + (y + 0.5) * (bottom - top) / h
+    px = left + (x + 0.5) * (right - left) / w
+    return (int(py), int(px))
+
+
+class CamRows:
+    """A sink for :func:`hookscope.cam.probe.explain` that keeps the ``gradcam`` document's
+    rows: one per input and method explained, and the inputs skipped (a detector found
+    nothing). :meth:`document` is the document the command writes after its envelope.
+
+    Args:
+        plans: per input of the whole run, per method, its files' paths (``overlay``,
+            ``heatmap``, ``raw``...; see :func:`hookscope.render.heatmap.output_paths`).
+        label: the class name of an index, or None (``LoadedModel.label``).
+        save_raw: the raw ``.npy`` maps are written (each row names them).
+    """
+
+    def __init__(self, plans: Sequence[dict[str, dict[str, Path | None]]],
+                 label: Callable[[int], str | None] = lambda index: None, *,
+                 save_raw: bool = False) -> None:
+        self.plans, self.label, self.save_raw = plans, label, save_raw
+        self.rows: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, str]] = []
+
+    def __call__(self, explained: CamBatch) -> None:
+        batch = explained.batch
+        if batch is None:
+            raise ValueError(f"{type(self).__name__} needs batches from "
+                             "hookscope.inputs.resolve.iter_batches")
+        peaks = {name: res.peaks for name, res in explained.results.items()}
+        for i, item in enumerate(batch.items):
+            why = explained.skipped[i] if explained.skipped else None
+            if why is not None:
+                self.skipped.append({"input": item.name, "reason": why})
+                continue
+            for name, res in explained.results.items():
+                peak, box = peaks[name][i], explained.boxes[i]
+                if peak is not None and box is not None:
+                    peak = peak_in_box(peak, res.maps.shape[1:], box)
+                self.rows.append(self._row(item.name, name, res, i,
+                                           self.plans[batch.start + i][name], peak))
+
+    def _row(self, input_name: str, method: str, res: CamResult, i: int,
+             paths: dict[str, Path | None], peak: tuple[int, int] | None) -> dict[str, Any]:
+        target = res.targets[i] if res.targets[i] >= 0 else None
+        row: dict[str, Any] = {
+            "input": input_name, "method": method, "layer": res.layer, "target": target,
+            "label": self.label(target) if target is not None else None,
+            "score": res.scores[i], "prob": res.probs[i],
+            "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
+            "raw": str(paths["raw"]) if paths["raw"] is not None else None,
+            "peak": list(peak) if peak is not None else None, "layers": list(res.layers),
+            "constant": bool(res.constant[i]) if res.constant else False,
+        }
+        if row["constant"]:  # a blank map has no peak
+            row["peak"] = None
+        if len(res.layers) > 1:
+            row["raw_layers"] = {layer: str(paths[f"raw.{layer}"]) if self.save_raw else None
+                                 for layer in res.layers}
+        if paths.get("guided") is not None:
+            row["guided"] = str(paths["guided"])
+        if res.metrics:
+            row["metrics"] = {k: float(v[i]) for k, v in res.metrics.items()}
+        if res.regions is not None:
+            row["region_pixels"] = int(res.regions[i].sum())
+        if res.detections is not None:
+            row["detections"] = [d | {"label_name": self.label(d["label"])}
+                                 for d in res.detections[i]]
+        return row
+
+    def metric_means(self) -> dict[str, dict[str, float]]:
+        """Per method, each metric's mean over the inputs explained."""
+        sums: dict[str, dict[str, list[float]]] = {}
+        for row in self.rows:
+            for key, value in (row.get("metrics") or {}).items():
+                sums.setdefault(row["method"], {}).setdefault(key, []).append(value)
+        return {m: {k: float(np.mean(v)) for k, v in found.items()} for m, found in sums.items()}
+
+    def document(self, report: CamReport, *, out: Path, layer_default: bool,
+                 aug_smooth: bool = False, eigen_smooth: bool = False, guided: bool = False
+                 ) -> dict[str, Any]:
+        """The ``gradcam`` document after the envelope (``LoadedModel.envelope``).
+
+        Args:
+            report: what :func:`hookscope.cam.probe.explain` returned with this sink.
+            out: the folder of the files.
+            layer_default: the layer was chosen automatically.
+            aug_smooth, eigen_smooth, guided: the options ``explain`` was given.
+        """
+        return {
+            "layer": report.layer, "layer_default": layer_default,
+            "layer_shape": report.layer_shape, "methods": report.methods, "out": str(out),
+            "results": self.rows, "layers": report.layers, "layer_shapes": report.layer_shapes,
+            "task": report.task, "aug_smooth": aug_smooth, "eigen_smooth": eigen_smooth,
+            "guided": guided, "metrics": self.metric_means(), "skipped": self.skipped}
 
 
 

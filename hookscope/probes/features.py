@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -160,6 +161,13 @@ class FeaturesReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"grids": list(self.grids)}
+
+    def document(self, out: Path, tensorboard: Path | None = None) -> dict[str, Any]:
+        """The ``features`` document after the envelope (``LoadedModel.envelope``): the
+        folder, the TensorBoard log, the files (each row's ``path``, from the sink) and the
+        rows."""
+        return {"out": str(out), "tensorboard": str(tensorboard) if tensorboard else None,
+                "files": [row["path"] for row in self.grids]} | self.to_dict()
 
 
 class FeaturesProbe(Probe[FeaturesReport]):

@@ -15,30 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from hookscope.cam.result import Box, CamBatch, CamRows
 from hookscope.core.errors import HookscopeError
 from hookscope.core.output import Staging
 from hookscope.inputs.resolve import unique_stems
-
-if TYPE_CHECKING:
-    from hookscope.cam.result import CamBatch
-
-Box = tuple[float, float, float, float]
-
-
-def peak_in_box(
-    peak: tuple[int, int], map_size: tuple[int, int], box: Box
-) -> tuple[int, int]:
-    """Map a (y, x) peak of an (h, w) map onto original-image pixels inside ``box``."""
-    (y, x), (h, w) = peak, map_size
-    left, top, right, bottom = box
-    py = top + (y + 0.5) * (bottom - top) / h
-    px = left + (x + 0.5) * (right - left) / w
-    return (int(py), int(px))
 
 
 @lru_cache(maxsize=16)
@@ -240,9 +225,9 @@ def write_cam_files(
                          paths["guided"])  # type: ignore[arg-type]
 
 
-class CamWriter:
+class CamWriter(CamRows):
     """Sink for :class:`hookscope.cam.probe.CamProbe`: stages each batch's PNGs (and ``.npy``
-    maps) in worker threads and keeps one result row per input and method.
+    maps) in worker threads, and keeps the document's rows (:class:`CamRows`).
 
     Overlays are drawn on the original image, the map placed where the model's input lies
     in it; tensor inputs are drawn on their de-normalised tensor. Inputs the probe skipped
@@ -260,35 +245,26 @@ class CamWriter:
     def __init__(self, staging: Staging, plans: Sequence[dict[str, dict[str, Path | None]]],
                  loaded: Any, *, save_raw: bool = False, cmap: str = "jet",
                  alpha: float = 0.5) -> None:
-        self.staging, self.plans, self.loaded = staging, plans, loaded
-        self.save_raw, self.cmap, self.alpha = save_raw, cmap, alpha
-        self.rows: list[dict[str, Any]] = []
-        self.skipped: list[dict[str, str]] = []
+        super().__init__(plans, loaded.label, save_raw=save_raw)
+        self.staging, self.loaded, self.cmap, self.alpha = staging, loaded, cmap, alpha
 
     def __call__(self, explained: CamBatch) -> None:
+        super().__call__(explained)
         batch = explained.batch
-        if batch is None:
-            raise ValueError("CamWriter needs batches from hookscope.inputs.resolve.iter_batches")
+        assert batch is not None  # CamRows refused it
         size = (int(batch.tensor.shape[-1]), int(batch.tensor.shape[-2]))
-        peaks = {name: res.peaks for name, res in explained.results.items()}
-        for i, item in enumerate(batch.items):
-            why = explained.skipped[i] if explained.skipped else None
-            if why is not None:
-                self.skipped.append({"input": item.name, "reason": why})
+        for i in range(len(batch.items)):
+            if explained.skipped and explained.skipped[i] is not None:
                 continue
             image = batch.images[i] or denormalize(batch.tensor[i], self.loaded.mean,
                                                    self.loaded.std)
             for name, res in explained.results.items():
                 paths = self.plans[batch.start + i][name]
-                extras = self._extras(res, i, paths, size)
                 self.staging.submit(write_cam_files, self.staging, res.maps[i], image,
                                     explained.boxes[i], paths,
                                     raw=res.raw[i] if self.save_raw else None,
-                                    cmap=self.cmap, alpha=self.alpha, extras=extras)
-                peak, box = peaks[name][i], explained.boxes[i]
-                if peak is not None and box is not None:
-                    peak = peak_in_box(peak, res.maps.shape[1:], box)
-                self.rows.append(self._row(item.name, name, res, i, paths, peak))
+                                    cmap=self.cmap, alpha=self.alpha,
+                                    extras=self._extras(res, i, paths, size))
 
     def _extras(self, res: Any, i: int, paths: dict[str, Path | None],
                 size: tuple[int, int]) -> Extras:
@@ -300,42 +276,6 @@ class CamWriter:
                       detections=res.detections[i] if res.detections is not None else None,
                       input_size=size, label=self.loaded.label,
                       guided=res.guided[i] if res.guided is not None else None)
-
-    def _row(self, input_name: str, method: str, res: Any, i: int,
-             paths: dict[str, Path | None], peak: tuple[int, int] | None) -> dict[str, Any]:
-        target = res.targets[i] if res.targets[i] >= 0 else None
-        row: dict[str, Any] = {
-            "input": input_name, "method": method, "layer": res.layer, "target": target,
-            "label": self.loaded.label(target) if target is not None else None,
-            "score": res.scores[i], "prob": res.probs[i],
-            "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
-            "raw": str(paths["raw"]) if paths["raw"] is not None else None,
-            "peak": list(peak) if peak is not None else None, "layers": list(res.layers),
-            "constant": bool(res.constant[i]) if res.constant else False,
-        }
-        if row["constant"]:  # a blank map has no peak
-            row["peak"] = None
-        if len(res.layers) > 1:
-            row["raw_layers"] = {layer: str(paths[f"raw.{layer}"]) if self.save_raw else None
-                                 for layer in res.layers}
-        if paths.get("guided") is not None:
-            row["guided"] = str(paths["guided"])
-        if res.metrics:
-            row["metrics"] = {k: float(v[i]) for k, v in res.metrics.items()}
-        if res.regions is not None:
-            row["region_pixels"] = int(res.regions[i].sum())
-        if res.detections is not None:
-            row["detections"] = [d | {"label_name": self.loaded.label(d["label"])}
-                                 for d in res.detections[i]]
-        return row
-
-    def metric_means(self) -> dict[str, dict[str, float]]:
-        """Per method, each metric's mean over the inputs explained."""
-        sums: dict[str, dict[str, list[float]]] = {}
-        for row in self.rows:
-            for key, value in (row.get("metrics") or {}).items():
-                sums.setdefault(row["method"], {}).setdefault(key, []).append(value)
-        return {m: {k: float(np.mean(v)) for k, v in found.items()} for m, found in sums.items()}
 
     @staticmethod
     def log_notes(notes: Sequence[str]) -> None:
