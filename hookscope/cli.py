@@ -169,16 +169,21 @@ def debug_command(
     loaded = s.load(opts.model, "debug")
     envelope = loaded.envelope("debug", resolved.names)
     writer = TraceWriter(fmt, out, envelope)
+    streams = out.is_stdout and fmt != "json"  # the one exception to emit: see TraceWriter
     merged = s.ranks > 1  # under torchrun the trace is written once the ranks' are merged
+    live = streams and not merged
     probe = DebugProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
-                       max_depth=max_depth, on_event=None if merged else writer.event,
-                       record=merged)
-    with writer:
-        report = s.run(loaded, resolved, opts.model, probe, "debug", shown=False,
-                       train_mode=train_mode)
-        for event in report.events or ():
+                       max_depth=max_depth, record=not live,
+                       on_event=(lambda event: writer.event(event.to_dict())) if live else None)
+    report = s.run(loaded, resolved, opts.model, probe, "debug", shown=False,
+                   train_mode=train_mode)
+    doc = report.document(envelope)
+    if streams:
+        for event in doc["events"]:  # recorded only under torchrun
             writer.event(event)
-        writer.summary(report.to_dict())
+        writer.summary(doc["summary"])
+    elif out.is_stdout or report.failure is None:  # a failed run leaves no file
+        s.emit("debug", doc, fmt, out)
     if report.failure is not None:
         raise report.failure
     if fail_on_nonfinite and report.origin is not None:
@@ -520,7 +525,6 @@ def report_command(
         return cli_watch.report_log(opts)
     from hookscope.probes.report import ReportOptions, build_report, left_out
     from hookscope.render.heatmap import check_colormap
-    from hookscope.render.report import write_report
 
     s = opts.s
     methods = list(dict.fromkeys(["gradcam", *(_value(m) for m in method or [])]))
@@ -538,7 +542,7 @@ def report_command(
         report = build_report(
             loaded, lambda: s.batches(resolved, loaded, opts.model, keep_images=True),
             resolved.names, options, progress=bar)
-    write_report(report, out, cmap=colormap, alpha=alpha)
+    s.emit("report", report, "html", out, cmap=colormap, alpha=alpha)
 
 
 # ----------------------------------------------------------------- watch (cli_watch.py)

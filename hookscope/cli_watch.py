@@ -72,12 +72,11 @@ def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
 
 def report_log(opts: Options) -> None:
     """``hookscope report LOG_DIR``: the training page."""
-    from hookscope.render.training import write_training_page
     from hookscope.training.logs import read_log
 
     _one_process(opts)
     out = opts.s.output(opts.output, force=opts.force)
-    write_training_page(read_log(opts.model.name), out)
+    opts.s.emit("training", read_log(opts.model.name), "html", out)
 
 
 # ----------------------------------------------------------------- hookscope watch

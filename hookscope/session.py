@@ -442,9 +442,8 @@ class Session:
 
         emit_plot(command, doc, output, **options)
 
-    def emit(self, command: str, doc: dict[str, Any], fmt: str, output: Output,
-             **options: Any) -> None:
-        """Write the command's document through its registered view."""
+    def emit(self, command: str, doc: Any, fmt: str, output: Output, **options: Any) -> None:
+        """Write the command's document (or the report a page draws) through its view."""
         from hookscope.render.views import emit
 
         emit(command, doc, fmt, output, **options)

@@ -21,7 +21,7 @@ leaves it out.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +220,13 @@ class DebugReport:
         return {"event": "summary", "batches": self.batches, "samples": self.samples,
                 "calls": self.calls, "nonfinite_calls": self.nonfinite_calls,
                 "origin": origin, "error": error, "output_shapes": self.output_shapes}
+
+    def document(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``debug`` document: the envelope (``LoadedModel.envelope``), every recorded
+        event, and the summary (the envelope again, then :meth:`to_dict`)."""
+        summary = dict(envelope) | {k: v for k, v in self.to_dict().items() if k != "event"}
+        return dict(envelope) | {"events": [e.to_dict() for e in self.events or ()],
+                                 "summary": summary}
 
 
 class DebugProbe(Probe[DebugReport]):

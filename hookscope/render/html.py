@@ -61,6 +61,16 @@ def render(template: str, **context: Any) -> str:
     return environment().get_template(template).render(**page_assets(), **context)
 
 
+def count(n: float | None, unit: str = "") -> str:
+    """A count with an SI prefix and two decimals: ``1.81 GFLOPs``, ``202.73 kB``."""
+    if n is None:
+        return "n/a"
+    for size, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {suffix}{unit}"
+    return f"{n:g} {unit}".strip()
+
+
 def sort_key(value: Any) -> str:
     """A cell's sort key for ``data-v``: numbers as ``repr``, non-finite and None empty."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import RenderableType
 
+from hookscope.core.errors import HookscopeError
 from hookscope.render import ablate, camview, grads, grid, tables, tree
 
 Doc = Mapping[str, Any]
@@ -18,12 +19,12 @@ Rows = tuple[list[dict[str, Any]], Sequence[str]]
 class View:
     """How one command's document is shown: a Rich renderable, and optionally CSV, a
     matplotlib figure (``--plot``) and formats of its own, each the document as text (such
-    as ``check``'s GitHub annotations)."""
+    as ``check``'s GitHub annotations, or a report's HTML page)."""
 
     table: Callable[..., RenderableType]
     csv: Callable[..., Rows] | None = None
     plot: Callable[..., Any] | None = None
-    texts: Mapping[str, Callable[[Doc], str]] = field(default_factory=dict)
+    texts: Mapping[str, Callable[..., str]] = field(default_factory=dict)
 
 
 VIEWS: dict[str, View] = {}
@@ -31,7 +32,7 @@ VIEWS: dict[str, View] = {}
 
 def register(command: str, *, csv: Callable[..., Rows] | None = None,
              plot: Callable[..., Any] | None = None,
-             texts: Mapping[str, Callable[[Doc], str]] | None = None,
+             texts: Mapping[str, Callable[..., str]] | None = None,
              ) -> Callable[[Callable[..., RenderableType]], Callable[..., RenderableType]]:
     """Register ``command``'s table view (the decorated function), its CSV layout, its
     figure and its own text formats."""
@@ -221,3 +222,31 @@ register("diff", csv=_diff.diff_csv)(_diff.diff_view)
 from hookscope.render import watchview as _watch  # noqa: E402
 
 register("watch", csv=_watch.watch_csv)(_watch.watch_view)
+
+
+# ----------------------------------------------------------------- debug (a file or json; stdout streams)
+
+register("debug", texts={"ndjson": tree.debug_ndjson})(tree.debug_view)
+
+
+# ----------------------------------------------------------------- report: HTML pages
+
+
+def _page(doc: Any, **options: Any) -> str:
+    from hookscope.render.report import report_html
+
+    return report_html(doc, **options)
+
+
+def _training_page(doc: Any) -> str:
+    from hookscope.render.training import training_html
+
+    return training_html(doc)
+
+
+def _no_table(doc: Any) -> RenderableType:
+    raise HookscopeError("a report is a page: write it as html.")
+
+
+register("report", texts={"html": _page})(_no_table)  # doc: a probes.report.Report
+register("training", texts={"html": _training_page})(_no_table)  # doc: a TrainingLog

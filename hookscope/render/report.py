@@ -13,15 +13,13 @@ from __future__ import annotations
 import base64
 import io
 import json
-import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hookscope.core.output import Output, dumps_json, format_shape, format_shapes, write
+from hookscope.core.output import dumps_json, format_shape, format_shapes
 from hookscope.render import plots
-from hookscope.render.html import cell, num, render
+from hookscope.render.html import cell, count, num, render
 from hookscope.render.tables import ZERO_WARN, fmt_float
 
 if TYPE_CHECKING:
@@ -33,15 +31,6 @@ if TYPE_CHECKING:
 MAX_SIDE = 512
 #: Findings of one kind listed before "and N more".
 MAX_FINDINGS = 8
-
-
-def _count(n: float | None, unit: str = "") -> str:
-    if n is None:
-        return "n/a"
-    for size, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {suffix}{unit}"
-    return f"{n:g} {unit}".strip()
 
 
 def image_uri(image: Image.Image, *, quality: int = 85) -> str:
@@ -118,12 +107,12 @@ def _envelope(report: Report) -> list[tuple[str, dict[str, Any], bool]]:
         k for k in keys if k not in _FIRST and k not in _WIDE]
     rows = [(k, _envelope_value(k, env[k])) for k in ordered]
     shape = report.flops_shape
-    flops = {"text": _count(report.flops, "FLOPs")}
+    flops = {"text": count(report.flops, "FLOPs")}
     if report.flops is not None and shape:
-        flops["dim"] = (f"per input ({format_shape(shape)}; {_count(report.flops // 2)} "
+        flops["dim"] = (f"per input ({format_shape(shape)}; {count(report.flops // 2)} "
                         "MACs)")
     rows += [("input shape", {"text": format_shape(report.stats.input_shape)}),
-             ("parameters", {"text": f"{report.params:,}", "dim": f"({_count(report.params)})"}),
+             ("parameters", {"text": f"{report.params:,}", "dim": f"({count(report.params)})"}),
              ("FLOPs", flops), ("created", {"time": report.created})]
     rows += [(k, _envelope_value(k, env[k])) for k in _WIDE if k in keys]
     return [(k.replace("_", " "), v, k in _WIDE) for k, v in rows]
@@ -290,21 +279,3 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
                                               enumerate(doc["grads"]["layers"])],
         median=None if grads is None else fmt_float(grads.median_norm),
         cam=_cam(report, cmap, alpha))
-
-
-def write_report(report: Report, output: Output, *, cmap: str = "jet",
-                 alpha: float = 0.5) -> int:
-    """Draw the page and write it to ``output`` (a file atomically); return its size.
-
-    Its size and the time taken to draw and write it are one note on stderr.
-
-    Raises:
-        HookscopeError: the output cannot be written (a file is then left as it was).
-    """
-    start = time.perf_counter()
-    text = report_html(report, cmap=cmap, alpha=alpha)
-    write(output, text)
-    size = len(text.encode("utf-8", "surrogateescape"))
-    logging.getLogger("hookscope").info("wrote %s (%s) in %.2f s", output, _count(size, "B"),
-                                        time.perf_counter() - start)
-    return size

@@ -12,12 +12,10 @@ style, script and Content-Security-Policy (nothing loads, only the page's own sc
 from __future__ import annotations
 
 import json
-import logging
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hookscope.core.output import Output, dumps_json, format_shape, write
+from hookscope.core.output import dumps_json, format_shape
 from hookscope.render import plots
 from hookscope.render import training_plots as tp
 from hookscope.render.html import cell, num, render
@@ -179,19 +177,4 @@ def training_html(log: TrainingLog) -> str:
         params=[_param_row(i, r) for i, r in enumerate(last.get("params") or ())])
 
 
-def write_training_page(log: TrainingLog, output: Output) -> int:
-    """Draw the page and write it to ``output`` (a file atomically); return its size.
-
-    Raises:
-        HookscopeError: the output cannot be written (a file is then left as it was).
-    """
-    start = time.perf_counter()
-    text = training_html(log)
-    write(output, text)
-    size = len(text.encode("utf-8", "surrogateescape"))
-    logging.getLogger("hookscope").info("wrote %s (%d bytes) in %.2f s", output, size,
-                                        time.perf_counter() - start)
-    return size
-
-
-__all__ = ["training_html", "write_training_page"]
+__all__ = ["training_html"]

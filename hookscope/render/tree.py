@@ -13,8 +13,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.text import Text
 from rich.tree import Tree
 
-from hookscope.core.output import Output, dumps_json, dumps_ndjson, format_shape, write
-from hookscope.core.streams import data
+from hookscope.core.output import Output, dumps_ndjson, format_shape, write
 from hookscope.render import console
 from hookscope.render.tables import Col, FitTable, Part, fit_parts, fmt_float, footnote, header
 
@@ -304,73 +303,84 @@ def batch_rule(batch: int) -> Text:
     return Text(f"── batch {batch} ──", style="dim")
 
 
-class TraceWriter:
-    """The output of ``debug``: events as they happen, then the summary.
+class TextTrace:
+    """The text trace's lines, made one event at a time: the run's header before the first
+    line (once the run has really started), a rule between batches."""
 
-    ``text`` and ``ndjson`` stream to stdout as the model runs. ``json`` is one document at
-    the end. To a file, everything is written at once when the run completes, and only
-    when the forward pass did not fail, so a failed run leaves no file.
+    def __init__(self, envelope: Mapping[str, Any]) -> None:
+        self.envelope = envelope
+        self._batch = 0
+        self._started = False
+
+    def _start(self) -> list[RenderableType]:
+        if self._started:
+            return []
+        self._started = True
+        return [header(self.envelope)]
+
+    def event(self, event: Mapping[str, Any]) -> list[RenderableType]:
+        """The lines of one trace event (its ``to_dict()``)."""
+        lines = self._start()
+        batch = int(event.get("batch") or 0)
+        if batch != self._batch:
+            self._batch = batch
+            lines.append(batch_rule(batch))
+        return [*lines, trace_line(event)]
+
+    def summary(self, summary: Mapping[str, Any]) -> list[RenderableType]:
+        """The closing summary's line."""
+        return [*self._start(), summary_line(summary)]
+
+
+def debug_view(doc: Mapping[str, Any]) -> RenderableType:
+    """The whole ``debug`` document (``DebugReport.document``) as its text trace."""
+    trace = TextTrace(doc)
+    return Group(*(line for event in doc["events"] for line in trace.event(event)),
+                 *trace.summary(doc["summary"]))
+
+
+def debug_ndjson(doc: Mapping[str, Any]) -> str:
+    """The whole ``debug`` document as its NDJSON trace: one line per event, then the summary."""
+    return "".join(map(dumps_ndjson, doc["events"])) + summary_ndjson(doc["summary"])
+
+
+def summary_ndjson(summary: Mapping[str, Any]) -> str:
+    """The NDJSON trace's closing line."""
+    return dumps_ndjson({"event": "summary"} | dict(summary))
+
+
+class TraceWriter:
+    """``debug``'s live trace on stdout: ``text`` or ``ndjson`` lines as the model runs, then
+    the summary, so what ran before a crash or a hang is already on screen.
+
+    The one output that does not go through :func:`hookscope.render.views.emit`: it streams.
+    Its lines are the ``debug`` view's (:func:`debug_view`, :func:`debug_ndjson`), which
+    ``emit`` writes for a file or ``json``, at the end and only for a run that completed.
 
     Args:
-        fmt: ``text``, ``ndjson`` or ``json``.
-        output: where it goes.
+        fmt: ``text`` or ``ndjson``.
+        output: where it goes (stdout).
         envelope: the JSON envelope (its header starts a text trace).
     """
 
     def __init__(self, fmt: str, output: Output, envelope: Mapping[str, Any]) -> None:
-        self.fmt, self.output, self.envelope = fmt, output, envelope
-        self.events: list[dict[str, Any]] = []
-        self.held: list[Any] = []  # what a file gets at the end
-        self.failed = False
-        self._batch = 0
-        self._started = False
+        self.fmt, self.output = fmt, output
+        self.text = TextTrace(envelope)
 
-    def _send(self, item: RenderableType | str) -> None:
-        if not self.output.is_stdout:
-            self.held.append(item)
-        elif isinstance(item, str):
-            data().write(item)
-            data().flush()
-        else:  # a closed pipe raises BrokenPipeError (see render.console): exit 0
-            console.stdout().print(item, soft_wrap=True, highlight=False)
+    def _print(self, lines: Sequence[RenderableType]) -> None:
+        for line in lines:  # a closed pipe raises BrokenPipeError (see render.console): exit 0
+            console.stdout().print(line, soft_wrap=True, highlight=False)
 
-    def event(self, event: Any) -> None:
-        """One trace event (an object with ``to_dict()``)."""
-        doc = event.to_dict()
-        if self.fmt == "json":
-            self.events.append(doc)
-        elif self.fmt == "ndjson":
-            self._send(dumps_ndjson(doc))
+    def event(self, event: Mapping[str, Any]) -> None:
+        """One trace event (its ``to_dict()``)."""
+        if self.fmt == "ndjson":
+            write(self.output, dumps_ndjson(event))
         else:
-            if not self._started:  # the header waits until the run has really started
-                self._started = True
-                self._send(header(self.envelope))
-            batch = int(doc.get("batch") or 0)
-            if batch != self._batch:
-                self._batch = batch
-                self._send(batch_rule(batch))
-            self._send(trace_line(doc))
+            self._print(self.text.event(event))
 
     def summary(self, summary: Mapping[str, Any]) -> None:
-        """The closing summary (``DebugReport.to_dict()``)."""
-        self.failed = summary.get("error") is not None
-        if self.fmt == "json":
-            body = dict(self.envelope) | {k: v for k, v in summary.items() if k != "event"}
-            self._send(dumps_json(dict(self.envelope) | {"events": self.events,
-                                                         "summary": body}))
-        elif self.fmt == "ndjson":
-            self._send(dumps_ndjson({"event": "summary"} | dict(self.envelope) | dict(summary)))
+        """The closing summary (the document's ``summary``)."""
+        if self.fmt == "ndjson":
+            write(self.output, summary_ndjson(summary))
         else:
-            if not self._started:
-                self._started = True
-                self._send(header(self.envelope))
-            self._send(summary_line(summary))
-
-    def __enter__(self) -> TraceWriter:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is not None or self.failed or self.output.is_stdout:
-            return
-        texts = [t if isinstance(t, str) else console.render_text(t) for t in self.held]
-        write(self.output, "".join(texts))
+            self._print(self.text.summary(summary))

@@ -8,31 +8,41 @@ a view, not a switch.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.output import Output, dumps_csv, dumps_json, dumps_ndjson, write
 from hookscope.render import console
+from hookscope.render.html import count
 
 
-def emit(command: str, doc: Mapping[str, Any], fmt: str, output: Output, **options: Any) -> None:
+def emit(command: str, doc: Any, fmt: str, output: Output, **options: Any) -> None:
     """Write ``doc`` as ``fmt`` (table, json, ndjson, csv, or a text format of the command's
-    own) to ``output``.
+    own, such as ``html``) to ``output``.
 
     A table goes to the terminal with colour, or as plain text into a file. ``options`` go
-    to the view (for example ``input_stats=True`` for ``stats``).
+    to the view (for example ``input_stats=True`` for ``stats``). ``doc`` is the command's
+    JSON document, or for a page (``html``) the report it draws; a page's size and the time
+    to draw and write it are one note on stderr.
 
     Raises:
         HookscopeError: the command has no such format, or the output cannot be written.
     """
-    view = _views()[command]
-    if fmt == "json":
+    view, start = _views()[command], time.perf_counter()
+    if fmt in view.texts:
+        text = view.texts[fmt](doc, **options)
+        write(output, text)
+        if fmt == "html":
+            size = len(text.encode("utf-8", "surrogateescape"))
+            logging.getLogger("hookscope").info("wrote %s (%s) in %.2f s", output,
+                                                count(size, "B"), time.perf_counter() - start)
+    elif fmt == "json":
         write(output, dumps_json(doc))
     elif fmt == "ndjson":
         write(output, dumps_ndjson(doc))
-    elif fmt in view.texts:
-        write(output, view.texts[fmt](doc))
     elif fmt == "csv":
         if view.csv is None:
             raise HookscopeError(f"{command} has no CSV output; use --format table or json.")
