@@ -21,6 +21,7 @@ _LAZY = {
     "Tracer": "hookscope.core.hooks",
     "select_sites": "hookscope.core.hooks",
     "gradcam": "hookscope.cam.probe",
+    "explain": "hookscope.cam.probe",
     "CamResult": "hookscope.cam.result",
     "collect_grads": "hookscope.probes.grads",
     "GradReport": "hookscope.probes.grads",

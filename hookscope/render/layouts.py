@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import RenderableType
 
 from hookscope.core.errors import HookscopeError
-from hookscope.render import ablate, camview, grads, grid, tables, tree
+from hookscope.render import ablate, camview, grads, grid, report, tables, training, tree
 
 Doc = Mapping[str, Any]
 Rows = tuple[list[dict[str, Any]], Sequence[str]]
@@ -232,21 +232,9 @@ register("debug", texts={"ndjson": tree.debug_ndjson})(tree.debug_view)
 # ----------------------------------------------------------------- report: HTML pages
 
 
-def _page(doc: Any, **options: Any) -> str:
-    from hookscope.render.report import report_html
-
-    return report_html(doc, **options)
-
-
-def _training_page(doc: Any) -> str:
-    from hookscope.render.training import training_html
-
-    return training_html(doc)
-
-
-def _no_table(doc: Any) -> RenderableType:
+def _page(doc: Any) -> RenderableType:
     raise HookscopeError("a report is a page: write it as html.")
 
 
-register("report", texts={"html": _page})(_no_table)  # doc: a probes.report.Report
-register("training", texts={"html": _training_page})(_no_table)  # doc: a TrainingLog
+register("report", texts={"html": report.report_html})(_page)  # doc: a probes.report.Report
+register("training", texts={"html": training.training_html})(_page)  # doc: a TrainingLog
