@@ -224,7 +224,7 @@ from hookscope.render import watchview as _watch  # noqa: E402
 register("watch", csv=_watch.watch_csv)(_watch.watch_view)
 
 
-# ----------------------------------------------------------------- debug (a file or json; stdout streams)
+# ----------------------------------------------------------------- debug (stdout streams instead)
 
 register("debug", texts={"ndjson": tree.debug_ndjson})(tree.debug_view)
 

@@ -1,4 +1,6 @@
-"""The one output path: every command's document drawn as a table or written as JSON or CSV.
+"""The one output path: every command's document drawn as a table or written as JSON, CSV or
+an HTML page. The one exception is ``debug``'s live trace, which streams to stdout as the model
+runs (:class:`hookscope.render.tree.TraceWriter`).
 
 Each command's view is registered once in :mod:`hookscope.render.layouts`: a function that
 draws the document with Rich and, where the command has one, a function that lays it out as
