@@ -67,3 +67,17 @@ def test_features_document_from_the_python_api_is_the_commands(cli, samples, tmp
     doc = loaded.envelope("features", resolved.names) | report.document(api)
     assert len(doc["files"]) == 4 and all(Path(f).is_file() for f in doc["files"])
     assert dumps_json(doc).replace(str(api), str(out)) == r.stdout
+
+
+def test_debug_document_from_the_python_api_is_the_commands(cli, samples) -> None:
+    from hookscope.probes.debug import DebugProbe
+
+    r = cli("debug", MODEL, *_inputs(samples), *SMALL, "-f", "json")
+    assert r.exit_code == 0, r.output
+
+    loaded, resolved = _loaded_and_inputs(samples)
+    report = drive(loaded.model, iter_batches(resolved, loaded.preprocess),
+                   DebugProbe(loaded.model, record=True))
+    doc = report.document(loaded.envelope("debug", resolved.names))
+    assert doc["events"] and doc["summary"]["samples"] == 2
+    assert dumps_json(doc) == r.stdout
