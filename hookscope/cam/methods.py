@@ -255,12 +255,8 @@ def hirescam(inp: CamInputs) -> torch.Tensor:
 @register("eigencam", gradients=False,
           summary="EigenCAM: first principal component of the activations (no gradients).")
 def eigencam(inp: CamInputs) -> torch.Tensor:
-    """EigenCAM (Muhammad & Yeasin), sign-corrected so the SVD's arbitrary sign cannot matter.
-
-    The activations at each position are centred over positions and projected on the first
-    right singular vector; the projection is negated when its minimum is larger in
-    magnitude than its maximum.
-    """
+    """EigenCAM (Muhammad & Yeasin): the activations' :func:`project`, sign-corrected so the
+    SVD's arbitrary sign cannot matter."""
     return project(inp.acts)
 
 

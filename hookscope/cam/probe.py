@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,9 +82,6 @@ from hookscope.core.grid import token_hint
 from hookscope.core.hooks import Call, Site, all_sites, find_site
 from hookscope.core.run import Probe, Step, drive, peek
 from hookscope.core.targets import Targets, as_targets
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("hookscope")
 

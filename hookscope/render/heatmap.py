@@ -279,7 +279,8 @@ class CamWriter:
                 paths = self.plans[batch.start + i][name]
                 extras = self._extras(res, i, paths, size)
                 self.staging.submit(write_cam_files, self.staging, res.maps[i], image,
-                                    explained.boxes[i], paths, cmap=self.cmap, alpha=self.alpha, extras=extras)
+                                    explained.boxes[i], paths, cmap=self.cmap,
+                                    alpha=self.alpha, extras=extras)
                 peak, box = peaks[name][i], explained.boxes[i]
                 if peak is not None and box is not None:
                     peak = peak_in_box(peak, res.maps.shape[1:], box)
