@@ -335,7 +335,3 @@ def load_rules(path: str | Path | None = None,
             values[key] = _convert(KEYS[key], value, where[key])
     _check_needs(values, where)
     return Rules(**values, source=str(path) if path is not None else None, where=where)
-
-
-# ----------------------------------------------------------------------------- baseline
-
