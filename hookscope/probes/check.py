@@ -263,15 +263,10 @@ def _warn_unused(globs: Sequence[str], names: set[str]) -> None:
 def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
              baseline: Baseline | None = None,
              expectations: Sequence[Expectation] = ()) -> CheckReport:
-    """Run every active rule against ``report`` (one run's statistics and predictions).
-
-    Args:
-        rules: the rules.
-        report: the run's statistics over the selected calls.
-        inputs: the input names, in order (for the offenders of ``min_prob``).
-        baseline: the rules' baseline (see :func:`load_baseline`).
-        expectations: the resolved ``expect`` entries (see :func:`expectations`).
-    """
+    """Run every active rule against ``report`` (one run's statistics and predictions);
+    ``inputs`` are the input names in order (for ``min_prob``'s offenders), ``baseline`` the
+    rules' (:func:`~hookscope.probes.baseline.load_baseline`), ``expectations`` the resolved
+    ``expect`` entries (:func:`expectations`)."""
     calls = [row for row in report.layers if not _ignored(row.name, rules.ignore)]
     base_rows = {key: row for key, row in (baseline.rows if baseline else {}).items()
                  if not _ignored(key[0], rules.ignore)}

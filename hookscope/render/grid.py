@@ -18,9 +18,6 @@ from hookscope.render.tables import Col, FitTable, call_priority, header, num
 if TYPE_CHECKING:
     from hookscope.probes.features import FeatureGrid
 
-TENSORBOARD_HINT = "pip install hookscope[tensorboard]"
-
-
 def require_tensorboard() -> None:
     """Raise a one-line install hint unless TensorBoard logging is available."""
     try:
@@ -28,7 +25,7 @@ def require_tensorboard() -> None:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except ImportError:
         raise HookscopeError(
-            f"--tensorboard needs the tensorboard package: {TENSORBOARD_HINT}"
+            "--tensorboard needs the tensorboard package: pip install hookscope[tensorboard]"
         ) from None
 
 
