@@ -190,14 +190,9 @@ class LayersTree:
             yield footnote(hidden, width, shortened=shortened, where=" in some labels")
 
 
-def layers_tree(doc: Mapping[str, Any]) -> LayersTree:
-    """The module tree; each node's label starts with its full dotted name."""
-    return LayersTree(doc)
-
-
 def layers_view(doc: Mapping[str, Any]) -> RenderableType:
     """The whole ``layers`` output: a header line and the tree."""
-    return Group(header(doc), layers_tree(doc))
+    return Group(header(doc), LayersTree(doc))
 
 
 # ----------------------------------------------------------------------------- debug
@@ -299,11 +294,6 @@ def summary_line(summary: Mapping[str, Any]) -> Text:
     return text
 
 
-def batch_rule(batch: int) -> Text:
-    """The line between batches in a text trace."""
-    return Text(f"── batch {batch} ──", style="dim")
-
-
 class TraceWriter:
     """The output of ``debug``: events as they happen, then the summary.
 
@@ -348,7 +338,7 @@ class TraceWriter:
             batch = int(doc.get("batch") or 0)
             if batch != self._batch:
                 self._batch = batch
-                self._send(batch_rule(batch))
+                self._send(Text(f"── batch {batch} ──", style="dim"))  # between batches
             self._send(trace_line(doc))
 
     def summary(self, summary: Mapping[str, Any]) -> None:
