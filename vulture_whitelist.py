@@ -9,7 +9,10 @@ __getattr__  # hookscope/__init__.py: PEP 562 lazy attributes, called by Python
 load_model  # hookscope.load_model, reached through __init__'s lazy table
 _.backward  # torch.autograd.Function.backward (called by autograd); Hooks.backward, the engine's
 _.on_broken_pipe  # rich.console.Console calls it
-_.logit  # a dataclass field, read through asdict()
+_.logit  # ablate's result fields, read through asdict()
+_.delta_logit
+_.delta_prob
+_.target_label
 frame  # a signal handler's signature
 out_shape  # FlopCounterMode passes it to a FLOP formula
 _.__signature__  # read by typer (inspect.signature)

@@ -22,7 +22,6 @@ from PIL import Image
 from hookscope.core import output
 from hookscope.core.errors import HookscopeError
 from hookscope.core.output import OutputKind, Staging, atomic_path, check_folder, resolve_output
-from hookscope.render import grid
 
 
 def one_line(exc: pytest.ExceptionInfo[HookscopeError]) -> str:
@@ -268,7 +267,7 @@ def test_staging_commit_places_every_file(tmp_path: Path) -> None:
     folder = tmp_path / "maps"
     with Staging(folder) as staging:
         staging.submit(staging.save_png, Image.new("RGB", (4, 3)), folder / "pil.png")
-        grid.save_png(torch.rand(3, 5, 7), folder / "grid.png", staging=staging)
+        staging.save_png(torch.rand(3, 5, 7), folder / "grid.png")
         staging.save_npy(np.ones((2, 2)), folder / "raw.npy")
         assert not (folder / "grid.png").exists()  # nothing visible before the commit
     assert listing(folder) == {"pil.png", "grid.png", "raw.npy"}
@@ -290,14 +289,6 @@ def test_staging_folder_error_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(HookscopeError) as exc, Staging(tmp_path / "cat.jpg" / "sub"):
         pass
     assert "cat.jpg" in one_line(exc)
-
-
-def test_save_png_alone_is_atomic_and_needs_force(tmp_path: Path) -> None:
-    path = tmp_path / "g.png"
-    grid.save_png(torch.rand(3, 5, 7), path)
-    with pytest.raises(HookscopeError, match="--force"):
-        grid.save_png(torch.rand(3, 5, 7), path)
-    assert Image.open(path).size == (7, 5) and listing(tmp_path) == {"g.png"}
 
 
 # ----------------------------------------------------------------- CSV cells

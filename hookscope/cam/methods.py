@@ -255,12 +255,8 @@ def hirescam(inp: CamInputs) -> torch.Tensor:
 @register("eigencam", gradients=False,
           summary="EigenCAM: first principal component of the activations (no gradients).")
 def eigencam(inp: CamInputs) -> torch.Tensor:
-    """EigenCAM (Muhammad & Yeasin), sign-corrected so the SVD's arbitrary sign cannot matter.
-
-    The activations at each position are centred over positions and projected on the first
-    right singular vector; the projection is negated when its minimum is larger in
-    magnitude than its maximum.
-    """
+    """EigenCAM (Muhammad & Yeasin): the activations' :func:`project`, sign-corrected so the
+    SVD's arbitrary sign cannot matter."""
     return project(inp.acts)
 
 
@@ -498,12 +494,10 @@ def iscam(inp: CamInputs) -> torch.Tensor:
     """IS-CAM (Naidu et al.), as torchcam computes it: masked inputs scaled by the running
     sum of (i + 1) / 10, the mean score gain softmaxed over channels."""
     masks = _torchcam_masks(inp)
-    coeffs, coeff = [], 0.0
-    for i in range(ISCAM_SAMPLES):  # accumulated as torchcam does, to the last bit
+    coeff = 1 / ISCAM_SAMPLES  # accumulated as torchcam does, to the last bit
+    total = _score_masks(inp, masks, coeff)
+    for i in range(1, ISCAM_SAMPLES):
         coeff += (i + 1) / ISCAM_SAMPLES
-        coeffs.append(coeff)
-    total = _score_masks(inp, masks, coeffs[0])
-    for coeff in coeffs[1:]:
         total = total + _score_masks(inp, masks, coeff)
     return _channels((total / ISCAM_SAMPLES).softmax(dim=1), inp.acts)
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,9 +82,6 @@ from hookscope.core.grid import token_hint
 from hookscope.core.hooks import Call, Site, all_sites, find_site
 from hookscope.core.run import Probe, Step, drive, peek
 from hookscope.core.targets import Targets, as_targets
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("hookscope")
 
@@ -315,13 +312,8 @@ class CamProbe(Probe[CamReport]):
 
     def _emit(self, step: Step, results: dict[str, CamResult], sel: Selection, ctx: Context
               ) -> None:
-        first = self.layer_shapes[0] if self.layer_shapes else []
         explained = CamBatch(batch=step.batch, start=step.start, results=results,
-                             layer=self.layer_sites[0].name, layer_shape=list(first),
-                             boxes=ctx.boxes,
-                             layers=[s.name for s in self.layer_sites],
-                             layer_shapes=[list(s) for s in self.layer_shapes],
-                             skipped=list(sel.skipped))
+                             boxes=ctx.boxes, skipped=list(sel.skipped), **self._layers())
         self.notes.update(dict.fromkeys(why for why in sel.skipped if why is not None))
         self.notes.update(dict.fromkeys(explained.notes))
         if self.sink is not None:
@@ -332,11 +324,14 @@ class CamProbe(Probe[CamReport]):
     def finish(self) -> CamReport:
         results = {m.name: CamResult.concat([b.results[m.name] for b in self.kept])
                    for m in self.methods} if self.kept else {}
+        return CamReport(methods=[m.name for m in self.methods], results=results,
+                         notes=list(self.notes), task=self.task, **self._layers())
+
+    def _layers(self) -> dict[str, Any]:
+        """The layer fields of each batch and of the report: the first layer and all."""
         shapes = [list(s) for s in self.layer_shapes]
-        return CamReport(layer=self.layer_sites[0].name, layer_shape=shapes[0] if shapes else [],
-                         methods=[m.name for m in self.methods], results=results,
-                         notes=list(self.notes), layers=[s.name for s in self.layer_sites],
-                         layer_shapes=shapes, task=self.task)
+        return {"layer": self.layer_sites[0].name, "layer_shape": shapes[0] if shapes else [],
+                "layers": [s.name for s in self.layer_sites], "layer_shapes": shapes}
 
 
 def _metric_plan(metrics: Sequence[str], percentiles: Sequence[float] | None, task: str,

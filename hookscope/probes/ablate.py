@@ -140,9 +140,6 @@ class Top:
     prob: float
     logit: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class ChannelDrop:
@@ -152,9 +149,6 @@ class ChannelDrop:
     drop: float
     delta_prob: float
     kl: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -179,21 +173,9 @@ class AblationResult:
     ranking: list[ChannelDrop] | None = field(default=None)
 
     def to_dict(self) -> dict[str, Any]:
-        row = {
-            "input": self.input,
-            "layer": self.layer,
-            "channels": list(self.channels),
-            "mode": self.mode,
-            "target": self.target,
-            "target_label": self.target_label,
-            "before": None if self.before is None else [t.to_dict() for t in self.before],
-            "after": None if self.after is None else [t.to_dict() for t in self.after],
-            "delta_logit": self.delta_logit,
-            "delta_prob": self.delta_prob,
-            "kl": self.kl,
-        }
-        if self.ranking is not None:
-            row["ranking"] = [r.to_dict() for r in self.ranking]
+        row = asdict(self)  # nested Top and ChannelDrop become dicts too
+        if self.ranking is None:
+            del row["ranking"]
         return row
 
 
@@ -391,21 +373,16 @@ class AblateProbe(Probe[AblateReport]):
         chosen = self._channels()
         classes = self.targets.resolve(before, step.start)
         items = step.batch.items if step.batch is not None else None
-        for i in range(len(step)):
-            index = step.start + i
-            name = (items[i].name if items else self.names[index] if self.names
-                    else f"input[{index}]")
-            if self.sweep:
+        names = [items[i].name if items else self.names[step.start + i] if self.names
+                 else f"input[{step.start + i}]" for i in range(len(step))]
+        if self.sweep:
+            for i, name in enumerate(names):
                 self.results.append(self._sweep_one(step, i, name, before[i:i + 1], classes[i]))
-        if not self.sweep:
-            self.modifier.channels, self.modifier.per_row = chosen, False
-            after = self._changed(step, step.x)
-            for i in range(len(step)):
-                index = step.start + i
-                name = (items[i].name if items else self.names[index] if self.names
-                        else f"input[{index}]")
-                self.results.append(self._result(name, classes[i], before[i:i + 1],
-                                                 after[i:i + 1]))
+            return
+        self.modifier.channels, self.modifier.per_row = chosen, False
+        after = self._changed(step, step.x)
+        for i, name in enumerate(names):
+            self.results.append(self._result(name, classes[i], before[i:i + 1], after[i:i + 1]))
 
     def _sweep_one(self, step: Step, i: int, name: str, before: torch.Tensor,
                    cls: int) -> AblationResult:

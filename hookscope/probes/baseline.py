@@ -109,7 +109,3 @@ def load_baseline(rules: Rules) -> Baseline | None:
                              f"INPUT... --percentiles 1,5,25,50,75,95,99 --format json`.")
     return Baseline(str(rules.baseline), doc.get("model"), rows, found,
                     drift=rules.max_drift is not None)
-
-
-# ----------------------------------------------------------------------------- expect
-

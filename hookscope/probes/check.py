@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
 from hookscope.probes.baseline import Baseline
-from hookscope.probes.drift import quantile_drift
-from hookscope.probes.rulefile import Expect, Rules, is_number
+from hookscope.probes.drift import EPS, finite, quantile_drift
+from hookscope.probes.rulefile import Expect, Rules
 
 if TYPE_CHECKING:
     from hookscope.probes.stats import LayerStats, Prediction, StatsReport
@@ -35,11 +35,6 @@ __all__ = ["EPS", "RULES", "CheckReport", "Expectation", "RuleResult", "call_id"
            "evaluate", "expectations", "folder_expectations", "match_inputs", "rule"]
 
 log = logging.getLogger("hookscope")
-
-#: Floor of the scale a drift is divided by, so a layer whose baseline mean and std are
-#: both (nearly) zero does not turn float rounding into an infinite relative drift.
-EPS = 1e-6
-
 
 @dataclass(frozen=True)
 class Expectation:
@@ -268,15 +263,10 @@ def _warn_unused(globs: Sequence[str], names: set[str]) -> None:
 def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
              baseline: Baseline | None = None,
              expectations: Sequence[Expectation] = ()) -> CheckReport:
-    """Run every active rule against ``report`` (one run's statistics and predictions).
-
-    Args:
-        rules: the rules.
-        report: the run's statistics over the selected calls.
-        inputs: the input names, in order (for the offenders of ``min_prob``).
-        baseline: the rules' baseline (see :func:`load_baseline`).
-        expectations: the resolved ``expect`` entries (see :func:`expectations`).
-    """
+    """Run every active rule against ``report`` (one run's statistics and predictions);
+    ``inputs`` are the input names in order (for ``min_prob``'s offenders), ``baseline`` the
+    rules' (:func:`~hookscope.probes.baseline.load_baseline`), ``expectations`` the resolved
+    ``expect`` entries (:func:`expectations`)."""
     calls = [row for row in report.layers if not _ignored(row.name, rules.ignore)]
     base_rows = {key: row for key, row in (baseline.rows if baseline else {}).items()
                  if not _ignored(key[0], rules.ignore)}
@@ -362,10 +352,6 @@ def _baseline(ctx: Context) -> RuleResult | None:
     return RuleResult("baseline", not offenders, path, detail + ctx.note(), offenders)
 
 
-def _finite(value: Any) -> float | None:
-    return float(value) if is_number(value) else None
-
-
 def drift(value: float | None, base: float | None, scale: float) -> float:
     """``|value - base| / max(scale, EPS)``; 0 when both are null, inf when one is."""
     if value is None or base is None:
@@ -408,13 +394,13 @@ def _stat_drift(stat: str) -> Measure:
     """The relative drift of ``stat`` (mean or std)."""
 
     def measure(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
-        mean_b, std_b = _finite(base.get("mean")), _finite(base.get("std"))
+        mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
         # Mean: a change relative to the layer's magnitude, max(|mean|, std), so a mean
         # near zero does not explode. Std: relative to the baseline std itself.
         scale = max(abs(mean_b or 0.0), std_b or 0.0) if stat == "mean" else \
             max(std_b or 0.0, EPS * abs(mean_b or 0.0))
         base_value = mean_b if stat == "mean" else std_b
-        value = _finite(getattr(c, stat))
+        value = finite(getattr(c, stat))
         d = drift(value, base_value, scale)
         return d, f"{stat} {_g(value)}, baseline {_g(base_value)} (drift {_dg(d)})"
 

@@ -440,16 +440,10 @@ def diff_models(
     output_key: str | None = None,
     progress: Progress | None = None,
 ) -> DiffReport:
-    """Run ``model`` and ``other`` on the same inputs and compare each selected call.
-
-    Args:
-        model: side A; ``other``: side B (a separate module; its names should match A's).
-        inputs: one batch, or an iterable of batches (streamed; sums merged exactly).
-        layers, types, all_modules, max_depth: the selection, as in ``collect_stats``.
-        tolerance: the relative L2 error above which a call exceeds.
-        autocast, other_autocast: each side's ``torch.autocast`` dtype.
-        output_key: the entry of a dict or tuple output holding the logits (both sides).
-        progress: called with each batch's size.
+    """Run ``model`` and ``other`` on the same ``inputs`` (one batch, or an iterable of
+    batches, streamed) and compare each selected call. Arguments as :class:`DiffProbe`'s;
+    ``autocast`` is A's ``torch.autocast`` dtype, ``output_key`` both sides' logits entry,
+    ``progress`` called with each batch's size.
 
     Returns:
         Per-call max |a−b|, relative L2 error, cosine and non-finite counts in A's execution

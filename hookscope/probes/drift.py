@@ -23,14 +23,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["EPS", "quantile_drift"]
+__all__ = ["EPS", "finite", "quantile_drift"]
 
-#: The floor of the scale, relative to the mean: a constant layer (std 0) drifts by its
-#: change relative to its value.
+#: The floor of the scale, relative to the mean (a constant layer, std 0, drifts by its
+#: change relative to its value), and of any scale a drift is divided by (a layer whose
+#: mean and std are both nearly zero does not turn rounding into an infinite drift).
 EPS = 1e-6
 
 
-def _finite(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
+    """A finite number (not a bool) as a float, else None."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
 
@@ -39,7 +41,7 @@ def _common(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[float, flo
     """(u, Q_b(u) - Q_a(u)) at each percentile both sides hold a number for, by u."""
     found = []
     for key, value in a.items():
-        qa, qb = _finite(value), _finite(b.get(key))
+        qa, qb = finite(value), finite(b.get(key))
         try:
             u = float(key) / 100
         except ValueError:
@@ -72,7 +74,7 @@ def quantile_drift(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
         total = sum((u1 - u0) * _piece(d0, d1)
                     for (u0, d0), (u1, d1) in zip(nodes, nodes[1:], strict=False))
         distance = total / (nodes[-1][0] - nodes[0][0])
-    scale = max(_finite(std) or 0.0, EPS * abs(_finite(mean) or 0.0))
+    scale = max(finite(std) or 0.0, EPS * abs(finite(mean) or 0.0))
     if scale == 0:
         return 0.0 if distance == 0 else math.inf
     return distance / scale

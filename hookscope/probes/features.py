@@ -104,6 +104,13 @@ def _ranked(fmap: torch.Tensor, max_channels: int, order: str) -> list[int]:
     return torch.sort(score, descending=True, stable=True).indices[:k].tolist()
 
 
+def _check_tiling(max_channels: int, order: str) -> None:
+    if order not in ORDERS:
+        raise HookscopeError(f"{param('order')} {order!r}: choose one of {', '.join(ORDERS)}.")
+    if max_channels < 1:
+        raise HookscopeError(f"{param('max_channels')} must be at least 1, not {max_channels}.")
+
+
 def make_tiles(
     fmap: torch.Tensor,
     *,
@@ -118,10 +125,7 @@ def make_tiles(
     """
     from torchvision.utils import make_grid
 
-    if order not in ORDERS:
-        raise HookscopeError(f"{param('order')} {order!r}: choose one of {', '.join(ORDERS)}.")
-    if max_channels < 1:
-        raise HookscopeError(f"{param('max_channels')} must be at least 1, not {max_channels}.")
+    _check_tiling(max_channels, order)
     channels = _ranked(fmap, max_channels, order)
     tiles = fmap[channels].float().unsqueeze(1)  # (k, 1, H, W)
     finite = torch.isfinite(tiles)
@@ -193,12 +197,7 @@ class FeaturesProbe(Probe[FeaturesReport]):
                  sink: Callable[[FeatureGrid], dict[str, Any] | None] | None = None,
                  max_channels: int = 64, order: str = "index", upsample: bool = False,
                  stems: Sequence[str] | None = None, hint: TokenHint | None = None) -> None:
-        if order not in ORDERS:
-            raise HookscopeError(f"{param('order')} {order!r}: choose one of "
-                                 f"{', '.join(ORDERS)}.")
-        if max_channels < 1:
-            raise HookscopeError(f"{param('max_channels')} must be at least 1, not "
-                                 f"{max_channels}.")
+        _check_tiling(max_channels, order)  # before any pass
         self.sites = list(sites)
         self.sink = sink
         self.max_channels, self.order, self.upsample = max_channels, order, upsample

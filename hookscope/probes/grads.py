@@ -35,7 +35,6 @@ __all__ = [
     "ParamGrad",
     "collect_grads",
     "nonfinite_failure",
-    "parse_labels",
     "true_classes",
 ]
 
@@ -164,20 +163,6 @@ class GradReport:
         }
 
 
-def parse_labels(spec: str, categories: Sequence[str] | None) -> Targets:
-    """Parse ``label``: a class index or label, for all inputs or a comma list, one each.
-
-    Raises:
-        HookscopeError: a malformed or unknown label, or a rank such as ``top1``.
-    """
-    labels = parse_targets(spec, categories, name="label")
-    if labels.ranks:
-        raise HookscopeError(
-            f"{param('label')} {spec!r}: give the true class as an index or a label, not a rank."
-        )
-    return labels
-
-
 def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
                  categories: Sequence[str] | None) -> str | Targets | None:
     """The ``label`` of :class:`GradsProbe`: as given, or with ``loss="ce"`` and none given,
@@ -261,7 +246,10 @@ def _objective_targets(target: Targets | str | None, loss: str, label: Targets |
     if loss not in LOSSES:
         raise HookscopeError(f"{param('loss')} {loss!r}: choose one of {', '.join(LOSSES)}.")
     targets = parse_targets(target, categories) if isinstance(target, str) else target
-    labels = parse_labels(label, categories) if isinstance(label, str) else label
+    labels = parse_targets(label, categories, name="label") if isinstance(label, str) else label
+    if isinstance(label, str) and labels is not None and labels.ranks:
+        raise HookscopeError(f"{param('label')} {label!r}: give the true class as an index or "
+                             "a label, not a rank.")
     if loss == "logit":
         if labels is not None:
             raise HookscopeError(f"{param('label')} applies to {param('loss')} ce; use "

@@ -8,7 +8,6 @@ naming the file and line (found by the TOML parser itself). Torch-free.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,8 +16,9 @@ from types import ModuleType
 from typing import Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
+from hookscope.probes.drift import finite
 
-__all__ = ["KEYS", "Expect", "Key", "Rules", "describe", "is_number", "load_rules"]
+__all__ = ["KEYS", "Expect", "Key", "Rules", "describe", "load_rules"]
 
 @dataclass(frozen=True)
 class Key:
@@ -27,11 +27,6 @@ class Key:
     name: str
     kind: str
     convert: Callable[[Any], Any]
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
 
 
 def _count(value: Any) -> int:
@@ -48,7 +43,7 @@ def _positive(value: Any) -> int:
 
 def _number(high: float | None = None) -> Callable[[Any], float]:
     def convert(value: Any) -> float:
-        if not is_number(value) or value < 0 or (high is not None and value > high):
+        if finite(value) is None or value < 0 or (high is not None and value > high):
             raise ValueError
         return float(value)
 
@@ -340,7 +335,3 @@ def load_rules(path: str | Path | None = None,
             values[key] = _convert(KEYS[key], value, where[key])
     _check_needs(values, where)
     return Rules(**values, source=str(path) if path is not None else None, where=where)
-
-
-# ----------------------------------------------------------------------------- baseline
-

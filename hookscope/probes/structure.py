@@ -170,19 +170,17 @@ def _owned(model: nn.Module) -> Iterator[tuple[str, nn.Module, list[nn.Parameter
         yield name, module, own
 
 
-def parameter_counts(model: nn.Module) -> dict[str, tuple[int, int, int, int]]:
-    """Per module name: (own, own trainable, subtree total, subtree trainable) parameters.
+def parameter_counts(model: nn.Module) -> dict[str, tuple[int, int, int]]:
+    """Per module name: (own, subtree total, subtree trainable) parameters.
 
     Each parameter is owned by the first module (in ``named_modules`` order) that holds it,
     so shared modules and tied parameters are counted once, in the totals too.
     """
-    counts: dict[str, tuple[int, int, int, int]] = {}
+    counts: dict[str, tuple[int, int, int]] = {}
     for name, module, own in _owned(model):
         # module.parameters() deduplicates within the subtree, as model.parameters() does.
         subtree = list(module.parameters())
-        counts[name] = (sum(p.numel() for p in own),
-                        sum(p.numel() for p in own if p.requires_grad),
-                        sum(p.numel() for p in subtree),
+        counts[name] = (sum(p.numel() for p in own), sum(p.numel() for p in subtree),
                         sum(p.numel() for p in subtree if p.requires_grad))
     return counts
 
@@ -360,7 +358,7 @@ def model_structure(
     shapes = tensor_shapes(example) if ran else []
 
     def info(site: Site) -> LayerInfo:
-        own, _own_train, total, total_train = counts[site.name]
+        own, total, total_train = counts[site.name]
         mine = calls.get(site.name, [])
         flops = sum(c.flops or 0 for c in mine) if ran else None
         return LayerInfo(
@@ -374,8 +372,8 @@ def model_structure(
     return Structure(
         root=info(Site("", type(model).__name__, 0, model)),
         layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
-        params=counts[""][2],
-        trainable_params=counts[""][3],
+        params=counts[""][1],
+        trainable_params=counts[""][2],
         modules=len(sites),
         # Per sample, without the batch dimension, as in the `stats` document.
         input_shape=shapes[0][1:] if shapes else None,

@@ -60,12 +60,14 @@ def _ranking_table(ranking: list[Mapping[str, Any]], limit: int) -> FitTable:
     return table
 
 
-def ablate_view(doc: Mapping[str, Any], *, top: int = 10) -> RenderableType:
-    """The whole ``ablate`` table output: one block per input."""
+def ablate_view(doc: Mapping[str, Any], *, top: int = 10, sweep: bool = False
+                ) -> RenderableType:
+    """The whole ``ablate`` table output: one block per input (with ``sweep``, its
+    channel ranking too)."""
     parts: list[RenderableType] = [header(doc)]
     for result in doc["results"]:
         target = f"{result['target']} {result.get('target_label') or ''}".strip()
-        what = "sweep, after = the top-ranked channel" if "ranking" in result else \
+        what = "sweep, after = the top-ranked channel" if sweep else \
             _channels(result["channels"])
         line = Text()
         line.append(f"\n{result['input']}", style="bold")
@@ -73,6 +75,6 @@ def ablate_view(doc: Mapping[str, Any], *, top: int = 10) -> RenderableType:
         line.append(f"Δ logit {fmt_float(result['delta_logit'])}  Δ prob "
                     f"{fmt_float(result['delta_prob'])}  KL {fmt_float(result['kl'])}")
         parts += [line, _top_table(result)]
-        if "ranking" in result:
+        if sweep:
             parts.append(_ranking_table(result["ranking"], top))
     return Group(*parts)

@@ -75,9 +75,9 @@ def _outputs(doc: Doc) -> Text | None:
     line = Text(f"final output: top-1 agreement {agree}/{n}",
                 style="" if agree == n else "bold red")
     if outputs.get("max_abs_logit") is not None:
-        line.append(f", max |Δ logit| {fmt_float(_value(outputs['max_abs_logit']))}, KL(a‖b) "
-                    f"mean {fmt_float(_value(outputs['kl_mean']))}, max "
-                    f"{fmt_float(_value(outputs['kl_max']))}", style="")
+        line.append(f", max |Δ logit| {fmt_float(outputs['max_abs_logit'])}, KL(a‖b) mean "
+                    f"{fmt_float(outputs['kl_mean'])}, max {fmt_float(outputs['kl_max'])}",
+                    style="")
     return line
 
 
@@ -122,8 +122,8 @@ def layers_table(doc: Doc) -> FitTable:
     for i, row in enumerate(rows):
         table.add_row(
             str(i), row["name"], row["type"], str(row["call"]), _shape(row),
-            fmt_float(_value(row.get("max_abs"))), fmt_float(_value(row.get("rel_l2"))),
-            fmt_float(_value(row.get("cosine")), 6), str(row["nonfinite_a"]),
+            fmt_float(row.get("max_abs")), fmt_float(row.get("rel_l2")),
+            fmt_float(row.get("cosine"), 6), str(row["nonfinite_a"]),
             str(row["nonfinite_b"]), style=_row_style(row, first))
     return table
 
@@ -140,12 +140,10 @@ def offline_table(doc: Doc) -> FitTable:
     ])
     first = doc.get("first_divergence")
     for i, row in enumerate(rows):
-        zeros = _value(row.get("zero_fraction_delta"))
         table.add_row(
             str(i), row["name"], row["type"], str(row["call"]),
-            fmt_float(_value(row.get("mean_delta"))), fmt_float(_value(row.get("std_delta"))),
-            fmt_pct(zeros, 1, sign=True),
-            fmt_float(_value(row.get("rel"))),
+            fmt_float(row.get("mean_delta")), fmt_float(row.get("std_delta")),
+            fmt_pct(row.get("zero_fraction_delta"), 1, sign=True), fmt_float(row.get("rel")),
             str(_count(row.get("nonfinite_a"))), str(_count(row.get("nonfinite_b"))),
             style=_row_style(row, first))
     return table

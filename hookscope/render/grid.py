@@ -12,36 +12,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Group, RenderableType
 
 from hookscope.core.errors import HookscopeError
-from hookscope.core.output import Staging, atomic_path, encode_png, format_shape
+from hookscope.core.output import Staging, format_shape
 from hookscope.render.tables import Col, FitTable, call_priority, header, num
 
 if TYPE_CHECKING:
     from hookscope.probes.features import FeatureGrid
-
-TENSORBOARD_HINT = "pip install hookscope[tensorboard]"
-
-
-def save_png(image: Any, path: Path, *, force: bool = False,
-             staging: Staging | None = None) -> Path:
-    """Write a (3, H, W) float image in [0, 1] (or a PIL image) as a PNG.
-
-    Args:
-        image: the picture.
-        path: where it goes.
-        force: allow replacing an existing file (ignored with ``staging``, which has its own).
-        staging: stage the file there, to appear only when the whole run commits; None to
-            write it now, atomically.
-
-    Returns:
-        ``path``.
-    """
-    if staging is not None:
-        staging.save_png(image, path)
-        return path
-    with atomic_path(path, force=force) as tmp:
-        encode_png(image, tmp)
-    return path
-
 
 def require_tensorboard() -> None:
     """Raise a one-line install hint unless TensorBoard logging is available."""
@@ -50,7 +25,7 @@ def require_tensorboard() -> None:
         from torch.utils.tensorboard import SummaryWriter  # noqa: F401
     except ImportError:
         raise HookscopeError(
-            f"--tensorboard needs the tensorboard package: {TENSORBOARD_HINT}"
+            "--tensorboard needs the tensorboard package: pip install hookscope[tensorboard]"
         ) from None
 
 
@@ -62,9 +37,6 @@ class Board:
         require_tensorboard()
         from torch.utils.tensorboard import SummaryWriter
 
-        if logdir.exists() and not logdir.is_dir():
-            raise HookscopeError(f"--tensorboard {logdir} is a file; give a directory.")
-        self.logdir = logdir
         self.writer = SummaryWriter(log_dir=str(logdir))
 
     def add(self, grid: FeatureGrid) -> None:
@@ -124,7 +96,8 @@ class GridWriter:
 
     def add(self, grid: FeatureGrid) -> dict[str, Any]:
         """Stage one grid; its row gets the file's ``path``."""
-        path = save_png(grid.image, self.out_dir / grid.filename, staging=self.staging)
+        path = self.out_dir / grid.filename
+        self.staging.save_png(grid.image, path)
         if self.board is not None:
             self.board.add(grid)
         return {"path": str(path)}

@@ -184,7 +184,7 @@ def denormalize(
 class Extras:
     """What an overlay shows besides the map, and the extra files of one input."""
 
-    raws: dict[str, np.ndarray] = field(default_factory=dict)  # path key -> raw map
+    raws: dict[str, np.ndarray] = field(default_factory=dict)  # path key -> raw .npy map
     region: np.ndarray | None = None
     detections: list[dict[str, Any]] | None = None
     input_size: tuple[int, int] = (0, 0)
@@ -199,7 +199,6 @@ def write_cam_files(
     box: Box | None,
     paths: dict[str, Path | None],
     *,
-    raw: np.ndarray | None = None,
     cmap: str = "jet",
     alpha: float = 0.5,
     extras: Extras | None = None,
@@ -216,8 +215,6 @@ def write_cam_files(
         over = draw_boxes(over, extras.detections, extras.input_size, box, extras.label)
     staging.save_png(over, paths["overlay"])  # type: ignore[arg-type]
     staging.save_png(heat, paths["heatmap"])  # type: ignore[arg-type]
-    if raw is not None and paths.get("raw") is not None and not extras.raws:
-        staging.save_npy(raw, paths["raw"])  # type: ignore[arg-type]
     for key, array in extras.raws.items():
         staging.save_npy(array, paths[key])  # type: ignore[arg-type]
     if extras.guided is not None and paths.get("guided") is not None:
@@ -261,10 +258,8 @@ class CamWriter(CamRows):
             for name, res in explained.results.items():
                 paths = self.plans[batch.start + i][name]
                 self.staging.submit(write_cam_files, self.staging, res.maps[i], image,
-                                    explained.boxes[i], paths,
-                                    raw=res.raw[i] if self.save_raw else None,
-                                    cmap=self.cmap, alpha=self.alpha,
-                                    extras=self._extras(res, i, paths, size))
+                                    explained.boxes[i], paths, cmap=self.cmap,
+                                    alpha=self.alpha, extras=self._extras(res, i, paths, size))
 
     def _extras(self, res: Any, i: int, paths: dict[str, Path | None],
                 size: tuple[int, int]) -> Extras:
@@ -272,6 +267,8 @@ class CamWriter(CamRows):
         if self.save_raw and len(res.layers) > 1:
             raws = {f"raw.{layer}": raw[i] for layer, raw in zip(res.layers, res.raws,
                                                                  strict=True)}
+        elif self.save_raw:
+            raws = {"raw": res.raw[i]}
         return Extras(raws=raws, region=res.regions[i] if res.regions is not None else None,
                       detections=res.detections[i] if res.detections is not None else None,
                       input_size=size, label=self.loaded.label,

@@ -1,4 +1,4 @@
-"""Each command's view, registered once: its table and its CSV columns (a contract)."""
+"""Each command's view, in one table: its Rich view and its CSV columns (a contract)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,19 @@ from typing import Any
 from rich.console import RenderableType
 
 from hookscope.core.errors import HookscopeError
-from hookscope.render import ablate, camview, grads, grid, report, tables, training, tree
+from hookscope.render import (
+    ablate,
+    camview,
+    check,
+    diff,
+    grads,
+    grid,
+    report,
+    tables,
+    training,
+    tree,
+    watchview,
+)
 
 Doc = Mapping[str, Any]
 Rows = tuple[list[dict[str, Any]], Sequence[str]]
@@ -25,25 +37,6 @@ class View:
     csv: Callable[..., Rows] | None = None
     plot: Callable[..., Any] | None = None
     texts: Mapping[str, Callable[..., str]] = field(default_factory=dict)
-
-
-VIEWS: dict[str, View] = {}
-
-
-def register(command: str, *, csv: Callable[..., Rows] | None = None,
-             plot: Callable[..., Any] | None = None,
-             texts: Mapping[str, Callable[..., str]] | None = None,
-             ) -> Callable[[Callable[..., RenderableType]], Callable[..., RenderableType]]:
-    """Register ``command``'s table view (the decorated function), its CSV layout, its
-    figure and its own text formats."""
-
-    def wrap(table: Callable[..., RenderableType]) -> Callable[..., RenderableType]:
-        if command in VIEWS:
-            raise ValueError(f"a view for {command!r} is already registered")
-        VIEWS[command] = View(table, csv, plot, dict(texts or {}))
-        return table
-
-    return wrap
 
 
 STATS_COLUMNS = ("name", "type", "call", "input_shapes", "output_shape", "mean", "std", "min",
@@ -101,20 +94,8 @@ def stats_csv(doc: Doc, *, input_stats: bool = False, per_channel: bool = False,
     return rows, columns
 
 
-@register("stats", csv=stats_csv, plot=stats_plot)
-def stats_table(doc: Doc, *, input_stats: bool = False, per_channel: bool = False,
-                percentiles: tuple[str, ...] = ()) -> RenderableType:
-    return tables.stats_view(doc, input_stats=input_stats, per_channel=per_channel,
-                             percentiles=percentiles)
-
-
 def models_csv(doc: Doc) -> Rows:
     return [m | {"weights": _joined(m["weights"])} for m in doc["models"]], MODELS_COLUMNS
-
-
-@register("models", csv=models_csv)
-def models_table(doc: Doc) -> RenderableType:
-    return tree.models_table(doc)
 
 
 def layers_csv(doc: Doc) -> Rows:
@@ -133,11 +114,6 @@ def layers_csv(doc: Doc) -> Rows:
     return rows, LAYERS_COLUMNS
 
 
-@register("layers", csv=layers_csv)
-def layers_table(doc: Doc) -> RenderableType:
-    return tree.layers_view(doc)
-
-
 def cam_csv(doc: Doc) -> Rows:
     """The contract's columns, then ``layers`` (joined with ``+``) and one column per metric."""
     from hookscope.render.camview import METRIC_ORDER
@@ -149,11 +125,6 @@ def cam_csv(doc: Doc) -> Rows:
             | {m: (r.get("metrics") or {}).get(m) for m in present}
             for r in doc["results"]]
     return rows, CAM_COLUMNS + ("layers", *present)
-
-
-@register("gradcam", csv=cam_csv)
-def cam_table(doc: Doc) -> RenderableType:
-    return camview.cam_view(doc)
 
 
 def grads_plot(doc: Doc, *, vanish: float = 1e-3, explode: float = 1e3, **options: Any) -> Any:
@@ -168,18 +139,8 @@ def grads_csv(doc: Doc, *, params: bool = True) -> Rows:
     return grads.csv_rows(doc), grads.CSV_COLUMNS
 
 
-@register("grads", csv=grads_csv, plot=grads_plot)
-def grads_table(doc: Doc, *, params: bool = True) -> RenderableType:
-    return grads.grads_view(doc, params=params)
-
-
 def features_csv(doc: Doc) -> Rows:
     return [r | {"channels": _joined(r["channels"])} for r in doc["grids"]], FEATURE_COLUMNS
-
-
-@register("features", csv=features_csv)
-def features_table(doc: Doc) -> RenderableType:
-    return grid.features_view(doc)
 
 
 def ablate_csv(doc: Doc, *, top: int = 10, sweep: bool = False) -> Rows:
@@ -189,52 +150,24 @@ def ablate_csv(doc: Doc, *, top: int = 10, sweep: bool = False) -> Rows:
     return [r | {"channels": _joined(r["channels"])} for r in doc["results"]], ABLATE_COLUMNS
 
 
-@register("ablate", csv=ablate_csv)
-def ablate_table(doc: Doc, *, top: int = 10, sweep: bool = False) -> RenderableType:
-    return ablate.ablate_view(doc, top=top)
-
-
-# ----------------------------------------------------------------- check
-
-
-def _github(doc: Doc) -> str:
-    from hookscope.render.check import github_annotations
-
-    return github_annotations(doc)
-
-
-@register("check", texts={"github": _github})
-def check_table(doc: Doc) -> RenderableType:
-    from hookscope.render.check import check_view
-
-    return check_view(doc)
-
-
-# ----------------------------------------------------------------- diff
-
-from hookscope.render import diff as _diff  # noqa: E402  (one block per command, appended)
-
-register("diff", csv=_diff.diff_csv)(_diff.diff_view)
-
-
-# ----------------------------------------------------------------- watch
-
-from hookscope.render import watchview as _watch  # noqa: E402
-
-register("watch", csv=_watch.watch_csv)(_watch.watch_view)
-
-
-# ----------------------------------------------------------------- debug (stdout streams instead)
-
-register("debug", texts={"ndjson": tree.debug_ndjson})(tree.debug_view)
-
-
-# ----------------------------------------------------------------- report: HTML pages
-
-
 def _page(doc: Any) -> RenderableType:
     raise HookscopeError("a report is a page: write it as html.")
 
 
-register("report", texts={"html": report.report_html})(_page)  # doc: a probes.report.Report
-register("training", texts={"html": training.training_html})(_page)  # doc: a TrainingLog
+VIEWS: dict[str, View] = {
+    "stats": View(tables.stats_view, stats_csv, stats_plot),
+    "models": View(tree.models_table, models_csv),
+    "layers": View(tree.layers_view, layers_csv),
+    "gradcam": View(camview.cam_view, cam_csv),
+    "grads": View(grads.grads_view, grads_csv, grads_plot),
+    "features": View(grid.features_view, features_csv),
+    "ablate": View(ablate.ablate_view, ablate_csv),
+    "check": View(check.check_view, texts={"github": check.github_annotations}),
+    "diff": View(diff.diff_view, diff.diff_csv),
+    "watch": View(watchview.watch_view, watchview.watch_csv),
+    # debug's live trace streams instead (render.tree.TraceWriter); this is its whole document
+    "debug": View(tree.debug_view, texts={"ndjson": tree.debug_ndjson}),
+    # HTML pages: doc is a probes.report.Report, or a training.logs.TrainingLog
+    "report": View(_page, texts={"html": report.report_html}),
+    "training": View(_page, texts={"html": training.training_html}),
+}

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,16 +63,9 @@ def _floats(rows: Rows, key: str) -> Any:
 
 def _runs(indices: Sequence[int]) -> Iterator[tuple[int, int]]:
     """Contiguous runs ``(first, last)`` of sorted indices."""
-    start = prev = None
-    for i in indices:
-        if prev is not None and i == prev + 1:
-            prev = i
-            continue
-        if start is not None and prev is not None:
-            yield start, prev
-        start = prev = i
-    if start is not None and prev is not None:
-        yield start, prev
+    for _, run in groupby(enumerate(indices), lambda pair: pair[1] - pair[0]):
+        found = [i for _, i in run]
+        yield found[0], found[-1]
 
 
 def _mark(ax: Axes, indices: Sequence[int], colour: str, alpha: float, label: str) -> None:

@@ -189,14 +189,9 @@ class LayersTree:
             yield footnote(hidden, width, shortened=shortened, where=" in some labels")
 
 
-def layers_tree(doc: Mapping[str, Any]) -> LayersTree:
-    """The module tree; each node's label starts with its full dotted name."""
-    return LayersTree(doc)
-
-
 def layers_view(doc: Mapping[str, Any]) -> RenderableType:
     """The whole ``layers`` output: a header line and the tree."""
-    return Group(header(doc), layers_tree(doc))
+    return Group(header(doc), LayersTree(doc))
 
 
 # ----------------------------------------------------------------------------- debug
