@@ -25,6 +25,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -289,4 +290,6 @@ def _collective(what: str, call: Callable[..., T], *args: Any) -> T:
 
 
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    """The first sentence of ``exc``'s message, less gloo's ``[file.cc:line]`` prefix."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())
+    return (text.splitlines() or [type(exc).__name__])[0].split(". ")[0][:160]
