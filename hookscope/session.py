@@ -9,8 +9,8 @@ Library errors name Python parameters; here they are spelt as the command's flag
 
 Under torchrun the session joins the other ranks first (:class:`~hookscope.core.distributed.Group`,
 which also says which lines each rank prints): its batches are this rank's part of the inputs,
-:meth:`Session.drive` merges every rank's report on rank 0, and only rank 0 checks outputs,
-shows progress and writes.
+:meth:`Session.drive` merges every rank's report on rank 0, only rank 0 checks outputs and
+writes, and no rank shows a progress bar.
 
 Nothing here imports torch at module level, so ``hookscope --help`` stays fast.
 """

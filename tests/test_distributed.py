@@ -95,10 +95,11 @@ def rank_exited(result: subprocess.CompletedProcess[str], rank: int, code: int) 
 
 
 def stopped_rank_0(lines: list[str]) -> bool:
-    """Whether ``lines`` are at most one line of rank 0 saying it stopped with no output: the
-    signal torchrun sends, or the gathering the gone rank never joined."""
+    """Whether ``lines`` are at most one line of rank 0 saying it stopped: the signal torchrun
+    sends, or the gathering of the reports that the gone rank left."""
     return len(lines) <= 1 and all(
-        line.startswith("hookscope: error: rank 0: ") and "no output was written" in line
+        line.startswith("hookscope: error: rank 0: ")
+        and ("no output was written" in line or "another rank stopped" in line)
         for line in lines)
 
 
