@@ -31,6 +31,7 @@ TORCHRUN_FAILED = 1
 
 MODEL = """
 import os
+import time
 
 from torch import nn
 
@@ -48,18 +49,20 @@ class Head(nn.Module):
 
 
 class Small(nn.Module):
-    def __init__(self, classes=10, fail_on_rank=-1, die_on_rank=-1):
+    def __init__(self, classes=10, fail_on_rank=-1, die_on_rank=-1, hang_on_rank=-1):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
             nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU())
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = Head(classes, fail_on_rank)
-        self.die_on_rank = die_on_rank
+        self.die_on_rank, self.hang_on_rank = die_on_rank, hang_on_rank
 
     def forward(self, x):
         if os.environ.get("RANK") == str(self.die_on_rank):
             os._exit(9)  # killed without a word
+        if os.environ.get("RANK") == str(self.hang_on_rank):
+            time.sleep(3600)  # stops responding, without exiting
         return self.head(self.pool(self.features(x)).flatten(1))
 """
 
@@ -215,6 +218,17 @@ def test_a_rank_killed_without_a_word_ends_the_run_without_output(work: Path) ->
                        "json", "-o", out, env=NO_TIMEOUT)  # torchrun stops rank 0 at once
     assert result.returncode == TORCHRUN_FAILED and rank_exited(result, 1, 9), result.stderr
     assert stopped_rank_0(errors(result)), result.stderr
+    assert not out.exists()
+
+
+def test_a_rank_that_stops_responding_ends_the_run_after_the_timeout(work: Path) -> None:
+    out = work / "hung.json"
+    result = hookscope(work, "stats", *MODEL_ARGS, "--model-arg", "hang_on_rank=1", "-f",
+                       "json", "-o", out, env={"HOOKSCOPE_DIST_TIMEOUT": "30"})
+    assert result.returncode == TORCHRUN_FAILED and rank_exited(result, 0, 1), result.stderr
+    lines = errors(result)  # rank 1, stopped by torchrun, says nothing
+    assert len(lines) == 1 and lines[0].startswith(
+        "hookscope: error: rank 0: gathering the reports failed ("), result.stderr
     assert not out.exists()
 
 
