@@ -7,17 +7,16 @@ model's forward raised, 2 bad input, 128+N a signal). :class:`Session` checks
 outputs before any work, resolves inputs, loads the model and runs the progress bar.
 Library errors name Python parameters; here they are spelt as the command's flags.
 
-Under torchrun the session joins the other ranks first (:mod:`hookscope.core.distributed`): its
-batches are this rank's part of the inputs, :meth:`Session.drive` merges every rank's report
-on rank 0, and only rank 0 checks outputs, shows progress and prints; the others exit with
-rank 0's exit code, or, when one rank fails, every rank exits with its error.
+Under torchrun the session joins the other ranks first (:class:`~hookscope.core.distributed.Group`,
+which also says which lines each rank prints): its batches are this rank's part of the inputs,
+:meth:`Session.drive` merges every rank's report on rank 0, only rank 0 checks outputs and
+writes, and no rank shows a progress bar.
 
 Nothing here imports torch at module level, so ``hookscope --help`` stays fast.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -32,7 +31,7 @@ from hookscope.core.errors import HookscopeError, param
 from hookscope.core.streams import prints_to_stderr
 
 if TYPE_CHECKING:
-    from hookscope.core.distributed import Group, Launch
+    from hookscope.core.distributed import Group
     from hookscope.core.output import Output
     from hookscope.core.run import Probe
     from hookscope.inputs.resolve import Batch, InputSet
@@ -93,41 +92,39 @@ def session(*, quiet: bool = False, traceback: bool = False,
         flags: the command's flag for each library parameter, for error messages.
         command: the command's name (under torchrun, only some commands run).
     """
-    from hookscope.core.distributed import Follow
+    from hookscope.core.distributed import Group
     from hookscope.render import console
 
     console.setup_logging(quiet=quiet)
-    s = Session()
+    s = Session(Group())
+
+    def failed(message: str, code: int, *, stopped: bool = False) -> SystemExit:
+        line = s.group.line(message, stopped=stopped)  # under torchrun: which rank, if any
+        if line is not None:
+            console.error(line)
+        return SystemExit(code)
+
     try:
         with _signals(), prints_to_stderr():  # a model's print cannot break the JSON
-            s.join(command)
+            s.group.join(command)
             yield s
-        s.ended(0)
-    except Follow:
-        raise SystemExit(s.follow()) from None
     except HookscopeError as exc:
         if traceback:
             tb.print_exc()
-        raise s.failed(exc, exc.render(speller(flags or {})), exc.exit_code) from None
+        raise failed(exc.render(speller(flags or {})), exc.exit_code) from None
     except Interrupted as exc:
         name = signal.Signals(exc.signum).name
-        s.stopped = True
         why = " (torchrun stops every rank once one has exited: its report names that rank)" \
-            if s.launch is not None else ""
-        raise s.failed(exc, f"stopped by {name}{why}; no output was written",
-                       128 + exc.signum) from None
-    except KeyboardInterrupt as exc:
-        s.stopped = True
-        raise s.failed(exc, "interrupted; no output was written", 130) from None
+            if s.ranks > 1 else ""
+        raise failed(f"stopped by {name}{why}; no output was written", 128 + exc.signum,
+                     stopped=True) from None
+    except KeyboardInterrupt:
+        raise failed("interrupted; no output was written", 130, stopped=True) from None
     except BrokenPipeError:  # `hookscope ... | head`: the reader left; not an error
         sys.stderr.close()
-        s.ended(0)
         raise SystemExit(0) from None
-    except Exception as exc:  # a bug: the traceback is printed, the other ranks told
-        s.failed(exc, f"internal error: {type(exc).__name__}: {exc}", 1, show=False)
-        raise
     finally:
-        s.close()
+        s.group.close()
 
 
 @dataclass(frozen=True)
@@ -215,107 +212,17 @@ class Session:
     """The steps every command shares, in the order commands take them.
 
     Attributes:
-        launch: this process's place under torchrun (None: a single process).
-        group: the ranks of a torchrun run, once joined.
+        group: this process's place in the run (under torchrun, one of its ranks).
     """
 
-    def __init__(self) -> None:
-        self.launch: Launch | None = None
-        self.group: Group | None = None
-        self.stopped = False  # by a signal: leave at once, waiting for no other rank
+    def __init__(self, group: Group) -> None:
+        self.group = group
         self.writes: list[Path] = []  # the files this run will replace: never one it reads
 
     @property
     def ranks(self) -> int:
         """How many processes run this command (1 outside torchrun)."""
-        return 1 if self.launch is None else self.launch.world_size
-
-    @property
-    def leader(self) -> bool:
-        """Whether this process prints and writes (rank 0, or the only process)."""
-        return self.launch is None or self.launch.rank == 0
-
-    # ------------------------------------------------------------------ torchrun
-
-    def join(self, command: str | None) -> None:
-        """Under torchrun, join the other ranks (the others stay silent).
-
-        Raises:
-            HookscopeError: the command does not run under torchrun.
-            JoinError: the other ranks could not be reached in time.
-        """
-        from hookscope.core.distributed import COMMANDS, Group, Launch, timeout_seconds
-
-        launch = Launch.from_env()
-        if launch is None:
-            return
-        self.launch = launch
-        if launch.rank != 0:
-            logging.getLogger("hookscope").setLevel(logging.CRITICAL + 1)
-        # Joined first, even to refuse: a rank that left at once would have torchrun stop
-        # rank 0 before it printed why.
-        self.group = Group.join(launch, timeout_seconds())
-        if command not in COMMANDS:
-            raise HookscopeError(f"`hookscope {command}` does not run under torchrun "
-                                 f"(WORLD_SIZE={launch.world_size}); run it as one process. "
-                                 f"Under torchrun: {', '.join(COMMANDS)}.")
-
-    def failed(self, exc: BaseException, message: str, code: int, *,
-               show: bool = True) -> SystemExit:
-        """Print the error where it belongs and tell the other ranks; the exit to raise.
-
-        Outside torchrun the line is always printed. Under it, rank 0 prints every error
-        (another rank's named by its rank); another rank prints its own error only when it
-        was the first to fail and it runs on another machine, or rank 0 did not take it up.
-        """
-        from hookscope.core.distributed import JoinError, PeerFailed
-        from hookscope.render import console
-
-        launch, group = self.launch, self.group
-        loud = True
-        if launch is not None:
-            if isinstance(exc, PeerFailed):
-                loud = exc.loud
-            elif group is not None:
-                loud = group.fail(message, code)
-                message = f"rank {launch.rank}: {message}" if launch.rank else message
-            else:
-                loud = isinstance(exc, JoinError)
-            if group is not None and launch.rank != 0:
-                # Leave only once rank 0 has printed (torchrun stops the rest when one rank
-                # exits). A first failure is printed here too on another machine, or when
-                # rank 0 did not take it up.
-                acknowledged = group.acknowledged()
-                if not isinstance(exc, PeerFailed):
-                    loud = loud and (not launch.same_node_as_leader or not acknowledged)
-            loud = loud or launch.rank == 0
-        if loud and show:
-            console.error(message)
-        self.ended(code)  # after the line: torchrun stops rank 0 once the others have left
-        return SystemExit(code)
-
-    def ended(self, code: int) -> None:
-        """Rank 0: publish the run's exit code for the other ranks."""
-        if self.group is not None and self.launch is not None and self.launch.rank == 0:
-            self.group.publish(code)
-
-    def follow(self) -> int:
-        """A rank other than 0, its report sent: rank 0's exit code."""
-        from hookscope.core.distributed import PeerFailed
-        from hookscope.render import console
-
-        assert self.group is not None  # Follow is raised only by a group's merge
-        try:
-            return self.group.outcome()
-        except PeerFailed as exc:
-            if exc.loud:
-                console.error(str(exc))
-            return exc.exit_code
-
-    def close(self) -> None:
-        if self.group is not None:
-            self.group.close(wait=not self.stopped)
-            self.group = None
+        return self.group.size
 
     # ------------------------------------------------------------------ the steps
 
@@ -323,7 +230,7 @@ class Session:
         """Where data goes, checked now (before the model loads); only rank 0 writes."""
         from hookscope.core.output import resolve_output
 
-        output = resolve_output(path if self.leader else None, force=force)
+        output = resolve_output(path if self.group.leader else None, force=force)
         if output.target is not None:
             self.writes.append(output.target)
         return output
@@ -332,7 +239,7 @@ class Session:
         """An output folder and the files planned in it, checked now."""
         from hookscope.core.output import check_folder
 
-        if not self.leader:
+        if not self.group.leader:
             return path
         planned = list(planned)
         self.writes += planned
@@ -347,21 +254,20 @@ class Session:
         """Resolve inputs before the model loads, so a bad path fails fast.
 
         Raises:
-            HookscopeError: a bad input; ``-`` under torchrun.
-            PeerFailed: under torchrun, this rank found other inputs than rank 0.
+            HookscopeError: a bad input; ``-`` under torchrun; under torchrun, ranks that
+                resolved other inputs than rank 0.
         """
         from hookscope.inputs.resolve import STDIN, resolve_inputs
         from hookscope.sources import resolve
 
-        if self.launch is not None and STDIN in specs:
+        if self.ranks > 1 and STDIN in specs:
             raise HookscopeError("'-' (stdin) cannot be read under torchrun, where every "
                                  "process would need it; pass the image as a file.")
         resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
                                   recursive=options.recursive, limit=options.limit,
                                   shuffle=options.shuffle, seed=options.seed)
         self.reading(item.path for item in resolved.items)
-        if self.group is not None:
-            self.group.agree("inputs", resolved.names)
+        self.group.agree(resolved.names)
         return resolved
 
     def load(self, options: ModelOptions, command: str) -> LoadedModel:
@@ -382,17 +288,13 @@ class Session:
     def drive(self, loaded: LoadedModel, inputs: Any, probe: Probe[R], **options: Any) -> R:
         """Run the loaded model over ``inputs`` for ``probe``, at its precision.
 
-        Under torchrun the report is every rank's merged, on rank 0; the other ranks stop
-        here (:class:`~hookscope.core.distributed.Follow`) once theirs is sent.
+        Under torchrun the report is every rank's merged, on rank 0; the other ranks exit
+        here (0) once theirs is sent.
         """
         from hookscope.core.run import drive
 
-        if self.group is None:
-            return drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
-        progress = self.group.progress(options.pop("progress", None))
-        report = drive(loaded.model, inputs, probe, autocast=loaded.autocast,
-                       progress=progress, **options)
-        return self.group.merge(report, progress)
+        report = drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
+        return self.group.merged(report)
 
     def run(self, loaded: LoadedModel, inputs: InputSet, options: ModelOptions,
             probe: Probe[R], label: str, *, shown: bool, **drive_options: Any) -> R:
@@ -410,27 +312,25 @@ class Session:
         from hookscope.inputs.dataset import default_workers
         from hookscope.inputs.resolve import iter_batches
 
-        if self.group is not None:
-            inputs = inputs.part(*self.group.shard(len(inputs), options.batch_size))
-        local = self.launch.local_world_size if self.launch is not None else 1
+        inputs = inputs.part(*self.group.part(len(inputs), options.batch_size))
         workers = options.workers if options.workers is not None else \
-            default_workers(inputs, options.batch_size, local)
-        batches = iter_batches(inputs, loaded.preprocess, batch_size=options.batch_size,
-                               keep_images=keep_images, ndim=loaded.input_ndim, workers=workers)
-        return batches if self.group is None else self.group.watch(batches)
+            default_workers(inputs, options.batch_size, self.group.local_size)
+        return iter_batches(inputs, loaded.preprocess, batch_size=options.batch_size,
+                            keep_images=keep_images, ndim=loaded.input_ndim, workers=workers)
 
     def progress(self, total: int | None, label: str, *, enabled: bool = True
                  ) -> AbstractContextManager[Bar]:
-        """A progress bar on stderr (only on a terminal)."""
+        """A progress bar on stderr (only on a terminal, and not under torchrun, where no
+        process sees the others' progress)."""
         from hookscope.render import console
 
-        return console.progress(total, label, enabled=enabled and self.leader)
+        return console.progress(total, label, enabled=enabled and self.ranks == 1)
 
     def plot_output(self, path: Path | None, *, force: bool) -> Output | None:
         """Where ``--plot`` goes (None: no plot), checked now, its suffix too."""
         from hookscope.render.plots import plot_output
 
-        output = plot_output(path if self.leader else None, force=force)
+        output = plot_output(path if self.group.leader else None, force=force)
         if output is not None and output.target is not None:
             self.writes.append(output.target)
         return output

@@ -282,8 +282,7 @@ def test_launch_and_timeout_from_the_environment() -> None:
     assert Launch.from_env({"WORLD_SIZE": "1", "RANK": "0"}) is None
     launch = Launch.from_env({"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1",
                               "LOCAL_WORLD_SIZE": "2"})
-    assert launch == Launch(3, 4, 1, 2) and not launch.same_node_as_leader
-    assert Launch(1, 4, 1, 2).same_node_as_leader
+    assert launch == Launch(3, 4, 1, 2)
     with pytest.raises(HookscopeError, match="integers"):
         Launch.from_env({"WORLD_SIZE": "two", "RANK": "0"})
     assert timeout_seconds({}) == 60 and timeout_seconds({"HOOKSCOPE_DIST_TIMEOUT": "2.5"}) == 2.5
@@ -339,30 +338,6 @@ def test_debug_reports_merge_like_one_run_and_keep_the_first_origin() -> None:
         [type(e).__name__ for e in one.events or ()]
 
 
-class CountingStore:
-    """The one method of torchrun's store that progress uses."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-
-    def add(self, key: str, n: int) -> int:
-        self.counts[key] = self.counts.get(key, 0) + n
-        return self.counts[key]
-
-
-def test_progress_counts_every_rank() -> None:
-    from hookscope.core.distributed import Progress
-
-    store, shown = CountingStore(), []
-    leader, other = Progress(store, shown.append), Progress(store, None)
-    leader(3)
-    other(4)  # another rank's units show at rank 0's next update
-    other(4)
-    leader.refresh()
-    leader(1)
-    assert shown == [3, 8, 1] and sum(shown) == store.counts["progress"] == 12
-
-
 def test_ablate_noise_is_refused_across_processes() -> None:
     from hookscope.probes.ablate import parse_mode
 
@@ -372,31 +347,14 @@ def test_ablate_noise_is_refused_across_processes() -> None:
         parse_mode("noise:0.5", processes=2)
 
 
-class KeyStore(CountingStore):
-    """torchrun's store as Group uses it, in memory."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: dict[str, bytes] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.values[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        return self.values[key]
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.values for k in keys)
-
-
 def test_ranks_agree_on_their_inputs_or_say_so() -> None:
-    from hookscope.core.distributed import Group
+    from hookscope.core.distributed import check_agreed, fingerprint
 
-    store = KeyStore()
-    leader, other = (Group(Launch(rank, 2, rank, 2), 5.0, store) for rank in (0, 1))
-    leader.agree("inputs", ["a.jpg", "b.jpg"])
-    other.agree("inputs", ["a.jpg", "b.jpg"])
-    with pytest.raises(HookscopeError, match=r"other inputs than rank 0 \(1 here, 2 there"):
-        other.agree("inputs", ["a.jpg"])
-    with pytest.raises(HookscopeError, match="same files at the same paths"):
-        other.agree("inputs", ["b.jpg", "a.jpg"])
+    both = fingerprint(["a.jpg", "b.jpg"])
+    check_agreed([both, both])
+    with pytest.raises(HookscopeError, match=r"^rank 1 resolved other inputs than rank 0 "
+                                             r"\(rank 1: 1, rank 0: 2, or in another order\)"):
+        check_agreed([both, fingerprint(["a.jpg"])])
+    with pytest.raises(HookscopeError, match=r"^ranks 1, 3 resolved .*same files at the same "
+                                             "paths"):
+        check_agreed([both, fingerprint(["b.jpg", "a.jpg"]), both, fingerprint(["a", "b"])])

@@ -1,11 +1,13 @@
 """``torchrun --nproc-per-node 2`` on CPU (gloo): the merged report equals a single-process run
-on the same inputs, only rank 0 writes, and a failing rank ends every rank with its error,
-without a hang. Each test starts real processes, so they are marked slow."""
+on the same inputs, only rank 0 writes, and a failing rank prints its error, naming its rank,
+and torchrun stops the others, without a hang. Each test starts real processes, so they are
+marked slow."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,12 +23,15 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 DIST_TIMEOUT = 120
 #: A hang guard, not a duration the tests expect: a run that takes this long is stuck.
 HANG_GUARD = 600
-#: For the tests that a failure ends every rank at once, not after a wait times out: a wait
-#: this long would run into the hang guard.
+#: For the tests that a failure ends every rank at once (torchrun stops the others), not after
+#: a collective times out: a wait this long would run into the hang guard.
 NO_TIMEOUT = {"HOOKSCOPE_DIST_TIMEOUT": str(4 * HANG_GUARD)}
+#: torchrun's exit code when any rank failed; its report lists each rank's own.
+TORCHRUN_FAILED = 1
 
 MODEL = """
 import os
+import time
 
 from torch import nn
 
@@ -44,18 +49,20 @@ class Head(nn.Module):
 
 
 class Small(nn.Module):
-    def __init__(self, classes=10, fail_on_rank=-1, die_on_rank=-1):
+    def __init__(self, classes=10, fail_on_rank=-1, die_on_rank=-1, hang_on_rank=-1):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
             nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU())
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = Head(classes, fail_on_rank)
-        self.die_on_rank = die_on_rank
+        self.die_on_rank, self.hang_on_rank = die_on_rank, hang_on_rank
 
     def forward(self, x):
         if os.environ.get("RANK") == str(self.die_on_rank):
             os._exit(9)  # killed without a word
+        if os.environ.get("RANK") == str(self.hang_on_rank):
+            time.sleep(3600)  # stops responding, without exiting
         return self.head(self.pool(self.features(x)).flatten(1))
 """
 
@@ -82,6 +89,21 @@ def hookscope(work: Path, *args: object, ranks: int = 2, env: dict[str, str] | N
 
 def errors(result: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("hookscope:")]
+
+
+def rank_exited(result: subprocess.CompletedProcess[str], rank: int, code: int) -> bool:
+    """Whether torchrun's failure report lists ``rank`` with exit code ``code``."""
+    return re.search(rf"rank\s*: {rank} \(local_rank: {rank}\)\s*exitcode\s*: {code} ",
+                     result.stderr) is not None
+
+
+def stopped_rank_0(lines: list[str]) -> bool:
+    """Whether ``lines`` are at most one line of rank 0 saying it stopped: the signal torchrun
+    sends, or the gathering of the reports that the gone rank left."""
+    return len(lines) <= 1 and all(
+        line.startswith("hookscope: error: rank 0: ")
+        and ("no output was written" in line or "another rank stopped" in line)
+        for line in lines)
 
 
 @pytest.fixture()
@@ -161,18 +183,20 @@ def test_check_with_class_folders_and_junit(work: Path, cli, one_thread,
     assert (work / "check.2.xml").read_text() == (work / "check.1.xml").read_text()
 
 
-def test_a_corrupt_image_on_one_rank_ends_every_rank_naming_the_file(work: Path) -> None:
+def test_a_corrupt_image_on_one_rank_ends_every_rank_naming_the_rank_and_file(work: Path
+                                                                             ) -> None:
     bad = work / "bad"
     paths = write_images(bad, 20)
     data = paths[16].read_bytes()
     paths[16].write_bytes(data[: len(data) * 2 // 3])  # rank 1's part; the header still reads
     out = work / "bad.json"
     result = hookscope(work, "stats", "small_model.py:Small", "bad", "--size", "32", "-b", "3",
-                       "-f", "json", "-o", out, env=NO_TIMEOUT)  # told at once, not by a timeout
-    assert result.returncode != 0
-    lines = errors(result)
-    assert len(lines) == 1, result.stderr  # printed once, by rank 0
-    assert lines[0].startswith("hookscope: error: rank 1: bad/img16.jpg: corrupt or truncated")
+                       "-f", "json", "-o", out, env=NO_TIMEOUT)  # stopped at once, not by a timeout
+    assert result.returncode == TORCHRUN_FAILED and rank_exited(result, 1, 2), result.stderr
+    failed = [line for line in errors(result) if line.startswith("hookscope: error: rank 1: ")]
+    assert len(failed) == 1, result.stderr
+    assert failed[0].startswith("hookscope: error: rank 1: bad/img16.jpg: corrupt or truncated")
+    assert stopped_rank_0([line for line in errors(result) if line not in failed]), result.stderr
     assert not out.exists()
 
 
@@ -180,10 +204,11 @@ def test_a_crash_in_the_model_on_one_rank_names_the_rank_and_the_module(work: Pa
     out = work / "crash.json"
     result = hookscope(work, "stats", *MODEL_ARGS, "--model-arg", "fail_on_rank=1", "-f", "json",
                        "-o", out)
-    assert result.returncode != 0
-    lines = errors(result)
-    assert len(lines) == 1 and lines[0].startswith("hookscope: error: rank 1: "), result.stderr
-    assert "head" in lines[0] and "kernels are missing" in lines[0]
+    assert result.returncode == TORCHRUN_FAILED and rank_exited(result, 1, 1), result.stderr
+    failed = [line for line in errors(result) if line.startswith("hookscope: error: rank 1: ")]
+    assert len(failed) == 1, result.stderr
+    assert "head" in failed[0] and "kernels are missing" in failed[0]
+    assert stopped_rank_0([line for line in errors(result) if line not in failed]), result.stderr
     assert not out.exists()
 
 
@@ -191,16 +216,28 @@ def test_a_rank_killed_without_a_word_ends_the_run_without_output(work: Path) ->
     out = work / "killed.json"
     result = hookscope(work, "stats", *MODEL_ARGS, "--model-arg", "die_on_rank=1", "-f",
                        "json", "-o", out, env=NO_TIMEOUT)  # torchrun stops rank 0 at once
-    assert result.returncode != 0
-    assert errors(result) == ["hookscope: error: stopped by SIGTERM (torchrun stops every rank "
-                              "once one has exited: its report names that rank); no output was "
-                              "written"], result.stderr
+    assert result.returncode == TORCHRUN_FAILED and rank_exited(result, 1, 9), result.stderr
+    assert stopped_rank_0(errors(result)), result.stderr
     assert not out.exists()
 
 
-def test_a_command_that_does_not_merge_is_refused_once(work: Path) -> None:
+def test_a_rank_that_stops_responding_ends_the_run_after_the_timeout(work: Path) -> None:
+    out = work / "hung.json"
+    result = hookscope(work, "stats", *MODEL_ARGS, "--model-arg", "hang_on_rank=1", "-f",
+                       "json", "-o", out, env={"HOOKSCOPE_DIST_TIMEOUT": "30"})
+    assert result.returncode == TORCHRUN_FAILED and rank_exited(result, 0, 1), result.stderr
+    lines = errors(result)  # rank 1, stopped by torchrun, says nothing
+    assert len(lines) == 1 and lines[0].startswith(
+        "hookscope: error: rank 0: gathering the reports failed ("), result.stderr
+    assert not out.exists()
+
+
+def test_a_command_that_does_not_merge_is_refused_by_each_rank(work: Path) -> None:
     result = hookscope(work, "features", *MODEL_ARGS, "--layer", "features.0")
-    assert result.returncode != 0
-    lines = errors(result)
-    assert len(lines) == 1 and "`hookscope features` does not run under torchrun" in lines[0], \
+    assert result.returncode == TORCHRUN_FAILED, result.stderr
+    refused = [line for line in errors(result)
+               if "`hookscope features` does not run under torchrun" in line]
+    assert refused, result.stderr  # the first rank to refuse; torchrun may stop the other first
+    assert any(rank_exited(result, rank, 2) for rank in (0, 1)), result.stderr
+    assert stopped_rank_0([line for line in errors(result) if line not in refused]), \
         result.stderr

@@ -1,57 +1,47 @@
 """Runs under ``torchrun``: each rank drives its own part of the inputs, rank 0 merges.
 
 torchrun (or any launcher that sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT``) starts one hookscope per rank. Each joins one process
-group (gloo; on CUDA machines NCCL for CUDA tensors and gloo for the CPU), loads the model,
-and runs a contiguous, disjoint part of the inputs (:func:`shard`: whole batches, nothing
-repeated or padded) through the same probe and the one driver. The reports are then
-gathered to rank 0 with ``torch.distributed.gather_object`` (as ``torch.save`` bytes, loaded
-there with every tensor on the CPU, whichever GPU each rank used) and merged in rank order with
-their own exact ``merge`` (Chan's update for moments, sums of counts, min/max, sketches
-bucket by bucket), which is the report of one run over all inputs in order. No probe knows
-about ranks: :class:`~hookscope.session.Session` does this around the driver.
+``MASTER_ADDR`` and ``MASTER_PORT``) starts one hookscope per rank. Each joins one gloo
+process group (:meth:`Group.join`), checks that it resolved the same inputs as the others
+(:meth:`Group.agree`: a machine missing one file would shift every part after it), loads the
+model, and runs a contiguous, disjoint part of the inputs (:func:`shard`: whole batches,
+nothing repeated or padded) through the same probe and the one driver. The reports are then
+gathered to rank 0 (:func:`gather_merged`) and merged in rank order with their own exact
+``merge`` (Chan's update for moments, sums of counts, min/max, sketches bucket by bucket),
+which is the report of one run over all inputs in order. No probe knows about ranks:
+:class:`~hookscope.session.Session` does this around the driver.
 
-Only rank 0 prints and writes. The other ranks, once their report is sent, wait for rank
-0's exit code and exit with it (:class:`Follow`).
+Only rank 0 prints and writes; the other ranks leave once their report is sent.
 
-Failures never hang. Beside the collectives, the ranks share torchrun's key-value store:
-
-* a rank that fails (a bad image, the model's forward raising, a signal) posts its error
-  there before it exits; every other rank looks for it before each batch and while it
-  waits, and exits with that error and exit code (rank 0 prints it, naming the rank; the
-  others leave only once it has, since torchrun stops every rank as soon as one exits);
-* each rank beats a counter every second and watches the next rank's (a ring), so a rank
-  that dies without a word (killed, out of memory) is noticed after the timeout;
-* the timeout (``HOOKSCOPE_DIST_TIMEOUT`` seconds, default 60) also bounds joining the
-  group and every collective.
-
-Before any work each rank also checks that it resolved the same inputs as rank 0
-(:meth:`Group.agree`): a machine missing one file would shift every part after it.
+Failures are torchrun's to handle: a rank that fails prints its own error line, naming its
+rank, and exits non-zero; torchrun then stops the other ranks (SIGTERM) and exits 1, listing
+each rank's exit code. ``HOOKSCOPE_DIST_TIMEOUT`` (seconds, default 60) bounds joining the
+group and every collective (the process group's timeout), so no rank waits for ever on one
+that stopped responding.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
-import threading
-import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from hookscope.core.errors import HookscopeError
 
-__all__ = ["COMMANDS", "Follow", "Group", "JoinError", "Launch", "PeerFailed", "gather_merged",
-           "shard", "timeout_seconds"]
+__all__ = ["COMMANDS", "CollectiveFailed", "Group", "Launch", "gather_merged", "shard",
+           "timeout_seconds"]
 
 T = TypeVar("T")
 TIMEOUT_ENV = "HOOKSCOPE_DIST_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
 #: The commands whose reports merge, and so run under torchrun.
 COMMANDS = ("stats", "grads", "debug", "ablate", "check")
-_POLL = 0.05
 
 
 @dataclass(frozen=True)
@@ -81,12 +71,6 @@ class Launch:
                                  "must be integers.") from None
         return cls(rank, world, local, local_world) if world > 1 else None
 
-    @property
-    def same_node_as_leader(self) -> bool:
-        """Whether this rank runs on rank 0's machine (torchrun numbers ranks node by node),
-        and so shares its stderr."""
-        return self.rank - self.local_rank == 0
-
 
 def timeout_seconds(env: Mapping[str, str] = os.environ) -> float:
     """``HOOKSCOPE_DIST_TIMEOUT`` (default 60 s).
@@ -113,29 +97,14 @@ def shard(count: int, batch_size: int, rank: int, world: int) -> tuple[int, int]
     return min(lo * batch_size, count), min(hi * batch_size, count)
 
 
-class PeerFailed(HookscopeError):
-    """Another rank failed (its message, and its exit code), or stopped responding.
+class CollectiveFailed(HookscopeError):
+    """A collective did not complete: another rank stopped, or the timeout passed (exit 1)."""
 
-    Attributes:
-        loud: this rank prints it too (rank 0, which would have, is gone).
-    """
-
-    def __init__(self, message: str, exit_code: int = 1, *, loud: bool = False) -> None:
-        super().__init__(message)
-        self.exit_code, self.loud = exit_code, loud
-
-
-class JoinError(HookscopeError):
-    """This process could not join the others (every rank prints it)."""
-
-
-class Follow(BaseException):
-    """Raised on ranks other than 0 once their report is sent: rank 0 writes the output,
-    and the others exit with its exit code."""
+    exit_code = 1
 
 
 def _packed(report: Any) -> bytes:
-    """A report as bytes, its tensors (on whatever GPU the rank used) included."""
+    """A report as bytes, its tensors (on whatever device the rank used) included."""
     import torch
 
     buffer = io.BytesIO()
@@ -145,8 +114,8 @@ def _packed(report: Any) -> bytes:
 
 def _unpacked(data: bytes) -> Any:
     """A rank's report with every tensor on the CPU, so that reports from ranks on other
-    GPUs (or machines with fewer) merge; rank 0's own goes the same way. The bytes come from
-    this job's own ranks, so the full unpickler is used."""
+    devices merge; rank 0's own goes the same way. The bytes come from this job's own ranks,
+    so the full unpickler is used."""
     import torch
 
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
@@ -154,12 +123,16 @@ def _unpacked(data: bytes) -> Any:
 
 def gather_merged(report: T) -> T | None:
     """Every rank's ``report`` merged in rank order with its own exact ``merge``, on rank 0;
-    None on the other ranks. A collective: every rank of the job calls it."""
+    None on the other ranks. A collective: every rank of the job calls it.
+
+    Raises:
+        CollectiveFailed: another rank stopped, or the timeout passed.
+    """
     import torch.distributed as dist
 
     gathered: list[Any] | None = [None] * dist.get_world_size() \
         if dist.get_rank() == 0 else None
-    dist.gather_object(_packed(report), gathered, dst=0)
+    _collective("gathering the reports", dist.gather_object, _packed(report), gathered, 0)
     if gathered is None:
         return None
     reports = [_unpacked(data) for data in gathered]
@@ -169,269 +142,155 @@ def gather_merged(report: T) -> T | None:
     return merged  # type: ignore[no-any-return]
 
 
-class Progress:
-    """A progress callback that counts every rank's units in the store; on rank 0 it moves
-    ``bar`` (the command's progress bar) to the total of all ranks."""
+def fingerprint(names: Sequence[str]) -> tuple[int, str]:
+    """How many ``names`` there are, and a hash of them in order."""
+    return len(names), hashlib.sha256("\n".join(names).encode()).hexdigest()
 
-    def __init__(self, store: Any, bar: Any) -> None:
-        self.store, self.bar, self.shown = store, bar, 0
 
-    def __call__(self, n: int) -> None:
-        self._show(int(self.store.add("progress", int(n))))
+def check_agreed(fingerprints: Sequence[tuple[int, str]], what: str = "inputs") -> None:
+    """Check that every rank's :func:`fingerprint` of its ``what`` is rank 0's.
 
-    def refresh(self) -> None:
-        self._show(int(self.store.add("progress", 0)))
-
-    def expect(self, total: int) -> None:
-        expect = getattr(self.bar, "expect", None)
-        if expect is not None:
-            expect(total)
-
-    def _show(self, total: int) -> None:
-        if self.bar is not None and total > self.shown:
-            self.bar(total - self.shown)
-            self.shown = total
+    Raises:
+        HookscopeError: naming the ranks that differ, and how many each resolved.
+    """
+    differ = [rank for rank, theirs in enumerate(fingerprints) if theirs != fingerprints[0]]
+    if differ:
+        counts = ", ".join(f"rank {rank}: {fingerprints[rank][0]}" for rank in [*differ, 0])
+        raise HookscopeError(
+            f"rank{'s' if len(differ) > 1 else ''} {', '.join(map(str, differ))} resolved "
+            f"other {what} than rank 0 ({counts}, or in another order): every machine needs "
+            "the same files at the same paths.")
 
 
 class Group:
-    """This rank's membership of the run: the process group, the store, the heartbeat."""
+    """This process's place in one command's run: the only process, or, once
+    :meth:`join` found torchrun's variables, one of its ranks.
 
-    def __init__(self, launch: Launch, timeout: float, store: Any) -> None:
-        self.launch, self.timeout, self.store = launch, timeout, store
-        self.dead: int | None = None  # a rank whose heartbeat stopped
-        self.lost = False  # the store itself went away
-        self.published = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="hookscope-heartbeat",
-                                        daemon=True)
+    Attributes:
+        launch: this process's place under torchrun (None: a single process).
+    """
 
-    @classmethod
-    def join(cls, launch: Launch, timeout: float) -> Group:
-        """Join the process group (within ``timeout`` seconds) and start the heartbeat.
+    def __init__(self) -> None:
+        self.launch: Launch | None = None
+
+    @property
+    def size(self) -> int:
+        """How many processes run this command (1 outside torchrun)."""
+        return 1 if self.launch is None else self.launch.world_size
+
+    @property
+    def leader(self) -> bool:
+        """Whether this process prints and writes (rank 0, or the only process)."""
+        return self.launch is None or self.launch.rank == 0
+
+    @property
+    def local_size(self) -> int:
+        """How many processes of this run share this machine."""
+        return 1 if self.launch is None else self.launch.local_world_size
+
+    def join(self, command: str | None) -> None:
+        """Under torchrun, join the other ranks (within the timeout); the others stay quiet.
 
         Raises:
-            JoinError: the others could not be reached in time.
+            HookscopeError: the command does not run under torchrun, or the other ranks
+                could not be reached in time.
         """
+        launch = Launch.from_env()
+        if launch is None:
+            return
+        self.launch = launch
+        if launch.rank != 0:
+            logging.getLogger("hookscope").setLevel(logging.CRITICAL + 1)
+        if command not in COMMANDS:
+            raise HookscopeError(f"`hookscope {command}` does not run under torchrun "
+                                 f"(WORLD_SIZE={launch.world_size}); run it as one process. "
+                                 f"Under torchrun: {', '.join(COMMANDS)}.")
+        timeout = timeout_seconds()
         import torch
         import torch.distributed as dist
 
-        wait = timedelta(seconds=timeout)
+        if torch.cuda.is_available():  # `--device auto` or `cuda`: the GPU of its local rank
+            torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
         try:
-            store, _, _ = next(dist.rendezvous("env://", timeout=wait))
-            cuda = torch.cuda.is_available()
-            if cuda:
-                torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
-            dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo",
-                                    store=dist.PrefixStore("pg", store), rank=launch.rank,
-                                    world_size=launch.world_size, timeout=wait)
-        except (RuntimeError, ValueError, OSError) as exc:
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            raise JoinError(f"rank {launch.rank} could not join the other "
-                            f"{launch.world_size - 1} processes within {timeout:g} s ({reason}); "
-                            f"check torchrun's --rdzv-endpoint, or raise {TIMEOUT_ENV}.") from None
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        group = cls(launch, timeout, dist.PrefixStore(f"hookscope/{attempt}", store))
-        group._thread.start()
-        return group
+            dist.init_process_group("gloo", init_method="env://", rank=launch.rank,
+                                    world_size=launch.world_size,
+                                    timeout=timedelta(seconds=timeout))
+        except (RuntimeError, ValueError) as exc:  # DistStoreError, DistNetworkError, a bad port
+            raise HookscopeError(
+                f"could not join the other {launch.world_size - 1} processes within "
+                f"{timeout:g} s ({_first_line(exc)}); check torchrun's --rdzv-endpoint, or "
+                f"raise {TIMEOUT_ENV}.") from None
 
-    # ------------------------------------------------------------------ failures
+    def line(self, message: str, *, stopped: bool = False) -> str | None:
+        """The error line this process prints, or None: every rank prints its own failure,
+        naming its rank; only rank 0 says the run was stopped (torchrun stops every rank
+        once one has exited, and Ctrl-C reaches them all)."""
+        if self.launch is None:
+            return message
+        if stopped and not self.leader:
+            return None
+        return f"rank {self.launch.rank}: {message}"
 
-    def _beat(self) -> None:
-        """Beat every second; watch the next rank's beat (a ring: each rank is watched)."""
-        rank, world = self.launch.rank, self.launch.world_size
-        watched = (rank + 1) % world
-        seen, since = -1, time.monotonic()
-        while not self._stop.wait(min(1.0, self.timeout / 10)):
-            try:
-                self.store.add(f"beat/{rank}", 1)
-                beat = int(self.store.add(f"beat/{watched}", 0))
-                closed = self.store.check([f"closed/{watched}"])
-            except Exception:  # the store is gone with the process that held it
-                self.lost = True
-                return
-            now = time.monotonic()
-            if beat != seen:
-                seen, since = beat, now
-            elif not closed and now - since > self.timeout:
-                self.dead = watched
-                self._post(-1, 1, f"rank {watched} stopped responding for {self.timeout:g} s "
-                                  "(it crashed or was killed); no output was written.")
-                return
-
-    def _post(self, source: int, code: int, message: str) -> bool:
-        first = int(self.store.add("failures", 1)) == 1
-        if first:
-            self.store.set("error", f"{source}\n{code}\n{message}")
-        return first
-
-    def fail(self, message: str, code: int) -> bool:
-        """Tell the other ranks this one failed; True when it was the first to."""
-        try:
-            return self._post(self.launch.rank, code, message)
-        except Exception:  # the store is gone: nobody is left to tell
-            return True
-
-    def check(self) -> None:
-        """Raise when another rank has failed or stopped responding.
-
-        Raises:
-            PeerFailed: with that rank's message and exit code.
-        """
-        try:
-            if self.store.check(["error"]):
-                source, code, message = self.store.get("error").decode().split("\n", 2)
-                where = f"rank {source}: " if int(source) >= 0 else ""
-                raise PeerFailed(where + message, int(code), loud=self.dead == 0)
-        except PeerFailed:
-            raise
-        except Exception:
-            self.lost = True
-        if self.lost:
-            raise PeerFailed("lost contact with torchrun's store (rank 0 or the agent stopped); "
-                             "no output was written.", 1, loud=True)
-        if self.dead is not None:
-            raise PeerFailed(f"rank {self.dead} stopped responding for {self.timeout:g} s; no "
-                             "output was written.", 1, loud=self.dead == 0)
-
-    # ------------------------------------------------------------------ the run
-
-    def agree(self, what: str, names: Sequence[str]) -> None:
-        """Check that every rank resolved the same ``names`` (inputs, in order) as rank 0,
-        which each rank shards alike: one machine missing a file would make every shard
+    def agree(self, names: Sequence[str]) -> None:
+        """Check that every rank resolved the same input ``names``, in the same order: each
+        rank takes its part of them, so one machine missing a file would make every part
         after it wrong.
 
         Raises:
-            HookscopeError: this rank's names differ from rank 0's.
-            PeerFailed: another rank failed while this one waited.
+            HookscopeError: on every rank, naming the ranks that differ from rank 0.
+            CollectiveFailed: another rank stopped, or the timeout passed.
         """
-        digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
-        mine = f"{len(names)} {digest}"
-        if self.launch.rank == 0:
-            self.store.set(f"agree/{what}", mine)
+        if self.launch is None:
             return
-        deadline = time.monotonic() + self.timeout
-        while not self.store.check([f"agree/{what}"]):
-            self.check()
-            if time.monotonic() > deadline:
-                raise PeerFailed(f"rank 0 did not list its {what} within {self.timeout:g} s; "
-                                 "no output was written.", 1, loud=True)
-            time.sleep(_POLL)
-        theirs = self.store.get(f"agree/{what}").decode()
-        if theirs != mine:
-            count = theirs.split()[0]
-            raise HookscopeError(
-                f"this rank resolved other {what} than rank 0 ({len(names)} here, {count} "
-                f"there, or another order): every machine needs the same files at the same "
-                "paths.")
+        import torch.distributed as dist
 
-    def shard(self, count: int, batch_size: int) -> tuple[int, int]:
-        """This rank's inputs ``[lo, hi)`` (see :func:`shard`)."""
+        everyone: list[Any] = [None] * self.size
+        _collective("comparing the inputs", dist.all_gather_object, everyone, fingerprint(names))
+        check_agreed(everyone)
+
+    def part(self, count: int, batch_size: int) -> tuple[int, int]:
+        """This process's inputs ``[lo, hi)`` of ``count`` (see :func:`shard`)."""
+        if self.launch is None:
+            return 0, count
         return shard(count, batch_size, self.launch.rank, self.launch.world_size)
 
-    def watch(self, batches: Iterable[T]) -> Iterator[T]:
-        """``batches``, looking for another rank's failure before each one."""
-        it = iter(batches)
-        try:
-            while True:
-                self.check()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    return
-                yield batch
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-
-    def progress(self, bar: Any) -> Progress:
-        """A progress callback counting every rank's units (rank 0 shows the total)."""
-        return Progress(self.store, bar if self.launch.rank == 0 else None)
-
-    def merge(self, report: T, progress: Progress) -> T:
+    def merged(self, report: T) -> T:
         """Every rank's report merged in rank order, on rank 0.
 
         Raises:
-            Follow: on the other ranks, once their report is sent.
-            PeerFailed: another rank failed first.
+            SystemExit: 0, on the other ranks once their report is sent: rank 0 writes.
+            CollectiveFailed: another rank stopped, or the timeout passed.
         """
-
-        self.store.add("done", 1)
-        while int(self.store.add("done", 0)) < self.launch.world_size:
-            self.check()
-            progress.refresh()
-            time.sleep(_POLL)
-        progress.refresh()
-        try:
-            merged = gather_merged(report)
-        except RuntimeError as exc:
-            raise PeerFailed(f"gathering the reports failed: {str(exc).splitlines()[0][:160]}; "
-                             "no output was written.") from None
+        if self.launch is None:
+            return report
+        merged = gather_merged(report)
         if merged is None:
-            raise Follow()
+            raise SystemExit(0)
         return merged
 
-    # ------------------------------------------------------------------ the end
+    def close(self) -> None:
+        """Leave the process group, if this process joined one."""
+        if self.launch is not None:
+            import torch.distributed as dist
 
-    def publish(self, code: int) -> None:
-        """Rank 0: the run's exit code, for the others."""
-        self.published = True
-        try:
-            self.store.set("exit", str(code))
-        except Exception:  # the others find out through their heartbeat
-            pass
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
-    def outcome(self) -> int:
-        """Ranks other than 0: rank 0's exit code, once it has written the output.
 
-        Raises:
-            PeerFailed: rank 0 stopped responding, or its store went away.
-        """
-        while True:
-            try:
-                if self.store.check(["exit"]):
-                    return int(self.store.get("exit"))
-                if self.store.check(["closed/0"]):  # left without a word: never expected
-                    raise PeerFailed("rank 0 ended without an exit code.", 1, loud=True)
-            except PeerFailed:
-                raise
-            except Exception:
-                self.lost = True
-            self.check()  # rank 0 failed, died, or took its store with it
-            time.sleep(_POLL)
+def _collective(what: str, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)``, a collective of ``torch.distributed``, its failure as one line.
 
-    def acknowledged(self) -> bool:
-        """A rank other than 0 that failed: whether rank 0 took up the failure (it published
-        its exit code, and so printed the error) within the timeout."""
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline and self.dead is None and not self.lost:
-            try:
-                if self.store.check(["exit"]):
-                    return True
-            except Exception:
-                return False
-            time.sleep(_POLL)
-        return False
+    Raises:
+        CollectiveFailed: gloo raised (a peer closed the connection, or the timeout passed).
+    """
+    try:
+        return call(*args)
+    except RuntimeError as exc:  # gloo raises RuntimeError, DistError (a subclass) for the rest
+        raise CollectiveFailed(f"{what} failed ({_first_line(exc)}): another rank stopped, or "
+                               "the process group's timeout passed.") from None
 
-    def close(self, *, wait: bool = True) -> None:
-        """Leave: say so, and on rank 0 wait (at most the timeout, and not when ``wait`` is
-        False: stopped by a signal) for the others to leave too, since they may read the
-        store this process holds."""
-        if self.launch.rank == 0 and not self.published:
-            self.publish(1)  # ended by something no handler saw (SystemExit)
-        try:
-            self.store.set(f"closed/{self.launch.rank}", "1")
-            self.store.add("closed", 1)
-            deadline = time.monotonic() + self.timeout
-            while wait and self.launch.rank == 0 and time.monotonic() < deadline and \
-                    self.dead is None and not self.lost and \
-                    int(self.store.add("closed", 0)) < self.launch.world_size:
-                time.sleep(_POLL)
-        except Exception:
-            pass
-        self._stop.set()
-        self._thread.join(timeout=5)
-        import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def _first_line(exc: BaseException) -> str:
+    """The first sentence of ``exc``'s message, less gloo's ``[file.cc:line]`` prefix."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())
+    return (text.splitlines() or [type(exc).__name__])[0].split(". ")[0][:160]
