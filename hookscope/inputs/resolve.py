@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import pickle
-import queue
 import random
 import stat
 import sys
-import threading
 import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -33,11 +31,6 @@ log = logging.getLogger("hookscope")
 
 TENSOR_SUFFIXES = {".pt", ".npy"}
 STDIN = "-"
-
-
-def image_suffixes() -> set[str]:
-    """File suffixes Pillow can open (used to pick images out of a directory)."""
-    return {ext.lower() for ext in Image.registered_extensions()}
 
 
 @dataclass(frozen=True)
@@ -415,27 +408,17 @@ def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:
     """The images in ``folder`` (with ``recursive``, in its whole tree), sorted by their
     path's parts, and the names of the other files, which are skipped (subdirectories are
     the caller's to walk or to mention)."""
-    known = image_suffixes()
+    known = {ext.lower() for ext in Image.registered_extensions()}  # what Pillow can open
     images: list[Path] = []
     skipped: list[str] = []
-    if not recursive:
-        for entry in sorted(folder.iterdir()):
-            if entry.is_dir():
-                continue
-            if entry.is_file() and entry.suffix.lower() in known:
-                images.append(entry)
-            else:
-                skipped.append(entry.name)
-        return images, skipped
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        for name in files:
-            entry = Path(root, name)
-            if entry.suffix.lower() in known and entry.is_file():
-                images.append(entry)
-            else:
-                skipped.append(str(entry.relative_to(folder)))
-    images.sort(key=lambda p: p.relative_to(folder).parts)
+    for entry in sorted(folder.rglob("*") if recursive else folder.iterdir(),
+                        key=lambda p: p.relative_to(folder).parts):
+        if entry.is_dir():
+            continue
+        if entry.suffix.lower() in known and entry.is_file():
+            images.append(entry)
+        else:
+            skipped.append(str(entry.relative_to(folder)))
     return images, sorted(skipped)
 
 
@@ -553,42 +536,13 @@ def iter_batches(
     return _prefetched(gen) if prefetch else gen
 
 
-_DONE = object()
-
-
-def _prefetched(gen: Iterator[Batch], depth: int = 1) -> Iterator[Batch]:
-    """Run ``gen`` one step ahead in a daemon thread; errors re-raise in the consumer."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work() -> None:
-        try:
-            for batch in gen:
-                if not put(batch):
-                    return
-            put(_DONE)
-        except BaseException as exc:  # handed to the consumer
-            put(exc)
-
-    thread = threading.Thread(target=work, name="hookscope-decode", daemon=True)
-    thread.start()
+def _prefetched(gen: Iterator[Batch]) -> Iterator[Batch]:
+    """Run ``gen`` one batch ahead in a background thread; errors re-raise in the consumer."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="hookscope-decode")
     try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        ahead = pool.submit(next, gen, None)
+        while (batch := ahead.result()) is not None:
+            ahead = pool.submit(next, gen, None)
+            yield batch
     finally:
-        stop.set()
-        thread.join(timeout=5)
+        pool.shutdown(wait=False, cancel_futures=True)
