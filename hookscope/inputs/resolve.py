@@ -373,7 +373,7 @@ def _read_stdin(stdin: IO[bytes] | None) -> bytes:
     return data
 
 
-def _read_once(path: Path, name: str) -> bytes | None:
+def read_once(path: Path, name: str) -> bytes | None:
     """The bytes of a file that cannot be read twice (a FIFO, ``<(...)``, a device), read
     now; None for a regular file, which is read when its batch comes."""
     try:
@@ -386,7 +386,7 @@ def _read_once(path: Path, name: str) -> bytes | None:
 
 def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
     """A tensor file's rows (read and checked now), or one image (checked later)."""
-    data = _read_once(path, name)
+    data = read_once(path, name)
     if path.suffix.lower() not in TENSOR_SUFFIXES:
         return [InputItem(name, "image", path, data=data)]
     t = _check_tensor(_read_tensor(path, name, data), name, ndim)

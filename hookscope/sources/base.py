@@ -7,6 +7,7 @@ its labels and a record of what was loaded. Commands never care which source it 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
@@ -199,6 +200,16 @@ def register(source: Source) -> Source:
     return source
 
 
+def warn_random(why: str | None, seed: int) -> str:
+    """Say why ``weights=auto`` fell back to random weights (nothing when ``why`` is None, as
+    for ``weights=none``); returns what ``weights.loaded`` records."""
+    if why is not None:
+        logging.getLogger("hookscope").warning(
+            f"{why}; using random initialisation (seed {seed}), so predictions are "
+            "meaningless. weights=none (--weights none) silences this.")
+    return f"random (seed {seed})"
+
+
 def missing_dependency(package: str, extra: str) -> HookscopeError:
     """The one-line error for an optional dependency that is not installed."""
     return HookscopeError(f"this needs the {package} package: pip install 'hookscope[{extra}]'")
@@ -207,7 +218,7 @@ def missing_dependency(package: str, extra: str) -> HookscopeError:
 #: Set to 1 to forbid any download attempt (tests and air-gapped CI set it).
 OFFLINE_ENV = "HOOKSCOPE_OFFLINE"
 _DOWNLOAD_HOST = "download.pytorch.org"
-_CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors"}
+_CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors", ".pkl"}
 
 
 def resolve_device(spec: str = "auto") -> torch.device:

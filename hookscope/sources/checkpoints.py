@@ -12,9 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import pickle
-import stat
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping
@@ -26,6 +24,7 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, clip, param
+from hookscope.inputs.resolve import read_once
 
 log = logging.getLogger("hookscope")
 
@@ -56,16 +55,6 @@ Source = Path | bytes
 def _readable(src: Source) -> Path | io.BytesIO:
     """Something to open ``src`` as: the path, or a fresh stream over its bytes."""
     return io.BytesIO(src) if isinstance(src, bytes) else src
-
-
-def _read_once(path: Path) -> Source:
-    """``path``, or its bytes when it can be read only once (a FIFO, ``<(cat w.pt)``), which
-    every later step reads instead of opening it again."""
-    try:
-        return path if stat.S_ISREG(os.stat(path).st_mode) else path.read_bytes()
-    except OSError as exc:
-        raise HookscopeError(f"Cannot read the weights file {path}: "
-                             f"{exc.strerror or exc}.") from None
 
 
 def _is_pickle(path: Source) -> bool:
@@ -174,7 +163,8 @@ def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
         raise HookscopeError(f"Weights file not found: {path}.")
     if path.is_dir():
         raise HookscopeError(f"{path} is a directory; {param('weights')} takes a checkpoint file.")
-    src = _read_once(path)  # read each file once: a FIFO cannot be opened twice
+    data = read_once(path, str(path))  # read each file once: a FIFO cannot be opened twice
+    src: Source = path if data is None else data
     if path.suffix.lower() == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load, load_file

@@ -27,7 +27,7 @@ from torch import nn
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
 from hookscope.inputs.preprocess import Preprocess, with_overrides
-from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, register
+from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, is_path, register
 from hookscope.sources.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
 
 __all__ = ["Code", "build", "check_eager", "check_weights", "first_on_path", "load_weights",
@@ -275,16 +275,6 @@ def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module
         return _construct(obj, kwargs, spec.strip(), folder)
 
 
-#: Suffixes that make a ``weights`` value a file rather than a weights name.
-_FILE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors", ".pkl"}
-
-
-def _is_file(weights: str) -> bool:
-    path = Path(weights).expanduser()
-    return "/" in weights or os.sep in weights or path.suffix.lower() in _FILE_SUFFIXES \
-        or path.exists()
-
-
 def check_weights(options: LoadOptions, what: str) -> None:
     """``weights`` for a model that is not torchvision's: auto, none or a file; and no
     ``num_classes``, which only torchvision's builders take.
@@ -293,7 +283,7 @@ def check_weights(options: LoadOptions, what: str) -> None:
         HookscopeError: a weights name (such as DEFAULT), or ``num_classes``.
     """
     weights = options.weights.strip()
-    if weights.lower() not in ("auto", "none") and not _is_file(weights):
+    if weights.lower() not in ("auto", "none") and not is_path(weights):
         raise HookscopeError(
             f"{param('weights')} {weights!r}: {what} has no named weights; use auto or none "
             "(the model as it comes) or a checkpoint file.")

@@ -23,7 +23,14 @@ from torch import nn
 
 from hookscope.core.errors import HookscopeError, clip, param
 from hookscope.inputs.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, with_overrides
-from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, missing_dependency, register
+from hookscope.sources.base import (
+    LoadedModel,
+    LoadOptions,
+    ModelSpec,
+    missing_dependency,
+    register,
+    warn_random,
+)
 
 __all__ = ["PREFIX", "HuggingFace", "describe", "hf_preprocess", "import_transformers"]
 
@@ -106,11 +113,9 @@ def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(options.seed)
         if weights == "none" or not has_weights:
-            if weights == "auto":
-                log.warning(f"hf:{path} has no weights file; using random initialisation (seed "
-                            f"{options.seed}). weights=none (--weights none) silences this.")
-            model = auto.from_config(config, trust_remote_code=trust)
-            return model, task, f"random (seed {options.seed})"
+            why = f"hf:{path} has no weights file" if weights == "auto" else None
+            loaded = warn_random(why, options.seed)
+            return auto.from_config(config, trust_remote_code=trust), task, loaded
         model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     return model, task, f"file:{path}"
 

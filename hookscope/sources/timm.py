@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param, suggest
-from hookscope.inputs.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
+from hookscope.inputs.preprocess import Preprocess, check_side
 from hookscope.sources.base import (
     DeclaredSize,
     LoadedModel,
@@ -31,6 +31,7 @@ from hookscope.sources.base import (
     ModelSpec,
     missing_dependency,
     register,
+    warn_random,
 )
 from hookscope.sources.checkpoints import build_to_fit
 
@@ -178,11 +179,10 @@ def _create(name: str, seed: int, num_classes: int | None = None,
             return timm.create_model(name, pretrained=pretrained, **kwargs)
 
 
-def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None) -> nn.Module:
-    if why is not None:
-        log.warning(f"{why}; using random initialisation (seed {options.seed}), so predictions "
-                    "are meaningless. weights=none (--weights none) silences this.")
-    return _create(f"{arch}.{tag}" if tag else arch, options.seed, options.num_classes)
+def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None
+            ) -> tuple[nn.Module, str]:
+    loaded = warn_random(why, options.seed)
+    return _create(f"{arch}.{tag}" if tag else arch, options.seed, options.num_classes), loaded
 
 
 def _pretrained(arch: str, tag: str, options: LoadOptions) -> nn.Module:
@@ -216,14 +216,13 @@ def _auto(arch: str, tag: str, options: LoadOptions) -> tuple[nn.Module, str]:
     tags = pretrained_tags(arch)
     chosen = tag or (tags[0] if tags else None)
     if chosen is None:
-        return _random(arch, "", options, "this timm model has no pretrained weights"), \
-            f"random (seed {options.seed})"
+        return _random(arch, "", options, "this timm model has no pretrained weights")
     cfg = _pretrained_cfg(arch, chosen)
     if options.num_classes not in (None, cfg.num_classes):
-        return _random(arch, chosen, options), f"random (seed {options.seed})"
+        return _random(arch, chosen, options)
     if _cached_file(cfg) is None and not _hub_reachable():
         why = f"timm:{arch}.{chosen} is not in {_cache_hint(cfg)} and cannot be downloaded"
-        return _random(arch, chosen, options, why), f"random (seed {options.seed})"
+        return _random(arch, chosen, options, why)
     return _pretrained(arch, chosen, options), chosen
 
 
@@ -234,9 +233,7 @@ def timm_preprocess(model: nn.Module, size: int | None = None) -> Preprocess:
 
     config = resolve_data_config({}, model=model)
     if size is not None:
-        if not MIN_SIZE <= size <= MAX_SIZE:
-            raise HookscopeError(f"{param('size')} must be between {MIN_SIZE} and {MAX_SIZE} "
-                                 f"pixels, not {size}.")
+        check_side("size", size)
         config["input_size"] = (config["input_size"][0], size, size)
     channels, crop = int(config["input_size"][0]), int(config["input_size"][-1])
     crop_pct = config.get("crop_pct") or 0.875
@@ -292,7 +289,7 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     weights = options.weights.strip()
     found, pretrained = None, False
     if weights.lower() == "none":
-        model, loaded = _random(arch, tag, options), f"random (seed {options.seed})"
+        model, loaded = _random(arch, tag, options)
     elif weights.lower() == "auto":
         model, loaded = _auto(arch, tag, options)
         pretrained = not loaded.startswith("random")
