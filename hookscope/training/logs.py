@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,6 @@ LOG_FILE = "watch.jsonl"
 EVENT_FILE = "nonfinite.json"
 #: Keys of a logging step's line; the other keys of the first line are its envelope.
 STEP_KEYS = ("step", "time", "layers", "params")
-
-Row = Mapping[str, Any]
 
 
 def is_log(path: str | Path) -> bool:
@@ -73,32 +71,20 @@ class TrainingLog:
 
     def layer_keys(self) -> list[tuple[str, int]]:
         """Every (name, call) logged, in the order first seen (execution order)."""
-        seen: dict[tuple[str, int], None] = {}
-        for step in self.steps:
-            for row in step.get("layers") or ():
-                seen[(str(row.get("name")), int(row.get("call") or 0))] = None
-        return list(seen)
-
-    def param_names(self) -> list[str]:
-        """Every parameter logged, in the order first seen."""
-        seen: dict[str, None] = {}
-        for step in self.steps:
-            for row in step.get("params") or ():
-                seen[str(row.get("name"))] = None
-        return list(seen)
+        return list(self.series("layers", "name")[1])
 
     def series(self, kind: str, key: str) -> tuple[list[int], dict[Any, list[float | None]]]:
         """One value per logging step for each layer call (``kind="layers"``, keyed by
-        (name, call)) or parameter (``kind="params"``, keyed by name): the steps, and
-        each row's values (None where the step lacks it or it is not finite)."""
+        (name, call)) or parameter (``kind="params"``, keyed by name), in the order first
+        seen: the steps, and each row's values (None where the step lacks it or it is not
+        finite)."""
         steps = [int(s.get("step") or 0) for s in self.steps]
-        keys: Sequence[Any] = self.layer_keys() if kind == "layers" else self.param_names()
-        values: dict[Any, list[float | None]] = {k: [None] * len(steps) for k in keys}
+        values: dict[Any, list[float | None]] = {}
         for i, step in enumerate(self.steps):
             for row in step.get(kind) or ():
                 k = (str(row.get("name")), int(row.get("call") or 0)) if kind == "layers" \
                     else str(row.get("name"))
-                values[k][i] = number(row.get(key))
+                values.setdefault(k, [None] * len(steps))[i] = number(row.get(key))
         return steps, values
 
     def flagged(self) -> list[dict[str, Any]]:
