@@ -214,19 +214,22 @@ def load_image(src: Path | bytes, name: str) -> Image.Image:
 
 
 def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tensor:
-    """The tensor in ``path`` (or in ``data``, its bytes already read)."""
+    """The tensor in ``path`` (or in ``data``, its bytes already read). A file is mapped, not
+    read whole: a ``.npy`` copy-on-write, a ``.pt`` when it is in the zip format
+    (``torch.save``'s default since 1.6; the legacy format cannot be mapped)."""
+    src = io.BytesIO(data) if data is not None else path
     try:
         if path.suffix.lower() == ".npy":
-            # Copy-on-write mapping of a file: lazy and writable.
-            arr = np.load(io.BytesIO(data), allow_pickle=False) if data is not None else \
-                np.load(path, mmap_mode="c", allow_pickle=False)
+            arr = np.load(src, mmap_mode="c" if data is None else None, allow_pickle=False)
             if not np.issubdtype(arr.dtype, np.floating):
                 raise HookscopeError(
                     f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected."
                 )
             return torch.from_numpy(np.asarray(arr))
-        obj = _load_pt(path) if data is None else \
-            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            obj = torch.load(src, map_location="cpu", weights_only=True,
+                             mmap=data is None and zipfile.is_zipfile(path))
     except HookscopeError:
         raise
     except pickle.UnpicklingError:  # objects whose code would run, not only tensors
@@ -244,16 +247,6 @@ def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tens
             "tensor with torch.save(tensor, path)."
         )
     return obj
-
-
-def _load_pt(path: Path) -> Any:
-    """A ``.pt`` file, memory-mapped when it is in the zip format (``torch.save``'s default
-    since 1.6), read whole when it is in the legacy format, which cannot be mapped."""
-    with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
-        warnings.simplefilter("ignore")
-        if zipfile.is_zipfile(path):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _check_tensor(t: torch.Tensor, name: str, ndim: int) -> torch.Tensor:
@@ -496,11 +489,6 @@ def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Itera
         yield flush()
 
 
-def _decoded(inputs: InputSet, decoder: Decoder) -> Iterator[Sample]:
-    for item in inputs.items:
-        yield (item, *decoder(item))
-
-
 def iter_batches(
     inputs: InputSet,
     preprocess: Callable[[Any], torch.Tensor],
@@ -532,7 +520,7 @@ def iter_batches(
 
         return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size,
                       inputs.offset)
-    gen = _group(_decoded(inputs, decoder), batch_size, inputs.offset)
+    gen = _group(((item, *decoder(item)) for item in inputs.items), batch_size, inputs.offset)
     return _prefetched(gen) if prefetch else gen
 
 
