@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -175,17 +176,20 @@ class LoadedModel:
         }
 
 
-class Source(Protocol):
-    """A way to name and load models."""
+@dataclass(frozen=True)
+class Source:
+    """A way to name and load models.
+
+    Attributes:
+        name: what its specs' :attr:`ModelSpec.source` says.
+        parse: the spec, when this source claims a MODEL string; None otherwise. Cheap: no
+            import of the model's code and no weights.
+        load: builds the model (on the CPU, in any mode); the caller moves it and checks it.
+    """
 
     name: str
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        """The spec, when this source claims ``spec``; None otherwise. Cheap: no import of
-        the model's code and no weights."""
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        """Build the model (on the CPU, in any mode); the caller moves it and checks it."""
+    parse: Callable[[str], ModelSpec | None]
+    load: Callable[[ModelSpec, LoadOptions], LoadedModel]
 
 
 #: Registered sources, asked in order; the first that claims a spec loads it.

@@ -27,12 +27,13 @@ from hookscope.sources.base import (
     LoadedModel,
     LoadOptions,
     ModelSpec,
+    Source,
     missing_dependency,
     register,
     warn_random,
 )
 
-__all__ = ["PREFIX", "HuggingFace", "describe", "hf_preprocess", "import_transformers"]
+__all__ = ["PREFIX", "describe", "hf_preprocess", "import_transformers", "load_hf"]
 
 log = logging.getLogger("hookscope")
 
@@ -185,8 +186,11 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
 
     Raises:
         HookscopeError: transformers is missing, PATH is not a model folder, its code is
-            remote and not trusted, or transformers cannot load it.
+            remote and not trusted, or transformers cannot load it; ``num_classes`` given.
     """
+    if options.num_classes is not None:
+        raise HookscopeError(f"{param('num_classes')}: an hf: folder's class count is "
+                             "its config's num_labels.")
     path = _folder(spec.target)
     raw = _config_json(path)
     _check_remote_code(path, raw, options.trust_checkpoint)
@@ -248,21 +252,10 @@ def describe(target: str) -> list[dict[str, Any]]:
     return found
 
 
-class HuggingFace:
-    """Local Hugging Face model folders, with their own labels and image processor."""
-
-    name = "hf"
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        if not spec.startswith(PREFIX):
-            return None
-        return ModelSpec("hf", spec, spec[len(PREFIX):], "custom")
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        if options.num_classes is not None:
-            raise HookscopeError(f"{param('num_classes')}: an hf: folder's class count is "
-                                 "its config's num_labels.")
-        return load_hf(spec, options)
+def _parse(spec: str) -> ModelSpec | None:
+    if not spec.startswith(PREFIX):
+        return None
+    return ModelSpec("hf", spec, spec[len(PREFIX):], "custom")
 
 
-register(HuggingFace())
+register(Source("hf", _parse, load_hf))

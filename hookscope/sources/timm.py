@@ -29,13 +29,14 @@ from hookscope.sources.base import (
     LoadedModel,
     LoadOptions,
     ModelSpec,
+    Source,
     missing_dependency,
     register,
     warn_random,
 )
 from hookscope.sources.checkpoints import build_to_fit
 
-__all__ = ["PREFIX", "Timm", "import_timm", "load_timm", "pretrained_tags"]
+__all__ = ["PREFIX", "import_timm", "load_timm", "pretrained_tags"]
 
 log = logging.getLogger("hookscope")
 
@@ -316,18 +317,10 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         declared_size=declared_size(model))
 
 
-class Timm:
-    """timm's models, with timm's own data config for preprocessing."""
-
-    name = "timm"
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        if not spec.startswith(PREFIX):
-            return None
-        return ModelSpec("timm", spec, spec[len(PREFIX):], "classification")
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        return load_timm(spec, options)
+def _parse(spec: str) -> ModelSpec | None:
+    if not spec.startswith(PREFIX):
+        return None
+    return ModelSpec("timm", spec, spec[len(PREFIX):], "classification")
 
 
-register(Timm())
+register(Source("timm", _parse, load_timm))

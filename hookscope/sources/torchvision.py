@@ -23,6 +23,7 @@ from hookscope.sources.base import (
     LoadedModel,
     LoadOptions,
     ModelSpec,
+    Source,
     is_path,
     network_available,
     register,
@@ -53,11 +54,6 @@ def model_tasks() -> dict[str, str]:
     for name in list_models():
         tasks.setdefault(name, "other")
     return tasks
-
-
-def input_ndim(name: str) -> int:
-    """Dimensions of one input batch for a model: 5 for video (N, C, T, H, W), else 4."""
-    return 5 if model_tasks().get(name) == "video" else 4
 
 
 def _weights_enum(name: str) -> Any | None:
@@ -280,20 +276,12 @@ def _loaded(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str
     )
 
 
-class Torchvision:
-    """torchvision's models, weights enums and preprocessing presets: every name in
-    ``torchvision.models.list_models()``."""
-
-    name = "torchvision"
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        task = model_tasks().get(spec)
-        if task is None:
-            return None
-        return ModelSpec("torchvision", spec, spec, task, input_ndim(spec))
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        return load_torchvision(spec, options)
+def _parse(spec: str) -> ModelSpec | None:
+    """Every name in ``torchvision.models.list_models()``."""
+    task = model_tasks().get(spec)
+    if task is None:
+        return None
+    return ModelSpec("torchvision", spec, spec, task, 5 if task == "video" else 4)
 
 
-register(Torchvision())
+register(Source("torchvision", _parse, load_torchvision))
