@@ -18,6 +18,7 @@ import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import groupby, islice
 from pathlib import Path
 from typing import IO, Any
 
@@ -468,25 +469,12 @@ Sample = tuple[InputItem, torch.Tensor, "Image.Image | None"]
 def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Iterator[Batch]:
     """Stack samples into batches of ``batch_size``; a sample whose shape differs from the
     batch's starts a new one. ``offset``: the position of the first sample among all."""
-    pending: list[Sample] = []
     start, number = offset, offset // batch_size
-
-    def flush() -> Batch:
-        nonlocal start, number
-        batch = Batch(items=[p[0] for p in pending], tensor=torch.stack([p[1] for p in pending]),
-                      images=[p[2] for p in pending], start=start, number=number)
-        start, number = start + len(pending), number + 1
-        pending.clear()
-        return batch
-
-    for sample in samples:
-        if pending and sample[1].shape != pending[0][1].shape:
-            yield flush()
-        pending.append(sample)
-        if len(pending) >= batch_size:
-            yield flush()
-    if pending:
-        yield flush()
+    for _, run in groupby(samples, key=lambda sample: sample[1].shape):
+        while chunk := list(islice(run, batch_size)):
+            items, tensors, images = zip(*chunk, strict=True)
+            yield Batch(list(items), torch.stack(tensors), list(images), start, number)
+            start, number = start + len(chunk), number + 1
 
 
 def iter_batches(

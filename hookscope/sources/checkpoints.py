@@ -28,8 +28,7 @@ from hookscope.inputs.resolve import read_once
 
 log = logging.getLogger("hookscope")
 
-__all__ = ["Checkpoint", "build_to_fit", "fit", "head_classes", "open_checkpoint",
-           "read_checkpoint", "read_labels"]
+__all__ = ["Checkpoint", "build_to_fit", "fit", "head_classes", "open_checkpoint", "read_labels"]
 
 #: Checkpoint entries that hold the weights, tried in order.
 _STATE_KEYS = ("state_dict", "model_state_dict", "model", "net", "weights")
@@ -180,12 +179,6 @@ def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
     if isinstance(found, nn.Module):
         return Checkpoint(path, module=found, labels=labels, labels_key=key)
     return Checkpoint(path, state=found, labels=labels, labels_key=key)
-
-
-def read_checkpoint(path: Path, *, trust: bool = False) -> Mapping[str, torch.Tensor] | nn.Module:
-    """The weights (or the trusted whole module) in a checkpoint file."""
-    found = open_checkpoint(path, trust=trust)
-    return found.module if found.module is not None else found.state  # type: ignore[return-value]
 
 
 def head_classes(model: nn.Module, state: Mapping[str, torch.Tensor]) -> int | None:

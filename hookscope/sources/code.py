@@ -318,7 +318,7 @@ def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoin
 
 
 def _parse(spec: str) -> ModelSpec | None:
-    if _SPEC.match(spec) is None or spec.startswith("timm:"):
+    if _SPEC.match(spec) is None:
         return None
     return ModelSpec("code", spec, spec, "custom")
 

@@ -79,13 +79,6 @@ def _config_json(path: Path) -> dict[str, Any]:
     return found
 
 
-def _check_remote_code(path: Path, raw: dict[str, Any], trust: bool) -> None:
-    if raw.get("auto_map") and not trust:
-        raise HookscopeError(
-            f"hf:{path}: its config.json names its own model code (auto_map), and loading it "
-            f"runs that code. If you trust the folder, set {param('trust_checkpoint')}.")
-
-
 def _model_class(transformers: ModuleType, config: Any) -> tuple[Any, str]:
     """The Auto class for ``config``'s task, and hookscope's name for the task: the saved
     architecture's head, else (no architectures saved) image classification when the
@@ -193,7 +186,10 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
                              "its config's num_labels.")
     path = _folder(spec.target)
     raw = _config_json(path)
-    _check_remote_code(path, raw, options.trust_checkpoint)
+    if raw.get("auto_map") and not options.trust_checkpoint:
+        raise HookscopeError(
+            f"hf:{path}: its config.json names its own model code (auto_map), and loading it "
+            f"runs that code. If you trust the folder, set {param('trust_checkpoint')}.")
     transformers = import_transformers()
     bars = transformers.utils.logging
     shown = bars.is_progress_bar_enabled()

@@ -30,7 +30,9 @@ from hookscope.sources.base import (
     LoadOptions,
     ModelSpec,
     Source,
+    is_path,
     missing_dependency,
+    network_available,
     register,
     warn_random,
 )
@@ -136,13 +138,6 @@ def _cache_hint(cfg: Any) -> str:
     return f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
 
 
-def _hub_reachable() -> bool:
-    """Whether the Hugging Face hub can be reached (never with HOOKSCOPE_OFFLINE set)."""
-    from hookscope.sources.base import network_available
-
-    return network_available(_HUB_HOST)
-
-
 @contextmanager
 def _hub_offline() -> Iterator[None]:
     """Forbid Hugging Face hub requests (its flag is read at import, so set both)."""
@@ -195,7 +190,7 @@ def _pretrained(arch: str, tag: str, options: LoadOptions) -> nn.Module:
             f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
             f"timm:{arch}.{tag} has {classes} classes.")
     cached = _cached_file(cfg)
-    if cached is None and not _hub_reachable():
+    if cached is None and not network_available(_HUB_HOST):
         raise HookscopeError(
             f"timm:{arch}.{tag} is not in {_cache_hint(cfg)} and cannot be downloaded (no "
             f"network). Use {param('weights')} none or a local checkpoint.")
@@ -221,7 +216,7 @@ def _auto(arch: str, tag: str, options: LoadOptions) -> tuple[nn.Module, str]:
     cfg = _pretrained_cfg(arch, chosen)
     if options.num_classes not in (None, cfg.num_classes):
         return _random(arch, chosen, options)
-    if _cached_file(cfg) is None and not _hub_reachable():
+    if _cached_file(cfg) is None and not network_available(_HUB_HOST):
         why = f"timm:{arch}.{chosen} is not in {_cache_hint(cfg)} and cannot be downloaded"
         return _random(arch, chosen, options, why)
     return _pretrained(arch, chosen, options), chosen
@@ -283,8 +278,6 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
             neither cached nor downloadable, an unreadable checkpoint or one for another
             architecture, or a class count that contradicts the weights.
     """
-    from hookscope.sources.base import is_path
-
     timm = import_timm()
     arch, tag = _architecture(timm, spec.target)
     weights = options.weights.strip()
