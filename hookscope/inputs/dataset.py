@@ -43,8 +43,8 @@ def default_workers(inputs: InputSet, batch_size: int, processes: int = 1) -> in
     does what the prefetching thread does (measured on 2 CPUs: 1.00x its images/s), at the
     cost of a process.
     """
-    images = sum(1 for item in inputs.items if item.kind == "image")
-    if inputs.stdin is not None or images < 2 * batch_size:
+    kinds = [item.kind for item in inputs.items]
+    if "stdin" in kinds or kinds.count("image") < 2 * batch_size:
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = min(MAX_DEFAULT_WORKERS, (cpus or 1) // max(processes, 1) - 1)

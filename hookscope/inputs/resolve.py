@@ -46,7 +46,7 @@ class InputItem:
         label: the class folder it sits in, in an ImageFolder layout (``photos/cat/1.jpg``:
             ``cat``); None otherwise.
         data: the file's bytes, read once when resolved, for a file that can be read only
-            once (a FIFO, ``<(cat x.jpg)``, a device); None for a regular file.
+            once (a FIFO, ``<(cat x.jpg)``, a device) and for stdin; None for a regular file.
     """
 
     name: str
@@ -59,7 +59,7 @@ class InputItem:
     @property
     def source(self) -> Path | bytes:
         """What to read: the bytes already read, else the file."""
-        assert self.path is not None or self.data is not None  # not for stdin
+        assert self.path is not None or self.data is not None
         return self.data if self.data is not None else self.path  # type: ignore[return-value]
 
     @property
@@ -76,12 +76,10 @@ class InputSet:
 
     Attributes:
         items: the samples.
-        stdin: the bytes of the image read from stdin, when ``-`` was given.
         offset: the position of ``items[0]`` among all inputs (0 unless a rank's part).
     """
 
     items: list[InputItem] = field(default_factory=list)
-    stdin: bytes | None = None
     offset: int = 0
 
     @property
@@ -102,7 +100,7 @@ class InputSet:
 
     def part(self, lo: int, hi: int) -> InputSet:
         """Samples ``lo`` to ``hi`` (exclusive), which keep their positions."""
-        return InputSet(self.items[lo:hi], self.stdin, self.offset + lo)
+        return InputSet(self.items[lo:hi], self.offset + lo)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -271,12 +269,11 @@ class Decoder:
         preprocess: image to tensor.
         ndim: the model's input rank (5 for video clips).
         keep_images: also return each decoded image.
-        stdin: the bytes of the image given as ``-``.
     """
 
     def __init__(self, preprocess: Callable[[Any], torch.Tensor], *, ndim: int = 4,
-                 keep_images: bool = False, stdin: bytes | None = None) -> None:
-        self.preprocess, self.ndim, self.keep_images, self.stdin = preprocess, ndim, keep_images, stdin
+                 keep_images: bool = False) -> None:
+        self.preprocess, self.ndim, self.keep_images = preprocess, ndim, keep_images
         self._file: tuple[Path, torch.Tensor] | None = None
 
     def __call__(self, item: InputItem) -> tuple[torch.Tensor, Image.Image | None]:
@@ -287,8 +284,7 @@ class Decoder:
         """
         if item.kind == "tensor":
             return self._row(item), None
-        src = self.stdin if item.kind == "stdin" else item.source
-        img = load_image(src, item.name)  # type: ignore[arg-type]
+        img = load_image(item.source, item.name)
         return self.preprocess(img), img if self.keep_images else None
 
     def _row(self, item: InputItem) -> torch.Tensor:
@@ -334,13 +330,11 @@ def resolve_inputs(
     if limit is not None and limit < 1:
         raise HookscopeError(f"{param('limit')} must be at least 1, not {limit}.")
     items: list[InputItem] = []
-    data: bytes | None = None
     for spec in specs:
         if spec == STDIN:
-            if data is not None:
+            if any(item.kind == "stdin" for item in items):
                 raise HookscopeError("'-' (stdin) can be given only once.")
-            data = _read_stdin(stdin)
-            items.append(InputItem("-", "stdin"))
+            items.append(InputItem("-", "stdin", data=_read_stdin(stdin)))
             continue
         path = Path(spec).expanduser()
         if path.is_dir():
@@ -355,7 +349,7 @@ def resolve_inputs(
     for item in items:
         if item.kind == "image":
             _check_image(item, ndim)
-    return InputSet(items, data)
+    return InputSet(items)
 
 
 def _read_stdin(stdin: IO[bytes] | None) -> bytes:
@@ -502,7 +496,7 @@ def iter_batches(
         raise HookscopeError(f"{param('batch_size')} must be at least 1, not {batch_size}.")
     if workers < 0:
         raise HookscopeError(f"{param('workers')} must be 0 or more, not {workers}.")
-    decoder = Decoder(preprocess, ndim=ndim, keep_images=keep_images, stdin=inputs.stdin)
+    decoder = Decoder(preprocess, ndim=ndim, keep_images=keep_images)
     if workers > 0 and inputs.items:
         from hookscope.inputs.dataset import loader_samples
 
