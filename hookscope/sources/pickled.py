@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import warnings
 from pathlib import Path
 from typing import NoReturn
 
@@ -33,18 +32,15 @@ def _state_dict(path: Path) -> HookscopeError:
 
 def _untrusted(path: Path) -> NoReturn:
     """Say why an untrusted file does not load: a pickled model, or only a state_dict."""
-    if path.suffix.lower() != ".safetensors" and _is_pickle(path):
-        try:
-            with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
-                warnings.simplefilter("ignore")
-                torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:  # more than tensors: objects whose code would run
+    try:
+        open_checkpoint(path)  # raises for anything but a state_dict
+    except HookscopeError as exc:
+        # open_checkpoint raises "from None": the cause is kept as the context.
+        if isinstance(exc.__context__, pickle.UnpicklingError) and _is_pickle(path):
             raise HookscopeError(
                 f"{path} holds a whole pickled model, and loading it runs code the file "
                 f"names. If you trust the file, set {param('trust_checkpoint')}.") from None
-        except Exception:  # not a checkpoint: open_checkpoint says so below
-            pass
-    open_checkpoint(path)  # raises for anything but a state_dict
+        raise
     raise _state_dict(path)
 
 
