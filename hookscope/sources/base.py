@@ -12,7 +12,9 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -214,9 +216,13 @@ def warn_random(why: str | None, seed: int) -> str:
     return f"random (seed {seed})"
 
 
-def missing_dependency(package: str, extra: str) -> HookscopeError:
-    """The one-line error for an optional dependency that is not installed."""
-    return HookscopeError(f"this needs the {package} package: pip install 'hookscope[{extra}]'")
+def import_optional(package: str, extra: str) -> ModuleType:
+    """An optional dependency, or the one-line install hint when it is missing."""
+    try:
+        return import_module(package)
+    except ImportError:
+        raise HookscopeError(f"this needs the {package} package: pip install "
+                             f"'hookscope[{extra}]'") from None
 
 
 #: Set to 1 to forbid any download attempt (tests and air-gapped CI set it).

@@ -28,12 +28,12 @@ from hookscope.sources.base import (
     LoadOptions,
     ModelSpec,
     Source,
-    missing_dependency,
+    import_optional,
     register,
     warn_random,
 )
 
-__all__ = ["PREFIX", "describe", "hf_preprocess", "import_transformers", "load_hf"]
+__all__ = ["PREFIX", "describe", "hf_preprocess", "load_hf"]
 
 log = logging.getLogger("hookscope")
 
@@ -44,15 +44,6 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 #: PIL's resampling codes, as the processors store them.
 _RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 _GENERIC_LABEL = re.compile(r"^LABEL_\d+$")
-
-
-def import_transformers() -> ModuleType:
-    """The transformers package, or the one-line install hint when it is missing."""
-    try:
-        import transformers
-    except ImportError:
-        raise missing_dependency("transformers", "hf") from None
-    return transformers
 
 
 def _folder(target: str) -> Path:
@@ -190,7 +181,7 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         raise HookscopeError(
             f"hf:{path}: its config.json names its own model code (auto_map), and loading it "
             f"runs that code. If you trust the folder, set {param('trust_checkpoint')}.")
-    transformers = import_transformers()
+    transformers = import_optional("transformers", "hf")
     bars = transformers.utils.logging
     shown = bars.is_progress_bar_enabled()
     bars.disable_progress_bar()  # its loading bar is chatter on stderr

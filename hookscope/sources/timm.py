@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,8 +30,8 @@ from hookscope.sources.base import (
     LoadOptions,
     ModelSpec,
     Source,
+    import_optional,
     is_path,
-    missing_dependency,
     network_available,
     register,
     warn_random,
@@ -51,11 +51,7 @@ _HUB_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safeten
 
 def import_timm() -> ModuleType:
     """The timm package, or the one-line install hint when it is missing."""
-    try:
-        import timm
-    except ImportError:
-        raise missing_dependency("timm", "timm") from None
-    return timm
+    return import_optional("timm", "timm")
 
 
 def _architecture(timm: ModuleType, name: str) -> tuple[str, str]:
@@ -166,13 +162,10 @@ def _create(name: str, seed: int, num_classes: int | None = None,
         kwargs["num_classes"] = num_classes
     if pretrained_from is not None:
         kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_from)}
-    pretrained = pretrained_from is not None or download
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), nullcontext() if download else _hub_offline():
         torch.manual_seed(seed)
-        if download:
-            return timm.create_model(name, pretrained=True, **kwargs)
-        with _hub_offline():
-            return timm.create_model(name, pretrained=pretrained, **kwargs)
+        return timm.create_model(name, pretrained=pretrained_from is not None or download,
+                                 **kwargs)
 
 
 def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None
