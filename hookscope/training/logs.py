@@ -15,7 +15,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,6 @@ class TrainingLog:
     envelope: Mapping[str, Any]
     steps: list[Mapping[str, Any]]
     event: Mapping[str, Any] | None = None
-    skipped: int = field(default=0, compare=False)
 
     def last(self, n: int | None) -> list[Mapping[str, Any]]:
         """The last ``n`` logging steps (all of them when ``n`` is None)."""
@@ -137,7 +136,7 @@ def _problem(line: Any) -> str | None:
     return None
 
 
-def _read_lines(file: Path) -> tuple[list[dict[str, Any]], int]:
+def _read_lines(file: Path) -> list[dict[str, Any]]:
     """The file's step lines; a last line cut short (a run killed mid-write) is skipped."""
     try:
         text = file.read_bytes().decode("utf-8")
@@ -148,13 +147,11 @@ def _read_lines(file: Path) -> tuple[list[dict[str, Any]], int]:
         raise HookscopeError(f"training log {str(file)!r} is not UTF-8 text.") from None
     lines = [(n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip()]
     found: list[dict[str, Any]] = []
-    skipped = 0
     for i, (number_, line) in enumerate(lines):
         try:
             parsed = json.loads(line)
         except json.JSONDecodeError as exc:
             if i == len(lines) - 1 and not text.endswith("\n"):
-                skipped = 1
                 log.warning("%s:%d: the last line is cut short (the run stopped while "
                             "writing it); it is left out", file, number_)
                 break
@@ -166,7 +163,7 @@ def _read_lines(file: Path) -> tuple[list[dict[str, Any]], int]:
             raise HookscopeError(f"{file}:{number_}: not a logging step of hookscope.watch: "
                                  f"{why}.")
         found.append(parsed)
-    return found, skipped
+    return found
 
 
 def _read_event(folder: Path) -> dict[str, Any] | None:
@@ -198,7 +195,7 @@ def read_log(path: str | Path) -> TrainingLog:
     if not is_log(folder):
         raise HookscopeError(f"{str(path)!r} is not a training log: a directory holding "
                              f"{LOG_FILE}, as hookscope.watch(model, log_dir=...) writes.")
-    lines, skipped = _read_lines(folder / LOG_FILE)
+    lines = _read_lines(folder / LOG_FILE)
     envelope = {k: v for k, v in (lines[0] if lines else {}).items() if k not in STEP_KEYS}
     steps: list[Mapping[str, Any]] = [line for line in lines if "step" in line]
     steps.sort(key=lambda s: s["step"])
@@ -206,4 +203,4 @@ def read_log(path: str | Path) -> TrainingLog:
     if not steps and event is None:
         raise HookscopeError(f"training log {str(path)!r} has no logging step yet; the "
                              f"watch writes one at step 0 and every `every` steps.")
-    return TrainingLog(str(path), envelope, steps, event, skipped)
+    return TrainingLog(str(path), envelope, steps, event)

@@ -176,9 +176,8 @@ class _LossNotFinite(Exception):
 
 
 def _event(error: Any) -> dict[str, Any]:
-    return {"module": getattr(error, "module", None), "phase": getattr(error, "phase", None),
-            "step": getattr(error, "step", None), "call": getattr(error, "call", None),
-            "rank": getattr(error, "rank", None), "message": str(error)}
+    keys = ("module", "phase", "step", "call", "rank")
+    return {key: getattr(error, key) for key in keys} | {"message": str(error)}
 
 
 def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Targets,
