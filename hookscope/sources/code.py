@@ -318,7 +318,8 @@ def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoin
 
 
 def _parse(spec: str) -> ModelSpec | None:
-    if _SPEC.match(spec) is None:
+    # The sources register as they are imported, so timm:NAME may be asked here first.
+    if _SPEC.match(spec) is None or spec.startswith("timm:"):
         return None
     return ModelSpec("code", spec, spec, "custom")
 
