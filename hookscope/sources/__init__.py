@@ -40,10 +40,12 @@ BUILTIN = ("torchvision", "timm", "hf", "code", "pickled")
 
 
 def _builtin() -> list[Source]:
-    """The registered sources; the built-in ones join on first use (importing is cheap)."""
+    """The registered sources; the built-in ones join on first use (importing is cheap).
+    Code and pickles, whose forms are the broadest (``hf:model`` is also ``module:NAME``),
+    are asked last, whichever order the modules were imported in."""
     for module in BUILTIN:
         import_module(f"hookscope.sources.{module}")
-    return SOURCES
+    return sorted(SOURCES, key=lambda source: source.name in ("code", "pickle"))
 
 
 def resolve(spec: str) -> ModelSpec:

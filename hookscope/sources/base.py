@@ -239,35 +239,25 @@ def resolve_device(spec: str = "auto") -> torch.device:
     """
     spec = spec.strip().lower()
     if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        return torch.device("cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(spec)
     except RuntimeError:
         raise HookscopeError(
             f"{param('device')} {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps."
         ) from None
-    if device.type == "cpu":
-        return device
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise HookscopeError(
-                f"{param('device')} {spec}: CUDA is not available on this machine; use cpu."
-            )
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise HookscopeError(
-                f"{param('device')} {spec}: this machine has {count} CUDA device(s), "
-                f"numbered 0 to {count - 1}."
-            )
-        return device
-    if device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise HookscopeError(f"{param('device')} {spec}: MPS is not available; use cpu.")
-        return device
-    raise HookscopeError(f"{param('device')} {spec}: unsupported device type; use auto, cpu, cuda "
-                         "or mps.")
+    problem = None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        problem = "CUDA is not available on this machine; use cpu"
+    elif device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
+        problem = f"this machine has {count} CUDA device(s), numbered 0 to {count - 1}"
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        problem = "MPS is not available; use cpu"
+    elif device.type not in ("cpu", "cuda", "mps"):
+        problem = "unsupported device type; use auto, cpu, cuda or mps"
+    if problem is not None:
+        raise HookscopeError(f"{param('device')} {spec}: {problem}.")
+    return device
 
 
 def network_available(host: str = _DOWNLOAD_HOST, timeout: float = 2.0) -> bool:

@@ -59,11 +59,8 @@ def _readable(src: Source) -> Path | io.BytesIO:
 def _is_pickle(path: Source) -> bool:
     """Whether ``path`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
     try:
-        if isinstance(path, bytes):
-            head = path[:2]
-        else:
-            with path.open("rb") as fh:
-                head = fh.read(2)
+        with io.BytesIO(path) if isinstance(path, bytes) else path.open("rb") as fh:
+            head = fh.read(2)
     except OSError:
         return False
     return zipfile.is_zipfile(_readable(path)) or (len(head) == 2 and head[0] == 0x80

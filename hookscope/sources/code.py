@@ -318,8 +318,7 @@ def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoin
 
 
 def _parse(spec: str) -> ModelSpec | None:
-    # The sources register as they are imported, so timm:NAME may be asked here first.
-    if _SPEC.match(spec) is None or spec.startswith("timm:"):
+    if _SPEC.match(spec) is None:
         return None
     return ModelSpec("code", spec, spec, "custom")
 
