@@ -102,11 +102,9 @@ def watch_command(
     Example: hookscope watch resnet18 data/train --weights none --steps 50 --lr 0.01 --overfit
     """
     import shutil
-    import tempfile
 
     from hookscope.core.errors import CheckFailed
     from hookscope.probes.rulefile import load_rules
-    from hookscope.training.logs import read_log
     from hookscope.training.rules import evaluate_log, for_log
     from hookscope.training.smoke import SmokeOptions, smoke_labels, train
 
@@ -118,25 +116,21 @@ def watch_command(
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "watch")
     labels = smoke_labels(label, resolved.labels, loaded.categories)
-    with tempfile.TemporaryDirectory(prefix="hookscope-watch-") as scratch:
-        folder = log_dir or Path(scratch)
-        options = SmokeOptions(steps=steps, lr=lr, momentum=momentum, overfit=overfit,
-                               every=every, log_dir=folder, layers=layers,
-                               types=types, force=opts.force or log_dir is None)
-        # The outermost folder of --log-dir that this run creates, if any.
-        fresh = next((p for p in reversed([log_dir, *log_dir.parents]) if not p.exists()),
-                     None) if log_dir is not None else None
-        try:
-            with s.progress(steps, "watch", enabled=fmt == "table" or not out.is_stdout) as bar:
-                report = train(loaded, lambda: s.batches(resolved, loaded, opts.model), labels,
-                               options, progress=bar)
-        except KeyboardInterrupt:  # Ctrl-C or a signal: no output, so no log this run began
-            if fresh is not None:
-                shutil.rmtree(fresh, ignore_errors=True)
-            raise
-        verdict = evaluate_log(checks, read_log(folder)) if checks else None
+    options = SmokeOptions(steps=steps, lr=lr, momentum=momentum, overfit=overfit, every=every,
+                           log_dir=log_dir, layers=layers, types=types, force=opts.force)
+    # The outermost folder of --log-dir that this run creates, if any.
+    fresh = next((p for p in reversed([log_dir, *log_dir.parents]) if not p.exists()),
+                 None) if log_dir is not None else None
+    try:
+        with s.progress(steps, "watch", enabled=fmt == "table" or not out.is_stdout) as bar:
+            report = train(loaded, lambda: s.batches(resolved, loaded, opts.model), labels,
+                           options, progress=bar)
+    except KeyboardInterrupt:  # Ctrl-C or a signal: no output, so no log this run began
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    verdict = evaluate_log(checks, report.log) if checks and report.log is not None else None
     doc = loaded.envelope("watch", resolved.names) | report.to_dict() | {
-        "log_dir": str(log_dir) if log_dir is not None else None,
         "check": verdict.to_dict() if verdict is not None else None}
     failure = report.failure or (verdict.summary() if verdict and not verdict.passed else None)
     doc |= {"passed": failure is None, "failure": failure}

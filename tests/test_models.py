@@ -11,7 +11,7 @@ from torchvision.models import get_model
 from hookscope.core.errors import HookscopeError
 from hookscope.sources import load_model
 from hookscope.sources.base import resolve_device
-from hookscope.sources.checkpoints import read_checkpoint
+from hookscope.sources.checkpoints import open_checkpoint
 
 
 def _weights_of(model: torch.nn.Module) -> torch.Tensor:
@@ -141,7 +141,7 @@ def test_checkpoint_errors(tmp_path) -> None:
                        match=r"fc.weight is \[1000, 256\] in the file and \[1000, 512\] in the model"):
         load_model("resnet18", weights=str(_save_state(tmp_path, "wide.pt", wide)))
     with pytest.raises(HookscopeError, match="not a checkpoint"):
-        read_checkpoint(_save_state(tmp_path, "list.pt", [1, 2, 3]))
+        open_checkpoint(_save_state(tmp_path, "list.pt", [1, 2, 3]))
 
 
 def test_size_override_rescales_crop_and_resize() -> None:

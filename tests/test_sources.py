@@ -364,3 +364,15 @@ def test_every_command_on_every_model_form(cli, forms, cat_jpg, tmp_path, form, 
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["command"] == command and doc["source"] == form.split("-")[0]
+
+
+def test_prefixed_forms_are_never_taken_for_code() -> None:
+    from hookscope.sources import SOURCES, _builtin, resolve
+
+    _builtin()
+    order = list(SOURCES)
+    SOURCES.reverse()  # code and pickles registered first, as when their modules load first
+    try:
+        assert resolve("hf:tiny").source == "hf" and resolve("timm:resnet18").source == "timm"
+    finally:
+        SOURCES[:] = order

@@ -43,8 +43,8 @@ def default_workers(inputs: InputSet, batch_size: int, processes: int = 1) -> in
     does what the prefetching thread does (measured on 2 CPUs: 1.00x its images/s), at the
     cost of a process.
     """
-    images = sum(1 for item in inputs.items if item.kind == "image")
-    if inputs.stdin is not None or images < 2 * batch_size:
+    kinds = [item.kind for item in inputs.items]
+    if "stdin" in kinds or kinds.count("image") < 2 * batch_size:
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = min(MAX_DEFAULT_WORKERS, (cpus or 1) // max(processes, 1) - 1)
@@ -69,12 +69,6 @@ class InputDataset(Dataset[tuple[int, Any, Any, HookscopeError | None]]):
         return i, tensor, image, None
 
 
-def _as_list(samples: list[Any]) -> list[Any]:
-    """The DataLoader's collate: the samples as they are (batches are made in the main
-    process, so that a shape change splits them exactly as in process)."""
-    return samples
-
-
 def loader_samples(items: Sequence[InputItem], decoder: Decoder, batch_size: int,
                    workers: int) -> Iterator[Sample]:
     """Each sample, decoded in ``workers`` processes, in input order.
@@ -82,8 +76,10 @@ def loader_samples(items: Sequence[InputItem], decoder: Decoder, batch_size: int
     Raises:
         HookscopeError: a sample's decoding error, when its position is reached.
     """
+    # Collated as a plain list: batches are made in the main process, so that a shape
+    # change splits them exactly as in process.
     loader = DataLoader(InputDataset(items, decoder), batch_size=batch_size, shuffle=False,
-                        num_workers=workers, collate_fn=_as_list, worker_init_fn=_worker_signals)
+                        num_workers=workers, collate_fn=list, worker_init_fn=_worker_signals)
     it = None
     try:
         with held_signals():  # the workers fork here

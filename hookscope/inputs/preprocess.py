@@ -18,7 +18,7 @@ import torch
 
 from hookscope.core.errors import HookscopeError, param
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Preprocess", "with_overrides"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Preprocess", "check_side", "with_overrides"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -121,7 +121,8 @@ class Preprocess:
                    origin=origin, transform=preset)
 
 
-def _check_side(name: str, value: int | None) -> None:
+def check_side(name: str, value: int | None) -> None:
+    """Refuse a size (``size``, ``resize``, ``crop``) out of range, in one line."""
     if value is not None and not MIN_SIZE <= value <= MAX_SIZE:
         raise HookscopeError(f"{param(name)} must be between {MIN_SIZE} and {MAX_SIZE} pixels, "
                              f"not {value}.")
@@ -142,7 +143,7 @@ def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | N
             of the wrong length or not finite, a std of zero, or channels other than 1 or 3.
     """
     for name, value in (("size", size), ("resize", resize), ("crop", crop)):
-        _check_side(name, value)
+        check_side(name, value)
     channels = input_channels
     if channels is not None and channels not in (1, 3):
         raise HookscopeError(f"{param('input_channels')} must be 1 or 3, not {channels}.")

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import pickle
-import queue
 import random
 import stat
 import sys
-import threading
 import warnings
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import groupby, islice
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,11 +34,6 @@ TENSOR_SUFFIXES = {".pt", ".npy"}
 STDIN = "-"
 
 
-def image_suffixes() -> set[str]:
-    """File suffixes Pillow can open (used to pick images out of a directory)."""
-    return {ext.lower() for ext in Image.registered_extensions()}
-
-
 @dataclass(frozen=True)
 class InputItem:
     """One sample: an image, or one entry of a tensor file.
@@ -52,7 +46,7 @@ class InputItem:
         label: the class folder it sits in, in an ImageFolder layout (``photos/cat/1.jpg``:
             ``cat``); None otherwise.
         data: the file's bytes, read once when resolved, for a file that can be read only
-            once (a FIFO, ``<(cat x.jpg)``, a device); None for a regular file.
+            once (a FIFO, ``<(cat x.jpg)``, a device) and for stdin; None for a regular file.
     """
 
     name: str
@@ -65,7 +59,7 @@ class InputItem:
     @property
     def source(self) -> Path | bytes:
         """What to read: the bytes already read, else the file."""
-        assert self.path is not None or self.data is not None  # not for stdin
+        assert self.path is not None or self.data is not None
         return self.data if self.data is not None else self.path  # type: ignore[return-value]
 
     @property
@@ -82,12 +76,10 @@ class InputSet:
 
     Attributes:
         items: the samples.
-        stdin: the bytes of the image read from stdin, when ``-`` was given.
         offset: the position of ``items[0]`` among all inputs (0 unless a rank's part).
     """
 
     items: list[InputItem] = field(default_factory=list)
-    stdin: bytes | None = None
     offset: int = 0
 
     @property
@@ -108,7 +100,7 @@ class InputSet:
 
     def part(self, lo: int, hi: int) -> InputSet:
         """Samples ``lo`` to ``hi`` (exclusive), which keep their positions."""
-        return InputSet(self.items[lo:hi], self.stdin, self.offset + lo)
+        return InputSet(self.items[lo:hi], self.offset + lo)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -221,19 +213,22 @@ def load_image(src: Path | bytes, name: str) -> Image.Image:
 
 
 def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tensor:
-    """The tensor in ``path`` (or in ``data``, its bytes already read)."""
+    """The tensor in ``path`` (or in ``data``, its bytes already read). A file is mapped, not
+    read whole: a ``.npy`` copy-on-write, a ``.pt`` when it is in the zip format
+    (``torch.save``'s default since 1.6; the legacy format cannot be mapped)."""
+    src = io.BytesIO(data) if data is not None else path
     try:
         if path.suffix.lower() == ".npy":
-            # Copy-on-write mapping of a file: lazy and writable.
-            arr = np.load(io.BytesIO(data), allow_pickle=False) if data is not None else \
-                np.load(path, mmap_mode="c", allow_pickle=False)
+            arr = np.load(src, mmap_mode="c" if data is None else None, allow_pickle=False)
             if not np.issubdtype(arr.dtype, np.floating):
                 raise HookscopeError(
                     f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected."
                 )
             return torch.from_numpy(np.asarray(arr))
-        obj = _load_pt(path) if data is None else \
-            torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            obj = torch.load(src, map_location="cpu", weights_only=True,
+                             mmap=data is None and zipfile.is_zipfile(path))
     except HookscopeError:
         raise
     except pickle.UnpicklingError:  # objects whose code would run, not only tensors
@@ -251,16 +246,6 @@ def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tens
             "tensor with torch.save(tensor, path)."
         )
     return obj
-
-
-def _load_pt(path: Path) -> Any:
-    """A ``.pt`` file, memory-mapped when it is in the zip format (``torch.save``'s default
-    since 1.6), read whole when it is in the legacy format, which cannot be mapped."""
-    with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
-        warnings.simplefilter("ignore")
-        if zipfile.is_zipfile(path):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _check_tensor(t: torch.Tensor, name: str, ndim: int) -> torch.Tensor:
@@ -284,12 +269,11 @@ class Decoder:
         preprocess: image to tensor.
         ndim: the model's input rank (5 for video clips).
         keep_images: also return each decoded image.
-        stdin: the bytes of the image given as ``-``.
     """
 
     def __init__(self, preprocess: Callable[[Any], torch.Tensor], *, ndim: int = 4,
-                 keep_images: bool = False, stdin: bytes | None = None) -> None:
-        self.preprocess, self.ndim, self.keep_images, self.stdin = preprocess, ndim, keep_images, stdin
+                 keep_images: bool = False) -> None:
+        self.preprocess, self.ndim, self.keep_images = preprocess, ndim, keep_images
         self._file: tuple[Path, torch.Tensor] | None = None
 
     def __call__(self, item: InputItem) -> tuple[torch.Tensor, Image.Image | None]:
@@ -300,8 +284,7 @@ class Decoder:
         """
         if item.kind == "tensor":
             return self._row(item), None
-        src = self.stdin if item.kind == "stdin" else item.source
-        img = load_image(src, item.name)  # type: ignore[arg-type]
+        img = load_image(item.source, item.name)
         return self.preprocess(img), img if self.keep_images else None
 
     def _row(self, item: InputItem) -> torch.Tensor:
@@ -347,13 +330,11 @@ def resolve_inputs(
     if limit is not None and limit < 1:
         raise HookscopeError(f"{param('limit')} must be at least 1, not {limit}.")
     items: list[InputItem] = []
-    data: bytes | None = None
     for spec in specs:
         if spec == STDIN:
-            if data is not None:
+            if any(item.kind == "stdin" for item in items):
                 raise HookscopeError("'-' (stdin) can be given only once.")
-            data = _read_stdin(stdin)
-            items.append(InputItem("-", "stdin"))
+            items.append(InputItem("-", "stdin", data=_read_stdin(stdin)))
             continue
         path = Path(spec).expanduser()
         if path.is_dir():
@@ -368,7 +349,7 @@ def resolve_inputs(
     for item in items:
         if item.kind == "image":
             _check_image(item, ndim)
-    return InputSet(items, data)
+    return InputSet(items)
 
 
 def _read_stdin(stdin: IO[bytes] | None) -> bytes:
@@ -380,7 +361,7 @@ def _read_stdin(stdin: IO[bytes] | None) -> bytes:
     return data
 
 
-def _read_once(path: Path, name: str) -> bytes | None:
+def read_once(path: Path, name: str) -> bytes | None:
     """The bytes of a file that cannot be read twice (a FIFO, ``<(...)``, a device), read
     now; None for a regular file, which is read when its batch comes."""
     try:
@@ -393,7 +374,7 @@ def _read_once(path: Path, name: str) -> bytes | None:
 
 def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
     """A tensor file's rows (read and checked now), or one image (checked later)."""
-    data = _read_once(path, name)
+    data = read_once(path, name)
     if path.suffix.lower() not in TENSOR_SUFFIXES:
         return [InputItem(name, "image", path, data=data)]
     t = _check_tensor(_read_tensor(path, name, data), name, ndim)
@@ -415,27 +396,17 @@ def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:
     """The images in ``folder`` (with ``recursive``, in its whole tree), sorted by their
     path's parts, and the names of the other files, which are skipped (subdirectories are
     the caller's to walk or to mention)."""
-    known = image_suffixes()
+    known = {ext.lower() for ext in Image.registered_extensions()}  # what Pillow can open
     images: list[Path] = []
     skipped: list[str] = []
-    if not recursive:
-        for entry in sorted(folder.iterdir()):
-            if entry.is_dir():
-                continue
-            if entry.is_file() and entry.suffix.lower() in known:
-                images.append(entry)
-            else:
-                skipped.append(entry.name)
-        return images, skipped
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        for name in files:
-            entry = Path(root, name)
-            if entry.suffix.lower() in known and entry.is_file():
-                images.append(entry)
-            else:
-                skipped.append(str(entry.relative_to(folder)))
-    images.sort(key=lambda p: p.relative_to(folder).parts)
+    for entry in sorted(folder.rglob("*") if recursive else folder.iterdir(),
+                        key=lambda p: p.relative_to(folder).parts):
+        if entry.is_dir():
+            continue
+        if entry.suffix.lower() in known and entry.is_file():
+            images.append(entry)
+        else:
+            skipped.append(str(entry.relative_to(folder)))
     return images, sorted(skipped)
 
 
@@ -492,30 +463,12 @@ Sample = tuple[InputItem, torch.Tensor, "Image.Image | None"]
 def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Iterator[Batch]:
     """Stack samples into batches of ``batch_size``; a sample whose shape differs from the
     batch's starts a new one. ``offset``: the position of the first sample among all."""
-    pending: list[Sample] = []
     start, number = offset, offset // batch_size
-
-    def flush() -> Batch:
-        nonlocal start, number
-        batch = Batch(items=[p[0] for p in pending], tensor=torch.stack([p[1] for p in pending]),
-                      images=[p[2] for p in pending], start=start, number=number)
-        start, number = start + len(pending), number + 1
-        pending.clear()
-        return batch
-
-    for sample in samples:
-        if pending and sample[1].shape != pending[0][1].shape:
-            yield flush()
-        pending.append(sample)
-        if len(pending) >= batch_size:
-            yield flush()
-    if pending:
-        yield flush()
-
-
-def _decoded(inputs: InputSet, decoder: Decoder) -> Iterator[Sample]:
-    for item in inputs.items:
-        yield (item, *decoder(item))
+    for _, run in groupby(samples, key=lambda sample: sample[1].shape):
+        while chunk := list(islice(run, batch_size)):
+            items, tensors, images = zip(*chunk, strict=True)
+            yield Batch(list(items), torch.stack(tensors), list(images), start, number)
+            start, number = start + len(chunk), number + 1
 
 
 def iter_batches(
@@ -543,52 +496,23 @@ def iter_batches(
         raise HookscopeError(f"{param('batch_size')} must be at least 1, not {batch_size}.")
     if workers < 0:
         raise HookscopeError(f"{param('workers')} must be 0 or more, not {workers}.")
-    decoder = Decoder(preprocess, ndim=ndim, keep_images=keep_images, stdin=inputs.stdin)
+    decoder = Decoder(preprocess, ndim=ndim, keep_images=keep_images)
     if workers > 0 and inputs.items:
         from hookscope.inputs.dataset import loader_samples
 
         return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size,
                       inputs.offset)
-    gen = _group(_decoded(inputs, decoder), batch_size, inputs.offset)
+    gen = _group(((item, *decoder(item)) for item in inputs.items), batch_size, inputs.offset)
     return _prefetched(gen) if prefetch else gen
 
 
-_DONE = object()
-
-
-def _prefetched(gen: Iterator[Batch], depth: int = 1) -> Iterator[Batch]:
-    """Run ``gen`` one step ahead in a daemon thread; errors re-raise in the consumer."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work() -> None:
-        try:
-            for batch in gen:
-                if not put(batch):
-                    return
-            put(_DONE)
-        except BaseException as exc:  # handed to the consumer
-            put(exc)
-
-    thread = threading.Thread(target=work, name="hookscope-decode", daemon=True)
-    thread.start()
+def _prefetched(gen: Iterator[Batch]) -> Iterator[Batch]:
+    """Run ``gen`` one batch ahead in a background thread; errors re-raise in the consumer."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="hookscope-decode")
     try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        ahead = pool.submit(next, gen, None)
+        while (batch := ahead.result()) is not None:
+            ahead = pool.submit(next, gen, None)
+            yield batch
     finally:
-        stop.set()
-        thread.join(timeout=5)
+        pool.shutdown(wait=False, cancel_futures=True)

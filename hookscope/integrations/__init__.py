@@ -34,27 +34,22 @@ class Watching:
         if "log_dir" not in watch_options:
             raise TypeError("WatchCallback needs log_dir, as hookscope.watch does.")
         self.options = dict(watch_options)
-        self._watch: Watch | None = None
-
-    @property
-    def watch(self) -> Watch | None:
-        """The open watch (None outside training)."""
-        return self._watch
+        self.watch: Watch | None = None  # the open watch (None outside training)
 
     def begin_watch(self, model: nn.Module) -> None:
         from hookscope.training.watch import watch
 
         self.end_watch()
-        self._watch = watch(model, **self.options)
-        self._watch.__enter__()
+        self.watch = watch(model, **self.options)
+        self.watch.__enter__()
 
     def end_step(self, loss: Any = None) -> None:
-        if self._watch is not None:
-            self._watch.step(loss)
+        if self.watch is not None:
+            self.watch.step(loss)
 
     def end_watch(self, error: BaseException | None = None) -> None:
         """Close the watch: every hook removed (after ``error`` too)."""
-        current, self._watch = self._watch, None
+        current, self.watch = self.watch, None
         if current is not None:
             if error is None:
                 current.__exit__(None, None, None)

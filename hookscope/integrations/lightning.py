@@ -27,11 +27,7 @@ __all__ = ["WatchCallback"]
 
 
 class WatchCallback(Watching, Callback):  # type: ignore[misc]
-    """Watch the ``LightningModule`` while it trains.
-
-    Args:
-        watch_options: the keyword arguments of :func:`hookscope.watch`, ``log_dir`` included.
-    """
+    """Watch the ``LightningModule`` while it trains (takes :func:`hookscope.watch`'s options)."""
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.begin_watch(pl_module)

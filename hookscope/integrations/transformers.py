@@ -28,11 +28,7 @@ __all__ = ["WatchCallback"]
 
 
 class WatchCallback(Watching, TrainerCallback):  # type: ignore[misc]
-    """Watch the ``Trainer``'s model while it trains.
-
-    Args:
-        watch_options: the keyword arguments of :func:`hookscope.watch`, ``log_dir`` included.
-    """
+    """Watch the ``Trainer``'s model while it trains (takes :func:`hookscope.watch`'s options)."""
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:

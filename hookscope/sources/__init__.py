@@ -40,10 +40,12 @@ BUILTIN = ("torchvision", "timm", "hf", "code", "pickled")
 
 
 def _builtin() -> list[Source]:
-    """The registered sources; the built-in ones join on first use (importing is cheap)."""
+    """The registered sources; the built-in ones join on first use (importing is cheap).
+    Code and pickles, whose forms are the broadest (``hf:model`` is also ``module:NAME``),
+    are asked last, whichever order the modules were imported in."""
     for module in BUILTIN:
         import_module(f"hookscope.sources.{module}")
-    return SOURCES
+    return sorted(SOURCES, key=lambda source: source.name in ("code", "pickle"))
 
 
 def resolve(spec: str) -> ModelSpec:
@@ -119,18 +121,12 @@ def _check_size(loaded: LoadedModel) -> None:
     declared, size = loaded.declared_size, loaded.input_size
     if declared is None or declared.takes(size) or loaded.task in ("detection", "optical_flow"):
         return
-    from hookscope.core.run import Probe, drive
-
-    class Trial(Probe[None]):
-        def finish(self) -> None:
-            return None
-
     try:
         # Past twice the declared side no trial runs: a ViT's attention grows with the
         # square of the pixel count, so a huge trial could exhaust the memory.
         if max(size) > 2 * max(declared.size):
             raise HookscopeError("no trial")
-        drive(loaded.model, loaded.dummy_input(), Trial())
+        _trial(loaded)
     except HookscopeError:
         h, w = declared.size
         fix = f"{h}" if declared.exact else f"{max(h, w)} or more"
@@ -158,17 +154,23 @@ def _check_label_count(loaded: LoadedModel) -> None:
 def _output_classes(loaded: LoadedModel) -> int | None:
     """The class count of a model's logits, from one forward pass on a zero input."""
     from hookscope.core.outputs import select_logits
+
+    logits = select_logits(_trial(loaded), loaded.output_key, required=False)
+    return int(logits.shape[1]) if logits is not None and logits.dim() == 2 else None
+
+
+def _trial(loaded: LoadedModel) -> Any:
+    """The model's output on one zero sample, run by the one driver."""
     from hookscope.core.run import Probe, Step, drive
 
     class Output(Probe[Any]):
         def observe(self, step: Step, output: Any) -> None:
-            self.output = select_logits(output, loaded.output_key, required=False)
+            self.output = output
 
         def finish(self) -> Any:
             return self.output
 
-    logits = drive(loaded.model, loaded.dummy_input(), Output())
-    return int(logits.shape[1]) if logits is not None and logits.dim() == 2 else None
+    return drive(loaded.model, loaded.dummy_input(), Output())
 
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -201,27 +203,22 @@ def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -
         ) from None
 
 
-def _detection_ops(device: torch.device) -> dict[str, Any]:
-    """The torchvision operators a detection model runs after its network, each as a call
-    on a tiny input in a given dtype."""
-    from torchvision.ops import nms, roi_align
-
-    boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 1.0, 3.0, 3.0]], device=device)
-    scores = torch.tensor([0.9, 0.8], device=device)
-    x, rois = torch.ones(1, 2, 4, 4, device=device), torch.tensor([[0.0, 0, 0, 2, 2]],
-                                                                    device=device)
-    return {"nms": lambda d: nms(boxes.to(d), scores.to(d), 0.5),
-            "roi_align": lambda d: roi_align(x.to(d), rois.to(d), 2)}
-
-
 def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
     """Refuse, before the model runs, a cast to ``dtype`` that a detection model's
     post-processing operators (torchvision's ``nms``, ``roi_align``) cannot run."""
     if loaded.task != "detection":
         return
-    for name, run in _detection_ops(loaded.device).items():
+    from torchvision.ops import nms, roi_align
+
+    where: dict[str, Any] = {"device": loaded.device, "dtype": dtype}
+    boxes = [[0.0, 0.0, 2.0, 2.0], [1.0, 1.0, 3.0, 3.0]]
+    trials = {"nms": lambda: nms(torch.tensor(boxes, **where), torch.tensor([0.9, 0.8], **where),
+                                 0.5),
+              "roi_align": lambda: roi_align(torch.ones(1, 2, 4, 4, **where),
+                                             torch.tensor([[0.0, 0, 0, 2, 2]], **where), 2)}
+    for name, run in trials.items():
         try:
-            run(dtype)
+            run()
         except (RuntimeError, NotImplementedError):
             kind = str(dtype).removeprefix("torch.")
             raise HookscopeError(

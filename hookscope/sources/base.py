@@ -7,11 +7,15 @@ its labels and a record of what was loaded. Commands never care which source it 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Any
 
 import torch
 from torch import nn
@@ -174,17 +178,20 @@ class LoadedModel:
         }
 
 
-class Source(Protocol):
-    """A way to name and load models."""
+@dataclass(frozen=True)
+class Source:
+    """A way to name and load models.
+
+    Attributes:
+        name: what its specs' :attr:`ModelSpec.source` says.
+        parse: the spec, when this source claims a MODEL string; None otherwise. Cheap: no
+            import of the model's code and no weights.
+        load: builds the model (on the CPU, in any mode); the caller moves it and checks it.
+    """
 
     name: str
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        """The spec, when this source claims ``spec``; None otherwise. Cheap: no import of
-        the model's code and no weights."""
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        """Build the model (on the CPU, in any mode); the caller moves it and checks it."""
+    parse: Callable[[str], ModelSpec | None]
+    load: Callable[[ModelSpec, LoadOptions], LoadedModel]
 
 
 #: Registered sources, asked in order; the first that claims a spec loads it.
@@ -199,15 +206,29 @@ def register(source: Source) -> Source:
     return source
 
 
-def missing_dependency(package: str, extra: str) -> HookscopeError:
-    """The one-line error for an optional dependency that is not installed."""
-    return HookscopeError(f"this needs the {package} package: pip install 'hookscope[{extra}]'")
+def warn_random(why: str | None, seed: int) -> str:
+    """Say why ``weights=auto`` fell back to random weights (nothing when ``why`` is None, as
+    for ``weights=none``); returns what ``weights.loaded`` records."""
+    if why is not None:
+        logging.getLogger("hookscope").warning(
+            f"{why}; using random initialisation (seed {seed}), so predictions are "
+            "meaningless. weights=none (--weights none) silences this.")
+    return f"random (seed {seed})"
+
+
+def import_optional(package: str, extra: str) -> ModuleType:
+    """An optional dependency, or the one-line install hint when it is missing."""
+    try:
+        return import_module(package)
+    except ImportError:
+        raise HookscopeError(f"this needs the {package} package: pip install "
+                             f"'hookscope[{extra}]'") from None
 
 
 #: Set to 1 to forbid any download attempt (tests and air-gapped CI set it).
 OFFLINE_ENV = "HOOKSCOPE_OFFLINE"
 _DOWNLOAD_HOST = "download.pytorch.org"
-_CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors"}
+_CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors", ".pkl"}
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
@@ -218,35 +239,25 @@ def resolve_device(spec: str = "auto") -> torch.device:
     """
     spec = spec.strip().lower()
     if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        return torch.device("cpu")
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(spec)
     except RuntimeError:
         raise HookscopeError(
             f"{param('device')} {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps."
         ) from None
-    if device.type == "cpu":
-        return device
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise HookscopeError(
-                f"{param('device')} {spec}: CUDA is not available on this machine; use cpu."
-            )
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise HookscopeError(
-                f"{param('device')} {spec}: this machine has {count} CUDA device(s), "
-                f"numbered 0 to {count - 1}."
-            )
-        return device
-    if device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise HookscopeError(f"{param('device')} {spec}: MPS is not available; use cpu.")
-        return device
-    raise HookscopeError(f"{param('device')} {spec}: unsupported device type; use auto, cpu, cuda "
-                         "or mps.")
+    problem = None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        problem = "CUDA is not available on this machine; use cpu"
+    elif device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
+        problem = f"this machine has {count} CUDA device(s), numbered 0 to {count - 1}"
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        problem = "MPS is not available; use cpu"
+    elif device.type not in ("cpu", "cuda", "mps"):
+        problem = "unsupported device type; use auto, cpu, cuda or mps"
+    if problem is not None:
+        raise HookscopeError(f"{param('device')} {spec}: {problem}.")
+    return device
 
 
 def network_available(host: str = _DOWNLOAD_HOST, timeout: float = 2.0) -> bool:

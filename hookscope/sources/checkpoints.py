@@ -12,9 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import pickle
-import stat
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping
@@ -26,11 +24,11 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, clip, param
+from hookscope.inputs.resolve import read_once
 
 log = logging.getLogger("hookscope")
 
-__all__ = ["Checkpoint", "build_to_fit", "fit", "head_classes", "open_checkpoint",
-           "read_checkpoint", "read_labels"]
+__all__ = ["Checkpoint", "build_to_fit", "fit", "head_classes", "open_checkpoint", "read_labels"]
 
 #: Checkpoint entries that hold the weights, tried in order.
 _STATE_KEYS = ("state_dict", "model_state_dict", "model", "net", "weights")
@@ -58,24 +56,11 @@ def _readable(src: Source) -> Path | io.BytesIO:
     return io.BytesIO(src) if isinstance(src, bytes) else src
 
 
-def _read_once(path: Path) -> Source:
-    """``path``, or its bytes when it can be read only once (a FIFO, ``<(cat w.pt)``), which
-    every later step reads instead of opening it again."""
-    try:
-        return path if stat.S_ISREG(os.stat(path).st_mode) else path.read_bytes()
-    except OSError as exc:
-        raise HookscopeError(f"Cannot read the weights file {path}: "
-                             f"{exc.strerror or exc}.") from None
-
-
 def _is_pickle(path: Source) -> bool:
     """Whether ``path`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
     try:
-        if isinstance(path, bytes):
-            head = path[:2]
-        else:
-            with path.open("rb") as fh:
-                head = fh.read(2)
+        with io.BytesIO(path) if isinstance(path, bytes) else path.open("rb") as fh:
+            head = fh.read(2)
     except OSError:
         return False
     return zipfile.is_zipfile(_readable(path)) or (len(head) == 2 and head[0] == 0x80
@@ -174,7 +159,8 @@ def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
         raise HookscopeError(f"Weights file not found: {path}.")
     if path.is_dir():
         raise HookscopeError(f"{path} is a directory; {param('weights')} takes a checkpoint file.")
-    src = _read_once(path)  # read each file once: a FIFO cannot be opened twice
+    data = read_once(path, str(path))  # read each file once: a FIFO cannot be opened twice
+    src: Source = path if data is None else data
     if path.suffix.lower() == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load, load_file
@@ -190,12 +176,6 @@ def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
     if isinstance(found, nn.Module):
         return Checkpoint(path, module=found, labels=labels, labels_key=key)
     return Checkpoint(path, state=found, labels=labels, labels_key=key)
-
-
-def read_checkpoint(path: Path, *, trust: bool = False) -> Mapping[str, torch.Tensor] | nn.Module:
-    """The weights (or the trusted whole module) in a checkpoint file."""
-    found = open_checkpoint(path, trust=trust)
-    return found.module if found.module is not None else found.state  # type: ignore[return-value]
 
 
 def head_classes(model: nn.Module, state: Mapping[str, torch.Tensor]) -> int | None:

@@ -27,10 +27,10 @@ from torch import nn
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
 from hookscope.inputs.preprocess import Preprocess, with_overrides
-from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, register
+from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, Source, is_path, register
 from hookscope.sources.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
 
-__all__ = ["Code", "build", "check_eager", "check_weights", "first_on_path", "load_weights",
+__all__ = ["build", "check_eager", "check_weights", "first_on_path", "load_code", "load_weights",
            "parse_model_args"]
 
 #: ``file.py:Name`` or ``package.module:Name`` (NAME may be dotted: ``module:Outer.factory``).
@@ -275,16 +275,6 @@ def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module
         return _construct(obj, kwargs, spec.strip(), folder)
 
 
-#: Suffixes that make a ``weights`` value a file rather than a weights name.
-_FILE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors", ".pkl"}
-
-
-def _is_file(weights: str) -> bool:
-    path = Path(weights).expanduser()
-    return "/" in weights or os.sep in weights or path.suffix.lower() in _FILE_SUFFIXES \
-        or path.exists()
-
-
 def check_weights(options: LoadOptions, what: str) -> None:
     """``weights`` for a model that is not torchvision's: auto, none or a file; and no
     ``num_classes``, which only torchvision's builders take.
@@ -293,7 +283,7 @@ def check_weights(options: LoadOptions, what: str) -> None:
         HookscopeError: a weights name (such as DEFAULT), or ``num_classes``.
     """
     weights = options.weights.strip()
-    if weights.lower() not in ("auto", "none") and not _is_file(weights):
+    if weights.lower() not in ("auto", "none") and not is_path(weights):
         raise HookscopeError(
             f"{param('weights')} {weights!r}: {what} has no named weights; use auto or none "
             "(the model as it comes) or a checkpoint file.")
@@ -327,29 +317,26 @@ def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoin
     return found
 
 
-class Code:
-    """An nn.Module subclass or a factory function, imported from the user's code."""
-
-    name = "code"
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        if _SPEC.match(spec) is None or spec.startswith("timm:"):
-            return None
-        return ModelSpec("code", spec, spec, "custom")
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        check_weights(options, "a model from code")
-        model = build(spec.target, options.model_args, options.seed)
-        found = load_weights(model, spec.name, options)
-        loaded = f"file:{found.path}" if found is not None else \
-            f"as constructed (seed {options.seed})"
-        labels = found.labels if found is not None else None
-        return LoadedModel(
-            name=spec.name, model=model, task="custom", weights_requested=options.weights,
-            weights_loaded=loaded, device=torch.device("cpu"),
-            preprocess=with_overrides(Preprocess(origin="default"), size=options.size),
-            categories=labels, source="code", num_classes=None, input_ndim=4,
-            labels_from=f"checkpoint:{found.labels_key}" if labels and found else None)
+def _parse(spec: str) -> ModelSpec | None:
+    if _SPEC.match(spec) is None:
+        return None
+    return ModelSpec("code", spec, spec, "custom")
 
 
-register(Code())
+def load_code(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+    """Load the nn.Module subclass or factory function NAME from the user's code."""
+    check_weights(options, "a model from code")
+    model = build(spec.target, options.model_args, options.seed)
+    found = load_weights(model, spec.name, options)
+    loaded = f"file:{found.path}" if found is not None else \
+        f"as constructed (seed {options.seed})"
+    labels = found.labels if found is not None else None
+    return LoadedModel(
+        name=spec.name, model=model, task="custom", weights_requested=options.weights,
+        weights_loaded=loaded, device=torch.device("cpu"),
+        preprocess=with_overrides(Preprocess(origin="default"), size=options.size),
+        categories=labels, source="code", num_classes=None, input_ndim=4,
+        labels_from=f"checkpoint:{found.labels_key}" if labels and found else None)
+
+
+register(Source("code", _parse, load_code))

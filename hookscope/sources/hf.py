@@ -23,9 +23,17 @@ from torch import nn
 
 from hookscope.core.errors import HookscopeError, clip, param
 from hookscope.inputs.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, with_overrides
-from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, missing_dependency, register
+from hookscope.sources.base import (
+    LoadedModel,
+    LoadOptions,
+    ModelSpec,
+    Source,
+    import_optional,
+    register,
+    warn_random,
+)
 
-__all__ = ["PREFIX", "HuggingFace", "describe", "hf_preprocess", "import_transformers"]
+__all__ = ["PREFIX", "describe", "hf_preprocess", "load_hf"]
 
 log = logging.getLogger("hookscope")
 
@@ -36,15 +44,6 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 #: PIL's resampling codes, as the processors store them.
 _RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 _GENERIC_LABEL = re.compile(r"^LABEL_\d+$")
-
-
-def import_transformers() -> ModuleType:
-    """The transformers package, or the one-line install hint when it is missing."""
-    try:
-        import transformers
-    except ImportError:
-        raise missing_dependency("transformers", "hf") from None
-    return transformers
 
 
 def _folder(target: str) -> Path:
@@ -69,13 +68,6 @@ def _config_json(path: Path) -> dict[str, Any]:
     if not isinstance(found, dict):
         raise HookscopeError(f"{path / 'config.json'}: not a JSON object.")
     return found
-
-
-def _check_remote_code(path: Path, raw: dict[str, Any], trust: bool) -> None:
-    if raw.get("auto_map") and not trust:
-        raise HookscopeError(
-            f"hf:{path}: its config.json names its own model code (auto_map), and loading it "
-            f"runs that code. If you trust the folder, set {param('trust_checkpoint')}.")
 
 
 def _model_class(transformers: ModuleType, config: Any) -> tuple[Any, str]:
@@ -106,11 +98,9 @@ def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(options.seed)
         if weights == "none" or not has_weights:
-            if weights == "auto":
-                log.warning(f"hf:{path} has no weights file; using random initialisation (seed "
-                            f"{options.seed}). weights=none (--weights none) silences this.")
-            model = auto.from_config(config, trust_remote_code=trust)
-            return model, task, f"random (seed {options.seed})"
+            why = f"hf:{path} has no weights file" if weights == "auto" else None
+            loaded = warn_random(why, options.seed)
+            return auto.from_config(config, trust_remote_code=trust), task, loaded
         model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     return model, task, f"file:{path}"
 
@@ -180,12 +170,18 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
 
     Raises:
         HookscopeError: transformers is missing, PATH is not a model folder, its code is
-            remote and not trusted, or transformers cannot load it.
+            remote and not trusted, or transformers cannot load it; ``num_classes`` given.
     """
+    if options.num_classes is not None:
+        raise HookscopeError(f"{param('num_classes')}: an hf: folder's class count is "
+                             "its config's num_labels.")
     path = _folder(spec.target)
     raw = _config_json(path)
-    _check_remote_code(path, raw, options.trust_checkpoint)
-    transformers = import_transformers()
+    if raw.get("auto_map") and not options.trust_checkpoint:
+        raise HookscopeError(
+            f"hf:{path}: its config.json names its own model code (auto_map), and loading it "
+            f"runs that code. If you trust the folder, set {param('trust_checkpoint')}.")
+    transformers = import_optional("transformers", "hf")
     bars = transformers.utils.logging
     shown = bars.is_progress_bar_enabled()
     bars.disable_progress_bar()  # its loading bar is chatter on stderr
@@ -243,21 +239,10 @@ def describe(target: str) -> list[dict[str, Any]]:
     return found
 
 
-class HuggingFace:
-    """Local Hugging Face model folders, with their own labels and image processor."""
-
-    name = "hf"
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        if not spec.startswith(PREFIX):
-            return None
-        return ModelSpec("hf", spec, spec[len(PREFIX):], "custom")
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        if options.num_classes is not None:
-            raise HookscopeError(f"{param('num_classes')}: an hf: folder's class count is "
-                                 "its config's num_labels.")
-        return load_hf(spec, options)
+def _parse(spec: str) -> ModelSpec | None:
+    if not spec.startswith(PREFIX):
+        return None
+    return ModelSpec("hf", spec, spec[len(PREFIX):], "custom")
 
 
-register(HuggingFace())
+register(Source("hf", _parse, load_hf))

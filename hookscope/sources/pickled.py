@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import warnings
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,7 +16,7 @@ import torch
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.inputs.preprocess import Preprocess, with_overrides
-from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, register
+from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, Source, register
 from hookscope.sources.checkpoints import Checkpoint, _is_pickle, _refuse_compiled, open_checkpoint
 from hookscope.sources.code import check_eager, check_weights, first_on_path, load_weights
 
@@ -33,18 +32,15 @@ def _state_dict(path: Path) -> HookscopeError:
 
 def _untrusted(path: Path) -> NoReturn:
     """Say why an untrusted file does not load: a pickled model, or only a state_dict."""
-    if path.suffix.lower() != ".safetensors" and _is_pickle(path):
-        try:
-            with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
-                warnings.simplefilter("ignore")
-                torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:  # more than tensors: objects whose code would run
+    try:
+        open_checkpoint(path)  # raises for anything but a state_dict
+    except HookscopeError as exc:
+        # open_checkpoint raises "from None": the cause is kept as the context.
+        if isinstance(exc.__context__, pickle.UnpicklingError) and _is_pickle(path):
             raise HookscopeError(
                 f"{path} holds a whole pickled model, and loading it runs code the file "
                 f"names. If you trust the file, set {param('trust_checkpoint')}.") from None
-        except Exception:  # not a checkpoint: open_checkpoint says so below
-            pass
-    open_checkpoint(path)  # raises for anything but a state_dict
+        raise
     raise _state_dict(path)
 
 
@@ -66,45 +62,42 @@ def _unpickle(path: Path) -> Checkpoint:
         raise
 
 
-class Pickled:
-    """A file holding a whole nn.Module (needs ``trust_checkpoint``)."""
-
-    name = "pickle"
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        path = Path(spec).expanduser()
-        if path.suffix.lower() == ".py":  # code, not a pickle: the form is file.py:NAME
-            raise HookscopeError(
-                f"{spec} is Python code, not a pickled model: name the model in it as "
-                f"{spec}:NAME (an nn.Module subclass, or a function that returns one).")
-        if path.suffix.lower() not in SUFFIXES and not path.is_file():
-            return None
-        return ModelSpec("pickle", spec, str(path), "custom")
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        path = Path(spec.target)
-        if not path.is_file():
-            raise HookscopeError(
-                f"Model file not found: {path}. MODEL is a torchvision name (`hookscope "
-                "models`), timm:NAME, file.py:NAME, package.module:NAME, or a pickled model's "
-                "path.")
-        _refuse_compiled(path)
-        check_weights(options, "a pickled model (it carries its own weights)")
-        if not options.trust_checkpoint:
-            _untrusted(path)
-        found = _unpickle(path)
-        if found.module is None:
-            raise _state_dict(path)
-        check_eager(found.module, str(path))
-        weights = load_weights(found.module, spec.name, options)
-        loaded = f"file:{weights.path}" if weights is not None else f"file:{path}"
-        labels = weights if weights is not None and weights.labels else found
-        return LoadedModel(
-            name=spec.name, model=found.module, task="custom", weights_requested=options.weights,
-            weights_loaded=loaded, device=torch.device("cpu"),
-            preprocess=with_overrides(Preprocess(origin="default"), size=options.size),
-            categories=labels.labels, source="pickle", num_classes=None, input_ndim=4,
-            labels_from=f"checkpoint:{labels.labels_key}" if labels.labels else None)
+def _parse(spec: str) -> ModelSpec | None:
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".py":  # code, not a pickle: the form is file.py:NAME
+        raise HookscopeError(
+            f"{spec} is Python code, not a pickled model: name the model in it as "
+            f"{spec}:NAME (an nn.Module subclass, or a function that returns one).")
+    if path.suffix.lower() not in SUFFIXES and not path.is_file():
+        return None
+    return ModelSpec("pickle", spec, str(path), "custom")
 
 
-register(Pickled())
+def load_pickled(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+    """Load a file holding a whole nn.Module (needs ``trust_checkpoint``)."""
+    path = Path(spec.target)
+    if not path.is_file():
+        raise HookscopeError(
+            f"Model file not found: {path}. MODEL is a torchvision name (`hookscope "
+            "models`), timm:NAME, file.py:NAME, package.module:NAME, or a pickled model's "
+            "path.")
+    _refuse_compiled(path)
+    check_weights(options, "a pickled model (it carries its own weights)")
+    if not options.trust_checkpoint:
+        _untrusted(path)
+    found = _unpickle(path)
+    if found.module is None:
+        raise _state_dict(path)
+    check_eager(found.module, str(path))
+    weights = load_weights(found.module, spec.name, options)
+    loaded = f"file:{weights.path}" if weights is not None else f"file:{path}"
+    labels = weights if weights is not None and weights.labels else found
+    return LoadedModel(
+        name=spec.name, model=found.module, task="custom", weights_requested=options.weights,
+        weights_loaded=loaded, device=torch.device("cpu"),
+        preprocess=with_overrides(Preprocess(origin="default"), size=options.size),
+        categories=labels.labels, source="pickle", num_classes=None, input_ndim=4,
+        labels_from=f"checkpoint:{labels.labels_key}" if labels.labels else None)
+
+
+register(Source("pickle", _parse, load_pickled))

@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,18 +23,22 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param, suggest
-from hookscope.inputs.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
+from hookscope.inputs.preprocess import Preprocess, check_side
 from hookscope.sources.base import (
     DeclaredSize,
     LoadedModel,
     LoadOptions,
     ModelSpec,
-    missing_dependency,
+    Source,
+    import_optional,
+    is_path,
+    network_available,
     register,
+    warn_random,
 )
 from hookscope.sources.checkpoints import build_to_fit
 
-__all__ = ["PREFIX", "Timm", "import_timm", "load_timm", "pretrained_tags"]
+__all__ = ["PREFIX", "import_timm", "load_timm", "pretrained_tags"]
 
 log = logging.getLogger("hookscope")
 
@@ -47,11 +51,7 @@ _HUB_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safeten
 
 def import_timm() -> ModuleType:
     """The timm package, or the one-line install hint when it is missing."""
-    try:
-        import timm
-    except ImportError:
-        raise missing_dependency("timm", "timm") from None
-    return timm
+    return import_optional("timm", "timm")
 
 
 def _architecture(timm: ModuleType, name: str) -> tuple[str, str]:
@@ -134,13 +134,6 @@ def _cache_hint(cfg: Any) -> str:
     return f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
 
 
-def _hub_reachable() -> bool:
-    """Whether the Hugging Face hub can be reached (never with HOOKSCOPE_OFFLINE set)."""
-    from hookscope.sources.base import network_available
-
-    return network_available(_HUB_HOST)
-
-
 @contextmanager
 def _hub_offline() -> Iterator[None]:
     """Forbid Hugging Face hub requests (its flag is read at import, so set both)."""
@@ -169,20 +162,16 @@ def _create(name: str, seed: int, num_classes: int | None = None,
         kwargs["num_classes"] = num_classes
     if pretrained_from is not None:
         kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_from)}
-    pretrained = pretrained_from is not None or download
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), nullcontext() if download else _hub_offline():
         torch.manual_seed(seed)
-        if download:
-            return timm.create_model(name, pretrained=True, **kwargs)
-        with _hub_offline():
-            return timm.create_model(name, pretrained=pretrained, **kwargs)
+        return timm.create_model(name, pretrained=pretrained_from is not None or download,
+                                 **kwargs)
 
 
-def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None) -> nn.Module:
-    if why is not None:
-        log.warning(f"{why}; using random initialisation (seed {options.seed}), so predictions "
-                    "are meaningless. weights=none (--weights none) silences this.")
-    return _create(f"{arch}.{tag}" if tag else arch, options.seed, options.num_classes)
+def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None
+            ) -> tuple[nn.Module, str]:
+    loaded = warn_random(why, options.seed)
+    return _create(f"{arch}.{tag}" if tag else arch, options.seed, options.num_classes), loaded
 
 
 def _pretrained(arch: str, tag: str, options: LoadOptions) -> nn.Module:
@@ -194,7 +183,7 @@ def _pretrained(arch: str, tag: str, options: LoadOptions) -> nn.Module:
             f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
             f"timm:{arch}.{tag} has {classes} classes.")
     cached = _cached_file(cfg)
-    if cached is None and not _hub_reachable():
+    if cached is None and not network_available(_HUB_HOST):
         raise HookscopeError(
             f"timm:{arch}.{tag} is not in {_cache_hint(cfg)} and cannot be downloaded (no "
             f"network). Use {param('weights')} none or a local checkpoint.")
@@ -216,14 +205,13 @@ def _auto(arch: str, tag: str, options: LoadOptions) -> tuple[nn.Module, str]:
     tags = pretrained_tags(arch)
     chosen = tag or (tags[0] if tags else None)
     if chosen is None:
-        return _random(arch, "", options, "this timm model has no pretrained weights"), \
-            f"random (seed {options.seed})"
+        return _random(arch, "", options, "this timm model has no pretrained weights")
     cfg = _pretrained_cfg(arch, chosen)
     if options.num_classes not in (None, cfg.num_classes):
-        return _random(arch, chosen, options), f"random (seed {options.seed})"
-    if _cached_file(cfg) is None and not _hub_reachable():
+        return _random(arch, chosen, options)
+    if _cached_file(cfg) is None and not network_available(_HUB_HOST):
         why = f"timm:{arch}.{chosen} is not in {_cache_hint(cfg)} and cannot be downloaded"
-        return _random(arch, chosen, options, why), f"random (seed {options.seed})"
+        return _random(arch, chosen, options, why)
     return _pretrained(arch, chosen, options), chosen
 
 
@@ -234,9 +222,7 @@ def timm_preprocess(model: nn.Module, size: int | None = None) -> Preprocess:
 
     config = resolve_data_config({}, model=model)
     if size is not None:
-        if not MIN_SIZE <= size <= MAX_SIZE:
-            raise HookscopeError(f"{param('size')} must be between {MIN_SIZE} and {MAX_SIZE} "
-                                 f"pixels, not {size}.")
+        check_side("size", size)
         config["input_size"] = (config["input_size"][0], size, size)
     channels, crop = int(config["input_size"][0]), int(config["input_size"][-1])
     crop_pct = config.get("crop_pct") or 0.875
@@ -285,14 +271,12 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
             neither cached nor downloadable, an unreadable checkpoint or one for another
             architecture, or a class count that contradicts the weights.
     """
-    from hookscope.sources.base import is_path
-
     timm = import_timm()
     arch, tag = _architecture(timm, spec.target)
     weights = options.weights.strip()
     found, pretrained = None, False
     if weights.lower() == "none":
-        model, loaded = _random(arch, tag, options), f"random (seed {options.seed})"
+        model, loaded = _random(arch, tag, options)
     elif weights.lower() == "auto":
         model, loaded = _auto(arch, tag, options)
         pretrained = not loaded.startswith("random")
@@ -319,18 +303,10 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         declared_size=declared_size(model))
 
 
-class Timm:
-    """timm's models, with timm's own data config for preprocessing."""
-
-    name = "timm"
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        if not spec.startswith(PREFIX):
-            return None
-        return ModelSpec("timm", spec, spec[len(PREFIX):], "classification")
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        return load_timm(spec, options)
+def _parse(spec: str) -> ModelSpec | None:
+    if not spec.startswith(PREFIX):
+        return None
+    return ModelSpec("timm", spec, spec[len(PREFIX):], "classification")
 
 
-register(Timm())
+register(Source("timm", _parse, load_timm))

@@ -17,15 +17,17 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param, suggest
-from hookscope.inputs.preprocess import MAX_SIZE, MIN_SIZE, Preprocess
+from hookscope.inputs.preprocess import Preprocess, check_side
 from hookscope.sources.base import (
     DeclaredSize,
     LoadedModel,
     LoadOptions,
     ModelSpec,
+    Source,
     is_path,
     network_available,
     register,
+    warn_random,
 )
 from hookscope.sources.checkpoints import Checkpoint, build_to_fit
 
@@ -52,11 +54,6 @@ def model_tasks() -> dict[str, str]:
     for name in list_models():
         tasks.setdefault(name, "other")
     return tasks
-
-
-def input_ndim(name: str) -> int:
-    """Dimensions of one input batch for a model: 5 for video (N, C, T, H, W), else 4."""
-    return 5 if model_tasks().get(name) == "video" else 4
 
 
 def _weights_enum(name: str) -> Any | None:
@@ -116,27 +113,19 @@ def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]
     cls = getattr(factory, "func", factory)
     keywords: dict[str, Any] = dict(getattr(factory, "keywords", None) or {})
     params = inspect.signature(cls).parameters
+    sizes = {k: keywords.get(k, params[k].default) for k in ("crop_size", "resize_size")
+             if k in params}
+    if sizes.get("crop_size") is inspect.Parameter.empty:
+        sizes["crop_size"] = 224  # ImageClassification's is required
     if size is not None:
-        if not MIN_SIZE <= size <= MAX_SIZE:
-            raise HookscopeError(f"{param('size')} must be between {MIN_SIZE} and {MAX_SIZE} "
-                                 f"pixels, not {size}.")
-        key = "crop_size" if "crop_size" in params else "resize_size" if "resize_size" in params else None
-        if key is None:
+        check_side("size", size)
+        if not sizes:
             log.info("size is ignored: this model's preprocessing does not resize")
         else:
-            current = keywords.get(key, params[key].default)
-            if current is inspect.Parameter.empty:
-                current = 224
-            first = current[0] if isinstance(current, (tuple, list)) else current
-            factor = size / first
-            for k in ("crop_size", "resize_size"):
-                if k in params:
-                    value = keywords.get(k, params[k].default)
-                    if value is not inspect.Parameter.empty and value is not None:
-                        keywords[k] = _scaled(value, factor)
-    if "crop_size" in params and "crop_size" not in keywords:
-        keywords["crop_size"] = 224
-    return cls(**keywords)
+            first = next(iter(sizes.values()))
+            factor = size / (first[0] if isinstance(first, (tuple, list)) else first)
+            sizes = {k: _scaled(v, factor) for k, v in sizes.items() if v is not None}
+    return cls(**keywords | sizes)
 
 
 def _default_classes(name: str, default: Any | None) -> int | None:
@@ -145,13 +134,10 @@ def _default_classes(name: str, default: Any | None) -> int | None:
     return len(categories) if categories else None
 
 
-def _random_weights(name: str, options: LoadOptions, default: Any | None,
-                    why: str | None = None) -> tuple[nn.Module, str]:
-    if why is not None:
-        log.warning(f"{why}; using random initialisation (seed {options.seed}), so predictions "
-                    "are meaningless. weights=none (--weights none) silences this.")
-    return (_build(name, None, options.seed, options.num_classes),
-            f"random (seed {options.seed})")
+def _random_weights(name: str, options: LoadOptions, why: str | None = None
+                    ) -> tuple[nn.Module, str]:
+    loaded = warn_random(why, options.seed)
+    return _build(name, None, options.seed, options.num_classes), loaded
 
 
 def _named_weights(name: str, spec: str, enum: Any | None, default: Any | None) -> Any:
@@ -214,7 +200,7 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     weights = options.weights.strip()
     chosen, found = None, None
     if weights.lower() == "none":
-        model, loaded = _random_weights(name, options, default)
+        model, loaded = _random_weights(name, options)
     elif weights.lower() == "auto":
         if default is not None and options.num_classes in (None, _default_classes(name, default)) \
                 and (_cached_file(default).exists() or network_available()):
@@ -225,7 +211,7 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
                 "this model has no pretrained weights" if default is None else (
                     f"{default} is not in the torch cache ({_cached_file(default).parent}) and "
                     "cannot be downloaded")
-            model, loaded = _random_weights(name, options, default, why)
+            model, loaded = _random_weights(name, options, why)
     elif is_path(weights):
         model, found = build_to_fit(
             Path(weights).expanduser(), name=name, num_classes=options.num_classes,
@@ -290,20 +276,12 @@ def _loaded(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str
     )
 
 
-class Torchvision:
-    """torchvision's models, weights enums and preprocessing presets: every name in
-    ``torchvision.models.list_models()``."""
-
-    name = "torchvision"
-
-    def parse(self, spec: str) -> ModelSpec | None:
-        task = model_tasks().get(spec)
-        if task is None:
-            return None
-        return ModelSpec("torchvision", spec, spec, task, input_ndim(spec))
-
-    def load(self, spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-        return load_torchvision(spec, options)
+def _parse(spec: str) -> ModelSpec | None:
+    """Every name in ``torchvision.models.list_models()``."""
+    task = model_tasks().get(spec)
+    if task is None:
+        return None
+    return ModelSpec("torchvision", spec, spec, task, 5 if task == "video" else 4)
 
 
-register(Torchvision())
+register(Source("torchvision", _parse, load_torchvision))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,6 @@ LOG_FILE = "watch.jsonl"
 EVENT_FILE = "nonfinite.json"
 #: Keys of a logging step's line; the other keys of the first line are its envelope.
 STEP_KEYS = ("step", "time", "layers", "params")
-
-Row = Mapping[str, Any]
 
 
 def is_log(path: str | Path) -> bool:
@@ -65,7 +63,6 @@ class TrainingLog:
     envelope: Mapping[str, Any]
     steps: list[Mapping[str, Any]]
     event: Mapping[str, Any] | None = None
-    skipped: int = field(default=0, compare=False)
 
     def last(self, n: int | None) -> list[Mapping[str, Any]]:
         """The last ``n`` logging steps (all of them when ``n`` is None)."""
@@ -73,32 +70,20 @@ class TrainingLog:
 
     def layer_keys(self) -> list[tuple[str, int]]:
         """Every (name, call) logged, in the order first seen (execution order)."""
-        seen: dict[tuple[str, int], None] = {}
-        for step in self.steps:
-            for row in step.get("layers") or ():
-                seen[(str(row.get("name")), int(row.get("call") or 0))] = None
-        return list(seen)
-
-    def param_names(self) -> list[str]:
-        """Every parameter logged, in the order first seen."""
-        seen: dict[str, None] = {}
-        for step in self.steps:
-            for row in step.get("params") or ():
-                seen[str(row.get("name"))] = None
-        return list(seen)
+        return list(self.series("layers", "name")[1])
 
     def series(self, kind: str, key: str) -> tuple[list[int], dict[Any, list[float | None]]]:
         """One value per logging step for each layer call (``kind="layers"``, keyed by
-        (name, call)) or parameter (``kind="params"``, keyed by name): the steps, and
-        each row's values (None where the step lacks it or it is not finite)."""
+        (name, call)) or parameter (``kind="params"``, keyed by name), in the order first
+        seen: the steps, and each row's values (None where the step lacks it or it is not
+        finite)."""
         steps = [int(s.get("step") or 0) for s in self.steps]
-        keys: Sequence[Any] = self.layer_keys() if kind == "layers" else self.param_names()
-        values: dict[Any, list[float | None]] = {k: [None] * len(steps) for k in keys}
+        values: dict[Any, list[float | None]] = {}
         for i, step in enumerate(self.steps):
             for row in step.get(kind) or ():
                 k = (str(row.get("name")), int(row.get("call") or 0)) if kind == "layers" \
                     else str(row.get("name"))
-                values[k][i] = number(row.get(key))
+                values.setdefault(k, [None] * len(steps))[i] = number(row.get(key))
         return steps, values
 
     def flagged(self) -> list[dict[str, Any]]:
@@ -151,7 +136,7 @@ def _problem(line: Any) -> str | None:
     return None
 
 
-def _read_lines(file: Path) -> tuple[list[dict[str, Any]], int]:
+def _read_lines(file: Path) -> list[dict[str, Any]]:
     """The file's step lines; a last line cut short (a run killed mid-write) is skipped."""
     try:
         text = file.read_bytes().decode("utf-8")
@@ -162,13 +147,11 @@ def _read_lines(file: Path) -> tuple[list[dict[str, Any]], int]:
         raise HookscopeError(f"training log {str(file)!r} is not UTF-8 text.") from None
     lines = [(n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip()]
     found: list[dict[str, Any]] = []
-    skipped = 0
     for i, (number_, line) in enumerate(lines):
         try:
             parsed = json.loads(line)
         except json.JSONDecodeError as exc:
             if i == len(lines) - 1 and not text.endswith("\n"):
-                skipped = 1
                 log.warning("%s:%d: the last line is cut short (the run stopped while "
                             "writing it); it is left out", file, number_)
                 break
@@ -180,7 +163,7 @@ def _read_lines(file: Path) -> tuple[list[dict[str, Any]], int]:
             raise HookscopeError(f"{file}:{number_}: not a logging step of hookscope.watch: "
                                  f"{why}.")
         found.append(parsed)
-    return found, skipped
+    return found
 
 
 def _read_event(folder: Path) -> dict[str, Any] | None:
@@ -212,7 +195,7 @@ def read_log(path: str | Path) -> TrainingLog:
     if not is_log(folder):
         raise HookscopeError(f"{str(path)!r} is not a training log: a directory holding "
                              f"{LOG_FILE}, as hookscope.watch(model, log_dir=...) writes.")
-    lines, skipped = _read_lines(folder / LOG_FILE)
+    lines = _read_lines(folder / LOG_FILE)
     envelope = {k: v for k, v in (lines[0] if lines else {}).items() if k not in STEP_KEYS}
     steps: list[Mapping[str, Any]] = [line for line in lines if "step" in line]
     steps.sort(key=lambda s: s["step"])
@@ -220,4 +203,4 @@ def read_log(path: str | Path) -> TrainingLog:
     if not steps and event is None:
         raise HookscopeError(f"training log {str(path)!r} has no logging step yet; the "
                              f"watch writes one at step 0 and every `every` steps.")
-    return TrainingLog(str(path), envelope, steps, event, skipped)
+    return TrainingLog(str(path), envelope, steps, event)

@@ -88,7 +88,7 @@ class _Slot:
     version: int
 
     def alive(self) -> torch.Tensor | None:
-        t = self.ref() if self.ref is not None else None
+        t = self.ref()
         return t if t is not None and t._version == self.version else None
 
 
@@ -203,9 +203,6 @@ class StepFlags:
         self._allowed: dict[str, bool] = {}
         #: The check's layout on the device, shared from step to step (see :meth:`verdict`).
         self._layouts = {} if layouts is None else layouts
-
-    def __len__(self) -> int:
-        return len(self.values) + len(self.grad_values)
 
     def _is_allowed(self, name: str) -> bool:
         found = self._allowed.get(name)

@@ -25,6 +25,7 @@ from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.stats import StatsProbe, StatsReport
+from hookscope.training.logs import number
 
 __all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows", "step_line"]
 
@@ -259,12 +260,8 @@ class Drift:
         if self.percentiles:
             return quantile_drift(base.get("percentiles"), row.get("percentiles"),
                                   base.get("std"), base.get("mean"))
-        mean, std = _number(row.get("mean")), _number(row.get("std"))
-        mean_b, std_b = _number(base.get("mean")), _number(base.get("std"))
+        mean, std = number(row.get("mean")), number(row.get("std"))
+        mean_b, std_b = number(base.get("mean")), number(base.get("std"))
         scale_mean = max(abs(mean_b or 0.0), std_b or 0.0, _EPS)
         scale_std = max(std_b or 0.0, _EPS * abs(mean_b or 0.0), _EPS)
         return max(drift(mean, mean_b, scale_mean), drift(std, std_b, scale_std))
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None

@@ -143,28 +143,6 @@ def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
 
 # ----------------------------------------------------------------------------- the rules
 
-Bound = Callable[[float, float], bool]
-
-
-def _bounded(ctx: Context, name: str, what: str, values: list[tuple[str, float | None]],
-             limit: float | None, outside: Bound, side: str) -> RuleResult | None:
-    """Every measured value within ``limit``; ``values`` are (who, value) pairs."""
-    view: LogView | None = ctx.log
-    if limit is None or view is None:
-        return None
-    measured = [(who, v) for who, v in values if v is not None]
-    bad = [(who, v) for who, v in measured if outside(v, limit)]
-    offenders = [f"{who}: {what} {_g(v)}" for who, v in bad]
-    pick = max if side == "above" else min
-    worst = pick(measured, key=lambda m: m[1], default=None)
-    extreme = f"; the {'largest' if side == 'above' else 'smallest'}: {_g(worst[1])} at " \
-        f"{worst[0]}" if worst is not None else ""
-    detail = (f"{len(bad)} of {len(measured)} {what}s over {view.span()} are {side} "
-              f"{limit:.4g}" if bad else
-              f"no {what} of {len(measured)} over {view.span()} is {side} {limit:.4g}")
-    return RuleResult(name, not bad, limit, detail + extreme + ctx.note(), offenders)
-
-
 def _grad_norms(ctx: Context) -> list[tuple[str, float | None]]:
     view: LogView | None = ctx.log
     if view is None:
@@ -186,11 +164,25 @@ def _ratios(ctx: Context) -> list[tuple[str, float | None]]:
 
 def _bound_rule(name: str, what: str, values: Callable[[Context], list[tuple[str, float | None]]],
                 side: str) -> Callable[[Context], RuleResult | None]:
-    """The rule ``name``: every ``what`` measured is not ``side`` the rule's limit."""
+    """The rule ``name``: every ``what`` measured, (who, value) pairs, is not ``side`` the
+    rule's limit."""
+    above = side == "above"
+
     def check(ctx: Context) -> RuleResult | None:
-        outside: Bound = (lambda v, lim: v > lim) if side == "above" else \
-            (lambda v, lim: v < lim)
-        return _bounded(ctx, name, what, values(ctx), getattr(ctx.rules, name), outside, side)
+        view: LogView | None = ctx.log
+        limit = getattr(ctx.rules, name)
+        if limit is None or view is None:
+            return None
+        measured = [(who, v) for who, v in values(ctx) if v is not None]
+        bad = [(who, v) for who, v in measured if (v > limit if above else v < limit)]
+        worst = (max if above else min)(measured, key=lambda m: m[1], default=None)
+        extreme = f"; the {'largest' if above else 'smallest'}: {_g(worst[1])} at " \
+            f"{worst[0]}" if worst is not None else ""
+        detail = (f"{len(bad)} of {len(measured)} {what}s over {view.span()} are {side} "
+                  f"{limit:.4g}" if bad else
+                  f"no {what} of {len(measured)} over {view.span()} is {side} {limit:.4g}")
+        offenders = [f"{who}: {what} {_g(v)}" for who, v in bad]
+        return RuleResult(name, not bad, limit, detail + extreme + ctx.note(), offenders)
 
     check.__doc__ = f"No {what} over the logging steps checked is {side} ``{name}``."
     return check

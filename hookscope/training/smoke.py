@@ -15,7 +15,7 @@ import logging
 import math
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from hookscope.core.errors import HookscopeError, param
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.targets import Targets, folder_targets, parse_targets
+from hookscope.training.logs import TrainingLog, read_log
 
 if TYPE_CHECKING:
     from hookscope.sources import LoadedModel
@@ -61,7 +62,7 @@ class SmokeReport:
         steps: the steps asked for.
         overfit: whether one batch was repeated.
         nonfinite: the watch's non-finite event (module, phase, step, call, message).
-        flagged: the layers the watch flagged (see :meth:`TrainingLog.flagged`).
+        log: the watch's log, read back (None when it holds no logging step).
         log_dir: where the log was kept (None: a temporary directory, removed).
     """
 
@@ -69,8 +70,13 @@ class SmokeReport:
     steps: int
     overfit: bool = False
     nonfinite: dict[str, Any] | None = None
-    flagged: list[dict[str, Any]] = field(default_factory=list)
+    log: TrainingLog | None = None
     log_dir: str | None = None
+
+    @property
+    def flagged(self) -> list[dict[str, Any]]:
+        """The layers the watch flagged (see :meth:`TrainingLog.flagged`)."""
+        return self.log.flagged() if self.log is not None else []
 
     @property
     def failure(self) -> str | None:
@@ -170,9 +176,8 @@ class _LossNotFinite(Exception):
 
 
 def _event(error: Any) -> dict[str, Any]:
-    return {"module": getattr(error, "module", None), "phase": getattr(error, "phase", None),
-            "step": getattr(error, "step", None), "call": getattr(error, "call", None),
-            "rank": getattr(error, "rank", None), "message": str(error)}
+    keys = ("module", "phase", "step", "call", "rank")
+    return {key: getattr(error, key) for key in keys} | {"message": str(error)}
 
 
 def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Targets,
@@ -206,17 +211,13 @@ def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Tar
                 nonfinite = _event(error)
             except _LossNotFinite:
                 pass
-        flagged = _flagged(folder)
-    return SmokeReport(probe.losses, options.steps, options.overfit, nonfinite, flagged,
+        log = _read(folder)
+    return SmokeReport(probe.losses, options.steps, options.overfit, nonfinite, log,
                        str(options.log_dir) if options.log_dir is not None else None)
 
 
-def _flagged(folder: Path) -> list[dict[str, Any]]:
-    from hookscope.training.logs import is_log, read_log
-
-    if not is_log(folder):
-        return []
+def _read(folder: Path) -> TrainingLog | None:
     try:
-        return read_log(folder).flagged()
+        return read_log(folder)
     except HookscopeError:  # no logging step yet (stopped at once)
-        return []
+        return None

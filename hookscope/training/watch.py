@@ -148,11 +148,10 @@ class Watch:
                     self._board = TensorBoardLog(self.log_dir)
             except HookscopeError as exc:
                 failure = exc.render()
-                self._close_writers()
-        agreed = self.ranks.agree(failure)
+        agreed = self.ranks.agree(failure)  # the first failure of any rank
         if agreed is not None:
             self._close_writers()
-            raise HookscopeError(agreed if self.ranks.many else failure or agreed)
+            raise HookscopeError(agreed)
         if self._writer is not None:
             self._writer.write(self.envelope(__version__))
         self._open = True

@@ -16,11 +16,9 @@ from typing import IO, Any
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.output import dumps_json, dumps_ndjson, emit
+from hookscope.training.logs import EVENT_FILE, LOG_FILE
 
-__all__ = ["LOG_NAME", "NONFINITE_NAME", "TensorBoardLog", "WatchLog"]
-
-LOG_NAME = "watch.jsonl"
-NONFINITE_NAME = "nonfinite.json"
+__all__ = ["TensorBoardLog", "WatchLog"]
 
 
 class WatchLog:
@@ -33,7 +31,7 @@ class WatchLog:
 
     def __init__(self, log_dir: str | Path, *, force: bool = False) -> None:
         self.dir = Path(log_dir)
-        self.path = self.dir / LOG_NAME
+        self.path = self.dir / LOG_FILE
         self._file: IO[str] | None = None
         try:
             if self.dir.exists() and not self.dir.is_dir():
@@ -41,10 +39,10 @@ class WatchLog:
                                      "directory.")
             if self.path.exists() and not force:
                 raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} already holds a "
-                                     f"watch log ({LOG_NAME}); choose another directory, or "
+                                     f"watch log ({LOG_FILE}); choose another directory, or "
                                      f"pass {param('force')} to replace it.")
             self.dir.mkdir(parents=True, exist_ok=True)
-            stale = self.dir / NONFINITE_NAME
+            stale = self.dir / EVENT_FILE
             if stale.exists():  # the previous run's event, replaced with its log
                 stale.unlink()
             self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
@@ -65,7 +63,7 @@ class WatchLog:
 
     def nonfinite(self, doc: Mapping[str, Any]) -> Path:
         """Write the flight recorder, ``nonfinite.json`` (all or nothing)."""
-        path = self.dir / NONFINITE_NAME
+        path = self.dir / EVENT_FILE
         emit(dumps_json(doc), path, force=True)
         return path
 
