@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +19,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
+from hookscope.core.select import Selection
 from hookscope.session import ModelOptions, Session, session
 
 # ----------------------------------------------------------------- help in the CLI's words
@@ -125,6 +127,21 @@ AllModulesOpt = Annotated[bool, typer.Option(
 MaxDepthOpt = Annotated[int | None, typer.Option(
     "--max-depth", help="Cut the module tree at this depth (1 = top-level children).", min=1,
     show_default=False)]
+
+
+@dataclass(frozen=True, eq=False)
+class Bundle:
+    """Options a command takes as one parameter (annotated ``Annotated[T, Bundle(...)]``):
+    in its help they stand in that parameter's place, and ``build`` makes its value."""
+
+    options: dict[str, tuple[Any, Any]]
+    build: Callable[..., Any]
+
+
+#: The modules a probe hooks, as one :class:`~hookscope.core.select.Selection`.
+Select = Annotated[Selection, Bundle({
+    "layers": (LayersOpt, None), "types": (TypesOpt, None),
+    "all_modules": (AllModulesOpt, False), "max_depth": (MaxDepthOpt, None)}, Selection)]
 FormatOpt = Annotated[Format, typer.Option(  # type: ignore[valid-type]
     "--format", "-f", help="Output format.")]
 TargetOpt = Annotated[str | None, typer.Option(
@@ -227,22 +244,32 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
     """Add the options in ``groups`` to a command; it receives them as ``opts``.
 
     ``replace`` gives some of them another declaration in this command (ablate's own
-    ``--channels`` leaves the input channels only ``--input-channels``). The command's
+    ``--channels`` leaves the input channels only ``--input-channels``). A parameter of the
+    command annotated with a :class:`Bundle` becomes the bundle's options. The command's
     signature is the one ``inspect.signature`` reports (``__signature__``), which is what
     Typer reads.
     """
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values()
-               if p.name != "opts"]
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                   annotation=(replace or {}).get(name, annotation))
-                 for group in groups for name, (annotation, default) in group.items()]
+        own: list[inspect.Parameter] = []
+        bundles: dict[str, Bundle] = {}
+        for p in inspect.signature(fn, eval_str=True).parameters.values():
+            bundle = next((m for m in getattr(p.annotation, "__metadata__", ())
+                           if isinstance(m, Bundle)), None)
+            if bundle is not None:
+                bundles[p.name] = bundle
+                own += _keywords(bundle.options)
+            elif p.name != "opts":
+                own.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+        added = _keywords({name: ((replace or {}).get(name, annotation), default)
+                           for group in groups for name, (annotation, default) in group.items()})
         names = [p.name for p in added]
 
         @functools.wraps(fn)
         def run(ctx: typer.Context, **kwargs: Any) -> Any:
             values = {name: kwargs.pop(name) for name in names}
+            for name, bundle in bundles.items():
+                kwargs[name] = bundle.build(**{k: kwargs.pop(k) for k in bundle.options})
             with session(quiet=values["quiet"], traceback=values["traceback"],
                          flags=_flags(ctx), command=ctx.command.name) as s:
                 # Inside the session: a bad common option (--seed) is one line too.
@@ -252,12 +279,18 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
 
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,
                                     annotation=typer.Context)
-        params = [context] + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        params = [context, *own, *added]
         run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         run.__annotations__ = {p.name: p.annotation for p in params}
         return run
 
     return wrap
+
+
+def _keywords(options: dict[str, tuple[Any, Any]]) -> list[inspect.Parameter]:
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                              annotation=annotation)
+            for name, (annotation, default) in options.items()]
 
 
 def _flags(ctx: typer.Context) -> dict[str, str]:
@@ -272,8 +305,7 @@ class Options:
     def __init__(self, *, output: Path | None = None, force: bool = False, quiet: bool = False,
                  traceback: bool = False, model: str = "", **model_options: Any) -> None:
         self.output, self.force, self.quiet, self.traceback = output, force, quiet, traceback
-        model_options["model_args"] = tuple(model_options.get("model_args") or ())
-        self.model = ModelOptions(model, **model_options)
+        self.model = ModelOptions.given(model, **model_options)
         self.s: Session = None  # type: ignore[assignment]  # bound before the command runs
 
     def bind(self, s: Session) -> Options:
@@ -511,6 +543,13 @@ DiffAgainstDeviceOpt = Annotated[str | None, typer.Option(
 DiffAgainstModelOpt = Annotated[str | None, typer.Option(
     "--against-model", help="Another model whose module names match; calls are paired by "
     "name and call index.", metavar="NAME", show_default=False)]
+#: diff's ``--against-*`` options, as one ``{name: value}`` (see
+#: :func:`hookscope.session.against_options`).
+Against = Annotated[dict[str, Any], Bundle({
+    "against_weights": (DiffAgainstWeightsOpt, None), "against_dtype": (DiffAgainstDtypeOpt, None),
+    "against_autocast": (DiffAgainstAutocastOpt, None),
+    "against_device": (DiffAgainstDeviceOpt, None), "against_model": (DiffAgainstModelOpt, None)},
+    dict)]
 DiffToleranceOpt = Annotated[float, typer.Option(
     "--tolerance", help="Relative L2 error ||a-b||/||a|| above which a call differs; the "
     "first such call is where the runs part.", min=0.0)]
