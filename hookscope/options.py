@@ -29,29 +29,36 @@ _WORDS = {"str": "TEXT", "int": "N", "int range": "N", "float": "NUMBER",
           "float range": "NUMBER", "file": "FILE", "directory": "DIR", "path": "PATH"}
 
 
-def _word(shown: str | None) -> str | None:
+def _word(shown: str) -> str:
     """Typer's ``<list[str]>`` as ``TEXT``, ``<table|json>`` as ``[table|json]``."""
-    if not shown:
-        return shown
     inner = shown.strip("<>").removeprefix("list[").removesuffix("]")
     return _WORDS.get(inner, f"[{inner}]" if "|" in inner else inner.upper())
 
 
+# Both rewrite what click's public Parameter API returns (get_help_record, get_usage_pieces),
+# so a typer that renders otherwise still gets its own help, only worded by it
+# (tests/test_cli_hostile.py's test_help_speaks_the_command_line_not_python notices).
 class _PlainOption(typer.core.TyperOption):
-    def display_type_rich(self, ctx: typer.Context) -> str | None:  # type: ignore[override]
-        if self.metavar is not None:
-            return self.metavar
-        return _word(self.display_type(ctx))
+    def get_help_record(self, ctx: Any) -> tuple[str, str] | None:
+        record = super().get_help_record(ctx)
+        names, typed, shown = record[0].partition(" <") if record else ("", "", "")
+        if record is None or not typed or self.metavar is not None:
+            return record
+        return f"{names} {_word('<' + shown)}", record[1]  # "-l, --layers <list[str]>"
 
 
 class _PlainArgument(typer.core.TyperArgument):
-    def display_type_rich(self, ctx: typer.Context) -> str | None:  # type: ignore[override]
-        return None  # its metavar (MODEL, INPUT...) says it
+    def get_help_record(self, ctx: Any) -> tuple[str, str] | None:
+        record = super().get_help_record(ctx)  # "MODEL <str>": its metavar alone says it
+        return None if record is None else (self._shown(), record[1])
 
-    def _usage_display_name(self) -> str:
-        name = self.display_name_raw
+    def get_usage_pieces(self, ctx: Any) -> list[str]:
+        name = self._shown()
         name = name if self.nargs == 1 or name.endswith("...") else f"{name}..."
-        return name if self.required else f"[{name}]"
+        return [name if self.required else f"[{name}]"]
+
+    def _shown(self) -> str:
+        return self.metavar or str(self.name)
 
 
 class PlainHelpCommand(typer.core.TyperCommand):
