@@ -374,12 +374,8 @@ def ablate(
 @runs_model
 def check_command(
     model: o.ModelArg, inputs: o.LogInputsArg = None, rules: o.RulesOpt = None,
-    nonfinite: o.NonfiniteOpt = None, max_zero_fraction: o.ZeroFractionOpt = None,
-    ignore: o.IgnoreOpt = None, baseline: o.BaselineOpt = None,
-    max_mean_drift: o.MeanDriftOpt = None, max_std_drift: o.StdDriftOpt = None,
-    max_drift: o.DriftOpt = None,
-    expect: o.ExpectOpt = None, min_prob: o.MinProbOpt = None, junit: o.JunitOpt = None,
-    select: o.Select = LEAVES, fmt: o.CheckFormatOpt = "table", *, opts: Options,
+    overrides: o.RuleFlags = o.BUNDLED, junit: o.JunitOpt = None, select: o.Select = LEAVES,
+    fmt: o.CheckFormatOpt = "table", *, opts: Options,
 ) -> None:
     """Assert rules about one run: non-finite values, dead layers, drift from a baseline,
     expected classes. Exit 0 when every rule passes, 1 when one fails, 2 for bad rules.
@@ -396,11 +392,6 @@ def check_command(
     from hookscope.render.check import resolve_junit, write_junit
 
     s, fmt = opts.s, _value(fmt)
-    overrides = {
-        "nonfinite": nonfinite, "max_zero_fraction": max_zero_fraction, "ignore": ignore,
-        "baseline": baseline, "max_mean_drift": max_mean_drift, "max_std_drift": max_std_drift,
-        "max_drift": max_drift,
-        "expect": expect, "min_prob": min_prob}
     if cli_watch.is_log_run(model, inputs):
         return cli_watch.check_log(opts, rules, overrides, junit, fmt)
     from hookscope.probes.stats import StatsProbe

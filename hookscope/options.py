@@ -145,6 +145,9 @@ class Bundle:
     build: Callable[..., Any]
 
 
+#: A bundle parameter's default, for Python's sake: the command always gets the bundle's value.
+BUNDLED: Any = None
+
 #: The modules a probe hooks, as one :class:`~hookscope.core.select.Selection`.
 Select = Annotated[Selection, Bundle({
     "layers": (LayersOpt, None), "types": (TypesOpt, None),
@@ -351,42 +354,38 @@ RulesOpt = Annotated[Path | None, typer.Option(
     "[expect]); "
     "each flag below overrides its key.", show_default=False)]
 
-NonfiniteOpt = Annotated[int | None, typer.Option(
-    "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].",
-    show_default=False)]
-
-ZeroFractionOpt = Annotated[float | None, typer.Option(
-    "--max-zero-fraction", help="Fail a call whose output is more than this fraction zeros "
-    "(a dead layer).", show_default=False)]
-
-IgnoreOpt = Annotated[list[str] | None, typer.Option(
-    "--ignore", help="Module-name glob left out of the per-call rules, with the modules under "
-    "it (repeatable).", metavar="GLOB", show_default=False)]
-
-BaselineOpt = Annotated[Path | None, typer.Option(
-    "--baseline", help="A `hookscope stats --format json` document to compare with.",
-    show_default=False)]
-
-MeanDriftOpt = Annotated[float | None, typer.Option(
-    "--max-mean-drift", help="Largest relative change of a call's mean from the baseline: "
-    "|mean - base| / max(|base mean|, base std).", show_default=False)]
-
-StdDriftOpt = Annotated[float | None, typer.Option(
-    "--max-std-drift", help="Largest relative change of a call's std from the baseline.",
-    show_default=False)]
-
-DriftOpt = Annotated[float | None, typer.Option(
-    "--max-drift", help="Largest distribution drift of a call from the baseline: the mean "
-    "|difference| of the two quantile functions over the baseline's percentiles, in baseline "
-    "stds (the baseline needs --percentiles).", show_default=False)]
-
-ExpectOpt = Annotated[list[str] | None, typer.Option(
-    "--expect", help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
-    metavar="INPUT=LABEL", show_default=False)]
-
-MinProbOpt = Annotated[float | None, typer.Option(
-    "--min-prob", help="Smallest top-1 probability allowed for any input.",
-    show_default=False)]
+#: check's flags over the rules file's keys (:data:`~hookscope.probes.rulefile.KEYS`), as one
+#: ``{key: value}`` (None: not given).
+RuleFlags = Annotated[dict[str, Any], Bundle({
+    "nonfinite": (Annotated[int | None, typer.Option(
+        "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].",
+        show_default=False)], None),
+    "max_zero_fraction": (Annotated[float | None, typer.Option(
+        "--max-zero-fraction", help="Fail a call whose output is more than this fraction zeros "
+        "(a dead layer).", show_default=False)], None),
+    "ignore": (Annotated[list[str] | None, typer.Option(
+        "--ignore", help="Module-name glob left out of the per-call rules, with the modules under "
+        "it (repeatable).", metavar="GLOB", show_default=False)], None),
+    "baseline": (Annotated[Path | None, typer.Option(
+        "--baseline", help="A `hookscope stats --format json` document to compare with.",
+        show_default=False)], None),
+    "max_mean_drift": (Annotated[float | None, typer.Option(
+        "--max-mean-drift", help="Largest relative change of a call's mean from the baseline: "
+        "|mean - base| / max(|base mean|, base std).", show_default=False)], None),
+    "max_std_drift": (Annotated[float | None, typer.Option(
+        "--max-std-drift", help="Largest relative change of a call's std from the baseline.",
+        show_default=False)], None),
+    "max_drift": (Annotated[float | None, typer.Option(
+        "--max-drift", help="Largest distribution drift of a call from the baseline: the mean "
+        "|difference| of the two quantile functions over the baseline's percentiles, in baseline "
+        "stds (the baseline needs --percentiles).", show_default=False)], None),
+    "expect": (Annotated[list[str] | None, typer.Option(
+        "--expect", help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
+        metavar="INPUT=LABEL", show_default=False)], None),
+    "min_prob": (Annotated[float | None, typer.Option(
+        "--min-prob", help="Smallest top-1 probability allowed for any input.",
+        show_default=False)], None),
+}, dict)]
 
 JunitOpt = Annotated[Path | None, typer.Option(
     "--junit", help="Also write a JUnit XML report (one test case per rule) to this file.",
@@ -536,27 +535,24 @@ AblateTopOpt = Annotated[int, typer.Option("--top", help="Sweep ranking rows sho
 DiffModelOpt = Annotated[str, typer.Argument(
     help="As in every command; or a saved `stats --format json` document for an offline "
     "diff (then INPUT is the other document).", metavar="MODEL", show_default=False)]
-DiffAgainstWeightsOpt = Annotated[str | None, typer.Option(
-    "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).",
-    show_default=False)]
-DiffAgainstDtypeOpt = Annotated[str | None, typer.Option(
-    "--against-dtype", help="The second run's --dtype: float32, float16 or bfloat16.",
-    show_default=False)]
-DiffAgainstAutocastOpt = Annotated[bool | None, typer.Option(
-    "--against-autocast/--against-no-autocast", help="The second run with (or without) "
-    "torch.autocast.", show_default=False)]
-DiffAgainstDeviceOpt = Annotated[str | None, typer.Option(
-    "--against-device", help="The second run's --device.", show_default=False)]
-DiffAgainstModelOpt = Annotated[str | None, typer.Option(
-    "--against-model", help="Another model whose module names match; calls are paired by "
-    "name and call index.", metavar="NAME", show_default=False)]
 #: diff's ``--against-*`` options, as one ``{name: value}`` (see
 #: :func:`hookscope.session.against_options`).
 Against = Annotated[dict[str, Any], Bundle({
-    "against_weights": (DiffAgainstWeightsOpt, None), "against_dtype": (DiffAgainstDtypeOpt, None),
-    "against_autocast": (DiffAgainstAutocastOpt, None),
-    "against_device": (DiffAgainstDeviceOpt, None), "against_model": (DiffAgainstModelOpt, None)},
-    dict)]
+    "against_weights": (Annotated[str | None, typer.Option(
+        "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).",
+        show_default=False)], None),
+    "against_dtype": (Annotated[str | None, typer.Option(
+        "--against-dtype", help="The second run's --dtype: float32, float16 or bfloat16.",
+        show_default=False)], None),
+    "against_autocast": (Annotated[bool | None, typer.Option(
+        "--against-autocast/--against-no-autocast", help="The second run with (or without) "
+        "torch.autocast.", show_default=False)], None),
+    "against_device": (Annotated[str | None, typer.Option(
+        "--against-device", help="The second run's --device.", show_default=False)], None),
+    "against_model": (Annotated[str | None, typer.Option(
+        "--against-model", help="Another model whose module names match; calls are paired by "
+        "name and call index.", metavar="NAME", show_default=False)], None),
+}, dict)]
 DiffToleranceOpt = Annotated[float, typer.Option(
     "--tolerance", help="Relative L2 error ||a-b||/||a|| above which a call differs; the "
     "first such call is where the runs part.", min=0.0)]
