@@ -93,6 +93,7 @@ GradLoss = _choices("GradLoss", ["logit", "ce"])
 FeatureOrder = _choices("FeatureOrder", ["index", "mean", "max"])
 ModelSource = _choices("ModelSource", ["torchvision", "timm", "hf"])
 HeadFusion = _choices("HeadFusion", ["mean", "max", "min"])
+CheckFormat = _choices("CheckFormat", ["table", "json", "github"])
 
 
 def _cam_methods() -> type[Enum]:
@@ -341,12 +342,6 @@ def value(choice: Any) -> str:
 
 
 # ----------------------------------------------------------------- each command's own options
-
-def _check_formats() -> type[Enum]:
-    return Enum("CheckFormat", {v: v for v in ("table", "json", "github")},  # type: ignore[return-value]
-                type=str)
-
-CheckFormat = _check_formats()
 
 RulesOpt = Annotated[Path | None, typer.Option(
     "--rules", help="A TOML file of rules (keys at its top level: nonfinite, "
