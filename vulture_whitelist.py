@@ -32,6 +32,5 @@ trainer  # the frameworks' callback signatures, passed positionally
 batch_idx
 control
 _.mod_tracker  # FlopCounterMode reads the stub tracker structure.py puts in its place
-_.display_type_rich  # typer's rich help calls these on its parameter classes (options.py)
-_._usage_display_name
+_.get_usage_pieces  # click's usage line calls it on the parameter classes (options.py)
 _.overflow  # rich.text.Text reads it when rendering

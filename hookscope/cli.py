@@ -15,6 +15,7 @@ import typer
 
 from hookscope import __version__, cli_watch
 from hookscope import options as o
+from hookscope.core.select import LEAVES
 from hookscope.options import Options, command, runs_model
 from hookscope.options import value as _value
 
@@ -55,8 +56,7 @@ def main_callback(
 @app.command()
 @runs_model
 def stats(
-    model: o.ModelArg, inputs: o.InputsArg, layers: o.LayersOpt = None, types: o.TypesOpt = None,
-    all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    model: o.ModelArg, inputs: o.InputsArg, select: o.Select = LEAVES,
     input_stats: o.StatsInputStatsOpt = False, per_channel: o.StatsPerChannelOpt = False,
     percentiles: o.StatsPercentilesOpt = None, train_mode: o.TrainModeOpt = False,
     fmt: o.FormatOpt = "table", plot: o.PlotOpt = None, *, opts: Options,
@@ -78,8 +78,7 @@ def stats(
     plot_out = s.plot_output(plot, force=opts.force)
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "stats")
-    probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
-                       max_depth=max_depth, input_stats=input_stats,
+    probe = StatsProbe(loaded.model, select=select, input_stats=input_stats,
                        categories=loaded.categories, output_key=loaded.output_key,
                        per_channel=per_channel, percentiles=wanted)
     report = s.run(loaded, resolved, opts.model, probe, "stats",
@@ -147,8 +146,7 @@ def layers_command(
 @app.command("debug")
 @runs_model
 def debug_command(
-    model: o.ModelArg, inputs: o.InputsArg, layers: o.LayersOpt = None, types: o.TypesOpt = None,
-    all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    model: o.ModelArg, inputs: o.InputsArg, select: o.Select = LEAVES,
     fail_on_nonfinite: o.FailOpt = False, train_mode: o.TrainModeOpt = False,
     fmt: o.DebugFmtOpt = "text", *, opts: Options,
 ) -> None:
@@ -172,8 +170,7 @@ def debug_command(
     streams = out.is_stdout and fmt != "json"  # the one exception to emit: see TraceWriter
     merged = s.ranks > 1  # under torchrun the trace is written once the ranks' are merged
     live = streams and not merged
-    probe = DebugProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
-                       max_depth=max_depth, record=not live,
+    probe = DebugProbe(loaded.model, select=select, record=not live,
                        on_event=(lambda event: writer.event(event.to_dict())) if live else None)
     report = s.run(loaded, resolved, opts.model, probe, "debug", shown=False,
                    train_mode=train_mode)
@@ -242,7 +239,7 @@ def gradcam(
             score_batch=score_batch, transform=loaded.preprocess, sink=writer, progress=bar,
             output_key=loaded.output_key, autocast=loaded.autocast, task=task, mask=region,
             box_index=box_index or (), iou=iou, min_score=min_score, aug_smooth=aug_smooth,
-            eigen_smooth=eigen_smooth, guided=guided, seed=opts.model.seed,
+            eigen_smooth=eigen_smooth, guided=guided, seed=opts.model.load.seed,
             metrics=plan.names if plan else (), percentiles=plan.percentiles if plan else None,
             head_fusion=_value(head_fusion), discard_ratio=discard_ratio)
     writer.log_notes(report.notes)
@@ -261,8 +258,7 @@ def grads(
     model: o.ModelArg, inputs: o.InputsArg, target: o.TargetOpt = None,
     loss: o.GradsLossOpt = "logit", label: o.GradsLabelOpt = None, vanish: o.GradsVanishOpt = 1e-3,
     explode: o.GradsExplodeOpt = 1e3, fail_on_nonfinite: o.FailOpt = False,
-    params: o.GradsParamsOpt = True, layers: o.LayersOpt = None, types: o.TypesOpt = None,
-    all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    params: o.GradsParamsOpt = True, select: o.Select = LEAVES,
     train_mode: o.TrainModeOpt = False, fmt: o.FormatOpt = "table", plot: o.PlotOpt = None, *,
     opts: Options,
 ) -> None:
@@ -283,8 +279,7 @@ def grads(
     loaded = s.load(opts.model, "grads")
     truth = true_classes(label, _value(loss), resolved.labels, loaded.categories)
     probe = GradsProbe(loaded.model, target=target, loss=_value(loss), label=truth,
-                       layers=layers, types=types, all_modules=all_modules,
-                       max_depth=max_depth, vanish=vanish, explode=explode,
+                       select=select, vanish=vanish, explode=explode,
                        categories=loaded.categories, n_inputs=len(resolved),
                        output_key=loaded.output_key)
     report = s.run(loaded, resolved, opts.model, probe, "grads",
@@ -361,7 +356,7 @@ def ablate(
     resolved = s.inputs(inputs, opts.model)
     loaded = s.load(opts.model, "ablate")
     probe = AblateProbe(loaded.model, one_layer(layer), channels=channels, mode=parsed, target=target,
-                        seed=opts.model.seed, channel_dim=channel_dim, call=call,
+                        seed=opts.model.load.seed, channel_dim=channel_dim, call=call,
                         categories=loaded.categories, sweep=sweep, sweep_batch=sweep_batch,
                         n_inputs=len(resolved), output_key=loaded.output_key)
     report = s.run(loaded, resolved, opts.model, probe, "sweep" if sweep else "ablate",
@@ -379,13 +374,8 @@ def ablate(
 @runs_model
 def check_command(
     model: o.ModelArg, inputs: o.LogInputsArg = None, rules: o.RulesOpt = None,
-    nonfinite: o.NonfiniteOpt = None, max_zero_fraction: o.ZeroFractionOpt = None,
-    ignore: o.IgnoreOpt = None, baseline: o.BaselineOpt = None,
-    max_mean_drift: o.MeanDriftOpt = None, max_std_drift: o.StdDriftOpt = None,
-    max_drift: o.DriftOpt = None,
-    expect: o.ExpectOpt = None, min_prob: o.MinProbOpt = None, junit: o.JunitOpt = None,
-    layers: o.LayersOpt = None, types: o.TypesOpt = None, all_modules: o.AllModulesOpt = False,
-    max_depth: o.MaxDepthOpt = None, fmt: o.CheckFormatOpt = "table", *, opts: Options,
+    overrides: o.RuleFlags = o.BUNDLED, junit: o.JunitOpt = None, select: o.Select = LEAVES,
+    fmt: o.CheckFormatOpt = "table", *, opts: Options,
 ) -> None:
     """Assert rules about one run: non-finite values, dead layers, drift from a baseline,
     expected classes. Exit 0 when every rule passes, 1 when one fails, 2 for bad rules.
@@ -402,11 +392,6 @@ def check_command(
     from hookscope.render.check import resolve_junit, write_junit
 
     s, fmt = opts.s, _value(fmt)
-    overrides = {
-        "nonfinite": nonfinite, "max_zero_fraction": max_zero_fraction, "ignore": ignore,
-        "baseline": baseline, "max_mean_drift": max_mean_drift, "max_std_drift": max_std_drift,
-        "max_drift": max_drift,
-        "expect": expect, "min_prob": min_prob}
     if cli_watch.is_log_run(model, inputs):
         return cli_watch.check_log(opts, rules, overrides, junit, fmt)
     from hookscope.probes.stats import StatsProbe
@@ -422,8 +407,7 @@ def check_command(
         checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
     loaded = s.load(opts.model, "check")
     expected = check.expectations(matched, loaded.categories, loaded.num_classes)
-    probe = StatsProbe(loaded.model, layers=layers, types=types, all_modules=all_modules,
-                       max_depth=max_depth, categories=loaded.categories,
+    probe = StatsProbe(loaded.model, select=select, categories=loaded.categories,
                        output_key=loaded.output_key, percentiles=drift_percentiles(base))
     stats_report = s.run(loaded, resolved, opts.model, probe, "check",
                          shown=fmt == "table" or not out.is_stdout)
@@ -443,11 +427,8 @@ def check_command(
 @app.command("diff")
 @runs_model
 def diff_command(
-    model: o.DiffModelOpt, inputs: o.InputsArg, against_weights: o.DiffAgainstWeightsOpt = None,
-    against_dtype: o.DiffAgainstDtypeOpt = None, against_autocast: o.DiffAgainstAutocastOpt = None,
-    against_device: o.DiffAgainstDeviceOpt = None, against_model: o.DiffAgainstModelOpt = None,
-    tolerance: o.DiffToleranceOpt = 1e-3, fail: o.DiffFailOpt = False, layers: o.LayersOpt = None,
-    types: o.TypesOpt = None, all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    model: o.DiffModelOpt, inputs: o.InputsArg, against: o.Against,
+    tolerance: o.DiffToleranceOpt = 1e-3, fail: o.DiffFailOpt = False, select: o.Select = LEAVES,
     fmt: o.FormatOpt = "table", *, opts: Options,
 ) -> None:
     """Two runs of the same inputs compared call by call: max |a-b|, relative L2 error, cosine;
@@ -462,9 +443,6 @@ def diff_command(
     from hookscope.session import AGAINST, against_options, describe_against, offline_files
 
     s, fmt = opts.s, _value(fmt)
-    against = {"against_model": against_model, "against_weights": against_weights,
-               "against_dtype": against_dtype, "against_autocast": against_autocast,
-               "against_device": against_device}
     out = s.output(opts.output, force=opts.force)
     files = offline_files(model, inputs, against)
     s.reading(files or ())
@@ -482,8 +460,7 @@ def diff_command(
             loaded = s.load(opts.model, "diff")
         with on_side("B", AGAINST):
             other = s.load(other_options, "diff")
-        probe = DiffProbe(loaded.model, other.model, layers=layers, types=types,
-                          all_modules=all_modules, max_depth=max_depth, tolerance=tolerance,
+        probe = DiffProbe(loaded.model, other.model, select=select, tolerance=tolerance,
                           output_key=loaded.output_key, other_output_key=other.output_key,
                           other_autocast=other.autocast)
         report = s.run(loaded, resolved, opts.model, probe, "diff",
@@ -501,8 +478,7 @@ def diff_command(
 @app.command("report")
 @runs_model
 def report_command(
-    model: o.ModelArg, inputs: o.LogInputsArg = None, layers: o.LayersOpt = None, types: o.TypesOpt = None,
-    all_modules: o.AllModulesOpt = False, max_depth: o.MaxDepthOpt = None,
+    model: o.ModelArg, inputs: o.LogInputsArg = None, select: o.Select = LEAVES,
     target: o.TargetOpt = None, loss: o.ReportLossOpt = "logit", label: o.GradsLabelOpt = None,
     vanish: o.GradsVanishOpt = 1e-3, explode: o.GradsExplodeOpt = 1e3,
     layer: o.ReportLayerOpt = None, method: o.ReportMethodOpt = None,
@@ -533,8 +509,7 @@ def report_command(
     resolved = s.inputs(inputs or [], opts.model)
     loaded = s.load(opts.model, "gradcam")  # Grad-CAM and grads need an image classifier
     options = ReportOptions(
-        layers=layers, types=types, all_modules=all_modules, max_depth=max_depth,
-        target=target, loss=_value(loss), label=label, vanish=vanish, explode=explode,
+        select=select, target=target, loss=_value(loss), label=label, vanish=vanish, explode=explode,
         layer=layer, methods=methods, reshape=_value(reshape), score_batch=score_batch,
         train_mode=train_mode)
     sections = 3 - len(left_out(loaded.task))

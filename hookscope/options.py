@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +19,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
+from hookscope.core.select import Selection
 from hookscope.session import ModelOptions, Session, session
 
 # ----------------------------------------------------------------- help in the CLI's words
@@ -27,29 +29,36 @@ _WORDS = {"str": "TEXT", "int": "N", "int range": "N", "float": "NUMBER",
           "float range": "NUMBER", "file": "FILE", "directory": "DIR", "path": "PATH"}
 
 
-def _word(shown: str | None) -> str | None:
+def _word(shown: str) -> str:
     """Typer's ``<list[str]>`` as ``TEXT``, ``<table|json>`` as ``[table|json]``."""
-    if not shown:
-        return shown
     inner = shown.strip("<>").removeprefix("list[").removesuffix("]")
     return _WORDS.get(inner, f"[{inner}]" if "|" in inner else inner.upper())
 
 
+# Both rewrite what click's public Parameter API returns (get_help_record, get_usage_pieces),
+# so a typer that renders otherwise still gets its own help, only worded by it
+# (tests/test_cli_hostile.py's test_help_speaks_the_command_line_not_python notices).
 class _PlainOption(typer.core.TyperOption):
-    def display_type_rich(self, ctx: typer.Context) -> str | None:  # type: ignore[override]
-        if self.metavar is not None:
-            return self.metavar
-        return _word(self.display_type(ctx))
+    def get_help_record(self, ctx: Any) -> tuple[str, str] | None:
+        record = super().get_help_record(ctx)
+        names, typed, shown = record[0].partition(" <") if record else ("", "", "")
+        if record is None or not typed or self.metavar is not None:
+            return record
+        return f"{names} {_word('<' + shown)}", record[1]  # "-l, --layers <list[str]>"
 
 
 class _PlainArgument(typer.core.TyperArgument):
-    def display_type_rich(self, ctx: typer.Context) -> str | None:  # type: ignore[override]
-        return None  # its metavar (MODEL, INPUT...) says it
+    def get_help_record(self, ctx: Any) -> tuple[str, str] | None:
+        record = super().get_help_record(ctx)  # "MODEL <str>": its metavar alone says it
+        return None if record is None else (self._shown(), record[1])
 
-    def _usage_display_name(self) -> str:
-        name = self.display_name_raw
+    def get_usage_pieces(self, ctx: Any) -> list[str]:
+        name = self._shown()
         name = name if self.nargs == 1 or name.endswith("...") else f"{name}..."
-        return name if self.required else f"[{name}]"
+        return [name if self.required else f"[{name}]"]
+
+    def _shown(self) -> str:
+        return self.metavar or str(self.name)
 
 
 class PlainHelpCommand(typer.core.TyperCommand):
@@ -84,6 +93,7 @@ GradLoss = _choices("GradLoss", ["logit", "ce"])
 FeatureOrder = _choices("FeatureOrder", ["index", "mean", "max"])
 ModelSource = _choices("ModelSource", ["torchvision", "timm", "hf"])
 HeadFusion = _choices("HeadFusion", ["mean", "max", "min"])
+CheckFormat = _choices("CheckFormat", ["table", "json", "github"])
 
 
 def _cam_methods() -> type[Enum]:
@@ -125,6 +135,24 @@ AllModulesOpt = Annotated[bool, typer.Option(
 MaxDepthOpt = Annotated[int | None, typer.Option(
     "--max-depth", help="Cut the module tree at this depth (1 = top-level children).", min=1,
     show_default=False)]
+
+
+@dataclass(frozen=True, eq=False)
+class Bundle:
+    """Options a command takes as one parameter (annotated ``Annotated[T, Bundle(...)]``):
+    in its help they stand in that parameter's place, and ``build`` makes its value."""
+
+    options: dict[str, tuple[Any, Any]]
+    build: Callable[..., Any]
+
+
+#: A bundle parameter's default, for Python's sake: the command always gets the bundle's value.
+BUNDLED: Any = None
+
+#: The modules a probe hooks, as one :class:`~hookscope.core.select.Selection`.
+Select = Annotated[Selection, Bundle({
+    "layers": (LayersOpt, None), "types": (TypesOpt, None),
+    "all_modules": (AllModulesOpt, False), "max_depth": (MaxDepthOpt, None)}, Selection)]
 FormatOpt = Annotated[Format, typer.Option(  # type: ignore[valid-type]
     "--format", "-f", help="Output format.")]
 TargetOpt = Annotated[str | None, typer.Option(
@@ -227,22 +255,32 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
     """Add the options in ``groups`` to a command; it receives them as ``opts``.
 
     ``replace`` gives some of them another declaration in this command (ablate's own
-    ``--channels`` leaves the input channels only ``--input-channels``). The command's
+    ``--channels`` leaves the input channels only ``--input-channels``). A parameter of the
+    command annotated with a :class:`Bundle` becomes the bundle's options. The command's
     signature is the one ``inspect.signature`` reports (``__signature__``), which is what
     Typer reads.
     """
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values()
-               if p.name != "opts"]
-        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                   annotation=(replace or {}).get(name, annotation))
-                 for group in groups for name, (annotation, default) in group.items()]
+        own: list[inspect.Parameter] = []
+        bundles: dict[str, Bundle] = {}
+        for p in inspect.signature(fn, eval_str=True).parameters.values():
+            bundle = next((m for m in getattr(p.annotation, "__metadata__", ())
+                           if isinstance(m, Bundle)), None)
+            if bundle is not None:
+                bundles[p.name] = bundle
+                own += _keywords(bundle.options)
+            elif p.name != "opts":
+                own.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+        added = _keywords({name: ((replace or {}).get(name, annotation), default)
+                           for group in groups for name, (annotation, default) in group.items()})
         names = [p.name for p in added]
 
         @functools.wraps(fn)
         def run(ctx: typer.Context, **kwargs: Any) -> Any:
             values = {name: kwargs.pop(name) for name in names}
+            for name, bundle in bundles.items():
+                kwargs[name] = bundle.build(**{k: kwargs.pop(k) for k in bundle.options})
             with session(quiet=values["quiet"], traceback=values["traceback"],
                          flags=_flags(ctx), command=ctx.command.name) as s:
                 # Inside the session: a bad common option (--seed) is one line too.
@@ -252,12 +290,18 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
 
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,
                                     annotation=typer.Context)
-        params = [context] + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        params = [context, *own, *added]
         run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         run.__annotations__ = {p.name: p.annotation for p in params}
         return run
 
     return wrap
+
+
+def _keywords(options: dict[str, tuple[Any, Any]]) -> list[inspect.Parameter]:
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                              annotation=annotation)
+            for name, (annotation, default) in options.items()]
 
 
 def _flags(ctx: typer.Context) -> dict[str, str]:
@@ -272,8 +316,7 @@ class Options:
     def __init__(self, *, output: Path | None = None, force: bool = False, quiet: bool = False,
                  traceback: bool = False, model: str = "", **model_options: Any) -> None:
         self.output, self.force, self.quiet, self.traceback = output, force, quiet, traceback
-        model_options["model_args"] = tuple(model_options.get("model_args") or ())
-        self.model = ModelOptions(model, **model_options)
+        self.model = ModelOptions.given(model, **model_options)
         self.s: Session = None  # type: ignore[assignment]  # bound before the command runs
 
     def bind(self, s: Session) -> Options:
@@ -300,54 +343,44 @@ def value(choice: Any) -> str:
 
 # ----------------------------------------------------------------- each command's own options
 
-def _check_formats() -> type[Enum]:
-    return Enum("CheckFormat", {v: v for v in ("table", "json", "github")},  # type: ignore[return-value]
-                type=str)
-
-CheckFormat = _check_formats()
-
 RulesOpt = Annotated[Path | None, typer.Option(
     "--rules", help="A TOML file of rules (keys at its top level: nonfinite, "
     "max_zero_fraction, ignore, baseline, max_mean_drift, max_std_drift, max_drift, min_prob, "
     "[expect]); "
     "each flag below overrides its key.", show_default=False)]
 
-NonfiniteOpt = Annotated[int | None, typer.Option(
-    "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].",
-    show_default=False)]
-
-ZeroFractionOpt = Annotated[float | None, typer.Option(
-    "--max-zero-fraction", help="Fail a call whose output is more than this fraction zeros "
-    "(a dead layer).", show_default=False)]
-
-IgnoreOpt = Annotated[list[str] | None, typer.Option(
-    "--ignore", help="Module-name glob left out of the per-call rules, with the modules under "
-    "it (repeatable).", metavar="GLOB", show_default=False)]
-
-BaselineOpt = Annotated[Path | None, typer.Option(
-    "--baseline", help="A `hookscope stats --format json` document to compare with.",
-    show_default=False)]
-
-MeanDriftOpt = Annotated[float | None, typer.Option(
-    "--max-mean-drift", help="Largest relative change of a call's mean from the baseline: "
-    "|mean - base| / max(|base mean|, base std).", show_default=False)]
-
-StdDriftOpt = Annotated[float | None, typer.Option(
-    "--max-std-drift", help="Largest relative change of a call's std from the baseline.",
-    show_default=False)]
-
-DriftOpt = Annotated[float | None, typer.Option(
-    "--max-drift", help="Largest distribution drift of a call from the baseline: the mean "
-    "|difference| of the two quantile functions over the baseline's percentiles, in baseline "
-    "stds (the baseline needs --percentiles).", show_default=False)]
-
-ExpectOpt = Annotated[list[str] | None, typer.Option(
-    "--expect", help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
-    metavar="INPUT=LABEL", show_default=False)]
-
-MinProbOpt = Annotated[float | None, typer.Option(
-    "--min-prob", help="Smallest top-1 probability allowed for any input.",
-    show_default=False)]
+#: check's flags over the rules file's keys (:data:`~hookscope.probes.rulefile.KEYS`), as one
+#: ``{key: value}`` (None: not given).
+RuleFlags = Annotated[dict[str, Any], Bundle({
+    "nonfinite": (Annotated[int | None, typer.Option(
+        "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].",
+        show_default=False)], None),
+    "max_zero_fraction": (Annotated[float | None, typer.Option(
+        "--max-zero-fraction", help="Fail a call whose output is more than this fraction zeros "
+        "(a dead layer).", show_default=False)], None),
+    "ignore": (Annotated[list[str] | None, typer.Option(
+        "--ignore", help="Module-name glob left out of the per-call rules, with the modules under "
+        "it (repeatable).", metavar="GLOB", show_default=False)], None),
+    "baseline": (Annotated[Path | None, typer.Option(
+        "--baseline", help="A `hookscope stats --format json` document to compare with.",
+        show_default=False)], None),
+    "max_mean_drift": (Annotated[float | None, typer.Option(
+        "--max-mean-drift", help="Largest relative change of a call's mean from the baseline: "
+        "|mean - base| / max(|base mean|, base std).", show_default=False)], None),
+    "max_std_drift": (Annotated[float | None, typer.Option(
+        "--max-std-drift", help="Largest relative change of a call's std from the baseline.",
+        show_default=False)], None),
+    "max_drift": (Annotated[float | None, typer.Option(
+        "--max-drift", help="Largest distribution drift of a call from the baseline: the mean "
+        "|difference| of the two quantile functions over the baseline's percentiles, in baseline "
+        "stds (the baseline needs --percentiles).", show_default=False)], None),
+    "expect": (Annotated[list[str] | None, typer.Option(
+        "--expect", help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
+        metavar="INPUT=LABEL", show_default=False)], None),
+    "min_prob": (Annotated[float | None, typer.Option(
+        "--min-prob", help="Smallest top-1 probability allowed for any input.",
+        show_default=False)], None),
+}, dict)]
 
 JunitOpt = Annotated[Path | None, typer.Option(
     "--junit", help="Also write a JUnit XML report (one test case per rule) to this file.",
@@ -497,20 +530,24 @@ AblateTopOpt = Annotated[int, typer.Option("--top", help="Sweep ranking rows sho
 DiffModelOpt = Annotated[str, typer.Argument(
     help="As in every command; or a saved `stats --format json` document for an offline "
     "diff (then INPUT is the other document).", metavar="MODEL", show_default=False)]
-DiffAgainstWeightsOpt = Annotated[str | None, typer.Option(
-    "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).",
-    show_default=False)]
-DiffAgainstDtypeOpt = Annotated[str | None, typer.Option(
-    "--against-dtype", help="The second run's --dtype: float32, float16 or bfloat16.",
-    show_default=False)]
-DiffAgainstAutocastOpt = Annotated[bool | None, typer.Option(
-    "--against-autocast/--against-no-autocast", help="The second run with (or without) "
-    "torch.autocast.", show_default=False)]
-DiffAgainstDeviceOpt = Annotated[str | None, typer.Option(
-    "--against-device", help="The second run's --device.", show_default=False)]
-DiffAgainstModelOpt = Annotated[str | None, typer.Option(
-    "--against-model", help="Another model whose module names match; calls are paired by "
-    "name and call index.", metavar="NAME", show_default=False)]
+#: diff's ``--against-*`` options, as one ``{name: value}`` (see
+#: :func:`hookscope.session.against_options`).
+Against = Annotated[dict[str, Any], Bundle({
+    "against_weights": (Annotated[str | None, typer.Option(
+        "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).",
+        show_default=False)], None),
+    "against_dtype": (Annotated[str | None, typer.Option(
+        "--against-dtype", help="The second run's --dtype: float32, float16 or bfloat16.",
+        show_default=False)], None),
+    "against_autocast": (Annotated[bool | None, typer.Option(
+        "--against-autocast/--against-no-autocast", help="The second run with (or without) "
+        "torch.autocast.", show_default=False)], None),
+    "against_device": (Annotated[str | None, typer.Option(
+        "--against-device", help="The second run's --device.", show_default=False)], None),
+    "against_model": (Annotated[str | None, typer.Option(
+        "--against-model", help="Another model whose module names match; calls are paired by "
+        "name and call index.", metavar="NAME", show_default=False)], None),
+}, dict)]
 DiffToleranceOpt = Annotated[float, typer.Option(
     "--tolerance", help="Relative L2 error ||a-b||/||a|| above which a call differs; the "
     "first such call is where the runs part.", min=0.0)]

@@ -23,11 +23,12 @@ import sys
 import traceback as tb
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookscope.core.errors import HookscopeError, param
+from hookscope.core.load_options import LoadOptions
 from hookscope.core.streams import prints_to_stderr
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from hookscope.core.run import Probe
     from hookscope.inputs.resolve import Batch, InputSet
     from hookscope.render.console import Bar
-    from hookscope.sources import LoadedModel, LoadOptions
+    from hookscope.sources import LoadedModel
 
 R = TypeVar("R")
 #: Signals handled like Ctrl-C: every temporary file is removed and one line printed.
@@ -129,48 +130,33 @@ def session(*, quiet: bool = False, traceback: bool = False,
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """What a command needs to load a model and feed it: the common options, as given."""
+    """What a command needs to load a model and feed it: MODEL, the library's load options,
+    and how the inputs are read."""
 
     name: str
-    weights: str = "auto"
-    seed: int = 0
-    device: str = "auto"
-    size: int | None = None
+    load: LoadOptions = field(default_factory=LoadOptions)
     batch_size: int = 8
-    trust_checkpoint: bool = False
-    num_classes: int | None = None
-    labels: Path | None = None
-    model_args: tuple[str, ...] = ()
-    mean: str | None = None
-    std: str | None = None
-    resize: int | None = None
-    crop: int | None = None
-    input_channels: int | None = None
-    output_key: str | None = None
-    dtype: str | None = None
-    autocast: bool = False
     workers: int | None = None
     limit: int | None = None
     shuffle: bool = False
     recursive: bool = False
 
-    def __post_init__(self) -> None:
-        if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
-            raise HookscopeError(f"{param('seed')} {self.seed} is out of range; give a whole "
-                                 f"number from 0 to {2**64 - 1} (seeds are 64-bit).")
+    @classmethod
+    def given(cls, name: str, **values: Any) -> ModelOptions:
+        """From the command line's values: ours by name, the rest :class:`LoadOptions`'
+        (``mean`` and ``std`` as text, ``labels`` a path, ``model_args`` a list or None).
 
-    def load_options(self) -> LoadOptions:
-        """The library's :class:`~hookscope.sources.LoadOptions` for these options."""
-        from hookscope.sources import LoadOptions
-
-        return LoadOptions(
-            weights=self.weights, seed=self.seed, device=self.device, size=self.size,
-            trust_checkpoint=self.trust_checkpoint, num_classes=self.num_classes,
-            labels=str(self.labels) if self.labels is not None else None,
-            model_args=tuple(self.model_args), mean=_floats(self.mean, "mean"),
-            std=_floats(self.std, "std"), resize=self.resize, crop=self.crop,
-            input_channels=self.input_channels, output_key=self.output_key, dtype=self.dtype,
-            autocast=self.autocast)
+        Raises:
+            HookscopeError: a bad seed, mean or std.
+        """
+        own = {f.name for f in fields(cls)}
+        load = {k: v for k, v in values.items() if k not in own}
+        for key in ("mean", "std"):
+            load[key] = _floats(load.get(key), key)
+        if load.get("labels") is not None:
+            load["labels"] = str(load["labels"])
+        load["model_args"] = tuple(load.get("model_args") or ())
+        return cls(name, LoadOptions(**load), **{k: v for k, v in values.items() if k in own})
 
 
 def refuse_overwriting(writes: Iterable[Path], reads: Iterable[Path | str | None],
@@ -265,7 +251,7 @@ class Session:
                                  "process would need it; pass the image as a file.")
         resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
                                   recursive=options.recursive, limit=options.limit,
-                                  shuffle=options.shuffle, seed=options.seed)
+                                  shuffle=options.shuffle, seed=options.load.seed)
         self.reading(item.path for item in resolved.items)
         self.group.agree(resolved.names)
         return resolved
@@ -278,10 +264,10 @@ class Session:
         spec = sources.resolve(options.name)
         code = [spec.target, spec.target.rpartition(":")[0]] \
             if spec.source not in ("torchvision", "timm") else []
-        self.reading([options.weights, options.labels, *code], "a file the model is loaded from")
+        self.reading([options.load.weights, options.load.labels, *code], "a file the model is loaded from")
         check_supported(spec, needs_logits=command in NEEDS_LOGITS,
                         needs_images=command == "gradcam")
-        loaded = sources.load(spec, options.load_options())
+        loaded = sources.load(spec, options.load)
         check_batch_memory(loaded, options.batch_size)
         return loaded
 
@@ -374,7 +360,8 @@ def against_options(options: ModelOptions, against: Mapping[str, Any]) -> ModelO
     if dtype is not None and dtype.strip().lower() not in DTYPES:
         raise HookscopeError(f"{param('against_dtype')} {dtype!r}: choose one of "
                              f"{', '.join(DTYPES)}.")
-    return replace(options, **given)
+    name = given.pop("name", options.name)
+    return replace(options, name=name, load=replace(options.load, **given))
 
 
 def describe_against(loaded: LoadedModel) -> dict[str, Any]:

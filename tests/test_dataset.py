@@ -15,6 +15,7 @@ from PIL import Image
 from hookscope.core.distributed import Launch, shard, timeout_seconds
 from hookscope.core.errors import HookscopeError
 from hookscope.core.run import drive
+from hookscope.core.select import Selection
 from hookscope.inputs.dataset import MAX_DEFAULT_WORKERS, default_workers
 from hookscope.inputs.resolve import Batch, InputItem, resolve_inputs
 from hookscope.probes.debug import DebugProbe
@@ -305,7 +306,7 @@ def test_grads_reports_merge_like_one_run(tiny_net) -> None:
     x = torch.randn(6, 3, 12, 12, generator=torch.Generator().manual_seed(5))
 
     def report(part: torch.Tensor):
-        probe = GradsProbe(tiny_net, loss="ce", label="1", all_modules=True)
+        probe = GradsProbe(tiny_net, loss="ce", label="1", select=Selection(all_modules=True))
         return drive(tiny_net, batches_of(part, 2), probe)
 
     one, ranks = report(x), [report(p) for p in x.split([4, 2])]

@@ -99,6 +99,12 @@ def test_fine_tuned_heads_with_auxiliary_heads(tmp_path, name, classes, extra) -
     torch.testing.assert_close(got, want)
 
 
+def test_load_options_take_only_a_seed_torch_takes() -> None:
+    assert LoadOptions(seed=2**64 - 1).seed == 2**64 - 1
+    with pytest.raises(HookscopeError, match=r"seed 18446744073709551616 is out of range"):
+        LoadOptions(seed=2**64)
+
+
 def test_num_classes(ft10) -> None:
     loaded = sources.load("resnet18", LoadOptions(weights="none", num_classes=3))
     assert loaded.model.fc.out_features == 3 and loaded.num_classes == 3

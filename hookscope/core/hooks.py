@@ -11,15 +11,15 @@ Two layers:
   (ResNet's shared ``relu``). Callbacks get the call, the inputs and the output.
 
 Names are bound with :func:`functools.partial` per site, never captured from a loop
-variable, so the late-binding closure bug cannot give a hook the wrong layer name.
+variable, so the late-binding closure bug cannot give a hook the wrong layer name. Which
+modules are hooked is :mod:`hookscope.core.select`'s (re-exported here).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from itertools import chain
 from typing import Any
@@ -28,13 +28,17 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from hookscope.core.errors import ForwardError, HookscopeError, clip, param, suggest
+from hookscope.core.errors import ForwardError, clip
+from hookscope.core.select import Selection, Site, all_sites, depth_of, find_site, select_sites
 
 __all__ = [
     "Call",
     "Hooks",
+    "Selection",
     "Site",
     "Tracer",
+    "all_sites",
+    "find_site",
     "first_tensor",
     "hook_count",
     "raised_in_machinery",
@@ -75,16 +79,6 @@ def raised_in_machinery(exc: BaseException) -> bool:
 
 
 @dataclass(frozen=True)
-class Site:
-    """A module selected for hooking, named as in ``model.named_modules()``."""
-
-    name: str
-    type: str
-    depth: int
-    module: nn.Module = field(compare=False, repr=False, hash=False)
-
-
-@dataclass(frozen=True)
 class Call:
     """One execution of a site's module; ``index`` counts calls within one forward pass."""
 
@@ -98,107 +92,6 @@ class Call:
     @property
     def key(self) -> tuple[str, int]:
         return (self.site.name, self.index)
-
-
-def _depth(name: str) -> int:
-    return 0 if not name else name.count(".") + 1
-
-
-def all_sites(model: nn.Module) -> list[Site]:
-    """Every named module except the root, in definition order (the root only for a bare leaf)."""
-    named = list(model.named_modules())
-    sites = [Site(n, type(m).__name__, _depth(n), m) for n, m in named if n]
-    if not sites:
-        sites = [Site("", type(model).__name__, 0, model)]
-    return sites
-
-
-def _is_leaf(site: Site, max_depth: int | None) -> bool:
-    return site.depth == max_depth or not any(True for _ in site.module.children())
-
-
-def select_sites(
-    model: nn.Module,
-    *,
-    layers: Sequence[str] | None = None,
-    types: Sequence[str] | None = None,
-    all_modules: bool = False,
-    max_depth: int | None = None,
-) -> list[Site]:
-    """Choose the modules to hook.
-
-    Leaf modules are chosen by default: modules without children, or modules at
-    ``max_depth`` when the tree is cut there. A container is chosen only when asked for:
-    by ``all_modules``, by its class name in ``types``, or by its exact name in ``layers``.
-    ``layers`` are fnmatch patterns on dotted names (``layer4.*`` selects the leaves under
-    ``layer4``); a module must satisfy both ``layers`` and ``types`` when both are given.
-
-    Raises:
-        HookscopeError: when nothing matches, saying which filter excluded what.
-    """
-    if max_depth is not None and max_depth < 1:
-        raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
-    wanted = set(types or ())
-    exact = set(layers or ())
-    candidates = [
-        s for s in all_sites(model)
-        if (max_depth is None or s.depth <= max_depth)
-        and (all_modules or s.type in wanted or s.name in exact or _is_leaf(s, max_depth))
-    ]
-    by_name = [s for s in candidates
-               if not layers or any(fnmatch.fnmatchcase(s.name, p) for p in layers)]
-    chosen = [s for s in by_name if not types or s.type in wanted]
-    if chosen:
-        return chosen
-    raise _no_match(model, candidates, by_name, layers, types, max_depth)
-
-
-def _no_match(model: nn.Module, candidates: list[Site], by_name: list[Site],
-              layers: Sequence[str] | None, types: Sequence[str] | None,
-              max_depth: int | None) -> HookscopeError:
-    """The one error that says which filter left nothing."""
-    kind = type(model).__name__
-    everything = all_sites(model)
-    names = [s.name for s in everything]
-    hint = " Run `hookscope layers MODEL` to list the names."
-    within = f" within {param('max_depth')} {max_depth}" if max_depth is not None else ""
-    if layers and not by_name:
-        if not any(fnmatch.fnmatchcase(n, p) for n in names for p in layers):
-            close = "".join(suggest(p, names) for p in layers)
-            return HookscopeError(f"{param('layers')} {' '.join(layers)} matches no module of "
-                                  f"{kind}.{close}{hint}")
-        return HookscopeError(
-            f"{param('layers')} {' '.join(layers)} matches only containers{within}; name one "
-            f"exactly, or add {param('all_modules')} to include containers.{hint}")
-    present = sorted({s.type for s in everything})
-    if types and not any(s.type in set(types) for s in candidates):
-        close = "".join(suggest(t, present) for t in types)
-        listed = ", ".join(present[:12]) + ("..." if len(present) > 12 else "")
-        return HookscopeError(f"{param('types')} {' '.join(types)} matches no module of "
-                              f"{kind}{within}.{close} Types present: {listed}.")
-    if layers and types:
-        found = sorted({s.type for s in by_name})
-        return HookscopeError(
-            f"{param('layers')} {' '.join(layers)} and {param('types')} {' '.join(types)} each "
-            f"match modules, but no module matches both; the modules {param('layers')} selects "
-            f"are of type {', '.join(found[:8])}{'...' if len(found) > 8 else ''}.")
-    return HookscopeError(f"The selection matches no module{within}.{hint}")
-
-
-def find_site(model: nn.Module, name: str) -> Site:
-    """The site of one module by its exact dotted name.
-
-    Raises:
-        HookscopeError: the name does not exist, with close matches and a hint.
-    """
-    for site in all_sites(model):
-        if site.name == name:
-            return site
-    names = [s.name for s in all_sites(model)]
-    raise HookscopeError(
-        f"{type(model).__name__} has no module named {name!r}.{suggest(name, names)} "
-        "Run `hookscope layers MODEL` to list the names."
-    )
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
@@ -467,7 +360,7 @@ class Tracer(Hooks):
             return ForwardError(f"The forward pass failed: {exc.__class__.__name__}: "
                                 f"{clip(str(exc)) or exc.__class__.__name__}", cause=exc)
         name, kind = names[id(found)], type(found).__name__
-        site = Site(name, kind, _depth(name), found)
+        site = Site(name, kind, depth_of(name), found)
         self.active = [(Call(site, 0), (), {})]
         self.started = True
         return self.forward_error(exc)

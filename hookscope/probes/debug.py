@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import CheckFailed, ForwardError
-from hookscope.core.hooks import Call, Site, all_sites, first_tensor, select_sites, tensors
+from hookscope.core.hooks import Call, Site, all_sites, first_tensor, tensors
 from hookscope.core.run import Probe, Step, drive
+from hookscope.core.select import LEAVES, Selection
 
 __all__ = [
     "DebugReport",
@@ -238,12 +239,9 @@ class DebugProbe(Probe[DebugReport]):
     their traces.
     """
 
-    def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None,
-                 types: Sequence[str] | None = None, all_modules: bool = False,
-                 max_depth: int | None = None,
+    def __init__(self, model: nn.Module, *, select: Selection = LEAVES,
                  on_event: Callable[[Event], None] | None = None, record: bool = False) -> None:
-        self.selected = {s.name for s in select_sites(
-            model, layers=layers, types=types, all_modules=all_modules, max_depth=max_depth)}
+        self.selected = {s.name for s in select.sites(model)}
         root = Site("", type(model).__name__, 0, model)
         self.sites = [root, *(s for s in all_sites(model) if s.module is not model)]
         self.model = model
@@ -373,6 +371,6 @@ def run_debug(
     Raises:
         HookscopeError: the selection matches no module.
     """
-    probe = DebugProbe(model, layers=layers, types=types, all_modules=all_modules,
-                       max_depth=max_depth, on_event=on_event)
+    probe = DebugProbe(model, select=Selection(layers, types, all_modules, max_depth),
+                       on_event=on_event)
     return drive(model, inputs, probe)

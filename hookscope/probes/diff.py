@@ -32,11 +32,11 @@ from hookscope.core.hooks import (
     Site,
     all_sites,
     first_tensor,
-    select_sites,
     tensors,
 )
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Progress, Step, drive
+from hookscope.core.select import LEAVES, Selection
 from hookscope.probes.channels import as_float
 from hookscope.probes.diffsums import DiffSums, DiffTable
 from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, describe_where, first_exceeding
@@ -265,7 +265,7 @@ class DiffProbe(Probe[DiffReport]):
         model: side A, which :func:`~hookscope.core.run.drive` runs.
         other: side B: another module (another load of the model, or a model whose module
             names match); it runs on the same batches through a nested ``drive``.
-        layers, types, all_modules, max_depth: the selection on A (see ``select_sites``);
+        select: the modules compared, selected on A;
             B's modules of the same names are compared, and B's own selection is listed
             when A has no such call.
         tolerance: the relative L2 error above which a call exceeds.
@@ -276,20 +276,17 @@ class DiffProbe(Probe[DiffReport]):
         HookscopeError: ``other`` is ``model`` itself, or the selection matches nothing.
     """
 
-    def __init__(self, model: nn.Module, other: nn.Module, *, layers: Sequence[str] | None = None,
-                 types: Sequence[str] | None = None, all_modules: bool = False,
-                 max_depth: int | None = None, tolerance: float = DEFAULT_TOLERANCE,
+    def __init__(self, model: nn.Module, other: nn.Module, *, select: Selection = LEAVES,
+                 tolerance: float = DEFAULT_TOLERANCE,
                  output_key: str | None = None, other_output_key: str | None = None,
                  other_autocast: torch.dtype | None = None) -> None:
         if other is model:
             raise HookscopeError(f"{param('other')} is the same module as {param('model')}; "
                                  "load the second side separately.")
-        selection: dict[str, Any] = {"layers": layers, "types": types,
-                                     "all_modules": all_modules, "max_depth": max_depth}
-        self.sites = select_sites(model, **selection)
+        self.sites = select.sites(model)
         self.names = {s.name for s in self.sites}
         self.other, self.other_autocast = other, other_autocast
-        self.against = _Against(self, _other_sites(other, self.names, selection))
+        self.against = _Against(self, _other_sites(other, self.names, select))
         self.tolerance = tolerance
         self.output_key, self.other_output_key = output_key, other_output_key
         self.table = DiffTable()
@@ -390,10 +387,10 @@ class DiffProbe(Probe[DiffReport]):
                           list(self.only_b.values()), outputs, self.input_shape)
 
 
-def _other_sites(other: nn.Module, names: set[str], selection: Mapping[str, Any]) -> list[Site]:
+def _other_sites(other: nn.Module, names: set[str], select: Selection) -> list[Site]:
     """B's modules named like A's selected ones, and those B's own selection picks."""
     try:
-        own = {s.name for s in select_sites(other, **selection)}
+        own = {s.name for s in select.sites(other)}
     except HookscopeError:  # the selection matches nothing in B: its names alone are paired
         own = set()
     return [s for s in all_sites(other) if s.name in names or s.name in own]
@@ -449,8 +446,8 @@ def diff_models(
         Per-call max |a−b|, relative L2 error, cosine and non-finite counts in A's execution
         order; the first divergence; the final logits compared.
     """
-    probe = DiffProbe(model, other, layers=layers, types=types, all_modules=all_modules,
-                      max_depth=max_depth, tolerance=tolerance, output_key=output_key,
+    probe = DiffProbe(model, other, select=Selection(layers, types, all_modules, max_depth),
+                      tolerance=tolerance, output_key=output_key,
                       other_output_key=output_key, other_autocast=other_autocast)
     return drive(model, inputs, probe, autocast=autocast, progress=progress)
 

@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import CheckFailed, HookscopeError, param
-from hookscope.core.hooks import Call, Hooks, Site, first_tensor, model_device, select_sites
+from hookscope.core.hooks import Call, Hooks, Site, first_tensor, model_device
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
+from hookscope.core.select import LEAVES, Selection
 from hookscope.core.targets import Targets, folder_targets, parse_targets
 from hookscope.probes.stats import Moments, MomentTable
 
@@ -267,16 +268,15 @@ def _objective_targets(target: Targets | str | None, loss: str, label: Targets |
 class GradsProbe(Probe[GradReport]):
     """Gradients at each selected call's output (tensor hooks) and at each parameter.
 
-    Args: as :func:`collect_grads`.
+    Args: as :func:`collect_grads`; ``select`` is its ``layers``, ``types``, ``all_modules``
+    and ``max_depth``.
     """
 
     grad = "grad"
 
     def __init__(self, model: nn.Module, *, target: Targets | str | None = None,
                  loss: str = "logit", label: Targets | str | None = None,
-                 layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
-                 all_modules: bool = False, max_depth: int | None = None,
-                 vanish: float = 1e-3, explode: float = 1e3,
+                 select: Selection = LEAVES, vanish: float = 1e-3, explode: float = 1e3,
                  categories: Sequence[str] | None = None, n_inputs: int | None = None,
                  output_key: str | None = None) -> None:
         if not (vanish > 0 and explode > 0):
@@ -286,8 +286,7 @@ class GradsProbe(Probe[GradReport]):
         self.targets = _objective_targets(target, loss, label, categories)
         if n_inputs is not None:
             self.targets.check_count(n_inputs)
-        self.sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
-                                  max_depth=max_depth)
+        self.sites = select.sites(model)
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.params:
             raise HookscopeError(
@@ -414,8 +413,8 @@ def collect_grads(
         HookscopeError: bad target or label, no classifier output, bad selection.
         ForwardError: the model's forward pass raised.
     """
-    probe = GradsProbe(model, target=target, loss=loss, label=label, layers=layers, types=types,
-                       all_modules=all_modules, max_depth=max_depth, vanish=vanish,
+    probe = GradsProbe(model, target=target, loss=loss, label=label,
+                       select=Selection(layers, types, all_modules, max_depth), vanish=vanish,
                        explode=explode, categories=categories, n_inputs=n_inputs,
                        output_key=output_key)
     return drive(model, inputs, probe, train_mode=train_mode, progress=on_batch)

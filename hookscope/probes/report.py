@@ -25,6 +25,7 @@ from hookscope.cam.probe import check_explain, explain
 from hookscope.cam.result import CamBatch
 from hookscope.cam.targets import task_targets
 from hookscope.core.run import drive
+from hookscope.core.select import LEAVES, Selection
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.stats import Prediction, StatsProbe, StatsReport
 from hookscope.probes.structure import model_structure
@@ -50,8 +51,7 @@ class ReportOptions:
     """What each analysis of the report is asked to do.
 
     Attributes:
-        layers, types, all_modules, max_depth: the modules ``stats`` and ``grads`` hook
-            (see :func:`hookscope.core.hooks.select_sites`).
+        select: the modules ``stats`` and ``grads`` hook.
         target: the class explained by Grad-CAM and differentiated by ``grads`` (``top1``,
             ``topK``, an index or label; one for all inputs or one per input).
         loss, label, vanish, explode: the gradient objective and flags (see
@@ -62,10 +62,7 @@ class ReportOptions:
         max_side: the long side of the thumbnails kept per input.
     """
 
-    layers: Sequence[str] | None = None
-    types: Sequence[str] | None = None
-    all_modules: bool = False
-    max_depth: int | None = None
+    select: Selection = LEAVES
     target: str | None = None
     loss: str = "logit"
     label: str | None = None
@@ -283,11 +280,6 @@ def _flops(loaded: LoadedModel, input_shape: list[int] | None,
     return found.params, found.flops, [1, *input_shape]
 
 
-def _selection(opts: ReportOptions) -> dict[str, Any]:
-    return {"layers": opts.layers, "types": opts.types, "all_modules": opts.all_modules,
-            "max_depth": opts.max_depth}
-
-
 def build_report(
     loaded: LoadedModel,
     batches: Callable[[], Iterable[Batch]],
@@ -323,13 +315,13 @@ def build_report(
         "layer": opts.layer, "methods": opts.methods, "targets": targets, "task": task,
         "reshape": opts.reshape, "score_batch": opts.score_batch, "output_key": key}
     check_explain(model, **cam_options)
-    stats_probe = StatsProbe(model, categories=categories, output_key=key, **_selection(opts))
+    stats_probe = StatsProbe(model, categories=categories, output_key=key, select=opts.select)
     # With the cross-entropy loss, the target is Grad-CAM's alone (grads uses the label).
     grad_target = opts.target if opts.loss == "logit" else None
     grads_probe = None if "gradients" in skipped else GradsProbe(
         model, target=grad_target, loss=opts.loss, label=opts.label, vanish=opts.vanish,
         explode=opts.explode, categories=categories, n_inputs=len(names), output_key=key,
-        **_selection(opts))
+        select=opts.select)
     stats = drive(model, batches(), stats_probe, train_mode=opts.train_mode, **run)
     grads = None if grads_probe is None else drive(model, batches(), grads_probe,
                                                    train_mode=opts.train_mode, **run)

@@ -33,12 +33,12 @@ from hookscope.core.hooks import (
     Site,
     first_tensor,
     model_device,
-    select_sites,
     tensor_shapes,
 )
 from hookscope.core.mergeable import merged
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Step, drive
+from hookscope.core.select import LEAVES, Selection
 from hookscope.probes.channels import as_float
 from hookscope.probes.extras import Extras
 from hookscope.probes.kernels import fused
@@ -429,7 +429,7 @@ class StatsProbe(Probe[StatsReport]):
 
     Args:
         model: the model that will run.
-        layers, types, all_modules, max_depth: the selection (see ``select_sites``).
+        select: the modules summarised.
         input_stats: also summarise each call's first input.
         categories: class labels for the top-5 predictions of a classifier.
         output_key: the entry of a dict or tuple output holding the logits.
@@ -441,15 +441,13 @@ class StatsProbe(Probe[StatsReport]):
         HookscopeError: ``percentiles`` is empty, not numbers, or outside [0, 100].
     """
 
-    def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None,
-                 types: Sequence[str] | None = None, all_modules: bool = False,
-                 max_depth: int | None = None, input_stats: bool = False,
+    def __init__(self, model: nn.Module, *, select: Selection = LEAVES,
+                 input_stats: bool = False,
                  categories: Sequence[str] | None = None, output_key: str | None = None,
                  per_channel: bool = False,
                  percentiles: str | Sequence[float] | None = None) -> None:
         self.spec = Extras(per_channel=per_channel, percentiles=parse_percentiles(percentiles))
-        self.sites = select_sites(model, layers=layers, types=types, all_modules=all_modules,
-                                  max_depth=max_depth)
+        self.sites = select.sites(model)
         self.input_stats = input_stats
         self.extras: dict[tuple[str, int], Extras] = {}
         self.categories, self.output_key = categories, output_key
@@ -556,7 +554,7 @@ def collect_stats(
     Raises:
         HookscopeError: ``percentiles`` is empty, not numbers, or outside [0, 100].
     """
-    probe = StatsProbe(model, layers=layers, types=types, all_modules=all_modules,
-                       max_depth=max_depth, input_stats=input_stats, categories=categories,
+    probe = StatsProbe(model, select=Selection(layers, types, all_modules, max_depth),
+                       input_stats=input_stats, categories=categories,
                        output_key=output_key, per_channel=per_channel, percentiles=percentiles)
     return drive(model, inputs, probe, progress=on_batch)

@@ -1,5 +1,5 @@
-"""What every model source shares: what MODEL names, the load options, the loaded model,
-and the registry the sources join.
+"""What every model source shares: what MODEL names, the load options (declared in
+:mod:`hookscope.core.load_options`), the loaded model, and the registry the sources join.
 
 A source turns a MODEL string into a :class:`LoadedModel`: the module, its preprocessing,
 its labels and a record of what was loaded. Commands never care which source it came from.
@@ -22,6 +22,7 @@ from torch import nn
 
 from hookscope import __version__
 from hookscope.core.errors import HookscopeError, param
+from hookscope.core.load_options import LoadOptions
 from hookscope.inputs.preprocess import Preprocess
 
 __all__ = ["DeclaredSize", "LoadOptions", "LoadedModel", "ModelSpec", "SOURCES", "Source",
@@ -46,44 +47,6 @@ class ModelSpec:
     target: str
     task: str = "custom"
     input_ndim: int = 4
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """How to load a model: the command line's model options, as the library takes them.
-
-    Attributes:
-        weights: ``auto``, ``none``, ``DEFAULT`` or a weights name, or a checkpoint path.
-        seed: seed for random initialisation.
-        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``.
-        size: scale the preprocessing so the crop is ``size``.
-        trust_checkpoint: allow files that need arbitrary unpickling.
-        num_classes: build the classifier head with this many classes.
-        labels: a labels file (text, one per line; a JSON list; a JSON ``{index: label}``).
-        model_args: ``key=value`` constructor arguments for models from code.
-        mean, std, resize, crop, input_channels: preprocessing overrides.
-        output_key: the entry of a dict or tuple output that holds the class logits.
-        dtype: ``float32``, ``float16`` or ``bfloat16``: cast the model (and so its inputs).
-        autocast: run under ``torch.autocast`` instead of casting, with ``dtype`` (default:
-            the device's autocast dtype: float16 on CUDA, bfloat16 on the CPU).
-    """
-
-    weights: str = "auto"
-    seed: int = 0
-    device: str | torch.device = "auto"
-    size: int | None = None
-    trust_checkpoint: bool = False
-    num_classes: int | None = None
-    labels: str | None = None
-    model_args: tuple[str, ...] = ()
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    resize: int | None = None
-    crop: int | None = None
-    input_channels: int | None = None
-    output_key: str | None = None
-    dtype: str | None = None
-    autocast: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from torch import nn
 
 from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
+from hookscope.core.select import Selection
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.stats import StatsProbe, StatsReport
 from hookscope.training.logs import number
@@ -41,18 +42,16 @@ class LoggingStep:
 
     Args:
         model: the watched model.
-        layers, types: the selection (see ``select_sites``).
+        select: the modules watched.
         hooks: the step's hook handles (gradient tensor hooks), removed after the step.
         percentiles: also these percentiles of each call's output (for drift).
     """
 
-    def __init__(self, model: nn.Module, layers: Sequence[str] | None,
-                 types: Sequence[str] | None, hooks: Hooks,
+    def __init__(self, model: nn.Module, select: Selection, hooks: Hooks,
                  percentiles: Sequence[float] = ()) -> None:
-        self.stats = StatsProbe(model, layers=layers, types=types,
-                                percentiles=tuple(percentiles) or None)
+        self.stats = StatsProbe(model, select=select, percentiles=tuple(percentiles) or None)
         trainable = any(p.requires_grad for p in model.parameters())
-        self.grads = GradsProbe(model, layers=layers, types=types) if trainable else None
+        self.grads = GradsProbe(model, select=select) if trainable else None
         if self.grads is not None:
             self.grads.bind(hooks)
 

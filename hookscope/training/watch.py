@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.hooks import Call, Hooks, Tracer, model_device, select_sites
+from hookscope.core.hooks import Call, Hooks, Tracer, model_device
+from hookscope.core.select import Selection
 from hookscope.training.nonfinite import (
     Finding,
     FlightRecorder,
@@ -109,9 +110,8 @@ class Watch:
         _check_modes(nonfinite, max_drift)
         self.model, self.log_dir = model, Path(log_dir)
         self.every, self.keep = _positive("every", every), _positive("keep", keep)
-        self.layers = list(layers) if layers else None
-        self.types = list(types) if types else None
-        self.sites = select_sites(model, layers=self.layers, types=self.types)
+        self.select = Selection(list(layers) if layers else None, list(types) if types else None)
+        self.sites = self.select.sites(model)
         self.nonfinite, self.allow_inf = nonfinite, tuple(allow_inf)
         self.drift = Drift.of(reference, float(max_drift), percentiles)
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
@@ -166,7 +166,7 @@ class Watch:
         """The first line of ``watch.jsonl``."""
         return {"hookscope": version, "command": "watch", "model": self.name,
                 "device": str(model_device(self.model)), "world_size": self.ranks.world,
-                "selection": {"layers": self.layers, "types": self.types,
+                "selection": {"layers": self.select.layers, "types": self.select.types,
                               "modules": [s.name for s in self.sites]},
                 "every": self.every, "nonfinite": self.nonfinite,
                 "allow_inf": list(self.allow_inf), "keep": self.keep,
@@ -233,7 +233,7 @@ class Watch:
             StepFlags(self.allow_inf, self._hooks, self._layouts)
         self._logging = None
         if self.logging_step:
-            self._logging = LoggingStep(self.model, self.layers, self.types, self._hooks,
+            self._logging = LoggingStep(self.model, self.select, self._hooks,
                                         self.drift.percentiles)
             self.params.attach(self._hooks)
         if self._flags is None and self._logging is None:

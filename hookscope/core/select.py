@@ -1,0 +1,155 @@
+"""Which modules to hook: a :class:`Selection` (the ``--layers``, ``--type``,
+``--all-modules`` and ``--max-depth`` of the commands) and the :class:`Site` of each module
+it selects.
+
+Torch-free at import, so the command line builds a selection before torch loads.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hookscope.core.errors import HookscopeError, param, suggest
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class Site:
+    """A module selected for hooking, named as in ``model.named_modules()``."""
+
+    name: str
+    type: str
+    depth: int
+    module: nn.Module = field(compare=False, repr=False, hash=False)
+
+
+def depth_of(name: str) -> int:
+    """A dotted module name's depth: 0 for the root, 1 for its children."""
+    return 0 if not name else name.count(".") + 1
+
+
+def all_sites(model: nn.Module) -> list[Site]:
+    """Every named module except the root, in definition order (the root only for a bare leaf)."""
+    named = list(model.named_modules())
+    sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in named if n]
+    if not sites:
+        sites = [Site("", type(model).__name__, 0, model)]
+    return sites
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The modules to hook; the default selects every leaf module.
+
+    Leaf modules are chosen by default: modules without children, or modules at
+    ``max_depth`` when the tree is cut there. A container is chosen only when asked for:
+    by ``all_modules``, by its class name in ``types``, or by its exact name in ``layers``.
+    ``layers`` are fnmatch patterns on dotted names (``layer4.*`` selects the leaves under
+    ``layer4``); a module must satisfy both ``layers`` and ``types`` when both are given.
+
+    Attributes:
+        layers: fnmatch patterns on dotted module names.
+        types: module class names.
+        all_modules: containers too, when no other selection is given.
+        max_depth: cut the module tree at this depth (1 = the model's children).
+    """
+
+    layers: Sequence[str] | None = None
+    types: Sequence[str] | None = None
+    all_modules: bool = False
+    max_depth: int | None = None
+
+    def sites(self, model: nn.Module) -> list[Site]:
+        """The selected modules of ``model``, in definition order.
+
+        Raises:
+            HookscopeError: when nothing matches, saying which filter excluded what.
+        """
+        layers, types, max_depth = self.layers, self.types, self.max_depth
+        if max_depth is not None and max_depth < 1:
+            raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
+        wanted = set(types or ())
+        exact = set(layers or ())
+        candidates = [
+            s for s in all_sites(model)
+            if (max_depth is None or s.depth <= max_depth)
+            and (self.all_modules or s.type in wanted or s.name in exact or self._is_leaf(s))
+        ]
+        by_name = [s for s in candidates
+                   if not layers or any(fnmatch.fnmatchcase(s.name, p) for p in layers)]
+        chosen = [s for s in by_name if not types or s.type in wanted]
+        if chosen:
+            return chosen
+        raise self._no_match(model, candidates, by_name)
+
+    def _is_leaf(self, site: Site) -> bool:
+        return site.depth == self.max_depth or not any(True for _ in site.module.children())
+
+    def _no_match(self, model: nn.Module, candidates: list[Site],
+                  by_name: list[Site]) -> HookscopeError:
+        """The one error that says which filter left nothing."""
+        layers, types, max_depth = self.layers, self.types, self.max_depth
+        kind = type(model).__name__
+        everything = all_sites(model)
+        names = [s.name for s in everything]
+        hint = " Run `hookscope layers MODEL` to list the names."
+        within = f" within {param('max_depth')} {max_depth}" if max_depth is not None else ""
+        if layers and not by_name:
+            if not any(fnmatch.fnmatchcase(n, p) for n in names for p in layers):
+                close = "".join(suggest(p, names) for p in layers)
+                return HookscopeError(f"{param('layers')} {' '.join(layers)} matches no module "
+                                      f"of {kind}.{close}{hint}")
+            return HookscopeError(
+                f"{param('layers')} {' '.join(layers)} matches only containers{within}; name "
+                f"one exactly, or add {param('all_modules')} to include containers.{hint}")
+        present = sorted({s.type for s in everything})
+        if types and not any(s.type in set(types) for s in candidates):
+            close = "".join(suggest(t, present) for t in types)
+            listed = ", ".join(present[:12]) + ("..." if len(present) > 12 else "")
+            return HookscopeError(f"{param('types')} {' '.join(types)} matches no module of "
+                                  f"{kind}{within}.{close} Types present: {listed}.")
+        if layers and types:
+            found = sorted({s.type for s in by_name})
+            return HookscopeError(
+                f"{param('layers')} {' '.join(layers)} and {param('types')} {' '.join(types)} "
+                f"each match modules, but no module matches both; the modules "
+                f"{param('layers')} selects are of type {', '.join(found[:8])}"
+                f"{'...' if len(found) > 8 else ''}.")
+        return HookscopeError(f"The selection matches no module{within}.{hint}")
+
+
+#: The default selection: every leaf module.
+LEAVES = Selection()
+
+
+def select_sites(model: nn.Module, *, layers: Sequence[str] | None = None,
+                 types: Sequence[str] | None = None, all_modules: bool = False,
+                 max_depth: int | None = None) -> list[Site]:
+    """Choose the modules to hook: ``Selection(layers, types, all_modules, max_depth)``'s
+    :meth:`~Selection.sites`.
+
+    Raises:
+        HookscopeError: when nothing matches, saying which filter excluded what.
+    """
+    return Selection(layers, types, all_modules, max_depth).sites(model)
+
+
+def find_site(model: nn.Module, name: str) -> Site:
+    """The site of one module by its exact dotted name.
+
+    Raises:
+        HookscopeError: the name does not exist, with close matches and a hint.
+    """
+    for site in all_sites(model):
+        if site.name == name:
+            return site
+    names = [s.name for s in all_sites(model)]
+    raise HookscopeError(
+        f"{type(model).__name__} has no module named {name!r}.{suggest(name, names)} "
+        "Run `hookscope layers MODEL` to list the names."
+    )
