@@ -37,7 +37,7 @@ import torch
 
 from hookscope.core.errors import HookscopeError, param
 
-__all__ = ["FIELDS", "ChannelMoments", "ChannelView", "block_sums", "channel_dim", "masked_moments",
+__all__ = ["ChannelMoments", "ChannelView", "block_sums", "channel_dim", "masked_moments",
            "moments_matrix", "scratch"]
 
 #: Modules whose output holds its channels (features) in the last dimension at any rank.
@@ -237,14 +237,11 @@ class ChannelMoments:
                 for c in range(self.channels)]
 
 
-#: The rows of :func:`moments_matrix`: one float64 value of each per channel.
-FIELDS = ("count", "n", "mean", "m2", "min", "max", "zeros", "nonfinite")
-
-
 def moments_matrix(view: ChannelView) -> torch.Tensor:
     """Exact moments of each channel of ``view``: a float64 ``(8, channels)`` tensor whose
-    rows are :data:`FIELDS` (0, 0, +inf and -inf for the mean, M2, min and max of a channel
-    without a finite value).
+    rows are the count, n (the finite values), mean, M2, min, max, zeros and non-finite
+    count (0, 0, +inf and -inf for the mean, M2, min and max of a channel without a finite
+    value).
 
     On the CPU each block's plain reductions come first, unchecked; only when one of them is
     not finite are the blocks masked. Off the CPU the one block is masked at once: no branch,
@@ -291,7 +288,7 @@ def block_sums(block: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _finish(sums: torch.Tensor) -> torch.Tensor | None:
-    """The partial moments (the rows of :data:`FIELDS`) of :func:`block_sums`' columns, in
+    """The partial moments (the rows of :func:`moments_matrix`) of :func:`block_sums`' columns, in
     float64; None when a value (or a square) was not finite, and the blocks must be masked."""
     sums = sums.double()
     if not bool(sums.isfinite().all()):
@@ -303,8 +300,8 @@ def _finish(sums: torch.Tensor) -> torch.Tensor | None:
 
 
 def masked_moments(block: torch.Tensor, dim: int) -> torch.Tensor:
-    """Branch-free partial moments (the rows of :data:`FIELDS`) of each row or column over
-    its finite values, in float64."""
+    """Branch-free partial moments (the rows of :func:`moments_matrix`) of each row or column
+    over its finite values, in float64."""
     finite = torch.isfinite(block)
     n = finite.sum(dim).double()
     values = torch.where(finite, block, 0).double()

@@ -70,7 +70,7 @@ class Moments:
 
     @classmethod
     def from_values(cls, values: Sequence[float]) -> Moments:
-        """From the eight values of :data:`~hookscope.probes.channels.FIELDS` (mean, M2, min
+        """From numel, n, mean, M2, min, max, zeros and the non-finite count (mean, M2, min
         and max are NaN when n is 0)."""
         numel, n, mean, m2, mn, mx, zeros, nonfinite = values
         if not n:
@@ -138,8 +138,8 @@ def _moments_torch(flat: torch.Tensor) -> Moments:
 
 
 def _moments_device(flat: torch.Tensor) -> torch.Tensor:
-    """The branch-free path for accelerators: the eight values of :data:`FIELDS` as one
-    float64 tensor that stays on the device."""
+    """The branch-free path for accelerators: the eight values of :meth:`Moments.from_values`
+    as one float64 tensor that stays on the device."""
     if not flat.numel():  # nothing to reduce (the shape decides, not the values: no sync)
         return torch.zeros(8, dtype=torch.float64, device=flat.device)
     return masked_moments(flat.view(1, -1), 1)[:, 0]
