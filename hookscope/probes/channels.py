@@ -1,5 +1,10 @@
 """Per-channel statistics of a module's output: where its channels are, and exact moments.
 
+:func:`block_sums` and :func:`masked_moments` are hookscope's one torch implementation of
+moments, per row or column of a block: :func:`moments_matrix` combines them per channel, and
+``stats`` over whole tensors (without the compiled kernel, and on an accelerator).
+:func:`scratch` is the one reusable buffer of every CPU path.
+
 Which dimension holds the channels (:func:`channel_dim`):
 
 * outputs of modules that act on the last dimension (``Linear``, ``LayerNorm``, ...):
@@ -32,7 +37,8 @@ import torch
 
 from hookscope.core.errors import HookscopeError, param
 
-__all__ = ["ChannelMoments", "ChannelView", "channel_dim"]
+__all__ = ["ChannelMoments", "ChannelView", "block_sums", "channel_dim", "masked_moments",
+           "moments_matrix", "scratch"]
 
 #: Modules whose output holds its channels (features) in the last dimension at any rank.
 CHANNELS_LAST = frozenset({
@@ -180,13 +186,8 @@ class ChannelMoments:
     @classmethod
     def of(cls, view: ChannelView) -> ChannelMoments:
         """Exact moments of each channel of ``view``."""
-        blocks = list(view.blocks())
-        if view.blocked and blocks:
-            part = _finish_raw([(*_raw_moments(b, view.dim), view.ids[at]) for b, at in blocks])
-            if part is not None:
-                return _combine([part], view.channels, view.matrix.device)
-        parts = [_masked_moments(b, view.dim) + (view.ids[at],) for b, at in blocks]
-        return _combine(parts, view.channels, view.matrix.device)
+        count, n, mean, m2, lo, hi, zeros, nonfinite = moments_matrix(view)
+        return cls(count.long(), n.long(), mean, m2, lo, hi, zeros.long(), nonfinite.long())
 
     @property
     def channels(self) -> int:
@@ -236,12 +237,34 @@ class ChannelMoments:
                 for c in range(self.channels)]
 
 
-Partial = tuple[torch.Tensor, ...]
+def moments_matrix(view: ChannelView) -> torch.Tensor:
+    """Exact moments of each channel of ``view``: a float64 ``(8, channels)`` tensor whose
+    rows are the count, n (the finite values), mean, M2, min, max, zeros and non-finite
+    count (0, 0, +inf and -inf for the mean, M2, min and max of a channel without a finite
+    value).
+
+    On the CPU each block's plain reductions come first, unchecked; only when one of them is
+    not finite are the blocks masked. Off the CPU the one block is masked at once: no branch,
+    nothing synchronises.
+    """
+    blocks = list(view.blocks())
+    parts = None
+    if view.blocked and blocks:
+        parts = _finish(torch.cat([block_sums(block, view.dim) for block, _ in blocks], dim=1))
+    if parts is None:
+        parts = torch.cat([masked_moments(block, view.dim) for block, _ in blocks] or
+                          [torch.empty(8, 0, dtype=torch.float64, device=view.matrix.device)],
+                          dim=1)
+    if parts.shape[1] == view.channels:  # one partial per channel, in order: nothing to merge
+        return parts
+    ids = torch.cat([view.ids[at] for _, at in blocks]) if blocks else view.ids[:0]
+    return _combine(parts, ids, view.channels)
 
 
-def _raw_moments(block: torch.Tensor, dim: int) -> tuple[Any, ...]:
-    """The CPU path: sums, range and non-zero counts of each row (``dim=1``) or column of a
-    block, in its own dtype, not checked for non-finite values (see :func:`_finish_raw`).
+def block_sums(block: torch.Tensor, dim: int) -> torch.Tensor:
+    """The CPU's plain reductions of each row (``dim=1``) or column of a block, in its own
+    dtype and not checked for non-finite values (see :func:`_finish`): its length, min, max,
+    non-zero count, mean, and the sum and the sum of squares of the values less that mean.
 
     Few passes, each over a block that stays in cache, and few small operations, which
     cost as much as a pass here: amin and amax along a dimension are each ~20x faster than
@@ -249,70 +272,62 @@ def _raw_moments(block: torch.Tensor, dim: int) -> tuple[Any, ...]:
     than float64 ones, and ``ne`` then ``sum`` ~10x faster than ``count_nonzero``. The
     squares are of the values less the block's own mean (in the block's dtype, so the
     difference is exact for values near it), so they do not cancel even when the mean is
-    10^4 times the spread.
+    10^4 times the spread; the sum of those differences corrects M2 for the mean's
+    rounding. (It would not improve the mean itself: a mean near 0 would gain the
+    differences' own rounding.)
     """
     count = block.shape[dim]
     buf = scratch(block.numel(), block.dtype).view(block.shape)
     lo, hi = block.amin(dim), block.amax(dim)
-    shift = block.sum(dim).div_(count)
+    shift = block.mean(dim)
     nonzero = torch.ne(block, 0, out=buf).sum(dim)
     d = torch.sub(block, shift.unsqueeze(dim), out=buf)
     s1 = d.sum(dim)
     s2 = d.square_().sum(dim)
-    return count, lo, hi, nonzero, shift, s1, s2
+    return torch.stack([torch.full_like(lo, count), lo, hi, nonzero, shift, s1, s2])
 
 
-def _finish_raw(raw: list[tuple[Any, ...]]) -> Partial | None:
-    """The partials of :func:`_raw_moments`' blocks, all at once, in float64; None when a
-    value (or a square) was not finite, and the blocks must be masked."""
-    columns = list(zip(*raw, strict=True))
-    lo, hi, nonzero, shift, s1, s2 = (torch.cat(c).double() for c in columns[1:7])
-    if not bool(torch.cat([lo, hi, shift, s2]).isfinite().all()):
+def _finish(sums: torch.Tensor) -> torch.Tensor | None:
+    """The partial moments (the rows of :func:`moments_matrix`) of :func:`block_sums`' columns, in
+    float64; None when a value (or a square) was not finite, and the blocks must be masked."""
+    sums = sums.double()
+    if not bool(sums.isfinite().all()):
         return None
-    sizes = torch.tensor([len(p) for p in columns[1]], device=lo.device)
-    count = torch.tensor(columns[0], device=lo.device).repeat_interleave(sizes)
-    zeros = count - nonzero.round().long()
-    mean = shift + s1 / count
+    count, lo, hi, nonzero, shift, s1, s2 = sums
     m2 = (s2 - s1 * s1 / count).clamp(min=0)
-    return count, count, mean, m2, lo, hi, zeros, torch.zeros_like(count), torch.cat(columns[7])
+    return torch.stack([count, count, shift, m2, lo, hi, count - nonzero,
+                        torch.zeros_like(count)])
 
 
-def _masked_moments(block: torch.Tensor, dim: int) -> Partial:
-    """Branch-free moments over the finite values, in float64."""
+def masked_moments(block: torch.Tensor, dim: int) -> torch.Tensor:
+    """Branch-free partial moments (the rows of :func:`moments_matrix`) of each row or column
+    over its finite values, in float64."""
     finite = torch.isfinite(block)
-    n = finite.sum(dim)
+    n = finite.sum(dim).double()
     values = torch.where(finite, block, 0).double()
-    shift = (values.sum(dim) / n.clamp(min=1)).unsqueeze(dim)
-    d = torch.where(finite, values - shift, 0)
+    # The float64 sum's own mean: unlike a correction from the deviations below, it keeps
+    # 3e38 - 3e38 + 1 exact.
+    mean = values.sum(dim) / n.clamp(min=1)
+    d = torch.where(finite, values - mean.unsqueeze(dim), 0)
     s1 = d.sum(dim)
     m2 = ((d * d).sum(dim) - s1 * s1 / n.clamp(min=1)).clamp(min=0)
-    mean = shift.squeeze(dim) + s1 / n.clamp(min=1)
     inf = torch.tensor(math.inf, dtype=block.dtype, device=block.device)
     lo = torch.where(finite, block, inf).amin(dim).double()
     hi = torch.where(finite, block, -inf).amax(dim).double()
-    zeros = (block == 0).sum(dim)
+    zeros = (block == 0).sum(dim).double()
     count = torch.full_like(n, block.shape[dim])
-    return count, n, mean, m2, lo, hi, zeros, count - n
+    return torch.stack([count, n, mean, m2, lo, hi, zeros, count - n])
 
 
-def _combine(parts: list[Partial], channels: int, device: torch.device) -> ChannelMoments:
-    """Per-channel moments from partial moments (exact: the parallel formula, in float64)."""
-    f64 = torch.float64
-    lo_c = torch.full((channels,), math.inf, dtype=f64, device=device)
-    hi_c = torch.full((channels,), -math.inf, dtype=f64, device=device)
-    if not parts:
-        zero = torch.zeros(channels, dtype=torch.int64, device=device)
-        nothing = torch.zeros(channels, dtype=f64, device=device)
-        return ChannelMoments(zero, zero, nothing, nothing, lo_c, hi_c, zero, zero)
-    count, n, mean, m2, lo, hi, zeros, nonfinite, ids = (torch.cat(p) for p in zip(*parts,
-                                                                                   strict=True))
-
-    def add(values: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(channels, dtype=values.dtype, device=device).index_add_(0, ids, values)
-
-    n_c = add(n)
-    mean_c = add(n * mean) / n_c.clamp(min=1)
-    m2_c = add(m2 + n * (mean - mean_c[ids]) ** 2)
-    lo_c.scatter_reduce_(0, ids, lo, "amin")
-    hi_c.scatter_reduce_(0, ids, hi, "amax")
-    return ChannelMoments(add(count), n_c, mean_c, m2_c, lo_c, hi_c, add(zeros), add(nonfinite))
+def _combine(parts: torch.Tensor, ids: torch.Tensor, channels: int) -> torch.Tensor:
+    """Per-channel moments from partial ones, channel ``ids[i]``'s in column ``i`` (exact:
+    the parallel formula, in float64)."""
+    count, n, mean, m2, lo, hi, zeros, nonfinite = parts
+    sums = parts.new_zeros(5, channels).index_add_(
+        1, ids, torch.stack([count, n, n * mean, zeros, nonfinite]))
+    n_c = sums[1]
+    mean_c = sums[2] / n_c.clamp(min=1)
+    m2_c = parts.new_zeros(channels).index_add_(0, ids, m2 + n * (mean - mean_c[ids]) ** 2)
+    lo_c = parts.new_full((channels,), math.inf).scatter_reduce_(0, ids, lo, "amin")
+    hi_c = parts.new_full((channels,), -math.inf).scatter_reduce_(0, ids, hi, "amax")
+    return torch.stack([sums[0], n_c, mean_c, m2_c, lo_c, hi_c, sums[3], sums[4]])

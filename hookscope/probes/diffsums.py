@@ -10,12 +10,12 @@ comparison has no branches and a batch's sums reach the host in one transfer.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from hookscope.probes.channels import scratch
 from hookscope.probes.kernels import fused_diff
 
 __all__ = ["DiffSums", "DiffTable"]
@@ -25,7 +25,7 @@ NAN = float("nan")
 #: Elements per comparison chunk and thread: three float32 chunks (A's, B's, their difference)
 #: stay in a core's cache while every sum is taken, and a float32 dot over them stays accurate.
 _CHUNK = 1 << 16
-#: At most this many elements per chunk: the size of the reused scratch buffer.
+#: At most this many elements per chunk (and in the reused scratch buffer).
 _MAX_CHUNK = 1 << 20
 
 
@@ -80,64 +80,41 @@ class DiffSums:
         return max(-1.0, min(1.0, dot / norms))
 
 
-_local = threading.local()
-
-
-def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A per-thread CPU buffer of ``numel`` (at most ``_MAX_CHUNK``) elements, reused."""
-    buf = getattr(_local, "buf", None)
-    if buf is None or buf.dtype != dtype:
-        with torch.inference_mode(False):  # a normal tensor, writable outside inference mode
-            buf = _local.buf = torch.empty(_MAX_CHUNK, dtype=dtype)
-    return buf[:numel]
-
-
 def _compare_host(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
     """The eight values of :class:`DiffSums` for two flat tensors of one dtype, on the CPU:
     float32 in one pass over both with the compiled kernel when it is built, else a few
-    passes over cache-sized chunks; anything not finite is redone masked, in float64."""
+    passes over cache-sized chunks; anything not finite (or a float32 square that
+    overflowed) is redone the device's way: masked, in float64."""
     numel = a.numel()
     if numel == 0:
         return (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0)
     op = fused_diff() if a.dtype == torch.float32 else None
-    if op is not None:
-        finite, sd, sa, sb, mx = op(a, b)
-        if finite:
-            return (numel, numel, sd, sa, sb, mx, 0, 0)
-        return _compare_masked(a, b)
+    sums = op(a, b)[1:] if op is not None else _chunk_sums(a, b)
+    if all(math.isfinite(v) for v in sums):
+        return (numel, numel, *sums, 0, 0)
+    return tuple(_compare_device(a, b).tolist())
+
+
+def _chunk_sums(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+    """The torch path's ‖a−b‖², ‖a‖², ‖b‖² and max |a−b| of two non-empty flat tensors."""
     # Each of torch's threads takes its share of a chunk: keep each share cache-sized.
     chunk = min(_CHUNK * torch.get_num_threads(), _MAX_CHUNK)
-    parts = torch.empty(-(-numel // chunk), 4, dtype=a.dtype)
+    parts = torch.empty(-(-a.numel() // chunk), 4, dtype=a.dtype)
     for row, pa, pb in zip(parts, a.split(chunk), b.split(chunk), strict=True):
         # Every sum of a chunk runs while it is in cache: one trip to memory per value. A
         # float32 BLAS dot over one chunk stays within ~1e-6 (over a million values it
         # drifts by 1e-4); the chunks' results are summed in float64.
-        d = torch.sub(pa, pb, out=_scratch(pa.numel(), pa.dtype))
+        d = torch.sub(pa, pb, out=scratch(pa.numel(), pa.dtype))
         torch.dot(d, d, out=row[0])
         torch.dot(pa, pa, out=row[1])
         torch.dot(pb, pb, out=row[2])
         torch.amax(d.abs_(), dim=0, out=row[3])  # faster than aminmax
-    sd, sa, sb = parts[:, :3].sum(0, dtype=torch.float64).tolist()
-    mx = float(parts[:, 3].max()) if numel else 0.0
-    if all(math.isfinite(v) for v in (sd, sa, sb, mx)):
-        return (numel, numel, sd, sa, sb, mx, 0, 0)
-    return _compare_masked(a, b)
-
-
-def _compare_masked(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
-    """Something is not finite (or a float32 square overflowed): mask, and redo in float64."""
-    numel = a.numel()
-    fa, fb = torch.isfinite(a), torch.isfinite(b)
-    both = fa & fb
-    x, y = a[both].double(), b[both].double()
-    d = x - y
-    mx = float(d.abs().max()) if d.numel() else 0.0
-    return (numel, x.numel(), float(d @ d), float(x @ x), float(y @ y), mx,
-            numel - int(fa.sum()), numel - int(fb.sum()))
+    return [*parts[:, :3].sum(0, dtype=torch.float64).tolist(), float(parts[:, 3].max())]
 
 
 def _compare_device(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The eight values of :class:`DiffSums` as one float64 tensor that stays on the device."""
+    """The eight values of :class:`DiffSums` as one float64 tensor that stays on the device:
+    no branch, the non-finite values masked, in float64."""
     fa, fb = torch.isfinite(a), torch.isfinite(b)
     both = fa & fb
     zero = a.new_zeros(())

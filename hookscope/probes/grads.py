@@ -293,7 +293,7 @@ class GradsProbe(Probe[GradReport]):
                 "The model has no parameter that requires a gradient; nothing to differentiate."
             )
         self.output_key = output_key
-        self.table = MomentTable(on_device=model_device(model).type != "cpu", zeros=False)
+        self.table = MomentTable(on_device=model_device(model).type != "cpu")
         self.order: dict[tuple[str, int], None] = {}  # backward order, from the first batch
         self.meta: dict[tuple[str, int], tuple[Site, list[int]]] = {}
         self.param_sums: list[torch.Tensor | None] = [None] * len(self.params)

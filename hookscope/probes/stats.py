@@ -1,13 +1,10 @@
 """Per-layer activation statistics, taken inside forward hooks and merged exactly across batches.
 
-Speed: on CPU, ``torch.std``, ``var_mean`` and ``count_nonzero`` are many times slower than
-``sum``, ``dot`` and ``aminmax``. The CPU path therefore takes the mean from ``sum``, the range
-from ``aminmax``, the squares and the zero count (``dot(sign, sign)``) from cache-sized
-chunks written into one reused buffer. It masks only when a value is not finite, and takes
-a shifted second pass only when the mean is so large against the spread that one pass
-would cancel. On CUDA the
-path has no branches at all: each call's moments stay on the device and the whole batch
-is copied to the host once.
+Speed: on the CPU each call's moments come from the compiled one-pass kernel where it is
+built (:mod:`hookscope.probes.kernels`), else from plain torch reductions over cache-sized
+blocks (:func:`hookscope.probes.channels.moments_matrix`, one channel), masked only when a
+value is not finite. On an accelerator the path has no branches at all: each call's
+moments stay on the device and the whole batch is copied to the host once.
 
 Accuracy: moments are merged with Chan et al.'s parallel update, in float64, so statistics
 over several batches equal those over the concatenated tensor.
@@ -20,7 +17,6 @@ split-independent sketch (:mod:`hookscope.probes.sketch`) of each call's output,
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -39,7 +35,7 @@ from hookscope.core.mergeable import merged
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection
-from hookscope.probes.channels import as_float
+from hookscope.probes.channels import BLOCK, as_float, block_sums, masked_moments
 from hookscope.probes.extras import Extras
 from hookscope.probes.kernels import fused
 from hookscope.probes.sketch import parse_percentiles
@@ -57,8 +53,6 @@ __all__ = [
 ]
 
 NAN = float("nan")
-#: Relative mean-to-spread size above which the one-pass variance is recomputed shifted.
-_CANCELLATION = 100.0
 
 
 @dataclass(frozen=True)
@@ -76,7 +70,11 @@ class Moments:
 
     @classmethod
     def from_values(cls, values: Sequence[float]) -> Moments:
+        """From numel, n, mean, M2, min, max, zeros and the non-finite count (mean, M2, min
+        and max are NaN when n is 0)."""
         numel, n, mean, m2, mn, mx, zeros, nonfinite = values
+        if not n:
+            mean = m2 = mn = mx = NAN
         return cls(int(numel), int(n), mean, m2, mn, mx, int(zeros), int(nonfinite))
 
     def merge(self, other: Moments) -> Moments:
@@ -114,148 +112,44 @@ class Moments:
         }
 
 
-_local = threading.local()
-#: Elements per chunk of the passes that need a temporary: 4 MiB of float32, which stays in
-#: cache between writing the temporary and reducing it, and bounds the extra memory.
-_CHUNK = 1 << 20
+def _moments_host(flat: torch.Tensor) -> Moments:
+    """CPU moments: the compiled one-pass kernel when it is built (see
+    ``hookscope.probes.kernels``; it reads each value once, where the torch path reads it
+    about six times), else the torch path."""
+    op = fused()
+    if op is not None:
+        return Moments.from_values(op(flat, True))
+    return _moments_torch(flat)
 
 
-def _scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """A per-thread CPU buffer of ``numel`` (at most ``_CHUNK``) elements, reused."""
-    buf = getattr(_local, "buf", None)
-    if buf is None or buf.dtype != dtype:
-        # A normal tensor even when first made under inference_mode, so that code outside
-        # inference mode (gradient statistics) may write into it too.
-        with torch.inference_mode(False):
-            buf = _local.buf = torch.empty(_CHUNK, dtype=dtype)
-    return buf[:numel]
-
-
-def _chunks(flat: torch.Tensor) -> list[torch.Tensor]:
-    return list(flat.split(_CHUNK)) if flat.numel() > _CHUNK else [flat]
-
-
-_ROW = 4096
-
-
-def _sum_squares(part: torch.Tensor) -> float:
-    """Sum of squares, accurate to ~1e-8 relative.
-
-    A single BLAS dot accumulates long float32 runs and was measured 3e-4 off on a 1M-value
-    chunk; dots over rows of 4096, summed by torch's cascaded sum, stay exact to ~1e-8 and
-    are faster than squaring into a buffer and summing it.
-    """
-    rows = part.numel() // _ROW
-    total = 0.0
-    if rows:
-        grid = part[: rows * _ROW].view(rows, _ROW)
-        total += float(torch.linalg.vecdot(grid, grid).sum())
-    tail = part[rows * _ROW :]
-    if tail.numel():
-        total += float(torch.dot(tail, tail))
+def _moments_torch(flat: torch.Tensor) -> Moments:
+    """The torch path on the CPU: :func:`~hookscope.probes.channels.block_sums` of
+    cache-sized blocks, merged; the device path (masked, in float64) when a value is not
+    finite or a square overflowed."""
+    total = Moments()
+    for block in flat.split(BLOCK) if flat.numel() else ():  # split() gives one empty block
+        count, lo, hi, nonzero, shift, s1, s2 = block_sums(block.view(1, -1), 1)[:, 0].tolist()
+        if not all(math.isfinite(v) for v in (lo, hi, shift, s1, s2)):
+            return Moments.from_values(_moments_device(flat).tolist())
+        n = int(count)
+        total = total.merge(Moments(n, n, shift, max(s2 - s1 * s1 / count, 0.0),
+                                    lo, hi, n - int(nonzero), 0))
     return total
 
 
-_FUSED_DTYPES = (torch.float32, torch.float64)
-
-
-def _moments_host(flat: torch.Tensor, zeros: bool = True) -> tuple[float, ...]:
-    """CPU moments: numel, n, mean, M2, min, max, zeros, non-finite count.
-
-    The compiled one-pass kernel when it is built (see ``hookscope.probes.kernels``; it reads each
-    value once, where the torch path reads it four or five times), else the torch path.
-    With ``zeros=False`` the zero count is skipped (reported as 0).
-    """
-    if flat.dtype in _FUSED_DTYPES:
-        op = fused()
-        if op is not None:
-            return op(flat, zeros)
-    return _moments_torch(flat, zeros)
-
-
-def _moments_torch(flat: torch.Tensor, zeros: bool = True) -> tuple[float, ...]:
-    """Branching CPU path: cheap reductions, masking only when something is not finite.
-
-    With ``zeros=False`` the zero count is skipped (reported as 0), saving a third of the work.
-    """
-    numel = flat.numel()
-    if numel == 0:
-        return (0, 0, NAN, NAN, NAN, NAN, 0, 0)
-    s1 = sq = 0.0
-    nonzero = 0
-    lo, hi = math.inf, -math.inf
-    for part in _chunks(flat):
-        # Every reduction of a chunk runs while it is in cache: one trip to memory per value.
-        # dot(sign, sign) counts non-zeros exactly (0/1 terms) at the speed of a dot;
-        # count_nonzero is ~20x slower.
-        s1 += float(part.sum())
-        part_lo, part_hi = (float(v) for v in torch.aminmax(part))
-        lo, hi = min(lo, part_lo), max(hi, part_hi)
-        sq += _sum_squares(part)
-        if zeros and part_lo <= 0.0 <= part_hi:
-            sign = torch.sign(part, out=_scratch(part.numel(), part.dtype))
-            nonzero += round(float(torch.dot(sign, sign)))
-        else:
-            nonzero += part.numel()
-    if all(math.isfinite(v) for v in (s1, sq, lo, hi)):
-        mean = s1 / numel
-        m2 = sq - s1 * mean
-        if mean * mean * numel > _CANCELLATION * max(m2, 0.0):
-            # The one-pass M2 cancels badly; shift by the mean and take the moments again.
-            t1 = t2 = 0.0
-            for part in _chunks(flat):
-                d = torch.sub(part, mean, out=_scratch(part.numel(), part.dtype))
-                t1 += float(d.sum())
-                t2 += float(d.mul_(d).sum())
-            m2 = t2 - t1 * t1 / numel
-            mean = mean + t1 / numel
-        return (numel, numel, mean, max(m2, 0.0), lo, hi, numel - nonzero, 0)
-    # Something is not finite, or the squares overflow float32: mask, and redo in float64.
-    finite = torch.isfinite(flat)
-    values = flat[finite].double()
-    nonfinite = numel - values.numel()
-    if values.numel() == 0:
-        return (numel, 0, NAN, NAN, NAN, NAN, 0, nonfinite)
-    inner = _moments_torch(values, zeros)
-    return (numel, *inner[1:7], nonfinite)
-
-
 def _moments_device(flat: torch.Tensor) -> torch.Tensor:
-    """Branch-free path for accelerators: eight float64 values, still on the device."""
-    numel = flat.numel()
-    if numel == 0:
-        return torch.tensor([0, 0, NAN, NAN, NAN, NAN, 0, 0], dtype=torch.float64,
-                            device=flat.device)
-    finite = torch.isfinite(flat)
-    n = finite.sum()
-    zero = flat.new_zeros(())
-    total = torch.where(finite, flat, zero).sum(dtype=torch.float64)
-    mean = total / n.clamp(min=1)
-    d = torch.where(finite, flat.double() - mean, zero.double())
-    m2 = torch.dot(d, d) - d.sum() ** 2 / n.clamp(min=1)
-    inf = flat.new_full((), math.inf)
-    mn = torch.where(finite, flat, inf).amin().double()
-    mx = torch.where(finite, flat, -inf).amax().double()
-    zeros = (flat == 0).sum()
-    empty = n == 0
-    nan = torch.full((), NAN, dtype=torch.float64, device=flat.device)
-    return torch.stack([
-        torch.full((), float(numel), dtype=torch.float64, device=flat.device),
-        n.double(),
-        torch.where(empty, nan, mean),
-        torch.where(empty, nan, m2.clamp(min=0)),
-        torch.where(empty, nan, mn),
-        torch.where(empty, nan, mx),
-        zeros.double(),
-        (numel - n).double(),
-    ])
+    """The branch-free path for accelerators: the eight values of :meth:`Moments.from_values`
+    as one float64 tensor that stays on the device."""
+    if not flat.numel():  # nothing to reduce (the shape decides, not the values: no sync)
+        return torch.zeros(8, dtype=torch.float64, device=flat.device)
+    return masked_moments(flat.view(1, -1), 1)[:, 0]
 
 
 def moments(x: torch.Tensor) -> Moments:
     """Moments of one tensor (host path on CPU, device path elsewhere)."""
     flat = as_float(x).reshape(-1)
     if flat.device.type == "cpu":
-        return Moments.from_values(_moments_host(flat))
+        return _moments_host(flat)
     return Moments.from_values(_moments_device(flat).tolist())
 
 
@@ -394,9 +288,8 @@ class MomentTable:
     transfer, so nothing synchronises once per layer.
     """
 
-    def __init__(self, *, on_device: bool, zeros: bool = True) -> None:
+    def __init__(self, *, on_device: bool) -> None:
         self.on_device = on_device
-        self.zeros = zeros
         self._moments: dict[Hashable, Moments] = {}
         self._pending: list[tuple[Hashable, torch.Tensor]] = []
 
@@ -406,10 +299,10 @@ class MomentTable:
         if self.on_device:
             self._pending.append((key, _moments_device(flat)))
         else:
-            self._merge(key, _moments_host(flat, self.zeros))
+            self._merge(key, _moments_host(flat))
 
-    def _merge(self, key: Hashable, values: Sequence[float]) -> None:
-        self._moments[key] = self._moments.get(key, Moments()).merge(Moments.from_values(values))
+    def _merge(self, key: Hashable, found: Moments) -> None:
+        self._moments[key] = self._moments.get(key, Moments()).merge(found)
 
     def flush(self) -> None:
         """Bring deferred device summaries to the host in one transfer and merge them."""
@@ -417,7 +310,7 @@ class MomentTable:
             return
         host = torch.stack([summary for _, summary in self._pending]).cpu().tolist()
         for (key, _), values in zip(self._pending, host, strict=True):
-            self._merge(key, values)
+            self._merge(key, Moments.from_values(values))
         self._pending.clear()
 
     def get(self, key: Hashable) -> Moments | None:
