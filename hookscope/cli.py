@@ -389,7 +389,7 @@ def check_command(
     from hookscope.probes import check
     from hookscope.probes.baseline import drift_percentiles, load_baseline
     from hookscope.probes.rulefile import load_rules
-    from hookscope.render.check import resolve_junit, write_junit
+    from hookscope.render.check import resolve_junit
 
     s, fmt = opts.s, _value(fmt)
     if cli_watch.is_log_run(model, inputs):
@@ -415,7 +415,7 @@ def check_command(
                       expectations=expected)
     doc = loaded.envelope("check", resolved.names) | report.to_dict()
     if junit_out is not None:
-        write_junit(junit_out, doc)
+        s.emit("check", doc, "junit", junit_out)
     s.emit("check", doc, fmt, out)
     if not report.passed:
         raise CheckFailed(report.summary())

@@ -51,7 +51,7 @@ def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
     """``hookscope check LOG_DIR``: the rules over the log, written as a model run's check."""
     from hookscope.core.errors import CheckFailed
     from hookscope.probes.rulefile import load_rules
-    from hookscope.render.check import resolve_junit, write_junit
+    from hookscope.render.check import resolve_junit
     from hookscope.training.logs import read_log
     from hookscope.training.rules import evaluate_log, log_doc
 
@@ -64,7 +64,7 @@ def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
     report = evaluate_log(checks, log)
     doc = log_doc(log, report)
     if junit_out is not None:
-        write_junit(junit_out, doc)
+        s.emit("check", doc, "junit", junit_out)
     s.emit("check", doc, fmt, out)
     if not report.passed:
         raise CheckFailed(report.summary())

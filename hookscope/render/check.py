@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.output import Output, resolve_output, write
+from hookscope.core.output import Output, resolve_output
 from hookscope.render.tables import Col, FitTable, fmt_float, header
 
 Doc = Mapping[str, Any]
@@ -165,11 +165,6 @@ def resolve_junit(path: Path | str | None, output: Path | str | None, *,
         raise HookscopeError(f"{param('junit')} and {param('output')} name the same file "
                              f"{str(path)!r}; give two files.")
     return resolve_output(path, force=force)
-
-
-def write_junit(output: Output, doc: Doc) -> None:
-    """Write the JUnit report of ``doc`` (atomically, like every output)."""
-    write(output, junit_xml(doc))
 
 
 # ----------------------------------------------------------------------------- GitHub

@@ -162,7 +162,8 @@ VIEWS: dict[str, View] = {
     "grads": View(grads.grads_view, grads_csv, grads_plot),
     "features": View(grid.features_view, features_csv),
     "ablate": View(ablate.ablate_view, ablate_csv),
-    "check": View(check.check_view, texts={"github": check.github_annotations}),
+    "check": View(check.check_view, texts={"github": check.github_annotations,
+                                           "junit": check.junit_xml}),
     "diff": View(diff.diff_view, diff.diff_csv),
     "watch": View(watchview.watch_view, watchview.watch_csv),
     # debug's live trace streams instead (render.tree.TraceWriter); this is its whole document
