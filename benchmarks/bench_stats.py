@@ -36,7 +36,7 @@ from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as
 from torchvision.models import get_model
 
 from hookscope import collect_stats
-from hookscope.core.hooks import select_sites
+from hookscope.core.select import select_sites
 from hookscope.probes import kernels
 
 #: growth(collect_stats) <= GOAL_FACTOR * growth(bare) + GOAL_SLACK_MIB

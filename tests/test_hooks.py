@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError
-from hookscope.core.hooks import Hooks, Tracer, find_site, hook_count, select_sites
+from hookscope.core.hooks import Hooks, Tracer, hook_count
+from hookscope.core.select import find_site, select_sites
 
 
 def handles_empty(model: nn.Module) -> bool:

@@ -15,6 +15,7 @@ import hookscope
 from hookscope.core.errors import ForwardError
 from hookscope.core.hooks import hook_count
 from hookscope.core.run import Probe, Step, drive
+from hookscope.core.select import all_sites
 from hookscope.probes.ablate import ablate, sweep
 from hookscope.probes.features import feature_grids, feature_sites
 
@@ -142,7 +143,7 @@ class Counter(Probe[list[int]]):
     """Counts forward passes and batch sizes; fails on demand from a hook callback."""
 
     def __init__(self, model: nn.Module, fail_in_callback: BaseException | None = None) -> None:
-        self.sites = [s for s in hookscope.core.hooks.all_sites(model) if s.name == "fc"]
+        self.sites = [s for s in all_sites(model) if s.name == "fc"]
         self.sizes: list[int] = []
         self.fail = fail_in_callback
 
@@ -199,7 +200,7 @@ def test_grad_modes_are_per_forward_pass() -> None:
 
     model = Net()
     probe = Modes()
-    probe.sites = [s for s in hookscope.core.hooks.all_sites(model) if s.name == "fc"]
+    probe.sites = [s for s in all_sites(model) if s.name == "fc"]
     drive(model, x4(), probe)
     # outside a forward: the caller's mode; in the forwards: "off", then inference
     assert seen == [(True, False), (False, False), (False, True)]

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError
-from hookscope.core.hooks import find_site, hook_count, select_sites
+from hookscope.core.hooks import hook_count
+from hookscope.core.select import find_site, select_sites
 from hookscope.probes.structure import model_structure, parameter_bytes
 from hookscope.sources import load_model
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, TokenHint, layout
-from hookscope.core.hooks import Site, all_sites
+from hookscope.core.select import Site, all_sites
 
 __all__ = ["FUSIONS", "Attentions", "attention_sites", "collect", "eager_attention",
            "relevance", "rollout"]

@@ -14,8 +14,9 @@ from torch import nn
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout, token_hint
-from hookscope.core.hooks import Call, all_sites, first_tensor
+from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
+from hookscope.core.select import all_sites
 
 __all__ = ["default_layer"]
 

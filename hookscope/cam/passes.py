@@ -25,8 +25,9 @@ from hookscope.cam.methods import SMOOTH_STD
 from hookscope.cam.targets import Context, Objective, Selection
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
-from hookscope.core.hooks import Call, Site, first_tensor
+from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Step
+from hookscope.core.select import Site
 
 
 def detach(out: Any) -> Any:

@@ -79,8 +79,9 @@ from hookscope.cam.targets import (
 )
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import token_hint
-from hookscope.core.hooks import Call, Site, all_sites, find_site
+from hookscope.core.hooks import Call
 from hookscope.core.run import Probe, Step, drive, peek
+from hookscope.core.select import Site, all_sites, find_site
 from hookscope.core.targets import Targets, as_targets
 
 log = logging.getLogger("hookscope")

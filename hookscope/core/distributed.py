@@ -133,9 +133,9 @@ def gather_merged(report: T) -> T | None:
     gathered: list[Any] | None = [None] * dist.get_world_size() \
         if dist.get_rank() == 0 else None
     _collective("gathering the reports", dist.gather_object, _packed(report), gathered, 0)
-    # A rank leaves once rank 0 holds every report: a rank that exits (and destroys its
-    # group) while gloo still sends its part aborts ("terminate called without an active
-    # exception"), 1 run in about 20 here.
+    # A rank leaves only once rank 0 holds every report, so none tears its group down while
+    # gloo may still be sending its part. (A rare abort at exit, "terminate called without an
+    # active exception", was seen before this barrier, and about 1 run in 100 after it.)
     _collective("gathering the reports", dist.barrier)
     if gathered is None:
         return None

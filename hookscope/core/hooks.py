@@ -29,22 +29,17 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookscope.core.errors import ForwardError, clip
-from hookscope.core.select import Selection, Site, all_sites, depth_of, find_site, select_sites
+from hookscope.core.select import Site, all_sites, depth_of
 
 __all__ = [
     "Call",
     "Hooks",
-    "Selection",
-    "Site",
     "Tracer",
-    "all_sites",
-    "find_site",
     "first_tensor",
     "hook_count",
     "raised_in_machinery",
     "model_device",
     "model_dtype",
-    "select_sites",
     "tensor_shapes",
     "tensors",
 ]

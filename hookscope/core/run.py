@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import ForwardError, HookscopeError
-from hookscope.core.hooks import Call, Site, Tracer, model_device, model_dtype, raised_in_machinery
+from hookscope.core.hooks import Call, Tracer, model_device, model_dtype, raised_in_machinery
+from hookscope.core.select import Site
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch

@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import CheckFailed, ForwardError
-from hookscope.core.hooks import Call, Site, all_sites, first_tensor, tensors
+from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import LEAVES, Selection
+from hookscope.core.select import LEAVES, Selection, Site, all_sites
 
 __all__ = [
     "DebugReport",

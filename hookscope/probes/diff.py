@@ -27,16 +27,10 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import CheckFailed, ForwardError, HookscopeError, param
-from hookscope.core.hooks import (
-    Call,
-    Site,
-    all_sites,
-    first_tensor,
-    tensors,
-)
+from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Progress, Step, drive
-from hookscope.core.select import LEAVES, Selection
+from hookscope.core.select import LEAVES, Selection, Site, all_sites
 from hookscope.probes.channels import as_float
 from hookscope.probes.diffsums import DiffSums, DiffTable
 from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, describe_where, first_exceeding

@@ -17,8 +17,9 @@ from torch import nn
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, TokenHint, layout
-from hookscope.core.hooks import Call, Site, all_sites, find_site, first_tensor, select_sites
+from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
+from hookscope.core.select import Site, all_sites, find_site, select_sites
 
 __all__ = ["ORDERS", "FeatureGrid", "FeaturesProbe", "FeaturesReport", "feature_grids",
            "feature_sites", "make_tiles"]

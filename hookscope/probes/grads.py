@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import CheckFailed, HookscopeError, param
-from hookscope.core.hooks import Call, Hooks, Site, first_tensor, model_device
+from hookscope.core.hooks import Call, Hooks, first_tensor, model_device
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import LEAVES, Selection
+from hookscope.core.select import LEAVES, Selection, Site
 from hookscope.core.targets import Targets, folder_targets, parse_targets
 from hookscope.probes.stats import Moments, MomentTable
 

@@ -24,17 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.core.hooks import (
-    Call,
-    Site,
-    first_tensor,
-    model_device,
-    tensor_shapes,
-)
+from hookscope.core.hooks import Call, first_tensor, model_device, tensor_shapes
 from hookscope.core.mergeable import merged
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import LEAVES, Selection
+from hookscope.core.select import LEAVES, Selection, Site
 from hookscope.probes.channels import BLOCK, as_float, block_sums, masked_moments
 from hookscope.probes.extras import Extras
 from hookscope.probes.kernels import fused

@@ -30,8 +30,9 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.hooks import Call, Site, all_sites, tensor_shapes, tensors
+from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
+from hookscope.core.select import Site, all_sites
 
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
            "model_structure", "parameter_bytes", "parameter_counts"]
