@@ -1,12 +1,7 @@
-"""The CAM engine's passes: each forward pass whose hooks do one thing is its own object.
+"""The CAM engine's passes: each kind of forward pass whose hooks act is its own object.
 
-:class:`CapturePass` snapshots the target layers' outputs (starting the autograd graph at the
-first one) and takes the gradients there; :class:`AblationPass` puts Ablation-CAM's ablated
-outputs in at the layer; :class:`FullGradPass` and :class:`GuidedPass` take the full backward
-pass to the input (keeping each bias's output, or guiding each ReLU's gradient);
-:class:`AttentionPass` collects the attention probabilities for the rollout. The probe's
-hooks go to the pass that is running through one :class:`Switch`; between passes they do
-nothing.
+The probe's hooks go to the pass that is running through one :class:`Switch`; between
+passes they do nothing.
 """
 
 from __future__ import annotations
@@ -20,9 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.cam.attention import (
+    ask_for_weights,
+    collect,
+    eager_attention,
+    probabilities,
+)
 from hookscope.cam.backprop import GuidedGrad, bias_of
 from hookscope.cam.methods import SMOOTH_STD
-from hookscope.cam.targets import Context, Objective, Selection
+from hookscope.cam.targets import Context, Objective, Selection, class_probs
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call, first_tensor
@@ -110,9 +111,8 @@ def score(step: Step, objective: Objective, sel: Selection, x: torch.Tensor, row
 def probs(step: Step, objective: Objective, sel: Selection, x: torch.Tensor, rows: list[int]
           ) -> torch.Tensor:
     """The target classes' softmax probabilities for ``x``: a plain pass (the metrics')."""
-    logits = objective.output(step.forward(x, grad="inference")).float()
-    index = torch.tensor([sel.classes[r] for r in rows], device=logits.device)
-    return torch.softmax(logits, dim=1).gather(1, index[:, None]).squeeze(1)
+    logits = objective.output(step.forward(x, grad="inference"))
+    return class_probs(logits, [sel.classes[r] for r in rows])
 
 
 class CapturePass(Pass):
@@ -378,15 +378,11 @@ class AttentionPass(Pass):
     def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
         kind = self.kinds.get(id(call.site.module))
         if kind is not None:
-            from hookscope.cam.attention import ask_for_weights
-
             ask_for_weights(kind, kwargs)
 
     def on_exit(self, call: Call, output: Any) -> Any:
         kind = self.kinds.get(id(call.site.module))
         if kind is not None:
-            from hookscope.cam.attention import probabilities
-
             found = probabilities(kind, output)
             if found is not None:
                 self.probs.append(found)
@@ -395,8 +391,6 @@ class AttentionPass(Pass):
     def run(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Any:
         """One pass with every attention module's probabilities (and, with ``gradients``,
         the summed target scores' gradients with respect to them)."""
-        from hookscope.cam.attention import collect, eager_attention
-
         self.probs = []
         with self.switch.running(self), eager_attention(self.model):
             out = self.objective.output(step.forward(x, grad="grad" if gradients

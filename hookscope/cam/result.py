@@ -1,10 +1,6 @@
-"""What the CAM engine returns, and how one method's raw maps become its result.
-
-:class:`CamResult` holds one method's maps; :class:`CamBatch` one batch's maps of every
-method (what a sink receives); :class:`CamReport` what :class:`hookscope.cam.probe.CamProbe`
-returns. :func:`fuse` joins several layers' raw maps as pytorch-grad-cam does, and
-:class:`MapSum` averages them over ``aug_smooth``'s passes. :class:`CamRows` makes the
-``gradcam`` document: the one the command writes, from the Python API too.
+"""What the CAM engine returns (:class:`CamResult` per method, :class:`CamBatch` per batch,
+:class:`CamReport` per run), how raw maps become a result, and :class:`CamRows`, the sink
+that makes the ``gradcam`` document.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hookscope.cam.methods import Method
+from hookscope.cam.methods import Method, minmax
 from hookscope.cam.targets import Selection
 
 if TYPE_CHECKING:
@@ -37,24 +33,15 @@ class CamResult:
     """Class activation maps for a batch of inputs, one method.
 
     Attributes:
-        method: the registered method name.
-        layer: dotted module name of the (first) target layer.
         maps: (N, H, W) float32 in [0, 1] at the input tensor's resolution.
-        raw: (N, h, w) float32 at the (first) layer's resolution, after ReLU, before
-            normalisation (FullGrad's is at the input's resolution).
+        raw: (N, h, w) float32 at the first layer's resolution, after ReLU, before
+            normalisation (FullGrad's is at the input's resolution); ``raws``: per layer.
         targets: the explained class index per input (-1: several classes).
-        scores: the target score per input (a classifier's logit).
         probs: the target's softmax probability per input (None where there is none).
-        layers: every target layer, in the order given.
-        raws: one raw map per layer.
         skipped: per input, why it was not explained (None when it was).
         guided: with ``guided``, (N, H, W, 3): the map times guided backpropagation.
-        regions: segmentation: the explained region per input, (N, H, W) bool.
-        detections: detection: per input, the explained boxes.
-        metrics: per metric name, one value per input.
-        constant: per input, whether every raw map was constant (its range within float
-            noise of its magnitude, :data:`CONSTANT_RTOL`): the map is then all zeros, not
-            rounding noise stretched to [0, 1].
+        constant: per input, whether every raw map was constant (see
+            :data:`CONSTANT_RTOL`): the map is then all zeros, not noise stretched to [0, 1].
     """
 
     method: str
@@ -79,8 +66,7 @@ class CamResult:
 
     @property
     def peaks(self) -> list[tuple[int, int] | None]:
-        """(y, x) of each map's maximum at input resolution; None for a map that is blank
-        (zero everywhere: no position stands out) or whose target score is not finite."""
+        """(y, x) of each map's maximum; None for a blank map or a non-finite score."""
         out: list[tuple[int, int] | None] = []
         for m, score in zip(self.maps, self.scores, strict=True):
             flat = int(np.argmax(m))
@@ -118,7 +104,6 @@ class CamResult:
         )
 
 
-
 def _normalise(maps: torch.Tensor) -> torch.Tensor:
     """Min-max scale each (h, w) map to [0, 1]; a constant map becomes zeros."""
     flat = maps.reshape(maps.shape[0], -1)
@@ -128,8 +113,8 @@ def _normalise(maps: torch.Tensor) -> torch.Tensor:
     return torch.where(span > 0, (maps - lo) / safe, torch.zeros_like(maps))
 
 
-def constant_maps(raws: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Per input, whether every layer's raw (N, h, w) map is constant: its range within
+def _constant(raws: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per input, whether every layer's raw (N, h, w) map has a range within
     :data:`CONSTANT_RTOL` of its largest magnitude (an all-zero map included)."""
     found = torch.ones(raws[0].shape[0], dtype=torch.bool, device=raws[0].device)
     for raw in raws:
@@ -140,13 +125,12 @@ def constant_maps(raws: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def _scale_pgc(maps: torch.Tensor) -> torch.Tensor:
-    """pytorch-grad-cam's ``scale_cam_image``: minus the minimum, over the span plus 1e-7."""
-    flat = maps.reshape(maps.shape[0], -1)
-    lo = flat.amin(dim=1).reshape(-1, 1, 1)
-    return (maps - lo) / (flat.amax(dim=1).reshape(-1, 1, 1) - lo + 1e-7)
+    """pytorch-grad-cam's ``scale_cam_image``."""
+    return minmax(maps, 1e-7)
 
 
-def _resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+def resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """(N, h, w) maps resized (bilinear) to ``size``."""
     if tuple(maps.shape[-2:]) == tuple(size):
         return maps
     return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
@@ -154,30 +138,20 @@ def _resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
 
 
 def fuse(raws: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
-    """One pass's map at ``size`` from the raw maps of one or more layers.
-
-    As pytorch-grad-cam's aggregation: each map scaled at its layer, resized to ``size``,
-    averaged over layers, and scaled again, with its 1e-7 in each denominator (so a pass
-    with tiny maps weighs less in ``aug_smooth``'s average, as there). The engine min-max
-    scales the result.
-    """
-    return _scale_pgc(torch.stack([_resize(_scale_pgc(r), size) for r in raws]).mean(dim=0))
+    """One pass's map at ``size`` from the raw maps of one or more layers, as
+    pytorch-grad-cam: each scaled, resized, averaged over layers and scaled again, with its
+    1e-7 in each denominator (so a pass with tiny maps weighs less in ``aug_smooth``)."""
+    return _scale_pgc(torch.stack([resize(_scale_pgc(r), size) for r in raws]).mean(dim=0))
 
 
 @dataclass(frozen=True)
 class CamBatch:
-    """One batch of inputs with every method's maps, as :class:`CamProbe` makes it.
+    """One batch of inputs with every method's maps: what a sink receives.
 
     Attributes:
-        batch: the inputs, their preprocessed tensor and (for image files) original images;
-            None when the inputs were plain tensors.
+        batch: the inputs (with original images for image files); None for plain tensors.
         start: the index of the batch's first input among all inputs.
-        results: per method name, the maps of the whole batch.
-        layer: dotted name of the (first) explained layer.
-        layer_shape: its output shape (C, h, w) for this batch.
-        boxes: per input, where the model's input lies in the original image (a centre
-            crop), or None for tensor inputs.
-        layers, layer_shapes: every explained layer and its output shape.
+        boxes: per input, where the model's input lies in the original image, or None.
         skipped: per input, why it was not explained (None when it was): no file is
             written for it.
     """
@@ -203,11 +177,7 @@ class CamBatch:
 
 @dataclass(frozen=True)
 class CamReport:
-    """What :class:`CamProbe` returns.
-
-    ``results`` holds each method's maps over all inputs, unless a ``sink`` took the
-    batches (then it is empty and only the layers and notes are kept).
-    """
+    """What :class:`CamProbe` returns: ``results`` is empty when a ``sink`` took the batches."""
 
     layer: str
     layer_shape: list[int]
@@ -232,12 +202,11 @@ def peak_in_box(
 
 class CamRows:
     """A sink for :func:`hookscope.cam.probe.explain` that keeps the ``gradcam`` document's
-    rows: one per input and method explained, and the inputs skipped (a detector found
-    nothing). :meth:`document` is the document the command writes after its envelope.
+    rows (one per input and method) and the inputs skipped; :meth:`document` is the document.
 
     Args:
-        plans: per input of the whole run, per method, its files' paths (``overlay``,
-            ``heatmap``, ``raw``...; see :func:`hookscope.render.heatmap.output_paths`).
+        plans: per input of the whole run, per method, its files' paths (see
+            :func:`hookscope.render.heatmap.output_paths`).
         label: the class name of an index, or None (``LoadedModel.label``).
         save_raw: the raw ``.npy`` maps are written (each row names them).
     """
@@ -276,11 +245,11 @@ class CamRows:
             "score": res.scores[i], "prob": res.probs[i],
             "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
             "raw": str(paths["raw"]) if paths["raw"] is not None else None,
-            "peak": list(peak) if peak is not None else None, "layers": list(res.layers),
+            "peak": None, "layers": list(res.layers),
             "constant": bool(res.constant[i]) if res.constant else False,
         }
-        if row["constant"]:  # a blank map has no peak
-            row["peak"] = None
+        if peak is not None and not row["constant"]:  # a blank map has no peak
+            row["peak"] = list(peak)
         if len(res.layers) > 1:
             row["raw_layers"] = {layer: str(paths[f"raw.{layer}"]) if self.save_raw else None
                                  for layer in res.layers}
@@ -306,21 +275,14 @@ class CamRows:
     def document(self, report: CamReport, *, out: Path, layer_default: bool,
                  aug_smooth: bool = False, eigen_smooth: bool = False, guided: bool = False
                  ) -> dict[str, Any]:
-        """The ``gradcam`` document after the envelope (``LoadedModel.envelope``).
-
-        Args:
-            report: what :func:`hookscope.cam.probe.explain` returned with this sink.
-            out: the folder of the files.
-            layer_default: the layer was chosen automatically.
-            aug_smooth, eigen_smooth, guided: the options ``explain`` was given.
-        """
+        """The ``gradcam`` document after the envelope, for the ``report`` that ``explain``
+        returned with this sink and the options it was given."""
         return {
             "layer": report.layer, "layer_default": layer_default,
             "layer_shape": report.layer_shape, "methods": report.methods, "out": str(out),
             "results": self.rows, "layers": report.layers, "layer_shapes": report.layer_shapes,
             "task": report.task, "aug_smooth": aug_smooth, "eigen_smooth": eigen_smooth,
             "guided": guided, "metrics": self.metric_means(), "skipped": self.skipped}
-
 
 
 class MapSum:
@@ -344,15 +306,13 @@ class MapSum:
         self.count += 1
 
     def result(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-        """The maps in [0, 1], the raw maps, and which inputs' maps are constant (drawn
-        blank: zeros)."""
+        """The maps in [0, 1], the raw maps, and which inputs' maps are constant (zeros)."""
         assert self.maps is not None
         raws = self.raws if self.count == 1 else [r / self.count for r in self.raws]
-        constant = constant_maps(raws)
+        constant = _constant(raws)
         maps = torch.where(constant[:, None, None], torch.zeros_like(self.maps),
                            _normalise(self.maps / self.count))
         return maps, raws, constant
-
 
 
 def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float],
@@ -419,10 +379,6 @@ def _detections(sel: Selection) -> list[list[dict[str, Any]]] | None:
 def with_metrics(results: dict[str, CamResult], plan: Any,
                  prob: Callable[[torch.Tensor, list[int]], torch.Tensor], x: torch.Tensor,
                  batch: int) -> dict[str, CamResult]:
-    """Every result with its metrics (see :class:`hookscope.cam.faithfulness.MetricPlan`;
-    perturbed inputs run ``batch`` at a time)."""
-    scored = {}
-    for name, res in results.items():
-        maps = torch.from_numpy(res.maps).to(x.device)
-        scored[name] = replace(res, metrics=plan.evaluate(prob, x, maps, batch))
-    return scored
+    """Every result with its metrics (see :class:`hookscope.cam.faithfulness.MetricPlan`)."""
+    return {name: replace(res, metrics=plan.evaluate(prob, x, torch.from_numpy(res.maps), batch))
+            for name, res in results.items()}

@@ -110,8 +110,7 @@ class Objective:
 
     def probs(self, out: Any, sel: Selection) -> list[float | None]:
         """The target's probability per input (None where there is none)."""
-        index = torch.tensor(sel.classes, device=out.device).unsqueeze(1)
-        return torch.softmax(out.float(), dim=1).gather(1, index).squeeze(1).tolist()
+        return class_probs(out, sel.classes).tolist()
 
 
 class SegmentationObjective(Objective):
@@ -272,6 +271,12 @@ class DetectionObjective(Objective):
 
     def probs(self, out: Any, sel: Selection) -> list[float | None]:
         return [None] * len(out)
+
+
+def class_probs(logits: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
+    """The softmax probability of ``classes[i]`` in row i of ``logits`` (computed in float32)."""
+    index = torch.tensor(list(classes), device=logits.device)
+    return torch.softmax(logits.float(), dim=1).gather(1, index[:, None]).squeeze(1)
 
 
 def infer_task(model: Any) -> str:
