@@ -1,27 +1,16 @@
-"""Attention probabilities of a vision transformer, captured by hooks, and the two maps made
+"""A vision transformer's attention probabilities, captured by hooks, and the two maps made
 from them: attention rollout and gradient-weighted attention relevance.
 
-Where the probabilities are:
-
-* timm's ``Attention`` (ViT, DeiT, EVA...): the output of its ``attn_drop``, computed only
-  on the module's non-fused path, so ``fused_attn`` is switched off for the pass;
-* torchvision's ``nn.MultiheadAttention``: its second output, asked for per head
-  (``need_weights=True, average_attn_weights=False``) by a pre-hook;
-* Hugging Face attention modules (``ViTAttention``...): their second output, which the
-  eager attention implementation returns, so the config is set to ``eager`` for the pass.
-
-Fused SDPA returns no probabilities, hence the switch; the model is left as it was found.
-The rollout (Abnar & Zuidema, 2020) fuses the heads (mean, max or min), optionally drops
-the lowest fraction of each fused matrix, adds the identity for the residual
-(``0.5·A + 0.5·I``), normalises the rows and multiplies the layers through. The relevance
-of Chefer, Gur & Wolf (2021, "Generic Attention-model Explainability") starts from the
-identity and adds, per layer, ``mean_heads((∇A ⊙ A)⁺) · R``. Either map is the class
-token's row over the patch tokens.
+The probabilities are timm's ``attn_drop`` output (``fused_attn`` off for the pass), torch
+``nn.MultiheadAttention``'s second output (asked for per head by a pre-hook), or a Hugging
+Face ``*Attention``'s second output (the config set to ``eager`` for the pass): fused SDPA
+returns none. The model is left as it was found. Either map is the class token's row over
+the patch tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -55,11 +44,8 @@ def _kind(module: nn.Module) -> str | None:
 
 
 def attention_sites(model: nn.Module) -> list[tuple[Site, str]]:
-    """The site whose output holds each attention module's probabilities, with its kind.
-
-    Raises:
-        HookscopeError: the model has no attention module hookscope knows.
-    """
+    """The site whose output holds each attention module's probabilities, with its kind
+    (HookscopeError if there is none)."""
     sites = {s.name: s for s in all_sites(model)}
     found = []
     for name, module in model.named_modules():
@@ -112,15 +98,9 @@ def probabilities(kind: str, output: Any) -> torch.Tensor | None:
 
 @dataclass(frozen=True)
 class Attentions:
-    """One pass's attention probabilities, layer by layer.
-
-    Attributes:
-        probs: per layer, (N, heads, T, T).
-        grads: per layer, the gradient of the summed target scores (attention-grad only).
-        prefix: tokens before the patch grid; the class token is the first.
-        grid: the patch grid's (h, w).
-        fusion, discard: the rollout's head fusion and discard ratio.
-    """
+    """One pass's attention probabilities per layer, (N, heads, T, T), with the gradients of
+    the summed target scores (attention-grad only); ``prefix`` tokens (the class token
+    first) come before the patch ``grid`` (h, w)."""
 
     probs: list[torch.Tensor]
     grads: list[torch.Tensor] | None
@@ -144,22 +124,10 @@ def check_rollout(fusion: str, discard: float) -> None:
         raise HookscopeError(f"{param('discard_ratio')} must be in [0, 1), not {discard}.")
 
 
-def check_tokens(probs: Sequence[torch.Tensor], batch: int) -> None:
-    """Every layer must attend over the same tokens, one matrix per input (global
-    self-attention; not Swin's windows, nor SegFormer's reduced keys)."""
-    shapes = sorted({(int(p.shape[0]), *map(int, p.shape[-2:])) for p in probs})
-    if len(shapes) != 1 or shapes[0][0] != batch or shapes[0][1] != shapes[0][2]:
-        raise HookscopeError(
-            "rollout and attention-grad need global self-attention over the same tokens in "
-            f"every block; this model's attention matrices are {shapes} (batch, queries, "
-            f"keys) for a batch of {batch} (windowed or reduced attention, as in Swin or "
-            "SegFormer).")
-
-
 def collect(probs: list[torch.Tensor], score: Callable[[], torch.Tensor] | None,
             x: torch.Tensor, hint: TokenHint, fusion: str, discard: float) -> Attentions:
-    """One pass's captured probabilities as :class:`Attentions`: checked, with the gradients
-    of ``score()`` (the summed target scores) when it is given, on the input's patch grid.
+    """One pass's probabilities as :class:`Attentions` on ``x``'s patch grid, with the
+    gradients of ``score()`` when it is given.
 
     Raises:
         HookscopeError: no probabilities, attention that is not global, or tokens that are
@@ -168,7 +136,14 @@ def collect(probs: list[torch.Tensor], score: Callable[[], torch.Tensor] | None,
     if not probs:
         raise HookscopeError("No attention module returned its probabilities during the "
                              "forward pass.")
-    check_tokens(probs, len(x))
+    # Every layer must attend over the same tokens, one matrix per input.
+    shapes = sorted({(int(p.shape[0]), *map(int, p.shape[-2:])) for p in probs})
+    if len(shapes) != 1 or shapes[0][0] != len(x) or shapes[0][1] != shapes[0][2]:
+        raise HookscopeError(
+            "rollout and attention-grad need global self-attention over the same tokens in "
+            f"every block; this model's attention matrices are {shapes} (batch, queries, "
+            f"keys) for a batch of {len(x)} (windowed or reduced attention, as in Swin or "
+            "SegFormer).")
     grads = _gradients(probs, score) if score is not None else None
     grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
                   hint=hint, force="vit")
@@ -194,7 +169,8 @@ def _gradients(probs: list[torch.Tensor], score: Callable[[], torch.Tensor]
 
 
 def rollout(att: Attentions) -> torch.Tensor:
-    """Attention rollout: (N, h, w)."""
+    """Attention rollout (Abnar & Zuidema, 2020): the fused heads, their lowest ``discard``
+    fraction dropped, 0.5 A + 0.5 I with rows normalised, multiplied through: (N, h, w)."""
     result: torch.Tensor | None = None
     for probs in att.probs:
         a = probs.double()
@@ -217,7 +193,8 @@ def rollout(att: Attentions) -> torch.Tensor:
 
 
 def relevance(att: Attentions) -> torch.Tensor:
-    """Chefer et al.'s gradient-weighted attention relevance: (N, h, w)."""
+    """Chefer, Gur & Wolf (2021): R = I, plus ``mean_heads((grad A * A)+) @ R`` per layer:
+    (N, h, w)."""
     assert att.grads is not None
     first = att.probs[0]
     eye = torch.eye(first.shape[-1], dtype=torch.float64, device=first.device)

@@ -15,12 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.cam.attention import (
-    ask_for_weights,
-    collect,
-    eager_attention,
-    probabilities,
-)
+from hookscope.cam.attention import ask_for_weights, collect, eager_attention, probabilities
 from hookscope.cam.backprop import GuidedGrad, bias_of
 from hookscope.cam.methods import SMOOTH_STD
 from hookscope.cam.targets import Context, Objective, Selection, class_probs

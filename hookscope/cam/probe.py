@@ -1,32 +1,15 @@
 """Grad-CAM and its family, with the autograd graph started at the target layer(s).
 
-Speed: the forward pass runs with gradients disabled up to the first target layer. That
-layer's forward hook snapshots its output as a fresh leaf tensor, switches gradients on for
-the rest of the forward pass and hands the model a clone of the leaf (a later target layer
-keeps its output, already in the graph, and hands on a clone too). ``torch.autograd.grad``
-of the summed target scores then reaches only the layers: nothing before the first one
-keeps autograd state, and no parameter gradient is ever computed, so a Grad-CAM costs about
-one forward pass. Methods that need extra passes (ScoreCAM's masked inputs, Ablation-CAM's
-ablated layer outputs, noisy inputs) run them through :meth:`hookscope.core.run.Step.forward`,
-batched; Ablation-CAM's passes start from one copy of the input and put the ablated batch
-in at the layer, so what comes before the layer runs once per batch of channels. Only
-FullGrad and guided backpropagation take the full backward pass to the input. Each kind of
-pass whose hooks act is its own object (:mod:`hookscope.cam.passes`).
+The forward pass runs with gradients off up to the first target layer, whose hook snapshots
+its output as a fresh leaf (inside the hook, before a later in-place op such as VGG's
+``ReLU(inplace=True)`` can change it), switches gradients on and hands the model a clone.
+``torch.autograd.grad`` then reaches only the layers and no parameter gradient is computed,
+so a Grad-CAM costs about one forward pass. Extra passes (masked, ablated, noisy inputs) run
+batched through :meth:`hookscope.core.run.Step.forward`; each kind of pass is its own object
+(:mod:`hookscope.cam.passes`). Several layers are fused as pytorch-grad-cam does.
 
-Correctness: the snapshot is taken inside the hook, before any later in-place operation
-(VGG's ``ReLU(inplace=True)``) can change the tensor, and the gradient is the one with respect
-to the layer's own output.
-
-What a map explains is an :class:`~hookscope.cam.targets.Objective`: a classifier's class
-logit, a segmentation class over a region, or a detector's boxes. Several layers are fused
-as pytorch-grad-cam does (each map min-max scaled, resized to the input, averaged);
-``aug_smooth`` averages the maps of flipped and scaled inputs and ``eigen_smooth`` replaces
-the sum over channels by their first principal component.
-
-The model is left as it was found: no hook, no ``.grad``, ``training`` flags and the
-grad mode restored, also when the forward pass raises. :class:`CamProbe` is the analysis
-(its results are built in :mod:`hookscope.cam.result`); the one driver
-(:func:`hookscope.core.run.drive`) runs it.
+The model is left as it was found (no hook, no ``.grad``, ``training`` flags and grad mode
+restored), also when the forward pass raises.
 """
 
 from __future__ import annotations
@@ -42,14 +25,7 @@ from torch import nn
 
 from hookscope.cam.backprop import has_bias
 from hookscope.cam.layer import default_layer
-from hookscope.cam.methods import (
-    CamInputs,
-    FullBackward,
-    Method,
-    get_method,
-    method_names,
-    project,
-)
+from hookscope.cam.methods import CamInputs, FullBackward, Method, get_method, method_names, project
 from hookscope.cam.passes import (
     AblationPass,
     AttentionPass,
@@ -62,21 +38,8 @@ from hookscope.cam.passes import (
     probs,
     score,
 )
-from hookscope.cam.result import (
-    CamBatch,
-    CamReport,
-    CamResult,
-    MapSum,
-    make_result,
-    with_metrics,
-)
-from hookscope.cam.targets import (
-    Context,
-    Objective,
-    Selection,
-    infer_task,
-    make_objective,
-)
+from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result, with_metrics
+from hookscope.cam.targets import Context, Objective, Selection, infer_task, make_objective
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import token_hint
 from hookscope.core.hooks import Call
@@ -86,19 +49,8 @@ from hookscope.core.targets import Targets, as_targets
 
 log = logging.getLogger("hookscope")
 
-__all__ = [
-    "AUGMENTATIONS",
-    "CamBatch",
-    "CamProbe",
-    "CamReport",
-    "CamResult",
-    "RESHAPES",
-    "check_explain",
-    "default_layer",
-    "explain",
-    "gradcam",
-    "method_names",
-]
+__all__ = ["AUGMENTATIONS", "CamBatch", "CamProbe", "CamReport", "CamResult", "RESHAPES",
+           "check_explain", "default_layer", "explain", "gradcam", "method_names"]
 
 RESHAPES = ("auto", "none", "vit", "swin")
 #: pytorch-grad-cam's ``aug_smooth``: (horizontal flip, intensity factor), the identity first.
@@ -110,9 +62,6 @@ Layers = str | nn.Module | Sequence[str | nn.Module]
 def _augment(x: torch.Tensor, flip: bool, factor: float) -> torch.Tensor:
     x = x.flip(-1) if flip else x
     return x * factor if factor != 1.0 else x
-
-
-# ----------------------------------------------------------------------------- layers
 
 
 def _resolve_site(model: nn.Module, layer: str | nn.Module) -> Site:
@@ -133,37 +82,24 @@ def _layer_list(layer: Layers) -> list[str | nn.Module]:
     return layers
 
 
-# ----------------------------------------------------------------------------- engine
-
-
 class CamProbe(Probe[CamReport]):
     """Computes one or more CAM methods at one or more layers, batch by batch.
 
     Args:
-        model: a classifier returning (N, classes) logits, a segmentation model or a
-            detector (see :mod:`hookscope.cam.targets`).
+        model: a classifier, segmentation model or detector (see :mod:`hookscope.cam.targets`).
         layer: dotted module name (or the module itself), or several (their maps are fused).
-        methods: registered method names.
-        targets: parsed targets (see :func:`hookscope.core.targets.parse_targets`).
         reshape: ``auto`` (see :mod:`hookscope.core.grid`), or only ``none`` (N, C, H, W),
             ``vit`` (tokens after prefix tokens) or ``swin`` (N, H, W, C).
         score_batch: masked, ablated or perturbed inputs per forward pass.
-        transform: the preprocessing, to place maps on the original images (see
-            :func:`hookscope.cam.targets.crop_box`).
-        sink: receives each :class:`CamBatch` (e.g. to write its files); without one, the
-            maps are kept and concatenated into the report.
-        output_key: the entry of a dict or tuple output holding the logits (see
-            :func:`hookscope.core.outputs.select_logits`).
+        transform: the preprocessing, to place maps on the original images.
+        sink: receives each :class:`CamBatch`; without one, the report keeps the maps.
         task: ``classification``, ``segmentation`` or ``detection``; None: from the model's
-            class (torchvision's segmentation models and detectors), else classification.
-        objective: what the maps explain, instead of one made from ``task`` and ``targets``.
+            class. ``objective`` replaces the one made from ``task`` and ``targets``.
         aug_smooth: average the maps of the input flipped and scaled (pytorch-grad-cam's).
-        eigen_smooth: the first principal component of the weighted activations instead of
-            their sum over channels.
+        eigen_smooth: the weighted activations' first principal component, not their sum.
         guided: also guided backpropagation times each map (guided Grad-CAM).
         seed: seeds the noise of ``sscam``, ``smoothgradcam++`` and the ROAD metric.
-        metrics: metric names (see :mod:`hookscope.cam.faithfulness`) to score every map with.
-        percentiles: the ROAD metric's percentiles.
+        metrics, percentiles: the faithfulness metrics to score every map with.
         head_fusion, discard_ratio: the rollout's (see :mod:`hookscope.cam.attention`).
     """
 
@@ -229,7 +165,7 @@ class CamProbe(Probe[CamReport]):
                                                      *attention]}.values())
 
     def _check_methods(self, aug_smooth: bool) -> None:
-        """A method or option that cannot work with this model says why, before any pass."""
+        """Refuse, before any pass, a method or option that cannot work with this model."""
         if self.task == "classification":
             return
         for m in self.methods:
@@ -240,15 +176,11 @@ class CamProbe(Probe[CamReport]):
             raise HookscopeError(f"{param('aug_smooth')} flips the input, which would move a "
                                  f"{self.task} model's region or boxes; it is for classifiers.")
 
-    # ------------------------------------------------------------------ hooks
-
     def on_enter(self, call: Call, args: Any, kwargs: dict[str, Any]) -> None:
         self.switch.on_enter(call, kwargs)
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
         return self.switch.on_exit(call, output)
-
-    # ------------------------------------------------------------------ one batch
 
     def _inputs(self, method: Method, step: Step, cap: Captured, sel: Selection,
                 ctx: Context, x: torch.Tensor, full: FullBackward | None, layer: int,
@@ -382,13 +314,10 @@ def explain(
 ) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
-    ``layer`` None picks :func:`default_layer` (the last image-grid output; a token
-    transformer's last block's first norm; for segmentation models and detectors, the
-    backbone's last stage), found on the first input (logged). ``task``, ``targets``,
-    ``output_key``, ``mask``, ``box_index``, ``iou`` and ``min_score`` make the objective
-    (see :func:`hookscope.cam.targets.make_objective`); other arguments and ``options``
-    (``aug_smooth``, ``eigen_smooth``, ``guided``, ``seed``, ``metrics``, ``percentiles``,
-    ``head_fusion``, ``discard_ratio``) are those of :class:`CamProbe`.
+    ``layer`` None picks :func:`default_layer` on the first input (logged). ``task``,
+    ``targets``, ``output_key``, ``mask``, ``box_index``, ``iou`` and ``min_score`` make the
+    objective (see :func:`hookscope.cam.targets.make_objective`); the other arguments and
+    ``options`` are those of :class:`CamProbe`.
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or an
@@ -438,24 +367,18 @@ def gradcam(
 
     Args:
         model: a classifier returning (N, classes) logits (or a segmentation model or
-            detector, see :func:`explain`); it is left with no hook, no ``.grad`` and its
+            detector, see :func:`explain`); left with no hook, no ``.grad`` and its
             ``training`` flags unchanged.
         inputs: a preprocessed batch (N, C, H, W) or one image (C, H, W), or an iterable
             of batches.
-        layer: dotted module name or the module, or a list of them (fused); None picks the
-            last module with a spatial output larger than 1x1 (logged).
+        layer: dotted module name or the module, or a list of them (fused); None picks
+            :func:`default_layer` (logged).
         method: one of :func:`method_names`.
         target: None or ``"top1"`` for the top class, ``"topK"``, a class index, a label (with
             ``categories``), or one of those per input (a list or a comma string).
-        reshape: ``auto`` (ViT tokens with a CLS token are reshaped automatically), ``none``,
-            ``vit`` or ``swin`` (channels-last (N, H, W, C) or square token outputs).
-        categories: class labels, for label targets.
+        reshape: ``auto``, ``none``, ``vit`` or ``swin`` (see :class:`CamProbe`).
         score_batch: masked, ablated or perturbed inputs per forward pass.
-        options: more of :func:`explain`'s options (``aug_smooth``, ``eigen_smooth``,
-            ``guided``, ``seed``, ``task``, ``mask``, ``box_index``, ``metrics``...).
-
-    Returns:
-        The maps, the raw layer-resolution maps, the targets and their scores.
+        options: more of :func:`explain`'s options (``aug_smooth``, ``guided``, ``task``...).
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or a
