@@ -23,7 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from hookscope.cam.attention import attention_sites, check_rollout
 from hookscope.cam.backprop import has_bias
+from hookscope.cam.faithfulness import MetricPlan
 from hookscope.cam.layer import default_layer
 from hookscope.cam.methods import CamInputs, FullBackward, Method, get_method, method_names, project
 from hookscope.cam.passes import (
@@ -127,8 +129,8 @@ class CamProbe(Probe[CamReport]):
         self.score_batch, self.transform, self.sink = score_batch, transform, sink
         self.augs = AUGMENTATIONS if aug_smooth else AUGMENTATIONS[:1]
         self.eigen_smooth = eigen_smooth
-        self.metrics = _metric_plan(metrics, percentiles, self.task, seed)
-        self._check_methods(aug_smooth)
+        self._check_methods(aug_smooth, bool(metrics))
+        self.metrics = MetricPlan.make(metrics, percentiles, seed) if metrics else None
         needs = frozenset().union(*(m.needs for m in self.methods))
         self.keep_graph = bool(needs & {"regrad", "hvp"})
         self.notes: dict[str, None] = {}
@@ -155,8 +157,6 @@ class CamProbe(Probe[CamReport]):
                        "backpropagation is the plain input gradient."] = None
         self.attention = None
         if "attention" in needs:
-            from hookscope.cam.attention import attention_sites, check_rollout
-
             check_rollout(*rollout)
             self.attention = AttentionPass(switch, objective, model, attention_sites(model),
                                            hint, rollout)
@@ -164,10 +164,13 @@ class CamProbe(Probe[CamReport]):
         self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus,
                                                      *attention]}.values())
 
-    def _check_methods(self, aug_smooth: bool) -> None:
+    def _check_methods(self, aug_smooth: bool, metrics: bool) -> None:
         """Refuse, before any pass, a method or option that cannot work with this model."""
         if self.task == "classification":
             return
+        if metrics:
+            raise HookscopeError(f"{param('metrics')} score a classifier's confidence in its "
+                                 f"class; this is a {self.task} model.")
         for m in self.methods:
             if m.classifier:
                 raise HookscopeError(f"{m.name} compares a classifier's classes; this is a "
@@ -220,12 +223,11 @@ class CamProbe(Probe[CamReport]):
         ctx = Context.of(step.batch, step.start, len(step), self.transform)
         accs = {m.name: MapSum() for m in self.methods}
         sel: Selection | None = None
-        first: tuple[list[float], list[float | None], Any] | None = None
-        for flip, factor in self.augs:
+        for n, (flip, factor) in enumerate(self.augs):
             xa = _augment(x, flip, factor)
             cap, sel = self.capture.run(step, xa, sel, ctx, keep=self.keep_graph)
-            if first is None:
-                first = (cap.scores.tolist(), self.objective.probs(cap.out, sel), cap.out)
+            if n == 0:  # the identity
+                scores, target_probs = cap.scores.tolist(), self.objective.probs(cap.out, sel)
                 self.layer_shapes = [list(a.shape[1:]) for a in cap.nchw]
             full = FullBackward(xa, *self.fullgrad.run(step, xa, sel)) \
                 if self.fullgrad is not None else None
@@ -233,9 +235,9 @@ class CamProbe(Probe[CamReport]):
                 raws = self._raws(m, step, cap, sel, ctx, xa, full)
                 accs[m.name].add(raws, x.shape[-2:], flip, len(self.augs) > 1)
             del cap, full
-        assert sel is not None and first is not None
+        assert sel is not None
         guided = self.guided.run(step, x, sel)[0] if self.guided is not None else None
-        results = {m.name: make_result(m, accs[m.name], sel, first[0], first[1], guided,
+        results = {m.name: make_result(m, accs[m.name], sel, scores, target_probs, guided,
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}
         if self.metrics is not None:
@@ -265,18 +267,6 @@ class CamProbe(Probe[CamReport]):
         shapes = [list(s) for s in self.layer_shapes]
         return {"layer": self.layer_sites[0].name, "layer_shape": shapes[0] if shapes else [],
                 "layers": [s.name for s in self.layer_sites], "layer_shapes": shapes}
-
-
-def _metric_plan(metrics: Sequence[str], percentiles: Sequence[float] | None, task: str,
-                 seed: int) -> Any:
-    if not metrics:
-        return None
-    from hookscope.cam.faithfulness import MetricPlan
-
-    if task != "classification":
-        raise HookscopeError(f"{param('metrics')} score a classifier's confidence in its "
-                             f"class; this is a {task} model.")
-    return MetricPlan.make(metrics, percentiles, seed)
 
 
 def _default_layer(model: nn.Module, inputs: Any, task: str, autocast: torch.dtype | None
@@ -387,15 +377,11 @@ def gradcam(
     options["task"] = options.get("task") or infer_task(model)
     targets = None if target is None and options["task"] == "detection" else \
         as_targets(target, categories)
-    if isinstance(inputs, torch.Tensor):
-        inputs = inputs.unsqueeze(0) if inputs.dim() == 3 else inputs
-        count = inputs.shape[0]
-    else:
-        inputs = [b.unsqueeze(0) if b.dim() == 3 else b for b in inputs]
-        count = sum(b.shape[0] for b in inputs)
+    batches = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+    batches = [b.unsqueeze(0) if b.dim() == 3 else b for b in batches]
     if targets is not None:
-        targets.check_count(count)
-    report = explain(model, inputs, layer=layer, methods=(method,), targets=targets,
+        targets.check_count(sum(len(b) for b in batches))
+    report = explain(model, batches, layer=layer, methods=(method,), targets=targets,
                      reshape=reshape, score_batch=score_batch, output_key=output_key,
                      **options)
     for note in report.notes:
