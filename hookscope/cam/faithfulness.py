@@ -79,9 +79,6 @@ def _percentiles(values: str | Sequence[float] | None) -> tuple[float, ...]:
     return found
 
 
-# ----------------------------------------------------------------------------- ROAD
-
-
 def impute(img: np.ndarray, keep: np.ndarray, noise: float = 0.01,
            generator: torch.Generator | None = None) -> np.ndarray:
     """pytorch-grad-cam's ``NoisyLinearImputer``: in ``img`` (C, H, W), each pixel not in
@@ -138,9 +135,6 @@ def _road_inputs(x: np.ndarray, maps: np.ndarray, percentiles: Sequence[float], 
                 keep = mask < np.percentile(mask, p)
                 out.append(impute(x[i], keep, noise, generator))
     return out
-
-
-# ----------------------------------------------------------------------------- plan
 
 
 @dataclass
@@ -255,9 +249,6 @@ def _batched(score: Score, inputs: list[torch.Tensor], rows: list[int], batch: i
     for s in range(0, len(inputs), step):
         found.append(score(torch.stack(inputs[s : s + step]), rows[s : s + step]).float().cpu())
     return torch.cat(found) if found else torch.empty(0)
-
-
-# ----------------------------------------------------------------------------- API
 
 
 class MetricsProbe(Probe[dict[str, np.ndarray]]):

@@ -39,21 +39,12 @@ class FullBackward:
 
 @dataclass
 class CamInputs:
-    """What a method may use; the callables run the extra passes, ``score_batch`` inputs a
-    pass.
-
-    Attributes:
-        acts: the layer's activations (N, C, h, w); ``grads``: the gradients of the summed
-            target scores with respect to them (gradient methods only).
-        targets: the explained class per input (-1 where there is no single class).
-        score: ``score(inputs, rows)``: the target score of input ``rows[j]`` for each input.
-        ablate: ``ablate(i, channels)``: input ``i``'s target scores with each channel ablated.
-        regrad: ``regrad(fn)``: the gradient at this layer of ``fn(output).sum()``.
-        hvp: the Hessian of the summed target scores times the activations.
-        noisy: ``noisy(s)``: the activations and gradients of the ``s``-th noisy input.
-        noise: ``noise(shape)``: standard normal noise from the seeded generator.
-        attention: ``attention(gradients)``: every block's attention probabilities.
-    """
+    """What a method may use: the layer's activations (N, C, h, w), the gradients of the
+    summed target scores there (gradient methods), and callables that run the extra passes
+    ``score_batch`` inputs at a time: ``score(inputs, rows)`` (input ``rows[j]``'s target
+    score of each input), ``ablate(i, channels)``, ``regrad(fn)`` (the gradient of
+    ``fn(output).sum()``), ``hvp()``, ``noisy(s)`` (the ``s``-th noisy input's activations
+    and gradients), ``noise(shape)`` (seeded) and ``attention(gradients)``."""
 
     acts: torch.Tensor
     grads: torch.Tensor | None
@@ -121,9 +112,6 @@ def get_method(name: str) -> Method:
             f"Unknown CAM method {name!r} ({param('method')}).{suggest(name, METHODS)} "
             f"Choose from: {', '.join(METHODS)}."
         ) from None
-
-
-# ----------------------------------------------------------------------------- helpers
 
 
 def _spatial_sum(t: torch.Tensor) -> torch.Tensor:

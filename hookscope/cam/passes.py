@@ -125,10 +125,13 @@ class CapturePass(Pass):
         self.cap: list[tuple[torch.Tensor, torch.Tensor, int] | None] = []
 
     def on_exit(self, call: Call, output: Any) -> Any:
+        """Snapshot a target layer's output; start the graph there (or keep it going)."""
         index = self.layer_ids.get(id(call.site.module))
-        return None if index is None else self._on_layer(call, index, output)
-
-    def _check(self, site: Site, out: torch.Tensor, index: int) -> None:
+        if index is None:
+            return None
+        site, out = call.site, first_tensor(output)
+        if out is None:
+            raise HookscopeError(f"Layer {call.name!r} returned no tensor.")
         found = layout(list(out.shape), self.size, type_name=site.type, hint=self.hint,
                        force=self.reshape)
         if not isinstance(found, Layout):
@@ -139,13 +142,6 @@ class CapturePass(Pass):
                 "`hookscope layers MODEL` lists the names and shapes."
             )
         self.grids[index] = found
-
-    def _on_layer(self, call: Call, index: int, output: Any) -> Any:
-        """Snapshot a target layer's output; start the graph there (or keep it going)."""
-        out = first_tensor(output)
-        if out is None:
-            raise HookscopeError(f"Layer {call.name!r} returned no tensor.")
-        self._check(call.site, out, index)
         if not self.needs_grad:
             self.cap[index] = (out.detach().clone(), out, call.index)
             return None
@@ -219,8 +215,7 @@ class CapturePass(Pass):
         with torch.inference_mode(False), torch.enable_grad():
             (g,) = torch.autograd.grad(fn(cap.graph_out).sum(), cap.nodes[layer],
                                        retain_graph=True, allow_unused=True)
-        g = torch.zeros_like(cap.acts[layer]) if g is None else g.detach()
-        return self.grids[layer].to_nchw(g).float()
+        return self._nchw(cap, layer, g)
 
     def hvp(self, cap: Captured, layer: int) -> torch.Tensor:
         grad, node = cap.graph_grads[layer], cap.nodes[layer]
@@ -237,8 +232,12 @@ class CapturePass(Pass):
                     "shapleycam needs second derivatives, and PyTorch has none for an "
                     f"operation of this model after layer {self.layer_sites[layer].name!r} "
                     f"({' '.join(str(exc).split())}); choose another method.") from None
-        h = torch.zeros_like(cap.acts[layer]) if h is None else h.detach()
-        return self.grids[layer].to_nchw(h).float()
+        return self._nchw(cap, layer, h)
+
+    def _nchw(self, cap: Captured, layer: int, grad: torch.Tensor | None) -> torch.Tensor:
+        """A gradient at ``layer`` (None: zeros) as (N, C, h, w) float32."""
+        grad = torch.zeros_like(cap.acts[layer]) if grad is None else grad.detach()
+        return self.grids[layer].to_nchw(grad).float()
 
 
 class Noise:

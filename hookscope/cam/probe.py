@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -40,7 +41,7 @@ from hookscope.cam.passes import (
     probs,
     score,
 )
-from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result, with_metrics
+from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
 from hookscope.cam.targets import Context, Objective, Selection, infer_task, make_objective
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import token_hint
@@ -241,8 +242,10 @@ class CamProbe(Probe[CamReport]):
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}
         if self.metrics is not None:
-            results = with_metrics(results, self.metrics, partial(probs, step, self.objective, sel),
-                                   x, self.score_batch)
+            prob = partial(probs, step, self.objective, sel)
+            for name, res in results.items():
+                maps = torch.from_numpy(res.maps)
+                results[name] = replace(res, metrics=self.metrics.evaluate(prob, x, maps, self.score_batch))
         self._emit(step, results, sel, ctx)
 
     def _emit(self, step: Step, results: dict[str, CamResult], sel: Selection, ctx: Context

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -375,10 +375,3 @@ def _detections(sel: Selection) -> list[list[dict[str, Any]]] | None:
                                           strict=True)]
             for boxes, labels, scores in zip(sel.boxes, sel.labels, sel.det_scores, strict=True)]
 
-
-def with_metrics(results: dict[str, CamResult], plan: Any,
-                 prob: Callable[[torch.Tensor, list[int]], torch.Tensor], x: torch.Tensor,
-                 batch: int) -> dict[str, CamResult]:
-    """Every result with its metrics (see :class:`hookscope.cam.faithfulness.MetricPlan`)."""
-    return {name: replace(res, metrics=plan.evaluate(prob, x, torch.from_numpy(res.maps), batch))
-            for name, res in results.items()}
