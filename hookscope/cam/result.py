@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from hookscope.cam.methods import Method, minmax
-from hookscope.cam.targets import Selection
+from hookscope.cam.targets import Box, Selection
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 #: A raw map whose range is within this fraction of its magnitude (128 float32 ulps) is
 #: constant: its variation is the rounding of the sums that made it, not localisation.
 CONSTANT_RTOL = 128 * float(torch.finfo(torch.float32).eps)
-
-Box = tuple[float, float, float, float]
 
 
 @dataclass(frozen=True)
@@ -78,30 +77,17 @@ class CamResult:
     def concat(parts: Sequence[CamResult]) -> CamResult:
         """Join per-batch results of one method and layer."""
         first = parts[0]
-        if len(parts) == 1:
-            return first
-
-        def cat(name: str) -> np.ndarray | None:
+        joined: dict[str, Any] = {}
+        for name in ("maps", "raw", "guided", "regions"):  # arrays, or None
             arrays = [getattr(p, name) for p in parts]
-            return None if any(a is None for a in arrays) else np.concatenate(arrays)
-
-        dets = [p.detections for p in parts]
-        return CamResult(
-            method=first.method, layer=first.layer,
-            maps=np.concatenate([p.maps for p in parts]),
-            raw=np.concatenate([p.raw for p in parts]),
-            targets=[t for p in parts for t in p.targets],
-            scores=[s for p in parts for s in p.scores],
-            probs=[s for p in parts for s in p.probs],
-            notes=list(dict.fromkeys(n for p in parts for n in p.notes)),
-            layers=first.layers,
+            joined[name] = None if any(a is None for a in arrays) else np.concatenate(arrays)
+        for name in ("targets", "scores", "probs", "skipped", "constant", "detections"):
+            values = [getattr(p, name) for p in parts]
+            joined[name] = None if any(v is None for v in values) else list(chain(*values))
+        return replace(
+            first, **joined, notes=list(dict.fromkeys(n for p in parts for n in p.notes)),
             raws=[np.concatenate(r) for r in zip(*(p.raws for p in parts), strict=True)],
-            skipped=[s for p in parts for s in p.skipped],
-            guided=cat("guided"), regions=cat("regions"),
-            detections=None if any(d is None for d in dets) else [x for d in dets for x in d or []],
-            metrics={k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics},
-            constant=[c for p in parts for c in p.constant],
-        )
+            metrics={k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics})
 
 
 def _normalise(maps: torch.Tensor) -> torch.Tensor:
@@ -161,7 +147,7 @@ class CamBatch:
     results: dict[str, CamResult]
     layer: str
     layer_shape: list[int]
-    boxes: list[tuple[float, float, float, float] | None]
+    boxes: list[Box | None]
     layers: list[str] = field(default_factory=list)
     layer_shapes: list[list[int]] = field(default_factory=list)
     skipped: list[str | None] = field(default_factory=list)
