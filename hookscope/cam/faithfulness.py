@@ -31,21 +31,14 @@ from hookscope.core.targets import Targets, as_targets, parse_targets
 
 __all__ = ["METRICS", "MetricPlan", "cam_metrics", "impute", "parse_metrics"]
 
-#: The names ``metrics`` takes, and the values each reports.
-METRICS: dict[str, tuple[str, ...]] = {
-    "road": ("road", "road_morf", "road_lerf"),
-    "deletion": ("deletion",),
-    "insertion": ("insertion",),
-    "drop": ("drop",),
-    "increase": ("increase",),
-}
+#: The names ``metrics`` takes (``road`` also reports ``road_morf`` and ``road_lerf``).
+METRICS = ("road", "deletion", "insertion", "drop", "increase")
 DEFAULT_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
 #: pytorch-grad-cam's ROAD imputation: neighbour offsets (row, column) and weights.
 NEIGHBOURS = (((1, 1), 1 / 12), ((0, 1), 1 / 6), ((-1, 1), 1 / 12), ((1, -1), 1 / 12),
               ((0, -1), 1 / 6), ((-1, -1), 1 / 12), ((1, 0), 1 / 6), ((-1, 0), 1 / 6))
 Score = Callable[[torch.Tensor, list[int]], torch.Tensor]
-#: A metric's perturbed inputs, the input each stands for, and what makes its values of
-#: their scores.
+#: A metric's perturbed inputs, the input each stands for, and its values from their scores.
 Part = tuple[list[torch.Tensor], list[int], Callable[[torch.Tensor], dict[str, Any]]]
 
 
@@ -56,7 +49,7 @@ def parse_metrics(spec: str | Sequence[str] | None) -> tuple[str, ...]:
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     names = [i.strip().lower() for i in items if i.strip()]
     if "all" in names:
-        return tuple(METRICS)
+        return METRICS
     for name in names:
         if name not in METRICS:
             raise HookscopeError(f"{param('metrics')} {name!r} is not a metric.{suggest(name, METRICS)} "

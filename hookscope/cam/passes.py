@@ -46,6 +46,11 @@ def _with_output(output: Any, out: torch.Tensor, replacement: torch.Tensor, name
     )
 
 
+def _or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``grad`` detached, or zeros where autograd found no path (None)."""
+    return torch.zeros_like(like) if grad is None else grad.detach()
+
+
 @dataclass
 class Captured:
     """One capture pass: the output, and per layer its activations and gradients."""
@@ -236,8 +241,7 @@ class CapturePass(Pass):
 
     def _nchw(self, cap: Captured, layer: int, grad: torch.Tensor | None) -> torch.Tensor:
         """A gradient at ``layer`` (None: zeros) as (N, C, h, w) float32."""
-        grad = torch.zeros_like(cap.acts[layer]) if grad is None else grad.detach()
-        return self.grids[layer].to_nchw(grad).float()
+        return self.grids[layer].to_nchw(_or_zeros(grad, cap.acts[layer])).float()
 
 
 class Noise:
@@ -259,9 +263,7 @@ class Noise:
             noisy = x + SMOOTH_STD * self.noise(name, x.device, tuple(x.shape))
             cache[sample] = self.capture.run(step, noisy, sel, ctx, strict=False)[0]
         found = cache[sample]
-        grads = found.grads[layer]
-        return found.nchw[layer], grads if grads is not None else torch.zeros_like(
-            found.nchw[layer])
+        return found.nchw[layer], _or_zeros(found.grads[layer], found.nchw[layer])
 
 
 class AblationPass(Pass):
@@ -331,10 +333,8 @@ class InputPass(Pass):
                 return torch.zeros_like(leaf), []
             grads = torch.autograd.grad(total, [leaf, *(o for _, o in biases)],
                                         allow_unused=True)
-        pairs = [(b, g.detach() if g is not None else torch.zeros_like(o))
-                 for (b, o), g in zip(biases, grads[1:], strict=True)]
-        first = grads[0]
-        return (first.detach() if first is not None else torch.zeros_like(leaf)), pairs
+        pairs = [(b, _or_zeros(g, o)) for (b, o), g in zip(biases, grads[1:], strict=True)]
+        return _or_zeros(grads[0], leaf), pairs
 
 
 class FullGradPass(InputPass):

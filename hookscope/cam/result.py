@@ -90,15 +90,6 @@ class CamResult:
             metrics={k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics})
 
 
-def _normalise(maps: torch.Tensor) -> torch.Tensor:
-    """Min-max scale each (h, w) map to [0, 1]; a constant map becomes zeros."""
-    flat = maps.reshape(maps.shape[0], -1)
-    lo = flat.amin(dim=1).reshape(-1, 1, 1)
-    span = (flat.amax(dim=1).reshape(-1, 1, 1) - lo)
-    safe = torch.where(span > 0, span, torch.ones_like(span))
-    return torch.where(span > 0, (maps - lo) / safe, torch.zeros_like(maps))
-
-
 def _constant(raws: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per input, whether every layer's raw (N, h, w) map has a range within
     :data:`CONSTANT_RTOL` of its largest magnitude (an all-zero map included)."""
@@ -108,11 +99,6 @@ def _constant(raws: Sequence[torch.Tensor]) -> torch.Tensor:
         span = flat.amax(dim=1) - flat.amin(dim=1)
         found &= span <= CONSTANT_RTOL * flat.abs().amax(dim=1)
     return found
-
-
-def _scale_pgc(maps: torch.Tensor) -> torch.Tensor:
-    """pytorch-grad-cam's ``scale_cam_image``."""
-    return minmax(maps, 1e-7)
 
 
 def resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
@@ -125,9 +111,10 @@ def resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
 
 def fuse(raws: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
     """One pass's map at ``size`` from the raw maps of one or more layers, as
-    pytorch-grad-cam: each scaled, resized, averaged over layers and scaled again, with its
-    1e-7 in each denominator (so a pass with tiny maps weighs less in ``aug_smooth``)."""
-    return _scale_pgc(torch.stack([resize(_scale_pgc(r), size) for r in raws]).mean(dim=0))
+    pytorch-grad-cam: each scaled (its ``scale_cam_image``), resized, averaged over layers
+    and scaled again, with its 1e-7 in each denominator (so a pass with tiny maps weighs
+    less in ``aug_smooth``)."""
+    return minmax(torch.stack([resize(minmax(r, 1e-7), size) for r in raws]).mean(dim=0), 1e-7)
 
 
 @dataclass(frozen=True)
@@ -283,7 +270,7 @@ class MapSum:
             ) -> None:
         maps = fuse(raws, size)
         if smooth:  # each raw map scaled, then averaged over augmentations
-            raws = [_scale_pgc(r) for r in raws]
+            raws = [minmax(r, 1e-7) for r in raws]
         if flip:
             maps, raws = maps.flip(-1), [r.flip(-1) for r in raws]
         self.maps = maps if self.maps is None else self.maps + maps
@@ -297,7 +284,8 @@ class MapSum:
         raws = self.raws if self.count == 1 else [r / self.count for r in self.raws]
         constant = _constant(raws)
         maps = torch.where(constant[:, None, None], torch.zeros_like(self.maps),
-                           _normalise(self.maps / self.count))
+                           # a constant map's 0 / 0 becomes zeros
+                           torch.nan_to_num(minmax(self.maps / self.count, 0.0), nan=0.0))
         return maps, raws, constant
 
 
