@@ -1,7 +1,7 @@
 """The CAM engine's passes: each kind of forward pass whose hooks act is its own object.
 
-The probe's hooks go to the pass that is running through one :class:`Switch`; between
-passes they do nothing.
+The probe (a :class:`Switch`) hands its hooks to the pass that is running; between passes
+they do nothing.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -22,8 +22,10 @@ from hookscope.cam.targets import Context, Objective, Selection, class_probs
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call, first_tensor
-from hookscope.core.run import Step
+from hookscope.core.run import Probe, Step
 from hookscope.core.select import Site
+
+R = TypeVar("R")
 
 
 def detach(out: Any) -> Any:
@@ -69,7 +71,7 @@ class Captured:
 class Pass:
     """A forward pass whose hooks do one thing; they act only while it runs."""
 
-    def __init__(self, switch: Switch, objective: Objective) -> None:
+    def __init__(self, switch: Switch[Any], objective: Objective) -> None:
         self.switch, self.objective = switch, objective
 
     def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
@@ -79,11 +81,10 @@ class Pass:
         return None
 
 
-class Switch:
-    """Routes the probe's hooks to the pass that is running; between passes, to none."""
+class Switch(Probe[R]):
+    """A probe whose hooks go to the pass that is running; between passes, to none."""
 
-    def __init__(self) -> None:
-        self.active: Pass | None = None
+    active: Pass | None = None
 
     @contextmanager
     def running(self, active: Pass) -> Iterator[None]:
@@ -93,11 +94,11 @@ class Switch:
         finally:
             self.active = None
 
-    def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
+    def on_enter(self, call: Call, args: Any, kwargs: dict[str, Any]) -> None:
         if self.active is not None:
             self.active.on_enter(call, kwargs)
 
-    def on_exit(self, call: Call, output: Any) -> Any:
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
         return None if self.active is None else self.active.on_exit(call, output)
 
 
@@ -119,7 +120,7 @@ class CapturePass(Pass):
     """Snapshots each target layer's output, starting the graph at the first one when a
     method needs gradients, and takes the gradients of the target scores there."""
 
-    def __init__(self, switch: Switch, objective: Objective, sites: list[Site], hint: Any,
+    def __init__(self, switch: Switch[Any], objective: Objective, sites: list[Site], hint: Any,
                  reshape: str, needs_grad: bool, second_order: bool) -> None:
         super().__init__(switch, objective)
         self.layer_sites, self.hint, self.reshape = sites, hint, reshape
@@ -269,7 +270,7 @@ class Noise:
 class AblationPass(Pass):
     """Ablation-CAM's passes: the target layer's hook hands on the ablated outputs."""
 
-    def __init__(self, switch: Switch, objective: Objective, capture: CapturePass) -> None:
+    def __init__(self, switch: Switch[Any], objective: Objective, capture: CapturePass) -> None:
         super().__init__(switch, objective)
         self.capture = capture
         self.ablation: tuple[int, int, torch.Tensor] | None = None
@@ -314,7 +315,7 @@ class AblationPass(Pass):
 class InputPass(Pass):
     """A pass with the full backward pass to the input."""
 
-    def __init__(self, switch: Switch, objective: Objective, modules: list[Site]) -> None:
+    def __init__(self, switch: Switch[Any], objective: Objective, modules: list[Site]) -> None:
         super().__init__(switch, objective)
         self.ids = {id(s.module) for s in modules}
         self.biases: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -361,7 +362,7 @@ class GuidedPass(InputPass):
 class AttentionPass(Pass):
     """The rollout's pass: every attention module's probabilities, asked for and kept."""
 
-    def __init__(self, switch: Switch, objective: Objective, model: nn.Module,
+    def __init__(self, switch: Switch[Any], objective: Objective, model: nn.Module,
                  found: list[tuple[Site, str]], hint: Any, rollout: tuple[str, float]) -> None:
         super().__init__(switch, objective)
         self.model, self.hint, self.rollout = model, hint, rollout

@@ -45,8 +45,7 @@ from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_re
 from hookscope.cam.targets import Context, Objective, Selection, infer_task, make_objective
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import token_hint
-from hookscope.core.hooks import Call
-from hookscope.core.run import Probe, Step, drive, peek
+from hookscope.core.run import Step, drive, peek
 from hookscope.core.select import Site, all_sites, find_site
 from hookscope.core.targets import Targets, as_targets
 
@@ -85,7 +84,7 @@ def _layer_list(layer: Layers) -> list[str | nn.Module]:
     return layers
 
 
-class CamProbe(Probe[CamReport]):
+class CamProbe(Switch[CamReport]):
     """Computes one or more CAM methods at one or more layers, batch by batch.
 
     Args:
@@ -142,24 +141,23 @@ class CamProbe(Probe[CamReport]):
     def _make_passes(self, model: nn.Module, needs: frozenset[str], reshape: str, guided: bool,
                      seed: int, rollout: tuple[str, float]) -> None:
         """One object per kind of pass, and the union of their modules as the probe's sites."""
-        switch, objective, hint = Switch(), self.objective, token_hint(model)
-        self.switch = switch
-        self.capture = CapturePass(switch, objective, self.layer_sites, hint, reshape,
+        objective, hint = self.objective, token_hint(model)
+        self.capture = CapturePass(self, objective, self.layer_sites, hint, reshape,
                                    any(m.gradients for m in self.methods), "hvp" in needs)
-        self.ablation = AblationPass(switch, objective, self.capture)
+        self.ablation = AblationPass(self, objective, self.capture)
         self.noise = Noise(self.capture, [m.name for m in self.methods], seed)
         everything = all_sites(model)
         bias = [s for s in everything if has_bias(s.module)] if "full" in needs else []
         relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if guided else []
-        self.fullgrad = FullGradPass(switch, objective, bias) if "full" in needs else None
-        self.guided = GuidedPass(switch, objective, relus) if guided else None
+        self.fullgrad = FullGradPass(self, objective, bias) if "full" in needs else None
+        self.guided = GuidedPass(self, objective, relus) if guided else None
         if guided and not relus:
             self.notes[f"{type(model).__name__} has no nn.ReLU module, so guided "
                        "backpropagation is the plain input gradient."] = None
         self.attention = None
         if "attention" in needs:
             check_rollout(*rollout)
-            self.attention = AttentionPass(switch, objective, model, attention_sites(model),
+            self.attention = AttentionPass(self, objective, model, attention_sites(model),
                                            hint, rollout)
         attention = self.attention.sites if self.attention is not None else []
         self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus,
@@ -179,12 +177,6 @@ class CamProbe(Probe[CamReport]):
         if aug_smooth:
             raise HookscopeError(f"{param('aug_smooth')} flips the input, which would move a "
                                  f"{self.task} model's region or boxes; it is for classifiers.")
-
-    def on_enter(self, call: Call, args: Any, kwargs: dict[str, Any]) -> None:
-        self.switch.on_enter(call, kwargs)
-
-    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
-        return self.switch.on_exit(call, output)
 
     def _inputs(self, method: Method, step: Step, cap: Captured, sel: Selection,
                 ctx: Context, x: torch.Tensor, full: FullBackward | None, layer: int,
