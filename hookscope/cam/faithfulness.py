@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookscope.cam.result import resize
+from hookscope.cam.methods import resize
 from hookscope.cam.targets import class_probs
 from hookscope.core.errors import HookscopeError, param, suggest
 from hookscope.core.outputs import class_logits

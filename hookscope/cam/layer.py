@@ -92,13 +92,10 @@ def _token_layer(found: Sequence[_Grid], model: nn.Module) -> _Grid | None:
     token gives the patch tokens no gradient."""
     containers = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList,
                                                                           nn.Sequential))}
-    norms = [g for g in found if g.kind == "tokens" and "Norm" in g.type]
-    blocks = [(g, _block(g.name, containers)) for g in norms]
-    inside = [(g, b) for g, b in blocks if b is not None]
-    if not inside:
-        return None
-    last = inside[-1][1]
-    return next(g for g, b in inside if b == last)
+    norms = [(g, _block(g.name, containers)) for g in found
+             if g.kind == "tokens" and "Norm" in g.type]
+    inside = [(g, b) for g, b in norms if b is not None]
+    return next((g for g, b in inside if b == inside[-1][1]), None)
 
 
 def default_layer(model: nn.Module, sample: torch.Tensor, *,

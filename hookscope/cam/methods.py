@@ -10,7 +10,7 @@ Torch is imported only inside the methods, so the CLI reads the names without lo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["CamInputs", "FullBackward", "Method", "METHODS", "get_method", "method_names",
-           "minmax", "project", "register"]
+           "minmax", "project", "register", "resize"]
 
 #: torchcam's defaults for its noise-based methods.
 SSCAM_SAMPLES, SSCAM_STD = 35, 2.0
@@ -133,6 +133,15 @@ def _grads(inp: CamInputs) -> torch.Tensor:
     return _need(inp.grads, "gradients")  # type: ignore[no-any-return]
 
 
+def _positions(t: torch.Tensor) -> torch.Tensor:
+    """(N, C, h, w) as (N, positions, channels) in float64, centred over positions."""
+    import torch
+
+    a = torch.nan_to_num(t.double(), nan=0.0)
+    x = a.flatten(2).transpose(1, 2)
+    return x - x.mean(dim=1, keepdim=True)
+
+
 def project(t: torch.Tensor) -> torch.Tensor:
     """First principal component of (N, C, h, w) over channels, sign-corrected: (N, h, w).
 
@@ -141,15 +150,12 @@ def project(t: torch.Tensor) -> torch.Tensor:
     """
     import torch
 
-    a = torch.nan_to_num(t.double(), nan=0.0)
-    n, c, h, w = a.shape
-    x = a.reshape(n, c, h * w).transpose(1, 2)  # (N, positions, channels)
-    x = x - x.mean(dim=1, keepdim=True)
+    x = _positions(t)
     _, _, vh = torch.linalg.svd(x, full_matrices=False)
     proj = (x @ vh[:, 0, :].unsqueeze(-1)).squeeze(-1)  # (N, positions)
     flip = proj.amin(dim=1).abs() > proj.amax(dim=1).abs()
     proj = torch.where(flip.unsqueeze(1), -proj, proj)
-    return proj.reshape(n, h, w).to(t.dtype)
+    return proj.reshape(t.shape[0], *t.shape[2:]).to(t.dtype)
 
 
 def minmax(t: torch.Tensor, eps: float) -> torch.Tensor:
@@ -158,6 +164,16 @@ def minmax(t: torch.Tensor, eps: float) -> torch.Tensor:
     lo = flat.amin(dim=-1)[..., None, None]
     hi = flat.amax(dim=-1)[..., None, None]
     return (t - lo) / (hi - lo + eps)
+
+
+def resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """(N, h, w) maps resized (bilinear) to ``size``."""
+    import torch.nn.functional as F
+
+    if tuple(maps.shape[-2:]) == tuple(size):
+        return maps
+    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
+                         align_corners=False).squeeze(1)
 
 
 # ----------------------------------------------------------------------------- gradients
@@ -275,16 +291,13 @@ def fullgrad(inp: CamInputs) -> torch.Tensor:
     """FullGrad (Srinivas & Fleuret) as pytorch-grad-cam, at input resolution (it ignores
     the layer): |x * dS/dx| plus, for every biased Conv2d/BatchNorm2d, |b * G|, each
     (input, channel) map min-max scaled, resized to the input and summed."""
-    import torch.nn.functional as F
-
     full = _need(inp.full, "full")
     size = full.x.shape[-2:]
     total = minmax((full.x_grad * full.x).abs(), 1e-7).sum(dim=1)
     for bias, grad in full.biases:
         term = minmax((bias[None, :, None, None] * grad).abs(), 1e-7).sum(dim=1)
         # Resizing is linear: the sum of resized channel maps is the resized sum.
-        total = total + F.interpolate(term.unsqueeze(1).float(), size=size, mode="bilinear",
-                                      align_corners=False).squeeze(1)
+        total = total + resize(term.float(), size)
     return total
 
 
@@ -312,18 +325,15 @@ def kpcacam(inp: CamInputs) -> torch.Tensor:
     scikit-learn's sign (largest entry positive), scaled by the root of its eigenvalue."""
     import torch
 
-    a = torch.nan_to_num(inp.acts.double(), nan=0.0)
-    n, c, h, w = a.shape
-    x = a.reshape(n, c, h * w).transpose(1, 2)
-    x = x - x.mean(dim=1, keepdim=True)
-    k = torch.tanh(x @ x.transpose(1, 2) / c + 1.0)
+    x = _positions(inp.acts)
+    k = torch.tanh(x @ x.transpose(1, 2) / x.shape[2] + 1.0)
     k = k - k.mean(dim=1, keepdim=True) - k.mean(dim=2, keepdim=True) \
         + k.mean(dim=(1, 2), keepdim=True)
     top, vec = _top_eigen(k)
     top = top.clamp(min=0)
     sign = torch.sign(vec.gather(1, vec.abs().argmax(dim=1, keepdim=True)))
     proj = vec * sign * top.sqrt().unsqueeze(1)
-    return proj.reshape(n, h, w).to(inp.acts.dtype)
+    return proj.reshape(x.shape[0], *inp.acts.shape[2:]).to(inp.acts.dtype)
 
 
 @register("shapleycam", needs=("hvp",))

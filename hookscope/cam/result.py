@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hookscope.cam.methods import Method, minmax
+from hookscope.cam.methods import Method, minmax, resize
 from hookscope.cam.targets import Box, Selection
 
 if TYPE_CHECKING:
@@ -99,14 +99,6 @@ def _constant(raws: Sequence[torch.Tensor]) -> torch.Tensor:
         span = flat.amax(dim=1) - flat.amin(dim=1)
         found &= span <= CONSTANT_RTOL * flat.abs().amax(dim=1)
     return found
-
-
-def resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """(N, h, w) maps resized (bilinear) to ``size``."""
-    if tuple(maps.shape[-2:]) == tuple(size):
-        return maps
-    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
-                         align_corners=False).squeeze(1)
 
 
 def fuse(raws: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
