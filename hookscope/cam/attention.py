@@ -13,17 +13,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
+from hookscope.cam.passes import Pass, Switch
+from hookscope.cam.targets import Objective, Selection
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, TokenHint, layout
+from hookscope.core.hooks import Call
+from hookscope.core.run import Step
 from hookscope.core.select import Site, all_sites
 
-__all__ = ["FUSIONS", "Attentions", "attention_sites", "collect", "eager_attention",
-           "relevance", "rollout"]
+__all__ = ["FUSIONS", "AttentionPass", "Attentions", "attention_sites", "collect",
+           "eager_attention", "relevance", "rollout"]
 
 FUSIONS = ("mean", "max", "min")
 #: Hugging Face attention modules hold their query projection under one of these names.
@@ -82,20 +87,6 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
             c._attn_implementation = value
 
 
-def ask_for_weights(kind: str, kwargs: dict[str, Any]) -> None:
-    """A torch MultiheadAttention call returns its per-head probabilities (in place)."""
-    if kind == "torch":
-        kwargs["need_weights"] = True
-        kwargs["average_attn_weights"] = False
-
-
-def probabilities(kind: str, output: Any) -> torch.Tensor | None:
-    """The (N, heads, T, T) probabilities in an attention site's output."""
-    found = output if kind == "timm" else output[1] if isinstance(output, (tuple, list)) \
-        and len(output) > 1 else None
-    return found if isinstance(found, torch.Tensor) and found.dim() == 4 else None
-
-
 @dataclass(frozen=True)
 class Attentions:
     """One pass's attention probabilities per layer, (N, heads, T, T), with the gradients of
@@ -115,13 +106,54 @@ class Attentions:
         return row.reshape(row.shape[0], *self.grid)
 
 
-def check_rollout(fusion: str, discard: float) -> None:
-    """Refuse an unknown head fusion or a discard ratio outside [0, 1)."""
-    if fusion not in FUSIONS:
-        raise HookscopeError(f"{param('head_fusion')} {fusion!r}: choose one of "
-                             f"{', '.join(FUSIONS)}.")
-    if not 0.0 <= discard < 1.0:
-        raise HookscopeError(f"{param('discard_ratio')} must be in [0, 1), not {discard}.")
+class AttentionPass(Pass):
+    """The rollout's pass: every attention module's probabilities, asked for and kept.
+
+    Raises:
+        HookscopeError: an unknown head fusion, a discard ratio outside [0, 1), or a model
+            without an attention module hookscope knows.
+    """
+
+    def __init__(self, switch: Switch[Any], objective: Objective, model: nn.Module, hint: Any,
+                 fusion: str, discard: float) -> None:
+        if fusion not in FUSIONS:
+            raise HookscopeError(f"{param('head_fusion')} {fusion!r}: choose one of "
+                                 f"{', '.join(FUSIONS)}.")
+        if not 0.0 <= discard < 1.0:
+            raise HookscopeError(f"{param('discard_ratio')} must be in [0, 1), not {discard}.")
+        super().__init__(switch, objective)
+        self.model, self.hint, self.rollout = model, hint, (fusion, discard)
+        found = attention_sites(model)
+        self.kinds = {id(site.module): kind for site, kind in found}
+        self.sites = [site for site, _ in found]
+        self.probs: list[torch.Tensor] = []
+
+    def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
+        if self.kinds.get(id(call.site.module)) == "torch":  # its per-head probabilities
+            kwargs["need_weights"] = True
+            kwargs["average_attn_weights"] = False
+
+    def on_exit(self, call: Call, output: Any) -> Any:
+        kind = self.kinds.get(id(call.site.module))
+        if kind is None:
+            return None
+        found = output if kind == "timm" else output[1] if isinstance(output, (tuple, list)) \
+            and len(output) > 1 else None
+        if isinstance(found, torch.Tensor) and found.dim() == 4:  # (N, heads, T, T)
+            self.probs.append(found)
+        return None
+
+    def run(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Attentions:
+        """One pass with every attention module's probabilities (and, with ``gradients``,
+        the summed target scores' gradients with respect to them)."""
+        self.probs = []
+        with self.switch.running(self), eager_attention(self.model):
+            out = self.objective.output(step.forward(x, grad="grad" if gradients
+                                                     else "inference"))
+        probs, self.probs = self.probs, []
+        rows = list(range(len(sel.classes)))
+        score = partial(self.objective.score, out, sel, rows) if gradients else None
+        return collect(probs, score, x, self.hint, *self.rollout)
 
 
 def collect(probs: list[torch.Tensor], score: Callable[[], torch.Tensor] | None,

@@ -9,13 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, TypeVar
 
 import torch
-from torch import nn
 
-from hookscope.cam.attention import ask_for_weights, collect, eager_attention, probabilities
 from hookscope.cam.backprop import GuidedGrad, bias_of
 from hookscope.cam.methods import SMOOTH_STD
 from hookscope.cam.targets import Context, Objective, Selection, class_probs
@@ -305,7 +302,7 @@ class AblationPass(Pass):
         try:
             with self.switch.running(self):
                 out = step.forward_expanded(
-                    x[i : i + 1], k, lambda o: self.objective.rows(self.objective.output(o)),
+                    x[i : i + 1], k, lambda o: len(self.objective.output(o)),
                     self.expand_ok, layer, grad="inference")
             return self.objective.score(self.objective.output(out), sel, [i] * k)
         finally:
@@ -357,40 +354,3 @@ class GuidedPass(InputPass):
             if isinstance(output, torch.Tensor) and output.requires_grad:
                 return GuidedGrad.apply(output)
         return None
-
-
-class AttentionPass(Pass):
-    """The rollout's pass: every attention module's probabilities, asked for and kept."""
-
-    def __init__(self, switch: Switch[Any], objective: Objective, model: nn.Module,
-                 found: list[tuple[Site, str]], hint: Any, rollout: tuple[str, float]) -> None:
-        super().__init__(switch, objective)
-        self.model, self.hint, self.rollout = model, hint, rollout
-        self.kinds = {id(site.module): kind for site, kind in found}
-        self.sites = [site for site, _ in found]
-        self.probs: list[torch.Tensor] = []
-
-    def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
-        kind = self.kinds.get(id(call.site.module))
-        if kind is not None:
-            ask_for_weights(kind, kwargs)
-
-    def on_exit(self, call: Call, output: Any) -> Any:
-        kind = self.kinds.get(id(call.site.module))
-        if kind is not None:
-            found = probabilities(kind, output)
-            if found is not None:
-                self.probs.append(found)
-        return None
-
-    def run(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Any:
-        """One pass with every attention module's probabilities (and, with ``gradients``,
-        the summed target scores' gradients with respect to them)."""
-        self.probs = []
-        with self.switch.running(self), eager_attention(self.model):
-            out = self.objective.output(step.forward(x, grad="grad" if gradients
-                                                     else "inference"))
-        probs, self.probs = self.probs, []
-        rows = list(range(len(sel.classes)))
-        score = partial(self.objective.score, out, sel, rows) if gradients else None
-        return collect(probs, score, x, self.hint, *self.rollout)

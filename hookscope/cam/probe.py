@@ -24,14 +24,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookscope.cam.attention import attention_sites, check_rollout
+from hookscope.cam.attention import AttentionPass
 from hookscope.cam.backprop import has_bias
 from hookscope.cam.faithfulness import MetricPlan
 from hookscope.cam.layer import default_layer
 from hookscope.cam.methods import CamInputs, FullBackward, Method, get_method, method_names, project
 from hookscope.cam.passes import (
     AblationPass,
-    AttentionPass,
     Captured,
     CapturePass,
     FullGradPass,
@@ -156,9 +155,7 @@ class CamProbe(Switch[CamReport]):
                        "backpropagation is the plain input gradient."] = None
         self.attention = None
         if "attention" in needs:
-            check_rollout(*rollout)
-            self.attention = AttentionPass(self, objective, model, attention_sites(model),
-                                           hint, rollout)
+            self.attention = AttentionPass(self, objective, model, hint, *rollout)
         attention = self.attention.sites if self.attention is not None else []
         self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus,
                                                      *attention]}.values())

@@ -90,10 +90,6 @@ class Objective:
         index = torch.tensor([sel.classes[r] for r in rows], device=out.device)
         return out.gather(1, index.unsqueeze(1)).squeeze(1)
 
-    def rows(self, out: Any) -> int:
-        """How many inputs an output answers."""
-        return int(out.shape[0])
-
     def probs(self, out: Any, sel: Selection) -> list[float | None]:
         """The target's probability per input (None where there is none)."""
         return class_probs(out, sel.classes).tolist()
@@ -211,9 +207,6 @@ class DetectionObjective(Objective):
                                  f"scores per image (torchvision's); it returned "
                                  f"{type(raw).__name__}.")
         return list(raw)
-
-    def rows(self, out: Any) -> int:
-        return len(out)
 
     def _chosen(self, det: dict[str, torch.Tensor], label: int | None, name: str
                 ) -> tuple[torch.Tensor, str | None]:
