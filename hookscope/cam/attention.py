@@ -107,12 +107,8 @@ class Attentions:
 
 
 class AttentionPass(Pass):
-    """The rollout's pass: every attention module's probabilities, asked for and kept.
-
-    Raises:
-        HookscopeError: an unknown head fusion, a discard ratio outside [0, 1), or a model
-            without an attention module hookscope knows.
-    """
+    """The rollout's pass: every attention module's probabilities, asked for and kept
+    (HookscopeError for bad rollout options or a model without a known attention module)."""
 
     def __init__(self, switch: Switch[Any], objective: Objective, model: nn.Module, hint: Any,
                  fusion: str, discard: float) -> None:

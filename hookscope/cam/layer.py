@@ -104,10 +104,7 @@ def default_layer(model: nn.Module, sample: torch.Tensor, *,
     """The layer to explain when none is given, and its (N, C, h, w), from one forward pass
     of ``sample``: the last module whose output is an image grid (for a token transformer,
     its last block's first norm); for a segmentation model or detector, the last such stage
-    of its backbone if there is one.
-
-    Raises:
-        HookscopeError: no module has a spatial output.
+    of its backbone if there is one. HookscopeError if no module has a spatial output.
     """
     probe = _Spatial(model)
     found = drive(model, sample, probe, autocast=autocast)

@@ -273,27 +273,14 @@ def _default_layer(model: nn.Module, inputs: Any, task: str, autocast: torch.dty
     return layer, batches
 
 
-def explain(
-    model: nn.Module,
-    inputs: Any,
-    *,
-    layer: Layers | None = None,
-    methods: Sequence[str] = ("gradcam",),
-    targets: Targets | None = None,
-    reshape: str = "auto",
-    score_batch: int = 32,
-    transform: Any = None,
-    sink: Callable[[CamBatch], None] | None = None,
-    progress: Callable[[int], None] | None = None,
-    output_key: str | None = None,
-    autocast: torch.dtype | None = None,
-    task: str | None = None,
-    mask: np.ndarray | None = None,
-    box_index: Sequence[int] = (),
-    iou: float = 0.5,
-    min_score: float = 0.5,
-    **options: Any,
-) -> CamReport:
+def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
+            methods: Sequence[str] = ("gradcam",), targets: Targets | None = None,
+            reshape: str = "auto", score_batch: int = 32, transform: Any = None,
+            sink: Callable[[CamBatch], None] | None = None,
+            progress: Callable[[int], None] | None = None, output_key: str | None = None,
+            autocast: torch.dtype | None = None, task: str | None = None,
+            mask: np.ndarray | None = None, box_index: Sequence[int] = (), iou: float = 0.5,
+            min_score: float = 0.5, **options: Any) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
     ``layer`` None picks :func:`default_layer` on the first input (logged). ``task``,
@@ -332,19 +319,11 @@ def check_explain(model: nn.Module, *, layer: Layers | None = None,
              objective=objective, **options)
 
 
-def gradcam(
-    model: nn.Module,
-    inputs: torch.Tensor | Iterable[torch.Tensor],
-    layer: Layers | None = None,
-    *,
-    method: str = "gradcam",
-    target: int | str | Sequence[int | str] | None = None,
-    reshape: str = "auto",
-    categories: Sequence[str] | None = None,
-    score_batch: int = 32,
-    output_key: str | None = None,
-    **options: Any,
-) -> CamResult:
+def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
+            layer: Layers | None = None, *, method: str = "gradcam",
+            target: int | str | Sequence[int | str] | None = None, reshape: str = "auto",
+            categories: Sequence[str] | None = None, score_batch: int = 32,
+            output_key: str | None = None, **options: Any) -> CamResult:
     """Class activation maps of ``model`` for ``inputs`` at ``layer``.
 
     Args:

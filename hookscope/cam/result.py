@@ -111,15 +111,10 @@ def fuse(raws: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class CamBatch:
-    """One batch of inputs with every method's maps: what a sink receives.
-
-    Attributes:
-        batch: the inputs (with original images for image files); None for plain tensors.
-        start: the index of the batch's first input among all inputs.
-        boxes: per input, where the model's input lies in the original image, or None.
-        skipped: per input, why it was not explained (None when it was): no file is
-            written for it.
-    """
+    """One batch of inputs with every method's maps: what a sink receives. ``batch`` is
+    None for plain tensors; ``start`` is its first input's index; per input, ``boxes`` say
+    where the model's input lies in the original image (or None) and ``skipped`` why it was
+    not explained (None when it was: no file is written for it)."""
 
     batch: Batch | None
     start: int
@@ -154,9 +149,7 @@ class CamReport:
     task: str = "classification"
 
 
-def peak_in_box(
-    peak: tuple[int, int], map_size: tuple[int, int], box: Box
-) -> tuple[int, int]:
+def peak_in_box(peak: tuple[int, int], map_size: tuple[int, int], box: Box) -> tuple[int, int]:
     """Map a (y, x) peak of an (h, w) map onto original-image pixels inside ``box``."""
     (y, x), (h, w) = peak, map_size
     left, top, right, bottom = box

@@ -289,11 +289,8 @@ def make_objective(task: str, targets: Targets | None, *, output_key: str | None
 
 
 def load_mask(path: str | Path) -> np.ndarray:
-    """A region from an image file: its non-zero pixels, as an (H, W) bool array.
-
-    Raises:
-        HookscopeError: the file cannot be read as an image.
-    """
+    """A region from an image file: its non-zero pixels, as an (H, W) bool array
+    (HookscopeError if the file cannot be read as an image)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
