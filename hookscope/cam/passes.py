@@ -165,30 +165,24 @@ class CapturePass(Pass):
         self.size = (int(x.shape[-2]), int(x.shape[-1]))
         with self.switch.running(self):
             out = self.objective.output(step.forward(x))
-        cap = self.cap
-        for site, found in zip(self.layer_sites, cap, strict=True):
-            if found is None:
-                raise HookscopeError(f"Layer {site.name!r} did not run during the forward "
-                                     "pass; choose a layer the model uses.")
-        taken = [c for c in cap if c is not None]
+        taken = [c for c in self.cap if c is not None]
+        if len(taken) < len(self.cap):
+            raise HookscopeError(f"Layer {self.layer_sites[self.cap.index(None)].name!r} did "
+                                 "not run during the forward pass; choose a layer the model uses.")
+        acts, nodes = [c[0] for c in taken], [c[1] for c in taken]
         sel = sel or self.objective.select(detach(out), x, step.start, ctx)
         grads: list[torch.Tensor | None] = [None] * len(taken)
         graph_grads: list[torch.Tensor] = []
         if self.needs_grad:
-            nodes = [c[1] for c in taken]
             graph_grads = [torch.zeros_like(n) for n in nodes] if all(sel.skipped) else \
                 self._backward(out, sel, nodes, keep, strict)
-            grads = [g.detach() for g in graph_grads]
-        rows = list(range(len(x)))
+            grads = [self._nchw(i, g.detach()) for i, g in enumerate(graph_grads)]
         with torch.no_grad():
-            scores = self.objective.score(detach(out), sel, rows).float()
-        nchw = [lay.to_nchw(c[0]).float() for c, lay in zip(taken, self.grids, strict=True)]
+            scores = self.objective.score(detach(out), sel, list(range(len(x)))).float()
         return Captured(
-            out=detach(out), acts=[c[0] for c in taken], nchw=nchw,
-            grads=[lay.to_nchw(g).float() if g is not None else None
-                   for g, lay in zip(grads, self.grids, strict=True)],
-            calls=[c[2] for c in taken], scores=scores,
-            graph_out=out if keep else None, nodes=[c[1] for c in taken] if keep else [],
+            out=detach(out), acts=acts, nchw=[self._nchw(i, a) for i, a in enumerate(acts)],
+            grads=grads, calls=[c[2] for c in taken], scores=scores,
+            graph_out=out if keep else None, nodes=nodes if keep else [],
             graph_grads=graph_grads if keep else []), sel
 
     def _backward(self, out: Any, sel: Selection, nodes: list[torch.Tensor], keep: bool,
@@ -218,7 +212,7 @@ class CapturePass(Pass):
         with torch.inference_mode(False), torch.enable_grad():
             (g,) = torch.autograd.grad(fn(cap.graph_out).sum(), cap.nodes[layer],
                                        retain_graph=True, allow_unused=True)
-        return self._nchw(cap, layer, g)
+        return self._nchw(layer, _or_zeros(g, cap.acts[layer]))
 
     def hvp(self, cap: Captured, layer: int) -> torch.Tensor:
         grad, node = cap.graph_grads[layer], cap.nodes[layer]
@@ -235,11 +229,11 @@ class CapturePass(Pass):
                     "shapleycam needs second derivatives, and PyTorch has none for an "
                     f"operation of this model after layer {self.layer_sites[layer].name!r} "
                     f"({' '.join(str(exc).split())}); choose another method.") from None
-        return self._nchw(cap, layer, h)
+        return self._nchw(layer, _or_zeros(h, cap.acts[layer]))
 
-    def _nchw(self, cap: Captured, layer: int, grad: torch.Tensor | None) -> torch.Tensor:
-        """A gradient at ``layer`` (None: zeros) as (N, C, h, w) float32."""
-        return self.grids[layer].to_nchw(_or_zeros(grad, cap.acts[layer])).float()
+    def _nchw(self, layer: int, t: torch.Tensor) -> torch.Tensor:
+        """A tensor in ``layer``'s output layout as (N, C, h, w) float32."""
+        return self.grids[layer].to_nchw(t).float()
 
 
 class Noise:
