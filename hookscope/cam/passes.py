@@ -268,8 +268,7 @@ class AblationPass(Pass):
         self.expand_ok: dict[int, bool] = {}
 
     def on_exit(self, call: Call, output: Any) -> Any:
-        if self.ablation is None:
-            return None
+        assert self.ablation is not None  # set while the pass runs
         layer, index, replacement = self.ablation
         if self.capture.layer_ids.get(id(call.site.module)) == layer and call.index == index:
             out = first_tensor(output)

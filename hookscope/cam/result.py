@@ -66,12 +66,8 @@ class CamResult:
     @property
     def peaks(self) -> list[tuple[int, int] | None]:
         """(y, x) of each map's maximum; None for a blank map or a non-finite score."""
-        out: list[tuple[int, int] | None] = []
-        for m, score in zip(self.maps, self.scores, strict=True):
-            flat = int(np.argmax(m))
-            blank = not m.max() > 0 or not math.isfinite(score)
-            out.append(None if blank else (flat // m.shape[1], flat % m.shape[1]))
-        return out
+        return [divmod(int(np.argmax(m)), m.shape[1]) if m.max() > 0 and math.isfinite(score)
+                else None for m, score in zip(self.maps, self.scores, strict=True)]
 
     @staticmethod
     def concat(parts: Sequence[CamResult]) -> CamResult:
