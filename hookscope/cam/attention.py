@@ -10,10 +10,9 @@ the patch tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -22,13 +21,13 @@ from torch import nn
 from hookscope.cam.passes import Pass, Switch
 from hookscope.cam.targets import Objective, Selection
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, TokenHint, layout
+from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call
 from hookscope.core.run import Step
 from hookscope.core.select import Site, all_sites
 
-__all__ = ["FUSIONS", "AttentionPass", "Attentions", "attention_sites", "collect",
-           "eager_attention", "relevance", "rollout"]
+__all__ = ["FUSIONS", "AttentionPass", "Attentions", "attention_sites", "eager_attention",
+           "relevance", "rollout"]
 
 FUSIONS = ("mean", "max", "min")
 #: Hugging Face attention modules hold their query projection under one of these names.
@@ -140,60 +139,50 @@ class AttentionPass(Pass):
         return None
 
     def run(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Attentions:
-        """One pass with every attention module's probabilities (and, with ``gradients``,
-        the summed target scores' gradients with respect to them)."""
+        """One pass's attention probabilities on ``x``'s patch grid (with ``gradients``, the
+        summed target scores' gradients with respect to them).
+
+        Raises:
+            HookscopeError: no probabilities, attention that is not global, or tokens that are
+                not a patch grid of ``x``.
+        """
         self.probs = []
         with self.switch.running(self), eager_attention(self.model):
             out = self.objective.output(step.forward(x, grad="grad" if gradients
                                                      else "inference"))
         probs, self.probs = self.probs, []
-        rows = list(range(len(sel.classes)))
-        score = partial(self.objective.score, out, sel, rows) if gradients else None
-        return collect(probs, score, x, self.hint, *self.rollout)
+        if not probs:
+            raise HookscopeError("No attention module returned its probabilities during the "
+                                 "forward pass.")
+        # Every layer must attend over the same tokens, one matrix per input.
+        shapes = sorted({(int(p.shape[0]), *map(int, p.shape[-2:])) for p in probs})
+        if len(shapes) != 1 or shapes[0][0] != len(x) or shapes[0][1] != shapes[0][2]:
+            raise HookscopeError(
+                "rollout and attention-grad need global self-attention over the same tokens in "
+                f"every block; this model's attention matrices are {shapes} (batch, queries, "
+                f"keys) for a batch of {len(x)} (windowed or reduced attention, as in Swin or "
+                "SegFormer).")
+        grads = self._gradients(probs, out, sel) if gradients else None
+        grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
+                      hint=self.hint, force="vit")
+        if not isinstance(grid, Layout):
+            raise HookscopeError(f"The attention is over tokens that are not a patch grid: {grid}.")
+        return Attentions([p.detach() for p in probs], grads, grid.prefix, (grid.h, grid.w),
+                          *self.rollout)
 
-
-def collect(probs: list[torch.Tensor], score: Callable[[], torch.Tensor] | None,
-            x: torch.Tensor, hint: TokenHint, fusion: str, discard: float) -> Attentions:
-    """One pass's probabilities as :class:`Attentions` on ``x``'s patch grid, with the
-    gradients of ``score()`` when it is given.
-
-    Raises:
-        HookscopeError: no probabilities, attention that is not global, or tokens that are
-            not a patch grid of ``x``.
-    """
-    if not probs:
-        raise HookscopeError("No attention module returned its probabilities during the "
-                             "forward pass.")
-    # Every layer must attend over the same tokens, one matrix per input.
-    shapes = sorted({(int(p.shape[0]), *map(int, p.shape[-2:])) for p in probs})
-    if len(shapes) != 1 or shapes[0][0] != len(x) or shapes[0][1] != shapes[0][2]:
-        raise HookscopeError(
-            "rollout and attention-grad need global self-attention over the same tokens in "
-            f"every block; this model's attention matrices are {shapes} (batch, queries, "
-            f"keys) for a batch of {len(x)} (windowed or reduced attention, as in Swin or "
-            "SegFormer).")
-    grads = _gradients(probs, score) if score is not None else None
-    grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
-                  hint=hint, force="vit")
-    if not isinstance(grid, Layout):
-        raise HookscopeError(f"The attention is over tokens that are not a patch grid: {grid}.")
-    return Attentions([p.detach() for p in probs], grads, grid.prefix, (grid.h, grid.w),
-                      fusion, discard)
-
-
-def _gradients(probs: list[torch.Tensor], score: Callable[[], torch.Tensor]
-               ) -> list[torch.Tensor]:
-    # torch's MultiheadAttention returns a per-head view of the matrix it used: take the
-    # gradient at that matrix.
-    nodes = [p._base if p._base is not None and p._base.numel() == p.numel() else p
-             for p in probs]
-    with torch.inference_mode(False), torch.enable_grad():
-        total = score().sum()
-        if not total.requires_grad:
-            return [torch.zeros_like(p) for p in probs]
-        grads = torch.autograd.grad(total, nodes, allow_unused=True)
-    return [g.detach().reshape(p.shape) if g is not None else torch.zeros_like(p)
-            for g, p in zip(grads, probs, strict=True)]
+    def _gradients(self, probs: list[torch.Tensor], out: Any, sel: Selection
+                   ) -> list[torch.Tensor]:
+        # torch's MultiheadAttention returns a per-head view of the matrix it used: take the
+        # gradient at that matrix.
+        nodes = [p._base if p._base is not None and p._base.numel() == p.numel() else p
+                 for p in probs]
+        with torch.inference_mode(False), torch.enable_grad():
+            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
+            if not total.requires_grad:
+                return [torch.zeros_like(p) for p in probs]
+            grads = torch.autograd.grad(total, nodes, allow_unused=True)
+        return [g.detach().reshape(p.shape) if g is not None else torch.zeros_like(p)
+                for g, p in zip(grads, probs, strict=True)]
 
 
 def rollout(att: Attentions) -> torch.Tensor:
