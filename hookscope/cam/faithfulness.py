@@ -116,20 +116,6 @@ def impute(img: np.ndarray, keep: np.ndarray, noise: float = 0.01,
     return out.reshape(img.shape)
 
 
-def _road_inputs(x: np.ndarray, maps: np.ndarray, percentiles: Sequence[float], noise: float,
-                 generator: torch.Generator) -> list[np.ndarray]:
-    """ROAD's perturbed inputs: LeRF then MoRF, each percentile, each input (the order
-    pytorch-grad-cam draws its noise in)."""
-    out = []
-    for least in (True, False):
-        for p in percentiles:
-            for i in range(len(x)):
-                mask = 1 - maps[i] if least else maps[i]
-                keep = mask < np.percentile(mask, p)
-                out.append(impute(x[i], keep, noise, generator))
-    return out
-
-
 @dataclass
 class MetricPlan:
     """Which metrics, with what settings, and the noise generator (seeded)."""
@@ -181,11 +167,18 @@ class MetricPlan:
         return {k: v.astype(np.float64) for k, v in found.items()}
 
     def _road(self, x: torch.Tensor, maps: torch.Tensor, base: torch.Tensor) -> Part:
-        """ROAD's imputed inputs."""
+        """ROAD's imputed inputs: LeRF then MoRF, each percentile, each input (the order
+        pytorch-grad-cam draws its noise in)."""
         n, k = len(x), len(self.percentiles)
-        made = _road_inputs(x.detach().float().cpu().numpy(), maps.cpu().numpy(),
-                            self.percentiles, self.noise, self.generator)
-        inputs = [torch.from_numpy(m).to(x) for m in made]
+        images, ranks = x.detach().float().cpu().numpy(), maps.cpu().numpy()
+        inputs = []
+        for least in (True, False):
+            for p in self.percentiles:
+                for i in range(n):
+                    mask = 1 - ranks[i] if least else ranks[i]
+                    keep = mask < np.percentile(mask, p)
+                    inputs.append(torch.from_numpy(impute(images[i], keep, self.noise,
+                                                          self.generator)).to(x))
 
         def values(scores: torch.Tensor) -> dict[str, Any]:
             diffs = scores.reshape(2, k, n) - base
