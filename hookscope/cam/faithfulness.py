@@ -1,15 +1,8 @@
 """How faithful a class activation map is: the model's confidence (the target's softmax
-probability) on inputs perturbed by it, as the implementations users compare against:
-
-* ``road``: pytorch-grad-cam's ``ROADCombined``: pixels above (MoRF) or below (LeRF) each
-  percentile of the map are imputed from their neighbours; (LeRF - MoRF) / 2 of the mean
-  change in confidence (also ``road_morf``, ``road_lerf``).
-* ``deletion``, ``insertion``: torchcam's ``DeletionInsertionMetric``: the area under the
-  confidence curve as positions ranked by the map are zeroed, or inserted into a zero input.
-* ``drop``, ``increase``: pytorch-grad-cam's ``DropInConfidence`` and
-  ``IncreaseInConfidence`` of the input times the map: max(0, p - p') and [p' > p].
-
-Perturbed inputs run ``batch`` at a time, all metrics' together.
+probability) on inputs perturbed by it, as pytorch-grad-cam's ``ROADCombined``,
+``DropInConfidence`` and ``IncreaseInConfidence`` and torchcam's ``DeletionInsertionMetric``
+compute it ("Metrics" in docs/gradcam.md). Perturbed inputs run ``batch`` at a time, all
+metrics' together.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Grad-CAM and its family, with the autograd graph started at the target layer(s).
-
-The forward pass runs with gradients off up to the first target layer, whose hook snapshots
-its output as a fresh leaf (inside the hook, before a later in-place op such as VGG's
-``ReLU(inplace=True)`` can change it), switches gradients on and hands the model a clone.
-``torch.autograd.grad`` then reaches only the layers and no parameter gradient is computed,
-so a Grad-CAM costs about one forward pass. Extra passes (masked, ablated, noisy inputs) run
-batched through :meth:`hookscope.core.run.Step.forward`; each kind of pass is its own object
-(:mod:`hookscope.cam.passes`). Several layers are fused as pytorch-grad-cam does.
-
-The model is left as it was found (no hook, no ``.grad``, ``training`` flags and grad mode
-restored), also when the forward pass raises.
+"""Grad-CAM and its family, with the autograd graph started at the target layer(s): see
+"How it is fast" in docs/gradcam.md. Each kind of pass is its own object
+(:mod:`hookscope.cam.passes`); the model is left as it was found, also when it raises.
 """
 
 from __future__ import annotations
@@ -86,22 +77,11 @@ def _layer_list(layer: Layers) -> list[str | nn.Module]:
 class CamProbe(Switch[CamReport]):
     """Computes one or more CAM methods at one or more layers, batch by batch.
 
-    Args:
-        model: a classifier, segmentation model or detector (see :mod:`hookscope.cam.targets`).
-        layer: dotted module name (or the module itself), or several (their maps are fused).
-        reshape: ``auto`` (see :mod:`hookscope.core.grid`), or only ``none`` (N, C, H, W),
-            ``vit`` (tokens after prefix tokens) or ``swin`` (N, H, W, C).
-        score_batch: masked, ablated or perturbed inputs per forward pass.
-        transform: the preprocessing, to place maps on the original images.
-        sink: receives each :class:`CamBatch`; without one, the report keeps the maps.
-        task: ``classification``, ``segmentation`` or ``detection``; None: from the model's
-            class. ``objective`` replaces the one made from ``task`` and ``targets``.
-        aug_smooth: average the maps of the input flipped and scaled (pytorch-grad-cam's).
-        eigen_smooth: the weighted activations' first principal component, not their sum.
-        guided: also guided backpropagation times each map (guided Grad-CAM).
-        seed: seeds the noise of ``sscam``, ``smoothgradcam++`` and the ROAD metric.
-        metrics, percentiles: the faithfulness metrics to score every map with.
-        head_fusion, discard_ratio: the rollout's (see :mod:`hookscope.cam.attention`).
+    The options are the ``gradcam`` command's (docs/gradcam.md), plus ``layer``: a dotted
+    name or the module itself, or several (their maps are fused); ``transform``: the
+    preprocessing, to place maps on the original images; ``sink``: receives each
+    :class:`CamBatch` (without one, the report keeps the maps); ``objective``: replaces the
+    one made from ``task`` (None: from the model's class), ``targets`` and ``output_key``.
     """
 
     grad = "off"  # autograd starts at the layer: its hook switches it on
@@ -337,9 +317,7 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
         method: one of :func:`method_names`.
         target: None or ``"top1"`` for the top class, ``"topK"``, a class index, a label (with
             ``categories``), or one of those per input (a list or a comma string).
-        reshape: ``auto``, ``none``, ``vit`` or ``swin`` (see :class:`CamProbe`).
-        score_batch: masked, ablated or perturbed inputs per forward pass.
-        options: more of :func:`explain`'s options (``aug_smooth``, ``guided``, ``task``...).
+        reshape, score_batch, options: :func:`explain`'s (``aug_smooth``, ``task``...).
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or a

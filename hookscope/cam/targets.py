@@ -1,10 +1,7 @@
-"""What a class activation map explains, for each kind of model (as pytorch-grad-cam's
-targets): a classifier's target logit; a segmentation model's target logits summed over a
-region (the predicted pixels, or a mask file); a detector's box scores of chosen detections.
-
-An :class:`Objective` chooses from the clean pass what each input explains (a
-:class:`Selection`), then scores any output against it, differentiably: gradients, extra
-passes and metrics share one definition of "the target score".
+"""What a class activation map explains, for each kind of model ("Segmentation and
+detection" in docs/gradcam.md). An :class:`Objective` chooses from the clean pass what each
+input explains (a :class:`Selection`), then scores any output against it, differentiably:
+gradients, extra passes and metrics share one definition of "the target score".
 """
 
 from __future__ import annotations
