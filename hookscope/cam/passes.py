@@ -303,12 +303,24 @@ class AblationPass(Pass):
 
 
 class InputPass(Pass):
-    """A pass with the full backward pass to the input."""
+    """A pass with the full backward pass to the input: FullGrad's keeps each biased
+    module's output, for its bias gradient; guided backpropagation's has each ReLU pass back
+    only positive gradients."""
 
-    def __init__(self, switch: Switch[Any], objective: Objective, modules: list[Site]) -> None:
+    def __init__(self, switch: Switch[Any], objective: Objective, modules: list[Site], *,
+                 guided: bool) -> None:
         super().__init__(switch, objective)
-        self.ids = {id(s.module) for s in modules}
+        self.ids, self.guided = {id(s.module) for s in modules}, guided
         self.biases: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def on_exit(self, call: Call, output: Any) -> Any:
+        if id(call.site.module) not in self.ids or not isinstance(output, torch.Tensor) \
+                or not output.requires_grad:
+            return None
+        if self.guided:
+            return GuidedGrad.apply(output)
+        self.biases.append((bias_of(call.site.module), output))
+        return output.clone()  # a following in-place ReLU must not change it
 
     def run(self, step: Step, x: torch.Tensor, sel: Selection
             ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -327,23 +339,3 @@ class InputPass(Pass):
         pairs = [(b, _or_zeros(g, o)) for (b, o), g in zip(biases, grads[1:], strict=True)]
         return _or_zeros(grads[0], leaf), pairs
 
-
-class FullGradPass(InputPass):
-    """FullGrad's pass: each biased module's output is kept, for its bias gradient."""
-
-    def on_exit(self, call: Call, output: Any) -> Any:
-        if id(call.site.module) in self.ids:
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                self.biases.append((bias_of(call.site.module), output))
-                return output.clone()  # a following in-place ReLU must not change it
-        return None
-
-
-class GuidedPass(InputPass):
-    """Guided backpropagation's pass: each ReLU passes back only positive gradients."""
-
-    def on_exit(self, call: Call, output: Any) -> Any:
-        if id(call.site.module) in self.ids:
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                return GuidedGrad.apply(output)
-        return None

@@ -20,17 +20,7 @@ from hookscope.cam.backprop import has_bias
 from hookscope.cam.faithfulness import MetricPlan
 from hookscope.cam.layer import default_layer
 from hookscope.cam.methods import CamInputs, FullBackward, Method, get_method, method_names, project
-from hookscope.cam.passes import (
-    AblationPass,
-    Captured,
-    CapturePass,
-    FullGradPass,
-    GuidedPass,
-    Noise,
-    Switch,
-    probs,
-    score,
-)
+from hookscope.cam.passes import AblationPass, Captured, CapturePass, InputPass, Noise, Switch, probs, score
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
 from hookscope.cam.targets import Context, Objective, Selection, infer_task, make_objective
 from hookscope.core.errors import HookscopeError, param
@@ -49,11 +39,6 @@ RESHAPES = ("auto", "none", "vit", "swin")
 AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1.0),
                  (True, 1.1))
 Layers = str | nn.Module | Sequence[str | nn.Module]
-
-
-def _augment(x: torch.Tensor, flip: bool, factor: float) -> torch.Tensor:
-    x = x.flip(-1) if flip else x
-    return x * factor if factor != 1.0 else x
 
 
 def _resolve_site(model: nn.Module, layer: str | nn.Module) -> Site:
@@ -128,8 +113,8 @@ class CamProbe(Switch[CamReport]):
         everything = all_sites(model)
         bias = [s for s in everything if has_bias(s.module)] if "full" in needs else []
         relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if guided else []
-        self.fullgrad = FullGradPass(self, objective, bias) if "full" in needs else None
-        self.guided = GuidedPass(self, objective, relus) if guided else None
+        self.fullgrad = InputPass(self, objective, bias, guided=False) if "full" in needs else None
+        self.guided = InputPass(self, objective, relus, guided=True) if guided else None
         if guided and not relus:
             self.notes[f"{type(model).__name__} has no nn.ReLU module, so guided "
                        "backpropagation is the plain input gradient."] = None
@@ -158,7 +143,7 @@ class CamProbe(Switch[CamReport]):
     def _inputs(self, method: Method, step: Step, cap: Captured, sel: Selection,
                 ctx: Context, x: torch.Tensor, full: FullBackward | None, layer: int,
                 cache: dict[int, Captured]) -> CamInputs:
-        name = method.name
+        name = method.name  # its noise generator
         return CamInputs(
             acts=cap.nchw[layer], grads=cap.grads[layer], x=x, targets=list(sel.classes),
             score=partial(score, step, self.objective, sel), score_batch=self.score_batch,
@@ -194,7 +179,7 @@ class CamProbe(Switch[CamReport]):
         accs = {m.name: MapSum() for m in self.methods}
         sel: Selection | None = None
         for n, (flip, factor) in enumerate(self.augs):
-            xa = _augment(x, flip, factor)
+            xa = (x.flip(-1) if flip else x) * factor
             cap, sel = self.capture.run(step, xa, sel, ctx, keep=self.keep_graph)
             if n == 0:  # the identity
                 scores, target_probs = cap.scores.tolist(), self.objective.probs(cap.out, sel)
