@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import torch
 
 from hookscope.cam.backprop import GuidedGrad, bias_of
-from hookscope.cam.methods import SMOOTH_STD
+from hookscope.cam.methods import SMOOTH_STD, FullBackward
 from hookscope.cam.targets import Context, Objective, Selection, class_probs
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
@@ -322,8 +322,7 @@ class InputPass(Pass):
         self.biases.append((bias_of(call.site.module), output))
         return output.clone()  # a following in-place ReLU must not change it
 
-    def run(self, step: Step, x: torch.Tensor, sel: Selection
-            ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def run(self, step: Step, x: torch.Tensor, sel: Selection) -> FullBackward:
         """The full backward pass to the input (FullGrad's or guided backpropagation's)."""
         leaf = x.detach().clone().requires_grad_(True)
         self.biases = []
@@ -333,9 +332,9 @@ class InputPass(Pass):
         with torch.inference_mode(False), torch.enable_grad():
             total = self.objective.score(out, sel, list(range(len(x)))).sum()
             if not total.requires_grad:
-                return torch.zeros_like(leaf), []
+                return FullBackward(x, torch.zeros_like(leaf))
             grads = torch.autograd.grad(total, [leaf, *(o for _, o in biases)],
                                         allow_unused=True)
         pairs = [(b, _or_zeros(g, o)) for (b, o), g in zip(biases, grads[1:], strict=True)]
-        return _or_zeros(grads[0], leaf), pairs
+        return FullBackward(x, _or_zeros(grads[0], leaf), pairs)
 

@@ -41,22 +41,13 @@ AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1
 Layers = str | nn.Module | Sequence[str | nn.Module]
 
 
-def _resolve_site(model: nn.Module, layer: str | nn.Module) -> Site:
-    if isinstance(layer, nn.Module):
-        for site in all_sites(model):
-            if site.module is layer:
-                return site
+def _site(model: nn.Module, layer: str | nn.Module) -> Site:
+    if not isinstance(layer, nn.Module):
+        return find_site(model, layer)
+    found = next((s for s in all_sites(model) if s.module is layer), None)
+    if found is None:
         raise HookscopeError(f"The given layer ({type(layer).__name__}) is not part of the model.")
-    return find_site(model, layer)
-
-
-def _layer_list(layer: Layers) -> list[str | nn.Module]:
-    if isinstance(layer, (str, nn.Module)):
-        return [layer]
-    layers = list(layer)
-    if not layers:
-        raise HookscopeError(f"No layer given ({param('layer')}).")
-    return layers
+    return found
 
 
 class CamProbe(Switch[CamReport]):
@@ -85,7 +76,10 @@ class CamProbe(Switch[CamReport]):
                                  f"{', '.join(RESHAPES)}.")
         if not methods:
             raise HookscopeError(f"No CAM method given ({param('method')}).")
-        sites = [_resolve_site(model, item) for item in _layer_list(layer)]
+        layers = [layer] if isinstance(layer, (str, nn.Module)) else list(layer)
+        if not layers:
+            raise HookscopeError(f"No layer given ({param('layer')}).")
+        sites = [_site(model, item) for item in layers]
         self.layer_sites = list({s.name: s for s in sites}.values())
         self.methods: list[Method] = list({m.name: m for m in map(get_method, methods)}.values())
         self.task = objective.kind if objective is not None else task or infer_task(model)
@@ -184,14 +178,13 @@ class CamProbe(Switch[CamReport]):
             if n == 0:  # the identity
                 scores, target_probs = cap.scores.tolist(), self.objective.probs(cap.out, sel)
                 self.layer_shapes = [list(a.shape[1:]) for a in cap.nchw]
-            full = FullBackward(xa, *self.fullgrad.run(step, xa, sel)) \
-                if self.fullgrad is not None else None
+            full = self.fullgrad.run(step, xa, sel) if self.fullgrad is not None else None
             for m in self.methods:
                 raws = self._raws(m, step, cap, sel, ctx, xa, full)
                 accs[m.name].add(raws, x.shape[-2:], flip, len(self.augs) > 1)
             del cap, full
         assert sel is not None
-        guided = self.guided.run(step, x, sel)[0] if self.guided is not None else None
+        guided = self.guided.run(step, x, sel).x_grad if self.guided is not None else None
         results = {m.name: make_result(m, accs[m.name], sel, scores, target_probs, guided,
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}
