@@ -219,18 +219,6 @@ class CamProbe(Switch[CamReport]):
                 "layers": [s.name for s in self.layer_sites], "layer_shapes": shapes}
 
 
-def _default_layer(model: nn.Module, inputs: Any, task: str, autocast: torch.dtype | None
-                   ) -> tuple[str, Any]:
-    first, batches = peek(inputs)
-    sample = getattr(first, "tensor", first)
-    sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
-    layer, shape = default_layer(model, sample[:1], autocast=autocast, task=task)
-    log.info("using layer %s, %s (%s channels on a %sx%s grid)", layer,
-             "the default for this model" if task == "classification" else
-             "the backbone's last stage", *shape[1:])
-    return layer, batches
-
-
 def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
             methods: Sequence[str] = ("gradcam",), targets: Targets | None = None,
             reshape: str = "auto", score_batch: int = 32, transform: Any = None,
@@ -256,7 +244,13 @@ def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
                                box_index=box_index, iou=iou, min_score=min_score)
     batches: Any = inputs
     if layer is None:
-        layer, batches = _default_layer(model, inputs, task, autocast)
+        first, batches = peek(inputs)
+        sample = getattr(first, "tensor", first)
+        sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
+        layer, shape = default_layer(model, sample[:1], autocast=autocast, task=task)
+        log.info("using layer %s, %s (%s channels on a %sx%s grid)", layer,
+                 "the default for this model" if task == "classification" else
+                 "the backbone's last stage", *shape[1:])
     probe = CamProbe(model, layer, methods, reshape=reshape, score_batch=score_batch,
                      transform=transform, sink=sink, objective=objective, **options)
     return drive(model, batches, probe, progress=progress, autocast=autocast)
