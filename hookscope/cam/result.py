@@ -299,7 +299,7 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
             "(their range is float rounding, so they carry no localisation) and are "
             "drawn blank; choose a layer whose spatial grid is larger than 1x1 at this "
             "input size.")
-    mixed = None if guided is None else (maps.unsqueeze(1) * guided).permute(0, 2, 3, 1)
+    mixed = None if guided is None else (maps.unsqueeze(1) * guided).permute(0, 2, 3, 1).cpu().numpy()
     raw_np = [r.cpu().numpy().astype(np.float32, copy=False) for r in raws]
     return CamResult(
         method=method.name, layer=layers[0],
@@ -307,7 +307,7 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
         targets=list(sel.classes), scores=[float(s) for s in scores], probs=list(probs),
         notes=notes, layers=list(layers),
         raws=raw_np * (1 if method.layerwise else len(layers)),
-        skipped=list(sel.skipped), guided=None if mixed is None else mixed.cpu().numpy(), regions=_regions(sel, maps.shape[-2:]),
+        skipped=list(sel.skipped), guided=mixed, regions=_regions(sel, maps.shape[-2:]),
         detections=_detections(sel), constant=constant.tolist())
 
 
