@@ -278,12 +278,9 @@ class AblationPass(Pass):
 
     def run(self, step: Step, sel: Selection, cap: Captured, layer: int, x: torch.Tensor,
             i: int, channels: list[int]) -> torch.Tensor:
-        """Scores of input ``i`` with each of ``channels`` of the layer's output ablated.
-
-        The pass starts from one copy of the input and the layer's hook returns the k
-        ablated outputs, so what runs before the layer runs once; a model that cannot take
-        that (it mixes tensors from before the layer with the batch) gets k copies.
-        """
+        """Scores of input ``i`` with each of ``channels`` of the layer's output ablated: one
+        copy of the input runs up to the layer, whose hook hands on the k ablated outputs
+        (see :meth:`hookscope.core.run.Step.forward_expanded`)."""
         orig = cap.acts[layer][i : i + 1]
         k = len(channels)
         batch = orig.repeat(k, *([1] * (orig.dim() - 1)))
