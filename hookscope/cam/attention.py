@@ -26,8 +26,7 @@ from hookscope.core.hooks import Call
 from hookscope.core.run import Step
 from hookscope.core.select import Site, all_sites
 
-__all__ = ["FUSIONS", "AttentionPass", "Attentions", "attention_sites", "eager_attention",
-           "relevance", "rollout"]
+__all__ = ["FUSIONS", "AttentionPass", "Attentions", "attention_sites", "eager_attention"]
 
 FUSIONS = ("mean", "max", "min")
 #: Hugging Face attention modules hold their query projection under one of these names.
@@ -99,10 +98,45 @@ class Attentions:
     fusion: str = "mean"
     discard: float = 0.0
 
-    def to_map(self, relevance: torch.Tensor) -> torch.Tensor:
-        """The class token's row over the patch tokens, (N, h, w)."""
-        row = relevance[:, 0, self.prefix:]
+    def to_map(self, matrix: torch.Tensor) -> torch.Tensor:
+        """The class token's row of ``matrix`` over the patch tokens, (N, h, w)."""
+        row = matrix[:, 0, self.prefix:]
         return row.reshape(row.shape[0], *self.grid)
+
+    def rollout(self) -> torch.Tensor:
+        """Attention rollout (Abnar & Zuidema, 2020): the fused heads, their lowest ``discard``
+        fraction dropped, 0.5 A + 0.5 I with rows normalised, multiplied through: (N, h, w)."""
+        result: torch.Tensor | None = None
+        for probs in self.probs:
+            a = probs.double()
+            fused = a.mean(dim=1) if self.fusion == "mean" else \
+                a.amax(dim=1) if self.fusion == "max" else a.amin(dim=1)
+            if self.discard > 0:
+                flat = fused.reshape(fused.shape[0], -1).clone()
+                drop = int(flat.shape[1] * self.discard)
+                lowest = flat.topk(drop, dim=1, largest=False).indices
+                keep = flat[:, 0].clone()  # the class token's attention to itself stays
+                flat.scatter_(1, lowest, 0.0)
+                flat[:, 0] = keep
+                fused = flat.reshape(fused.shape)
+            eye = torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
+            step = 0.5 * fused + 0.5 * eye
+            step = step / step.sum(dim=-1, keepdim=True)
+            result = step if result is None else step @ result
+        assert result is not None
+        return self.to_map(result).float()
+
+    def relevance(self) -> torch.Tensor:
+        """Chefer, Gur & Wolf (2021): R = I, plus ``mean_heads((grad A * A)+) @ R`` per layer:
+        (N, h, w)."""
+        assert self.grads is not None
+        first = self.probs[0]
+        eye = torch.eye(first.shape[-1], dtype=torch.float64, device=first.device)
+        r = eye.expand(first.shape[0], -1, -1).clone()
+        for probs, grads in zip(self.probs, self.grads, strict=True):
+            cam = (grads.double() * probs.double()).clamp(min=0).mean(dim=1)
+            r = r + cam @ r
+        return self.to_map(r).float()
 
 
 class AttentionPass(Pass):
@@ -183,40 +217,3 @@ class AttentionPass(Pass):
             grads = torch.autograd.grad(total, nodes, allow_unused=True)
         return [g.detach().reshape(p.shape) if g is not None else torch.zeros_like(p)
                 for g, p in zip(grads, probs, strict=True)]
-
-
-def rollout(att: Attentions) -> torch.Tensor:
-    """Attention rollout (Abnar & Zuidema, 2020): the fused heads, their lowest ``discard``
-    fraction dropped, 0.5 A + 0.5 I with rows normalised, multiplied through: (N, h, w)."""
-    result: torch.Tensor | None = None
-    for probs in att.probs:
-        a = probs.double()
-        fused = a.mean(dim=1) if att.fusion == "mean" else \
-            a.amax(dim=1) if att.fusion == "max" else a.amin(dim=1)
-        if att.discard > 0:
-            flat = fused.reshape(fused.shape[0], -1).clone()
-            drop = int(flat.shape[1] * att.discard)
-            lowest = flat.topk(drop, dim=1, largest=False).indices
-            keep = flat[:, 0].clone()  # the class token's attention to itself stays
-            flat.scatter_(1, lowest, 0.0)
-            flat[:, 0] = keep
-            fused = flat.reshape(fused.shape)
-        eye = torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
-        step = 0.5 * fused + 0.5 * eye
-        step = step / step.sum(dim=-1, keepdim=True)
-        result = step if result is None else step @ result
-    assert result is not None
-    return att.to_map(result).float()
-
-
-def relevance(att: Attentions) -> torch.Tensor:
-    """Chefer, Gur & Wolf (2021): R = I, plus ``mean_heads((grad A * A)+) @ R`` per layer:
-    (N, h, w)."""
-    assert att.grads is not None
-    first = att.probs[0]
-    eye = torch.eye(first.shape[-1], dtype=torch.float64, device=first.device)
-    r = eye.expand(first.shape[0], -1, -1).clone()
-    for probs, grads in zip(att.probs, att.grads, strict=True):
-        cam = (grads.double() * probs.double()).clamp(min=0).mean(dim=1)
-        r = r + cam @ r
-    return att.to_map(r).float()

@@ -459,15 +459,11 @@ def smoothgradcam_pp(inp: CamInputs) -> torch.Tensor:
 
 @register("rollout", gradients=False, needs=("attention",), layerwise=False)
 def attention_rollout(inp: CamInputs) -> torch.Tensor:
-    """Attention rollout (Abnar & Zuidema, 2020); see :func:`hookscope.cam.attention.rollout`."""
-    from hookscope.cam.attention import rollout
-
-    return rollout(_need(inp.attention, "attention")(False))
+    """Attention rollout (Abnar & Zuidema, 2020): :meth:`.attention.Attentions.rollout`."""
+    return _need(inp.attention, "attention")(False).rollout()  # type: ignore[no-any-return]
 
 
 @register("attention-grad", gradients=False, needs=("attention",), layerwise=False)
 def attention_grad(inp: CamInputs) -> torch.Tensor:
-    """Chefer, Gur & Wolf (2021); see :func:`hookscope.cam.attention.relevance`."""
-    from hookscope.cam.attention import relevance
-
-    return relevance(_need(inp.attention, "attention")(True))
+    """Chefer, Gur & Wolf (2021): :meth:`.attention.Attentions.relevance`."""
+    return _need(inp.attention, "attention")(True).relevance()  # type: ignore[no-any-return]
