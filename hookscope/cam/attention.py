@@ -1,27 +1,16 @@
-"""Attention probabilities of a vision transformer, captured by hooks, and the two maps made
+"""A vision transformer's attention probabilities, captured by hooks, and the two maps made
 from them: attention rollout and gradient-weighted attention relevance.
 
-Where the probabilities are:
-
-* timm's ``Attention`` (ViT, DeiT, EVA...): the output of its ``attn_drop``, computed only
-  on the module's non-fused path, so ``fused_attn`` is switched off for the pass;
-* torchvision's ``nn.MultiheadAttention``: its second output, asked for per head
-  (``need_weights=True, average_attn_weights=False``) by a pre-hook;
-* Hugging Face attention modules (``ViTAttention``...): their second output, which the
-  eager attention implementation returns, so the config is set to ``eager`` for the pass.
-
-Fused SDPA returns no probabilities, hence the switch; the model is left as it was found.
-The rollout (Abnar & Zuidema, 2020) fuses the heads (mean, max or min), optionally drops
-the lowest fraction of each fused matrix, adds the identity for the residual
-(``0.5·A + 0.5·I``), normalises the rows and multiplies the layers through. The relevance
-of Chefer, Gur & Wolf (2021, "Generic Attention-model Explainability") starts from the
-identity and adds, per layer, ``mean_heads((∇A ⊙ A)⁺) · R``. Either map is the class
-token's row over the patch tokens.
+The probabilities are timm's ``attn_drop`` output (``fused_attn`` off for the pass), torch
+``nn.MultiheadAttention``'s second output (asked for per head by a pre-hook), or a Hugging
+Face ``*Attention``'s second output (the config set to ``eager`` for the pass): fused SDPA
+returns none. The model is left as it was found. Either map is the class token's row over
+the patch tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,12 +18,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.cam.passes import Pass, Switch
+from hookscope.cam.targets import Objective, Selection
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, TokenHint, layout
+from hookscope.core.grid import Layout, layout
+from hookscope.core.hooks import Call
+from hookscope.core.run import Step
 from hookscope.core.select import Site, all_sites
 
-__all__ = ["FUSIONS", "Attentions", "attention_sites", "collect", "eager_attention",
-           "relevance", "rollout"]
+__all__ = ["FUSIONS", "AttentionPass", "Attentions", "attention_sites", "eager_attention"]
 
 FUSIONS = ("mean", "max", "min")
 #: Hugging Face attention modules hold their query projection under one of these names.
@@ -55,11 +47,8 @@ def _kind(module: nn.Module) -> str | None:
 
 
 def attention_sites(model: nn.Module) -> list[tuple[Site, str]]:
-    """The site whose output holds each attention module's probabilities, with its kind.
-
-    Raises:
-        HookscopeError: the model has no attention module hookscope knows.
-    """
+    """The site whose output holds each attention module's probabilities, with its kind
+    (HookscopeError if there is none)."""
     sites = {s.name: s for s in all_sites(model)}
     found = []
     for name, module in model.named_modules():
@@ -96,31 +85,11 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
             c._attn_implementation = value
 
 
-def ask_for_weights(kind: str, kwargs: dict[str, Any]) -> None:
-    """A torch MultiheadAttention call returns its per-head probabilities (in place)."""
-    if kind == "torch":
-        kwargs["need_weights"] = True
-        kwargs["average_attn_weights"] = False
-
-
-def probabilities(kind: str, output: Any) -> torch.Tensor | None:
-    """The (N, heads, T, T) probabilities in an attention site's output."""
-    found = output if kind == "timm" else output[1] if isinstance(output, (tuple, list)) \
-        and len(output) > 1 else None
-    return found if isinstance(found, torch.Tensor) and found.dim() == 4 else None
-
-
 @dataclass(frozen=True)
 class Attentions:
-    """One pass's attention probabilities, layer by layer.
-
-    Attributes:
-        probs: per layer, (N, heads, T, T).
-        grads: per layer, the gradient of the summed target scores (attention-grad only).
-        prefix: tokens before the patch grid; the class token is the first.
-        grid: the patch grid's (h, w).
-        fusion, discard: the rollout's head fusion and discard ratio.
-    """
+    """One pass's attention probabilities per layer, (N, heads, T, T), with the gradients of
+    the summed target scores (attention-grad only); ``prefix`` tokens (the class token
+    first) come before the patch ``grid`` (h, w)."""
 
     probs: list[torch.Tensor]
     grads: list[torch.Tensor] | None
@@ -129,100 +98,122 @@ class Attentions:
     fusion: str = "mean"
     discard: float = 0.0
 
-    def to_map(self, relevance: torch.Tensor) -> torch.Tensor:
-        """The class token's row over the patch tokens, (N, h, w)."""
-        row = relevance[:, 0, self.prefix:]
+    def to_map(self, matrix: torch.Tensor) -> torch.Tensor:
+        """The class token's row of ``matrix`` over the patch tokens, (N, h, w)."""
+        row = matrix[:, 0, self.prefix:]
         return row.reshape(row.shape[0], *self.grid)
 
+    def rollout(self) -> torch.Tensor:
+        """Attention rollout (Abnar & Zuidema, 2020): the fused heads, their lowest ``discard``
+        fraction dropped, 0.5 A + 0.5 I with rows normalised, multiplied through: (N, h, w)."""
+        result: torch.Tensor | None = None
+        for probs in self.probs:
+            a = probs.double()
+            fused = a.mean(dim=1) if self.fusion == "mean" else \
+                a.amax(dim=1) if self.fusion == "max" else a.amin(dim=1)
+            if self.discard > 0:
+                flat = fused.reshape(fused.shape[0], -1).clone()
+                drop = int(flat.shape[1] * self.discard)
+                lowest = flat.topk(drop, dim=1, largest=False).indices
+                keep = flat[:, 0].clone()  # the class token's attention to itself stays
+                flat.scatter_(1, lowest, 0.0)
+                flat[:, 0] = keep
+                fused = flat.reshape(fused.shape)
+            eye = torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
+            step = 0.5 * fused + 0.5 * eye
+            step = step / step.sum(dim=-1, keepdim=True)
+            result = step if result is None else step @ result
+        assert result is not None
+        return self.to_map(result).float()
 
-def check_rollout(fusion: str, discard: float) -> None:
-    """Refuse an unknown head fusion or a discard ratio outside [0, 1)."""
-    if fusion not in FUSIONS:
-        raise HookscopeError(f"{param('head_fusion')} {fusion!r}: choose one of "
-                             f"{', '.join(FUSIONS)}.")
-    if not 0.0 <= discard < 1.0:
-        raise HookscopeError(f"{param('discard_ratio')} must be in [0, 1), not {discard}.")
-
-
-def check_tokens(probs: Sequence[torch.Tensor], batch: int) -> None:
-    """Every layer must attend over the same tokens, one matrix per input (global
-    self-attention; not Swin's windows, nor SegFormer's reduced keys)."""
-    shapes = sorted({(int(p.shape[0]), *map(int, p.shape[-2:])) for p in probs})
-    if len(shapes) != 1 or shapes[0][0] != batch or shapes[0][1] != shapes[0][2]:
-        raise HookscopeError(
-            "rollout and attention-grad need global self-attention over the same tokens in "
-            f"every block; this model's attention matrices are {shapes} (batch, queries, "
-            f"keys) for a batch of {batch} (windowed or reduced attention, as in Swin or "
-            "SegFormer).")
-
-
-def collect(probs: list[torch.Tensor], score: Callable[[], torch.Tensor] | None,
-            x: torch.Tensor, hint: TokenHint, fusion: str, discard: float) -> Attentions:
-    """One pass's captured probabilities as :class:`Attentions`: checked, with the gradients
-    of ``score()`` (the summed target scores) when it is given, on the input's patch grid.
-
-    Raises:
-        HookscopeError: no probabilities, attention that is not global, or tokens that are
-            not a patch grid of ``x``.
-    """
-    if not probs:
-        raise HookscopeError("No attention module returned its probabilities during the "
-                             "forward pass.")
-    check_tokens(probs, len(x))
-    grads = _gradients(probs, score) if score is not None else None
-    grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
-                  hint=hint, force="vit")
-    if not isinstance(grid, Layout):
-        raise HookscopeError(f"The attention is over tokens that are not a patch grid: {grid}.")
-    return Attentions([p.detach() for p in probs], grads, grid.prefix, (grid.h, grid.w),
-                      fusion, discard)
+    def relevance(self) -> torch.Tensor:
+        """Chefer, Gur & Wolf (2021): R = I, plus ``mean_heads((grad A * A)+) @ R`` per layer:
+        (N, h, w)."""
+        assert self.grads is not None
+        first = self.probs[0]
+        eye = torch.eye(first.shape[-1], dtype=torch.float64, device=first.device)
+        r = eye.expand(first.shape[0], -1, -1).clone()
+        for probs, grads in zip(self.probs, self.grads, strict=True):
+            cam = (grads.double() * probs.double()).clamp(min=0).mean(dim=1)
+            r = r + cam @ r
+        return self.to_map(r).float()
 
 
-def _gradients(probs: list[torch.Tensor], score: Callable[[], torch.Tensor]
-               ) -> list[torch.Tensor]:
-    # torch's MultiheadAttention returns a per-head view of the matrix it used: take the
-    # gradient at that matrix.
-    nodes = [p._base if p._base is not None and p._base.numel() == p.numel() else p
-             for p in probs]
-    with torch.inference_mode(False), torch.enable_grad():
-        total = score().sum()
-        if not total.requires_grad:
-            return [torch.zeros_like(p) for p in probs]
-        grads = torch.autograd.grad(total, nodes, allow_unused=True)
-    return [g.detach().reshape(p.shape) if g is not None else torch.zeros_like(p)
-            for g, p in zip(grads, probs, strict=True)]
+class AttentionPass(Pass):
+    """The rollout's pass: every attention module's probabilities, asked for and kept
+    (HookscopeError for bad rollout options or a model without a known attention module)."""
 
+    def __init__(self, switch: Switch[Any], objective: Objective, model: nn.Module, hint: Any,
+                 fusion: str, discard: float) -> None:
+        if fusion not in FUSIONS:
+            raise HookscopeError(f"{param('head_fusion')} {fusion!r}: choose one of "
+                                 f"{', '.join(FUSIONS)}.")
+        if not 0.0 <= discard < 1.0:
+            raise HookscopeError(f"{param('discard_ratio')} must be in [0, 1), not {discard}.")
+        super().__init__(switch, objective)
+        self.model, self.hint, self.rollout = model, hint, (fusion, discard)
+        found = attention_sites(model)
+        self.kinds = {id(site.module): kind for site, kind in found}
+        self.sites = [site for site, _ in found]
+        self.probs: list[torch.Tensor] = []
 
-def rollout(att: Attentions) -> torch.Tensor:
-    """Attention rollout: (N, h, w)."""
-    result: torch.Tensor | None = None
-    for probs in att.probs:
-        a = probs.double()
-        fused = a.mean(dim=1) if att.fusion == "mean" else \
-            a.amax(dim=1) if att.fusion == "max" else a.amin(dim=1)
-        if att.discard > 0:
-            flat = fused.reshape(fused.shape[0], -1).clone()
-            drop = int(flat.shape[1] * att.discard)
-            lowest = flat.topk(drop, dim=1, largest=False).indices
-            keep = flat[:, 0].clone()  # the class token's attention to itself stays
-            flat.scatter_(1, lowest, 0.0)
-            flat[:, 0] = keep
-            fused = flat.reshape(fused.shape)
-        eye = torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
-        step = 0.5 * fused + 0.5 * eye
-        step = step / step.sum(dim=-1, keepdim=True)
-        result = step if result is None else step @ result
-    assert result is not None
-    return att.to_map(result).float()
+    def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
+        if self.kinds.get(id(call.site.module)) == "torch":  # its per-head probabilities
+            kwargs["need_weights"] = True
+            kwargs["average_attn_weights"] = False
 
+    def on_exit(self, call: Call, output: Any) -> Any:
+        kind = self.kinds.get(id(call.site.module))
+        if kind is None:
+            return None
+        found = output if kind == "timm" else output[1] if isinstance(output, (tuple, list)) \
+            and len(output) > 1 else None
+        if isinstance(found, torch.Tensor) and found.dim() == 4:  # (N, heads, T, T)
+            self.probs.append(found)
+        return None
 
-def relevance(att: Attentions) -> torch.Tensor:
-    """Chefer et al.'s gradient-weighted attention relevance: (N, h, w)."""
-    assert att.grads is not None
-    first = att.probs[0]
-    eye = torch.eye(first.shape[-1], dtype=torch.float64, device=first.device)
-    r = eye.expand(first.shape[0], -1, -1).clone()
-    for probs, grads in zip(att.probs, att.grads, strict=True):
-        cam = (grads.double() * probs.double()).clamp(min=0).mean(dim=1)
-        r = r + cam @ r
-    return att.to_map(r).float()
+    def run(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Attentions:
+        """One pass's attention probabilities on ``x``'s patch grid (with ``gradients``, the
+        summed target scores' gradients with respect to them).
+
+        Raises:
+            HookscopeError: no probabilities, attention that is not global, or tokens that are
+                not a patch grid of ``x``.
+        """
+        self.probs = []
+        with self.switch.running(self), eager_attention(self.model):
+            out = self.objective.output(step.forward(x, grad="grad" if gradients
+                                                     else "inference"))
+        probs, self.probs = self.probs, []
+        if not probs:
+            raise HookscopeError("No attention module returned its probabilities during the "
+                                 "forward pass.")
+        # Every layer must attend over the same tokens, one matrix per input.
+        shapes = sorted({(int(p.shape[0]), *map(int, p.shape[-2:])) for p in probs})
+        if len(shapes) != 1 or shapes[0][0] != len(x) or shapes[0][1] != shapes[0][2]:
+            raise HookscopeError(
+                "rollout and attention-grad need global self-attention over the same tokens in "
+                f"every block; this model's attention matrices are {shapes} (batch, queries, "
+                f"keys) for a batch of {len(x)} (windowed or reduced attention, as in Swin or "
+                "SegFormer).")
+        grads = self._gradients(probs, out, sel) if gradients else None
+        grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
+                      hint=self.hint, force="vit")
+        if not isinstance(grid, Layout):
+            raise HookscopeError(f"The attention is over tokens that are not a patch grid: {grid}.")
+        return Attentions([p.detach() for p in probs], grads, grid.prefix, (grid.h, grid.w),
+                          *self.rollout)
+
+    def _gradients(self, probs: list[torch.Tensor], out: Any, sel: Selection
+                   ) -> list[torch.Tensor]:
+        # torch's MultiheadAttention returns a per-head view of the matrix it used: take the
+        # gradient at that matrix.
+        nodes = [p._base if p._base is not None and p._base.numel() == p.numel() else p
+                 for p in probs]
+        with torch.inference_mode(False), torch.enable_grad():
+            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
+            if not total.requires_grad:
+                return [torch.zeros_like(p) for p in probs]
+            grads = torch.autograd.grad(total, nodes, allow_unused=True)
+        return [g.detach().reshape(p.shape) if g is not None else torch.zeros_like(p)
+                for g, p in zip(grads, probs, strict=True)]

@@ -1,12 +1,8 @@
-"""The two CAM passes that need the full backward pass to the input: FullGrad's and guided
-backpropagation's.
+"""What FullGrad and guided backpropagation need: the biases, and :class:`GuidedGrad`.
 
-Both run through :class:`hookscope.cam.probe.CamProbe`'s hooks, which the driver removes: FullGrad
-records the output of every Conv2d/BatchNorm2d with a bias; guided backpropagation wraps
-every ``nn.ReLU``'s output in :class:`GuidedGrad`, whose backward keeps only positive
-gradients (the ReLU's own backward then keeps only positive inputs: together, pytorch-grad-
-cam's ``GuidedBackpropReLU``). No module is swapped, and gradients are taken with
-``torch.autograd.grad``, so no parameter's ``.grad`` is ever written.
+Guided backpropagation wraps every ``nn.ReLU``'s output in :class:`GuidedGrad`, whose backward
+keeps only positive gradients (with the ReLU's own backward: pytorch-grad-cam's
+``GuidedBackpropReLU``), so no module is swapped.
 """
 
 from __future__ import annotations

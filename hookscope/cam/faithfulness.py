@@ -1,21 +1,8 @@
-"""How faithful a class activation map is: the model's confidence on inputs perturbed by it.
-
-Every metric scores one map per input, with the target's softmax probability as the
-confidence, and follows the implementation users compare against:
-
-* ``road``: pytorch-grad-cam's ``ROADCombined``: pixels above (MoRF) or below (LeRF) each
-  percentile of the map are replaced by noisy linear imputation from their neighbours; the
-  mean change in confidence over the percentiles, MoRF and LeRF, gives (LeRF - MoRF) / 2.
-  Reported as ``road``, ``road_morf`` and ``road_lerf``.
-* ``deletion``, ``insertion``: torchcam's ``DeletionInsertionMetric``: positions ranked by
-  the map are removed from the input (set to zero) or inserted into a zero input, in 20
-  steps; the area under the confidence curve.
-* ``drop``, ``increase``: pytorch-grad-cam's ``DropInConfidence`` and
-  ``IncreaseInConfidence`` of the input times the map: max(0, p - p') and [p' > p].
-
-Perturbed inputs run through the model ``batch`` at a time, all metrics' together.
-:func:`cam_metrics` is the Python API; :class:`hookscope.cam.probe.CamProbe` uses
-:class:`MetricPlan` for ``hookscope gradcam --metrics``.
+"""How faithful a class activation map is: the model's confidence (the target's softmax
+probability) on inputs perturbed by it, as pytorch-grad-cam's ``ROADCombined``,
+``DropInConfidence`` and ``IncreaseInConfidence`` and torchcam's ``DeletionInsertionMetric``
+compute it ("Metrics" in docs/gradcam.md). Perturbed inputs run ``batch`` at a time, all
+metrics' together.
 """
 
 from __future__ import annotations
@@ -26,42 +13,36 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from hookscope.cam.methods import resize
+from hookscope.cam.targets import class_probs
 from hookscope.core.errors import HookscopeError, param, suggest
+from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.targets import Targets, as_targets, parse_targets
 
 __all__ = ["METRICS", "MetricPlan", "cam_metrics", "impute", "parse_metrics"]
 
-#: The names ``metrics`` takes, and the values each reports.
-METRICS: dict[str, tuple[str, ...]] = {
-    "road": ("road", "road_morf", "road_lerf"),
-    "deletion": ("deletion",),
-    "insertion": ("insertion",),
-    "drop": ("drop",),
-    "increase": ("increase",),
-}
+#: The names ``metrics`` takes (``road`` also reports ``road_morf`` and ``road_lerf``).
+METRICS = ("road", "deletion", "insertion", "drop", "increase")
 DEFAULT_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
 #: pytorch-grad-cam's ROAD imputation: neighbour offsets (row, column) and weights.
 NEIGHBOURS = (((1, 1), 1 / 12), ((0, 1), 1 / 6), ((-1, 1), 1 / 12), ((1, -1), 1 / 12),
               ((0, -1), 1 / 6), ((-1, -1), 1 / 12), ((1, 0), 1 / 6), ((-1, 0), 1 / 6))
 Score = Callable[[torch.Tensor, list[int]], torch.Tensor]
+#: A metric's perturbed inputs, the input each stands for, and its values from their scores.
+Part = tuple[list[torch.Tensor], list[int], Callable[[torch.Tensor], dict[str, Any]]]
 
 
 def parse_metrics(spec: str | Sequence[str] | None) -> tuple[str, ...]:
-    """``road,deletion`` or ``all`` (or a list) as metric names.
-
-    Raises:
-        HookscopeError: an unknown name, with close matches.
-    """
+    """``road,deletion`` or ``all`` (or a list) as metric names; HookscopeError if unknown."""
     if not spec:
         return ()
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     names = [i.strip().lower() for i in items if i.strip()]
     if "all" in names:
-        return tuple(METRICS)
+        return METRICS
     for name in names:
         if name not in METRICS:
             raise HookscopeError(f"{param('metrics')} {name!r} is not a metric.{suggest(name, METRICS)} "
@@ -84,20 +65,11 @@ def _percentiles(values: str | Sequence[float] | None) -> tuple[float, ...]:
     return found
 
 
-# ----------------------------------------------------------------------------- ROAD
-
-
 def impute(img: np.ndarray, keep: np.ndarray, noise: float = 0.01,
            generator: torch.Generator | None = None) -> np.ndarray:
-    """pytorch-grad-cam's ``NoisyLinearImputer``: each removed pixel becomes the weighted
-    mean of its 8 neighbours (a sparse linear system over all removed pixels), plus noise.
-
-    Args:
-        img: (C, H, W) float32.
-        keep: (H, W) bool: the pixels kept.
-        noise: standard deviation of the Gaussian noise added to imputed pixels.
-        generator: the noise's generator.
-    """
+    """pytorch-grad-cam's ``NoisyLinearImputer``: in ``img`` (C, H, W), each pixel not in
+    ``keep`` (H, W) becomes the weighted mean of its 8 neighbours (one sparse linear system),
+    plus Gaussian noise of std ``noise``."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.linalg import spsolve
 
@@ -137,23 +109,6 @@ def impute(img: np.ndarray, keep: np.ndarray, noise: float = 0.01,
     return out.reshape(img.shape)
 
 
-def _road_inputs(x: np.ndarray, maps: np.ndarray, percentiles: Sequence[float], noise: float,
-                 generator: torch.Generator) -> list[np.ndarray]:
-    """ROAD's perturbed inputs: LeRF then MoRF, each percentile, each input (the order
-    pytorch-grad-cam draws its noise in)."""
-    out = []
-    for least in (True, False):
-        for p in percentiles:
-            for i in range(len(x)):
-                mask = 1 - maps[i] if least else maps[i]
-                keep = mask < np.percentile(mask, p)
-                out.append(impute(x[i], keep, noise, generator))
-    return out
-
-
-# ----------------------------------------------------------------------------- plan
-
-
 @dataclass
 class MetricPlan:
     """Which metrics, with what settings, and the noise generator (seeded)."""
@@ -168,38 +123,13 @@ class MetricPlan:
     def make(cls, names: str | Sequence[str],
              percentiles: str | Sequence[float] | None = None,
              seed: int = 0, noise: float = 0.01) -> MetricPlan:
-        """Check the names and percentiles.
-
-        Raises:
-            HookscopeError: an unknown metric or a percentile outside (0, 100).
-        """
+        """The plan; HookscopeError for an unknown metric or a percentile outside (0, 100)."""
         chosen = parse_metrics(names)
         if not chosen:
             raise HookscopeError(f"{param('metrics')} names no metric; choose from "
                                  f"{', '.join(METRICS)}, or all.")
         return cls(chosen, _percentiles(percentiles), noise=noise,
                    generator=torch.Generator().manual_seed(seed))
-
-    def _deletion_inputs(self, x: torch.Tensor, maps: torch.Tensor
-                         ) -> tuple[list[torch.Tensor], list[tuple[int, str, int]], torch.Tensor]:
-        """torchcam's curves: the all-zero input, then each inner step's deleted and
-        inserted inputs; (input, curve, point) per job and the fractions."""
-        n, positions = len(x), maps[0].numel()
-        size = (positions + self.steps - 1) // self.steps
-        counts = [*range(0, positions, size), positions]
-        order = torch.argsort(maps.flatten(1), dim=1, descending=True, stable=True)
-        ranks = torch.argsort(order, dim=1).reshape(maps.shape)
-        inputs, jobs = [], []
-        for i in range(n):
-            inputs.append(torch.zeros_like(x[i]))
-            jobs.append((i, "zero", len(counts) - 1))
-            for point, count in enumerate(counts[1:-1], 1):
-                top = (ranks[i] < count).unsqueeze(0)
-                inputs += [torch.where(top, torch.zeros_like(x[i]), x[i]),
-                           torch.where(top, x[i], torch.zeros_like(x[i]))]
-                jobs += [(i, "deletion", point), (i, "insertion", point)]
-        fractions = torch.tensor(counts, dtype=torch.float32) / positions
-        return inputs, jobs, fractions
 
     def evaluate(self, score: Score, x: torch.Tensor, maps: torch.Tensor, batch: int = 32
                  ) -> dict[str, np.ndarray]:
@@ -212,79 +142,83 @@ class MetricPlan:
             maps: (N, H, W) in [0, 1] (resized to the inputs' size when not already).
             batch: perturbed inputs per forward pass.
         """
-        maps = _fit(maps.float(), x.shape[-2:]).to(x.device)
-        n = len(x)
-        base = score(x, list(range(n))).float().cpu()
-        inputs: list[torch.Tensor] = []
-        rows: list[int] = []
-        road = curves = None
+        maps = resize(maps.float(), x.shape[-2:]).to(x.device)
+        base = score(x, list(range(len(x)))).float().cpu()
+        parts = []
         if "road" in self.names:
-            made = _road_inputs(x.detach().float().cpu().numpy(), maps.cpu().numpy(),
-                                self.percentiles, self.noise, self.generator)
-            road = (len(inputs), len(made))
-            inputs += [torch.from_numpy(m).to(x) for m in made]
-            rows += [i for _ in range(2 * len(self.percentiles)) for i in range(n)]
+            parts.append(self._road(x, maps, base))
         if {"deletion", "insertion"} & set(self.names):
-            made_t, jobs, fractions = self._deletion_inputs(x, maps)
-            curves = (len(inputs), jobs, fractions)
-            inputs += made_t
-            rows += [job[0] for job in jobs]
-        drop = None
+            parts.append(self._curves(x, maps, base))
         if {"drop", "increase"} & set(self.names):
-            drop = len(inputs)
-            inputs += list(x * maps.unsqueeze(1))
-            rows += list(range(n))
-        scores = _batched(score, inputs, rows, batch)
-        return self._collect(base, scores, n, road, curves, drop)
-
-    def _collect(self, base: torch.Tensor, scores: torch.Tensor, n: int, road: Any,
-                 curves: Any, drop: int | None) -> dict[str, np.ndarray]:
-        found: dict[str, np.ndarray] = {}
-        if road is not None:
-            k = len(self.percentiles)
-            diffs = scores[road[0] : road[0] + road[1]].reshape(2, k, n) - base
-            lerf, morf = diffs[0].mean(dim=0), diffs[1].mean(dim=0)
-            found |= {"road": ((lerf - morf) / 2).numpy(), "road_morf": morf.numpy(),
-                      "road_lerf": lerf.numpy()}
-        if curves is not None:
-            found |= _curves(base, scores, n, *curves, names=self.names)
-        if drop is not None:
-            change = scores[drop : drop + n] - base
-            if "drop" in self.names:
-                found["drop"] = np.maximum(-change.numpy(), 0)
-            if "increase" in self.names:
-                found["increase"] = (change > 0).float().numpy()
+            parts.append(self._drop(x, maps, base))
+        scores = _batched(score, [t for p in parts for t in p[0]], [r for p in parts for r in p[1]],
+                          batch)
+        found: dict[str, Any] = {}
+        for inputs, _, values in parts:
+            found |= values(scores[: len(inputs)])
+            scores = scores[len(inputs) :]
         return {k: v.astype(np.float64) for k, v in found.items()}
 
+    def _road(self, x: torch.Tensor, maps: torch.Tensor, base: torch.Tensor) -> Part:
+        """ROAD's imputed inputs: LeRF then MoRF, each percentile, each input (the order
+        pytorch-grad-cam draws its noise in)."""
+        n, k = len(x), len(self.percentiles)
+        images, ranks = x.detach().float().cpu().numpy(), maps.cpu().numpy()
+        inputs = []
+        for least in (True, False):
+            for p in self.percentiles:
+                for i in range(n):
+                    mask = 1 - ranks[i] if least else ranks[i]
+                    keep = mask < np.percentile(mask, p)
+                    inputs.append(torch.from_numpy(impute(images[i], keep, self.noise,
+                                                          self.generator)).to(x))
 
-def _curves(base: torch.Tensor, scores: torch.Tensor, n: int, start: int,
-            jobs: list[tuple[int, str, int]], fractions: torch.Tensor, *,
-            names: Sequence[str]) -> dict[str, np.ndarray]:
-    """torchcam's deletion and insertion AUCs from the scored jobs."""
-    points = len(fractions)
-    deletion = torch.empty((n, points))
-    insertion = torch.empty((n, points))
-    deletion[:, 0], insertion[:, -1] = base, base
-    for (i, curve, point), value in zip(jobs, scores[start : start + len(jobs)], strict=True):
-        if curve == "zero":
-            deletion[i, point], insertion[i, 0] = value, value
-        elif curve == "deletion":
-            deletion[i, point] = value
-        else:
-            insertion[i, point] = value
-    found = {}
-    if "deletion" in names:
-        found["deletion"] = torch.trapezoid(deletion, fractions, dim=1).numpy()
-    if "insertion" in names:
-        found["insertion"] = torch.trapezoid(insertion, fractions, dim=1).numpy()
-    return found
+        def values(scores: torch.Tensor) -> dict[str, Any]:
+            diffs = scores.reshape(2, k, n) - base
+            lerf, morf = diffs[0].mean(dim=0), diffs[1].mean(dim=0)
+            return {"road": ((lerf - morf) / 2).numpy(), "road_morf": morf.numpy(),
+                    "road_lerf": lerf.numpy()}
 
+        return inputs, [i for _ in range(2 * k) for i in range(n)], values
 
-def _fit(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    if tuple(maps.shape[-2:]) == tuple(size):
-        return maps
-    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
-                         align_corners=False).squeeze(1)
+    def _curves(self, x: torch.Tensor, maps: torch.Tensor, base: torch.Tensor) -> Part:
+        """torchcam's curves: per input the all-zero input, then each inner step's deleted
+        and inserted inputs."""
+        positions = maps[0].numel()
+        size = (positions + self.steps - 1) // self.steps
+        counts = [*range(0, positions, size), positions]
+        order = torch.argsort(maps.flatten(1), dim=1, descending=True, stable=True)
+        ranks = torch.argsort(order, dim=1).reshape(maps.shape)
+        inputs, rows = [], []
+        for i, image in enumerate(x):
+            zero = torch.zeros_like(image)
+            inputs.append(zero)
+            for count in counts[1:-1]:
+                top = (ranks[i] < count).unsqueeze(0)
+                inputs += [torch.where(top, zero, image), torch.where(top, image, zero)]
+            rows += [i] * (2 * len(counts) - 3)
+        fractions = torch.tensor(counts, dtype=torch.float32) / positions
+
+        def values(scores: torch.Tensor) -> dict[str, Any]:
+            per = scores.reshape(len(x), -1)
+            zero, full = per[:, :1], base[:, None]
+            curves = {"deletion": torch.cat([full, per[:, 1::2], zero], dim=1),
+                      "insertion": torch.cat([zero, per[:, 2::2], full], dim=1)}
+            return {k: torch.trapezoid(v, fractions, dim=1).numpy()
+                    for k, v in curves.items() if k in self.names}
+
+        return inputs, rows, values
+
+    def _drop(self, x: torch.Tensor, maps: torch.Tensor, base: torch.Tensor) -> Part:
+        """The input times the map, for ``drop`` and ``increase``."""
+
+        def values(scores: torch.Tensor) -> dict[str, Any]:
+            change = scores - base
+            found = {"drop": np.maximum(-change.numpy(), 0),
+                     "increase": (change > 0).float().numpy()}
+            return {k: v for k, v in found.items() if k in self.names}
+
+        return list(x * maps.unsqueeze(1)), list(range(len(x))), values
 
 
 def _batched(score: Score, inputs: list[torch.Tensor], rows: list[int], batch: int
@@ -296,9 +230,6 @@ def _batched(score: Score, inputs: list[torch.Tensor], rows: list[int], batch: i
     return torch.cat(found) if found else torch.empty(0)
 
 
-# ----------------------------------------------------------------------------- API
-
-
 class MetricsProbe(Probe[dict[str, np.ndarray]]):
     """Scores given maps batch by batch (for :func:`cam_metrics`)."""
 
@@ -308,17 +239,7 @@ class MetricsProbe(Probe[dict[str, np.ndarray]]):
         self.output_key, self.batch = output_key, batch
         self.found: list[dict[str, np.ndarray]] = []
 
-    def _probs(self, step: Step, classes: list[int], x: torch.Tensor, rows: list[int]
-               ) -> torch.Tensor:
-        from hookscope.core.outputs import class_logits
-
-        logits = class_logits(step.forward(x), self.output_key, "The metrics").float()
-        index = torch.tensor([classes[r] for r in rows], device=logits.device)
-        return torch.softmax(logits, dim=1).gather(1, index[:, None]).squeeze(1)
-
     def step(self, step: Step) -> None:
-        from hookscope.core.outputs import class_logits
-
         x = step.x
         maps = self.maps[step.start : step.start + len(x)]
         if len(maps) != len(x):
@@ -326,7 +247,11 @@ class MetricsProbe(Probe[dict[str, np.ndarray]]):
                                  "inputs than that.")
         classes = self.targets.resolve(class_logits(step.forward(), self.output_key,
                                                     "The metrics"), step.start)
-        score = lambda inp, rows: self._probs(step, classes, inp, rows)  # noqa: E731
+
+        def score(inputs: torch.Tensor, rows: list[int]) -> torch.Tensor:
+            logits = class_logits(step.forward(inputs), self.output_key, "The metrics")
+            return class_probs(logits, [classes[r] for r in rows])
+
         self.found.append(self.plan.evaluate(score, x, maps, self.batch))
 
     def finish(self) -> dict[str, np.ndarray]:
@@ -352,20 +277,17 @@ def cam_metrics(model: nn.Module, inputs: Any, maps: Any,
         metrics: names from :data:`METRICS` (a list, a comma string, or ``all``).
         percentiles: ROAD's percentiles (default 10, 20, ..., 90).
         batch_size: perturbed inputs per forward pass.
-        seed: seeds ROAD's imputation noise.
-        noise: the standard deviation of that noise (pytorch-grad-cam's 0.01).
+        seed, noise: ROAD's imputation noise: its seed and std (pytorch-grad-cam's 0.01).
         categories: class labels, for label targets.
         output_key: the entry of a dict or tuple output holding the logits.
 
     Returns:
-        ``road``, ``road_morf``, ``road_lerf``, ``deletion``, ``insertion``, ``drop``,
-        ``increase``: those asked for, each (N,).
+        Per metric asked for (``road`` also gives ``road_morf`` and ``road_lerf``), (N,).
 
     Raises:
         HookscopeError: an unknown metric, a bad percentile, or maps that do not match
             the inputs.
     """
-
     plan = MetricPlan.make(metrics, percentiles, seed, noise)
     tensor = torch.as_tensor(np.asarray(maps, dtype=np.float32)) if not isinstance(
         maps, torch.Tensor) else maps.detach().float()

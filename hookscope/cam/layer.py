@@ -1,6 +1,5 @@
-"""The layer a CAM explains when none is given: the last image-grid output, found with one
-forward pass; a token transformer's last block's first norm; a detector's or segmentation
-model's last backbone stage. What counts as an image grid is :mod:`hookscope.core.grid`'s rule.
+"""The layer a CAM explains when none is given (see :func:`default_layer`); what counts as an
+image grid is :mod:`hookscope.core.grid`'s rule.
 """
 
 from __future__ import annotations
@@ -66,9 +65,8 @@ class _Spatial(Probe[list[_Grid]]):
 
 
 def _stage(found: Sequence[_Grid], ran: set[str], model: nn.Module) -> _Grid | None:
-    """The last spatial stage of a backbone: a module under ``backbone.body`` (FPN
-    backbones) or ``backbone`` whose parent there did not run itself (so ModuleList
-    entries count as stages)."""
+    """The last spatial stage of a backbone: a module under ``backbone.body`` (FPN) or
+    ``backbone`` whose parent there did not run itself (so ModuleList entries count)."""
     names = dict(model.named_modules())
     prefix = "backbone.body" if "backbone.body" in names else "backbone"
     if prefix not in names:
@@ -89,34 +87,24 @@ def _block(name: str, containers: set[str]) -> str | None:
 
 
 def _token_layer(found: Sequence[_Grid], model: nn.Module) -> _Grid | None:
-    """A token model's layer: the first norm of the last block (its ``norm1``, ``ln_1``,
-    ``layernorm_before``), as pytorch-grad-cam advises. Its patch tokens feed the last
-    block's attention, so the class score depends on them; after the last block, a
-    classifier that reads only the class token gives them no gradient."""
+    """A token model's layer: the last block's first norm (``norm1``, ``ln_1``...), as
+    pytorch-grad-cam advises: after the last block, a classifier reading only the class
+    token gives the patch tokens no gradient."""
     containers = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList,
                                                                           nn.Sequential))}
-    norms = [g for g in found if g.kind == "tokens" and "Norm" in g.type]
-    blocks = [(g, _block(g.name, containers)) for g in norms]
-    inside = [(g, b) for g, b in blocks if b is not None]
-    if not inside:
-        return None
-    last = inside[-1][1]
-    return next(g for g, b in inside if b == last)
+    norms = [(g, _block(g.name, containers)) for g in found
+             if g.kind == "tokens" and "Norm" in g.type]
+    inside = [(g, b) for g, b in norms if b is not None]
+    return next((g for g, b in inside if b == inside[-1][1]), None)
 
 
 def default_layer(model: nn.Module, sample: torch.Tensor, *,
                   autocast: torch.dtype | None = None,
                   task: str = "classification") -> tuple[str, list[int]]:
-    """The layer to explain when none is given, found with one forward pass of ``sample``.
-
-    A classifier's: the last module (in execution order) whose output is an image grid
-    (see :mod:`hookscope.core.grid`); for a token transformer, whose last grid is a token
-    sequence, the first norm of its last block. A segmentation model's or detector's: the
-    last such stage of its backbone (``backbone.layer4``, ``backbone.body.layer4``), else
-    the classifier's rule. The shape returned is the layer's (N, C, h, w).
-
-    Raises:
-        HookscopeError: no module has a spatial output.
+    """The layer to explain when none is given, and its (N, C, h, w), from one forward pass
+    of ``sample``: the last module whose output is an image grid (for a token transformer,
+    its last block's first norm); for a segmentation model or detector, the last such stage
+    of its backbone if there is one. HookscopeError if no module has a spatial output.
     """
     probe = _Spatial(model)
     found = drive(model, sample, probe, autocast=autocast)

@@ -1,25 +1,16 @@
 """The CAM method registry: one small function per method, registered by name.
 
-Each method turns what the engine captured at a target layer (:class:`CamInputs`: the
-activations ``A`` (N, C, h, w), for gradient methods the gradients ``G`` of the summed target
-scores with respect to them, and callables for the extra passes some methods need) into
-either *weighted activations* (N, C, h, w), which the engine sums over channels (or
-projects on their first principal component with ``eigen_smooth``), or a finished map
-(N, h, w) *before* the ReLU. The formulas follow pytorch-grad-cam 1.5 (and torchcam for
-``sscam``, ``iscam`` and ``smoothgradcam++``), the implementations users compare against;
-the engine in :mod:`hookscope.cam.probe` applies the ReLU, resizes, fuses layers and normalises.
+A method turns what the engine captured at a target layer (:class:`CamInputs`) into either
+weighted activations (N, C, h, w), which the engine sums over channels (or projects with
+``eigen_smooth``), or a finished map (N, h, w) before the ReLU. The formulas follow
+pytorch-grad-cam 1.5 (torchcam for ``sscam``, ``iscam`` and ``smoothgradcam++``).
 
-Every extra forward pass a method needs (masked inputs, ablated activations, noisy inputs)
-goes through the callables in :class:`CamInputs`, which the engine backs with
-:meth:`hookscope.core.run.Step.forward`, batched by ``score_batch``.
-
-This module imports torch only inside the methods, so the CLI can read the method names
-for ``--method`` without loading torch.
+Torch is imported only inside the methods, so the CLI reads the names without loading it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +18,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["CamInputs", "FullBackward", "Method", "METHODS", "get_method", "method_names",
-           "project", "register"]
+           "minmax", "project", "register", "resize"]
 
 #: torchcam's defaults for its noise-based methods.
 SSCAM_SAMPLES, SSCAM_STD = 35, 2.0
@@ -37,14 +28,9 @@ SMOOTH_SAMPLES, SMOOTH_STD = 4, 0.3
 
 @dataclass
 class FullBackward:
-    """One full backward pass to the input, for FullGrad.
-
-    Attributes:
-        x: the input (N, C, H, W).
-        x_grad: the gradient of the summed target scores with respect to it.
-        biases: per call of each Conv2d/BatchNorm2d with a bias (in execution order), its
-            effective bias (C,) and the gradient at its output (N, C, h, w).
-    """
+    """One full backward pass to the input, for FullGrad: the input, the gradient of the
+    summed target scores there, and per call of each biased Conv2d/BatchNorm2d its
+    effective bias (C,) and the gradient at its output (N, C, h, w)."""
 
     x: torch.Tensor
     x_grad: torch.Tensor
@@ -53,31 +39,12 @@ class FullBackward:
 
 @dataclass
 class CamInputs:
-    """What a method may use.
-
-    Attributes:
-        acts: the layer's activations (N, C, h, w).
-        grads: the gradients of the summed target scores with respect to them (gradient
-            methods only).
-        x: the input batch of this pass (N, C_in, H, W).
-        targets: the explained class per input (-1 where there is no single class).
-        score: scores of new inputs: ``score(inputs, rows)`` gives, for each of the k
-            inputs, the target score of input ``rows[j]``'s target (inference, one pass).
-        score_batch: inputs per forward pass for ``score`` and ``ablate``.
-        base_scores: the target score of each input (N,).
-        ablate: ``ablate(i, channels)``: the target scores of input ``i`` with each one
-            of ``channels`` of the layer's output ablated (one pass per ``score_batch``).
-        regrad: ``regrad(fn)``: the gradient at this layer of ``fn(output).sum()``, ``fn``
-            taking the model's output and returning one score per input.
-        logits: the model's class logits (classifiers only).
-        hvp: the Hessian of the summed target scores times the activations (N, C, h, w).
-        noisy: ``noisy(s)``: the activations and gradients of the ``s``-th noisy copy of
-            the input (the same noise for every layer).
-        noise: ``noise(shape)``: standard normal noise from the seeded generator.
-        full: the full backward pass (FullGrad).
-        attention: ``attention(gradients)``: the attention probabilities of every block
-            (with the target scores' gradients with respect to them), from one more pass.
-    """
+    """What a method may use: the layer's activations (N, C, h, w), the gradients of the
+    summed target scores there (gradient methods), and callables that run the extra passes
+    ``score_batch`` inputs at a time: ``score(inputs, rows)`` (input ``rows[j]``'s target
+    score of each input), ``ablate(i, channels)``, ``regrad(fn)`` (the gradient of
+    ``fn(output).sum()``), ``hvp()``, ``noisy(s)`` (the ``s``-th noisy input's activations
+    and gradients), ``noise(shape)`` (seeded) and ``attention(gradients)``."""
 
     acts: torch.Tensor
     grads: torch.Tensor | None
@@ -101,41 +68,29 @@ CamFn = Callable[[CamInputs], "torch.Tensor"]
 
 @dataclass(frozen=True)
 class Method:
-    """A registered CAM method.
-
-    Attributes:
-        gradients: needs the gradients at the layer.
-        needs: the extra passes it uses: ``score``, ``ablate``, ``regrad``, ``hvp``,
-            ``noisy``, ``noise``, ``full``, ``attention``.
-        classifier: only for classifiers (it compares classes of the logits).
-        layerwise: computed at each target layer (False: FullGrad, which uses every bias).
-        origin: the implementation it follows.
-    """
+    """A registered CAM method: ``needs`` names the :class:`CamInputs` callables it uses;
+    ``classifier``: it compares a classifier's classes; not ``layerwise``: it ignores the
+    target layers (one map, not one per layer)."""
 
     name: str
     fn: CamFn
     gradients: bool
-    summary: str
     needs: frozenset[str] = frozenset()
     classifier: bool = False
     layerwise: bool = True
-    origin: str = "pytorch-grad-cam"
 
 
 METHODS: dict[str, Method] = {}
 
 
-def register(name: str, *, gradients: bool = True, summary: str = "",
-             needs: tuple[str, ...] = (), classifier: bool = False, layerwise: bool = True,
-             origin: str = "pytorch-grad-cam") -> Callable[[CamFn], CamFn]:
+def register(name: str, *, gradients: bool = True, needs: tuple[str, ...] = (),
+             classifier: bool = False, layerwise: bool = True) -> Callable[[CamFn], CamFn]:
     """Register ``fn`` as the CAM method ``name``; a duplicate name is a programming error."""
 
     def wrap(fn: CamFn) -> CamFn:
         if name in METHODS:
             raise ValueError(f"CAM method {name!r} is already registered")
-        METHODS[name] = Method(name, fn, gradients,
-                               summary or (fn.__doc__ or "").split("\n")[0],
-                               frozenset(needs), classifier, layerwise, origin)
+        METHODS[name] = Method(name, fn, gradients, frozenset(needs), classifier, layerwise)
         return fn
 
     return wrap
@@ -147,11 +102,7 @@ def method_names() -> list[str]:
 
 
 def get_method(name: str) -> Method:
-    """The method called ``name``.
-
-    Raises:
-        HookscopeError: unknown name, with the close matches.
-    """
+    """The method called ``name``; an unknown name raises HookscopeError with close matches."""
     from hookscope.core.errors import HookscopeError, param, suggest
 
     try:
@@ -161,9 +112,6 @@ def get_method(name: str) -> Method:
             f"Unknown CAM method {name!r} ({param('method')}).{suggest(name, METHODS)} "
             f"Choose from: {', '.join(METHODS)}."
         ) from None
-
-
-# ----------------------------------------------------------------------------- helpers
 
 
 def _spatial_sum(t: torch.Tensor) -> torch.Tensor:
@@ -185,44 +133,59 @@ def _grads(inp: CamInputs) -> torch.Tensor:
     return _need(inp.grads, "gradients")  # type: ignore[no-any-return]
 
 
-def project(t: torch.Tensor) -> torch.Tensor:
-    """First principal component of (N, C, h, w) over channels, sign-corrected: (N, h, w).
-
-    Positions are centred over positions and projected on the first right singular
-    vector (pytorch-grad-cam's ``get_2d_projection``); the SVD's sign is arbitrary, so the
-    projection is negated when its minimum is larger in magnitude than its maximum.
-    """
+def _positions(t: torch.Tensor) -> torch.Tensor:
+    """(N, C, h, w) as (N, positions, channels) in float64, centred over positions."""
     import torch
 
     a = torch.nan_to_num(t.double(), nan=0.0)
-    n, c, h, w = a.shape
-    x = a.reshape(n, c, h * w).transpose(1, 2)  # (N, positions, channels)
-    x = x - x.mean(dim=1, keepdim=True)
+    x = a.flatten(2).transpose(1, 2)
+    return x - x.mean(dim=1, keepdim=True)
+
+
+def project(t: torch.Tensor) -> torch.Tensor:
+    """First principal component of (N, C, h, w) over channels, sign-corrected: (N, h, w).
+
+    pytorch-grad-cam's ``get_2d_projection``; the SVD's sign is arbitrary, so the projection
+    is negated when its minimum is larger in magnitude than its maximum.
+    """
+    import torch
+
+    x = _positions(t)
     _, _, vh = torch.linalg.svd(x, full_matrices=False)
     proj = (x @ vh[:, 0, :].unsqueeze(-1)).squeeze(-1)  # (N, positions)
     flip = proj.amin(dim=1).abs() > proj.amax(dim=1).abs()
     proj = torch.where(flip.unsqueeze(1), -proj, proj)
-    return proj.reshape(n, h, w).to(t.dtype)
+    return proj.reshape(t.shape[0], *t.shape[2:]).to(t.dtype)
 
 
-def _minmax_channels(t: torch.Tensor, eps: float) -> torch.Tensor:
-    """Each (n, c) map minus its minimum, over its span plus ``eps``."""
-    flat = t.reshape(t.shape[0], t.shape[1], -1)
-    lo = flat.amin(dim=2)[:, :, None, None]
-    hi = flat.amax(dim=2)[:, :, None, None]
+def minmax(t: torch.Tensor, eps: float) -> torch.Tensor:
+    """Each (h, w) map (the last two dimensions) minus its minimum, over its span plus ``eps``."""
+    flat = t.flatten(-2)
+    lo = flat.amin(dim=-1)[..., None, None]
+    hi = flat.amax(dim=-1)[..., None, None]
     return (t - lo) / (hi - lo + eps)
+
+
+def resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+    """(N, h, w) maps resized (bilinear) to ``size``."""
+    import torch.nn.functional as F
+
+    if tuple(maps.shape[-2:]) == tuple(size):
+        return maps
+    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
+                         align_corners=False).squeeze(1)
 
 
 # ----------------------------------------------------------------------------- gradients
 
 
-@register("gradcam", summary="Grad-CAM: channels weighted by their mean gradient.")
+@register("gradcam")
 def gradcam(inp: CamInputs) -> torch.Tensor:
     """Grad-CAM (Selvaraju et al.): w_c = mean over positions of dS/dA_c."""
     return _channels(_grads(inp).mean(dim=(2, 3)), inp.acts)
 
 
-@register("gradcam++", summary="Grad-CAM++: positive gradients weighted by eq. 19.")
+@register("gradcam++")
 def gradcam_pp(inp: CamInputs) -> torch.Tensor:
     """Grad-CAM++ (Chattopadhyay et al., eq. 19 with the exponential-score simplification)."""
     g = _grads(inp)
@@ -233,42 +196,38 @@ def gradcam_pp(inp: CamInputs) -> torch.Tensor:
     return _channels((g.clamp(min=0) * alpha).sum(dim=(2, 3)), inp.acts)
 
 
-@register("xgradcam", summary="XGrad-CAM: gradients weighted by normalised activations.")
+@register("xgradcam")
 def xgradcam(inp: CamInputs) -> torch.Tensor:
     """XGrad-CAM (Fu et al.): w_c = sum_ij G * A / (sum_ij A + eps)."""
     a = inp.acts
     return _channels((_grads(inp) * a / (_spatial_sum(a) + 1e-7)).sum(dim=(2, 3)), a)
 
 
-@register("layercam", summary="LayerCAM: activations times positive gradients, per position.")
+@register("layercam")
 def layercam(inp: CamInputs) -> torch.Tensor:
     """LayerCAM (Jiang et al.): sum_c ReLU(G) * A."""
     return _grads(inp).clamp(min=0) * inp.acts
 
 
-@register("hirescam", summary="HiResCAM: activations times gradients, per position.")
+@register("hirescam")
 def hirescam(inp: CamInputs) -> torch.Tensor:
     """HiResCAM (Draelos & Carin): sum_c G * A."""
     return _grads(inp) * inp.acts
 
 
-@register("eigencam", gradients=False,
-          summary="EigenCAM: first principal component of the activations (no gradients).")
+@register("eigencam", gradients=False)
 def eigencam(inp: CamInputs) -> torch.Tensor:
-    """EigenCAM (Muhammad & Yeasin): the activations' :func:`project`, sign-corrected so the
-    SVD's arbitrary sign cannot matter."""
+    """EigenCAM (Muhammad & Yeasin): the activations' :func:`project` (no gradients)."""
     return project(inp.acts)
 
 
-@register("scorecam", gradients=False, needs=("score",),
-          summary="Score-CAM: channels weighted by the softmax of masked-input scores.")
+@register("scorecam", gradients=False, needs=("score",))
 def scorecam(inp: CamInputs) -> torch.Tensor:
-    """Score-CAM (Wang et al.): each channel, upsampled and min-max scaled, masks the input.
+    """Score-CAM (Wang et al.): each channel, upsampled and min-max scaled, masks the input;
+    the masked inputs' target scores, softmaxed over channels, weight the channels.
 
-    The target score of every masked input, softmaxed over channels, weights the channels.
-    Masked inputs run through the model in batches of ``score_batch``. A constant channel
-    (a dead one, all zero) masks the input to zero whatever the input: its score is the zero
-    input's, computed once.
+    A constant (dead) channel masks every input to zero: its score is the zero input's,
+    computed once.
     """
     import torch
     import torch.nn.functional as F
@@ -290,34 +249,28 @@ def scorecam(inp: CamInputs) -> torch.Tensor:
             idx = live[c0 : c0 + step]
             up = F.interpolate(a[i : i + 1, idx], size=size, mode="bilinear",
                                align_corners=True)
-            masks = _minmax_channels(up, 1e-8)[0]
+            masks = minmax(up, 1e-8)[0]
             masked = inp.x[i].unsqueeze(0) * masks.unsqueeze(1)  # (k, C_in, H, W)
             scores[i, idx] = score(masked, [i] * len(idx)).float()
     return _channels(scores.softmax(dim=1), a)
 
 
-@register("gradcamelementwise", summary="Grad-CAM element-wise: sum_c ReLU(G * A).")
+@register("gradcamelementwise")
 def gradcam_elementwise(inp: CamInputs) -> torch.Tensor:
-    """Grad-CAM element-wise (pytorch-grad-cam): the ReLU of each product G * A, summed."""
+    """Grad-CAM element-wise (pytorch-grad-cam): sum_c ReLU(G * A)."""
     return (_grads(inp) * inp.acts).clamp(min=0)
 
 
-@register("eigengradcam",
-          summary="EigenGrad-CAM: first principal component of G * A (sign-corrected).")
+@register("eigengradcam")
 def eigengradcam(inp: CamInputs) -> torch.Tensor:
-    """EigenGrad-CAM (pytorch-grad-cam): the projection of G * A, as EigenCAM's."""
+    """EigenGrad-CAM (pytorch-grad-cam): the :func:`project` of G * A."""
     return project(_grads(inp) * inp.acts)
 
 
-@register("ablationcam", gradients=False, needs=("ablate",),
-          summary="Ablation-CAM: channels weighted by the score drop when each is removed.")
+@register("ablationcam", gradients=False, needs=("ablate",))
 def ablationcam(inp: CamInputs) -> torch.Tensor:
-    """Ablation-CAM (Desai & Ramaswamy): w_c = (S - S_c) / S.
-
-    S_c is the target score with channel c of the layer's output set to 0 (or, when the
-    output never reaches 0, to its minimum minus 1e7), as pytorch-grad-cam's AblationLayer.
-    Ablated outputs run ``score_batch`` at a time, from the layer on.
-    """
+    """Ablation-CAM (Desai & Ramaswamy): w_c = (S - S_c) / S, with S_c the target score when
+    channel c of the layer's output is ablated (pytorch-grad-cam's AblationLayer)."""
     import torch
 
     ablate = _need(inp.ablate, "ablate")
@@ -333,25 +286,18 @@ def ablationcam(inp: CamInputs) -> torch.Tensor:
     return _channels((base[:, None] - scores) / base[:, None], a)
 
 
-@register("fullgrad", needs=("full",), layerwise=False,
-          summary="FullGrad: input gradients and every bias's gradient (ignores the layer).")
+@register("fullgrad", needs=("full",), layerwise=False)
 def fullgrad(inp: CamInputs) -> torch.Tensor:
-    """FullGrad (Srinivas & Fleuret), as pytorch-grad-cam computes it, at input resolution.
-
-    |x * dS/dx| per input channel, plus, for every Conv2d/BatchNorm2d with a bias, |b * G|
-    per channel; each (input, channel) map is min-max scaled (pytorch-grad-cam's 1e-7 in
-    the denominator), resized to the input and summed.
-    """
-    import torch.nn.functional as F
-
+    """FullGrad (Srinivas & Fleuret) as pytorch-grad-cam, at input resolution (it ignores
+    the layer): |x * dS/dx| plus, for every biased Conv2d/BatchNorm2d, |b * G|, each
+    (input, channel) map min-max scaled, resized to the input and summed."""
     full = _need(inp.full, "full")
     size = full.x.shape[-2:]
-    total = _minmax_channels((full.x_grad * full.x).abs(), 1e-7).sum(dim=1)
+    total = minmax((full.x_grad * full.x).abs(), 1e-7).sum(dim=1)
     for bias, grad in full.biases:
-        term = _minmax_channels((bias[None, :, None, None] * grad).abs(), 1e-7).sum(dim=1)
+        term = minmax((bias[None, :, None, None] * grad).abs(), 1e-7).sum(dim=1)
         # Resizing is linear: the sum of resized channel maps is the resized sum.
-        total = total + F.interpolate(term.unsqueeze(1).float(), size=size, mode="bilinear",
-                                      align_corners=False).squeeze(1)
+        total = total + resize(term.float(), size)
     return total
 
 
@@ -372,33 +318,25 @@ def _top_eigen(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             torch.tensor(np.stack([f[1][:, 0] for f in found]), dtype=k.dtype, device=k.device))
 
 
-@register("kpcacam", gradients=False,
-          summary="KPCA-CAM: first kernel principal component of the activations.")
+@register("kpcacam", gradients=False)
 def kpcacam(inp: CamInputs) -> torch.Tensor:
-    """KPCA-CAM (pytorch-grad-cam): scikit-learn's ``KernelPCA(1, kernel="sigmoid")``.
-
-    The kernel tanh(A A^T / C + 1) between positions (activations centred over positions),
-    centred, and its leading eigenvector with scikit-learn's sign (largest entry positive),
-    scaled by the square root of its eigenvalue.
-    """
+    """KPCA-CAM (pytorch-grad-cam): scikit-learn's ``KernelPCA(1, kernel="sigmoid")`` over
+    positions: the centred kernel tanh(A A^T / C + 1), its leading eigenvector with
+    scikit-learn's sign (largest entry positive), scaled by the root of its eigenvalue."""
     import torch
 
-    a = torch.nan_to_num(inp.acts.double(), nan=0.0)
-    n, c, h, w = a.shape
-    x = a.reshape(n, c, h * w).transpose(1, 2)
-    x = x - x.mean(dim=1, keepdim=True)
-    k = torch.tanh(x @ x.transpose(1, 2) / c + 1.0)
+    x = _positions(inp.acts)
+    k = torch.tanh(x @ x.transpose(1, 2) / x.shape[2] + 1.0)
     k = k - k.mean(dim=1, keepdim=True) - k.mean(dim=2, keepdim=True) \
         + k.mean(dim=(1, 2), keepdim=True)
     top, vec = _top_eigen(k)
     top = top.clamp(min=0)
     sign = torch.sign(vec.gather(1, vec.abs().argmax(dim=1, keepdim=True)))
     proj = vec * sign * top.sqrt().unsqueeze(1)
-    return proj.reshape(n, h, w).to(inp.acts.dtype)
+    return proj.reshape(x.shape[0], *inp.acts.shape[2:]).to(inp.acts.dtype)
 
 
-@register("shapleycam", needs=("hvp",),
-          summary="ShapleyCAM: gradients corrected by the Hessian-vector product.")
+@register("shapleycam", needs=("hvp",))
 def shapleycam(inp: CamInputs) -> torch.Tensor:
     """ShapleyCAM (Cai): w_c = mean over positions of (G - H A / 2)."""
     hvp = _need(inp.hvp, "hvp")()
@@ -419,11 +357,10 @@ def _finer_score(targets: list[int], comparisons: torch.Tensor) -> Callable[[Any
     return score
 
 
-@register("finercam", needs=("regrad",), classifier=True,
-          summary="Finer-CAM: Grad-CAM of the target against its 3 closest classes.")
+@register("finercam", needs=("regrad",), classifier=True)
 def finercam(inp: CamInputs) -> torch.Tensor:
-    """Finer-CAM (pytorch-grad-cam, Grad-CAM base, alpha 1): the score is the target logit
-    minus each of the 3 classes with the closest logits, weighted by their probabilities."""
+    """Finer-CAM (pytorch-grad-cam, Grad-CAM base, alpha 1): the gradient of the target logit
+    minus the 3 closest classes' logits, weighted by their probabilities."""
     import torch
 
     logits = _need(inp.logits, "logits").float()
@@ -434,8 +371,7 @@ def finercam(inp: CamInputs) -> torch.Tensor:
     return _channels(grads.float().mean(dim=(2, 3)), inp.acts)
 
 
-@register("fem", gradients=False,
-          summary="FEM: channels weighted by their share of activations above mean + 2 std.")
+@register("fem", gradients=False)
 def fem(inp: CamInputs) -> torch.Tensor:
     """Feature Explanation Method (Fuad et al.): w_c = mean_ij [A_c > mean_c + 2 std_c]."""
     a = inp.acts
@@ -449,8 +385,7 @@ def fem(inp: CamInputs) -> torch.Tensor:
 
 
 def _score_masks(inp: CamInputs, masks: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """Target scores of every (input, channel) mask times the input, minus the input's own
-    score: (N, C), ``score_batch`` masked inputs per pass."""
+    """The target score gain of each (input, channel) mask times the input: (N, C)."""
     import torch
 
     score = _need(inp.score, "score")
@@ -471,15 +406,14 @@ def _torchcam_masks(inp: CamInputs) -> torch.Tensor:
     """torchcam's Score-CAM masks: each channel min-max scaled, resized to the input."""
     import torch.nn.functional as F
 
-    normed = _minmax_channels(inp.acts, 1e-8)
-    return F.interpolate(normed, size=inp.x.shape[-2:], mode="bilinear", align_corners=False)
+    return F.interpolate(minmax(inp.acts, 1e-8), size=inp.x.shape[-2:], mode="bilinear",
+                         align_corners=False)
 
 
-@register("sscam", gradients=False, needs=("score", "noise"), origin="torchcam",
-          summary="SS-CAM: Score-CAM with masks smoothed by Gaussian noise (seeded).")
+@register("sscam", gradients=False, needs=("score", "noise"))
 def sscam(inp: CamInputs) -> torch.Tensor:
-    """SS-CAM (Wang et al.), as torchcam computes it: 35 noisy copies of every mask (noise
-    std 2), the mean score gain softmaxed over channels."""
+    """SS-CAM (Wang et al.) as torchcam: Score-CAM over 35 noisy copies of every mask (std 2),
+    the mean score gain softmaxed over channels (seeded noise)."""
     noise = _need(inp.noise, "noise")
     masks = _torchcam_masks(inp)
     total = _score_masks(inp, masks + SSCAM_STD * noise(tuple(masks.shape)))
@@ -488,11 +422,10 @@ def sscam(inp: CamInputs) -> torch.Tensor:
     return _channels((total / SSCAM_SAMPLES).softmax(dim=1), inp.acts)
 
 
-@register("iscam", gradients=False, needs=("score",), origin="torchcam",
-          summary="IS-CAM: Score-CAM integrated over 10 growing mask scales.")
+@register("iscam", gradients=False, needs=("score",))
 def iscam(inp: CamInputs) -> torch.Tensor:
-    """IS-CAM (Naidu et al.), as torchcam computes it: masked inputs scaled by the running
-    sum of (i + 1) / 10, the mean score gain softmaxed over channels."""
+    """IS-CAM (Naidu et al.) as torchcam: Score-CAM over 10 growing mask scales (the running
+    sum of (i + 1) / 10), the mean score gain softmaxed over channels."""
     masks = _torchcam_masks(inp)
     coeff = 1 / ISCAM_SAMPLES  # accumulated as torchcam does, to the last bit
     total = _score_masks(inp, masks, coeff)
@@ -502,14 +435,13 @@ def iscam(inp: CamInputs) -> torch.Tensor:
     return _channels((total / ISCAM_SAMPLES).softmax(dim=1), inp.acts)
 
 
-@register("smoothgradcam++", needs=("noisy",), origin="torchcam",
-          summary="Smooth Grad-CAM++: Grad-CAM++ with gradients averaged over noisy inputs.")
+@register("smoothgradcam++", needs=("noisy",))
 def smoothgradcam_pp(inp: CamInputs) -> torch.Tensor:
-    """Smooth Grad-CAM++ (Omeiza et al.), as torchcam computes it: 4 noisy inputs (std 0.3).
+    """Smooth Grad-CAM++ (Omeiza et al.) as torchcam: Grad-CAM++ over 4 noisy inputs (std 0.3).
 
     alpha = mean G^2 / (2 mean G^2 + sum_ij mean G^3 * A + 1e-8) with A the clean
-    activations; the weights are sum_ij alpha * ReLU(G) and the map weights the
-    activations, both G and the activations being those of the last noisy input.
+    activations; the weights sum_ij alpha * ReLU(G) weight the activations, G and the
+    activations there being the last noisy input's (as torchcam).
     """
     noisy = _need(inp.noisy, "noisy")
     acts, grads = noisy(0)
@@ -525,21 +457,13 @@ def smoothgradcam_pp(inp: CamInputs) -> torch.Tensor:
 # ----------------------------------------------------------------------------- attention
 
 
-@register("rollout", gradients=False, needs=("attention",), layerwise=False, origin="paper",
-          summary="Attention rollout: head-fused attention, with the residual, multiplied "
-                  "through the blocks.")
+@register("rollout", gradients=False, needs=("attention",), layerwise=False)
 def attention_rollout(inp: CamInputs) -> torch.Tensor:
-    """Attention rollout (Abnar & Zuidema, 2020); see :func:`hookscope.cam.attention.rollout`."""
-    from hookscope.cam.attention import rollout
-
-    return rollout(_need(inp.attention, "attention")(False))
+    """Attention rollout (Abnar & Zuidema, 2020): :meth:`.attention.Attentions.rollout`."""
+    return _need(inp.attention, "attention")(False).rollout()  # type: ignore[no-any-return]
 
 
-@register("attention-grad", gradients=False, needs=("attention",), layerwise=False,
-          classifier=False, origin="paper",
-          summary="Chefer et al.: gradient-weighted attention relevance through the blocks.")
+@register("attention-grad", gradients=False, needs=("attention",), layerwise=False)
 def attention_grad(inp: CamInputs) -> torch.Tensor:
-    """Chefer, Gur & Wolf (2021); see :func:`hookscope.cam.attention.relevance`."""
-    from hookscope.cam.attention import relevance
-
-    return relevance(_need(inp.attention, "attention")(True))
+    """Chefer, Gur & Wolf (2021): :meth:`.attention.Attentions.relevance`."""
+    return _need(inp.attention, "attention")(True).relevance()  # type: ignore[no-any-return]

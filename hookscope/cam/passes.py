@@ -1,12 +1,7 @@
-"""The CAM engine's passes: each forward pass whose hooks do one thing is its own object.
+"""The CAM engine's passes: each kind of forward pass whose hooks act is its own object.
 
-:class:`CapturePass` snapshots the target layers' outputs (starting the autograd graph at the
-first one) and takes the gradients there; :class:`AblationPass` puts Ablation-CAM's ablated
-outputs in at the layer; :class:`FullGradPass` and :class:`GuidedPass` take the full backward
-pass to the input (keeping each bias's output, or guiding each ReLU's gradient);
-:class:`AttentionPass` collects the attention probabilities for the rollout. The probe's
-hooks go to the pass that is running through one :class:`Switch`; between passes they do
-nothing.
+The probe (a :class:`Switch`) hands its hooks to the pass that is running; between passes
+they do nothing.
 """
 
 from __future__ import annotations
@@ -14,20 +9,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
-from torch import nn
 
 from hookscope.cam.backprop import GuidedGrad, bias_of
-from hookscope.cam.methods import SMOOTH_STD
-from hookscope.cam.targets import Context, Objective, Selection
+from hookscope.cam.methods import SMOOTH_STD, FullBackward
+from hookscope.cam.targets import Context, Objective, Selection, class_probs
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call, first_tensor
-from hookscope.core.run import Step
+from hookscope.core.run import Probe, Step
 from hookscope.core.select import Site
+
+R = TypeVar("R")
 
 
 def detach(out: Any) -> Any:
@@ -50,6 +45,11 @@ def _with_output(output: Any, out: torch.Tensor, replacement: torch.Tensor, name
     )
 
 
+def _or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``grad`` detached, or zeros where autograd found no path (None)."""
+    return torch.zeros_like(like) if grad is None else grad.detach()
+
+
 @dataclass
 class Captured:
     """One capture pass: the output, and per layer its activations and gradients."""
@@ -68,7 +68,7 @@ class Captured:
 class Pass:
     """A forward pass whose hooks do one thing; they act only while it runs."""
 
-    def __init__(self, switch: Switch, objective: Objective) -> None:
+    def __init__(self, switch: Switch[Any], objective: Objective) -> None:
         self.switch, self.objective = switch, objective
 
     def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
@@ -78,11 +78,10 @@ class Pass:
         return None
 
 
-class Switch:
-    """Routes the probe's hooks to the pass that is running; between passes, to none."""
+class Switch(Probe[R]):
+    """A probe whose hooks go to the pass that is running; between passes, to none."""
 
-    def __init__(self) -> None:
-        self.active: Pass | None = None
+    active: Pass | None = None
 
     @contextmanager
     def running(self, active: Pass) -> Iterator[None]:
@@ -92,11 +91,11 @@ class Switch:
         finally:
             self.active = None
 
-    def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
+    def on_enter(self, call: Call, args: Any, kwargs: dict[str, Any]) -> None:
         if self.active is not None:
             self.active.on_enter(call, kwargs)
 
-    def on_exit(self, call: Call, output: Any) -> Any:
+    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
         return None if self.active is None else self.active.on_exit(call, output)
 
 
@@ -110,16 +109,15 @@ def score(step: Step, objective: Objective, sel: Selection, x: torch.Tensor, row
 def probs(step: Step, objective: Objective, sel: Selection, x: torch.Tensor, rows: list[int]
           ) -> torch.Tensor:
     """The target classes' softmax probabilities for ``x``: a plain pass (the metrics')."""
-    logits = objective.output(step.forward(x, grad="inference")).float()
-    index = torch.tensor([sel.classes[r] for r in rows], device=logits.device)
-    return torch.softmax(logits, dim=1).gather(1, index[:, None]).squeeze(1)
+    logits = objective.output(step.forward(x, grad="inference"))
+    return class_probs(logits, [sel.classes[r] for r in rows])
 
 
 class CapturePass(Pass):
     """Snapshots each target layer's output, starting the graph at the first one when a
     method needs gradients, and takes the gradients of the target scores there."""
 
-    def __init__(self, switch: Switch, objective: Objective, sites: list[Site], hint: Any,
+    def __init__(self, switch: Switch[Any], objective: Objective, sites: list[Site], hint: Any,
                  reshape: str, needs_grad: bool, second_order: bool) -> None:
         super().__init__(switch, objective)
         self.layer_sites, self.hint, self.reshape = sites, hint, reshape
@@ -130,10 +128,13 @@ class CapturePass(Pass):
         self.cap: list[tuple[torch.Tensor, torch.Tensor, int] | None] = []
 
     def on_exit(self, call: Call, output: Any) -> Any:
+        """Snapshot a target layer's output; start the graph there (or keep it going)."""
         index = self.layer_ids.get(id(call.site.module))
-        return None if index is None else self._on_layer(call, index, output)
-
-    def _check(self, site: Site, out: torch.Tensor, index: int) -> None:
+        if index is None:
+            return None
+        site, out = call.site, first_tensor(output)
+        if out is None:
+            raise HookscopeError(f"Layer {call.name!r} returned no tensor.")
         found = layout(list(out.shape), self.size, type_name=site.type, hint=self.hint,
                        force=self.reshape)
         if not isinstance(found, Layout):
@@ -144,13 +145,6 @@ class CapturePass(Pass):
                 "`hookscope layers MODEL` lists the names and shapes."
             )
         self.grids[index] = found
-
-    def _on_layer(self, call: Call, index: int, output: Any) -> Any:
-        """Snapshot a target layer's output; start the graph there (or keep it going)."""
-        out = first_tensor(output)
-        if out is None:
-            raise HookscopeError(f"Layer {call.name!r} returned no tensor.")
-        self._check(call.site, out, index)
         if not self.needs_grad:
             self.cap[index] = (out.detach().clone(), out, call.index)
             return None
@@ -171,30 +165,24 @@ class CapturePass(Pass):
         self.size = (int(x.shape[-2]), int(x.shape[-1]))
         with self.switch.running(self):
             out = self.objective.output(step.forward(x))
-        cap = self.cap
-        for site, found in zip(self.layer_sites, cap, strict=True):
-            if found is None:
-                raise HookscopeError(f"Layer {site.name!r} did not run during the forward "
-                                     "pass; choose a layer the model uses.")
-        taken = [c for c in cap if c is not None]
+        taken = [c for c in self.cap if c is not None]
+        if len(taken) < len(self.cap):
+            raise HookscopeError(f"Layer {self.layer_sites[self.cap.index(None)].name!r} did "
+                                 "not run during the forward pass; choose a layer the model uses.")
+        acts, nodes = [c[0] for c in taken], [c[1] for c in taken]
         sel = sel or self.objective.select(detach(out), x, step.start, ctx)
         grads: list[torch.Tensor | None] = [None] * len(taken)
         graph_grads: list[torch.Tensor] = []
         if self.needs_grad:
-            nodes = [c[1] for c in taken]
             graph_grads = [torch.zeros_like(n) for n in nodes] if all(sel.skipped) else \
                 self._backward(out, sel, nodes, keep, strict)
-            grads = [g.detach() for g in graph_grads]
-        rows = list(range(len(x)))
+            grads = [self._nchw(i, g.detach()) for i, g in enumerate(graph_grads)]
         with torch.no_grad():
-            scores = self.objective.score(detach(out), sel, rows).float()
-        nchw = [lay.to_nchw(c[0]).float() for c, lay in zip(taken, self.grids, strict=True)]
+            scores = self.objective.score(detach(out), sel, list(range(len(x)))).float()
         return Captured(
-            out=detach(out), acts=[c[0] for c in taken], nchw=nchw,
-            grads=[lay.to_nchw(g).float() if g is not None else None
-                   for g, lay in zip(grads, self.grids, strict=True)],
-            calls=[c[2] for c in taken], scores=scores,
-            graph_out=out if keep else None, nodes=[c[1] for c in taken] if keep else [],
+            out=detach(out), acts=acts, nchw=[self._nchw(i, a) for i, a in enumerate(acts)],
+            grads=grads, calls=[c[2] for c in taken], scores=scores,
+            graph_out=out if keep else None, nodes=nodes if keep else [],
             graph_grads=graph_grads if keep else []), sel
 
     def _backward(self, out: Any, sel: Selection, nodes: list[torch.Tensor], keep: bool,
@@ -224,8 +212,7 @@ class CapturePass(Pass):
         with torch.inference_mode(False), torch.enable_grad():
             (g,) = torch.autograd.grad(fn(cap.graph_out).sum(), cap.nodes[layer],
                                        retain_graph=True, allow_unused=True)
-        g = torch.zeros_like(cap.acts[layer]) if g is None else g.detach()
-        return self.grids[layer].to_nchw(g).float()
+        return self._nchw(layer, _or_zeros(g, cap.acts[layer]))
 
     def hvp(self, cap: Captured, layer: int) -> torch.Tensor:
         grad, node = cap.graph_grads[layer], cap.nodes[layer]
@@ -242,8 +229,11 @@ class CapturePass(Pass):
                     "shapleycam needs second derivatives, and PyTorch has none for an "
                     f"operation of this model after layer {self.layer_sites[layer].name!r} "
                     f"({' '.join(str(exc).split())}); choose another method.") from None
-        h = torch.zeros_like(cap.acts[layer]) if h is None else h.detach()
-        return self.grids[layer].to_nchw(h).float()
+        return self._nchw(layer, _or_zeros(h, cap.acts[layer]))
+
+    def _nchw(self, layer: int, t: torch.Tensor) -> torch.Tensor:
+        """A tensor in ``layer``'s output layout as (N, C, h, w) float32."""
+        return self.grids[layer].to_nchw(t).float()
 
 
 class Noise:
@@ -265,23 +255,20 @@ class Noise:
             noisy = x + SMOOTH_STD * self.noise(name, x.device, tuple(x.shape))
             cache[sample] = self.capture.run(step, noisy, sel, ctx, strict=False)[0]
         found = cache[sample]
-        grads = found.grads[layer]
-        return found.nchw[layer], grads if grads is not None else torch.zeros_like(
-            found.nchw[layer])
+        return found.nchw[layer], _or_zeros(found.grads[layer], found.nchw[layer])
 
 
 class AblationPass(Pass):
     """Ablation-CAM's passes: the target layer's hook hands on the ablated outputs."""
 
-    def __init__(self, switch: Switch, objective: Objective, capture: CapturePass) -> None:
+    def __init__(self, switch: Switch[Any], objective: Objective, capture: CapturePass) -> None:
         super().__init__(switch, objective)
         self.capture = capture
         self.ablation: tuple[int, int, torch.Tensor] | None = None
         self.expand_ok: dict[int, bool] = {}
 
     def on_exit(self, call: Call, output: Any) -> Any:
-        if self.ablation is None:
-            return None
+        assert self.ablation is not None  # set while the pass runs
         layer, index, replacement = self.ablation
         if self.capture.layer_ids.get(id(call.site.module)) == layer and call.index == index:
             out = first_tensor(output)
@@ -291,12 +278,9 @@ class AblationPass(Pass):
 
     def run(self, step: Step, sel: Selection, cap: Captured, layer: int, x: torch.Tensor,
             i: int, channels: list[int]) -> torch.Tensor:
-        """Scores of input ``i`` with each of ``channels`` of the layer's output ablated.
-
-        The pass starts from one copy of the input and the layer's hook returns the k
-        ablated outputs, so what runs before the layer runs once; a model that cannot take
-        that (it mixes tensors from before the layer with the batch) gets k copies.
-        """
+        """Scores of input ``i`` with each of ``channels`` of the layer's output ablated: one
+        copy of the input runs up to the layer, whose hook hands on the k ablated outputs
+        (see :meth:`hookscope.core.run.Step.forward_expanded`)."""
         orig = cap.acts[layer][i : i + 1]
         k = len(channels)
         batch = orig.repeat(k, *([1] * (orig.dim() - 1)))
@@ -308,7 +292,7 @@ class AblationPass(Pass):
         try:
             with self.switch.running(self):
                 out = step.forward_expanded(
-                    x[i : i + 1], k, lambda o: self.objective.rows(self.objective.output(o)),
+                    x[i : i + 1], k, lambda o: len(self.objective.output(o)),
                     self.expand_ok, layer, grad="inference")
             return self.objective.score(self.objective.output(out), sel, [i] * k)
         finally:
@@ -316,15 +300,26 @@ class AblationPass(Pass):
 
 
 class InputPass(Pass):
-    """A pass with the full backward pass to the input."""
+    """A pass with the full backward pass to the input: FullGrad's keeps each biased
+    module's output, for its bias gradient; guided backpropagation's has each ReLU pass back
+    only positive gradients."""
 
-    def __init__(self, switch: Switch, objective: Objective, modules: list[Site]) -> None:
+    def __init__(self, switch: Switch[Any], objective: Objective, modules: list[Site], *,
+                 guided: bool) -> None:
         super().__init__(switch, objective)
-        self.ids = {id(s.module) for s in modules}
+        self.ids, self.guided = {id(s.module) for s in modules}, guided
         self.biases: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def run(self, step: Step, x: torch.Tensor, sel: Selection
-            ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def on_exit(self, call: Call, output: Any) -> Any:
+        if id(call.site.module) not in self.ids or not isinstance(output, torch.Tensor) \
+                or not output.requires_grad:
+            return None
+        if self.guided:
+            return GuidedGrad.apply(output)
+        self.biases.append((bias_of(call.site.module), output))
+        return output.clone()  # a following in-place ReLU must not change it
+
+    def run(self, step: Step, x: torch.Tensor, sel: Selection) -> FullBackward:
         """The full backward pass to the input (FullGrad's or guided backpropagation's)."""
         leaf = x.detach().clone().requires_grad_(True)
         self.biases = []
@@ -334,74 +329,9 @@ class InputPass(Pass):
         with torch.inference_mode(False), torch.enable_grad():
             total = self.objective.score(out, sel, list(range(len(x)))).sum()
             if not total.requires_grad:
-                return torch.zeros_like(leaf), []
+                return FullBackward(x, torch.zeros_like(leaf))
             grads = torch.autograd.grad(total, [leaf, *(o for _, o in biases)],
                                         allow_unused=True)
-        pairs = [(b, g.detach() if g is not None else torch.zeros_like(o))
-                 for (b, o), g in zip(biases, grads[1:], strict=True)]
-        first = grads[0]
-        return (first.detach() if first is not None else torch.zeros_like(leaf)), pairs
+        pairs = [(b, _or_zeros(g, o)) for (b, o), g in zip(biases, grads[1:], strict=True)]
+        return FullBackward(x, _or_zeros(grads[0], leaf), pairs)
 
-
-class FullGradPass(InputPass):
-    """FullGrad's pass: each biased module's output is kept, for its bias gradient."""
-
-    def on_exit(self, call: Call, output: Any) -> Any:
-        if id(call.site.module) in self.ids:
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                self.biases.append((bias_of(call.site.module), output))
-                return output.clone()  # a following in-place ReLU must not change it
-        return None
-
-
-class GuidedPass(InputPass):
-    """Guided backpropagation's pass: each ReLU passes back only positive gradients."""
-
-    def on_exit(self, call: Call, output: Any) -> Any:
-        if id(call.site.module) in self.ids:
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                return GuidedGrad.apply(output)
-        return None
-
-
-class AttentionPass(Pass):
-    """The rollout's pass: every attention module's probabilities, asked for and kept."""
-
-    def __init__(self, switch: Switch, objective: Objective, model: nn.Module,
-                 found: list[tuple[Site, str]], hint: Any, rollout: tuple[str, float]) -> None:
-        super().__init__(switch, objective)
-        self.model, self.hint, self.rollout = model, hint, rollout
-        self.kinds = {id(site.module): kind for site, kind in found}
-        self.sites = [site for site, _ in found]
-        self.probs: list[torch.Tensor] = []
-
-    def on_enter(self, call: Call, kwargs: dict[str, Any]) -> None:
-        kind = self.kinds.get(id(call.site.module))
-        if kind is not None:
-            from hookscope.cam.attention import ask_for_weights
-
-            ask_for_weights(kind, kwargs)
-
-    def on_exit(self, call: Call, output: Any) -> Any:
-        kind = self.kinds.get(id(call.site.module))
-        if kind is not None:
-            from hookscope.cam.attention import probabilities
-
-            found = probabilities(kind, output)
-            if found is not None:
-                self.probs.append(found)
-        return None
-
-    def run(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Any:
-        """One pass with every attention module's probabilities (and, with ``gradients``,
-        the summed target scores' gradients with respect to them)."""
-        from hookscope.cam.attention import collect, eager_attention
-
-        self.probs = []
-        with self.switch.running(self), eager_attention(self.model):
-            out = self.objective.output(step.forward(x, grad="grad" if gradients
-                                                     else "inference"))
-        probs, self.probs = self.probs, []
-        rows = list(range(len(sel.classes)))
-        score = partial(self.objective.score, out, sel, rows) if gradients else None
-        return collect(probs, score, x, self.hint, *self.rollout)

@@ -1,38 +1,13 @@
-"""Grad-CAM and its family, with the autograd graph started at the target layer(s).
-
-Speed: the forward pass runs with gradients disabled up to the first target layer. That
-layer's forward hook snapshots its output as a fresh leaf tensor, switches gradients on for
-the rest of the forward pass and hands the model a clone of the leaf (a later target layer
-keeps its output, already in the graph, and hands on a clone too). ``torch.autograd.grad``
-of the summed target scores then reaches only the layers: nothing before the first one
-keeps autograd state, and no parameter gradient is ever computed, so a Grad-CAM costs about
-one forward pass. Methods that need extra passes (ScoreCAM's masked inputs, Ablation-CAM's
-ablated layer outputs, noisy inputs) run them through :meth:`hookscope.core.run.Step.forward`,
-batched; Ablation-CAM's passes start from one copy of the input and put the ablated batch
-in at the layer, so what comes before the layer runs once per batch of channels. Only
-FullGrad and guided backpropagation take the full backward pass to the input. Each kind of
-pass whose hooks act is its own object (:mod:`hookscope.cam.passes`).
-
-Correctness: the snapshot is taken inside the hook, before any later in-place operation
-(VGG's ``ReLU(inplace=True)``) can change the tensor, and the gradient is the one with respect
-to the layer's own output.
-
-What a map explains is an :class:`~hookscope.cam.targets.Objective`: a classifier's class
-logit, a segmentation class over a region, or a detector's boxes. Several layers are fused
-as pytorch-grad-cam does (each map min-max scaled, resized to the input, averaged);
-``aug_smooth`` averages the maps of flipped and scaled inputs and ``eigen_smooth`` replaces
-the sum over channels by their first principal component.
-
-The model is left as it was found: no hook, no ``.grad``, ``training`` flags and the
-grad mode restored, also when the forward pass raises. :class:`CamProbe` is the analysis
-(its results are built in :mod:`hookscope.cam.result`); the one driver
-(:func:`hookscope.core.run.drive`) runs it.
+"""Grad-CAM and its family, with the autograd graph started at the target layer(s): see
+"How it is fast" in docs/gradcam.md. Each kind of pass is its own object
+(:mod:`hookscope.cam.passes`); the model is left as it was found, also when it raises.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -40,65 +15,24 @@ import numpy as np
 import torch
 from torch import nn
 
+from hookscope.cam.attention import AttentionPass
 from hookscope.cam.backprop import has_bias
+from hookscope.cam.faithfulness import MetricPlan
 from hookscope.cam.layer import default_layer
-from hookscope.cam.methods import (
-    CamInputs,
-    FullBackward,
-    Method,
-    get_method,
-    method_names,
-    project,
-)
-from hookscope.cam.passes import (
-    AblationPass,
-    AttentionPass,
-    Captured,
-    CapturePass,
-    FullGradPass,
-    GuidedPass,
-    Noise,
-    Switch,
-    probs,
-    score,
-)
-from hookscope.cam.result import (
-    CamBatch,
-    CamReport,
-    CamResult,
-    MapSum,
-    make_result,
-    with_metrics,
-)
-from hookscope.cam.targets import (
-    Context,
-    Objective,
-    Selection,
-    infer_task,
-    make_objective,
-)
+from hookscope.cam.methods import CamInputs, FullBackward, Method, get_method, method_names, project
+from hookscope.cam.passes import AblationPass, Captured, CapturePass, InputPass, Noise, Switch, probs, score
+from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
+from hookscope.cam.targets import Context, Objective, Selection, infer_task, make_objective
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import token_hint
-from hookscope.core.hooks import Call
-from hookscope.core.run import Probe, Step, drive, peek
+from hookscope.core.run import Step, drive, peek
 from hookscope.core.select import Site, all_sites, find_site
 from hookscope.core.targets import Targets, as_targets
 
 log = logging.getLogger("hookscope")
 
-__all__ = [
-    "AUGMENTATIONS",
-    "CamBatch",
-    "CamProbe",
-    "CamReport",
-    "CamResult",
-    "RESHAPES",
-    "check_explain",
-    "default_layer",
-    "explain",
-    "gradcam",
-    "method_names",
-]
+__all__ = ["AUGMENTATIONS", "CamBatch", "CamProbe", "CamReport", "CamResult", "RESHAPES",
+           "check_explain", "default_layer", "explain", "gradcam", "method_names"]
 
 RESHAPES = ("auto", "none", "vit", "swin")
 #: pytorch-grad-cam's ``aug_smooth``: (horizontal flip, intensity factor), the identity first.
@@ -107,64 +41,23 @@ AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1
 Layers = str | nn.Module | Sequence[str | nn.Module]
 
 
-def _augment(x: torch.Tensor, flip: bool, factor: float) -> torch.Tensor:
-    x = x.flip(-1) if flip else x
-    return x * factor if factor != 1.0 else x
-
-
-# ----------------------------------------------------------------------------- layers
-
-
-def _resolve_site(model: nn.Module, layer: str | nn.Module) -> Site:
-    if isinstance(layer, nn.Module):
-        for site in all_sites(model):
-            if site.module is layer:
-                return site
+def _site(model: nn.Module, layer: str | nn.Module) -> Site:
+    if not isinstance(layer, nn.Module):
+        return find_site(model, layer)
+    found = next((s for s in all_sites(model) if s.module is layer), None)
+    if found is None:
         raise HookscopeError(f"The given layer ({type(layer).__name__}) is not part of the model.")
-    return find_site(model, layer)
+    return found
 
 
-def _layer_list(layer: Layers) -> list[str | nn.Module]:
-    if isinstance(layer, (str, nn.Module)):
-        return [layer]
-    layers = list(layer)
-    if not layers:
-        raise HookscopeError(f"No layer given ({param('layer')}).")
-    return layers
-
-
-# ----------------------------------------------------------------------------- engine
-
-
-class CamProbe(Probe[CamReport]):
+class CamProbe(Switch[CamReport]):
     """Computes one or more CAM methods at one or more layers, batch by batch.
 
-    Args:
-        model: a classifier returning (N, classes) logits, a segmentation model or a
-            detector (see :mod:`hookscope.cam.targets`).
-        layer: dotted module name (or the module itself), or several (their maps are fused).
-        methods: registered method names.
-        targets: parsed targets (see :func:`hookscope.core.targets.parse_targets`).
-        reshape: ``auto`` (see :mod:`hookscope.core.grid`), or only ``none`` (N, C, H, W),
-            ``vit`` (tokens after prefix tokens) or ``swin`` (N, H, W, C).
-        score_batch: masked, ablated or perturbed inputs per forward pass.
-        transform: the preprocessing, to place maps on the original images (see
-            :func:`hookscope.cam.targets.crop_box`).
-        sink: receives each :class:`CamBatch` (e.g. to write its files); without one, the
-            maps are kept and concatenated into the report.
-        output_key: the entry of a dict or tuple output holding the logits (see
-            :func:`hookscope.core.outputs.select_logits`).
-        task: ``classification``, ``segmentation`` or ``detection``; None: from the model's
-            class (torchvision's segmentation models and detectors), else classification.
-        objective: what the maps explain, instead of one made from ``task`` and ``targets``.
-        aug_smooth: average the maps of the input flipped and scaled (pytorch-grad-cam's).
-        eigen_smooth: the first principal component of the weighted activations instead of
-            their sum over channels.
-        guided: also guided backpropagation times each map (guided Grad-CAM).
-        seed: seeds the noise of ``sscam``, ``smoothgradcam++`` and the ROAD metric.
-        metrics: metric names (see :mod:`hookscope.cam.faithfulness`) to score every map with.
-        percentiles: the ROAD metric's percentiles.
-        head_fusion, discard_ratio: the rollout's (see :mod:`hookscope.cam.attention`).
+    The options are the ``gradcam`` command's (docs/gradcam.md), plus ``layer``: a dotted
+    name or the module itself, or several (their maps are fused); ``transform``: the
+    preprocessing, to place maps on the original images; ``sink``: receives each
+    :class:`CamBatch` (without one, the report keeps the maps); ``objective``: replaces the
+    one made from ``task`` (None: from the model's class), ``targets`` and ``output_key``.
     """
 
     grad = "off"  # autograd starts at the layer: its hook switches it on
@@ -183,7 +76,10 @@ class CamProbe(Probe[CamReport]):
                                  f"{', '.join(RESHAPES)}.")
         if not methods:
             raise HookscopeError(f"No CAM method given ({param('method')}).")
-        sites = [_resolve_site(model, item) for item in _layer_list(layer)]
+        layers = [layer] if isinstance(layer, (str, nn.Module)) else list(layer)
+        if not layers:
+            raise HookscopeError(f"No layer given ({param('layer')}).")
+        sites = [_site(model, item) for item in layers]
         self.layer_sites = list({s.name: s for s in sites}.values())
         self.methods: list[Method] = list({m.name: m for m in map(get_method, methods)}.values())
         self.task = objective.kind if objective is not None else task or infer_task(model)
@@ -191,8 +87,8 @@ class CamProbe(Probe[CamReport]):
         self.score_batch, self.transform, self.sink = score_batch, transform, sink
         self.augs = AUGMENTATIONS if aug_smooth else AUGMENTATIONS[:1]
         self.eigen_smooth = eigen_smooth
-        self.metrics = _metric_plan(metrics, percentiles, self.task, seed)
-        self._check_methods(aug_smooth)
+        self._check_methods(aug_smooth, bool(metrics))
+        self.metrics = MetricPlan.make(metrics, percentiles, seed) if metrics else None
         needs = frozenset().union(*(m.needs for m in self.methods))
         self.keep_graph = bool(needs & {"regrad", "hvp"})
         self.notes: dict[str, None] = {}
@@ -203,35 +99,33 @@ class CamProbe(Probe[CamReport]):
     def _make_passes(self, model: nn.Module, needs: frozenset[str], reshape: str, guided: bool,
                      seed: int, rollout: tuple[str, float]) -> None:
         """One object per kind of pass, and the union of their modules as the probe's sites."""
-        switch, objective, hint = Switch(), self.objective, token_hint(model)
-        self.switch = switch
-        self.capture = CapturePass(switch, objective, self.layer_sites, hint, reshape,
+        objective, hint = self.objective, token_hint(model)
+        self.capture = CapturePass(self, objective, self.layer_sites, hint, reshape,
                                    any(m.gradients for m in self.methods), "hvp" in needs)
-        self.ablation = AblationPass(switch, objective, self.capture)
+        self.ablation = AblationPass(self, objective, self.capture)
         self.noise = Noise(self.capture, [m.name for m in self.methods], seed)
         everything = all_sites(model)
         bias = [s for s in everything if has_bias(s.module)] if "full" in needs else []
         relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if guided else []
-        self.fullgrad = FullGradPass(switch, objective, bias) if "full" in needs else None
-        self.guided = GuidedPass(switch, objective, relus) if guided else None
+        self.fullgrad = InputPass(self, objective, bias, guided=False) if "full" in needs else None
+        self.guided = InputPass(self, objective, relus, guided=True) if guided else None
         if guided and not relus:
             self.notes[f"{type(model).__name__} has no nn.ReLU module, so guided "
                        "backpropagation is the plain input gradient."] = None
         self.attention = None
         if "attention" in needs:
-            from hookscope.cam.attention import attention_sites, check_rollout
-
-            check_rollout(*rollout)
-            self.attention = AttentionPass(switch, objective, model, attention_sites(model),
-                                           hint, rollout)
+            self.attention = AttentionPass(self, objective, model, hint, *rollout)
         attention = self.attention.sites if self.attention is not None else []
         self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus,
                                                      *attention]}.values())
 
-    def _check_methods(self, aug_smooth: bool) -> None:
-        """A method or option that cannot work with this model says why, before any pass."""
+    def _check_methods(self, aug_smooth: bool, metrics: bool) -> None:
+        """Refuse, before any pass, a method or option that cannot work with this model."""
         if self.task == "classification":
             return
+        if metrics:
+            raise HookscopeError(f"{param('metrics')} score a classifier's confidence in its "
+                                 f"class; this is a {self.task} model.")
         for m in self.methods:
             if m.classifier:
                 raise HookscopeError(f"{m.name} compares a classifier's classes; this is a "
@@ -240,20 +134,10 @@ class CamProbe(Probe[CamReport]):
             raise HookscopeError(f"{param('aug_smooth')} flips the input, which would move a "
                                  f"{self.task} model's region or boxes; it is for classifiers.")
 
-    # ------------------------------------------------------------------ hooks
-
-    def on_enter(self, call: Call, args: Any, kwargs: dict[str, Any]) -> None:
-        self.switch.on_enter(call, kwargs)
-
-    def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
-        return self.switch.on_exit(call, output)
-
-    # ------------------------------------------------------------------ one batch
-
     def _inputs(self, method: Method, step: Step, cap: Captured, sel: Selection,
                 ctx: Context, x: torch.Tensor, full: FullBackward | None, layer: int,
                 cache: dict[int, Captured]) -> CamInputs:
-        name = method.name
+        name = method.name  # its noise generator
         return CamInputs(
             acts=cap.nchw[layer], grads=cap.grads[layer], x=x, targets=list(sel.classes),
             score=partial(score, step, self.objective, sel), score_batch=self.score_batch,
@@ -288,27 +172,27 @@ class CamProbe(Probe[CamReport]):
         ctx = Context.of(step.batch, step.start, len(step), self.transform)
         accs = {m.name: MapSum() for m in self.methods}
         sel: Selection | None = None
-        first: tuple[list[float], list[float | None], Any] | None = None
-        for flip, factor in self.augs:
-            xa = _augment(x, flip, factor)
+        for n, (flip, factor) in enumerate(self.augs):
+            xa = (x.flip(-1) if flip else x) * factor
             cap, sel = self.capture.run(step, xa, sel, ctx, keep=self.keep_graph)
-            if first is None:
-                first = (cap.scores.tolist(), self.objective.probs(cap.out, sel), cap.out)
+            if n == 0:  # the identity
+                scores, target_probs = cap.scores.tolist(), self.objective.probs(cap.out, sel)
                 self.layer_shapes = [list(a.shape[1:]) for a in cap.nchw]
-            full = FullBackward(xa, *self.fullgrad.run(step, xa, sel)) \
-                if self.fullgrad is not None else None
+            full = self.fullgrad.run(step, xa, sel) if self.fullgrad is not None else None
             for m in self.methods:
                 raws = self._raws(m, step, cap, sel, ctx, xa, full)
                 accs[m.name].add(raws, x.shape[-2:], flip, len(self.augs) > 1)
             del cap, full
-        assert sel is not None and first is not None
-        guided = self.guided.run(step, x, sel)[0] if self.guided is not None else None
-        results = {m.name: make_result(m, accs[m.name], sel, first[0], first[1], guided,
+        assert sel is not None
+        guided = self.guided.run(step, x, sel).x_grad if self.guided is not None else None
+        results = {m.name: make_result(m, accs[m.name], sel, scores, target_probs, guided,
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}
         if self.metrics is not None:
-            results = with_metrics(results, self.metrics, partial(probs, step, self.objective, sel),
-                                   x, self.score_batch)
+            prob = partial(probs, step, self.objective, sel)
+            for name, res in results.items():
+                maps = torch.from_numpy(res.maps)
+                results[name] = replace(res, metrics=self.metrics.evaluate(prob, x, maps, self.score_batch))
         self._emit(step, results, sel, ctx)
 
     def _emit(self, step: Step, results: dict[str, CamResult], sel: Selection, ctx: Context
@@ -335,60 +219,20 @@ class CamProbe(Probe[CamReport]):
                 "layers": [s.name for s in self.layer_sites], "layer_shapes": shapes}
 
 
-def _metric_plan(metrics: Sequence[str], percentiles: Sequence[float] | None, task: str,
-                 seed: int) -> Any:
-    if not metrics:
-        return None
-    from hookscope.cam.faithfulness import MetricPlan
-
-    if task != "classification":
-        raise HookscopeError(f"{param('metrics')} score a classifier's confidence in its "
-                             f"class; this is a {task} model.")
-    return MetricPlan.make(metrics, percentiles, seed)
-
-
-def _default_layer(model: nn.Module, inputs: Any, task: str, autocast: torch.dtype | None
-                   ) -> tuple[str, Any]:
-    first, batches = peek(inputs)
-    sample = getattr(first, "tensor", first)
-    sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
-    layer, shape = default_layer(model, sample[:1], autocast=autocast, task=task)
-    log.info("using layer %s, %s (%s channels on a %sx%s grid)", layer,
-             "the default for this model" if task == "classification" else
-             "the backbone's last stage", *shape[1:])
-    return layer, batches
-
-
-def explain(
-    model: nn.Module,
-    inputs: Any,
-    *,
-    layer: Layers | None = None,
-    methods: Sequence[str] = ("gradcam",),
-    targets: Targets | None = None,
-    reshape: str = "auto",
-    score_batch: int = 32,
-    transform: Any = None,
-    sink: Callable[[CamBatch], None] | None = None,
-    progress: Callable[[int], None] | None = None,
-    output_key: str | None = None,
-    autocast: torch.dtype | None = None,
-    task: str | None = None,
-    mask: np.ndarray | None = None,
-    box_index: Sequence[int] = (),
-    iou: float = 0.5,
-    min_score: float = 0.5,
-    **options: Any,
-) -> CamReport:
+def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
+            methods: Sequence[str] = ("gradcam",), targets: Targets | None = None,
+            reshape: str = "auto", score_batch: int = 32, transform: Any = None,
+            sink: Callable[[CamBatch], None] | None = None,
+            progress: Callable[[int], None] | None = None, output_key: str | None = None,
+            autocast: torch.dtype | None = None, task: str | None = None,
+            mask: np.ndarray | None = None, box_index: Sequence[int] = (), iou: float = 0.5,
+            min_score: float = 0.5, **options: Any) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
-    ``layer`` None picks :func:`default_layer` (the last image-grid output; a token
-    transformer's last block's first norm; for segmentation models and detectors, the
-    backbone's last stage), found on the first input (logged). ``task``, ``targets``,
-    ``output_key``, ``mask``, ``box_index``, ``iou`` and ``min_score`` make the objective
-    (see :func:`hookscope.cam.targets.make_objective`); other arguments and ``options``
-    (``aug_smooth``, ``eigen_smooth``, ``guided``, ``seed``, ``metrics``, ``percentiles``,
-    ``head_fusion``, ``discard_ratio``) are those of :class:`CamProbe`.
+    ``layer`` None picks :func:`default_layer` on the first input (logged). ``task``,
+    ``targets``, ``output_key``, ``mask``, ``box_index``, ``iou`` and ``min_score`` make the
+    objective (see :func:`hookscope.cam.targets.make_objective`); the other arguments and
+    ``options`` are those of :class:`CamProbe`.
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or an
@@ -400,7 +244,13 @@ def explain(
                                box_index=box_index, iou=iou, min_score=min_score)
     batches: Any = inputs
     if layer is None:
-        layer, batches = _default_layer(model, inputs, task, autocast)
+        first, batches = peek(inputs)
+        sample = getattr(first, "tensor", first)
+        sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
+        layer, shape = default_layer(model, sample[:1], autocast=autocast, task=task)
+        log.info("using layer %s, %s (%s channels on a %sx%s grid)", layer,
+                 "the default for this model" if task == "classification" else
+                 "the backbone's last stage", *shape[1:])
     probe = CamProbe(model, layer, methods, reshape=reshape, score_batch=score_batch,
                      transform=transform, sink=sink, objective=objective, **options)
     return drive(model, batches, probe, progress=progress, autocast=autocast)
@@ -421,41 +271,25 @@ def check_explain(model: nn.Module, *, layer: Layers | None = None,
              objective=objective, **options)
 
 
-def gradcam(
-    model: nn.Module,
-    inputs: torch.Tensor | Iterable[torch.Tensor],
-    layer: Layers | None = None,
-    *,
-    method: str = "gradcam",
-    target: int | str | Sequence[int | str] | None = None,
-    reshape: str = "auto",
-    categories: Sequence[str] | None = None,
-    score_batch: int = 32,
-    output_key: str | None = None,
-    **options: Any,
-) -> CamResult:
+def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
+            layer: Layers | None = None, *, method: str = "gradcam",
+            target: int | str | Sequence[int | str] | None = None, reshape: str = "auto",
+            categories: Sequence[str] | None = None, score_batch: int = 32,
+            output_key: str | None = None, **options: Any) -> CamResult:
     """Class activation maps of ``model`` for ``inputs`` at ``layer``.
 
     Args:
         model: a classifier returning (N, classes) logits (or a segmentation model or
-            detector, see :func:`explain`); it is left with no hook, no ``.grad`` and its
+            detector, see :func:`explain`); left with no hook, no ``.grad`` and its
             ``training`` flags unchanged.
         inputs: a preprocessed batch (N, C, H, W) or one image (C, H, W), or an iterable
             of batches.
-        layer: dotted module name or the module, or a list of them (fused); None picks the
-            last module with a spatial output larger than 1x1 (logged).
+        layer: dotted module name or the module, or a list of them (fused); None picks
+            :func:`default_layer` (logged).
         method: one of :func:`method_names`.
         target: None or ``"top1"`` for the top class, ``"topK"``, a class index, a label (with
             ``categories``), or one of those per input (a list or a comma string).
-        reshape: ``auto`` (ViT tokens with a CLS token are reshaped automatically), ``none``,
-            ``vit`` or ``swin`` (channels-last (N, H, W, C) or square token outputs).
-        categories: class labels, for label targets.
-        score_batch: masked, ablated or perturbed inputs per forward pass.
-        options: more of :func:`explain`'s options (``aug_smooth``, ``eigen_smooth``,
-            ``guided``, ``seed``, ``task``, ``mask``, ``box_index``, ``metrics``...).
-
-    Returns:
-        The maps, the raw layer-resolution maps, the targets and their scores.
+        reshape, score_batch, options: :func:`explain`'s (``aug_smooth``, ``task``...).
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or a
@@ -464,15 +298,11 @@ def gradcam(
     options["task"] = options.get("task") or infer_task(model)
     targets = None if target is None and options["task"] == "detection" else \
         as_targets(target, categories)
-    if isinstance(inputs, torch.Tensor):
-        inputs = inputs.unsqueeze(0) if inputs.dim() == 3 else inputs
-        count = inputs.shape[0]
-    else:
-        inputs = [b.unsqueeze(0) if b.dim() == 3 else b for b in inputs]
-        count = sum(b.shape[0] for b in inputs)
+    batches = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+    batches = [b.unsqueeze(0) if b.dim() == 3 else b for b in batches]
     if targets is not None:
-        targets.check_count(count)
-    report = explain(model, inputs, layer=layer, methods=(method,), targets=targets,
+        targets.check_count(sum(len(b) for b in batches))
+    report = explain(model, batches, layer=layer, methods=(method,), targets=targets,
                      reshape=reshape, score_batch=score_batch, output_key=output_key,
                      **options)
     for note in report.notes:

@@ -1,10 +1,6 @@
-"""What the CAM engine returns, and how one method's raw maps become its result.
-
-:class:`CamResult` holds one method's maps; :class:`CamBatch` one batch's maps of every
-method (what a sink receives); :class:`CamReport` what :class:`hookscope.cam.probe.CamProbe`
-returns. :func:`fuse` joins several layers' raw maps as pytorch-grad-cam does, and
-:class:`MapSum` averages them over ``aug_smooth``'s passes. :class:`CamRows` makes the
-``gradcam`` document: the one the command writes, from the Python API too.
+"""What the CAM engine returns (:class:`CamResult` per method, :class:`CamBatch` per batch,
+:class:`CamReport` per run), how raw maps become a result, and :class:`CamRows`, the sink
+that makes the ``gradcam`` document.
 """
 
 from __future__ import annotations
@@ -12,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hookscope.cam.methods import Method
-from hookscope.cam.targets import Selection
+from hookscope.cam.methods import Method, minmax, resize
+from hookscope.cam.targets import Box, Selection
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
@@ -29,32 +26,21 @@ if TYPE_CHECKING:
 #: constant: its variation is the rounding of the sums that made it, not localisation.
 CONSTANT_RTOL = 128 * float(torch.finfo(torch.float32).eps)
 
-Box = tuple[float, float, float, float]
-
 
 @dataclass(frozen=True)
 class CamResult:
     """Class activation maps for a batch of inputs, one method.
 
     Attributes:
-        method: the registered method name.
-        layer: dotted module name of the (first) target layer.
         maps: (N, H, W) float32 in [0, 1] at the input tensor's resolution.
-        raw: (N, h, w) float32 at the (first) layer's resolution, after ReLU, before
-            normalisation (FullGrad's is at the input's resolution).
+        raw: (N, h, w) float32 at the first layer's resolution, after ReLU, before
+            normalisation (FullGrad's is at the input's resolution); ``raws``: per layer.
         targets: the explained class index per input (-1: several classes).
-        scores: the target score per input (a classifier's logit).
         probs: the target's softmax probability per input (None where there is none).
-        layers: every target layer, in the order given.
-        raws: one raw map per layer.
         skipped: per input, why it was not explained (None when it was).
         guided: with ``guided``, (N, H, W, 3): the map times guided backpropagation.
-        regions: segmentation: the explained region per input, (N, H, W) bool.
-        detections: detection: per input, the explained boxes.
-        metrics: per metric name, one value per input.
-        constant: per input, whether every raw map was constant (its range within float
-            noise of its magnitude, :data:`CONSTANT_RTOL`): the map is then all zeros, not
-            rounding noise stretched to [0, 1].
+        constant: per input, whether every raw map was constant (see
+            :data:`CONSTANT_RTOL`): the map is then all zeros, not noise stretched to [0, 1].
     """
 
     method: str
@@ -79,57 +65,29 @@ class CamResult:
 
     @property
     def peaks(self) -> list[tuple[int, int] | None]:
-        """(y, x) of each map's maximum at input resolution; None for a map that is blank
-        (zero everywhere: no position stands out) or whose target score is not finite."""
-        out: list[tuple[int, int] | None] = []
-        for m, score in zip(self.maps, self.scores, strict=True):
-            flat = int(np.argmax(m))
-            blank = not m.max() > 0 or not math.isfinite(score)
-            out.append(None if blank else (flat // m.shape[1], flat % m.shape[1]))
-        return out
+        """(y, x) of each map's maximum; None for a blank map or a non-finite score."""
+        return [divmod(int(np.argmax(m)), m.shape[1]) if m.max() > 0 and math.isfinite(score)
+                else None for m, score in zip(self.maps, self.scores, strict=True)]
 
     @staticmethod
     def concat(parts: Sequence[CamResult]) -> CamResult:
         """Join per-batch results of one method and layer."""
         first = parts[0]
-        if len(parts) == 1:
-            return first
-
-        def cat(name: str) -> np.ndarray | None:
+        joined: dict[str, Any] = {}
+        for name in ("maps", "raw", "guided", "regions"):  # arrays, or None
             arrays = [getattr(p, name) for p in parts]
-            return None if any(a is None for a in arrays) else np.concatenate(arrays)
-
-        dets = [p.detections for p in parts]
-        return CamResult(
-            method=first.method, layer=first.layer,
-            maps=np.concatenate([p.maps for p in parts]),
-            raw=np.concatenate([p.raw for p in parts]),
-            targets=[t for p in parts for t in p.targets],
-            scores=[s for p in parts for s in p.scores],
-            probs=[s for p in parts for s in p.probs],
-            notes=list(dict.fromkeys(n for p in parts for n in p.notes)),
-            layers=first.layers,
+            joined[name] = None if any(a is None for a in arrays) else np.concatenate(arrays)
+        for name in ("targets", "scores", "probs", "skipped", "constant", "detections"):
+            values = [getattr(p, name) for p in parts]
+            joined[name] = None if any(v is None for v in values) else list(chain(*values))
+        return replace(
+            first, **joined, notes=list(dict.fromkeys(n for p in parts for n in p.notes)),
             raws=[np.concatenate(r) for r in zip(*(p.raws for p in parts), strict=True)],
-            skipped=[s for p in parts for s in p.skipped],
-            guided=cat("guided"), regions=cat("regions"),
-            detections=None if any(d is None for d in dets) else [x for d in dets for x in d or []],
-            metrics={k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics},
-            constant=[c for p in parts for c in p.constant],
-        )
+            metrics={k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics})
 
 
-
-def _normalise(maps: torch.Tensor) -> torch.Tensor:
-    """Min-max scale each (h, w) map to [0, 1]; a constant map becomes zeros."""
-    flat = maps.reshape(maps.shape[0], -1)
-    lo = flat.amin(dim=1).reshape(-1, 1, 1)
-    span = (flat.amax(dim=1).reshape(-1, 1, 1) - lo)
-    safe = torch.where(span > 0, span, torch.ones_like(span))
-    return torch.where(span > 0, (maps - lo) / safe, torch.zeros_like(maps))
-
-
-def constant_maps(raws: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Per input, whether every layer's raw (N, h, w) map is constant: its range within
+def _constant(raws: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per input, whether every layer's raw (N, h, w) map has a range within
     :data:`CONSTANT_RTOL` of its largest magnitude (an all-zero map included)."""
     found = torch.ones(raws[0].shape[0], dtype=torch.bool, device=raws[0].device)
     for raw in raws:
@@ -139,55 +97,27 @@ def constant_maps(raws: Sequence[torch.Tensor]) -> torch.Tensor:
     return found
 
 
-def _scale_pgc(maps: torch.Tensor) -> torch.Tensor:
-    """pytorch-grad-cam's ``scale_cam_image``: minus the minimum, over the span plus 1e-7."""
-    flat = maps.reshape(maps.shape[0], -1)
-    lo = flat.amin(dim=1).reshape(-1, 1, 1)
-    return (maps - lo) / (flat.amax(dim=1).reshape(-1, 1, 1) - lo + 1e-7)
-
-
-def _resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    if tuple(maps.shape[-2:]) == tuple(size):
-        return maps
-    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
-                         align_corners=False).squeeze(1)
-
-
 def fuse(raws: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
-    """One pass's map at ``size`` from the raw maps of one or more layers.
-
-    As pytorch-grad-cam's aggregation: each map scaled at its layer, resized to ``size``,
-    averaged over layers, and scaled again, with its 1e-7 in each denominator (so a pass
-    with tiny maps weighs less in ``aug_smooth``'s average, as there). The engine min-max
-    scales the result.
-    """
-    return _scale_pgc(torch.stack([_resize(_scale_pgc(r), size) for r in raws]).mean(dim=0))
+    """One pass's map at ``size`` from the raw maps of one or more layers, as
+    pytorch-grad-cam: each scaled (its ``scale_cam_image``), resized, averaged over layers
+    and scaled again, with its 1e-7 in each denominator (so a pass with tiny maps weighs
+    less in ``aug_smooth``)."""
+    return minmax(torch.stack([resize(minmax(r, 1e-7), size) for r in raws]).mean(dim=0), 1e-7)
 
 
 @dataclass(frozen=True)
 class CamBatch:
-    """One batch of inputs with every method's maps, as :class:`CamProbe` makes it.
-
-    Attributes:
-        batch: the inputs, their preprocessed tensor and (for image files) original images;
-            None when the inputs were plain tensors.
-        start: the index of the batch's first input among all inputs.
-        results: per method name, the maps of the whole batch.
-        layer: dotted name of the (first) explained layer.
-        layer_shape: its output shape (C, h, w) for this batch.
-        boxes: per input, where the model's input lies in the original image (a centre
-            crop), or None for tensor inputs.
-        layers, layer_shapes: every explained layer and its output shape.
-        skipped: per input, why it was not explained (None when it was): no file is
-            written for it.
-    """
+    """One batch of inputs with every method's maps: what a sink receives. ``batch`` is
+    None for plain tensors; ``start`` is its first input's index; per input, ``boxes`` say
+    where the model's input lies in the original image (or None) and ``skipped`` why it was
+    not explained (None when it was: no file is written for it)."""
 
     batch: Batch | None
     start: int
     results: dict[str, CamResult]
     layer: str
     layer_shape: list[int]
-    boxes: list[tuple[float, float, float, float] | None]
+    boxes: list[Box | None]
     layers: list[str] = field(default_factory=list)
     layer_shapes: list[list[int]] = field(default_factory=list)
     skipped: list[str | None] = field(default_factory=list)
@@ -203,11 +133,7 @@ class CamBatch:
 
 @dataclass(frozen=True)
 class CamReport:
-    """What :class:`CamProbe` returns.
-
-    ``results`` holds each method's maps over all inputs, unless a ``sink`` took the
-    batches (then it is empty and only the layers and notes are kept).
-    """
+    """What :class:`CamProbe` returns: ``results`` is empty when a ``sink`` took the batches."""
 
     layer: str
     layer_shape: list[int]
@@ -219,9 +145,7 @@ class CamReport:
     task: str = "classification"
 
 
-def peak_in_box(
-    peak: tuple[int, int], map_size: tuple[int, int], box: Box
-) -> tuple[int, int]:
+def peak_in_box(peak: tuple[int, int], map_size: tuple[int, int], box: Box) -> tuple[int, int]:
     """Map a (y, x) peak of an (h, w) map onto original-image pixels inside ``box``."""
     (y, x), (h, w) = peak, map_size
     left, top, right, bottom = box
@@ -232,12 +156,11 @@ def peak_in_box(
 
 class CamRows:
     """A sink for :func:`hookscope.cam.probe.explain` that keeps the ``gradcam`` document's
-    rows: one per input and method explained, and the inputs skipped (a detector found
-    nothing). :meth:`document` is the document the command writes after its envelope.
+    rows (one per input and method) and the inputs skipped; :meth:`document` is the document.
 
     Args:
-        plans: per input of the whole run, per method, its files' paths (``overlay``,
-            ``heatmap``, ``raw``...; see :func:`hookscope.render.heatmap.output_paths`).
+        plans: per input of the whole run, per method, its files' paths (see
+            :func:`hookscope.render.heatmap.output_paths`).
         label: the class name of an index, or None (``LoadedModel.label``).
         save_raw: the raw ``.npy`` maps are written (each row names them).
     """
@@ -276,11 +199,11 @@ class CamRows:
             "score": res.scores[i], "prob": res.probs[i],
             "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
             "raw": str(paths["raw"]) if paths["raw"] is not None else None,
-            "peak": list(peak) if peak is not None else None, "layers": list(res.layers),
+            "peak": None, "layers": list(res.layers),
             "constant": bool(res.constant[i]) if res.constant else False,
         }
-        if row["constant"]:  # a blank map has no peak
-            row["peak"] = None
+        if peak is not None and not row["constant"]:  # a blank map has no peak
+            row["peak"] = list(peak)
         if len(res.layers) > 1:
             row["raw_layers"] = {layer: str(paths[f"raw.{layer}"]) if self.save_raw else None
                                  for layer in res.layers}
@@ -306,21 +229,14 @@ class CamRows:
     def document(self, report: CamReport, *, out: Path, layer_default: bool,
                  aug_smooth: bool = False, eigen_smooth: bool = False, guided: bool = False
                  ) -> dict[str, Any]:
-        """The ``gradcam`` document after the envelope (``LoadedModel.envelope``).
-
-        Args:
-            report: what :func:`hookscope.cam.probe.explain` returned with this sink.
-            out: the folder of the files.
-            layer_default: the layer was chosen automatically.
-            aug_smooth, eigen_smooth, guided: the options ``explain`` was given.
-        """
+        """The ``gradcam`` document after the envelope, for the ``report`` that ``explain``
+        returned with this sink and the options it was given."""
         return {
             "layer": report.layer, "layer_default": layer_default,
             "layer_shape": report.layer_shape, "methods": report.methods, "out": str(out),
             "results": self.rows, "layers": report.layers, "layer_shapes": report.layer_shapes,
             "task": report.task, "aug_smooth": aug_smooth, "eigen_smooth": eigen_smooth,
             "guided": guided, "metrics": self.metric_means(), "skipped": self.skipped}
-
 
 
 class MapSum:
@@ -335,7 +251,7 @@ class MapSum:
             ) -> None:
         maps = fuse(raws, size)
         if smooth:  # each raw map scaled, then averaged over augmentations
-            raws = [_scale_pgc(r) for r in raws]
+            raws = [minmax(r, 1e-7) for r in raws]
         if flip:
             maps, raws = maps.flip(-1), [r.flip(-1) for r in raws]
         self.maps = maps if self.maps is None else self.maps + maps
@@ -344,15 +260,14 @@ class MapSum:
         self.count += 1
 
     def result(self) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-        """The maps in [0, 1], the raw maps, and which inputs' maps are constant (drawn
-        blank: zeros)."""
+        """The maps in [0, 1], the raw maps, and which inputs' maps are constant (zeros)."""
         assert self.maps is not None
         raws = self.raws if self.count == 1 else [r / self.count for r in self.raws]
-        constant = constant_maps(raws)
+        constant = _constant(raws)
         maps = torch.where(constant[:, None, None], torch.zeros_like(self.maps),
-                           _normalise(self.maps / self.count))
+                           # a constant map's 0 / 0 becomes zeros
+                           torch.nan_to_num(minmax(self.maps / self.count, 0.0), nan=0.0))
         return maps, raws, constant
-
 
 
 def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float],
@@ -384,9 +299,7 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
             "(their range is float rounding, so they carry no localisation) and are "
             "drawn blank; choose a layer whose spatial grid is larger than 1x1 at this "
             "input size.")
-    mixed = None
-    if guided is not None:
-        mixed = (maps.unsqueeze(1) * guided).permute(0, 2, 3, 1).cpu().numpy()
+    mixed = None if guided is None else (maps.unsqueeze(1) * guided).permute(0, 2, 3, 1).cpu().numpy()
     raw_np = [r.cpu().numpy().astype(np.float32, copy=False) for r in raws]
     return CamResult(
         method=method.name, layer=layers[0],
@@ -415,14 +328,3 @@ def _detections(sel: Selection) -> list[list[dict[str, Any]]] | None:
                                           strict=True)]
             for boxes, labels, scores in zip(sel.boxes, sel.labels, sel.det_scores, strict=True)]
 
-
-def with_metrics(results: dict[str, CamResult], plan: Any,
-                 prob: Callable[[torch.Tensor, list[int]], torch.Tensor], x: torch.Tensor,
-                 batch: int) -> dict[str, CamResult]:
-    """Every result with its metrics (see :class:`hookscope.cam.faithfulness.MetricPlan`;
-    perturbed inputs run ``batch`` at a time)."""
-    scored = {}
-    for name, res in results.items():
-        maps = torch.from_numpy(res.maps).to(x.device)
-        scored[name] = replace(res, metrics=plan.evaluate(prob, x, maps, batch))
-    return scored

@@ -1,18 +1,7 @@
-"""What a class activation map explains, for each kind of model.
-
-* A classifier: the target class's logit (``ClassifierOutputTarget``).
-* A segmentation model (torchvision's ``{"out": (N, K, H, W)}``): the sum of the target
-  class's logits over a region: the pixels where the model predicts the class, or the
-  non-zero pixels of a mask file (pytorch-grad-cam's ``SemanticSegmentationTarget``).
-* A detector (torchvision's list of ``{"boxes", "labels", "scores"}``): for each chosen
-  detection, the IoU plus the score of the output box that overlaps it most, when that box
-  has the same label and an IoU above ``iou`` (pytorch-grad-cam's
-  ``FasterRCNNBoxScoreTarget``), summed.
-
-An :class:`Objective` chooses, from the clean forward pass, what each input explains (a
-:class:`Selection`) and then scores any output of the model against it, differentiably, so
-gradients and the extra passes of ScoreCAM, Ablation-CAM and the metrics share one
-definition of "the target score".
+"""What a class activation map explains, for each kind of model ("Segmentation and
+detection" in docs/gradcam.md). An :class:`Objective` chooses from the clean pass what each
+input explains (a :class:`Selection`), then scores any output against it, differentiably:
+gradients, extra passes and metrics share one definition of "the target score".
 """
 
 from __future__ import annotations
@@ -42,15 +31,9 @@ Box = tuple[float, float, float, float]
 
 @dataclass
 class Selection:
-    """What each input of a batch explains.
-
-    Attributes:
-        classes: the class per input (-1: several classes, for detection).
-        masks: segmentation: the region per input, (N, H, W) float at the output's size.
-        boxes, labels, det_scores: detection: the chosen detections per input.
-        skipped: per input, why it cannot be explained (None when it can).
-        notes: things to tell the user.
-    """
+    """What each input of a batch explains: its class (-1: several, for detection), its
+    region (segmentation: (N, H, W) float at the output's size) or its detections, and why
+    it cannot be explained (None when it can)."""
 
     classes: list[int]
     masks: torch.Tensor | None = None
@@ -104,14 +87,9 @@ class Objective:
         index = torch.tensor([sel.classes[r] for r in rows], device=out.device)
         return out.gather(1, index.unsqueeze(1)).squeeze(1)
 
-    def rows(self, out: Any) -> int:
-        """How many inputs an output answers."""
-        return int(out.shape[0])
-
     def probs(self, out: Any, sel: Selection) -> list[float | None]:
         """The target's probability per input (None where there is none)."""
-        index = torch.tensor(sel.classes, device=out.device).unsqueeze(1)
-        return torch.softmax(out.float(), dim=1).gather(1, index).squeeze(1).tolist()
+        return class_probs(out, sel.classes).tolist()
 
 
 class SegmentationObjective(Objective):
@@ -134,7 +112,7 @@ class SegmentationObjective(Objective):
 
     def _classes(self, out: torch.Tensor, start: int) -> list[int]:
         n, k = out.shape[:2]
-        self.targets.check_count(start + n) if self.targets.per_input else None
+        self.targets.check_count(start + n)
         pred = out.argmax(dim=1).reshape(n, -1)
         chosen = []
         for i in range(n):
@@ -190,11 +168,9 @@ class SegmentationObjective(Objective):
 
 def box_score(out: dict[str, torch.Tensor], boxes: torch.Tensor, labels: torch.Tensor,
               iou: float) -> torch.Tensor:
-    """pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` on one image's detections.
-
-    For each reference box: the output box with the largest IoU, if its IoU is above
-    ``iou`` and its label is the same, adds its IoU plus its score.
-    """
+    """pytorch-grad-cam's ``FasterRCNNBoxScoreTarget`` on one image's detections: for each
+    reference box, the output box with the largest IoU adds its IoU plus its score, if that
+    IoU is above ``iou`` and the labels match."""
     from torchvision.ops import box_iou
 
     found = out["boxes"]
@@ -229,9 +205,6 @@ class DetectionObjective(Objective):
                                  f"{type(raw).__name__}.")
         return list(raw)
 
-    def rows(self, out: Any) -> int:
-        return len(out)
-
     def _chosen(self, det: dict[str, torch.Tensor], label: int | None, name: str
                 ) -> tuple[torch.Tensor, str | None]:
         keep = torch.nonzero(det["scores"] >= self.min_score).flatten()
@@ -252,7 +225,7 @@ class DetectionObjective(Objective):
         return keep, None
 
     def select(self, out: Any, x: torch.Tensor, start: int, ctx: Context) -> Selection:
-        self.targets.check_count(start + len(out)) if self.targets.per_input else None
+        self.targets.check_count(start + len(out))
         sel = Selection([])
         for i, det in enumerate(out):
             entry = self.targets.entries[start + i if self.targets.per_input else 0] \
@@ -274,6 +247,12 @@ class DetectionObjective(Objective):
         return [None] * len(out)
 
 
+def class_probs(logits: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
+    """The softmax probability of ``classes[i]`` in row i of ``logits`` (computed in float32)."""
+    index = torch.tensor(list(classes), device=logits.device)
+    return torch.softmax(logits.float(), dim=1).gather(1, index[:, None]).squeeze(1)
+
+
 def infer_task(model: Any) -> str:
     """``segmentation`` or ``detection`` for torchvision's model classes, else
     ``classification``."""
@@ -288,11 +267,7 @@ def infer_task(model: Any) -> str:
 def make_objective(task: str, targets: Targets | None, *, output_key: str | None = None,
                    mask: np.ndarray | None = None, box_index: Sequence[int] = (),
                    iou: float = 0.5, min_score: float = 0.5) -> Objective:
-    """The objective for ``task``.
-
-    Raises:
-        HookscopeError: an option that does not apply to the task.
-    """
+    """The objective for ``task``; HookscopeError for an option that does not apply to it."""
     if task not in TASKS:
         raise HookscopeError(f"{param('task')} {task!r}: choose one of {', '.join(TASKS)}.")
     if task != "detection" and box_index:
@@ -311,11 +286,8 @@ def make_objective(task: str, targets: Targets | None, *, output_key: str | None
 
 
 def load_mask(path: str | Path) -> np.ndarray:
-    """A region from an image file: its non-zero pixels, as an (H, W) bool array.
-
-    Raises:
-        HookscopeError: the file cannot be read as an image.
-    """
+    """A region from an image file: its non-zero pixels, as an (H, W) bool array
+    (HookscopeError if the file cannot be read as an image)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -329,11 +301,8 @@ def load_mask(path: str | Path) -> np.ndarray:
 
 def _fit_mask(mask: np.ndarray, input_hw: Sequence[int], out_hw: Sequence[int],
               size: tuple[int, int] | None, box: Box | None, name: str) -> torch.Tensor:
-    """The mask at the output's resolution, from the input's size or the original image's.
-
-    Raises:
-        HookscopeError: the mask is neither size.
-    """
+    """The mask at the output's resolution, from the input's size or the original image's
+    (else HookscopeError)."""
     h, w = mask.shape
     t = torch.from_numpy(mask.astype(np.float32))
     if (h, w) == tuple(input_hw):
@@ -354,11 +323,8 @@ def _fit_mask(mask: np.ndarray, input_hw: Sequence[int], out_hw: Sequence[int],
 
 
 def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, Targets | None]:
-    """What a loaded model's maps explain (its task) and the parsed ``target`` for it.
-
-    A detector without ``target`` explains every detection (None); otherwise the target is
-    parsed with the model's labels and checked against the number of inputs.
-    """
+    """A loaded model's task and its parsed ``target``, checked against the number of inputs
+    (None for a detector without one: every detection)."""
     task = loaded.task if loaded.task in TASKS else infer_task(loaded.model)
     if target is None and task == "detection":
         return task, None
@@ -368,16 +334,9 @@ def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, T
 
 
 def crop_box(transform: Any, size: tuple[int, int]) -> Box:
-    """Where the model's input lies in the original image: (left, top, right, bottom).
-
-    Follows torchvision's classification presets: the shorter side resized to
-    ``resize_size``, then a centre crop of ``crop_size``. Other transforms map to the
-    whole image.
-
-    Args:
-        transform: the preprocessing (e.g. ``weights.transforms()``).
-        size: the original image's (width, height).
-    """
+    """Where the model's input lies in the original image of ``size`` (width, height):
+    (left, top, right, bottom), for torchvision's classification presets (the shorter side
+    resized to ``resize_size``, a centre crop of ``crop_size``); else the whole image."""
     width, height = size
     resize = getattr(transform, "resize_size", None)
     crop = getattr(transform, "crop_size", None)
