@@ -1,12 +1,7 @@
 """``hookscope diff a.json b.json``: two saved ``stats`` documents compared call by call.
 
-Each call present in both documents (paired by name and call index) gets its mean, std,
-zero fraction and non-finite count on both sides, their differences and relative changes,
-and, when both documents hold percentiles, the drift of its distribution (see
-:mod:`hookscope.probes.drift`). Documents are checked against the ``stats`` schema first: the
-first field that does not fit is named in one line.
-
-Torch-free: an offline diff never imports torch (nor does the command that runs it).
+Calls are paired by (name, call index); documents are checked against the ``stats`` schema
+first. Torch-free: an offline diff never imports torch (nor does the command that runs it).
 """
 
 from __future__ import annotations
@@ -23,13 +18,11 @@ from hookscope.core.errors import CheckFailed, HookscopeError
 from hookscope.probes.drift import quantile_drift
 
 __all__ = ["DEFAULT_TOLERANCE", "STATS", "CallRef", "StatsDelta", "StatsDiffReport",
-           "describe_where", "diff_stats", "first_exceeding", "read_stats", "stats_schema_error"]
+           "diff_stats", "first_exceeding", "read_stats", "runs_part", "stats_schema_error"]
 
 NAN = float("nan")
-#: A call whose output's relative L2 error exceeds this is where two runs part. float32 noise
-#: (another thread count or batch size, float32 against float64) measured at most 1.3e-6 on
-#: resnet18/50 and mobilenet_v3_small; float16 and bfloat16 exceeded 1.4e-3 from the first
-#: convolution on (see the README).
+#: A call whose output's relative L2 error exceeds this is where two runs part: above float32
+#: noise (at most 1.3e-6), below float16 and bfloat16 error (see the README).
 DEFAULT_TOLERANCE = 1e-3
 Key = tuple[str, int]
 
@@ -61,20 +54,15 @@ def first_exceeding(rows: Iterable[Any], tolerance: float, measure: str) -> dict
     return None
 
 
-
-
-def describe_where(first: Mapping[str, Any]) -> str:
+def runs_part(first: Mapping[str, Any], tolerance: float) -> CheckFailed:
+    """The error for ``fail``: where the runs part (``first``: a ``first_divergence``)."""
     call = f" (call {first['call']})" if first["call"] else ""
     what = {"shape": "the output shapes differ", "nonfinite": "the non-finite counts differ",
             "null": "a statistic is null (non-finite) on one side only"}
     value = first.get("rel_l2", first.get("rel"))
     detail = what.get(first["reason"]) or f"relative error {value:.3g}"
-    return f"{first['name']}{call}: {detail}"
-
-
-
-#: The statistics an offline diff compares.
-STATS = ("mean", "std", "zero_fraction", "nonfinite")
+    return CheckFailed(f"the runs part at {first['name']}{call}: {detail} (tolerance "
+                       f"{tolerance:g}).")
 
 
 def _json_type(value: Any) -> str:
@@ -98,7 +86,7 @@ def _is_number(value: Any, *, null: bool = True, integer: bool = False) -> bool:
 
 
 def _row_error(row: Any, at: str) -> str | None:
-    """The first field of a layer row that does not fit the schema, as ``field is X, not Y``."""
+    """The first field of a layer row that does not fit the schema: ``field is X, not Y``."""
     if not isinstance(row, dict):
         return f"{at} is {_json_type(row)}, not an object"
     checks: list[tuple[str, bool, str]] = [
@@ -128,8 +116,7 @@ def _row_error(row: Any, at: str) -> str | None:
 
 def stats_schema_error(doc: Any) -> str | None:
     """Why ``doc`` is not a ``hookscope stats --format json`` document (its first field that
-    does not fit, e.g. ``layers[3].mean is the string '0.5', not a number or null``), or
-    None when it is one."""
+    does not fit, e.g. ``layers[3].mean is the string '0.5', not a number or null``), or None."""
     if not isinstance(doc, dict):
         return f"the document is {_json_type(doc)}, not an object"
     command = doc.get("command")
@@ -152,8 +139,7 @@ def read_stats(path: Path) -> dict[str, Any]:
     """A saved ``hookscope stats --format json`` document, checked against its schema.
 
     Raises:
-        HookscopeError: the file is missing, not JSON, or not a ``stats`` document (naming
-            the first field that does not fit).
+        HookscopeError: the file is missing, not JSON, or not a ``stats`` document.
     """
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -176,12 +162,6 @@ def _number(value: Any) -> float:
     return NAN if value is None else float(value)
 
 
-def _relative(delta: float, scale: float) -> float:
-    if delta == 0:
-        return 0.0
-    return abs(delta) / scale if scale else math.inf
-
-
 @dataclass(frozen=True)
 class StatsDelta:
     """One call's statistics on both sides: each as a, b, b − a and a relative change.
@@ -197,15 +177,16 @@ class StatsDelta:
     shape_b: list[int] | None
     a: dict[str, float]
     b: dict[str, float]
-    #: The distribution's drift (:func:`~hookscope.probes.drift.quantile_drift`), None without
-    #: percentiles in common.
+    #: :func:`~hookscope.probes.drift.quantile_drift`; None without percentiles in common.
     drift: float | None = None
 
     def change(self, stat: str) -> tuple[float, float]:
         """(b − a, relative change) of one statistic."""
         delta = self.b[stat] - self.a[stat]
         scale = max(abs(self.a["mean"]), self.a["std"]) if stat == "mean" else abs(self.a[stat])
-        return delta, _relative(delta, scale)
+        if delta == 0:
+            return delta, 0.0
+        return delta, abs(delta) / scale if scale else math.inf
 
     @property
     def relative(self) -> float:
@@ -268,10 +249,8 @@ class StatsDiffReport:
             agreement is not None and agreement[0] < agreement[1])
 
     def failure(self) -> CheckFailed:
-        first = self.first_divergence
-        if first is not None:
-            return CheckFailed(f"the runs part at {describe_where(first)} (tolerance "
-                               f"{self.tolerance:g}).")
+        if (first := self.first_divergence) is not None:
+            return runs_part(first, self.tolerance)
         agree, n = self.agreement or (0, 0)
         return CheckFailed(f"the saved top-1 predictions differ for {n - agree} of {n} inputs.")
 
