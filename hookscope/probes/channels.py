@@ -157,7 +157,12 @@ class ChannelMoments:
     @classmethod
     def of(cls, view: ChannelView) -> ChannelMoments:
         """Exact moments of each channel of ``view``."""
-        count, n, mean, m2, lo, hi, zeros, nonfinite = moments_matrix(view)
+        return cls._of(moments_matrix(view))
+
+    @classmethod
+    def _of(cls, rows: torch.Tensor) -> ChannelMoments:
+        """From the ``(8, C)`` rows of :func:`moments_matrix`."""
+        count, n, mean, m2, lo, hi, zeros, nonfinite = rows
         return cls(count.long(), n.long(), mean, m2, lo, hi, zeros.long(), nonfinite.long())
 
     @property
@@ -168,7 +173,7 @@ class ChannelMoments:
         return ChannelMoments(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
     def merge(self, other: ChannelMoments) -> ChannelMoments:
-        """Chan et al.'s exact parallel combination, for every channel at once (a new object).
+        """The exact parallel combination, for every channel at once (a new object).
 
         Raises:
             HookscopeError: the two hold different numbers of channels.
@@ -178,17 +183,10 @@ class ChannelMoments:
                 f"Per-channel statistics of {self.channels} and {other.channels} channels cannot "
                 f"be merged: one call's output changed its channel count between batches; use "
                 f"{param('per_channel')} only where the channel count is fixed.")
-        n = self.n + other.n
-        total = n.clamp(min=1).double()
-        delta = other.mean - self.mean
-        weight = other.n.double() / total
-        mean = torch.where(self.n == 0, other.mean,
-                           torch.where(other.n == 0, self.mean, self.mean + delta * weight))
-        m2 = self.m2 + other.m2 + delta * delta * self.n.double() * weight
-        return ChannelMoments(
-            self.count + other.count, n, mean, m2, torch.minimum(self.min, other.min),
-            torch.maximum(self.max, other.max), self.zeros + other.zeros,
-            self.nonfinite + other.nonfinite)
+        parts = torch.stack([torch.cat([getattr(self, f.name), getattr(other, f.name)]).double()
+                             for f in fields(self)])
+        ids = torch.arange(self.channels, device=parts.device).repeat(2)
+        return ChannelMoments._of(_combine(parts, ids, self.channels))
 
     def rows(self) -> list[dict[str, Any]]:
         """One JSON row per channel: ``channel``, ``count``, ``mean``, ``std``, ``min``, ``max``,

@@ -27,16 +27,8 @@ from hookscope.probes.channels import as_float
 from hookscope.probes.diffsums import DiffSums, DiffTable
 from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, first_exceeding, runs_part
 
-__all__ = [
-    "DEFAULT_TOLERANCE",
-    "CallRef",
-    "DiffProbe",
-    "DiffReport",
-    "LayerDiff",
-    "OutputDiff",
-    "diff_models",
-    "on_side",
-]
+__all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff", "OutputDiff",
+           "diff_models", "on_side"]
 
 NAN = float("nan")
 Key = tuple[str, int]

@@ -28,17 +28,8 @@ from hookscope.probes.extras import Extras
 from hookscope.probes.kernels import fused
 from hookscope.probes.sketch import parse_percentiles
 
-__all__ = [
-    "LayerStats",
-    "MomentTable",
-    "Moments",
-    "Prediction",
-    "StatsProbe",
-    "StatsReport",
-    "collect_stats",
-    "moments",
-    "top_predictions",
-]
+__all__ = ["LayerStats", "MomentTable", "Moments", "Prediction", "StatsProbe", "StatsReport",
+           "collect_stats", "moments", "top_predictions"]
 
 NAN = float("nan")
 
