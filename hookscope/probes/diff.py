@@ -50,21 +50,16 @@ class LayerDiff:
         return (self.name, self.call)
 
     @property
-    def mismatch(self) -> bool:
-        return self.shape_b != self.shape
-
-    @property
     def relative(self) -> float:
         return self.sums.rel_l2
 
     def excess(self, tolerance: float) -> str | None:
         """Why this call exceeds ``tolerance`` (``shape``, ``nonfinite``, ``rel_l2``), or None."""
-        if self.mismatch:
+        if self.shape_b != self.shape:
             return "shape"
         if self.sums.nonfinite_a != self.sums.nonfinite_b:
             return "nonfinite"
-        rel = self.sums.rel_l2
-        return "rel_l2" if rel > tolerance else None  # NaN (nothing finite) never exceeds
+        return "rel_l2" if self.sums.rel_l2 > tolerance else None  # NaN never exceeds
 
     def merged(self, other: LayerDiff) -> LayerDiff:
         return replace(self, sums=self.sums.merge(other.sums))
@@ -116,8 +111,8 @@ def _unique(refs: Iterable[CallRef]) -> list[CallRef]:
 
 @dataclass(frozen=True)
 class DiffReport:
-    """What :class:`DiffProbe` returns: per-call comparisons in A's execution order, calls
-    seen on one side only, and the final outputs compared (None unless both are logits)."""
+    """Per-call comparisons in A's execution order, calls seen on one side only, and the
+    final outputs compared (None unless both are logits)."""
 
     tolerance: float
     layers: list[LayerDiff]
@@ -134,9 +129,8 @@ class DiffReport:
     @property
     def failed(self) -> bool:
         """A call exceeds the tolerance, or the top-1 predictions differ for some input."""
-        outputs = self.outputs
-        return self.first_divergence is not None or (
-            outputs is not None and outputs.agree < outputs.inputs)
+        outputs = self.outputs or OutputDiff()
+        return self.first_divergence is not None or outputs.agree < outputs.inputs
 
     def failure(self) -> CheckFailed:
         if (first := self.first_divergence) is not None:
@@ -245,9 +239,8 @@ class DiffProbe(Probe[DiffReport]):
             raise HookscopeError(f"{param('other')} is the same module as {param('model')}; "
                                  "load the second side separately.")
         self.sites = select.sites(model)
-        self.names = {s.name for s in self.sites}
         self.other, self.other_autocast = other, other_autocast
-        self.against = _Against(self, _other_sites(other, self.names, select))
+        self.against = _Against(self, _other_sites(other, {s.name for s in self.sites}, select))
         self.tolerance = tolerance
         self.output_key, self.other_output_key = output_key, other_output_key
         self.table = DiffTable()
@@ -322,8 +315,7 @@ class DiffProbe(Probe[DiffReport]):
             raise
         finally:
             for key in self.kept:
-                type_a = self.meta[key][0]
-                self.only_a.setdefault(key, CallRef(key[0], type_a, key[1]))
+                self.only_a.setdefault(key, CallRef(key[0], self.meta[key][0], key[1]))
             self.kept.clear()
         self.table.flush()
         self._compare_outputs(logits, select_logits(output, self.other_output_key,
@@ -338,11 +330,9 @@ class DiffProbe(Probe[DiffReport]):
         self.outputs.add(a, b)
 
     def finish(self) -> DiffReport:
-        rows = []
-        for key, (type_a, shape, shape_b) in self.meta.items():
-            if shape_b is not None:  # compared at least once
-                rows.append(LayerDiff(key[0], type_a, key[1], shape, shape_b,
-                                      self.table.get(key)))
+        rows = [LayerDiff(key[0], type_a, key[1], shape, shape_b, self.table.get(key))
+                for key, (type_a, shape, shape_b) in self.meta.items()
+                if shape_b is not None]  # compared at least once
         outputs = self.outputs if self.outputs is not None and self.outputs.inputs else None
         return DiffReport(self.tolerance, rows, list(self.only_a.values()),
                           list(self.only_b.values()), outputs, self.input_shape)

@@ -387,18 +387,15 @@ def cache_key() -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
-def cache_root() -> Path:
-    """``$HOOKSCOPE_CACHE``, else ``$XDG_CACHE_HOME/hookscope``, else ``~/.cache/hookscope``."""
-    if root := os.environ.get("HOOKSCOPE_CACHE"):
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "hookscope"
-
-
 def build_dir(root: Path | None = None) -> Path:
-    """Where this source, these flags and this torch are built (under ``root`` if given)."""
-    version = torch.__version__.replace("+", "_")
-    return (root or cache_root()) / f"kernels-{version}-{cache_key()}"
+    """Where this source, these flags and this torch are built: under ``root``, else
+    ``$HOOKSCOPE_CACHE``, else ``$XDG_CACHE_HOME/hookscope``, else ``~/.cache/hookscope``."""
+    if root is None and (env := os.environ.get("HOOKSCOPE_CACHE")):
+        root = Path(env).expanduser()
+    if root is None:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = (Path(xdg) if xdg else Path.home() / ".cache") / "hookscope"
+    return root / f"kernels-{torch.__version__.replace('+', '_')}-{cache_key()}"
 
 
 def enabled() -> bool:
@@ -442,7 +439,7 @@ def unsafe(path: Path) -> str | None:
 
 def _load(directory: Path) -> Any:
     """The ops from the complete build in ``directory``, loaded once per process; else None
-    (with one line saying why when the build is there but cannot be trusted)."""
+    (saying why in one line when the build is there but untrusted)."""
     key = cache_key()
     library = directory / f"{_namespace()}.so"
     if not (directory / _DONE).is_file() or not library.is_file():

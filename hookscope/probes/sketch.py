@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 import torch
@@ -57,6 +57,8 @@ def _table() -> tuple[list[int], list[float], list[float]]:
 
 
 _BUCKET, _LO, _HI = _table()
+#: Each bucket's value within the octave, 2 * lo * hi / (lo + hi).
+_VALUE = [2 * lo * h / (lo + h) for lo, h in zip(_LO, _HI, strict=True)]
 #: The relative accuracy of every bucket's value (0.967%).
 ALPHA = max((h - lo) / (h + lo) for lo, h in zip(_LO, _HI, strict=True))
 #: Buckets kept per sign below the largest magnitude (64 octaves).
@@ -215,8 +217,7 @@ class Sketch:
     def identical(self, other: Sketch) -> bool:
         """Every field equal, bit for bit."""
         return all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-                   for a, b in ((getattr(self, f.name), getattr(other, f.name))
-                                for f in fields(self)))
+                   for a, b in zip(vars(self).values(), vars(other).values(), strict=True))
 
     def _side(self, part: torch.Tensor, low: int, width: int) -> torch.Tensor:
         """One sign's counts (ascending from ``self.low``) on the store from ``low`` up to
@@ -285,11 +286,9 @@ class Sketch:
         index = torch.where(column < wn, self.top - column, self.low + column - wn - 1)
         octave = torch.div(index, PER_OCTAVE, rounding_mode="floor")
         within = (index - octave * PER_OCTAVE).clamp_(0, PER_OCTAVE - 1)
-        start = torch.tensor(_LO, dtype=torch.float64, device=index.device)[within]
-        end = torch.tensor(_HI, dtype=torch.float64, device=index.device)[within]
-        # The bucket's value, 2 * lo * hi / (lo + hi), taken within the octave (exact powers
-        # of two scale it), so that it cannot overflow.
-        value = 2 * start * end / (start + end) * torch.pow(2.0, octave.double())
+        # The bucket's value within the octave, scaled by an exact power of two: no overflow.
+        value = torch.tensor(_VALUE, dtype=torch.float64, device=index.device)[within]
+        value = value * torch.pow(2.0, octave.double())
         value = torch.where(column < wn, -value, torch.where(column == wn, 0.0, value))
         mn, mx = self.min.unsqueeze(1), self.max.unsqueeze(1)
         value = torch.minimum(torch.maximum(value, mn), mx)
