@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.probes.channels import ChannelView, scratch
+from hookscope.probes.channels import ChannelView, moments_matrix, scratch
 
 __all__ = ["ALPHA", "PER_OCTAVE", "SPAN", "Sketch", "finite_range", "parse_percentiles",
            "percentile_key"]
@@ -298,25 +298,8 @@ class Sketch:
 def finite_range(view: ChannelView) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Each channel's finite min and max (float64; +inf and -inf when it has none), and
     whether a non-finite value may be present (always True off the CPU)."""
-    c, device, dim = view.channels, view.matrix.device, view.dim
-    lo = torch.full((c,), math.inf, dtype=torch.float64, device=device)
-    hi = torch.full((c,), -math.inf, dtype=torch.float64, device=device)
-    blocks = list(view.blocks())
-    if not blocks:
-        return lo, hi, False
-    if view.blocked:  # unchecked first, as in ChannelMoments.of: few small operations
-        parts = [(b.amin(dim), b.amax(dim), view.ids[at]) for b, at in blocks]
-        b_lo, b_hi, ids = (torch.cat(p) for p in zip(*parts, strict=True))
-        if bool(torch.cat([b_lo, b_hi]).isfinite().all()):
-            return (lo.scatter_reduce_(0, ids, b_lo.double(), "amin"),
-                    hi.scatter_reduce_(0, ids, b_hi.double(), "amax"), False)
-    for block, at in blocks:
-        ids = view.ids[at]
-        finite = torch.isfinite(block)
-        inf = torch.tensor(math.inf, dtype=block.dtype, device=device)
-        lo.scatter_reduce_(0, ids, torch.where(finite, block, inf).amin(dim).double(), "amin")
-        hi.scatter_reduce_(0, ids, torch.where(finite, block, -inf).amax(dim).double(), "amax")
-    return lo, hi, True
+    rows = moments_matrix(view)
+    return rows[4], rows[5], not view.blocked or bool(rows[7].any())
 
 
 def percentile_key(p: float) -> str:
