@@ -18,14 +18,14 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from hookscope.core.errors import CheckFailed, ForwardError, HookscopeError, param
+from hookscope.core.errors import ForwardError, HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, all_sites
 from hookscope.probes.channels import as_float
 from hookscope.probes.diffsums import DiffSums, DiffTable
-from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, first_exceeding, runs_part
+from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison
 
 __all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff", "OutputDiff",
            "diff_models", "on_side"]
@@ -110,34 +110,19 @@ def _unique(refs: Iterable[CallRef]) -> list[CallRef]:
 
 
 @dataclass(frozen=True)
-class DiffReport:
-    """Per-call comparisons in A's execution order, calls seen on one side only, and the
-    final outputs compared (None unless both are logits)."""
+class DiffReport(Comparison):
+    """Per-call comparisons (:class:`LayerDiff`), calls seen on one side only, and the final
+    outputs compared (None unless both are logits)."""
 
-    tolerance: float
-    layers: list[LayerDiff]
-    unmatched_a: list[CallRef]
-    unmatched_b: list[CallRef]
     outputs: OutputDiff | None
     input_shape: list[int] | None = None
+    measure: ClassVar[str] = "rel_l2"
+    predictions_differ: ClassVar[str] = ("the top-1 predictions differ for {} of {} inputs, "
+                                         "though no call exceeds the tolerance.")
 
     @property
-    def first_divergence(self) -> dict[str, Any] | None:
-        """The first call exceeding the tolerance (see :meth:`LayerDiff.excess`), as JSON."""
-        return first_exceeding(self.layers, self.tolerance, "rel_l2")
-
-    @property
-    def failed(self) -> bool:
-        """A call exceeds the tolerance, or the top-1 predictions differ for some input."""
-        outputs = self.outputs or OutputDiff()
-        return self.first_divergence is not None or outputs.agree < outputs.inputs
-
-    def failure(self) -> CheckFailed:
-        if (first := self.first_divergence) is not None:
-            return runs_part(first, self.tolerance)
-        outputs = self.outputs or OutputDiff()
-        return CheckFailed(f"the top-1 predictions differ for {outputs.inputs - outputs.agree} "
-                           f"of {outputs.inputs} inputs, though no call exceeds the tolerance.")
+    def agreement(self) -> tuple[int, int] | None:
+        return None if self.outputs is None else (self.outputs.agree, self.outputs.inputs)
 
     def merge(self, other: DiffReport) -> DiffReport:
         """The report over both reports' inputs: sums added, one-side calls united."""
@@ -152,12 +137,8 @@ class DiffReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope and ``against``."""
-        return {"offline": False, "input_shape": self.input_shape, "tolerance": self.tolerance,
-                "first_divergence": self.first_divergence,
-                "outputs": self.outputs.to_dict() if self.outputs else None,
-                "layers": [row.to_dict(self.tolerance) for row in self.layers],
-                "unmatched_a": [r.to_dict() for r in self.unmatched_a],
-                "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
+        outputs = self.outputs.to_dict() if self.outputs else None
+        return {"offline": False, "input_shape": self.input_shape} | self._document(outputs)
 
 
 def _storage(tensor: torch.Tensor) -> int:

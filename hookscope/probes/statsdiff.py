@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hookscope import __version__
 from hookscope.core.errors import CheckFailed, HookscopeError
 from hookscope.probes.drift import quantile_drift
 
-__all__ = ["DEFAULT_TOLERANCE", "STATS", "CallRef", "StatsDelta", "StatsDiffReport",
-           "diff_stats", "first_exceeding", "read_stats", "runs_part", "stats_schema_error"]
+__all__ = ["DEFAULT_TOLERANCE", "STATS", "CallRef", "Comparison", "StatsDelta", "StatsDiffReport",
+           "diff_stats", "read_stats", "stats_schema_error"]
 
 NAN = float("nan")
 #: A call whose output's relative L2 error exceeds this is where two runs part: above float32
@@ -43,26 +43,60 @@ class CallRef:
         return {"name": self.name, "type": self.type, "call": self.call}
 
 
-def first_exceeding(rows: Iterable[Any], tolerance: float, measure: str) -> dict[str, Any] | None:
-    """The first row (in execution order) that exceeds ``tolerance``, as JSON, with its
-    relative difference under the name ``measure``."""
-    for row in rows:
-        reason = row.excess(tolerance)
-        if reason is not None:
-            return {"name": row.name, "type": row.type, "call": row.call,
-                    measure: row.relative, "reason": reason}
-    return None
+@dataclass(frozen=True)
+class Comparison:
+    """Two runs compared call by call: ``layers`` in A's execution order (rows with
+    ``excess(tolerance)``, ``relative`` and ``to_dict(tolerance)``) and the calls seen on one
+    side only."""
 
+    tolerance: float
+    layers: list[Any]
+    unmatched_a: list[CallRef]
+    unmatched_b: list[CallRef]
+    #: The name of a row's relative difference in ``first_divergence``.
+    measure: ClassVar[str] = "rel"
+    #: ``failure``'s message when only the top-1 predictions differ (for how many, of how many).
+    predictions_differ: ClassVar[str] = "the saved top-1 predictions differ for {} of {} inputs."
 
-def runs_part(first: Mapping[str, Any], tolerance: float) -> CheckFailed:
-    """The error for ``fail``: where the runs part (``first``: a ``first_divergence``)."""
-    call = f" (call {first['call']})" if first["call"] else ""
-    what = {"shape": "the output shapes differ", "nonfinite": "the non-finite counts differ",
-            "null": "a statistic is null (non-finite) on one side only"}
-    value = first.get("rel_l2", first.get("rel"))
-    detail = what.get(first["reason"]) or f"relative error {value:.3g}"
-    return CheckFailed(f"the runs part at {first['name']}{call}: {detail} (tolerance "
-                       f"{tolerance:g}).")
+    @property
+    def first_divergence(self) -> dict[str, Any] | None:
+        """The first call that exceeds the tolerance, as JSON."""
+        for row in self.layers:
+            if (reason := row.excess(self.tolerance)) is not None:
+                return {"name": row.name, "type": row.type, "call": row.call,
+                        self.measure: row.relative, "reason": reason}
+        return None
+
+    @property
+    def agreement(self) -> tuple[int, int] | None:
+        """(inputs whose top-1 predictions agree, inputs), when both sides have them."""
+        return None
+
+    @property
+    def failed(self) -> bool:
+        """A call exceeds the tolerance, or the top-1 predictions differ for some input."""
+        agree, n = self.agreement or (0, 0)
+        return self.first_divergence is not None or agree < n
+
+    def failure(self) -> CheckFailed:
+        """The error for ``fail``: where the runs part."""
+        first = self.first_divergence
+        if first is None:
+            agree, n = self.agreement or (0, 0)
+            return CheckFailed(self.predictions_differ.format(n - agree, n))
+        call = f" (call {first['call']})" if first["call"] else ""
+        what = {"shape": "the output shapes differ", "nonfinite": "the non-finite counts differ",
+                "null": "a statistic is null (non-finite) on one side only"}
+        detail = what.get(first["reason"]) or f"relative error {first[self.measure]:.3g}"
+        return CheckFailed(f"the runs part at {first['name']}{call}: {detail} (tolerance "
+                           f"{self.tolerance:g}).")
+
+    def _document(self, outputs: dict[str, Any] | None) -> dict[str, Any]:
+        """The JSON fields both kinds of diff share, in order."""
+        return {"tolerance": self.tolerance, "first_divergence": self.first_divergence,
+                "outputs": outputs, "layers": [row.to_dict(self.tolerance) for row in self.layers],
+                "unmatched_a": [r.to_dict() for r in self.unmatched_a],
+                "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
 
 
 def _json_type(value: Any) -> str:
@@ -218,41 +252,18 @@ def _top1(doc: Mapping[str, Any]) -> list[int | None]:
 
 
 @dataclass(frozen=True)
-class StatsDiffReport:
+class StatsDiffReport(Comparison):
     """Two saved ``stats`` documents compared call by call."""
 
-    tolerance: float
-    layers: list[StatsDelta]
-    unmatched_a: list[CallRef]
-    unmatched_b: list[CallRef]
     envelope: dict[str, Any]
     top1: tuple[list[int | None], list[int | None]] = ([], [])
 
     @property
-    def first_divergence(self) -> dict[str, Any] | None:
-        """The first call whose mean or std changed by more than the tolerance (relative),
-        whose shapes differ, or whose non-finite counts differ."""
-        return first_exceeding(self.layers, self.tolerance, "rel")
-
-    @property
     def agreement(self) -> tuple[int, int] | None:
-        """(inputs whose saved top-1 predictions agree, inputs), when both saved them."""
         a, b = self.top1
         if not a or len(a) != len(b):
             return None
         return sum(x == y for x, y in zip(a, b, strict=True)), len(a)
-
-    @property
-    def failed(self) -> bool:
-        agreement = self.agreement
-        return self.first_divergence is not None or (
-            agreement is not None and agreement[0] < agreement[1])
-
-    def failure(self) -> CheckFailed:
-        if (first := self.first_divergence) is not None:
-            return runs_part(first, self.tolerance)
-        agree, n = self.agreement or (0, 0)
-        return CheckFailed(f"the saved top-1 predictions differ for {n - agree} of {n} inputs.")
 
     def to_dict(self) -> dict[str, Any]:
         """The whole JSON document, envelope included."""
@@ -261,11 +272,7 @@ class StatsDiffReport:
             "inputs": agreement[1], "top1_agree": agreement[0],
             "top1_agreement": agreement[0] / agreement[1] if agreement[1] else NAN,
             "max_abs_logit": None, "kl_mean": None, "kl_max": None}
-        return self.envelope | {
-            "tolerance": self.tolerance, "first_divergence": self.first_divergence,
-            "outputs": outputs, "layers": [row.to_dict(self.tolerance) for row in self.layers],
-            "unmatched_a": [r.to_dict() for r in self.unmatched_a],
-            "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
+        return self.envelope | self._document(outputs)
 
 
 def _rows(doc: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
