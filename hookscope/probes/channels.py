@@ -214,7 +214,12 @@ def moments_matrix(view: ChannelView) -> torch.Tensor:
     blocks = list(view.blocks())
     parts = None
     if view.blocked and blocks:
-        parts = _finish(torch.cat([block_sums(block, view.dim) for block, _ in blocks], dim=1))
+        sums = torch.cat([block_sums(block, view.dim) for block, _ in blocks], dim=1).double()
+        if bool(sums.isfinite().all()):  # else a value (or a square) was not: mask the blocks
+            count, lo, hi, nonzero, shift, s1, s2 = sums
+            m2 = (s2 - s1 * s1 / count).clamp(min=0)
+            parts = torch.stack([count, count, shift, m2, lo, hi, count - nonzero,
+                                 torch.zeros_like(count)])
     if parts is None:
         parts = torch.cat([masked_moments(block, view.dim) for block, _ in blocks] or
                           [torch.empty(8, 0, dtype=torch.float64, device=view.matrix.device)],
@@ -227,7 +232,7 @@ def moments_matrix(view: ChannelView) -> torch.Tensor:
 
 def block_sums(block: torch.Tensor, dim: int) -> torch.Tensor:
     """The CPU's plain reductions of each row (``dim=1``) or column of a block, in its own
-    dtype and unchecked (see :func:`_finish`): its length, min, max, non-zero count, mean,
+    dtype and unchecked: its length, min, max, non-zero count, mean,
     and the sum and the sum of squares of the values less that mean.
 
     On the CPU amin and amax are each ~20x faster than aminmax along a dimension, sums in
@@ -245,18 +250,6 @@ def block_sums(block: torch.Tensor, dim: int) -> torch.Tensor:
     s1 = d.sum(dim)
     s2 = d.square_().sum(dim)
     return torch.stack([torch.full_like(lo, count), lo, hi, nonzero, shift, s1, s2])
-
-
-def _finish(sums: torch.Tensor) -> torch.Tensor | None:
-    """:func:`block_sums`' columns as partial moments (the rows of :func:`moments_matrix`);
-    None when a value (or a square) was not finite, and the blocks must be masked."""
-    sums = sums.double()
-    if not bool(sums.isfinite().all()):
-        return None
-    count, lo, hi, nonzero, shift, s1, s2 = sums
-    m2 = (s2 - s1 * s1 / count).clamp(min=0)
-    return torch.stack([count, count, shift, m2, lo, hi, count - nonzero,
-                        torch.zeros_like(count)])
 
 
 def masked_moments(block: torch.Tensor, dim: int) -> torch.Tensor:

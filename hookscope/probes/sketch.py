@@ -1,24 +1,21 @@
 """Percentiles with a relative-error guarantee, from a sketch that merges by addition.
 
-A DDSketch (Masson et al., 2019) of log-spaced buckets, ``PER_OCTAVE`` (37) per octave: the
-bucket of ``|x| = 2**e * m`` (``1 <= m < 2``) is ``37 * e + floor(37 * log2(m'))``, ``m'``
-being ``m`` cut to its first 10 bits. It is read from the float's bits with integer
-operations and a table built in exact integer arithmetic, so it is the same on every CPU,
-SIMD width and device, and a float32 value and its float64 copy share their bucket. A sketch
-holds, per channel, the counts of negative values, zeros and positive values per bucket, and
-the exact finite min and max; non-finite values are left out (the moments count them).
+A DDSketch (Masson et al., 2019): the bucket of ``|x| = 2**e * m`` (``1 <= m < 2``) is
+``37 * e + floor(37 * log2(m'))``, ``m'`` being ``m`` cut to 10 bits, read from the float's
+bits with integer operations and an exactly built table: the same on every CPU and device,
+and for a float32 value and its float64 copy. Per channel, a sketch counts negative values,
+zeros and positive values per bucket and keeps the exact finite min and max; non-finite
+values are left out (the moments count them).
 
 Accuracy: a bucket ``[lo, hi)`` stands for ``2 * lo * hi / (lo + hi)``, within ``ALPHA``
 (0.967%) of any value in it. A percentile (``torch.quantile``'s linear interpolation) comes
-from the buckets of its two order statistics, clamped to the exact ``[min, max]``: within
-ALPHA of the exact one when they do not straddle zero, else within ALPHA of the larger
-magnitude. The 0th and 100th percentiles and zeros are exact. Limits: ``|x| < 2**-126``
-counts as zero, and only ``SPAN`` buckets (64 octaves) are kept below a sketch's largest
-magnitude, lower values counting in its lowest bucket (this commutes with merging).
+from its two order statistics' buckets, clamped to ``[min, max]``: within ALPHA of the exact
+one, or of the larger magnitude when they straddle zero. The 0th and 100th percentiles and
+zeros are exact. Limits: ``|x| < 2**-126`` counts as zero; only ``SPAN`` buckets (64
+octaves) are kept below the largest magnitude, lower values counting in the lowest bucket.
 
-Merging adds counts bucket by bucket on the fixed grid, so any split of the data merged in
-any order gives the identical sketch. The store is dense over the bucket range the data
-spans: at most ``SPAN`` int64 counts per sign and channel, 37 per octave in practice.
+Merging adds counts on the fixed grid, so any split of the data, merged in any order, gives
+the identical sketch. The store is dense over the buckets the data spans (37 per octave).
 """
 
 from __future__ import annotations
