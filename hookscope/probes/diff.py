@@ -111,8 +111,7 @@ def _unique(refs: Iterable[CallRef]) -> list[CallRef]:
 
 @dataclass(frozen=True)
 class DiffReport(Comparison):
-    """Per-call comparisons (:class:`LayerDiff`), calls seen on one side only, and the final
-    outputs compared (None unless both are logits)."""
+    """:class:`DiffProbe`'s report; ``outputs``: the final logits compared, if both are."""
 
     outputs: OutputDiff | None
     input_shape: list[int] | None = None
@@ -153,8 +152,7 @@ except ImportError:  # pragma: no cover - depends on the torch release
 
 class _CopyOnWrite(_Mode or object):  # type: ignore[misc]
     """While A runs: before an operation writes into a tensor in place, the probe copies
-    the kept outputs that share its memory (copying them all cost as much as the comparison).
-    """
+    the kept outputs that share its memory (copying them all cost as much as the comparison)."""
 
     #: Per operator, the positions of the arguments it writes into (most have none).
     _writes: ClassVar[dict[Any, tuple[tuple[int, str], ...]]] = {}
@@ -251,8 +249,7 @@ class DiffProbe(Probe[DiffReport]):
         self.peak_kept = max(self.peak_kept, len(self.kept))
 
     def protect(self, tensors: Iterable[torch.Tensor]) -> None:
-        """``tensors`` are about to be changed in place: copy the kept outputs they share
-        memory with first."""
+        """Copy the kept outputs that share memory with ``tensors``, about to change in place."""
         for tensor in tensors:
             for key in self._storages.pop(_storage(tensor), ()):
                 if key in self.kept:

@@ -45,9 +45,8 @@ class CallRef:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Two runs compared call by call: ``layers`` in A's execution order (rows with
-    ``excess(tolerance)``, ``relative`` and ``to_dict(tolerance)``) and the calls seen on one
-    side only."""
+    """Two runs compared call by call: ``layers`` in A's execution order (with ``excess``,
+    ``relative`` and ``to_dict``) and the calls seen on one side only."""
 
     tolerance: float
     layers: list[Any]
@@ -198,11 +197,9 @@ def _number(value: Any) -> float:
 
 @dataclass(frozen=True)
 class StatsDelta:
-    """One call's statistics on both sides: each as a, b, b − a and a relative change.
-
-    The mean's change is relative to max(|mean_a|, std_a), so that a mean near zero (after a
-    normalisation) is measured against its spread; the others are relative to their A value.
-    """
+    """One call's statistics on both sides: each as a, b, b − a and a relative change: the
+    mean's relative to max(|mean_a|, std_a) (a mean near zero is measured against its
+    spread), the others' to their A value."""
 
     name: str
     type: str
