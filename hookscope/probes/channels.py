@@ -1,28 +1,13 @@
 """Per-channel statistics of a module's output: where its channels are, and exact moments.
 
-:func:`block_sums` and :func:`masked_moments` are hookscope's one torch implementation of
-moments, per row or column of a block: :func:`moments_matrix` combines them per channel, and
-``stats`` over whole tensors (without the compiled kernel, and on an accelerator).
-:func:`scratch` is the one reusable buffer of every CPU path.
-
-Which dimension holds the channels (:func:`channel_dim`):
-
-* outputs of modules that act on the last dimension (``Linear``, ``LayerNorm``, ...):
-  the last dimension, whatever the rank (ConvNeXt's ``(N, H, W, C)`` blocks);
-* other 3-D outputs: the last dimension, as in token outputs ``(N, T, C)``, except for
-  1-d convolutions, norms and pools (``Conv1d``, ``BatchNorm1d``, ...): dimension 1;
-* other outputs of rank 2 and more: dimension 1 (``(N, C)``, ``(N, C, H, W)``, ...);
-* outputs of rank 0 or 1: one channel.
-
-Speed: reductions over a permuted view (``x.sum(dim=(0, 2, 3))``) run ~10x slower on the
-CPU than over contiguous memory. :class:`ChannelView` therefore lays the output out as a
-matrix that is contiguous in memory, whose rows each belong to one channel (``(N*C, H*W)``)
-or whose columns do (``(N*T, C)``), and takes cache-sized blocks of it. Each block gives
-partial moments per row or column (a shifted two-pass: the block's own mean first, then
-the centred squares), which are combined per channel exactly (the parallel formula, in
-float64). Only an output holding a non-finite value is masked. On an accelerator the
-whole output is one block, the path has no data-dependent branch, and the per-channel
-summaries stay on the device: nothing synchronises per layer.
+:func:`moments_matrix` is hookscope's one torch implementation of moments, per channel or
+(``stats`` without the compiled kernel) over a whole tensor. :func:`channel_dim` places the
+channels (the rules are in docs/stats.md). Reductions over a permuted view run ~10x slower on
+the CPU than over contiguous memory, so :class:`ChannelView` lays an output out as a
+contiguous matrix whose rows (``(N*C, H*W)``) or columns (``(N*T, C)``) each belong to one
+channel, cut into cache-sized blocks; each block's partial moments are combined per channel
+exactly, in float64. Off the CPU the whole output is one block, masked without a
+data-dependent branch, so nothing synchronises per layer.
 """
 
 from __future__ import annotations
@@ -56,8 +41,7 @@ CHANNELS_FIRST_1D = frozenset({
 #: Rows shorter than this are too short to reduce one by one: columns hold the channels.
 _ROW_MIN = 16
 #: Elements per block on the CPU: 2 MiB of float32, which stays in cache between passes
-#: (measured fastest: smaller blocks pay more small operations, which cost about as much
-#: as a pass, larger ones fall out of cache).
+#: (smaller blocks pay for more small operations, larger ones fall out of cache).
 BLOCK = 1 << 19
 
 _local = threading.local()
@@ -108,16 +92,9 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ChannelView:
-    """An output laid out as a contiguous matrix whose rows (or columns) each hold one channel.
-
-    Attributes:
-        matrix: the values, 2-D and contiguous.
-        channels: the number of channels.
-        rows: True when each row belongs to one channel (reduce along dimension 1), False
-            when each column does (reduce along dimension 0).
-        ids: the channel of each row (``rows``) or column.
-        blocked: split into cache-sized blocks (the CPU); False: one block, no branches.
-    """
+    """An output laid out as a contiguous 2-D ``matrix`` whose rows (``rows``) or else
+    columns each hold one channel: ``ids`` gives each row's (or column's) channel.
+    ``blocked``: split into cache-sized blocks (the CPU); False: one block, no branches."""
 
     matrix: torch.Tensor
     channels: int
@@ -134,8 +111,7 @@ class ChannelView:
             outer, channels, inner = 1, 1, x.numel()
         else:
             outer, channels, inner = math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
-        blocked = x.device.type == "cpu"
-        device = x.device
+        blocked, device = x.device.type == "cpu", x.device
         if dim is None or inner >= _ROW_MIN:
             ids = torch.arange(outer * channels, device=device) % max(channels, 1)
             return cls(x.reshape(outer * channels, inner), channels, True, ids, blocked)
@@ -148,17 +124,16 @@ class ChannelView:
         return 1 if self.rows else 0
 
     def blocks(self) -> Iterator[tuple[torch.Tensor, slice]]:
-        """Blocks of at most ``BLOCK`` elements (one block off the CPU), each with the slice
-        of ``ids`` giving the channel of each of its rows (``rows``) or columns."""
-        limit = BLOCK
+        """Blocks of at most ``BLOCK`` elements (one block off the CPU), each with its slice
+        of ``ids``."""
         n_rows, width = self.matrix.shape
         if self.matrix.numel() == 0:
             return
         if not self.blocked:
             yield self.matrix, slice(None)
             return
-        cols = min(width, limit)
-        step = max(1, limit // cols)
+        cols = min(width, BLOCK)
+        step = max(1, BLOCK // cols)
         for r0 in range(0, n_rows, step):
             for c0 in range(0, width, cols):
                 block = self.matrix[r0:r0 + step, c0:c0 + cols]
@@ -167,12 +142,8 @@ class ChannelView:
 
 @dataclass
 class ChannelMoments:
-    """Mergeable per-channel summaries, each a float64 or int64 tensor of shape ``(C,)``.
-
-    ``count`` counts every value, ``n`` the finite ones; ``mean``, ``m2`` (the sum of squared
-    deviations), ``min`` and ``max`` are over the finite values (0, 0, +inf and -inf for a
-    channel without any).
-    """
+    """Mergeable per-channel summaries, each a float64 or int64 ``(C,)`` tensor: ``count``
+    counts every value, ``n`` the finite ones, over which the rest are taken."""
 
     count: torch.Tensor
     n: torch.Tensor
@@ -186,7 +157,12 @@ class ChannelMoments:
     @classmethod
     def of(cls, view: ChannelView) -> ChannelMoments:
         """Exact moments of each channel of ``view``."""
-        count, n, mean, m2, lo, hi, zeros, nonfinite = moments_matrix(view)
+        return cls._of(moments_matrix(view))
+
+    @classmethod
+    def _of(cls, rows: torch.Tensor) -> ChannelMoments:
+        """From the ``(8, C)`` rows of :func:`moments_matrix`."""
+        count, n, mean, m2, lo, hi, zeros, nonfinite = rows
         return cls(count.long(), n.long(), mean, m2, lo, hi, zeros.long(), nonfinite.long())
 
     @property
@@ -197,7 +173,7 @@ class ChannelMoments:
         return ChannelMoments(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
     def merge(self, other: ChannelMoments) -> ChannelMoments:
-        """Chan et al.'s exact parallel combination, for every channel at once (a new object).
+        """The exact parallel combination, for every channel at once (a new object).
 
         Raises:
             HookscopeError: the two hold different numbers of channels.
@@ -207,17 +183,10 @@ class ChannelMoments:
                 f"Per-channel statistics of {self.channels} and {other.channels} channels cannot "
                 f"be merged: one call's output changed its channel count between batches; use "
                 f"{param('per_channel')} only where the channel count is fixed.")
-        n = self.n + other.n
-        total = n.clamp(min=1).double()
-        delta = other.mean - self.mean
-        weight = other.n.double() / total
-        mean = torch.where(self.n == 0, other.mean,
-                           torch.where(other.n == 0, self.mean, self.mean + delta * weight))
-        m2 = self.m2 + other.m2 + delta * delta * self.n.double() * weight
-        return ChannelMoments(
-            self.count + other.count, n, mean, m2, torch.minimum(self.min, other.min),
-            torch.maximum(self.max, other.max), self.zeros + other.zeros,
-            self.nonfinite + other.nonfinite)
+        parts = torch.stack([torch.cat([getattr(self, f.name), getattr(other, f.name)]).double()
+                             for f in fields(self)])
+        ids = torch.arange(self.channels, device=parts.device).repeat(2)
+        return ChannelMoments._of(_combine(parts, ids, self.channels))
 
     def rows(self) -> list[dict[str, Any]]:
         """One JSON row per channel: ``channel``, ``count``, ``mean``, ``std``, ``min``, ``max``,
@@ -241,16 +210,16 @@ def moments_matrix(view: ChannelView) -> torch.Tensor:
     """Exact moments of each channel of ``view``: a float64 ``(8, channels)`` tensor whose
     rows are the count, n (the finite values), mean, M2, min, max, zeros and non-finite
     count (0, 0, +inf and -inf for the mean, M2, min and max of a channel without a finite
-    value).
-
-    On the CPU each block's plain reductions come first, unchecked; only when one of them is
-    not finite are the blocks masked. Off the CPU the one block is masked at once: no branch,
-    nothing synchronises.
-    """
+    value). On the CPU the blocks are masked only when a plain reduction is not finite."""
     blocks = list(view.blocks())
     parts = None
     if view.blocked and blocks:
-        parts = _finish(torch.cat([block_sums(block, view.dim) for block, _ in blocks], dim=1))
+        sums = torch.cat([block_sums(block, view.dim) for block, _ in blocks], dim=1).double()
+        if bool(sums.isfinite().all()):  # else a value (or a square) was not: mask the blocks
+            count, lo, hi, nonzero, shift, s1, s2 = sums
+            m2 = (s2 - s1 * s1 / count).clamp(min=0)
+            parts = torch.stack([count, count, shift, m2, lo, hi, count - nonzero,
+                                 torch.zeros_like(count)])
     if parts is None:
         parts = torch.cat([masked_moments(block, view.dim) for block, _ in blocks] or
                           [torch.empty(8, 0, dtype=torch.float64, device=view.matrix.device)],
@@ -263,18 +232,14 @@ def moments_matrix(view: ChannelView) -> torch.Tensor:
 
 def block_sums(block: torch.Tensor, dim: int) -> torch.Tensor:
     """The CPU's plain reductions of each row (``dim=1``) or column of a block, in its own
-    dtype and not checked for non-finite values (see :func:`_finish`): its length, min, max,
-    non-zero count, mean, and the sum and the sum of squares of the values less that mean.
+    dtype and unchecked: its length, min, max, non-zero count, mean,
+    and the sum and the sum of squares of the values less that mean.
 
-    Few passes, each over a block that stays in cache, and few small operations, which
-    cost as much as a pass here: amin and amax along a dimension are each ~20x faster than
-    aminmax along it, sums in the block's dtype (cascaded, accurate to ~1e-7) ~10x faster
-    than float64 ones, and ``ne`` then ``sum`` ~10x faster than ``count_nonzero``. The
-    squares are of the values less the block's own mean (in the block's dtype, so the
-    difference is exact for values near it), so they do not cancel even when the mean is
-    10^4 times the spread; the sum of those differences corrects M2 for the mean's
-    rounding. (It would not improve the mean itself: a mean near 0 would gain the
-    differences' own rounding.)
+    On the CPU amin and amax are each ~20x faster than aminmax along a dimension, sums in
+    the block's dtype ~10x faster than float64 ones, ``ne`` then ``sum`` ~10x faster than
+    ``count_nonzero``. Squares of the values less the block's own mean do not cancel even
+    for a mean 10^4 times the spread; the sum of those differences corrects M2 for the
+    mean's rounding.
     """
     count = block.shape[dim]
     buf = scratch(block.numel(), block.dtype).view(block.shape)
@@ -285,18 +250,6 @@ def block_sums(block: torch.Tensor, dim: int) -> torch.Tensor:
     s1 = d.sum(dim)
     s2 = d.square_().sum(dim)
     return torch.stack([torch.full_like(lo, count), lo, hi, nonzero, shift, s1, s2])
-
-
-def _finish(sums: torch.Tensor) -> torch.Tensor | None:
-    """The partial moments (the rows of :func:`moments_matrix`) of :func:`block_sums`' columns, in
-    float64; None when a value (or a square) was not finite, and the blocks must be masked."""
-    sums = sums.double()
-    if not bool(sums.isfinite().all()):
-        return None
-    count, lo, hi, nonzero, shift, s1, s2 = sums
-    m2 = (s2 - s1 * s1 / count).clamp(min=0)
-    return torch.stack([count, count, shift, m2, lo, hi, count - nonzero,
-                        torch.zeros_like(count)])
 
 
 def masked_moments(block: torch.Tensor, dim: int) -> torch.Tensor:
@@ -321,7 +274,7 @@ def masked_moments(block: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _combine(parts: torch.Tensor, ids: torch.Tensor, channels: int) -> torch.Tensor:
     """Per-channel moments from partial ones, channel ``ids[i]``'s in column ``i`` (exact:
-    the parallel formula, in float64)."""
+    the parallel formula)."""
     count, n, mean, m2, lo, hi, zeros, nonfinite = parts
     sums = parts.new_zeros(5, channels).index_add_(
         1, ids, torch.stack([count, n, n * mean, zeros, nonfinite]))

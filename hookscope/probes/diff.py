@@ -1,19 +1,11 @@
 """Two runs of the same inputs compared module call by module call (``hookscope diff``).
 
-Side A is one model; side B is another load of it (other weights, dtype, autocast or device)
-or another model whose module names match. One :class:`DiffProbe` runs A on each batch and
-keeps the selected calls' outputs of that batch; it then runs B on the same batch through a
-nested :func:`~hookscope.core.run.drive`, whose hooks compare each of B's calls with A's kept
-output for the same (name, call index) as soon as B produces it, and drop A's tensor. At most
-one batch of A's selected outputs is held at a time. Only sums are kept, in float64, so the
-report over several batches equals the report over their concatenation (:meth:`DiffReport.merge`).
-
-Speed: A's outputs are kept by reference. While A runs, a dispatch mode copies a kept output
-only when an in-place operation is about to write into it (``relu_``, ``out += identity``).
-The comparison itself, and its speed, are in :mod:`hookscope.probes.diffsums`.
-
-``hookscope diff a.json b.json`` compares two saved ``stats`` documents instead
-(:mod:`hookscope.probes.statsdiff`, which never imports torch).
+Side A is one model; side B another load of it (other weights, dtype, autocast or device) or
+a model whose module names match. :class:`DiffProbe` runs A on a batch, keeping the selected
+outputs (by reference; copied only before an in-place write), then runs B on it through a
+nested :func:`~hookscope.core.run.drive` whose hooks compare each of B's calls with A's kept
+output of the same (name, call index) and drop it: at most one batch of A's outputs is held.
+Only float64 sums are kept (:mod:`hookscope.probes.diffsums`), so reports merge exactly.
 """
 
 from __future__ import annotations
@@ -26,37 +18,25 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from hookscope.core.errors import CheckFailed, ForwardError, HookscopeError, param
+from hookscope.core.errors import ForwardError, HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, all_sites
 from hookscope.probes.channels import as_float
 from hookscope.probes.diffsums import DiffSums, DiffTable
-from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, describe_where, first_exceeding
+from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison
 
-__all__ = [
-    "DEFAULT_TOLERANCE",
-    "CallRef",
-    "DiffProbe",
-    "DiffReport",
-    "LayerDiff",
-    "OutputDiff",
-    "diff_models",
-    "on_side",
-]
+__all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff", "OutputDiff",
+           "diff_models", "on_side"]
 
 NAN = float("nan")
 Key = tuple[str, int]
 
 
-# ----------------------------------------------------------------------------- the report
-
-
 @dataclass(frozen=True)
 class LayerDiff:
-    """One call's comparison. ``shape_b`` differs from ``shape`` when the outputs could not be
-    compared; the metrics are then NaN (null in JSON)."""
+    """One call's comparison; ``shape_b != shape``: not comparable, the metrics are NaN."""
 
     name: str
     type: str
@@ -70,21 +50,16 @@ class LayerDiff:
         return (self.name, self.call)
 
     @property
-    def mismatch(self) -> bool:
-        return self.shape_b != self.shape
-
-    @property
     def relative(self) -> float:
         return self.sums.rel_l2
 
     def excess(self, tolerance: float) -> str | None:
         """Why this call exceeds ``tolerance`` (``shape``, ``nonfinite``, ``rel_l2``), or None."""
-        if self.mismatch:
+        if self.shape_b != self.shape:
             return "shape"
         if self.sums.nonfinite_a != self.sums.nonfinite_b:
             return "nonfinite"
-        rel = self.sums.rel_l2
-        return "rel_l2" if rel > tolerance else None  # NaN (nothing finite) never exceeds
+        return "rel_l2" if self.sums.rel_l2 > tolerance else None  # NaN never exceeds
 
     def merged(self, other: LayerDiff) -> LayerDiff:
         return replace(self, sums=self.sums.merge(other.sums))
@@ -135,39 +110,18 @@ def _unique(refs: Iterable[CallRef]) -> list[CallRef]:
 
 
 @dataclass(frozen=True)
-class DiffReport:
-    """What :class:`DiffProbe` returns: per-call comparisons in A's execution order, calls
-    seen on one side only, and the final outputs compared (None unless both are logits)."""
+class DiffReport(Comparison):
+    """:class:`DiffProbe`'s report; ``outputs``: the final logits compared, if both are."""
 
-    tolerance: float
-    layers: list[LayerDiff]
-    unmatched_a: list[CallRef]
-    unmatched_b: list[CallRef]
     outputs: OutputDiff | None
     input_shape: list[int] | None = None
+    measure: ClassVar[str] = "rel_l2"
+    predictions_differ: ClassVar[str] = ("the top-1 predictions differ for {} of {} inputs, "
+                                         "though no call exceeds the tolerance.")
 
     @property
-    def first_divergence(self) -> dict[str, Any] | None:
-        """The first call whose relative L2 error exceeds the tolerance, whose shapes differ,
-        or whose non-finite counts differ."""
-        return first_exceeding(self.layers, self.tolerance, "rel_l2")
-
-    @property
-    def failed(self) -> bool:
-        """A call exceeds the tolerance, or the top-1 predictions differ for some input."""
-        outputs = self.outputs
-        return self.first_divergence is not None or (
-            outputs is not None and outputs.agree < outputs.inputs)
-
-    def failure(self) -> CheckFailed:
-        """The error for ``fail``: where the runs part."""
-        first = self.first_divergence
-        if first is not None:
-            return CheckFailed(f"the runs part at {describe_where(first)} (tolerance "
-                               f"{self.tolerance:g}).")
-        outputs = self.outputs or OutputDiff()
-        return CheckFailed(f"the top-1 predictions differ for {outputs.inputs - outputs.agree} "
-                           f"of {outputs.inputs} inputs, though no call exceeds the tolerance.")
+    def agreement(self) -> tuple[int, int] | None:
+        return None if self.outputs is None else (self.outputs.agree, self.outputs.inputs)
 
     def merge(self, other: DiffReport) -> DiffReport:
         """The report over both reports' inputs: sums added, one-side calls united."""
@@ -182,15 +136,8 @@ class DiffReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope and ``against``."""
-        return {"offline": False, "input_shape": self.input_shape, "tolerance": self.tolerance,
-                "first_divergence": self.first_divergence,
-                "outputs": self.outputs.to_dict() if self.outputs else None,
-                "layers": [row.to_dict(self.tolerance) for row in self.layers],
-                "unmatched_a": [r.to_dict() for r in self.unmatched_a],
-                "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
-
-
-# ----------------------------------------------------------------------------- the probe
+        outputs = self.outputs.to_dict() if self.outputs else None
+        return {"offline": False, "input_shape": self.input_shape} | self._document(outputs)
 
 
 def _storage(tensor: torch.Tensor) -> int:
@@ -204,13 +151,8 @@ except ImportError:  # pragma: no cover - depends on the torch release
 
 
 class _CopyOnWrite(_Mode or object):  # type: ignore[misc]
-    """While A runs: before any operation writes into a tensor in place, the probe copies
-    the kept outputs that share its memory.
-
-    Copying every kept output instead cost as much as the comparison itself (ResNets write
-    into only their BatchNorm outputs: ``relu_`` and ``out += identity``). The mode sees
-    each operation once and changes no result.
-    """
+    """While A runs: before an operation writes into a tensor in place, the probe copies
+    the kept outputs that share its memory (copying them all cost as much as the comparison)."""
 
     #: Per operator, the positions of the arguments it writes into (most have none).
     _writes: ClassVar[dict[Any, tuple[tuple[int, str], ...]]] = {}
@@ -257,11 +199,9 @@ class DiffProbe(Probe[DiffReport]):
 
     Args:
         model: side A, which :func:`~hookscope.core.run.drive` runs.
-        other: side B: another module (another load of the model, or a model whose module
-            names match); it runs on the same batches through a nested ``drive``.
-        select: the modules compared, selected on A;
-            B's modules of the same names are compared, and B's own selection is listed
-            when A has no such call.
+        other: side B, run on the same batches through a nested ``drive``.
+        select: the modules compared, selected on A (B's modules of the same names; B's own
+            selection is listed when A has no such call).
         tolerance: the relative L2 error above which a call exceeds.
         output_key, other_output_key: the entry holding each side's logits.
         other_autocast: B's ``torch.autocast`` dtype.
@@ -278,9 +218,8 @@ class DiffProbe(Probe[DiffReport]):
             raise HookscopeError(f"{param('other')} is the same module as {param('model')}; "
                                  "load the second side separately.")
         self.sites = select.sites(model)
-        self.names = {s.name for s in self.sites}
         self.other, self.other_autocast = other, other_autocast
-        self.against = _Against(self, _other_sites(other, self.names, select))
+        self.against = _Against(self, _other_sites(other, {s.name for s in self.sites}, select))
         self.tolerance = tolerance
         self.output_key, self.other_output_key = output_key, other_output_key
         self.table = DiffTable()
@@ -303,16 +242,14 @@ class DiffProbe(Probe[DiffReport]):
             return
         if call.key not in self.meta:
             self.meta[call.key] = (call.site.type, list(found.shape), None)
-        # A reference, not a copy: _CopyOnWrite copies it only if an in-place operation
-        # (ReLU(inplace=True), `out += identity`) is about to change it.
+        # A reference: _CopyOnWrite copies it only before an in-place write into it.
         kept = found.detach() if _Mode is not None else found.detach().clone()
         self.kept[call.key] = kept
         self._storages.setdefault(_storage(kept), []).append(call.key)
         self.peak_kept = max(self.peak_kept, len(self.kept))
 
     def protect(self, tensors: Iterable[torch.Tensor]) -> None:
-        """``tensors`` are about to be changed in place: copy the kept outputs they share
-        memory with first."""
+        """Copy the kept outputs that share memory with ``tensors``, about to change in place."""
         for tensor in tensors:
             for key in self._storages.pop(_storage(tensor), ()):
                 if key in self.kept:
@@ -351,12 +288,12 @@ class DiffProbe(Probe[DiffReport]):
         x = step.batch.tensor if step.batch is not None else step.x
         try:
             output = drive(self.other, x, self.against, autocast=self.other_autocast)
-        except ForwardError as error:
-            raise _second_run(error) from error.cause
+        except ForwardError as error:  # raised from the model's own exception: keep that
+            error.args = (f"Side B (the second run, against): {error.args[0]}",)
+            raise
         finally:
             for key in self.kept:
-                type_a = self.meta[key][0]
-                self.only_a.setdefault(key, CallRef(key[0], type_a, key[1]))
+                self.only_a.setdefault(key, CallRef(key[0], self.meta[key][0], key[1]))
             self.kept.clear()
         self.table.flush()
         self._compare_outputs(logits, select_logits(output, self.other_output_key,
@@ -371,11 +308,9 @@ class DiffProbe(Probe[DiffReport]):
         self.outputs.add(a, b)
 
     def finish(self) -> DiffReport:
-        rows = []
-        for key, (type_a, shape, shape_b) in self.meta.items():
-            if shape_b is not None:  # compared at least once
-                rows.append(LayerDiff(key[0], type_a, key[1], shape, shape_b,
-                                      self.table.get(key)))
+        rows = [LayerDiff(key[0], type_a, key[1], shape, shape_b, self.table.get(key))
+                for key, (type_a, shape, shape_b) in self.meta.items()
+                if shape_b is not None]  # compared at least once
         outputs = self.outputs if self.outputs is not None and self.outputs.inputs else None
         return DiffReport(self.tolerance, rows, list(self.only_a.values()),
                           list(self.only_b.values()), outputs, self.input_shape)
@@ -392,11 +327,8 @@ def _other_sites(other: nn.Module, names: set[str], select: Selection) -> list[S
 
 @contextmanager
 def on_side(side: str, renames: Mapping[str, str] | None = None) -> Iterator[None]:
-    """Name the side (``A``, or ``B``: the run against) in any error raised inside.
-
-    ``renames`` maps the option a message should name to the one it names (B's own
-    options are the ``against_*`` ones).
-    """
+    """Name the side (``A``, or ``B``: the run against) in any error raised inside;
+    ``renames`` maps the option a message should name to the one it names (``against_*``)."""
     try:
         yield
     except HookscopeError as exc:
@@ -407,13 +339,6 @@ def on_side(side: str, renames: Mapping[str, str] | None = None) -> Iterator[Non
                 text = text.replace(param(own), param(option))
             exc.args = (f"Side {what}: {text}", *exc.args[1:])
         raise
-
-
-def _second_run(error: ForwardError) -> ForwardError:
-    """B's forward error, saying it was the second run."""
-    return ForwardError(f"Side B (the second run, against): {error.args[0]}",
-                        module=error.module, type_name=error.type_name, call=error.call,
-                        depth=error.depth, input_shapes=error.input_shapes, cause=error.cause)
 
 
 def diff_models(
@@ -431,15 +356,10 @@ def diff_models(
     output_key: str | None = None,
     progress: Progress | None = None,
 ) -> DiffReport:
-    """Run ``model`` and ``other`` on the same ``inputs`` (one batch, or an iterable of
-    batches, streamed) and compare each selected call. Arguments as :class:`DiffProbe`'s;
-    ``autocast`` is A's ``torch.autocast`` dtype, ``output_key`` both sides' logits entry,
-    ``progress`` called with each batch's size.
-
-    Returns:
-        Per-call max |a−b|, relative L2 error, cosine and non-finite counts in A's execution
-        order; the first divergence; the final logits compared.
-    """
+    """Run ``model`` and ``other`` on the same ``inputs`` (a batch, or an iterable of them)
+    and compare each selected call. Arguments as :class:`DiffProbe`'s; ``autocast`` is A's
+    ``torch.autocast`` dtype, ``output_key`` both sides' logits entry, ``progress`` called
+    with each batch's size."""
     probe = DiffProbe(model, other, select=Selection(layers, types, all_modules, max_depth),
                       tolerance=tolerance, output_key=output_key,
                       other_output_key=output_key, other_autocast=other_autocast)

@@ -1,10 +1,8 @@
 """The sums behind one module call's comparison in ``hookscope diff``, merged exactly across batches.
 
-Speed: on the CPU the comparison reads both tensors once, in cache-sized chunks: each chunk's
-difference goes into one reused buffer, and its largest |a−b| and three float32 dot products
-(‖a−b‖², ‖a‖², ‖b‖², summed in float64) are taken while it is in cache. Non-finite values
-are masked, in float64, only when a sum comes out non-finite. On an accelerator the
-comparison has no branches and a batch's sums reach the host in one transfer.
+On the CPU both tensors are read once (the compiled kernel, else cache-sized chunks), and
+non-finite values are masked, in float64, only when a sum comes out non-finite. On an
+accelerator the comparison has no branches and a batch's sums reach the host in one transfer.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ NAN = float("nan")
 #: Elements per comparison chunk and thread: three float32 chunks (A's, B's, their difference)
 #: stay in a core's cache while every sum is taken, and a float32 dot over them stays accurate.
 _CHUNK = 1 << 16
-#: At most this many elements per chunk (and in the reused scratch buffer).
 _MAX_CHUNK = 1 << 20
 
 
@@ -65,12 +62,9 @@ class DiffSums:
 
     @property
     def cosine(self) -> float:
-        """Cosine similarity of a and b; NaN when either norm is 0.
-
-        a·b is taken as (‖a‖² + ‖b‖² − ‖a−b‖²) / 2, which saves a fourth dot product per
-        chunk; the cosine is then exact for a == b and within ~1e-7 (absolute) otherwise,
-        unless one norm is thousands of times the other.
-        """
+        """Cosine similarity of a and b; NaN when either norm is 0. a·b is taken as
+        (‖a‖² + ‖b‖² − ‖a−b‖²) / 2 (no fourth dot product): exact for a == b, else within
+        ~1e-7 (absolute) unless one norm is thousands of times the other."""
         if self.n == 0 or self.sq_a == 0 or self.sq_b == 0:
             return NAN
         dot = (self.sq_a + self.sq_b - self.sq_diff) / 2
@@ -81,10 +75,8 @@ class DiffSums:
 
 
 def _compare_host(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
-    """The eight values of :class:`DiffSums` for two flat tensors of one dtype, on the CPU:
-    float32 in one pass over both with the compiled kernel when it is built, else a few
-    passes over cache-sized chunks; anything not finite (or a float32 square that
-    overflowed) is redone the device's way: masked, in float64."""
+    """The eight values of :class:`DiffSums` for two flat CPU tensors of one dtype (float32:
+    the compiled kernel when built); a sum not finite is redone masked, in float64."""
     numel = a.numel()
     if numel == 0:
         return (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0)
@@ -114,7 +106,7 @@ def _chunk_sums(a: torch.Tensor, b: torch.Tensor) -> list[float]:
 
 def _compare_device(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The eight values of :class:`DiffSums` as one float64 tensor that stays on the device:
-    no branch, the non-finite values masked, in float64."""
+    no branch, the non-finite values masked."""
     fa, fb = torch.isfinite(a), torch.isfinite(b)
     both = fa & fb
     zero = a.new_zeros(())
@@ -128,12 +120,8 @@ def _compare_device(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class DiffTable:
-    """Comparison sums per key, merged across batches.
-
-    On the CPU each pair is compared at once; on an accelerator the sums stay on the device
-    until :meth:`flush` copies a whole batch's worth to the host in one transfer.
-    :func:`_compare_device` is also right on the CPU, only slower.
-    """
+    """Comparison sums per key, merged across batches; on an accelerator they stay on the
+    device until :meth:`flush` copies a batch's worth to the host in one transfer."""
 
     def __init__(self) -> None:
         self._sums: dict[Hashable, DiffSums] = {}
@@ -144,15 +132,12 @@ class DiffTable:
         if a.device.type != "cpu":
             self._pending.append((key, _compare_device(a, b)))
         else:
-            self._merge(key, _compare_host(a, b))
+            self._add(key, DiffSums.from_values(_compare_host(a, b)))
 
     def count(self, key: Hashable, a: torch.Tensor, b: torch.Tensor) -> None:
         """Only count the non-finite values of two outputs that cannot be compared."""
         self._add(key, DiffSums(nonfinite_a=int((~torch.isfinite(a)).sum()),
                                 nonfinite_b=int((~torch.isfinite(b)).sum())))
-
-    def _merge(self, key: Hashable, values: Sequence[float]) -> None:
-        self._add(key, DiffSums.from_values(values))
 
     def _add(self, key: Hashable, sums: DiffSums) -> None:
         self._sums[key] = self._sums.get(key, DiffSums()).merge(sums)
@@ -163,7 +148,7 @@ class DiffTable:
             return
         host = torch.stack([v for _, v in self._pending]).cpu().tolist()
         for (key, _), values in zip(self._pending, host, strict=True):
-            self._merge(key, values)
+            self._add(key, DiffSums.from_values(values))
         self._pending.clear()
 
     def get(self, key: Hashable) -> DiffSums:

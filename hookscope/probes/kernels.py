@@ -2,20 +2,18 @@
 pass (``stats``), and the sums ``diff`` compares two activations by, in one pass over both.
 
 ``fused()`` and ``fused_diff()`` return the compiled ops when a build of this exact source,
-these flags and this torch is already in the cache, and None otherwise, so ``stats`` and
-``diff`` fall back to their torch paths.
-It never compiles: that takes tens of seconds and happens only when asked for, through
-``python -m hookscope.probes.kernels`` (which ``make install`` runs). ``HOOKSCOPE_KERNELS=0``
-disables the kernel; ``HOOKSCOPE_CACHE`` moves the cache from ``~/.cache/hookscope``.
+these flags and this torch is in the cache, else None (the torch paths). Using them never
+compiles: ``python -m hookscope.probes.kernels`` does (``make install`` runs it).
+``HOOKSCOPE_KERNELS=0`` disables them; ``HOOKSCOPE_CACHE`` moves the cache.
 
-A library is code run in every process that loads it, so the cache is trusted only when
-nobody else could have written it: the library and every folder above it must belong to
-this user (or root) and be writable by neither group nor others (see :func:`unsafe`).
-Otherwise hookscope says so in one line and uses the torch path, and ``build`` refuses.
+A loaded library runs its code, so the cache is trusted only when nobody else could have
+written it (see :func:`unsafe`); otherwise hookscope says so in one line and uses the torch
+path, and ``build`` refuses.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -367,11 +365,9 @@ TORCH_LIBRARY_IMPL(HS_NAMESPACE, CPU, m) {
 }
 """
 
-#: Runtime dispatch (GCC/Clang function multiversioning, x86-64 ELF): an AVX2+FMA clone and a
-#: baseline one, so one build serves every CPU a home folder is used from. Measured on a 2-core
-#: Xeon, 800K float32 values, one thread: plain -O3 (SSE2) 4-6 GB/s, -O3 -mavx2 -mfma 19-24
-#: GB/s, these clones the same as -mavx2 (``x.sum()``: ~27 GB/s). "arch=haswell" won't do:
-#: GCC dispatches it on the CPU model, not on its features, so newer CPUs got the baseline.
+#: Runtime dispatch (GCC/Clang function multiversioning, x86-64 ELF): an AVX2+FMA clone (~4x
+#: the SSE2 baseline's speed) and a baseline one, so one build serves every CPU a home folder
+#: is used from. Not "arch=haswell": GCC dispatches that on the CPU model, not its features.
 CLONES = '__attribute__((target_clones("arch=x86-64-v3", "default")))'
 #: No -march=native: one user's cache may serve machines with different CPUs (a home on NFS).
 CFLAGS: tuple[str, ...] = ("-O3", "-fopenmp")
@@ -391,18 +387,15 @@ def cache_key() -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
-def cache_root() -> Path:
-    """``$HOOKSCOPE_CACHE``, else ``$XDG_CACHE_HOME/hookscope``, else ``~/.cache/hookscope``."""
-    if root := os.environ.get("HOOKSCOPE_CACHE"):
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "hookscope"
-
-
 def build_dir(root: Path | None = None) -> Path:
-    """Where this source, these flags and this torch are built (under ``root`` if given)."""
-    version = torch.__version__.replace("+", "_")
-    return (root or cache_root()) / f"kernels-{version}-{cache_key()}"
+    """Where this source, these flags and this torch are built: under ``root``, else
+    ``$HOOKSCOPE_CACHE``, else ``$XDG_CACHE_HOME/hookscope``, else ``~/.cache/hookscope``."""
+    if root is None and (env := os.environ.get("HOOKSCOPE_CACHE")):
+        root = Path(env).expanduser()
+    if root is None:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = (Path(xdg) if xdg else Path.home() / ".cache") / "hookscope"
+    return root / f"kernels-{torch.__version__.replace('+', '_')}-{cache_key()}"
 
 
 def enabled() -> bool:
@@ -411,13 +404,9 @@ def enabled() -> bool:
 
 
 _DONE = "complete"  # written after a successful build, so a half-linked library is never loaded
-#: The ops loaded in this process (torch's namespace of them), by cache key: a library is
-#: loaded at most once per process, since a second copy would register its namespace twice.
+#: The ops loaded in this process, by cache key: a second copy of a library would register
+#: its namespace twice.
 _loaded: dict[str, Any] = {}
-#: The answer of fused() and fused_diff(), found once per process (``reset()`` forgets it):
-#: they are asked once per layer call, and reading the environment each time would cost
-#: more than a small kernel.
-_found: list[Any] = []
 
 
 def _namespace() -> str:
@@ -429,9 +418,8 @@ def unsafe(path: Path) -> str | None:
     """Why code at ``path`` cannot be trusted, or None: it, or a folder above it, belongs to
     a user other than this one and root, or is writable by its group or by others.
 
-    A folder with the sticky bit (``/tmp``) passes: there each user can replace only their
-    own entries, and the entries below are checked in turn. Without POSIX owners (Windows)
-    nothing is checked.
+    A sticky folder (``/tmp``) passes: there each user can replace only their own entries.
+    Without POSIX owners (Windows) nothing is checked.
     """
     if not hasattr(os, "getuid"):
         return None
@@ -451,7 +439,7 @@ def unsafe(path: Path) -> str | None:
 
 def _load(directory: Path) -> Any:
     """The ops from the complete build in ``directory``, loaded once per process; else None
-    (with one line saying why when the build is there but cannot be trusted)."""
+    (saying why in one line when the build is there but untrusted)."""
     key = cache_key()
     library = directory / f"{_namespace()}.so"
     if not (directory / _DONE).is_file() or not library.is_file():
@@ -477,32 +465,28 @@ def _load(directory: Path) -> Any:
     return ops
 
 
+@functools.cache  # asked once per layer call: reading the environment would cost more
 def _ops() -> Any:
-    if not _found:
-        _found.append(_load(build_dir()) if enabled() else None)
-    return _found[0]
+    return _load(build_dir()) if enabled() else None
 
 
 def fused() -> MomentsOp | None:
-    """The compiled moments op if it is built in the cache and enabled, else None.
-
-    Looks once per process (see ``reset``), and never compiles.
-    """
+    """The compiled moments op if it is built in the cache and enabled, else None (looked
+    up once per process: see :func:`reset`)."""
     ops = _ops()
     # The overload itself: calling it skips the packet's overload resolution (~3 us).
     return None if ops is None else ops.moments.default  # type: ignore[no-any-return]
 
 
 def fused_diff() -> DiffOp | None:
-    """The compiled diff op if it is built in the cache and enabled, else None (like
-    :func:`fused`)."""
+    """The compiled diff op, like :func:`fused`."""
     ops = _ops()
     return None if ops is None else ops.diff_sums.default  # type: ignore[no-any-return]
 
 
 def reset() -> None:
     """Forget ``fused()``'s answer, so it reads ``HOOKSCOPE_KERNELS`` and the cache again."""
-    _found.clear()
+    _ops.cache_clear()
 
 
 def build(root: Path | None = None, *, verbose: bool = False) -> Path:
@@ -516,7 +500,8 @@ def build(root: Path | None = None, *, verbose: bool = False) -> Path:
     from torch.utils.cpp_extension import load
 
     directory = build_dir(root)
-    _private_folders(directory)
+    for part in reversed([p for p in (directory, *directory.parents) if not p.exists()]):
+        part.mkdir(mode=0o700, exist_ok=True)  # writable by this user alone
     if (why := unsafe(directory)) is not None:
         raise RuntimeError(f"refusing to build into {directory}: {why}; choose a cache only "
                            "you can write with HOOKSCOPE_CACHE")
@@ -541,13 +526,6 @@ def build(root: Path | None = None, *, verbose: bool = False) -> Path:
     return directory
 
 
-def _private_folders(directory: Path) -> None:
-    """Create ``directory`` and the missing folders above it, writable by this user alone."""
-    missing = [part for part in (directory, *directory.parents) if not part.exists()]
-    for part in reversed(missing):
-        part.mkdir(mode=0o700, exist_ok=True)
-
-
 def _reason(exc: Exception) -> str:
     """The telling line of a failed build: the first compiler error, else the last line
     that is not ninja's own summary."""
@@ -558,7 +536,7 @@ def _reason(exc: Exception) -> str:
 
 
 def main() -> None:
-    """``python -m hookscope.probes.kernels``: build the kernel and say where and how long it took."""
+    """``python -m hookscope.probes.kernels``: build the kernel, say where and how long it took."""
     start = time.perf_counter()
     try:
         directory = build(verbose="-v" in sys.argv[1:])

@@ -1,53 +1,35 @@
 """Percentiles with a relative-error guarantee, from a sketch that merges by addition.
 
-A DDSketch (Masson et al., 2019) of log-spaced buckets, ``PER_OCTAVE`` (37) per octave: the
-bucket of a value ``x`` with ``|x| = 2**e * m`` (``1 <= m < 2``) is ``37 * e + b``, where
-``b = floor(37 * log2(m'))`` for ``m'``, ``m`` cut to its first 10 bits (the index
-``ceil(log_gamma |x|)`` of DDSketch, with ``gamma = 2**(1/37)``, read from the float's
-exponent and a 1024-entry table of the mantissa's first bits). It is taken with integer
-operations on the float's bits and a table built with exact integer arithmetic, so it is
-the same on every CPU, SIMD width and device, and a float32 value and its float64 copy
-share their bucket. A sketch holds, per channel, the counts of negative values, zeros and
-positive values per bucket, and the exact finite min and max; non-finite values are left
-out (the moments count them).
+A DDSketch (Masson et al., 2019): the bucket of ``|x| = 2**e * m`` (``1 <= m < 2``) is
+``37 * e + floor(37 * log2(m'))``, ``m'`` being ``m`` cut to 10 bits, read from the float's
+bits with integer operations and an exactly built table: the same on every CPU and device,
+and for a float32 value and its float64 copy. Per channel, a sketch counts negative values,
+zeros and positive values per bucket and keeps the exact finite min and max; non-finite
+values are left out (the moments count them).
 
-Accuracy: bucket ``b`` of an octave holds ``[lo, hi)``; its value is taken as
-``2 * lo * hi / (lo + hi)``, within ``(hi - lo) / (hi + lo) <= ALPHA`` (0.967%, the largest
-over the 37 buckets, computed from the table) of any value in it. A percentile
-(``torch.quantile``'s linear interpolation between two order statistics) is estimated from
-the buckets holding both, clamped to the exact ``[min, max]``, so it is within ALPHA
-(relative) of the exact percentile whenever the two order statistics have the same sign or
-one is zero; when they straddle zero the error is at most ALPHA of the larger magnitude.
-The 0th and 100th percentiles are the exact min and max, and zeros are exact. Two limits,
-both documented: values with ``|x| < 2**-126`` (float32's subnormals) count as zeros; and
-a sketch keeps at most ``SPAN`` buckets (64 octaves) below the largest magnitude of all its
-channels, so values below ``2**-64`` (~5e-20) of it are counted in its lowest bucket (a
-collapse that depends only on the largest magnitude, so it commutes with merging).
+Accuracy: a bucket ``[lo, hi)`` stands for ``2 * lo * hi / (lo + hi)``, within ``ALPHA``
+(0.967%) of any value in it. A percentile (``torch.quantile``'s linear interpolation) comes
+from its two order statistics' buckets, clamped to ``[min, max]``: within ALPHA of the exact
+one, or of the larger magnitude when they straddle zero. The 0th and 100th percentiles and
+zeros are exact. Limits: ``|x| < 2**-126`` counts as zero; only ``SPAN`` buckets (64
+octaves) are kept below the largest magnitude, lower values counting in the lowest bucket.
 
-Merging is plain addition: the grid is fixed, so two sketches' counts are added bucket by
-bucket after aligning their stores on the grid, and any split of the data into batches,
-DataLoader workers or ranks, merged in any order, gives the identical sketch.
-
-Memory: the store is dense over the bucket range that occurs in the sketch (shared by its
-channels): ``Wn + 1 + Wp`` int64 counts per channel, where ``Wn`` and ``Wp`` are the
-number of buckets between the smallest and largest magnitude (0 for a sign that does not
-occur), at most ``SPAN`` (2,368) each: at most 37 KiB per channel; in practice 37 buckets
-per octave the data spans (200,000 normal values span 20 octaves: 740 buckets, 6 KiB, per
-sign; 200,000 Cauchy values 38 octaves).
+Merging adds counts on the fixed grid, so any split of the data, merged in any order, gives
+the identical sketch. The store is dense over the buckets the data spans (37 per octave).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 import torch
 import torch.nn.functional as F
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.probes.channels import ChannelView, scratch
+from hookscope.probes.channels import ChannelView, moments_matrix, scratch
 
 __all__ = ["ALPHA", "PER_OCTAVE", "SPAN", "Sketch", "finite_range", "parse_percentiles",
            "percentile_key"]
@@ -59,8 +41,7 @@ _BITS = 10
 
 def _table() -> tuple[list[int], list[float], list[float]]:
     """Each 10-bit mantissa prefix's bucket, ``floor(37 * log2(1 + j/1024))`` in exact
-    integer arithmetic (the largest ``b`` with ``2**b * 1024**37 <= (1024 + j)**37``), and
-    each bucket's ends ``[lo, hi)`` within the octave."""
+    integer arithmetic, and each bucket's ends ``[lo, hi)`` within the octave."""
     n = 1 << _BITS
     bucket, b = [], 0
     for j in range(n):
@@ -73,6 +54,8 @@ def _table() -> tuple[list[int], list[float], list[float]]:
 
 
 _BUCKET, _LO, _HI = _table()
+#: Each bucket's value within the octave, 2 * lo * hi / (lo + hi).
+_VALUE = [2 * lo * h / (lo + h) for lo, h in zip(_LO, _HI, strict=True)]
 #: The relative accuracy of every bucket's value (0.967%).
 ALPHA = max((h - lo) / (h + lo) for lo, h in zip(_LO, _HI, strict=True))
 #: Buckets kept per sign below the largest magnitude (64 octaves).
@@ -95,21 +78,18 @@ _HALF = {torch.int32: torch.int16, torch.int64: torch.int32}
 _TABLES: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
-def _buffers(block: torch.Tensor, itype: torch.dtype, count: int) -> list[torch.Tensor]:
-    """``count`` (at most 3) integer buffers shaped like ``block``, reused per thread on the CPU."""
-    n, shape = block.numel(), block.shape
-    if block.device.type != "cpu":
-        return [torch.empty(shape, dtype=itype, device=block.device) for _ in range(count)]
-    found = [scratch(n, itype), scratch(n, block.dtype).view(itype),
-             scratch(2 * n, _HALF[itype]).view(itype)]
-    return [b.view(shape) for b in found[:count]]
-
-
 def _prefixes(block: torch.Tensor, nonfinite: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Each value's exponent and first ``_BITS`` mantissa bits, as one integer (monotone in
-    ``|x|``; NaN and Inf, with ``nonfinite``, as 0), and two spare buffers of its shape."""
+    ``|x|``; NaN and Inf, with ``nonfinite``, as 0), and two spare buffers of its shape
+    (reused per thread on the CPU)."""
     itype, mask, shift, _, _ = _LAYOUT[block.dtype]
-    key, *spare = _buffers(block, itype, 3)
+    n, shape = block.numel(), block.shape
+    if block.device.type == "cpu":
+        found = [scratch(n, itype), scratch(n, block.dtype).view(itype),
+                 scratch(2 * n, _HALF[itype]).view(itype)]
+    else:
+        found = [torch.empty(n, dtype=itype, device=block.device) for _ in range(3)]
+    key, *spare = (b.view(shape) for b in found)
     torch.bitwise_and(block.view(itype), mask, out=key).bitwise_right_shift_(shift)
     if nonfinite:
         key.masked_fill_(~torch.isfinite(block), 0)
@@ -177,14 +157,11 @@ def _columns(block: torch.Tensor, low: int, smallest: int, width: int, nonfinite
 class Sketch:
     """Percentile sketches of ``C`` channels (``C = 1`` for a whole output).
 
-    Attributes:
-        low, top: the smallest and largest bucket index in the store (``low > top``: none).
-        negative, positive: the store has the negative (positive) buckets.
-        counts: ``(C, Wn + 1 + Wp)`` int64, in the order of the values: the negative
-            buckets from ``top`` down to ``low``, the zeros, the positive buckets from
-            ``low`` up to ``top`` (``Wn``, ``Wp``: ``top - low + 1``, or 0 for a sign the
-            store lacks).
-        min, max: ``(C,)`` float64: the finite range (+inf and -inf when empty).
+    The store spans buckets ``low`` to ``top`` (``low > top``: none) for each sign it has
+    (``negative``, ``positive``). ``counts`` is ``(C, Wn + 1 + Wp)`` int64 in the order of
+    the values: negative buckets from ``top`` down to ``low``, the zeros, positive buckets
+    from ``low`` up (``Wn``, ``Wp``: ``top - low + 1``, or 0 for a missing sign). ``min``
+    and ``max`` are the ``(C,)`` float64 finite range (+inf and -inf when empty).
     """
 
     low: int
@@ -198,11 +175,8 @@ class Sketch:
     @classmethod
     def of(cls, view: ChannelView, lo: torch.Tensor, hi: torch.Tensor, *,
            nonfinite: bool = True) -> Sketch:
-        """The sketch of each channel of ``view``, given its exact finite range ``[lo, hi]``.
-
-        Args:
-            nonfinite: the view may hold NaN or Inf (False skips their masking).
-        """
+        """The sketch of each channel of ``view``, given its exact finite range ``[lo, hi]``
+        (``nonfinite``: the view may hold NaN or Inf; False skips their masking)."""
         blocks = list(view.blocks())
         top, smallest, low = _window(blocks, nonfinite)
         negative, positive = bool((lo < 0).any()), bool((hi > 0).any())
@@ -240,8 +214,7 @@ class Sketch:
     def identical(self, other: Sketch) -> bool:
         """Every field equal, bit for bit."""
         return all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-                   for a, b in ((getattr(self, f.name), getattr(other, f.name))
-                                for f in fields(self)))
+                   for a, b in zip(vars(self).values(), vars(other).values(), strict=True))
 
     def _side(self, part: torch.Tensor, low: int, width: int) -> torch.Tensor:
         """One sign's counts (ascending from ``self.low``) on the store from ``low`` up to
@@ -310,11 +283,9 @@ class Sketch:
         index = torch.where(column < wn, self.top - column, self.low + column - wn - 1)
         octave = torch.div(index, PER_OCTAVE, rounding_mode="floor")
         within = (index - octave * PER_OCTAVE).clamp_(0, PER_OCTAVE - 1)
-        start = torch.tensor(_LO, dtype=torch.float64, device=index.device)[within]
-        end = torch.tensor(_HI, dtype=torch.float64, device=index.device)[within]
-        # The bucket's value, 2 * lo * hi / (lo + hi), taken within the octave (exact powers
-        # of two scale it), so that it cannot overflow.
-        value = 2 * start * end / (start + end) * torch.pow(2.0, octave.double())
+        # The bucket's value within the octave, scaled by an exact power of two: no overflow.
+        value = torch.tensor(_VALUE, dtype=torch.float64, device=index.device)[within]
+        value = value * torch.pow(2.0, octave.double())
         value = torch.where(column < wn, -value, torch.where(column == wn, 0.0, value))
         mn, mx = self.min.unsqueeze(1), self.max.unsqueeze(1)
         value = torch.minimum(torch.maximum(value, mn), mx)
@@ -324,28 +295,8 @@ class Sketch:
 def finite_range(view: ChannelView) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Each channel's finite min and max (float64; +inf and -inf when it has none), and
     whether a non-finite value may be present (always True off the CPU)."""
-    c, device, dim = view.channels, view.matrix.device, view.dim
-    lo = torch.full((c,), math.inf, dtype=torch.float64, device=device)
-    hi = torch.full((c,), -math.inf, dtype=torch.float64, device=device)
-    blocks = list(view.blocks())
-    if not blocks:
-        return lo, hi, False
-    if view.blocked:  # unchecked first, as in ChannelMoments.of: few small operations
-        parts = [(b.amin(dim), b.amax(dim), view.ids[at]) for b, at in blocks]
-        b_lo, b_hi, ids = (torch.cat(p) for p in zip(*parts, strict=True))
-        if bool(torch.cat([b_lo, b_hi]).isfinite().all()):
-            return (lo.scatter_reduce_(0, ids, b_lo.double(), "amin"),
-                    hi.scatter_reduce_(0, ids, b_hi.double(), "amax"), False)
-    for block, at in blocks:
-        ids = view.ids[at]
-        finite = torch.isfinite(block)
-        inf = torch.tensor(math.inf, dtype=block.dtype, device=device)
-        lo.scatter_reduce_(0, ids, torch.where(finite, block, inf).amin(dim).double(), "amin")
-        hi.scatter_reduce_(0, ids, torch.where(finite, block, -inf).amax(dim).double(), "amax")
-    return lo, hi, True
-
-
-# ----------------------------------------------------------------------------- options
+    rows = moments_matrix(view)
+    return rows[4], rows[5], not view.blocked or bool(rows[7].any())
 
 
 def percentile_key(p: float) -> str:
@@ -355,9 +306,8 @@ def percentile_key(p: float) -> str:
 
 
 def parse_percentiles(value: str | Sequence[float] | None) -> tuple[float, ...]:
-    """Percentiles from ``"0.1,99.9"`` or a sequence of numbers: each in [0, 100], in the
-    order given, duplicates dropped (``99.9`` and ``99.90`` are one). None or an empty
-    sequence: none.
+    """Percentiles from ``"0.1,99.9"`` or a sequence of numbers, in the order given,
+    duplicates (``99.9`` and ``99.90``) dropped; None or an empty sequence: none.
 
     Raises:
         HookscopeError: an empty string, not a number, or outside [0, 100].

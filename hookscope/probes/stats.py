@@ -1,17 +1,11 @@
 """Per-layer activation statistics, taken inside forward hooks and merged exactly across batches.
 
-Speed: on the CPU each call's moments come from the compiled one-pass kernel where it is
-built (:mod:`hookscope.probes.kernels`), else from plain torch reductions over cache-sized
-blocks (:func:`hookscope.probes.channels.moments_matrix`, one channel), masked only when a
-value is not finite. On an accelerator the path has no branches at all: each call's
-moments stay on the device and the whole batch is copied to the host once.
-
-Accuracy: moments are merged with Chan et al.'s parallel update, in float64, so statistics
-over several batches equal those over the concatenated tensor.
-
-Opt-in: per-channel statistics (:mod:`hookscope.probes.channels`) and percentiles from a
-split-independent sketch (:mod:`hookscope.probes.sketch`) of each call's output, kept in
-:class:`~hookscope.probes.extras.Extras`, which merge exactly too.
+On the CPU each call's moments come from the compiled one-pass kernel where it is built
+(:mod:`hookscope.probes.kernels`), else from :func:`~hookscope.probes.channels.moments_matrix`
+(one channel). On an accelerator they stay on the device, without branches, and a batch's
+are copied to the host once. Moments merge with Chan et al.'s parallel update in float64, so
+statistics over several batches equal those over the concatenated tensor. Per-channel
+statistics and percentiles are opt-in :class:`~hookscope.probes.extras.Extras`.
 """
 
 from __future__ import annotations
@@ -29,22 +23,13 @@ from hookscope.core.mergeable import merged
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site
-from hookscope.probes.channels import BLOCK, as_float, block_sums, masked_moments
+from hookscope.probes.channels import ChannelView, as_float, moments_matrix
 from hookscope.probes.extras import Extras
 from hookscope.probes.kernels import fused
 from hookscope.probes.sketch import parse_percentiles
 
-__all__ = [
-    "LayerStats",
-    "MomentTable",
-    "Moments",
-    "Prediction",
-    "StatsProbe",
-    "StatsReport",
-    "collect_stats",
-    "moments",
-    "top_predictions",
-]
+__all__ = ["LayerStats", "MomentTable", "Moments", "Prediction", "StatsProbe", "StatsReport",
+           "collect_stats", "moments", "top_predictions"]
 
 NAN = float("nan")
 
@@ -64,8 +49,7 @@ class Moments:
 
     @classmethod
     def from_values(cls, values: Sequence[float]) -> Moments:
-        """From numel, n, mean, M2, min, max, zeros and the non-finite count (mean, M2, min
-        and max are NaN when n is 0)."""
+        """From numel, n, mean, M2, min, max, zeros and the non-finite count."""
         numel, n, mean, m2, mn, mx, zeros, nonfinite = values
         if not n:
             mean = m2 = mn = mx = NAN
@@ -73,8 +57,6 @@ class Moments:
 
     def merge(self, other: Moments) -> Moments:
         """Chan et al.'s exact parallel combination (a new object; neither side changes)."""
-        if other.numel == 0:
-            return replace(self)
         if self.n == 0:
             mean, m2, mn, mx = other.mean, other.m2, other.min, other.max
         elif other.n == 0:
@@ -97,46 +79,31 @@ class Moments:
 
     def summary(self) -> dict[str, float | int]:
         return {
-            "mean": self.mean if self.n else NAN,
+            "mean": self.mean,
             "std": self.std,
-            "min": self.min if self.n else NAN,
-            "max": self.max if self.n else NAN,
+            "min": self.min,
+            "max": self.max,
             "zero_fraction": self.zeros / self.numel if self.numel else NAN,
             "nonfinite": self.nonfinite,
         }
 
 
 def _moments_host(flat: torch.Tensor) -> Moments:
-    """CPU moments: the compiled one-pass kernel when it is built (see
-    ``hookscope.probes.kernels``; it reads each value once, where the torch path reads it
-    about six times), else the torch path."""
+    """CPU moments: the compiled kernel when it is built (one read of each value, where the
+    torch path reads it about six times), else the torch path."""
     op = fused()
-    if op is not None:
-        return Moments.from_values(op(flat, True))
-    return _moments_torch(flat)
+    return Moments.from_values(op(flat, True) if op is not None else _moments_torch(flat))
 
 
-def _moments_torch(flat: torch.Tensor) -> Moments:
-    """The torch path on the CPU: :func:`~hookscope.probes.channels.block_sums` of
-    cache-sized blocks, merged; the device path (masked, in float64) when a value is not
-    finite or a square overflowed."""
-    total = Moments()
-    for block in flat.split(BLOCK) if flat.numel() else ():  # split() gives one empty block
-        count, lo, hi, nonzero, shift, s1, s2 = block_sums(block.view(1, -1), 1)[:, 0].tolist()
-        if not all(math.isfinite(v) for v in (lo, hi, shift, s1, s2)):
-            return Moments.from_values(_moments_device(flat).tolist())
-        n = int(count)
-        total = total.merge(Moments(n, n, shift, max(s2 - s1 * s1 / count, 0.0),
-                                    lo, hi, n - int(nonzero), 0))
-    return total
+def _moments_torch(flat: torch.Tensor) -> list[float]:
+    """The torch path on the CPU: cache-sized blocks, masked only when a value is not finite."""
+    return moments_matrix(ChannelView.of(flat, None))[:, 0].tolist()
 
 
 def _moments_device(flat: torch.Tensor) -> torch.Tensor:
     """The branch-free path for accelerators: the eight values of :meth:`Moments.from_values`
     as one float64 tensor that stays on the device."""
-    if not flat.numel():  # nothing to reduce (the shape decides, not the values: no sync)
-        return torch.zeros(8, dtype=torch.float64, device=flat.device)
-    return masked_moments(flat.view(1, -1), 1)[:, 0]
+    return moments_matrix(replace(ChannelView.of(flat, None), blocked=False))[:, 0]
 
 
 def moments(x: torch.Tensor) -> Moments:
@@ -151,9 +118,9 @@ def moments(x: torch.Tensor) -> Moments:
 class LayerStats:
     """Statistics of one module call's output (and optionally its first input).
 
-    ``moments``, ``input_moments`` and ``extras`` are the exact mergeable summaries behind
-    the numbers; they are not part of the JSON row. ``channel_dim``, ``channels`` and
-    ``percentiles`` are None unless asked for (``per_channel``, ``percentiles``).
+    ``moments``, ``input_moments`` and ``extras`` are the mergeable summaries behind the
+    numbers, not part of the JSON row; ``channel_dim``, ``channels`` and ``percentiles`` are
+    None unless asked for.
     """
 
     name: str
@@ -192,8 +159,7 @@ class LayerStats:
         )
 
     def merged(self, other: LayerStats) -> LayerStats:
-        """This call's statistics over both rows' data (exact: Chan's update, and sketches
-        merged bucket by bucket)."""
+        """This call's statistics over both rows' data (exact)."""
         if self.moments is None or other.moments is None:
             raise ValueError("rows without moments cannot be merged")
         out = self.moments.merge(other.moments)
@@ -275,12 +241,8 @@ def top_predictions(
 
 
 class MomentTable:
-    """Moments per key, merged exactly across batches.
-
-    On the CPU each tensor is summarised at once. On an accelerator the summaries stay on
-    the device until :meth:`flush`, which copies a whole batch's worth to the host in one
-    transfer, so nothing synchronises once per layer.
-    """
+    """Moments per key, merged exactly across batches; on an accelerator they stay on the
+    device until :meth:`flush` copies a batch's worth to the host in one transfer."""
 
     def __init__(self, *, on_device: bool) -> None:
         self.on_device = on_device
@@ -416,27 +378,14 @@ def collect_stats(
     per_channel: bool = False,
     percentiles: str | Sequence[float] | None = None,
 ) -> StatsReport:
-    """Run ``model`` in eval and inference mode and summarise each selected module call.
+    """Run ``model`` in eval and inference mode and summarise each selected module call:
+    per-call statistics in execution order, and top-5 predictions for (N, classes) outputs.
 
-    Args:
-        model: any ``nn.Module``; it is left with no hooks and its ``training`` flags intact.
-        inputs: one batch tensor, or an iterable of batch tensors (streamed, merged exactly).
-        layers: fnmatch patterns on dotted module names.
-        types: module class names.
-        all_modules: include containers when no other selection is given.
-        max_depth: cut the module tree at this depth.
-        input_stats: also summarise each call's first input.
-        categories: class labels for the top-5 predictions of a classifier.
-        on_batch: called with each batch's size after it ran (progress reporting).
-        output_key: the entry of a dict or tuple output holding the logits (default:
-            ``logits``, ``out`` or the only tensor).
-        per_channel: also per-channel statistics of each call's output (see
-            :mod:`hookscope.probes.channels` for which dimension holds the channels).
-        percentiles: also these percentiles (0 to 100) of each call's output, and of each
-            channel with ``per_channel``, from a mergeable sketch (see :mod:`hookscope.probes.sketch`).
-
-    Returns:
-        Per-call statistics in execution order, and top-5 predictions for (N, classes) outputs.
+    ``inputs`` is one batch tensor or an iterable of them (streamed, merged exactly);
+    ``layers``, ``types``, ``all_modules`` and ``max_depth`` select modules as
+    :class:`~hookscope.core.select.Selection`; ``on_batch`` is called with each batch's
+    size; the other options are :class:`StatsProbe`'s (``output_key`` defaults to
+    ``logits``, ``out`` or the only tensor).
 
     Raises:
         HookscopeError: ``percentiles`` is empty, not numbers, or outside [0, 100].

@@ -1,35 +1,28 @@
 """``hookscope diff a.json b.json``: two saved ``stats`` documents compared call by call.
 
-Each call present in both documents (paired by name and call index) gets its mean, std,
-zero fraction and non-finite count on both sides, their differences and relative changes,
-and, when both documents hold percentiles, the drift of its distribution (see
-:mod:`hookscope.probes.drift`). Documents are checked against the ``stats`` schema first: the
-first field that does not fit is named in one line.
-
-Torch-free: an offline diff never imports torch (nor does the command that runs it).
+Calls are paired by (name, call index); documents are checked against the ``stats`` schema
+first. Torch-free: an offline diff never imports torch (nor does the command that runs it).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hookscope import __version__
 from hookscope.core.errors import CheckFailed, HookscopeError
 from hookscope.probes.drift import quantile_drift
 
-__all__ = ["DEFAULT_TOLERANCE", "STATS", "CallRef", "StatsDelta", "StatsDiffReport",
-           "describe_where", "diff_stats", "first_exceeding", "read_stats", "stats_schema_error"]
+__all__ = ["DEFAULT_TOLERANCE", "STATS", "CallRef", "Comparison", "StatsDelta", "StatsDiffReport",
+           "diff_stats", "read_stats", "stats_schema_error"]
 
 NAN = float("nan")
-#: A call whose output's relative L2 error exceeds this is where two runs part. float32 noise
-#: (another thread count or batch size, float32 against float64) measured at most 1.3e-6 on
-#: resnet18/50 and mobilenet_v3_small; float16 and bfloat16 exceeded 1.4e-3 from the first
-#: convolution on (see the README).
+#: A call whose output's relative L2 error exceeds this is where two runs part: above float32
+#: noise (at most 1.3e-6), below float16 and bfloat16 error (see the README).
 DEFAULT_TOLERANCE = 1e-3
 Key = tuple[str, int]
 
@@ -50,31 +43,59 @@ class CallRef:
         return {"name": self.name, "type": self.type, "call": self.call}
 
 
-def first_exceeding(rows: Iterable[Any], tolerance: float, measure: str) -> dict[str, Any] | None:
-    """The first row (in execution order) that exceeds ``tolerance``, as JSON, with its
-    relative difference under the name ``measure``."""
-    for row in rows:
-        reason = row.excess(tolerance)
-        if reason is not None:
-            return {"name": row.name, "type": row.type, "call": row.call,
-                    measure: row.relative, "reason": reason}
-    return None
+@dataclass(frozen=True)
+class Comparison:
+    """Two runs compared call by call: ``layers`` in A's execution order (with ``excess``,
+    ``relative`` and ``to_dict``) and the calls seen on one side only."""
 
+    tolerance: float
+    layers: list[Any]
+    unmatched_a: list[CallRef]
+    unmatched_b: list[CallRef]
+    #: The name of a row's relative difference in ``first_divergence``.
+    measure: ClassVar[str] = "rel"
+    #: ``failure``'s message when only the top-1 predictions differ (for how many, of how many).
+    predictions_differ: ClassVar[str] = "the saved top-1 predictions differ for {} of {} inputs."
 
+    @property
+    def first_divergence(self) -> dict[str, Any] | None:
+        """The first call that exceeds the tolerance, as JSON."""
+        for row in self.layers:
+            if (reason := row.excess(self.tolerance)) is not None:
+                return {"name": row.name, "type": row.type, "call": row.call,
+                        self.measure: row.relative, "reason": reason}
+        return None
 
+    @property
+    def agreement(self) -> tuple[int, int] | None:
+        """(inputs whose top-1 predictions agree, inputs), when both sides have them."""
+        return None
 
-def describe_where(first: Mapping[str, Any]) -> str:
-    call = f" (call {first['call']})" if first["call"] else ""
-    what = {"shape": "the output shapes differ", "nonfinite": "the non-finite counts differ",
-            "null": "a statistic is null (non-finite) on one side only"}
-    value = first.get("rel_l2", first.get("rel"))
-    detail = what.get(first["reason"]) or f"relative error {value:.3g}"
-    return f"{first['name']}{call}: {detail}"
+    @property
+    def failed(self) -> bool:
+        """A call exceeds the tolerance, or the top-1 predictions differ for some input."""
+        agree, n = self.agreement or (0, 0)
+        return self.first_divergence is not None or agree < n
 
+    def failure(self) -> CheckFailed:
+        """The error for ``fail``: where the runs part."""
+        first = self.first_divergence
+        if first is None:
+            agree, n = self.agreement or (0, 0)
+            return CheckFailed(self.predictions_differ.format(n - agree, n))
+        call = f" (call {first['call']})" if first["call"] else ""
+        what = {"shape": "the output shapes differ", "nonfinite": "the non-finite counts differ",
+                "null": "a statistic is null (non-finite) on one side only"}
+        detail = what.get(first["reason"]) or f"relative error {first[self.measure]:.3g}"
+        return CheckFailed(f"the runs part at {first['name']}{call}: {detail} (tolerance "
+                           f"{self.tolerance:g}).")
 
-
-#: The statistics an offline diff compares.
-STATS = ("mean", "std", "zero_fraction", "nonfinite")
+    def _document(self, outputs: dict[str, Any] | None) -> dict[str, Any]:
+        """The JSON fields both kinds of diff share, in order."""
+        return {"tolerance": self.tolerance, "first_divergence": self.first_divergence,
+                "outputs": outputs, "layers": [row.to_dict(self.tolerance) for row in self.layers],
+                "unmatched_a": [r.to_dict() for r in self.unmatched_a],
+                "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
 
 
 def _json_type(value: Any) -> str:
@@ -98,7 +119,7 @@ def _is_number(value: Any, *, null: bool = True, integer: bool = False) -> bool:
 
 
 def _row_error(row: Any, at: str) -> str | None:
-    """The first field of a layer row that does not fit the schema, as ``field is X, not Y``."""
+    """The first field of a layer row that does not fit the schema: ``field is X, not Y``."""
     if not isinstance(row, dict):
         return f"{at} is {_json_type(row)}, not an object"
     checks: list[tuple[str, bool, str]] = [
@@ -128,8 +149,7 @@ def _row_error(row: Any, at: str) -> str | None:
 
 def stats_schema_error(doc: Any) -> str | None:
     """Why ``doc`` is not a ``hookscope stats --format json`` document (its first field that
-    does not fit, e.g. ``layers[3].mean is the string '0.5', not a number or null``), or
-    None when it is one."""
+    does not fit, e.g. ``layers[3].mean is the string '0.5', not a number or null``), or None."""
     if not isinstance(doc, dict):
         return f"the document is {_json_type(doc)}, not an object"
     command = doc.get("command")
@@ -152,8 +172,7 @@ def read_stats(path: Path) -> dict[str, Any]:
     """A saved ``hookscope stats --format json`` document, checked against its schema.
 
     Raises:
-        HookscopeError: the file is missing, not JSON, or not a ``stats`` document (naming
-            the first field that does not fit).
+        HookscopeError: the file is missing, not JSON, or not a ``stats`` document.
     """
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -176,19 +195,11 @@ def _number(value: Any) -> float:
     return NAN if value is None else float(value)
 
 
-def _relative(delta: float, scale: float) -> float:
-    if delta == 0:
-        return 0.0
-    return abs(delta) / scale if scale else math.inf
-
-
 @dataclass(frozen=True)
 class StatsDelta:
-    """One call's statistics on both sides: each as a, b, b − a and a relative change.
-
-    The mean's change is relative to max(|mean_a|, std_a), so that a mean near zero (after a
-    normalisation) is measured against its spread; the others are relative to their A value.
-    """
+    """One call's statistics on both sides: each as a, b, b − a and a relative change: the
+    mean's relative to max(|mean_a|, std_a) (a mean near zero is measured against its
+    spread), the others' to their A value."""
 
     name: str
     type: str
@@ -197,15 +208,16 @@ class StatsDelta:
     shape_b: list[int] | None
     a: dict[str, float]
     b: dict[str, float]
-    #: The distribution's drift (:func:`~hookscope.probes.drift.quantile_drift`), None without
-    #: percentiles in common.
+    #: :func:`~hookscope.probes.drift.quantile_drift`; None without percentiles in common.
     drift: float | None = None
 
     def change(self, stat: str) -> tuple[float, float]:
         """(b − a, relative change) of one statistic."""
         delta = self.b[stat] - self.a[stat]
         scale = max(abs(self.a["mean"]), self.a["std"]) if stat == "mean" else abs(self.a[stat])
-        return delta, _relative(delta, scale)
+        if delta == 0:
+            return delta, 0.0
+        return delta, abs(delta) / scale if scale else math.inf
 
     @property
     def relative(self) -> float:
@@ -237,43 +249,18 @@ def _top1(doc: Mapping[str, Any]) -> list[int | None]:
 
 
 @dataclass(frozen=True)
-class StatsDiffReport:
+class StatsDiffReport(Comparison):
     """Two saved ``stats`` documents compared call by call."""
 
-    tolerance: float
-    layers: list[StatsDelta]
-    unmatched_a: list[CallRef]
-    unmatched_b: list[CallRef]
     envelope: dict[str, Any]
     top1: tuple[list[int | None], list[int | None]] = ([], [])
 
     @property
-    def first_divergence(self) -> dict[str, Any] | None:
-        """The first call whose mean or std changed by more than the tolerance (relative),
-        whose shapes differ, or whose non-finite counts differ."""
-        return first_exceeding(self.layers, self.tolerance, "rel")
-
-    @property
     def agreement(self) -> tuple[int, int] | None:
-        """(inputs whose saved top-1 predictions agree, inputs), when both saved them."""
         a, b = self.top1
         if not a or len(a) != len(b):
             return None
         return sum(x == y for x, y in zip(a, b, strict=True)), len(a)
-
-    @property
-    def failed(self) -> bool:
-        agreement = self.agreement
-        return self.first_divergence is not None or (
-            agreement is not None and agreement[0] < agreement[1])
-
-    def failure(self) -> CheckFailed:
-        first = self.first_divergence
-        if first is not None:
-            return CheckFailed(f"the runs part at {describe_where(first)} (tolerance "
-                               f"{self.tolerance:g}).")
-        agree, n = self.agreement or (0, 0)
-        return CheckFailed(f"the saved top-1 predictions differ for {n - agree} of {n} inputs.")
 
     def to_dict(self) -> dict[str, Any]:
         """The whole JSON document, envelope included."""
@@ -282,11 +269,7 @@ class StatsDiffReport:
             "inputs": agreement[1], "top1_agree": agreement[0],
             "top1_agreement": agreement[0] / agreement[1] if agreement[1] else NAN,
             "max_abs_logit": None, "kl_mean": None, "kl_max": None}
-        return self.envelope | {
-            "tolerance": self.tolerance, "first_divergence": self.first_divergence,
-            "outputs": outputs, "layers": [row.to_dict(self.tolerance) for row in self.layers],
-            "unmatched_a": [r.to_dict() for r in self.unmatched_a],
-            "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
+        return self.envelope | self._document(outputs)
 
 
 def _rows(doc: Mapping[str, Any]) -> dict[Key, Mapping[str, Any]]:
