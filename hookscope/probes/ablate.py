@@ -1,11 +1,9 @@
 """Feature modification: change chosen channels of one layer's output and compare predictions.
 
-A forward hook (through :class:`Tracer`) returns a modified copy of the layer's output, so
-the module and anything that shares its output tensor are left alone.
-
-``sweep`` ablates each channel alone, batched: one input is repeated ``batch`` times and
-batch element ``i`` has its own channel ablated, so a sweep over C channels costs about
-``C / batch`` batched forward passes, not C single ones.
+A forward hook returns a modified copy of the layer's output, so the module and anything
+sharing its output tensor are left alone. ``sweep`` ablates each channel alone, batched:
+batch element ``i`` of a repeated input has its own channel ablated, so C channels cost
+about ``C / batch`` forward passes.
 """
 
 from __future__ import annotations
@@ -26,18 +24,8 @@ from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import find_site
 from hookscope.core.targets import Targets, parse_targets
 
-__all__ = [
-    "AblateProbe",
-    "AblateReport",
-    "AblationResult",
-    "ChannelDrop",
-    "Mode",
-    "Top",
-    "ablate",
-    "parse_channels",
-    "parse_mode",
-    "sweep",
-]
+__all__ = ["AblateProbe", "AblateReport", "AblationResult", "ChannelDrop", "Mode", "Top",
+           "ablate", "parse_channels", "parse_mode", "sweep"]
 
 MODES = ("zero", "mean", "noise", "scale")
 
@@ -55,11 +43,7 @@ class Mode:
 
 
 def parse_mode(spec: str | Mode, *, processes: int = 1) -> Mode:
-    """Parse ``zero``, ``mean``, ``noise:SIGMA`` or ``scale:F``.
-
-    Args:
-        spec: the mode.
-        processes: how many processes share the run (torchrun's ranks).
+    """Parse ``zero``, ``mean``, ``noise:SIGMA`` or ``scale:F``; ``processes``: torchrun's ranks.
 
     Raises:
         HookscopeError: an unknown mode or a bad number; noise in more than one process.
@@ -154,10 +138,8 @@ class ChannelDrop:
 
 @dataclass(frozen=True)
 class AblationResult:
-    """Predictions of one input before and after the ablation.
-
-    For a sweep, ``after`` and the deltas are those of the channel with the largest drop,
-    and ``ranking`` holds every channel, largest drop first.
+    """Predictions of one input before and after the ablation. For a sweep, ``after`` and the
+    deltas are the largest drop's channel's; ``ranking`` holds every channel, largest drop first.
     """
 
     input: str
@@ -198,11 +180,8 @@ class AblateReport:
 
 
 class _Modifier:
-    """Returns a layer output with chosen channels changed.
-
-    ``channels`` apply to every batch element, or (``per_row``, for sweeps) one channel per
-    batch element.
-    """
+    """Returns a layer output with ``channels`` changed in every batch element, or (``per_row``,
+    for sweeps) one channel per batch element."""
 
     def __init__(self, mode: Mode, channel_dim: int, generator: torch.Generator | None) -> None:
         self.mode = mode
@@ -251,23 +230,14 @@ def one_layer(layers: Sequence[str]) -> str:
     return named[0]
 
 
-def _has_dim(ndim: int, dim: int) -> bool:
-    """Whether ``dim`` is a valid, non-batch dimension of an ``ndim``-dimensional output."""
-    return ndim >= 2 and -ndim <= dim < ndim and dim not in (0, -ndim)
-
-
-def _top(logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5
-         ) -> list[list[Top] | None]:
-    """Top-k per row; None for a row holding NaN or Inf, whose softmax ranks nothing."""
-    probs = torch.softmax(logits, dim=1)
-    values, indices = probs.topk(min(k, probs.shape[1]), dim=1)
-    labels = categories if categories is not None and len(categories) == probs.shape[1] else None
-    return [
-        [Top(int(i), labels[int(i)] if labels else None, float(p), float(logits[row, int(i)]))
-         for p, i in zip(values[row].tolist(), indices[row].tolist(), strict=True)]
-        if bool(torch.isfinite(logits[row]).all()) else None
-        for row in range(logits.shape[0])
-    ]
+def _top(logits: torch.Tensor, labels: Sequence[str] | None, k: int = 5) -> list[Top] | None:
+    """Top-k of one row of logits; None when it holds NaN or Inf, whose softmax ranks nothing."""
+    if not bool(torch.isfinite(logits).all()):
+        return None
+    probs = torch.softmax(logits, dim=1)[0]
+    values, indices = probs.topk(min(k, probs.shape[0]))
+    return [Top(i, labels[i] if labels else None, p, float(logits[0, i]))
+            for p, i in zip(values.tolist(), indices.tolist(), strict=True)]
 
 
 def _kl(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -280,9 +250,8 @@ def _kl(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
 class AblateProbe(Probe[AblateReport]):
     """Each batch runs twice: as it is, then with the chosen channels of ``layer`` changed.
 
-    With ``sweep``, each input is instead repeated ``sweep_batch`` times per forward pass,
-    batch element ``i`` with its own channel changed, and the channels are ranked by how
-    much the target logit drops. Arguments are those of :func:`ablate` and :func:`sweep`.
+    With ``sweep``, each input is repeated ``sweep_batch`` times per pass instead, element ``i``
+    with its own channel changed. Arguments are those of :func:`ablate` and :func:`sweep`.
     """
 
     def __init__(self, model: nn.Module, layer: str, *,
@@ -338,7 +307,8 @@ class AblateProbe(Probe[AblateReport]):
             which = f"call {self.call} of " if self.call is not None else ""
             raise HookscopeError(f"{which}{layer} never ran in the forward pass; nothing was "
                                  "changed.")
-        if not _has_dim(len(shape), dim):
+        ndim = len(shape)
+        if ndim < 2 or not -ndim < dim < ndim or dim == 0:
             raise HookscopeError(f"{layer}: output shape {shape} has no channel dimension {dim} "
                                  f"(see {param('channel_dim')}).")
         if self.mode.kind == "mean" and len(shape) < 3:
@@ -352,8 +322,8 @@ class AblateProbe(Probe[AblateReport]):
         return class_logits(output, self.output_key, "ablate").float()
 
     def _changed(self, step: Step, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
-        """One forward pass with the modifier on; with ``rows``, ``x`` is one input that
-        becomes ``rows`` at the layer (see :meth:`Step.forward_expanded`)."""
+        """One pass with the modifier on; with ``rows``, ``x`` is one input that becomes ``rows``
+        at the layer (see :meth:`Step.forward_expanded`)."""
         self.active, self.seen = True, 0
         try:
             if rows is None:
@@ -418,7 +388,7 @@ class AblateProbe(Probe[AblateReport]):
         return AblationResult(
             input=name, layer=self.site.name, channels=list(self._channels()),
             mode=self.mode.text, target=target, target_label=labels[target] if labels else None,
-            before=_top(before, cats)[0], after=_top(after, cats)[0],
+            before=_top(before, labels), after=_top(after, labels),
             delta_logit=float(after[0, target] - before[0, target]),
             delta_prob=float(pa[0, target] - pb[0, target]),
             kl=float(_kl(before, after)[0]), ranking=ranking,
@@ -443,20 +413,17 @@ def ablate(
     names: Sequence[str] | None = None,
     output_key: str | None = None,
 ) -> list[AblationResult]:
-    """Run ``x`` with and without the chosen channels of ``layer`` changed.
+    """Run ``x`` (a batch or an iterable of batches) with and without the chosen channels of
+    ``layer`` changed; ``model`` is a classifier, left in the state it was in.
 
     Args:
-        model: a classifier returning (N, classes) logits; left in the state it was in.
-        x: a batch of inputs, or an iterable of batches.
-        layer: the module's dotted name.
         channels: ``0,5,7``, ``0-15``, ``all`` or a list (default: all channels).
         mode: ``zero``, ``mean`` (spatial mean), ``noise:SIGMA`` (added) or ``scale:F``.
-        target: the class whose logit and probability are compared (default ``top1``
-            before the ablation); one for all inputs or a comma list, one per input.
+        target: the class compared (default ``top1`` before the ablation); one for all inputs
+            or a comma list, one per input.
         seed: seed for ``noise``.
         channel_dim: the output dimension holding channels.
         call: only change this call of a module run several times (default: every call).
-        categories: class labels.
         names: input names for the results (default ``input[i]``).
         output_key: the entry of a dict or tuple output holding the logits.
 
@@ -480,9 +447,8 @@ def sweep(
 ) -> list[AblationResult]:
     """Ablate each channel alone and rank channels by how much the target logit drops.
 
-    Each input is repeated ``batch`` times per forward pass, element ``i`` with its own
-    channel changed. ``options`` are those of :func:`ablate`; ``on_step`` is called with the
-    number of channels done after each forward pass.
+    ``batch`` channels run per forward pass; ``options`` are those of :func:`ablate`;
+    ``on_step`` is called with the number of channels done after each pass.
     """
     probe = AblateProbe(model, layer, sweep=True, sweep_batch=batch, **options)
     return drive(model, x, probe, progress=on_step).results

@@ -1,15 +1,9 @@
 """``hookscope check``: assertions about one run, read from a TOML file or flags.
 
-The rules (:class:`~hookscope.probes.rulefile.Rules`) are checked against one
-:class:`~hookscope.probes.stats.StatsReport` (per-call statistics and top predictions). Each
-rule is a small function registered by name; :func:`evaluate` runs every active rule, in
-registration order, and returns a :class:`CheckReport` with one :class:`RuleResult` per rule:
-passed or not, and the calls (or inputs) that broke it.
-
-An expectation for an input not given, or a label the model does not have, is a
-:class:`~hookscope.core.errors.HookscopeError` raised before the model runs (the rules file's
-own errors are :mod:`hookscope.probes.rulefile`'s, the baseline's
-:mod:`hookscope.probes.baseline`'s). Torch-free: nothing here imports torch.
+Each rule is a function registered by name; :func:`evaluate` runs every active rule, in
+registration order, against one :class:`~hookscope.probes.stats.StatsReport` and returns a
+:class:`CheckReport`. An expectation for an input not given, or a label the model lacks, is a
+:class:`~hookscope.core.errors.HookscopeError` raised before the model runs. Torch-free.
 """
 
 from __future__ import annotations
@@ -36,6 +30,7 @@ __all__ = ["EPS", "RULES", "CheckReport", "Expectation", "RuleResult", "call_id"
 
 log = logging.getLogger("hookscope")
 
+
 @dataclass(frozen=True)
 class Expectation:
     """One input's expected top-1, resolved: any of ``classes`` passes."""
@@ -52,8 +47,8 @@ def _parts(name: str) -> tuple[str, ...]:
 
 
 def _inputs_named(entry: Expect, names: Sequence[str]) -> list[str]:
-    """The distinct input names ``entry`` means: the same path, else the one name that ends
-    with it (``cat.jpg`` for ``sample_images/cat.jpg``)."""
+    """The distinct input names ``entry`` means: the same path, else the one name ending with it
+    (``cat.jpg`` for ``sample_images/cat.jpg``)."""
     distinct = list(dict.fromkeys(names))
     wanted = _parts(entry.input)
     same = [n for n in distinct if _parts(n) == wanted
@@ -91,9 +86,8 @@ def match_inputs(rules: Rules, names: Sequence[str]) -> list[tuple[int, str, Exp
 
 def folder_expectations(rules: Rules, names: Sequence[str], labels: Sequence[str]
                         ) -> tuple[Rules, list[tuple[int, str, Expect]]]:
-    """The ``expect`` rule of an ImageFolder layout, when none is given: each input's top-1
-    class is its class folder's (a label of the model, or a class index). Returns the rules
-    with it, and its entries as :func:`match_inputs` gives them."""
+    """The ``expect`` rule of an ImageFolder layout: each input's top-1 class is its class
+    folder's. Returns the rules with it, and its entries as :func:`match_inputs` gives them."""
     matched = [(i, name, Expect(name, label, f"{name} (in class folder {label!r})"))
                for i, (name, label) in enumerate(zip(names, labels, strict=True))]
     return replace(rules, expect=tuple(e for _, _, e in matched)), matched
@@ -151,16 +145,8 @@ def _class_text(classes: Sequence[int], categories: Sequence[str] | None) -> str
 
 @dataclass(frozen=True)
 class RuleResult:
-    """One rule's verdict.
-
-    Attributes:
-        name: the rule (its key in the rules file).
-        passed: whether it held.
-        limit: the rule's setting (a number, the baseline's path, the expectations).
-        detail: one line saying what was found.
-        offenders: the calls (``layer4.1.relu#1: zero_fraction 0.995``) or inputs that broke
-            it, in execution or input order.
-    """
+    """One rule's verdict: ``limit`` is its setting, ``detail`` one line of what was found,
+    ``offenders`` the calls (``layer4.1.relu#1: zero_fraction 0.995``) or inputs that broke it."""
 
     name: str
     passed: bool
@@ -263,15 +249,12 @@ def _warn_unused(globs: Sequence[str], names: set[str]) -> None:
 def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
              baseline: Baseline | None = None,
              expectations: Sequence[Expectation] = ()) -> CheckReport:
-    """Run every active rule against ``report`` (one run's statistics and predictions);
-    ``inputs`` are the input names in order (for ``min_prob``'s offenders), ``baseline`` the
-    rules' (:func:`~hookscope.probes.baseline.load_baseline`), ``expectations`` the resolved
-    ``expect`` entries (:func:`expectations`)."""
+    """Run every active rule against ``report``; ``inputs`` are the input names in order,
+    ``expectations`` the resolved ``expect`` entries (:func:`expectations`)."""
     calls = [row for row in report.layers if not _ignored(row.name, rules.ignore)]
-    base_rows = {key: row for key, row in (baseline.rows if baseline else {}).items()
-                 if not _ignored(key[0], rules.ignore)}
-    names = {row.name for row in report.layers} | {key[0] for key in (baseline.rows if
-                                                                       baseline else {})}
+    rows = baseline.rows if baseline else {}
+    base_rows = {key: row for key, row in rows.items() if not _ignored(key[0], rules.ignore)}
+    names = {row.name for row in report.layers} | {name for name, _ in rows}
     _warn_unused(rules.ignore, names)
     ctx = Context(rules, calls, len(report.layers) - len(calls), list(inputs),
                   report.predictions, list(expectations), baseline, base_rows)

@@ -23,14 +23,8 @@ NAN = float("nan")
 class Extras:
     """The opt-in summaries of one call's output, merged exactly across batches and ranks.
 
-    Attributes:
-        per_channel: per-channel statistics were asked for.
-        percentiles: the percentiles asked for (0 to 100), in order.
-        channel_dim: the output's channel dimension (None: the output is one channel).
-        channels: per-channel moments (with ``per_channel``).
-        sketch: the whole output's percentile sketch (with ``percentiles`` alone).
-        channel_sketch: per-channel sketches (with both); the whole output's is their
-            exact :meth:`~hookscope.probes.sketch.Sketch.collapse`.
+    ``sketch`` is the whole output's (with ``percentiles`` alone); with ``per_channel`` too,
+    ``channel_sketch`` holds one per channel, and the whole output's is their exact collapse.
     """
 
     per_channel: bool = False
@@ -70,8 +64,8 @@ class Extras:
                        channel_sketch=merged(self.channel_sketch, other.channel_sketch))
 
     def to(self, device: torch.device | str) -> Extras:
-        return replace(self, **{name: value.to(device) for name in ("channels", "sketch",
-                                                                     "channel_sketch")
+        names = ("channels", "sketch", "channel_sketch")
+        return replace(self, **{name: value.to(device) for name in names
                                 if (value := getattr(self, name)) is not None})
 
     def fields(self) -> dict[str, Any]:

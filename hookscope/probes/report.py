@@ -1,11 +1,9 @@
 """One report over a model and its inputs: statistics, gradient flow and Grad-CAM together.
 
-:func:`build_report` runs three probes through the one driver, each over the same inputs
-(statistics in inference mode, gradients with autograd, CAM from the target layer on), and
-one forward pass of a single sample for the FLOP count. It returns a plain :class:`Report`:
-the reports of each analysis, a thumbnail and the maps of each input, and the findings
-(first non-finite output, dead layers, vanishing or exploding gradients). Drawing it as
-HTML is :mod:`hookscope.render.report`'s job; nothing here writes files.
+:func:`build_report` drives the three probes over the same inputs, and one sample for the FLOP
+count, into a plain :class:`Report` with the findings (first non-finite output, dead layers,
+vanishing or exploding gradients). :mod:`hookscope.render.report` draws it; nothing here
+writes files.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -48,18 +46,9 @@ Box = tuple[float, float, float, float]
 
 @dataclass(frozen=True)
 class ReportOptions:
-    """What each analysis of the report is asked to do.
-
-    Attributes:
-        select: the modules ``stats`` and ``grads`` hook.
-        target: the class explained by Grad-CAM and differentiated by ``grads`` (``top1``,
-            ``topK``, an index or label; one for all inputs or one per input).
-        loss, label, vanish, explode: the gradient objective and flags (see
-            :func:`hookscope.probes.grads.collect_grads`).
-        layer, methods, reshape, score_batch: the CAM layer (None: the last spatial one),
-            methods and options (see :func:`hookscope.cam.probe.explain`).
-        train_mode: run ``stats`` and ``grads`` in train mode.
-        max_side: the long side of the thumbnails kept per input.
+    """What each analysis of the report is asked to do: ``select`` and ``train_mode`` are
+    ``stats``' and ``grads``', ``target`` Grad-CAM's and ``grads``' (see
+    :func:`~hookscope.probes.grads.collect_grads` and :func:`~hookscope.cam.probe.explain`).
     """
 
     select: Selection = LEAVES
@@ -86,24 +75,15 @@ class CamTarget:
     prob: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "label": self.label, "score": self.score, "prob": self.prob}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class CamInput:
-    """One input as the page shows it.
-
-    Attributes:
-        name: the input's name (its path, ``-``, ``x.pt[3]``).
-        image: the original image scaled down to at most ``max_side`` pixels; None for a
-            tensor input (then ``tensor`` holds it, preprocessed).
-        box: where the model's input lies in ``image`` (a centre crop), or None for all of it.
-        maps: per method, the (H, W) map in [0, 1] at the model input's resolution.
-        targets: per method, the class explained.
-        predictions: the top-5 predictions (from the statistics pass); None when the
-            input's logits held NaN or Inf.
-        skipped: why the input was not explained (then ``maps`` is empty), or None.
-    """
+    """One input as the page shows it: its thumbnail (None for a tensor input, then ``tensor``
+    holds it, preprocessed), where the model's input lies in it (``box``; None: all of it), per
+    method the (H, W) map in [0, 1] and the class explained, the top-5 predictions (None: the
+    logits held NaN or Inf), and why it was ``skipped`` (then ``maps`` is empty)."""
 
     name: str
     image: Image.Image | None
@@ -125,17 +105,9 @@ class CamInput:
 
 @dataclass(frozen=True)
 class Finding:
-    """Something hookscope flags, and the row of the table that shows it.
-
-    Attributes:
-        kind: ``nonfinite`` (first non-finite output), ``dead`` (zero fraction at least
-            :data:`DEAD`), ``grad_nonfinite``, ``vanish`` or ``explode``.
-        severity: ``error`` (red) or ``warning`` (yellow).
-        table: ``stats`` or ``grads``.
-        row: the row's index in that table.
-        name, call: the module call.
-        detail: what was measured, in words.
-    """
+    """Something hookscope flags (``nonfinite``, ``dead``, ``grad_nonfinite``, ``vanish`` or
+    ``explode``), as an ``error`` or a ``warning``, and the row of the table (``stats`` or
+    ``grads``) that shows it."""
 
     kind: str
     severity: str
@@ -146,8 +118,7 @@ class Finding:
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "severity": self.severity, "table": self.table,
-                "row": self.row, "name": self.name, "call": self.call, "detail": self.detail}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -239,13 +210,12 @@ class _CamCollector:
     def __init__(self, loaded: LoadedModel, max_side: int) -> None:
         self.loaded, self.max_side = loaded, max_side
         self.inputs: list[CamInput] = []
-        self.layer_shape: list[int] = []
 
     def __call__(self, explained: CamBatch) -> None:
         batch = explained.batch
         if batch is None:
             raise ValueError("the report needs batches from hookscope.inputs.resolve.iter_batches")
-        skipped = list(getattr(explained, "skipped", None) or [None] * len(batch.items))
+        skipped = explained.skipped or [None] * len(batch.items)
         for i, item in enumerate(batch.items):
             image, box = self._thumbnail(batch.images[i], explained.boxes[i])
             results = {} if skipped[i] else explained.results
@@ -288,16 +258,13 @@ def build_report(
     *,
     progress: Callable[[int], None] | None = None,
 ) -> Report:
-    """Run ``stats``, ``grads`` and Grad-CAM over the inputs and gather one report.
-
-    Every option is checked before the first forward pass.
+    """Run ``stats``, ``grads`` and Grad-CAM over the inputs and gather one report; every
+    option is checked before the first forward pass.
 
     Args:
-        loaded: the model, its preprocessing and labels.
         batches: makes a fresh iterable of the inputs' batches, with their original images
             (``keep_images=True``); called once per analysis.
         names: one name per input, for the envelope.
-        options: what each analysis does.
         progress: called with units of work done (each analysis counts every input once).
 
     Raises:

@@ -1,8 +1,7 @@
 """The rules file of ``hookscope check``: its keys, the :class:`Rules` they make, and
 :func:`load_rules`, which reads them from a TOML file and/or flags.
 
-Everything that can be wrong with the rules themselves (syntax, an unknown key, a wrong
-type, a drift limit without a baseline) is a :class:`~hookscope.core.errors.HookscopeError`
+Anything wrong with the rules themselves is a :class:`~hookscope.core.errors.HookscopeError`
 naming the file and line (found by the TOML parser itself). Torch-free.
 """
 
@@ -114,13 +113,9 @@ def _convert(key: Key, value: Any, subject: str) -> Any:
 
 @dataclass(frozen=True)
 class Expect:
-    """One ``expect`` entry as written: an input's name and its expected top-1 class.
-
-    Attributes:
-        input: the input's name (a path as given, a basename, or ``x.pt[3]``).
-        want: a class label (matched case-insensitively) or a class index.
-        where: where it was written, for error messages.
-    """
+    """One ``expect`` entry as written: an input's name (a path, a basename, ``x.pt[3]``), its
+    expected top-1 class (a label, matched case-insensitively, or an index) and where it was
+    written, for error messages."""
 
     input: str
     want: str | int
@@ -129,24 +124,9 @@ class Expect:
 
 @dataclass(frozen=True)
 class Rules:
-    """The assertions of one check. ``nonfinite`` is always on; the others only when given.
-
-    Attributes:
-        nonfinite: the most non-finite values (NaN, Inf) allowed in one call's output.
-        max_zero_fraction: the largest fraction of zeros allowed in one call's output.
-        ignore: fnmatch globs on module names left out of every per-call rule; a glob also
-            covers the modules under what it matches.
-        baseline: a ``hookscope stats --format json`` document to compare with.
-        max_mean_drift: the largest relative change of a call's mean from the baseline.
-        max_std_drift: the largest relative change of a call's std from the baseline.
-        max_drift: the largest distribution drift of a call from the baseline
-            (:func:`~hookscope.probes.drift.quantile_drift`; the baseline needs percentiles).
-        expect: expected top-1 classes of inputs.
-        min_prob: the smallest top-1 probability allowed for any input.
-        last, min_grad_norm, max_grad_norm, min_update_ratio, max_update_ratio: a training
-            log's rules (see :mod:`hookscope.training.rules`).
-        source: the rules file, when there was one.
-        where: for each key given, where (file and line, or flag) it was set.
+    """The assertions of one check (the keys of :data:`KEYS`). ``nonfinite`` is always on, the
+    others only when given. An ``ignore`` glob also covers the modules under what it matches;
+    ``where`` says for each key given where (file and line, or flag) it was set.
     """
 
     nonfinite: int = 0
@@ -207,8 +187,7 @@ def _find_line(text: str, path: tuple[str, ...]) -> int | None:
 
 
 def _at(file: str, text: str, *path: str) -> str:
-    """``rules.toml:7:`` for the line defining ``path`` (or its table), ``rules.toml:``
-    when no line is found."""
+    """``rules.toml:7:`` for the line defining ``path`` (or its table), else ``rules.toml:``."""
     for end in range(len(path), 0, -1):
         line = _find_line(text, path[:end])
         if line is not None:
@@ -299,22 +278,11 @@ def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
     return tuple(entries)
 
 
-def _check_needs(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
-    for key in ("max_mean_drift", "max_std_drift", "max_drift"):
-        if values.get(key) is not None and values.get("baseline") is None:
-            raise HookscopeError(f"{where[key]} needs a baseline to compare with: "
-                                 f"baseline = \"stats.json\" in the rules file, or "
-                                 f"{param('baseline')}.")
-
-
 def load_rules(path: str | Path | None = None,
                overrides: Mapping[str, Any] | None = None) -> Rules:
-    """Read the rules from a TOML file and/or ``overrides``; an override replaces the file's
-    value (``ignore`` and ``expect`` as a whole).
-
-    Args:
-        path: a TOML file with the keys of :data:`KEYS` at its top level.
-        overrides: values by key (None: not given); ``expect`` as ``INPUT=LABEL`` strings.
+    """Read the rules from a TOML file (the keys of :data:`KEYS` at its top level) and/or
+    ``overrides`` (by key, None: not given; ``expect`` as ``INPUT=LABEL`` strings). An override
+    replaces the file's value (``ignore`` and ``expect`` as a whole).
 
     Raises:
         HookscopeError: unreadable file, bad TOML, an unknown key, a wrong type or range, a
@@ -333,5 +301,9 @@ def load_rules(path: str | Path | None = None,
             values[key] = Path(_convert(KEYS[key], str(value), where[key]))
         else:
             values[key] = _convert(KEYS[key], value, where[key])
-    _check_needs(values, where)
+    for key in ("max_mean_drift", "max_std_drift", "max_drift"):
+        if values.get(key) is not None and values.get("baseline") is None:
+            raise HookscopeError(f"{where[key]} needs a baseline to compare with: "
+                                 f"baseline = \"stats.json\" in the rules file, or "
+                                 f"{param('baseline')}.")
     return Rules(**values, source=str(path) if path is not None else None, where=where)
