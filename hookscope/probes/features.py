@@ -1,7 +1,5 @@
-"""Feature maps as pictures: capture layer outputs with forward hooks and tile their channels.
-
-The library returns :class:`FeatureGrid` objects (the grid as a float image in [0, 1] and the
-raw activations); :mod:`hookscope.render.grid` writes them as PNG files and to TensorBoard.
+"""Feature maps as pictures: capture layer outputs with forward hooks and tile their channels
+into :class:`FeatureGrid` images, which :mod:`hookscope.render.grid` writes.
 """
 
 from __future__ import annotations
@@ -143,19 +141,19 @@ def make_tiles(
 def _spatial(output: Any, site: Site, size: tuple[int, int], hint: TokenHint) -> torch.Tensor:
     """The output as (N, C, h, w): channels-last and token outputs laid out on their grid."""
     t = first_tensor(output)
-    found = layout(list(t.shape), size, type_name=site.type, hint=hint) if t is not None \
-        else "it returns no tensor"
-    if not isinstance(found, Layout) and t is not None and t.dim() == 4:
-        return t  # any other (N, C, H, W), 1x1 squeeze-excite outputs too, as it is
-    if not isinstance(found, Layout):
-        shape = list(t.shape) if t is not None else None
-        raise HookscopeError(
-            f"{site.name} ({site.type}) returns {shape if shape else 'no tensor'}; feature "
-            f"grids need an image grid ((N, C, H, W), (N, H, W, C) or patch tokens): {found}. "
-            "Choose another layer (see `hookscope layers MODEL`)."
-        )
-    assert t is not None
-    return found.to_nchw(t)
+    if t is None:
+        found: Layout | str = "it returns no tensor"
+    else:
+        found = layout(list(t.shape), size, type_name=site.type, hint=hint)
+        if isinstance(found, Layout):
+            return found.to_nchw(t)
+        if t.dim() == 4:
+            return t  # any other (N, C, H, W), 1x1 squeeze-excite outputs too, as it is
+    shape = list(t.shape) if t is not None else None
+    raise HookscopeError(
+        f"{site.name} ({site.type}) returns {shape if shape else 'no tensor'}; feature "
+        f"grids need an image grid ((N, C, H, W), (N, H, W, C) or patch tokens): {found}. "
+        "Choose another layer (see `hookscope layers MODEL`).")
 
 
 @dataclass(frozen=True)
@@ -168,9 +166,8 @@ class FeaturesReport:
         return {"grids": list(self.grids)}
 
     def document(self, out: Path, tensorboard: Path | None = None) -> dict[str, Any]:
-        """The ``features`` document after the envelope (``LoadedModel.envelope``): the
-        folder, the TensorBoard log, the files (each row's ``path``, from the sink) and the
-        rows."""
+        """The ``features`` document after the envelope: the folder, the TensorBoard log, the
+        files (each row's ``path``, from the sink) and the rows."""
         return {"out": str(out), "tensorboard": str(tensorboard) if tensorboard else None,
                 "files": [row["path"] for row in self.grids]} | self.to_dict()
 
@@ -178,27 +175,23 @@ class FeaturesReport:
 class FeaturesProbe(Probe[FeaturesReport]):
     """Tile each selected call's feature maps, per input, and hand each grid to ``sink``.
 
-    Feature maps are copied inside the forward hook, before a later in-place operation can
-    change them. Only one batch's maps are held at a time.
+    Maps are copied in the forward hook, before a later in-place operation can change them.
 
     Args:
-        sites: the layers to picture (see :func:`feature_sites`).
-        sink: receives each :class:`FeatureGrid` as it is made (writes a file, logs it to
-            TensorBoard) and returns extra fields for its row (e.g. ``{"path": ...}``);
-            without it the grids are kept in :attr:`kept`.
-        max_channels: at most this many channels per grid.
+        sink: receives each :class:`FeatureGrid` (writes it) and returns extra fields for its
+            row (e.g. ``{"path": ...}``); without it the grids are kept in :attr:`kept`.
         order: ``index`` (the first channels), ``mean`` or ``max`` (the most active first).
         upsample: resize each tile to the input's size.
         stems: output file stems per input (default: each input's ``stem``).
-        hint: the model's tokens (default: :func:`hookscope.core.grid.token_hint` of the model
-            driven), to lay token outputs on their grid.
+        hint: the model's tokens, to lay token outputs on their grid (default: the driven
+            model's :func:`~hookscope.core.grid.token_hint`).
     """
 
     def __init__(self, sites: Sequence[Site], *,
                  sink: Callable[[FeatureGrid], dict[str, Any] | None] | None = None,
                  max_channels: int = 64, order: str = "index", upsample: bool = False,
                  stems: Sequence[str] | None = None, hint: TokenHint | None = None) -> None:
-        _check_tiling(max_channels, order)  # before any pass
+        _check_tiling(max_channels, order)
         self.sites = list(sites)
         self.sink = sink
         self.max_channels, self.order, self.upsample = max_channels, order, upsample

@@ -1,12 +1,9 @@
 """Gradient flow: the gradient at every module call's output and every parameter.
 
-The gradients at module outputs are caught by tensor hooks registered from forward hooks
-(``Tracer``), not by ``register_full_backward_hook``, which fails when the module is
-followed by an in-place operation. A tensor hook registered before an in-place ReLU still
-receives the gradient with respect to the module's own output.
-
-Parameter gradients come from ``torch.autograd.grad`` in the same single backward pass, so
-no ``.grad`` is ever written to the model. One forward and one backward pass per batch.
+Output gradients come from tensor hooks registered in forward hooks, not from
+``register_full_backward_hook``, which fails when an in-place operation follows the module.
+Parameter gradients come from ``torch.autograd.grad`` in the same backward pass, so no
+``.grad`` is ever written. One forward and one backward pass per batch.
 """
 
 from __future__ import annotations
@@ -29,15 +26,8 @@ from hookscope.core.select import LEAVES, Selection, Site
 from hookscope.core.targets import Targets, folder_targets, parse_targets
 from hookscope.probes.stats import Moments, MomentTable
 
-__all__ = [
-    "GradLayer",
-    "GradReport",
-    "GradsProbe",
-    "ParamGrad",
-    "collect_grads",
-    "nonfinite_failure",
-    "true_classes",
-]
+__all__ = ["GradLayer", "GradReport", "GradsProbe", "ParamGrad", "collect_grads",
+           "nonfinite_failure", "true_classes"]
 
 NAN = float("nan")
 LOSSES = ("logit", "ce")
@@ -110,7 +100,7 @@ class GradReport:
               targets: list[int], objective: float, input_shape: list[int] | None,
               vanish: float, explode: float) -> GradReport:
         """The report from each call's gradient summary (backward order) and the parameters'
-        rows: norms, the median, flags and the first non-finite call."""
+        rows."""
         rows, median = _layer_rows(list(layers), vanish, explode)
         bad = next((r for r in rows if r.nonfinite), None)
         first = None if bad is None else bad.name if bad.call == 0 else \
@@ -123,8 +113,8 @@ class GradReport:
             vanish=vanish, explode=explode)
 
     def merge(self, other: GradReport) -> GradReport:
-        """The report over both reports' inputs, this one's first: what one run over them
-        gives (gradient moments merged exactly, parameter gradients summed).
+        """What one run over both reports' inputs gives, this one's first (moments merged
+        exactly, parameter gradients summed).
 
         Raises:
             ValueError: a report without its summaries (made by hand).
@@ -145,23 +135,16 @@ class GradReport:
     @property
     def nonfinite(self) -> bool:
         """Whether any layer or parameter gradient holds NaN or Inf."""
-        return self.first_nonfinite is not None or any(
-            not math.isfinite(p.grad_norm) for p in self.params
-        )
+        return self.first_nonfinite is not None or self.first_nonfinite_param is not None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
-        return {
-            "input_shape": self.input_shape,
-            "loss": self.loss,
-            "targets": list(self.targets),
-            "objective": self.objective,
-            "median_norm": self.median_norm,
-            "first_nonfinite": self.first_nonfinite,
-            "first_nonfinite_param": self.first_nonfinite_param,
-            "layers": [layer.to_dict() for layer in self.layers],
-            "params": [p.to_dict() for p in self.params],
-        }
+        return {"input_shape": self.input_shape, "loss": self.loss, "targets": list(self.targets),
+                "objective": self.objective, "median_norm": self.median_norm,
+                "first_nonfinite": self.first_nonfinite,
+                "first_nonfinite_param": self.first_nonfinite_param,
+                "layers": [layer.to_dict() for layer in self.layers],
+                "params": [p.to_dict() for p in self.params]}
 
 
 def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
@@ -187,11 +170,15 @@ def _entry(row: GradLayer) -> GradEntry:
     return row.name, row.type, row.call, list(row.shape), row.moments
 
 
+def _grown(shape: list[int], other: list[int]) -> list[int]:
+    """``shape`` with ``other``'s batch added, when their trailing dimensions agree."""
+    if shape and other and shape[1:] == other[1:]:
+        return [shape[0] + other[0], *shape[1:]]
+    return shape
+
+
 def _merged_entry(a: GradEntry, b: GradEntry) -> GradEntry:
-    shape = list(a[3])
-    if shape and b[3] and shape[1:] == b[3][1:]:
-        shape[0] += b[3][0]
-    return a[0], a[1], a[2], shape, a[4].merge(b[4])
+    return a[0], a[1], a[2], _grown(list(a[3]), b[3]), a[4].merge(b[4])
 
 
 def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
@@ -266,10 +253,8 @@ def _objective_targets(target: Targets | str | None, loss: str, label: Targets |
 
 
 class GradsProbe(Probe[GradReport]):
-    """Gradients at each selected call's output (tensor hooks) and at each parameter.
-
-    Args: as :func:`collect_grads`; ``select`` is its ``layers``, ``types``, ``all_modules``
-    and ``max_depth``.
+    """Gradients at each selected call's output and at each parameter; arguments as
+    :func:`collect_grads`'s (``select``: its ``layers``, ``types``, ``all_modules``, ``max_depth``).
     """
 
     grad = "grad"
@@ -289,9 +274,8 @@ class GradsProbe(Probe[GradReport]):
         self.sites = select.sites(model)
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.params:
-            raise HookscopeError(
-                "The model has no parameter that requires a gradient; nothing to differentiate."
-            )
+            raise HookscopeError("The model has no parameter that requires a gradient; nothing "
+                                 "to differentiate.")
         self.output_key = output_key
         self.table = MomentTable(on_device=model_device(model).type != "cpu")
         self.order: dict[tuple[str, int], None] = {}  # backward order, from the first batch
@@ -309,13 +293,9 @@ class GradsProbe(Probe[GradReport]):
         t = first_tensor(output)
         if t is None or not t.requires_grad or self.hooks is None:
             return  # nothing before it needs a gradient: no gradient flows here
-        key = call.key
-        if key not in self.meta:
-            self.meta[key] = (call.site, list(t.shape))
-        else:  # batches of other sizes: keep the trailing shape, sum the batch dimension
-            shape = self.meta[key][1]
-            if shape and list(t.shape[1:]) == shape[1:]:
-                shape[0] += t.shape[0]
+        key, shape = call.key, list(t.shape)
+        self.meta[key] = (call.site, _grown(self.meta[key][1], shape) if key in self.meta
+                          else shape)
         self.hooks.tensor(t, partial(self._on_grad, key))
 
     def _on_grad(self, key: tuple[str, int], grad: torch.Tensor) -> None:
@@ -326,9 +306,8 @@ class GradsProbe(Probe[GradReport]):
         logits = class_logits(output, self.output_key, "grads")
         value, classes = _objective(logits, self.loss, self.targets, step.start)
         if not value.requires_grad:
-            raise HookscopeError(
-                "The model's output depends on no parameter that requires a gradient."
-            )
+            raise HookscopeError("The model's output depends on no parameter that requires a "
+                                 "gradient.")
         grads = torch.autograd.grad(value, [p for _, p in self.params], allow_unused=True)
         for i, g in enumerate(grads):
             if g is not None:
@@ -387,15 +366,10 @@ def collect_grads(
     on_batch: Callable[[int], None] | None = None,
     output_key: str | None = None,
 ) -> GradReport:
-    """Gradients at each selected module call's output and at each parameter.
-
-    The model runs in eval mode unless ``train_mode`` (its ``training`` flags are restored
-    afterwards), one forward and one backward pass per batch; over several batches the
-    objectives add up. No ``.grad`` is written.
+    """Gradients at each selected module call's output and at each parameter of a classifier,
+    over ``inputs`` (a batch or an iterable of batches); the objectives of batches add up.
 
     Args:
-        model: a classifier returning (N, classes) logits.
-        inputs: one batch tensor, or an iterable of batch tensors.
         target: ``loss="logit"``: the class whose raw logit is differentiated (``top1``,
             ``topK``, an index or label; one for all inputs or one per input), summed.
         loss: ``"logit"`` or ``"ce"`` (cross-entropy against ``label``, summed over inputs).
@@ -403,9 +377,8 @@ def collect_grads(
         layers, types, all_modules, max_depth: module selection, as in ``collect_stats``.
         vanish, explode: flag calls whose gradient norm is below ``vanish`` or above
             ``explode`` times the median call's norm.
-        categories: class labels, to parse labels given by name.
         n_inputs: the number of inputs, to check a per-input target or label list early.
-        train_mode: run in train mode (BatchNorm batch statistics, dropout on).
+        train_mode: run in train mode (else eval; the ``training`` flags are restored).
         on_batch: called with each batch's size after it ran.
         output_key: the entry of a dict or tuple output holding the logits.
 
