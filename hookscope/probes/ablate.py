@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -84,21 +84,18 @@ def parse_channels(spec: str | Sequence[int] | None, count: int) -> list[int]:
     Raises:
         HookscopeError: a malformed entry, a duplicate or a channel out of range.
     """
-    if spec is None:
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
         return list(range(count))
     if not isinstance(spec, str):
         chosen = [int(c) for c in spec]
-    elif spec.strip().lower() == "all":
-        return list(range(count))
     else:
         chosen = []
         for raw in spec.split(","):
             item = raw.strip()
             m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
             if not m:
-                raise HookscopeError(
-                    f"{param('channels')} {spec!r}: {item!r} is not a channel number or a range A-B."
-                )
+                raise HookscopeError(f"{param('channels')} {spec!r}: {item!r} is not a channel "
+                                     "number or a range A-B.")
             lo, hi = int(m[1]), int(m[2] or m[1])
             if hi < lo:
                 raise HookscopeError(f"{param('channels')} {spec!r}: the range {item} is empty.")
@@ -107,10 +104,8 @@ def parse_channels(spec: str | Sequence[int] | None, count: int) -> list[int]:
         raise HookscopeError(f"{param('channels')} lists no channel.")
     bad = [c for c in chosen if not 0 <= c < count]
     if bad:
-        raise HookscopeError(
-            f"{param('channels')}: channel {bad[0]} is out of range; the layer has {count} channels "
-            f"(0 to {count - 1})."
-        )
+        raise HookscopeError(f"{param('channels')}: channel {bad[0]} is out of range; the layer has "
+                             f"{count} channels (0 to {count - 1}).")
     if len(set(chosen)) != len(chosen):
         raise HookscopeError(f"{param('channels')} lists a channel twice.")
     return chosen
@@ -153,7 +148,7 @@ class AblationResult:
     delta_logit: float
     delta_prob: float
     kl: float
-    ranking: list[ChannelDrop] | None = field(default=None)
+    ranking: list[ChannelDrop] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)  # nested Top and ChannelDrop become dicts too
@@ -174,47 +169,6 @@ class AblateReport:
     def merge(self, other: AblateReport) -> AblateReport:
         """Both reports' results, this one's first."""
         return AblateReport([*self.results, *other.results])
-
-
-# ---------------------------------------------------------------------------- the hook
-
-
-class _Modifier:
-    """Returns a layer output with ``channels`` changed in every batch element, or (``per_row``,
-    for sweeps) one channel per batch element."""
-
-    def __init__(self, mode: Mode, channel_dim: int, generator: torch.Generator | None) -> None:
-        self.mode = mode
-        self.dim = channel_dim
-        self.generator = generator
-        self.channels: list[int] = []
-        self.per_row = False
-
-    def __call__(self, out: torch.Tensor) -> torch.Tensor:
-        moved = out.movedim(self.dim, 1)
-        if self.per_row and moved.shape[0] == 1:  # one input: a row per channel from here
-            moved = moved.expand(len(self.channels), *moved.shape[1:])
-        new = moved.clone()
-        cols = torch.tensor(self.channels, device=out.device)
-        if self.per_row:
-            rows = torch.arange(len(self.channels), device=out.device)
-            new[rows, cols] = self._apply(moved[rows, cols], spatial_from=1)
-        else:
-            new[:, cols] = self._apply(moved[:, cols], spatial_from=2)
-        return new.movedim(1, self.dim)
-
-    def _apply(self, x: torch.Tensor, spatial_from: int) -> torch.Tensor:
-        kind, value = self.mode.kind, self.mode.value
-        if kind == "zero":
-            return torch.zeros_like(x)
-        if kind == "mean":
-            dims = tuple(range(spatial_from, x.dim()))
-            return x.mean(dim=dims, keepdim=True).expand_as(x)
-        assert value is not None  # parse_mode gives scale and noise a value
-        if kind == "scale":
-            return x * value
-        noise = torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
-        return x + noise * value
 
 
 def one_layer(layers: Sequence[str]) -> str:
@@ -274,10 +228,11 @@ class AblateProbe(Probe[AblateReport]):
         if n_inputs is not None:
             self.targets.check_count(n_inputs)
         self.counts_progress = sweep  # a sweep counts channels, not inputs
-        generator = torch.Generator(device=model_device(model))
-        generator.manual_seed(seed)
-        self.modifier = _Modifier(self.mode, channel_dim, generator)
-        self.active = False
+        self.generator = torch.Generator(device=model_device(model))
+        self.generator.manual_seed(seed)
+        #: The channels the running pass changes (None: none), one per row with ``per_row``.
+        self.changing: list[int] | None = None
+        self.per_row = False
         self.seen = 0
         #: Whether the model runs one input expanded at the layer (see Step.forward_expanded).
         self.expand_ok: dict[str, bool] = {}
@@ -293,10 +248,36 @@ class AblateProbe(Probe[AblateReport]):
                                  "choose a layer whose output is one tensor.")
         if self.shape is None:
             self.shape = list(output.shape)
-        if not self.active:
+        if self.changing is None:
             return None
         self.seen += 1
-        return self.modifier(output)
+        return self._modified(output, self.changing)
+
+    def _modified(self, out: torch.Tensor, channels: list[int]) -> torch.Tensor:
+        """A copy of ``out`` with ``channels`` changed in every row, or one channel per row."""
+        moved = out.movedim(self.channel_dim, 1)
+        if self.per_row and moved.shape[0] == 1:  # one input: a row per channel from here
+            moved = moved.expand(len(channels), *moved.shape[1:])
+        new = moved.clone()
+        cols = torch.tensor(channels, device=out.device)
+        if self.per_row:
+            rows = torch.arange(len(channels), device=out.device)
+            new[rows, cols] = self._apply(moved[rows, cols], spatial_from=1)
+        else:
+            new[:, cols] = self._apply(moved[:, cols], spatial_from=2)
+        return new.movedim(1, self.channel_dim)
+
+    def _apply(self, x: torch.Tensor, spatial_from: int) -> torch.Tensor:
+        kind, value = self.mode.kind, self.mode.value
+        if kind == "zero":
+            return torch.zeros_like(x)
+        if kind == "mean":
+            return x.mean(dim=tuple(range(spatial_from, x.dim())), keepdim=True).expand_as(x)
+        assert value is not None  # parse_mode gives scale and noise a value
+        if kind == "scale":
+            return x * value
+        noise = torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
+        return x + noise * value
 
     def _channels(self) -> list[int]:
         """The channels to change, checked against the layer's output (first batch)."""
@@ -321,19 +302,20 @@ class AblateProbe(Probe[AblateReport]):
     def _logits(self, output: Any) -> torch.Tensor:
         return class_logits(output, self.output_key, "ablate").float()
 
-    def _changed(self, step: Step, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
-        """One pass with the modifier on; with ``rows``, ``x`` is one input that becomes ``rows``
-        at the layer (see :meth:`Step.forward_expanded`)."""
-        self.active, self.seen = True, 0
+    def _changed(self, step: Step, x: torch.Tensor, channels: list[int],
+                 per_row: bool = False) -> torch.Tensor:
+        """The logits of one pass with ``channels`` changed; with ``per_row``, ``x`` is one input
+        that becomes a row per channel at the layer (see :meth:`Step.forward_expanded`)."""
+        self.changing, self.per_row, self.seen = channels, per_row, 0
         try:
-            if rows is None:
+            if not per_row:
                 after = self._logits(step.forward(x))
             else:
                 after = self._logits(step.forward_expanded(
-                    x, rows, lambda out: int(self._logits(out).shape[0]), self.expand_ok,
-                    self.site.name))
+                    x, len(channels), lambda out: int(self._logits(out).shape[0]),
+                    self.expand_ok, self.site.name))
         finally:
-            self.active = False
+            self.changing = None
         if self.seen == 0:
             raise HookscopeError(f"call {self.call} of {self.site.name} never ran in the forward "
                                  "pass; nothing was changed.")
@@ -350,8 +332,7 @@ class AblateProbe(Probe[AblateReport]):
             for i, name in enumerate(names):
                 self.results.append(self._sweep_one(step, i, name, before[i:i + 1], classes[i]))
             return
-        self.modifier.channels, self.modifier.per_row = chosen, False
-        after = self._changed(step, step.x)
+        after = self._changed(step, step.x, chosen)
         for i, name in enumerate(names):
             self.results.append(self._result(name, classes[i], before[i:i + 1], after[i:i + 1]))
 
@@ -360,13 +341,11 @@ class AblateProbe(Probe[AblateReport]):
         chosen = self._channels()
         if step.index == 0 and i == 0:
             step.expect((self.n_inputs or len(step)) * len(chosen))
-        self.modifier.per_row = True
         afters = []
         for lo in range(0, len(chosen), self.sweep_batch):
             part = chosen[lo:lo + self.sweep_batch]
-            self.modifier.channels = part
             # What runs before the layer runs once per pass, on the one input.
-            afters.append(self._changed(step, step.x[i:i + 1], rows=len(part)))
+            afters.append(self._changed(step, step.x[i:i + 1], part, per_row=True))
             step.advance(len(part))
         after = torch.cat(afters)
         drops = (before[0, cls] - after[:, cls]).tolist()
@@ -391,28 +370,18 @@ class AblateProbe(Probe[AblateReport]):
             before=_top(before, labels), after=_top(after, labels),
             delta_logit=float(after[0, target] - before[0, target]),
             delta_prob=float(pa[0, target] - pb[0, target]),
-            kl=float(_kl(before, after)[0]), ranking=ranking,
-        )
+            kl=float(_kl(before, after)[0]), ranking=ranking)
 
     def finish(self) -> AblateReport:
         return AblateReport(self.results)
 
 
-def ablate(
-    model: nn.Module,
-    x: torch.Tensor,
-    layer: str,
-    *,
-    channels: str | Sequence[int] | None = None,
-    mode: str | Mode = "zero",
-    target: Targets | str | None = None,
-    seed: int = 0,
-    channel_dim: int = 1,
-    call: int | None = None,
-    categories: Sequence[str] | None = None,
-    names: Sequence[str] | None = None,
-    output_key: str | None = None,
-) -> list[AblationResult]:
+def ablate(model: nn.Module, x: torch.Tensor, layer: str, *,
+           channels: str | Sequence[int] | None = None, mode: str | Mode = "zero",
+           target: Targets | str | None = None, seed: int = 0, channel_dim: int = 1,
+           call: int | None = None, categories: Sequence[str] | None = None,
+           names: Sequence[str] | None = None,
+           output_key: str | None = None) -> list[AblationResult]:
     """Run ``x`` (a batch or an iterable of batches) with and without the chosen channels of
     ``layer`` changed; ``model`` is a classifier, left in the state it was in.
 
@@ -421,10 +390,7 @@ def ablate(
         mode: ``zero``, ``mean`` (spatial mean), ``noise:SIGMA`` (added) or ``scale:F``.
         target: the class compared (default ``top1`` before the ablation); one for all inputs
             or a comma list, one per input.
-        seed: seed for ``noise``.
-        channel_dim: the output dimension holding channels.
         call: only change this call of a module run several times (default: every call).
-        names: input names for the results (default ``input[i]``).
         output_key: the entry of a dict or tuple output holding the logits.
 
     Raises:
@@ -436,15 +402,8 @@ def ablate(
     return drive(model, x, probe).results
 
 
-def sweep(
-    model: nn.Module,
-    x: torch.Tensor,
-    layer: str,
-    *,
-    batch: int = 32,
-    on_step: Callable[[int], None] | None = None,
-    **options: Any,
-) -> list[AblationResult]:
+def sweep(model: nn.Module, x: torch.Tensor, layer: str, *, batch: int = 32,
+          on_step: Callable[[int], None] | None = None, **options: Any) -> list[AblationResult]:
     """Ablate each channel alone and rank channels by how much the target logit drops.
 
     ``batch`` channels run per forward pass; ``options`` are those of :func:`ablate`;

@@ -281,8 +281,7 @@ def _nonfinite(ctx: Context) -> RuleResult:
     if event is not None:
         offenders.insert(0, event)
         detail = f"the run stopped on a non-finite value: {event}; " + detail
-    return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(),
-                      offenders)
+    return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(), offenders)
 
 
 def _call(c: Any) -> str:
@@ -297,8 +296,7 @@ def _zeros(ctx: Context) -> RuleResult | None:
     limit = ctx.rules.max_zero_fraction
     if limit is None:
         return None
-    measured = [c for c in ctx.calls if c.zero_fraction is not None
-                and math.isfinite(c.zero_fraction)]
+    measured = [c for c in ctx.calls if finite(c.zero_fraction) is not None]
     bad = [c for c in measured if c.zero_fraction > limit]
     offenders = [f"{_call(c)}: zero_fraction {_g(c.zero_fraction)}" for c in bad]
     top = max(measured, key=lambda c: c.zero_fraction, default=None)
@@ -306,8 +304,7 @@ def _zeros(ctx: Context) -> RuleResult | None:
         if top is not None and top.zero_fraction > 0 else ""
     detail = (f"{len(bad)} of {len(ctx.calls)} calls are more than {limit:.4g} zeros" if bad
               else f"no call of {len(ctx.calls)} is more than {limit:.4g} zeros")
-    return RuleResult("max_zero_fraction", not bad, limit, detail + most + ctx.note(),
-                      offenders)
+    return RuleResult("max_zero_fraction", not bad, limit, detail + most + ctx.note(), offenders)
 
 
 def _batchless(shape: Any) -> list[int] | None:
@@ -351,8 +348,8 @@ Measure = Callable[["LayerStats", Mapping[str, Any]], "tuple[float, str] | None"
 
 def _drift_result(ctx: Context, name: str, limit: float | None,
                   measure: Measure) -> RuleResult | None:
-    """Each call present on both sides within ``limit`` of the baseline, by ``measure``
-    (the drift and how an offender shows it; None: not compared)."""
+    """Each call present on both sides within ``limit`` of the baseline, by ``measure`` (the
+    drift and how an offender shows it; None: not compared)."""
     if limit is None or ctx.baseline is None:
         return None
     worst, offenders, compared = (0.0, ""), [], 0
@@ -409,9 +406,8 @@ def _std_drift(ctx: Context) -> RuleResult | None:
 
 @rule("max_drift")
 def _distribution_drift(ctx: Context) -> RuleResult | None:
-    """Each call's distribution within ``max_drift`` of the baseline's
-    (:func:`~hookscope.probes.drift.quantile_drift`: the mean |difference| of the two quantile
-    functions over the baseline's percentiles, in baseline standard deviations)."""
+    """Each call's distribution within ``max_drift`` of the baseline's (see
+    :func:`~hookscope.probes.drift.quantile_drift`)."""
     return _drift_result(ctx, "max_drift", ctx.rules.max_drift, _quantile_drift)
 
 

@@ -308,16 +308,10 @@ def nonfinite_failure(origin: NonfiniteEvent) -> CheckFailed:
     return CheckFailed(f"non-finite values first appear in {where}.")
 
 
-def run_debug(
-    model: nn.Module,
-    inputs: torch.Tensor | Iterable[torch.Tensor],
-    *,
-    layers: Sequence[str] | None = None,
-    types: Sequence[str] | None = None,
-    all_modules: bool = False,
-    max_depth: int | None = None,
-    on_event: Callable[[Event], None] | None = None,
-) -> DebugReport:
+def run_debug(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *,
+              layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
+              all_modules: bool = False, max_depth: int | None = None,
+              on_event: Callable[[Event], None] | None = None) -> DebugReport:
     """Run ``model`` in eval and inference mode on ``inputs`` (a batch or an iterable of
     batches), tracing the selected calls and locating problems; ``on_event`` is called with
     each event, in execution order. After an error the run stops; the report's ``failure``

@@ -52,11 +52,9 @@ class FeatureGrid:
         return output_name(self.stem, self.layer, self.call)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "input": self.input, "layer": self.layer, "type": self.type, "call": self.call,
-            "shape": self.shape, "channels": self.channels, "nonfinite": self.nonfinite,
-            "grid_size": [int(self.image.shape[2]), int(self.image.shape[1])],
-        }
+        return {"input": self.input, "layer": self.layer, "type": self.type, "call": self.call,
+                "shape": self.shape, "channels": self.channels, "nonfinite": self.nonfinite,
+                "grid_size": [int(self.image.shape[2]), int(self.image.shape[1])]}
 
 
 def output_name(stem: str, layer: str, call: int = 0) -> str:
@@ -65,19 +63,16 @@ def output_name(stem: str, layer: str, call: int = 0) -> str:
     return f"{stem}.{safe}.png" if call == 0 else f"{stem}.{safe}.call{call}.png"
 
 
-def feature_sites(
-    model: nn.Module, layers: Sequence[str] | None = None, types: Sequence[str] | None = None
-) -> list[Site]:
+def feature_sites(model: nn.Module, layers: Sequence[str] | None = None,
+                  types: Sequence[str] | None = None) -> list[Site]:
     """The union of ``layers`` (exact names or fnmatch patterns) and modules of ``types``.
 
     Raises:
         HookscopeError: nothing chosen, an unknown name, or a type that matches nothing.
     """
     if not layers and not types:
-        raise HookscopeError(
-            f"Choose layers with {param('layers')} (dotted names or patterns) or "
-            f"{param('types')} (class names, e.g. Conv2d)."
-        )
+        raise HookscopeError(f"Choose layers with {param('layers')} (dotted names or patterns) "
+                             f"or {param('types')} (class names, e.g. Conv2d).")
     chosen: dict[str, Site] = {}
     for name in layers or []:
         if any(ch in name for ch in "*?["):
@@ -110,13 +105,8 @@ def _check_tiling(max_channels: int, order: str) -> None:
         raise HookscopeError(f"{param('max_channels')} must be at least 1, not {max_channels}.")
 
 
-def make_tiles(
-    fmap: torch.Tensor,
-    *,
-    max_channels: int = 64,
-    order: str = "index",
-    upsample: tuple[int, int] | None = None,
-) -> tuple[torch.Tensor, list[int]]:
+def make_tiles(fmap: torch.Tensor, *, max_channels: int = 64, order: str = "index",
+               upsample: tuple[int, int] | None = None) -> tuple[torch.Tensor, list[int]]:
     """Tile a (C, H, W) feature map into a grid image, each tile normalised on its own.
 
     Returns:

@@ -347,25 +347,14 @@ def nonfinite_failure(report: GradReport) -> CheckFailed:
                        "input finite?).")
 
 
-def collect_grads(
-    model: nn.Module,
-    inputs: torch.Tensor | Iterable[torch.Tensor],
-    *,
-    target: Targets | str | None = None,
-    loss: str = "logit",
-    label: Targets | str | None = None,
-    layers: Sequence[str] | None = None,
-    types: Sequence[str] | None = None,
-    all_modules: bool = False,
-    max_depth: int | None = None,
-    vanish: float = 1e-3,
-    explode: float = 1e3,
-    categories: Sequence[str] | None = None,
-    n_inputs: int | None = None,
-    train_mode: bool = False,
-    on_batch: Callable[[int], None] | None = None,
-    output_key: str | None = None,
-) -> GradReport:
+def collect_grads(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *,
+                  target: Targets | str | None = None, loss: str = "logit",
+                  label: Targets | str | None = None, layers: Sequence[str] | None = None,
+                  types: Sequence[str] | None = None, all_modules: bool = False,
+                  max_depth: int | None = None, vanish: float = 1e-3, explode: float = 1e3,
+                  categories: Sequence[str] | None = None, n_inputs: int | None = None,
+                  train_mode: bool = False, on_batch: Callable[[int], None] | None = None,
+                  output_key: str | None = None) -> GradReport:
     """Gradients at each selected module call's output and at each parameter of a classifier,
     over ``inputs`` (a batch or an iterable of batches); the objectives of batches add up.
 
@@ -380,7 +369,6 @@ def collect_grads(
         n_inputs: the number of inputs, to check a per-input target or label list early.
         train_mode: run in train mode (else eval; the ``training`` flags are restored).
         on_batch: called with each batch's size after it ran.
-        output_key: the entry of a dict or tuple output holding the logits.
 
     Raises:
         HookscopeError: bad target or label, no classifier output, bad selection.

@@ -250,14 +250,9 @@ def _flops(loaded: LoadedModel, input_shape: list[int] | None,
     return found.params, found.flops, [1, *input_shape]
 
 
-def build_report(
-    loaded: LoadedModel,
-    batches: Callable[[], Iterable[Batch]],
-    names: Sequence[str],
-    options: ReportOptions | None = None,
-    *,
-    progress: Callable[[int], None] | None = None,
-) -> Report:
+def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], names: Sequence[str],
+                 options: ReportOptions | None = None, *,
+                 progress: Callable[[int], None] | None = None) -> Report:
     """Run ``stats``, ``grads`` and Grad-CAM over the inputs and gather one report; every
     option is checked before the first forward pass.
 

@@ -14,6 +14,7 @@ outside its parent's forward.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -156,10 +157,9 @@ def parameter_counts(model: nn.Module) -> dict[str, tuple[int, int, int]]:
 
 
 def _dtype_bytes(params: Iterable[nn.Parameter]) -> dict[str, int]:
-    found: dict[str, int] = {}
+    found: Counter[str] = Counter()
     for p in params:
-        dtype = str(p.dtype).removeprefix("torch.")
-        found[dtype] = found.get(dtype, 0) + p.numel() * p.element_size()
+        found[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
     return dict(sorted(found.items()))
 
 
@@ -260,12 +260,8 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         shapes = tensor_shapes(output)
         self.calls.setdefault(call.name, []).append(LayerCall(
-            input_shapes=self._inputs.pop(call.key, []),
-            output_shape=shapes[0] if shapes else None,
-            output_shapes=shapes,
-            output_bytes=nbytes(output),
-            flops=self._call_flops(call.name),
-        ))
+            self._inputs.pop(call.key, []), shapes[0] if shapes else None, shapes,
+            output_bytes=nbytes(output), flops=self._call_flops(call.name)))
 
     def finish(self) -> dict[str, list[LayerCall]]:
         return self.calls
@@ -277,13 +273,8 @@ def _leaf_bytes(model: nn.Module, calls: dict[str, list[LayerCall]]) -> int:
     return sum(c.output_bytes for name in leaves for c in calls.get(name, []))
 
 
-def model_structure(
-    model: nn.Module,
-    example: Any | None = None,
-    *,
-    max_depth: int | None = None,
-    autocast: torch.dtype | None = None,
-) -> Structure:
+def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: int | None = None,
+                    autocast: torch.dtype | None = None) -> Structure:
     """The module tree of ``model`` with parameter counts and bytes and, given ``example`` (a
     batch: a tensor or a tuple of positional arguments), each call's shapes, output bytes and
     FLOPs from one forward pass in eval and inference mode.
@@ -298,9 +289,9 @@ def model_structure(
     if max_depth is not None and max_depth < 1:
         raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
     counts, sizes = parameter_counts(model), parameter_bytes(model)
-    sites = [s for s in all_sites(model) if s.module is not model]
     ran = example is not None
     probe = ShapesProbe(model, flops=ran)
+    root, *sites = probe.sites
     calls = drive(model, example, probe, autocast=autocast) if ran else {}
     shapes = tensor_shapes(example) if ran else []
 
@@ -313,19 +304,12 @@ def model_structure(
             trainable_params=total_train, trainable=_trainable(total, total_train),
             calls=mine, flops=flops,
             flops_own=probe.flops_own.get(site.name, 0) if ran else None,
-            params_bytes=sizes[site.name][0], params_bytes_total=sizes[site.name][1],
-        )
+            params_bytes=sizes[site.name][0], params_bytes_total=sizes[site.name][1])
 
     return Structure(
-        root=info(Site("", type(model).__name__, 0, model)),
-        layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
-        params=counts[""][1],
-        trainable_params=counts[""][2],
-        modules=len(sites),
+        root=info(root), layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
+        params=counts[""][1], trainable_params=counts[""][2], modules=len(sites),
         # Per sample, without the batch dimension, as in the `stats` document.
-        input_shape=shapes[0][1:] if shapes else None,
-        flops=probe.flops,
-        params_bytes=sizes[""][1],
-        activation_bytes=_leaf_bytes(model, calls) if ran else None,
-        input_bytes=nbytes(example) if ran else None,
-    )
+        input_shape=shapes[0][1:] if shapes else None, flops=probe.flops,
+        params_bytes=sizes[""][1], activation_bytes=_leaf_bytes(model, calls) if ran else None,
+        input_bytes=nbytes(example) if ran else None)
