@@ -25,6 +25,7 @@ from hookscope.core.errors import CheckFailed, ForwardError
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, all_sites
+from hookscope.probes.stats import moments
 
 __all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "ExitEvent",
            "NonfiniteEvent", "nonfinite_failure", "run_debug"]
@@ -40,12 +41,6 @@ def _all_finite(t: torch.Tensor) -> bool:
     if math.isfinite(float(total)):
         return True  # a NaN or Inf anywhere makes the sum non-finite
     return bool(torch.isfinite(t.detach()).all())  # the sum may just have overflowed
-
-
-def _summary(t: torch.Tensor) -> dict[str, float | int]:
-    from hookscope.probes.stats import moments
-
-    return moments(t).summary()
 
 
 @dataclass(frozen=True)
@@ -237,7 +232,7 @@ class DebugProbe(Probe[DebugReport]):
         finite = True
         if self.detecting:
             # Summarised now: an in-place module may overwrite its input before it returns.
-            summaries = [_summary(t) for t in inputs]
+            summaries = [moments(t).summary() for t in inputs]
             finite = all(s["nonfinite"] == 0 for s in summaries)
             is_root = call.site.module is self.model
             if is_root and not finite:
@@ -256,7 +251,7 @@ class DebugProbe(Probe[DebugReport]):
         if call.name in self.selected:
             first = first_tensor(output)
             event = ExitEvent(call.name, call.site.type, call.index, call.site.depth, self.batch,
-                              out_shapes, None if first is None else _summary(first))
+                              out_shapes, None if first is None else moments(first).summary())
             self.report.calls += 1
             if event.nonfinite:
                 self.report.nonfinite_calls += 1
@@ -272,7 +267,7 @@ class DebugProbe(Probe[DebugReport]):
             return
         origin = NonfiniteEvent(call.name, call.site.type, call.index, call.site.depth,
                                 self.batch, source, in_shapes, out_shapes, in_summaries,
-                                [_summary(t) for t in outputs])
+                                [moments(t).summary() for t in outputs])
         self.report.origin = origin
         self.emit(origin)
 
@@ -301,8 +296,7 @@ class DebugProbe(Probe[DebugReport]):
 
 def nonfinite_failure(origin: NonfiniteEvent) -> CheckFailed:
     """The error for ``fail_on_nonfinite``: where non-finite values first appeared."""
-    where = f"{origin.name or 'the model itself'} ({origin.type}, call {origin.call}, batch " \
-        f"{origin.batch})"
+    where = f"{origin.name or 'the model itself'} ({origin.type}, call {origin.call}, batch {origin.batch})"
     if origin.source == "input":
         return CheckFailed(f"the input holds non-finite values (first module: {where}).")
     return CheckFailed(f"non-finite values first appear in {where}.")
@@ -320,6 +314,5 @@ def run_debug(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *
     Raises:
         HookscopeError: the selection matches no module.
     """
-    probe = DebugProbe(model, select=Selection(layers, types, all_modules, max_depth),
-                       on_event=on_event)
-    return drive(model, inputs, probe)
+    select = Selection(layers, types, all_modules, max_depth)
+    return drive(model, inputs, DebugProbe(model, select=select, on_event=on_event))

@@ -116,10 +116,7 @@ def make_tiles(fmap: torch.Tensor, *, max_channels: int = 64, order: str = "inde
 
     _check_tiling(max_channels, order)
     channels = _ranked(fmap, max_channels, order)
-    tiles = fmap[channels].float().unsqueeze(1)  # (k, 1, H, W)
-    finite = torch.isfinite(tiles)
-    if not bool(finite.all()):
-        tiles = torch.where(finite, tiles, torch.zeros_like(tiles))
+    tiles = fmap[channels].float().unsqueeze(1).nan_to_num(0.0, posinf=0.0, neginf=0.0)  # (k, 1, H, W)
     if upsample is not None and tuple(tiles.shape[-2:]) != tuple(upsample):
         tiles = torch.nn.functional.interpolate(tiles, size=upsample, mode="bilinear",
                                                 align_corners=False)
@@ -206,7 +203,7 @@ class FeaturesProbe(Probe[FeaturesReport]):
         self.captured.clear()
         self.size = (int(step.x.shape[-2]), int(step.x.shape[-1]))
         step.forward()
-        size = (int(step.x.shape[-2]), int(step.x.shape[-1])) if self.upsample else None
+        size = self.size if self.upsample else None
         items = step.batch.items if step.batch is not None else None
         for row in range(len(step)):
             index = step.start + row
@@ -238,10 +235,8 @@ class FeaturesProbe(Probe[FeaturesReport]):
 
 def feature_grids(model: nn.Module, inputs: Any, sites: Sequence[Site], **options: Any
                   ) -> list[FeatureGrid]:
-    """Every grid for ``inputs`` (a batch or an iterable of batches) at ``sites``.
-
-    ``options`` are those of :class:`FeaturesProbe` (``max_channels``, ``order``, ...).
-    """
+    """Every grid for ``inputs`` (a batch or an iterable of batches) at ``sites``; ``options``
+    are those of :class:`FeaturesProbe` (``max_channels``, ``order``, ...)."""
     probe = FeaturesProbe(sites, **options)
     drive(model, inputs, probe)
     return probe.kept

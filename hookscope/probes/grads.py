@@ -99,26 +99,19 @@ class GradReport:
     def build(cls, layers: Iterable[GradEntry], params: list[ParamGrad], *, loss: str,
               targets: list[int], objective: float, input_shape: list[int] | None,
               vanish: float, explode: float) -> GradReport:
-        """The report from each call's gradient summary (backward order) and the parameters'
-        rows."""
+        """The report from each call's gradient summary (backward order) and the parameter rows."""
         rows, median = _layer_rows(list(layers), vanish, explode)
         bad = next((r for r in rows if r.nonfinite), None)
         first = None if bad is None else bad.name if bad.call == 0 else \
             f"{bad.name} (call {bad.call})"
-        return cls(
-            layers=rows, params=params, loss=loss, targets=targets, objective=objective,
-            median_norm=median, first_nonfinite=first, input_shape=input_shape,
-            first_nonfinite_param=next(
-                (p.name for p in params if not math.isfinite(p.grad_norm)), None),
-            vanish=vanish, explode=explode)
+        bad_param = next((p.name for p in params if not math.isfinite(p.grad_norm)), None)
+        return cls(layers=rows, params=params, loss=loss, targets=targets, objective=objective,
+                   median_norm=median, first_nonfinite=first, input_shape=input_shape,
+                   first_nonfinite_param=bad_param, vanish=vanish, explode=explode)
 
     def merge(self, other: GradReport) -> GradReport:
         """What one run over both reports' inputs gives, this one's first (moments merged
-        exactly, parameter gradients summed).
-
-        Raises:
-            ValueError: a report without its summaries (made by hand).
-        """
+        exactly, parameter gradients summed). Raises ValueError for rows made by hand."""
         entries = {(r.name, r.call): _entry(r) for r in self.layers}
         for row in other.layers:
             key = (row.name, row.call)
@@ -128,9 +121,8 @@ class GradReport:
                   for a, b in zip(self.params, other.params, strict=True)]
         return GradReport.build(
             entries.values(), params, loss=self.loss, targets=[*self.targets, *other.targets],
-            objective=self.objective + other.objective,
-            input_shape=self.input_shape or other.input_shape, vanish=self.vanish,
-            explode=self.explode)
+            objective=self.objective + other.objective, vanish=self.vanish, explode=self.explode,
+            input_shape=self.input_shape or other.input_shape)
 
     @property
     def nonfinite(self) -> bool:
@@ -185,25 +177,22 @@ def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
     return b if a is None else a if b is None else a + b
 
 
-def _layer_rows(entries: list[GradEntry], vanish: float,
-                explode: float) -> tuple[list[GradLayer], float]:
+def _layer_rows(entries: list[GradEntry], vanish: float, explode: float
+                ) -> tuple[list[GradLayer], float]:
     """Each call's row, flagged against the median norm, and that median."""
     norms = [_norm(m) for *_, m in entries]
     finite = [v for v in norms if math.isfinite(v)]
     median = statistics.median(finite) if finite else NAN
-    rows = [GradLayer(
-        name=name, type=type_name, call=call, shape=shape, norm=norm,
-        mean=m.mean if m.n else NAN, std=m.std,
-        max_abs=max(abs(m.min), abs(m.max)) if m.n else NAN, nonfinite=m.nonfinite,
-        flag=_flag(norm, m.nonfinite, median, vanish, explode), moments=m)
-        for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
+    rows = [GradLayer(name=name, type=type_name, call=call, shape=shape, norm=norm,
+                      mean=m.mean if m.n else NAN, std=m.std,
+                      max_abs=max(abs(m.min), abs(m.max)) if m.n else NAN, nonfinite=m.nonfinite,
+                      flag=_flag(norm, m.nonfinite, median, vanish, explode), moments=m)
+            for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
     return rows, median
 
 
 def _norm(m: Moments) -> float:
-    if m.n == 0:
-        return NAN
-    return math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0))
+    return math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0)) if m.n else NAN
 
 
 def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: float) -> str | None:
@@ -218,8 +207,8 @@ def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: fl
     return None
 
 
-def _objective(logits: torch.Tensor, loss: str, targets: Targets,
-               start: int) -> tuple[torch.Tensor, list[int]]:
+def _objective(logits: torch.Tensor, loss: str, targets: Targets, start: int
+               ) -> tuple[torch.Tensor, list[int]]:
     classes = targets.resolve(logits, start)
     index = torch.tensor(classes, device=logits.device)
     if loss == "ce":
@@ -265,8 +254,7 @@ class GradsProbe(Probe[GradReport]):
                  categories: Sequence[str] | None = None, n_inputs: int | None = None,
                  output_key: str | None = None) -> None:
         if not (vanish > 0 and explode > 0):
-            raise HookscopeError(f"{param('vanish')} and {param('explode')} must be positive "
-                                 "factors.")
+            raise HookscopeError(f"{param('vanish')} and {param('explode')} must be positive factors.")
         self.loss, self.vanish, self.explode = loss, vanish, explode
         self.targets = _objective_targets(target, loss, label, categories)
         if n_inputs is not None:
@@ -309,10 +297,7 @@ class GradsProbe(Probe[GradReport]):
             raise HookscopeError("The model's output depends on no parameter that requires a "
                                  "gradient.")
         grads = torch.autograd.grad(value, [p for _, p in self.params], allow_unused=True)
-        for i, g in enumerate(grads):
-            if g is not None:
-                prev = self.param_sums[i]
-                self.param_sums[i] = g if prev is None else prev + g
+        self.param_sums = [_sum(s, g) for s, g in zip(self.param_sums, grads, strict=True)]
         del grads, output, logits
         self.table.flush()
         self.objective += float(value.detach())
@@ -374,8 +359,7 @@ def collect_grads(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor
         HookscopeError: bad target or label, no classifier output, bad selection.
         ForwardError: the model's forward pass raised.
     """
-    probe = GradsProbe(model, target=target, loss=loss, label=label,
-                       select=Selection(layers, types, all_modules, max_depth), vanish=vanish,
-                       explode=explode, categories=categories, n_inputs=n_inputs,
-                       output_key=output_key)
+    probe = GradsProbe(model, target=target, loss=loss, label=label, vanish=vanish, explode=explode,
+                       select=Selection(layers, types, all_modules, max_depth),
+                       categories=categories, n_inputs=n_inputs, output_key=output_key)
     return drive(model, inputs, probe, train_mode=train_mode, progress=on_batch)

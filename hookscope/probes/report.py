@@ -38,8 +38,6 @@ __all__ = ["CamInput", "CamTarget", "DEAD", "Finding", "Report", "ReportOptions"
 #: A call whose output is at least this fraction of zeros is dead (the terminal table's
 #: yellow, ``render.tables.ZERO_WARN``).
 DEAD = 0.99
-#: The long side of the thumbnails kept for the page, in pixels.
-MAX_SIDE = 512
 
 Box = tuple[float, float, float, float]
 
@@ -62,7 +60,7 @@ class ReportOptions:
     reshape: str = "auto"
     score_batch: int = 32
     train_mode: bool = False
-    max_side: int = MAX_SIDE
+    max_side: int = 512  # the long side of the thumbnails kept for the page, in pixels
 
 
 @dataclass(frozen=True)
@@ -95,12 +93,10 @@ class CamInput:
     skipped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input": self.name,
-                "size": list(self.image.size) if self.image is not None else None,
+        predictions = None if self.predictions is None else [p.to_dict() for p in self.predictions]
+        return {"input": self.name, "size": list(self.image.size) if self.image is not None else None,
                 "targets": {m: t.to_dict() for m, t in self.targets.items()},
-                "predictions": None if self.predictions is None else
-                [p.to_dict() for p in self.predictions],
-                "skipped": self.skipped}
+                "predictions": predictions, "skipped": self.skipped}
 
 
 @dataclass(frozen=True)
@@ -151,8 +147,7 @@ class Report:
             "grads": self.grads.to_dict() if self.grads is not None else None,
             "left_out": dict(self.left_out),
             "gradcam": {"layer": self.cam_layer, "layer_default": self.cam_layer_default,
-                        "methods": self.methods,
-                        "inputs": [i.to_dict() for i in self.inputs]},
+                        "methods": self.methods, "inputs": [i.to_dict() for i in self.inputs]},
             "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
             "thresholds": {"dead": DEAD, "vanish": self.options.vanish,
                            "explode": self.options.explode},
@@ -183,16 +178,15 @@ def _grads_findings(grads: GradReport) -> list[Finding]:
         elif row.flag in ("vanish", "explode"):
             ratio = row.norm / grads.median_norm if grads.median_norm > 0 else math.nan
             word = "vanishing" if row.flag == "vanish" else "exploding"
-            found.append(Finding(row.flag, "warning" if row.flag == "vanish" else "error",
-                                 "grads", i, row.name, row.call,
-                                 f"{word} gradient: norm {row.norm:.3g}, {ratio:.3g}x the "
-                                 "median call's"))
+            found.append(Finding(row.flag, "warning" if row.flag == "vanish" else "error", "grads",
+                                 i, row.name, row.call, f"{word} gradient: norm {row.norm:.3g}, "
+                                 f"{ratio:.3g}x the median call's"))
     return found
 
 
 def find_issues(stats: StatsReport, grads: GradReport | None) -> list[Finding]:
-    """What the report flags: the first non-finite output, dead calls, then the first
-    non-finite gradient and vanishing or exploding ones, each with its table row."""
+    """The first non-finite output, dead calls, the first non-finite gradient, and vanishing or
+    exploding ones."""
     return _stats_findings(stats) + (_grads_findings(grads) if grads is not None else [])
 
 

@@ -28,16 +28,13 @@ class Key:
     convert: Callable[[Any], Any]
 
 
-def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError
-    return value
+def _integer(low: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError
+        return value
 
-
-def _positive(value: Any) -> int:
-    if _count(value) < 1:
-        raise ValueError
-    return value
+    return convert
 
 
 def _number(high: float | None = None) -> Callable[[Any], float]:
@@ -50,8 +47,7 @@ def _number(high: float | None = None) -> Callable[[Any], float]:
 
 
 def _globs(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or \
-            not all(isinstance(v, str) and v.strip() for v in value):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
         raise ValueError
     return tuple(v.strip() for v in value)
 
@@ -70,7 +66,7 @@ def _table(value: Any) -> dict[str, Any]:
 
 #: Every key a rules file may hold (the flags mirror them), in the order rules run.
 KEYS: dict[str, Key] = {k.name: k for k in [
-    Key("nonfinite", "a non-negative integer (non-finite values allowed per call)", _count),
+    Key("nonfinite", "a non-negative integer (non-finite values allowed per call)", _integer(0)),
     Key("max_zero_fraction", "a number from 0 to 1", _number(1.0)),
     Key("ignore", "an array of module-name globs", _globs),
     Key("baseline", "a file name (a `hookscope stats --format json` document)", _text),
@@ -80,7 +76,7 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     Key("expect", "a table of input = label or class index", _table),
     Key("min_prob", "a number from 0 to 1", _number(1.0)),
     # A training log's rules (`hookscope check LOG_DIR`, see hookscope.training.rules).
-    Key("last", "a positive integer (the logging steps checked, the last ones)", _positive),
+    Key("last", "a positive integer (the logging steps checked, the last ones)", _integer(1)),
     Key("min_grad_norm", "a non-negative number", _number()),
     Key("max_grad_norm", "a non-negative number", _number()),
     Key("min_update_ratio", "a non-negative number", _number()),
@@ -196,19 +192,17 @@ def _at(file: str, text: str, *path: str) -> str:
 
 
 def _read_text(path: Path) -> str:
+    shown = f"rules file {str(path)!r}"
     try:
         return path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
-        raise HookscopeError(f"rules file {str(path)!r} not found.") from None
+        raise HookscopeError(f"{shown} not found.") from None
     except IsADirectoryError:
-        raise HookscopeError(f"rules file {str(path)!r} is a directory; give a TOML "
-                             "file.") from None
+        raise HookscopeError(f"{shown} is a directory; give a TOML file.") from None
     except OSError as exc:
-        raise HookscopeError(f"rules file {str(path)!r} cannot be read: "
-                             f"{exc.strerror or exc}.") from None
+        raise HookscopeError(f"{shown} cannot be read: {exc.strerror or exc}.") from None
     except UnicodeDecodeError:
-        raise HookscopeError(f"rules file {str(path)!r} is not UTF-8 text (TOML files "
-                             "are UTF-8).") from None
+        raise HookscopeError(f"{shown} is not UTF-8 text (TOML files are UTF-8).") from None
 
 
 def _parse(path: Path, text: str) -> dict[str, Any]:
@@ -234,8 +228,7 @@ def _file_expect(value: Any, subject: str, file: str, text: str) -> tuple[Expect
         where = f"{_at(file, text, 'expect', name)} expect {name!r}"
         if not (isinstance(want, str) and want.strip()) and \
                 (isinstance(want, bool) or not isinstance(want, int) or want < 0):
-            hint = " (quote file names: \"cat.jpg\" = \"tabby\")" if isinstance(want, dict) \
-                else ""
+            hint = ' (quote file names: "cat.jpg" = "tabby")' if isinstance(want, dict) else ""
             raise HookscopeError(f"{where} must be a class label (a string) or a class index "
                                  f"(a non-negative integer), not {describe(want)}{hint}.")
         entries.append(Expect(name, want, where))
@@ -272,8 +265,7 @@ def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
         name, sep, want = given.rpartition("=")
         where = f"{param('expect')} {given!r}"
         if not sep or not name.strip() or not want.strip():
-            raise HookscopeError(f"{where}: give INPUT=LABEL or INPUT=INDEX, e.g. "
-                                 "cat.jpg=tabby.")
+            raise HookscopeError(f"{where}: give INPUT=LABEL or INPUT=INDEX, e.g. cat.jpg=tabby.")
         entries.append(Expect(name.strip(), want.strip(), where))
     return tuple(entries)
 

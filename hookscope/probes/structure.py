@@ -32,10 +32,6 @@ from hookscope.core.select import Site, all_sites
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
            "model_structure", "parameter_bytes", "parameter_counts"]
 
-#: ``trainable`` when a module's parameters are partly trainable and partly frozen.
-PARTIAL = "partial"
-
-
 def _macs(flops: int | None) -> int | None:
     # Every formula FlopCounterMode has (matmul, convolution, attention) counts 2 per MAC.
     return None if flops is None else flops // 2
@@ -131,7 +127,7 @@ def _trainable(total: int, trainable: int) -> bool | str | None:
         return None
     if trainable == total:
         return True
-    return False if trainable == 0 else PARTIAL
+    return False if trainable == 0 else "partial"
 
 
 def _owned(model: nn.Module) -> Iterator[tuple[str, nn.Module, list[nn.Parameter]]]:
@@ -179,12 +175,6 @@ def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: li
     return 2 * batch_heads * queries * keys * (dim + value_dim)
 
 
-def _extra_formulas() -> dict[Any, Any]:
-    # FlopCounterMode knows the CUDA attention kernels but not the one SDPA runs on CPU.
-    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    return {} if kernel is None else {kernel: _sdpa_cpu_flop}
-
-
 class _NoModuleTracker(nullcontext):
     """Stands in for ``FlopCounterMode``'s module tracker (every FLOP goes to ``Global``),
     whose table is never read and whose multi-grad hooks fail in inference mode on a
@@ -201,9 +191,11 @@ def count_flops() -> Iterator[FlopCounterMode]:
     FLOP formula, so their fast path is off inside (then restored), and they run separate,
     counted operators. CPU scaled dot-product attention gets the CUDA kernels' formula.
     """
+    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    counter = FlopCounterMode(display=False,
+                              custom_mapping={} if kernel is None else {kernel: _sdpa_cpu_flop})
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
-    counter = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
     counter.mod_tracker = _NoModuleTracker()  # type: ignore[assignment]
     try:
         with counter:
