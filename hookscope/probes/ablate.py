@@ -286,16 +286,15 @@ class AblateProbe(Probe[AblateReport]):
         layer, shape, dim = self.site.name, self.shape, self.channel_dim
         if shape is None:
             which = f"call {self.call} of " if self.call is not None else ""
-            raise HookscopeError(f"{which}{layer} never ran in the forward pass; nothing was "
-                                 "changed.")
+            raise HookscopeError(f"{which}{layer} never ran in the forward pass; nothing was changed.")
         ndim = len(shape)
         if ndim < 2 or not -ndim < dim < ndim or dim == 0:
             raise HookscopeError(f"{layer}: output shape {shape} has no channel dimension {dim} "
                                  f"(see {param('channel_dim')}).")
         if self.mode.kind == "mean" and len(shape) < 3:
-            raise HookscopeError(
-                f"{param('mode')} mean replaces a channel with its spatial mean, but {layer}'s "
-                f"output {shape} has no spatial dimensions; use zero, noise or scale.")
+            raise HookscopeError(f"{param('mode')} mean replaces a channel with its spatial mean, but "
+                                 f"{layer}'s output {shape} has no spatial dimensions; use zero, "
+                                 "noise or scale.")
         self.chosen = parse_channels(self.channel_spec, shape[dim])
         return self.chosen
 
@@ -351,11 +350,9 @@ class AblateProbe(Probe[AblateReport]):
         drops = (before[0, cls] - after[:, cls]).tolist()
         dprob = torch.softmax(after, 1)[:, cls] - torch.softmax(before, 1)[0, cls]
         kls = _kl(before.expand_as(after), after).tolist()
-        ranking = sorted(
-            (ChannelDrop(c, d, p, k)
-             for c, d, p, k in zip(chosen, drops, dprob.tolist(), kls, strict=True)),
-            key=lambda r: (-r.drop if math.isfinite(r.drop) else math.inf, r.channel),
-        )
+        drops_by_channel = map(ChannelDrop, chosen, drops, dprob.tolist(), kls)
+        ranking = sorted(drops_by_channel,
+                         key=lambda r: (-r.drop if math.isfinite(r.drop) else math.inf, r.channel))
         best = chosen.index(ranking[0].channel)
         return self._result(name, cls, before, after[best:best + 1], ranking)
 
@@ -396,9 +393,8 @@ def ablate(model: nn.Module, x: torch.Tensor, layer: str, *,
     Raises:
         HookscopeError: unknown layer, bad channels or mode, no classifier output.
     """
-    probe = AblateProbe(model, layer, channels=channels, mode=mode, target=target, seed=seed,
-                        channel_dim=channel_dim, call=call, categories=categories, names=names,
-                        output_key=output_key)
+    probe = AblateProbe(model, layer, channels=channels, mode=mode, target=target, seed=seed, call=call,
+                        channel_dim=channel_dim, categories=categories, names=names, output_key=output_key)
     return drive(model, x, probe).results
 
 

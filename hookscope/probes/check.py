@@ -127,8 +127,7 @@ def expectations(matched: Sequence[tuple[int, str, Expect]],
     found = []
     for position, name, entry in matched:
         classes = _classes(entry, categories, num_classes)
-        found.append(Expectation(name, position, classes, entry.want,
-                                 _class_text(classes, categories)))
+        found.append(Expectation(name, position, classes, entry.want, _class_text(classes, categories)))
     return found
 
 
@@ -138,9 +137,6 @@ def _class_text(classes: Sequence[int], categories: Sequence[str] | None) -> str
     if categories and len(categories) > max(classes):
         return f"{categories[classes[0]]!r} ({indices})"
     return indices
-
-
-# ----------------------------------------------------------------------------- results
 
 
 @dataclass(frozen=True)
@@ -181,17 +177,13 @@ class CheckReport:
         failed = self.failures
         if not failed:
             return f"all {len(self.results)} rules passed"
-        return (f"{len(failed)} of {len(self.results)} rules failed: "
-                f"{', '.join(r.name for r in failed)}")
+        return f"{len(failed)} of {len(self.results)} rules failed: {', '.join(r.name for r in failed)}"
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
         return {"rules_file": self.rules_file, "calls": self.calls, "ignored": self.ignored,
                 "rules": [r.to_dict() for r in self.results], "passed": self.passed,
                 "failed": len(self.failures)}
-
-
-# ----------------------------------------------------------------------------- evaluation
 
 
 @dataclass(frozen=True)
@@ -318,8 +310,7 @@ def _baseline(ctx: Context) -> RuleResult | None:
         return None
     here = {(c.name, c.call): c for c in ctx.calls}
     base = ctx.baseline_rows
-    offenders = [f"{call_id(*key)}: in the baseline, not in this run" for key in base
-                 if key not in here]
+    offenders = [f"{call_id(*key)}: in the baseline, not in this run" for key in base if key not in here]
     offenders += [f"{call_id(*key)}: not in the baseline" for key in here if key not in base]
     for key, row in here.items():
         want = _batchless(base[key].get("output_shape")) if key in base else None
@@ -455,5 +446,5 @@ def _min_prob(ctx: Context) -> RuleResult | None:
     low = min(prob, key=lambda t: t[1] if math.isfinite(t[1]) else -1.0)
     detail = (f"{len(bad)} of {len(tops)} inputs have a top-1 probability below {limit:.4g}"
               if bad else f"every top-1 probability is at least {limit:.4g}")
-    return RuleResult("min_prob", not bad, limit,
-                      f"{detail}; the lowest: {_g(low[1])} ({low[0]})", offenders)
+    return RuleResult("min_prob", not bad, limit, f"{detail}; the lowest: {_g(low[1])} ({low[0]})",
+                      offenders)

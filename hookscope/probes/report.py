@@ -154,7 +154,9 @@ class Report:
         }
 
 
-def _stats_findings(stats: StatsReport) -> list[Finding]:
+def find_issues(stats: StatsReport, grads: GradReport | None) -> list[Finding]:
+    """The first non-finite output, dead calls, the first non-finite gradient, and vanishing or
+    exploding ones."""
     found: list[Finding] = []
     first = next((i for i, r in enumerate(stats.layers) if r.nonfinite), None)
     if first is not None:
@@ -165,29 +167,21 @@ def _stats_findings(stats: StatsReport) -> list[Finding]:
         if math.isfinite(row.zero_fraction) and row.zero_fraction >= DEAD:
             found.append(Finding("dead", "warning", "stats", i, row.name, row.call,
                                  f"dead: {row.zero_fraction:.1%} of its outputs are zero"))
-    return found
-
-
-def _grads_findings(grads: GradReport) -> list[Finding]:
-    found: list[Finding] = []
-    for i, row in enumerate(grads.layers):
-        if row.flag == "nonfinite" and not any(f.kind == "grad_nonfinite" for f in found):
-            found.append(Finding("grad_nonfinite", "error", "grads", i, row.name, row.call,
+    if grads is None:
+        return found
+    median = grads.median_norm
+    for i, layer in enumerate(grads.layers):
+        if layer.flag == "nonfinite" and not any(f.kind == "grad_nonfinite" for f in found):
+            found.append(Finding("grad_nonfinite", "error", "grads", i, layer.name, layer.call,
                                  f"first non-finite gradient (backward order): "
-                                 f"{row.nonfinite} NaN/Inf value(s)"))
-        elif row.flag in ("vanish", "explode"):
-            ratio = row.norm / grads.median_norm if grads.median_norm > 0 else math.nan
-            word = "vanishing" if row.flag == "vanish" else "exploding"
-            found.append(Finding(row.flag, "warning" if row.flag == "vanish" else "error", "grads",
-                                 i, row.name, row.call, f"{word} gradient: norm {row.norm:.3g}, "
-                                 f"{ratio:.3g}x the median call's"))
+                                 f"{layer.nonfinite} NaN/Inf value(s)"))
+        elif layer.flag in ("vanish", "explode"):
+            ratio = layer.norm / median if median > 0 else math.nan
+            word = "vanishing" if layer.flag == "vanish" else "exploding"
+            found.append(Finding(layer.flag, "warning" if layer.flag == "vanish" else "error",
+                                 "grads", i, layer.name, layer.call, f"{word} gradient: norm "
+                                 f"{layer.norm:.3g}, {ratio:.3g}x the median call's"))
     return found
-
-
-def find_issues(stats: StatsReport, grads: GradReport | None) -> list[Finding]:
-    """The first non-finite output, dead calls, the first non-finite gradient, and vanishing or
-    exploding ones."""
-    return _stats_findings(stats) + (_grads_findings(grads) if grads is not None else [])
 
 
 def left_out(task: str) -> dict[str, str]:
