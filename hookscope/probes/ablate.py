@@ -1,9 +1,8 @@
 """Feature modification: change chosen channels of one layer's output and compare predictions.
 
-A forward hook returns a modified copy of the layer's output, so the module and anything
-sharing its output tensor are left alone. ``sweep`` ablates each channel alone, batched:
-batch element ``i`` of a repeated input has its own channel ablated, so C channels cost
-about ``C / batch`` forward passes.
+The forward hook returns a modified copy of the output, leaving the module and anything sharing
+its output alone. ``sweep`` ablates one channel per row of a repeated input: C channels cost about
+``C / batch`` forward passes.
 """
 
 from __future__ import annotations
@@ -44,10 +43,7 @@ class Mode:
 
 def parse_mode(spec: str | Mode, *, processes: int = 1) -> Mode:
     """Parse ``zero``, ``mean``, ``noise:SIGMA`` or ``scale:F``; ``processes``: torchrun's ranks.
-
-    Raises:
-        HookscopeError: an unknown mode or a bad number; noise in more than one process.
-    """
+    HookscopeError for an unknown mode, a bad number, or noise in more than one process."""
     mode = spec if isinstance(spec, Mode) else _parse_mode(spec)
     if mode.kind == "noise" and processes > 1:
         raise HookscopeError(f"{param('mode')} noise draws its noise batch after batch in one "
@@ -79,11 +75,8 @@ def _parse_mode(spec: str) -> Mode:
 
 
 def parse_channels(spec: str | Sequence[int] | None, count: int) -> list[int]:
-    """Parse ``0,5,7``, ranges such as ``0-15``, or ``all``; check against ``count``.
-
-    Raises:
-        HookscopeError: a malformed entry, a duplicate or a channel out of range.
-    """
+    """Parse ``0,5,7``, ranges such as ``0-15``, or ``all``; HookscopeError for a malformed
+    entry, a duplicate or a channel out of range (``count``)."""
     if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
         return list(range(count))
     if not isinstance(spec, str):
@@ -172,11 +165,7 @@ class AblateReport:
 
 
 def one_layer(layers: Sequence[str]) -> str:
-    """The one layer a run changes, from a repeatable option that must name one.
-
-    Raises:
-        HookscopeError: several layers named.
-    """
+    """The one layer a run changes, from a repeatable option (HookscopeError: several named)."""
     named = list(dict.fromkeys(layers))
     if len(named) != 1:
         raise HookscopeError(f"{param('layer')} is given {len(named)} times ({', '.join(named)});"
@@ -202,11 +191,9 @@ def _kl(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
 
 
 class AblateProbe(Probe[AblateReport]):
-    """Each batch runs twice: as it is, then with the chosen channels of ``layer`` changed.
-
-    With ``sweep``, each input is repeated ``sweep_batch`` times per pass instead, element ``i``
-    with its own channel changed. Arguments are those of :func:`ablate` and :func:`sweep`.
-    """
+    """Each batch runs twice: as it is, then with the chosen channels of ``layer`` changed (with
+    ``sweep``, per channel, ``sweep_batch`` rows a pass). Arguments as :func:`ablate`'s and
+    :func:`sweep`'s."""
 
     def __init__(self, model: nn.Module, layer: str, *,
                  channels: str | Sequence[int] | None = None, mode: str | Mode = "zero",
@@ -389,9 +376,6 @@ def ablate(model: nn.Module, x: torch.Tensor, layer: str, *,
             or a comma list, one per input.
         call: only change this call of a module run several times (default: every call).
         output_key: the entry of a dict or tuple output holding the logits.
-
-    Raises:
-        HookscopeError: unknown layer, bad channels or mode, no classifier output.
     """
     probe = AblateProbe(model, layer, channels=channels, mode=mode, target=target, seed=seed, call=call,
                         channel_dim=channel_dim, categories=categories, names=names, output_key=output_key)

@@ -75,12 +75,8 @@ def _baseline_rows(doc: Any) -> dict[tuple[str, int], Mapping[str, Any]] | str:
 
 def read_stats(path: Path, subject: str) -> tuple[dict[tuple[str, int], Mapping[str, Any]],
                                                   tuple[str, ...], dict[str, Any]]:
-    """A stats document's rows by call, the percentiles its rows hold, and the document.
-
-    Raises:
-        HookscopeError: the file is missing, unreadable, or not a stats JSON document; the
-            message names it as ``subject``.
-    """
+    """A stats document's rows by call, the percentiles its rows hold, and the document;
+    HookscopeError, naming it as ``subject``, when it is missing, unreadable or not one."""
     doc = _read_json(path, subject)
     rows = _baseline_rows(doc)
     if isinstance(rows, str):

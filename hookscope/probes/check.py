@@ -67,11 +67,7 @@ def _inputs_named(entry: Expect, names: Sequence[str]) -> list[str]:
 
 def match_inputs(rules: Rules, names: Sequence[str]) -> list[tuple[int, str, Expect]]:
     """Each ``expect`` entry's inputs: (position, name, entry), checked before the model loads.
-
-    Raises:
-        HookscopeError: an entry names no input, several inputs, or an input that another
-            entry names too.
-    """
+    HookscopeError: an entry names no input, several, or one another entry names too."""
     taken: dict[str, Expect] = {}
     matched = []
     for entry in rules.expect:
@@ -120,10 +116,7 @@ def expectations(matched: Sequence[tuple[int, str, Expect]],
                  categories: Sequence[str] | None = None,
                  num_classes: int | None = None) -> list[Expectation]:
     """Resolve matched entries' labels to class indices, once the model's labels are known.
-
-    Raises:
-        HookscopeError: a label the model does not have, or an index out of range.
-    """
+    HookscopeError: a label the model does not have, or an index out of range."""
     found = []
     for position, name, entry in matched:
         classes = _classes(entry, categories, num_classes)

@@ -308,11 +308,7 @@ def run_debug(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *
               on_event: Callable[[Event], None] | None = None) -> DebugReport:
     """Run ``model`` in eval and inference mode on ``inputs`` (a batch or an iterable of
     batches), tracing the selected calls and locating problems; ``on_event`` is called with
-    each event, in execution order. After an error the run stops; the report's ``failure``
-    holds it, ready to raise.
-
-    Raises:
-        HookscopeError: the selection matches no module.
+    each event, in order. An error stops the run; the report's ``failure`` holds it, to raise.
     """
     select = Selection(layers, types, all_modules, max_depth)
     return drive(model, inputs, DebugProbe(model, select=select, on_event=on_event))

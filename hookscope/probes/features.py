@@ -65,11 +65,8 @@ def output_name(stem: str, layer: str, call: int = 0) -> str:
 
 def feature_sites(model: nn.Module, layers: Sequence[str] | None = None,
                   types: Sequence[str] | None = None) -> list[Site]:
-    """The union of ``layers`` (exact names or fnmatch patterns) and modules of ``types``.
-
-    Raises:
-        HookscopeError: nothing chosen, an unknown name, or a type that matches nothing.
-    """
+    """The union of ``layers`` (exact names or fnmatch patterns) and modules of ``types``;
+    HookscopeError for nothing chosen, an unknown name, or a type that matches nothing."""
     if not layers and not types:
         raise HookscopeError(f"Choose layers with {param('layers')} (dotted names or patterns) "
                              f"or {param('types')} (class names, e.g. Conv2d).")
@@ -107,11 +104,8 @@ def _check_tiling(max_channels: int, order: str) -> None:
 
 def make_tiles(fmap: torch.Tensor, *, max_channels: int = 64, order: str = "index",
                upsample: tuple[int, int] | None = None) -> tuple[torch.Tensor, list[int]]:
-    """Tile a (C, H, W) feature map into a grid image, each tile normalised on its own.
-
-    Returns:
-        The grid as a (3, H', W') float tensor in [0, 1] and the channels shown, in order.
-    """
+    """Tile a (C, H, W) feature map into a (3, H', W') grid image in [0, 1], each tile normalised
+    on its own; returns it and the channels shown, in order."""
     from torchvision.utils import make_grid
 
     _check_tiling(max_channels, order)

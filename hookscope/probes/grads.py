@@ -142,11 +142,7 @@ class GradReport:
 def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
                  categories: Sequence[str] | None) -> str | Targets | None:
     """The ``label`` of :class:`GradsProbe`: as given, or with ``loss="ce"`` and none given,
-    each input's ImageFolder class folder (``folders``), when the inputs have them.
-
-    Raises:
-        HookscopeError: a class folder that names no class of the model.
-    """
+    each input's ImageFolder class folder (``folders``), which must name a class of the model."""
     if loss != "ce" or label is not None or folders is None:
         return label
     return folder_targets(folders, categories)
@@ -354,10 +350,6 @@ def collect_grads(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor
         n_inputs: the number of inputs, to check a per-input target or label list early.
         train_mode: run in train mode (else eval; the ``training`` flags are restored).
         on_batch: called with each batch's size after it ran.
-
-    Raises:
-        HookscopeError: bad target or label, no classifier output, bad selection.
-        ForwardError: the model's forward pass raised.
     """
     probe = GradsProbe(model, target=target, loss=loss, label=label, vanish=vanish, explode=explode,
                        select=Selection(layers, types, all_modules, max_depth),

@@ -242,17 +242,9 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
                  options: ReportOptions | None = None, *,
                  progress: Callable[[int], None] | None = None) -> Report:
     """Run ``stats``, ``grads`` and Grad-CAM over the inputs and gather one report; every
-    option is checked before the first forward pass.
-
-    Args:
-        batches: makes a fresh iterable of the inputs' batches, with their original images
-            (``keep_images=True``); called once per analysis.
-        names: one name per input, for the envelope.
-        progress: called with units of work done (each analysis counts every input once).
-
-    Raises:
-        HookscopeError: a bad selection, target, label or layer.
-        ForwardError: the model's forward pass raised.
+    option is checked (HookscopeError) before the first forward pass. ``batches`` makes a fresh
+    iterable of the batches, with their images (``keep_images=True``), once per analysis;
+    ``progress`` is called with the inputs done, each analysis counting every input once.
     """
     opts = options or ReportOptions()
     model, categories, key = loaded.model, loaded.categories, loaded.output_key

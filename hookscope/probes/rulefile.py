@@ -273,12 +273,8 @@ def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
 def load_rules(path: str | Path | None = None,
                overrides: Mapping[str, Any] | None = None) -> Rules:
     """Read the rules from a TOML file (the keys of :data:`KEYS` at its top level) and/or
-    ``overrides`` (by key, None: not given; ``expect`` as ``INPUT=LABEL`` strings). An override
-    replaces the file's value (``ignore`` and ``expect`` as a whole).
-
-    Raises:
-        HookscopeError: unreadable file, bad TOML, an unknown key, a wrong type or range, a
-            drift limit without a baseline; file errors name the line.
+    ``overrides`` (by key, None: not given; ``expect`` as ``INPUT=LABEL`` strings), which replace
+    the file's values. Any error is a HookscopeError; a file's names its line.
     """
     values, where = _read_file(Path(path)) if path is not None else ({}, {})
     for key, value in (overrides or {}).items():

@@ -273,10 +273,6 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
 
     ``max_depth`` lists modules down to that depth only (1 = the model's children); counts at
     the cut still include everything below.
-
-    Raises:
-        HookscopeError: ``max_depth`` below 1.
-        ForwardError: the forward pass failed (it names the innermost running module).
     """
     if max_depth is not None and max_depth < 1:
         raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
