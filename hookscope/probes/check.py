@@ -99,9 +99,8 @@ def _classes(entry: Expect, categories: Sequence[str] | None,
             return hits
         if not re.fullmatch(r"[0-9]+", want.strip()):
             if not categories:
-                raise HookscopeError(f"{entry.where}: {want!r} is a label, but the model has no "
-                                     f"class labels; give a class index, or labels with "
-                                     f"{param('labels')}.")
+                raise HookscopeError(f"{entry.where}: {want!r} is a label, but the model has no class "
+                                     f"labels; give a class index, or labels with {param('labels')}.")
             raise HookscopeError(f"{entry.where}: {want!r} is not one of the model's "
                                  f"{len(categories)} class labels.{suggest(want, categories)}")
         want = int(want)
@@ -221,8 +220,7 @@ def call_id(name: str, call: int) -> str:
 
 
 def _ignored(name: str, globs: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name, f"{g}.*")
-               for g in globs)
+    return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name, f"{g}.*") for g in globs)
 
 
 def _warn_unused(globs: Sequence[str], names: set[str]) -> None:

@@ -1,14 +1,10 @@
 """A live forward-pass trace that finds where non-finite values start and where a crash happened.
 
-Every module, containers and the model itself included, is hooked whatever the selection,
-which only decides which calls produce ``enter``/``exit`` events.
-
-* **First non-finite.** The origin is the first call, in the order calls finish, whose output
-  holds NaN or Inf while all its inputs were finite (checked in the pre-forward hook, before an
-  in-place module can overwrite them); a container when its own code made them. When the
-  model's input is already non-finite, it is the first module receiving it (``source: "input"``).
-* **Crash locator.** When the forward pass raises, the innermost module still running is
-  reported with its type, input shapes and the exception message.
+Every module, the model itself included, is hooked; the selection only decides which calls
+produce ``enter``/``exit`` events. The non-finite origin is the first call, in the order calls
+finish, whose output holds NaN or Inf while its inputs (checked in the pre-forward hook, before
+an in-place module overwrites them) were finite; when the model's input is already non-finite,
+it is the first module receiving it (``source: "input"``).
 """
 
 from __future__ import annotations
@@ -86,8 +82,7 @@ class ExitEvent(_CallEvent):
         return int((self.stats or {}).get("nonfinite", 0))
 
     def to_dict(self) -> dict[str, Any]:
-        stats = self.stats or dict.fromkeys(
-            ("mean", "std", "min", "max", "zero_fraction", "nonfinite"))
+        stats = self.stats or dict.fromkeys(("mean", "std", "min", "max", "zero_fraction", "nonfinite"))
         return {**self._head(), "output_shape": _first(self.output_shapes),
                 "output_shapes": self.output_shapes, **stats}
 
@@ -165,17 +160,13 @@ class DebugReport:
         one), and a run that failed ends there."""
         if self.error is not None:
             return self
-        events = None
-        if self.events is not None:
-            events = [*self.events, *(e for e in other.events or ()
-                                      if self.origin is None or not isinstance(e, NonfiniteEvent))]
+        kept = (e for e in other.events or () if self.origin is None or not isinstance(e, NonfiniteEvent))
+        events = None if self.events is None else [*self.events, *kept]
         return DebugReport(
             batches=self.batches + other.batches, samples=self.samples + other.samples,
-            calls=self.calls + other.calls,
-            nonfinite_calls=self.nonfinite_calls + other.nonfinite_calls,
+            calls=self.calls + other.calls, nonfinite_calls=self.nonfinite_calls + other.nonfinite_calls,
             origin=self.origin or other.origin, error=other.error, failure=other.failure,
-            output_shapes=other.output_shapes if other.samples else self.output_shapes,
-            events=events)
+            output_shapes=other.output_shapes if other.samples else self.output_shapes, events=events)
 
     def to_dict(self) -> dict[str, Any]:
         o, e = self.origin, self.error
@@ -190,8 +181,7 @@ class DebugReport:
         """The ``debug`` document: the envelope (``LoadedModel.envelope``), every recorded
         event, and the summary (the envelope again, then :meth:`to_dict`)."""
         summary = dict(envelope) | {k: v for k, v in self.to_dict().items() if k != "event"}
-        return dict(envelope) | {"events": [e.to_dict() for e in self.events or ()],
-                                 "summary": summary}
+        return dict(envelope) | {"events": [e.to_dict() for e in self.events or ()], "summary": summary}
 
 
 class DebugProbe(Probe[DebugReport]):
@@ -282,9 +272,8 @@ class DebugProbe(Probe[DebugReport]):
         self.report.output_shapes = [list(t.shape) for t in tensors(output)]
 
     def on_error(self, error: ForwardError, step: Step) -> bool:
-        self.report.error = ErrorEvent(error.module, error.type_name, error.call, error.depth,
-                                       step.index, error.input_shapes, error.reason,
-                                       error.exception)
+        self.report.error = ErrorEvent(error.module, error.type_name, error.call, error.depth, step.index,
+                                       error.input_shapes, error.reason, error.exception)
         self.report.failure = error
         self.report.batches += 1
         self.emit(self.report.error)

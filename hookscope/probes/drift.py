@@ -1,8 +1,7 @@
 """The distribution drift between two saved percentile sets: a Wasserstein-1 distance.
 
-Each side's quantile function is the piecewise-linear curve through the percentiles both
-sides hold (``u = p / 100``); the drift is the curves' mean absolute difference over their
-span, in units of the reference side's spread::
+Each side's quantile function is the piecewise-linear curve through the percentiles both sides
+hold (``u = p / 100``); the drift is their mean absolute difference, in A's spread::
 
     drift = 1 / (u_k - u_1) * ∫_{u_1}^{u_k} |Q_b(u) - Q_a(u)| du / max(std_a, EPS * |mean_a|)
 

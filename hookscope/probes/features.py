@@ -154,18 +154,11 @@ class FeaturesReport:
 
 
 class FeaturesProbe(Probe[FeaturesReport]):
-    """Tile each selected call's feature maps, per input, and hand each grid to ``sink``.
-
+    """Tile each selected call's feature maps, per input, and hand each grid to ``sink``, which
+    writes it and returns extra fields for its row (``{"path": ...}``); without one the grids are
+    kept in :attr:`kept`. ``order`` is ``index`` (the first channels), ``mean`` or ``max`` (the
+    most active first); ``hint`` lays token outputs on their grid (default: the driven model's).
     Maps are copied in the forward hook, before a later in-place operation can change them.
-
-    Args:
-        sink: receives each :class:`FeatureGrid` (writes it) and returns extra fields for its
-            row (e.g. ``{"path": ...}``); without it the grids are kept in :attr:`kept`.
-        order: ``index`` (the first channels), ``mean`` or ``max`` (the most active first).
-        upsample: resize each tile to the input's size.
-        stems: output file stems per input (default: each input's ``stem``).
-        hint: the model's tokens, to lay token outputs on their grid (default: the driven
-            model's :func:`~hookscope.core.grid.token_hint`).
     """
 
     def __init__(self, sites: Sequence[Site], *,

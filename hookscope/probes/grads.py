@@ -344,12 +344,9 @@ def collect_grads(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor
             ``topK``, an index or label; one for all inputs or one per input), summed.
         loss: ``"logit"`` or ``"ce"`` (cross-entropy against ``label``, summed over inputs).
         label: ``loss="ce"``: the true class, one for all inputs or one per input.
-        layers, types, all_modules, max_depth: module selection, as in ``collect_stats``.
         vanish, explode: flag calls whose gradient norm is below ``vanish`` or above
             ``explode`` times the median call's norm.
         n_inputs: the number of inputs, to check a per-input target or label list early.
-        train_mode: run in train mode (else eval; the ``training`` flags are restored).
-        on_batch: called with each batch's size after it ran.
     """
     probe = GradsProbe(model, target=target, loss=loss, label=label, vanish=vanish, explode=explode,
                        select=Selection(layers, types, all_modules, max_depth),

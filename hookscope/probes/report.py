@@ -142,16 +142,13 @@ class Report:
         """The envelope, then each analysis's document (as its command writes it)."""
         return self.envelope | {
             "created": self.created, "params": self.params, "flops": self.flops,
-            "flops_input_shape": self.flops_shape,
-            "stats": self.stats.to_dict(),
+            "flops_input_shape": self.flops_shape, "stats": self.stats.to_dict(),
             "grads": self.grads.to_dict() if self.grads is not None else None,
             "left_out": dict(self.left_out),
             "gradcam": {"layer": self.cam_layer, "layer_default": self.cam_layer_default,
                         "methods": self.methods, "inputs": [i.to_dict() for i in self.inputs]},
             "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
-            "thresholds": {"dead": DEAD, "vanish": self.options.vanish,
-                           "explode": self.options.explode},
-        }
+            "thresholds": {"dead": DEAD, "vanish": self.options.vanish, "explode": self.options.explode}}
 
 
 def find_issues(stats: StatsReport, grads: GradReport | None) -> list[Finding]:
@@ -211,10 +208,9 @@ class _CamCollector:
                                        res.scores[i], res.probs[i])
                        for name, res in results.items()}
             self.inputs.append(CamInput(
-                name=item.name, image=image, box=box,
-                maps={name: res.maps[i] for name, res in results.items()}, targets=targets,
-                tensor=batch.tensor[i].detach().float().cpu() if image is None else None,
-                skipped=skipped[i]))
+                name=item.name, image=image, box=box, targets=targets, skipped=skipped[i],
+                maps={name: res.maps[i] for name, res in results.items()},
+                tensor=batch.tensor[i].detach().float().cpu() if image is None else None))
 
     def _thumbnail(self, image: Image.Image | None, box: Box | None
                    ) -> tuple[Image.Image | None, Box | None]:
@@ -262,14 +258,12 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
     grad_target = opts.target if opts.loss == "logit" else None
     grads_probe = None if "gradients" in skipped else GradsProbe(
         model, target=grad_target, loss=opts.loss, label=opts.label, vanish=opts.vanish,
-        explode=opts.explode, categories=categories, n_inputs=len(names), output_key=key,
-        select=opts.select)
+        explode=opts.explode, categories=categories, n_inputs=len(names), output_key=key, select=opts.select)
     stats = drive(model, batches(), stats_probe, train_mode=opts.train_mode, **run)
     grads = None if grads_probe is None else drive(model, batches(), grads_probe,
                                                    train_mode=opts.train_mode, **run)
     collector = _CamCollector(loaded, opts.max_side)
-    cam = explain(model, batches(), transform=loaded.preprocess, sink=collector,
-                  **cam_options, **run)
+    cam = explain(model, batches(), transform=loaded.preprocess, sink=collector, **cam_options, **run)
     params, flops, shape = _flops(loaded, stats.input_shape)
     predictions = stats.predictions or [[] for _ in collector.inputs]
     inputs = [replace(item, predictions=None if preds is None else list(preds))

@@ -280,8 +280,6 @@ def load_rules(path: str | Path | None = None,
     for key, value in (overrides or {}).items():
         if value is None:
             continue
-        if key not in KEYS:
-            raise ValueError(f"{key!r} is not a rules key")
         where[key] = param(key)
         if key == "expect":
             values[key] = _flag_expect(value)
@@ -291,7 +289,6 @@ def load_rules(path: str | Path | None = None,
             values[key] = _convert(KEYS[key], value, where[key])
     for key in ("max_mean_drift", "max_std_drift", "max_drift"):
         if values.get(key) is not None and values.get("baseline") is None:
-            raise HookscopeError(f"{where[key]} needs a baseline to compare with: "
-                                 f"baseline = \"stats.json\" in the rules file, or "
-                                 f"{param('baseline')}.")
+            raise HookscopeError(f"{where[key]} needs a baseline to compare with: baseline = "
+                                 f"\"stats.json\" in the rules file, or {param('baseline')}.")
     return Rules(**values, source=str(path) if path is not None else None, where=where)

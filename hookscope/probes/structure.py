@@ -1,14 +1,10 @@
 """The module tree of a model: names, types, parameters, per-call shapes, FLOPs and bytes.
 
-Parameters are counted once each: a shared module appears once (``named_modules``
-deduplicates it), and a tied parameter is owned by the first module that holds it, so the
-owned counts add up to ``sum(p.numel() for p in model.parameters())``.
-
-Shapes come from one forward pass in inference mode under ``FlopCounterMode``: a call's FLOPs
-are how much the counter's total grew between its pre-forward and forward hooks. Calls are so
-named by ``named_modules``, not by FlopCounterMode's module tracker, whose class-qualified
-names differ for a module registered twice and collapse to the class name for a module called
-outside its parent's forward.
+Parameters are counted once each: a shared module appears once, and a tied parameter is owned
+by the first module that holds it. Shapes come from one forward pass under ``FlopCounterMode``;
+a call's FLOPs are how much its total grew between the call's two hooks, so calls keep the
+``named_modules`` names (the counter's module tracker names a module registered twice, or
+called outside its parent's forward, otherwise).
 """
 
 from __future__ import annotations
@@ -56,8 +52,8 @@ class LayerCall:
 
     def to_dict(self) -> dict[str, Any]:
         return {"input_shapes": self.input_shapes, "output_shape": self.output_shape,
-                "output_shapes": self.output_shapes, "flops": self.flops,
-                "macs": _macs(self.flops), "output_bytes": self.output_bytes}
+                "output_shapes": self.output_shapes, "flops": self.flops, "macs": _macs(self.flops),
+                "output_bytes": self.output_bytes}
 
 
 @dataclass(frozen=True)
@@ -85,10 +81,9 @@ class LayerInfo:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.type, "depth": self.depth, "params": self.params,
                 "params_total": self.params_total, "trainable": self.trainable,
-                "calls": [c.to_dict() for c in self.calls], "flops": self.flops,
-                "macs": _macs(self.flops), "flops_own": self.flops_own,
-                "macs_own": _macs(self.flops_own), "params_bytes": self.params_bytes,
-                "params_bytes_total": self.params_bytes_total}
+                "calls": [c.to_dict() for c in self.calls], "flops": self.flops, "macs": _macs(self.flops),
+                "flops_own": self.flops_own, "macs_own": _macs(self.flops_own),
+                "params_bytes": self.params_bytes, "params_bytes_total": self.params_bytes_total}
 
 
 @dataclass(frozen=True)
@@ -111,10 +106,9 @@ class Structure:
     input_bytes: int | None = None
 
     def totals(self) -> dict[str, Any]:
-        return {"params": self.params, "trainable_params": self.trainable_params,
-                "modules": self.modules, "flops": self.flops, "macs": _macs(self.flops),
-                "params_bytes": self.params_bytes, "activation_bytes": self.activation_bytes,
-                "input_bytes": self.input_bytes}
+        return {"params": self.params, "trainable_params": self.trainable_params, "modules": self.modules,
+                "flops": self.flops, "macs": _macs(self.flops), "params_bytes": self.params_bytes,
+                "activation_bytes": self.activation_bytes, "input_bytes": self.input_bytes}
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
@@ -289,9 +283,8 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
         flops = sum(c.flops or 0 for c in mine) if ran else None
         return LayerInfo(
             name=site.name, type=site.type, depth=site.depth, params=own, params_total=total,
-            trainable_params=total_train, trainable=_trainable(total, total_train),
-            calls=mine, flops=flops,
-            flops_own=probe.flops_own.get(site.name, 0) if ran else None,
+            trainable_params=total_train, trainable=_trainable(total, total_train), calls=mine,
+            flops=flops, flops_own=probe.flops_own.get(site.name, 0) if ran else None,
             params_bytes=sizes[site.name][0], params_bytes_total=sizes[site.name][1])
 
     return Structure(
