@@ -53,24 +53,23 @@ def parse_mode(spec: str | Mode, *, processes: int = 1) -> Mode:
 
 
 def _parse_mode(spec: str) -> Mode:
-    text = spec.strip().lower()
-    kind, _, arg = text.partition(":")
-    usage = "use zero, mean, noise:SIGMA or scale:F"
+    kind, _, arg = spec.strip().lower().partition(":")
+    given, usage = f"{param('mode')} {spec!r}", "use zero, mean, noise:SIGMA or scale:F"
     if kind not in MODES:
-        raise HookscopeError(f"{param('mode')} {spec!r} is not a mode; {usage}.")
+        raise HookscopeError(f"{given} is not a mode; {usage}.")
     if kind in ("zero", "mean"):
         if arg:
-            raise HookscopeError(f"{param('mode')} {spec!r}: {kind} takes no value; {usage}.")
+            raise HookscopeError(f"{given}: {kind} takes no value; {usage}.")
         return Mode(kind)
     if not arg:
-        raise HookscopeError(f"{param('mode')} {spec!r}: {kind} needs a value, e.g. {kind}:0.5.")
+        raise HookscopeError(f"{given}: {kind} needs a value, e.g. {kind}:0.5.")
     try:
         value = float(arg)
     except ValueError:
-        raise HookscopeError(f"{param('mode')} {spec!r}: {arg!r} is not a number.") from None
+        raise HookscopeError(f"{given}: {arg!r} is not a number.") from None
     if not math.isfinite(value) or (kind == "noise" and value < 0):
-        raise HookscopeError(f"{param('mode')} {spec!r}: the value must be finite"
-                             f"{' and not negative' if kind == 'noise' else ''}.")
+        negative = " and not negative" if kind == "noise" else ""
+        raise HookscopeError(f"{given}: the value must be finite{negative}.")
     return Mode(kind, value)
 
 

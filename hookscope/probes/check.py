@@ -119,16 +119,11 @@ def expectations(matched: Sequence[tuple[int, str, Expect]],
     found = []
     for position, name, entry in matched:
         classes = _classes(entry, categories, num_classes)
-        found.append(Expectation(name, position, classes, entry.want, _class_text(classes, categories)))
+        text = " or ".join(map(str, classes))  # 'crane' (134 or 517), or 7 without labels
+        if categories and len(categories) > max(classes):
+            text = f"{categories[classes[0]]!r} ({text})"
+        found.append(Expectation(name, position, classes, entry.want, text))
     return found
-
-
-def _class_text(classes: Sequence[int], categories: Sequence[str] | None) -> str:
-    """``'crane' (134 or 517)``, or ``7`` without labels."""
-    indices = " or ".join(map(str, classes))
-    if categories and len(categories) > max(classes):
-        return f"{categories[classes[0]]!r} ({indices})"
-    return indices
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Every module, the model itself included, is hooked; the selection only decides w
 produce ``enter``/``exit`` events. The non-finite origin is the first call, in the order calls
 finish, whose output holds NaN or Inf while its inputs (checked in the pre-forward hook, before
 an in-place module overwrites them) were finite; when the model's input is already non-finite,
-it is the first module receiving it (``source: "input"``).
+it is the first module receiving it (``source: "input"``). When the forward pass raises, the
+``error`` names the innermost module still running, its input shapes and the message.
 """
 
 from __future__ import annotations

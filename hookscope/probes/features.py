@@ -91,8 +91,7 @@ def _ranked(fmap: torch.Tensor, max_channels: int, order: str) -> list[int]:
     clean = torch.nan_to_num(fmap.reshape(count, -1), nan=-math.inf)
     score = clean.mean(dim=1) if order == "mean" else clean.amax(dim=1)
     score = torch.nan_to_num(score, nan=-math.inf)
-    # Stable sort: ties keep channel order.
-    return torch.sort(score, descending=True, stable=True).indices[:k].tolist()
+    return torch.sort(score, descending=True, stable=True).indices[:k].tolist()  # ties in order
 
 
 def _check_tiling(max_channels: int, order: str) -> None:

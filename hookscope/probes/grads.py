@@ -69,8 +69,7 @@ class ParamGrad:
     def of(cls, name: str, summed: torch.Tensor | None, weight_norm: float) -> ParamGrad:
         """The row of a parameter whose gradient summed over the inputs is ``summed``."""
         with torch.no_grad():
-            # Native-precision norms: torch's reduction is accurate to ~1e-7 relative, and
-            # dtype=float64 is ~40x slower on CPU (it costs more than the backward pass).
+            # Native precision: accurate to ~1e-7, where float64 costs more than the backward pass.
             grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
         return cls(name, grad, weight_norm, grad / weight_norm if weight_norm > 0 else NAN,
                    summed)

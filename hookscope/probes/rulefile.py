@@ -104,9 +104,6 @@ def _convert(key: Key, value: Any, subject: str) -> Any:
         raise HookscopeError(f"{subject} must be {key.kind}, not {describe(value)}.") from None
 
 
-# ----------------------------------------------------------------------------- rules
-
-
 @dataclass(frozen=True)
 class Expect:
     """One ``expect`` entry as written: an input's name (a path, a basename, ``x.pt[3]``), its

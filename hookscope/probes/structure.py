@@ -28,6 +28,7 @@ from hookscope.core.select import Site, all_sites
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
            "model_structure", "parameter_bytes", "parameter_counts"]
 
+
 def _macs(flops: int | None) -> int | None:
     # Every formula FlopCounterMode has (matmul, convolution, attention) counts 2 per MAC.
     return None if flops is None else flops // 2
