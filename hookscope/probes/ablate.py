@@ -46,9 +46,9 @@ def parse_mode(spec: str | Mode, *, processes: int = 1) -> Mode:
     HookscopeError for an unknown mode, a bad number, or noise in more than one process."""
     mode = spec if isinstance(spec, Mode) else _parse_mode(spec)
     if mode.kind == "noise" and processes > 1:
-        raise HookscopeError(f"{param('mode')} noise draws its noise batch after batch in one "
-                             "process; under torchrun each rank would draw other noise. Run it "
-                             "as one process, or use zero, mean or scale.")
+        raise HookscopeError(f"{param('mode')} noise draws its noise batch after batch in one process; "
+                             "under torchrun each rank would draw other noise. Run it as one "
+                             "process, or use zero, mean or scale.")
     return mode
 
 

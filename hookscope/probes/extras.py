@@ -16,9 +16,6 @@ from hookscope.probes.sketch import Sketch, finite_range, percentile_key
 
 __all__ = ["Extras"]
 
-NAN = float("nan")
-
-
 @dataclass(frozen=True)
 class Extras:
     """The opt-in summaries of one call's output, merged exactly across batches and ranks.
@@ -84,6 +81,6 @@ class Extras:
             whole = self.sketch if self.sketch is not None else (
                 self.channel_sketch.collapse() if self.channel_sketch is not None else None)
             values = whole.quantiles(self.percentiles)[0].tolist() if whole is not None else \
-                [NAN] * len(keys)
+                [float("nan")] * len(keys)
             out["percentiles"] = dict(zip(keys, values, strict=True))
         return out

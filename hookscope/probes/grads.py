@@ -29,7 +29,6 @@ from hookscope.probes.stats import Moments, MomentTable
 __all__ = ["GradLayer", "GradReport", "GradsProbe", "ParamGrad", "collect_grads",
            "nonfinite_failure", "true_classes"]
 
-NAN = float("nan")
 LOSSES = ("logit", "ce")
 
 
@@ -71,8 +70,7 @@ class ParamGrad:
         with torch.no_grad():
             # Native precision: accurate to ~1e-7, where float64 costs more than the backward pass.
             grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
-        return cls(name, grad, weight_norm, grad / weight_norm if weight_norm > 0 else NAN,
-                   summed)
+        return cls(name, grad, weight_norm, grad / weight_norm if weight_norm > 0 else math.nan, summed)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "summed"}
@@ -101,8 +99,7 @@ class GradReport:
         """The report from each call's gradient summary (backward order) and the parameter rows."""
         rows, median = _layer_rows(list(layers), vanish, explode)
         bad = next((r for r in rows if r.nonfinite), None)
-        first = None if bad is None else bad.name if bad.call == 0 else \
-            f"{bad.name} (call {bad.call})"
+        first = None if bad is None else bad.name if bad.call == 0 else f"{bad.name} (call {bad.call})"
         bad_param = next((p.name for p in params if not math.isfinite(p.grad_norm)), None)
         return cls(layers=rows, params=params, loss=loss, targets=targets, objective=objective,
                    median_norm=median, first_nonfinite=first, input_shape=input_shape,
@@ -114,8 +111,7 @@ class GradReport:
         entries = {(r.name, r.call): _entry(r) for r in self.layers}
         for row in other.layers:
             key = (row.name, row.call)
-            entries[key] = _merged_entry(entries[key], _entry(row)) if key in entries \
-                else _entry(row)
+            entries[key] = _merged_entry(entries[key], _entry(row)) if key in entries else _entry(row)
         params = [ParamGrad.of(a.name, _sum(a.summed, b.summed), a.weight_norm)
                   for a, b in zip(self.params, other.params, strict=True)]
         return GradReport.build(
@@ -132,8 +128,7 @@ class GradReport:
         """The JSON document without its envelope."""
         return {"input_shape": self.input_shape, "loss": self.loss, "targets": list(self.targets),
                 "objective": self.objective, "median_norm": self.median_norm,
-                "first_nonfinite": self.first_nonfinite,
-                "first_nonfinite_param": self.first_nonfinite_param,
+                "first_nonfinite": self.first_nonfinite, "first_nonfinite_param": self.first_nonfinite_param,
                 "layers": [layer.to_dict() for layer in self.layers],
                 "params": [p.to_dict() for p in self.params]}
 
@@ -177,17 +172,17 @@ def _layer_rows(entries: list[GradEntry], vanish: float, explode: float
     """Each call's row, flagged against the median norm, and that median."""
     norms = [_norm(m) for *_, m in entries]
     finite = [v for v in norms if math.isfinite(v)]
-    median = statistics.median(finite) if finite else NAN
+    median = statistics.median(finite) if finite else math.nan
     rows = [GradLayer(name=name, type=type_name, call=call, shape=shape, norm=norm,
-                      mean=m.mean if m.n else NAN, std=m.std,
-                      max_abs=max(abs(m.min), abs(m.max)) if m.n else NAN, nonfinite=m.nonfinite,
+                      mean=m.mean if m.n else math.nan, std=m.std,
+                      max_abs=max(abs(m.min), abs(m.max)) if m.n else math.nan, nonfinite=m.nonfinite,
                       flag=_flag(norm, m.nonfinite, median, vanish, explode), moments=m)
             for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
     return rows, median
 
 
 def _norm(m: Moments) -> float:
-    return math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0)) if m.n else NAN
+    return math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0)) if m.n else math.nan
 
 
 def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: float) -> str | None:
@@ -277,8 +272,7 @@ class GradsProbe(Probe[GradReport]):
         if t is None or not t.requires_grad or self.hooks is None:
             return  # nothing before it needs a gradient: no gradient flows here
         key, shape = call.key, list(t.shape)
-        self.meta[key] = (call.site, _grown(self.meta[key][1], shape) if key in self.meta
-                          else shape)
+        self.meta[key] = (call.site, _grown(self.meta[key][1], shape) if key in self.meta else shape)
         self.hooks.tensor(t, partial(self._on_grad, key))
 
     def _on_grad(self, key: tuple[str, int], grad: torch.Tensor) -> None:
@@ -319,8 +313,7 @@ class GradsProbe(Probe[GradReport]):
 def nonfinite_failure(report: GradReport) -> CheckFailed:
     """The error for ``fail_on_nonfinite``: the first non-finite gradient."""
     if report.first_nonfinite is not None:
-        return CheckFailed(f"non-finite gradient; first in backward order: "
-                           f"{report.first_nonfinite}.")
+        return CheckFailed(f"non-finite gradient; first in backward order: {report.first_nonfinite}.")
     return CheckFailed(f"non-finite gradient in parameter {report.first_nonfinite_param} (the "
                        "first in model order); the gradients at the module outputs are "
                        "finite, so the non-finite values come from the activations (is the "

@@ -204,9 +204,8 @@ class _CamCollector:
         for i, item in enumerate(batch.items):
             image, box = self._thumbnail(batch.images[i], explained.boxes[i])
             results = {} if skipped[i] else explained.results
-            targets = {name: CamTarget(res.targets[i], self.loaded.label(res.targets[i]),
-                                       res.scores[i], res.probs[i])
-                       for name, res in results.items()}
+            targets = {name: CamTarget(res.targets[i], self.loaded.label(res.targets[i]), res.scores[i],
+                                       res.probs[i]) for name, res in results.items()}
             self.inputs.append(CamInput(
                 name=item.name, image=image, box=box, targets=targets, skipped=skipped[i],
                 maps={name: res.maps[i] for name, res in results.items()},
@@ -270,8 +269,7 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
               for item, preds in zip(collector.inputs, predictions, strict=False)]
     return Report(
         envelope=loaded.envelope("report", list(names)),
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        params=params, flops=flops, flops_shape=shape, stats=stats, grads=grads,
-        cam_layer=cam.layer, cam_layer_default=opts.layer is None, methods=cam.methods,
-        inputs=inputs, findings=find_issues(stats, grads), notes=cam.notes, options=opts,
-        left_out=skipped)
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), params=params, flops=flops,
+        flops_shape=shape, stats=stats, grads=grads, cam_layer=cam.layer, methods=cam.methods,
+        cam_layer_default=opts.layer is None, inputs=inputs, findings=find_issues(stats, grads),
+        notes=cam.notes, options=opts, left_out=skipped)
