@@ -16,6 +16,7 @@ from hookscope.probes.sketch import Sketch, finite_range, percentile_key
 
 __all__ = ["Extras"]
 
+
 @dataclass(frozen=True)
 class Extras:
     """The opt-in summaries of one call's output, merged exactly across batches and ranks.

@@ -72,10 +72,8 @@ def feature_sites(model: nn.Module, layers: Sequence[str] | None = None,
                              f"or {param('types')} (class names, e.g. Conv2d).")
     chosen: dict[str, Site] = {}
     for name in layers or []:
-        if any(ch in name for ch in "*?["):
-            matched = select_sites(model, layers=[name], all_modules=True)
-        else:
-            matched = [find_site(model, name)]
+        glob = any(ch in name for ch in "*?[")
+        matched = select_sites(model, layers=[name], all_modules=True) if glob else [find_site(model, name)]
         chosen.update((s.name, s) for s in matched)
     if types:
         chosen.update((s.name, s) for s in select_sites(model, types=types, all_modules=True))
@@ -166,10 +164,8 @@ class FeaturesProbe(Probe[FeaturesReport]):
                  stems: Sequence[str] | None = None, hint: TokenHint | None = None) -> None:
         _check_tiling(max_channels, order)
         self.sites = list(sites)
-        self.sink = sink
+        self.sink, self.stems, self.hint = sink, stems, hint
         self.max_channels, self.order, self.upsample = max_channels, order, upsample
-        self.stems = stems
-        self.hint = hint
         self.size = (0, 0)
         self.captured: list[tuple[Call, torch.Tensor]] = []
         self.rows: list[dict[str, Any]] = []

@@ -207,13 +207,12 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
     try:
         return toml.loads(text)
     except toml.TOMLDecodeError as exc:
-        message = str(exc)
+        message = str(exc)  # every version ends it with its position: (at line L, column C)
         found = _AT.search(message)
-        line = getattr(exc, "lineno", None) or (found and found.group(1)) \
-            or max(len(text.splitlines()), 1)
-        column = getattr(exc, "colno", None) or (found and found.group(2))
+        line, column = found.groups() if found else (None, None)
+        line = line or max(len(text.splitlines()), 1)
         where = f"column {column}" if column else "at the end of the file"
-        reason = _AT.sub("", getattr(exc, "msg", None) or message)
+        reason = _AT.sub("", message)
         reason = reason[:1].lower() + reason[1:]
         raise HookscopeError(f"{path}:{line}: not valid TOML ({where}): {reason}.") from None
 
