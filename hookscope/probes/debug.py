@@ -41,23 +41,30 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 
 @dataclass(frozen=True)
-class _CallEvent:
-    """A module call: what every event but ``error`` names first."""
+class _Event:
+    """An event's JSON row is ``event``, then its fields, with ``output_shape`` (the first of
+    the ``output_shapes``) before ``output_shapes``."""
+
+    event = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"event": self.event}
+        for key, value in asdict(self).items():
+            if key == "output_shapes":
+                row["output_shape"] = value[0] if value else None
+            row[key] = value
+        return row
+
+
+@dataclass(frozen=True)
+class _CallEvent(_Event):
+    """A module call, which every event but ``error`` names first."""
 
     name: str
     type: str
     call: int
     depth: int
     batch: int
-
-    event = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"event": self.event, **asdict(self)}
-
-    def _head(self) -> dict[str, Any]:
-        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
-                "depth": self.depth, "batch": self.batch}
 
 
 @dataclass(frozen=True)
@@ -83,9 +90,9 @@ class ExitEvent(_CallEvent):
         return int((self.stats or {}).get("nonfinite", 0))
 
     def to_dict(self) -> dict[str, Any]:
-        stats = self.stats or dict.fromkeys(("mean", "std", "min", "max", "zero_fraction", "nonfinite"))
-        return {**self._head(), "output_shape": _first(self.output_shapes),
-                "output_shapes": self.output_shapes, **stats}
+        row = super().to_dict()
+        stats = row.pop("stats") or dict.fromkeys(("mean", "std", "min", "max", "zero_fraction", "nonfinite"))
+        return row | stats
 
 
 @dataclass(frozen=True)
@@ -105,14 +112,9 @@ class NonfiniteEvent(_CallEvent):
 
     event = "nonfinite"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self._head(), "source": self.source, "input_shapes": self.input_shapes,
-                "output_shape": _first(self.output_shapes), "output_shapes": self.output_shapes,
-                "input_stats": self.input_stats, "output_stats": self.output_stats}
-
 
 @dataclass(frozen=True)
-class ErrorEvent:
+class ErrorEvent(_Event):
     """The forward pass raised; ``name`` is the innermost module that was running: ``""``
     when the model's own code raised outside any submodule, None before the model started.
     """
@@ -127,13 +129,6 @@ class ErrorEvent:
     exception: str
 
     event = "error"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"event": self.event, **asdict(self)}
-
-
-def _first(shapes: list[list[int]]) -> list[int] | None:
-    return shapes[0] if shapes else None
 
 
 Event = EnterEvent | ExitEvent | NonfiniteEvent | ErrorEvent
