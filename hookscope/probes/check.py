@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
@@ -347,21 +348,17 @@ def _drift_result(ctx: Context, name: str, limit: float | None,
     return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)
 
 
-def _stat_drift(stat: str) -> Measure:
+def _stat_drift(stat: str, c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
     """The relative drift of ``stat`` (mean or std)."""
-
-    def measure(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
-        mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
-        # Mean: a change relative to the layer's magnitude, max(|mean|, std), so a mean
-        # near zero does not explode. Std: relative to the baseline std itself.
-        scale = max(abs(mean_b or 0.0), std_b or 0.0) if stat == "mean" else \
-            max(std_b or 0.0, EPS * abs(mean_b or 0.0))
-        base_value = mean_b if stat == "mean" else std_b
-        value = finite(getattr(c, stat))
-        d = drift(value, base_value, scale)
-        return d, f"{stat} {_g(value)}, baseline {_g(base_value)} (drift {_dg(d)})"
-
-    return measure
+    mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
+    # Mean: a change relative to the layer's magnitude, max(|mean|, std), so a mean near zero
+    # does not explode. Std: relative to the baseline std itself.
+    scale = max(abs(mean_b or 0.0), std_b or 0.0) if stat == "mean" else \
+        max(std_b or 0.0, EPS * abs(mean_b or 0.0))
+    base_value = mean_b if stat == "mean" else std_b
+    value = finite(getattr(c, stat))
+    d = drift(value, base_value, scale)
+    return d, f"{stat} {_g(value)}, baseline {_g(base_value)} (drift {_dg(d)})"
 
 
 def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str] | None:
@@ -372,13 +369,13 @@ def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]
 @rule("max_mean_drift")
 def _mean_drift(ctx: Context) -> RuleResult | None:
     """Each call's mean within ``max_mean_drift`` of the baseline's (relative)."""
-    return _drift_result(ctx, "max_mean_drift", ctx.rules.max_mean_drift, _stat_drift("mean"))
+    return _drift_result(ctx, "max_mean_drift", ctx.rules.max_mean_drift, partial(_stat_drift, "mean"))
 
 
 @rule("max_std_drift")
 def _std_drift(ctx: Context) -> RuleResult | None:
     """Each call's std within ``max_std_drift`` of the baseline's (relative)."""
-    return _drift_result(ctx, "max_std_drift", ctx.rules.max_std_drift, _stat_drift("std"))
+    return _drift_result(ctx, "max_std_drift", ctx.rules.max_std_drift, partial(_stat_drift, "std"))
 
 
 @rule("max_drift")
