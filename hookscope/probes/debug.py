@@ -97,12 +97,9 @@ class ExitEvent(_CallEvent):
 
 @dataclass(frozen=True)
 class NonfiniteEvent(_CallEvent):
-    """The first module call whose output is non-finite while its inputs were finite.
-
-    ``source`` is ``"module"``, or ``"input"`` when the model's input itself held non-finite
-    values (then the call is the first module that received it). The stats hold one summary
-    per tensor, in the order of the shapes.
-    """
+    """The first module call whose output is non-finite while its inputs were finite (``source``
+    ``"module"``), or that received the model's non-finite input (``"input"``); one summary per
+    tensor in ``input_stats`` and ``output_stats``."""
 
     source: str
     input_shapes: list[list[int]]

@@ -19,11 +19,9 @@ __all__ = ["Extras"]
 
 @dataclass(frozen=True)
 class Extras:
-    """The opt-in summaries of one call's output, merged exactly across batches and ranks.
-
-    ``sketch`` is the whole output's (with ``percentiles`` alone); with ``per_channel`` too,
-    ``channel_sketch`` holds one per channel, and the whole output's is their exact collapse.
-    """
+    """The opt-in summaries of one call's output. ``sketch`` is the whole output's (with
+    ``percentiles`` alone); with ``per_channel`` too, ``channel_sketch`` holds one per channel,
+    and the whole output's is their exact collapse."""
 
     per_channel: bool = False
     percentiles: tuple[float, ...] = ()

@@ -180,12 +180,9 @@ class _NoModuleTracker(nullcontext):
 
 @contextmanager
 def count_flops() -> Iterator[FlopCounterMode]:
-    """A ``FlopCounterMode`` that also sees attention: count everything run inside.
-
-    The fused kernels of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` have no
-    FLOP formula, so their fast path is off inside (then restored), and they run separate,
-    counted operators. CPU scaled dot-product attention gets the CUDA kernels' formula.
-    """
+    """A ``FlopCounterMode`` that also sees attention: the fused kernels of
+    ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` have no FLOP formula, so their
+    fast path is off inside (then restored); CPU scaled dot-product attention gets one."""
     kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     counter = FlopCounterMode(display=False,
                               custom_mapping={} if kernel is None else {kernel: _sdpa_cpu_flop})
@@ -264,11 +261,8 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
                     autocast: torch.dtype | None = None) -> Structure:
     """The module tree of ``model`` with parameter counts and bytes and, given ``example`` (a
     batch: a tensor or a tuple of positional arguments), each call's shapes, output bytes and
-    FLOPs from one forward pass in eval and inference mode.
-
-    ``max_depth`` lists modules down to that depth only (1 = the model's children); counts at
-    the cut still include everything below.
-    """
+    FLOPs from one forward pass. ``max_depth`` lists modules down to that depth only (1 = the
+    model's children); counts at the cut still include everything below."""
     if max_depth is not None and max_depth < 1:
         raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
     counts, sizes = parameter_counts(model), parameter_bytes(model)
