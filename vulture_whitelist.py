@@ -13,6 +13,7 @@ _.logit  # ablate's result fields, read through asdict()
 _.delta_logit
 _.delta_prob
 _.target_label
+_.output_stats  # debug's non-finite event field, read through asdict()
 frame  # a signal handler's signature
 out_shape  # FlopCounterMode passes it to a FLOP formula
 _.__signature__  # read by typer (inspect.signature)

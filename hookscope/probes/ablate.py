@@ -1,11 +1,8 @@
 """Feature modification: change chosen channels of one layer's output and compare predictions.
 
-A forward hook (through :class:`Tracer`) returns a modified copy of the layer's output, so
-the module and anything that shares its output tensor are left alone.
-
-``sweep`` ablates each channel alone, batched: one input is repeated ``batch`` times and
-batch element ``i`` has its own channel ablated, so a sweep over C channels costs about
-``C / batch`` batched forward passes, not C single ones.
+The forward hook returns a modified copy of the output, leaving the module and anything sharing
+its output alone. ``sweep`` ablates one channel per row of a repeated input: C channels cost about
+``C / batch`` forward passes.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -26,18 +23,8 @@ from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import find_site
 from hookscope.core.targets import Targets, parse_targets
 
-__all__ = [
-    "AblateProbe",
-    "AblateReport",
-    "AblationResult",
-    "ChannelDrop",
-    "Mode",
-    "Top",
-    "ablate",
-    "parse_channels",
-    "parse_mode",
-    "sweep",
-]
+__all__ = ["AblateProbe", "AblateReport", "AblationResult", "ChannelDrop", "Mode", "Top",
+           "ablate", "parse_channels", "parse_mode", "sweep"]
 
 MODES = ("zero", "mean", "noise", "scale")
 
@@ -55,66 +42,52 @@ class Mode:
 
 
 def parse_mode(spec: str | Mode, *, processes: int = 1) -> Mode:
-    """Parse ``zero``, ``mean``, ``noise:SIGMA`` or ``scale:F``.
-
-    Args:
-        spec: the mode.
-        processes: how many processes share the run (torchrun's ranks).
-
-    Raises:
-        HookscopeError: an unknown mode or a bad number; noise in more than one process.
-    """
+    """Parse ``zero``, ``mean``, ``noise:SIGMA`` or ``scale:F``; ``processes``: torchrun's ranks.
+    HookscopeError for an unknown mode, a bad number, or noise in more than one process."""
     mode = spec if isinstance(spec, Mode) else _parse_mode(spec)
     if mode.kind == "noise" and processes > 1:
-        raise HookscopeError(f"{param('mode')} noise draws its noise batch after batch in one "
-                             "process; under torchrun each rank would draw other noise. Run it "
-                             "as one process, or use zero, mean or scale.")
+        raise HookscopeError(f"{param('mode')} noise draws its noise batch after batch in one process; "
+                             "under torchrun each rank would draw other noise. Run it as one "
+                             "process, or use zero, mean or scale.")
     return mode
 
 
 def _parse_mode(spec: str) -> Mode:
-    text = spec.strip().lower()
-    kind, _, arg = text.partition(":")
-    usage = "use zero, mean, noise:SIGMA or scale:F"
+    kind, _, arg = spec.strip().lower().partition(":")
+    given, usage = f"{param('mode')} {spec!r}", "use zero, mean, noise:SIGMA or scale:F"
     if kind not in MODES:
-        raise HookscopeError(f"{param('mode')} {spec!r} is not a mode; {usage}.")
+        raise HookscopeError(f"{given} is not a mode; {usage}.")
     if kind in ("zero", "mean"):
         if arg:
-            raise HookscopeError(f"{param('mode')} {spec!r}: {kind} takes no value; {usage}.")
+            raise HookscopeError(f"{given}: {kind} takes no value; {usage}.")
         return Mode(kind)
     if not arg:
-        raise HookscopeError(f"{param('mode')} {spec!r}: {kind} needs a value, e.g. {kind}:0.5.")
+        raise HookscopeError(f"{given}: {kind} needs a value, e.g. {kind}:0.5.")
     try:
         value = float(arg)
     except ValueError:
-        raise HookscopeError(f"{param('mode')} {spec!r}: {arg!r} is not a number.") from None
+        raise HookscopeError(f"{given}: {arg!r} is not a number.") from None
     if not math.isfinite(value) or (kind == "noise" and value < 0):
-        raise HookscopeError(f"{param('mode')} {spec!r}: the value must be finite"
-                             f"{' and not negative' if kind == 'noise' else ''}.")
+        negative = " and not negative" if kind == "noise" else ""
+        raise HookscopeError(f"{given}: the value must be finite{negative}.")
     return Mode(kind, value)
 
 
 def parse_channels(spec: str | Sequence[int] | None, count: int) -> list[int]:
-    """Parse ``0,5,7``, ranges such as ``0-15``, or ``all``; check against ``count``.
-
-    Raises:
-        HookscopeError: a malformed entry, a duplicate or a channel out of range.
-    """
-    if spec is None:
+    """Parse ``0,5,7``, ranges such as ``0-15``, or ``all``; HookscopeError for a malformed
+    entry, a duplicate or a channel out of range (``count``)."""
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
         return list(range(count))
     if not isinstance(spec, str):
         chosen = [int(c) for c in spec]
-    elif spec.strip().lower() == "all":
-        return list(range(count))
     else:
         chosen = []
         for raw in spec.split(","):
             item = raw.strip()
             m = re.fullmatch(r"(\d+)(?:-(\d+))?", item)
             if not m:
-                raise HookscopeError(
-                    f"{param('channels')} {spec!r}: {item!r} is not a channel number or a range A-B."
-                )
+                raise HookscopeError(f"{param('channels')} {spec!r}: {item!r} is not a channel "
+                                     "number or a range A-B.")
             lo, hi = int(m[1]), int(m[2] or m[1])
             if hi < lo:
                 raise HookscopeError(f"{param('channels')} {spec!r}: the range {item} is empty.")
@@ -123,10 +96,8 @@ def parse_channels(spec: str | Sequence[int] | None, count: int) -> list[int]:
         raise HookscopeError(f"{param('channels')} lists no channel.")
     bad = [c for c in chosen if not 0 <= c < count]
     if bad:
-        raise HookscopeError(
-            f"{param('channels')}: channel {bad[0]} is out of range; the layer has {count} channels "
-            f"(0 to {count - 1})."
-        )
+        raise HookscopeError(f"{param('channels')}: channel {bad[0]} is out of range; the layer has "
+                             f"{count} channels (0 to {count - 1}).")
     if len(set(chosen)) != len(chosen):
         raise HookscopeError(f"{param('channels')} lists a channel twice.")
     return chosen
@@ -154,10 +125,8 @@ class ChannelDrop:
 
 @dataclass(frozen=True)
 class AblationResult:
-    """Predictions of one input before and after the ablation.
-
-    For a sweep, ``after`` and the deltas are those of the channel with the largest drop,
-    and ``ranking`` holds every channel, largest drop first.
+    """Predictions of one input before and after the ablation. For a sweep, ``after`` and the
+    deltas are the largest drop's channel's; ``ranking`` holds every channel, largest drop first.
     """
 
     input: str
@@ -171,7 +140,7 @@ class AblationResult:
     delta_logit: float
     delta_prob: float
     kl: float
-    ranking: list[ChannelDrop] | None = field(default=None)
+    ranking: list[ChannelDrop] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         row = asdict(self)  # nested Top and ChannelDrop become dicts too
@@ -194,56 +163,8 @@ class AblateReport:
         return AblateReport([*self.results, *other.results])
 
 
-# ---------------------------------------------------------------------------- the hook
-
-
-class _Modifier:
-    """Returns a layer output with chosen channels changed.
-
-    ``channels`` apply to every batch element, or (``per_row``, for sweeps) one channel per
-    batch element.
-    """
-
-    def __init__(self, mode: Mode, channel_dim: int, generator: torch.Generator | None) -> None:
-        self.mode = mode
-        self.dim = channel_dim
-        self.generator = generator
-        self.channels: list[int] = []
-        self.per_row = False
-
-    def __call__(self, out: torch.Tensor) -> torch.Tensor:
-        moved = out.movedim(self.dim, 1)
-        if self.per_row and moved.shape[0] == 1:  # one input: a row per channel from here
-            moved = moved.expand(len(self.channels), *moved.shape[1:])
-        new = moved.clone()
-        cols = torch.tensor(self.channels, device=out.device)
-        if self.per_row:
-            rows = torch.arange(len(self.channels), device=out.device)
-            new[rows, cols] = self._apply(moved[rows, cols], spatial_from=1)
-        else:
-            new[:, cols] = self._apply(moved[:, cols], spatial_from=2)
-        return new.movedim(1, self.dim)
-
-    def _apply(self, x: torch.Tensor, spatial_from: int) -> torch.Tensor:
-        kind, value = self.mode.kind, self.mode.value
-        if kind == "zero":
-            return torch.zeros_like(x)
-        if kind == "mean":
-            dims = tuple(range(spatial_from, x.dim()))
-            return x.mean(dim=dims, keepdim=True).expand_as(x)
-        assert value is not None  # parse_mode gives scale and noise a value
-        if kind == "scale":
-            return x * value
-        noise = torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
-        return x + noise * value
-
-
 def one_layer(layers: Sequence[str]) -> str:
-    """The one layer a run changes, from a repeatable option that must name one.
-
-    Raises:
-        HookscopeError: several layers named.
-    """
+    """The one layer a run changes, from a repeatable option (HookscopeError: several named)."""
     named = list(dict.fromkeys(layers))
     if len(named) != 1:
         raise HookscopeError(f"{param('layer')} is given {len(named)} times ({', '.join(named)});"
@@ -251,23 +172,14 @@ def one_layer(layers: Sequence[str]) -> str:
     return named[0]
 
 
-def _has_dim(ndim: int, dim: int) -> bool:
-    """Whether ``dim`` is a valid, non-batch dimension of an ``ndim``-dimensional output."""
-    return ndim >= 2 and -ndim <= dim < ndim and dim not in (0, -ndim)
-
-
-def _top(logits: torch.Tensor, categories: Sequence[str] | None, k: int = 5
-         ) -> list[list[Top] | None]:
-    """Top-k per row; None for a row holding NaN or Inf, whose softmax ranks nothing."""
-    probs = torch.softmax(logits, dim=1)
-    values, indices = probs.topk(min(k, probs.shape[1]), dim=1)
-    labels = categories if categories is not None and len(categories) == probs.shape[1] else None
-    return [
-        [Top(int(i), labels[int(i)] if labels else None, float(p), float(logits[row, int(i)]))
-         for p, i in zip(values[row].tolist(), indices[row].tolist(), strict=True)]
-        if bool(torch.isfinite(logits[row]).all()) else None
-        for row in range(logits.shape[0])
-    ]
+def _top(logits: torch.Tensor, labels: Sequence[str] | None, k: int = 5) -> list[Top] | None:
+    """Top-k of one row of logits; None when it holds NaN or Inf, whose softmax ranks nothing."""
+    if not bool(torch.isfinite(logits).all()):
+        return None
+    probs = torch.softmax(logits, dim=1)[0]
+    values, indices = probs.topk(min(k, probs.shape[0]))
+    return [Top(i, labels[i] if labels else None, p, float(logits[0, i]))
+            for p, i in zip(values.tolist(), indices.tolist(), strict=True)]
 
 
 def _kl(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -278,12 +190,9 @@ def _kl(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
 
 
 class AblateProbe(Probe[AblateReport]):
-    """Each batch runs twice: as it is, then with the chosen channels of ``layer`` changed.
-
-    With ``sweep``, each input is instead repeated ``sweep_batch`` times per forward pass,
-    batch element ``i`` with its own channel changed, and the channels are ranked by how
-    much the target logit drops. Arguments are those of :func:`ablate` and :func:`sweep`.
-    """
+    """Each batch runs twice: as it is, then with the chosen channels of ``layer`` changed (with
+    ``sweep``, per channel, ``sweep_batch`` rows a pass). Arguments as :func:`ablate`'s and
+    :func:`sweep`'s."""
 
     def __init__(self, model: nn.Module, layer: str, *,
                  channels: str | Sequence[int] | None = None, mode: str | Mode = "zero",
@@ -305,10 +214,11 @@ class AblateProbe(Probe[AblateReport]):
         if n_inputs is not None:
             self.targets.check_count(n_inputs)
         self.counts_progress = sweep  # a sweep counts channels, not inputs
-        generator = torch.Generator(device=model_device(model))
-        generator.manual_seed(seed)
-        self.modifier = _Modifier(self.mode, channel_dim, generator)
-        self.active = False
+        self.generator = torch.Generator(device=model_device(model))
+        self.generator.manual_seed(seed)
+        #: The channels the running pass changes (None: none), one per row with ``per_row``.
+        self.changing: list[int] | None = None
+        self.per_row = False
         self.seen = 0
         #: Whether the model runs one input expanded at the layer (see Step.forward_expanded).
         self.expand_ok: dict[str, bool] = {}
@@ -324,10 +234,36 @@ class AblateProbe(Probe[AblateReport]):
                                  "choose a layer whose output is one tensor.")
         if self.shape is None:
             self.shape = list(output.shape)
-        if not self.active:
+        if self.changing is None:
             return None
         self.seen += 1
-        return self.modifier(output)
+        return self._modified(output, self.changing)
+
+    def _modified(self, out: torch.Tensor, channels: list[int]) -> torch.Tensor:
+        """A copy of ``out`` with ``channels`` changed in every row, or one channel per row."""
+        moved = out.movedim(self.channel_dim, 1)
+        if self.per_row and moved.shape[0] == 1:  # one input: a row per channel from here
+            moved = moved.expand(len(channels), *moved.shape[1:])
+        new = moved.clone()
+        cols = torch.tensor(channels, device=out.device)
+        if self.per_row:
+            rows = torch.arange(len(channels), device=out.device)
+            new[rows, cols] = self._apply(moved[rows, cols], spatial_from=1)
+        else:
+            new[:, cols] = self._apply(moved[:, cols], spatial_from=2)
+        return new.movedim(1, self.channel_dim)
+
+    def _apply(self, x: torch.Tensor, spatial_from: int) -> torch.Tensor:
+        kind, value = self.mode.kind, self.mode.value
+        if kind == "zero":
+            return torch.zeros_like(x)
+        if kind == "mean":
+            return x.mean(dim=tuple(range(spatial_from, x.dim())), keepdim=True).expand_as(x)
+        assert value is not None  # parse_mode gives scale and noise a value
+        if kind == "scale":
+            return x * value
+        noise = torch.randn(x.shape, generator=self.generator, device=x.device, dtype=x.dtype)
+        return x + noise * value
 
     def _channels(self) -> list[int]:
         """The channels to change, checked against the layer's output (first batch)."""
@@ -336,34 +272,35 @@ class AblateProbe(Probe[AblateReport]):
         layer, shape, dim = self.site.name, self.shape, self.channel_dim
         if shape is None:
             which = f"call {self.call} of " if self.call is not None else ""
-            raise HookscopeError(f"{which}{layer} never ran in the forward pass; nothing was "
-                                 "changed.")
-        if not _has_dim(len(shape), dim):
+            raise HookscopeError(f"{which}{layer} never ran in the forward pass; nothing was changed.")
+        ndim = len(shape)
+        if ndim < 2 or not -ndim < dim < ndim or dim == 0:
             raise HookscopeError(f"{layer}: output shape {shape} has no channel dimension {dim} "
                                  f"(see {param('channel_dim')}).")
         if self.mode.kind == "mean" and len(shape) < 3:
-            raise HookscopeError(
-                f"{param('mode')} mean replaces a channel with its spatial mean, but {layer}'s "
-                f"output {shape} has no spatial dimensions; use zero, noise or scale.")
+            raise HookscopeError(f"{param('mode')} mean replaces a channel with its spatial mean, but "
+                                 f"{layer}'s output {shape} has no spatial dimensions; use zero, "
+                                 "noise or scale.")
         self.chosen = parse_channels(self.channel_spec, shape[dim])
         return self.chosen
 
     def _logits(self, output: Any) -> torch.Tensor:
         return class_logits(output, self.output_key, "ablate").float()
 
-    def _changed(self, step: Step, x: torch.Tensor, rows: int | None = None) -> torch.Tensor:
-        """One forward pass with the modifier on; with ``rows``, ``x`` is one input that
-        becomes ``rows`` at the layer (see :meth:`Step.forward_expanded`)."""
-        self.active, self.seen = True, 0
+    def _changed(self, step: Step, x: torch.Tensor, channels: list[int],
+                 per_row: bool = False) -> torch.Tensor:
+        """The logits of one pass with ``channels`` changed; with ``per_row``, ``x`` is one input
+        that becomes a row per channel at the layer (see :meth:`Step.forward_expanded`)."""
+        self.changing, self.per_row, self.seen = channels, per_row, 0
         try:
-            if rows is None:
+            if not per_row:
                 after = self._logits(step.forward(x))
             else:
                 after = self._logits(step.forward_expanded(
-                    x, rows, lambda out: int(self._logits(out).shape[0]), self.expand_ok,
-                    self.site.name))
+                    x, len(channels), lambda out: int(self._logits(out).shape[0]),
+                    self.expand_ok, self.site.name))
         finally:
-            self.active = False
+            self.changing = None
         if self.seen == 0:
             raise HookscopeError(f"call {self.call} of {self.site.name} never ran in the forward "
                                  "pass; nothing was changed.")
@@ -380,8 +317,7 @@ class AblateProbe(Probe[AblateReport]):
             for i, name in enumerate(names):
                 self.results.append(self._sweep_one(step, i, name, before[i:i + 1], classes[i]))
             return
-        self.modifier.channels, self.modifier.per_row = chosen, False
-        after = self._changed(step, step.x)
+        after = self._changed(step, step.x, chosen)
         for i, name in enumerate(names):
             self.results.append(self._result(name, classes[i], before[i:i + 1], after[i:i + 1]))
 
@@ -390,23 +326,19 @@ class AblateProbe(Probe[AblateReport]):
         chosen = self._channels()
         if step.index == 0 and i == 0:
             step.expect((self.n_inputs or len(step)) * len(chosen))
-        self.modifier.per_row = True
         afters = []
         for lo in range(0, len(chosen), self.sweep_batch):
             part = chosen[lo:lo + self.sweep_batch]
-            self.modifier.channels = part
             # What runs before the layer runs once per pass, on the one input.
-            afters.append(self._changed(step, step.x[i:i + 1], rows=len(part)))
+            afters.append(self._changed(step, step.x[i:i + 1], part, per_row=True))
             step.advance(len(part))
         after = torch.cat(afters)
         drops = (before[0, cls] - after[:, cls]).tolist()
         dprob = torch.softmax(after, 1)[:, cls] - torch.softmax(before, 1)[0, cls]
         kls = _kl(before.expand_as(after), after).tolist()
-        ranking = sorted(
-            (ChannelDrop(c, d, p, k)
-             for c, d, p, k in zip(chosen, drops, dprob.tolist(), kls, strict=True)),
-            key=lambda r: (-r.drop if math.isfinite(r.drop) else math.inf, r.channel),
-        )
+        drops_by_channel = map(ChannelDrop, chosen, drops, dprob.tolist(), kls)
+        ranking = sorted(drops_by_channel,
+                         key=lambda r: (-r.drop if math.isfinite(r.drop) else math.inf, r.channel))
         best = chosen.index(ranking[0].channel)
         return self._result(name, cls, before, after[best:best + 1], ranking)
 
@@ -418,71 +350,43 @@ class AblateProbe(Probe[AblateReport]):
         return AblationResult(
             input=name, layer=self.site.name, channels=list(self._channels()),
             mode=self.mode.text, target=target, target_label=labels[target] if labels else None,
-            before=_top(before, cats)[0], after=_top(after, cats)[0],
+            before=_top(before, labels), after=_top(after, labels),
             delta_logit=float(after[0, target] - before[0, target]),
             delta_prob=float(pa[0, target] - pb[0, target]),
-            kl=float(_kl(before, after)[0]), ranking=ranking,
-        )
+            kl=float(_kl(before, after)[0]), ranking=ranking)
 
     def finish(self) -> AblateReport:
         return AblateReport(self.results)
 
 
-def ablate(
-    model: nn.Module,
-    x: torch.Tensor,
-    layer: str,
-    *,
-    channels: str | Sequence[int] | None = None,
-    mode: str | Mode = "zero",
-    target: Targets | str | None = None,
-    seed: int = 0,
-    channel_dim: int = 1,
-    call: int | None = None,
-    categories: Sequence[str] | None = None,
-    names: Sequence[str] | None = None,
-    output_key: str | None = None,
-) -> list[AblationResult]:
-    """Run ``x`` with and without the chosen channels of ``layer`` changed.
+def ablate(model: nn.Module, x: torch.Tensor, layer: str, *,
+           channels: str | Sequence[int] | None = None, mode: str | Mode = "zero",
+           target: Targets | str | None = None, seed: int = 0, channel_dim: int = 1,
+           call: int | None = None, categories: Sequence[str] | None = None,
+           names: Sequence[str] | None = None,
+           output_key: str | None = None) -> list[AblationResult]:
+    """Run ``x`` (a batch or an iterable of batches) with and without the chosen channels of
+    ``layer`` changed; ``model`` is a classifier, left in the state it was in.
 
     Args:
-        model: a classifier returning (N, classes) logits; left in the state it was in.
-        x: a batch of inputs, or an iterable of batches.
-        layer: the module's dotted name.
         channels: ``0,5,7``, ``0-15``, ``all`` or a list (default: all channels).
         mode: ``zero``, ``mean`` (spatial mean), ``noise:SIGMA`` (added) or ``scale:F``.
-        target: the class whose logit and probability are compared (default ``top1``
-            before the ablation); one for all inputs or a comma list, one per input.
-        seed: seed for ``noise``.
-        channel_dim: the output dimension holding channels.
+        target: the class compared (default ``top1`` before the ablation); one for all inputs
+            or a comma list, one per input.
         call: only change this call of a module run several times (default: every call).
-        categories: class labels.
-        names: input names for the results (default ``input[i]``).
         output_key: the entry of a dict or tuple output holding the logits.
-
-    Raises:
-        HookscopeError: unknown layer, bad channels or mode, no classifier output.
     """
-    probe = AblateProbe(model, layer, channels=channels, mode=mode, target=target, seed=seed,
-                        channel_dim=channel_dim, call=call, categories=categories, names=names,
-                        output_key=output_key)
+    probe = AblateProbe(model, layer, channels=channels, mode=mode, target=target, seed=seed, call=call,
+                        channel_dim=channel_dim, categories=categories, names=names, output_key=output_key)
     return drive(model, x, probe).results
 
 
-def sweep(
-    model: nn.Module,
-    x: torch.Tensor,
-    layer: str,
-    *,
-    batch: int = 32,
-    on_step: Callable[[int], None] | None = None,
-    **options: Any,
-) -> list[AblationResult]:
+def sweep(model: nn.Module, x: torch.Tensor, layer: str, *, batch: int = 32,
+          on_step: Callable[[int], None] | None = None, **options: Any) -> list[AblationResult]:
     """Ablate each channel alone and rank channels by how much the target logit drops.
 
-    Each input is repeated ``batch`` times per forward pass, element ``i`` with its own
-    channel changed. ``options`` are those of :func:`ablate`; ``on_step`` is called with the
-    number of channels done after each forward pass.
+    ``batch`` channels run per forward pass; ``options`` are those of :func:`ablate`;
+    ``on_step`` is called with the number of channels done after each pass.
     """
     probe = AblateProbe(model, layer, sweep=True, sweep_batch=batch, **options)
     return drive(model, x, probe, progress=on_step).results

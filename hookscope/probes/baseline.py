@@ -1,8 +1,7 @@
-"""The baseline of ``hookscope check``: a ``hookscope stats --format json`` document read
-back as its per-call rows (:func:`read_stats`), and the rules' baseline (:func:`load_baseline`).
-
-A missing, unreadable or foreign document is a :class:`~hookscope.core.errors.HookscopeError`
-naming it, raised before the model runs. Torch-free.
+"""The baseline of ``hookscope check``: a ``hookscope stats --format json`` document read back
+as its per-call rows. A missing, unreadable or foreign document is a
+:class:`~hookscope.core.errors.HookscopeError` naming it, raised before the model runs.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ __all__ = ["Baseline", "drift_percentiles", "load_baseline", "read_stats"]
 
 @dataclass(frozen=True)
 class Baseline:
-    """The per-call rows of a ``hookscope stats --format json`` document, by (name, call),
-    and the percentiles its rows hold (their JSON keys, in order; empty without)."""
+    """The per-call rows of a stats document by (name, call), and the percentiles its rows
+    hold (their JSON keys, in order; empty without)."""
 
     path: str
     model: str | None
@@ -39,7 +38,7 @@ def drift_percentiles(baseline: Baseline | None) -> tuple[float, ...] | None:
     return tuple(float(key) for key in baseline.percentiles)
 
 
-def _baseline_doc(path: Path, subject: str) -> Any:
+def _read_json(path: Path, subject: str) -> Any:
     shown = f"{subject} {str(path)!r}"
     try:
         text = path.read_text(encoding="utf-8")
@@ -76,14 +75,9 @@ def _baseline_rows(doc: Any) -> dict[tuple[str, int], Mapping[str, Any]] | str:
 
 def read_stats(path: Path, subject: str) -> tuple[dict[tuple[str, int], Mapping[str, Any]],
                                                   tuple[str, ...], dict[str, Any]]:
-    """A ``hookscope stats --format json`` document's rows by call, the percentiles its rows
-    hold (their JSON keys, in order; empty without), and the document.
-
-    Raises:
-        HookscopeError: the file is missing, unreadable, or not a stats JSON document; the
-            message names it as ``subject``.
-    """
-    doc = _baseline_doc(path, subject)
+    """A stats document's rows by call, the percentiles its rows hold, and the document;
+    HookscopeError, naming it as ``subject``, when it is missing, unreadable or not one."""
+    doc = _read_json(path, subject)
     rows = _baseline_rows(doc)
     if isinstance(rows, str):
         raise HookscopeError(f"{subject} {str(path)!r} is not a `hookscope stats --format json` "
@@ -95,11 +89,7 @@ def read_stats(path: Path, subject: str) -> tuple[dict[tuple[str, int], Mapping[
 
 
 def load_baseline(rules: Rules) -> Baseline | None:
-    """Read the rules' baseline, when they have one.
-
-    Raises:
-        HookscopeError: the file is missing, unreadable, or not a stats JSON document.
-    """
+    """Read the rules' baseline, when they have one (errors as :func:`read_stats`'s)."""
     if rules.baseline is None:
         return None
     rows, found, doc = read_stats(rules.baseline, rules.subject("baseline"))

@@ -1,15 +1,9 @@
 """``hookscope check``: assertions about one run, read from a TOML file or flags.
 
-The rules (:class:`~hookscope.probes.rulefile.Rules`) are checked against one
-:class:`~hookscope.probes.stats.StatsReport` (per-call statistics and top predictions). Each
-rule is a small function registered by name; :func:`evaluate` runs every active rule, in
-registration order, and returns a :class:`CheckReport` with one :class:`RuleResult` per rule:
-passed or not, and the calls (or inputs) that broke it.
-
-An expectation for an input not given, or a label the model does not have, is a
-:class:`~hookscope.core.errors.HookscopeError` raised before the model runs (the rules file's
-own errors are :mod:`hookscope.probes.rulefile`'s, the baseline's
-:mod:`hookscope.probes.baseline`'s). Torch-free: nothing here imports torch.
+Each rule is a function registered by name; :func:`evaluate` runs every active rule, in
+registration order, against one :class:`~hookscope.probes.stats.StatsReport` and returns a
+:class:`CheckReport`. An expectation for an input not given, or a label the model lacks, is a
+:class:`~hookscope.core.errors.HookscopeError` raised before the model runs. Torch-free.
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
@@ -35,6 +30,7 @@ __all__ = ["EPS", "RULES", "CheckReport", "Expectation", "RuleResult", "call_id"
            "evaluate", "expectations", "folder_expectations", "match_inputs", "rule"]
 
 log = logging.getLogger("hookscope")
+
 
 @dataclass(frozen=True)
 class Expectation:
@@ -52,8 +48,8 @@ def _parts(name: str) -> tuple[str, ...]:
 
 
 def _inputs_named(entry: Expect, names: Sequence[str]) -> list[str]:
-    """The distinct input names ``entry`` means: the same path, else the one name that ends
-    with it (``cat.jpg`` for ``sample_images/cat.jpg``)."""
+    """The distinct input names ``entry`` means: the same path, else the one name ending with it
+    (``cat.jpg`` for ``sample_images/cat.jpg``)."""
     distinct = list(dict.fromkeys(names))
     wanted = _parts(entry.input)
     same = [n for n in distinct if _parts(n) == wanted
@@ -72,11 +68,7 @@ def _inputs_named(entry: Expect, names: Sequence[str]) -> list[str]:
 
 def match_inputs(rules: Rules, names: Sequence[str]) -> list[tuple[int, str, Expect]]:
     """Each ``expect`` entry's inputs: (position, name, entry), checked before the model loads.
-
-    Raises:
-        HookscopeError: an entry names no input, several inputs, or an input that another
-            entry names too.
-    """
+    HookscopeError: an entry names no input, several, or one another entry names too."""
     taken: dict[str, Expect] = {}
     matched = []
     for entry in rules.expect:
@@ -91,9 +83,8 @@ def match_inputs(rules: Rules, names: Sequence[str]) -> list[tuple[int, str, Exp
 
 def folder_expectations(rules: Rules, names: Sequence[str], labels: Sequence[str]
                         ) -> tuple[Rules, list[tuple[int, str, Expect]]]:
-    """The ``expect`` rule of an ImageFolder layout, when none is given: each input's top-1
-    class is its class folder's (a label of the model, or a class index). Returns the rules
-    with it, and its entries as :func:`match_inputs` gives them."""
+    """The ``expect`` rule of an ImageFolder layout: each input's top-1 class is its class
+    folder's. Returns the rules with it, and its entries as :func:`match_inputs` gives them."""
     matched = [(i, name, Expect(name, label, f"{name} (in class folder {label!r})"))
                for i, (name, label) in enumerate(zip(names, labels, strict=True))]
     return replace(rules, expect=tuple(e for _, _, e in matched)), matched
@@ -109,9 +100,8 @@ def _classes(entry: Expect, categories: Sequence[str] | None,
             return hits
         if not re.fullmatch(r"[0-9]+", want.strip()):
             if not categories:
-                raise HookscopeError(f"{entry.where}: {want!r} is a label, but the model has no "
-                                     f"class labels; give a class index, or labels with "
-                                     f"{param('labels')}.")
+                raise HookscopeError(f"{entry.where}: {want!r} is a label, but the model has no class "
+                                     f"labels; give a class index, or labels with {param('labels')}.")
             raise HookscopeError(f"{entry.where}: {want!r} is not one of the model's "
                                  f"{len(categories)} class labels.{suggest(want, categories)}")
         want = int(want)
@@ -126,41 +116,21 @@ def expectations(matched: Sequence[tuple[int, str, Expect]],
                  categories: Sequence[str] | None = None,
                  num_classes: int | None = None) -> list[Expectation]:
     """Resolve matched entries' labels to class indices, once the model's labels are known.
-
-    Raises:
-        HookscopeError: a label the model does not have, or an index out of range.
-    """
+    HookscopeError: a label the model does not have, or an index out of range."""
     found = []
     for position, name, entry in matched:
         classes = _classes(entry, categories, num_classes)
-        found.append(Expectation(name, position, classes, entry.want,
-                                 _class_text(classes, categories)))
+        text = " or ".join(map(str, classes))  # 'crane' (134 or 517), or 7 without labels
+        if categories and len(categories) > max(classes):
+            text = f"{categories[classes[0]]!r} ({text})"
+        found.append(Expectation(name, position, classes, entry.want, text))
     return found
-
-
-def _class_text(classes: Sequence[int], categories: Sequence[str] | None) -> str:
-    """``'crane' (134 or 517)``, or ``7`` without labels."""
-    indices = " or ".join(map(str, classes))
-    if categories and len(categories) > max(classes):
-        return f"{categories[classes[0]]!r} ({indices})"
-    return indices
-
-
-# ----------------------------------------------------------------------------- results
 
 
 @dataclass(frozen=True)
 class RuleResult:
-    """One rule's verdict.
-
-    Attributes:
-        name: the rule (its key in the rules file).
-        passed: whether it held.
-        limit: the rule's setting (a number, the baseline's path, the expectations).
-        detail: one line saying what was found.
-        offenders: the calls (``layer4.1.relu#1: zero_fraction 0.995``) or inputs that broke
-            it, in execution or input order.
-    """
+    """One rule's verdict: ``limit`` is its setting, ``detail`` one line of what was found,
+    ``offenders`` the calls (``layer4.1.relu#1: zero_fraction 0.995``) or inputs that broke it."""
 
     name: str
     passed: bool
@@ -195,17 +165,13 @@ class CheckReport:
         failed = self.failures
         if not failed:
             return f"all {len(self.results)} rules passed"
-        return (f"{len(failed)} of {len(self.results)} rules failed: "
-                f"{', '.join(r.name for r in failed)}")
+        return f"{len(failed)} of {len(self.results)} rules failed: {', '.join(r.name for r in failed)}"
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
         return {"rules_file": self.rules_file, "calls": self.calls, "ignored": self.ignored,
                 "rules": [r.to_dict() for r in self.results], "passed": self.passed,
                 "failed": len(self.failures)}
-
-
-# ----------------------------------------------------------------------------- evaluation
 
 
 @dataclass(frozen=True)
@@ -250,8 +216,7 @@ def call_id(name: str, call: int) -> str:
 
 
 def _ignored(name: str, globs: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name, f"{g}.*")
-               for g in globs)
+    return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name, f"{g}.*") for g in globs)
 
 
 def _warn_unused(globs: Sequence[str], names: set[str]) -> None:
@@ -263,15 +228,12 @@ def _warn_unused(globs: Sequence[str], names: set[str]) -> None:
 def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
              baseline: Baseline | None = None,
              expectations: Sequence[Expectation] = ()) -> CheckReport:
-    """Run every active rule against ``report`` (one run's statistics and predictions);
-    ``inputs`` are the input names in order (for ``min_prob``'s offenders), ``baseline`` the
-    rules' (:func:`~hookscope.probes.baseline.load_baseline`), ``expectations`` the resolved
-    ``expect`` entries (:func:`expectations`)."""
+    """Run every active rule against ``report``; ``inputs`` are the input names in order,
+    ``expectations`` the resolved ``expect`` entries (:func:`expectations`)."""
     calls = [row for row in report.layers if not _ignored(row.name, rules.ignore)]
-    base_rows = {key: row for key, row in (baseline.rows if baseline else {}).items()
-                 if not _ignored(key[0], rules.ignore)}
-    names = {row.name for row in report.layers} | {key[0] for key in (baseline.rows if
-                                                                       baseline else {})}
+    rows = baseline.rows if baseline else {}
+    base_rows = {key: row for key, row in rows.items() if not _ignored(key[0], rules.ignore)}
+    names = {row.name for row in report.layers} | {name for name, _ in rows}
     _warn_unused(rules.ignore, names)
     ctx = Context(rules, calls, len(report.layers) - len(calls), list(inputs),
                   report.predictions, list(expectations), baseline, base_rows)
@@ -298,8 +260,7 @@ def _nonfinite(ctx: Context) -> RuleResult:
     if event is not None:
         offenders.insert(0, event)
         detail = f"the run stopped on a non-finite value: {event}; " + detail
-    return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(),
-                      offenders)
+    return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(), offenders)
 
 
 def _call(c: Any) -> str:
@@ -314,8 +275,7 @@ def _zeros(ctx: Context) -> RuleResult | None:
     limit = ctx.rules.max_zero_fraction
     if limit is None:
         return None
-    measured = [c for c in ctx.calls if c.zero_fraction is not None
-                and math.isfinite(c.zero_fraction)]
+    measured = [c for c in ctx.calls if finite(c.zero_fraction) is not None]
     bad = [c for c in measured if c.zero_fraction > limit]
     offenders = [f"{_call(c)}: zero_fraction {_g(c.zero_fraction)}" for c in bad]
     top = max(measured, key=lambda c: c.zero_fraction, default=None)
@@ -323,8 +283,7 @@ def _zeros(ctx: Context) -> RuleResult | None:
         if top is not None and top.zero_fraction > 0 else ""
     detail = (f"{len(bad)} of {len(ctx.calls)} calls are more than {limit:.4g} zeros" if bad
               else f"no call of {len(ctx.calls)} is more than {limit:.4g} zeros")
-    return RuleResult("max_zero_fraction", not bad, limit, detail + most + ctx.note(),
-                      offenders)
+    return RuleResult("max_zero_fraction", not bad, limit, detail + most + ctx.note(), offenders)
 
 
 def _batchless(shape: Any) -> list[int] | None:
@@ -338,8 +297,7 @@ def _baseline(ctx: Context) -> RuleResult | None:
         return None
     here = {(c.name, c.call): c for c in ctx.calls}
     base = ctx.baseline_rows
-    offenders = [f"{call_id(*key)}: in the baseline, not in this run" for key in base
-                 if key not in here]
+    offenders = [f"{call_id(*key)}: in the baseline, not in this run" for key in base if key not in here]
     offenders += [f"{call_id(*key)}: not in the baseline" for key in here if key not in base]
     for key, row in here.items():
         want = _batchless(base[key].get("output_shape")) if key in base else None
@@ -368,8 +326,8 @@ Measure = Callable[["LayerStats", Mapping[str, Any]], "tuple[float, str] | None"
 
 def _drift_result(ctx: Context, name: str, limit: float | None,
                   measure: Measure) -> RuleResult | None:
-    """Each call present on both sides within ``limit`` of the baseline, by ``measure``
-    (the drift and how an offender shows it; None: not compared)."""
+    """Each call present on both sides within ``limit`` of the baseline, by ``measure`` (the
+    drift and how an offender shows it; None: not compared)."""
     if limit is None or ctx.baseline is None:
         return None
     worst, offenders, compared = (0.0, ""), [], 0
@@ -390,21 +348,17 @@ def _drift_result(ctx: Context, name: str, limit: float | None,
     return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)
 
 
-def _stat_drift(stat: str) -> Measure:
+def _stat_drift(stat: str, c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
     """The relative drift of ``stat`` (mean or std)."""
-
-    def measure(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
-        mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
-        # Mean: a change relative to the layer's magnitude, max(|mean|, std), so a mean
-        # near zero does not explode. Std: relative to the baseline std itself.
-        scale = max(abs(mean_b or 0.0), std_b or 0.0) if stat == "mean" else \
-            max(std_b or 0.0, EPS * abs(mean_b or 0.0))
-        base_value = mean_b if stat == "mean" else std_b
-        value = finite(getattr(c, stat))
-        d = drift(value, base_value, scale)
-        return d, f"{stat} {_g(value)}, baseline {_g(base_value)} (drift {_dg(d)})"
-
-    return measure
+    mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
+    # Mean: a change relative to the layer's magnitude, max(|mean|, std), so a mean near zero
+    # does not explode. Std: relative to the baseline std itself.
+    scale = max(abs(mean_b or 0.0), std_b or 0.0) if stat == "mean" else \
+        max(std_b or 0.0, EPS * abs(mean_b or 0.0))
+    base_value = mean_b if stat == "mean" else std_b
+    value = finite(getattr(c, stat))
+    d = drift(value, base_value, scale)
+    return d, f"{stat} {_g(value)}, baseline {_g(base_value)} (drift {_dg(d)})"
 
 
 def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str] | None:
@@ -415,20 +369,19 @@ def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]
 @rule("max_mean_drift")
 def _mean_drift(ctx: Context) -> RuleResult | None:
     """Each call's mean within ``max_mean_drift`` of the baseline's (relative)."""
-    return _drift_result(ctx, "max_mean_drift", ctx.rules.max_mean_drift, _stat_drift("mean"))
+    return _drift_result(ctx, "max_mean_drift", ctx.rules.max_mean_drift, partial(_stat_drift, "mean"))
 
 
 @rule("max_std_drift")
 def _std_drift(ctx: Context) -> RuleResult | None:
     """Each call's std within ``max_std_drift`` of the baseline's (relative)."""
-    return _drift_result(ctx, "max_std_drift", ctx.rules.max_std_drift, _stat_drift("std"))
+    return _drift_result(ctx, "max_std_drift", ctx.rules.max_std_drift, partial(_stat_drift, "std"))
 
 
 @rule("max_drift")
 def _distribution_drift(ctx: Context) -> RuleResult | None:
-    """Each call's distribution within ``max_drift`` of the baseline's
-    (:func:`~hookscope.probes.drift.quantile_drift`: the mean |difference| of the two quantile
-    functions over the baseline's percentiles, in baseline standard deviations)."""
+    """Each call's distribution within ``max_drift`` of the baseline's (see
+    :func:`~hookscope.probes.drift.quantile_drift`)."""
     return _drift_result(ctx, "max_drift", ctx.rules.max_drift, _quantile_drift)
 
 
@@ -476,5 +429,5 @@ def _min_prob(ctx: Context) -> RuleResult | None:
     low = min(prob, key=lambda t: t[1] if math.isfinite(t[1]) else -1.0)
     detail = (f"{len(bad)} of {len(tops)} inputs have a top-1 probability below {limit:.4g}"
               if bad else f"every top-1 probability is at least {limit:.4g}")
-    return RuleResult("min_prob", not bad, limit,
-                      f"{detail}; the lowest: {_g(low[1])} ({low[0]})", offenders)
+    return RuleResult("min_prob", not bad, limit, f"{detail}; the lowest: {_g(low[1])} ({low[0]})",
+                      offenders)

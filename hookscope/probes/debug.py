@@ -1,28 +1,18 @@
 """A live forward-pass trace that finds where non-finite values start and where a crash happened.
 
-Every module, containers and the model itself included, gets a pre-forward and a forward
-hook through one :class:`~hookscope.core.hooks.Tracer`, whatever the user selected. The
-selection (``layers``, ``types``, ``all_modules``, ``max_depth``) only decides which calls
-produce ``enter``/``exit`` trace events; locating a crash or a non-finite origin always
-looks at every module, so the innermost running module is found even when the selection
-leaves it out.
-
-* **First non-finite.** The origin is the first module call, in the order calls finish,
-  whose output holds NaN or Inf while all its inputs were finite. Inputs are checked and
-  summarised in the pre-forward hook, before an in-place module can overwrite them. A
-  container is the origin when the non-finite value comes from its own code between its
-  children (a functional op, a parameter used directly). When the model's own input is
-  already non-finite, the origin is the first module that receives it (``source:
-  "input"``).
-* **Crash locator.** When the forward pass raises, the innermost module still running is
-  reported with its type, input shapes and the exception message.
+Every module, the model itself included, is hooked; the selection only decides which calls
+produce ``enter``/``exit`` events. The non-finite origin is the first call, in the order calls
+finish, whose output holds NaN or Inf while its inputs (checked in the pre-forward hook, before
+an in-place module overwrites them) were finite; when the model's input is already non-finite,
+it is the first module receiving it (``source: "input"``). When the forward pass raises, the
+``error`` names the innermost module still running, its input shapes and the message.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -32,18 +22,10 @@ from hookscope.core.errors import CheckFailed, ForwardError
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, all_sites
+from hookscope.probes.stats import moments
 
-__all__ = [
-    "DebugReport",
-    "EnterEvent",
-    "ErrorEvent",
-    "Event",
-    "DebugProbe",
-    "ExitEvent",
-    "NonfiniteEvent",
-    "nonfinite_failure",
-    "run_debug",
-]
+__all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "ExitEvent",
+           "NonfiniteEvent", "nonfinite_failure", "run_debug"]
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -58,75 +40,67 @@ def _all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t.detach()).all())  # the sum may just have overflowed
 
 
-def _summary(t: torch.Tensor | None) -> dict[str, float | int] | None:
-    from hookscope.probes.stats import moments
+@dataclass(frozen=True)
+class _Event:
+    """An event's JSON row is ``event``, then its fields, with ``output_shape`` (the first of
+    the ``output_shapes``) before ``output_shapes``."""
 
-    return None if t is None else moments(t).summary()
+    event = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"event": self.event}
+        for key, value in asdict(self).items():
+            if key == "output_shapes":
+                row["output_shape"] = value[0] if value else None
+            row[key] = value
+        return row
 
 
 @dataclass(frozen=True)
-class EnterEvent:
-    """A selected module call starts."""
+class _CallEvent(_Event):
+    """A module call, which every event but ``error`` names first."""
 
     name: str
     type: str
     call: int
     depth: int
     batch: int
+
+
+@dataclass(frozen=True)
+class EnterEvent(_CallEvent):
+    """A selected module call starts."""
+
     input_shapes: list[list[int]]
 
     event = "enter"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
-                "depth": self.depth, "batch": self.batch, "input_shapes": self.input_shapes}
-
 
 @dataclass(frozen=True)
-class ExitEvent:
+class ExitEvent(_CallEvent):
     """A selected module call finished: its output shapes and the first output's statistics."""
 
-    name: str
-    type: str
-    call: int
-    depth: int
-    batch: int
     output_shapes: list[list[int]]
     stats: dict[str, float | int] | None
 
     event = "exit"
 
     @property
-    def output_shape(self) -> list[int] | None:
-        return self.output_shapes[0] if self.output_shapes else None
-
-    @property
     def nonfinite(self) -> int:
         return int((self.stats or {}).get("nonfinite", 0))
 
     def to_dict(self) -> dict[str, Any]:
-        stats = self.stats or dict.fromkeys(
-            ("mean", "std", "min", "max", "zero_fraction", "nonfinite"))
-        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
-                "depth": self.depth, "batch": self.batch, "output_shape": self.output_shape,
-                "output_shapes": self.output_shapes, **stats}
+        row = super().to_dict()
+        stats = row.pop("stats") or dict.fromkeys(("mean", "std", "min", "max", "zero_fraction", "nonfinite"))
+        return row | stats
 
 
 @dataclass(frozen=True)
-class NonfiniteEvent:
-    """The first module call whose output is non-finite while its inputs were finite.
+class NonfiniteEvent(_CallEvent):
+    """The first module call whose output is non-finite while its inputs were finite (``source``
+    ``"module"``), or that received the model's non-finite input (``"input"``); one summary per
+    tensor in ``input_stats`` and ``output_stats``."""
 
-    ``source`` is ``"module"`` for such a call, or ``"input"`` when the model's input itself
-    held non-finite values (then the call is the first module that received it).
-    ``input_stats`` and ``output_stats`` hold one summary per tensor, in the order of
-    ``input_shapes`` and ``output_shapes``.
-    """
-
-    name: str
-    type: str
-    call: int
-    depth: int
-    batch: int
     source: str
     input_shapes: list[list[int]]
     output_shapes: list[list[int]]
@@ -135,21 +109,11 @@ class NonfiniteEvent:
 
     event = "nonfinite"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
-                "depth": self.depth, "batch": self.batch, "source": self.source,
-                "input_shapes": self.input_shapes,
-                "output_shape": self.output_shapes[0] if self.output_shapes else None,
-                "output_shapes": self.output_shapes, "input_stats": self.input_stats,
-                "output_stats": self.output_stats}
-
 
 @dataclass(frozen=True)
-class ErrorEvent:
-    """The forward pass raised; ``name`` is the innermost module that was running.
-
-    ``name`` is ``""`` when the model's own code raised outside any submodule, and None
-    when the error came before the model started.
+class ErrorEvent(_Event):
+    """The forward pass raised; ``name`` is the innermost module that was running: ``""``
+    when the model's own code raised outside any submodule, None before the model started.
     """
 
     name: str | None
@@ -162,11 +126,6 @@ class ErrorEvent:
     exception: str
 
     event = "error"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"event": self.event, "name": self.name, "type": self.type, "call": self.call,
-                "depth": self.depth, "batch": self.batch, "input_shapes": self.input_shapes,
-                "message": self.message, "exception": self.exception}
 
 
 Event = EnterEvent | ExitEvent | NonfiniteEvent | ErrorEvent
@@ -189,35 +148,24 @@ class DebugReport:
     events: list[Event] | None = field(default=None, repr=False)
 
     def merge(self, other: DebugReport) -> DebugReport:
-        """One run over this report's inputs, then ``other``'s: counts add, the first
-        non-finite origin is kept (``other``'s own origin event is dropped, as one run stops
-        looking once it has one), and a run that failed ends there, as one run would."""
+        """One run over this report's inputs, then ``other``'s: counts add, the first origin
+        is kept (``other``'s origin event is dropped, as one run stops looking once it has
+        one), and a run that failed ends there."""
         if self.error is not None:
             return self
-        events = None
-        if self.events is not None:
-            events = [*self.events, *(e for e in other.events or ()
-                                      if self.origin is None or not isinstance(e, NonfiniteEvent))]
+        kept = (e for e in other.events or () if self.origin is None or not isinstance(e, NonfiniteEvent))
+        events = None if self.events is None else [*self.events, *kept]
         return DebugReport(
             batches=self.batches + other.batches, samples=self.samples + other.samples,
-            calls=self.calls + other.calls,
-            nonfinite_calls=self.nonfinite_calls + other.nonfinite_calls,
+            calls=self.calls + other.calls, nonfinite_calls=self.nonfinite_calls + other.nonfinite_calls,
             origin=self.origin or other.origin, error=other.error, failure=other.failure,
-            output_shapes=other.output_shapes if other.samples else self.output_shapes,
-            events=events)
+            output_shapes=other.output_shapes if other.samples else self.output_shapes, events=events)
 
     def to_dict(self) -> dict[str, Any]:
-        origin = None
-        if self.origin is not None:
-            o = self.origin
-            origin = {"name": o.name, "type": o.type, "call": o.call, "batch": o.batch,
-                      "source": o.source}
-        error = None
-        if self.error is not None:
-            e = self.error
-            error = {"name": e.name, "type": e.type, "call": e.call, "batch": e.batch,
-                     "input_shapes": e.input_shapes, "message": e.message,
-                     "exception": e.exception}
+        o, e = self.origin, self.error
+        origin = None if o is None else {"name": o.name, "type": o.type, "call": o.call,
+                                         "batch": o.batch, "source": o.source}
+        error = None if e is None else {k: v for k, v in asdict(e).items() if k != "depth"}
         return {"event": "summary", "batches": self.batches, "samples": self.samples,
                 "calls": self.calls, "nonfinite_calls": self.nonfinite_calls,
                 "origin": origin, "error": error, "output_shapes": self.output_shapes}
@@ -226,17 +174,13 @@ class DebugReport:
         """The ``debug`` document: the envelope (``LoadedModel.envelope``), every recorded
         event, and the summary (the envelope again, then :meth:`to_dict`)."""
         summary = dict(envelope) | {k: v for k, v in self.to_dict().items() if k != "event"}
-        return dict(envelope) | {"events": [e.to_dict() for e in self.events or ()],
-                                 "summary": summary}
+        return dict(envelope) | {"events": [e.to_dict() for e in self.events or ()], "summary": summary}
 
 
 class DebugProbe(Probe[DebugReport]):
-    """Trace events for the selected calls; non-finite detection on every call.
-
-    Every module, containers and the model itself included, is hooked, whatever the
-    selection, so a crash or a non-finite origin is found even outside it. With ``record``,
-    the report keeps every event too (``events``), so that reports can be merged with
-    their traces.
+    """Trace events for the selected calls; non-finite detection on every call, so that a
+    crash or an origin is found outside the selection too. With ``record``, the report keeps
+    every event (``events``), so that reports merge with their traces.
     """
 
     def __init__(self, model: nn.Module, *, select: Selection = LEAVES,
@@ -271,7 +215,7 @@ class DebugProbe(Probe[DebugReport]):
         finite = True
         if self.detecting:
             # Summarised now: an in-place module may overwrite its input before it returns.
-            summaries = [s for s in (_summary(t) for t in inputs) if s is not None]
+            summaries = [moments(t).summary() for t in inputs]
             finite = all(s["nonfinite"] == 0 for s in summaries)
             is_root = call.site.module is self.model
             if is_root and not finite:
@@ -288,8 +232,9 @@ class DebugProbe(Probe[DebugReport]):
         outputs = tensors(output)
         out_shapes = [list(t.shape) for t in outputs]
         if call.name in self.selected:
-            event = ExitEvent(call.name, call.site.type, call.index, call.site.depth,
-                              self.batch, out_shapes, _summary(first_tensor(output)))
+            first = first_tensor(output)
+            event = ExitEvent(call.name, call.site.type, call.index, call.site.depth, self.batch,
+                              out_shapes, None if first is None else moments(first).summary())
             self.report.calls += 1
             if event.nonfinite:
                 self.report.nonfinite_calls += 1
@@ -303,11 +248,9 @@ class DebugProbe(Probe[DebugReport]):
             source = "module"
         else:
             return
-        origin = NonfiniteEvent(
-            call.name, call.site.type, call.index, call.site.depth, self.batch, source,
-            in_shapes, out_shapes, in_summaries,
-            [s for s in (_summary(t) for t in outputs) if s is not None],
-        )
+        origin = NonfiniteEvent(call.name, call.site.type, call.index, call.site.depth,
+                                self.batch, source, in_shapes, out_shapes, in_summaries,
+                                [moments(t).summary() for t in outputs])
         self.report.origin = origin
         self.emit(origin)
 
@@ -322,9 +265,8 @@ class DebugProbe(Probe[DebugReport]):
         self.report.output_shapes = [list(t.shape) for t in tensors(output)]
 
     def on_error(self, error: ForwardError, step: Step) -> bool:
-        self.report.error = ErrorEvent(error.module, error.type_name, error.call, error.depth,
-                                       step.index, error.input_shapes, error.reason,
-                                       error.exception)
+        self.report.error = ErrorEvent(error.module, error.type_name, error.call, error.depth, step.index,
+                                       error.input_shapes, error.reason, error.exception)
         self.report.failure = error
         self.report.batches += 1
         self.emit(self.report.error)
@@ -336,41 +278,19 @@ class DebugProbe(Probe[DebugReport]):
 
 def nonfinite_failure(origin: NonfiniteEvent) -> CheckFailed:
     """The error for ``fail_on_nonfinite``: where non-finite values first appeared."""
-    where = f"{origin.name or 'the model itself'} ({origin.type}, call {origin.call}, batch " \
-        f"{origin.batch})"
+    where = f"{origin.name or 'the model itself'} ({origin.type}, call {origin.call}, batch {origin.batch})"
     if origin.source == "input":
         return CheckFailed(f"the input holds non-finite values (first module: {where}).")
     return CheckFailed(f"non-finite values first appear in {where}.")
 
 
-def run_debug(
-    model: nn.Module,
-    inputs: torch.Tensor | Iterable[torch.Tensor],
-    *,
-    layers: Sequence[str] | None = None,
-    types: Sequence[str] | None = None,
-    all_modules: bool = False,
-    max_depth: int | None = None,
-    on_event: Callable[[Event], None] | None = None,
-) -> DebugReport:
-    """Run ``model`` in eval and inference mode, tracing selected calls and locating problems.
-
-    Args:
-        model: any ``nn.Module``; left with no hooks and its ``training`` flags intact.
-        inputs: one batch tensor, or an iterable of batch tensors.
-        layers: fnmatch patterns on dotted module names (trace events only).
-        types: module class names (trace events only).
-        all_modules: trace containers too when no other selection is given.
-        max_depth: cut the traced tree at this depth.
-        on_event: called with each event as it happens, in execution order.
-
-    Returns:
-        Counts, the non-finite origin (or None) and the error (or None). After an error
-        the run stops; ``failure`` holds it, ready to raise.
-
-    Raises:
-        HookscopeError: the selection matches no module.
+def run_debug(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *,
+              layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
+              all_modules: bool = False, max_depth: int | None = None,
+              on_event: Callable[[Event], None] | None = None) -> DebugReport:
+    """Run ``model`` in eval and inference mode on ``inputs`` (a batch or an iterable of
+    batches), tracing the selected calls and locating problems; ``on_event`` is called with
+    each event, in order. An error stops the run; the report's ``failure`` holds it, to raise.
     """
-    probe = DebugProbe(model, select=Selection(layers, types, all_modules, max_depth),
-                       on_event=on_event)
-    return drive(model, inputs, probe)
+    select = Selection(layers, types, all_modules, max_depth)
+    return drive(model, inputs, DebugProbe(model, select=select, on_event=on_event))

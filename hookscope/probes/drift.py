@@ -1,20 +1,12 @@
 """The distribution drift between two saved percentile sets: a Wasserstein-1 distance.
 
-The quantile function of each side is taken as the piecewise-linear curve through its
-percentiles (those both sides hold, as fractions ``u = p / 100``). The drift is the mean
-absolute difference of the two curves over the percentiles' span, divided by the reference
-side's spread::
+Each side's quantile function is the piecewise-linear curve through the percentiles both sides
+hold (``u = p / 100``); the drift is their mean absolute difference, in A's spread::
 
     drift = 1 / (u_k - u_1) * ∫_{u_1}^{u_k} |Q_b(u) - Q_a(u)| du / max(std_a, EPS * |mean_a|)
 
-With the percentiles 0 and 100 this is the Wasserstein-1 distance between the two
-distributions approximated from their quantile functions, in units of A's standard
-deviation: a whole distribution shifted by ``d`` drifts ``d / std_a``, one scaled by ``k``
-(about the mean) drifts ``|k - 1| * E|X - mean| / std_a`` (0.80 ``|k - 1|`` for a normal
-distribution). With one percentile in common it is that percentile's difference; with none,
-None. Between nodes each difference is linear, so each piece is integrated exactly
-(``(|d0| + |d1|) / 2`` per unit where the sign holds, ``(d0² + d1²) / (2 (|d0| + |d1|))``
-where it changes). Torch-free.
+With percentiles 0 and 100 this is the Wasserstein-1 distance in A's standard deviations: a
+shift by ``d`` drifts ``d / std_a``. Each linear piece is integrated exactly. Torch-free.
 """
 
 from __future__ import annotations
@@ -25,9 +17,8 @@ from typing import Any
 
 __all__ = ["EPS", "finite", "quantile_drift"]
 
-#: The floor of the scale, relative to the mean (a constant layer, std 0, drifts by its
-#: change relative to its value), and of any scale a drift is divided by (a layer whose
-#: mean and std are both nearly zero does not turn rounding into an infinite drift).
+#: The floor of a drift's scale, relative to the mean (a constant layer, std 0, drifts by its
+#: change relative to its value), so that rounding does not become an infinite drift.
 EPS = 1e-6
 
 
@@ -61,10 +52,8 @@ def _piece(d0: float, d1: float) -> float:
 def quantile_drift(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
                    std: float | None, mean: float | None) -> float | None:
     """The drift of B's percentiles from A's (``{"1": q, "50": q, ...}``), in units of A's
-    spread ``max(std, EPS * |mean|)``; None when they share no percentile.
-
-    A spread of 0 (a constant zero layer) gives 0 for no change and inf for any.
-    """
+    spread ``max(std, EPS * |mean|)``; None when they share no percentile. A spread of 0 (a
+    constant zero layer) gives 0 for no change and inf for any."""
     nodes = _common(a or {}, b or {})
     if not nodes:
         return None

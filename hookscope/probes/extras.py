@@ -16,22 +16,12 @@ from hookscope.probes.sketch import Sketch, finite_range, percentile_key
 
 __all__ = ["Extras"]
 
-NAN = float("nan")
-
 
 @dataclass(frozen=True)
 class Extras:
-    """The opt-in summaries of one call's output, merged exactly across batches and ranks.
-
-    Attributes:
-        per_channel: per-channel statistics were asked for.
-        percentiles: the percentiles asked for (0 to 100), in order.
-        channel_dim: the output's channel dimension (None: the output is one channel).
-        channels: per-channel moments (with ``per_channel``).
-        sketch: the whole output's percentile sketch (with ``percentiles`` alone).
-        channel_sketch: per-channel sketches (with both); the whole output's is their
-            exact :meth:`~hookscope.probes.sketch.Sketch.collapse`.
-    """
+    """The opt-in summaries of one call's output. ``sketch`` is the whole output's (with
+    ``percentiles`` alone); with ``per_channel`` too, ``channel_sketch`` holds one per channel,
+    and the whole output's is their exact collapse."""
 
     per_channel: bool = False
     percentiles: tuple[float, ...] = ()
@@ -70,8 +60,8 @@ class Extras:
                        channel_sketch=merged(self.channel_sketch, other.channel_sketch))
 
     def to(self, device: torch.device | str) -> Extras:
-        return replace(self, **{name: value.to(device) for name in ("channels", "sketch",
-                                                                     "channel_sketch")
+        names = ("channels", "sketch", "channel_sketch")
+        return replace(self, **{name: value.to(device) for name in names
                                 if (value := getattr(self, name)) is not None})
 
     def fields(self) -> dict[str, Any]:
@@ -90,6 +80,6 @@ class Extras:
             whole = self.sketch if self.sketch is not None else (
                 self.channel_sketch.collapse() if self.channel_sketch is not None else None)
             values = whole.quantiles(self.percentiles)[0].tolist() if whole is not None else \
-                [NAN] * len(keys)
+                [float("nan")] * len(keys)
             out["percentiles"] = dict(zip(keys, values, strict=True))
         return out

@@ -1,7 +1,5 @@
-"""Feature maps as pictures: capture layer outputs with forward hooks and tile their channels.
-
-The library returns :class:`FeatureGrid` objects (the grid as a float image in [0, 1] and the
-raw activations); :mod:`hookscope.render.grid` writes them as PNG files and to TensorBoard.
+"""Feature maps as pictures: capture layer outputs with forward hooks and tile their channels
+into :class:`FeatureGrid` images, which :mod:`hookscope.render.grid` writes.
 """
 
 from __future__ import annotations
@@ -54,11 +52,9 @@ class FeatureGrid:
         return output_name(self.stem, self.layer, self.call)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "input": self.input, "layer": self.layer, "type": self.type, "call": self.call,
-            "shape": self.shape, "channels": self.channels, "nonfinite": self.nonfinite,
-            "grid_size": [int(self.image.shape[2]), int(self.image.shape[1])],
-        }
+        return {"input": self.input, "layer": self.layer, "type": self.type, "call": self.call,
+                "shape": self.shape, "channels": self.channels, "nonfinite": self.nonfinite,
+                "grid_size": [int(self.image.shape[2]), int(self.image.shape[1])]}
 
 
 def output_name(stem: str, layer: str, call: int = 0) -> str:
@@ -67,25 +63,17 @@ def output_name(stem: str, layer: str, call: int = 0) -> str:
     return f"{stem}.{safe}.png" if call == 0 else f"{stem}.{safe}.call{call}.png"
 
 
-def feature_sites(
-    model: nn.Module, layers: Sequence[str] | None = None, types: Sequence[str] | None = None
-) -> list[Site]:
-    """The union of ``layers`` (exact names or fnmatch patterns) and modules of ``types``.
-
-    Raises:
-        HookscopeError: nothing chosen, an unknown name, or a type that matches nothing.
-    """
+def feature_sites(model: nn.Module, layers: Sequence[str] | None = None,
+                  types: Sequence[str] | None = None) -> list[Site]:
+    """The union of ``layers`` (exact names or fnmatch patterns) and modules of ``types``;
+    HookscopeError for nothing chosen, an unknown name, or a type that matches nothing."""
     if not layers and not types:
-        raise HookscopeError(
-            f"Choose layers with {param('layers')} (dotted names or patterns) or "
-            f"{param('types')} (class names, e.g. Conv2d)."
-        )
+        raise HookscopeError(f"Choose layers with {param('layers')} (dotted names or patterns) "
+                             f"or {param('types')} (class names, e.g. Conv2d).")
     chosen: dict[str, Site] = {}
     for name in layers or []:
-        if any(ch in name for ch in "*?["):
-            matched = select_sites(model, layers=[name], all_modules=True)
-        else:
-            matched = [find_site(model, name)]
+        glob = any(ch in name for ch in "*?[")
+        matched = select_sites(model, layers=[name], all_modules=True) if glob else [find_site(model, name)]
         chosen.update((s.name, s) for s in matched)
     if types:
         chosen.update((s.name, s) for s in select_sites(model, types=types, all_modules=True))
@@ -101,8 +89,7 @@ def _ranked(fmap: torch.Tensor, max_channels: int, order: str) -> list[int]:
     clean = torch.nan_to_num(fmap.reshape(count, -1), nan=-math.inf)
     score = clean.mean(dim=1) if order == "mean" else clean.amax(dim=1)
     score = torch.nan_to_num(score, nan=-math.inf)
-    # Stable sort: ties keep channel order.
-    return torch.sort(score, descending=True, stable=True).indices[:k].tolist()
+    return torch.sort(score, descending=True, stable=True).indices[:k].tolist()  # ties in order
 
 
 def _check_tiling(max_channels: int, order: str) -> None:
@@ -112,26 +99,15 @@ def _check_tiling(max_channels: int, order: str) -> None:
         raise HookscopeError(f"{param('max_channels')} must be at least 1, not {max_channels}.")
 
 
-def make_tiles(
-    fmap: torch.Tensor,
-    *,
-    max_channels: int = 64,
-    order: str = "index",
-    upsample: tuple[int, int] | None = None,
-) -> tuple[torch.Tensor, list[int]]:
-    """Tile a (C, H, W) feature map into a grid image, each tile normalised on its own.
-
-    Returns:
-        The grid as a (3, H', W') float tensor in [0, 1] and the channels shown, in order.
-    """
+def make_tiles(fmap: torch.Tensor, *, max_channels: int = 64, order: str = "index",
+               upsample: tuple[int, int] | None = None) -> tuple[torch.Tensor, list[int]]:
+    """Tile a (C, H, W) feature map into a (3, H', W') grid image in [0, 1], each tile normalised
+    on its own; returns it and the channels shown, in order."""
     from torchvision.utils import make_grid
 
     _check_tiling(max_channels, order)
     channels = _ranked(fmap, max_channels, order)
-    tiles = fmap[channels].float().unsqueeze(1)  # (k, 1, H, W)
-    finite = torch.isfinite(tiles)
-    if not bool(finite.all()):
-        tiles = torch.where(finite, tiles, torch.zeros_like(tiles))
+    tiles = fmap[channels].float().unsqueeze(1).nan_to_num(0.0, posinf=0.0, neginf=0.0)  # (k, 1, H, W)
     if upsample is not None and tuple(tiles.shape[-2:]) != tuple(upsample):
         tiles = torch.nn.functional.interpolate(tiles, size=upsample, mode="bilinear",
                                                 align_corners=False)
@@ -143,19 +119,19 @@ def make_tiles(
 def _spatial(output: Any, site: Site, size: tuple[int, int], hint: TokenHint) -> torch.Tensor:
     """The output as (N, C, h, w): channels-last and token outputs laid out on their grid."""
     t = first_tensor(output)
-    found = layout(list(t.shape), size, type_name=site.type, hint=hint) if t is not None \
-        else "it returns no tensor"
-    if not isinstance(found, Layout) and t is not None and t.dim() == 4:
-        return t  # any other (N, C, H, W), 1x1 squeeze-excite outputs too, as it is
-    if not isinstance(found, Layout):
-        shape = list(t.shape) if t is not None else None
-        raise HookscopeError(
-            f"{site.name} ({site.type}) returns {shape if shape else 'no tensor'}; feature "
-            f"grids need an image grid ((N, C, H, W), (N, H, W, C) or patch tokens): {found}. "
-            "Choose another layer (see `hookscope layers MODEL`)."
-        )
-    assert t is not None
-    return found.to_nchw(t)
+    if t is None:
+        found: Layout | str = "it returns no tensor"
+    else:
+        found = layout(list(t.shape), size, type_name=site.type, hint=hint)
+        if isinstance(found, Layout):
+            return found.to_nchw(t)
+        if t.dim() == 4:
+            return t  # any other (N, C, H, W), 1x1 squeeze-excite outputs too, as it is
+    shape = list(t.shape) if t is not None else None
+    raise HookscopeError(
+        f"{site.name} ({site.type}) returns {shape if shape else 'no tensor'}; feature "
+        f"grids need an image grid ((N, C, H, W), (N, H, W, C) or patch tokens): {found}. "
+        "Choose another layer (see `hookscope layers MODEL`).")
 
 
 @dataclass(frozen=True)
@@ -168,42 +144,28 @@ class FeaturesReport:
         return {"grids": list(self.grids)}
 
     def document(self, out: Path, tensorboard: Path | None = None) -> dict[str, Any]:
-        """The ``features`` document after the envelope (``LoadedModel.envelope``): the
-        folder, the TensorBoard log, the files (each row's ``path``, from the sink) and the
-        rows."""
+        """The ``features`` document after the envelope: the folder, the TensorBoard log, the
+        files (each row's ``path``, from the sink) and the rows."""
         return {"out": str(out), "tensorboard": str(tensorboard) if tensorboard else None,
                 "files": [row["path"] for row in self.grids]} | self.to_dict()
 
 
 class FeaturesProbe(Probe[FeaturesReport]):
-    """Tile each selected call's feature maps, per input, and hand each grid to ``sink``.
-
-    Feature maps are copied inside the forward hook, before a later in-place operation can
-    change them. Only one batch's maps are held at a time.
-
-    Args:
-        sites: the layers to picture (see :func:`feature_sites`).
-        sink: receives each :class:`FeatureGrid` as it is made (writes a file, logs it to
-            TensorBoard) and returns extra fields for its row (e.g. ``{"path": ...}``);
-            without it the grids are kept in :attr:`kept`.
-        max_channels: at most this many channels per grid.
-        order: ``index`` (the first channels), ``mean`` or ``max`` (the most active first).
-        upsample: resize each tile to the input's size.
-        stems: output file stems per input (default: each input's ``stem``).
-        hint: the model's tokens (default: :func:`hookscope.core.grid.token_hint` of the model
-            driven), to lay token outputs on their grid.
+    """Tile each selected call's feature maps, per input, and hand each grid to ``sink``, which
+    writes it and returns extra fields for its row (``{"path": ...}``); without one the grids are
+    kept in :attr:`kept`. ``order`` is ``index`` (the first channels), ``mean`` or ``max`` (the
+    most active first); ``hint`` lays token outputs on their grid (default: the driven model's).
+    Maps are copied in the forward hook, before a later in-place operation can change them.
     """
 
     def __init__(self, sites: Sequence[Site], *,
                  sink: Callable[[FeatureGrid], dict[str, Any] | None] | None = None,
                  max_channels: int = 64, order: str = "index", upsample: bool = False,
                  stems: Sequence[str] | None = None, hint: TokenHint | None = None) -> None:
-        _check_tiling(max_channels, order)  # before any pass
+        _check_tiling(max_channels, order)
         self.sites = list(sites)
-        self.sink = sink
+        self.sink, self.stems, self.hint = sink, stems, hint
         self.max_channels, self.order, self.upsample = max_channels, order, upsample
-        self.stems = stems
-        self.hint = hint
         self.size = (0, 0)
         self.captured: list[tuple[Call, torch.Tensor]] = []
         self.rows: list[dict[str, Any]] = []
@@ -223,7 +185,7 @@ class FeaturesProbe(Probe[FeaturesReport]):
         self.captured.clear()
         self.size = (int(step.x.shape[-2]), int(step.x.shape[-1]))
         step.forward()
-        size = (int(step.x.shape[-2]), int(step.x.shape[-1])) if self.upsample else None
+        size = self.size if self.upsample else None
         items = step.batch.items if step.batch is not None else None
         for row in range(len(step)):
             index = step.start + row
@@ -255,10 +217,8 @@ class FeaturesProbe(Probe[FeaturesReport]):
 
 def feature_grids(model: nn.Module, inputs: Any, sites: Sequence[Site], **options: Any
                   ) -> list[FeatureGrid]:
-    """Every grid for ``inputs`` (a batch or an iterable of batches) at ``sites``.
-
-    ``options`` are those of :class:`FeaturesProbe` (``max_channels``, ``order``, ...).
-    """
+    """Every grid for ``inputs`` (a batch or an iterable of batches) at ``sites``; ``options``
+    are those of :class:`FeaturesProbe` (``max_channels``, ``order``, ...)."""
     probe = FeaturesProbe(sites, **options)
     drive(model, inputs, probe)
     return probe.kept

@@ -1,12 +1,9 @@
 """Gradient flow: the gradient at every module call's output and every parameter.
 
-The gradients at module outputs are caught by tensor hooks registered from forward hooks
-(``Tracer``), not by ``register_full_backward_hook``, which fails when the module is
-followed by an in-place operation. A tensor hook registered before an in-place ReLU still
-receives the gradient with respect to the module's own output.
-
-Parameter gradients come from ``torch.autograd.grad`` in the same single backward pass, so
-no ``.grad`` is ever written to the model. One forward and one backward pass per batch.
+Output gradients come from tensor hooks registered in forward hooks, not from
+``register_full_backward_hook``, which fails when an in-place operation follows the module.
+Parameter gradients come from ``torch.autograd.grad`` in the same backward pass, so no
+``.grad`` is ever written. One forward and one backward pass per batch.
 """
 
 from __future__ import annotations
@@ -29,17 +26,9 @@ from hookscope.core.select import LEAVES, Selection, Site
 from hookscope.core.targets import Targets, folder_targets, parse_targets
 from hookscope.probes.stats import Moments, MomentTable
 
-__all__ = [
-    "GradLayer",
-    "GradReport",
-    "GradsProbe",
-    "ParamGrad",
-    "collect_grads",
-    "nonfinite_failure",
-    "true_classes",
-]
+__all__ = ["GradLayer", "GradReport", "GradsProbe", "ParamGrad", "collect_grads",
+           "nonfinite_failure", "true_classes"]
 
-NAN = float("nan")
 LOSSES = ("logit", "ce")
 
 
@@ -79,11 +68,9 @@ class ParamGrad:
     def of(cls, name: str, summed: torch.Tensor | None, weight_norm: float) -> ParamGrad:
         """The row of a parameter whose gradient summed over the inputs is ``summed``."""
         with torch.no_grad():
-            # Native-precision norms: torch's reduction is accurate to ~1e-7 relative, and
-            # dtype=float64 is ~40x slower on CPU (it costs more than the backward pass).
+            # Native precision: accurate to ~1e-7, where float64 costs more than the backward pass.
             grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
-        return cls(name, grad, weight_norm, grad / weight_norm if weight_norm > 0 else NAN,
-                   summed)
+        return cls(name, grad, weight_norm, grad / weight_norm if weight_norm > 0 else math.nan, summed)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "summed"}
@@ -109,69 +96,47 @@ class GradReport:
     def build(cls, layers: Iterable[GradEntry], params: list[ParamGrad], *, loss: str,
               targets: list[int], objective: float, input_shape: list[int] | None,
               vanish: float, explode: float) -> GradReport:
-        """The report from each call's gradient summary (backward order) and the parameters'
-        rows: norms, the median, flags and the first non-finite call."""
+        """The report from each call's gradient summary (backward order) and the parameter rows."""
         rows, median = _layer_rows(list(layers), vanish, explode)
         bad = next((r for r in rows if r.nonfinite), None)
-        first = None if bad is None else bad.name if bad.call == 0 else \
-            f"{bad.name} (call {bad.call})"
-        return cls(
-            layers=rows, params=params, loss=loss, targets=targets, objective=objective,
-            median_norm=median, first_nonfinite=first, input_shape=input_shape,
-            first_nonfinite_param=next(
-                (p.name for p in params if not math.isfinite(p.grad_norm)), None),
-            vanish=vanish, explode=explode)
+        first = None if bad is None else bad.name if bad.call == 0 else f"{bad.name} (call {bad.call})"
+        bad_param = next((p.name for p in params if not math.isfinite(p.grad_norm)), None)
+        return cls(layers=rows, params=params, loss=loss, targets=targets, objective=objective,
+                   median_norm=median, first_nonfinite=first, input_shape=input_shape,
+                   first_nonfinite_param=bad_param, vanish=vanish, explode=explode)
 
     def merge(self, other: GradReport) -> GradReport:
-        """The report over both reports' inputs, this one's first: what one run over them
-        gives (gradient moments merged exactly, parameter gradients summed).
-
-        Raises:
-            ValueError: a report without its summaries (made by hand).
-        """
+        """What one run over both reports' inputs gives, this one's first (moments merged
+        exactly, parameter gradients summed). Raises ValueError for rows made by hand."""
         entries = {(r.name, r.call): _entry(r) for r in self.layers}
         for row in other.layers:
             key = (row.name, row.call)
-            entries[key] = _merged_entry(entries[key], _entry(row)) if key in entries \
-                else _entry(row)
+            entries[key] = _merged_entry(entries[key], _entry(row)) if key in entries else _entry(row)
         params = [ParamGrad.of(a.name, _sum(a.summed, b.summed), a.weight_norm)
                   for a, b in zip(self.params, other.params, strict=True)]
         return GradReport.build(
             entries.values(), params, loss=self.loss, targets=[*self.targets, *other.targets],
-            objective=self.objective + other.objective,
-            input_shape=self.input_shape or other.input_shape, vanish=self.vanish,
-            explode=self.explode)
+            objective=self.objective + other.objective, vanish=self.vanish, explode=self.explode,
+            input_shape=self.input_shape or other.input_shape)
 
     @property
     def nonfinite(self) -> bool:
         """Whether any layer or parameter gradient holds NaN or Inf."""
-        return self.first_nonfinite is not None or any(
-            not math.isfinite(p.grad_norm) for p in self.params
-        )
+        return self.first_nonfinite is not None or self.first_nonfinite_param is not None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
-        return {
-            "input_shape": self.input_shape,
-            "loss": self.loss,
-            "targets": list(self.targets),
-            "objective": self.objective,
-            "median_norm": self.median_norm,
-            "first_nonfinite": self.first_nonfinite,
-            "first_nonfinite_param": self.first_nonfinite_param,
-            "layers": [layer.to_dict() for layer in self.layers],
-            "params": [p.to_dict() for p in self.params],
-        }
+        return {"input_shape": self.input_shape, "loss": self.loss, "targets": list(self.targets),
+                "objective": self.objective, "median_norm": self.median_norm,
+                "first_nonfinite": self.first_nonfinite, "first_nonfinite_param": self.first_nonfinite_param,
+                "layers": [layer.to_dict() for layer in self.layers],
+                "params": [p.to_dict() for p in self.params]}
 
 
 def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
                  categories: Sequence[str] | None) -> str | Targets | None:
     """The ``label`` of :class:`GradsProbe`: as given, or with ``loss="ce"`` and none given,
-    each input's ImageFolder class folder (``folders``), when the inputs have them.
-
-    Raises:
-        HookscopeError: a class folder that names no class of the model.
-    """
+    each input's ImageFolder class folder (``folders``), which must name a class of the model."""
     if loss != "ce" or label is not None or folders is None:
         return label
     return folder_targets(folders, categories)
@@ -187,36 +152,37 @@ def _entry(row: GradLayer) -> GradEntry:
     return row.name, row.type, row.call, list(row.shape), row.moments
 
 
+def _grown(shape: list[int], other: list[int]) -> list[int]:
+    """``shape`` with ``other``'s batch added, when their trailing dimensions agree."""
+    if shape and other and shape[1:] == other[1:]:
+        return [shape[0] + other[0], *shape[1:]]
+    return shape
+
+
 def _merged_entry(a: GradEntry, b: GradEntry) -> GradEntry:
-    shape = list(a[3])
-    if shape and b[3] and shape[1:] == b[3][1:]:
-        shape[0] += b[3][0]
-    return a[0], a[1], a[2], shape, a[4].merge(b[4])
+    return a[0], a[1], a[2], _grown(list(a[3]), b[3]), a[4].merge(b[4])
 
 
 def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
     return b if a is None else a if b is None else a + b
 
 
-def _layer_rows(entries: list[GradEntry], vanish: float,
-                explode: float) -> tuple[list[GradLayer], float]:
+def _layer_rows(entries: list[GradEntry], vanish: float, explode: float
+                ) -> tuple[list[GradLayer], float]:
     """Each call's row, flagged against the median norm, and that median."""
     norms = [_norm(m) for *_, m in entries]
     finite = [v for v in norms if math.isfinite(v)]
-    median = statistics.median(finite) if finite else NAN
-    rows = [GradLayer(
-        name=name, type=type_name, call=call, shape=shape, norm=norm,
-        mean=m.mean if m.n else NAN, std=m.std,
-        max_abs=max(abs(m.min), abs(m.max)) if m.n else NAN, nonfinite=m.nonfinite,
-        flag=_flag(norm, m.nonfinite, median, vanish, explode), moments=m)
-        for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
+    median = statistics.median(finite) if finite else math.nan
+    rows = [GradLayer(name=name, type=type_name, call=call, shape=shape, norm=norm,
+                      mean=m.mean if m.n else math.nan, std=m.std,
+                      max_abs=max(abs(m.min), abs(m.max)) if m.n else math.nan, nonfinite=m.nonfinite,
+                      flag=_flag(norm, m.nonfinite, median, vanish, explode), moments=m)
+            for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
     return rows, median
 
 
 def _norm(m: Moments) -> float:
-    if m.n == 0:
-        return NAN
-    return math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0))
+    return math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0)) if m.n else math.nan
 
 
 def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: float) -> str | None:
@@ -231,8 +197,8 @@ def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: fl
     return None
 
 
-def _objective(logits: torch.Tensor, loss: str, targets: Targets,
-               start: int) -> tuple[torch.Tensor, list[int]]:
+def _objective(logits: torch.Tensor, loss: str, targets: Targets, start: int
+               ) -> tuple[torch.Tensor, list[int]]:
     classes = targets.resolve(logits, start)
     index = torch.tensor(classes, device=logits.device)
     if loss == "ce":
@@ -266,10 +232,8 @@ def _objective_targets(target: Targets | str | None, loss: str, label: Targets |
 
 
 class GradsProbe(Probe[GradReport]):
-    """Gradients at each selected call's output (tensor hooks) and at each parameter.
-
-    Args: as :func:`collect_grads`; ``select`` is its ``layers``, ``types``, ``all_modules``
-    and ``max_depth``.
+    """Gradients at each selected call's output and at each parameter; arguments as
+    :func:`collect_grads`'s (``select``: its ``layers``, ``types``, ``all_modules``, ``max_depth``).
     """
 
     grad = "grad"
@@ -280,8 +244,7 @@ class GradsProbe(Probe[GradReport]):
                  categories: Sequence[str] | None = None, n_inputs: int | None = None,
                  output_key: str | None = None) -> None:
         if not (vanish > 0 and explode > 0):
-            raise HookscopeError(f"{param('vanish')} and {param('explode')} must be positive "
-                                 "factors.")
+            raise HookscopeError(f"{param('vanish')} and {param('explode')} must be positive factors.")
         self.loss, self.vanish, self.explode = loss, vanish, explode
         self.targets = _objective_targets(target, loss, label, categories)
         if n_inputs is not None:
@@ -289,9 +252,8 @@ class GradsProbe(Probe[GradReport]):
         self.sites = select.sites(model)
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.params:
-            raise HookscopeError(
-                "The model has no parameter that requires a gradient; nothing to differentiate."
-            )
+            raise HookscopeError("The model has no parameter that requires a gradient; nothing "
+                                 "to differentiate.")
         self.output_key = output_key
         self.table = MomentTable(on_device=model_device(model).type != "cpu")
         self.order: dict[tuple[str, int], None] = {}  # backward order, from the first batch
@@ -309,13 +271,8 @@ class GradsProbe(Probe[GradReport]):
         t = first_tensor(output)
         if t is None or not t.requires_grad or self.hooks is None:
             return  # nothing before it needs a gradient: no gradient flows here
-        key = call.key
-        if key not in self.meta:
-            self.meta[key] = (call.site, list(t.shape))
-        else:  # batches of other sizes: keep the trailing shape, sum the batch dimension
-            shape = self.meta[key][1]
-            if shape and list(t.shape[1:]) == shape[1:]:
-                shape[0] += t.shape[0]
+        key, shape = call.key, list(t.shape)
+        self.meta[key] = (call.site, _grown(self.meta[key][1], shape) if key in self.meta else shape)
         self.hooks.tensor(t, partial(self._on_grad, key))
 
     def _on_grad(self, key: tuple[str, int], grad: torch.Tensor) -> None:
@@ -326,14 +283,10 @@ class GradsProbe(Probe[GradReport]):
         logits = class_logits(output, self.output_key, "grads")
         value, classes = _objective(logits, self.loss, self.targets, step.start)
         if not value.requires_grad:
-            raise HookscopeError(
-                "The model's output depends on no parameter that requires a gradient."
-            )
+            raise HookscopeError("The model's output depends on no parameter that requires a "
+                                 "gradient.")
         grads = torch.autograd.grad(value, [p for _, p in self.params], allow_unused=True)
-        for i, g in enumerate(grads):
-            if g is not None:
-                prev = self.param_sums[i]
-                self.param_sums[i] = g if prev is None else prev + g
+        self.param_sums = [_sum(s, g) for s, g in zip(self.param_sums, grads, strict=True)]
         del grads, output, logits
         self.table.flush()
         self.objective += float(value.detach())
@@ -360,61 +313,34 @@ class GradsProbe(Probe[GradReport]):
 def nonfinite_failure(report: GradReport) -> CheckFailed:
     """The error for ``fail_on_nonfinite``: the first non-finite gradient."""
     if report.first_nonfinite is not None:
-        return CheckFailed(f"non-finite gradient; first in backward order: "
-                           f"{report.first_nonfinite}.")
+        return CheckFailed(f"non-finite gradient; first in backward order: {report.first_nonfinite}.")
     return CheckFailed(f"non-finite gradient in parameter {report.first_nonfinite_param} (the "
                        "first in model order); the gradients at the module outputs are "
                        "finite, so the non-finite values come from the activations (is the "
                        "input finite?).")
 
 
-def collect_grads(
-    model: nn.Module,
-    inputs: torch.Tensor | Iterable[torch.Tensor],
-    *,
-    target: Targets | str | None = None,
-    loss: str = "logit",
-    label: Targets | str | None = None,
-    layers: Sequence[str] | None = None,
-    types: Sequence[str] | None = None,
-    all_modules: bool = False,
-    max_depth: int | None = None,
-    vanish: float = 1e-3,
-    explode: float = 1e3,
-    categories: Sequence[str] | None = None,
-    n_inputs: int | None = None,
-    train_mode: bool = False,
-    on_batch: Callable[[int], None] | None = None,
-    output_key: str | None = None,
-) -> GradReport:
-    """Gradients at each selected module call's output and at each parameter.
-
-    The model runs in eval mode unless ``train_mode`` (its ``training`` flags are restored
-    afterwards), one forward and one backward pass per batch; over several batches the
-    objectives add up. No ``.grad`` is written.
+def collect_grads(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *,
+                  target: Targets | str | None = None, loss: str = "logit",
+                  label: Targets | str | None = None, layers: Sequence[str] | None = None,
+                  types: Sequence[str] | None = None, all_modules: bool = False,
+                  max_depth: int | None = None, vanish: float = 1e-3, explode: float = 1e3,
+                  categories: Sequence[str] | None = None, n_inputs: int | None = None,
+                  train_mode: bool = False, on_batch: Callable[[int], None] | None = None,
+                  output_key: str | None = None) -> GradReport:
+    """Gradients at each selected module call's output and at each parameter of a classifier,
+    over ``inputs`` (a batch or an iterable of batches); the objectives of batches add up.
 
     Args:
-        model: a classifier returning (N, classes) logits.
-        inputs: one batch tensor, or an iterable of batch tensors.
         target: ``loss="logit"``: the class whose raw logit is differentiated (``top1``,
             ``topK``, an index or label; one for all inputs or one per input), summed.
         loss: ``"logit"`` or ``"ce"`` (cross-entropy against ``label``, summed over inputs).
         label: ``loss="ce"``: the true class, one for all inputs or one per input.
-        layers, types, all_modules, max_depth: module selection, as in ``collect_stats``.
         vanish, explode: flag calls whose gradient norm is below ``vanish`` or above
             ``explode`` times the median call's norm.
-        categories: class labels, to parse labels given by name.
         n_inputs: the number of inputs, to check a per-input target or label list early.
-        train_mode: run in train mode (BatchNorm batch statistics, dropout on).
-        on_batch: called with each batch's size after it ran.
-        output_key: the entry of a dict or tuple output holding the logits.
-
-    Raises:
-        HookscopeError: bad target or label, no classifier output, bad selection.
-        ForwardError: the model's forward pass raised.
     """
-    probe = GradsProbe(model, target=target, loss=loss, label=label,
-                       select=Selection(layers, types, all_modules, max_depth), vanish=vanish,
-                       explode=explode, categories=categories, n_inputs=n_inputs,
-                       output_key=output_key)
+    probe = GradsProbe(model, target=target, loss=loss, label=label, vanish=vanish, explode=explode,
+                       select=Selection(layers, types, all_modules, max_depth),
+                       categories=categories, n_inputs=n_inputs, output_key=output_key)
     return drive(model, inputs, probe, train_mode=train_mode, progress=on_batch)

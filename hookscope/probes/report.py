@@ -1,11 +1,9 @@
 """One report over a model and its inputs: statistics, gradient flow and Grad-CAM together.
 
-:func:`build_report` runs three probes through the one driver, each over the same inputs
-(statistics in inference mode, gradients with autograd, CAM from the target layer on), and
-one forward pass of a single sample for the FLOP count. It returns a plain :class:`Report`:
-the reports of each analysis, a thumbnail and the maps of each input, and the findings
-(first non-finite output, dead layers, vanishing or exploding gradients). Drawing it as
-HTML is :mod:`hookscope.render.report`'s job; nothing here writes files.
+:func:`build_report` drives the three probes over the same inputs, and one sample for the FLOP
+count, into a plain :class:`Report` with the findings (first non-finite output, dead layers,
+vanishing or exploding gradients). :mod:`hookscope.render.report` draws it; nothing here
+writes files.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -40,26 +38,15 @@ __all__ = ["CamInput", "CamTarget", "DEAD", "Finding", "Report", "ReportOptions"
 #: A call whose output is at least this fraction of zeros is dead (the terminal table's
 #: yellow, ``render.tables.ZERO_WARN``).
 DEAD = 0.99
-#: The long side of the thumbnails kept for the page, in pixels.
-MAX_SIDE = 512
 
 Box = tuple[float, float, float, float]
 
 
 @dataclass(frozen=True)
 class ReportOptions:
-    """What each analysis of the report is asked to do.
-
-    Attributes:
-        select: the modules ``stats`` and ``grads`` hook.
-        target: the class explained by Grad-CAM and differentiated by ``grads`` (``top1``,
-            ``topK``, an index or label; one for all inputs or one per input).
-        loss, label, vanish, explode: the gradient objective and flags (see
-            :func:`hookscope.probes.grads.collect_grads`).
-        layer, methods, reshape, score_batch: the CAM layer (None: the last spatial one),
-            methods and options (see :func:`hookscope.cam.probe.explain`).
-        train_mode: run ``stats`` and ``grads`` in train mode.
-        max_side: the long side of the thumbnails kept per input.
+    """What each analysis of the report is asked to do: ``select`` and ``train_mode`` are
+    ``stats``' and ``grads``', ``target`` Grad-CAM's and ``grads``' (see
+    :func:`~hookscope.probes.grads.collect_grads` and :func:`~hookscope.cam.probe.explain`).
     """
 
     select: Selection = LEAVES
@@ -73,7 +60,7 @@ class ReportOptions:
     reshape: str = "auto"
     score_batch: int = 32
     train_mode: bool = False
-    max_side: int = MAX_SIDE
+    max_side: int = 512  # the long side of the thumbnails kept for the page, in pixels
 
 
 @dataclass(frozen=True)
@@ -86,24 +73,15 @@ class CamTarget:
     prob: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "label": self.label, "score": self.score, "prob": self.prob}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
 class CamInput:
-    """One input as the page shows it.
-
-    Attributes:
-        name: the input's name (its path, ``-``, ``x.pt[3]``).
-        image: the original image scaled down to at most ``max_side`` pixels; None for a
-            tensor input (then ``tensor`` holds it, preprocessed).
-        box: where the model's input lies in ``image`` (a centre crop), or None for all of it.
-        maps: per method, the (H, W) map in [0, 1] at the model input's resolution.
-        targets: per method, the class explained.
-        predictions: the top-5 predictions (from the statistics pass); None when the
-            input's logits held NaN or Inf.
-        skipped: why the input was not explained (then ``maps`` is empty), or None.
-    """
+    """One input as the page shows it: its thumbnail (None for a tensor input, then ``tensor``
+    holds it, preprocessed), where the model's input lies in it (``box``; None: all of it), per
+    method the (H, W) map in [0, 1] and the class explained, the top-5 predictions (None: the
+    logits held NaN or Inf), and why it was ``skipped`` (then ``maps`` is empty)."""
 
     name: str
     image: Image.Image | None
@@ -115,27 +93,17 @@ class CamInput:
     skipped: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input": self.name,
-                "size": list(self.image.size) if self.image is not None else None,
+        predictions = None if self.predictions is None else [p.to_dict() for p in self.predictions]
+        return {"input": self.name, "size": list(self.image.size) if self.image is not None else None,
                 "targets": {m: t.to_dict() for m, t in self.targets.items()},
-                "predictions": None if self.predictions is None else
-                [p.to_dict() for p in self.predictions],
-                "skipped": self.skipped}
+                "predictions": predictions, "skipped": self.skipped}
 
 
 @dataclass(frozen=True)
 class Finding:
-    """Something hookscope flags, and the row of the table that shows it.
-
-    Attributes:
-        kind: ``nonfinite`` (first non-finite output), ``dead`` (zero fraction at least
-            :data:`DEAD`), ``grad_nonfinite``, ``vanish`` or ``explode``.
-        severity: ``error`` (red) or ``warning`` (yellow).
-        table: ``stats`` or ``grads``.
-        row: the row's index in that table.
-        name, call: the module call.
-        detail: what was measured, in words.
-    """
+    """Something hookscope flags (``nonfinite``, ``dead``, ``grad_nonfinite``, ``vanish`` or
+    ``explode``), as an ``error`` or a ``warning``, and the row of the table (``stats`` or
+    ``grads``) that shows it."""
 
     kind: str
     severity: str
@@ -146,8 +114,7 @@ class Finding:
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "severity": self.severity, "table": self.table,
-                "row": self.row, "name": self.name, "call": self.call, "detail": self.detail}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -175,20 +142,18 @@ class Report:
         """The envelope, then each analysis's document (as its command writes it)."""
         return self.envelope | {
             "created": self.created, "params": self.params, "flops": self.flops,
-            "flops_input_shape": self.flops_shape,
-            "stats": self.stats.to_dict(),
+            "flops_input_shape": self.flops_shape, "stats": self.stats.to_dict(),
             "grads": self.grads.to_dict() if self.grads is not None else None,
             "left_out": dict(self.left_out),
             "gradcam": {"layer": self.cam_layer, "layer_default": self.cam_layer_default,
-                        "methods": self.methods,
-                        "inputs": [i.to_dict() for i in self.inputs]},
+                        "methods": self.methods, "inputs": [i.to_dict() for i in self.inputs]},
             "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
-            "thresholds": {"dead": DEAD, "vanish": self.options.vanish,
-                           "explode": self.options.explode},
-        }
+            "thresholds": {"dead": DEAD, "vanish": self.options.vanish, "explode": self.options.explode}}
 
 
-def _stats_findings(stats: StatsReport) -> list[Finding]:
+def find_issues(stats: StatsReport, grads: GradReport | None) -> list[Finding]:
+    """The first non-finite output, dead calls, the first non-finite gradient, and vanishing or
+    exploding ones."""
     found: list[Finding] = []
     first = next((i for i, r in enumerate(stats.layers) if r.nonfinite), None)
     if first is not None:
@@ -199,30 +164,21 @@ def _stats_findings(stats: StatsReport) -> list[Finding]:
         if math.isfinite(row.zero_fraction) and row.zero_fraction >= DEAD:
             found.append(Finding("dead", "warning", "stats", i, row.name, row.call,
                                  f"dead: {row.zero_fraction:.1%} of its outputs are zero"))
-    return found
-
-
-def _grads_findings(grads: GradReport) -> list[Finding]:
-    found: list[Finding] = []
-    for i, row in enumerate(grads.layers):
-        if row.flag == "nonfinite" and not any(f.kind == "grad_nonfinite" for f in found):
-            found.append(Finding("grad_nonfinite", "error", "grads", i, row.name, row.call,
+    if grads is None:
+        return found
+    median = grads.median_norm
+    for i, layer in enumerate(grads.layers):
+        if layer.flag == "nonfinite" and not any(f.kind == "grad_nonfinite" for f in found):
+            found.append(Finding("grad_nonfinite", "error", "grads", i, layer.name, layer.call,
                                  f"first non-finite gradient (backward order): "
-                                 f"{row.nonfinite} NaN/Inf value(s)"))
-        elif row.flag in ("vanish", "explode"):
-            ratio = row.norm / grads.median_norm if grads.median_norm > 0 else math.nan
-            word = "vanishing" if row.flag == "vanish" else "exploding"
-            found.append(Finding(row.flag, "warning" if row.flag == "vanish" else "error",
-                                 "grads", i, row.name, row.call,
-                                 f"{word} gradient: norm {row.norm:.3g}, {ratio:.3g}x the "
-                                 "median call's"))
+                                 f"{layer.nonfinite} NaN/Inf value(s)"))
+        elif layer.flag in ("vanish", "explode"):
+            ratio = layer.norm / median if median > 0 else math.nan
+            word = "vanishing" if layer.flag == "vanish" else "exploding"
+            found.append(Finding(layer.flag, "warning" if layer.flag == "vanish" else "error",
+                                 "grads", i, layer.name, layer.call, f"{word} gradient: norm "
+                                 f"{layer.norm:.3g}, {ratio:.3g}x the median call's"))
     return found
-
-
-def find_issues(stats: StatsReport, grads: GradReport | None) -> list[Finding]:
-    """What the report flags: the first non-finite output, dead calls, then the first
-    non-finite gradient and vanishing or exploding ones, each with its table row."""
-    return _stats_findings(stats) + (_grads_findings(grads) if grads is not None else [])
 
 
 def left_out(task: str) -> dict[str, str]:
@@ -239,24 +195,21 @@ class _CamCollector:
     def __init__(self, loaded: LoadedModel, max_side: int) -> None:
         self.loaded, self.max_side = loaded, max_side
         self.inputs: list[CamInput] = []
-        self.layer_shape: list[int] = []
 
     def __call__(self, explained: CamBatch) -> None:
         batch = explained.batch
         if batch is None:
             raise ValueError("the report needs batches from hookscope.inputs.resolve.iter_batches")
-        skipped = list(getattr(explained, "skipped", None) or [None] * len(batch.items))
+        skipped = explained.skipped or [None] * len(batch.items)
         for i, item in enumerate(batch.items):
             image, box = self._thumbnail(batch.images[i], explained.boxes[i])
             results = {} if skipped[i] else explained.results
-            targets = {name: CamTarget(res.targets[i], self.loaded.label(res.targets[i]),
-                                       res.scores[i], res.probs[i])
-                       for name, res in results.items()}
+            targets = {name: CamTarget(res.targets[i], self.loaded.label(res.targets[i]), res.scores[i],
+                                       res.probs[i]) for name, res in results.items()}
             self.inputs.append(CamInput(
-                name=item.name, image=image, box=box,
-                maps={name: res.maps[i] for name, res in results.items()}, targets=targets,
-                tensor=batch.tensor[i].detach().float().cpu() if image is None else None,
-                skipped=skipped[i]))
+                name=item.name, image=image, box=box, targets=targets, skipped=skipped[i],
+                maps={name: res.maps[i] for name, res in results.items()},
+                tensor=batch.tensor[i].detach().float().cpu() if image is None else None))
 
     def _thumbnail(self, image: Image.Image | None, box: Box | None
                    ) -> tuple[Image.Image | None, Box | None]:
@@ -280,29 +233,13 @@ def _flops(loaded: LoadedModel, input_shape: list[int] | None,
     return found.params, found.flops, [1, *input_shape]
 
 
-def build_report(
-    loaded: LoadedModel,
-    batches: Callable[[], Iterable[Batch]],
-    names: Sequence[str],
-    options: ReportOptions | None = None,
-    *,
-    progress: Callable[[int], None] | None = None,
-) -> Report:
-    """Run ``stats``, ``grads`` and Grad-CAM over the inputs and gather one report.
-
-    Every option is checked before the first forward pass.
-
-    Args:
-        loaded: the model, its preprocessing and labels.
-        batches: makes a fresh iterable of the inputs' batches, with their original images
-            (``keep_images=True``); called once per analysis.
-        names: one name per input, for the envelope.
-        options: what each analysis does.
-        progress: called with units of work done (each analysis counts every input once).
-
-    Raises:
-        HookscopeError: a bad selection, target, label or layer.
-        ForwardError: the model's forward pass raised.
+def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], names: Sequence[str],
+                 options: ReportOptions | None = None, *,
+                 progress: Callable[[int], None] | None = None) -> Report:
+    """Run ``stats``, ``grads`` and Grad-CAM over the inputs and gather one report; every
+    option is checked (HookscopeError) before the first forward pass. ``batches`` makes a fresh
+    iterable of the batches, with their images (``keep_images=True``), once per analysis;
+    ``progress`` is called with the inputs done, each analysis counting every input once.
     """
     opts = options or ReportOptions()
     model, categories, key = loaded.model, loaded.categories, loaded.output_key
@@ -320,22 +257,19 @@ def build_report(
     grad_target = opts.target if opts.loss == "logit" else None
     grads_probe = None if "gradients" in skipped else GradsProbe(
         model, target=grad_target, loss=opts.loss, label=opts.label, vanish=opts.vanish,
-        explode=opts.explode, categories=categories, n_inputs=len(names), output_key=key,
-        select=opts.select)
+        explode=opts.explode, categories=categories, n_inputs=len(names), output_key=key, select=opts.select)
     stats = drive(model, batches(), stats_probe, train_mode=opts.train_mode, **run)
     grads = None if grads_probe is None else drive(model, batches(), grads_probe,
                                                    train_mode=opts.train_mode, **run)
     collector = _CamCollector(loaded, opts.max_side)
-    cam = explain(model, batches(), transform=loaded.preprocess, sink=collector,
-                  **cam_options, **run)
+    cam = explain(model, batches(), transform=loaded.preprocess, sink=collector, **cam_options, **run)
     params, flops, shape = _flops(loaded, stats.input_shape)
     predictions = stats.predictions or [[] for _ in collector.inputs]
     inputs = [replace(item, predictions=None if preds is None else list(preds))
               for item, preds in zip(collector.inputs, predictions, strict=False)]
     return Report(
         envelope=loaded.envelope("report", list(names)),
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        params=params, flops=flops, flops_shape=shape, stats=stats, grads=grads,
-        cam_layer=cam.layer, cam_layer_default=opts.layer is None, methods=cam.methods,
-        inputs=inputs, findings=find_issues(stats, grads), notes=cam.notes, options=opts,
-        left_out=skipped)
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), params=params, flops=flops,
+        flops_shape=shape, stats=stats, grads=grads, cam_layer=cam.layer, methods=cam.methods,
+        cam_layer_default=opts.layer is None, inputs=inputs, findings=find_issues(stats, grads),
+        notes=cam.notes, options=opts, left_out=skipped)

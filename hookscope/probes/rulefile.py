@@ -1,8 +1,7 @@
 """The rules file of ``hookscope check``: its keys, the :class:`Rules` they make, and
 :func:`load_rules`, which reads them from a TOML file and/or flags.
 
-Everything that can be wrong with the rules themselves (syntax, an unknown key, a wrong
-type, a drift limit without a baseline) is a :class:`~hookscope.core.errors.HookscopeError`
+Anything wrong with the rules themselves is a :class:`~hookscope.core.errors.HookscopeError`
 naming the file and line (found by the TOML parser itself). Torch-free.
 """
 
@@ -29,16 +28,13 @@ class Key:
     convert: Callable[[Any], Any]
 
 
-def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError
-    return value
+def _integer(low: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError
+        return value
 
-
-def _positive(value: Any) -> int:
-    if _count(value) < 1:
-        raise ValueError
-    return value
+    return convert
 
 
 def _number(high: float | None = None) -> Callable[[Any], float]:
@@ -51,8 +47,7 @@ def _number(high: float | None = None) -> Callable[[Any], float]:
 
 
 def _globs(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or \
-            not all(isinstance(v, str) and v.strip() for v in value):
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
         raise ValueError
     return tuple(v.strip() for v in value)
 
@@ -71,7 +66,7 @@ def _table(value: Any) -> dict[str, Any]:
 
 #: Every key a rules file may hold (the flags mirror them), in the order rules run.
 KEYS: dict[str, Key] = {k.name: k for k in [
-    Key("nonfinite", "a non-negative integer (non-finite values allowed per call)", _count),
+    Key("nonfinite", "a non-negative integer (non-finite values allowed per call)", _integer(0)),
     Key("max_zero_fraction", "a number from 0 to 1", _number(1.0)),
     Key("ignore", "an array of module-name globs", _globs),
     Key("baseline", "a file name (a `hookscope stats --format json` document)", _text),
@@ -81,7 +76,7 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     Key("expect", "a table of input = label or class index", _table),
     Key("min_prob", "a number from 0 to 1", _number(1.0)),
     # A training log's rules (`hookscope check LOG_DIR`, see hookscope.training.rules).
-    Key("last", "a positive integer (the logging steps checked, the last ones)", _positive),
+    Key("last", "a positive integer (the logging steps checked, the last ones)", _integer(1)),
     Key("min_grad_norm", "a non-negative number", _number()),
     Key("max_grad_norm", "a non-negative number", _number()),
     Key("min_update_ratio", "a non-negative number", _number()),
@@ -109,18 +104,11 @@ def _convert(key: Key, value: Any, subject: str) -> Any:
         raise HookscopeError(f"{subject} must be {key.kind}, not {describe(value)}.") from None
 
 
-# ----------------------------------------------------------------------------- rules
-
-
 @dataclass(frozen=True)
 class Expect:
-    """One ``expect`` entry as written: an input's name and its expected top-1 class.
-
-    Attributes:
-        input: the input's name (a path as given, a basename, or ``x.pt[3]``).
-        want: a class label (matched case-insensitively) or a class index.
-        where: where it was written, for error messages.
-    """
+    """One ``expect`` entry as written: an input's name (a path, a basename, ``x.pt[3]``), its
+    expected top-1 class (a label, matched case-insensitively, or an index) and where it was
+    written, for error messages."""
 
     input: str
     want: str | int
@@ -129,24 +117,9 @@ class Expect:
 
 @dataclass(frozen=True)
 class Rules:
-    """The assertions of one check. ``nonfinite`` is always on; the others only when given.
-
-    Attributes:
-        nonfinite: the most non-finite values (NaN, Inf) allowed in one call's output.
-        max_zero_fraction: the largest fraction of zeros allowed in one call's output.
-        ignore: fnmatch globs on module names left out of every per-call rule; a glob also
-            covers the modules under what it matches.
-        baseline: a ``hookscope stats --format json`` document to compare with.
-        max_mean_drift: the largest relative change of a call's mean from the baseline.
-        max_std_drift: the largest relative change of a call's std from the baseline.
-        max_drift: the largest distribution drift of a call from the baseline
-            (:func:`~hookscope.probes.drift.quantile_drift`; the baseline needs percentiles).
-        expect: expected top-1 classes of inputs.
-        min_prob: the smallest top-1 probability allowed for any input.
-        last, min_grad_norm, max_grad_norm, min_update_ratio, max_update_ratio: a training
-            log's rules (see :mod:`hookscope.training.rules`).
-        source: the rules file, when there was one.
-        where: for each key given, where (file and line, or flag) it was set.
+    """The assertions of one check (the keys of :data:`KEYS`). ``nonfinite`` is always on, the
+    others only when given. An ``ignore`` glob also covers the modules under what it matches;
+    ``where`` says for each key given where (file and line, or flag) it was set.
     """
 
     nonfinite: int = 0
@@ -207,8 +180,7 @@ def _find_line(text: str, path: tuple[str, ...]) -> int | None:
 
 
 def _at(file: str, text: str, *path: str) -> str:
-    """``rules.toml:7:`` for the line defining ``path`` (or its table), ``rules.toml:``
-    when no line is found."""
+    """``rules.toml:7:`` for the line defining ``path`` (or its table), else ``rules.toml:``."""
     for end in range(len(path), 0, -1):
         line = _find_line(text, path[:end])
         if line is not None:
@@ -217,19 +189,17 @@ def _at(file: str, text: str, *path: str) -> str:
 
 
 def _read_text(path: Path) -> str:
+    shown = f"rules file {str(path)!r}"
     try:
         return path.read_bytes().decode("utf-8-sig")
     except FileNotFoundError:
-        raise HookscopeError(f"rules file {str(path)!r} not found.") from None
+        raise HookscopeError(f"{shown} not found.") from None
     except IsADirectoryError:
-        raise HookscopeError(f"rules file {str(path)!r} is a directory; give a TOML "
-                             "file.") from None
+        raise HookscopeError(f"{shown} is a directory; give a TOML file.") from None
     except OSError as exc:
-        raise HookscopeError(f"rules file {str(path)!r} cannot be read: "
-                             f"{exc.strerror or exc}.") from None
+        raise HookscopeError(f"{shown} cannot be read: {exc.strerror or exc}.") from None
     except UnicodeDecodeError:
-        raise HookscopeError(f"rules file {str(path)!r} is not UTF-8 text (TOML files "
-                             "are UTF-8).") from None
+        raise HookscopeError(f"{shown} is not UTF-8 text (TOML files are UTF-8).") from None
 
 
 def _parse(path: Path, text: str) -> dict[str, Any]:
@@ -237,13 +207,12 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
     try:
         return toml.loads(text)
     except toml.TOMLDecodeError as exc:
-        message = str(exc)
+        message = str(exc)  # every version ends it with its position: (at line L, column C)
         found = _AT.search(message)
-        line = getattr(exc, "lineno", None) or (found and found.group(1)) \
-            or max(len(text.splitlines()), 1)
-        column = getattr(exc, "colno", None) or (found and found.group(2))
+        line, column = found.groups() if found else (None, None)
+        line = line or max(len(text.splitlines()), 1)
         where = f"column {column}" if column else "at the end of the file"
-        reason = _AT.sub("", getattr(exc, "msg", None) or message)
+        reason = _AT.sub("", message)
         reason = reason[:1].lower() + reason[1:]
         raise HookscopeError(f"{path}:{line}: not valid TOML ({where}): {reason}.") from None
 
@@ -255,8 +224,7 @@ def _file_expect(value: Any, subject: str, file: str, text: str) -> tuple[Expect
         where = f"{_at(file, text, 'expect', name)} expect {name!r}"
         if not (isinstance(want, str) and want.strip()) and \
                 (isinstance(want, bool) or not isinstance(want, int) or want < 0):
-            hint = " (quote file names: \"cat.jpg\" = \"tabby\")" if isinstance(want, dict) \
-                else ""
+            hint = ' (quote file names: "cat.jpg" = "tabby")' if isinstance(want, dict) else ""
             raise HookscopeError(f"{where} must be a class label (a string) or a class index "
                                  f"(a non-negative integer), not {describe(want)}{hint}.")
         entries.append(Expect(name, want, where))
@@ -293,39 +261,21 @@ def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
         name, sep, want = given.rpartition("=")
         where = f"{param('expect')} {given!r}"
         if not sep or not name.strip() or not want.strip():
-            raise HookscopeError(f"{where}: give INPUT=LABEL or INPUT=INDEX, e.g. "
-                                 "cat.jpg=tabby.")
+            raise HookscopeError(f"{where}: give INPUT=LABEL or INPUT=INDEX, e.g. cat.jpg=tabby.")
         entries.append(Expect(name.strip(), want.strip(), where))
     return tuple(entries)
 
 
-def _check_needs(values: Mapping[str, Any], where: Mapping[str, str]) -> None:
-    for key in ("max_mean_drift", "max_std_drift", "max_drift"):
-        if values.get(key) is not None and values.get("baseline") is None:
-            raise HookscopeError(f"{where[key]} needs a baseline to compare with: "
-                                 f"baseline = \"stats.json\" in the rules file, or "
-                                 f"{param('baseline')}.")
-
-
 def load_rules(path: str | Path | None = None,
                overrides: Mapping[str, Any] | None = None) -> Rules:
-    """Read the rules from a TOML file and/or ``overrides``; an override replaces the file's
-    value (``ignore`` and ``expect`` as a whole).
-
-    Args:
-        path: a TOML file with the keys of :data:`KEYS` at its top level.
-        overrides: values by key (None: not given); ``expect`` as ``INPUT=LABEL`` strings.
-
-    Raises:
-        HookscopeError: unreadable file, bad TOML, an unknown key, a wrong type or range, a
-            drift limit without a baseline; file errors name the line.
+    """Read the rules from a TOML file (the keys of :data:`KEYS` at its top level) and/or
+    ``overrides`` (by key, None: not given; ``expect`` as ``INPUT=LABEL`` strings), which replace
+    the file's values. Any error is a HookscopeError; a file's names its line.
     """
     values, where = _read_file(Path(path)) if path is not None else ({}, {})
     for key, value in (overrides or {}).items():
         if value is None:
             continue
-        if key not in KEYS:
-            raise ValueError(f"{key!r} is not a rules key")
         where[key] = param(key)
         if key == "expect":
             values[key] = _flag_expect(value)
@@ -333,5 +283,8 @@ def load_rules(path: str | Path | None = None,
             values[key] = Path(_convert(KEYS[key], str(value), where[key]))
         else:
             values[key] = _convert(KEYS[key], value, where[key])
-    _check_needs(values, where)
+    for key in ("max_mean_drift", "max_std_drift", "max_drift"):
+        if values.get(key) is not None and values.get("baseline") is None:
+            raise HookscopeError(f"{where[key]} needs a baseline to compare with: baseline = "
+                                 f"\"stats.json\" in the rules file, or {param('baseline')}.")
     return Rules(**values, source=str(path) if path is not None else None, where=where)

@@ -1,27 +1,18 @@
 """The module tree of a model: names, types, parameters, per-call shapes, FLOPs and bytes.
 
-Parameters are counted once each, however they are shared: a module registered under two
-names appears once (``named_modules`` deduplicates it, so its one name is the one every
-other command accepts), and a parameter tied between two modules (weight tying) is owned
-by the first module that holds it. The owned counts therefore add up to
-``sum(p.numel() for p in model.parameters())``.
-
-Output shapes come from one forward pass in inference mode with a pre-forward and a
-forward hook on every module, through the one hook engine, so no hook is ever left behind.
-The same pass runs under ``torch.utils.flop_counter.FlopCounterMode``: each call's FLOPs
-are how much the counter's total grew between the module's two hooks. Calls are thereby
-attributed by the hook engine's own names (those of ``named_modules``), one call at a
-time, without mapping back the class-qualified names FlopCounterMode's module tracker
-gives (``ResNet.layer1.0``), which differ for a module registered under two names (the
-tracker keeps the last, ``named_modules`` the first) and collapse to the bare class name
-(``Linear``) for a module called outside its parent's forward.
+Parameters are counted once each: a shared module appears once, and a tied parameter is owned
+by the first module that holds it. Shapes come from one forward pass under ``FlopCounterMode``;
+a call's FLOPs are how much its total grew between the call's two hooks, so calls keep the
+``named_modules`` names (the counter's module tracker names a module registered twice, or
+called outside its parent's forward, otherwise).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +28,6 @@ from hookscope.core.select import Site, all_sites
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
            "model_structure", "parameter_bytes", "parameter_counts"]
 
-#: ``trainable`` when a module's parameters are partly trainable and partly frozen.
-PARTIAL = "partial"
-
 
 def _macs(flops: int | None) -> int | None:
     # Every formula FlopCounterMode has (matmul, convolution, attention) counts 2 per MAC.
@@ -54,11 +42,8 @@ def nbytes(obj: Any) -> int:
 
 @dataclass(frozen=True)
 class LayerCall:
-    """The shapes, output bytes and FLOPs of one call of a module.
-
-    ``flops`` covers everything the call ran, its submodules included (None when FLOPs
-    were not counted).
-    """
+    """The shapes, output bytes and FLOPs (submodules included; None: not counted) of one call
+    of a module."""
 
     input_shapes: list[list[int]]
     output_shape: list[int] | None
@@ -68,19 +53,17 @@ class LayerCall:
 
     def to_dict(self) -> dict[str, Any]:
         return {"input_shapes": self.input_shapes, "output_shape": self.output_shape,
-                "output_shapes": self.output_shapes, "flops": self.flops,
-                "macs": _macs(self.flops), "output_bytes": self.output_bytes}
+                "output_shapes": self.output_shapes, "flops": self.flops, "macs": _macs(self.flops),
+                "output_bytes": self.output_bytes}
 
 
 @dataclass(frozen=True)
 class LayerInfo:
     """One module: its own and subtree parameter counts, trainability and calls.
 
-    ``trainable`` is True when every parameter of the subtree requires a gradient, False
-    when none does, ``"partial"`` when some do, and None when the subtree has none.
-    ``flops`` sums its calls (submodules included), ``flops_own`` only what its forward
-    ran outside any submodule call; both are None when no forward pass ran. Parameter
-    bytes are by dtype name, owned (``params_bytes``) and of the subtree (``_total``).
+    ``trainable`` is True, False, ``"partial"``, or None when the subtree has no parameter.
+    ``flops`` sums its calls, ``flops_own`` only what ran outside any submodule call (None: no
+    forward pass ran). Parameter bytes are by dtype name, owned and of the subtree (``_total``).
     """
 
     name: str
@@ -97,32 +80,19 @@ class LayerInfo:
     params_bytes_total: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "type": self.type,
-            "depth": self.depth,
-            "params": self.params,
-            "params_total": self.params_total,
-            "trainable": self.trainable,
-            "calls": [c.to_dict() for c in self.calls],
-            "flops": self.flops,
-            "macs": _macs(self.flops),
-            "flops_own": self.flops_own,
-            "macs_own": _macs(self.flops_own),
-            "params_bytes": self.params_bytes,
-            "params_bytes_total": self.params_bytes_total,
-        }
+        return {"name": self.name, "type": self.type, "depth": self.depth, "params": self.params,
+                "params_total": self.params_total, "trainable": self.trainable,
+                "calls": [c.to_dict() for c in self.calls], "flops": self.flops, "macs": _macs(self.flops),
+                "flops_own": self.flops_own, "macs_own": _macs(self.flops_own),
+                "params_bytes": self.params_bytes, "params_bytes_total": self.params_bytes_total}
 
 
 @dataclass(frozen=True)
 class Structure:
-    """What :func:`model_structure` returns.
-
-    ``root`` is the model itself (name ``""``, depth 0), kept out of ``layers`` because its
-    empty name cannot be selected; ``layers`` holds every other module in definition order,
-    cut at ``max_depth`` when given. ``totals`` always cover the whole model. ``flops``,
-    ``activation_bytes`` (outputs of every leaf module's calls) and ``input_bytes`` are
-    for the example batch, None without one.
+    """What :func:`model_structure` returns: the model itself (``root``, whose empty name
+    cannot be selected) and every other module in definition order (``layers``, cut at
+    ``max_depth``). Totals cover the whole model; ``flops``, ``activation_bytes`` (outputs of
+    every leaf call) and ``input_bytes`` are for the example batch, None without one.
     """
 
     root: LayerInfo
@@ -137,20 +107,14 @@ class Structure:
     input_bytes: int | None = None
 
     def totals(self) -> dict[str, Any]:
-        return {"params": self.params, "trainable_params": self.trainable_params,
-                "modules": self.modules, "flops": self.flops, "macs": _macs(self.flops),
-                "params_bytes": self.params_bytes, "activation_bytes": self.activation_bytes,
-                "input_bytes": self.input_bytes}
+        return {"params": self.params, "trainable_params": self.trainable_params, "modules": self.modules,
+                "flops": self.flops, "macs": _macs(self.flops), "params_bytes": self.params_bytes,
+                "activation_bytes": self.activation_bytes, "input_bytes": self.input_bytes}
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document without its envelope: ``input_shape``, ``root``, ``layers``,
-        ``totals``."""
-        return {
-            "input_shape": self.input_shape,
-            "root": self.root.to_dict(),
-            "layers": [layer.to_dict() for layer in self.layers],
-            "totals": self.totals(),
-        }
+        """The JSON document without its envelope."""
+        return {"input_shape": self.input_shape, "root": self.root.to_dict(),
+                "layers": [layer.to_dict() for layer in self.layers], "totals": self.totals()}
 
 
 def _trainable(total: int, trainable: int) -> bool | str | None:
@@ -158,7 +122,7 @@ def _trainable(total: int, trainable: int) -> bool | str | None:
         return None
     if trainable == total:
         return True
-    return False if trainable == 0 else PARTIAL
+    return False if trainable == 0 else "partial"
 
 
 def _owned(model: nn.Module) -> Iterator[tuple[str, nn.Module, list[nn.Parameter]]]:
@@ -172,11 +136,8 @@ def _owned(model: nn.Module) -> Iterator[tuple[str, nn.Module, list[nn.Parameter
 
 
 def parameter_counts(model: nn.Module) -> dict[str, tuple[int, int, int]]:
-    """Per module name: (own, subtree total, subtree trainable) parameters.
-
-    Each parameter is owned by the first module (in ``named_modules`` order) that holds it,
-    so shared modules and tied parameters are counted once, in the totals too.
-    """
+    """Per module name: (own, subtree total, subtree trainable) parameters, each counted once
+    (see :func:`_owned`)."""
     counts: dict[str, tuple[int, int, int]] = {}
     for name, module, own in _owned(model):
         # module.parameters() deduplicates within the subtree, as model.parameters() does.
@@ -187,18 +148,15 @@ def parameter_counts(model: nn.Module) -> dict[str, tuple[int, int, int]]:
 
 
 def _dtype_bytes(params: Iterable[nn.Parameter]) -> dict[str, int]:
-    found: dict[str, int] = {}
+    found: Counter[str] = Counter()
     for p in params:
-        dtype = str(p.dtype).removeprefix("torch.")
-        found[dtype] = found.get(dtype, 0) + p.numel() * p.element_size()
+        found[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
     return dict(sorted(found.items()))
 
 
 def parameter_bytes(model: nn.Module) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
-    """Per module name: (own, subtree) parameter bytes by dtype name (``"float32"``).
-
-    Ownership is as in :func:`parameter_counts`; a subtree counts each parameter once.
-    """
+    """Per module name: (own, subtree) parameter bytes by dtype name (``"float32"``), each
+    parameter counted once (see :func:`_owned`)."""
     return {name: (_dtype_bytes(own), _dtype_bytes(module.parameters()))
             for name, module, own in _owned(model)}
 
@@ -212,44 +170,24 @@ def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: li
     return 2 * batch_heads * queries * keys * (dim + value_dim)
 
 
-def _extra_formulas() -> dict[Any, Any]:
-    # FlopCounterMode knows the CUDA attention kernels but not the one SDPA runs on CPU.
-    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    return {} if kernel is None else {kernel: _sdpa_cpu_flop}
-
-
-class _NoModuleTracker:
-    """Stands in for ``FlopCounterMode``'s module tracker: every FLOP goes to ``Global``.
-
-    hookscope attributes FLOPs with its own hooks, so the tracker's per-module table is
-    never read. The tracker also puts a multi-grad hook on every module's inputs that
-    require a gradient, which fails in inference mode on a parameter (or a view of one)
-    passed straight to a submodule, as timm's CaiT passes its class token.
-    """
+class _NoModuleTracker(nullcontext):
+    """Stands in for ``FlopCounterMode``'s module tracker (every FLOP goes to ``Global``),
+    whose table is never read and whose multi-grad hooks fail in inference mode on a
+    parameter passed straight to a submodule, as timm's CaiT passes its class token."""
 
     parents = frozenset({"Global"})
-
-    def __enter__(self) -> _NoModuleTracker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 @contextmanager
 def count_flops() -> Iterator[FlopCounterMode]:
-    """A ``FlopCounterMode`` that also sees attention: count everything run inside.
-
-    The fused inference kernels of ``nn.MultiheadAttention`` and
-    ``nn.TransformerEncoderLayer`` have no FLOP formula, so their fast path is switched
-    off inside (and restored): the same modules then run their projections and attention
-    as separate operators, which are counted. Scaled dot-product attention on CPU gets
-    the formula FlopCounterMode uses for its CUDA kernels. Its module tracker is left out
-    (see :class:`_NoModuleTracker`): only the total is read.
-    """
+    """A ``FlopCounterMode`` that also sees attention: the fused kernels of
+    ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` have no FLOP formula, so their
+    fast path is off inside (then restored); CPU scaled dot-product attention gets one."""
+    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    counter = FlopCounterMode(display=False,
+                              custom_mapping={} if kernel is None else {kernel: _sdpa_cpu_flop})
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
-    counter = FlopCounterMode(display=False, custom_mapping=_extra_formulas())
     counter.mod_tracker = _NoModuleTracker()  # type: ignore[assignment]
     try:
         with counter:
@@ -259,13 +197,9 @@ def count_flops() -> Iterator[FlopCounterMode]:
 
 
 class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
-    """Record each call's input and output shapes, output bytes and, with ``flops``, FLOPs,
-    on every module and the model itself, in one forward pass per batch.
-
-    Attributes:
-        flops_own: per module name, the FLOPs its calls ran outside any submodule call.
-        flops: the FLOPs of every forward pass (None when not counted).
-    """
+    """Record each call's input and output shapes, output bytes and, with ``flops``, FLOPs, on
+    every module and the model itself; ``flops_own`` holds per module what its calls ran
+    outside any submodule call."""
 
     def __init__(self, model: nn.Module, *, flops: bool = True) -> None:
         self.sites = [Site("", type(model).__name__, 0, model),
@@ -310,12 +244,8 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         shapes = tensor_shapes(output)
         self.calls.setdefault(call.name, []).append(LayerCall(
-            input_shapes=self._inputs.pop(call.key, []),
-            output_shape=shapes[0] if shapes else None,
-            output_shapes=shapes,
-            output_bytes=nbytes(output),
-            flops=self._call_flops(call.name),
-        ))
+            self._inputs.pop(call.key, []), shapes[0] if shapes else None, shapes,
+            output_bytes=nbytes(output), flops=self._call_flops(call.name)))
 
     def finish(self) -> dict[str, list[LayerCall]]:
         return self.calls
@@ -327,34 +257,18 @@ def _leaf_bytes(model: nn.Module, calls: dict[str, list[LayerCall]]) -> int:
     return sum(c.output_bytes for name in leaves for c in calls.get(name, []))
 
 
-def model_structure(
-    model: nn.Module,
-    example: Any | None = None,
-    *,
-    max_depth: int | None = None,
-    autocast: torch.dtype | None = None,
-) -> Structure:
-    """The module tree of ``model`` with parameter counts and bytes and, given ``example``,
-    each call's shapes, output bytes and FLOPs.
-
-    Args:
-        model: any ``nn.Module``; left with no hooks and its ``training`` flags intact.
-        example: an input batch (a tensor, or a tuple of positional arguments) for one
-            forward pass in eval and inference mode; without it no call shapes or FLOPs
-            are recorded. FLOPs and bytes are for this whole batch.
-        max_depth: list modules down to this depth only (1 = the model's children); the
-            parameter counts of a module at the cut still include everything below it.
-
-    Raises:
-        HookscopeError: ``max_depth`` below 1.
-        ForwardError: the forward pass failed (it names the innermost running module).
-    """
+def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: int | None = None,
+                    autocast: torch.dtype | None = None) -> Structure:
+    """The module tree of ``model`` with parameter counts and bytes and, given ``example`` (a
+    batch: a tensor or a tuple of positional arguments), each call's shapes, output bytes and
+    FLOPs from one forward pass. ``max_depth`` lists modules down to that depth only (1 = the
+    model's children); counts at the cut still include everything below."""
     if max_depth is not None and max_depth < 1:
         raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
     counts, sizes = parameter_counts(model), parameter_bytes(model)
-    sites = [s for s in all_sites(model) if s.module is not model]
     ran = example is not None
     probe = ShapesProbe(model, flops=ran)
+    root, *sites = probe.sites
     calls = drive(model, example, probe, autocast=autocast) if ran else {}
     shapes = tensor_shapes(example) if ran else []
 
@@ -364,22 +278,14 @@ def model_structure(
         flops = sum(c.flops or 0 for c in mine) if ran else None
         return LayerInfo(
             name=site.name, type=site.type, depth=site.depth, params=own, params_total=total,
-            trainable_params=total_train, trainable=_trainable(total, total_train),
-            calls=mine, flops=flops,
-            flops_own=probe.flops_own.get(site.name, 0) if ran else None,
-            params_bytes=sizes[site.name][0], params_bytes_total=sizes[site.name][1],
-        )
+            trainable_params=total_train, trainable=_trainable(total, total_train), calls=mine,
+            flops=flops, flops_own=probe.flops_own.get(site.name, 0) if ran else None,
+            params_bytes=sizes[site.name][0], params_bytes_total=sizes[site.name][1])
 
     return Structure(
-        root=info(Site("", type(model).__name__, 0, model)),
-        layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
-        params=counts[""][1],
-        trainable_params=counts[""][2],
-        modules=len(sites),
+        root=info(root), layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
+        params=counts[""][1], trainable_params=counts[""][2], modules=len(sites),
         # Per sample, without the batch dimension, as in the `stats` document.
-        input_shape=shapes[0][1:] if shapes else None,
-        flops=probe.flops,
-        params_bytes=sizes[""][1],
-        activation_bytes=_leaf_bytes(model, calls) if ran else None,
-        input_bytes=nbytes(example) if ran else None,
-    )
+        input_shape=shapes[0][1:] if shapes else None, flops=probe.flops,
+        params_bytes=sizes[""][1], activation_bytes=_leaf_bytes(model, calls) if ran else None,
+        input_bytes=nbytes(example) if ran else None)
