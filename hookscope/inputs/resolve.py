@@ -36,24 +36,15 @@ STDIN = "-"
 
 @dataclass(frozen=True)
 class InputItem:
-    """One sample: an image, or one entry of a tensor file.
+    """One sample: an image, or one entry of a tensor file."""
 
-    Attributes:
-        name: the path as given (``x.pt[3]`` for a tensor's row, ``-`` for stdin).
-        kind: ``image``, ``tensor`` or ``stdin``.
-        path: the file (None for stdin).
-        index: the row of a tensor file with a leading N dimension.
-        label: the class folder it sits in, in an ImageFolder layout (``photos/cat/1.jpg``:
-            ``cat``); None otherwise.
-        data: the file's bytes, read once when resolved, for a file that can be read only
-            once (a FIFO, ``<(cat x.jpg)``, a device) and for stdin; None for a regular file.
-    """
-
-    name: str
+    name: str  # the path as given; ``x.pt[3]`` for a tensor's row, ``-`` for stdin
     kind: str  # "image", "tensor" or "stdin"
-    path: Path | None = None
-    index: int | None = None
-    label: str | None = None
+    path: Path | None = None  # None for stdin
+    index: int | None = None  # the row of a tensor file with a leading N dimension
+    label: str | None = None  # its class folder in an ImageFolder layout (photos/cat/1.jpg)
+    #: The bytes, read once when resolved, of stdin or a file that can be read only once (a
+    #: FIFO, ``<(cat x.jpg)``, a device); None for a regular file.
     data: bytes | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -72,15 +63,10 @@ class InputItem:
 
 @dataclass
 class InputSet:
-    """The resolved inputs of one command, in order (or one rank's contiguous part of them).
-
-    Attributes:
-        items: the samples.
-        offset: the position of ``items[0]`` among all inputs (0 unless a rank's part).
-    """
+    """The resolved inputs of one command, in order (or one rank's contiguous part of them)."""
 
     items: list[InputItem] = field(default_factory=list)
-    offset: int = 0
+    offset: int = 0  # the position of items[0] among all inputs
 
     @property
     def names(self) -> list[str]:
@@ -108,33 +94,21 @@ class InputSet:
 
 @dataclass
 class Batch:
-    """A preprocessed batch and where each of its samples came from.
-
-    Attributes:
-        items: its samples.
-        tensor: the stacked, preprocessed samples.
-        images: the decoded images when kept (else None each).
-        start: the position of its first sample among all inputs.
-        number: its position among all batches (None: counted by the driver).
-    """
+    """A preprocessed batch and where each of its samples came from."""
 
     items: list[InputItem]
-    tensor: torch.Tensor
-    images: list[Image.Image | None]
-    start: int
-    number: int | None = None
+    tensor: torch.Tensor  # the stacked, preprocessed samples
+    images: list[Image.Image | None]  # the decoded images when kept (else None each)
+    start: int  # the position of its first sample among all inputs
+    number: int | None = None  # its position among all batches (None: counted by the driver)
 
     def __len__(self) -> int:
         return len(self.items)
 
 
 def unique_stems(stems: Sequence[str]) -> list[str]:
-    """Make repeated stems unique, in order: ``cat``, ``cat-2``, ``cat-3``...
-
-    A made-up name never takes a stem that appears elsewhere in the list, so
-    ``['cat', 'cat', 'cat-2']`` becomes ``['cat', 'cat-3', 'cat-2']`` and no output file is
-    written twice.
-    """
+    """Make repeated stems unique, in order: ``cat``, ``cat-2``, ``cat-3``... A made-up name
+    never takes a stem given elsewhere: ``['cat', 'cat', 'cat-2']`` gives ``cat-3`` second."""
     given = set(stems)
     used: set[str] = set()
     out: list[str] = []
@@ -214,8 +188,7 @@ def load_image(src: Path | bytes, name: str) -> Image.Image:
 
 def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tensor:
     """The tensor in ``path`` (or in ``data``, its bytes already read). A file is mapped, not
-    read whole: a ``.npy`` copy-on-write, a ``.pt`` when it is in the zip format
-    (``torch.save``'s default since 1.6; the legacy format cannot be mapped)."""
+    read whole: a ``.npy`` copy-on-write, a ``.pt`` in the zip format (not the legacy one)."""
     src = io.BytesIO(data) if data is not None else path
     try:
         if path.suffix.lower() == ".npy":
@@ -263,13 +236,8 @@ def _check_tensor(t: torch.Tensor, name: str, ndim: int) -> torch.Tensor:
 
 class Decoder:
     """Decodes and preprocesses one sample at a time (in the main process or a DataLoader
-    worker); the last tensor file read stays open for its next rows.
-
-    Args:
-        preprocess: image to tensor.
-        ndim: the model's input rank (5 for video clips).
-        keep_images: also return each decoded image.
-    """
+    worker); the last tensor file read stays open for its next rows. ``ndim``: the model's
+    input rank (5 for video clips); ``keep_images``: also return each decoded image."""
 
     def __init__(self, preprocess: Callable[[Any], torch.Tensor], *, ndim: int = 4,
                  keep_images: bool = False) -> None:
@@ -307,20 +275,11 @@ def resolve_inputs(
     specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
     recursive: bool = False, limit: int | None = None, shuffle: bool = False, seed: int = 0,
 ) -> InputSet:
-    """Expand files, directories, ``-`` and tensor files; sample them; check each cheaply.
-
-    Headers are read here (so a non-image fails before the model loads); pixels are
-    decoded later, batch by batch. A directory whose images all sit in subdirectories is an
-    ImageFolder layout: each image's ``label`` is its subdirectory's name.
-
-    Args:
-        specs: files, directories, ``-`` (one image on stdin), ``.pt``/``.npy`` tensors.
-        stdin: the stream ``-`` reads (default: ``sys.stdin``).
-        ndim: the model's input rank (5 for video clips).
-        recursive: walk directories' whole trees (sorted), not only their files.
-        limit: keep only this many samples (after ``shuffle``).
-        shuffle: put the samples in a random order drawn from ``seed``.
-        seed: the seed of ``shuffle``.
+    """Expand files, directories, ``-`` (one image on ``stdin``) and ``.pt``/``.npy`` tensor
+    files; shuffle (by ``seed``), then keep ``limit`` of them; read each one's header, so a
+    non-image fails before the model loads. ``recursive`` walks directories' whole trees. A
+    directory whose images all sit in subdirectories is an ImageFolder layout: each image's
+    ``label`` is its subdirectory's name.
 
     Raises:
         HookscopeError: no inputs, missing files, empty directories, unreadable files.
@@ -394,8 +353,7 @@ def _check_image(item: InputItem, ndim: int) -> None:
 
 def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:
     """The images in ``folder`` (with ``recursive``, in its whole tree), sorted by their
-    path's parts, and the names of the other files, which are skipped (subdirectories are
-    the caller's to walk or to mention)."""
+    path's parts, and the names of the other files, which are skipped."""
     known = {ext.lower() for ext in Image.registered_extensions()}  # what Pillow can open
     images: list[Path] = []
     skipped: list[str] = []
@@ -481,12 +439,9 @@ def iter_batches(
     prefetch: bool = True,
     workers: int = 0,
 ) -> Iterator[Batch]:
-    """Decode and preprocess inputs into batches, in input order.
-
-    With ``workers`` 0, in this process, one batch ahead in a background thread (unless
-    ``prefetch`` is False); otherwise in that many DataLoader worker processes. Either way
-    the batches are the same: samples whose preprocessed shapes differ go into separate
-    batches.
+    """Decode and preprocess inputs into batches, in input order: with ``workers`` 0 in this
+    process (one batch ahead in a thread, with ``prefetch``), else in that many DataLoader
+    worker processes. Samples whose preprocessed shapes differ go into separate batches.
 
     Raises:
         HookscopeError: a bad ``batch_size`` or ``workers``; a sample that cannot be decoded

@@ -1,11 +1,10 @@
 """Model sources: what MODEL can name, and the one way every command loads it.
 
 MODEL is a torchvision name (``resnet18``), ``timm:NAME``, ``hf:FOLDER`` (a Hugging Face
-``save_pretrained`` folder), ``path/to/file.py:NAME`` or
-``package.module:NAME`` (your own code), or the path of a whole pickled module. Each form is
-a registered :class:`~hookscope.sources.base.Source`; :func:`load` resolves the form, lets
-the source build the model, then applies what every source shares: preprocessing options,
-labels, the label count check, the device and eval mode.
+``save_pretrained`` folder), ``path/to/file.py:NAME`` or ``package.module:NAME`` (your own
+code), or the path of a whole pickled module. Each form is a registered
+:class:`~hookscope.sources.base.Source`; :func:`load` lets the source build the model, then
+applies what every source shares: preprocessing options, labels, device, eval mode.
 """
 
 from __future__ import annotations
@@ -34,16 +33,10 @@ __all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "registe
 log = logging.getLogger("hookscope")
 
 
-#: The built-in sources, asked in this order: a torchvision name, ``timm:``, ``hf:``, code,
-#: a path.
-BUILTIN = ("torchvision", "timm", "hf", "code", "pickled")
-
-
 def _builtin() -> list[Source]:
-    """The registered sources; the built-in ones join on first use (importing is cheap).
-    Code and pickles, whose forms are the broadest (``hf:model`` is also ``module:NAME``),
-    are asked last, whichever order the modules were imported in."""
-    for module in BUILTIN:
+    """The registered sources; the built-in ones join on first use. Code and pickles, whose
+    forms are the broadest (``hf:model`` is also ``module:NAME``), are asked last."""
+    for module in ("torchvision", "timm", "hf", "code", "pickled"):
         import_module(f"hookscope.sources.{module}")
     return sorted(SOURCES, key=lambda source: source.name in ("code", "pickle"))
 
@@ -69,10 +62,6 @@ def resolve(spec: str) -> ModelSpec:
     )
 
 
-def _source(name: str) -> Source:
-    return next(s for s in _builtin() if s.name == name)
-
-
 def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedModel:
     """Load the model ``spec`` names, ready to run: on its device, in eval mode.
 
@@ -89,9 +78,9 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
             f"{param('model_args')} passes constructor arguments to a model from your code "
             f"(file.py:NAME, package.module:NAME); {found.name} is not one, and hookscope "
             f"passes it none (for its class count, use {param('num_classes')}).")
-    device = resolve_device(options.device) if not isinstance(options.device, torch.device) \
-        else options.device
-    loaded = _source(found.source).load(found, options)
+    device = options.device if isinstance(options.device, torch.device) \
+        else resolve_device(options.device)
+    loaded = next(s for s in _builtin() if s.name == found.source).load(found, options)
     loaded.preprocess = with_overrides(
         loaded.preprocess, resize=options.resize, crop=options.crop, mean=options.mean,
         std=options.std, input_channels=options.input_channels)
@@ -112,12 +101,9 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
 
 
 def _check_size(loaded: LoadedModel) -> None:
-    """Refuse, in one line, an input size the model declares it cannot take.
-
-    A declaration can be cautious (torchvision's Swin runs below its weights' min_size,
-    timm's XCiT at any multiple of its patch), so a size it rules out is first tried on one
-    zero sample; only when that fails is the size refused, naming the sizes it takes.
-    """
+    """Refuse, in one line, an input size the model declares it cannot take. A declaration
+    can be cautious (torchvision's Swin runs below its weights' min_size), so a size it rules
+    out is first tried on one zero sample."""
     declared, size = loaded.declared_size, loaded.input_size
     if declared is None or declared.takes(size) or loaded.task in ("detection", "optical_flow"):
         return
@@ -204,8 +190,8 @@ def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -
 
 
 def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
-    """Refuse, before the model runs, a cast to ``dtype`` that a detection model's
-    post-processing operators (torchvision's ``nms``, ``roi_align``) cannot run."""
+    """Refuse a cast to ``dtype`` that a detection model's ``nms`` or ``roi_align`` cannot
+    run, before the model runs."""
     if loaded.task != "detection":
         return
     from torchvision.ops import nms, roi_align
@@ -253,44 +239,31 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
     loaded.dtype = chosen
 
 
-#: How many tensors the size of the stem's output :func:`check_batch_memory` assumes live at
-#: once: a module's input and output, a residual branch, and a probe's temporary.
-_LIVE = 4
-
-
 def load_model(name: str, *, weights: str = "auto", seed: int = 0,
                device: str | torch.device = "cpu", size: int | None = None,
                trust_checkpoint: bool = False, **options: Any) -> LoadedModel:
-    """Load any model hookscope can name, in eval mode, on ``device``.
-
-    ``name`` is a torchvision name, ``timm:NAME``, ``file.py:NAME`` or ``package.module:NAME``,
-    or a whole pickled module's path (with ``trust_checkpoint``). ``options`` are the other
-    fields of :class:`hookscope.sources.LoadOptions` (``num_classes``, ``labels``,
-    ``model_args``, ``mean``, ``std``, ``resize``, ``crop``, ``channels``, ``output_key``).
+    """Load any model hookscope can name (see :func:`resolve`), in eval mode, on ``device``;
+    ``options`` are the other fields of :class:`hookscope.sources.LoadOptions`.
 
     Raises:
         HookscopeError: unknown model or weights, an unreadable checkpoint, an unavailable
             device, or options that contradict the model.
     """
     return load(name, LoadOptions(weights=weights, seed=seed, device=device, size=size,
-                                          trust_checkpoint=trust_checkpoint, **options))
+                                  trust_checkpoint=trust_checkpoint, **options))
 
 
 def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
                     needs_images: bool = False) -> None:
     """Refuse, before the model is built, a model kind an analysis cannot run.
 
-    Args:
-        spec: what MODEL names (its task and input dimensions).
-        needs_logits: the analysis explains or differentiates (N, classes) class logits.
-        needs_images: the analysis explains image batches (N, C, H, W), not video clips:
-            Grad-CAM, which also explains segmentation models (a class over a region) and
-            detectors (their boxes), so those pass with it.
+    ``needs_logits``: the analysis needs (N, classes) class logits. ``needs_images``: it
+    explains image batches (N, C, H, W), not clips; Grad-CAM, which also explains segmenters
+    and detectors, so those pass with it.
 
     Raises:
-        HookscopeError: optical-flow models (two frames per input) anywhere; detection and
-            segmentation models where class logits are needed (except Grad-CAM); video
-            where images are.
+        HookscopeError: optical flow anywhere; detection and segmentation where logits are
+            needed (except Grad-CAM); video where images are.
     """
     name, task = spec.name, spec.task
     if task == "optical_flow":
@@ -333,15 +306,10 @@ def _stride_area(module: nn.Module) -> int:
 
 
 def values_per_pixel(model: nn.Module) -> float:
-    """Values per input pixel of the model's widest activation: the most output channels
-    of a convolution (or features of a Linear layer) over the grid's area by then (the
-    strides of the convolutions and pools before it, in definition order), at least the 3
-    of an RGB input.
-
-    An inverted bottleneck (EfficientNet's 16 -> 96 channels at half resolution) is wider
-    than the stem; a branch's stride counted twice only makes later layers look smaller,
-    and the widest activation comes early.
-    """
+    """Values per input pixel of the model's widest activation (at least 3, RGB): a
+    convolution's channels (a Linear layer's features) over the grid's area by then, from the
+    strides before it in definition order. A branch's stride counted twice only makes later
+    layers look smaller, and the widest activation comes early (an inverted bottleneck)."""
     area, widest = 1, 3.0
     for module in model.modules():
         if isinstance(module, (nn.Conv2d, nn.Conv3d)):
@@ -354,18 +322,16 @@ def values_per_pixel(model: nn.Module) -> float:
 
 
 def batch_memory(loaded: LoadedModel, batch_size: int) -> int:
-    """Bytes of activations a batch needs, as :func:`check_batch_memory` estimates them."""
+    """Bytes of activations a batch needs: 4 float32 tensors of the widest activation live at
+    once (a module's input and output, a residual branch, a probe's temporary)."""
     h, w = loaded.input_size
     frames = 16 if loaded.input_ndim == 5 else 1
-    return int(batch_size * h * w * frames * _LIVE * values_per_pixel(loaded.model) * 4)
+    return int(batch_size * h * w * frames * 4 * values_per_pixel(loaded.model) * 4)
 
 
 def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
-    """Refuse a batch whose activations cannot fit in memory, before it is made.
-
-    The estimate is ``_LIVE`` tensors the size of the model's widest early activation
-    (:func:`values_per_pixel`), in float32; it catches ``size`` 8192 on a machine without
-    the memory, which would otherwise end in the out-of-memory killer.
+    """Refuse a batch whose activations (:func:`batch_memory`) cannot fit in memory, before
+    it is made, rather than meet the out-of-memory killer.
 
     Raises:
         HookscopeError: the batch size is out of range or the estimate exceeds the memory

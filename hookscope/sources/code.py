@@ -30,8 +30,8 @@ from hookscope.inputs.preprocess import Preprocess, with_overrides
 from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, Source, is_path, register
 from hookscope.sources.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
 
-__all__ = ["build", "check_eager", "check_weights", "first_on_path", "load_code", "load_weights",
-           "parse_model_args"]
+__all__ = ["build", "check_eager", "check_weights", "custom_model", "first_on_path", "load_code",
+           "load_weights", "parse_model_args"]
 
 #: ``file.py:Name`` or ``package.module:Name`` (NAME may be dotted: ``module:Outer.factory``).
 _SPEC = re.compile(r"^(?P<where>[^:]+\.py|[A-Za-z_][\w.]*):(?P<name>[A-Za-z_][\w.]*)$")
@@ -42,12 +42,12 @@ _WANT = "NAME must be an nn.Module subclass or a function that returns an nn.Mod
 
 
 def parse_model_args(args: Sequence[str]) -> dict[str, Any]:
-    """``key=value`` strings as keyword arguments; values are Python literals, or plain words
-    and paths (``act=relu``, ``path=a/b.pt``) kept as strings.
+    """``key=value`` strings as keyword arguments: Python literals, or plain words and paths
+    (``act=relu``, ``path=a/b.pt``) kept as strings.
 
     Raises:
-        HookscopeError: no ``=``, a key that is not an identifier, a repeated key, or a value
-            that is neither a literal nor a plain word (``width=[1,``).
+        HookscopeError: no ``=``, a key that is not a name, a repeated key, or a value that is
+            neither a literal nor a plain word (``width=[1,``).
     """
     parsed: dict[str, Any] = {}
     for arg in args:
@@ -73,8 +73,7 @@ def parse_model_args(args: Sequence[str]) -> dict[str, Any]:
 
 @contextmanager
 def first_on_path(folder: str) -> Iterator[None]:
-    """``folder`` first on ``sys.path`` while the user's code is imported, as Python puts a
-    script's folder (or, for ``-m``, the current directory)."""
+    """``folder`` first on ``sys.path`` while the user's code is imported, as Python does."""
     sys.path.insert(0, folder)
     try:
         yield
@@ -250,11 +249,11 @@ def _construct(obj: Any, kwargs: dict[str, Any], label: str, folder: Path | None
 
 def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module:
     """Import ``file.py:NAME`` or ``package.module:NAME`` and build the model, seeded in a
-    forked RNG so the caller's global RNG is left untouched.
+    forked RNG (the caller's global RNG is left untouched).
 
     Raises:
-        HookscopeError: a bad ``model_args``, a missing file, module or attribute, code that
-            raises on import or construction, or something other than an ``nn.Module``.
+        HookscopeError: bad ``model_args``, a missing file, module or attribute, code that
+            raises, or something other than an ``nn.Module``.
     """
     found = _SPEC.match(spec.strip())
     if found is None:
@@ -276,12 +275,8 @@ def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module
 
 
 def check_weights(options: LoadOptions, what: str) -> None:
-    """``weights`` for a model that is not torchvision's: auto, none or a file; and no
-    ``num_classes``, which only torchvision's builders take.
-
-    Raises:
-        HookscopeError: a weights name (such as DEFAULT), or ``num_classes``.
-    """
+    """Refuse a weights name (such as DEFAULT) and ``num_classes`` for a model that is not
+    torchvision's: its weights are auto, none or a file."""
     weights = options.weights.strip()
     if weights.lower() not in ("auto", "none") and not is_path(weights):
         raise HookscopeError(
@@ -298,8 +293,8 @@ def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoin
     """Load ``options.weights`` into ``model`` when it is a file; None for auto and none.
 
     Raises:
-        HookscopeError: an unreadable checkpoint, or one for another architecture; one whose
-            only difference is the classifier's class count says which model_args to pass.
+        HookscopeError: an unreadable checkpoint or one for another architecture (a
+            fine-tuned one: which model_args to pass).
     """
     if options.weights.strip().lower() in ("auto", "none"):
         return None
@@ -328,15 +323,20 @@ def load_code(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     check_weights(options, "a model from code")
     model = build(spec.target, options.model_args, options.seed)
     found = load_weights(model, spec.name, options)
-    loaded = f"file:{found.path}" if found is not None else \
-        f"as constructed (seed {options.seed})"
-    labels = found.labels if found is not None else None
+    loaded = f"file:{found.path}" if found is not None else f"as constructed (seed {options.seed})"
+    return custom_model(spec, model, options, loaded, found)
+
+
+def custom_model(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str,
+                 labelled: Checkpoint | None) -> LoadedModel:
+    """A model from code or a pickle: default preprocessing, and ``labelled``'s labels."""
+    labels = labelled.labels if labelled is not None else None
     return LoadedModel(
         name=spec.name, model=model, task="custom", weights_requested=options.weights,
         weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=with_overrides(Preprocess(origin="default"), size=options.size),
-        categories=labels, source="code", num_classes=None, input_ndim=4,
-        labels_from=f"checkpoint:{found.labels_key}" if labels and found else None)
+        preprocess=with_overrides(Preprocess(), size=options.size), categories=labels,
+        source=spec.source,
+        labels_from=f"checkpoint:{labelled.labels_key}" if labelled and labels else None)
 
 
 register(Source("code", _parse, load_code))

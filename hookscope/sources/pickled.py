@@ -1,8 +1,7 @@
-"""Whole pickled models: the path of a ``torch.save(model)`` file, trusted explicitly.
+"""Whole pickled models: the path of a ``torch.save(model)`` file.
 
-Unpickling a module runs code the file names, so it needs ``trust_checkpoint``, as any
-checkpoint that is more than tensors does. TorchScript archives and ``torch.export``
-programs are refused: they have no eager modules to hook.
+Unpickling a module runs code the file names, so it needs ``trust_checkpoint``. TorchScript
+archives and ``torch.export`` programs are refused: they have no eager modules to hook.
 """
 
 from __future__ import annotations
@@ -12,13 +11,10 @@ import pickle
 from pathlib import Path
 from typing import NoReturn
 
-import torch
-
 from hookscope.core.errors import HookscopeError, param
-from hookscope.inputs.preprocess import Preprocess, with_overrides
 from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, Source, register
 from hookscope.sources.checkpoints import Checkpoint, _is_pickle, _refuse_compiled, open_checkpoint
-from hookscope.sources.code import check_eager, check_weights, first_on_path, load_weights
+from hookscope.sources.code import check_eager, check_weights, custom_model, first_on_path, load_weights
 
 SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".pt2", ".ts"}
 
@@ -81,7 +77,7 @@ def load_pickled(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
             f"Model file not found: {path}. MODEL is a torchvision name (`hookscope "
             "models`), timm:NAME, file.py:NAME, package.module:NAME, or a pickled model's "
             "path.")
-    _refuse_compiled(path)
+    _refuse_compiled(path, path)
     check_weights(options, "a pickled model (it carries its own weights)")
     if not options.trust_checkpoint:
         _untrusted(path)
@@ -90,14 +86,9 @@ def load_pickled(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         raise _state_dict(path)
     check_eager(found.module, str(path))
     weights = load_weights(found.module, spec.name, options)
-    loaded = f"file:{weights.path}" if weights is not None else f"file:{path}"
-    labels = weights if weights is not None and weights.labels else found
-    return LoadedModel(
-        name=spec.name, model=found.module, task="custom", weights_requested=options.weights,
-        weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=with_overrides(Preprocess(origin="default"), size=options.size),
-        categories=labels.labels, source="pickle", num_classes=None, input_ndim=4,
-        labels_from=f"checkpoint:{labels.labels_key}" if labels.labels else None)
+    loaded = f"file:{(weights or found).path}"
+    labelled = weights if weights is not None and weights.labels else found
+    return custom_model(spec, found.module, options, loaded, labelled)
 
 
 register(Source("pickle", _parse, load_pickled))

@@ -1,23 +1,19 @@
 """The timm source: ``timm:NAME`` (optional: ``pip install 'hookscope[timm]'``).
 
-NAME is a timm architecture (``convnext_tiny``), optionally with a pretrained tag
-(``resnet18.a1_in1k``). Weights follow the torchvision source's rules: ``auto`` loads the
-pretrained weights when they are cached (Hugging Face or torch hub cache) or downloadable,
-else random ones with one warning; ``none`` is random and seeded; ``DEFAULT`` or a tag names
-pretrained weights; a path loads a checkpoint. Preprocessing is timm's own data config.
+NAME is a timm architecture (``convnext_tiny``), maybe with a pretrained tag
+(``resnet18.a1_in1k``). Weights follow the torchvision source's rules (``auto``: pretrained
+when cached or downloadable, else random with a warning); preprocessing is timm's own.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-from urllib.parse import urlparse
+from unittest import mock
 
 import torch
 from torch import nn
@@ -30,17 +26,17 @@ from hookscope.sources.base import (
     LoadOptions,
     ModelSpec,
     Source,
+    hub_file,
     import_optional,
     is_path,
     network_available,
+    prefixed,
     register,
     warn_random,
 )
 from hookscope.sources.checkpoints import build_to_fit
 
 __all__ = ["PREFIX", "import_timm", "load_timm", "pretrained_tags"]
-
-log = logging.getLogger("hookscope")
 
 PREFIX = "timm:"
 _HUB_HOST = "huggingface.co"
@@ -64,18 +60,12 @@ def _architecture(timm: ModuleType, name: str) -> tuple[str, str]:
             f"Unknown timm model {name!r}.{suggest(arch, timm.list_models())} Run `hookscope "
             "models --source timm PATTERN` to list them."
         )
-    if tag:
-        tag = _choose_tag(arch, tag, pretrained_tags(arch))
-    return arch, tag
+    return arch, _choose_tag(arch, tag) if tag else tag
 
 
 def pretrained_tags(arch: str, with_weights: set[str] | None = None) -> list[str]:
-    """The tags of ``arch``'s pretrained weights, timm's default first.
-
-    Args:
-        arch: a timm architecture.
-        with_weights: ``set(timm.list_pretrained())``, when the caller already has it.
-    """
+    """The tags of ``arch``'s pretrained weights, timm's default first. ``with_weights``:
+    ``set(timm.list_pretrained())``, when the caller already has it."""
     import timm
     from timm.models import get_arch_pretrained_cfgs, get_pretrained_cfg
 
@@ -86,9 +76,10 @@ def pretrained_tags(arch: str, with_weights: set[str] | None = None) -> list[str
     return sorted(tags, key=lambda t: t != default)
 
 
-def _choose_tag(arch: str, requested: str, tags: list[str], default: str = "") -> str:
+def _choose_tag(arch: str, requested: str, default: str = "") -> str:
     """The tag ``requested`` names: ``DEFAULT`` (``default``, else timm's), a tag, or
     ``arch.tag``."""
+    tags = pretrained_tags(arch)
     if not tags:
         raise HookscopeError(f"timm:{arch} has no pretrained weights; use {param('weights')} "
                              "none or a checkpoint path.")
@@ -122,11 +113,7 @@ def _cached_file(cfg: Any) -> Path | None:
             if isinstance(found, str) and os.path.isfile(found):
                 return Path(found)
     url = getattr(cfg, "url", None)
-    if url:
-        path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
-        if path.is_file():
-            return path
-    return None
+    return hub_file(url) if url and hub_file(url).is_file() else None
 
 
 def _cache_hint(cfg: Any) -> str:
@@ -134,35 +121,21 @@ def _cache_hint(cfg: Any) -> str:
     return f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
 
 
-@contextmanager
-def _hub_offline() -> Iterator[None]:
-    """Forbid Hugging Face hub requests (its flag is read at import, so set both)."""
-    from huggingface_hub import constants
-
-    before_env, before = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        constants.HF_HUB_OFFLINE = before
-        if before_env is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = before_env
-
-
 def _create(name: str, seed: int, num_classes: int | None = None,
             pretrained_from: Path | None = None, download: bool = False) -> nn.Module:
     """Build ``name`` seeded in a forked RNG, pretrained from a cached file or a download."""
     import timm
+    from huggingface_hub import constants
 
     kwargs: dict[str, Any] = {}
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     if pretrained_from is not None:
         kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_from)}
-    with torch.random.fork_rng(devices=[]), nullcontext() if download else _hub_offline():
+    with torch.random.fork_rng(devices=[]), ExitStack() as stack:
+        if not download:  # forbid hub requests; its flag is read at import, so set both
+            stack.enter_context(mock.patch.dict(os.environ, HF_HUB_OFFLINE="1"))
+            stack.enter_context(mock.patch.object(constants, "HF_HUB_OFFLINE", True))
         torch.manual_seed(seed)
         return timm.create_model(name, pretrained=pretrained_from is not None or download,
                                  **kwargs)
@@ -289,7 +262,7 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
             build=lambda n, state: _create(name, options.seed, n))
         loaded = f"file:{path}"
     else:
-        chosen = _choose_tag(arch, weights, pretrained_tags(arch), default=tag)
+        chosen = _choose_tag(arch, weights, default=tag)
         model, loaded, pretrained = _pretrained(arch, chosen, options), chosen, True
     categories = imagenet_labels(model) if pretrained else None
     labels_from = "weights" if categories else None
@@ -303,10 +276,4 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         declared_size=declared_size(model))
 
 
-def _parse(spec: str) -> ModelSpec | None:
-    if not spec.startswith(PREFIX):
-        return None
-    return ModelSpec("timm", spec, spec[len(PREFIX):], "classification")
-
-
-register(Source("timm", _parse, load_timm))
+register(Source("timm", prefixed("timm", PREFIX, "classification"), load_timm))

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import warnings
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -24,6 +22,7 @@ from hookscope.sources.base import (
     LoadOptions,
     ModelSpec,
     Source,
+    hub_file,
     is_path,
     network_available,
     register,
@@ -63,11 +62,6 @@ def _weights_enum(name: str) -> Any | None:
         return get_model_weights(name)
     except (ValueError, KeyError):
         return None
-
-
-def _cached_file(weights: Any) -> Path:
-    filename = os.path.basename(urlparse(weights.url).path)
-    return Path(torch.hub.get_dir()) / "checkpoints" / filename
 
 
 def _build(name: str, weights: Any | None, seed: int, num_classes: int | None = None,
@@ -128,9 +122,9 @@ def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]
     return cls(**keywords | sizes)
 
 
-def _default_classes(name: str, default: Any | None) -> int | None:
-    """The class count a builder uses without ``num_classes``: its weights' categories."""
-    categories = default.meta.get("categories") if default is not None else None
+def _classes(weights: Any | None) -> int | None:
+    """The class count of ``weights``: its categories'."""
+    categories = weights.meta.get("categories") if weights is not None else None
     return len(categories) if categories else None
 
 
@@ -156,14 +150,14 @@ def _named_weights(name: str, spec: str, enum: Any | None, default: Any | None) 
 
 
 def _pretrained(name: str, chosen: Any, options: LoadOptions) -> tuple[nn.Module, str]:
-    if options.num_classes is not None and options.num_classes != _default_classes(name, chosen):
+    if options.num_classes is not None and options.num_classes != _classes(chosen):
         raise HookscopeError(
             f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
-            f"{chosen} has {_default_classes(name, chosen)} classes."
+            f"{chosen} has {_classes(chosen)} classes."
         )
-    if not _cached_file(chosen).exists() and not network_available():
+    if not hub_file(chosen.url).exists() and not network_available():
         raise HookscopeError(
-            f"{chosen} is not in the torch cache ({_cached_file(chosen).parent}) and cannot "
+            f"{chosen} is not in the torch cache ({hub_file(chosen.url).parent}) and cannot "
             f"be downloaded (no network). Use {param('weights')} none or a local checkpoint."
         )
     return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
@@ -187,8 +181,7 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
 
     ``weights``: ``auto`` (DEFAULT weights when cached or downloadable, else random with a
     warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a checkpoint
-    path. A checkpoint whose classifier head has another class count (a fine-tuned model)
-    builds the architecture with that count; ``num_classes`` sets it for random weights.
+    (a fine-tuned one builds the architecture with its class count).
 
     Raises:
         HookscopeError: unknown weights, an unreadable checkpoint, a checkpoint for another
@@ -202,14 +195,14 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     if weights.lower() == "none":
         model, loaded = _random_weights(name, options)
     elif weights.lower() == "auto":
-        if default is not None and options.num_classes in (None, _default_classes(name, default)) \
-                and (_cached_file(default).exists() or network_available()):
+        if default is not None and options.num_classes in (None, _classes(default)) \
+                and (hub_file(default.url).exists() or network_available()):
             chosen = default
             model, loaded = _pretrained(name, chosen, options)
         else:
             why = None if options.num_classes is not None else \
                 "this model has no pretrained weights" if default is None else (
-                    f"{default} is not in the torch cache ({_cached_file(default).parent}) and "
+                    f"{default} is not in the torch cache ({hub_file(default.url).parent}) and "
                     "cannot be downloaded")
             model, loaded = _random_weights(name, options, why)
     elif is_path(weights):
