@@ -129,13 +129,11 @@ def _decode_error(name: str, exc: BaseException) -> HookscopeError:
     if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
         return HookscopeError(
             f"{name}: image is over Pillow's decompression-bomb limit "
-            f"({Image.MAX_IMAGE_PIXELS} pixels); refusing to decode it. Downscale it first."
-        )
+            f"({Image.MAX_IMAGE_PIXELS} pixels); refusing to decode it. Downscale it first.")
     if isinstance(exc, UnidentifiedImageError):
         return HookscopeError(
             f"{name}: not an image Pillow can read (inputs are images, directories, '-', "
-            "or .pt/.npy tensors)."
-        )
+            "or .pt/.npy tensors).")
     if isinstance(exc, FileNotFoundError):
         return HookscopeError(f"{name}: no such file.")
     return HookscopeError(f"{name}: corrupt or truncated image ({exc}).")
@@ -195,8 +193,7 @@ def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tens
             arr = np.load(src, mmap_mode="c" if data is None else None, allow_pickle=False)
             if not np.issubdtype(arr.dtype, np.floating):
                 raise HookscopeError(
-                    f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected."
-                )
+                    f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected.")
             return torch.from_numpy(np.asarray(arr))
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
             warnings.simplefilter("ignore")
@@ -211,26 +208,20 @@ def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tens
     except Exception as exc:  # torch.load and np.load raise many types for bad files
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise HookscopeError(
-            f"{name}: not a readable tensor file ({exc.__class__.__name__}: {clip(first, 120)})."
-        ) from None
+            f"{name}: not a readable tensor file ({exc.__class__.__name__}: {clip(first, 120)}).") from None
     if not isinstance(obj, torch.Tensor):
         raise HookscopeError(
             f"{name}: holds a {type(obj).__name__}, not a tensor; save one preprocessed float "
-            "tensor with torch.save(tensor, path)."
-        )
+            "tensor with torch.save(tensor, path).")
     return obj
 
 
 def _check_tensor(t: torch.Tensor, name: str, ndim: int) -> torch.Tensor:
     if not t.is_floating_point():
-        raise HookscopeError(
-            f"{name}: tensor dtype is {t.dtype}; a preprocessed float tensor is expected."
-        )
+        raise HookscopeError(f"{name}: tensor dtype is {t.dtype}; a preprocessed float tensor is expected.")
     layout = "(C,T,H,W) or (N,C,T,H,W)" if ndim == 5 else "(C,H,W) or (N,C,H,W)"
     if t.dim() not in (ndim - 1, ndim) or 0 in t.shape:
-        raise HookscopeError(
-            f"{name}: tensor shape is {list(t.shape)}; expected {layout}."
-        )
+        raise HookscopeError(f"{name}: tensor shape is {list(t.shape)}; expected {layout}.")
     return t
 
 
@@ -346,8 +337,7 @@ def _check_image(item: InputItem, ndim: int) -> None:
     if ndim == 5:
         raise HookscopeError(
             f"{item.name}: video models take clips; pass a .pt/.npy tensor of shape (C,T,H,W) "
-            "or (N,C,T,H,W)."
-        )
+            "or (N,C,T,H,W).")
     _open(item.source, item.name, load=False).close()
 
 

@@ -10,6 +10,7 @@ applies what every source shares: preprocessing options, labels, device, eval mo
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from importlib import import_module
 from typing import Any
 
@@ -58,8 +59,7 @@ def resolve(spec: str) -> ModelSpec:
     raise HookscopeError(
         f"Unknown model {spec!r}.{suggest(text, model_tasks())} MODEL is a torchvision name "
         "(`hookscope models`), timm:NAME, hf:FOLDER, file.py:NAME or package.module:NAME, or a "
-        "pickled model's path."
-    )
+        "pickled model's path.")
 
 
 def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedModel:
@@ -107,42 +107,35 @@ def _check_size(loaded: LoadedModel) -> None:
     declared, size = loaded.declared_size, loaded.input_size
     if declared is None or declared.takes(size) or loaded.task in ("detection", "optical_flow"):
         return
-    try:
-        # Past twice the declared side no trial runs: a ViT's attention grows with the
-        # square of the pixel count, so a huge trial could exhaust the memory.
-        if max(size) > 2 * max(declared.size):
-            raise HookscopeError("no trial")
-        _trial(loaded)
-    except HookscopeError:
-        h, w = declared.size
-        fix = f"{h}" if declared.exact else f"{max(h, w)} or more"
-        raise HookscopeError(
-            f"{loaded.name} takes {declared.describe()} ({declared.origin}), not {size[0]}x"
-            f"{size[1]}: choose {param('size')} {fix}, or leave it out.") from None
+    # Past twice the declared side no trial runs: a ViT's attention grows with the square
+    # of the pixel count, so a huge trial could exhaust the memory.
+    if max(size) <= 2 * max(declared.size):
+        with suppress(HookscopeError):
+            _trial(loaded)
+            return
+    h, w = declared.size
+    fix = f"{h}" if declared.exact else f"{max(h, w)} or more"
+    raise HookscopeError(
+        f"{loaded.name} takes {declared.describe()} ({declared.origin}), not {size[0]}x"
+        f"{size[1]}: choose {param('size')} {fix}, or leave it out.")
 
 
 def _check_label_count(loaded: LoadedModel) -> None:
     """Labels must match the model's classes; count them with one forward pass if needed."""
+    from hookscope.core.outputs import select_logits
+
     classes = loaded.num_classes
     # Detectors, segmenters and flow models give no (N, classes) logits: none is run to count.
     if classes is None and loaded.task not in ("detection", "segmentation", "optical_flow"):
-        classes = _output_classes(loaded)
+        logits = select_logits(_trial(loaded), loaded.output_key, required=False)
+        classes = int(logits.shape[1]) if logits is not None and logits.dim() == 2 else None
         loaded.num_classes = classes
     count = len(loaded.categories or [])
     if classes is not None and classes != count:
         where = loaded.labels_from or "the labels"
         raise HookscopeError(
             f"{where} has {count} labels, but {loaded.name} has {classes} output classes; "
-            f"give {param('labels')} with one label per class."
-        )
-
-
-def _output_classes(loaded: LoadedModel) -> int | None:
-    """The class count of a model's logits, from one forward pass on a zero input."""
-    from hookscope.core.outputs import select_logits
-
-    logits = select_logits(_trial(loaded), loaded.output_key, required=False)
-    return int(logits.shape[1]) if logits is not None and logits.dim() == 2 else None
+            f"give {param('labels')} with one label per class.")
 
 
 def _trial(loaded: LoadedModel) -> Any:
@@ -185,8 +178,7 @@ def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -
         how = "autocast to " if autocast else ""
         raise HookscopeError(
             f"{how}{str(dtype).removeprefix('torch.')} is not supported on {device} "
-            f"({clip(str(exc), 100)}); choose another {param('dtype')} or {param('device')}."
-        ) from None
+            f"({clip(str(exc), 100)}); choose another {param('dtype')} or {param('device')}.") from None
 
 
 def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
@@ -270,14 +262,12 @@ def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
         raise HookscopeError(
             f"{name} is an optical-flow model: it takes two frames per input, and hookscope "
             "runs models on one batch of images (classification, segmentation, detection) or "
-            "clips (video)."
-        )
+            "clips (video).")
     if needs_logits and not needs_images and task in ("detection", "segmentation"):
         raise HookscopeError(
             f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
             f"logits. {task.capitalize()} models work with stats, layers, debug, features, "
-            "gradcam, report, check and diff."
-        )
+            "gradcam, report, check and diff.")
     if needs_images and spec.input_ndim != 4:
         raise HookscopeError(f"{name} is a video model; this analysis explains image "
                              "models (N, C, H, W).")
@@ -289,13 +279,10 @@ def available_memory(device: torch.device) -> int | None:
         return int(torch.cuda.mem_get_info(device)[0])
     if device.type != "cpu":
         return None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/meminfo", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return None
 
 
@@ -347,5 +334,4 @@ def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
         raise HookscopeError(
             f"{batch_size} input(s) of {h}x{w} need about {need / 2**30:.1f} GiB for "
             f"activations, and {loaded.device} has {free / 2**30:.1f} GiB available; lower "
-            f"{param('size')} or {param('batch_size')}."
-        )
+            f"{param('size')} or {param('batch_size')}.")

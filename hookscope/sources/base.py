@@ -191,8 +191,7 @@ def resolve_device(spec: str = "auto") -> torch.device:
         device = torch.device(spec)
     except RuntimeError:
         raise HookscopeError(
-            f"{param('device')} {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps."
-        ) from None
+            f"{param('device')} {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps.") from None
     problem = None
     if device.type == "cuda" and not torch.cuda.is_available():
         problem = "CUDA is not available on this machine; use cpu"

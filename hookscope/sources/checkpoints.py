@@ -78,8 +78,7 @@ def _refuse_compiled(src: Source, path: Path) -> None:
     if kind:
         raise HookscopeError(
             f"{path} is {kind}; hooks need an eager nn.Module. Load the Python class with "
-            f"MODEL file.py:NAME and a state_dict in {param('weights')} instead."
-        )
+            f"MODEL file.py:NAME and a state_dict in {param('weights')} instead.")
 
 
 def _torch_load(src: Source, trust: bool, path: Path) -> Any:
@@ -93,8 +92,7 @@ def _torch_load(src: Source, trust: bool, path: Path) -> Any:
             raise HookscopeError(
                 f"{path}: the file holds Python objects that need arbitrary unpickling, which "
                 f"can run code. If it is a checkpoint from a source you trust, set "
-                f"{param('trust_checkpoint')}."
-            ) from None
+                f"{param('trust_checkpoint')}.") from None
         raise HookscopeError(f"{path}: not a PyTorch checkpoint ({clip(str(exc), 120)}).") from None
     except HookscopeError:
         raise
@@ -134,8 +132,7 @@ def _unwrap(obj: Any, path: Path) -> tuple[Mapping[str, torch.Tensor] | nn.Modul
                 return found, obj
     raise HookscopeError(
         f"{path}: not a checkpoint hookscope can use; expected a state_dict, or a dict with a "
-        "'state_dict' or 'model' entry."
-    )
+        "'state_dict' or 'model' entry.")
 
 
 def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
@@ -197,8 +194,7 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
         raise HookscopeError(
             f"{path} does not fit {name}: {len(wrong)} tensor(s) have another shape, e.g. "
             f"{key} is {theirs} in the file and {ours} in the model. Is it a checkpoint for "
-            "another architecture?"
-        )
+            "another architecture?")
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         parts = []
@@ -208,8 +204,7 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
             parts.append(f"{len(unexpected)} unexpected key(s), e.g. {', '.join(unexpected[:3])}")
         raise HookscopeError(
             f"{path} does not fit {name}: {'; '.join(parts)}. "
-            "Is it a checkpoint for another architecture?"
-        )
+            "Is it a checkpoint for another architecture?")
 
 
 Builder = Callable[[int | None, Mapping[str, torch.Tensor]], nn.Module]

@@ -213,25 +213,9 @@ def check_eager(model: nn.Module, what: str) -> None:
                              "Return the Python module itself (before torch.jit.script).")
 
 
-def _call(fn: Any, kwargs: dict[str, Any], label: str, folder: Path | None) -> nn.Module:
-    """Build the model: instantiate the class or call the factory with ``kwargs``."""
-    call = clip(f"{label}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})", 160)
-    _check_arguments(fn, kwargs, label)
-    try:
-        result = fn(**kwargs)
-    except (Exception, SystemExit) as exc:
-        # Arguments passed on through **kwargs fail inside: say what the callable takes.
-        hint = _accepts(_signature(fn)) if isinstance(exc, TypeError) and \
-            "argument" in str(exc) else ""
-        raise _failed(call, exc, folder, hint) from None
-    if not isinstance(result, nn.Module):
-        raise HookscopeError(f"{call} returned {_describe(result)}, not an nn.Module. {_WANT}")
-    check_eager(result, f"What {call} returned")
-    return result
-
-
 def _construct(obj: Any, kwargs: dict[str, Any], label: str, folder: Path | None) -> nn.Module:
-    """The model NAME stands for: a class or a factory, called; a module instance, as is."""
+    """The model NAME stands for: a class or a factory, called with ``kwargs``; a module
+    instance, as is."""
     if isinstance(obj, nn.Module):
         if kwargs:
             raise HookscopeError(f"{label} is a model instance, built when its code was "
@@ -244,7 +228,19 @@ def _construct(obj: Any, kwargs: dict[str, Any], label: str, folder: Path | None
                              f"nn.Module subclass. {_WANT}")
     if not callable(obj):
         raise HookscopeError(f"{label} is {_describe(obj)}, not a class or function. {_WANT}")
-    return _call(obj, kwargs, label, folder)
+    call = clip(f"{label}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})", 160)
+    _check_arguments(obj, kwargs, label)
+    try:
+        result = obj(**kwargs)
+    except (Exception, SystemExit) as exc:
+        # Arguments passed on through **kwargs fail inside: say what the callable takes.
+        hint = _accepts(_signature(obj)) if isinstance(exc, TypeError) and \
+            "argument" in str(exc) else ""
+        raise _failed(call, exc, folder, hint) from None
+    if not isinstance(result, nn.Module):
+        raise HookscopeError(f"{call} returned {_describe(result)}, not an nn.Module. {_WANT}")
+    check_eager(result, f"What {call} returned")
+    return result
 
 
 def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module:

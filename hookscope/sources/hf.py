@@ -61,8 +61,7 @@ def _config_json(path: Path) -> dict[str, Any]:
     try:
         found = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise HookscopeError(f"{path / 'config.json'}: not readable JSON ({clip(str(exc), 120)})."
-                             ) from None
+        raise HookscopeError(f"{path / 'config.json'}: not readable JSON ({clip(str(exc), 120)}).") from None
     if not isinstance(found, dict):
         raise HookscopeError(f"{path / 'config.json'}: not a JSON object.")
     return found
@@ -198,7 +197,7 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         weights_loaded=loaded, device=torch.device("cpu"),
         preprocess=with_overrides(preprocess, size=options.size), categories=labels,
         source="hf", num_classes=int(config.num_labels) if task == "classification" else None,
-        input_ndim=4, labels_from="config:id2label" if labels else None)
+        labels_from="config:id2label" if labels else None)
 
 
 def describe(target: str) -> list[dict[str, Any]]:

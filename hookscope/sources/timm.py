@@ -39,7 +39,6 @@ from hookscope.sources.checkpoints import build_to_fit
 __all__ = ["PREFIX", "import_timm", "load_timm", "pretrained_tags"]
 
 PREFIX = "timm:"
-_HUB_HOST = "huggingface.co"
 #: Weight files timm fetches from a Hugging Face repo, safetensors first as timm does.
 _HUB_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
               "open_clip_pytorch_model.bin")
@@ -58,8 +57,7 @@ def _architecture(timm: ModuleType, name: str) -> tuple[str, str]:
     if not timm.is_model(arch):
         raise HookscopeError(
             f"Unknown timm model {name!r}.{suggest(arch, timm.list_models())} Run `hookscope "
-            "models --source timm PATTERN` to list them."
-        )
+            "models --source timm PATTERN` to list them.")
     return arch, _choose_tag(arch, tag) if tag else tag
 
 
@@ -89,15 +87,8 @@ def _choose_tag(arch: str, requested: str, default: str = "") -> str:
     if tag not in tags:
         raise HookscopeError(
             f"timm:{arch} has no pretrained weights {requested!r}.{suggest(tag, tags)} "
-            f"Choose DEFAULT, {', '.join(tags)}, auto, none, or a checkpoint path."
-        )
+            f"Choose DEFAULT, {', '.join(tags)}, auto, none, or a checkpoint path.")
     return tag
-
-
-def _pretrained_cfg(arch: str, tag: str) -> Any:
-    from timm.models import get_pretrained_cfg
-
-    return get_pretrained_cfg(f"{arch}.{tag}")
 
 
 def _cached_file(cfg: Any) -> Path | None:
@@ -114,11 +105,6 @@ def _cached_file(cfg: Any) -> Path | None:
                 return Path(found)
     url = getattr(cfg, "url", None)
     return hub_file(url) if url and hub_file(url).is_file() else None
-
-
-def _cache_hint(cfg: Any) -> str:
-    hub_id = getattr(cfg, "hf_hub_id", None)
-    return f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
 
 
 def _create(name: str, seed: int, num_classes: int | None = None,
@@ -147,45 +133,39 @@ def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None
     return _create(f"{arch}.{tag}" if tag else arch, options.seed, options.num_classes), loaded
 
 
-def _pretrained(arch: str, tag: str, options: LoadOptions) -> nn.Module:
-    """Pretrained weights from the cache, else a download; one error when neither works."""
-    cfg = _pretrained_cfg(arch, tag)
-    classes = cfg.num_classes
-    if options.num_classes is not None and options.num_classes != classes:
+def _pretrained(arch: str, tag: str, options: LoadOptions, *, auto: bool = False
+                ) -> tuple[nn.Module, str]:
+    """Pretrained weights from the cache, else a download. When neither works, or they do not
+    have ``num_classes``, ``auto`` falls back to random weights; else one error."""
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(f"{arch}.{tag}")
+    if options.num_classes not in (None, cfg.num_classes):
+        if auto:
+            return _random(arch, tag, options)
         raise HookscopeError(
             f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
-            f"timm:{arch}.{tag} has {classes} classes.")
+            f"timm:{arch}.{tag} has {cfg.num_classes} classes.")
     cached = _cached_file(cfg)
-    if cached is None and not network_available(_HUB_HOST):
-        raise HookscopeError(
-            f"timm:{arch}.{tag} is not in {_cache_hint(cfg)} and cannot be downloaded (no "
-            f"network). Use {param('weights')} none or a local checkpoint.")
+    if cached is None and not network_available("huggingface.co"):
+        hub_id = getattr(cfg, "hf_hub_id", None)
+        cache = f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
+        missing = f"timm:{arch}.{tag} is not in {cache} and cannot be downloaded"
+        if auto:
+            return _random(arch, tag, options, missing)
+        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local "
+                             "checkpoint.")
     try:
-        return _create(f"{arch}.{tag}", options.seed, pretrained_from=cached,
-                       download=cached is None)
+        model = _create(f"{arch}.{tag}", options.seed, pretrained_from=cached,
+                        download=cached is None)
     except HookscopeError:
         raise
     except Exception as exc:  # timm and the hub raise many types for a failed download
         where = "load" if cached is not None else "download"
         raise HookscopeError(
             f"Could not {where} the weights timm:{arch}.{tag} ({exc.__class__.__name__}: {exc}). "
-            f"Use {param('weights')} none for random initialisation, or a local checkpoint."
-        ) from exc
-
-
-def _auto(arch: str, tag: str, options: LoadOptions) -> tuple[nn.Module, str]:
-    """Pretrained when cached or downloadable (and the class count fits), else random."""
-    tags = pretrained_tags(arch)
-    chosen = tag or (tags[0] if tags else None)
-    if chosen is None:
-        return _random(arch, "", options, "this timm model has no pretrained weights")
-    cfg = _pretrained_cfg(arch, chosen)
-    if options.num_classes not in (None, cfg.num_classes):
-        return _random(arch, chosen, options)
-    if _cached_file(cfg) is None and not network_available(_HUB_HOST):
-        why = f"timm:{arch}.{chosen} is not in {_cache_hint(cfg)} and cannot be downloaded"
-        return _random(arch, chosen, options, why)
-    return _pretrained(arch, chosen, options), chosen
+            f"Use {param('weights')} none for random initialisation, or a local checkpoint.") from exc
+    return model, tag
 
 
 def timm_preprocess(model: nn.Module, size: int | None = None) -> Preprocess:
@@ -247,12 +227,15 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     timm = import_timm()
     arch, tag = _architecture(timm, spec.target)
     weights = options.weights.strip()
-    found, pretrained = None, False
+    found = None
     if weights.lower() == "none":
         model, loaded = _random(arch, tag, options)
     elif weights.lower() == "auto":
-        model, loaded = _auto(arch, tag, options)
-        pretrained = not loaded.startswith("random")
+        tags = [tag] if tag else pretrained_tags(arch)
+        if tags:
+            model, loaded = _pretrained(arch, tags[0], options, auto=True)
+        else:
+            model, loaded = _random(arch, "", options, "this timm model has no pretrained weights")
     elif is_path(weights):
         path = Path(weights).expanduser()
         name = f"{arch}.{tag}" if tag else arch
@@ -262,8 +245,8 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
             build=lambda n, state: _create(name, options.seed, n))
         loaded = f"file:{path}"
     else:
-        chosen = _choose_tag(arch, weights, default=tag)
-        model, loaded, pretrained = _pretrained(arch, chosen, options), chosen, True
+        model, loaded = _pretrained(arch, _choose_tag(arch, weights, default=tag), options)
+    pretrained = not loaded.startswith(("random", "file:"))
     categories = imagenet_labels(model) if pretrained else None
     labels_from = "weights" if categories else None
     if found is not None and found.labels is not None:
@@ -272,7 +255,7 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         name=spec.name, model=model, task="classification", weights_requested=options.weights,
         weights_loaded=loaded, device=torch.device("cpu"),
         preprocess=timm_preprocess(model, options.size), categories=categories, source="timm",
-        num_classes=getattr(model, "num_classes", None), input_ndim=4, labels_from=labels_from,
+        num_classes=getattr(model, "num_classes", None), labels_from=labels_from,
         declared_size=declared_size(model))
 
 

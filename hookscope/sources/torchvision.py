@@ -144,8 +144,7 @@ def _named_weights(name: str, spec: str, enum: Any | None, default: Any | None) 
     if member not in members:
         raise HookscopeError(
             f"{enum.__name__} has no member {spec!r}.{suggest(member, members)} "
-            f"Choose DEFAULT, {', '.join(members)}, auto, none, or a checkpoint path."
-        )
+            f"Choose DEFAULT, {', '.join(members)}, auto, none, or a checkpoint path.")
     return enum[member]
 
 
@@ -153,13 +152,11 @@ def _pretrained(name: str, chosen: Any, options: LoadOptions) -> tuple[nn.Module
     if options.num_classes is not None and options.num_classes != _classes(chosen):
         raise HookscopeError(
             f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
-            f"{chosen} has {_classes(chosen)} classes."
-        )
+            f"{chosen} has {_classes(chosen)} classes.")
     if not hub_file(chosen.url).exists() and not network_available():
         raise HookscopeError(
             f"{chosen} is not in the torch cache ({hub_file(chosen.url).parent}) and cannot "
-            f"be downloaded (no network). Use {param('weights')} none or a local checkpoint."
-        )
+            f"be downloaded (no network). Use {param('weights')} none or a local checkpoint.")
     return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
 
 
