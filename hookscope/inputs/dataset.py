@@ -29,10 +29,9 @@ MAX_DEFAULT_WORKERS = 4  # decoding seldom keeps more busy
 
 def default_workers(inputs: InputSet, batch_size: int, processes: int = 1) -> int:
     """The ``workers`` used when none are given: 0 (in process) for stdin, tensor files and
-    fewer than two batches of images, where starting processes costs more than it saves;
-    else one CPU fewer than this process's share (``processes`` run on this machine), at most
-    :data:`MAX_DEFAULT_WORKERS`, when that is at least 2 (one worker does no more than the
-    prefetching thread)."""
+    under two batches of images; else one CPU fewer than this process's share (``processes``
+    share the machine), at most MAX_DEFAULT_WORKERS, when that is at least 2 (one worker does
+    no more than the prefetching thread)."""
     kinds = [item.kind for item in inputs.items]
     if "stdin" in kinds or kinds.count("image") < 2 * batch_size:
         return 0
@@ -61,11 +60,8 @@ class InputDataset(Dataset[tuple[int, Any, Any, HookscopeError | None]]):
 
 def loader_samples(items: Sequence[InputItem], decoder: Decoder, batch_size: int,
                    workers: int) -> Iterator[Sample]:
-    """Each sample, decoded in ``workers`` processes, in input order.
-
-    Raises:
-        HookscopeError: a sample's decoding error, when its position is reached.
-    """
+    """Each sample, decoded in ``workers`` processes, in input order; a sample's decoding
+    error is raised when its position is reached."""
     # Collated as a plain list: the main process makes the batches, splitting them at a
     # shape change exactly as in process.
     loader = DataLoader(InputDataset(items, decoder), batch_size=batch_size, shuffle=False,
@@ -131,10 +127,6 @@ def _worker_signals(_: int) -> None:
     for name in ("SIGINT", "SIGHUP"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _leave)
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
     if hasattr(signal, "pthread_sigmask"):  # blocked by held_signals in the main process
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
-
-
-def _leave(signum: int, frame: object) -> None:
-    os._exit(0)

@@ -171,11 +171,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def load_image(src: Path | bytes, name: str) -> Image.Image:
-    """Decode an image fully, apply EXIF orientation, convert to RGB.
-
-    Raises:
-        HookscopeError: missing, not an image, corrupt or truncated, or a decompression bomb.
-    """
+    """Decode an image fully, apply EXIF orientation, convert to RGB; a HookscopeError when
+    it is missing, not an image, corrupt, or a decompression bomb."""
     img = _open(src, name, load=True)
     try:
         img = ImageOps.exif_transpose(img) or img
@@ -236,11 +233,8 @@ class Decoder:
         self._file: tuple[Path, torch.Tensor] | None = None
 
     def __call__(self, item: InputItem) -> tuple[torch.Tensor, Image.Image | None]:
-        """The preprocessed sample and, when kept, its image.
-
-        Raises:
-            HookscopeError: the file is missing, corrupt, or not what it was when resolved.
-        """
+        """The preprocessed sample and, when kept, its image; a HookscopeError when the file is
+        missing, corrupt, or not what it was when resolved."""
         if item.kind == "tensor":
             return self._row(item), None
         img = load_image(item.source, item.name)
@@ -262,18 +256,14 @@ class Decoder:
 # ---------------------------------------------------------------------------- resolving
 
 
-def resolve_inputs(
-    specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
-    recursive: bool = False, limit: int | None = None, shuffle: bool = False, seed: int = 0,
-) -> InputSet:
+def resolve_inputs(specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
+                   recursive: bool = False, limit: int | None = None, shuffle: bool = False,
+                   seed: int = 0) -> InputSet:
     """Expand files, directories, ``-`` (one image on ``stdin``) and ``.pt``/``.npy`` tensor
     files; shuffle (by ``seed``), then keep ``limit`` of them; read each one's header, so a
     non-image fails before the model loads. ``recursive`` walks directories' whole trees. A
     directory whose images all sit in subdirectories is an ImageFolder layout: each image's
     ``label`` is its subdirectory's name.
-
-    Raises:
-        HookscopeError: no inputs, missing files, empty directories, unreadable files.
     """
     if not specs:
         raise HookscopeError("No inputs given; pass image files, directories, '-' or .pt/.npy.")
@@ -296,9 +286,12 @@ def resolve_inputs(
     if shuffle:
         random.Random(seed).shuffle(items)
     items = items[:limit] if limit is not None else items
-    for item in items:
-        if item.kind == "image":
-            _check_image(item, ndim)
+    images = [item for item in items if item.kind == "image"]
+    if images and ndim == 5:
+        raise HookscopeError(f"{images[0].name}: video models take clips; pass a .pt/.npy tensor of "
+                             "shape (C,T,H,W) or (N,C,T,H,W).")
+    for item in images:
+        _open(item.source, item.name, load=False).close()
     return InputSet(items)
 
 
@@ -331,14 +324,6 @@ def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
     if t.dim() != ndim:
         return [InputItem(name, "tensor", path, data=data)]
     return [InputItem(f"{name}[{i}]", "tensor", path, i, data=data) for i in range(t.shape[0])]
-
-
-def _check_image(item: InputItem, ndim: int) -> None:
-    if ndim == 5:
-        raise HookscopeError(
-            f"{item.name}: video models take clips; pass a .pt/.npy tensor of shape (C,T,H,W) "
-            "or (N,C,T,H,W).")
-    _open(item.source, item.name, load=False).close()
 
 
 def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:
@@ -419,23 +404,13 @@ def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Itera
             start, number = start + len(chunk), number + 1
 
 
-def iter_batches(
-    inputs: InputSet,
-    preprocess: Callable[[Any], torch.Tensor],
-    *,
-    batch_size: int = 8,
-    keep_images: bool = False,
-    ndim: int = 4,
-    prefetch: bool = True,
-    workers: int = 0,
-) -> Iterator[Batch]:
+def iter_batches(inputs: InputSet, preprocess: Callable[[Any], torch.Tensor], *, batch_size: int = 8,
+                 keep_images: bool = False, ndim: int = 4, prefetch: bool = True,
+                 workers: int = 0) -> Iterator[Batch]:
     """Decode and preprocess inputs into batches, in input order: with ``workers`` 0 in this
     process (one batch ahead in a thread, with ``prefetch``), else in that many DataLoader
-    worker processes. Samples whose preprocessed shapes differ go into separate batches.
-
-    Raises:
-        HookscopeError: a bad ``batch_size`` or ``workers``; a sample that cannot be decoded
-            (raised when its batch is reached).
+    worker processes. Samples whose preprocessed shapes differ go into separate batches; a
+    sample that cannot be decoded raises when its batch is reached.
     """
     if batch_size < 1:
         raise HookscopeError(f"{param('batch_size')} must be at least 1, not {batch_size}.")
@@ -445,8 +420,7 @@ def iter_batches(
     if workers > 0 and inputs.items:
         from hookscope.inputs.dataset import loader_samples
 
-        return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size,
-                      inputs.offset)
+        return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size, inputs.offset)
     gen = _group(((item, *decoder(item)) for item in inputs.items), batch_size, inputs.offset)
     return _prefetched(gen) if prefetch else gen
 

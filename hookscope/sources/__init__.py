@@ -9,7 +9,6 @@ applies what every source shares: preprocessing options, labels, device, eval mo
 
 from __future__ import annotations
 
-import logging
 from contextlib import suppress
 from importlib import import_module
 from typing import Any
@@ -30,9 +29,6 @@ from hookscope.sources.base import (
 
 __all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "register", "resolve",
            "set_precision"]
-
-log = logging.getLogger("hookscope")
-
 
 def _builtin() -> list[Source]:
     """The registered sources; the built-in ones join on first use. Code and pickles, whose
@@ -159,8 +155,7 @@ def _dtype(name: str) -> torch.dtype:
     try:
         return DTYPES[name.strip().lower()]
     except KeyError:
-        raise HookscopeError(f"{param('dtype')} {name!r}: choose one of "
-                             f"{', '.join(DTYPES)}.") from None
+        raise HookscopeError(f"{param('dtype')} {name!r}: choose one of {', '.join(DTYPES)}.") from None
 
 
 def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -> None:
@@ -182,8 +177,7 @@ def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -
 
 
 def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
-    """Refuse a cast to ``dtype`` that a detection model's ``nms`` or ``roi_align`` cannot
-    run, before the model runs."""
+    """Refuse a cast to ``dtype`` that a detection model's ``nms`` or ``roi_align`` cannot run."""
     if loaded.task != "detection":
         return
     from torchvision.ops import nms, roi_align
@@ -207,11 +201,8 @@ def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
 
 
 def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = False) -> None:
-    """Cast the model to ``dtype``, or (``autocast``) run it under ``torch.autocast``.
-
-    Raises:
-        HookscopeError: an unknown dtype, or a dtype the device cannot run.
-    """
+    """Cast the model to ``dtype``, or (``autocast``) run it under ``torch.autocast``; refuse
+    an unknown dtype, or one the device cannot run."""
     device = loaded.device
     if autocast:
         chosen = _dtype(dtype) if dtype else torch.get_autocast_dtype(device.type)
@@ -317,13 +308,8 @@ def batch_memory(loaded: LoadedModel, batch_size: int) -> int:
 
 
 def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
-    """Refuse a batch whose activations (:func:`batch_memory`) cannot fit in memory, before
-    it is made, rather than meet the out-of-memory killer.
-
-    Raises:
-        HookscopeError: the batch size is out of range or the estimate exceeds the memory
-            available on the model's device.
-    """
+    """Refuse a batch size out of range, or a batch whose activations (:func:`batch_memory`)
+    cannot fit in the device's memory, before it is made, rather than meet the OOM killer."""
     if not 1 <= batch_size <= 4096:
         raise HookscopeError(f"{param('batch_size')} must be between 1 and 4096, not "
                              f"{batch_size}.")

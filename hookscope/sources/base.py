@@ -179,11 +179,7 @@ _CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors", 
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
-    """Turn ``auto|cpu|cuda|cuda:N|mps`` into a device that exists.
-
-    Raises:
-        HookscopeError: the device is not available here.
-    """
+    """Turn ``auto|cpu|cuda|cuda:N|mps`` into a device that exists here, or refuse it."""
     spec = spec.strip().lower()
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

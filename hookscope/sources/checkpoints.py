@@ -180,12 +180,8 @@ def head_classes(model: nn.Module, state: Mapping[str, torch.Tensor]) -> int | N
 
 
 def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name: str) -> None:
-    """Load ``state`` into ``model`` exactly, or explain the mismatch by key.
-
-    Raises:
-        HookscopeError: tensors of other shapes (with both shapes, whole), missing keys or
-            unexpected keys (with examples).
-    """
+    """Load ``state`` into ``model`` exactly, or explain the mismatch by key: tensors of
+    other shapes, missing or unexpected keys (with examples)."""
     own = model.state_dict()
     wrong = [(k, list(v.shape), list(own[k].shape)) for k, v in state.items()
              if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape]
@@ -215,11 +211,8 @@ def build_to_fit(path: Path, build: Builder, *, name: str, num_classes: int | No
     """Build a model to fit a checkpoint and load it exactly; a whole module is returned as
     is. ``build`` makes the architecture for a class count (None: its default) and the
     checkpoint's state (to match optional parts such as auxiliary heads); when only the heads
-    differ (a fine-tuned model) it builds again with the checkpoint's class count.
-
-    Raises:
-        HookscopeError: see :func:`open_checkpoint` and :func:`fit`; also a head whose class
-            count contradicts ``num_classes``.
+    differ (a fine-tuned model) it builds again with the checkpoint's class count, which
+    ``num_classes`` must not contradict.
     """
     found = open_checkpoint(path, trust=trust)
     if found.module is not None:
@@ -255,11 +248,7 @@ def _label_list(value: Any, where: str) -> list[str]:
 
 
 def read_labels(path: Path | str) -> list[str]:
-    """Class labels from a file: one per line, a JSON list, or a JSON object ``{index: label}``.
-
-    Raises:
-        HookscopeError: a missing or unreadable file, or labels in another form.
-    """
+    """Class labels from a file: one per line, a JSON list, or a JSON object ``{index: label}``."""
     path = Path(path).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
@@ -273,9 +262,7 @@ def read_labels(path: Path | str) -> list[str]:
         except json.JSONDecodeError as exc:
             raise HookscopeError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno}).") \
                 from None
-    labels = [line.strip() for line in text.splitlines()]
-    while labels and not labels[-1]:
-        labels.pop()
+    labels = [line.strip() for line in text.rstrip().splitlines()]
     if not labels or any(not label for label in labels):
         raise HookscopeError(f"{path}: expected one label per line, with no empty lines.")
     return labels

@@ -286,12 +286,8 @@ def check_weights(options: LoadOptions, what: str) -> None:
 
 
 def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoint | None:
-    """Load ``options.weights`` into ``model`` when it is a file; None for auto and none.
-
-    Raises:
-        HookscopeError: an unreadable checkpoint or one for another architecture (a
-            fine-tuned one: which model_args to pass).
-    """
+    """Load ``options.weights`` into ``model`` when it is a file (a fine-tuned one is refused,
+    naming the model_args to pass); None for auto and none."""
     if options.weights.strip().lower() in ("auto", "none"):
         return None
     path = Path(options.weights.strip()).expanduser()

@@ -79,16 +79,14 @@ def _model_class(transformers: ModuleType, config: Any) -> tuple[Any, str]:
     return transformers.AutoModel, "custom"
 
 
-def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[nn.Module, str,
-                                                                                  str]:
+def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[nn.Module, str, str]:
     """The model (its weights, or seeded random ones for ``weights=none``), task, weights."""
     weights = options.weights.strip().lower()
     if weights not in ("auto", "none"):
         raise HookscopeError(f"{param('weights')} {options.weights!r}: an hf: folder carries its "
                              "own weights; use auto (the folder's) or none (random, seeded).")
     trust = options.trust_checkpoint
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True,
-                                                     trust_remote_code=trust)
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     auto, task = _model_class(transformers, config)
     has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
     with torch.random.fork_rng(devices=[]):
@@ -104,8 +102,6 @@ def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[
 def _side(size: Any) -> tuple[int | None, bool]:
     """A processor's ``size`` as (side, stretch): ``{"height", "width"}`` stretches,
     ``{"shortest_edge"}`` resizes the shorter side."""
-    if size is None:
-        return None, False
     if isinstance(size, (int, float)):
         return int(size), False
     def get(key: str) -> Any:
@@ -154,12 +150,7 @@ def _labels(config: Any, task: str) -> list[str] | None:
 
 
 def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-    """Load ``hf:PATH`` (on the CPU).
-
-    Raises:
-        HookscopeError: transformers is missing, PATH is not a model folder, its code is
-            remote and not trusted, or transformers cannot load it; ``num_classes`` given.
-    """
+    """Load ``hf:PATH`` (on the CPU)."""
     if options.num_classes is not None:
         raise HookscopeError(f"{param('num_classes')}: an hf: folder's class count is "
                              "its config's num_labels.")
@@ -222,8 +213,7 @@ def describe(target: str) -> list[dict[str, Any]]:
         arch = " ".join(raw.get("architectures") or [])
         task = "segmentation" if "Segmentation" in arch else "classification" \
             if "Classification" in arch else "custom"
-        files = [n for n in (*WEIGHT_FILES, "preprocessor_config.json")
-                 if (folder / n).is_file()]
+        files = [n for n in (*WEIGHT_FILES, "preprocessor_config.json") if (folder / n).is_file()]
         found.append({"name": f"{PREFIX}{folder}", "task": task, "weights": files,
                       "default": arch or raw.get("model_type")})
     return found

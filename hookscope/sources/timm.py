@@ -217,13 +217,7 @@ def imagenet_labels(model: nn.Module) -> list[str] | None:
 
 
 def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-    """Build a timm model with the requested weights (on the CPU).
-
-    Raises:
-        HookscopeError: timm is missing, an unknown model or weights tag, weights that are
-            neither cached nor downloadable, an unreadable checkpoint or one for another
-            architecture, or a class count that contradicts the weights.
-    """
+    """Build a timm model with the requested weights (on the CPU)."""
     timm = import_timm()
     arch, tag = _architecture(timm, spec.target)
     weights = options.weights.strip()

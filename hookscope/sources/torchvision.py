@@ -179,10 +179,6 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     ``weights``: ``auto`` (DEFAULT weights when cached or downloadable, else random with a
     warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a checkpoint
     (a fine-tuned one builds the architecture with its class count).
-
-    Raises:
-        HookscopeError: unknown weights, an unreadable checkpoint, a checkpoint for another
-            architecture, or a class count that contradicts the weights.
     """
     name = spec.target
     enum = _weights_enum(name)
