@@ -148,15 +148,23 @@ def _named_weights(name: str, spec: str, enum: Any | None, default: Any | None) 
     return enum[member]
 
 
-def _pretrained(name: str, chosen: Any, options: LoadOptions) -> tuple[nn.Module, str]:
-    if options.num_classes is not None and options.num_classes != _classes(chosen):
+def _pretrained(name: str, chosen: Any, options: LoadOptions, *, auto: bool = False
+                ) -> tuple[nn.Module, str]:
+    """``chosen`` weights, from the torch cache or a download. When they cannot be had, or do
+    not have ``num_classes``, ``auto`` falls back to random weights; else one error."""
+    if options.num_classes not in (None, _classes(chosen)):
+        if auto:
+            return _random_weights(name, options)
         raise HookscopeError(
             f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
             f"{chosen} has {_classes(chosen)} classes.")
-    if not hub_file(chosen.url).exists() and not network_available():
-        raise HookscopeError(
-            f"{chosen} is not in the torch cache ({hub_file(chosen.url).parent}) and cannot "
-            f"be downloaded (no network). Use {param('weights')} none or a local checkpoint.")
+    cached = hub_file(chosen.url)
+    if not cached.exists() and not network_available():
+        missing = f"{chosen} is not in the torch cache ({cached.parent}) and cannot be downloaded"
+        if auto:  # no warning with num_classes: random weights are what its head gets anyway
+            return _random_weights(name, options, missing if options.num_classes is None else None)
+        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local "
+                             "checkpoint.")
     return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
 
 
@@ -164,12 +172,10 @@ def _aux_options(name: str, state: Mapping[str, torch.Tensor]) -> dict[str, bool
     """Build auxiliary heads exactly when the checkpoint has them."""
     from torchvision.models import get_model_builder
 
-    params = inspect.signature(get_model_builder(name)).parameters
-    keys = list(state)
-    if "aux_loss" in params:  # segmentation: aux_classifier
-        return {"aux_loss": any(k.startswith("aux_classifier.") for k in keys)}
+    if "aux_loss" in inspect.signature(get_model_builder(name)).parameters:  # segmentation
+        return {"aux_loss": any(k.startswith("aux_classifier.") for k in state)}
     if name in ("googlenet", "inception_v3"):  # aux1/aux2, AuxLogits
-        return {"aux_logits": any(k.startswith(("aux1.", "aux2.", "AuxLogits.")) for k in keys)}
+        return {"aux_logits": any(k.startswith(("aux1.", "aux2.", "AuxLogits.")) for k in state)}
     return {}
 
 
@@ -187,17 +193,11 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     chosen, found = None, None
     if weights.lower() == "none":
         model, loaded = _random_weights(name, options)
+    elif weights.lower() == "auto" and default is not None:
+        model, loaded = _pretrained(name, default, options, auto=True)
     elif weights.lower() == "auto":
-        if default is not None and options.num_classes in (None, _classes(default)) \
-                and (hub_file(default.url).exists() or network_available()):
-            chosen = default
-            model, loaded = _pretrained(name, chosen, options)
-        else:
-            why = None if options.num_classes is not None else \
-                "this model has no pretrained weights" if default is None else (
-                    f"{default} is not in the torch cache ({hub_file(default.url).parent}) and "
-                    "cannot be downloaded")
-            model, loaded = _random_weights(name, options, why)
+        why = "this model has no pretrained weights" if options.num_classes is None else None
+        model, loaded = _random_weights(name, options, why)
     elif is_path(weights):
         model, found = build_to_fit(
             Path(weights).expanduser(), name=name, num_classes=options.num_classes,
