@@ -82,18 +82,14 @@ def first_on_path(folder: str) -> Iterator[None]:
             sys.path.remove(folder)
 
 
-def _where_raised(exc: BaseException, folder: Path) -> str:
-    """`` (at net.py:12)``: the last line of the user's own code in the traceback."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith("<")  # <frozen importlib._bootstrap>, <string>
-              and Path(f.filename).resolve().is_relative_to(folder)]
-    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-
-
 def _failed(what: str, exc: BaseException, folder: Path | None = None,
             hint: str = "") -> HookscopeError:
-    """One line for the user's code raising: the exception, its message and where."""
-    where = _where_raised(exc, folder) if folder is not None else ""
+    """One line for the user's code raising: the exception, its message and where (`` (at
+    net.py:12)``: the last line of the user's code in ``folder`` in the traceback)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if folder is not None and not f.filename.startswith("<")  # <frozen ...>, <string>
+              and Path(f.filename).resolve().is_relative_to(folder)]
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     return HookscopeError(f"{what} raised {type(exc).__name__}: {clip(str(exc), 200)}{where}."
                           f"{hint}")
 

@@ -38,30 +38,14 @@ def model_tasks() -> dict[str, str]:
     import torchvision.models as tvm
     from torchvision.models import list_models
 
-    groups = {
-        "segmentation": tvm.segmentation,
-        "detection": tvm.detection,
-        "video": tvm.video,
-        "optical_flow": tvm.optical_flow,
-        "quantization": tvm.quantization,
-        "classification": tvm,
-    }
+    groups = {"segmentation": tvm.segmentation, "detection": tvm.detection, "video": tvm.video,
+              "optical_flow": tvm.optical_flow, "quantization": tvm.quantization,
+              "classification": tvm, "other": None}
     tasks: dict[str, str] = {}
-    for task, module in groups.items():
+    for task, module in groups.items():  # a name's first group is its task
         for name in list_models(module):
             tasks.setdefault(name, task)
-    for name in list_models():
-        tasks.setdefault(name, "other")
     return tasks
-
-
-def _weights_enum(name: str) -> Any | None:
-    from torchvision.models import get_model_weights
-
-    try:
-        return get_model_weights(name)
-    except (ValueError, KeyError):
-        return None
 
 
 def _build(name: str, weights: Any | None, seed: int, num_classes: int | None = None,
@@ -186,9 +170,14 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a checkpoint
     (a fine-tuned one builds the architecture with its class count).
     """
+    from torchvision.models import get_model_weights
+
     name = spec.target
-    enum = _weights_enum(name)
-    default = getattr(enum, "DEFAULT", None) if enum is not None else None
+    try:
+        enum = get_model_weights(name)
+    except (ValueError, KeyError):
+        enum = None
+    default = getattr(enum, "DEFAULT", None)
     weights = options.weights.strip()
     chosen, found = None, None
     if weights.lower() == "none":
