@@ -23,11 +23,9 @@ MIN_SIZE, MAX_SIZE = 8, 8192  # input sides accepted, in pixels
 
 
 def _side(value: int | Sequence[int] | None) -> int | None:
-    if value is None:
-        return None
     if isinstance(value, (list, tuple)):
-        return int(value[0])
-    return int(value)  # type: ignore[arg-type]
+        value = value[0]
+    return None if value is None else int(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -44,8 +42,7 @@ class Preprocess:
     interpolation: str = "bilinear"  # or bicubic, nearest
     origin: str = "default"  # where the settings came from: weights, timm, options...
     stretch: bool = False
-    transform: Callable[[Any], torch.Tensor] | None = field(default=None, compare=False,
-                                                            repr=False)
+    transform: Callable[[Any], torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     @property
     def resize_size(self) -> list[int] | None:
@@ -77,8 +74,7 @@ class Preprocess:
         steps: list[Any] = []
         if self.resize is not None:
             side = (self.resize, self.resize) if self.stretch else self.resize
-            steps.append(T.Resize(side, InterpolationMode(self.interpolation),
-                                  antialias=True))
+            steps.append(T.Resize(side, InterpolationMode(self.interpolation), antialias=True))
         if self.crop is not None:
             steps.append(T.CenterCrop(self.crop))
         if self.channels == 1:
@@ -109,8 +105,7 @@ class Preprocess:
 def check_side(name: str, value: int | None) -> None:
     """Refuse a size (``size``, ``resize``, ``crop``) out of range, in one line."""
     if value is not None and not MIN_SIZE <= value <= MAX_SIZE:
-        raise HookscopeError(f"{param(name)} must be between {MIN_SIZE} and {MAX_SIZE} pixels, "
-                             f"not {value}.")
+        raise HookscopeError(f"{param(name)} must be between {MIN_SIZE} and {MAX_SIZE} pixels, not {value}.")
 
 
 def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | None = None,

@@ -139,7 +139,7 @@ def _pretrained(arch: str, tag: str, options: LoadOptions, *, auto: bool = False
     have ``num_classes``, ``auto`` falls back to random weights; else one error."""
     from timm.models import get_pretrained_cfg
 
-    cfg = get_pretrained_cfg(f"{arch}.{tag}")
+    cfg: Any = get_pretrained_cfg(f"{arch}.{tag}")
     if options.num_classes not in (None, cfg.num_classes):
         if auto:
             return _random(arch, tag, options)
