@@ -181,9 +181,10 @@ def load_image(src: Path | bytes, name: str) -> Image.Image:
     return to_rgb(img)
 
 
-def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tensor:
-    """The tensor in ``path`` (or in ``data``, its bytes already read). A file is mapped, not
-    read whole: a ``.npy`` copy-on-write, a ``.pt`` in the zip format (not the legacy one)."""
+def _read_tensor(path: Path, name: str, ndim: int, data: bytes | None = None) -> torch.Tensor:
+    """The float tensor of ``ndim`` - 1 or ``ndim`` dimensions in ``path`` (or in ``data``, its
+    bytes already read). A file is mapped, not read whole: a ``.npy`` copy-on-write, a ``.pt``
+    in the zip format (not the legacy one)."""
     src = io.BytesIO(data) if data is not None else path
     try:
         if path.suffix.lower() == ".npy":
@@ -191,11 +192,12 @@ def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tens
             if not np.issubdtype(arr.dtype, np.floating):
                 raise HookscopeError(
                     f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected.")
-            return torch.from_numpy(np.asarray(arr))
-        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
-            warnings.simplefilter("ignore")
-            obj = torch.load(src, map_location="cpu", weights_only=True,
-                             mmap=data is None and zipfile.is_zipfile(path))
+            obj = torch.from_numpy(np.asarray(arr))
+        else:
+            with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+                warnings.simplefilter("ignore")
+                obj = torch.load(src, map_location="cpu", weights_only=True,
+                                 mmap=data is None and zipfile.is_zipfile(path))
     except HookscopeError:
         raise
     except pickle.UnpicklingError:  # objects whose code would run, not only tensors
@@ -210,16 +212,12 @@ def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tens
         raise HookscopeError(
             f"{name}: holds a {type(obj).__name__}, not a tensor; save one preprocessed float "
             "tensor with torch.save(tensor, path).")
-    return obj
-
-
-def _check_tensor(t: torch.Tensor, name: str, ndim: int) -> torch.Tensor:
-    if not t.is_floating_point():
-        raise HookscopeError(f"{name}: tensor dtype is {t.dtype}; a preprocessed float tensor is expected.")
+    if not obj.is_floating_point():
+        raise HookscopeError(f"{name}: tensor dtype is {obj.dtype}; a preprocessed float tensor is expected.")
     layout = "(C,T,H,W) or (N,C,T,H,W)" if ndim == 5 else "(C,H,W) or (N,C,H,W)"
-    if t.dim() not in (ndim - 1, ndim) or 0 in t.shape:
-        raise HookscopeError(f"{name}: tensor shape is {list(t.shape)}; expected {layout}.")
-    return t
+    if obj.dim() not in (ndim - 1, ndim) or 0 in obj.shape:
+        raise HookscopeError(f"{name}: tensor shape is {list(obj.shape)}; expected {layout}.")
+    return obj
 
 
 class Decoder:
@@ -245,7 +243,7 @@ class Decoder:
         file = item.name if item.index is None else item.name.rpartition("[")[0]
         if self._file is None or self._file[0] != item.path:
             self._file = None  # let the previous file's mapping go first
-            tensor = _check_tensor(_read_tensor(item.path, file, item.data), file, self.ndim)
+            tensor = _read_tensor(item.path, file, self.ndim, item.data)
             self._file = (item.path, tensor if tensor.dim() == self.ndim else tensor.unsqueeze(0))
         rows = self._file[1]
         if (item.index or 0) >= rows.shape[0]:
@@ -320,7 +318,7 @@ def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
     data = read_once(path, name)
     if path.suffix.lower() not in TENSOR_SUFFIXES:
         return [InputItem(name, "image", path, data=data)]
-    t = _check_tensor(_read_tensor(path, name, data), name, ndim)
+    t = _read_tensor(path, name, ndim, data)
     if t.dim() != ndim:
         return [InputItem(name, "tensor", path, data=data)]
     return [InputItem(f"{name}[{i}]", "tensor", path, i, data=data) for i in range(t.shape[0])]

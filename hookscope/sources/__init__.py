@@ -30,6 +30,7 @@ from hookscope.sources.base import (
 __all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "register", "resolve",
            "set_precision"]
 
+
 def _builtin() -> list[Source]:
     """The registered sources; the built-in ones join on first use. Code and pickles, whose
     forms are the broadest (``hf:model`` is also ``module:NAME``), are asked last."""
@@ -39,12 +40,8 @@ def _builtin() -> list[Source]:
 
 
 def resolve(spec: str) -> ModelSpec:
-    """What ``spec`` names, without loading it.
-
-    Raises:
-        HookscopeError: no source claims it; the message suggests close torchvision names
-            and the other forms.
-    """
+    """What ``spec`` names, without loading it; a HookscopeError, suggesting close names and
+    the other forms, when no source claims it."""
     text = spec.strip()
     for source in _builtin():
         found = source.parse(text)
@@ -59,12 +56,8 @@ def resolve(spec: str) -> ModelSpec:
 
 
 def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedModel:
-    """Load the model ``spec`` names, ready to run: on its device, in eval mode.
-
-    Raises:
-        HookscopeError: see the sources; also labels whose count does not match the model's
-            classes, and an unavailable device.
-    """
+    """Load the model ``spec`` names, ready to run: on its device, in eval mode. Raises
+    HookscopeError for anything the user gave that does not fit it."""
     from hookscope.inputs.preprocess import with_overrides
 
     options = options or LoadOptions()
