@@ -50,9 +50,8 @@ def resolve(spec: str) -> ModelSpec:
     from hookscope.sources.torchvision import model_tasks
 
     raise HookscopeError(
-        f"Unknown model {spec!r}.{suggest(text, model_tasks())} MODEL is a torchvision name "
-        "(`hookscope models`), timm:NAME, hf:FOLDER, file.py:NAME or package.module:NAME, or a "
-        "pickled model's path.")
+        f"Unknown model {spec!r}.{suggest(text, model_tasks())} MODEL is a torchvision name (`hookscope "
+        "models`), timm:NAME, hf:FOLDER, file.py:NAME or package.module:NAME, or a pickled model's path.")
 
 
 def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedModel:
@@ -187,10 +186,9 @@ def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
         except (RuntimeError, NotImplementedError):
             kind = str(dtype).removeprefix("torch.")
             raise HookscopeError(
-                f"{loaded.name} cannot run in {kind} on {loaded.device}: torchvision's {name}, "
-                f"which detection models run, has no {kind} kernel there. Choose "
-                f"{param('dtype')} float32, or {param('autocast')} (which keeps {name} in "
-                "float32).") from None
+                f"{loaded.name} cannot run in {kind} on {loaded.device}: torchvision's {name}, which "
+                f"detection models run, has no {kind} kernel there. Choose {param('dtype')} float32, or "
+                f"{param('autocast')} (which keeps {name} in float32).") from None
 
 
 def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = False) -> None:
@@ -244,17 +242,15 @@ def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
     name, task = spec.name, spec.task
     if task == "optical_flow":
         raise HookscopeError(
-            f"{name} is an optical-flow model: it takes two frames per input, and hookscope "
-            "runs models on one batch of images (classification, segmentation, detection) or "
-            "clips (video).")
+            f"{name} is an optical-flow model: it takes two frames per input, and hookscope runs models on "
+            "one batch of images (classification, segmentation, detection) or clips (video).")
     if needs_logits and not needs_images and task in ("detection", "segmentation"):
         raise HookscopeError(
             f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
             f"logits. {task.capitalize()} models work with stats, layers, debug, features, "
             "gradcam, report, check and diff.")
     if needs_images and spec.input_ndim != 4:
-        raise HookscopeError(f"{name} is a video model; this analysis explains image "
-                             "models (N, C, H, W).")
+        raise HookscopeError(f"{name} is a video model; this analysis explains image models (N, C, H, W).")
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -304,8 +300,7 @@ def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
     """Refuse a batch size out of range, or a batch whose activations (:func:`batch_memory`)
     cannot fit in the device's memory, before it is made, rather than meet the OOM killer."""
     if not 1 <= batch_size <= 4096:
-        raise HookscopeError(f"{param('batch_size')} must be between 1 and 4096, not "
-                             f"{batch_size}.")
+        raise HookscopeError(f"{param('batch_size')} must be between 1 and 4096, not {batch_size}.")
     need = batch_memory(loaded, batch_size)
     h, w = loaded.input_size
     free = available_memory(loaded.device)

@@ -171,8 +171,7 @@ def import_optional(package: str, extra: str) -> ModuleType:
     try:
         return import_module(package)
     except ImportError:
-        raise HookscopeError(f"this needs the {package} package: pip install "
-                             f"'hookscope[{extra}]'") from None
+        raise HookscopeError(f"this needs the {package} package: pip install 'hookscope[{extra}]'") from None
 
 
 _CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors", ".pkl"}

@@ -90,9 +90,8 @@ def _torch_load(src: Source, trust: bool, path: Path) -> Any:
     except pickle.UnpicklingError as exc:
         if not trust and _is_pickle(src):
             raise HookscopeError(
-                f"{path}: the file holds Python objects that need arbitrary unpickling, which "
-                f"can run code. If it is a checkpoint from a source you trust, set "
-                f"{param('trust_checkpoint')}.") from None
+                f"{path}: the file holds Python objects that need arbitrary unpickling, which can run code. "
+                f"If it is a checkpoint from a source you trust, set {param('trust_checkpoint')}.") from None
         raise HookscopeError(f"{path}: not a PyTorch checkpoint ({clip(str(exc), 120)}).") from None
     except HookscopeError:
         raise
@@ -188,9 +187,8 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
     if wrong:
         key, theirs, ours = wrong[0]
         raise HookscopeError(
-            f"{path} does not fit {name}: {len(wrong)} tensor(s) have another shape, e.g. "
-            f"{key} is {theirs} in the file and {ours} in the model. Is it a checkpoint for "
-            "another architecture?")
+            f"{path} does not fit {name}: {len(wrong)} tensor(s) have another shape, e.g. {key} is {theirs} "
+            f"in the file and {ours} in the model. Is it a checkpoint for another architecture?")
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         parts = []
@@ -199,8 +197,7 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected key(s), e.g. {', '.join(unexpected[:3])}")
         raise HookscopeError(
-            f"{path} does not fit {name}: {'; '.join(parts)}. "
-            "Is it a checkpoint for another architecture?")
+            f"{path} does not fit {name}: {'; '.join(parts)}. Is it a checkpoint for another architecture?")
 
 
 Builder = Callable[[int | None, Mapping[str, torch.Tensor]], nn.Module]

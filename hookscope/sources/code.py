@@ -57,16 +57,14 @@ def parse_model_args(args: Sequence[str]) -> dict[str, Any]:
             raise HookscopeError(f"{param('model_args')} {arg!r} is not key=value with a Python "
                                  "name as the key, e.g. width=32.")
         if key in parsed:
-            raise HookscopeError(f"{param('model_args')} {key} is given twice; give each "
-                                 "argument once.")
+            raise HookscopeError(f"{param('model_args')} {key} is given twice; give each argument once.")
         try:
             parsed[key] = ast.literal_eval(text)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             if not _PLAIN.match(text):
                 raise HookscopeError(
-                    f"{param('model_args')} {arg!r}: {text!r} is not a Python literal (a "
-                    f"number, string, list, tuple, dict, True, False or None); quote text: "
-                    f"{key}='...'.") from None
+                    f"{param('model_args')} {arg!r}: {text!r} is not a Python literal (a number, string, "
+                    f"list, tuple, dict, True, False or None); quote text: {key}='...'.") from None
             parsed[key] = text
     return parsed
 
@@ -90,8 +88,7 @@ def _failed(what: str, exc: BaseException, folder: Path | None = None,
               if folder is not None and not f.filename.startswith("<")  # <frozen ...>, <string>
               and Path(f.filename).resolve().is_relative_to(folder)]
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    return HookscopeError(f"{what} raised {type(exc).__name__}: {clip(str(exc), 200)}{where}."
-                          f"{hint}")
+    return HookscopeError(f"{what} raised {type(exc).__name__}: {clip(str(exc), 200)}{where}.{hint}")
 
 
 def _import_file(path: Path) -> ModuleType:

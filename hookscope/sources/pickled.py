@@ -32,11 +32,10 @@ def _unpickle(path: Path, trust: bool) -> Checkpoint:
                 f"names. If you trust the file, set {param('trust_checkpoint')}.") from None
         if trust and isinstance(cause, (ImportError, AttributeError)):
             raise HookscopeError(
-                f"{path}: the pickled model's code cannot be imported ({type(cause).__name__}: "
-                f"{cause}). Unpickling needs the module that defined its class: run hookscope "
-                "from that module's folder, or add it to PYTHONPATH. A class defined in a "
-                "script's __main__ cannot be found; save a state_dict and use MODEL "
-                "file.py:NAME instead.") from None
+                f"{path}: the pickled model's code cannot be imported ({type(cause).__name__}: {cause}). "
+                "Unpickling needs the module that defined its class: run hookscope from that module's "
+                "folder, or add it to PYTHONPATH. A class defined in a script's __main__ cannot be found; "
+                "save a state_dict and use MODEL file.py:NAME instead.") from None
         raise
 
 

@@ -153,8 +153,7 @@ def _pretrained(arch: str, tag: str, options: LoadOptions, *, auto: bool = False
         missing = f"timm:{arch}.{tag} is not in {cache} and cannot be downloaded"
         if auto:
             return _random(arch, tag, options, missing)
-        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local "
-                             "checkpoint.")
+        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local checkpoint.")
     try:
         model = _create(f"{arch}.{tag}", options.seed, pretrained_from=cached,
                         download=cached is None)

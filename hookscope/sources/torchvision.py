@@ -147,8 +147,7 @@ def _pretrained(name: str, chosen: Any, options: LoadOptions, *, auto: bool = Fa
         missing = f"{chosen} is not in the torch cache ({cached.parent}) and cannot be downloaded"
         if auto:  # no warning with num_classes: random weights are what its head gets anyway
             return _random_weights(name, options, missing if options.num_classes is None else None)
-        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local "
-                             "checkpoint.")
+        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local checkpoint.")
     return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
 
 
