@@ -1,8 +1,6 @@
-"""Input discovery, decoding and batching.
-
-Inputs are image files (anything Pillow reads), directories of images, ``-`` for one image
-on stdin, and ``.pt``/``.npy`` files holding an already-preprocessed float tensor. They
-stream through in batches: only one batch (plus one being prefetched) is in memory.
+"""Input discovery, decoding and batching: image files, directories, ``-`` (stdin) and
+``.pt``/``.npy`` preprocessed tensors stream through in batches, so only one batch (plus one
+being prefetched) is in memory.
 """
 
 from __future__ import annotations
@@ -403,10 +401,9 @@ def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Itera
 
 
 def iter_batches(inputs: InputSet, preprocess: Callable[[Any], torch.Tensor], *, batch_size: int = 8,
-                 keep_images: bool = False, ndim: int = 4, prefetch: bool = True,
-                 workers: int = 0) -> Iterator[Batch]:
+                 keep_images: bool = False, ndim: int = 4, workers: int = 0) -> Iterator[Batch]:
     """Decode and preprocess inputs into batches, in input order: with ``workers`` 0 in this
-    process (one batch ahead in a thread, with ``prefetch``), else in that many DataLoader
+    process (one batch ahead in a thread), else in that many DataLoader
     worker processes. Samples whose preprocessed shapes differ go into separate batches; a
     sample that cannot be decoded raises when its batch is reached.
     """
@@ -419,8 +416,7 @@ def iter_batches(inputs: InputSet, preprocess: Callable[[Any], torch.Tensor], *,
         from hookscope.inputs.dataset import loader_samples
 
         return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size, inputs.offset)
-    gen = _group(((item, *decoder(item)) for item in inputs.items), batch_size, inputs.offset)
-    return _prefetched(gen) if prefetch else gen
+    return _prefetched(_group(((item, *decoder(item)) for item in inputs.items), batch_size, inputs.offset))
 
 
 def _prefetched(gen: Iterator[Batch]) -> Iterator[Batch]:

@@ -1,10 +1,8 @@
 """Model sources: what MODEL can name, and the one way every command loads it.
 
-MODEL is a torchvision name (``resnet18``), ``timm:NAME``, ``hf:FOLDER`` (a Hugging Face
-``save_pretrained`` folder), ``path/to/file.py:NAME`` or ``package.module:NAME`` (your own
-code), or the path of a whole pickled module. Each form is a registered
-:class:`~hookscope.sources.base.Source`; :func:`load` lets the source build the model, then
-applies what every source shares: preprocessing options, labels, device, eval mode.
+Each form of MODEL is a registered :class:`~hookscope.sources.base.Source`; :func:`load` lets
+the source build the model, then applies what every source shares: preprocessing options,
+labels, device, precision and eval mode.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """What every model source shares: what MODEL names, the loaded model, and the registry the
-sources join. Commands never care which source a :class:`LoadedModel` came from.
-"""
+sources join. Commands never care which source a :class:`LoadedModel` came from."""
 
 from __future__ import annotations
 

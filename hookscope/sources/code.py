@@ -1,8 +1,7 @@
 """Models from your own code: ``path/to/file.py:NAME`` or ``package.module:NAME``.
 
-NAME (maybe dotted: ``Outer.build``) is an ``nn.Module`` subclass, built with the
-``model_args`` as keyword arguments, or a function that returns an ``nn.Module``. Importing
-the file runs the user's code, which is why the file or module is named explicitly.
+NAME (maybe dotted: ``Outer.build``) is an ``nn.Module`` subclass or a function that returns
+one, called with the ``model_args``. Importing it runs the user's code, named explicitly.
 """
 
 from __future__ import annotations
