@@ -214,29 +214,17 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
 def load_model(name: str, *, weights: str = "auto", seed: int = 0,
                device: str | torch.device = "cpu", size: int | None = None,
                trust_checkpoint: bool = False, **options: Any) -> LoadedModel:
-    """Load any model hookscope can name (see :func:`resolve`), in eval mode, on ``device``;
-    ``options`` are the other fields of :class:`hookscope.sources.LoadOptions`.
-
-    Raises:
-        HookscopeError: unknown model or weights, an unreadable checkpoint, an unavailable
-            device, or options that contradict the model.
-    """
+    """Load any model hookscope can name, in eval mode, on ``device`` (see :func:`load`);
+    ``options`` are the other fields of :class:`hookscope.sources.LoadOptions`."""
     return load(name, LoadOptions(weights=weights, seed=seed, device=device, size=size,
                                   trust_checkpoint=trust_checkpoint, **options))
 
 
 def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
                     needs_images: bool = False) -> None:
-    """Refuse, before the model is built, a model kind an analysis cannot run.
-
-    ``needs_logits``: the analysis needs (N, classes) class logits. ``needs_images``: it
-    explains image batches (N, C, H, W), not clips; Grad-CAM, which also explains segmenters
-    and detectors, so those pass with it.
-
-    Raises:
-        HookscopeError: optical flow anywhere; detection and segmentation where logits are
-            needed (except Grad-CAM); video where images are.
-    """
+    """Refuse, before the model is built, a model kind an analysis cannot run: optical flow
+    anywhere, detectors and segmenters where it ``needs_logits`` (N, classes), video where it
+    ``needs_images`` (N, C, H, W): Grad-CAM, which explains detectors and segmenters too."""
     name, task = spec.name, spec.task
     if task == "optical_flow":
         raise HookscopeError(
