@@ -297,9 +297,7 @@ def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoin
 
 
 def _parse(spec: str) -> ModelSpec | None:
-    if _SPEC.match(spec) is None:
-        return None
-    return ModelSpec("code", spec, spec, "custom")
+    return ModelSpec("code", spec, spec, "custom") if _SPEC.match(spec) else None
 
 
 def load_code(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
