@@ -1,3 +1,2 @@
 """Inputs: what data (files, folders, tensors, stdin), preprocessed how, in what batches (in
-process or in DataLoader workers).
-"""
+process or in DataLoader workers)."""

@@ -1,10 +1,7 @@
 """How images become a model's input: resize, centre crop, channels, normalisation.
 
-One :class:`Preprocess` describes and applies it, whatever the model's source: torchvision
-weights' own transforms, timm's data config, or the ``--mean``/``--std``/``--resize``/
-``--crop``/``--channels`` options. It records what it does (:meth:`Preprocess.to_dict`, in
-every JSON envelope) and exposes ``resize_size`` and ``crop_size`` like torchvision's
-classification presets, so Grad-CAM maps can be placed back on the original image.
+One :class:`Preprocess` describes and applies it, whatever the model's source, and records
+what it does (:meth:`Preprocess.to_dict`, in every JSON envelope).
 """
 
 from __future__ import annotations
@@ -22,45 +19,30 @@ __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Preprocess", "check_side", "with_ov
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-#: Input sizes accepted (pixels, the crop or resize side).
-MIN_SIZE, MAX_SIZE = 8, 8192
+MIN_SIZE, MAX_SIZE = 8, 8192  # input sides accepted, in pixels
 
 
 def _side(value: int | Sequence[int] | None) -> int | None:
-    if value is None:
-        return None
     if isinstance(value, (list, tuple)):
-        return int(value[0])
-    return int(value)  # type: ignore[arg-type]
+        value = value[0]
+    return None if value is None else int(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class Preprocess:
-    """Resize the shorter side, centre-crop, convert to ``channels``, normalise.
+    """Resize the shorter side (``stretch``: both sides), centre-crop, convert to
+    ``channels``, normalise. ``transform``, when given, is applied instead (the weights' own,
+    or timm's); the fields still describe what it does."""
 
-    Attributes:
-        resize: the shorter side after resizing (None: no resize).
-        crop: the side of the centre crop (None: no crop).
-        mean, std: per-channel normalisation, one value per channel.
-        channels: 3 (RGB) or 1 (grayscale).
-        interpolation: ``bilinear``, ``bicubic`` or ``nearest``.
-        origin: where these settings came from (``weights``, ``timm``, ``default``...).
-        stretch: resize both sides to ``resize`` (Hugging Face processors' ``{"height",
-            "width"}``) instead of the shorter one.
-        transform: a transform to apply instead of building one (the weights' own, or
-            timm's); the fields above still describe what it does.
-    """
-
-    resize: int | None = 256
-    crop: int | None = 224
+    resize: int | None = 256  # None: no resize
+    crop: int | None = 224  # None: no crop
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
-    channels: int = 3
-    interpolation: str = "bilinear"
-    origin: str = "default"
+    channels: int = 3  # or 1 (grayscale)
+    interpolation: str = "bilinear"  # or bicubic, nearest
+    origin: str = "default"  # where the settings came from: weights, timm, options...
     stretch: bool = False
-    transform: Callable[[Any], torch.Tensor] | None = field(default=None, compare=False,
-                                                            repr=False)
+    transform: Callable[[Any], torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     @property
     def resize_size(self) -> list[int] | None:
@@ -92,8 +74,7 @@ class Preprocess:
         steps: list[Any] = []
         if self.resize is not None:
             side = (self.resize, self.resize) if self.stretch else self.resize
-            steps.append(T.Resize(side, InterpolationMode(self.interpolation),
-                                  antialias=True))
+            steps.append(T.Resize(side, InterpolationMode(self.interpolation), antialias=True))
         if self.crop is not None:
             steps.append(T.CenterCrop(self.crop))
         if self.channels == 1:
@@ -124,8 +105,7 @@ class Preprocess:
 def check_side(name: str, value: int | None) -> None:
     """Refuse a size (``size``, ``resize``, ``crop``) out of range, in one line."""
     if value is not None and not MIN_SIZE <= value <= MAX_SIZE:
-        raise HookscopeError(f"{param(name)} must be between {MIN_SIZE} and {MAX_SIZE} pixels, "
-                             f"not {value}.")
+        raise HookscopeError(f"{param(name)} must be between {MIN_SIZE} and {MAX_SIZE} pixels, not {value}.")
 
 
 def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | None = None,
@@ -133,10 +113,8 @@ def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | N
                    std: Sequence[float] | None = None,
                    input_channels: int | None = None) -> Preprocess:
     """``base`` with the user's options applied; any option replaces ``base``'s transform.
-
-    ``input_channels`` converts images to 1 (grayscale) or 3 channels; ``size`` scales the
-    crop to ``size`` and the resize alike (224 -> 256 becomes
-    ``size`` -> ``size * 256 / 224``); ``resize`` and ``crop`` set either side exactly.
+    ``size`` scales the crop to ``size`` and the resize alike; ``resize`` and ``crop`` set
+    either side exactly; ``input_channels`` converts images to 1 or 3 channels.
 
     Raises:
         HookscopeError: a size out of range, a crop larger than the resize, a mean or std

@@ -1,8 +1,6 @@
-"""Input discovery, decoding and batching.
-
-Inputs are image files (anything Pillow reads), directories of images, ``-`` for one image
-on stdin, and ``.pt``/``.npy`` files holding an already-preprocessed float tensor. They
-stream through in batches: only one batch (plus one being prefetched) is in memory.
+"""Input discovery, decoding and batching: image files, directories, ``-`` (stdin) and
+``.pt``/``.npy`` preprocessed tensors stream through in batches, so only one batch (plus one
+being prefetched) is in memory.
 """
 
 from __future__ import annotations
@@ -36,24 +34,15 @@ STDIN = "-"
 
 @dataclass(frozen=True)
 class InputItem:
-    """One sample: an image, or one entry of a tensor file.
+    """One sample: an image, or one entry of a tensor file."""
 
-    Attributes:
-        name: the path as given (``x.pt[3]`` for a tensor's row, ``-`` for stdin).
-        kind: ``image``, ``tensor`` or ``stdin``.
-        path: the file (None for stdin).
-        index: the row of a tensor file with a leading N dimension.
-        label: the class folder it sits in, in an ImageFolder layout (``photos/cat/1.jpg``:
-            ``cat``); None otherwise.
-        data: the file's bytes, read once when resolved, for a file that can be read only
-            once (a FIFO, ``<(cat x.jpg)``, a device) and for stdin; None for a regular file.
-    """
-
-    name: str
+    name: str  # the path as given; ``x.pt[3]`` for a tensor's row, ``-`` for stdin
     kind: str  # "image", "tensor" or "stdin"
-    path: Path | None = None
-    index: int | None = None
-    label: str | None = None
+    path: Path | None = None  # None for stdin
+    index: int | None = None  # the row of a tensor file with a leading N dimension
+    label: str | None = None  # its class folder in an ImageFolder layout (photos/cat/1.jpg)
+    #: The bytes, read once when resolved, of stdin or a file that can be read only once (a
+    #: FIFO, ``<(cat x.jpg)``, a device); None for a regular file.
     data: bytes | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -72,15 +61,10 @@ class InputItem:
 
 @dataclass
 class InputSet:
-    """The resolved inputs of one command, in order (or one rank's contiguous part of them).
-
-    Attributes:
-        items: the samples.
-        offset: the position of ``items[0]`` among all inputs (0 unless a rank's part).
-    """
+    """The resolved inputs of one command, in order (or one rank's contiguous part of them)."""
 
     items: list[InputItem] = field(default_factory=list)
-    offset: int = 0
+    offset: int = 0  # the position of items[0] among all inputs
 
     @property
     def names(self) -> list[str]:
@@ -108,33 +92,21 @@ class InputSet:
 
 @dataclass
 class Batch:
-    """A preprocessed batch and where each of its samples came from.
-
-    Attributes:
-        items: its samples.
-        tensor: the stacked, preprocessed samples.
-        images: the decoded images when kept (else None each).
-        start: the position of its first sample among all inputs.
-        number: its position among all batches (None: counted by the driver).
-    """
+    """A preprocessed batch and where each of its samples came from."""
 
     items: list[InputItem]
-    tensor: torch.Tensor
-    images: list[Image.Image | None]
-    start: int
-    number: int | None = None
+    tensor: torch.Tensor  # the stacked, preprocessed samples
+    images: list[Image.Image | None]  # the decoded images when kept (else None each)
+    start: int  # the position of its first sample among all inputs
+    number: int | None = None  # its position among all batches (None: counted by the driver)
 
     def __len__(self) -> int:
         return len(self.items)
 
 
 def unique_stems(stems: Sequence[str]) -> list[str]:
-    """Make repeated stems unique, in order: ``cat``, ``cat-2``, ``cat-3``...
-
-    A made-up name never takes a stem that appears elsewhere in the list, so
-    ``['cat', 'cat', 'cat-2']`` becomes ``['cat', 'cat-3', 'cat-2']`` and no output file is
-    written twice.
-    """
+    """Make repeated stems unique, in order: ``cat``, ``cat-2``, ``cat-3``... A made-up name
+    never takes a stem given elsewhere: ``['cat', 'cat', 'cat-2']`` gives ``cat-3`` second."""
     given = set(stems)
     used: set[str] = set()
     out: list[str] = []
@@ -155,13 +127,11 @@ def _decode_error(name: str, exc: BaseException) -> HookscopeError:
     if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
         return HookscopeError(
             f"{name}: image is over Pillow's decompression-bomb limit "
-            f"({Image.MAX_IMAGE_PIXELS} pixels); refusing to decode it. Downscale it first."
-        )
+            f"({Image.MAX_IMAGE_PIXELS} pixels); refusing to decode it. Downscale it first.")
     if isinstance(exc, UnidentifiedImageError):
         return HookscopeError(
             f"{name}: not an image Pillow can read (inputs are images, directories, '-', "
-            "or .pt/.npy tensors)."
-        )
+            "or .pt/.npy tensors).")
     if isinstance(exc, FileNotFoundError):
         return HookscopeError(f"{name}: no such file.")
     return HookscopeError(f"{name}: corrupt or truncated image ({exc}).")
@@ -199,11 +169,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def load_image(src: Path | bytes, name: str) -> Image.Image:
-    """Decode an image fully, apply EXIF orientation, convert to RGB.
-
-    Raises:
-        HookscopeError: missing, not an image, corrupt or truncated, or a decompression bomb.
-    """
+    """Decode an image fully, apply EXIF orientation, convert to RGB; a HookscopeError when
+    it is missing, not an image, corrupt, or a decompression bomb."""
     img = _open(src, name, load=True)
     try:
         img = ImageOps.exif_transpose(img) or img
@@ -212,23 +179,23 @@ def load_image(src: Path | bytes, name: str) -> Image.Image:
     return to_rgb(img)
 
 
-def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tensor:
-    """The tensor in ``path`` (or in ``data``, its bytes already read). A file is mapped, not
-    read whole: a ``.npy`` copy-on-write, a ``.pt`` when it is in the zip format
-    (``torch.save``'s default since 1.6; the legacy format cannot be mapped)."""
+def _read_tensor(path: Path, name: str, ndim: int, data: bytes | None = None) -> torch.Tensor:
+    """The float tensor of ``ndim`` - 1 or ``ndim`` dimensions in ``path`` (or in ``data``, its
+    bytes already read). A file is mapped, not read whole: a ``.npy`` copy-on-write, a ``.pt``
+    in the zip format (not the legacy one)."""
     src = io.BytesIO(data) if data is not None else path
     try:
         if path.suffix.lower() == ".npy":
             arr = np.load(src, mmap_mode="c" if data is None else None, allow_pickle=False)
             if not np.issubdtype(arr.dtype, np.floating):
                 raise HookscopeError(
-                    f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected."
-                )
-            return torch.from_numpy(np.asarray(arr))
-        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
-            warnings.simplefilter("ignore")
-            obj = torch.load(src, map_location="cpu", weights_only=True,
-                             mmap=data is None and zipfile.is_zipfile(path))
+                    f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected.")
+            obj = torch.from_numpy(np.asarray(arr))
+        else:
+            with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+                warnings.simplefilter("ignore")
+                obj = torch.load(src, map_location="cpu", weights_only=True,
+                                 mmap=data is None and zipfile.is_zipfile(path))
     except HookscopeError:
         raise
     except pickle.UnpicklingError:  # objects whose code would run, not only tensors
@@ -238,38 +205,23 @@ def _read_tensor(path: Path, name: str, data: bytes | None = None) -> torch.Tens
     except Exception as exc:  # torch.load and np.load raise many types for bad files
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise HookscopeError(
-            f"{name}: not a readable tensor file ({exc.__class__.__name__}: {clip(first, 120)})."
-        ) from None
+            f"{name}: not a readable tensor file ({exc.__class__.__name__}: {clip(first, 120)}).") from None
     if not isinstance(obj, torch.Tensor):
         raise HookscopeError(
             f"{name}: holds a {type(obj).__name__}, not a tensor; save one preprocessed float "
-            "tensor with torch.save(tensor, path)."
-        )
-    return obj
-
-
-def _check_tensor(t: torch.Tensor, name: str, ndim: int) -> torch.Tensor:
-    if not t.is_floating_point():
-        raise HookscopeError(
-            f"{name}: tensor dtype is {t.dtype}; a preprocessed float tensor is expected."
-        )
+            "tensor with torch.save(tensor, path).")
+    if not obj.is_floating_point():
+        raise HookscopeError(f"{name}: tensor dtype is {obj.dtype}; a preprocessed float tensor is expected.")
     layout = "(C,T,H,W) or (N,C,T,H,W)" if ndim == 5 else "(C,H,W) or (N,C,H,W)"
-    if t.dim() not in (ndim - 1, ndim) or 0 in t.shape:
-        raise HookscopeError(
-            f"{name}: tensor shape is {list(t.shape)}; expected {layout}."
-        )
-    return t
+    if obj.dim() not in (ndim - 1, ndim) or 0 in obj.shape:
+        raise HookscopeError(f"{name}: tensor shape is {list(obj.shape)}; expected {layout}.")
+    return obj
 
 
 class Decoder:
     """Decodes and preprocesses one sample at a time (in the main process or a DataLoader
-    worker); the last tensor file read stays open for its next rows.
-
-    Args:
-        preprocess: image to tensor.
-        ndim: the model's input rank (5 for video clips).
-        keep_images: also return each decoded image.
-    """
+    worker); the last tensor file read stays open for its next rows. ``ndim``: the model's
+    input rank (5 for video clips); ``keep_images``: also return each decoded image."""
 
     def __init__(self, preprocess: Callable[[Any], torch.Tensor], *, ndim: int = 4,
                  keep_images: bool = False) -> None:
@@ -277,11 +229,8 @@ class Decoder:
         self._file: tuple[Path, torch.Tensor] | None = None
 
     def __call__(self, item: InputItem) -> tuple[torch.Tensor, Image.Image | None]:
-        """The preprocessed sample and, when kept, its image.
-
-        Raises:
-            HookscopeError: the file is missing, corrupt, or not what it was when resolved.
-        """
+        """The preprocessed sample and, when kept, its image; a HookscopeError when the file is
+        missing, corrupt, or not what it was when resolved."""
         if item.kind == "tensor":
             return self._row(item), None
         img = load_image(item.source, item.name)
@@ -292,7 +241,7 @@ class Decoder:
         file = item.name if item.index is None else item.name.rpartition("[")[0]
         if self._file is None or self._file[0] != item.path:
             self._file = None  # let the previous file's mapping go first
-            tensor = _check_tensor(_read_tensor(item.path, file, item.data), file, self.ndim)
+            tensor = _read_tensor(item.path, file, self.ndim, item.data)
             self._file = (item.path, tensor if tensor.dim() == self.ndim else tensor.unsqueeze(0))
         rows = self._file[1]
         if (item.index or 0) >= rows.shape[0]:
@@ -303,27 +252,14 @@ class Decoder:
 # ---------------------------------------------------------------------------- resolving
 
 
-def resolve_inputs(
-    specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
-    recursive: bool = False, limit: int | None = None, shuffle: bool = False, seed: int = 0,
-) -> InputSet:
-    """Expand files, directories, ``-`` and tensor files; sample them; check each cheaply.
-
-    Headers are read here (so a non-image fails before the model loads); pixels are
-    decoded later, batch by batch. A directory whose images all sit in subdirectories is an
-    ImageFolder layout: each image's ``label`` is its subdirectory's name.
-
-    Args:
-        specs: files, directories, ``-`` (one image on stdin), ``.pt``/``.npy`` tensors.
-        stdin: the stream ``-`` reads (default: ``sys.stdin``).
-        ndim: the model's input rank (5 for video clips).
-        recursive: walk directories' whole trees (sorted), not only their files.
-        limit: keep only this many samples (after ``shuffle``).
-        shuffle: put the samples in a random order drawn from ``seed``.
-        seed: the seed of ``shuffle``.
-
-    Raises:
-        HookscopeError: no inputs, missing files, empty directories, unreadable files.
+def resolve_inputs(specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
+                   recursive: bool = False, limit: int | None = None, shuffle: bool = False,
+                   seed: int = 0) -> InputSet:
+    """Expand files, directories, ``-`` (one image on ``stdin``) and ``.pt``/``.npy`` tensor
+    files; shuffle (by ``seed``), then keep ``limit`` of them; read each one's header, so a
+    non-image fails before the model loads. ``recursive`` walks directories' whole trees. A
+    directory whose images all sit in subdirectories is an ImageFolder layout: each image's
+    ``label`` is its subdirectory's name.
     """
     if not specs:
         raise HookscopeError("No inputs given; pass image files, directories, '-' or .pt/.npy.")
@@ -346,9 +282,12 @@ def resolve_inputs(
     if shuffle:
         random.Random(seed).shuffle(items)
     items = items[:limit] if limit is not None else items
-    for item in items:
-        if item.kind == "image":
-            _check_image(item, ndim)
+    images = [item for item in items if item.kind == "image"]
+    if images and ndim == 5:
+        raise HookscopeError(f"{images[0].name}: video models take clips; pass a .pt/.npy tensor of "
+                             "shape (C,T,H,W) or (N,C,T,H,W).")
+    for item in images:
+        _open(item.source, item.name, load=False).close()
     return InputSet(items)
 
 
@@ -377,25 +316,15 @@ def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
     data = read_once(path, name)
     if path.suffix.lower() not in TENSOR_SUFFIXES:
         return [InputItem(name, "image", path, data=data)]
-    t = _check_tensor(_read_tensor(path, name, data), name, ndim)
+    t = _read_tensor(path, name, ndim, data)
     if t.dim() != ndim:
         return [InputItem(name, "tensor", path, data=data)]
     return [InputItem(f"{name}[{i}]", "tensor", path, i, data=data) for i in range(t.shape[0])]
 
 
-def _check_image(item: InputItem, ndim: int) -> None:
-    if ndim == 5:
-        raise HookscopeError(
-            f"{item.name}: video models take clips; pass a .pt/.npy tensor of shape (C,T,H,W) "
-            "or (N,C,T,H,W)."
-        )
-    _open(item.source, item.name, load=False).close()
-
-
 def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:
     """The images in ``folder`` (with ``recursive``, in its whole tree), sorted by their
-    path's parts, and the names of the other files, which are skipped (subdirectories are
-    the caller's to walk or to mention)."""
+    path's parts, and the names of the other files, which are skipped."""
     known = {ext.lower() for ext in Image.registered_extensions()}  # what Pillow can open
     images: list[Path] = []
     skipped: list[str] = []
@@ -471,26 +400,12 @@ def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Itera
             start, number = start + len(chunk), number + 1
 
 
-def iter_batches(
-    inputs: InputSet,
-    preprocess: Callable[[Any], torch.Tensor],
-    *,
-    batch_size: int = 8,
-    keep_images: bool = False,
-    ndim: int = 4,
-    prefetch: bool = True,
-    workers: int = 0,
-) -> Iterator[Batch]:
-    """Decode and preprocess inputs into batches, in input order.
-
-    With ``workers`` 0, in this process, one batch ahead in a background thread (unless
-    ``prefetch`` is False); otherwise in that many DataLoader worker processes. Either way
-    the batches are the same: samples whose preprocessed shapes differ go into separate
-    batches.
-
-    Raises:
-        HookscopeError: a bad ``batch_size`` or ``workers``; a sample that cannot be decoded
-            (raised when its batch is reached).
+def iter_batches(inputs: InputSet, preprocess: Callable[[Any], torch.Tensor], *, batch_size: int = 8,
+                 keep_images: bool = False, ndim: int = 4, workers: int = 0) -> Iterator[Batch]:
+    """Decode and preprocess inputs into batches, in input order: with ``workers`` 0 in this
+    process (one batch ahead in a thread), else in that many DataLoader
+    worker processes. Samples whose preprocessed shapes differ go into separate batches; a
+    sample that cannot be decoded raises when its batch is reached.
     """
     if batch_size < 1:
         raise HookscopeError(f"{param('batch_size')} must be at least 1, not {batch_size}.")
@@ -500,10 +415,8 @@ def iter_batches(
     if workers > 0 and inputs.items:
         from hookscope.inputs.dataset import loader_samples
 
-        return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size,
-                      inputs.offset)
-    gen = _group(((item, *decoder(item)) for item in inputs.items), batch_size, inputs.offset)
-    return _prefetched(gen) if prefetch else gen
+        return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size, inputs.offset)
+    return _prefetched(_group(((item, *decoder(item)) for item in inputs.items), batch_size, inputs.offset))
 
 
 def _prefetched(gen: Iterator[Batch]) -> Iterator[Batch]:

@@ -1,16 +1,13 @@
 """Model sources: what MODEL can name, and the one way every command loads it.
 
-MODEL is a torchvision name (``resnet18``), ``timm:NAME``, ``hf:FOLDER`` (a Hugging Face
-``save_pretrained`` folder), ``path/to/file.py:NAME`` or
-``package.module:NAME`` (your own code), or the path of a whole pickled module. Each form is
-a registered :class:`~hookscope.sources.base.Source`; :func:`load` resolves the form, lets
+Each form of MODEL is a registered :class:`~hookscope.sources.base.Source`; :func:`load` lets
 the source build the model, then applies what every source shares: preprocessing options,
-labels, the label count check, the device and eval mode.
+labels, device, precision and eval mode.
 """
 
 from __future__ import annotations
 
-import logging
+from contextlib import suppress
 from importlib import import_module
 from typing import Any
 
@@ -31,30 +28,18 @@ from hookscope.sources.base import (
 __all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "register", "resolve",
            "set_precision"]
 
-log = logging.getLogger("hookscope")
-
-
-#: The built-in sources, asked in this order: a torchvision name, ``timm:``, ``hf:``, code,
-#: a path.
-BUILTIN = ("torchvision", "timm", "hf", "code", "pickled")
-
 
 def _builtin() -> list[Source]:
-    """The registered sources; the built-in ones join on first use (importing is cheap).
-    Code and pickles, whose forms are the broadest (``hf:model`` is also ``module:NAME``),
-    are asked last, whichever order the modules were imported in."""
-    for module in BUILTIN:
+    """The registered sources; the built-in ones join on first use. Code and pickles, whose
+    forms are the broadest (``hf:model`` is also ``module:NAME``), are asked last."""
+    for module in ("torchvision", "timm", "hf", "code", "pickled"):
         import_module(f"hookscope.sources.{module}")
     return sorted(SOURCES, key=lambda source: source.name in ("code", "pickle"))
 
 
 def resolve(spec: str) -> ModelSpec:
-    """What ``spec`` names, without loading it.
-
-    Raises:
-        HookscopeError: no source claims it; the message suggests close torchvision names
-            and the other forms.
-    """
+    """What ``spec`` names, without loading it; a HookscopeError, suggesting close names and
+    the other forms, when no source claims it."""
     text = spec.strip()
     for source in _builtin():
         found = source.parse(text)
@@ -63,23 +48,13 @@ def resolve(spec: str) -> ModelSpec:
     from hookscope.sources.torchvision import model_tasks
 
     raise HookscopeError(
-        f"Unknown model {spec!r}.{suggest(text, model_tasks())} MODEL is a torchvision name "
-        "(`hookscope models`), timm:NAME, hf:FOLDER, file.py:NAME or package.module:NAME, or a "
-        "pickled model's path."
-    )
-
-
-def _source(name: str) -> Source:
-    return next(s for s in _builtin() if s.name == name)
+        f"Unknown model {spec!r}.{suggest(text, model_tasks())} MODEL is a torchvision name (`hookscope "
+        "models`), timm:NAME, hf:FOLDER, file.py:NAME or package.module:NAME, or a pickled model's path.")
 
 
 def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedModel:
-    """Load the model ``spec`` names, ready to run: on its device, in eval mode.
-
-    Raises:
-        HookscopeError: see the sources; also labels whose count does not match the model's
-            classes, and an unavailable device.
-    """
+    """Load the model ``spec`` names, ready to run: on its device, in eval mode. Raises
+    HookscopeError for anything the user gave that does not fit it."""
     from hookscope.inputs.preprocess import with_overrides
 
     options = options or LoadOptions()
@@ -89,9 +64,9 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
             f"{param('model_args')} passes constructor arguments to a model from your code "
             f"(file.py:NAME, package.module:NAME); {found.name} is not one, and hookscope "
             f"passes it none (for its class count, use {param('num_classes')}).")
-    device = resolve_device(options.device) if not isinstance(options.device, torch.device) \
-        else options.device
-    loaded = _source(found.source).load(found, options)
+    device = options.device if isinstance(options.device, torch.device) \
+        else resolve_device(options.device)
+    loaded = next(s for s in _builtin() if s.name == found.source).load(found, options)
     loaded.preprocess = with_overrides(
         loaded.preprocess, resize=options.resize, crop=options.crop, mean=options.mean,
         std=options.std, input_channels=options.input_channels)
@@ -112,51 +87,41 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
 
 
 def _check_size(loaded: LoadedModel) -> None:
-    """Refuse, in one line, an input size the model declares it cannot take.
-
-    A declaration can be cautious (torchvision's Swin runs below its weights' min_size,
-    timm's XCiT at any multiple of its patch), so a size it rules out is first tried on one
-    zero sample; only when that fails is the size refused, naming the sizes it takes.
-    """
+    """Refuse, in one line, an input size the model declares it cannot take. A declaration
+    can be cautious (torchvision's Swin runs below its weights' min_size), so a size it rules
+    out is first tried on one zero sample."""
     declared, size = loaded.declared_size, loaded.input_size
     if declared is None or declared.takes(size) or loaded.task in ("detection", "optical_flow"):
         return
-    try:
-        # Past twice the declared side no trial runs: a ViT's attention grows with the
-        # square of the pixel count, so a huge trial could exhaust the memory.
-        if max(size) > 2 * max(declared.size):
-            raise HookscopeError("no trial")
-        _trial(loaded)
-    except HookscopeError:
-        h, w = declared.size
-        fix = f"{h}" if declared.exact else f"{max(h, w)} or more"
-        raise HookscopeError(
-            f"{loaded.name} takes {declared.describe()} ({declared.origin}), not {size[0]}x"
-            f"{size[1]}: choose {param('size')} {fix}, or leave it out.") from None
+    # Past twice the declared side no trial runs: a ViT's attention grows with the square
+    # of the pixel count, so a huge trial could exhaust the memory.
+    if max(size) <= 2 * max(declared.size):
+        with suppress(HookscopeError):
+            _trial(loaded)
+            return
+    h, w = declared.size
+    fix = f"{h}" if declared.exact else f"{max(h, w)} or more"
+    raise HookscopeError(
+        f"{loaded.name} takes {declared.describe()} ({declared.origin}), not {size[0]}x"
+        f"{size[1]}: choose {param('size')} {fix}, or leave it out.")
 
 
 def _check_label_count(loaded: LoadedModel) -> None:
     """Labels must match the model's classes; count them with one forward pass if needed."""
+    from hookscope.core.outputs import select_logits
+
     classes = loaded.num_classes
     # Detectors, segmenters and flow models give no (N, classes) logits: none is run to count.
     if classes is None and loaded.task not in ("detection", "segmentation", "optical_flow"):
-        classes = _output_classes(loaded)
+        logits = select_logits(_trial(loaded), loaded.output_key, required=False)
+        classes = int(logits.shape[1]) if logits is not None and logits.dim() == 2 else None
         loaded.num_classes = classes
     count = len(loaded.categories or [])
     if classes is not None and classes != count:
         where = loaded.labels_from or "the labels"
         raise HookscopeError(
             f"{where} has {count} labels, but {loaded.name} has {classes} output classes; "
-            f"give {param('labels')} with one label per class."
-        )
-
-
-def _output_classes(loaded: LoadedModel) -> int | None:
-    """The class count of a model's logits, from one forward pass on a zero input."""
-    from hookscope.core.outputs import select_logits
-
-    logits = select_logits(_trial(loaded), loaded.output_key, required=False)
-    return int(logits.shape[1]) if logits is not None and logits.dim() == 2 else None
+            f"give {param('labels')} with one label per class.")
 
 
 def _trial(loaded: LoadedModel) -> Any:
@@ -180,8 +145,7 @@ def _dtype(name: str) -> torch.dtype:
     try:
         return DTYPES[name.strip().lower()]
     except KeyError:
-        raise HookscopeError(f"{param('dtype')} {name!r}: choose one of "
-                             f"{', '.join(DTYPES)}.") from None
+        raise HookscopeError(f"{param('dtype')} {name!r}: choose one of {', '.join(DTYPES)}.") from None
 
 
 def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -> None:
@@ -199,13 +163,11 @@ def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -
         how = "autocast to " if autocast else ""
         raise HookscopeError(
             f"{how}{str(dtype).removeprefix('torch.')} is not supported on {device} "
-            f"({clip(str(exc), 100)}); choose another {param('dtype')} or {param('device')}."
-        ) from None
+            f"({clip(str(exc), 100)}); choose another {param('dtype')} or {param('device')}.") from None
 
 
 def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
-    """Refuse, before the model runs, a cast to ``dtype`` that a detection model's
-    post-processing operators (torchvision's ``nms``, ``roi_align``) cannot run."""
+    """Refuse a cast to ``dtype`` that a detection model's ``nms`` or ``roi_align`` cannot run."""
     if loaded.task != "detection":
         return
     from torchvision.ops import nms, roi_align
@@ -222,18 +184,14 @@ def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
         except (RuntimeError, NotImplementedError):
             kind = str(dtype).removeprefix("torch.")
             raise HookscopeError(
-                f"{loaded.name} cannot run in {kind} on {loaded.device}: torchvision's {name}, "
-                f"which detection models run, has no {kind} kernel there. Choose "
-                f"{param('dtype')} float32, or {param('autocast')} (which keeps {name} in "
-                "float32).") from None
+                f"{loaded.name} cannot run in {kind} on {loaded.device}: torchvision's {name}, which "
+                f"detection models run, has no {kind} kernel there. Choose {param('dtype')} float32, or "
+                f"{param('autocast')} (which keeps {name} in float32).") from None
 
 
 def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = False) -> None:
-    """Cast the model to ``dtype``, or (``autocast``) run it under ``torch.autocast``.
-
-    Raises:
-        HookscopeError: an unknown dtype, or a dtype the device cannot run.
-    """
+    """Cast the model to ``dtype``, or (``autocast``) run it under ``torch.autocast``; refuse
+    an unknown dtype, or one the device cannot run."""
     device = loaded.device
     if autocast:
         chosen = _dtype(dtype) if dtype else torch.get_autocast_dtype(device.type)
@@ -253,61 +211,32 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
     loaded.dtype = chosen
 
 
-#: How many tensors the size of the stem's output :func:`check_batch_memory` assumes live at
-#: once: a module's input and output, a residual branch, and a probe's temporary.
-_LIVE = 4
-
-
 def load_model(name: str, *, weights: str = "auto", seed: int = 0,
                device: str | torch.device = "cpu", size: int | None = None,
                trust_checkpoint: bool = False, **options: Any) -> LoadedModel:
-    """Load any model hookscope can name, in eval mode, on ``device``.
-
-    ``name`` is a torchvision name, ``timm:NAME``, ``file.py:NAME`` or ``package.module:NAME``,
-    or a whole pickled module's path (with ``trust_checkpoint``). ``options`` are the other
-    fields of :class:`hookscope.sources.LoadOptions` (``num_classes``, ``labels``,
-    ``model_args``, ``mean``, ``std``, ``resize``, ``crop``, ``channels``, ``output_key``).
-
-    Raises:
-        HookscopeError: unknown model or weights, an unreadable checkpoint, an unavailable
-            device, or options that contradict the model.
-    """
+    """Load any model hookscope can name, in eval mode, on ``device`` (see :func:`load`);
+    ``options`` are the other fields of :class:`hookscope.sources.LoadOptions`."""
     return load(name, LoadOptions(weights=weights, seed=seed, device=device, size=size,
-                                          trust_checkpoint=trust_checkpoint, **options))
+                                  trust_checkpoint=trust_checkpoint, **options))
 
 
 def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
                     needs_images: bool = False) -> None:
-    """Refuse, before the model is built, a model kind an analysis cannot run.
-
-    Args:
-        spec: what MODEL names (its task and input dimensions).
-        needs_logits: the analysis explains or differentiates (N, classes) class logits.
-        needs_images: the analysis explains image batches (N, C, H, W), not video clips:
-            Grad-CAM, which also explains segmentation models (a class over a region) and
-            detectors (their boxes), so those pass with it.
-
-    Raises:
-        HookscopeError: optical-flow models (two frames per input) anywhere; detection and
-            segmentation models where class logits are needed (except Grad-CAM); video
-            where images are.
-    """
+    """Refuse, before the model is built, a model kind an analysis cannot run: optical flow
+    anywhere, detectors and segmenters where it ``needs_logits`` (N, classes), video where it
+    ``needs_images`` (N, C, H, W): Grad-CAM, which explains detectors and segmenters too."""
     name, task = spec.name, spec.task
     if task == "optical_flow":
         raise HookscopeError(
-            f"{name} is an optical-flow model: it takes two frames per input, and hookscope "
-            "runs models on one batch of images (classification, segmentation, detection) or "
-            "clips (video)."
-        )
+            f"{name} is an optical-flow model: it takes two frames per input, and hookscope runs models on "
+            "one batch of images (classification, segmentation, detection) or clips (video).")
     if needs_logits and not needs_images and task in ("detection", "segmentation"):
         raise HookscopeError(
             f"{name} is a {task} model; this analysis needs a classifier's (N, classes) "
             f"logits. {task.capitalize()} models work with stats, layers, debug, features, "
-            "gradcam, report, check and diff."
-        )
+            "gradcam, report, check and diff.")
     if needs_images and spec.input_ndim != 4:
-        raise HookscopeError(f"{name} is a video model; this analysis explains image "
-                             "models (N, C, H, W).")
+        raise HookscopeError(f"{name} is a video model; this analysis explains image models (N, C, H, W).")
 
 
 def available_memory(device: torch.device) -> int | None:
@@ -316,13 +245,10 @@ def available_memory(device: torch.device) -> int | None:
         return int(torch.cuda.mem_get_info(device)[0])
     if device.type != "cpu":
         return None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/meminfo", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return None
 
 
@@ -333,15 +259,10 @@ def _stride_area(module: nn.Module) -> int:
 
 
 def values_per_pixel(model: nn.Module) -> float:
-    """Values per input pixel of the model's widest activation: the most output channels
-    of a convolution (or features of a Linear layer) over the grid's area by then (the
-    strides of the convolutions and pools before it, in definition order), at least the 3
-    of an RGB input.
-
-    An inverted bottleneck (EfficientNet's 16 -> 96 channels at half resolution) is wider
-    than the stem; a branch's stride counted twice only makes later layers look smaller,
-    and the widest activation comes early.
-    """
+    """Values per input pixel of the model's widest activation (at least 3, RGB): a
+    convolution's channels (a Linear layer's features) over the grid's area by then, from the
+    strides before it in definition order. A branch's stride counted twice only makes later
+    layers look smaller, and the widest activation comes early (an inverted bottleneck)."""
     area, widest = 1, 3.0
     for module in model.modules():
         if isinstance(module, (nn.Conv2d, nn.Conv3d)):
@@ -354,26 +275,18 @@ def values_per_pixel(model: nn.Module) -> float:
 
 
 def batch_memory(loaded: LoadedModel, batch_size: int) -> int:
-    """Bytes of activations a batch needs, as :func:`check_batch_memory` estimates them."""
+    """Bytes of activations a batch needs: 4 float32 tensors of the widest activation live at
+    once (a module's input and output, a residual branch, a probe's temporary)."""
     h, w = loaded.input_size
     frames = 16 if loaded.input_ndim == 5 else 1
-    return int(batch_size * h * w * frames * _LIVE * values_per_pixel(loaded.model) * 4)
+    return int(batch_size * h * w * frames * 4 * values_per_pixel(loaded.model) * 4)
 
 
 def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
-    """Refuse a batch whose activations cannot fit in memory, before it is made.
-
-    The estimate is ``_LIVE`` tensors the size of the model's widest early activation
-    (:func:`values_per_pixel`), in float32; it catches ``size`` 8192 on a machine without
-    the memory, which would otherwise end in the out-of-memory killer.
-
-    Raises:
-        HookscopeError: the batch size is out of range or the estimate exceeds the memory
-            available on the model's device.
-    """
+    """Refuse a batch size out of range, or a batch whose activations (:func:`batch_memory`)
+    cannot fit in the device's memory, before it is made, rather than meet the OOM killer."""
     if not 1 <= batch_size <= 4096:
-        raise HookscopeError(f"{param('batch_size')} must be between 1 and 4096, not "
-                             f"{batch_size}.")
+        raise HookscopeError(f"{param('batch_size')} must be between 1 and 4096, not {batch_size}.")
     need = batch_memory(loaded, batch_size)
     h, w = loaded.input_size
     free = available_memory(loaded.device)
@@ -381,5 +294,4 @@ def check_batch_memory(loaded: LoadedModel, batch_size: int) -> None:
         raise HookscopeError(
             f"{batch_size} input(s) of {h}x{w} need about {need / 2**30:.1f} GiB for "
             f"activations, and {loaded.device} has {free / 2**30:.1f} GiB available; lower "
-            f"{param('size')} or {param('batch_size')}."
-        )
+            f"{param('size')} or {param('batch_size')}.")

@@ -1,9 +1,5 @@
-"""What every model source shares: what MODEL names, the load options (declared in
-:mod:`hookscope.core.load_options`), the loaded model, and the registry the sources join.
-
-A source turns a MODEL string into a :class:`LoadedModel`: the module, its preprocessing,
-its labels and a record of what was loaded. Commands never care which source it came from.
-"""
+"""What every model source shares: what MODEL names, the loaded model, and the registry the
+sources join. Commands never care which source a :class:`LoadedModel` came from."""
 
 from __future__ import annotations
 
@@ -11,11 +7,12 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -31,33 +28,20 @@ __all__ = ["DeclaredSize", "LoadOptions", "LoadedModel", "ModelSpec", "SOURCES",
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What a MODEL string names, found without loading anything heavy.
+    """What a MODEL string names, found without loading anything heavy."""
 
-    Attributes:
-        source: the registered source's name (``torchvision``, ``timm``, ``code``, ``pickle``).
-        name: the MODEL string as given.
-        target: what the source loads: a torchvision or timm name, ``file.py:Name``, a path.
-        task: ``classification``, ``segmentation``, ``detection``, ``video``,
-            ``optical_flow``, or ``custom`` when the source cannot tell.
-        input_ndim: dimensions of one batch: 5 for video (N, C, T, H, W), else 4.
-    """
-
-    source: str
-    name: str
-    target: str
+    source: str  # the registered source's name
+    name: str  # the MODEL string as given
+    target: str  # what the source loads: a torchvision or timm name, file.py:Name, a path
+    #: classification, segmentation, detection, video, optical_flow, or custom (unknown)
     task: str = "custom"
-    input_ndim: int = 4
+    input_ndim: int = 4  # 5 for video (N, C, T, H, W)
 
 
 @dataclass(frozen=True)
 class DeclaredSize:
-    """The input size a model declares: exactly ``size`` (``exact``), or at least it.
-
-    Attributes:
-        size: (height, width) in pixels.
-        exact: the model takes this size only (a ViT's position embeddings), not more.
-        origin: where it is declared, for messages (``its weights' min_size``).
-    """
+    """The (height, width) a model declares it takes: exactly (``exact``), or at least.
+    ``origin`` says where it is declared, for messages (``its weights' min_size``)."""
 
     size: tuple[int, int]
     exact: bool
@@ -93,8 +77,6 @@ class LoadedModel:
     labels_from: str | None = None
     dtype: torch.dtype = torch.float32
     autocast: torch.dtype | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    #: The input size the model declares, when it does (see :class:`DeclaredSize`).
     declared_size: DeclaredSize | None = None
 
     @property
@@ -124,6 +106,7 @@ class LoadedModel:
 
     def envelope(self, command: str, inputs: list[str]) -> dict[str, Any]:
         """The JSON envelope every command's document starts with."""
+        autocast = str(self.autocast).removeprefix("torch.") if self.autocast is not None else None
         return {
             "hookscope": __version__,
             "command": command,
@@ -135,22 +118,15 @@ class LoadedModel:
             "source": self.source,
             "labels": self.labels_from,
             "preprocessing": self.preprocess.to_dict(),
-            "precision": {"dtype": str(self.dtype).removeprefix("torch."),
-                          "autocast": str(self.autocast).removeprefix("torch.")
-                          if self.autocast is not None else None},
+            "precision": {"dtype": str(self.dtype).removeprefix("torch."), "autocast": autocast},
         }
 
 
 @dataclass(frozen=True)
 class Source:
-    """A way to name and load models.
-
-    Attributes:
-        name: what its specs' :attr:`ModelSpec.source` says.
-        parse: the spec, when this source claims a MODEL string; None otherwise. Cheap: no
-            import of the model's code and no weights.
-        load: builds the model (on the CPU, in any mode); the caller moves it and checks it.
-    """
+    """A way to name and load models: ``parse`` claims a MODEL string cheaply (no model code,
+    no weights) or returns None; ``load`` builds the model on the CPU, and the caller moves
+    and checks it."""
 
     name: str
     parse: Callable[[str], ModelSpec | None]
@@ -169,9 +145,19 @@ def register(source: Source) -> Source:
     return source
 
 
+def prefixed(source: str, prefix: str, task: str) -> Callable[[str], ModelSpec | None]:
+    """A ``parse`` that claims the MODEL strings starting with ``prefix`` (``timm:``)."""
+    def parse(spec: str) -> ModelSpec | None:
+        if not spec.startswith(prefix):
+            return None
+        return ModelSpec(source, spec, spec[len(prefix):], task)
+
+    return parse
+
+
 def warn_random(why: str | None, seed: int) -> str:
-    """Say why ``weights=auto`` fell back to random weights (nothing when ``why`` is None, as
-    for ``weights=none``); returns what ``weights.loaded`` records."""
+    """Warn why ``weights=auto`` fell back to random weights (unless ``why`` is None, as for
+    ``weights=none``); returns what ``weights.loaded`` records."""
     if why is not None:
         logging.getLogger("hookscope").warning(
             f"{why}; using random initialisation (seed {seed}), so predictions are "
@@ -184,22 +170,14 @@ def import_optional(package: str, extra: str) -> ModuleType:
     try:
         return import_module(package)
     except ImportError:
-        raise HookscopeError(f"this needs the {package} package: pip install "
-                             f"'hookscope[{extra}]'") from None
+        raise HookscopeError(f"this needs the {package} package: pip install 'hookscope[{extra}]'") from None
 
 
-#: Set to 1 to forbid any download attempt (tests and air-gapped CI set it).
-OFFLINE_ENV = "HOOKSCOPE_OFFLINE"
-_DOWNLOAD_HOST = "download.pytorch.org"
 _CHECKPOINT_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors", ".pkl"}
 
 
 def resolve_device(spec: str = "auto") -> torch.device:
-    """Turn ``auto|cpu|cuda|cuda:N|mps`` into a device that exists.
-
-    Raises:
-        HookscopeError: the device is not available here.
-    """
+    """Turn ``auto|cpu|cuda|cuda:N|mps`` into a device that exists here, or refuse it."""
     spec = spec.strip().lower()
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -207,8 +185,7 @@ def resolve_device(spec: str = "auto") -> torch.device:
         device = torch.device(spec)
     except RuntimeError:
         raise HookscopeError(
-            f"{param('device')} {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps."
-        ) from None
+            f"{param('device')} {spec!r} is not a device name; use auto, cpu, cuda, cuda:N or mps.") from None
     problem = None
     if device.type == "cuda" and not torch.cuda.is_available():
         problem = "CUDA is not available on this machine; use cpu"
@@ -223,9 +200,10 @@ def resolve_device(spec: str = "auto") -> torch.device:
     return device
 
 
-def network_available(host: str = _DOWNLOAD_HOST, timeout: float = 2.0) -> bool:
-    """Whether weights could be downloaded from ``host``: never with HOOKSCOPE_OFFLINE set."""
-    if os.environ.get(OFFLINE_ENV, "").strip() not in ("", "0"):
+def network_available(host: str = "download.pytorch.org", timeout: float = 2.0) -> bool:
+    """Whether weights could be downloaded from ``host``: never with HOOKSCOPE_OFFLINE set
+    (tests and air-gapped CI set it)."""
+    if os.environ.get("HOOKSCOPE_OFFLINE", "").strip() not in ("", "0"):
         return False
     try:
         with socket.create_connection((host, 443), timeout=timeout):
@@ -234,12 +212,13 @@ def network_available(host: str = _DOWNLOAD_HOST, timeout: float = 2.0) -> bool:
         return False
 
 
+def hub_file(url: str) -> Path:
+    """Where torch hub caches the file at ``url``."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
+
+
 def is_path(spec: str) -> bool:
     """Whether a MODEL or weights spec names a file rather than a name."""
-    p = Path(spec)
-    return (
-        os.sep in spec
-        or "/" in spec
-        or p.suffix.lower() in _CHECKPOINT_SUFFIXES
-        or p.exists()
-    )
+    path = Path(spec)
+    return "/" in spec or os.sep in spec or path.suffix.lower() in _CHECKPOINT_SUFFIXES \
+        or path.exists()

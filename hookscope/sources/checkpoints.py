@@ -1,10 +1,8 @@
 """Checkpoint files and labels files, for every model source.
 
-:func:`open_checkpoint` reads a state_dict, a dict holding one (with the labels a training
-script often saves beside it), ``.safetensors``, or, when trusted, a whole pickled module.
-:func:`fit` loads a state_dict into a model and explains any mismatch by key;
-:func:`head_classes` recognises a fine-tuned checkpoint, whose only difference from the
-architecture is the size of its classifier head(s).
+:func:`open_checkpoint` reads a state_dict (maybe in a dict, with labels beside it),
+``.safetensors``, or, when trusted, a whole pickled module. Anything beyond tensors needs
+explicit trust, since unpickling can run code.
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ log = logging.getLogger("hookscope")
 
 __all__ = ["Checkpoint", "build_to_fit", "fit", "head_classes", "open_checkpoint", "read_labels"]
 
-#: Checkpoint entries that hold the weights, tried in order.
+#: Checkpoint entries that hold the weights, tried in order, and those that hold labels.
 _STATE_KEYS = ("state_dict", "model_state_dict", "model", "net", "weights")
-#: Checkpoint entries that hold class labels.
 _LABEL_KEYS = ("classes", "class_names", "labels", "idx_to_class", "class_to_idx")
 
 
@@ -56,22 +53,22 @@ def _readable(src: Source) -> Path | io.BytesIO:
     return io.BytesIO(src) if isinstance(src, bytes) else src
 
 
-def _is_pickle(path: Source) -> bool:
-    """Whether ``path`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
+def _is_pickle(src: Source) -> bool:
+    """Whether ``src`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
     try:
-        with io.BytesIO(path) if isinstance(path, bytes) else path.open("rb") as fh:
+        with io.BytesIO(src) if isinstance(src, bytes) else src.open("rb") as fh:
             head = fh.read(2)
     except OSError:
         return False
-    return zipfile.is_zipfile(_readable(path)) or (len(head) == 2 and head[0] == 0x80
-                                                   and head[1] >= 2)
+    return zipfile.is_zipfile(_readable(src)) or (len(head) == 2 and head[0] == 0x80
+                                                  and head[1] >= 2)
 
 
-def _refuse_compiled(path: Source, shown: Path | None = None) -> None:
+def _refuse_compiled(src: Source, path: Path) -> None:
     """TorchScript archives and torch.export programs have no eager modules to hook."""
-    if not zipfile.is_zipfile(_readable(path)):
+    if not zipfile.is_zipfile(_readable(src)):
         return
-    with zipfile.ZipFile(_readable(path)) as archive:
+    with zipfile.ZipFile(_readable(src)) as archive:
         names = archive.namelist()
     kind = None
     if any(n.endswith("constants.pkl") or "/code/" in n for n in names):
@@ -79,11 +76,9 @@ def _refuse_compiled(path: Source, shown: Path | None = None) -> None:
     elif any("serialized_exported_program" in n or n.endswith("archive_format") for n in names):
         kind = "a torch.export program"
     if kind:
-        where = shown if shown is not None else path if isinstance(path, Path) else "the file"
         raise HookscopeError(
-            f"{where} is {kind}; hooks need an eager nn.Module. Load the Python class with "
-            f"MODEL file.py:NAME and a state_dict in {param('weights')} instead."
-        )
+            f"{path} is {kind}; hooks need an eager nn.Module. Load the Python class with "
+            f"MODEL file.py:NAME and a state_dict in {param('weights')} instead.")
 
 
 def _torch_load(src: Source, trust: bool, path: Path) -> Any:
@@ -95,10 +90,8 @@ def _torch_load(src: Source, trust: bool, path: Path) -> Any:
     except pickle.UnpicklingError as exc:
         if not trust and _is_pickle(src):
             raise HookscopeError(
-                f"{path}: the file holds Python objects that need arbitrary unpickling, which "
-                f"can run code. If it is a checkpoint from a source you trust, set "
-                f"{param('trust_checkpoint')}."
-            ) from None
+                f"{path}: the file holds Python objects that need arbitrary unpickling, which can run code. "
+                f"If it is a checkpoint from a source you trust, set {param('trust_checkpoint')}.") from None
         raise HookscopeError(f"{path}: not a PyTorch checkpoint ({clip(str(exc), 120)}).") from None
     except HookscopeError:
         raise
@@ -120,21 +113,16 @@ def _labels_in(obj: Mapping[str, Any]) -> tuple[list[str] | None, str | None]:
     return None, None
 
 
-def _tensors_only(obj: Mapping[str, Any]) -> bool:
-    return bool(obj) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                             for k, v in obj.items())
-
-
 def _unwrap(obj: Any, path: Path) -> tuple[Mapping[str, torch.Tensor] | nn.Module,
                                            Mapping[str, Any] | None]:
     """The weights (or module) inside ``obj``, and the dict around them."""
     if isinstance(obj, nn.Module):
         return obj, None
     if isinstance(obj, Mapping):
-        if _tensors_only(obj):
-            keys = list(obj)
-            if all(k.startswith("module.") for k in keys):  # saved from DataParallel
-                return {k[len("module."):]: v for k, v in obj.items()}, None
+        if obj and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                       for k, v in obj.items()):
+            if all(k.startswith("module.") for k in obj):  # saved from DataParallel
+                return {k.removeprefix("module."): v for k, v in obj.items()}, None
             return obj, None
         for key in _STATE_KEYS:
             inner = obj.get(key)
@@ -143,13 +131,12 @@ def _unwrap(obj: Any, path: Path) -> tuple[Mapping[str, torch.Tensor] | nn.Modul
                 return found, obj
     raise HookscopeError(
         f"{path}: not a checkpoint hookscope can use; expected a state_dict, or a dict with a "
-        "'state_dict' or 'model' entry."
-    )
+        "'state_dict' or 'model' entry.")
 
 
 def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
     """Read a checkpoint: a state_dict, a dict holding one (and labels), ``.safetensors``,
-    or (trusted) a whole module.
+    or (``trust``) a whole module.
 
     Raises:
         HookscopeError: missing, unreadable, compiled, not a checkpoint, or an untrusted pickle.
@@ -179,12 +166,9 @@ def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
 
 
 def head_classes(model: nn.Module, state: Mapping[str, torch.Tensor]) -> int | None:
-    """The class count of a fine-tuned checkpoint, or None when it is not one.
-
-    A checkpoint is fine-tuned when every tensor whose shape differs from ``model``'s
-    differs only in its first dimension, from the same old class count to the same new one
-    (a classifier's weight and bias, and auxiliary classifiers alike).
-    """
+    """The class count of a fine-tuned checkpoint: every tensor whose shape differs from
+    ``model``'s differs only in its first dimension, from one class count to one other (the
+    classifier heads). None when it is not one."""
     own = model.state_dict()
     wrong = [(state[k].shape, own[k].shape) for k in state
              if k in own and state[k].shape != own[k].shape]
@@ -195,22 +179,16 @@ def head_classes(model: nn.Module, state: Mapping[str, torch.Tensor]) -> int | N
 
 
 def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name: str) -> None:
-    """Load ``state`` into ``model`` exactly, or explain the mismatch by key.
-
-    Raises:
-        HookscopeError: tensors of other shapes (with both shapes, whole), missing keys or
-            unexpected keys (with examples).
-    """
+    """Load ``state`` into ``model`` exactly, or explain the mismatch by key: tensors of
+    other shapes, missing or unexpected keys (with examples)."""
     own = model.state_dict()
     wrong = [(k, list(v.shape), list(own[k].shape)) for k, v in state.items()
              if k in own and isinstance(v, torch.Tensor) and v.shape != own[k].shape]
     if wrong:
         key, theirs, ours = wrong[0]
         raise HookscopeError(
-            f"{path} does not fit {name}: {len(wrong)} tensor(s) have another shape, e.g. "
-            f"{key} is {theirs} in the file and {ours} in the model. Is it a checkpoint for "
-            "another architecture?"
-        )
+            f"{path} does not fit {name}: {len(wrong)} tensor(s) have another shape, e.g. {key} is {theirs} "
+            f"in the file and {ours} in the model. Is it a checkpoint for another architecture?")
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         parts = []
@@ -219,9 +197,7 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected key(s), e.g. {', '.join(unexpected[:3])}")
         raise HookscopeError(
-            f"{path} does not fit {name}: {'; '.join(parts)}. "
-            "Is it a checkpoint for another architecture?"
-        )
+            f"{path} does not fit {name}: {'; '.join(parts)}. Is it a checkpoint for another architecture?")
 
 
 Builder = Callable[[int | None, Mapping[str, torch.Tensor]], nn.Module]
@@ -229,22 +205,11 @@ Builder = Callable[[int | None, Mapping[str, torch.Tensor]], nn.Module]
 
 def build_to_fit(path: Path, build: Builder, *, name: str, num_classes: int | None = None,
                  trust: bool = False) -> tuple[nn.Module, Checkpoint]:
-    """Build a model to fit a checkpoint and load it exactly.
-
-    When only the classifier head(s) differ (a fine-tuned model), the model is built again
-    with the checkpoint's class count. A checkpoint holding a whole module returns it.
-
-    Args:
-        path: the checkpoint.
-        build: makes the architecture for a class count (None: its default) and the
-            checkpoint's state (to match optional parts such as auxiliary heads).
-        name: the model's name, for messages.
-        num_classes: the class count the user asked for, if any.
-        trust: allow arbitrary unpickling.
-
-    Raises:
-        HookscopeError: see :func:`open_checkpoint` and :func:`fit`; also a head whose class
-            count contradicts ``num_classes``.
+    """Build a model to fit a checkpoint and load it exactly; a whole module is returned as
+    is. ``build`` makes the architecture for a class count (None: its default) and the
+    checkpoint's state (to match optional parts such as auxiliary heads); when only the heads
+    differ (a fine-tuned model) it builds again with the checkpoint's class count, which
+    ``num_classes`` must not contradict.
     """
     found = open_checkpoint(path, trust=trust)
     if found.module is not None:
@@ -280,11 +245,7 @@ def _label_list(value: Any, where: str) -> list[str]:
 
 
 def read_labels(path: Path | str) -> list[str]:
-    """Class labels from a file: one per line, a JSON list, or a JSON object ``{index: label}``.
-
-    Raises:
-        HookscopeError: a missing or unreadable file, or labels in another form.
-    """
+    """Class labels from a file: one per line, a JSON list, or a JSON object ``{index: label}``."""
     path = Path(path).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
@@ -298,9 +259,7 @@ def read_labels(path: Path | str) -> list[str]:
         except json.JSONDecodeError as exc:
             raise HookscopeError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno}).") \
                 from None
-    labels = [line.strip() for line in text.splitlines()]
-    while labels and not labels[-1]:
-        labels.pop()
+    labels = [line.strip() for line in text.rstrip().splitlines()]
     if not labels or any(not label for label in labels):
         raise HookscopeError(f"{path}: expected one label per line, with no empty lines.")
     return labels

@@ -1,8 +1,7 @@
 """Models from your own code: ``path/to/file.py:NAME`` or ``package.module:NAME``.
 
-NAME (maybe dotted: ``Outer.build``) is an ``nn.Module`` subclass, built with the
-``model_args`` as keyword arguments, or a function that returns an ``nn.Module``. Importing
-the file runs the user's code, which is why the file or module is named explicitly.
+NAME (maybe dotted: ``Outer.build``) is an ``nn.Module`` subclass or a function that returns
+one, called with the ``model_args``. Importing it runs the user's code, named explicitly.
 """
 
 from __future__ import annotations
@@ -30,8 +29,8 @@ from hookscope.inputs.preprocess import Preprocess, with_overrides
 from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, Source, is_path, register
 from hookscope.sources.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
 
-__all__ = ["build", "check_eager", "check_weights", "first_on_path", "load_code", "load_weights",
-           "parse_model_args"]
+__all__ = ["build", "check_eager", "check_weights", "custom_model", "first_on_path", "load_code",
+           "load_weights", "parse_model_args"]
 
 #: ``file.py:Name`` or ``package.module:Name`` (NAME may be dotted: ``module:Outer.factory``).
 _SPEC = re.compile(r"^(?P<where>[^:]+\.py|[A-Za-z_][\w.]*):(?P<name>[A-Za-z_][\w.]*)$")
@@ -42,12 +41,12 @@ _WANT = "NAME must be an nn.Module subclass or a function that returns an nn.Mod
 
 
 def parse_model_args(args: Sequence[str]) -> dict[str, Any]:
-    """``key=value`` strings as keyword arguments; values are Python literals, or plain words
-    and paths (``act=relu``, ``path=a/b.pt``) kept as strings.
+    """``key=value`` strings as keyword arguments: Python literals, or plain words and paths
+    (``act=relu``, ``path=a/b.pt``) kept as strings.
 
     Raises:
-        HookscopeError: no ``=``, a key that is not an identifier, a repeated key, or a value
-            that is neither a literal nor a plain word (``width=[1,``).
+        HookscopeError: no ``=``, a key that is not a name, a repeated key, or a value that is
+            neither a literal nor a plain word (``width=[1,``).
     """
     parsed: dict[str, Any] = {}
     for arg in args:
@@ -57,24 +56,21 @@ def parse_model_args(args: Sequence[str]) -> dict[str, Any]:
             raise HookscopeError(f"{param('model_args')} {arg!r} is not key=value with a Python "
                                  "name as the key, e.g. width=32.")
         if key in parsed:
-            raise HookscopeError(f"{param('model_args')} {key} is given twice; give each "
-                                 "argument once.")
+            raise HookscopeError(f"{param('model_args')} {key} is given twice; give each argument once.")
         try:
             parsed[key] = ast.literal_eval(text)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             if not _PLAIN.match(text):
                 raise HookscopeError(
-                    f"{param('model_args')} {arg!r}: {text!r} is not a Python literal (a "
-                    f"number, string, list, tuple, dict, True, False or None); quote text: "
-                    f"{key}='...'.") from None
+                    f"{param('model_args')} {arg!r}: {text!r} is not a Python literal (a number, string, "
+                    f"list, tuple, dict, True, False or None); quote text: {key}='...'.") from None
             parsed[key] = text
     return parsed
 
 
 @contextmanager
 def first_on_path(folder: str) -> Iterator[None]:
-    """``folder`` first on ``sys.path`` while the user's code is imported, as Python puts a
-    script's folder (or, for ``-m``, the current directory)."""
+    """``folder`` first on ``sys.path`` while the user's code is imported, as Python does."""
     sys.path.insert(0, folder)
     try:
         yield
@@ -83,20 +79,15 @@ def first_on_path(folder: str) -> Iterator[None]:
             sys.path.remove(folder)
 
 
-def _where_raised(exc: BaseException, folder: Path) -> str:
-    """`` (at net.py:12)``: the last line of the user's own code in the traceback."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not f.filename.startswith("<")  # <frozen importlib._bootstrap>, <string>
-              and Path(f.filename).resolve().is_relative_to(folder)]
-    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-
-
 def _failed(what: str, exc: BaseException, folder: Path | None = None,
             hint: str = "") -> HookscopeError:
-    """One line for the user's code raising: the exception, its message and where."""
-    where = _where_raised(exc, folder) if folder is not None else ""
-    return HookscopeError(f"{what} raised {type(exc).__name__}: {clip(str(exc), 200)}{where}."
-                          f"{hint}")
+    """One line for the user's code raising: the exception, its message and where (`` (at
+    net.py:12)``: the last line of the user's code in ``folder`` in the traceback)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if folder is not None and not f.filename.startswith("<")  # <frozen ...>, <string>
+              and Path(f.filename).resolve().is_relative_to(folder)]
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return HookscopeError(f"{what} raised {type(exc).__name__}: {clip(str(exc), 200)}{where}.{hint}")
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -214,25 +205,9 @@ def check_eager(model: nn.Module, what: str) -> None:
                              "Return the Python module itself (before torch.jit.script).")
 
 
-def _call(fn: Any, kwargs: dict[str, Any], label: str, folder: Path | None) -> nn.Module:
-    """Build the model: instantiate the class or call the factory with ``kwargs``."""
-    call = clip(f"{label}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})", 160)
-    _check_arguments(fn, kwargs, label)
-    try:
-        result = fn(**kwargs)
-    except (Exception, SystemExit) as exc:
-        # Arguments passed on through **kwargs fail inside: say what the callable takes.
-        hint = _accepts(_signature(fn)) if isinstance(exc, TypeError) and \
-            "argument" in str(exc) else ""
-        raise _failed(call, exc, folder, hint) from None
-    if not isinstance(result, nn.Module):
-        raise HookscopeError(f"{call} returned {_describe(result)}, not an nn.Module. {_WANT}")
-    check_eager(result, f"What {call} returned")
-    return result
-
-
 def _construct(obj: Any, kwargs: dict[str, Any], label: str, folder: Path | None) -> nn.Module:
-    """The model NAME stands for: a class or a factory, called; a module instance, as is."""
+    """The model NAME stands for: a class or a factory, called with ``kwargs``; a module
+    instance, as is."""
     if isinstance(obj, nn.Module):
         if kwargs:
             raise HookscopeError(f"{label} is a model instance, built when its code was "
@@ -245,16 +220,28 @@ def _construct(obj: Any, kwargs: dict[str, Any], label: str, folder: Path | None
                              f"nn.Module subclass. {_WANT}")
     if not callable(obj):
         raise HookscopeError(f"{label} is {_describe(obj)}, not a class or function. {_WANT}")
-    return _call(obj, kwargs, label, folder)
+    call = clip(f"{label}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})", 160)
+    _check_arguments(obj, kwargs, label)
+    try:
+        result = obj(**kwargs)
+    except (Exception, SystemExit) as exc:
+        # Arguments passed on through **kwargs fail inside: say what the callable takes.
+        hint = _accepts(_signature(obj)) if isinstance(exc, TypeError) and \
+            "argument" in str(exc) else ""
+        raise _failed(call, exc, folder, hint) from None
+    if not isinstance(result, nn.Module):
+        raise HookscopeError(f"{call} returned {_describe(result)}, not an nn.Module. {_WANT}")
+    check_eager(result, f"What {call} returned")
+    return result
 
 
 def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module:
     """Import ``file.py:NAME`` or ``package.module:NAME`` and build the model, seeded in a
-    forked RNG so the caller's global RNG is left untouched.
+    forked RNG (the caller's global RNG is left untouched).
 
     Raises:
-        HookscopeError: a bad ``model_args``, a missing file, module or attribute, code that
-            raises on import or construction, or something other than an ``nn.Module``.
+        HookscopeError: bad ``model_args``, a missing file, module or attribute, code that
+            raises, or something other than an ``nn.Module``.
     """
     found = _SPEC.match(spec.strip())
     if found is None:
@@ -276,12 +263,8 @@ def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module
 
 
 def check_weights(options: LoadOptions, what: str) -> None:
-    """``weights`` for a model that is not torchvision's: auto, none or a file; and no
-    ``num_classes``, which only torchvision's builders take.
-
-    Raises:
-        HookscopeError: a weights name (such as DEFAULT), or ``num_classes``.
-    """
+    """Refuse a weights name (such as DEFAULT) and ``num_classes`` for a model that is not
+    torchvision's: its weights are auto, none or a file."""
     weights = options.weights.strip()
     if weights.lower() not in ("auto", "none") and not is_path(weights):
         raise HookscopeError(
@@ -295,12 +278,8 @@ def check_weights(options: LoadOptions, what: str) -> None:
 
 
 def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoint | None:
-    """Load ``options.weights`` into ``model`` when it is a file; None for auto and none.
-
-    Raises:
-        HookscopeError: an unreadable checkpoint, or one for another architecture; one whose
-            only difference is the classifier's class count says which model_args to pass.
-    """
+    """Load ``options.weights`` into ``model`` when it is a file (a fine-tuned one is refused,
+    naming the model_args to pass); None for auto and none."""
     if options.weights.strip().lower() in ("auto", "none"):
         return None
     path = Path(options.weights.strip()).expanduser()
@@ -318,9 +297,7 @@ def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoin
 
 
 def _parse(spec: str) -> ModelSpec | None:
-    if _SPEC.match(spec) is None:
-        return None
-    return ModelSpec("code", spec, spec, "custom")
+    return ModelSpec("code", spec, spec, "custom") if _SPEC.match(spec) else None
 
 
 def load_code(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
@@ -328,15 +305,20 @@ def load_code(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     check_weights(options, "a model from code")
     model = build(spec.target, options.model_args, options.seed)
     found = load_weights(model, spec.name, options)
-    loaded = f"file:{found.path}" if found is not None else \
-        f"as constructed (seed {options.seed})"
-    labels = found.labels if found is not None else None
+    loaded = f"file:{found.path}" if found is not None else f"as constructed (seed {options.seed})"
+    return custom_model(spec, model, options, loaded, found)
+
+
+def custom_model(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str,
+                 labelled: Checkpoint | None) -> LoadedModel:
+    """A model from code or a pickle: default preprocessing, and ``labelled``'s labels."""
+    labels = labelled.labels if labelled is not None else None
     return LoadedModel(
         name=spec.name, model=model, task="custom", weights_requested=options.weights,
         weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=with_overrides(Preprocess(origin="default"), size=options.size),
-        categories=labels, source="code", num_classes=None, input_ndim=4,
-        labels_from=f"checkpoint:{found.labels_key}" if labels and found else None)
+        preprocess=with_overrides(Preprocess(), size=options.size), categories=labels,
+        source=spec.source,
+        labels_from=f"checkpoint:{labelled.labels_key}" if labelled and labels else None)
 
 
 register(Source("code", _parse, load_code))

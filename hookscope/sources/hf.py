@@ -1,12 +1,9 @@
 """Hugging Face model directories: ``hf:PATH`` (optional: ``pip install 'hookscope[hf]'``).
 
-PATH is a local folder as ``save_pretrained`` writes it: ``config.json``, the weights
-(``model.safetensors``) and ``preprocessor_config.json``. Nothing is fetched: every
+PATH is a local folder as ``save_pretrained`` writes it. Nothing is fetched: every
 ``from_pretrained`` call is ``local_files_only``, and a PATH that is not a folder is an
-error, never a Hub lookup. The model class follows the config (image classification,
-semantic segmentation, else the bare backbone); labels come from ``config.id2label``;
-preprocessing from the folder's image processor. A folder whose config names its own code
-(``auto_map``) is loaded only with ``trust_checkpoint``, since loading it runs that code.
+error, never a Hub lookup. A folder whose config names its own code (``auto_map``) is loaded
+only with ``trust_checkpoint``, since loading it runs that code.
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ from hookscope.sources.base import (
     ModelSpec,
     Source,
     import_optional,
+    prefixed,
     register,
     warn_random,
 )
@@ -63,17 +61,15 @@ def _config_json(path: Path) -> dict[str, Any]:
     try:
         found = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise HookscopeError(f"{path / 'config.json'}: not readable JSON ({clip(str(exc), 120)})."
-                             ) from None
+        raise HookscopeError(f"{path / 'config.json'}: not readable JSON ({clip(str(exc), 120)}).") from None
     if not isinstance(found, dict):
         raise HookscopeError(f"{path / 'config.json'}: not a JSON object.")
     return found
 
 
 def _model_class(transformers: ModuleType, config: Any) -> tuple[Any, str]:
-    """The Auto class for ``config``'s task, and hookscope's name for the task: the saved
-    architecture's head, else (no architectures saved) image classification when the
-    family has such a head, else the bare backbone."""
+    """The Auto class for ``config``'s task, and the task: the saved architecture's head,
+    else (none saved) image classification when the family has one, else the backbone."""
     arch = " ".join(getattr(config, "architectures", None) or [])
     if "ForSemanticSegmentation" in arch:
         return transformers.AutoModelForSemanticSegmentation, "segmentation"
@@ -83,16 +79,14 @@ def _model_class(transformers: ModuleType, config: Any) -> tuple[Any, str]:
     return transformers.AutoModel, "custom"
 
 
-def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[nn.Module, str,
-                                                                                  str]:
+def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[nn.Module, str, str]:
     """The model (its weights, or seeded random ones for ``weights=none``), task, weights."""
     weights = options.weights.strip().lower()
     if weights not in ("auto", "none"):
         raise HookscopeError(f"{param('weights')} {options.weights!r}: an hf: folder carries its "
                              "own weights; use auto (the folder's) or none (random, seeded).")
     trust = options.trust_checkpoint
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True,
-                                                     trust_remote_code=trust)
+    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     auto, task = _model_class(transformers, config)
     has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
     with torch.random.fork_rng(devices=[]):
@@ -106,10 +100,8 @@ def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[
 
 
 def _side(size: Any) -> tuple[int | None, bool]:
-    """A processor's ``size`` as (side, stretch): ``{"height", "width"}`` resizes both sides
-    (stretch), ``{"shortest_edge"}`` the shorter one."""
-    if size is None:
-        return None, False
+    """A processor's ``size`` as (side, stretch): ``{"height", "width"}`` stretches,
+    ``{"shortest_edge"}`` resizes the shorter side."""
     if isinstance(size, (int, float)):
         return int(size), False
     def get(key: str) -> Any:
@@ -149,14 +141,6 @@ def hf_preprocess(processor: Any) -> Preprocess:
                       origin="processor", stretch=stretch)
 
 
-def _processor(transformers: ModuleType, path: Path, trust: bool) -> Preprocess | None:
-    if not (path / "preprocessor_config.json").is_file():
-        return None
-    processor = transformers.AutoImageProcessor.from_pretrained(
-        path, local_files_only=True, trust_remote_code=trust)
-    return hf_preprocess(processor)
-
-
 def _labels(config: Any, task: str) -> list[str] | None:
     found = getattr(config, "id2label", None) or {}
     if task == "custom" or not found:
@@ -166,12 +150,7 @@ def _labels(config: Any, task: str) -> list[str] | None:
 
 
 def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-    """Load ``hf:PATH`` (on the CPU).
-
-    Raises:
-        HookscopeError: transformers is missing, PATH is not a model folder, its code is
-            remote and not trusted, or transformers cannot load it; ``num_classes`` given.
-    """
+    """Load ``hf:PATH`` (on the CPU)."""
     if options.num_classes is not None:
         raise HookscopeError(f"{param('num_classes')}: an hf: folder's class count is "
                              "its config's num_labels.")
@@ -187,7 +166,9 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     bars.disable_progress_bar()  # its loading bar is chatter on stderr
     try:
         model, task, loaded = _build(transformers, path, options)
-        preprocess = _processor(transformers, path, options.trust_checkpoint)
+        preprocess = hf_preprocess(transformers.AutoImageProcessor.from_pretrained(
+            path, local_files_only=True, trust_remote_code=options.trust_checkpoint)) \
+            if (path / "preprocessor_config.json").is_file() else None
     except HookscopeError:
         raise
     except Exception as exc:  # transformers raises many types for a folder it cannot load
@@ -199,7 +180,7 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     if preprocess is None:
         log.warning(f"hf:{spec.target} has no preprocessor_config.json; using ImageNet "
                     "preprocessing (give --mean/--std/--resize/--crop to choose).")
-        preprocess = Preprocess(origin="default")
+        preprocess = Preprocess()
     config: Any = model.config
     labels = _labels(config, task)
     return LoadedModel(
@@ -207,12 +188,12 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         weights_loaded=loaded, device=torch.device("cpu"),
         preprocess=with_overrides(preprocess, size=options.size), categories=labels,
         source="hf", num_classes=int(config.num_labels) if task == "classification" else None,
-        input_ndim=4, labels_from="config:id2label" if labels else None)
+        labels_from="config:id2label" if labels else None)
 
 
 def describe(target: str) -> list[dict[str, Any]]:
-    """What ``target`` holds: one entry per model folder (itself, or its sub-folders), with
-    its task, files (``weights``) and architecture (``default``). Reads only the JSON files.
+    """One entry per model folder in ``target`` (itself, or its sub-folders): its task,
+    files (``weights``) and architecture (``default``), from the JSON files only.
 
     Raises:
         HookscopeError: ``target`` is not a folder, or holds no model folder.
@@ -232,17 +213,10 @@ def describe(target: str) -> list[dict[str, Any]]:
         arch = " ".join(raw.get("architectures") or [])
         task = "segmentation" if "Segmentation" in arch else "classification" \
             if "Classification" in arch else "custom"
-        files = [n for n in (*WEIGHT_FILES, "preprocessor_config.json")
-                 if (folder / n).is_file()]
+        files = [n for n in (*WEIGHT_FILES, "preprocessor_config.json") if (folder / n).is_file()]
         found.append({"name": f"{PREFIX}{folder}", "task": task, "weights": files,
                       "default": arch or raw.get("model_type")})
     return found
 
 
-def _parse(spec: str) -> ModelSpec | None:
-    if not spec.startswith(PREFIX):
-        return None
-    return ModelSpec("hf", spec, spec[len(PREFIX):], "custom")
-
-
-register(Source("hf", _parse, load_hf))
+register(Source("hf", prefixed("hf", PREFIX, "custom"), load_hf))

@@ -1,8 +1,7 @@
-"""Whole pickled models: the path of a ``torch.save(model)`` file, trusted explicitly.
+"""Whole pickled models: the path of a ``torch.save(model)`` file.
 
-Unpickling a module runs code the file names, so it needs ``trust_checkpoint``, as any
-checkpoint that is more than tensors does. TorchScript archives and ``torch.export``
-programs are refused: they have no eager modules to hook.
+Unpickling a module runs code the file names, so it needs ``trust_checkpoint``. TorchScript
+archives and ``torch.export`` programs are refused: they have no eager modules to hook.
 """
 
 from __future__ import annotations
@@ -10,55 +9,33 @@ from __future__ import annotations
 import os
 import pickle
 from pathlib import Path
-from typing import NoReturn
-
-import torch
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.inputs.preprocess import Preprocess, with_overrides
 from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, Source, register
 from hookscope.sources.checkpoints import Checkpoint, _is_pickle, _refuse_compiled, open_checkpoint
-from hookscope.sources.code import check_eager, check_weights, first_on_path, load_weights
+from hookscope.sources.code import check_eager, check_weights, custom_model, first_on_path, load_weights
 
 SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".pt2", ".ts"}
 
 
-def _state_dict(path: Path) -> HookscopeError:
-    return HookscopeError(
-        f"{path} holds a state_dict (weights without their architecture), not a whole model. "
-        f"A state_dict needs its architecture: use MODEL file.py:NAME (or a torchvision "
-        f"name) with {param('weights')} {path}.")
-
-
-def _untrusted(path: Path) -> NoReturn:
-    """Say why an untrusted file does not load: a pickled model, or only a state_dict."""
+def _unpickle(path: Path, trust: bool) -> Checkpoint:
+    """Open ``path`` (its classes importable from the current directory too, as with ``python
+    -m``), or say in one line why it does not load."""
     try:
-        open_checkpoint(path)  # raises for anything but a state_dict
+        with first_on_path(os.getcwd()):
+            return open_checkpoint(path, trust=trust)
     except HookscopeError as exc:
-        # open_checkpoint raises "from None": the cause is kept as the context.
-        if isinstance(exc.__context__, pickle.UnpicklingError) and _is_pickle(path):
+        cause = exc.__context__  # open_checkpoint raises "from None": the cause is kept here
+        if not trust and isinstance(cause, pickle.UnpicklingError) and _is_pickle(path):
             raise HookscopeError(
                 f"{path} holds a whole pickled model, and loading it runs code the file "
                 f"names. If you trust the file, set {param('trust_checkpoint')}.") from None
-        raise
-    raise _state_dict(path)
-
-
-def _unpickle(path: Path) -> Checkpoint:
-    """Load a trusted file, its classes importable from the current directory too (as with
-    ``python -m``); a class that cannot be found gets one line saying how to fix it."""
-    try:
-        with first_on_path(os.getcwd()):
-            return open_checkpoint(path, trust=True)
-    except HookscopeError as exc:
-        cause = exc.__context__  # open_checkpoint raises "from None": the cause is kept here
-        if isinstance(cause, (ImportError, AttributeError)):
+        if trust and isinstance(cause, (ImportError, AttributeError)):
             raise HookscopeError(
-                f"{path}: the pickled model's code cannot be imported ({type(cause).__name__}: "
-                f"{cause}). Unpickling needs the module that defined its class: run hookscope "
-                "from that module's folder, or add it to PYTHONPATH. A class defined in a "
-                "script's __main__ cannot be found; save a state_dict and use MODEL "
-                "file.py:NAME instead.") from None
+                f"{path}: the pickled model's code cannot be imported ({type(cause).__name__}: {cause}). "
+                "Unpickling needs the module that defined its class: run hookscope from that module's "
+                "folder, or add it to PYTHONPATH. A class defined in a script's __main__ cannot be found; "
+                "save a state_dict and use MODEL file.py:NAME instead.") from None
         raise
 
 
@@ -77,27 +54,22 @@ def load_pickled(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     """Load a file holding a whole nn.Module (needs ``trust_checkpoint``)."""
     path = Path(spec.target)
     if not path.is_file():
-        raise HookscopeError(
-            f"Model file not found: {path}. MODEL is a torchvision name (`hookscope "
-            "models`), timm:NAME, file.py:NAME, package.module:NAME, or a pickled model's "
-            "path.")
-    _refuse_compiled(path)
+        raise HookscopeError(f"Model file not found: {path}. MODEL is a torchvision name (`hookscope "
+                             "models`), timm:NAME, file.py:NAME, package.module:NAME, or a pickled "
+                             "model's path.")
+    _refuse_compiled(path, path)
     check_weights(options, "a pickled model (it carries its own weights)")
-    if not options.trust_checkpoint:
-        _untrusted(path)
-    found = _unpickle(path)
+    found = _unpickle(path, options.trust_checkpoint)
     if found.module is None:
-        raise _state_dict(path)
+        raise HookscopeError(
+            f"{path} holds a state_dict (weights without their architecture), not a whole model. "
+            f"A state_dict needs its architecture: use MODEL file.py:NAME (or a torchvision "
+            f"name) with {param('weights')} {path}.")
     check_eager(found.module, str(path))
     weights = load_weights(found.module, spec.name, options)
-    loaded = f"file:{weights.path}" if weights is not None else f"file:{path}"
-    labels = weights if weights is not None and weights.labels else found
-    return LoadedModel(
-        name=spec.name, model=found.module, task="custom", weights_requested=options.weights,
-        weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=with_overrides(Preprocess(origin="default"), size=options.size),
-        categories=labels.labels, source="pickle", num_classes=None, input_ndim=4,
-        labels_from=f"checkpoint:{labels.labels_key}" if labels.labels else None)
+    loaded = f"file:{(weights or found).path}"
+    labelled = weights if weights is not None and weights.labels else found
+    return custom_model(spec, found.module, options, loaded, labelled)
 
 
 register(Source("pickle", _parse, load_pickled))

@@ -1,23 +1,19 @@
 """The timm source: ``timm:NAME`` (optional: ``pip install 'hookscope[timm]'``).
 
-NAME is a timm architecture (``convnext_tiny``), optionally with a pretrained tag
-(``resnet18.a1_in1k``). Weights follow the torchvision source's rules: ``auto`` loads the
-pretrained weights when they are cached (Hugging Face or torch hub cache) or downloadable,
-else random ones with one warning; ``none`` is random and seeded; ``DEFAULT`` or a tag names
-pretrained weights; a path loads a checkpoint. Preprocessing is timm's own data config.
+NAME is a timm architecture (``convnext_tiny``), maybe with a pretrained tag
+(``resnet18.a1_in1k``). Weights follow the torchvision source's rules (``auto``: pretrained
+when cached or downloadable, else random with a warning); preprocessing is timm's own.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-from urllib.parse import urlparse
+from unittest import mock
 
 import torch
 from torch import nn
@@ -30,9 +26,11 @@ from hookscope.sources.base import (
     LoadOptions,
     ModelSpec,
     Source,
+    hub_file,
     import_optional,
     is_path,
     network_available,
+    prefixed,
     register,
     warn_random,
 )
@@ -40,10 +38,7 @@ from hookscope.sources.checkpoints import build_to_fit
 
 __all__ = ["PREFIX", "import_timm", "load_timm", "pretrained_tags"]
 
-log = logging.getLogger("hookscope")
-
 PREFIX = "timm:"
-_HUB_HOST = "huggingface.co"
 #: Weight files timm fetches from a Hugging Face repo, safetensors first as timm does.
 _HUB_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
               "open_clip_pytorch_model.bin")
@@ -62,20 +57,13 @@ def _architecture(timm: ModuleType, name: str) -> tuple[str, str]:
     if not timm.is_model(arch):
         raise HookscopeError(
             f"Unknown timm model {name!r}.{suggest(arch, timm.list_models())} Run `hookscope "
-            "models --source timm PATTERN` to list them."
-        )
-    if tag:
-        tag = _choose_tag(arch, tag, pretrained_tags(arch))
-    return arch, tag
+            "models --source timm PATTERN` to list them.")
+    return arch, _choose_tag(arch, tag) if tag else tag
 
 
 def pretrained_tags(arch: str, with_weights: set[str] | None = None) -> list[str]:
-    """The tags of ``arch``'s pretrained weights, timm's default first.
-
-    Args:
-        arch: a timm architecture.
-        with_weights: ``set(timm.list_pretrained())``, when the caller already has it.
-    """
+    """The tags of ``arch``'s pretrained weights, timm's default first. ``with_weights``:
+    ``set(timm.list_pretrained())``, when the caller already has it."""
     import timm
     from timm.models import get_arch_pretrained_cfgs, get_pretrained_cfg
 
@@ -86,9 +74,10 @@ def pretrained_tags(arch: str, with_weights: set[str] | None = None) -> list[str
     return sorted(tags, key=lambda t: t != default)
 
 
-def _choose_tag(arch: str, requested: str, tags: list[str], default: str = "") -> str:
+def _choose_tag(arch: str, requested: str, default: str = "") -> str:
     """The tag ``requested`` names: ``DEFAULT`` (``default``, else timm's), a tag, or
     ``arch.tag``."""
+    tags = pretrained_tags(arch)
     if not tags:
         raise HookscopeError(f"timm:{arch} has no pretrained weights; use {param('weights')} "
                              "none or a checkpoint path.")
@@ -98,15 +87,8 @@ def _choose_tag(arch: str, requested: str, tags: list[str], default: str = "") -
     if tag not in tags:
         raise HookscopeError(
             f"timm:{arch} has no pretrained weights {requested!r}.{suggest(tag, tags)} "
-            f"Choose DEFAULT, {', '.join(tags)}, auto, none, or a checkpoint path."
-        )
+            f"Choose DEFAULT, {', '.join(tags)}, auto, none, or a checkpoint path.")
     return tag
-
-
-def _pretrained_cfg(arch: str, tag: str) -> Any:
-    from timm.models import get_pretrained_cfg
-
-    return get_pretrained_cfg(f"{arch}.{tag}")
 
 
 def _cached_file(cfg: Any) -> Path | None:
@@ -122,47 +104,24 @@ def _cached_file(cfg: Any) -> Path | None:
             if isinstance(found, str) and os.path.isfile(found):
                 return Path(found)
     url = getattr(cfg, "url", None)
-    if url:
-        path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
-        if path.is_file():
-            return path
-    return None
-
-
-def _cache_hint(cfg: Any) -> str:
-    hub_id = getattr(cfg, "hf_hub_id", None)
-    return f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
-
-
-@contextmanager
-def _hub_offline() -> Iterator[None]:
-    """Forbid Hugging Face hub requests (its flag is read at import, so set both)."""
-    from huggingface_hub import constants
-
-    before_env, before = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    constants.HF_HUB_OFFLINE = True
-    try:
-        yield
-    finally:
-        constants.HF_HUB_OFFLINE = before
-        if before_env is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = before_env
+    return hub_file(url) if url and hub_file(url).is_file() else None
 
 
 def _create(name: str, seed: int, num_classes: int | None = None,
             pretrained_from: Path | None = None, download: bool = False) -> nn.Module:
     """Build ``name`` seeded in a forked RNG, pretrained from a cached file or a download."""
     import timm
+    from huggingface_hub import constants
 
     kwargs: dict[str, Any] = {}
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     if pretrained_from is not None:
         kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_from)}
-    with torch.random.fork_rng(devices=[]), nullcontext() if download else _hub_offline():
+    with torch.random.fork_rng(devices=[]), ExitStack() as stack:
+        if not download:  # forbid hub requests; its flag is read at import, so set both
+            stack.enter_context(mock.patch.dict(os.environ, HF_HUB_OFFLINE="1"))
+            stack.enter_context(mock.patch.object(constants, "HF_HUB_OFFLINE", True))
         torch.manual_seed(seed)
         return timm.create_model(name, pretrained=pretrained_from is not None or download,
                                  **kwargs)
@@ -174,45 +133,38 @@ def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None
     return _create(f"{arch}.{tag}" if tag else arch, options.seed, options.num_classes), loaded
 
 
-def _pretrained(arch: str, tag: str, options: LoadOptions) -> nn.Module:
-    """Pretrained weights from the cache, else a download; one error when neither works."""
-    cfg = _pretrained_cfg(arch, tag)
-    classes = cfg.num_classes
-    if options.num_classes is not None and options.num_classes != classes:
+def _pretrained(arch: str, tag: str, options: LoadOptions, *, auto: bool = False
+                ) -> tuple[nn.Module, str]:
+    """Pretrained weights from the cache, else a download. When neither works, or they do not
+    have ``num_classes``, ``auto`` falls back to random weights; else one error."""
+    from timm.models import get_pretrained_cfg
+
+    cfg: Any = get_pretrained_cfg(f"{arch}.{tag}")
+    if options.num_classes not in (None, cfg.num_classes):
+        if auto:
+            return _random(arch, tag, options)
         raise HookscopeError(
             f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
-            f"timm:{arch}.{tag} has {classes} classes.")
+            f"timm:{arch}.{tag} has {cfg.num_classes} classes.")
     cached = _cached_file(cfg)
-    if cached is None and not network_available(_HUB_HOST):
-        raise HookscopeError(
-            f"timm:{arch}.{tag} is not in {_cache_hint(cfg)} and cannot be downloaded (no "
-            f"network). Use {param('weights')} none or a local checkpoint.")
+    if cached is None and not network_available("huggingface.co"):
+        hub_id = getattr(cfg, "hf_hub_id", None)
+        cache = f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
+        missing = f"timm:{arch}.{tag} is not in {cache} and cannot be downloaded"
+        if auto:
+            return _random(arch, tag, options, missing)
+        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local checkpoint.")
     try:
-        return _create(f"{arch}.{tag}", options.seed, pretrained_from=cached,
-                       download=cached is None)
+        model = _create(f"{arch}.{tag}", options.seed, pretrained_from=cached,
+                        download=cached is None)
     except HookscopeError:
         raise
     except Exception as exc:  # timm and the hub raise many types for a failed download
         where = "load" if cached is not None else "download"
         raise HookscopeError(
             f"Could not {where} the weights timm:{arch}.{tag} ({exc.__class__.__name__}: {exc}). "
-            f"Use {param('weights')} none for random initialisation, or a local checkpoint."
-        ) from exc
-
-
-def _auto(arch: str, tag: str, options: LoadOptions) -> tuple[nn.Module, str]:
-    """Pretrained when cached or downloadable (and the class count fits), else random."""
-    tags = pretrained_tags(arch)
-    chosen = tag or (tags[0] if tags else None)
-    if chosen is None:
-        return _random(arch, "", options, "this timm model has no pretrained weights")
-    cfg = _pretrained_cfg(arch, chosen)
-    if options.num_classes not in (None, cfg.num_classes):
-        return _random(arch, chosen, options)
-    if _cached_file(cfg) is None and not network_available(_HUB_HOST):
-        why = f"timm:{arch}.{chosen} is not in {_cache_hint(cfg)} and cannot be downloaded"
-        return _random(arch, chosen, options, why)
-    return _pretrained(arch, chosen, options), chosen
+            f"Use {param('weights')} none for random initialisation, or a local checkpoint.") from exc
+    return model, tag
 
 
 def timm_preprocess(model: nn.Module, size: int | None = None) -> Preprocess:
@@ -264,22 +216,19 @@ def imagenet_labels(model: nn.Module) -> list[str] | None:
 
 
 def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
-    """Build a timm model with the requested weights (on the CPU).
-
-    Raises:
-        HookscopeError: timm is missing, an unknown model or weights tag, weights that are
-            neither cached nor downloadable, an unreadable checkpoint or one for another
-            architecture, or a class count that contradicts the weights.
-    """
+    """Build a timm model with the requested weights (on the CPU)."""
     timm = import_timm()
     arch, tag = _architecture(timm, spec.target)
     weights = options.weights.strip()
-    found, pretrained = None, False
+    found = None
     if weights.lower() == "none":
         model, loaded = _random(arch, tag, options)
     elif weights.lower() == "auto":
-        model, loaded = _auto(arch, tag, options)
-        pretrained = not loaded.startswith("random")
+        tags = [tag] if tag else pretrained_tags(arch)
+        if tags:
+            model, loaded = _pretrained(arch, tags[0], options, auto=True)
+        else:
+            model, loaded = _random(arch, "", options, "this timm model has no pretrained weights")
     elif is_path(weights):
         path = Path(weights).expanduser()
         name = f"{arch}.{tag}" if tag else arch
@@ -289,8 +238,8 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
             build=lambda n, state: _create(name, options.seed, n))
         loaded = f"file:{path}"
     else:
-        chosen = _choose_tag(arch, weights, pretrained_tags(arch), default=tag)
-        model, loaded, pretrained = _pretrained(arch, chosen, options), chosen, True
+        model, loaded = _pretrained(arch, _choose_tag(arch, weights, default=tag), options)
+    pretrained = not loaded.startswith(("random", "file:"))
     categories = imagenet_labels(model) if pretrained else None
     labels_from = "weights" if categories else None
     if found is not None and found.labels is not None:
@@ -299,14 +248,8 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         name=spec.name, model=model, task="classification", weights_requested=options.weights,
         weights_loaded=loaded, device=torch.device("cpu"),
         preprocess=timm_preprocess(model, options.size), categories=categories, source="timm",
-        num_classes=getattr(model, "num_classes", None), input_ndim=4, labels_from=labels_from,
+        num_classes=getattr(model, "num_classes", None), labels_from=labels_from,
         declared_size=declared_size(model))
 
 
-def _parse(spec: str) -> ModelSpec | None:
-    if not spec.startswith(PREFIX):
-        return None
-    return ModelSpec("timm", spec, spec[len(PREFIX):], "classification")
-
-
-register(Source("timm", _parse, load_timm))
+register(Source("timm", prefixed("timm", PREFIX, "classification"), load_timm))

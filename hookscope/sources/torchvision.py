@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import warnings
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -24,6 +22,7 @@ from hookscope.sources.base import (
     LoadOptions,
     ModelSpec,
     Source,
+    hub_file,
     is_path,
     network_available,
     register,
@@ -39,35 +38,14 @@ def model_tasks() -> dict[str, str]:
     import torchvision.models as tvm
     from torchvision.models import list_models
 
-    groups = {
-        "segmentation": tvm.segmentation,
-        "detection": tvm.detection,
-        "video": tvm.video,
-        "optical_flow": tvm.optical_flow,
-        "quantization": tvm.quantization,
-        "classification": tvm,
-    }
+    groups = {"segmentation": tvm.segmentation, "detection": tvm.detection, "video": tvm.video,
+              "optical_flow": tvm.optical_flow, "quantization": tvm.quantization,
+              "classification": tvm, "other": None}
     tasks: dict[str, str] = {}
-    for task, module in groups.items():
+    for task, module in groups.items():  # a name's first group is its task
         for name in list_models(module):
             tasks.setdefault(name, task)
-    for name in list_models():
-        tasks.setdefault(name, "other")
     return tasks
-
-
-def _weights_enum(name: str) -> Any | None:
-    from torchvision.models import get_model_weights
-
-    try:
-        return get_model_weights(name)
-    except (ValueError, KeyError):
-        return None
-
-
-def _cached_file(weights: Any) -> Path:
-    filename = os.path.basename(urlparse(weights.url).path)
-    return Path(torch.hub.get_dir()) / "checkpoints" / filename
 
 
 def _build(name: str, weights: Any | None, seed: int, num_classes: int | None = None,
@@ -128,9 +106,9 @@ def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]
     return cls(**keywords | sizes)
 
 
-def _default_classes(name: str, default: Any | None) -> int | None:
-    """The class count a builder uses without ``num_classes``: its weights' categories."""
-    categories = default.meta.get("categories") if default is not None else None
+def _classes(weights: Any | None) -> int | None:
+    """The class count of ``weights``: its categories'."""
+    categories = weights.meta.get("categories") if weights is not None else None
     return len(categories) if categories else None
 
 
@@ -150,22 +128,26 @@ def _named_weights(name: str, spec: str, enum: Any | None, default: Any | None) 
     if member not in members:
         raise HookscopeError(
             f"{enum.__name__} has no member {spec!r}.{suggest(member, members)} "
-            f"Choose DEFAULT, {', '.join(members)}, auto, none, or a checkpoint path."
-        )
+            f"Choose DEFAULT, {', '.join(members)}, auto, none, or a checkpoint path.")
     return enum[member]
 
 
-def _pretrained(name: str, chosen: Any, options: LoadOptions) -> tuple[nn.Module, str]:
-    if options.num_classes is not None and options.num_classes != _default_classes(name, chosen):
+def _pretrained(name: str, chosen: Any, options: LoadOptions, *, auto: bool = False
+                ) -> tuple[nn.Module, str]:
+    """``chosen`` weights, from the torch cache or a download. When they cannot be had, or do
+    not have ``num_classes``, ``auto`` falls back to random weights; else one error."""
+    if options.num_classes not in (None, _classes(chosen)):
+        if auto:
+            return _random_weights(name, options)
         raise HookscopeError(
             f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
-            f"{chosen} has {_default_classes(name, chosen)} classes."
-        )
-    if not _cached_file(chosen).exists() and not network_available():
-        raise HookscopeError(
-            f"{chosen} is not in the torch cache ({_cached_file(chosen).parent}) and cannot "
-            f"be downloaded (no network). Use {param('weights')} none or a local checkpoint."
-        )
+            f"{chosen} has {_classes(chosen)} classes.")
+    cached = hub_file(chosen.url)
+    if not cached.exists() and not network_available():
+        missing = f"{chosen} is not in the torch cache ({cached.parent}) and cannot be downloaded"
+        if auto:  # no warning with num_classes: random weights are what its head gets anyway
+            return _random_weights(name, options, missing if options.num_classes is None else None)
+        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local checkpoint.")
     return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
 
 
@@ -173,12 +155,10 @@ def _aux_options(name: str, state: Mapping[str, torch.Tensor]) -> dict[str, bool
     """Build auxiliary heads exactly when the checkpoint has them."""
     from torchvision.models import get_model_builder
 
-    params = inspect.signature(get_model_builder(name)).parameters
-    keys = list(state)
-    if "aux_loss" in params:  # segmentation: aux_classifier
-        return {"aux_loss": any(k.startswith("aux_classifier.") for k in keys)}
+    if "aux_loss" in inspect.signature(get_model_builder(name)).parameters:  # segmentation
+        return {"aux_loss": any(k.startswith("aux_classifier.") for k in state)}
     if name in ("googlenet", "inception_v3"):  # aux1/aux2, AuxLogits
-        return {"aux_logits": any(k.startswith(("aux1.", "aux2.", "AuxLogits.")) for k in keys)}
+        return {"aux_logits": any(k.startswith(("aux1.", "aux2.", "AuxLogits.")) for k in state)}
     return {}
 
 
@@ -187,31 +167,25 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
 
     ``weights``: ``auto`` (DEFAULT weights when cached or downloadable, else random with a
     warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a checkpoint
-    path. A checkpoint whose classifier head has another class count (a fine-tuned model)
-    builds the architecture with that count; ``num_classes`` sets it for random weights.
-
-    Raises:
-        HookscopeError: unknown weights, an unreadable checkpoint, a checkpoint for another
-            architecture, or a class count that contradicts the weights.
+    (a fine-tuned one builds the architecture with its class count).
     """
+    from torchvision.models import get_model_weights
+
     name = spec.target
-    enum = _weights_enum(name)
-    default = getattr(enum, "DEFAULT", None) if enum is not None else None
+    try:
+        enum = get_model_weights(name)
+    except (ValueError, KeyError):
+        enum = None
+    default = getattr(enum, "DEFAULT", None)
     weights = options.weights.strip()
     chosen, found = None, None
     if weights.lower() == "none":
         model, loaded = _random_weights(name, options)
+    elif weights.lower() == "auto" and default is not None:
+        model, loaded = _pretrained(name, default, options, auto=True)
     elif weights.lower() == "auto":
-        if default is not None and options.num_classes in (None, _default_classes(name, default)) \
-                and (_cached_file(default).exists() or network_available()):
-            chosen = default
-            model, loaded = _pretrained(name, chosen, options)
-        else:
-            why = None if options.num_classes is not None else \
-                "this model has no pretrained weights" if default is None else (
-                    f"{default} is not in the torch cache ({_cached_file(default).parent}) and "
-                    "cannot be downloaded")
-            model, loaded = _random_weights(name, options, why)
+        why = "this model has no pretrained weights" if options.num_classes is None else None
+        model, loaded = _random_weights(name, options, why)
     elif is_path(weights):
         model, found = build_to_fit(
             Path(weights).expanduser(), name=name, num_classes=options.num_classes,
