@@ -1,9 +1,8 @@
 """The one exception family the library raises for things a user can fix.
 
-Messages name the *parameters* of the Python API (``target``, ``layers``), never command-line
-flags. A parameter is marked with :func:`param` where it appears in a message; ``str(error)``
-shows the plain name, and the command line renders the same mark as its flag (``--target``)
-through :meth:`HookscopeError.render`.
+Messages name the Python API's parameters, marked with :func:`param`: ``str(error)`` shows
+the plain name, and the command line renders the mark as its flag through
+:meth:`HookscopeError.render`.
 """
 
 from __future__ import annotations
@@ -24,10 +23,7 @@ def param(name: str) -> str:
 
 
 class HookscopeError(Exception):
-    """A problem with the user's input, printed as one line and exit code 2.
-
-    The message says what went wrong, which file or name, and what to do.
-    """
+    """A problem with the user's input: one line saying what, where and what to do; exit 2."""
 
     exit_code = 2
 
@@ -47,16 +43,11 @@ class CheckFailed(HookscopeError):
 
 
 class ForwardError(HookscopeError):
-    """The model raised inside a module during the forward pass: exit code 1.
+    """The model raised during the forward pass: exit code 1.
 
-    Attributes:
-        module: dotted name of the innermost module that was running (``""``: the model's
-            own code outside any submodule; None: no module had started).
-        type_name: that module's class name.
-        call: its call index within the forward pass.
-        depth: its depth in the module tree.
-        input_shapes: the shapes of its inputs.
-        cause: the model's own exception.
+    ``module`` is the innermost running module's dotted name (``""``: the model's own code
+    outside any submodule; None: no module had started), with its ``type_name``, ``call``
+    index, ``depth`` and ``input_shapes``; ``cause`` is the model's own exception.
     """
 
     exit_code = 1
@@ -91,8 +82,8 @@ class ForwardError(HookscopeError):
         return " ".join(str(self.cause).split()) or self.exception
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled without the model's exception, which may not pickle (a rank's report is
-        sent to rank 0): its class name and message are kept."""
+        """Pickled without the model's exception, which may not pickle; its class name and
+        message are kept."""
         state = {k: v for k, v in self.__dict__.items() if k != "cause"}
         state |= {"cause": None, "_exception": self.exception, "_reason": self.reason}
         return (ForwardError, (super().__str__(),), state)
@@ -109,8 +100,8 @@ def suggest(word: str, candidates: Iterable[str], n: int = 3) -> str:
 
 
 def clip(text: str, limit: int = 200) -> str:
-    """``text`` on one line, cut to at most ``limit`` characters at a space outside any
-    brackets, so no word, number or shape is ever cut in half; terminal styles removed."""
+    """``text`` on one line without terminal styles, cut to at most ``limit`` characters at a
+    space outside any brackets, so no word, number or shape is cut in half."""
     text = " ".join(_ANSI.sub("", text).split())
     if len(text) <= limit:
         return text
