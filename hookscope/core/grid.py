@@ -1,20 +1,11 @@
 """Which module outputs are image grids, and how to bring them to (N, C, h, w).
 
-One rule, used by the CAMs, by ``features`` and by per-channel statistics. For an input
-of H x W pixels, an output is an image grid when it is
-
-* ``(N, C, h, w)`` whose h x w has the input's aspect (convolutions, pools);
-* ``(N, h, w, C)`` channels-last, the same way (ConvNeXt's and Swin's blocks), preferred
-  for modules that act on the last dimension (``Linear``, ``LayerNorm``) and wherever the
-  first reading does not fit;
-* ``(N, tokens, C)`` where the tokens are a few prefix tokens (CLS, DeiT's distillation
-  token, DINOv2's registers) and then an h x w patch grid: h = H/s and w = W/s for an
-  integer stride s. The prefix count comes from the model's token parameters
-  (``cls_token``, ``dist_token``, ``register_tokens``...), else none or one.
-
-A tensor that is not a grid is never read as one: ``(N, heads, tokens, head_dim)`` fails
-the aspect check, and a token model's ``(N, heads, tokens, tokens)`` attention matrix is
-refused by name. :func:`layout` says why in one clause when an output is not a grid.
+For an H x W input, an output is a grid when it is ``(N, C, h, w)`` with the input's aspect,
+``(N, h, w, C)`` the same way (preferred for modules acting on the last dimension, and where
+the first reading does not fit), or ``(N, tokens, C)`` with a few prefix tokens (CLS,
+registers: counted from the model's token parameters, else none or one) then an h x w patch
+grid for an integer stride. Anything else, attention matrices included, is refused with a
+reason (:func:`layout`).
 """
 
 from __future__ import annotations
@@ -39,25 +30,13 @@ CHANNELS_FIRST_1D = ("Conv1d", "BatchNorm1d", "InstanceNorm1d", "Pool1d", "Pad1d
 
 @dataclass(frozen=True)
 class TokenHint:
-    """What the model says about its tokens.
-
-    Attributes:
-        prefix: tokens before the patch grid (None: the model has no token parameters).
-        patch: the patch size of its patch embedding (None: unknown).
-        channels_last: its 4-D outputs are (N, H, W, C) where both readings would fit
-            (torchvision's Swin, whose stages are channels-last).
-    """
+    """What the model says about its tokens: ``prefix`` tokens before the patch grid (None:
+    no token parameters), its ``patch`` size, and whether its 4-D outputs are
+    ``channels_last`` where both readings fit (torchvision's Swin)."""
 
     prefix: int | None = None
     patch: int | None = None
     channels_last: bool = False
-
-    def token_counts(self, size: tuple[int, int]) -> set[int]:
-        """The model's token count for this input (with and without the prefix)."""
-        if self.prefix is None or not self.patch:
-            return set()
-        grid = (size[0] // self.patch) * (size[1] // self.patch)
-        return {grid, grid + self.prefix}
 
 
 def _patch(model: nn.Module) -> int | None:
@@ -84,13 +63,8 @@ def token_hint(model: nn.Module) -> TokenHint:
 
 @dataclass(frozen=True)
 class Layout:
-    """How an output lies on the image grid.
-
-    Attributes:
-        kind: ``nchw``, ``nhwc`` or ``tokens`` (``(N, prefix + h*w, C)``).
-        h, w: the grid's size.
-        prefix: tokens before the grid (``tokens`` only).
-    """
+    """How an output lies on the h x w image grid: ``kind`` is ``nchw``, ``nhwc`` or
+    ``tokens`` (``(N, prefix + h*w, C)``)."""
 
     kind: str
     h: int
@@ -155,22 +129,19 @@ def _tokens(shape: Sequence[int], size: tuple[int, int], hint: TokenHint) -> Lay
 
 
 def _attention(shape: Sequence[int], size: tuple[int, int], hint: TokenHint) -> bool:
-    counts = hint.token_counts(size)
-    return bool(counts) and shape[2] == shape[3] and shape[2] in counts and \
-        shape[2] != size[0] // (hint.patch or 1)
+    """Whether ``shape`` is (N, heads, tokens, tokens) for the model's token count."""
+    if hint.prefix is None or not hint.patch:
+        return False
+    grid = (size[0] // hint.patch) * (size[1] // hint.patch)
+    return shape[2] == shape[3] and shape[2] in (grid, grid + hint.prefix) and \
+        shape[2] != size[0] // hint.patch
 
 
 def layout(shape: Sequence[int], size: tuple[int, int], *, type_name: str = "",
            hint: TokenHint | None = None, force: str = "auto") -> Layout | str:
     """How an output of ``shape`` lies on the grid of an input of ``size`` (H, W), or why
-    it does not.
-
-    Args:
-        shape: the output's shape, batch first.
-        size: the input's (H, W).
-        type_name: the module's class name (channels-last modules prefer ``nhwc``).
-        hint: the model's tokens (see :func:`token_hint`).
-        force: ``auto``; ``none`` (only nchw), ``vit`` (only tokens), ``swin`` (only nhwc).
+    it does not. ``type_name`` is the module's class (channels-last ones prefer ``nhwc``);
+    ``force`` is ``auto``, ``none`` (only nchw), ``vit`` (only tokens) or ``swin`` (only nhwc).
     """
     hint = hint or TokenHint()
     dims = len(shape)
