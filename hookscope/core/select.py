@@ -1,7 +1,5 @@
-"""Which modules to hook: a :class:`Selection` (the ``--layers``, ``--type``,
-``--all-modules`` and ``--max-depth`` of the commands) and the :class:`Site` of each module
-it selects.
-
+"""Which modules to hook: a :class:`Selection` (every command's ``--layers``, ``--type``,
+``--all-modules``, ``--max-depth``) and the :class:`Site` of each module it selects.
 Torch-free at import, so the command line builds a selection before torch loads.
 """
 
@@ -35,28 +33,16 @@ def depth_of(name: str) -> int:
 
 def all_sites(model: nn.Module) -> list[Site]:
     """Every named module except the root, in definition order (the root only for a bare leaf)."""
-    named = list(model.named_modules())
-    sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in named if n]
-    if not sites:
-        sites = [Site("", type(model).__name__, 0, model)]
-    return sites
+    sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules() if n]
+    return sites or [Site("", type(model).__name__, 0, model)]
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The modules to hook; the default selects every leaf module.
-
-    Leaf modules are chosen by default: modules without children, or modules at
-    ``max_depth`` when the tree is cut there. A container is chosen only when asked for:
-    by ``all_modules``, by its class name in ``types``, or by its exact name in ``layers``.
-    ``layers`` are fnmatch patterns on dotted names (``layer4.*`` selects the leaves under
-    ``layer4``); a module must satisfy both ``layers`` and ``types`` when both are given.
-
-    Attributes:
-        layers: fnmatch patterns on dotted module names.
-        types: module class names.
-        all_modules: containers too, when no other selection is given.
-        max_depth: cut the module tree at this depth (1 = the model's children).
+    """The modules to hook: by default every leaf (no children, or at ``max_depth``, where
+    1 is the model's children). A container is chosen only by ``all_modules``, its class name
+    in ``types``, or its exact name in ``layers``; ``layers`` are fnmatch patterns on dotted
+    names. A module must satisfy both ``layers`` and ``types`` when both are given.
     """
 
     layers: Sequence[str] | None = None
@@ -130,12 +116,7 @@ LEAVES = Selection()
 def select_sites(model: nn.Module, *, layers: Sequence[str] | None = None,
                  types: Sequence[str] | None = None, all_modules: bool = False,
                  max_depth: int | None = None) -> list[Site]:
-    """Choose the modules to hook: ``Selection(layers, types, all_modules, max_depth)``'s
-    :meth:`~Selection.sites`.
-
-    Raises:
-        HookscopeError: when nothing matches, saying which filter excluded what.
-    """
+    """``Selection(layers, types, all_modules, max_depth).sites(model)``."""
     return Selection(layers, types, all_modules, max_depth).sites(model)
 
 
@@ -145,11 +126,8 @@ def find_site(model: nn.Module, name: str) -> Site:
     Raises:
         HookscopeError: the name does not exist, with close matches and a hint.
     """
-    for site in all_sites(model):
-        if site.name == name:
-            return site
-    names = [s.name for s in all_sites(model)]
-    raise HookscopeError(
-        f"{type(model).__name__} has no module named {name!r}.{suggest(name, names)} "
-        "Run `hookscope layers MODEL` to list the names."
-    )
+    sites = {site.name: site for site in all_sites(model)}
+    if name in sites:
+        return sites[name]
+    raise HookscopeError(f"{type(model).__name__} has no module named {name!r}."
+                         f"{suggest(name, sites)} Run `hookscope layers MODEL` to list the names.")

@@ -1,9 +1,8 @@
 """Which output class a method explains: ``top1``, ``topK``, a class index or a label.
 
-One spec applies to every input, or a comma list gives one per input; a list whose length
-does not match the number of inputs is an error (never truncated or recycled). The same
-parser reads ``target`` (which class to explain) and ``label`` (the true class): errors name
-the parameter they came from.
+One spec applies to every input, or a comma list gives one per input (a length mismatch is an
+error, never truncated or recycled). The same parser reads ``target`` and ``label``; errors
+name the parameter they came from.
 """
 
 from __future__ import annotations
@@ -22,10 +21,8 @@ __all__ = ["Targets", "folder_targets", "parse_targets"]
 
 @dataclass(frozen=True)
 class Targets:
-    """Parsed targets: each entry is a class index (int) or a rank such as ``top1``.
-
-    ``name`` is the parameter they were given as, for error messages.
-    """
+    """Each entry a class index or a rank such as ``top1``; ``name`` is the parameter they
+    were given as, for error messages."""
 
     entries: tuple[int | str, ...]
     name: str = "target"
@@ -101,12 +98,8 @@ def _entry(item: str, name: str, lookup: dict[str, int],
 
 def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
                   name: str = "target") -> Targets:
-    """Parse ``top1`` (the default), ``topK``, an index, a label, or a comma list of them.
-
-    Args:
-        spec: the text given.
-        categories: class labels, for entries given by label.
-        name: the parameter it was given as (``target`` or ``label``), for messages.
+    """Parse ``top1`` (the default), ``topK``, an index, a label in ``categories``, or a
+    comma list of them, given as the parameter ``name``.
 
     Raises:
         HookscopeError: an unknown label (with close matches) or a malformed entry.
@@ -124,8 +117,8 @@ def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
 
 def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
                    name: str = "label") -> Targets:
-    """One class per input from its ImageFolder class folder: a class label of the model
-    (in any case) or a class index.
+    """One class per input from its ImageFolder class folder: a class label of the model (in
+    any case) or a class index.
 
     Raises:
         HookscopeError: a folder that names no class of the model.
