@@ -1,9 +1,7 @@
 """The one contract of every accumulating report: a pure, exact ``merge``.
 
-Batches, DataLoader workers and ranks are all merges: ``a.merge(b)`` returns a new object
-that summarises both sides' data, as one run over ``a``'s data then ``b``'s would, and
-changes neither side, so a report may be merged into several others, kept, or reused.
-Torch-free.
+Batches, workers and ranks are all merges: ``a.merge(b)`` returns a new object summarising
+both sides' data, as one run over ``a``'s then ``b``'s would, and changes neither side.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The class logits inside a model's output, whatever its form.
-
-Models return a tensor, a dict (torchvision segmentation's ``{"out", "aux"}``), a tuple, or a
-dataclass-like object (Hugging Face's ``.logits``). :func:`select_logits` finds the tensor
-that predictions and targets use: the one named by ``output_key``, else ``logits``, else
-``out``, else the only tensor. When that is ambiguous the error lists what there is.
+"""The class logits inside a model's output: a tensor, a dict (``{"out", "aux"}``), a tuple,
+or a dataclass-like object (Hugging Face's ``.logits``). The one named by ``output_key``,
+else ``logits``, else ``out``, else the only tensor; when ambiguous, the error lists them.
 """
 
 from __future__ import annotations
@@ -46,13 +43,8 @@ def _describe(parts: dict[str, Any]) -> str:
 
 def select_logits(output: Any, key: str | None = None, *,
                   required: bool = True) -> torch.Tensor | None:
-    """The tensor of class logits in ``output``.
-
-    Args:
-        output: what the model returned.
-        key: the entry to use (a dict key, a field name, or a tuple position); None to
-            choose automatically.
-        required: raise when no single tensor can be chosen (otherwise return None).
+    """The tensor of class logits in ``output``: its entry ``key`` (a dict key, field name
+    or tuple position), or the one chosen automatically; None if not ``required``.
 
     Raises:
         HookscopeError: ``key`` is not in the output, or (``required``) the choice is
@@ -84,10 +76,10 @@ def select_logits(output: Any, key: str | None = None, *,
 
 
 def class_logits(output: Any, key: str | None, analysis: str) -> torch.Tensor:
-    """The (N, classes) logits ``analysis`` needs, or one error saying what there was.
+    """The (N, classes) logits ``analysis`` needs.
 
     Raises:
-        HookscopeError: no single tensor, or not a 2-D one.
+        HookscopeError: no single tensor, or not a 2-D one, saying what there was.
     """
     logits = select_logits(output, key)
     if logits is None or logits.dim() != 2:
