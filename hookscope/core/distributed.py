@@ -125,11 +125,8 @@ def fingerprint(names: Sequence[str]) -> tuple[int, str]:
 
 
 def check_agreed(fingerprints: Sequence[tuple[int, str]], what: str = "inputs") -> None:
-    """Check that every rank's :func:`fingerprint` of its ``what`` is rank 0's.
-
-    Raises:
-        HookscopeError: naming the ranks that differ, and how many each resolved.
-    """
+    """Check that every rank's :func:`fingerprint` of its ``what`` is rank 0's, else raise
+    a :class:`HookscopeError` naming the ranks that differ and how many each resolved."""
     differ = [rank for rank, theirs in enumerate(fingerprints) if theirs != fingerprints[0]]
     if differ:
         counts = ", ".join(f"rank {rank}: {fingerprints[rank][0]}" for rank in [*differ, 0])
@@ -148,7 +145,6 @@ class Group:
 
     @property
     def size(self) -> int:
-        """How many processes run this command (1 outside torchrun)."""
         return 1 if self.launch is None else self.launch.world_size
 
     @property
@@ -232,9 +228,7 @@ class Group:
             SystemExit: 0, on the other ranks once their report is sent: rank 0 writes.
             CollectiveFailed: another rank stopped, or the timeout passed.
         """
-        if self.launch is None:
-            return report
-        merged = gather_merged(report)
+        merged = report if self.launch is None else gather_merged(report)
         if merged is None:
             raise SystemExit(0)
         return merged
@@ -249,11 +243,8 @@ class Group:
 
 
 def _collective(what: str, call: Callable[..., T], *args: Any) -> T:
-    """``call(*args)``, a collective of ``torch.distributed``, its failure as one line.
-
-    Raises:
-        CollectiveFailed: gloo raised (a peer closed the connection, or the timeout passed).
-    """
+    """``call(*args)``, a collective of ``torch.distributed``; its failure (a peer closed the
+    connection, or the timeout passed) as one :class:`CollectiveFailed` line."""
     try:
         return call(*args)
     except RuntimeError as exc:  # gloo raises RuntimeError, DistError (a subclass) for the rest
