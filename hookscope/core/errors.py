@@ -62,31 +62,14 @@ class ForwardError(HookscopeError):
         self.depth = depth
         self.input_shapes = input_shapes or []
         self.cause = cause
-
-    @property
-    def exception(self) -> str:
-        """The class name of the model's exception."""
-        given = self.__dict__.get("_exception")
-        if given is not None:
-            return str(given)
-        return type(self.cause).__name__ if self.cause is not None else "Exception"
-
-    @property
-    def reason(self) -> str:
-        """The model's exception message on one line."""
-        given = self.__dict__.get("_reason")
-        if given is not None:
-            return str(given)
-        if self.cause is None:
-            return str(self)
-        return " ".join(str(self.cause).split()) or self.exception
+        #: The class name of the model's exception, and its message on one line.
+        self.exception = "Exception" if cause is None else type(cause).__name__
+        self.reason = str(self) if cause is None else " ".join(str(cause).split()) or self.exception
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled without the model's exception, which may not pickle; its class name and
-        message are kept."""
-        state = {k: v for k, v in self.__dict__.items() if k != "cause"}
-        state |= {"cause": None, "_exception": self.exception, "_reason": self.reason}
-        return (ForwardError, (super().__str__(),), state)
+        """Pickled without the model's exception, which may not pickle (its class name and
+        message are kept)."""
+        return (ForwardError, (super().__str__(),), self.__dict__ | {"cause": None})
 
 
 def suggest(word: str, candidates: Iterable[str], n: int = 3) -> str:
