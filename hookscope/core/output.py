@@ -31,8 +31,6 @@ from typing import Any
 from hookscope.core.errors import HookscopeError
 from hookscope.core.streams import data as _data_stream
 
-# ----------------------------------------------------------------- serialisation
-
 
 def jsonable(obj: Any) -> Any:
     """Plain JSON types; non-finite floats become None (written as ``null``)."""
@@ -102,9 +100,6 @@ def dumps_csv(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
     for row in rows:
         writer.writerow([_cell(row.get(c)) for c in columns])
     return buf.getvalue()
-
-
-# ----------------------------------------------------------------- where output goes
 
 
 class OutputKind(str, Enum):
@@ -204,9 +199,6 @@ def _exists_error(shown: object) -> HookscopeError:
     return HookscopeError(f"{shown} already exists; pass --force to overwrite it.")
 
 
-# ----------------------------------------------------------------- writing
-
-
 def write(output: Output, text: str) -> None:
     """Write ``text`` to ``output``: streams and devices directly, files atomically (UTF-8).
 
@@ -302,9 +294,6 @@ def _send(output: Output, data: str | bytes) -> None:
         raise
     except OSError as exc:
         raise _error(output, exc) from exc
-
-
-# ----------------------------------------------------------------- folders
 
 
 def check_folder(path: str | Path, *, planned: Iterable[Path] = (), force: bool) -> Path:
