@@ -113,17 +113,14 @@ def _token_grid(count: int, size: tuple[int, int]) -> tuple[int, int] | None:
     return None
 
 
-def _prefixes(hint: TokenHint) -> list[int]:
-    return list(dict.fromkeys([hint.prefix, 0] if hint.prefix is not None else [0, 1]))
-
-
 def _tokens(shape: Sequence[int], size: tuple[int, int], hint: TokenHint) -> Layout | str:
     count = shape[1]
-    for prefix in _prefixes(hint):
+    prefixes = dict.fromkeys([hint.prefix, 0] if hint.prefix is not None else [0, 1])
+    for prefix in prefixes:
         grid = _token_grid(count - prefix, size)
         if grid is not None:
             return Layout("tokens", grid[0], grid[1], prefix)
-    tried = " or ".join(str(p) for p in _prefixes(hint))
+    tried = " or ".join(map(str, prefixes))
     return (f"its {count} tokens are not the patch grid of a {size[0]}x{size[1]} input after "
             f"{tried} prefix token(s)")
 

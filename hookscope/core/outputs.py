@@ -34,11 +34,8 @@ def entries(output: Any) -> dict[str, Any]:
 
 
 def _describe(parts: dict[str, Any]) -> str:
-    shown = []
-    for key, value in parts.items():
-        what = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        shown.append(f"{key} {what}")
-    return ", ".join(shown) or "nothing"
+    return ", ".join(f"{key} {list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}"
+                     for key, v in parts.items()) or "nothing"
 
 
 def select_logits(output: Any, key: str | None = None, *,
@@ -58,8 +55,7 @@ def select_logits(output: Any, key: str | None = None, *,
         if not isinstance(value, torch.Tensor):
             raise HookscopeError(
                 f"{param('output_key')} {key!r} is not a tensor in the model's output; it "
-                f"holds: {_describe(parts)}."
-            )
+                f"holds: {_describe(parts)}.")
         return value
     for name in _PREFERRED:
         if isinstance(parts.get(name), torch.Tensor):
@@ -70,8 +66,7 @@ def select_logits(output: Any, key: str | None = None, *,
     if required:
         raise HookscopeError(
             f"The model returns {type(output).__name__} with {_describe(parts)}; choose the "
-            f"class logits with {param('output_key')}."
-        )
+            f"class logits with {param('output_key')}.")
     return None
 
 
@@ -86,8 +81,7 @@ def class_logits(output: Any, key: str | None, analysis: str) -> torch.Tensor:
         what = type(output).__name__ if logits is None else f"shape {list(logits.shape)}"
         raise HookscopeError(
             f"{analysis} needs a classifier whose output is (N, classes) logits; the model "
-            f"returned {what}."
-        )
+            f"returned {what}.")
     return logits
 
 

@@ -41,8 +41,7 @@ class Targets:
         if self.per_input and len(self.entries) != n_inputs:
             raise HookscopeError(
                 f"{param(self.name)} lists {len(self.entries)} {self.name}s for {n_inputs} "
-                f"input(s); give one {self.name} for all inputs or exactly one per input."
-            )
+                f"input(s); give one {self.name} for all inputs or exactly one per input.")
 
     def resolve(self, logits: torch.Tensor, start: int = 0) -> list[int]:
         """Class indices for the rows of ``logits``, the first being input number ``start``."""
@@ -58,15 +57,13 @@ class Targets:
                 if not 0 <= entry < classes:
                     raise HookscopeError(
                         f"{param(self.name)} {entry} is out of range: the model has {classes} "
-                        f"classes (0 to {classes - 1})."
-                    )
+                        f"classes (0 to {classes - 1}).")
                 chosen.append(entry)
                 continue
             k = int(entry[3:])
             if k > classes or ranked is None:
                 raise HookscopeError(
-                    f"{param(self.name)} {entry}: the model has only {classes} classes."
-                )
+                    f"{param(self.name)} {entry}: the model has only {classes} classes.")
             chosen.append(int(ranked[row, k - 1]))
         return chosen
 
@@ -88,12 +85,10 @@ def _entry(item: str, name: str, lookup: dict[str, int],
     if categories:
         raise HookscopeError(
             f"{param(name)} {item!r} is not a class label of this model."
-            f"{suggest(item, categories)}"
-        )
+            f"{suggest(item, categories)}")
     raise HookscopeError(
         f"{param(name)} {item!r}: this model has no class labels; use a class index or topK "
-        "(or give labels)."
-    )
+        "(or give labels).")
 
 
 def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
@@ -136,8 +131,7 @@ def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
             raise HookscopeError(
                 f"class folder {folder!r} {known} Name the folders after the model's labels "
                 f"or class indices, give labels that match them with {param('labels')}, or "
-                f"give {param(name)}."
-            )
+                f"give {param(name)}.")
     return Targets(tuple(classes[f] for f in folders), name)
 
 
