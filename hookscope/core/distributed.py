@@ -44,11 +44,8 @@ class Launch:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Launch | None:
-        """The launch the environment describes; None for a single process.
-
-        Raises:
-            HookscopeError: the variables are not integers.
-        """
+        """The launch the environment describes; None for a single process. Raises a
+        :class:`HookscopeError` when the variables are not integers."""
         if "WORLD_SIZE" not in env or "RANK" not in env:
             return None
         try:
@@ -62,11 +59,7 @@ class Launch:
 
 
 def timeout_seconds(env: Mapping[str, str] = os.environ) -> float:
-    """``HOOKSCOPE_DIST_TIMEOUT`` (default 60 s).
-
-    Raises:
-        HookscopeError: not a positive number.
-    """
+    """``HOOKSCOPE_DIST_TIMEOUT`` (default 60 s); a :class:`HookscopeError` unless positive."""
     text = env.get(TIMEOUT_ENV, "")
     try:
         value = float(text) if text else DEFAULT_TIMEOUT
@@ -158,12 +151,9 @@ class Group:
         return 1 if self.launch is None else self.launch.local_world_size
 
     def join(self, command: str | None) -> None:
-        """Under torchrun, join the other ranks (within the timeout); ranks but 0 log nothing.
-
-        Raises:
-            HookscopeError: the command does not run under torchrun, or the other ranks
-                could not be reached in time.
-        """
+        """Under torchrun, join the other ranks (ranks but 0 log nothing). Raises a
+        :class:`HookscopeError` for a command that does not run under torchrun, or when the
+        other ranks cannot be reached in time."""
         launch = Launch.from_env()
         if launch is None:
             return

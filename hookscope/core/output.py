@@ -201,10 +201,7 @@ def _exists_error(shown: object) -> HookscopeError:
 
 def write(output: Output, text: str) -> None:
     """Write ``text`` to ``output``: streams and devices directly, files atomically (UTF-8).
-
-    Raises:
-        HookscopeError: any OS error, naming the path; a file is then left as it was.
-    """
+    Any OS error is a :class:`HookscopeError` naming the path; a file is then left as it was."""
     if output.target is None:
         _send(output, text)
         return
@@ -223,10 +220,7 @@ def emit(text: str, output: Output | str | Path | None, *, force: bool = False) 
 def atomic_path(path: Output | str | Path | None, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary file that becomes the output on success (renamed over a file, or
     copied to a stream or device); on any exception it is removed, the output untouched.
-
-    Raises:
-        HookscopeError: see :func:`resolve_output`; any OS error, naming the output.
-    """
+    Raises as :func:`resolve_output` does, and any OS error as one naming the output."""
     output = path if isinstance(path, Output) else resolve_output(path, force=force)
     tmp = _temp_for(output)
     try:
@@ -298,11 +292,8 @@ def _send(output: Output, data: str | bytes) -> None:
 
 def check_folder(path: str | Path, *, planned: Iterable[Path] = (), force: bool) -> Path:
     """Check before any work that files can be created in ``path`` (or its nearest existing
-    parent) and that no planned file is a directory, or exists without ``force``.
-
-    Raises:
-        HookscopeError: any of these, or a broken link, naming the file in the way.
-    """
+    parent), and that no planned file is a directory, or exists without ``force``; a
+    :class:`HookscopeError` names the file in the way (or the broken link)."""
     folder = Path(path)
     if folder.is_symlink() and not folder.exists():
         raise HookscopeError(f"Cannot write to folder {folder}: it is a broken symbolic link.")

@@ -71,11 +71,8 @@ def select_logits(output: Any, key: str | None = None, *,
 
 
 def class_logits(output: Any, key: str | None, analysis: str) -> torch.Tensor:
-    """The (N, classes) logits ``analysis`` needs.
-
-    Raises:
-        HookscopeError: no single tensor, or not a 2-D one, saying what there was.
-    """
+    """The (N, classes) logits ``analysis`` needs, or a :class:`HookscopeError` saying what
+    there was."""
     logits = select_logits(output, key)
     if logits is None or logits.dim() != 2:
         what = type(output).__name__ if logits is None else f"shape {list(logits.shape)}"

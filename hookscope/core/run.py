@@ -84,11 +84,8 @@ class Step:
         return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
 
     def forward(self, x: Any = None, *, grad: GradMode | None = None) -> Any:
-        """Run the model on ``x`` (default: this batch) with the probe's hooks.
-
-        Raises:
-            ForwardError: the model's code raised; names the innermost running module.
-        """
+        """Run the model on ``x`` (default: this batch) with the probe's hooks; the model's
+        exceptions become a :class:`ForwardError` naming the innermost running module."""
         args = self.x if x is None else x
         tracer = self.tracer
         tracer.reset()
@@ -228,11 +225,8 @@ def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = 
 
 
 def peek(batches: Iterable[Any]) -> tuple[Any, Iterable[Any]]:
-    """The first batch, and an iterable that still yields every batch from the first.
-
-    Raises:
-        HookscopeError: there are no batches.
-    """
+    """The first batch, and an iterable that still yields every batch from the first (a
+    :class:`HookscopeError` when there are none)."""
     iterator = iter(_as_batches(batches))
     try:
         first = next(iterator)

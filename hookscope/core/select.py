@@ -51,11 +51,8 @@ class Selection:
     max_depth: int | None = None
 
     def sites(self, model: nn.Module) -> list[Site]:
-        """The selected modules of ``model``, in definition order.
-
-        Raises:
-            HookscopeError: when nothing matches, saying which filter excluded what.
-        """
+        """The selected modules of ``model``, in definition order; when nothing matches, a
+        :class:`HookscopeError` says which filter excluded what."""
         layers, types, max_depth = self.layers, self.types, self.max_depth
         if max_depth is not None and max_depth < 1:
             raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
@@ -121,11 +118,7 @@ def select_sites(model: nn.Module, *, layers: Sequence[str] | None = None,
 
 
 def find_site(model: nn.Module, name: str) -> Site:
-    """The site of one module by its exact dotted name.
-
-    Raises:
-        HookscopeError: the name does not exist, with close matches and a hint.
-    """
+    """The site of one module by its exact dotted name (else an error with close matches)."""
     sites = {site.name: site for site in all_sites(model)}
     if name in sites:
         return sites[name]

@@ -94,11 +94,8 @@ def _entry(item: str, name: str, lookup: dict[str, int],
 def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
                   name: str = "target") -> Targets:
     """Parse ``top1`` (the default), ``topK``, an index, a label in ``categories``, or a
-    comma list of them, given as the parameter ``name``.
-
-    Raises:
-        HookscopeError: an unknown label (with close matches) or a malformed entry.
-    """
+    comma list of them, given as the parameter ``name``; an unknown label (with close
+    matches) or a malformed entry is a :class:`HookscopeError`."""
     text = (spec or "top1").strip()
     lookup = {c.lower(): i for i, c in enumerate(categories or [])}
     entries: list[int | str] = []
@@ -113,11 +110,7 @@ def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
 def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
                    name: str = "label") -> Targets:
     """One class per input from its ImageFolder class folder: a class label of the model (in
-    any case) or a class index.
-
-    Raises:
-        HookscopeError: a folder that names no class of the model.
-    """
+    any case) or a class index; a folder naming no class is a :class:`HookscopeError`."""
     lookup = {c.lower(): i for i, c in enumerate(categories or [])}
     classes: dict[str, int] = {}
     for folder in dict.fromkeys(folders):
