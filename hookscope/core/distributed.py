@@ -1,11 +1,7 @@
-"""Runs under ``torchrun``: each rank drives its own part of the inputs, rank 0 merges.
-
-Each rank joins one gloo group (:meth:`Group.join`), checks that every rank resolved the same
-inputs (:meth:`Group.agree`), runs a contiguous, disjoint part of them (:func:`shard`) through
-the same probe, and the reports are merged on rank 0 in rank order with their exact ``merge``
-(:func:`gather_merged`). Only rank 0 prints and writes. A failing rank prints its own error
-line and exits non-zero; torchrun stops the others. ``HOOKSCOPE_DIST_TIMEOUT`` (seconds,
-default 60) bounds joining and every collective.
+"""Runs under ``torchrun``: each rank drives its own contiguous part of the same inputs
+(:func:`shard`), and rank 0 merges the reports in rank order with their exact ``merge`` and
+alone prints and writes. A failing rank prints its own error line and exits non-zero;
+``HOOKSCOPE_DIST_TIMEOUT`` (seconds, default 60) bounds joining and every collective.
 """
 
 from __future__ import annotations
@@ -28,7 +24,6 @@ __all__ = ["COMMANDS", "CollectiveFailed", "Group", "Launch", "gather_merged", "
 
 T = TypeVar("T")
 TIMEOUT_ENV = "HOOKSCOPE_DIST_TIMEOUT"
-DEFAULT_TIMEOUT = 60.0
 #: The commands whose reports merge, and so run under torchrun.
 COMMANDS = ("stats", "grads", "debug", "ablate", "check")
 
@@ -62,7 +57,7 @@ def timeout_seconds(env: Mapping[str, str] = os.environ) -> float:
     """``HOOKSCOPE_DIST_TIMEOUT`` (default 60 s); a :class:`HookscopeError` unless positive."""
     text = env.get(TIMEOUT_ENV, "")
     try:
-        value = float(text) if text else DEFAULT_TIMEOUT
+        value = float(text) if text else 60.0
     except ValueError:
         value = -1.0
     if not value > 0:
@@ -86,12 +81,8 @@ class CollectiveFailed(HookscopeError):
 
 
 def gather_merged(report: T) -> T | None:
-    """Every rank's ``report`` merged in rank order with its own exact ``merge``, on rank 0;
-    None on the other ranks. A collective: every rank of the job calls it.
-
-    Raises:
-        CollectiveFailed: another rank stopped, or the timeout passed.
-    """
+    """Every rank's ``report`` merged in rank order on rank 0 (None on the others); every
+    rank calls it. :class:`CollectiveFailed` when a rank stopped or the timeout passed."""
     import torch
     import torch.distributed as dist
 
@@ -190,13 +181,8 @@ class Group:
         return f"rank {self.launch.rank}: {message}"
 
     def agree(self, names: Sequence[str]) -> None:
-        """Check that every rank resolved the same input ``names``, in the same order (one
-        machine missing a file would shift every part after it).
-
-        Raises:
-            HookscopeError: on every rank, naming the ranks that differ from rank 0.
-            CollectiveFailed: another rank stopped, or the timeout passed.
-        """
+        """Check that every rank resolved the same input ``names`` in the same order (one
+        machine missing a file would shift every part after it): see :func:`check_agreed`."""
         if self.launch is None:
             return
         import torch.distributed as dist
@@ -212,12 +198,8 @@ class Group:
         return shard(count, batch_size, self.launch.rank, self.launch.world_size)
 
     def merged(self, report: T) -> T:
-        """Every rank's report merged in rank order, on rank 0.
-
-        Raises:
-            SystemExit: 0, on the other ranks once their report is sent: rank 0 writes.
-            CollectiveFailed: another rank stopped, or the timeout passed.
-        """
+        """Every rank's report merged in rank order, on rank 0; the other ranks raise
+        ``SystemExit(0)`` once theirs is sent (rank 0 writes)."""
         merged = report if self.launch is None else gather_merged(report)
         if merged is None:
             raise SystemExit(0)

@@ -1,9 +1,5 @@
-"""The one exception family the library raises for things a user can fix.
-
-Messages name the Python API's parameters, marked with :func:`param`: ``str(error)`` shows
-the plain name, and the command line renders the mark as its flag through
-:meth:`HookscopeError.render`.
-"""
+"""The one exception family the library raises for things a user can fix. Messages mark the
+Python API's parameters with :func:`param`, which the command line renders as its flags."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Which module outputs are image grids, and how to bring them to (N, C, h, w).
 
-For an H x W input, an output is a grid when it is ``(N, C, h, w)`` with the input's aspect,
-``(N, h, w, C)`` the same way (preferred for modules acting on the last dimension, and where
-the first reading does not fit), or ``(N, tokens, C)`` with a few prefix tokens (CLS,
-registers: counted from the model's token parameters, else none or one) then an h x w patch
-grid for an integer stride. Anything else, attention matrices included, is refused with a
-reason (:func:`layout`).
+For an H x W input, a grid is ``(N, C, h, w)`` or ``(N, h, w, C)`` with the input's aspect,
+or ``(N, tokens, C)``: a few prefix tokens (CLS, registers) then an h x w patch grid for an
+integer stride. Anything else, attention matrices included, is refused with a reason.
 """
 
 from __future__ import annotations

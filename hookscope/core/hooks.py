@@ -35,11 +35,8 @@ _TORCH_HOOKS = tuple(os.path.join(os.path.dirname(os.path.abspath(torch.__file__
 
 
 def raised_in_machinery(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised inside hook machinery, not by the model's own code.
-
-    The leading frames (hookscope's driver calling the model) are skipped; any later frame in
-    hookscope or torch's module-hook helpers, other than a wrapping module's ``forward``, is.
-    """
+    """Whether ``exc`` was raised inside hook machinery: a frame, after the driver's own
+    leading ones, in hookscope or torch's module-hook helpers (a wrapper's ``forward`` aside)."""
     codes = (frame.f_code for frame, _ in traceback.walk_tb(exc.__traceback__))
     frames = ((os.path.abspath(code.co_filename), code.co_name) for code in codes)
     later = dropwhile(lambda frame: frame[0].startswith(_HOOKSCOPE), frames)
@@ -114,7 +111,8 @@ def hook_count(model: nn.Module) -> int:
 
 
 class Hooks:
-    """Owns hook handles; as a context manager, removes all of them on any exit."""
+    """Registers hooks and owns their handles; as a context manager, removes all of them on
+    any exit."""
 
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []
@@ -124,25 +122,20 @@ class Hooks:
         return handle
 
     def forward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
-        """``module.register_forward_hook(hook, **kw)``, removed on exit."""
         return self._keep(module.register_forward_hook(hook, **kw))
 
     def forward_pre(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
-        """``module.register_forward_pre_hook(hook, **kw)``, removed on exit."""
         return self._keep(module.register_forward_pre_hook(hook, **kw))
 
     def backward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
-        """``module.register_full_backward_hook(hook)``, removed on exit (prefer :meth:`tensor`
-        hooks: full backward hooks fail on modules followed by in-place operations)."""
+        # Prefer tensor hooks: full backward hooks fail on modules followed by in-place ops.
         return self._keep(module.register_full_backward_hook(hook, **kw))
 
     def tensor(self, tensor: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
-        """``tensor.register_hook(hook)``, removed on exit."""
         return self._keep(tensor.register_hook(hook))
 
     def accumulated(self, param: torch.Tensor,
                     hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
-        """``param.register_post_accumulate_grad_hook(hook)``, removed on exit."""
         return self._keep(param.register_post_accumulate_grad_hook(hook))
 
     def remove(self) -> None:
@@ -165,13 +158,10 @@ ExitFn = Callable[[Call, tuple[Any, ...], dict[str, Any], Any], Any]
 
 
 class Tracer(Hooks):
-    """Per-call hooks on selected sites; :meth:`locate` names the module that raised.
-
-    ``on_enter(call, args, kwargs)`` runs before the module (inputs seen before an in-place
-    module overwrites them); ``on_exit(call, args, kwargs, output)`` after it, and a non-None
-    return replaces the output. Call indices restart at each forward pass of ``model``;
-    :attr:`active` is the stack of calls entered but not finished.
-    """
+    """Per-call hooks on selected sites: ``on_enter(call, args, kwargs)`` before the module
+    (seeing inputs before an in-place module overwrites them), ``on_exit(call, args, kwargs,
+    output)`` after it (a non-None return replaces the output). Call indices restart at each
+    forward pass; :attr:`active` is the stack of calls entered but not finished."""
 
     def __init__(self, model: nn.Module, sites: Iterable[Site], *,
                  on_enter: EnterFn | None = None, on_exit: ExitFn | None = None) -> None:
@@ -252,11 +242,8 @@ class Tracer(Hooks):
         return self.active[-1] if self.active else None
 
     def locate(self, again: Callable[[], Any], exc: BaseException) -> ForwardError:
-        """The :class:`ForwardError` for ``exc``, naming the innermost running module.
-
-        ``again`` repeats the failed pass with a locator on every module and this tracer's
-        callbacks muted; should it not fail the same way, the traceback names the module.
-        """
+        """The :class:`ForwardError` for ``exc``: ``again`` repeats the failed pass with a
+        locator on every module (this tracer muted), else the traceback names the module."""
         locator = Tracer(self.model, all_sites(self.model))
         self.muted = True
         try:

@@ -15,11 +15,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How to load a model: the command line's model options, as the library takes them.
-
-    Raises:
-        HookscopeError: ``seed`` is not a 64-bit seed.
-    """
+    """How to load a model: the command line's model options, as the library takes them (a
+    ``seed`` beyond 64 bits is a :class:`HookscopeError`)."""
 
     weights: str = "auto"  # auto, none, DEFAULT, a weights name, or a checkpoint path
     seed: int = 0  # for random initialisation

@@ -129,12 +129,9 @@ class Output:
 
 
 def resolve_output(path: str | Path | None, *, force: bool) -> Output:
-    """Decide where data goes and prove it can be written there, before any work.
-
-    Raises:
-        HookscopeError: an existing file without ``force``, a directory, a block device, or a
-            parent that is missing or where no file can be created.
-    """
+    """Decide where data goes and prove it can be written there, before any work: an
+    existing file without ``force``, a directory, a block device, or a parent that is missing
+    or where no file can be created is a :class:`HookscopeError`."""
     if path is None or str(path) == "-":
         return Output(OutputKind.STDOUT, force=force)
     output = _classify(Path(path), force)
@@ -311,11 +308,9 @@ def check_folder(path: str | Path, *, planned: Iterable[Path] = (), force: bool)
 
 
 class Staging:
-    """A folder of files staged under hidden temporary names, moved into place together.
-
-    Entering creates ``folder``; a clean exit moves every file into place (removing the new
-    ones if one fails); any exception deletes every temporary file, then each folder created,
-    if empty. Writes may run in two threads (:meth:`submit`).
+    """A folder of files staged under hidden temporary names, moved into place together on
+    a clean exit (the new ones removed if one fails); any exception deletes every temporary
+    file, then each folder created, if empty. Writes may run in two threads (:meth:`submit`).
     """
 
     def __init__(self, folder: str | Path, *, force: bool = False) -> None:

@@ -41,12 +41,8 @@ def _describe(parts: dict[str, Any]) -> str:
 def select_logits(output: Any, key: str | None = None, *,
                   required: bool = True) -> torch.Tensor | None:
     """The tensor of class logits in ``output``: its entry ``key`` (a dict key, field name
-    or tuple position), or the one chosen automatically; None if not ``required``.
-
-    Raises:
-        HookscopeError: ``key`` is not in the output, or (``required``) the choice is
-            ambiguous or there is no tensor; the message lists the entries.
-    """
+    or tuple position), or the one chosen automatically. A missing ``key``, or (when
+    ``required``, else None) no single choice, is a :class:`HookscopeError` listing them."""
     if isinstance(output, torch.Tensor) and key is None:
         return output
     parts = entries(output)

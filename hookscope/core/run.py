@@ -1,10 +1,8 @@
 """The one driver: :func:`drive` alone runs models, over batches, for a :class:`Probe`.
 
-It sets eval mode (restoring every ``training`` flag), the probe's grad mode per forward pass,
-moves batches to the model's device, turns the model's exceptions into one
-:class:`ForwardError` naming the innermost running module, reports progress, and removes
-every hook on any exit. A probe needing several passes per batch calls :meth:`Step.forward`
-again; each pass gets the same treatment.
+Every forward pass (:meth:`Step.forward`, several per batch if a probe needs them) runs in
+the probe's grad mode, on the model's device, with its exceptions turned into one
+:class:`ForwardError` naming the innermost running module; the model is left as found.
 """
 
 from __future__ import annotations
@@ -190,13 +188,8 @@ def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = 
     """Run ``model`` over ``inputs`` for ``probe`` and return its report.
 
     ``inputs`` is one batch (a tensor, or a tuple of positional arguments) or an iterable of
-    tensors, tuples or :class:`~hookscope.inputs.resolve.Batch` objects. The model is left as
-    found. Under ``autocast`` every pass runs in ``torch.autocast`` with that dtype; without
-    it, floating-point inputs are cast to the model's own dtype.
-
-    Raises:
-        ForwardError: the model's code raised (exit code 1).
-        HookscopeError: the probe found a problem with the user's input.
+    tensors, tuples or :class:`~hookscope.inputs.resolve.Batch` objects. Under ``autocast``
+    every pass runs in ``torch.autocast``; else floating-point inputs take the model's dtype.
     """
     device = model_device(model)
     dtype = None if autocast is not None else model_dtype(model)

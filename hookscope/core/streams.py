@@ -1,9 +1,7 @@
 """Which stream is data's: the stdout hookscope started with, whatever runs meanwhile.
 
 While a command runs, ``sys.stdout`` is stderr (:func:`prints_to_stderr`), so a model that
-prints cannot break ``--format json | jq``; data goes to :func:`data`. A stdout that cannot
-encode every character writes arrows and the like in ASCII (:func:`tolerate_encoding`).
-Imports neither torch nor Rich.
+prints cannot break ``--format json | jq``. Imports neither torch nor Rich.
 """
 
 from __future__ import annotations

@@ -131,15 +131,13 @@ def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
 def as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
     """:class:`Targets` from what the Python API takes: None (top-1), an index, a spec such
     as ``"top2"`` or ``"tabby"``, a list or tensor of indices or labels, or Targets."""
-    if target is None:
-        return parse_targets(None, categories)
     if isinstance(target, Targets):
         return target
-    if isinstance(target, Integral) and not isinstance(target, bool):
-        return parse_targets(str(int(target)), categories)
-    if isinstance(target, str):
+    if target is None or isinstance(target, str):
         return parse_targets(target, categories)
     if isinstance(target, torch.Tensor):
         target = target.reshape(-1).tolist()
+    elif isinstance(target, Integral) and not isinstance(target, bool):
+        target = [target]
     return parse_targets(",".join(str(int(t) if not isinstance(t, str) else t) for t in target),
                          categories)
