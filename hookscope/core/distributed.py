@@ -12,6 +12,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import reduce
@@ -56,14 +57,12 @@ class Launch:
 def timeout_seconds(env: Mapping[str, str] = os.environ) -> float:
     """``HOOKSCOPE_DIST_TIMEOUT`` (default 60 s); a :class:`HookscopeError` unless positive."""
     text = env.get(TIMEOUT_ENV, "")
-    try:
-        value = float(text) if text else 60.0
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise HookscopeError(f"{TIMEOUT_ENV}={text!r}: give the collective timeout in seconds, "
-                             "a positive number.")
-    return value
+    with suppress(ValueError):
+        value = float(text or 60)
+        if value > 0:  # not NaN
+            return value
+    raise HookscopeError(f"{TIMEOUT_ENV}={text!r}: give the collective timeout in seconds, "
+                         "a positive number.")
 
 
 def shard(count: int, batch_size: int, rank: int, world: int) -> tuple[int, int]:

@@ -39,12 +39,9 @@ class CheckFailed(HookscopeError):
 
 
 class ForwardError(HookscopeError):
-    """The model raised during the forward pass: exit code 1.
-
-    ``module`` is the innermost running module's dotted name (``""``: the model's own code
-    outside any submodule; None: no module had started), with its ``type_name``, ``call``
-    index, ``depth`` and ``input_shapes``; ``cause`` is the model's own exception.
-    """
+    """The model raised during the forward pass (exit code 1) in ``module``, the innermost
+    running module (``""``: the model's own code; None: none had started), with its
+    ``type_name``, ``call`` index, ``depth`` and ``input_shapes``; ``cause`` is the model's."""
 
     exit_code = 1
 
@@ -70,11 +67,9 @@ class ForwardError(HookscopeError):
 
 def suggest(word: str, candidates: Iterable[str], n: int = 3) -> str:
     """Return ``" Did you mean: a, b?"`` for the closest candidates, or an empty string."""
-    pool = list(candidates)
-    close = difflib.get_close_matches(word, pool, n=n, cutoff=0.5)
-    if not close:
-        low = word.lower()
-        close = [c for c in pool if low and low in c.lower()][:n]
+    pool, low = list(candidates), word.lower()
+    close = difflib.get_close_matches(word, pool, n=n, cutoff=0.5) or \
+        [c for c in pool if low and low in c.lower()][:n]
     return f" Did you mean: {', '.join(close)}?" if close else ""
 
 

@@ -75,12 +75,9 @@ class Layout:
 
     def to_nchw(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` (this layout, or its gradient) as (N, C, h, w); the prefix tokens dropped."""
-        if self.kind == "nchw":
-            return t
-        if self.kind == "nhwc":
-            return t.permute(0, 3, 1, 2)
-        n, _, c = t.shape
-        return t[:, self.prefix:].reshape(n, self.h, self.w, c).permute(0, 3, 1, 2)
+        if self.kind == "tokens":
+            t = t[:, self.prefix:].reshape(t.shape[0], self.h, self.w, t.shape[2])
+        return t if self.kind == "nchw" else t.permute(0, 3, 1, 2)
 
     def describe(self) -> str:
         extra = f" after {self.prefix} prefix token(s)" if self.prefix else ""
@@ -98,8 +95,6 @@ def _fits(h: int, w: int, size: tuple[int, int]) -> bool:
 def _token_grid(count: int, size: tuple[int, int]) -> tuple[int, int] | None:
     """(h, w) with h*w == count for an integer stride of the input, or None."""
     big_h, big_w = size
-    if min(size) <= 0:
-        return None
     for stride in range(1, max(big_h, big_w) + 1):
         for h, w in ((big_h // stride, big_w // stride),
                      (-(-big_h // stride), -(-big_w // stride))):

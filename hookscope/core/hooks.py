@@ -1,9 +1,7 @@
 """The one hook engine: every hook hookscope registers goes through here and is removed.
 
-:class:`Hooks` owns raw handles and removes them all on exit, exceptions and Ctrl-C included.
-:class:`Tracer` hooks selected :class:`Site` objects and turns hook calls into :class:`Call`
-objects (a per-forward ``index`` for modules run several times). Names are bound with
-:func:`functools.partial` per site, never captured from a loop variable.
+:class:`Tracer` turns hook calls on selected sites into :class:`Call` objects, each site's
+name bound with :func:`functools.partial`, never captured from a loop variable.
 """
 
 from __future__ import annotations

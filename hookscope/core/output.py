@@ -1,10 +1,9 @@
 """Serialisation, and all-or-nothing output: one file, a stream or device, or a staged folder.
 
-``None``/``"-"`` and links to this process's stdout/stderr are streams; character devices,
-FIFOs and sockets are written in place; a regular file (or a link's final target) is written
-to a hidden temporary file beside it and renamed into place, an existing one only with
-``force``. Every ``OSError`` becomes one :class:`HookscopeError` naming the path, and no
-temporary file survives a failure, Ctrl-C included.
+Streams (``-``, links to our stdout/stderr), devices, FIFOs and sockets are written in place;
+a regular file (or a link's target) is written beside itself and renamed into place, an
+existing one only with ``force``. Every ``OSError`` becomes one :class:`HookscopeError`, and
+no temporary file survives a failure, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -97,8 +96,7 @@ def dumps_csv(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
-    for row in rows:
-        writer.writerow([_cell(row.get(c)) for c in columns])
+    writer.writerows([_cell(row.get(c)) for c in columns] for row in rows)
     return buf.getvalue()
 
 

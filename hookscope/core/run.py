@@ -85,17 +85,16 @@ class Step:
         """Run the model on ``x`` (default: this batch) with the probe's hooks; the model's
         exceptions become a :class:`ForwardError` naming the innermost running module."""
         args = self.x if x is None else x
-        tracer = self.tracer
-        tracer.reset()
+        self.tracer.reset()
         try:
             return self._run(args, grad)
         except HookscopeError:
             raise
         except (Exception, SystemExit) as exc:  # sys.exit() in a forward is its failure too
             # A probe's own callback, or other hook machinery, failed: not the model.
-            if tracer.callback_error is exc or raised_in_machinery(exc):
+            if self.tracer.callback_error is exc or raised_in_machinery(exc):
                 raise
-            raise tracer.locate(lambda: self._run(args, grad), exc) from exc
+            raise self.tracer.locate(lambda: self._run(args, grad), exc) from exc
 
     def _run(self, args: Any, grad: GradMode | None) -> Any:
         autocast: AbstractContextManager[Any] = nullcontext() if self.autocast is None else \

@@ -39,10 +39,9 @@ def all_sites(model: nn.Module) -> list[Site]:
 
 @dataclass(frozen=True)
 class Selection:
-    """The modules to hook: by default every leaf (no children, or at ``max_depth``, where
-    1 is the model's children). A container is chosen only by ``all_modules``, its class name
-    in ``types``, or its exact name in ``layers``; ``layers`` are fnmatch patterns on dotted
-    names. A module must satisfy both ``layers`` and ``types`` when both are given.
+    """The modules to hook: by default every leaf (no children, or at ``max_depth``; 1 is the
+    model's children); a container only by ``all_modules``, its class in ``types`` or its exact
+    name in ``layers`` (fnmatch patterns). A module must satisfy both ``layers`` and ``types``.
     """
 
     layers: Sequence[str] | None = None
