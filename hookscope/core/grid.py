@@ -2,8 +2,7 @@
 
 For an H x W input, a grid is ``(N, C, h, w)`` or ``(N, h, w, C)`` with the input's aspect,
 or ``(N, tokens, C)``: a few prefix tokens (CLS, registers) then an h x w patch grid for an
-integer stride. Anything else, attention matrices included, is refused with a reason.
-"""
+integer stride. Anything else, attention matrices included, is refused with a reason."""
 
 from __future__ import annotations
 
@@ -130,8 +129,7 @@ def layout(shape: Sequence[int], size: tuple[int, int], *, type_name: str = "",
            hint: TokenHint | None = None, force: str = "auto") -> Layout | str:
     """How an output of ``shape`` lies on the grid of an input of ``size`` (H, W), or why
     it does not. ``type_name`` is the module's class (channels-last ones prefer ``nhwc``);
-    ``force`` is ``auto``, ``none`` (only nchw), ``vit`` (only tokens) or ``swin`` (only nhwc).
-    """
+    ``force`` is ``auto``, ``none`` (only nchw), ``vit`` (only tokens) or ``swin`` (only nhwc)."""
     hint = hint or TokenHint()
     dims = len(shape)
     if dims == 3 and force in ("auto", "vit") and not type_name.endswith(CHANNELS_FIRST_1D):

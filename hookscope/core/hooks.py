@@ -1,8 +1,7 @@
 """The one hook engine: every hook hookscope registers goes through here and is removed.
 
 :class:`Tracer` turns hook calls on selected sites into :class:`Call` objects, each site's
-name bound with :func:`functools.partial`, never captured from a loop variable.
-"""
+name bound with :func:`functools.partial`, never captured from a loop variable."""
 
 from __future__ import annotations
 
@@ -164,10 +163,8 @@ class Tracer(Hooks):
     def __init__(self, model: nn.Module, sites: Iterable[Site], *,
                  on_enter: EnterFn | None = None, on_exit: ExitFn | None = None) -> None:
         super().__init__()
-        self.model = model
-        self.sites = list(sites)
-        self.on_enter = on_enter
-        self.on_exit = on_exit
+        self.model, self.sites = model, list(sites)
+        self.on_enter, self.on_exit = on_enter, on_exit
         self.active: list[tuple[Call, tuple[Any, ...], dict[str, Any]]] = []
         #: The exception a callback raised, not to be blamed on the running module.
         self.callback_error: BaseException | None = None
@@ -207,9 +204,8 @@ class Tracer(Hooks):
         # This site's innermost active call (a module may recurse into itself).
         i = next(i for i in reversed(range(len(self.active))) if self.active[i][0].site is site)
         call = self.active.pop(i)[0]
-        if self.on_exit is None:
-            return None
-        return self._callback(self.on_exit, call, args, kwargs, output)
+        return None if self.on_exit is None else \
+            self._callback(self.on_exit, call, args, kwargs, output)
 
     def _callback(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:

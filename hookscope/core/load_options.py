@@ -1,6 +1,5 @@
 """How to load a model: :class:`LoadOptions`, the library's one declaration of the model
-options. Torch-free at import, so the command line builds them before torch loads.
-"""
+options. Torch-free at import, so the command line builds them before torch loads."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Streams (``-``, links to our stdout/stderr), devices, FIFOs and sockets are written in place;
 a regular file (or a link's target) is written beside itself and renamed into place, an
 existing one only with ``force``. Every ``OSError`` becomes one :class:`HookscopeError`, and
-no temporary file survives a failure, Ctrl-C included.
-"""
+no temporary file survives a failure, Ctrl-C included."""
 
 from __future__ import annotations
 
@@ -308,8 +307,7 @@ def check_folder(path: str | Path, *, planned: Iterable[Path] = (), force: bool)
 class Staging:
     """A folder of files staged under hidden temporary names, moved into place together on
     a clean exit (the new ones removed if one fails); any exception deletes every temporary
-    file, then each folder created, if empty. Writes may run in two threads (:meth:`submit`).
-    """
+    file, then each folder created, if empty. Writes may run in two threads (:meth:`submit`)."""
 
     def __init__(self, folder: str | Path, *, force: bool = False) -> None:
         self.folder, self.force = Path(folder), force

@@ -1,7 +1,6 @@
 """The class logits inside a model's output: a tensor, a dict (``{"out", "aux"}``), a tuple,
 or a dataclass-like object (Hugging Face's ``.logits``). The one named by ``output_key``,
-else ``logits``, else ``out``, else the only tensor; when ambiguous, the error lists them.
-"""
+else ``logits``, else ``out``, else the only tensor; when ambiguous, the error lists them."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
 Every forward pass (:meth:`Step.forward`, several per batch if a probe needs them) runs in
 the probe's grad mode, on the model's device, with its exceptions turned into one
-:class:`ForwardError` naming the innermost running module; the model is left as found.
-"""
+:class:`ForwardError` naming the innermost running module; the model is left as found."""
 
 from __future__ import annotations
 
@@ -146,7 +145,6 @@ class Probe(Generic[R]):
     def on_exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any],
                 output: Any) -> Any:
         """A selected module returned; a non-None result replaces its output."""
-        return None
 
     def bind(self, tracer: Tracer) -> None:
         """Called once the hooks are attached, before the first batch."""
@@ -188,8 +186,7 @@ def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = 
 
     ``inputs`` is one batch (a tensor, or a tuple of positional arguments) or an iterable of
     tensors, tuples or :class:`~hookscope.inputs.resolve.Batch` objects. Under ``autocast``
-    every pass runs in ``torch.autocast``; else floating-point inputs take the model's dtype.
-    """
+    every pass runs in ``torch.autocast``; else floating-point inputs take the model's dtype."""
     device = model_device(model)
     dtype = None if autocast is not None else model_dtype(model)
     tracer = Tracer(model, probe.sites, on_enter=probe.on_enter, on_exit=probe.on_exit)

@@ -1,7 +1,6 @@
 """Which modules to hook: a :class:`Selection` (every command's ``--layers``, ``--type``,
 ``--all-modules``, ``--max-depth``) and the :class:`Site` of each module it selects.
-Torch-free at import, so the command line builds a selection before torch loads.
-"""
+Torch-free at import, so the command line builds a selection before torch loads."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ def all_sites(model: nn.Module) -> list[Site]:
 class Selection:
     """The modules to hook: by default every leaf (no children, or at ``max_depth``; 1 is the
     model's children); a container only by ``all_modules``, its class in ``types`` or its exact
-    name in ``layers`` (fnmatch patterns). A module must satisfy both ``layers`` and ``types``.
-    """
+    name in ``layers`` (fnmatch patterns). A module must satisfy both ``layers`` and ``types``."""
 
     layers: Sequence[str] | None = None
     types: Sequence[str] | None = None
@@ -57,11 +55,9 @@ class Selection:
             raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
         wanted = set(types or ())
         exact = set(layers or ())
-        candidates = [
-            s for s in all_sites(model)
-            if (max_depth is None or s.depth <= max_depth)
-            and (self.all_modules or s.type in wanted or s.name in exact or self._is_leaf(s))
-        ]
+        candidates = [s for s in all_sites(model)
+                      if (max_depth is None or s.depth <= max_depth)
+                      and (self.all_modules or s.type in wanted or s.name in exact or self._is_leaf(s))]
         by_name = [s for s in candidates
                    if not layers or any(fnmatch.fnmatchcase(s.name, p) for p in layers)]
         chosen = [s for s in by_name if not types or s.type in wanted]

@@ -1,8 +1,7 @@
 """Which stream is data's: the stdout hookscope started with, whatever runs meanwhile.
 
 While a command runs, ``sys.stdout`` is stderr (:func:`prints_to_stderr`), so a model that
-prints cannot break ``--format json | jq``. Imports neither torch nor Rich.
-"""
+prints cannot break ``--format json | jq``. Imports neither torch nor Rich."""
 
 from __future__ import annotations
 

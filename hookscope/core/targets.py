@@ -1,8 +1,7 @@
 """Which output class a method explains: ``top1``, ``topK``, a class index or a label.
 
 One spec applies to every input, or a comma list gives exactly one per input (never
-truncated or recycled). Parses ``target`` and ``label``, errors naming which.
-"""
+truncated or recycled). Parses ``target`` and ``label``, errors naming which."""
 
 from __future__ import annotations
 
