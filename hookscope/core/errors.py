@@ -25,8 +25,7 @@ class HookscopeError(Exception):
 
     def render(self, spell: Callable[[str], str] | None = None) -> str:
         """The message with each marked parameter spelt by ``spell`` (default: its name)."""
-        text = super().__str__()
-        return _MARKED.sub(lambda m: (spell or str)(m.group(1)), text)
+        return _MARKED.sub(lambda m: (spell or str)(m.group(1)), super().__str__())
 
     def __str__(self) -> str:
         return self.render()

@@ -35,12 +35,8 @@ R = TypeVar("R")
 @contextmanager
 def grad_mode(mode: GradMode) -> Iterator[None]:
     """Enter the grad mode ``mode`` (see :data:`GradMode`)."""
-    if mode == "inference":
-        with torch.inference_mode():
-            yield
-    else:
-        with torch.inference_mode(False), torch.set_grad_enabled(mode == "grad"):
-            yield
+    with torch.inference_mode(mode == "inference"), torch.set_grad_enabled(mode == "grad"):
+        yield
 
 
 @contextmanager
