@@ -66,21 +66,14 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
 def tensors(obj: Any) -> list[torch.Tensor]:
     """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
     found: list[torch.Tensor] = []
-    _collect_tensors(obj, found)
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (dict, tuple, list)):
+            stack.extend(reversed(list(item.values() if isinstance(item, dict) else item)))
     return found
-
-
-def _collect_tensors(obj: Any, found: list[torch.Tensor]) -> None:
-    # Not a closure: a recursive inner function is a reference cycle that keeps ``found``
-    # (every activation it saw) alive until the cyclic GC runs.
-    if isinstance(obj, torch.Tensor):
-        found.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _collect_tensors(v, found)
-    elif isinstance(obj, (tuple, list)):
-        for v in obj:
-            _collect_tensors(v, found)
 
 
 def tensor_shapes(obj: Any) -> list[list[int]]:
