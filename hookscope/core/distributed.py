@@ -1,24 +1,7 @@
-"""Runs under ``torchrun``: each rank drives its own part of the inputs, rank 0 merges.
-
-torchrun (or any launcher that sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT``) starts one hookscope per rank. Each joins one gloo
-process group (:meth:`Group.join`), checks that it resolved the same inputs as the others
-(:meth:`Group.agree`: a machine missing one file would shift every part after it), loads the
-model, and runs a contiguous, disjoint part of the inputs (:func:`shard`: whole batches,
-nothing repeated or padded) through the same probe and the one driver. The reports are then
-gathered to rank 0 (:func:`gather_merged`) and merged in rank order with their own exact
-``merge`` (Chan's update for moments, sums of counts, min/max, sketches bucket by bucket),
-which is the report of one run over all inputs in order. No probe knows about ranks:
-:class:`~hookscope.session.Session` does this around the driver.
-
-Only rank 0 prints and writes; the other ranks leave once their report is sent.
-
-Failures are torchrun's to handle: a rank that fails prints its own error line, naming its
-rank, and exits non-zero; torchrun then stops the other ranks (SIGTERM) and exits 1, listing
-each rank's exit code. ``HOOKSCOPE_DIST_TIMEOUT`` (seconds, default 60) bounds joining the
-group and every collective (the process group's timeout), so no rank waits for ever on one
-that stopped responding.
-"""
+"""Runs under ``torchrun``: each rank drives its own contiguous part of the same inputs
+(:func:`shard`), and rank 0 merges the reports in rank order with their exact ``merge`` and
+alone prints and writes. A failing rank prints its own error line and exits non-zero;
+``HOOKSCOPE_DIST_TIMEOUT`` (seconds, default 60) bounds joining and every collective."""
 
 from __future__ import annotations
 
@@ -28,8 +11,10 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import reduce
 from typing import Any, TypeVar
 
 from hookscope.core.errors import HookscopeError
@@ -39,7 +24,6 @@ __all__ = ["COMMANDS", "CollectiveFailed", "Group", "Launch", "gather_merged", "
 
 T = TypeVar("T")
 TIMEOUT_ENV = "HOOKSCOPE_DIST_TIMEOUT"
-DEFAULT_TIMEOUT = 60.0
 #: The commands whose reports merge, and so run under torchrun.
 COMMANDS = ("stats", "grads", "debug", "ablate", "check")
 
@@ -55,11 +39,8 @@ class Launch:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Launch | None:
-        """The launch the environment describes; None for a single process.
-
-        Raises:
-            HookscopeError: the variables are not integers.
-        """
+        """The launch the environment describes; None for a single process. Raises a
+        :class:`HookscopeError` when the variables are not integers."""
         if "WORLD_SIZE" not in env or "RANK" not in env:
             return None
         try:
@@ -73,20 +54,14 @@ class Launch:
 
 
 def timeout_seconds(env: Mapping[str, str] = os.environ) -> float:
-    """``HOOKSCOPE_DIST_TIMEOUT`` (default 60 s).
-
-    Raises:
-        HookscopeError: not a positive number.
-    """
+    """``HOOKSCOPE_DIST_TIMEOUT`` (default 60 s); a :class:`HookscopeError` unless positive."""
     text = env.get(TIMEOUT_ENV, "")
-    try:
-        value = float(text) if text else DEFAULT_TIMEOUT
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise HookscopeError(f"{TIMEOUT_ENV}={text!r}: give the collective timeout in seconds, "
-                             "a positive number.")
-    return value
+    with suppress(ValueError):
+        value = float(text or 60)
+        if value > 0:  # not NaN
+            return value
+    raise HookscopeError(f"{TIMEOUT_ENV}={text!r}: give the collective timeout in seconds, "
+                         "a positive number.")
 
 
 def shard(count: int, batch_size: int, rank: int, world: int) -> tuple[int, int]:
@@ -103,47 +78,27 @@ class CollectiveFailed(HookscopeError):
     exit_code = 1
 
 
-def _packed(report: Any) -> bytes:
-    """A report as bytes, its tensors (on whatever device the rank used) included."""
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(report, buffer)
-    return buffer.getvalue()
-
-
-def _unpacked(data: bytes) -> Any:
-    """A rank's report with every tensor on the CPU, so that reports from ranks on other
-    devices merge; rank 0's own goes the same way. The bytes come from this job's own ranks,
-    so the full unpickler is used."""
-    import torch
-
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-
-
 def gather_merged(report: T) -> T | None:
-    """Every rank's ``report`` merged in rank order with its own exact ``merge``, on rank 0;
-    None on the other ranks. A collective: every rank of the job calls it.
-
-    Raises:
-        CollectiveFailed: another rank stopped, or the timeout passed.
-    """
+    """Every rank's ``report`` merged in rank order on rank 0 (None on the others); every
+    rank calls it. :class:`CollectiveFailed` when a rank stopped or the timeout passed."""
+    import torch
     import torch.distributed as dist
 
+    packed = io.BytesIO()
+    torch.save(report, packed)  # tensors on whatever device the rank used
     gathered: list[Any] | None = [None] * dist.get_world_size() \
         if dist.get_rank() == 0 else None
-    _collective("gathering the reports", dist.gather_object, _packed(report), gathered, 0)
+    _collective("gathering the reports", dist.gather_object, packed.getvalue(), gathered, 0)
     # A rank leaves only once rank 0 holds every report, so none tears its group down while
-    # gloo may still be sending its part. (A rare abort at exit, "terminate called without an
-    # active exception", was seen before this barrier, and about 1 run in 100 after it.)
+    # gloo may still be sending its part ("terminate called without an active exception").
     _collective("gathering the reports", dist.barrier)
     if gathered is None:
         return None
-    reports = [_unpacked(data) for data in gathered]
-    merged = reports[0]
-    for other in reports[1:]:
-        merged = merged.merge(other)
-    return merged  # type: ignore[no-any-return]
+    # Every tensor onto the CPU, so reports from other devices merge; the bytes come from this
+    # job's own ranks, so the full unpickler is used.
+    reports = [torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+               for data in gathered]
+    return reduce(lambda a, b: a.merge(b), reports)  # type: ignore[no-any-return]
 
 
 def fingerprint(names: Sequence[str]) -> tuple[int, str]:
@@ -152,11 +107,8 @@ def fingerprint(names: Sequence[str]) -> tuple[int, str]:
 
 
 def check_agreed(fingerprints: Sequence[tuple[int, str]], what: str = "inputs") -> None:
-    """Check that every rank's :func:`fingerprint` of its ``what`` is rank 0's.
-
-    Raises:
-        HookscopeError: naming the ranks that differ, and how many each resolved.
-    """
+    """Check that every rank's :func:`fingerprint` of its ``what`` is rank 0's, else raise
+    a :class:`HookscopeError` naming the ranks that differ and how many each resolved."""
     differ = [rank for rank, theirs in enumerate(fingerprints) if theirs != fingerprints[0]]
     if differ:
         counts = ", ".join(f"rank {rank}: {fingerprints[rank][0]}" for rank in [*differ, 0])
@@ -167,19 +119,14 @@ def check_agreed(fingerprints: Sequence[tuple[int, str]], what: str = "inputs") 
 
 
 class Group:
-    """This process's place in one command's run: the only process, or, once
-    :meth:`join` found torchrun's variables, one of its ranks.
-
-    Attributes:
-        launch: this process's place under torchrun (None: a single process).
-    """
+    """This process's place in one command's run: the only process (``launch`` None), or,
+    once :meth:`join` found torchrun's variables, one of its ranks."""
 
     def __init__(self) -> None:
         self.launch: Launch | None = None
 
     @property
     def size(self) -> int:
-        """How many processes run this command (1 outside torchrun)."""
         return 1 if self.launch is None else self.launch.world_size
 
     @property
@@ -193,12 +140,9 @@ class Group:
         return 1 if self.launch is None else self.launch.local_world_size
 
     def join(self, command: str | None) -> None:
-        """Under torchrun, join the other ranks (within the timeout); the others stay quiet.
-
-        Raises:
-            HookscopeError: the command does not run under torchrun, or the other ranks
-                could not be reached in time.
-        """
+        """Under torchrun, join the other ranks (ranks but 0 log nothing). Raises a
+        :class:`HookscopeError` for a command that does not run under torchrun, or when the
+        other ranks cannot be reached in time."""
         launch = Launch.from_env()
         if launch is None:
             return
@@ -226,9 +170,8 @@ class Group:
                 f"raise {TIMEOUT_ENV}.") from None
 
     def line(self, message: str, *, stopped: bool = False) -> str | None:
-        """The error line this process prints, or None: every rank prints its own failure,
-        naming its rank; only rank 0 says the run was stopped (torchrun stops every rank
-        once one has exited, and Ctrl-C reaches them all)."""
+        """The error line this process prints, naming its rank, or None: a run ``stopped``
+        (torchrun stops every rank once one has exited) is said by rank 0 only."""
         if self.launch is None:
             return message
         if stopped and not self.leader:
@@ -236,14 +179,8 @@ class Group:
         return f"rank {self.launch.rank}: {message}"
 
     def agree(self, names: Sequence[str]) -> None:
-        """Check that every rank resolved the same input ``names``, in the same order: each
-        rank takes its part of them, so one machine missing a file would make every part
-        after it wrong.
-
-        Raises:
-            HookscopeError: on every rank, naming the ranks that differ from rank 0.
-            CollectiveFailed: another rank stopped, or the timeout passed.
-        """
+        """Check that every rank resolved the same input ``names`` in the same order (one
+        machine missing a file would shift every part after it): see :func:`check_agreed`."""
         if self.launch is None:
             return
         import torch.distributed as dist
@@ -259,15 +196,9 @@ class Group:
         return shard(count, batch_size, self.launch.rank, self.launch.world_size)
 
     def merged(self, report: T) -> T:
-        """Every rank's report merged in rank order, on rank 0.
-
-        Raises:
-            SystemExit: 0, on the other ranks once their report is sent: rank 0 writes.
-            CollectiveFailed: another rank stopped, or the timeout passed.
-        """
-        if self.launch is None:
-            return report
-        merged = gather_merged(report)
+        """Every rank's report merged in rank order, on rank 0; the other ranks raise
+        ``SystemExit(0)`` once theirs is sent (rank 0 writes)."""
+        merged = report if self.launch is None else gather_merged(report)
         if merged is None:
             raise SystemExit(0)
         return merged
@@ -282,11 +213,8 @@ class Group:
 
 
 def _collective(what: str, call: Callable[..., T], *args: Any) -> T:
-    """``call(*args)``, a collective of ``torch.distributed``, its failure as one line.
-
-    Raises:
-        CollectiveFailed: gloo raised (a peer closed the connection, or the timeout passed).
-    """
+    """``call(*args)``, a collective of ``torch.distributed``; its failure (a peer closed the
+    connection, or the timeout passed) as one :class:`CollectiveFailed` line."""
     try:
         return call(*args)
     except RuntimeError as exc:  # gloo raises RuntimeError, DistError (a subclass) for the rest

@@ -1,10 +1,5 @@
-"""The one exception family the library raises for things a user can fix.
-
-Messages name the *parameters* of the Python API (``target``, ``layers``), never command-line
-flags. A parameter is marked with :func:`param` where it appears in a message; ``str(error)``
-shows the plain name, and the command line renders the same mark as its flag (``--target``)
-through :meth:`HookscopeError.render`.
-"""
+"""The one exception family the library raises for things a user can fix. Messages mark the
+Python API's parameters with :func:`param`, which the command line renders as its flags."""
 
 from __future__ import annotations
 
@@ -24,17 +19,13 @@ def param(name: str) -> str:
 
 
 class HookscopeError(Exception):
-    """A problem with the user's input, printed as one line and exit code 2.
-
-    The message says what went wrong, which file or name, and what to do.
-    """
+    """A problem with the user's input: one line saying what, where and what to do; exit 2."""
 
     exit_code = 2
 
     def render(self, spell: Callable[[str], str] | None = None) -> str:
         """The message with each marked parameter spelt by ``spell`` (default: its name)."""
-        text = super().__str__()
-        return _MARKED.sub(lambda m: (spell or str)(m.group(1)), text)
+        return _MARKED.sub(lambda m: (spell or str)(m.group(1)), super().__str__())
 
     def __str__(self) -> str:
         return self.render()
@@ -47,17 +38,9 @@ class CheckFailed(HookscopeError):
 
 
 class ForwardError(HookscopeError):
-    """The model raised inside a module during the forward pass: exit code 1.
-
-    Attributes:
-        module: dotted name of the innermost module that was running (``""``: the model's
-            own code outside any submodule; None: no module had started).
-        type_name: that module's class name.
-        call: its call index within the forward pass.
-        depth: its depth in the module tree.
-        input_shapes: the shapes of its inputs.
-        cause: the model's own exception.
-    """
+    """The model raised during the forward pass (exit code 1) in ``module``, the innermost
+    running module (``""``: the model's own code; None: none had started), with its
+    ``type_name``, ``call`` index, ``depth`` and ``input_shapes``; ``cause`` is the model's."""
 
     exit_code = 1
 
@@ -71,46 +54,27 @@ class ForwardError(HookscopeError):
         self.depth = depth
         self.input_shapes = input_shapes or []
         self.cause = cause
-
-    @property
-    def exception(self) -> str:
-        """The class name of the model's exception."""
-        given = self.__dict__.get("_exception")
-        if given is not None:
-            return str(given)
-        return type(self.cause).__name__ if self.cause is not None else "Exception"
-
-    @property
-    def reason(self) -> str:
-        """The model's exception message on one line."""
-        given = self.__dict__.get("_reason")
-        if given is not None:
-            return str(given)
-        if self.cause is None:
-            return str(self)
-        return " ".join(str(self.cause).split()) or self.exception
+        #: The class name of the model's exception, and its message on one line.
+        self.exception = "Exception" if cause is None else type(cause).__name__
+        self.reason = str(self) if cause is None else " ".join(str(cause).split()) or self.exception
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled without the model's exception, which may not pickle (a rank's report is
-        sent to rank 0): its class name and message are kept."""
-        state = {k: v for k, v in self.__dict__.items() if k != "cause"}
-        state |= {"cause": None, "_exception": self.exception, "_reason": self.reason}
-        return (ForwardError, (super().__str__(),), state)
+        """Pickled without the model's exception, which may not pickle (its class name and
+        message are kept)."""
+        return (ForwardError, (super().__str__(),), self.__dict__ | {"cause": None})
 
 
 def suggest(word: str, candidates: Iterable[str], n: int = 3) -> str:
     """Return ``" Did you mean: a, b?"`` for the closest candidates, or an empty string."""
-    pool = list(candidates)
-    close = difflib.get_close_matches(word, pool, n=n, cutoff=0.5)
-    if not close:
-        low = word.lower()
-        close = [c for c in pool if low and low in c.lower()][:n]
+    pool, low = list(candidates), word.lower()
+    close = difflib.get_close_matches(word, pool, n=n, cutoff=0.5) or \
+        [c for c in pool if low and low in c.lower()][:n]
     return f" Did you mean: {', '.join(close)}?" if close else ""
 
 
 def clip(text: str, limit: int = 200) -> str:
-    """``text`` on one line, cut to at most ``limit`` characters at a space outside any
-    brackets, so no word, number or shape is ever cut in half; terminal styles removed."""
+    """``text`` on one line without terminal styles, cut to at most ``limit`` characters at a
+    space outside any brackets, so no word, number or shape is cut in half."""
     text = " ".join(_ANSI.sub("", text).split())
     if len(text) <= limit:
         return text

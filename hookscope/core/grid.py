@@ -1,21 +1,8 @@
 """Which module outputs are image grids, and how to bring them to (N, C, h, w).
 
-One rule, used by the CAMs, by ``features`` and by per-channel statistics. For an input
-of H x W pixels, an output is an image grid when it is
-
-* ``(N, C, h, w)`` whose h x w has the input's aspect (convolutions, pools);
-* ``(N, h, w, C)`` channels-last, the same way (ConvNeXt's and Swin's blocks), preferred
-  for modules that act on the last dimension (``Linear``, ``LayerNorm``) and wherever the
-  first reading does not fit;
-* ``(N, tokens, C)`` where the tokens are a few prefix tokens (CLS, DeiT's distillation
-  token, DINOv2's registers) and then an h x w patch grid: h = H/s and w = W/s for an
-  integer stride s. The prefix count comes from the model's token parameters
-  (``cls_token``, ``dist_token``, ``register_tokens``...), else none or one.
-
-A tensor that is not a grid is never read as one: ``(N, heads, tokens, head_dim)`` fails
-the aspect check, and a token model's ``(N, heads, tokens, tokens)`` attention matrix is
-refused by name. :func:`layout` says why in one clause when an output is not a grid.
-"""
+For an H x W input, a grid is ``(N, C, h, w)`` or ``(N, h, w, C)`` with the input's aspect,
+or ``(N, tokens, C)``: a few prefix tokens (CLS, registers) then an h x w patch grid for an
+integer stride. Anything else, attention matrices included, is refused with a reason."""
 
 from __future__ import annotations
 
@@ -39,25 +26,13 @@ CHANNELS_FIRST_1D = ("Conv1d", "BatchNorm1d", "InstanceNorm1d", "Pool1d", "Pad1d
 
 @dataclass(frozen=True)
 class TokenHint:
-    """What the model says about its tokens.
-
-    Attributes:
-        prefix: tokens before the patch grid (None: the model has no token parameters).
-        patch: the patch size of its patch embedding (None: unknown).
-        channels_last: its 4-D outputs are (N, H, W, C) where both readings would fit
-            (torchvision's Swin, whose stages are channels-last).
-    """
+    """What the model says about its tokens: ``prefix`` tokens before the patch grid (None:
+    no token parameters), its ``patch`` size, and whether its 4-D outputs are
+    ``channels_last`` where both readings fit (torchvision's Swin)."""
 
     prefix: int | None = None
     patch: int | None = None
     channels_last: bool = False
-
-    def token_counts(self, size: tuple[int, int]) -> set[int]:
-        """The model's token count for this input (with and without the prefix)."""
-        if self.prefix is None or not self.patch:
-            return set()
-        grid = (size[0] // self.patch) * (size[1] // self.patch)
-        return {grid, grid + self.prefix}
 
 
 def _patch(model: nn.Module) -> int | None:
@@ -84,13 +59,8 @@ def token_hint(model: nn.Module) -> TokenHint:
 
 @dataclass(frozen=True)
 class Layout:
-    """How an output lies on the image grid.
-
-    Attributes:
-        kind: ``nchw``, ``nhwc`` or ``tokens`` (``(N, prefix + h*w, C)``).
-        h, w: the grid's size.
-        prefix: tokens before the grid (``tokens`` only).
-    """
+    """How an output lies on the h x w image grid: ``kind`` is ``nchw``, ``nhwc`` or
+    ``tokens`` (``(N, prefix + h*w, C)``)."""
 
     kind: str
     h: int
@@ -104,12 +74,9 @@ class Layout:
 
     def to_nchw(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` (this layout, or its gradient) as (N, C, h, w); the prefix tokens dropped."""
-        if self.kind == "nchw":
-            return t
-        if self.kind == "nhwc":
-            return t.permute(0, 3, 1, 2)
-        n, _, c = t.shape
-        return t[:, self.prefix:].reshape(n, self.h, self.w, c).permute(0, 3, 1, 2)
+        if self.kind == "tokens":
+            t = t[:, self.prefix:].reshape(t.shape[0], self.h, self.w, t.shape[2])
+        return t if self.kind == "nchw" else t.permute(0, 3, 1, 2)
 
     def describe(self) -> str:
         extra = f" after {self.prefix} prefix token(s)" if self.prefix else ""
@@ -127,8 +94,6 @@ def _fits(h: int, w: int, size: tuple[int, int]) -> bool:
 def _token_grid(count: int, size: tuple[int, int]) -> tuple[int, int] | None:
     """(h, w) with h*w == count for an integer stride of the input, or None."""
     big_h, big_w = size
-    if min(size) <= 0:
-        return None
     for stride in range(1, max(big_h, big_w) + 1):
         for h, w in ((big_h // stride, big_w // stride),
                      (-(-big_h // stride), -(-big_w // stride))):
@@ -139,39 +104,32 @@ def _token_grid(count: int, size: tuple[int, int]) -> tuple[int, int] | None:
     return None
 
 
-def _prefixes(hint: TokenHint) -> list[int]:
-    return list(dict.fromkeys([hint.prefix, 0] if hint.prefix is not None else [0, 1]))
-
-
 def _tokens(shape: Sequence[int], size: tuple[int, int], hint: TokenHint) -> Layout | str:
     count = shape[1]
-    for prefix in _prefixes(hint):
+    prefixes = dict.fromkeys([hint.prefix, 0] if hint.prefix is not None else [0, 1])
+    for prefix in prefixes:
         grid = _token_grid(count - prefix, size)
         if grid is not None:
             return Layout("tokens", grid[0], grid[1], prefix)
-    tried = " or ".join(str(p) for p in _prefixes(hint))
+    tried = " or ".join(map(str, prefixes))
     return (f"its {count} tokens are not the patch grid of a {size[0]}x{size[1]} input after "
             f"{tried} prefix token(s)")
 
 
 def _attention(shape: Sequence[int], size: tuple[int, int], hint: TokenHint) -> bool:
-    counts = hint.token_counts(size)
-    return bool(counts) and shape[2] == shape[3] and shape[2] in counts and \
-        shape[2] != size[0] // (hint.patch or 1)
+    """Whether ``shape`` is (N, heads, tokens, tokens) for the model's token count."""
+    if hint.prefix is None or not hint.patch:
+        return False
+    grid = (size[0] // hint.patch) * (size[1] // hint.patch)
+    return shape[2] == shape[3] and shape[2] in (grid, grid + hint.prefix) and \
+        shape[2] != size[0] // hint.patch
 
 
 def layout(shape: Sequence[int], size: tuple[int, int], *, type_name: str = "",
            hint: TokenHint | None = None, force: str = "auto") -> Layout | str:
     """How an output of ``shape`` lies on the grid of an input of ``size`` (H, W), or why
-    it does not.
-
-    Args:
-        shape: the output's shape, batch first.
-        size: the input's (H, W).
-        type_name: the module's class name (channels-last modules prefer ``nhwc``).
-        hint: the model's tokens (see :func:`token_hint`).
-        force: ``auto``; ``none`` (only nchw), ``vit`` (only tokens), ``swin`` (only nhwc).
-    """
+    it does not. ``type_name`` is the module's class (channels-last ones prefer ``nhwc``);
+    ``force`` is ``auto``, ``none`` (only nchw), ``vit`` (only tokens) or ``swin`` (only nhwc)."""
     hint = hint or TokenHint()
     dims = len(shape)
     if dims == 3 and force in ("auto", "vit") and not type_name.endswith(CHANNELS_FIRST_1D):

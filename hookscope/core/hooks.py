@@ -1,27 +1,16 @@
 """The one hook engine: every hook hookscope registers goes through here and is removed.
 
-Two layers:
-
-* :class:`Hooks` owns raw ``RemovableHandle`` objects (module forward, pre-forward and
-  backward hooks, tensor hooks) and removes every one of them on exit, whether the block
-  ended normally, raised, or was interrupted.
-* :class:`Tracer` attaches a pre-forward and a forward hook to each selected module
-  (a :class:`Site`) and turns raw hook calls into :class:`Call` objects: the module's
-  dotted name, type, depth and a per-forward ``call`` index for modules run several times
-  (ResNet's shared ``relu``). Callbacks get the call, the inputs and the output.
-
-Names are bound with :func:`functools.partial` per site, never captured from a loop
-variable, so the late-binding closure bug cannot give a hook the wrong layer name. Which
-modules are hooked is :mod:`hookscope.core.select`'s (re-exported here).
-"""
+:class:`Tracer` turns hook calls on selected sites into :class:`Call` objects, each site's
+name bound with :func:`functools.partial`, never captured from a loop variable."""
 
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from itertools import chain
+from itertools import chain, dropwhile
 from typing import Any
 
 import torch
@@ -31,18 +20,8 @@ from torch.utils.hooks import RemovableHandle
 from hookscope.core.errors import ForwardError, clip
 from hookscope.core.select import Site, all_sites, depth_of
 
-__all__ = [
-    "Call",
-    "Hooks",
-    "Tracer",
-    "first_tensor",
-    "hook_count",
-    "raised_in_machinery",
-    "model_device",
-    "model_dtype",
-    "tensor_shapes",
-    "tensors",
-]
+__all__ = ["Call", "Hooks", "Tracer", "first_tensor", "hook_count", "raised_in_machinery",
+           "model_device", "model_dtype", "tensor_shapes", "tensors"]
 
 
 #: Where hook machinery lives: hookscope's own package, and the module hooks torch
@@ -53,24 +32,13 @@ _TORCH_HOOKS = tuple(os.path.join(os.path.dirname(os.path.abspath(torch.__file__
 
 
 def raised_in_machinery(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised inside hook machinery, not by the model's own code.
-
-    The leading frames of the traceback are hookscope's driver calling the model (where
-    the exception was caught), so they are skipped; any later frame in hookscope's package
-    or in one of torch's module-hook helpers means a hook raised while the model ran. A
-    ``forward`` there is a module wrapping the model, and does not count.
-    """
-    frame = exc.__traceback__
-    while frame is not None and os.path.abspath(
-            frame.tb_frame.f_code.co_filename).startswith(_HOOKSCOPE):
-        frame = frame.tb_next
-    while frame is not None:
-        code = frame.tb_frame.f_code
-        path = os.path.abspath(code.co_filename)
-        if (path.startswith(_HOOKSCOPE) or path in _TORCH_HOOKS) and code.co_name != "forward":
-            return True
-        frame = frame.tb_next
-    return False
+    """Whether ``exc`` was raised inside hook machinery: a frame, after the driver's own
+    leading ones, in hookscope or torch's module-hook helpers (a wrapper's ``forward`` aside)."""
+    codes = (frame.f_code for frame, _ in traceback.walk_tb(exc.__traceback__))
+    frames = ((os.path.abspath(code.co_filename), code.co_name) for code in codes)
+    later = dropwhile(lambda frame: frame[0].startswith(_HOOKSCOPE), frames)
+    return any((path.startswith(_HOOKSCOPE) or path in _TORCH_HOOKS) and name != "forward"
+               for path, name in later)
 
 
 @dataclass(frozen=True)
@@ -91,35 +59,21 @@ class Call:
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
     """The first tensor in a tensor, tuple, list or dict (depth first), or None."""
-    if isinstance(obj, torch.Tensor):
-        return obj
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (tuple, list)) else ()
-    for item in items:
-        found = first_tensor(item)
-        if found is not None:
-            return found
-    return None
+    found = tensors(obj)
+    return found[0] if found else None
 
 
 def tensors(obj: Any) -> list[torch.Tensor]:
     """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
     found: list[torch.Tensor] = []
-    _collect_tensors(obj, found)
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (dict, tuple, list)):
+            stack.extend(reversed(list(item.values() if isinstance(item, dict) else item)))
     return found
-
-
-def _collect_tensors(obj: Any, found: list[torch.Tensor]) -> None:
-    # A module-level function, not a closure: a recursive inner function references itself
-    # through its closure cell, a cycle that kept ``found`` (and so every activation it
-    # saw) alive until the cyclic GC ran, which doubled collect_stats' peak memory.
-    if isinstance(obj, torch.Tensor):
-        found.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _collect_tensors(v, found)
-    elif isinstance(obj, (tuple, list)):
-        for v in obj:
-            _collect_tensors(v, found)
 
 
 def tensor_shapes(obj: Any) -> list[list[int]]:
@@ -142,19 +96,13 @@ def model_dtype(model: nn.Module) -> torch.dtype | None:
 
 def hook_count(model: nn.Module) -> int:
     """Hooks registered on the model and its submodules (forward, pre-forward, backward)."""
-    total = 0
-    for m in model.modules():
-        total += len(m._forward_hooks) + len(m._forward_pre_hooks)
-        total += len(m._backward_hooks) + len(m._backward_pre_hooks)
-    return total
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+               + len(m._backward_pre_hooks) for m in model.modules())
 
 
 class Hooks:
-    """Owns hook handles and removes all of them on exit.
-
-    Use as a context manager; hooks are gone after normal exit, exceptions and
-    ``KeyboardInterrupt`` alike.
-    """
+    """Registers hooks and owns their handles; as a context manager, removes all of them on
+    any exit."""
 
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []
@@ -164,30 +112,20 @@ class Hooks:
         return handle
 
     def forward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
-        """``module.register_forward_hook(hook, **kw)``, removed on exit."""
         return self._keep(module.register_forward_hook(hook, **kw))
 
-    def forward_pre(
-        self, module: nn.Module, hook: Callable[..., Any], **kw: Any
-    ) -> RemovableHandle:
-        """``module.register_forward_pre_hook(hook, **kw)``, removed on exit."""
+    def forward_pre(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
         return self._keep(module.register_forward_pre_hook(hook, **kw))
 
     def backward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
-        """``module.register_full_backward_hook(hook)``, removed on exit.
-
-        Prefer :meth:`tensor` hooks registered from a forward hook: full backward hooks
-        fail on modules followed by in-place operations.
-        """
+        # Prefer tensor hooks: full backward hooks fail on modules followed by in-place ops.
         return self._keep(module.register_full_backward_hook(hook, **kw))
 
     def tensor(self, tensor: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
-        """``tensor.register_hook(hook)``, removed on exit."""
         return self._keep(tensor.register_hook(hook))
 
     def accumulated(self, param: torch.Tensor,
                     hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
-        """``param.register_post_accumulate_grad_hook(hook)``, removed on exit."""
         return self._keep(param.register_post_accumulate_grad_hook(hook))
 
     def remove(self) -> None:
@@ -210,40 +148,21 @@ ExitFn = Callable[[Call, tuple[Any, ...], dict[str, Any], Any], Any]
 
 
 class Tracer(Hooks):
-    """Per-call hooks on selected sites; :meth:`locate` names the module that raised.
+    """Per-call hooks on selected sites: ``on_enter(call, args, kwargs)`` before the module
+    (seeing inputs before an in-place module overwrites them), ``on_exit(call, args, kwargs,
+    output)`` after it (a non-None return replaces the output). Call indices restart at each
+    forward pass; :attr:`active` is the stack of calls entered but not finished."""
 
-    ``on_enter(call, args, kwargs)`` runs from a pre-forward hook, before the module runs
-    (so inputs are seen before an in-place module overwrites them). ``on_exit(call, args,
-    kwargs, output)`` runs from a forward hook, before any later in-place operation can
-    change the output; a non-None return value replaces the module's output.
-
-    Call indices restart at each forward pass of ``model`` (a pre-forward hook on the root
-    resets them). :attr:`active` is the stack of calls entered but not finished. Only the
-    selected sites are hooked, so a run that succeeds pays nothing for naming a crash; when
-    the forward pass raises, :meth:`locate` runs it again with a locator on every module.
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        sites: Iterable[Site],
-        *,
-        on_enter: EnterFn | None = None,
-        on_exit: ExitFn | None = None,
-    ) -> None:
+    def __init__(self, model: nn.Module, sites: Iterable[Site], *,
+                 on_enter: EnterFn | None = None, on_exit: ExitFn | None = None) -> None:
         super().__init__()
-        self.model = model
-        self.sites = list(sites)
-        self.on_enter = on_enter
-        self.on_exit = on_exit
+        self.model, self.sites = model, list(sites)
+        self.on_enter, self.on_exit = on_enter, on_exit
         self.active: list[tuple[Call, tuple[Any, ...], dict[str, Any]]] = []
-        #: The exception a callback raised (not the model's own), so it is not blamed on
-        #: the module that happened to be running.
+        #: The exception a callback raised, not to be blamed on the running module.
         self.callback_error: BaseException | None = None
-        #: Whether the model's own forward has begun (its pre-forward hook ran).
-        self.started = False
-        #: While :meth:`locate` runs a pass again, the callbacks stay silent.
-        self.muted = False
+        self.started = False  # the model's own forward has begun
+        self.muted = False  # callbacks stay silent while :meth:`locate` runs a pass again
         self._counts: dict[str, int] = {}
 
     def reset(self) -> None:
@@ -260,9 +179,8 @@ class Tracer(Hooks):
             self._counts.clear()
         self.started = True
 
-    def _pre(
-        self, site: Site, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-    ) -> None:
+    def _pre(self, site: Site, module: nn.Module, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> None:
         if self.muted:
             return
         index = self._counts.get(site.name, 0)
@@ -270,36 +188,24 @@ class Tracer(Hooks):
         call = Call(site, index)
         self.active.append((call, args, kwargs))
         if self.on_enter is not None:
-            try:
-                self.on_enter(call, args, kwargs)
-            except BaseException as exc:
-                self.callback_error = exc
-                raise
+            self._callback(self.on_enter, call, args, kwargs)
 
-    def _post(
-        self,
-        site: Site,
-        module: nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        output: Any,
-    ) -> Any:
+    def _post(self, site: Site, module: nn.Module, args: tuple[Any, ...],
+              kwargs: dict[str, Any], output: Any) -> Any:
         if self.muted:
             return None
-        # Pop this site's innermost active call (a module may recurse into itself).
-        for i in range(len(self.active) - 1, -1, -1):
-            if self.active[i][0].site is site:
-                call = self.active.pop(i)[0]
-                break
-        else:  # pragma: no cover - a forward hook without its pre-hook
-            call = Call(site, self._counts.get(site.name, 1) - 1)
-        if self.on_exit is not None:
-            try:
-                return self.on_exit(call, args, kwargs, output)
-            except BaseException as exc:
-                self.callback_error = exc
-                raise
-        return None
+        # This site's innermost active call (a module may recurse into itself).
+        i = next(i for i in reversed(range(len(self.active))) if self.active[i][0].site is site)
+        call = self.active.pop(i)[0]
+        return None if self.on_exit is None else \
+            self._callback(self.on_exit, call, args, kwargs, output)
+
+    def _callback(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except BaseException as exc:
+            self.callback_error = exc
+            raise
 
     def attach(self) -> Tracer:
         """Register the hooks (done by ``with``); prepend so hookscope sees outputs first."""
@@ -323,12 +229,8 @@ class Tracer(Hooks):
         return self.active[-1] if self.active else None
 
     def locate(self, again: Callable[[], Any], exc: BaseException) -> ForwardError:
-        """The :class:`ForwardError` for ``exc``, naming the innermost module that was running.
-
-        ``again`` repeats the failed forward pass; it runs with a locator on every module
-        and this tracer's callbacks muted (a model fails again in the same place). Should it
-        not fail the same way, the innermost module among the traceback's frames is named.
-        """
+        """The :class:`ForwardError` for ``exc``: ``again`` repeats the failed pass with a
+        locator on every module (this tracer muted), else the traceback names the module."""
         locator = Tracer(self.model, all_sites(self.model))
         self.muted = True
         try:
@@ -345,47 +247,45 @@ class Tracer(Hooks):
     def traceback_error(self, exc: BaseException) -> ForwardError:
         """Name the innermost module whose code is among ``exc``'s traceback frames."""
         names = {id(m): n for n, m in self.model.named_modules()}
-        tb, found = exc.__traceback__, None
-        while tb is not None:
-            owner = tb.tb_frame.f_locals.get("self")
+        found = None
+        for frame, _ in traceback.walk_tb(exc.__traceback__):
+            owner = frame.f_locals.get("self")
             if id(owner) in names:
                 found = owner
-            tb = tb.tb_next
         if found is None:
-            return ForwardError(f"The forward pass failed: {exc.__class__.__name__}: "
-                                f"{clip(str(exc)) or exc.__class__.__name__}", cause=exc)
-        name, kind = names[id(found)], type(found).__name__
-        site = Site(name, kind, depth_of(name), found)
-        self.active = [(Call(site, 0), (), {})]
+            return ForwardError(f"The forward pass failed: {_what(exc)}", cause=exc)
+        name = names[id(found)]
+        self.active = [(Call(Site(name, type(found).__name__, depth_of(name), found), 0), (), {})]
         self.started = True
         return self.forward_error(exc)
 
     def forward_error(self, exc: BaseException) -> ForwardError:
         """Wrap an exception raised by the model with the innermost running module."""
-        message = clip(str(exc)) or exc.__class__.__name__
         inner = self.innermost()
-        if inner is None and self.started:  # between submodules, in the model's own code
+        if inner is None and not self.started:
+            return ForwardError(f"The forward pass failed before the model started: {_what(exc)}",
+                                cause=exc)
+        if inner is None:  # between submodules, in the model's own code
             kind = type(self.model).__name__
             return ForwardError(f"The forward pass failed in the model's own code ({kind}): "
-                                f"{exc.__class__.__name__}: {message}", module="",
-                                type_name=kind, call=0, depth=0, cause=exc)
-        if inner is None:
-            return ForwardError(f"The forward pass failed before the model started: "
-                                f"{exc.__class__.__name__}: {message}", cause=exc)
+                                f"{_what(exc)}", module="", type_name=kind, call=0, depth=0,
+                                cause=exc)
         call, args, kwargs = inner
         shapes = tensor_shapes(args) + tensor_shapes(kwargs)
-        where = call.name if call.name else f"the model's own code ({call.site.type})"
-        if call.name and call.index:
-            where += f" (call {call.index})"
-        return ForwardError(
-            f"The forward pass failed in {where}"
-            + (f" ({call.site.type}, input shapes {shapes})" if call.name else
-               f" (input shapes {shapes})")
-            + f": {exc.__class__.__name__}: {message}",
-            module=call.name, type_name=call.site.type, call=call.index, depth=call.site.depth,
-            input_shapes=shapes, cause=exc,
-        )
+        if call.name:
+            again = f" (call {call.index})" if call.index else ""
+            where = f"{call.name}{again} ({call.site.type}, input shapes {shapes})"
+        else:
+            where = f"the model's own code ({call.site.type}) (input shapes {shapes})"
+        return ForwardError(f"The forward pass failed in {where}: {_what(exc)}", module=call.name,
+                            type_name=call.site.type, call=call.index, depth=call.site.depth,
+                            input_shapes=shapes, cause=exc)
 
     def __enter__(self) -> Tracer:
         self.reset()
         return self.attach()
+
+
+def _what(exc: BaseException) -> str:
+    """``Type: message``, the message on one line and clipped."""
+    return f"{exc.__class__.__name__}: {clip(str(exc)) or exc.__class__.__name__}"

@@ -1,10 +1,5 @@
-"""The one contract of every accumulating report: a pure, exact ``merge``.
-
-Batches, DataLoader workers and ranks are all merges: ``a.merge(b)`` returns a new object
-that summarises both sides' data, as one run over ``a``'s data then ``b``'s would, and
-changes neither side, so a report may be merged into several others, kept, or reused.
-Torch-free.
-"""
+"""The one contract of every accumulating report: a pure, exact ``merge`` (batches, workers
+and ranks are all merges)."""
 
 from __future__ import annotations
 
@@ -16,10 +11,11 @@ M = TypeVar("M", bound="Mergeable")
 
 
 class Mergeable(Protocol):
-    """A summary that merges exactly and purely (see the module's text)."""
+    """A summary that merges exactly and purely."""
 
     def merge(self: M, other: M) -> M:
-        """Both sides' data together, as a new object; neither side changes."""
+        """A new object summarising both sides' data, as one run over this side's then the
+        other's would; neither side changes."""
         ...
 
 

@@ -1,14 +1,9 @@
 """Serialisation, and all-or-nothing output: one file, a stream or device, or a staged folder.
 
-Where data goes is decided before any model loads (:func:`resolve_output`,
-:func:`check_folder`). ``None`` or ``"-"`` is stdout, and so is a link to this process's own
-stdout or stderr (``/dev/stdout``), so a shell's redirection stays intact. A character
-device, FIFO or socket (or a link to one) is written in place, without ``force``. A regular
-file is written to a hidden temporary file beside it (beside a link's final target, so the
-link stays a link) and renamed into place when complete; an existing one needs ``force``.
-Every ``OSError`` becomes one :class:`HookscopeError` line naming the path, and no
-temporary file survives a failure, Ctrl-C included.
-"""
+Streams (``-``, links to our stdout/stderr), devices, FIFOs and sockets are written in place;
+a regular file (or a link's target) is written beside itself and renamed into place, an
+existing one only with ``force``. Every ``OSError`` becomes one :class:`HookscopeError`, and
+no temporary file survives a failure, Ctrl-C included."""
 
 from __future__ import annotations
 
@@ -33,8 +28,6 @@ from typing import Any
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.streams import data as _data_stream
-
-# ----------------------------------------------------------------- serialisation
 
 
 def jsonable(obj: Any) -> Any:
@@ -97,26 +90,16 @@ def format_shapes(value: Sequence[Any]) -> str:
 
 
 def dumps_csv(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    """CSV with a header row, one line per row.
-
-    Cells: shapes as ``AxBxC`` (several joined by ``;``), other lists and mappings as
-    compact JSON, booleans as ``true``/``false`` (the JSON spelling, so a column reads the
-    same in both formats), and None and non-finite floats as empty cells.
-    """
+    """CSV with a header row: shapes as ``AxBxC`` (``;``-joined), other lists and mappings as
+    compact JSON, booleans as ``true``/``false``, None and non-finite floats empty."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
-    for row in rows:
-        writer.writerow([_cell(row.get(c)) for c in columns])
+    writer.writerows([_cell(row.get(c)) for c in columns] for row in rows)
     return buf.getvalue()
 
 
-# ----------------------------------------------------------------- where output goes
-
-
 class OutputKind(str, Enum):
-    """How an :class:`Output` is written."""
-
     STDOUT = "stdout"
     STDERR = "stderr"  # reached through a link such as /dev/stderr
     DEVICE = "device"  # a character device or FIFO, written in place
@@ -143,12 +126,9 @@ class Output:
 
 
 def resolve_output(path: str | Path | None, *, force: bool) -> Output:
-    """Decide where data goes and prove it can be written there, before any work.
-
-    Raises:
-        HookscopeError: an existing file without ``force``, a directory, a block device, a
-            missing or non-directory parent, or a parent where no file can be created.
-    """
+    """Decide where data goes and prove it can be written there, before any work: an
+    existing file without ``force``, a directory, a block device, or a parent that is missing
+    or where no file can be created is a :class:`HookscopeError`."""
     if path is None or str(path) == "-":
         return Output(OutputKind.STDOUT, force=force)
     output = _classify(Path(path), force)
@@ -213,16 +193,9 @@ def _exists_error(shown: object) -> HookscopeError:
     return HookscopeError(f"{shown} already exists; pass --force to overwrite it.")
 
 
-# ----------------------------------------------------------------- writing
-
-
 def write(output: Output, text: str) -> None:
     """Write ``text`` to ``output``: streams and devices directly, files atomically (UTF-8).
-
-    Raises:
-        HookscopeError: any OS error (a full disk, a read-only file system...), naming the
-            path; a file is then left as it was and no temporary file remains.
-    """
+    Any OS error is a :class:`HookscopeError` naming the path; a file is then left as it was."""
     if output.target is None:
         _send(output, text)
         return
@@ -239,13 +212,9 @@ def emit(text: str, output: Output | str | Path | None, *, force: bool = False) 
 
 @contextmanager
 def atomic_path(path: Output | str | Path | None, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary file to write, which becomes the output on success: renamed over a
-    regular file, or copied to a stream or device. On any exception, KeyboardInterrupt
-    included, it is removed and the output is left untouched.
-
-    Raises:
-        HookscopeError: see :func:`resolve_output`; any OS error, naming the output.
-    """
+    """Yield a temporary file that becomes the output on success (renamed over a file, or
+    copied to a stream or device); on any exception it is removed, the output untouched.
+    Raises as :func:`resolve_output` does, and any OS error as one naming the output."""
     output = path if isinstance(path, Output) else resolve_output(path, force=force)
     tmp = _temp_for(output)
     try:
@@ -315,17 +284,10 @@ def _send(output: Output, data: str | bytes) -> None:
         raise _error(output, exc) from exc
 
 
-# ----------------------------------------------------------------- folders
-
-
 def check_folder(path: str | Path, *, planned: Iterable[Path] = (), force: bool) -> Path:
-    """Check an output folder before any work: it (or, while it does not exist, its nearest
-    existing parent) is a directory where files can be created, and no planned file is a
-    directory, or exists without ``force``.
-
-    Raises:
-        HookscopeError: any of these, a broken link, naming the file in the way.
-    """
+    """Check before any work that files can be created in ``path`` (or its nearest existing
+    parent), and that no planned file is a directory, or exists without ``force``; a
+    :class:`HookscopeError` names the file in the way (or the broken link)."""
     folder = Path(path)
     if folder.is_symlink() and not folder.exists():
         raise HookscopeError(f"Cannot write to folder {folder}: it is a broken symbolic link.")
@@ -342,28 +304,10 @@ def check_folder(path: str | Path, *, planned: Iterable[Path] = (), force: bool)
     return folder
 
 
-def encode_png(image: Any, path: Path) -> None:
-    """Save a PIL image, or a (3, H, W) float tensor in [0, 1], as a PNG at ``path`` (no
-    temporary file: callers pass one from :func:`atomic_path` or :class:`Staging`)."""
-    from PIL import Image
-
-    if isinstance(image, Image.Image):
-        image.save(path, format="PNG", compress_level=3)
-    else:
-        from torchvision.utils import save_image
-
-        save_image(image, path, format="png")
-
-
 class Staging:
-    """A folder of files staged under hidden temporary names, moved into place together.
-
-    As a context manager: ``folder`` and its parents are created on entering; a clean exit
-    moves every file into place (removing the new ones again if one fails); an exception,
-    KeyboardInterrupt or SystemExit included, deletes every temporary file, then each folder
-    created, if empty. Writes may run in two threads (:meth:`submit`); each file follows the
-    rules of :func:`resolve_output` (links written through, devices in place).
-    """
+    """A folder of files staged under hidden temporary names, moved into place together on
+    a clean exit (the new ones removed if one fails); any exception deletes every temporary
+    file, then each folder created, if empty. Writes may run in two threads (:meth:`submit`)."""
 
     def __init__(self, folder: str | Path, *, force: bool = False) -> None:
         self.folder, self.force = Path(folder), force
@@ -384,8 +328,15 @@ class Staging:
 
     def save_png(self, image: Any, path: str | Path) -> None:
         """Stage a PNG from a PIL image or a (3, H, W) float tensor in [0, 1]."""
+        from PIL import Image
+
         with self._file(path) as tmp:
-            encode_png(image, tmp)
+            if isinstance(image, Image.Image):
+                image.save(tmp, format="PNG", compress_level=3)
+            else:
+                from torchvision.utils import save_image
+
+                save_image(image, tmp, format="png")
 
     def save_npy(self, array: Any, path: str | Path) -> None:
         """Stage a float32 ``.npy`` file."""

@@ -1,10 +1,6 @@
-"""The class logits inside a model's output, whatever its form.
-
-Models return a tensor, a dict (torchvision segmentation's ``{"out", "aux"}``), a tuple, or a
-dataclass-like object (Hugging Face's ``.logits``). :func:`select_logits` finds the tensor
-that predictions and targets use: the one named by ``output_key``, else ``logits``, else
-``out``, else the only tensor. When that is ambiguous the error lists what there is.
-"""
+"""The class logits inside a model's output: a tensor, a dict (``{"out", "aux"}``), a tuple,
+or a dataclass-like object (Hugging Face's ``.logits``). The one named by ``output_key``,
+else ``logits``, else ``out``, else the only tensor; when ambiguous, the error lists them."""
 
 from __future__ import annotations
 
@@ -37,27 +33,15 @@ def entries(output: Any) -> dict[str, Any]:
 
 
 def _describe(parts: dict[str, Any]) -> str:
-    shown = []
-    for key, value in parts.items():
-        what = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-        shown.append(f"{key} {what}")
-    return ", ".join(shown) or "nothing"
+    return ", ".join(f"{key} {list(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}"
+                     for key, v in parts.items()) or "nothing"
 
 
 def select_logits(output: Any, key: str | None = None, *,
                   required: bool = True) -> torch.Tensor | None:
-    """The tensor of class logits in ``output``.
-
-    Args:
-        output: what the model returned.
-        key: the entry to use (a dict key, a field name, or a tuple position); None to
-            choose automatically.
-        required: raise when no single tensor can be chosen (otherwise return None).
-
-    Raises:
-        HookscopeError: ``key`` is not in the output, or (``required``) the choice is
-            ambiguous or there is no tensor; the message lists the entries.
-    """
+    """The tensor of class logits in ``output``: its entry ``key`` (a dict key, field name
+    or tuple position), or the one chosen automatically. A missing ``key``, or (when
+    ``required``, else None) no single choice, is a :class:`HookscopeError` listing them."""
     if isinstance(output, torch.Tensor) and key is None:
         return output
     parts = entries(output)
@@ -66,8 +50,7 @@ def select_logits(output: Any, key: str | None = None, *,
         if not isinstance(value, torch.Tensor):
             raise HookscopeError(
                 f"{param('output_key')} {key!r} is not a tensor in the model's output; it "
-                f"holds: {_describe(parts)}."
-            )
+                f"holds: {_describe(parts)}.")
         return value
     for name in _PREFERRED:
         if isinstance(parts.get(name), torch.Tensor):
@@ -78,24 +61,19 @@ def select_logits(output: Any, key: str | None = None, *,
     if required:
         raise HookscopeError(
             f"The model returns {type(output).__name__} with {_describe(parts)}; choose the "
-            f"class logits with {param('output_key')}."
-        )
+            f"class logits with {param('output_key')}.")
     return None
 
 
 def class_logits(output: Any, key: str | None, analysis: str) -> torch.Tensor:
-    """The (N, classes) logits ``analysis`` needs, or one error saying what there was.
-
-    Raises:
-        HookscopeError: no single tensor, or not a 2-D one.
-    """
+    """The (N, classes) logits ``analysis`` needs, or a :class:`HookscopeError` saying what
+    there was."""
     logits = select_logits(output, key)
     if logits is None or logits.dim() != 2:
         what = type(output).__name__ if logits is None else f"shape {list(logits.shape)}"
         raise HookscopeError(
             f"{analysis} needs a classifier whose output is (N, classes) logits; the model "
-            f"returned {what}."
-        )
+            f"returned {what}.")
     return logits
 
 

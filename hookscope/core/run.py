@@ -1,29 +1,15 @@
-"""The one driver: runs a model over batches for a probe.
+"""The one driver: :func:`drive` alone runs models, over batches, for a :class:`Probe`.
 
-Every analysis in hookscope is a :class:`Probe`: the modules it hooks, hook callbacks, what
-it does with each batch, and :meth:`Probe.finish`, which returns its report. :func:`drive`
-alone runs models. It
-
-* puts the model in eval mode (unless ``train_mode``) and restores every module's
-  ``training`` flag afterwards;
-* sets the grad mode the probe asks for, around each forward pass;
-* moves each batch to the model's device;
-* resets the per-forward call indices;
-* turns any exception raised by the model's own code into one :class:`ForwardError` that
-  names the innermost running module, its type and input shapes;
-* reports progress;
-* removes every hook, on success, error and Ctrl-C alike.
-
-A probe never loops over batches itself. A probe that needs several forward passes per
-batch (an ablation before and after, ScoreCAM's masked inputs) calls :meth:`Step.forward`
-again; each such pass gets the same treatment.
-"""
+Every forward pass (:meth:`Step.forward`, several per batch if a probe needs them) runs in
+the probe's grad mode, on the model's device, with its exceptions turned into one
+:class:`ForwardError` naming the innermost running module; the model is left as found."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
@@ -49,22 +35,14 @@ R = TypeVar("R")
 @contextmanager
 def grad_mode(mode: GradMode) -> Iterator[None]:
     """Enter the grad mode ``mode`` (see :data:`GradMode`)."""
-    if mode == "inference":
-        with torch.inference_mode():
-            yield
-    else:
-        with torch.inference_mode(False), torch.set_grad_enabled(mode == "grad"):
-            yield
+    with torch.inference_mode(mode == "inference"), torch.set_grad_enabled(mode == "grad"):
+        yield
 
 
 @contextmanager
 def training_flags(model: nn.Module, *, train: bool = False) -> Iterator[None]:
-    """Run in eval mode (or train mode) and restore every module's ``training`` flag.
-
-    In train mode, BatchNorm updates its running statistics as a side effect of each
-    forward pass; every buffer is copied first and put back afterwards, so the model
-    leaves as it came.
-    """
+    """Run in eval (or train) mode, then restore every module's ``training`` flag and, in
+    train mode, every buffer (BatchNorm updates its running statistics)."""
     flags = [(m, m.training) for m in model.modules()]
     buffers = [(b, b.detach().clone()) for b in model.buffers()] if train else []
     try:
@@ -80,15 +58,9 @@ def training_flags(model: nn.Module, *, train: bool = False) -> Iterator[None]:
 
 @dataclass
 class Step:
-    """One batch as a probe sees it.
-
-    Attributes:
-        index: the batch's number among all batches, from 0 (under torchrun too).
-        start: the index of its first sample among all inputs (under torchrun too).
-        x: the batch on the model's device (a tensor, or a tuple of positional arguments).
-        batch: where its samples came from (names, original images), when known.
-        tracer: the hook engine, for tensor hooks that must be removed with the others.
-    """
+    """One batch as a probe sees it: its number ``index`` and first sample ``start`` among
+    all inputs (under torchrun too), ``x`` on the model's device, and the :class:`Batch` it
+    came from, when known."""
 
     index: int
     start: int
@@ -105,38 +77,32 @@ class Step:
         return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
 
     def forward(self, x: Any = None, *, grad: GradMode | None = None) -> Any:
-        """Run the model on ``x`` (default: this batch) with the probe's hooks.
-
-        Raises:
-            ForwardError: the model's code raised; names the innermost running module.
-        """
+        """Run the model on ``x`` (default: this batch) with the probe's hooks; the model's
+        exceptions become a :class:`ForwardError` naming the innermost running module."""
         args = self.x if x is None else x
-        tracer = self.tracer
-        tracer.reset()
+        self.tracer.reset()
         try:
             return self._run(args, grad)
         except HookscopeError:
             raise
         except (Exception, SystemExit) as exc:  # sys.exit() in a forward is its failure too
             # A probe's own callback, or other hook machinery, failed: not the model.
-            if tracer.callback_error is exc or raised_in_machinery(exc):
+            if self.tracer.callback_error is exc or raised_in_machinery(exc):
                 raise
-            raise tracer.locate(lambda: self._run(args, grad), exc) from exc
+            raise self.tracer.locate(lambda: self._run(args, grad), exc) from exc
 
     def _run(self, args: Any, grad: GradMode | None) -> Any:
-        with grad_mode(grad or self.grad), self._autocast():
+        autocast: AbstractContextManager[Any] = nullcontext() if self.autocast is None else \
+            torch.autocast(model_device(self.model).type, dtype=self.autocast)
+        with grad_mode(grad or self.grad), autocast:
             return self.model(*args) if isinstance(args, tuple) else self.model(args)
 
     def forward_expanded(self, x: torch.Tensor, k: int, rows: Callable[[Any], int],
                          known: dict[Any, bool], key: Any, *, grad: GradMode | None = None
                          ) -> Any:
-        """Run one input ``x`` (batch 1) whose hooked layer's output a probe's hook turns
-        into ``k`` rows, so what runs before that layer runs once, not ``k`` times.
-
-        A model that cannot take this (it mixes tensors from before the layer with the
-        batch: its forward raises, or its output has not ``rows(output) == k``) runs ``k``
-        copies of ``x`` instead; which one worked is remembered in ``known[key]``.
-        """
+        """Run one input ``x`` whose hooked layer's output a probe's hook expands to ``k``
+        rows, so the layers before it run once; a model where that fails (it raises, or
+        ``rows(output) != k``) runs ``k`` copies instead, remembered in ``known[key]``."""
         if known.get(key, True):
             try:
                 out = self.forward(x, grad=grad)
@@ -148,11 +114,6 @@ class Step:
             known[key] = False
         # One contiguous copy: convolutions are slower on a stride-0 batch.
         return self.forward(x.expand(k, *x.shape[1:]).contiguous(), grad=grad)
-
-    def _autocast(self) -> AbstractContextManager[Any]:
-        if self.autocast is None:
-            return nullcontext()
-        return torch.autocast(model_device(self.model).type, dtype=self.autocast)
 
     def advance(self, n: int) -> None:
         """Report ``n`` units of progress (for probes that count their own units)."""
@@ -167,13 +128,8 @@ class Step:
 
 
 class Probe(Generic[R]):
-    """An analysis: which modules to hook, what to do per batch, and its report.
+    """An analysis: which modules to hook (:attr:`sites`), what to do per batch, its report."""
 
-    Subclasses set :attr:`sites` and override what they need. The default :meth:`step` runs
-    one forward pass and hands its output to :meth:`observe`.
-    """
-
-    #: The grad mode of every forward pass.
     grad: ClassVar[GradMode] = "inference"
     #: True when the probe reports its own progress units through :meth:`Step.advance`.
     counts_progress: bool = False
@@ -185,7 +141,6 @@ class Probe(Generic[R]):
     def on_exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any],
                 output: Any) -> Any:
         """A selected module returned; a non-None result replaces its output."""
-        return None
 
     def bind(self, tracer: Tracer) -> None:
         """Called once the hooks are attached, before the first batch."""
@@ -207,9 +162,7 @@ class Probe(Generic[R]):
 
 
 def _as_batches(inputs: Any) -> Iterable[Any]:
-    if isinstance(inputs, (torch.Tensor, tuple)):
-        return [inputs]
-    return inputs
+    return [inputs] if isinstance(inputs, (torch.Tensor, tuple)) else inputs
 
 
 def _to_device(x: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
@@ -223,32 +176,13 @@ def _to_device(x: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
     return x
 
 
-def drive(
-    model: nn.Module,
-    inputs: Any,
-    probe: Probe[R],
-    *,
-    train_mode: bool = False,
-    progress: Progress | None = None,
-    autocast: torch.dtype | None = None,
-) -> R:
+def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = False,
+          progress: Progress | None = None, autocast: torch.dtype | None = None) -> R:
     """Run ``model`` over ``inputs`` for ``probe`` and return its report.
 
-    Args:
-        model: any ``nn.Module``; it is left as it was found: no hooks, ``training`` flags
-            restored (it runs in eval mode unless ``train_mode``).
-        inputs: one batch (a tensor, or a tuple of positional arguments), or an iterable
-            of batches: tensors, tuples or :class:`hookscope.inputs.resolve.Batch` objects.
-        probe: the analysis.
-        train_mode: run in train mode (BatchNorm uses batch statistics, dropout is on).
-        progress: called with each batch's size (or the probe's own units) as work is done.
-        autocast: run every forward pass under ``torch.autocast`` with this dtype; without
-            it, floating-point inputs are cast to the model's own dtype.
-
-    Raises:
-        ForwardError: the model's code raised (exit code 1).
-        HookscopeError: the probe found a problem with the user's input.
-    """
+    ``inputs`` is one batch (a tensor, or a tuple of positional arguments) or an iterable of
+    tensors, tuples or :class:`~hookscope.inputs.resolve.Batch` objects. Under ``autocast``
+    every pass runs in ``torch.autocast``; else floating-point inputs take the model's dtype."""
     device = model_device(model)
     dtype = None if autocast is not None else model_dtype(model)
     tracer = Tracer(model, probe.sites, on_enter=probe.on_enter, on_exit=probe.on_exit)
@@ -259,9 +193,8 @@ def drive(
             tensor = getattr(item, "tensor", item)
             batch = item if tensor is not item else None
             if batch is not None:  # a Batch knows its place among all inputs (a rank's part)
-                start = getattr(batch, "start", start)
-                number = getattr(batch, "number", None)
-                index = index if number is None else number
+                start = batch.start
+                index = index if batch.number is None else batch.number
             step = Step(index, start, _to_device(tensor, device, dtype), batch, tracer, model,
                         probe.grad, progress, autocast)
             try:
@@ -277,20 +210,12 @@ def drive(
 
 
 def peek(batches: Iterable[Any]) -> tuple[Any, Iterable[Any]]:
-    """The first batch, and an iterable that still yields every batch from the first.
-
-    Raises:
-        HookscopeError: there are no batches.
-    """
+    """The first batch, and an iterable that still yields every batch from the first (a
+    :class:`HookscopeError` when there are none)."""
     iterator = iter(_as_batches(batches))
     try:
         first = next(iterator)
     except StopIteration:
         raise HookscopeError("No inputs given.") from None
-
-    def chained() -> Iterator[Any]:
-        yield first
-        yield from iterator
-
-    return first, chained()
+    return first, chain([first], iterator)
 

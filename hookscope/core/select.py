@@ -1,9 +1,6 @@
-"""Which modules to hook: a :class:`Selection` (the ``--layers``, ``--type``,
-``--all-modules`` and ``--max-depth`` of the commands) and the :class:`Site` of each module
-it selects.
-
-Torch-free at import, so the command line builds a selection before torch loads.
-"""
+"""Which modules to hook: a :class:`Selection` (every command's ``--layers``, ``--type``,
+``--all-modules``, ``--max-depth``) and the :class:`Site` of each module it selects.
+Torch-free at import, so the command line builds a selection before torch loads."""
 
 from __future__ import annotations
 
@@ -35,29 +32,15 @@ def depth_of(name: str) -> int:
 
 def all_sites(model: nn.Module) -> list[Site]:
     """Every named module except the root, in definition order (the root only for a bare leaf)."""
-    named = list(model.named_modules())
-    sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in named if n]
-    if not sites:
-        sites = [Site("", type(model).__name__, 0, model)]
-    return sites
+    sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules() if n]
+    return sites or [Site("", type(model).__name__, 0, model)]
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The modules to hook; the default selects every leaf module.
-
-    Leaf modules are chosen by default: modules without children, or modules at
-    ``max_depth`` when the tree is cut there. A container is chosen only when asked for:
-    by ``all_modules``, by its class name in ``types``, or by its exact name in ``layers``.
-    ``layers`` are fnmatch patterns on dotted names (``layer4.*`` selects the leaves under
-    ``layer4``); a module must satisfy both ``layers`` and ``types`` when both are given.
-
-    Attributes:
-        layers: fnmatch patterns on dotted module names.
-        types: module class names.
-        all_modules: containers too, when no other selection is given.
-        max_depth: cut the module tree at this depth (1 = the model's children).
-    """
+    """The modules to hook: by default every leaf (no children, or at ``max_depth``; 1 is the
+    model's children); a container only by ``all_modules``, its class in ``types`` or its exact
+    name in ``layers`` (fnmatch patterns). A module must satisfy both ``layers`` and ``types``."""
 
     layers: Sequence[str] | None = None
     types: Sequence[str] | None = None
@@ -65,21 +48,16 @@ class Selection:
     max_depth: int | None = None
 
     def sites(self, model: nn.Module) -> list[Site]:
-        """The selected modules of ``model``, in definition order.
-
-        Raises:
-            HookscopeError: when nothing matches, saying which filter excluded what.
-        """
+        """The selected modules of ``model``, in definition order; when nothing matches, a
+        :class:`HookscopeError` says which filter excluded what."""
         layers, types, max_depth = self.layers, self.types, self.max_depth
         if max_depth is not None and max_depth < 1:
             raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
         wanted = set(types or ())
         exact = set(layers or ())
-        candidates = [
-            s for s in all_sites(model)
-            if (max_depth is None or s.depth <= max_depth)
-            and (self.all_modules or s.type in wanted or s.name in exact or self._is_leaf(s))
-        ]
+        candidates = [s for s in all_sites(model)
+                      if (max_depth is None or s.depth <= max_depth)
+                      and (self.all_modules or s.type in wanted or s.name in exact or self._is_leaf(s))]
         by_name = [s for s in candidates
                    if not layers or any(fnmatch.fnmatchcase(s.name, p) for p in layers)]
         chosen = [s for s in by_name if not types or s.type in wanted]
@@ -130,26 +108,14 @@ LEAVES = Selection()
 def select_sites(model: nn.Module, *, layers: Sequence[str] | None = None,
                  types: Sequence[str] | None = None, all_modules: bool = False,
                  max_depth: int | None = None) -> list[Site]:
-    """Choose the modules to hook: ``Selection(layers, types, all_modules, max_depth)``'s
-    :meth:`~Selection.sites`.
-
-    Raises:
-        HookscopeError: when nothing matches, saying which filter excluded what.
-    """
+    """``Selection(layers, types, all_modules, max_depth).sites(model)``."""
     return Selection(layers, types, all_modules, max_depth).sites(model)
 
 
 def find_site(model: nn.Module, name: str) -> Site:
-    """The site of one module by its exact dotted name.
-
-    Raises:
-        HookscopeError: the name does not exist, with close matches and a hint.
-    """
-    for site in all_sites(model):
-        if site.name == name:
-            return site
-    names = [s.name for s in all_sites(model)]
-    raise HookscopeError(
-        f"{type(model).__name__} has no module named {name!r}.{suggest(name, names)} "
-        "Run `hookscope layers MODEL` to list the names."
-    )
+    """The site of one module by its exact dotted name (else an error with close matches)."""
+    sites = {site.name: site for site in all_sites(model)}
+    if name in sites:
+        return sites[name]
+    raise HookscopeError(f"{type(model).__name__} has no module named {name!r}."
+                         f"{suggest(name, sites)} Run `hookscope layers MODEL` to list the names.")

@@ -1,11 +1,7 @@
 """Which stream is data's: the stdout hookscope started with, whatever runs meanwhile.
 
-While a command runs, ``sys.stdout`` is stderr (:func:`prints_to_stderr`): a model that
-prints, or the user's code imported as MODEL, cannot break ``--format json | jq``.
-hookscope's own data is written to :func:`data`. On a stdout that cannot encode every
-character (``PYTHONIOENCODING=ascii``, a C locale), arrows and the like are written in
-ASCII instead of raising (:func:`tolerate_encoding`). Imports neither torch nor Rich.
-"""
+While a command runs, ``sys.stdout`` is stderr (:func:`prints_to_stderr`), so a model that
+prints cannot break ``--format json | jq``. Imports neither torch nor Rich."""
 
 from __future__ import annotations
 
@@ -50,15 +46,12 @@ class DataFile:
 
 def tolerate_encoding(stream: Any) -> None:
     """Let ``stream`` write characters its encoding lacks (in ASCII), instead of raising."""
-    encoding = getattr(stream, "encoding", None) or "utf-8"
     try:
-        "→±…".encode(encoding)
-        return
+        "→±…".encode(getattr(stream, "encoding", None) or "utf-8")
     except (UnicodeEncodeError, LookupError):
-        pass
-    reconfigure = getattr(stream, "reconfigure", None)
-    if reconfigure is not None:
-        reconfigure(errors=ERRORS)
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors=ERRORS)
 
 
 @contextmanager

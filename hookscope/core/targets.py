@@ -1,10 +1,7 @@
 """Which output class a method explains: ``top1``, ``topK``, a class index or a label.
 
-One spec applies to every input, or a comma list gives one per input; a list whose length
-does not match the number of inputs is an error (never truncated or recycled). The same
-parser reads ``target`` (which class to explain) and ``label`` (the true class): errors name
-the parameter they came from.
-"""
+One spec applies to every input, or a comma list gives exactly one per input (never
+truncated or recycled). Parses ``target`` and ``label``, errors naming which."""
 
 from __future__ import annotations
 
@@ -22,10 +19,8 @@ __all__ = ["Targets", "folder_targets", "parse_targets"]
 
 @dataclass(frozen=True)
 class Targets:
-    """Parsed targets: each entry is a class index (int) or a rank such as ``top1``.
-
-    ``name`` is the parameter they were given as, for error messages.
-    """
+    """Each entry a class index or a rank such as ``top1``; ``name`` is the parameter they
+    were given as, for error messages."""
 
     entries: tuple[int | str, ...]
     name: str = "target"
@@ -44,8 +39,7 @@ class Targets:
         if self.per_input and len(self.entries) != n_inputs:
             raise HookscopeError(
                 f"{param(self.name)} lists {len(self.entries)} {self.name}s for {n_inputs} "
-                f"input(s); give one {self.name} for all inputs or exactly one per input."
-            )
+                f"input(s); give one {self.name} for all inputs or exactly one per input.")
 
     def resolve(self, logits: torch.Tensor, start: int = 0) -> list[int]:
         """Class indices for the rows of ``logits``, the first being input number ``start``."""
@@ -61,15 +55,13 @@ class Targets:
                 if not 0 <= entry < classes:
                     raise HookscopeError(
                         f"{param(self.name)} {entry} is out of range: the model has {classes} "
-                        f"classes (0 to {classes - 1})."
-                    )
+                        f"classes (0 to {classes - 1}).")
                 chosen.append(entry)
                 continue
             k = int(entry[3:])
             if k > classes or ranked is None:
                 raise HookscopeError(
-                    f"{param(self.name)} {entry}: the model has only {classes} classes."
-                )
+                    f"{param(self.name)} {entry}: the model has only {classes} classes.")
             chosen.append(int(ranked[row, k - 1]))
         return chosen
 
@@ -91,26 +83,17 @@ def _entry(item: str, name: str, lookup: dict[str, int],
     if categories:
         raise HookscopeError(
             f"{param(name)} {item!r} is not a class label of this model."
-            f"{suggest(item, categories)}"
-        )
+            f"{suggest(item, categories)}")
     raise HookscopeError(
         f"{param(name)} {item!r}: this model has no class labels; use a class index or topK "
-        "(or give labels)."
-    )
+        "(or give labels).")
 
 
 def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
                   name: str = "target") -> Targets:
-    """Parse ``top1`` (the default), ``topK``, an index, a label, or a comma list of them.
-
-    Args:
-        spec: the text given.
-        categories: class labels, for entries given by label.
-        name: the parameter it was given as (``target`` or ``label``), for messages.
-
-    Raises:
-        HookscopeError: an unknown label (with close matches) or a malformed entry.
-    """
+    """Parse ``top1`` (the default), ``topK``, an index, a label in ``categories``, or a
+    comma list of them, given as the parameter ``name``; an unknown label (with close
+    matches) or a malformed entry is a :class:`HookscopeError`."""
     text = (spec or "top1").strip()
     lookup = {c.lower(): i for i, c in enumerate(categories or [])}
     entries: list[int | str] = []
@@ -124,12 +107,8 @@ def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
 
 def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
                    name: str = "label") -> Targets:
-    """One class per input from its ImageFolder class folder: a class label of the model
-    (in any case) or a class index.
-
-    Raises:
-        HookscopeError: a folder that names no class of the model.
-    """
+    """One class per input from its ImageFolder class folder: a class label of the model (in
+    any case) or a class index; a folder naming no class is a :class:`HookscopeError`."""
     lookup = {c.lower(): i for i, c in enumerate(categories or [])}
     classes: dict[str, int] = {}
     for folder in dict.fromkeys(folders):
@@ -143,23 +122,20 @@ def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
             raise HookscopeError(
                 f"class folder {folder!r} {known} Name the folders after the model's labels "
                 f"or class indices, give labels that match them with {param('labels')}, or "
-                f"give {param(name)}."
-            )
+                f"give {param(name)}.")
     return Targets(tuple(classes[f] for f in folders), name)
 
 
 def as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
     """:class:`Targets` from what the Python API takes: None (top-1), an index, a spec such
     as ``"top2"`` or ``"tabby"``, a list or tensor of indices or labels, or Targets."""
-    if target is None:
-        return parse_targets(None, categories)
     if isinstance(target, Targets):
         return target
-    if isinstance(target, Integral) and not isinstance(target, bool):
-        return parse_targets(str(int(target)), categories)
-    if isinstance(target, str):
+    if target is None or isinstance(target, str):
         return parse_targets(target, categories)
     if isinstance(target, torch.Tensor):
         target = target.reshape(-1).tolist()
+    elif isinstance(target, Integral) and not isinstance(target, bool):
+        target = [target]
     return parse_targets(",".join(str(int(t) if not isinstance(t, str) else t) for t in target),
                          categories)
