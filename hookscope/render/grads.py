@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -57,13 +57,17 @@ def params_table(rows: list[Mapping[str, Any]]) -> FitTable:
     return table
 
 
+def objective_text(loss: str, targets: Iterable[int] | None) -> str:
+    """What was differentiated: ``cross-entropy (class 3, 7)``, the first five classes."""
+    classes = sorted(set(targets or []))
+    shown = ", ".join(str(c) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
+    return f"{'cross-entropy' if loss == 'ce' else 'target logit'} (class {shown})"
+
+
 def grads_view(doc: Mapping[str, Any], *, params: bool = True) -> RenderableType:
     """The whole ``grads`` table output."""
-    loss = "cross-entropy" if doc["loss"] == "ce" else "target logit"
-    targets = sorted(set(doc.get("targets") or []))
-    shown = ", ".join(str(t) for t in targets[:5]) + (", ..." if len(targets) > 5 else "")
-    line = Text(f"gradient of: {loss} (class {shown}), summed over inputs = "
-                f"{fmt_float(doc.get('objective'))}; median layer norm "
+    line = Text(f"gradient of: {objective_text(doc['loss'], doc.get('targets'))}, summed over "
+                f"inputs = {fmt_float(doc.get('objective'))}; median layer norm "
                 f"{fmt_float(doc.get('median_norm'))}")
     bad = doc.get("first_nonfinite")
     if bad:

@@ -15,6 +15,7 @@ import base64
 import hashlib
 import math
 from functools import lru_cache
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,18 @@ def sort_key(value: Any) -> str:
 def cell(text: Any, raw: Any = None, cls: str = "", *, code: bool = False) -> dict[str, Any]:
     """One table cell: its text, its sort key, its class, and whether it is code."""
     return {"text": text, "v": sort_key(raw), "cls": cls, "code": code}
+
+
+def lead_cells(i: int, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The first cells of a layer call's row: its index, name, type and call."""
+    kind, call = row.get("type") or "", row.get("call") or 0
+    return [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
+            cell(kind, kind, "dim"), cell(call, call, "n")]
+
+
+def strong(n: int) -> dict[str, Any]:
+    """A count of non-finite values: bold unless zero."""
+    return cell(n, n, "n strong" if n else "n")
 
 
 def num(value: Any) -> dict[str, Any]:

@@ -1,11 +1,6 @@
-"""The HTML report: one self-contained page drawn from a :class:`hookscope.probes.report.Report`.
-
-The page is the Jinja2 template ``templates/report.html.j2`` on the pages' base template
-(:mod:`hookscope.render.html`): autoescape escapes every string that comes from the model,
-the labels or the file names, and the base template brings the style, the script and the
-Content-Security-Policy (no request can leave the page; only its own script runs). Tables
-are plain HTML, so the page reads the same with JavaScript off; the script only adds sorting
-and filtering. This module turns the report into the template's plain values.
+"""The HTML report: a :class:`hookscope.probes.report.Report` turned into the plain values of
+the template ``templates/report.html.j2`` (autoescaped, on :mod:`hookscope.render.html`'s
+base template). Tables are plain HTML; the page's script only adds sorting and filtering.
 """
 
 from __future__ import annotations
@@ -14,13 +9,14 @@ import base64
 import io
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.output import dumps_json, format_shape, format_shapes
 from hookscope.render import plots
-from hookscope.render.html import cell, count, num, render
-from hookscope.render.tables import ZERO_WARN, fmt_float
+from hookscope.render.grads import objective_text
+from hookscope.render.html import cell, count, lead_cells, num, render, strong
+from hookscope.render.tables import ZERO_WARN, fmt_float, shape_text
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -150,14 +146,6 @@ def _findings(report: Report) -> list[dict[str, Any]]:
     return items
 
 
-def _objective(report: Report) -> str:
-    assert report.grads is not None
-    classes = sorted(set(report.grads.targets))
-    shown = ", ".join(str(c) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
-    what = "cross-entropy" if report.grads.loss == "ce" else "target logit"
-    return f"{what} (class {shown}) summed over the inputs"
-
-
 # ----------------------------------------------------------------------------- tables
 
 STATS_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
@@ -168,26 +156,17 @@ GRAD_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num
                 ("std", "num"), ("max |g|", "num"), ("non-finite", "num"), ("flag", "text"))
 
 
-def _row_class(nonfinite: int, zero: float | None) -> str:
-    """The terminal table's colours: red for non-finite values, yellow for dead calls."""
-    if nonfinite:
-        return "bad"
-    return "dead" if zero is not None and math.isfinite(zero) and zero >= ZERO_WARN else ""
-
-
 def _stats_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row in the terminal table's colours: red for non-finite values, yellow for dead."""
     zero, bad = row.get("zero_fraction"), int(row.get("nonfinite") or 0)
-    shapes = row.get("output_shapes") or []
-    output = format_shapes(shapes) if len(shapes) > 1 else format_shape(row.get("output_shape"))
+    zero = zero if zero is not None and math.isfinite(zero) else None
     cells = [
-        cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
-        cell(row["type"], row["type"], "dim"), cell(row["call"], row["call"], "n"),
-        cell(format_shapes(row.get("input_shapes") or []), None), cell(output, None),
-        *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
-        cell("-" if zero is None or not math.isfinite(zero) else f"{zero:.1%}", zero, "n"),
-        cell(bad, bad, "n strong" if bad else "n"),
+        *lead_cells(i, row), cell(format_shapes(row.get("input_shapes") or []), None),
+        cell(shape_text(row), None), *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
+        cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad),
     ]
-    return {"name": row["name"], "cls": _row_class(bad, zero), "cells": cells}
+    cls = "bad" if bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
+    return {"name": row["name"], "cls": cls, "cells": cells}
 
 
 def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,9 +174,7 @@ def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     log = math.log10(norm) if isinstance(norm, float) and math.isfinite(norm) and norm > 0 \
         else None
     cells = [
-        cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
-        cell(row["type"], row["type"], "dim"), cell(row["call"], row["call"], "n"),
-        cell(format_shape(row.get("shape")), None), num(norm),
+        *lead_cells(i, row), cell(format_shape(row.get("shape")), None), num(norm),
         cell("-" if log is None else f"{log:.2f}", log, "n"),
         *(num(row.get(k)) for k in ("mean", "std", "max_abs")),
         cell(row.get("nonfinite") or 0, row.get("nonfinite") or 0, "n"), cell(flag, flag),
@@ -209,23 +186,16 @@ def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- Grad-CAM
 
 
-def _overlays(item: CamInput, loaded_mean: Sequence[float] | None,
-              loaded_std: Sequence[float] | None, cmap: str, alpha: float
-              ) -> tuple[Image.Image, dict[str, Image.Image]]:
+def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[str, Any]:
     """The input's picture and, per method, its overlay."""
     from hookscope.render.heatmap import denormalize, heatmap_images
 
-    base = item.image if item.image is not None else denormalize(item.tensor, loaded_mean,
-                                                                 loaded_std)
-    return base, {m: heatmap_images(values, base, item.box, cmap=cmap, alpha=alpha)[0]
-                  for m, values in item.maps.items()}
-
-
-def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[str, Any]:
     pre = report.envelope.get("preprocessing") or {}
-    base, overlays = _overlays(item, pre.get("mean"), pre.get("std"), cmap, alpha)
+    base = item.image if item.image is not None else denormalize(item.tensor, pre.get("mean"),
+                                                                 pre.get("std"))
     figures = [_img(base, f"input {item.name}", method=None)]
-    for method, image in overlays.items():
+    for method, values in item.maps.items():
+        image = heatmap_images(values, base, item.box, cmap=cmap, alpha=alpha)[0]
         t = item.targets[method]
         label = t.label if t.label is not None else f"class {t.index}"
         detail = f"{t.index}" + ("" if t.prob is None else f", {t.prob:.1%}")
@@ -249,13 +219,8 @@ def _cam(report: Report, cmap: str, alpha: float) -> dict[str, Any]:
 
 
 def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str:
-    """The whole page as text.
-
-    Args:
-        report: what :func:`hookscope.probes.report.build_report` returned.
-        cmap: the matplotlib colormap of the Grad-CAM overlays.
-        alpha: the heatmap's weight in the overlays.
-    """
+    """The whole page of :func:`hookscope.probes.report.build_report`'s report as text;
+    ``cmap`` and ``alpha`` draw the Grad-CAM overlays."""
     from markupsafe import Markup
 
     doc, opts = report.to_dict(), report.options
@@ -271,7 +236,9 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
         created=report.created, summary=_summary(report), envelope=_envelope(report),
         envelope_json=dumps_json(env), findings=_findings(report), notes=report.notes,
         left_out=list(report.left_out.items()),
-        profile=Markup(profile), flow=flow, objective=None if grads is None else _objective(report),
+        profile=Markup(profile), flow=flow,
+        objective=None if grads is None else
+        f"{objective_text(grads.loss, grads.targets)} summed over the inputs",
         vanish=f"{opts.vanish:g}", explode=f"{opts.explode:g}",
         stats_columns=STATS_COLUMNS, grad_columns=GRAD_COLUMNS,
         stats_rows=[_stats_row(i, r) for i, r in enumerate(doc["stats"]["layers"])],

@@ -55,8 +55,7 @@ def fmt_pct(value: float | None, digits: int = 2, *, sign: bool = False) -> str:
 
 
 def fmt_float(value: float | None, digits: int = 4) -> str:
-    """Compact, aligned-friendly float text; None and non-finite values (null in JSON) as
-    ``-``."""
+    """Compact float text; None and non-finite values (null in JSON) as ``-``."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if value == 0:
@@ -109,18 +108,9 @@ def as_text(cell: RenderableType | None) -> Text:
 
 @dataclass(frozen=True)
 class Col:
-    """One column of a :class:`FitTable`.
-
-    Attributes:
-        header: the title, also named in the footnote when the column is hidden.
-        priority: importance; when the table is too wide the lowest goes first, and
-            ``REQUIRED`` columns are never hidden.
-        justify: cell alignment.
-        style: the style of every cell.
-        wrap: free text (class labels, lists) that may wrap at spaces. Other columns
-            (numbers, shapes, names, paths) never wrap.
-        name: dotted names or paths, shortened from the left as a last resort.
-    """
+    """One column of a :class:`FitTable`: the lowest ``priority`` hides first (``REQUIRED``
+    never); only ``wrap`` columns (free text) may wrap; ``name`` columns (dotted names,
+    paths) are shortened from the left as a last resort."""
 
     header: str
     priority: int = REQUIRED
@@ -146,23 +136,18 @@ class Row:
 
 @dataclass
 class Fit:
-    """What a :class:`FitTable` shows at one width."""
+    """What a :class:`FitTable` shows at one width: the columns, and shortened names' widths."""
 
     shown: list[int]
     limits: dict[int, int] = field(default_factory=dict)
-
-    def hidden(self, columns: Sequence[Col]) -> list[str]:
-        """The headers of the columns not shown."""
-        return [c.header for i, c in enumerate(columns) if i not in self.shown]
 
 
 class FitTable:
     """A data table that hides its least important columns to fit the width it is drawn at.
 
-    The choice happens in ``__rich_console__``, so one table prints right on an 80-column
-    terminal and in a 200-column pipe. Columns go lowest priority first (ties: the rightmost);
-    if even the ``REQUIRED`` ones do not fit, ``name`` columns are shortened from the left,
-    except at ``PIPE_WIDTH`` and wider. A dim footnote says what was hidden.
+    Columns go lowest priority first (ties: the rightmost); if even the ``REQUIRED`` ones do
+    not fit, ``name`` columns are shortened, except at ``PIPE_WIDTH`` and wider. A dim
+    footnote says what was hidden.
     """
 
     def __init__(self, columns: Sequence[Col], *, title: str | None = None) -> None:
@@ -183,8 +168,7 @@ class FitTable:
 
     def _need(self, console: Console, options: ConsoleOptions, index: int,
               limit: int | None = None, *, wrap: bool = False) -> int:
-        """Cells a column needs: its widest cell, or with ``wrap`` its longest word when the
-        column may wrap."""
+        """A column's widest cell, or with ``wrap`` (for a wrap column) its longest word."""
         wrap = wrap and self.columns[index].wrap
         key = (index, limit, wrap)
         if key not in self._needs:
@@ -260,7 +244,7 @@ class FitTable:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         table, fit = self.render(console, options)
         yield table
-        hidden = fit.hidden(self.columns)
+        hidden = [c.header for i, c in enumerate(self.columns) if i not in fit.shown]
         if hidden or fit.limits:
             yield footnote(hidden, options.max_width, shortened=bool(fit.limits))
 
@@ -270,15 +254,8 @@ class FitTable:
 
 @dataclass(frozen=True)
 class Part:
-    """One piece of a one-line label (a tree node's): hidden by priority, like a column.
-
-    Attributes:
-        what: named in the footnote when hidden.
-        text: the piece itself.
-        priority: as :attr:`Col.priority`.
-        sep: what goes before it (nothing before the first part shown).
-        name: a dotted name, shortened from the left as a last resort.
-    """
+    """One piece of a one-line label, hidden by priority like a :class:`Col`; ``what`` is
+    named in the footnote, ``sep`` goes before it unless it comes first."""
 
     what: str
     text: Text
@@ -299,8 +276,7 @@ def _join(parts: Sequence[Part]) -> Text:
 def fit_parts(parts: Sequence[Part], width: int) -> tuple[Text, list[str], bool]:
     """Join ``parts`` into one line of at most ``width`` cells, hiding low priorities first.
 
-    Returns:
-        The line, what was hidden, and whether a name had to be shortened.
+    Returns the line, what was hidden, and whether a name had to be shortened.
     """
     shown = dict(enumerate(parts))
     order = sorted((p.priority, -i) for i, p in enumerate(parts) if p.priority < REQUIRED)
@@ -310,10 +286,8 @@ def fit_parts(parts: Sequence[Part], width: int) -> tuple[Text, list[str], bool]
         del shown[-minus_index]
     excess = _join(list(shown.values())).cell_len - width
     shortened = False
-    names = [i for i, p in shown.items() if p.name] if width < PIPE_WIDTH else []
-    for i in names:
-        part = shown[i]
-        if excess > 0:
+    for i, part in list(shown.items()) if width < PIPE_WIDTH else []:
+        if part.name and excess > 0:
             short = shorten_name(part.text, max(part.text.cell_len - excess, NAME_MIN))
             excess -= part.text.cell_len - short.cell_len
             shown[i] = replace(part, text=short)
@@ -326,8 +300,7 @@ def fit_parts(parts: Sequence[Part], width: int) -> tuple[Text, list[str], bool]
 
 
 class Header:
-    """A one-line renderable of :class:`Part` s: at a narrow width the least important
-    parts go (everything is in the JSON), so the line never wraps."""
+    """A line of :class:`Part` s that drops its least important parts rather than wrap."""
 
     def __init__(self, parts: Sequence[Part]) -> None:
         self.parts = list(parts)
@@ -342,8 +315,8 @@ class Header:
 
 
 def header(doc: Mapping[str, Any], extra: str = "") -> Header:
-    """One line: model, weights actually loaded, device, number of inputs, input shape and
-    ``extra``; at a narrow width ``extra`` goes first, then the shape, the device, the count."""
+    """One line: model, weights loaded, device, number of inputs, input shape and ``extra``
+    (hidden first at a narrow width, then the shape, the device, the count)."""
     parts = [Part("model", Text(str(doc.get("model")), style="bold"), name=True),
              Part("weights", Text(f"weights: {doc['weights']['loaded']}", style="cyan")),
              Part("device", Text(f"device: {doc.get('device')}"), 3),
@@ -391,15 +364,16 @@ def dead_channels(row: Mapping[str, Any]) -> int:
                if ch.get("zero_fraction") is not None and ch["zero_fraction"] >= ZERO_WARN)
 
 
-def _output_shape(row: Mapping[str, Any]) -> str:
+def shape_text(row: Mapping[str, Any]) -> str:
+    """A call's output shape, or its shapes joined by ``;``."""
     shapes = row.get("output_shapes") or []
     return format_shapes(shapes) if len(shapes) > 1 else format_shape(row.get("output_shape"))
 
 
 def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
                 per_channel: bool = False, percentiles: Sequence[str] = ()) -> FitTable:
-    """Per-call statistics; non-finite counts red, mostly-zero layers yellow; with
-    ``per_channel`` the dead channels (yellow when any), with ``percentiles`` their values."""
+    """Per-call statistics; non-finite rows red, mostly-zero ones yellow; optionally the dead
+    channels and the percentiles."""
     table = FitTable(_stats_columns(rows, input_stats, per_channel, percentiles))
     for i, row in enumerate(rows):
         zero = row.get("zero_fraction")
@@ -407,7 +381,7 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
         style = "red" if nonfinite else ("yellow" if zero is not None and zero >= ZERO_WARN else None)
         cells: list[RenderableType] = [
             str(i), row["name"], row["type"], str(row["call"]),
-            format_shapes(row.get("input_shapes") or []), _output_shape(row),
+            format_shapes(row.get("input_shapes") or []), shape_text(row),
             *(fmt_float(row.get(k)) for k in ("mean", "std", "min", "max")),
             fmt_pct(zero, 1), count_text(nonfinite),
         ]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from hookscope.core.output import dumps_json, format_shape
 from hookscope.render import plots
 from hookscope.render import training_plots as tp
-from hookscope.render.html import cell, num, render
+from hookscope.render.html import cell, lead_cells, num, render, strong
 from hookscope.render.tables import ZERO_WARN, fmt_float
 from hookscope.training.logs import number
 
@@ -39,14 +39,10 @@ def _layer_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     zero, bad = number(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
     grad_bad = int(row.get("grad_nonfinite") or 0)
     cls = "bad" if bad or grad_bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
-    cells = [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
-             cell(row.get("type") or "", row.get("type") or "", "dim"),
-             cell(row.get("call") or 0, row.get("call") or 0, "n"),
-             cell(format_shape(row.get("output_shape")), None),
+    cells = [*lead_cells(i, row), cell(format_shape(row.get("output_shape")), None),
              *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
-             cell("-" if zero is None else f"{zero:.1%}", zero, "n"),
-             cell(bad, bad, "n strong" if bad else "n"), num(row.get("grad_norm")),
-             cell(grad_bad, grad_bad, "n strong" if grad_bad else "n")]
+             cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad),
+             num(row.get("grad_norm")), strong(grad_bad)]
     return {"name": row["name"], "cls": cls, "cells": cells}
 
 
