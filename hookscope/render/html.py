@@ -14,8 +14,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
-from functools import lru_cache
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 

@@ -171,6 +171,3 @@ def training_html(log: TrainingLog) -> str:
         layer_columns=LAYER_COLUMNS, param_columns=PARAM_COLUMNS,
         layers=[_layer_row(i, r) for i, r in enumerate(last.get("layers") or ())],
         params=[_param_row(i, r) for i, r in enumerate(last.get("params") or ())])
-
-
-__all__ = ["training_html"]

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from hookscope.render.plots import BLUE, GREY, RED, _new_figure, _style
+from hookscope.render.plots import GREY, RED, styled_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -84,8 +84,7 @@ def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, l
     names = [layer_label(k) for k in series]
     height = min(max(1.6, 0.16 * len(names) + 1.0), 14.0)
     colours = matplotlib.colormaps[cmap].with_extremes(bad="#d0d7de")
-    with _style():
-        fig = _new_figure(None, width=6.4, height=height)
+    with styled_figure(None, width=6.4, height=height) as fig:
         ax = fig.add_subplot()
         image = ax.imshow(values, aspect="auto", interpolation="nearest", cmap=colours,
                           norm=_norm(values, key))
@@ -107,8 +106,7 @@ def lines_figure(steps: Sequence[int], series: Series, title: str, *, log10: boo
     values = matrix(series, False)
     x = np.array(steps, dtype=np.float64)
     shades = matplotlib.colormaps["viridis"]
-    with _style():
-        fig = _new_figure(None, width=6.4, height=2.8)
+    with styled_figure(None, width=6.4, height=2.8) as fig:
         ax = fig.add_subplot()
         n = max(len(values) - 1, 1)
         for i, row in enumerate(values):
@@ -135,7 +133,3 @@ def lines_figure(steps: Sequence[int], series: Series, title: str, *, log10: boo
 def has_values(series: Series) -> bool:
     """Whether any value was logged at all (a figure of nothing is left out)."""
     return any(v is not None for row in series.values() for v in row)
-
-
-__all__ = ["BLUE", "QUANTITIES", "has_values", "heatmap_figure", "lines_figure", "matrix",
-           "plain"]

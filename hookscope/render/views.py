@@ -62,12 +62,12 @@ def emit_plot(command: str, doc: Mapping[str, Any], output: Output | None, **opt
     suffix; atomically). Nothing happens without an output."""
     if output is None:
         return
-    from hookscope.render.plots import render_plot, write_plot
+    from hookscope.render.plots import write_plot
 
     figure = _views()[command].plot
     if figure is None:
         raise HookscopeError(f"{command} has no plot.")
-    write_plot(render_plot(figure(doc, **options), output), output)
+    write_plot(figure(doc, **options), output)
 
 
 def _views() -> Mapping[str, Any]:
