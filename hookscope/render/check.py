@@ -1,8 +1,5 @@
-"""``hookscope check`` drawn three ways: a table of rules, JUnit XML, GitHub annotations.
-
-All three read the command's JSON document (the envelope plus ``rules``, ``passed`` and
-``failed``), so what a CI test reporter shows is what ``--format json`` holds.
-"""
+"""``hookscope check`` drawn three ways, all from its JSON document: a table of rules, JUnit
+XML, GitHub annotations."""
 
 from __future__ import annotations
 
@@ -35,9 +32,11 @@ def limit_text(limit: Any) -> str:
     return Path(limit).name if isinstance(limit, str) else str(limit)  # a baseline's path
 
 
-def _more(rule: Mapping[str, Any], shown: int) -> str:
-    rest = len(rule["offenders"]) - shown
-    return f"... and {rest} more (all in --format json or --junit)" if rest > 0 else ""
+def _shown(rule: Mapping[str, Any]) -> list[str]:
+    """A rule's first :data:`SHOWN` offenders, then how many more there are."""
+    rest = len(rule["offenders"]) - SHOWN
+    more = [f"... and {rest} more (all in --format json or --junit)"] if rest > 0 else []
+    return rule["offenders"][:SHOWN] + more
 
 
 def rules_table(doc: Doc) -> FitTable:
@@ -57,7 +56,7 @@ def offenders_table(doc: Doc) -> FitTable:
                      title="offenders")
     failed = [r for r in doc["rules"] if not r["passed"] and r["offenders"]]
     for rule in failed:
-        lines = rule["offenders"][:SHOWN] + [m for m in [_more(rule, SHOWN)] if m]
+        lines = _shown(rule)
         for i, line in enumerate(lines):
             table.add_row(rule["rule"] if i == 0 else "", line,
                           end_section=i == len(lines) - 1)
@@ -105,16 +104,12 @@ def _xml_text(text: Any) -> str:
 
 
 def _classname(model: Any) -> str:
-    """``hookscope.check.<model>``, the model's name made one dotted-name part (test
-    reporters split class names at dots)."""
+    """``hookscope.check.<model>``, the model's name as one part (reporters split at dots)."""
     return "hookscope.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(model or "model"))
 
 
 def junit_xml(doc: Doc) -> str:
-    """A JUnit XML report: one test case per rule, a ``<failure>`` for each failed rule
-    whose text lists every offender.
-
-    The shape GitLab, Jenkins and the GitHub test-report actions read::
+    """A JUnit XML report, in the shape GitLab, Jenkins and GitHub's test-report actions read::
 
         <testsuites name tests failures errors>
           <testsuite name="hookscope check" tests failures errors skipped>
@@ -187,12 +182,9 @@ def _annotation(kind: str, title: str, lines: Sequence[str]) -> str:
 def github_annotations(doc: Doc) -> str:
     """One ``::error`` line per failed rule (its detail and first offenders), then a
     ``::notice`` with the verdict."""
-    out = []
-    for rule in doc["rules"]:
-        if not rule["passed"]:
-            shown = rule["offenders"][:SHOWN]
-            lines = [rule["detail"], *shown, *[m for m in [_more(rule, SHOWN)] if m]]
-            out.append(_annotation("error", f"hookscope check: {rule['rule']}", lines))
+    out = [_annotation("error", f"hookscope check: {rule['rule']}",
+                       [rule["detail"], *_shown(rule)])
+           for rule in doc["rules"] if not rule["passed"]]
     failed = [r["rule"] for r in doc["rules"] if not r["passed"]]
     what = f"{len(failed)} of {len(doc['rules'])} rules failed ({', '.join(failed)})" \
         if failed else f"all {len(doc['rules'])} rules passed"

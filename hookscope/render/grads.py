@@ -18,10 +18,11 @@ LAYER_COLUMNS = ("name", "type", "call", "shape", "norm", "mean", "std", "max_ab
 CSV_COLUMNS = ("kind", *LAYER_COLUMNS, "grad_norm", "weight_norm", "ratio")
 
 
-def csv_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def grads_csv(doc: Mapping[str, Any], *, params: bool = True
+              ) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     """One CSV: layer rows (``kind`` = layer) then parameter rows (``kind`` = param)."""
-    return ([{"kind": "layer", **row} for row in doc["layers"]]
-            + [{"kind": "param", **row} for row in doc["params"]])
+    rows = [{"kind": "layer", **row} for row in doc["layers"]]
+    return rows + [{"kind": "param", **row} for row in doc["params"]], CSV_COLUMNS
 
 
 def layers_table(rows: list[Mapping[str, Any]]) -> FitTable:
