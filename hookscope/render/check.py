@@ -95,9 +95,6 @@ def check_view(doc: Doc) -> RenderableType:
     return Group(*parts)
 
 
-# ----------------------------------------------------------------------------- JUnit
-
-
 def _xml_text(text: Any) -> str:
     """``text`` without what XML 1.0 cannot hold (control characters, lone surrogates)."""
     return _NOT_XML.sub("\ufffd", str(text))
@@ -160,9 +157,6 @@ def resolve_junit(path: Path | str | None, output: Path | str | None, *,
         raise HookscopeError(f"{param('junit')} and {param('output')} name the same file "
                              f"{str(path)!r}; give two files.")
     return resolve_output(path, force=force)
-
-
-# ----------------------------------------------------------------------------- GitHub
 
 
 def escape_data(text: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -165,47 +164,6 @@ def denormalize(
     return Image.fromarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), "RGB")
 
 
-@dataclass
-class Extras:
-    """What an overlay shows besides the map, and the extra files of one input."""
-
-    raws: dict[str, np.ndarray] = field(default_factory=dict)  # path key -> raw .npy map
-    region: np.ndarray | None = None
-    detections: list[dict[str, Any]] | None = None
-    input_size: tuple[int, int] = (0, 0)
-    guided: np.ndarray | None = None
-    label: Any = None
-
-
-def write_cam_files(
-    staging: Staging,
-    values: np.ndarray,
-    image: Image.Image,
-    box: Box | None,
-    paths: dict[str, Path | None],
-    *,
-    cmap: str = "jet",
-    alpha: float = 0.5,
-    extras: Extras | None = None,
-) -> None:
-    """Render and stage one input's overlay, heatmap, raw ``.npy`` and guided files."""
-    from hookscope.cam.backprop import deprocess
-
-    extras = extras or Extras()
-    over, heat = heatmap_images(values, image, box, cmap=cmap, alpha=alpha)
-    if extras.region is not None:
-        over = draw_region(over, extras.region, box)
-    if extras.detections:
-        over = draw_boxes(over, extras.detections, extras.input_size, box, extras.label)
-    staging.save_png(over, paths["overlay"])  # type: ignore[arg-type]
-    staging.save_png(heat, paths["heatmap"])  # type: ignore[arg-type]
-    for key, array in extras.raws.items():
-        staging.save_npy(array, paths[key])  # type: ignore[arg-type]
-    if extras.guided is not None and paths.get("guided") is not None:
-        staging.save_png(Image.fromarray(deprocess(extras.guided), "RGB"),
-                         paths["guided"])  # type: ignore[arg-type]
-
-
 class CamWriter(CamRows):
     """Sink for :class:`hookscope.cam.probe.CamProbe`: stages each batch's files in worker
     threads and keeps the document's rows (:class:`CamRows`).
@@ -232,23 +190,29 @@ class CamWriter(CamRows):
             image = batch.images[i] or denormalize(batch.tensor[i], self.loaded.mean,
                                                    self.loaded.std)
             for name, res in explained.results.items():
-                paths = self.plans[batch.start + i][name]
-                self.staging.submit(write_cam_files, self.staging, res.maps[i], image,
-                                    explained.boxes[i], paths, cmap=self.cmap,
-                                    alpha=self.alpha, extras=self._extras(res, i, paths, size))
+                self.staging.submit(self._write, res, i, image, explained.boxes[i],
+                                    self.plans[batch.start + i][name], size)
 
-    def _extras(self, res: Any, i: int, paths: dict[str, Path | None],
-                size: tuple[int, int]) -> Extras:
-        raws = {}
-        if self.save_raw and len(res.layers) > 1:
-            raws = {f"raw.{layer}": raw[i] for layer, raw in zip(res.layers, res.raws,
-                                                                 strict=True)}
-        elif self.save_raw:
-            raws = {"raw": res.raw[i]}
-        return Extras(raws=raws, region=res.regions[i] if res.regions is not None else None,
-                      detections=res.detections[i] if res.detections is not None else None,
-                      input_size=size, label=self.loaded.label,
-                      guided=res.guided[i] if res.guided is not None else None)
+    def _write(self, res: Any, i: int, image: Image.Image, box: Box | None,
+               paths: dict[str, Any], size: tuple[int, int]) -> None:
+        """Render and stage input ``i``'s overlay, heatmap, raw ``.npy`` and guided files."""
+        from hookscope.cam.backprop import deprocess
+
+        over, heat = heatmap_images(res.maps[i], image, box, cmap=self.cmap, alpha=self.alpha)
+        if res.regions is not None:
+            over = draw_region(over, res.regions[i], box)
+        if res.detections is not None and res.detections[i]:
+            over = draw_boxes(over, res.detections[i], size, box, self.loaded.label)
+        self.staging.save_png(over, paths["overlay"])
+        self.staging.save_png(heat, paths["heatmap"])
+        if self.save_raw:
+            raws = zip([f"raw.{layer}" for layer in res.layers], res.raws, strict=True) \
+                if len(res.layers) > 1 else [("raw", res.raw)]
+            for key, raw in raws:
+                self.staging.save_npy(raw[i], paths[key])
+        if res.guided is not None and paths.get("guided") is not None:
+            self.staging.save_png(Image.fromarray(deprocess(res.guided[i]), "RGB"),
+                                  paths["guided"])
 
     @staticmethod
     def log_notes(notes: Sequence[str]) -> None:

@@ -48,9 +48,6 @@ def _img(image: Image.Image, alt: str, **more: Any) -> dict[str, Any]:
             "height": round(height * scale)} | more
 
 
-# ----------------------------------------------------------------------------- header
-
-
 def _envelope_value(key: str, value: Any) -> dict[str, Any]:
     """One envelope entry as the template's ``fact`` draws it (unknown keys as JSON)."""
     if key == "weights" and isinstance(value, Mapping):
@@ -130,9 +127,6 @@ def _summary(report: Report) -> list[dict[str, str]]:
     return [{"cls": cls, "text": text} for cls, text in chips]
 
 
-# ----------------------------------------------------------------------------- findings
-
-
 def _findings(report: Report) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for kind in ("nonfinite", "grad_nonfinite", "explode", "dead", "vanish"):
@@ -145,8 +139,6 @@ def _findings(report: Report) -> list[dict[str, Any]]:
             items.append({"more": len(found) - MAX_FINDINGS, "kind": kind.replace("_", " ")})
     return items
 
-
-# ----------------------------------------------------------------------------- tables
 
 STATS_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
                  ("input", "text"), ("output", "text"), ("mean", "num"), ("std", "num"),
@@ -183,9 +175,6 @@ def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": row["name"], "cls": cls, "cells": cells}
 
 
-# ----------------------------------------------------------------------------- Grad-CAM
-
-
 def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[str, Any]:
     """The input's picture and, per method, its overlay."""
     from hookscope.render.heatmap import denormalize, heatmap_images
@@ -213,9 +202,6 @@ def _cam(report: Report, cmap: str, alpha: float) -> dict[str, Any]:
         "as asked"
     return {"layer": report.cam_layer, "how": how, "methods": ", ".join(report.methods),
             "inputs": [_cam_input(item, report, cmap, alpha) for item in report.inputs]}
-
-
-# ----------------------------------------------------------------------------- the page
 
 
 def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str:

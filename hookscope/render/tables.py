@@ -66,9 +66,6 @@ def fmt_float(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
-# ----------------------------------------------------------------------------- fitting
-
-
 def shorten_name(text: Text, width: int) -> Text:
     """Cut a dotted name (or a path) from the left to ``width`` cells, marked with ``…``.
 
@@ -294,9 +291,6 @@ def fit_parts(parts: Sequence[Part], width: int) -> tuple[Text, list[str], bool]
             shortened = True
     hidden = [p.what for i, p in enumerate(parts) if i not in shown]
     return _join(list(shown.values())), hidden, shortened
-
-
-# ----------------------------------------------------------------------------- stats
 
 
 class Header:

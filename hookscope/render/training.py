@@ -1,12 +1,7 @@
-"""The training page: one self-contained HTML page drawn from a training log.
-
-``hookscope report LOG_DIR`` writes it. It shows the run's envelope, the non-finite event
-that stopped it (``nonfinite.json``), the layers flagged for drift, layers x steps heat maps
-of each layer call's mean, std, zero fraction and gradient norm, line plots of the gradient
-norms and the update ratios over the steps, and the last logging step's rows as sortable
-tables. It is a Jinja2 template with autoescape on the model report's base template: every
-string from the log is escaped by construction, and the page shares the model report's
-style, script and Content-Security-Policy (nothing loads, only the page's own script runs).
+"""The training page (``hookscope report LOG_DIR``): a training log's envelope, the non-finite
+event that stopped it, the layers flagged for drift, layers x steps heat maps, line plots of
+the gradient norms and update ratios, and the last logging step's rows as sortable tables.
+It is ``templates/training.html.j2`` on the model report's base template (autoescaped).
 """
 
 from __future__ import annotations
@@ -52,9 +47,6 @@ def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": row["name"], "cls": "", "cells": cells}
 
 
-# ----------------------------------------------------------------------------- findings
-
-
 def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
     from hookscope.training.rules import event_text
 
@@ -76,50 +68,44 @@ def _value(value: Any) -> str:
     return "-" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
-# ----------------------------------------------------------------------------- figures
+def _figure(key: str, title: str, fig: Any, alt: str, caption: str) -> dict[str, Any]:
+    from markupsafe import Markup
+
+    return {"key": key, "title": title, "svg": Markup(plots.inline_svg(fig, alt)),
+            "caption": caption}
 
 
 def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from markupsafe import Markup
-
     heat, lines = [], []
     for key, title, log10, cmap in tp.QUANTITIES:
         steps, series = log.series("layers", key)
-        if not tp.has_values(series):
-            continue
-        fig = tp.heatmap_figure(steps, series, key, title, log10, cmap)
-        heat.append({"key": key, "title": f"{title.capitalize()} over steps",
-                     "svg": Markup(plots.inline_svg(fig, f"{title} heat map")),
-                     "caption": f"One row per layer call, one column per logging step"
-                                f"{'; log10 of the value' if log10 else ''}. Grey: not "
-                                "logged, or not finite."})
+        if tp.has_values(series):
+            heat.append(_figure(
+                key, f"{title.capitalize()} over steps",
+                tp.heatmap_figure(steps, series, key, title, log10, cmap), f"{title} heat map",
+                "One row per layer call, one column per logging step"
+                f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite."))
     losses = [(int(s["step"]), number(s.get("loss"))) for s in log.steps]
     if any(v is not None for _, v in losses):
         fig = tp.lines_figure([k for k, _ in losses], {"loss": [v for _, v in losses]},
                               "Loss at the logging steps", log10=False, ylabel="loss")
-        lines.append({"key": "loss", "title": "Loss",
-                      "svg": Markup(plots.inline_svg(fig, "loss over steps")),
-                      "caption": "The loss given to watch.step() at each logging step."})
+        lines.append(_figure("loss", "Loss", fig, "loss over steps",
+                             "The loss given to watch.step() at each logging step."))
     steps, grads = log.series("layers", "grad_norm")
     if tp.has_values(grads):
         fig = tp.lines_figure(steps, grads, "Gradient norm at each layer call's output",
                               log10=True, ylabel="‖grad‖")
-        lines.append({"key": "grad_norm", "title": "Gradient norms",
-                      "svg": Markup(plots.inline_svg(fig, "gradient norms over steps")),
-                      "caption": "One line per layer call, first layers dark; red: the "
-                                 "median over layers."})
+        lines.append(_figure("grad_norm", "Gradient norms", fig, "gradient norms over steps",
+                             "One line per layer call, first layers dark; red: the median "
+                             "over layers."))
     steps, ratios = log.series("params", "update_ratio")
     if tp.has_values(ratios):
         fig = tp.lines_figure(steps, ratios, "Update ratio ‖Δw‖/‖w‖ per parameter",
                               log10=True, ylabel="‖Δw‖/‖w‖", reference=RATIO_REFERENCE)
-        lines.append({"key": "update_ratio", "title": "Update ratios",
-                      "svg": Markup(plots.inline_svg(fig, "update ratios over steps")),
-                      "caption": "One line per parameter since the previous logging step; "
-                                 f"dashed: {RATIO_REFERENCE:g}, the usual rule of thumb."})
+        lines.append(_figure("update_ratio", "Update ratios", fig, "update ratios over steps",
+                             "One line per parameter since the previous logging step; "
+                             f"dashed: {RATIO_REFERENCE:g}, the usual rule of thumb."))
     return heat, lines
-
-
-# ----------------------------------------------------------------------------- the page
 
 
 def _chips(log: TrainingLog, flagged: list[Any]) -> list[dict[str, str]]:

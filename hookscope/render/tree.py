@@ -13,8 +13,6 @@ from hookscope.core.output import Output, dumps_ndjson, format_shape, write
 from hookscope.render import console
 from hookscope.render.tables import Col, FitTable, Part, fit_parts, fmt_float, footnote, header
 
-# ----------------------------------------------------------------------------- models
-
 
 def models_table(doc: Mapping[str, Any]) -> FitTable:
     """One row per model: name, task, the DEFAULT weights and every weights enum member."""
@@ -26,9 +24,6 @@ def models_table(doc: Mapping[str, Any]) -> FitTable:
         weights = ", ".join(m["weights"]) if m["weights"] else Text("none", style="dim")
         table.add_row(m["name"], m["task"], m.get("default") or Text("-", style="dim"), weights)
     return table
-
-
-# ----------------------------------------------------------------------------- layers
 
 
 def _shape_text(call: Mapping[str, Any]) -> str:
@@ -173,9 +168,6 @@ class LayersTree:
 def layers_view(doc: Mapping[str, Any]) -> RenderableType:
     """The whole ``layers`` output: a header line and the tree."""
     return Group(header(doc), LayersTree(doc))
-
-
-# ----------------------------------------------------------------------------- debug
 
 
 def _indent(event: Mapping[str, Any]) -> str:
