@@ -25,22 +25,16 @@ def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
     ])
     previous = None
     for row in results:
-        peak = row.get("peak") or []
         target = row.get("target")
         if target is None and row.get("detections") is not None:
             label = f"{len(row['detections'])} detection(s)"
         else:
             label = row.get("label") or ""
-        table.add_row(
-            "" if row["input"] == previous else str(row["input"]),
-            row["method"],
-            "-" if target is None else str(target),
-            label,
-            fmt_float(row.get("score")),
-            fmt_pct(row.get("prob")),
-            ",".join(str(v) for v in peak),
-            str(row.get("overlay") or ""),
-        )
+        table.add_row("" if row["input"] == previous else str(row["input"]), row["method"],
+                      "-" if target is None else str(target), label,
+                      fmt_float(row.get("score")), fmt_pct(row.get("prob")),
+                      ",".join(str(v) for v in row.get("peak") or []),
+                      str(row.get("overlay") or ""))
         previous = row["input"]
     return table
 

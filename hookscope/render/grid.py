@@ -50,28 +50,19 @@ class Board:
                                       global_step=grid.index)
         self.writer.add_scalar(f"{grid.tag}/nonfinite", grid.nonfinite, global_step=grid.index)
 
-    def close(self) -> None:
-        self.writer.flush()
-        self.writer.close()
-
     def __enter__(self) -> Board:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.writer.close()  # flushes first
 
 
 class GridWriter:
-    """Sink for :class:`hookscope.probes.features.FeaturesProbe`: each grid into a staged PNG and,
-    optionally, TensorBoard.
+    """Sink for :class:`hookscope.probes.features.FeaturesProbe`: each grid into a staged PNG in
+    ``out_dir`` and, optionally, the ``tensorboard`` log directory.
 
     TensorBoard events are logged into a hidden folder beside ``tensorboard`` and moved into
     it only when the run completes, so a failed run leaves no event file either.
-
-    Args:
-        staging: the PNGs' all-or-nothing writer.
-        out_dir: the folder of the PNGs.
-        tensorboard: a TensorBoard log directory, or None.
     """
 
     def __init__(self, staging: Staging, out_dir: Path, tensorboard: Path | None = None) -> None:
@@ -104,7 +95,7 @@ class GridWriter:
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if self.board is not None:
-            self.board.close()
+            self.board.writer.close()
         if self._scratch is None or self.tensorboard is None:
             return
         try:

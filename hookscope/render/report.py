@@ -29,23 +29,20 @@ MAX_SIDE = 512
 MAX_FINDINGS = 8
 
 
-def image_uri(image: Image.Image, *, quality: int = 85) -> str:
-    """A JPEG ``data:`` URI of ``image``, scaled down to :data:`MAX_SIDE` pixels at most."""
+def _img(image: Image.Image, alt: str, **more: Any) -> dict[str, Any]:
+    """A figure of the page: ``image`` as a JPEG ``data:`` URI, at most :data:`MAX_SIDE`
+    pixels a side."""
     from PIL import Image as PILImage
 
     small = image.convert("RGB")
     if max(small.size) > MAX_SIDE:
         small.thumbnail((MAX_SIDE, MAX_SIDE), PILImage.Resampling.LANCZOS)
     buf = io.BytesIO()
-    small.save(buf, format="JPEG", quality=quality, optimize=True)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _img(image: Image.Image, alt: str, **more: Any) -> dict[str, Any]:
+    small.save(buf, format="JPEG", quality=85, optimize=True)
     width, height = image.size
     scale = min(1.0, MAX_SIDE / max(width, height))
-    return {"src": image_uri(image), "alt": alt, "width": round(width * scale),
-            "height": round(height * scale)} | more
+    return {"src": "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"),
+            "alt": alt, "width": round(width * scale), "height": round(height * scale)} | more
 
 
 def _envelope_value(key: str, value: Any) -> dict[str, Any]:
@@ -197,21 +194,14 @@ def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[
             "predictions": predictions}
 
 
-def _cam(report: Report, cmap: str, alpha: float) -> dict[str, Any]:
-    how = "chosen automatically (the last image-grid output)" if report.cam_layer_default else \
-        "as asked"
-    return {"layer": report.cam_layer, "how": how, "methods": ", ".join(report.methods),
-            "inputs": [_cam_input(item, report, cmap, alpha) for item in report.inputs]}
-
-
 def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str:
     """The whole page of :func:`hookscope.probes.report.build_report`'s report as text;
     ``cmap`` and ``alpha`` draw the Grad-CAM overlays."""
     from markupsafe import Markup
 
     doc, opts = report.to_dict(), report.options
-    profile = plots.inline_svg(plots.profile_figure(doc["stats"]["layers"]),
-                               "Activation profile")
+    profile = Markup(plots.inline_svg(plots.profile_figure(doc["stats"]["layers"]),
+                                      "Activation profile"))
     grads = report.grads
     flow = None if grads is None else Markup(plots.inline_svg(plots.gradient_figure(
         doc["grads"]["layers"], median=grads.median_norm, vanish=opts.vanish,
@@ -222,7 +212,7 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
         created=report.created, summary=_summary(report), envelope=_envelope(report),
         envelope_json=dumps_json(env), findings=_findings(report), notes=report.notes,
         left_out=list(report.left_out.items()),
-        profile=Markup(profile), flow=flow,
+        profile=profile, flow=flow,
         objective=None if grads is None else
         f"{objective_text(grads.loss, grads.targets)} summed over the inputs",
         vanish=f"{opts.vanish:g}", explode=f"{opts.explode:g}",
@@ -231,4 +221,7 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
         grad_rows=None if grads is None else [_grad_row(i, r) for i, r in
                                               enumerate(doc["grads"]["layers"])],
         median=None if grads is None else fmt_float(grads.median_norm),
-        cam=_cam(report, cmap, alpha))
+        cam={"layer": report.cam_layer, "methods": ", ".join(report.methods),
+             "how": "chosen automatically (the last image-grid output)"
+             if report.cam_layer_default else "as asked",
+             "inputs": [_cam_input(item, report, cmap, alpha) for item in report.inputs]})

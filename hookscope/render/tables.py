@@ -174,7 +174,7 @@ class FitTable:
         return self._needs[key]
 
     def _width(self, console: Console, options: ConsoleOptions, shown: list[int],
-               needs: Sequence[int]) -> int:
+               needs: Sequence[int] | Mapping[int, int]) -> int:
         """The narrowest this table can be drawn with ``shown`` columns, borders included."""
         skeleton = data_table()
         for i in shown:
@@ -227,9 +227,7 @@ class FitTable:
         needs = {i: self._need(console, wide, i, fit.limits.get(i)) for i in fit.shown}
         headers = {i: Measurement.get(console, wide, Text(self.columns[i].header))
                    for i in fit.shown}
-        whole = [0] * len(self.columns)
-        for i in fit.shown:
-            whole[i] = max(needs[i], headers[i].maximum)
+        whole = {i: max(needs[i], headers[i].maximum) for i in fit.shown}
         if self._width(console, options, fit.shown, whole) <= options.max_width:
             return self.table(fit), fit
         # Too wide with whole headers and free text: pin the columns that may not wrap to
