@@ -54,9 +54,8 @@ def offenders_table(doc: Doc) -> FitTable:
     """The offending calls or inputs of each failed rule (the first :data:`SHOWN`)."""
     table = FitTable([Col("rule"), Col("offending call or input", wrap=True)],
                      title="offenders")
-    failed = [r for r in doc["rules"] if not r["passed"] and r["offenders"]]
-    for rule in failed:
-        lines = _shown(rule)
+    for rule in doc["rules"]:
+        lines = [] if rule["passed"] else _shown(rule)
         for i, line in enumerate(lines):
             table.add_row(rule["rule"] if i == 0 else "", line,
                           end_section=i == len(lines) - 1)
@@ -88,11 +87,8 @@ def check_view(doc: Doc) -> RenderableType:
     """The whole ``check`` table output."""
     top = log_header(doc) if doc.get("log") is not None else \
         header(doc, f"layer calls: {doc.get('calls', 0)}")
-    parts: list[RenderableType] = [top, rules_table(doc)]
-    if any(not r["passed"] and r["offenders"] for r in doc["rules"]):
-        parts.append(offenders_table(doc))
-    parts.append(verdict(doc))
-    return Group(*parts)
+    offenders = offenders_table(doc)
+    return Group(top, rules_table(doc), *([offenders] if offenders.rows else []), verdict(doc))
 
 
 def _xml_text(text: Any) -> str:

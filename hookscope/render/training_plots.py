@@ -1,8 +1,5 @@
-"""Figures of a training log: layers x steps heat maps and per-step line plots.
-
-They take a :class:`~hookscope.training.logs.TrainingLog`'s series (one value per logging step
-for each layer call or parameter) and draw with matplotlib's object API, as
-:mod:`hookscope.render.plots` does; its style, colours and canvas are reused.
+"""Figures of a training log's series (one value per logging step for each layer call or
+parameter): layers x steps heat maps and line plots, in :mod:`hookscope.render.plots`' style.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from hookscope.render.plots import GREY, RED, styled_figure
 
 if TYPE_CHECKING:
-    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 Series = dict[Any, list[float | None]]
@@ -32,11 +28,6 @@ def plain(text: str) -> str:
     """A module name as matplotlib text: no mathtext, cut to :data:`NAME_CHARS`."""
     text = text if len(text) <= NAME_CHARS else text[:NAME_CHARS - 1] + "…"
     return text.replace("\\", "\\\\").replace("$", r"\$")
-
-
-def layer_label(key: tuple[str, int]) -> str:
-    name, call = key
-    return plain(name or "(model)") + (f" #{call}" if call else "")
 
 
 def matrix(series: Series, log10: bool) -> Any:
@@ -56,9 +47,7 @@ def _norm(values: Any, key: str) -> Any:
     from matplotlib.colors import Normalize, TwoSlopeNorm
 
     finite = values[np.isfinite(values)]
-    if key == "zero_fraction":
-        return Normalize(0.0, 1.0)
-    if not finite.size:
+    if key == "zero_fraction" or not finite.size:
         return Normalize(0.0, 1.0)
     if key == "mean":
         bound = float(np.percentile(np.abs(finite), 99)) or 1.0
@@ -67,21 +56,13 @@ def _norm(values: Any, key: str) -> Any:
     return Normalize(lo, hi if hi > lo else lo + 1.0)
 
 
-def _step_ticks(ax: Axes, steps: Sequence[int]) -> None:
-    count = len(steps)
-    every = max(1, math.ceil(count / 8))
-    ticks = list(range(0, count, every))
-    ax.set_xticks(ticks, [str(steps[i]) for i in ticks])
-    ax.set_xlabel("step")
-
-
 def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, log10: bool,
                    cmap: str) -> Figure:
     """One quantity as a layers x steps heat map; missing and non-finite cells grey."""
     import matplotlib
 
     values = matrix(series, log10)
-    names = [layer_label(k) for k in series]
+    names = [plain(name or "(model)") + (f" #{call}" if call else "") for name, call in series]
     height = min(max(1.6, 0.16 * len(names) + 1.0), 14.0)
     colours = matplotlib.colormaps[cmap].with_extremes(bad="#d0d7de")
     with styled_figure(None, width=6.4, height=height) as fig:
@@ -90,9 +71,11 @@ def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, l
                           norm=_norm(values, key))
         fig.colorbar(image, ax=ax, label=f"log10 {title}" if log10 else title, shrink=0.9)
         every = max(1, math.ceil(len(names) / 60))
-        rows = list(range(0, len(names), every))
-        ax.set_yticks(rows, [names[i] for i in rows], fontsize=6.5 if len(names) > 24 else 8)
-        _step_ticks(ax, steps)
+        ax.set_yticks(range(0, len(names), every), names[::every],
+                      fontsize=6.5 if len(names) > 24 else 8)
+        every = max(1, math.ceil(len(steps) / 8))
+        ax.set_xticks(range(0, len(steps), every), [str(s) for s in steps[::every]])
+        ax.set_xlabel("step")
     return fig
 
 

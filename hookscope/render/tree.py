@@ -272,19 +272,12 @@ class TextTrace:
     """The text trace's lines, one event at a time: the header first, a rule between batches."""
 
     def __init__(self, envelope: Mapping[str, Any]) -> None:
-        self.envelope = envelope
         self._batch = 0
-        self._started = False
-
-    def _start(self) -> list[RenderableType]:
-        if self._started:
-            return []
-        self._started = True
-        return [header(self.envelope)]
+        self._header: list[RenderableType] = [header(envelope)]  # until the first line
 
     def event(self, event: Mapping[str, Any]) -> list[RenderableType]:
         """The lines of one trace event (its ``to_dict()``)."""
-        lines = self._start()
+        lines, self._header = self._header, []
         batch = int(event.get("batch") or 0)
         if batch != self._batch:
             self._batch = batch
@@ -293,7 +286,8 @@ class TextTrace:
 
     def summary(self, summary: Mapping[str, Any]) -> list[RenderableType]:
         """The closing summary's line."""
-        return [*self._start(), summary_line(summary)]
+        lines, self._header = self._header, []
+        return [*lines, summary_line(summary)]
 
 
 def debug_view(doc: Mapping[str, Any]) -> RenderableType:
