@@ -60,17 +60,12 @@ def _floats(rows: Rows, key: str) -> Any:
                     dtype=np.float64)
 
 
-def _runs(indices: Sequence[int]) -> Iterator[tuple[int, int]]:
-    """Contiguous runs ``(first, last)`` of sorted indices."""
-    for _, run in groupby(enumerate(indices), lambda pair: pair[1] - pair[0]):
-        found = [i for _, i in run]
-        yield found[0], found[-1]
-
-
 def _mark(ax: Axes, indices: Sequence[int], colour: str, alpha: float, label: str) -> None:
-    """Shade the calls at ``indices`` across the whole plot height."""
-    for k, (first, last) in enumerate(_runs(indices)):
-        ax.axvspan(first - 0.5, last + 0.5, color=colour, alpha=alpha, lw=0,
+    """Shade the calls at ``indices`` (sorted) across the plot height, a span per run."""
+    runs = groupby(enumerate(indices), lambda pair: pair[1] - pair[0])
+    for k, (_, run) in enumerate(runs):
+        found = [i for _, i in run]
+        ax.axvspan(found[0] - 0.5, found[-1] + 0.5, color=colour, alpha=alpha, lw=0,
                    label=label if k == 0 else None, zorder=0)
 
 

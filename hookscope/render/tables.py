@@ -13,14 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rich import box
-from rich.console import (
-    Console,
-    ConsoleOptions,
-    Group,
-    JustifyMethod,
-    RenderableType,
-    RenderResult,
-)
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.style import StyleType
 from rich.table import Table
@@ -336,14 +329,12 @@ def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_cha
     # dead channels, and last the percentiles, which the user asked for by name.
     columns = [
         num("#", 10, style="dim"), Col("layer", name=True), Col("type", 2, style="dim"),
-        num("call", call_priority(rows, when_all_zero=3, otherwise=9)),
-        Col("input", 1), Col("output"),
-        num("mean"), num("std"), num("min", 4), num("max", 5),
-        num("zeros"), num("non-finite"),
+        num("call", call_priority(rows, when_all_zero=3, otherwise=9)), Col("input", 1),
+        Col("output"), num("mean"), num("std"), num("min", 4), num("max", 5), num("zeros"),
+        num("non-finite"),
     ]
     if input_stats:
-        columns += [num("in mean", 7), num("in std", 6),
-                    num("in non-finite", 8)]
+        columns += [num("in mean", 7), num("in std", 6), num("in non-finite", 8)]
     if per_channel:
         columns.append(num("dead ch.", 11))
     columns += [num(f"p{key}", 12) for key in percentiles]
@@ -368,8 +359,7 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
     channels and the percentiles."""
     table = FitTable(_stats_columns(rows, input_stats, per_channel, percentiles))
     for i, row in enumerate(rows):
-        zero = row.get("zero_fraction")
-        nonfinite = int(row.get("nonfinite") or 0)
+        zero, nonfinite = row.get("zero_fraction"), int(row.get("nonfinite") or 0)
         style = "red" if nonfinite else ("yellow" if zero is not None and zero >= ZERO_WARN else None)
         cells: list[RenderableType] = [
             str(i), row["name"], row["type"], str(row["call"]),
