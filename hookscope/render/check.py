@@ -96,11 +96,6 @@ def _xml_text(text: Any) -> str:
     return _NOT_XML.sub("\ufffd", str(text))
 
 
-def _classname(model: Any) -> str:
-    """``hookscope.check.<model>``, the model's name as one part (reporters split at dots)."""
-    return "hookscope.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(model or "model"))
-
-
 def junit_xml(doc: Doc) -> str:
     """A JUnit XML report, in the shape GitLab, Jenkins and GitHub's test-report actions read::
 
@@ -122,7 +117,8 @@ def junit_xml(doc: Doc) -> str:
     for key, value in found.items():
         if value is not None:
             ET.SubElement(props, "property", {"name": key, "value": _xml_text(value)})
-    classname = _classname(doc.get("model"))
+    # The model's name as one part of the class name: test reporters split it at dots.
+    classname = "hookscope.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(doc.get("model") or "model"))
     for rule in rules:
         case = ET.SubElement(suite, "testcase", {"classname": classname, "name": rule["rule"],
                                                  "time": "0"})

@@ -36,11 +36,10 @@ def colormap_lut(name: str) -> np.ndarray:
     try:
         cmap = matplotlib.colormaps[name]
     except KeyError:
-        names = sorted(matplotlib.colormaps)
         raise HookscopeError(
-            f"--colormap {name!r} is not a matplotlib colormap.{suggest(name, names)} "
-            "Common choices: jet, turbo, viridis, inferno, magma."
-        ) from None
+            f"--colormap {name!r} is not a matplotlib colormap."
+            f"{suggest(name, sorted(matplotlib.colormaps))} "
+            "Common choices: jet, turbo, viridis, inferno, magma.") from None
     rgba = cmap(np.linspace(0.0, 1.0, 256))
     return np.clip(np.round(rgba[:, :3] * 255.0), 0, 255).astype(np.uint8)
 
@@ -73,14 +72,8 @@ def _box_pixels(box: Box | None, size: tuple[int, int]) -> tuple[int, int, int, 
     return x0, y0, max(x1, x0 + 1), max(y1, y0 + 1)
 
 
-def heatmap_images(
-    values: np.ndarray,
-    image: Image.Image,
-    box: Box | None = None,
-    *,
-    cmap: str = "jet",
-    alpha: float = 0.5,
-) -> tuple[Image.Image, Image.Image]:
+def heatmap_images(values: np.ndarray, image: Image.Image, box: Box | None = None, *,
+                   cmap: str = "jet", alpha: float = 0.5) -> tuple[Image.Image, Image.Image]:
     """The overlay and the coloured map alone, both at ``image``'s size.
 
     ``values`` is the (h, w) map in [0, 1] at the model input's resolution, placed at ``box``
@@ -104,10 +97,9 @@ def heatmap_images(
     return over, heat
 
 
-def draw_region(overlay: Image.Image, region: np.ndarray, box: Box | None,
-                colour: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
-    """Outline ``region`` ((h, w) bool at the model input's resolution), about two pixels
-    wide, on ``overlay``, placed where the model's input lies in it."""
+def draw_region(overlay: Image.Image, region: np.ndarray, box: Box | None) -> Image.Image:
+    """Outline ``region`` ((h, w) bool at the model input's resolution) in white, about two
+    pixels wide, on ``overlay``, placed where the model's input lies in it."""
     from PIL import ImageFilter
 
     x0, y0, x1, y1 = _box_pixels(box, overlay.size)
@@ -116,7 +108,7 @@ def draw_region(overlay: Image.Image, region: np.ndarray, box: Box | None,
     grown = np.asarray(mask.filter(ImageFilter.MaxFilter(3))) > 0
     edge = grown & ~(np.asarray(mask.filter(ImageFilter.MinFilter(3))) > 0)
     arr = np.asarray(overlay).copy()
-    arr[y0:y1, x0:x1][edge] = colour
+    arr[y0:y1, x0:x1][edge] = (255, 255, 255)
     return Image.fromarray(arr, "RGB")
 
 
@@ -145,9 +137,8 @@ def draw_boxes(overlay: Image.Image, detections: Sequence[dict[str, Any]],
     return out
 
 
-def denormalize(
-    tensor: Any, mean: Sequence[float] | None, std: Sequence[float] | None
-) -> Image.Image:
+def denormalize(tensor: Any, mean: Sequence[float] | None, std: Sequence[float] | None
+                ) -> Image.Image:
     """An RGB image from a preprocessed (C, H, W) tensor or array, undoing mean/std."""
     arr = np.asarray(tensor.detach().cpu() if hasattr(tensor, "detach") else tensor,
                      dtype=np.float32)
