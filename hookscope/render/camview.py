@@ -17,12 +17,9 @@ METRIC_ORDER = ("road", "road_morf", "road_lerf", "deletion", "insertion", "drop
 def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
     """One row per input and method: target, score, probability, peak, files written."""
     # Hidden first: peak, overlay path (the folder is on the line above), prob, label.
-    table = FitTable([
-        Col("input", name=True), Col("method"), num("class"),
-        Col("label", 4, wrap=True), num("score"),
-        num("prob", 3), num("peak y,x", 1),
-        Col("overlay", 2, name=True),
-    ])
+    table = FitTable([Col("input", name=True), Col("method"), num("class"),
+                      Col("label", 4, wrap=True), num("score"), num("prob", 3),
+                      num("peak y,x", 1), Col("overlay", 2, name=True)])
     previous = None
     for row in results:
         target = row.get("target")

@@ -30,19 +30,16 @@ def layers_table(rows: list[Mapping[str, Any]]) -> FitTable:
     # Hidden first: type, call (when all 0), mean, std, max |g|, shape, call, #.
     table = FitTable([
         num("#", 8, style="dim"), Col("layer", name=True), Col("type", 1, style="dim"),
-        num("call", call_priority(rows, when_all_zero=2, otherwise=7)),
-        Col("shape", 6), num("norm"), num("mean", 3), num("std", 4),
-        num("max |g|", 5), num("non-finite"), Col("flag"),
-    ], title="output gradients, backward order")
+        num("call", call_priority(rows, when_all_zero=2, otherwise=7)), Col("shape", 6),
+        num("norm"), num("mean", 3), num("std", 4), num("max |g|", 5), num("non-finite"),
+        Col("flag")], title="output gradients, backward order")
     for i, row in enumerate(rows):
-        flag = row.get("flag")
-        table.add_row(
-            str(i), row["name"], row["type"], str(row["call"]), format_shape(row["shape"]),
-            *(fmt_float(row[k]) for k in ("norm", "mean", "std", "max_abs")),
-            count_text(int(row.get("nonfinite") or 0)),
-            Text(flag or "", style=FLAG_STYLES.get(flag or "", "")),
-            style=FLAG_STYLES.get(flag or ""),
-        )
+        flag = row.get("flag") or ""
+        table.add_row(str(i), row["name"], row["type"], str(row["call"]),
+                      format_shape(row["shape"]),
+                      *(fmt_float(row[k]) for k in ("norm", "mean", "std", "max_abs")),
+                      count_text(int(row.get("nonfinite") or 0)),
+                      Text(flag, style=FLAG_STYLES.get(flag, "")), style=FLAG_STYLES.get(flag))
     return table
 
 

@@ -115,19 +115,13 @@ def features_view(doc: Mapping[str, Any]) -> RenderableType:
     # Hidden first: the file (named after input and layer, in --out), call when all 0,
     # channels shown, call.
     grids = doc["grids"]
-    table = FitTable([
-        Col("input", name=True), Col("layer", name=True),
-        num("call", call_priority(grids, when_all_zero=2, otherwise=4)),
-        Col("shape"), num("shown", 3), num("non-finite"),
-        Col("file", 1, name=True),
-    ])
+    table = FitTable([Col("input", name=True), Col("layer", name=True),
+                      num("call", call_priority(grids, when_all_zero=2, otherwise=4)),
+                      Col("shape"), num("shown", 3), num("non-finite"), Col("file", 1, name=True)])
     for row in grids:
-        table.add_row(
-            row["input"], row["layer"], str(row["call"]), format_shape(row["shape"]),
-            f"{len(row['channels'])}/{row['shape'][0]}",
-            str(row["nonfinite"]), row.get("path") or "-",
-            style="red" if row["nonfinite"] else None,
-        )
+        table.add_row(row["input"], row["layer"], str(row["call"]), format_shape(row["shape"]),
+                      f"{len(row['channels'])}/{row['shape'][0]}", str(row["nonfinite"]),
+                      row.get("path") or "-", style="red" if row["nonfinite"] else None)
     extra = f"grids: {len(grids)}"
     if doc.get("tensorboard"):
         extra += f"  tensorboard: {doc['tensorboard']}"

@@ -212,10 +212,9 @@ class CamWriter(CamRows):
             logging.getLogger("hookscope").warning(note)
 
 
-def output_paths(
-    stems: Sequence[str], methods: Sequence[str], out: Path, *, save_raw: bool,
-    layers: Sequence[str] = (), guided: bool = False,
-) -> list[dict[str, dict[str, Path | None]]]:
+def output_paths(stems: Sequence[str], methods: Sequence[str], out: Path, *, save_raw: bool,
+                 layers: Sequence[str] = (), guided: bool = False
+                 ) -> list[dict[str, dict[str, Path | None]]]:
     """Per input, per method: the ``overlay``, ``heatmap``, ``raw`` (and ``guided``) paths.
 
     With several ``layers``, each layer's raw map is ``raw.<layer>``

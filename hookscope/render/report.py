@@ -149,11 +149,9 @@ def _stats_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     """A row in the terminal table's colours: red for non-finite values, yellow for dead."""
     zero, bad = row.get("zero_fraction"), int(row.get("nonfinite") or 0)
     zero = zero if zero is not None and math.isfinite(zero) else None
-    cells = [
-        *lead_cells(i, row), cell(format_shapes(row.get("input_shapes") or []), None),
-        cell(shape_text(row), None), *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
-        cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad),
-    ]
+    cells = [*lead_cells(i, row), cell(format_shapes(row.get("input_shapes") or []), None),
+             cell(shape_text(row), None), *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
+             cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad)]
     cls = "bad" if bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
     return {"name": row["name"], "cls": cls, "cells": cells}
 
@@ -162,12 +160,11 @@ def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     norm, flag = row.get("norm"), row.get("flag") or ""
     log = math.log10(norm) if isinstance(norm, float) and math.isfinite(norm) and norm > 0 \
         else None
-    cells = [
-        *lead_cells(i, row), cell(format_shape(row.get("shape")), None), num(norm),
-        cell("-" if log is None else f"{log:.2f}", log, "n"),
-        *(num(row.get(k)) for k in ("mean", "std", "max_abs")),
-        cell(row.get("nonfinite") or 0, row.get("nonfinite") or 0, "n"), cell(flag, flag),
-    ]
+    bad = row.get("nonfinite") or 0
+    cells = [*lead_cells(i, row), cell(format_shape(row.get("shape")), None), num(norm),
+             cell("-" if log is None else f"{log:.2f}", log, "n"),
+             *(num(row.get(k)) for k in ("mean", "std", "max_abs")), cell(bad, bad, "n"),
+             cell(flag, flag)]
     cls = {"nonfinite": "bad", "explode": "bad", "vanish": "dead"}.get(flag, "")
     return {"name": row["name"], "cls": cls, "cells": cells}
 

@@ -327,12 +327,10 @@ def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_cha
                    percentiles: Sequence[str]) -> list[Col]:
     # Hidden first: input shapes, type, call (when all 0), min/max, input stats, call, #,
     # dead channels, and last the percentiles, which the user asked for by name.
-    columns = [
-        num("#", 10, style="dim"), Col("layer", name=True), Col("type", 2, style="dim"),
-        num("call", call_priority(rows, when_all_zero=3, otherwise=9)), Col("input", 1),
-        Col("output"), num("mean"), num("std"), num("min", 4), num("max", 5), num("zeros"),
-        num("non-finite"),
-    ]
+    columns = [num("#", 10, style="dim"), Col("layer", name=True), Col("type", 2, style="dim"),
+               num("call", call_priority(rows, when_all_zero=3, otherwise=9)), Col("input", 1),
+               Col("output"), num("mean"), num("std"), num("min", 4), num("max", 5),
+               num("zeros"), num("non-finite")]
     if input_stats:
         columns += [num("in mean", 7), num("in std", 6), num("in non-finite", 8)]
     if per_channel:
@@ -365,8 +363,7 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
             str(i), row["name"], row["type"], str(row["call"]),
             format_shapes(row.get("input_shapes") or []), shape_text(row),
             *(fmt_float(row.get(k)) for k in ("mean", "std", "min", "max")),
-            fmt_pct(zero, 1), count_text(nonfinite),
-        ]
+            fmt_pct(zero, 1), count_text(nonfinite)]
         if input_stats:
             ins = row.get("input_stats") or {}
             cells += [fmt_float(ins.get("mean")), fmt_float(ins.get("std")),
