@@ -67,10 +67,11 @@ def _verdict(doc: Doc) -> Text:
                 style="bold red")
 
 
-def _outputs(doc: Doc) -> Text | None:
+def _outputs(doc: Doc) -> list[Text]:
+    """The final outputs' agreement, when the document has it."""
     outputs = doc.get("outputs")
     if not outputs:
-        return None
+        return []
     n, agree = outputs["inputs"], outputs["top1_agree"]
     line = Text(f"final output: top-1 agreement {agree}/{n}",
                 style="" if agree == n else "bold red")
@@ -78,7 +79,7 @@ def _outputs(doc: Doc) -> Text | None:
         line.append(f", max |Δ logit| {fmt_float(outputs['max_abs_logit'])}, KL(a‖b) mean "
                     f"{fmt_float(outputs['kl_mean'])}, max {fmt_float(outputs['kl_max'])}",
                     style="")
-    return line
+    return [line]
 
 
 def _one_side(doc: Doc) -> list[Text]:
@@ -144,13 +145,7 @@ def offline_table(doc: Doc) -> FitTable:
 
 def diff_view(doc: Doc) -> RenderableType:
     """The whole ``diff`` table output."""
-    title = "offline: two saved stats documents" if doc.get("offline") else ""
-    parts: list[RenderableType] = [
-        header(doc, f"layer calls: {len(doc['layers'])}" + (f"  {title}" if title else "")),
-        Text(_side(doc), style="cyan"), _verdict(doc)]
-    outputs = _outputs(doc)
-    if outputs is not None:
-        parts.append(outputs)
-    parts += _one_side(doc)
-    parts.append(offline_table(doc) if doc.get("offline") else layers_table(doc))
-    return Group(*parts)
+    offline = "  offline: two saved stats documents" if doc.get("offline") else ""
+    return Group(header(doc, f"layer calls: {len(doc['layers'])}{offline}"),
+                 Text(_side(doc), style="cyan"), _verdict(doc), *_outputs(doc), *_one_side(doc),
+                 offline_table(doc) if offline else layers_table(doc))

@@ -215,8 +215,8 @@ def inline_svg(fig: Figure, title: str) -> str:
 
     text = figure_bytes(fig, "svg").decode("utf-8")
     text = re.sub(r"<metadata>.*?</metadata>\s*", "", text[text.index("<svg"):], flags=re.S)
-    text = re.sub(r'\s(width|height)="[^"]*"', "", text.split(">", 1)[0], count=2) + ">" + \
-        text.split(">", 1)[1]
+    head, rest = text.split(">", 1)
+    text = re.sub(r'\s(width|height)="[^"]*"', "", head, count=2) + ">" + rest
     return text.replace("<svg", f'<svg role="img" aria-label="{escape(title)}"', 1)
 
 
