@@ -40,7 +40,6 @@ def _top_table(result: Mapping[str, Any]) -> FitTable:
 
 
 def _ranking_table(ranking: list[Mapping[str, Any]], limit: int) -> FitTable:
-    # Hidden first: the rank, then KL.
     title = f"channels by target-logit drop (top {min(limit, len(ranking))} of {len(ranking)})"
     table = FitTable([num("rank", 1), num("channel"), num("logit drop"), num("Δ prob"),
                       num("KL", 2)], title=title)

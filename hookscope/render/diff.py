@@ -123,8 +123,6 @@ def _table(doc: Doc, columns: list[Col], cells: Callable[[Mapping[str, Any]], li
 def layers_table(doc: Doc) -> FitTable:
     """Two runs' outputs compared call by call."""
     mismatch = any(row.get("shape_b") != row.get("shape") for row in doc["layers"])
-    # Hidden first: type, call (when all 0), shape (unless one differs), #, cosine,
-    # non-finite counts, max |a−b|.
     columns = [Col("shape", 10 if mismatch else 3), num("max |a−b|", 9), num("rel L2"),
                num("cosine", 5), num("NaN/Inf a", 6), num("NaN/Inf b", 7)]
     return _table(doc, columns, lambda row: [
@@ -134,7 +132,6 @@ def layers_table(doc: Doc) -> FitTable:
 
 def offline_table(doc: Doc) -> FitTable:
     """Two saved ``stats`` documents: each statistic's change, b − a."""
-    # Hidden first: type, call (when all 0), zero-fraction change, #, std change, counts.
     columns = [num("Δ mean"), num("Δ std", 6), num("Δ zeros", 3), num("rel"),
                num("NaN/Inf a", 5), num("NaN/Inf b", 7)]
     return _table(doc, columns, lambda row: [

@@ -27,7 +27,6 @@ def grads_csv(doc: Mapping[str, Any], *, params: bool = True
 
 def layers_table(rows: list[Mapping[str, Any]]) -> FitTable:
     """Output gradients in backward order; flagged rows coloured."""
-    # Hidden first: type, call (when all 0), mean, std, max |g|, shape, call, #.
     table = FitTable([
         num("#", 8, style="dim"), Col("layer", name=True), Col("type", 1, style="dim"),
         num("call", call_priority(rows, when_all_zero=2, otherwise=7)), Col("shape", 6),

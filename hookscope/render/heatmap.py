@@ -1,8 +1,6 @@
-"""Heatmap PNGs: overlays at the original resolution (with a segmentation region's outline or
-a detector's boxes), guided Grad-CAM images and raw maps, written through
-:class:`hookscope.core.output.Staging` so a failed run leaves no partial output.
-
-Colouring is a 256-entry lookup table taken from matplotlib: one lookup per pixel.
+"""Grad-CAM files: overlays at the original resolution (a region's outline or a detector's
+boxes drawn on), heatmaps, guided images and raw maps, staged through
+:class:`hookscope.core.output.Staging`. Colouring is a 256-entry lookup table from matplotlib.
 """
 
 from __future__ import annotations

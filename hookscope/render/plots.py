@@ -1,9 +1,6 @@
-"""Figures of a run, drawn with matplotlib: the activation profile and the gradient flow.
-
-Both take the rows of a command's JSON document, so ``--plot`` and the HTML report draw the
-same figure. Matplotlib's object API on the Agg canvas (no pyplot, no global state),
-imported inside the functions so ``hookscope --help`` never loads it.
-"""
+"""The activation profile and the gradient flow, from a JSON document's rows, for ``--plot``
+and the HTML report: matplotlib's object API on the Agg canvas (no pyplot, no global state),
+imported inside the functions so ``hookscope --help`` never loads it."""
 
 from __future__ import annotations
 

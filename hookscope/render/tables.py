@@ -1,8 +1,5 @@
-"""Rich tables shared by the commands: a run header, layer statistics, predictions.
-
-:class:`FitTable` is the one table every view draws: it decides at render time, for the
-width it is given, which columns to show, so numbers, shapes and dotted names never wrap.
-"""
+"""Rich tables shared by the commands: a run header, layer statistics, predictions, and
+:class:`FitTable`, the one table every view draws, which fits itself to the width it gets."""
 
 from __future__ import annotations
 
