@@ -84,12 +84,9 @@ def _parts(row: Mapping[str, Any], name: str) -> list[Part]:
     own, total = row["params"], row["params_total"]
     parts = [Part("name", Text(name, style="bold"), name=True),
              Part("type", Text(row["type"], style="magenta"), 6)]
-    if total == 0:
-        parts.append(Part("params", Text("0 params", style="dim"), 4))
-    else:
-        parts.append(Part("params", Text(f"{total:,} params", style="cyan"), 4))
-        if own != total:
-            parts.append(Part("own params", Text(f"(own {own:,})", style="dim"), 2, sep=" "))
+    parts.append(Part("params", Text(f"{total:,} params", style="cyan" if total else "dim"), 4))
+    if own != total:
+        parts.append(Part("own params", Text(f"(own {own:,})", style="dim"), 2, sep=" "))
     if row.get("macs"):  # zero (ReLU, BatchNorm) and unmeasured (no input) stay quiet
         parts.append(Part("MACs", Text(f"{human_count(row['macs'])} MACs", style="blue"), 3))
     if row.get("trainable") is not None:
