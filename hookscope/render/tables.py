@@ -336,12 +336,6 @@ def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_cha
     return columns
 
 
-def dead_channels(row: Mapping[str, Any]) -> int:
-    """How many of a call's channels are dead: zero fraction at least ``ZERO_WARN``."""
-    return sum(1 for ch in row.get("channels") or []
-               if ch.get("zero_fraction") is not None and ch["zero_fraction"] >= ZERO_WARN)
-
-
 def shape_text(row: Mapping[str, Any]) -> str:
     """A call's output shape, or its shapes joined by ``;``."""
     shapes = row.get("output_shapes") or []
@@ -366,7 +360,8 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
             cells += [fmt_float(ins.get("mean")), fmt_float(ins.get("std")),
                       count_text(int(ins.get("nonfinite") or 0))]
         if per_channel:
-            dead = dead_channels(row)
+            dead = sum(1 for ch in row.get("channels") or []
+                       if (ch.get("zero_fraction") or 0) >= ZERO_WARN)
             cells.append(Text(str(dead), style="yellow") if dead else "0")
         values = row.get("percentiles") or {}
         cells += [fmt_float(values.get(key)) for key in percentiles]
