@@ -8,15 +8,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.render.tables import (
-    NONFINITE_LOGITS,
-    Col,
-    FitTable,
-    fmt_float,
-    fmt_pct,
-    header,
-    num,
-)
+from hookscope.render.tables import NONFINITE_LOGITS, Col, FitTable, fmt_float, fmt_pct, header, num
 
 
 def _channels(channels: list[int]) -> str:
@@ -27,9 +19,8 @@ def _channels(channels: list[int]) -> str:
 
 def _top_table(result: Mapping[str, Any]) -> FitTable:
     # Only the rank may go: the rest is the before/after comparison itself.
-    table = FitTable([num("rank", 1), Col("before", wrap=True),
-                      num("prob"), Col("after", wrap=True),
-                      num("prob")])
+    table = FitTable([num("rank", 1), Col("before", wrap=True), num("prob"),
+                      Col("after", wrap=True), num("prob")])
     before, after = result["before"], result["after"]
     if before is None or after is None:
         flags = [Text(NONFINITE_LOGITS if p is None else "", style="red") for p in (before, after)]
@@ -40,8 +31,8 @@ def _top_table(result: Mapping[str, Any]) -> FitTable:
             if preds is not None and rank < len(preds):
                 p = preds[rank]
                 name = f"{p['index']} {p.get('label') or ''}".strip()
-                style = "bold" if p["index"] == result["target"] else None
-                cells += [Text(name, style=style or ""), fmt_pct(p["prob"])]
+                style = "bold" if p["index"] == result["target"] else ""
+                cells += [Text(name, style=style), fmt_pct(p["prob"])]
             else:
                 cells += ["", ""]
         table.add_row(*cells)
@@ -49,11 +40,9 @@ def _top_table(result: Mapping[str, Any]) -> FitTable:
 
 
 def _ranking_table(ranking: list[Mapping[str, Any]], limit: int) -> FitTable:
-    # Hidden first: the rank, then KL.
-    table = FitTable([num("rank", 1), num("channel"), num("logit drop"),
-                      num("Δ prob"), num("KL", 2)],
-                     title=f"channels by target-logit drop (top {min(limit, len(ranking))} of "
-                     f"{len(ranking)})")
+    title = f"channels by target-logit drop (top {min(limit, len(ranking))} of {len(ranking)})"
+    table = FitTable([num("rank", 1), num("channel"), num("logit drop"), num("Δ prob"),
+                      num("KL", 2)], title=title)
     for i, row in enumerate(ranking[:limit], 1):
         table.add_row(str(i), str(row["channel"]), fmt_float(row["drop"]),
                       fmt_float(row["delta_prob"]), fmt_float(row["kl"]))

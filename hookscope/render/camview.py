@@ -17,30 +17,21 @@ METRIC_ORDER = ("road", "road_morf", "road_lerf", "deletion", "insertion", "drop
 def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
     """One row per input and method: target, score, probability, peak, files written."""
     # Hidden first: peak, overlay path (the folder is on the line above), prob, label.
-    table = FitTable([
-        Col("input", name=True), Col("method"), num("class"),
-        Col("label", 4, wrap=True), num("score"),
-        num("prob", 3), num("peak y,x", 1),
-        Col("overlay", 2, name=True),
-    ])
+    table = FitTable([Col("input", name=True), Col("method"), num("class"),
+                      Col("label", 4, wrap=True), num("score"), num("prob", 3),
+                      num("peak y,x", 1), Col("overlay", 2, name=True)])
     previous = None
     for row in results:
-        peak = row.get("peak") or []
         target = row.get("target")
         if target is None and row.get("detections") is not None:
             label = f"{len(row['detections'])} detection(s)"
         else:
             label = row.get("label") or ""
-        table.add_row(
-            "" if row["input"] == previous else str(row["input"]),
-            row["method"],
-            "-" if target is None else str(target),
-            label,
-            fmt_float(row.get("score")),
-            fmt_pct(row.get("prob")),
-            ",".join(str(v) for v in peak),
-            str(row.get("overlay") or ""),
-        )
+        table.add_row("" if row["input"] == previous else str(row["input"]), row["method"],
+                      "-" if target is None else str(target), label,
+                      fmt_float(row.get("score")), fmt_pct(row.get("prob")),
+                      ",".join(str(v) for v in row.get("peak") or []),
+                      str(row.get("overlay") or ""))
         previous = row["input"]
     return table
 

@@ -1,8 +1,5 @@
-"""``hookscope check`` drawn three ways: a table of rules, JUnit XML, GitHub annotations.
-
-All three read the command's JSON document (the envelope plus ``rules``, ``passed`` and
-``failed``), so what a CI test reporter shows is what ``--format json`` holds.
-"""
+"""``hookscope check`` drawn three ways, all from its JSON document: a table of rules, JUnit
+XML, GitHub annotations."""
 
 from __future__ import annotations
 
@@ -35,9 +32,11 @@ def limit_text(limit: Any) -> str:
     return Path(limit).name if isinstance(limit, str) else str(limit)  # a baseline's path
 
 
-def _more(rule: Mapping[str, Any], shown: int) -> str:
-    rest = len(rule["offenders"]) - shown
-    return f"... and {rest} more (all in --format json or --junit)" if rest > 0 else ""
+def _shown(rule: Mapping[str, Any]) -> list[str]:
+    """A rule's first :data:`SHOWN` offenders, then how many more there are."""
+    rest = len(rule["offenders"]) - SHOWN
+    more = [f"... and {rest} more (all in --format json or --junit)"] if rest > 0 else []
+    return rule["offenders"][:SHOWN] + more
 
 
 def rules_table(doc: Doc) -> FitTable:
@@ -55,9 +54,8 @@ def offenders_table(doc: Doc) -> FitTable:
     """The offending calls or inputs of each failed rule (the first :data:`SHOWN`)."""
     table = FitTable([Col("rule"), Col("offending call or input", wrap=True)],
                      title="offenders")
-    failed = [r for r in doc["rules"] if not r["passed"] and r["offenders"]]
-    for rule in failed:
-        lines = rule["offenders"][:SHOWN] + [m for m in [_more(rule, SHOWN)] if m]
+    for rule in doc["rules"]:
+        lines = [] if rule["passed"] else _shown(rule)
         for i, line in enumerate(lines):
             table.add_row(rule["rule"] if i == 0 else "", line,
                           end_section=i == len(lines) - 1)
@@ -89,14 +87,8 @@ def check_view(doc: Doc) -> RenderableType:
     """The whole ``check`` table output."""
     top = log_header(doc) if doc.get("log") is not None else \
         header(doc, f"layer calls: {doc.get('calls', 0)}")
-    parts: list[RenderableType] = [top, rules_table(doc)]
-    if any(not r["passed"] and r["offenders"] for r in doc["rules"]):
-        parts.append(offenders_table(doc))
-    parts.append(verdict(doc))
-    return Group(*parts)
-
-
-# ----------------------------------------------------------------------------- JUnit
+    offenders = offenders_table(doc)
+    return Group(top, rules_table(doc), *([offenders] if offenders.rows else []), verdict(doc))
 
 
 def _xml_text(text: Any) -> str:
@@ -104,17 +96,8 @@ def _xml_text(text: Any) -> str:
     return _NOT_XML.sub("\ufffd", str(text))
 
 
-def _classname(model: Any) -> str:
-    """``hookscope.check.<model>``, the model's name made one dotted-name part (test
-    reporters split class names at dots)."""
-    return "hookscope.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(model or "model"))
-
-
 def junit_xml(doc: Doc) -> str:
-    """A JUnit XML report: one test case per rule, a ``<failure>`` for each failed rule
-    whose text lists every offender.
-
-    The shape GitLab, Jenkins and the GitHub test-report actions read::
+    """A JUnit XML report, in the shape GitLab, Jenkins and GitHub's test-report actions read::
 
         <testsuites name tests failures errors>
           <testsuite name="hookscope check" tests failures errors skipped>
@@ -134,7 +117,8 @@ def junit_xml(doc: Doc) -> str:
     for key, value in found.items():
         if value is not None:
             ET.SubElement(props, "property", {"name": key, "value": _xml_text(value)})
-    classname = _classname(doc.get("model"))
+    # The model's name as one part of the class name: test reporters split it at dots.
+    classname = "hookscope.check." + re.sub(r"[^A-Za-z0-9_-]+", "_", str(doc.get("model") or "model"))
     for rule in rules:
         case = ET.SubElement(suite, "testcase", {"classname": classname, "name": rule["rule"],
                                                  "time": "0"})
@@ -167,9 +151,6 @@ def resolve_junit(path: Path | str | None, output: Path | str | None, *,
     return resolve_output(path, force=force)
 
 
-# ----------------------------------------------------------------------------- GitHub
-
-
 def escape_data(text: str) -> str:
     """A workflow command's message, escaped as GitHub's toolkit does."""
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
@@ -187,12 +168,9 @@ def _annotation(kind: str, title: str, lines: Sequence[str]) -> str:
 def github_annotations(doc: Doc) -> str:
     """One ``::error`` line per failed rule (its detail and first offenders), then a
     ``::notice`` with the verdict."""
-    out = []
-    for rule in doc["rules"]:
-        if not rule["passed"]:
-            shown = rule["offenders"][:SHOWN]
-            lines = [rule["detail"], *shown, *[m for m in [_more(rule, SHOWN)] if m]]
-            out.append(_annotation("error", f"hookscope check: {rule['rule']}", lines))
+    out = [_annotation("error", f"hookscope check: {rule['rule']}",
+                       [rule["detail"], *_shown(rule)])
+           for rule in doc["rules"] if not rule["passed"]]
     failed = [r["rule"] for r in doc["rules"] if not r["passed"]]
     what = f"{len(failed)} of {len(doc['rules'])} rules failed ({', '.join(failed)})" \
         if failed else f"all {len(doc['rules'])} rules passed"

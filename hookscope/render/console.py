@@ -90,13 +90,12 @@ class _LineHandler(logging.Handler):
         self._said: set[tuple[int, str]] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
-        level = "warning" if record.levelno >= logging.WARNING else "note"
-        message = record.getMessage()
-        if (record.levelno, message) in self._said:
-            return
-        self._said.add((record.levelno, message))
-        sys.stderr.write(f"hookscope: {level}: {message}\n")
-        sys.stderr.flush()
+        said = (record.levelno, record.getMessage())
+        if said not in self._said:
+            self._said.add(said)
+            level = "warning" if record.levelno >= logging.WARNING else "note"
+            sys.stderr.write(f"hookscope: {level}: {said[1]}\n")
+            sys.stderr.flush()
 
 
 def setup_logging(*, quiet: bool = False) -> None:
@@ -133,12 +132,7 @@ def progress(total: int | None, description: str, *, enabled: bool) -> Iterator[
     if not enabled or not console.is_terminal:
         yield Bar()
         return
-    columns = [
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    ]
-    with Progress(*columns, console=console, transient=True) as bar:
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
         yield Bar(bar, bar.add_task(description, total=total))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -67,10 +67,11 @@ def _verdict(doc: Doc) -> Text:
                 style="bold red")
 
 
-def _outputs(doc: Doc) -> Text | None:
+def _outputs(doc: Doc) -> list[Text]:
+    """The final outputs' agreement, when the document has it."""
     outputs = doc.get("outputs")
     if not outputs:
-        return None
+        return []
     n, agree = outputs["inputs"], outputs["top1_agree"]
     line = Text(f"final output: top-1 agreement {agree}/{n}",
                 style="" if agree == n else "bold red")
@@ -78,7 +79,7 @@ def _outputs(doc: Doc) -> Text | None:
         line.append(f", max |Δ logit| {fmt_float(outputs['max_abs_logit'])}, KL(a‖b) mean "
                     f"{fmt_float(outputs['kl_mean'])}, max {fmt_float(outputs['kl_max'])}",
                     style="")
-    return line
+    return [line]
 
 
 def _one_side(doc: Doc) -> list[Text]:
@@ -94,59 +95,9 @@ def _one_side(doc: Doc) -> list[Text]:
     return lines
 
 
-def _row_style(row: Mapping[str, Any], first: Mapping[str, Any] | None) -> str | None:
-    if first and row["name"] == first["name"] and row["call"] == first["call"]:
-        return "bold red"
-    return "red" if row.get("exceeds") else None
-
-
 def _shape(row: Mapping[str, Any]) -> str:
     shape, other = row.get("shape"), row.get("shape_b")
     return format_shape(shape) if other == shape else f"{format_shape(shape)}≠{format_shape(other)}"
-
-
-def layers_table(doc: Doc) -> FitTable:
-    """Each compared call in A's execution order; rows above the tolerance in red."""
-    rows = doc["layers"]
-    mismatch = any(row.get("shape_b") != row.get("shape") for row in rows)
-    # Hidden first: type, call (when all 0), shape (unless one differs), #, cosine,
-    # non-finite counts, max |a−b|.
-    table = FitTable([
-        num("#", 4, style="dim"), Col("layer", name=True), Col("type", 1, style="dim"),
-        num("call", call_priority(rows, when_all_zero=2, otherwise=8)),
-        Col("shape", 10 if mismatch else 3),
-        num("max |a−b|", 9), num("rel L2"), num("cosine", 5), num("NaN/Inf a", 6),
-        num("NaN/Inf b", 7),
-    ])
-    first = doc.get("first_divergence")
-    for i, row in enumerate(rows):
-        table.add_row(
-            str(i), row["name"], row["type"], str(row["call"]), _shape(row),
-            fmt_float(row.get("max_abs")), fmt_float(row.get("rel_l2")),
-            fmt_float(row.get("cosine"), 6), str(row["nonfinite_a"]),
-            str(row["nonfinite_b"]), style=_row_style(row, first))
-    return table
-
-
-def offline_table(doc: Doc) -> FitTable:
-    """Two saved ``stats`` documents: each statistic's change, b − a."""
-    rows = doc["layers"]
-    # Hidden first: type, call (when all 0), zero-fraction change, #, std change, counts.
-    table = FitTable([
-        num("#", 4, style="dim"), Col("layer", name=True), Col("type", 1, style="dim"),
-        num("call", call_priority(rows, when_all_zero=2, otherwise=8)),
-        num("Δ mean"), num("Δ std", 6), num("Δ zeros", 3), num("rel"),
-        num("NaN/Inf a", 5), num("NaN/Inf b", 7),
-    ])
-    first = doc.get("first_divergence")
-    for i, row in enumerate(rows):
-        table.add_row(
-            str(i), row["name"], row["type"], str(row["call"]),
-            fmt_float(row.get("mean_delta")), fmt_float(row.get("std_delta")),
-            fmt_pct(row.get("zero_fraction_delta"), 1, sign=True), fmt_float(row.get("rel")),
-            str(_count(row.get("nonfinite_a"))), str(_count(row.get("nonfinite_b"))),
-            style=_row_style(row, first))
-    return table
 
 
 def _count(value: Any) -> int | str:
@@ -154,15 +105,44 @@ def _count(value: Any) -> int | str:
     return "-" if number is None else int(number)
 
 
+def _table(doc: Doc, columns: list[Col], cells: Callable[[Mapping[str, Any]], list[str]]
+           ) -> FitTable:
+    """Each compared call in A's execution order, the first divergence in bold red and rows
+    above the tolerance in red; ``columns`` and ``cells`` follow the call's type and call."""
+    rows, first = doc["layers"], doc.get("first_divergence") or {}
+    table = FitTable([num("#", 4, style="dim"), Col("layer", name=True),
+                      Col("type", 1, style="dim"),
+                      num("call", call_priority(rows, when_all_zero=2, otherwise=8)), *columns])
+    for i, row in enumerate(rows):
+        first_row = (row["name"], row["call"]) == (first.get("name"), first.get("call"))
+        table.add_row(str(i), row["name"], row["type"], str(row["call"]), *cells(row),
+                      style="bold red" if first_row else "red" if row.get("exceeds") else None)
+    return table
+
+
+def layers_table(doc: Doc) -> FitTable:
+    """Two runs' outputs compared call by call."""
+    mismatch = any(row.get("shape_b") != row.get("shape") for row in doc["layers"])
+    columns = [Col("shape", 10 if mismatch else 3), num("max |a−b|", 9), num("rel L2"),
+               num("cosine", 5), num("NaN/Inf a", 6), num("NaN/Inf b", 7)]
+    return _table(doc, columns, lambda row: [
+        _shape(row), fmt_float(row.get("max_abs")), fmt_float(row.get("rel_l2")),
+        fmt_float(row.get("cosine"), 6), str(row["nonfinite_a"]), str(row["nonfinite_b"])])
+
+
+def offline_table(doc: Doc) -> FitTable:
+    """Two saved ``stats`` documents: each statistic's change, b − a."""
+    columns = [num("Δ mean"), num("Δ std", 6), num("Δ zeros", 3), num("rel"),
+               num("NaN/Inf a", 5), num("NaN/Inf b", 7)]
+    return _table(doc, columns, lambda row: [
+        fmt_float(row.get("mean_delta")), fmt_float(row.get("std_delta")),
+        fmt_pct(row.get("zero_fraction_delta"), 1, sign=True), fmt_float(row.get("rel")),
+        str(_count(row.get("nonfinite_a"))), str(_count(row.get("nonfinite_b")))])
+
+
 def diff_view(doc: Doc) -> RenderableType:
     """The whole ``diff`` table output."""
-    title = "offline: two saved stats documents" if doc.get("offline") else ""
-    parts: list[RenderableType] = [
-        header(doc, f"layer calls: {len(doc['layers'])}" + (f"  {title}" if title else "")),
-        Text(_side(doc), style="cyan"), _verdict(doc)]
-    outputs = _outputs(doc)
-    if outputs is not None:
-        parts.append(outputs)
-    parts += _one_side(doc)
-    parts.append(offline_table(doc) if doc.get("offline") else layers_table(doc))
-    return Group(*parts)
+    offline = "  offline: two saved stats documents" if doc.get("offline") else ""
+    return Group(header(doc, f"layer calls: {len(doc['layers'])}{offline}"),
+                 Text(_side(doc), style="cyan"), _verdict(doc), *_outputs(doc), *_one_side(doc),
+                 offline_table(doc) if offline else layers_table(doc))

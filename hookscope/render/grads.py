@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -18,30 +18,27 @@ LAYER_COLUMNS = ("name", "type", "call", "shape", "norm", "mean", "std", "max_ab
 CSV_COLUMNS = ("kind", *LAYER_COLUMNS, "grad_norm", "weight_norm", "ratio")
 
 
-def csv_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def grads_csv(doc: Mapping[str, Any], *, params: bool = True
+              ) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
     """One CSV: layer rows (``kind`` = layer) then parameter rows (``kind`` = param)."""
-    return ([{"kind": "layer", **row} for row in doc["layers"]]
-            + [{"kind": "param", **row} for row in doc["params"]])
+    rows = [{"kind": "layer", **row} for row in doc["layers"]]
+    return rows + [{"kind": "param", **row} for row in doc["params"]], CSV_COLUMNS
 
 
 def layers_table(rows: list[Mapping[str, Any]]) -> FitTable:
     """Output gradients in backward order; flagged rows coloured."""
-    # Hidden first: type, call (when all 0), mean, std, max |g|, shape, call, #.
     table = FitTable([
         num("#", 8, style="dim"), Col("layer", name=True), Col("type", 1, style="dim"),
-        num("call", call_priority(rows, when_all_zero=2, otherwise=7)),
-        Col("shape", 6), num("norm"), num("mean", 3), num("std", 4),
-        num("max |g|", 5), num("non-finite"), Col("flag"),
-    ], title="output gradients, backward order")
+        num("call", call_priority(rows, when_all_zero=2, otherwise=7)), Col("shape", 6),
+        num("norm"), num("mean", 3), num("std", 4), num("max |g|", 5), num("non-finite"),
+        Col("flag")], title="output gradients, backward order")
     for i, row in enumerate(rows):
-        flag = row.get("flag")
-        table.add_row(
-            str(i), row["name"], row["type"], str(row["call"]), format_shape(row["shape"]),
-            *(fmt_float(row[k]) for k in ("norm", "mean", "std", "max_abs")),
-            count_text(int(row.get("nonfinite") or 0)),
-            Text(flag or "", style=FLAG_STYLES.get(flag or "", "")),
-            style=FLAG_STYLES.get(flag or ""),
-        )
+        flag = row.get("flag") or ""
+        table.add_row(str(i), row["name"], row["type"], str(row["call"]),
+                      format_shape(row["shape"]),
+                      *(fmt_float(row[k]) for k in ("norm", "mean", "std", "max_abs")),
+                      count_text(int(row.get("nonfinite") or 0)),
+                      Text(flag, style=FLAG_STYLES.get(flag, "")), style=FLAG_STYLES.get(flag))
     return table
 
 
@@ -57,13 +54,17 @@ def params_table(rows: list[Mapping[str, Any]]) -> FitTable:
     return table
 
 
+def objective_text(loss: str, targets: Iterable[int] | None) -> str:
+    """What was differentiated: ``cross-entropy (class 3, 7)``, the first five classes."""
+    classes = sorted(set(targets or []))
+    shown = ", ".join(str(c) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
+    return f"{'cross-entropy' if loss == 'ce' else 'target logit'} (class {shown})"
+
+
 def grads_view(doc: Mapping[str, Any], *, params: bool = True) -> RenderableType:
     """The whole ``grads`` table output."""
-    loss = "cross-entropy" if doc["loss"] == "ce" else "target logit"
-    targets = sorted(set(doc.get("targets") or []))
-    shown = ", ".join(str(t) for t in targets[:5]) + (", ..." if len(targets) > 5 else "")
-    line = Text(f"gradient of: {loss} (class {shown}), summed over inputs = "
-                f"{fmt_float(doc.get('objective'))}; median layer norm "
+    line = Text(f"gradient of: {objective_text(doc['loss'], doc.get('targets'))}, summed over "
+                f"inputs = {fmt_float(doc.get('objective'))}; median layer norm "
                 f"{fmt_float(doc.get('median_norm'))}")
     bad = doc.get("first_nonfinite")
     if bad:

@@ -50,28 +50,19 @@ class Board:
                                       global_step=grid.index)
         self.writer.add_scalar(f"{grid.tag}/nonfinite", grid.nonfinite, global_step=grid.index)
 
-    def close(self) -> None:
-        self.writer.flush()
-        self.writer.close()
-
     def __enter__(self) -> Board:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.writer.close()  # flushes first
 
 
 class GridWriter:
-    """Sink for :class:`hookscope.probes.features.FeaturesProbe`: each grid into a staged PNG and,
-    optionally, TensorBoard.
+    """Sink for :class:`hookscope.probes.features.FeaturesProbe`: each grid into a staged PNG in
+    ``out_dir`` and, optionally, the ``tensorboard`` log directory.
 
     TensorBoard events are logged into a hidden folder beside ``tensorboard`` and moved into
     it only when the run completes, so a failed run leaves no event file either.
-
-    Args:
-        staging: the PNGs' all-or-nothing writer.
-        out_dir: the folder of the PNGs.
-        tensorboard: a TensorBoard log directory, or None.
     """
 
     def __init__(self, staging: Staging, out_dir: Path, tensorboard: Path | None = None) -> None:
@@ -104,7 +95,7 @@ class GridWriter:
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if self.board is not None:
-            self.board.close()
+            self.board.writer.close()
         if self._scratch is None or self.tensorboard is None:
             return
         try:
@@ -124,19 +115,13 @@ def features_view(doc: Mapping[str, Any]) -> RenderableType:
     # Hidden first: the file (named after input and layer, in --out), call when all 0,
     # channels shown, call.
     grids = doc["grids"]
-    table = FitTable([
-        Col("input", name=True), Col("layer", name=True),
-        num("call", call_priority(grids, when_all_zero=2, otherwise=4)),
-        Col("shape"), num("shown", 3), num("non-finite"),
-        Col("file", 1, name=True),
-    ])
+    table = FitTable([Col("input", name=True), Col("layer", name=True),
+                      num("call", call_priority(grids, when_all_zero=2, otherwise=4)),
+                      Col("shape"), num("shown", 3), num("non-finite"), Col("file", 1, name=True)])
     for row in grids:
-        table.add_row(
-            row["input"], row["layer"], str(row["call"]), format_shape(row["shape"]),
-            f"{len(row['channels'])}/{row['shape'][0]}",
-            str(row["nonfinite"]), row.get("path") or "-",
-            style="red" if row["nonfinite"] else None,
-        )
+        table.add_row(row["input"], row["layer"], str(row["call"]), format_shape(row["shape"]),
+                      f"{len(row['channels'])}/{row['shape'][0]}", str(row["nonfinite"]),
+                      row.get("path") or "-", style="red" if row["nonfinite"] else None)
     extra = f"grids: {len(grids)}"
     if doc.get("tensorboard"):
         extra += f"  tensorboard: {doc['tensorboard']}"

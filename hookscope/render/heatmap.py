@@ -1,18 +1,12 @@
-"""Heatmap PNGs: a matplotlib colormap, overlays at the original resolution, staged writes.
-
-Overlays also outline a segmentation model's explained region and draw a detector's boxes
-with their labels and scores; ``guided`` writes guided Grad-CAM images. All image I/O is
-Pillow. Colouring uses a 256-entry lookup table taken from matplotlib, so
-a large photo costs one table lookup per pixel. Files are written through
-:class:`hookscope.core.output.Staging`: under temporary names, renamed
-into place only when the whole run succeeded, so a failed run leaves no partial output.
+"""Grad-CAM files: overlays at the original resolution (a region's outline or a detector's
+boxes drawn on), heatmaps, guided images and raw maps, staged through
+:class:`hookscope.core.output.Staging`. Colouring is a 256-entry lookup table from matplotlib.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -40,11 +34,10 @@ def colormap_lut(name: str) -> np.ndarray:
     try:
         cmap = matplotlib.colormaps[name]
     except KeyError:
-        names = sorted(matplotlib.colormaps)
         raise HookscopeError(
-            f"--colormap {name!r} is not a matplotlib colormap.{suggest(name, names)} "
-            "Common choices: jet, turbo, viridis, inferno, magma."
-        ) from None
+            f"--colormap {name!r} is not a matplotlib colormap."
+            f"{suggest(name, sorted(matplotlib.colormaps))} "
+            "Common choices: jet, turbo, viridis, inferno, magma.") from None
     rgba = cmap(np.linspace(0.0, 1.0, 256))
     return np.clip(np.round(rgba[:, :3] * 255.0), 0, 255).astype(np.uint8)
 
@@ -68,36 +61,26 @@ def resize_map(values: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.clip(np.asarray(img, dtype=np.float32), 0.0, 1.0)
 
 
-def _box_pixels(box: Box, size: tuple[int, int]) -> tuple[int, int, int, int]:
+def _box_pixels(box: Box | None, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Where the model input lies in an image of ``size``, in whole pixels (None: all of it)."""
     width, height = size
-    left, top, right, bottom = box
+    left, top, right, bottom = box or (0, 0, width, height)
     x0, y0 = max(0, int(round(left))), max(0, int(round(top)))
     x1, y1 = min(width, int(round(right))), min(height, int(round(bottom)))
     return x0, y0, max(x1, x0 + 1), max(y1, y0 + 1)
 
 
-def heatmap_images(
-    values: np.ndarray,
-    image: Image.Image,
-    box: Box | None = None,
-    *,
-    cmap: str = "jet",
-    alpha: float = 0.5,
-) -> tuple[Image.Image, Image.Image]:
+def heatmap_images(values: np.ndarray, image: Image.Image, box: Box | None = None, *,
+                   cmap: str = "jet", alpha: float = 0.5) -> tuple[Image.Image, Image.Image]:
     """The overlay and the coloured map alone, both at ``image``'s size.
 
-    Args:
-        values: (h, w) map in [0, 1], at the model input's resolution.
-        image: the original RGB image.
-        box: where the model input lies in ``image`` (a centre crop); None for all of it.
-            Outside the box the overlay shows the image untinted and the heatmap is
-            transparent.
-        cmap: matplotlib colormap name.
-        alpha: weight of the heatmap in the overlay.
+    ``values`` is the (h, w) map in [0, 1] at the model input's resolution, placed at ``box``
+    (a centre crop; None: all of ``image``); outside it the overlay is untinted and the
+    heatmap transparent. ``alpha`` is the heatmap's weight in the overlay.
     """
     base = np.asarray(image.convert("RGB"), dtype=np.float32)
     height, width = base.shape[:2]
-    x0, y0, x1, y1 = _box_pixels(box or (0, 0, width, height), (width, height))
+    x0, y0, x1, y1 = _box_pixels(box, (width, height))
     colours = colorize(resize_map(values, (x1 - x0, y1 - y0)), cmap).astype(np.float32)
     overlay = base.copy()
     overlay[y0:y1, x0:x1] = (1.0 - alpha) * base[y0:y1, x0:x1] + alpha * colours
@@ -112,27 +95,18 @@ def heatmap_images(
     return over, heat
 
 
-def _outline(mask: np.ndarray) -> np.ndarray:
-    """The pixels on a region's edge, about two pixels wide."""
+def draw_region(overlay: Image.Image, region: np.ndarray, box: Box | None) -> Image.Image:
+    """Outline ``region`` ((h, w) bool at the model input's resolution) in white, about two
+    pixels wide, on ``overlay``, placed where the model's input lies in it."""
     from PIL import ImageFilter
 
-    img = Image.fromarray(mask.astype(np.uint8) * 255, "L")
-    grown = np.asarray(img.filter(ImageFilter.MaxFilter(3))) > 0
-    shrunk = np.asarray(img.filter(ImageFilter.MinFilter(3))) > 0
-    return grown & ~shrunk
-
-
-def draw_region(overlay: Image.Image, region: np.ndarray, box: Box | None,
-                colour: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
-    """Outline ``region`` ((h, w) bool at the model input's resolution) on ``overlay``,
-    placed where the model's input lies in it."""
-    width, height = overlay.size
-    x0, y0, x1, y1 = _box_pixels(box or (0, 0, width, height), (width, height))
+    x0, y0, x1, y1 = _box_pixels(box, overlay.size)
     mask = Image.fromarray(region.astype(np.uint8) * 255, "L").resize(
         (x1 - x0, y1 - y0), Image.Resampling.NEAREST)
-    edge = _outline(np.asarray(mask) > 0)
+    grown = np.asarray(mask.filter(ImageFilter.MaxFilter(3))) > 0
+    edge = grown & ~(np.asarray(mask.filter(ImageFilter.MinFilter(3))) > 0)
     arr = np.asarray(overlay).copy()
-    arr[y0:y1, x0:x1][edge] = colour
+    arr[y0:y1, x0:x1][edge] = (255, 255, 255)
     return Image.fromarray(arr, "RGB")
 
 
@@ -144,7 +118,7 @@ def draw_boxes(overlay: Image.Image, detections: Sequence[dict[str, Any]],
     from PIL import ImageDraw
 
     width, height = overlay.size
-    x0, y0, x1, y1 = _box_pixels(box or (0, 0, width, height), (width, height))
+    x0, y0, x1, y1 = _box_pixels(box, overlay.size)
     sx, sy = (x1 - x0) / input_size[0], (y1 - y0) / input_size[1]
     out = overlay.copy()
     draw = ImageDraw.Draw(out)
@@ -161,9 +135,8 @@ def draw_boxes(overlay: Image.Image, detections: Sequence[dict[str, Any]],
     return out
 
 
-def denormalize(
-    tensor: Any, mean: Sequence[float] | None, std: Sequence[float] | None
-) -> Image.Image:
+def denormalize(tensor: Any, mean: Sequence[float] | None, std: Sequence[float] | None
+                ) -> Image.Image:
     """An RGB image from a preprocessed (C, H, W) tensor or array, undoing mean/std."""
     arr = np.asarray(tensor.detach().cpu() if hasattr(tensor, "detach") else tensor,
                      dtype=np.float32)
@@ -180,63 +153,13 @@ def denormalize(
     return Image.fromarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), "RGB")
 
 
-@dataclass
-class Extras:
-    """What an overlay shows besides the map, and the extra files of one input."""
-
-    raws: dict[str, np.ndarray] = field(default_factory=dict)  # path key -> raw .npy map
-    region: np.ndarray | None = None
-    detections: list[dict[str, Any]] | None = None
-    input_size: tuple[int, int] = (0, 0)
-    guided: np.ndarray | None = None
-    label: Any = None
-
-
-def write_cam_files(
-    staging: Staging,
-    values: np.ndarray,
-    image: Image.Image,
-    box: Box | None,
-    paths: dict[str, Path | None],
-    *,
-    cmap: str = "jet",
-    alpha: float = 0.5,
-    extras: Extras | None = None,
-) -> None:
-    """Render and stage one input's overlay, heatmap and (optionally) raw ``.npy`` and
-    guided Grad-CAM files."""
-    from hookscope.cam.backprop import deprocess
-
-    extras = extras or Extras()
-    over, heat = heatmap_images(values, image, box, cmap=cmap, alpha=alpha)
-    if extras.region is not None:
-        over = draw_region(over, extras.region, box)
-    if extras.detections:
-        over = draw_boxes(over, extras.detections, extras.input_size, box, extras.label)
-    staging.save_png(over, paths["overlay"])  # type: ignore[arg-type]
-    staging.save_png(heat, paths["heatmap"])  # type: ignore[arg-type]
-    for key, array in extras.raws.items():
-        staging.save_npy(array, paths[key])  # type: ignore[arg-type]
-    if extras.guided is not None and paths.get("guided") is not None:
-        staging.save_png(Image.fromarray(deprocess(extras.guided), "RGB"),
-                         paths["guided"])  # type: ignore[arg-type]
-
-
 class CamWriter(CamRows):
-    """Sink for :class:`hookscope.cam.probe.CamProbe`: stages each batch's PNGs (and ``.npy``
-    maps) in worker threads, and keeps the document's rows (:class:`CamRows`).
+    """Sink for :class:`hookscope.cam.probe.CamProbe`: stages each batch's files in worker
+    threads and keeps the document's rows (:class:`CamRows`).
 
-    Overlays are drawn on the original image, the map placed where the model's input lies
-    in it; tensor inputs are drawn on their de-normalised tensor. Inputs the probe skipped
-    (a detector found nothing) get no file and no row; :attr:`skipped` lists them.
-
-    Args:
-        staging: where the files are written (all or nothing).
-        plans: per input of the whole run, per method, the paths (see :func:`output_paths`).
-        loaded: the model's labels and preprocessing (``label``, ``mean``, ``std``).
-        save_raw: also write the raw ``.npy`` maps.
-        cmap: matplotlib colormap name.
-        alpha: weight of the heatmap in the overlay.
+    Overlays are drawn on the original image (a tensor input: on its de-normalised tensor).
+    Inputs the probe skipped get no file and no row. ``plans`` are :func:`output_paths`';
+    ``loaded`` gives the labels and the preprocessing's ``mean`` and ``std``.
     """
 
     def __init__(self, staging: Staging, plans: Sequence[dict[str, dict[str, Path | None]]],
@@ -256,23 +179,29 @@ class CamWriter(CamRows):
             image = batch.images[i] or denormalize(batch.tensor[i], self.loaded.mean,
                                                    self.loaded.std)
             for name, res in explained.results.items():
-                paths = self.plans[batch.start + i][name]
-                self.staging.submit(write_cam_files, self.staging, res.maps[i], image,
-                                    explained.boxes[i], paths, cmap=self.cmap,
-                                    alpha=self.alpha, extras=self._extras(res, i, paths, size))
+                self.staging.submit(self._write, res, i, image, explained.boxes[i],
+                                    self.plans[batch.start + i][name], size)
 
-    def _extras(self, res: Any, i: int, paths: dict[str, Path | None],
-                size: tuple[int, int]) -> Extras:
-        raws = {}
-        if self.save_raw and len(res.layers) > 1:
-            raws = {f"raw.{layer}": raw[i] for layer, raw in zip(res.layers, res.raws,
-                                                                 strict=True)}
-        elif self.save_raw:
-            raws = {"raw": res.raw[i]}
-        return Extras(raws=raws, region=res.regions[i] if res.regions is not None else None,
-                      detections=res.detections[i] if res.detections is not None else None,
-                      input_size=size, label=self.loaded.label,
-                      guided=res.guided[i] if res.guided is not None else None)
+    def _write(self, res: Any, i: int, image: Image.Image, box: Box | None,
+               paths: dict[str, Any], size: tuple[int, int]) -> None:
+        """Render and stage input ``i``'s overlay, heatmap, raw ``.npy`` and guided files."""
+        from hookscope.cam.backprop import deprocess
+
+        over, heat = heatmap_images(res.maps[i], image, box, cmap=self.cmap, alpha=self.alpha)
+        if res.regions is not None:
+            over = draw_region(over, res.regions[i], box)
+        if res.detections is not None and res.detections[i]:
+            over = draw_boxes(over, res.detections[i], size, box, self.loaded.label)
+        self.staging.save_png(over, paths["overlay"])
+        self.staging.save_png(heat, paths["heatmap"])
+        if self.save_raw:
+            raws = zip([f"raw.{layer}" for layer in res.layers], res.raws, strict=True) \
+                if len(res.layers) > 1 else [("raw", res.raw)]
+            for key, raw in raws:
+                self.staging.save_npy(raw[i], paths[key])
+        if res.guided is not None and paths.get("guided") is not None:
+            self.staging.save_png(Image.fromarray(deprocess(res.guided[i]), "RGB"),
+                                  paths["guided"])
 
     @staticmethod
     def log_notes(notes: Sequence[str]) -> None:
@@ -281,33 +210,29 @@ class CamWriter(CamRows):
             logging.getLogger("hookscope").warning(note)
 
 
-def output_paths(
-    stems: Sequence[str], methods: Sequence[str], out: Path, *, save_raw: bool,
-    layers: Sequence[str] = (), guided: bool = False,
-) -> list[dict[str, dict[str, Path | None]]]:
+def output_paths(stems: Sequence[str], methods: Sequence[str], out: Path, *, save_raw: bool,
+                 layers: Sequence[str] = (), guided: bool = False
+                 ) -> list[dict[str, dict[str, Path | None]]]:
     """Per input, per method: the ``overlay``, ``heatmap``, ``raw`` (and ``guided``) paths.
 
     With several ``layers``, each layer's raw map is ``raw.<layer>``
-    (``<stem>.<method>.<layer>.npy``) and ``raw`` is the first layer's. Inputs with the same
-    stem (``a/cat.jpg`` and ``b/cat.jpg``) get ``cat-2``, ``cat-3``... (:func:`unique_stems`).
+    (``<stem>.<method>.<layer>.npy``) and ``raw`` is the first layer's. Same stems get
+    ``cat-2``, ``cat-3``... (:func:`unique_stems`).
     """
-    plans: list[dict[str, dict[str, Path | None]]] = []
     several = len(layers) > 1
+    plans: list[dict[str, dict[str, Path | None]]] = []
     for unique in unique_stems(stems):
-        plan: dict[str, dict[str, Path | None]] = {}
+        plans.append({})
         for m in methods:
+            base = f"{unique}.{m}"
+            raws = {f"raw.{layer}": f"{base}.{layer}.npy" for layer in layers} if several \
+                else {"raw": f"{base}.npy"}
             files: dict[str, Path | None] = {
-                "overlay": out / f"{unique}.{m}.png",
-                "heatmap": out / f"{unique}.{m}.heatmap.png",
-                "raw": out / f"{unique}.{m}.npy" if save_raw and not several else None,
-            }
+                "overlay": out / f"{base}.png", "heatmap": out / f"{base}.heatmap.png",
+                **{key: out / name if save_raw else None for key, name in raws.items()}}
             if several:
-                for layer in layers:
-                    files[f"raw.{layer}"] = out / f"{unique}.{m}.{layer}.npy" if save_raw \
-                        else None
                 files["raw"] = files[f"raw.{layers[0]}"]
             if guided:
-                files["guided"] = out / f"{unique}.{m}.guided.png"
-            plan[m] = files
-        plans.append(plan)
+                files["guided"] = out / f"{base}.guided.png"
+            plans[-1][m] = files
     return plans

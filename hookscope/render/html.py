@@ -1,12 +1,9 @@
-"""What every HTML page shares: the Jinja2 environment, the base template's style and script,
-the Content-Security-Policy, and the cells of the sortable tables.
+"""What every HTML page shares: the Jinja2 environment, the base template's assets and
+Content-Security-Policy, and the cells of the sortable tables.
 
-Pages are Jinja2 templates in ``templates/`` with autoescape on, so every string from a
-model, its labels, file names or a log is escaped by construction; only the page's own
-style, script and matplotlib's SVG figures are marked safe. Each page is self-contained:
-CSS and script inline, images as ``data:`` URIs, plots as inline SVG, and a policy that
-allows nothing else (no request can leave the page) and only the page's own script, by its
-hash.
+Autoescape is on, so every string from a model, its labels, file names or a log is escaped;
+only the page's own style, script and matplotlib's SVG figures are marked safe. A page is
+self-contained, and its policy lets nothing load and only its own script run.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,8 +24,7 @@ TEMPLATES = Path(__file__).parent / "templates"
 
 @lru_cache(maxsize=1)
 def environment() -> Environment:
-    """The pages' Jinja2 environment: autoescape on for every template, and an undefined
-    name an error rather than an empty string."""
+    """The pages' Jinja2 environment: autoescape on, an undefined name an error."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
     return Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
@@ -35,25 +32,17 @@ def environment() -> Environment:
 
 
 @lru_cache(maxsize=1)
-def asset(name: str) -> str:
-    """A static file of the templates folder (``page.css``, ``page.js``)."""
-    return (TEMPLATES / name).read_text(encoding="utf-8")
-
-
-def policy(script: str) -> str:
-    """Nothing loads from anywhere; images only from ``data:``; only this script runs."""
-    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
-    return (f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
-            f"script-src 'sha256-{digest}'; base-uri 'none'; form-action 'none'")
-
-
 def page_assets() -> dict[str, Any]:
-    """The base template's ``css``, ``script`` and ``policy``."""
+    """The base template's ``css``, ``script`` and ``policy``: nothing loads from anywhere,
+    images only from ``data:``, and only this script runs (by its hash)."""
     from markupsafe import Markup
 
-    script = asset("page.js")
-    return {"css": Markup(asset("page.css")), "script": Markup(script),
-            "policy": policy(script)}
+    script = (TEMPLATES / "page.js").read_text(encoding="utf-8")
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    return {"css": Markup((TEMPLATES / "page.css").read_text(encoding="utf-8")),
+            "script": Markup(script),
+            "policy": f"default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+                      f"script-src 'sha256-{digest}'; base-uri 'none'; form-action 'none'"}
 
 
 def render(template: str, **context: Any) -> str:
@@ -71,16 +60,24 @@ def count(n: float | None, unit: str = "") -> str:
     return f"{n:g} {unit}".strip()
 
 
-def sort_key(value: Any) -> str:
-    """A cell's sort key for ``data-v``: numbers as ``repr``, non-finite and None empty."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return ""
-    return repr(float(value)) if isinstance(value, float) else str(value)
-
-
 def cell(text: Any, raw: Any = None, cls: str = "", *, code: bool = False) -> dict[str, Any]:
-    """One table cell: its text, its sort key, its class, and whether it is code."""
-    return {"text": text, "v": sort_key(raw), "cls": cls, "code": code}
+    """One table cell: its text, its sort key (``data-v``: floats as ``repr``, None and
+    non-finite empty), its class, and whether it is code."""
+    unknown = raw is None or (isinstance(raw, float) and not math.isfinite(raw))
+    key = "" if unknown else repr(float(raw)) if isinstance(raw, float) else str(raw)
+    return {"text": text, "v": key, "cls": cls, "code": code}
+
+
+def lead_cells(i: int, row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The first cells of a layer call's row: its index, name, type and call."""
+    kind, call = row.get("type") or "", row.get("call") or 0
+    return [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
+            cell(kind, kind, "dim"), cell(call, call, "n")]
+
+
+def strong(n: int) -> dict[str, Any]:
+    """A count of non-finite values: bold unless zero."""
+    return cell(n, n, "n strong" if n else "n")
 
 
 def num(value: Any) -> dict[str, Any]:

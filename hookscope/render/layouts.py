@@ -135,10 +135,6 @@ def grads_plot(doc: Doc, *, vanish: float = 1e-3, explode: float = 1e3, **option
                            explode=explode, title=f"{doc['model']}: gradient flow")
 
 
-def grads_csv(doc: Doc, *, params: bool = True) -> Rows:
-    return grads.csv_rows(doc), grads.CSV_COLUMNS
-
-
 def features_csv(doc: Doc) -> Rows:
     return [r | {"channels": _joined(r["channels"])} for r in doc["grids"]], FEATURE_COLUMNS
 
@@ -159,7 +155,7 @@ VIEWS: dict[str, View] = {
     "models": View(tree.models_table, models_csv),
     "layers": View(tree.layers_view, layers_csv),
     "gradcam": View(camview.cam_view, cam_csv),
-    "grads": View(grads.grads_view, grads_csv, grads_plot),
+    "grads": View(grads.grads_view, grads.grads_csv, grads_plot),
     "features": View(grid.features_view, features_csv),
     "ablate": View(ablate.ablate_view, ablate_csv),
     "check": View(check.check_view, texts={"github": check.github_annotations,

@@ -1,10 +1,6 @@
-"""Figures of a run, drawn with matplotlib: the activation profile and the gradient flow.
-
-Both take the rows of a command's JSON document, so ``stats --plot``, ``grads --plot`` and
-the HTML report draw the same figure. They use matplotlib's object API on the Agg canvas
-(no pyplot, no global state), and matplotlib is imported inside the functions, so
-``hookscope --help`` never loads it. Files are written atomically (:func:`write_plot`).
-"""
+"""The activation profile and the gradient flow, from a JSON document's rows, for ``--plot``
+and the HTML report: matplotlib's object API on the Agg canvas (no pyplot, no global state),
+imported inside the functions so ``hookscope --help`` never loads it."""
 
 from __future__ import annotations
 
@@ -61,17 +57,12 @@ def _floats(rows: Rows, key: str) -> Any:
                     dtype=np.float64)
 
 
-def _runs(indices: Sequence[int]) -> Iterator[tuple[int, int]]:
-    """Contiguous runs ``(first, last)`` of sorted indices."""
-    for _, run in groupby(enumerate(indices), lambda pair: pair[1] - pair[0]):
-        found = [i for _, i in run]
-        yield found[0], found[-1]
-
-
 def _mark(ax: Axes, indices: Sequence[int], colour: str, alpha: float, label: str) -> None:
-    """Shade the calls at ``indices`` across the whole plot height."""
-    for k, (first, last) in enumerate(_runs(indices)):
-        ax.axvspan(first - 0.5, last + 0.5, color=colour, alpha=alpha, lw=0,
+    """Shade the calls at ``indices`` (sorted) across the plot height, a span per run."""
+    runs = groupby(enumerate(indices), lambda pair: pair[1] - pair[0])
+    for k, (_, run) in enumerate(runs):
+        found = [i for _, i in run]
+        ax.axvspan(found[0] - 0.5, found[-1] + 0.5, color=colour, alpha=alpha, lw=0,
                    label=label if k == 0 else None, zorder=0)
 
 
@@ -103,34 +94,26 @@ def _scale(ax: Axes, mean: Any, std: Any, lo: Any, hi: Any) -> None:
         ax.set_yscale("symlog", linthresh=10.0 ** math.floor(math.log10(spread)))
 
 
-def _new_figure(title: str | None, width: float = 6.6, height: float = 3.0) -> Figure:
+@contextmanager
+def styled_figure(title: str | None, width: float = 6.6, height: float = 3.0
+                  ) -> Iterator[Figure]:
+    """A new figure on the Agg canvas, drawn in the pages' style while the block runs."""
+    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height + (0.3 if title else 0)), layout="constrained")
-    FigureCanvasAgg(fig)
-    if title:
-        fig.suptitle(title.replace("$", r"\$"), x=0.01, ha="left", fontsize=10)
-    return fig
-
-
-@contextmanager
-def _style() -> Iterator[None]:
-    import matplotlib
-
     with matplotlib.rc_context(_STYLE):  # type: ignore[arg-type]
-        yield
+        fig = Figure(figsize=(width, height + (0.3 if title else 0)), layout="constrained")
+        FigureCanvasAgg(fig)
+        if title:
+            fig.suptitle(title.replace("$", r"\$"), x=0.01, ha="left", fontsize=10)
+        yield fig
 
 
 def profile_figure(layers: Rows, *, title: str | None = None) -> Figure:
-    """The activation profile: per module call in execution order, the mean with ±std as a
-    band, min/max as a thin band, and the zero fraction on a second axis. Calls with
-    non-finite outputs are shaded red, dead ones (zero fraction >= 0.99) yellow.
-
-    Args:
-        layers: the ``stats`` document's ``layers`` rows.
-        title: drawn above the plot (the page has its own headings).
-    """
+    """The activation profile of the ``stats`` document's ``layers``: per call, the mean with
+    ±std and min/max bands, the zero fraction on a second axis; non-finite calls shaded red,
+    dead ones yellow."""
     import numpy as np
 
     from hookscope.render.tables import ZERO_WARN
@@ -138,8 +121,7 @@ def profile_figure(layers: Rows, *, title: str | None = None) -> Figure:
     x = np.arange(len(layers))
     mean, std = _floats(layers, "mean"), _floats(layers, "std")
     lo, hi, zeros = _floats(layers, "min"), _floats(layers, "max"), _floats(layers, "zero_fraction")
-    with _style():
-        fig = _new_figure(title)
+    with styled_figure(title) as fig:
         ax = fig.add_subplot()
         band = np.nan_to_num(std)
         ax.fill_between(x, lo, hi, color=BLUE, alpha=0.10, lw=0.4, label="min / max",
@@ -169,15 +151,9 @@ def profile_figure(layers: Rows, *, title: str | None = None) -> Figure:
 
 def gradient_figure(layers: Rows, *, median: float | None, vanish: float = 1e-3,
                     explode: float = 1e3, title: str | None = None) -> Figure:
-    """The gradient flow: log10 of the gradient norm at each call's output, in backward
-    order, with the median and the vanish and explode thresholds drawn.
-
-    Args:
-        layers: the ``grads`` document's ``layers`` rows (backward order).
-        median: the median call's norm; the thresholds are ``vanish`` and ``explode``
-            times it.
-        title: drawn above the plot.
-    """
+    """The gradient flow of the ``grads`` document's ``layers``: log10 of each call's output
+    gradient norm, in backward order, with the ``median`` norm and the thresholds (``vanish``
+    and ``explode`` times it)."""
     import numpy as np
 
     norms = _floats(layers, "norm")
@@ -187,8 +163,7 @@ def gradient_figure(layers: Rows, *, median: float | None, vanish: float = 1e-3,
     with np.errstate(divide="ignore", invalid="ignore"):
         logs = np.where(norms > 0, np.log10(norms), floor)
     flags = [r.get("flag") for r in layers]
-    with _style():
-        fig = _new_figure(title)
+    with styled_figure(title) as fig:
         ax = fig.add_subplot()
         ax.plot(x, logs, color=BLUE, lw=1.0, marker="o", ms=2.2, label="log10 ‖grad‖",
                 zorder=3)
@@ -222,9 +197,11 @@ def _thresholds(ax: Axes, median: float | None, vanish: float, explode: float) -
 
 def figure_bytes(fig: Figure, fmt: str) -> bytes:
     """The figure as ``svg`` or ``png`` bytes (PNG at 150 dpi; no timestamps inside)."""
+    import matplotlib
+
     buf = io.BytesIO()
     metadata = {"Date": None} if fmt == "svg" else {"Software": None}
-    with _style():
+    with matplotlib.rc_context(_STYLE):  # type: ignore[arg-type]
         fig.savefig(buf, format=fmt, dpi=150, metadata=metadata, facecolor="white")
     return buf.getvalue()
 
@@ -235,18 +212,16 @@ def inline_svg(fig: Figure, title: str) -> str:
 
     text = figure_bytes(fig, "svg").decode("utf-8")
     text = re.sub(r"<metadata>.*?</metadata>\s*", "", text[text.index("<svg"):], flags=re.S)
-    text = re.sub(r'\s(width|height)="[^"]*"', "", text.split(">", 1)[0], count=2) + ">" + \
-        text.split(">", 1)[1]
+    head, rest = text.split(">", 1)
+    text = re.sub(r'\s(width|height)="[^"]*"', "", head, count=2) + ">" + rest
     return text.replace("<svg", f'<svg role="img" aria-label="{escape(title)}"', 1)
 
 
 def plot_output(path: str | Path | None, *, force: bool) -> Output | None:
-    """Where a plot goes, checked before any work: a ``.svg`` or ``.png`` file name (None:
-    no plot).
+    """Where a plot goes (None: no plot), checked before any work.
 
     Raises:
-        HookscopeError: another suffix, or a path that cannot be written (see
-            :func:`hookscope.core.output.resolve_output`).
+        HookscopeError: not a ``.svg`` or ``.png`` name, or a path that cannot be written.
     """
     from hookscope.core.output import resolve_output
 
@@ -256,18 +231,14 @@ def plot_output(path: str | Path | None, *, force: bool) -> Output | None:
     return resolve_output(path, force=force)
 
 
-def render_plot(fig: Figure, output: Output) -> bytes:
-    """The figure's bytes in the format ``output``'s suffix names."""
-    return figure_bytes(fig, plot_format(output.path if output.path is not None else ""))
-
-
-def write_plot(data: bytes, output: Output) -> None:
-    """Write a rendered plot to ``output`` atomically: all of it or, on failure, nothing.
+def write_plot(fig: Figure, output: Output) -> None:
+    """Write ``fig`` to ``output`` atomically, as SVG or PNG from its suffix.
 
     Raises:
         HookscopeError: the file cannot be written.
     """
     from hookscope.core.output import atomic_path
 
+    data = figure_bytes(fig, plot_format(output.path if output.path is not None else ""))
     with atomic_path(output) as tmp:
         tmp.write_bytes(data)

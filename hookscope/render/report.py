@@ -1,11 +1,6 @@
-"""The HTML report: one self-contained page drawn from a :class:`hookscope.probes.report.Report`.
-
-The page is the Jinja2 template ``templates/report.html.j2`` on the pages' base template
-(:mod:`hookscope.render.html`): autoescape escapes every string that comes from the model,
-the labels or the file names, and the base template brings the style, the script and the
-Content-Security-Policy (no request can leave the page; only its own script runs). Tables
-are plain HTML, so the page reads the same with JavaScript off; the script only adds sorting
-and filtering. This module turns the report into the template's plain values.
+"""The HTML report: a :class:`hookscope.probes.report.Report` turned into the plain values of
+the template ``templates/report.html.j2`` (autoescaped, on :mod:`hookscope.render.html`'s
+base template). Tables are plain HTML; the page's script only adds sorting and filtering.
 """
 
 from __future__ import annotations
@@ -14,13 +9,14 @@ import base64
 import io
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.output import dumps_json, format_shape, format_shapes
 from hookscope.render import plots
-from hookscope.render.html import cell, count, num, render
-from hookscope.render.tables import ZERO_WARN, fmt_float
+from hookscope.render.grads import objective_text
+from hookscope.render.html import cell, count, lead_cells, num, render, strong
+from hookscope.render.tables import ZERO_WARN, fmt_float, shape_text
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -33,26 +29,20 @@ MAX_SIDE = 512
 MAX_FINDINGS = 8
 
 
-def image_uri(image: Image.Image, *, quality: int = 85) -> str:
-    """A JPEG ``data:`` URI of ``image``, scaled down to :data:`MAX_SIDE` pixels at most."""
+def _img(image: Image.Image, alt: str, **more: Any) -> dict[str, Any]:
+    """A figure of the page: ``image`` as a JPEG ``data:`` URI, at most :data:`MAX_SIDE`
+    pixels a side."""
     from PIL import Image as PILImage
 
     small = image.convert("RGB")
     if max(small.size) > MAX_SIDE:
         small.thumbnail((MAX_SIDE, MAX_SIDE), PILImage.Resampling.LANCZOS)
     buf = io.BytesIO()
-    small.save(buf, format="JPEG", quality=quality, optimize=True)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _img(image: Image.Image, alt: str, **more: Any) -> dict[str, Any]:
+    small.save(buf, format="JPEG", quality=85, optimize=True)
     width, height = image.size
     scale = min(1.0, MAX_SIDE / max(width, height))
-    return {"src": image_uri(image), "alt": alt, "width": round(width * scale),
-            "height": round(height * scale)} | more
-
-
-# ----------------------------------------------------------------------------- header
+    return {"src": "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"),
+            "alt": alt, "width": round(width * scale), "height": round(height * scale)} | more
 
 
 def _envelope_value(key: str, value: Any) -> dict[str, Any]:
@@ -134,9 +124,6 @@ def _summary(report: Report) -> list[dict[str, str]]:
     return [{"cls": cls, "text": text} for cls, text in chips]
 
 
-# ----------------------------------------------------------------------------- findings
-
-
 def _findings(report: Report) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for kind in ("nonfinite", "grad_nonfinite", "explode", "dead", "vanish"):
@@ -150,16 +137,6 @@ def _findings(report: Report) -> list[dict[str, Any]]:
     return items
 
 
-def _objective(report: Report) -> str:
-    assert report.grads is not None
-    classes = sorted(set(report.grads.targets))
-    shown = ", ".join(str(c) for c in classes[:5]) + (", ..." if len(classes) > 5 else "")
-    what = "cross-entropy" if report.grads.loss == "ce" else "target logit"
-    return f"{what} (class {shown}) summed over the inputs"
-
-
-# ----------------------------------------------------------------------------- tables
-
 STATS_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
                  ("input", "text"), ("output", "text"), ("mean", "num"), ("std", "num"),
                  ("min", "num"), ("max", "num"), ("zeros", "num"), ("non-finite", "num"))
@@ -168,64 +145,40 @@ GRAD_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num
                 ("std", "num"), ("max |g|", "num"), ("non-finite", "num"), ("flag", "text"))
 
 
-def _row_class(nonfinite: int, zero: float | None) -> str:
-    """The terminal table's colours: red for non-finite values, yellow for dead calls."""
-    if nonfinite:
-        return "bad"
-    return "dead" if zero is not None and math.isfinite(zero) and zero >= ZERO_WARN else ""
-
-
 def _stats_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row in the terminal table's colours: red for non-finite values, yellow for dead."""
     zero, bad = row.get("zero_fraction"), int(row.get("nonfinite") or 0)
-    shapes = row.get("output_shapes") or []
-    output = format_shapes(shapes) if len(shapes) > 1 else format_shape(row.get("output_shape"))
-    cells = [
-        cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
-        cell(row["type"], row["type"], "dim"), cell(row["call"], row["call"], "n"),
-        cell(format_shapes(row.get("input_shapes") or []), None), cell(output, None),
-        *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
-        cell("-" if zero is None or not math.isfinite(zero) else f"{zero:.1%}", zero, "n"),
-        cell(bad, bad, "n strong" if bad else "n"),
-    ]
-    return {"name": row["name"], "cls": _row_class(bad, zero), "cells": cells}
+    zero = zero if zero is not None and math.isfinite(zero) else None
+    cells = [*lead_cells(i, row), cell(format_shapes(row.get("input_shapes") or []), None),
+             cell(shape_text(row), None), *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
+             cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad)]
+    cls = "bad" if bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
+    return {"name": row["name"], "cls": cls, "cells": cells}
 
 
 def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     norm, flag = row.get("norm"), row.get("flag") or ""
     log = math.log10(norm) if isinstance(norm, float) and math.isfinite(norm) and norm > 0 \
         else None
-    cells = [
-        cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
-        cell(row["type"], row["type"], "dim"), cell(row["call"], row["call"], "n"),
-        cell(format_shape(row.get("shape")), None), num(norm),
-        cell("-" if log is None else f"{log:.2f}", log, "n"),
-        *(num(row.get(k)) for k in ("mean", "std", "max_abs")),
-        cell(row.get("nonfinite") or 0, row.get("nonfinite") or 0, "n"), cell(flag, flag),
-    ]
+    bad = row.get("nonfinite") or 0
+    cells = [*lead_cells(i, row), cell(format_shape(row.get("shape")), None), num(norm),
+             cell("-" if log is None else f"{log:.2f}", log, "n"),
+             *(num(row.get(k)) for k in ("mean", "std", "max_abs")), cell(bad, bad, "n"),
+             cell(flag, flag)]
     cls = {"nonfinite": "bad", "explode": "bad", "vanish": "dead"}.get(flag, "")
     return {"name": row["name"], "cls": cls, "cells": cells}
 
 
-# ----------------------------------------------------------------------------- Grad-CAM
-
-
-def _overlays(item: CamInput, loaded_mean: Sequence[float] | None,
-              loaded_std: Sequence[float] | None, cmap: str, alpha: float
-              ) -> tuple[Image.Image, dict[str, Image.Image]]:
+def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[str, Any]:
     """The input's picture and, per method, its overlay."""
     from hookscope.render.heatmap import denormalize, heatmap_images
 
-    base = item.image if item.image is not None else denormalize(item.tensor, loaded_mean,
-                                                                 loaded_std)
-    return base, {m: heatmap_images(values, base, item.box, cmap=cmap, alpha=alpha)[0]
-                  for m, values in item.maps.items()}
-
-
-def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[str, Any]:
     pre = report.envelope.get("preprocessing") or {}
-    base, overlays = _overlays(item, pre.get("mean"), pre.get("std"), cmap, alpha)
+    base = item.image if item.image is not None else denormalize(item.tensor, pre.get("mean"),
+                                                                 pre.get("std"))
     figures = [_img(base, f"input {item.name}", method=None)]
-    for method, image in overlays.items():
+    for method, values in item.maps.items():
+        image = heatmap_images(values, base, item.box, cmap=cmap, alpha=alpha)[0]
         t = item.targets[method]
         label = t.label if t.label is not None else f"class {t.index}"
         detail = f"{t.index}" + ("" if t.prob is None else f", {t.prob:.1%}")
@@ -238,29 +191,14 @@ def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[
             "predictions": predictions}
 
 
-def _cam(report: Report, cmap: str, alpha: float) -> dict[str, Any]:
-    how = "chosen automatically (the last image-grid output)" if report.cam_layer_default else \
-        "as asked"
-    return {"layer": report.cam_layer, "how": how, "methods": ", ".join(report.methods),
-            "inputs": [_cam_input(item, report, cmap, alpha) for item in report.inputs]}
-
-
-# ----------------------------------------------------------------------------- the page
-
-
 def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str:
-    """The whole page as text.
-
-    Args:
-        report: what :func:`hookscope.probes.report.build_report` returned.
-        cmap: the matplotlib colormap of the Grad-CAM overlays.
-        alpha: the heatmap's weight in the overlays.
-    """
+    """The whole page of :func:`hookscope.probes.report.build_report`'s report as text;
+    ``cmap`` and ``alpha`` draw the Grad-CAM overlays."""
     from markupsafe import Markup
 
     doc, opts = report.to_dict(), report.options
-    profile = plots.inline_svg(plots.profile_figure(doc["stats"]["layers"]),
-                               "Activation profile")
+    profile = Markup(plots.inline_svg(plots.profile_figure(doc["stats"]["layers"]),
+                                      "Activation profile"))
     grads = report.grads
     flow = None if grads is None else Markup(plots.inline_svg(plots.gradient_figure(
         doc["grads"]["layers"], median=grads.median_norm, vanish=opts.vanish,
@@ -271,11 +209,16 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
         created=report.created, summary=_summary(report), envelope=_envelope(report),
         envelope_json=dumps_json(env), findings=_findings(report), notes=report.notes,
         left_out=list(report.left_out.items()),
-        profile=Markup(profile), flow=flow, objective=None if grads is None else _objective(report),
+        profile=profile, flow=flow,
+        objective=None if grads is None else
+        f"{objective_text(grads.loss, grads.targets)} summed over the inputs",
         vanish=f"{opts.vanish:g}", explode=f"{opts.explode:g}",
         stats_columns=STATS_COLUMNS, grad_columns=GRAD_COLUMNS,
         stats_rows=[_stats_row(i, r) for i, r in enumerate(doc["stats"]["layers"])],
         grad_rows=None if grads is None else [_grad_row(i, r) for i, r in
                                               enumerate(doc["grads"]["layers"])],
         median=None if grads is None else fmt_float(grads.median_norm),
-        cam=_cam(report, cmap, alpha))
+        cam={"layer": report.cam_layer, "methods": ", ".join(report.methods),
+             "how": "chosen automatically (the last image-grid output)"
+             if report.cam_layer_default else "as asked",
+             "inputs": [_cam_input(item, report, cmap, alpha) for item in report.inputs]})

@@ -1,8 +1,5 @@
-"""Rich tables shared by the commands: a run header, layer statistics, predictions.
-
-:class:`FitTable` is the one table every view draws: it decides at render time, for the
-width it is given, which columns to show, so numbers, shapes and dotted names never wrap.
-"""
+"""Rich tables shared by the commands: a run header, layer statistics, predictions, and
+:class:`FitTable`, the one table every view draws, which fits itself to the width it gets."""
 
 from __future__ import annotations
 
@@ -13,14 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rich import box
-from rich.console import (
-    Console,
-    ConsoleOptions,
-    Group,
-    JustifyMethod,
-    RenderableType,
-    RenderResult,
-)
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
 from rich.measure import Measurement
 from rich.style import StyleType
 from rich.table import Table
@@ -55,8 +45,7 @@ def fmt_pct(value: float | None, digits: int = 2, *, sign: bool = False) -> str:
 
 
 def fmt_float(value: float | None, digits: int = 4) -> str:
-    """Compact, aligned-friendly float text; None and non-finite values (null in JSON) as
-    ``-``."""
+    """Compact float text; None and non-finite values (null in JSON) as ``-``."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if value == 0:
@@ -65,9 +54,6 @@ def fmt_float(value: float | None, digits: int = 4) -> str:
     if magnitude >= 1e5 or magnitude < 1e-3:
         return f"{value:.{digits - 1}e}"
     return f"{value:.{digits}g}"
-
-
-# ----------------------------------------------------------------------------- fitting
 
 
 def shorten_name(text: Text, width: int) -> Text:
@@ -109,18 +95,9 @@ def as_text(cell: RenderableType | None) -> Text:
 
 @dataclass(frozen=True)
 class Col:
-    """One column of a :class:`FitTable`.
-
-    Attributes:
-        header: the title, also named in the footnote when the column is hidden.
-        priority: importance; when the table is too wide the lowest goes first, and
-            ``REQUIRED`` columns are never hidden.
-        justify: cell alignment.
-        style: the style of every cell.
-        wrap: free text (class labels, lists) that may wrap at spaces. Other columns
-            (numbers, shapes, names, paths) never wrap.
-        name: dotted names or paths, shortened from the left as a last resort.
-    """
+    """One column of a :class:`FitTable`: the lowest ``priority`` hides first (``REQUIRED``
+    never); only ``wrap`` columns (free text) may wrap; ``name`` columns (dotted names,
+    paths) are shortened from the left as a last resort."""
 
     header: str
     priority: int = REQUIRED
@@ -146,23 +123,18 @@ class Row:
 
 @dataclass
 class Fit:
-    """What a :class:`FitTable` shows at one width."""
+    """What a :class:`FitTable` shows at one width: the columns, and shortened names' widths."""
 
     shown: list[int]
     limits: dict[int, int] = field(default_factory=dict)
-
-    def hidden(self, columns: Sequence[Col]) -> list[str]:
-        """The headers of the columns not shown."""
-        return [c.header for i, c in enumerate(columns) if i not in self.shown]
 
 
 class FitTable:
     """A data table that hides its least important columns to fit the width it is drawn at.
 
-    The choice happens in ``__rich_console__``, so one table prints right on an 80-column
-    terminal and in a 200-column pipe. Columns go lowest priority first (ties: the rightmost);
-    if even the ``REQUIRED`` ones do not fit, ``name`` columns are shortened from the left,
-    except at ``PIPE_WIDTH`` and wider. A dim footnote says what was hidden.
+    Columns go lowest priority first (ties: the rightmost); if even the ``REQUIRED`` ones do
+    not fit, ``name`` columns are shortened, except at ``PIPE_WIDTH`` and wider. A dim
+    footnote says what was hidden.
     """
 
     def __init__(self, columns: Sequence[Col], *, title: str | None = None) -> None:
@@ -183,8 +155,7 @@ class FitTable:
 
     def _need(self, console: Console, options: ConsoleOptions, index: int,
               limit: int | None = None, *, wrap: bool = False) -> int:
-        """Cells a column needs: its widest cell, or with ``wrap`` its longest word when the
-        column may wrap."""
+        """A column's widest cell, or with ``wrap`` (for a wrap column) its longest word."""
         wrap = wrap and self.columns[index].wrap
         key = (index, limit, wrap)
         if key not in self._needs:
@@ -193,7 +164,7 @@ class FitTable:
         return self._needs[key]
 
     def _width(self, console: Console, options: ConsoleOptions, shown: list[int],
-               needs: Sequence[int]) -> int:
+               needs: Sequence[int] | Mapping[int, int]) -> int:
         """The narrowest this table can be drawn with ``shown`` columns, borders included."""
         skeleton = data_table()
         for i in shown:
@@ -246,9 +217,7 @@ class FitTable:
         needs = {i: self._need(console, wide, i, fit.limits.get(i)) for i in fit.shown}
         headers = {i: Measurement.get(console, wide, Text(self.columns[i].header))
                    for i in fit.shown}
-        whole = [0] * len(self.columns)
-        for i in fit.shown:
-            whole[i] = max(needs[i], headers[i].maximum)
+        whole = {i: max(needs[i], headers[i].maximum) for i in fit.shown}
         if self._width(console, options, fit.shown, whole) <= options.max_width:
             return self.table(fit), fit
         # Too wide with whole headers and free text: pin the columns that may not wrap to
@@ -260,7 +229,7 @@ class FitTable:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         table, fit = self.render(console, options)
         yield table
-        hidden = fit.hidden(self.columns)
+        hidden = [c.header for i, c in enumerate(self.columns) if i not in fit.shown]
         if hidden or fit.limits:
             yield footnote(hidden, options.max_width, shortened=bool(fit.limits))
 
@@ -270,15 +239,8 @@ class FitTable:
 
 @dataclass(frozen=True)
 class Part:
-    """One piece of a one-line label (a tree node's): hidden by priority, like a column.
-
-    Attributes:
-        what: named in the footnote when hidden.
-        text: the piece itself.
-        priority: as :attr:`Col.priority`.
-        sep: what goes before it (nothing before the first part shown).
-        name: a dotted name, shortened from the left as a last resort.
-    """
+    """One piece of a one-line label, hidden by priority like a :class:`Col`; ``what`` is
+    named in the footnote, ``sep`` goes before it unless it comes first."""
 
     what: str
     text: Text
@@ -299,8 +261,7 @@ def _join(parts: Sequence[Part]) -> Text:
 def fit_parts(parts: Sequence[Part], width: int) -> tuple[Text, list[str], bool]:
     """Join ``parts`` into one line of at most ``width`` cells, hiding low priorities first.
 
-    Returns:
-        The line, what was hidden, and whether a name had to be shortened.
+    Returns the line, what was hidden, and whether a name had to be shortened.
     """
     shown = dict(enumerate(parts))
     order = sorted((p.priority, -i) for i, p in enumerate(parts) if p.priority < REQUIRED)
@@ -310,10 +271,8 @@ def fit_parts(parts: Sequence[Part], width: int) -> tuple[Text, list[str], bool]
         del shown[-minus_index]
     excess = _join(list(shown.values())).cell_len - width
     shortened = False
-    names = [i for i, p in shown.items() if p.name] if width < PIPE_WIDTH else []
-    for i in names:
-        part = shown[i]
-        if excess > 0:
+    for i, part in list(shown.items()) if width < PIPE_WIDTH else []:
+        if part.name and excess > 0:
             short = shorten_name(part.text, max(part.text.cell_len - excess, NAME_MIN))
             excess -= part.text.cell_len - short.cell_len
             shown[i] = replace(part, text=short)
@@ -322,12 +281,8 @@ def fit_parts(parts: Sequence[Part], width: int) -> tuple[Text, list[str], bool]
     return _join(list(shown.values())), hidden, shortened
 
 
-# ----------------------------------------------------------------------------- stats
-
-
 class Header:
-    """A one-line renderable of :class:`Part` s: at a narrow width the least important
-    parts go (everything is in the JSON), so the line never wraps."""
+    """A line of :class:`Part` s that drops its least important parts rather than wrap."""
 
     def __init__(self, parts: Sequence[Part]) -> None:
         self.parts = list(parts)
@@ -342,8 +297,8 @@ class Header:
 
 
 def header(doc: Mapping[str, Any], extra: str = "") -> Header:
-    """One line: model, weights actually loaded, device, number of inputs, input shape and
-    ``extra``; at a narrow width ``extra`` goes first, then the shape, the device, the count."""
+    """One line: model, weights loaded, device, number of inputs, input shape and ``extra``
+    (hidden first at a narrow width, then the shape, the device, the count)."""
     parts = [Part("model", Text(str(doc.get("model")), style="bold"), name=True),
              Part("weights", Text(f"weights: {doc['weights']['loaded']}", style="cyan")),
              Part("device", Text(f"device: {doc.get('device')}"), 3),
@@ -369,54 +324,44 @@ def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_cha
                    percentiles: Sequence[str]) -> list[Col]:
     # Hidden first: input shapes, type, call (when all 0), min/max, input stats, call, #,
     # dead channels, and last the percentiles, which the user asked for by name.
-    columns = [
-        num("#", 10, style="dim"), Col("layer", name=True), Col("type", 2, style="dim"),
-        num("call", call_priority(rows, when_all_zero=3, otherwise=9)),
-        Col("input", 1), Col("output"),
-        num("mean"), num("std"), num("min", 4), num("max", 5),
-        num("zeros"), num("non-finite"),
-    ]
+    columns = [num("#", 10, style="dim"), Col("layer", name=True), Col("type", 2, style="dim"),
+               num("call", call_priority(rows, when_all_zero=3, otherwise=9)), Col("input", 1),
+               Col("output"), num("mean"), num("std"), num("min", 4), num("max", 5),
+               num("zeros"), num("non-finite")]
     if input_stats:
-        columns += [num("in mean", 7), num("in std", 6),
-                    num("in non-finite", 8)]
+        columns += [num("in mean", 7), num("in std", 6), num("in non-finite", 8)]
     if per_channel:
         columns.append(num("dead ch.", 11))
     columns += [num(f"p{key}", 12) for key in percentiles]
     return columns
 
 
-def dead_channels(row: Mapping[str, Any]) -> int:
-    """How many of a call's channels are dead: zero fraction at least ``ZERO_WARN``."""
-    return sum(1 for ch in row.get("channels") or []
-               if ch.get("zero_fraction") is not None and ch["zero_fraction"] >= ZERO_WARN)
-
-
-def _output_shape(row: Mapping[str, Any]) -> str:
+def shape_text(row: Mapping[str, Any]) -> str:
+    """A call's output shape, or its shapes joined by ``;``."""
     shapes = row.get("output_shapes") or []
     return format_shapes(shapes) if len(shapes) > 1 else format_shape(row.get("output_shape"))
 
 
 def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
                 per_channel: bool = False, percentiles: Sequence[str] = ()) -> FitTable:
-    """Per-call statistics; non-finite counts red, mostly-zero layers yellow; with
-    ``per_channel`` the dead channels (yellow when any), with ``percentiles`` their values."""
+    """Per-call statistics; non-finite rows red, mostly-zero ones yellow; optionally the dead
+    channels and the percentiles."""
     table = FitTable(_stats_columns(rows, input_stats, per_channel, percentiles))
     for i, row in enumerate(rows):
-        zero = row.get("zero_fraction")
-        nonfinite = int(row.get("nonfinite") or 0)
+        zero, nonfinite = row.get("zero_fraction"), int(row.get("nonfinite") or 0)
         style = "red" if nonfinite else ("yellow" if zero is not None and zero >= ZERO_WARN else None)
         cells: list[RenderableType] = [
             str(i), row["name"], row["type"], str(row["call"]),
-            format_shapes(row.get("input_shapes") or []), _output_shape(row),
+            format_shapes(row.get("input_shapes") or []), shape_text(row),
             *(fmt_float(row.get(k)) for k in ("mean", "std", "min", "max")),
-            fmt_pct(zero, 1), count_text(nonfinite),
-        ]
+            fmt_pct(zero, 1), count_text(nonfinite)]
         if input_stats:
             ins = row.get("input_stats") or {}
             cells += [fmt_float(ins.get("mean")), fmt_float(ins.get("std")),
                       count_text(int(ins.get("nonfinite") or 0))]
         if per_channel:
-            dead = dead_channels(row)
+            dead = sum(1 for ch in row.get("channels") or []
+                       if (ch.get("zero_fraction") or 0) >= ZERO_WARN)
             cells.append(Text(str(dead), style="yellow") if dead else "0")
         values = row.get("percentiles") or {}
         cells += [fmt_float(values.get(key)) for key in percentiles]

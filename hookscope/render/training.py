@@ -1,28 +1,28 @@
-"""The training page: one self-contained HTML page drawn from a training log.
-
-``hookscope report LOG_DIR`` writes it. It shows the run's envelope, the non-finite event
-that stopped it (``nonfinite.json``), the layers flagged for drift, layers x steps heat maps
-of each layer call's mean, std, zero fraction and gradient norm, line plots of the gradient
-norms and the update ratios over the steps, and the last logging step's rows as sortable
-tables. It is a Jinja2 template with autoescape on the model report's base template: every
-string from the log is escaped by construction, and the page shares the model report's
-style, script and Content-Security-Policy (nothing loads, only the page's own script runs).
+"""The training page (``hookscope report LOG_DIR``): a training log's envelope, the non-finite
+event that stopped it, the layers flagged for drift, layers x steps heat maps, line plots of
+the gradient norms and update ratios, and the last logging step's rows as sortable tables.
+It is ``templates/training.html.j2`` on the model report's base template (autoescaped); the
+figures are drawn in :mod:`hookscope.render.plots`' style.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.output import dumps_json, format_shape
 from hookscope.render import plots
-from hookscope.render import training_plots as tp
-from hookscope.render.html import cell, num, render
+from hookscope.render.html import cell, lead_cells, num, render, strong
+from hookscope.render.plots import GREY, RED, styled_figure
 from hookscope.render.tables import ZERO_WARN, fmt_float
 from hookscope.training.logs import number
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from hookscope.training.logs import TrainingLog
 
 LAYER_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
@@ -39,14 +39,10 @@ def _layer_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     zero, bad = number(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
     grad_bad = int(row.get("grad_nonfinite") or 0)
     cls = "bad" if bad or grad_bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
-    cells = [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
-             cell(row.get("type") or "", row.get("type") or "", "dim"),
-             cell(row.get("call") or 0, row.get("call") or 0, "n"),
-             cell(format_shape(row.get("output_shape")), None),
+    cells = [*lead_cells(i, row), cell(format_shape(row.get("output_shape")), None),
              *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
-             cell("-" if zero is None else f"{zero:.1%}", zero, "n"),
-             cell(bad, bad, "n strong" if bad else "n"), num(row.get("grad_norm")),
-             cell(grad_bad, grad_bad, "n strong" if grad_bad else "n")]
+             cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad),
+             num(row.get("grad_norm")), strong(grad_bad)]
     return {"name": row["name"], "cls": cls, "cells": cells}
 
 
@@ -54,9 +50,6 @@ def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     cells = [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
              *(num(row.get(k)) for k in ("norm", "grad_norm", "update_ratio"))]
     return {"name": row["name"], "cls": "", "cells": cells}
-
-
-# ----------------------------------------------------------------------------- findings
 
 
 def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -80,50 +73,148 @@ def _value(value: Any) -> str:
     return "-" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
-# ----------------------------------------------------------------------------- figures
+Series = dict[Any, list[float | None]]
+
+#: Each quantity drawn: the row key, its title, whether it is drawn as log10, its colormap.
+QUANTITIES = (("mean", "mean", False, "RdBu_r"), ("std", "std", True, "viridis"),
+              ("zero_fraction", "zero fraction", False, "magma"),
+              ("grad_norm", "gradient norm", True, "viridis"))
+#: Layer names longer than this are cut in the figures (the tables show them whole).
+NAME_CHARS = 28
+
+
+def plain(text: str) -> str:
+    """A module name as matplotlib text: no mathtext, cut to :data:`NAME_CHARS`."""
+    text = text if len(text) <= NAME_CHARS else text[:NAME_CHARS - 1] + "…"
+    return text.replace("\\", "\\\\").replace("$", r"\$")
+
+
+def matrix(series: Series, log10: bool) -> Any:
+    """Rows of ``series`` as a float array (NaN where missing; log10 where asked)."""
+    import numpy as np
+
+    values = np.array([[math.nan if v is None else v for v in row] for row in series.values()],
+                      dtype=np.float64).reshape(len(series), -1)
+    if log10:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values = np.where(values > 0, np.log10(values), math.nan)
+    return values
+
+
+def _norm(values: Any, key: str) -> Any:
+    import numpy as np
+    from matplotlib.colors import Normalize, TwoSlopeNorm
+
+    finite = values[np.isfinite(values)]
+    if key == "zero_fraction" or not finite.size:
+        return Normalize(0.0, 1.0)
+    if key == "mean":
+        bound = float(np.percentile(np.abs(finite), 99)) or 1.0
+        return TwoSlopeNorm(0.0, -bound, bound)
+    lo, hi = float(finite.min()), float(finite.max())
+    return Normalize(lo, hi if hi > lo else lo + 1.0)
+
+
+def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, log10: bool,
+                   cmap: str) -> Figure:
+    """One quantity as a layers x steps heat map; missing and non-finite cells grey."""
+    import matplotlib
+
+    values = matrix(series, log10)
+    names = [plain(name or "(model)") + (f" #{call}" if call else "") for name, call in series]
+    height = min(max(1.6, 0.16 * len(names) + 1.0), 14.0)
+    colours = matplotlib.colormaps[cmap].with_extremes(bad="#d0d7de")
+    with styled_figure(None, width=6.4, height=height) as fig:
+        ax = fig.add_subplot()
+        image = ax.imshow(values, aspect="auto", interpolation="nearest", cmap=colours,
+                          norm=_norm(values, key))
+        fig.colorbar(image, ax=ax, label=f"log10 {title}" if log10 else title, shrink=0.9)
+        every = max(1, math.ceil(len(names) / 60))
+        ax.set_yticks(range(0, len(names), every), names[::every],
+                      fontsize=6.5 if len(names) > 24 else 8)
+        every = max(1, math.ceil(len(steps) / 8))
+        ax.set_xticks(range(0, len(steps), every), [str(s) for s in steps[::every]])
+        ax.set_xlabel("step")
+    return fig
+
+
+def lines_figure(steps: Sequence[int], series: Series, title: str, *, log10: bool,
+                 ylabel: str, reference: float | None = None) -> Figure:
+    """Each row of ``series`` as a thin line over the logging steps, coloured from the
+    first (dark) to the last (light); with several rows, their median in bold red."""
+    import matplotlib
+    import numpy as np
+
+    values = matrix(series, False)
+    x = np.array(steps, dtype=np.float64)
+    shades = matplotlib.colormaps["viridis"]
+    with styled_figure(None, width=6.4, height=2.8) as fig:
+        ax = fig.add_subplot()
+        n = max(len(values) - 1, 1)
+        for i, row in enumerate(values):
+            ax.plot(x, row, color=shades(0.9 * i / n), lw=0.7, alpha=0.7)
+        if len(values) > 1:
+            with warnings.catch_warnings():  # a step where nothing is finite: no median
+                warnings.simplefilter("ignore", RuntimeWarning)
+                middle = np.nanmedian(np.where(np.isfinite(values), values, np.nan), axis=0)
+            ax.plot(x, middle, color=RED, lw=1.6, label="median")
+        if reference is not None:
+            ax.axhline(reference, color=GREY, lw=0.9, ls=(0, (4, 3)),
+                       label=f"{reference:g}")
+        if log10 and np.nanmax(np.where(values > 0, values, np.nan), initial=0) > 0:
+            ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", color="#eaeef2", lw=0.6)
+        ax.set_title(title, loc="left")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best")
+    return fig
+
+
+def has_values(series: Series) -> bool:
+    """Whether any value was logged at all (a figure of nothing is left out)."""
+    return any(v is not None for row in series.values() for v in row)
+
+
+def _figure(key: str, title: str, fig: Any, alt: str, caption: str) -> dict[str, Any]:
+    from markupsafe import Markup
+
+    return {"key": key, "title": title, "svg": Markup(plots.inline_svg(fig, alt)),
+            "caption": caption}
 
 
 def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from markupsafe import Markup
-
     heat, lines = [], []
-    for key, title, log10, cmap in tp.QUANTITIES:
+    for key, title, log10, cmap in QUANTITIES:
         steps, series = log.series("layers", key)
-        if not tp.has_values(series):
-            continue
-        fig = tp.heatmap_figure(steps, series, key, title, log10, cmap)
-        heat.append({"key": key, "title": f"{title.capitalize()} over steps",
-                     "svg": Markup(plots.inline_svg(fig, f"{title} heat map")),
-                     "caption": f"One row per layer call, one column per logging step"
-                                f"{'; log10 of the value' if log10 else ''}. Grey: not "
-                                "logged, or not finite."})
+        if has_values(series):
+            heat.append(_figure(
+                key, f"{title.capitalize()} over steps",
+                heatmap_figure(steps, series, key, title, log10, cmap), f"{title} heat map",
+                "One row per layer call, one column per logging step"
+                f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite."))
     losses = [(int(s["step"]), number(s.get("loss"))) for s in log.steps]
     if any(v is not None for _, v in losses):
-        fig = tp.lines_figure([k for k, _ in losses], {"loss": [v for _, v in losses]},
+        fig = lines_figure([k for k, _ in losses], {"loss": [v for _, v in losses]},
                               "Loss at the logging steps", log10=False, ylabel="loss")
-        lines.append({"key": "loss", "title": "Loss",
-                      "svg": Markup(plots.inline_svg(fig, "loss over steps")),
-                      "caption": "The loss given to watch.step() at each logging step."})
+        lines.append(_figure("loss", "Loss", fig, "loss over steps",
+                             "The loss given to watch.step() at each logging step."))
     steps, grads = log.series("layers", "grad_norm")
-    if tp.has_values(grads):
-        fig = tp.lines_figure(steps, grads, "Gradient norm at each layer call's output",
+    if has_values(grads):
+        fig = lines_figure(steps, grads, "Gradient norm at each layer call's output",
                               log10=True, ylabel="‖grad‖")
-        lines.append({"key": "grad_norm", "title": "Gradient norms",
-                      "svg": Markup(plots.inline_svg(fig, "gradient norms over steps")),
-                      "caption": "One line per layer call, first layers dark; red: the "
-                                 "median over layers."})
+        lines.append(_figure("grad_norm", "Gradient norms", fig, "gradient norms over steps",
+                             "One line per layer call, first layers dark; red: the median "
+                             "over layers."))
     steps, ratios = log.series("params", "update_ratio")
-    if tp.has_values(ratios):
-        fig = tp.lines_figure(steps, ratios, "Update ratio ‖Δw‖/‖w‖ per parameter",
+    if has_values(ratios):
+        fig = lines_figure(steps, ratios, "Update ratio ‖Δw‖/‖w‖ per parameter",
                               log10=True, ylabel="‖Δw‖/‖w‖", reference=RATIO_REFERENCE)
-        lines.append({"key": "update_ratio", "title": "Update ratios",
-                      "svg": Markup(plots.inline_svg(fig, "update ratios over steps")),
-                      "caption": "One line per parameter since the previous logging step; "
-                                 f"dashed: {RATIO_REFERENCE:g}, the usual rule of thumb."})
+        lines.append(_figure("update_ratio", "Update ratios", fig, "update ratios over steps",
+                             "One line per parameter since the previous logging step; "
+                             f"dashed: {RATIO_REFERENCE:g}, the usual rule of thumb."))
     return heat, lines
-
-
-# ----------------------------------------------------------------------------- the page
 
 
 def _chips(log: TrainingLog, flagged: list[Any]) -> list[dict[str, str]]:
@@ -175,6 +266,3 @@ def training_html(log: TrainingLog) -> str:
         layer_columns=LAYER_COLUMNS, param_columns=PARAM_COLUMNS,
         layers=[_layer_row(i, r) for i, r in enumerate(last.get("layers") or ())],
         params=[_param_row(i, r) for i, r in enumerate(last.get("params") or ())])
-
-
-__all__ = ["training_html"]

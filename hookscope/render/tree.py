@@ -1,8 +1,4 @@
-"""Rich views for ``models`` (a table), ``layers`` (a tree) and ``debug`` (trace lines).
-
-Every view takes the plain JSON-ready dicts the commands also write as JSON, so the
-terminal and the file formats cannot drift apart.
-"""
+"""Rich views for ``models`` (a table), ``layers`` (a tree) and ``debug`` (trace lines)."""
 
 from __future__ import annotations
 
@@ -17,8 +13,6 @@ from hookscope.core.output import Output, dumps_ndjson, format_shape, write
 from hookscope.render import console
 from hookscope.render.tables import Col, FitTable, Part, fit_parts, fmt_float, footnote, header
 
-# ----------------------------------------------------------------------------- models
-
 
 def models_table(doc: Mapping[str, Any]) -> FitTable:
     """One row per model: name, task, the DEFAULT weights and every weights enum member."""
@@ -30,9 +24,6 @@ def models_table(doc: Mapping[str, Any]) -> FitTable:
         weights = ", ".join(m["weights"]) if m["weights"] else Text("none", style="dim")
         table.add_row(m["name"], m["task"], m.get("default") or Text("-", style="dim"), weights)
     return table
-
-
-# ----------------------------------------------------------------------------- layers
 
 
 def _shape_text(call: Mapping[str, Any]) -> str:
@@ -58,16 +49,7 @@ def _calls_text(calls: Sequence[Mapping[str, Any]]) -> Text:
     return text
 
 
-def _trainable_text(value: Any) -> Text:
-    if value is None:
-        return Text("")
-    if value is True:
-        return Text("trainable", style="dim")
-    if value is False:
-        return Text("frozen", style="yellow")
-    return Text("partly trainable", style="yellow")
-
-
+_TRAINABLE = {True: ("trainable", "dim"), False: ("frozen", "yellow")}
 _COUNT_UNITS = ("", "K", "M", "G", "T", "P")
 _BYTE_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
 
@@ -102,17 +84,14 @@ def _parts(row: Mapping[str, Any], name: str) -> list[Part]:
     own, total = row["params"], row["params_total"]
     parts = [Part("name", Text(name, style="bold"), name=True),
              Part("type", Text(row["type"], style="magenta"), 6)]
-    if total == 0:
-        parts.append(Part("params", Text("0 params", style="dim"), 4))
-    else:
-        parts.append(Part("params", Text(f"{total:,} params", style="cyan"), 4))
-        if own != total:
-            parts.append(Part("own params", Text(f"(own {own:,})", style="dim"), 2, sep=" "))
+    parts.append(Part("params", Text(f"{total:,} params", style="cyan" if total else "dim"), 4))
+    if own != total:
+        parts.append(Part("own params", Text(f"(own {own:,})", style="dim"), 2, sep=" "))
     if row.get("macs"):  # zero (ReLU, BatchNorm) and unmeasured (no input) stay quiet
         parts.append(Part("MACs", Text(f"{human_count(row['macs'])} MACs", style="blue"), 3))
-    trainable = _trainable_text(row.get("trainable"))
-    if trainable.plain:
-        parts.append(Part("trainable", trainable, 1))
+    if row.get("trainable") is not None:
+        words, style = _TRAINABLE.get(row["trainable"], ("partly trainable", "yellow"))
+        parts.append(Part("trainable", Text(words, style=style), 1))
     parts.append(Part("shapes", _calls_text(row.get("calls") or []), 5))
     return parts
 
@@ -152,36 +131,30 @@ def _totals_parts(doc: Mapping[str, Any]) -> list[Part]:
 
 
 class LayersTree:
-    """The module tree; each label starts with the node's full dotted name and keeps as much
-    of the rest as fits the width it is drawn at (tree guides take 4 cells a level). A line
-    of totals (MACs, FLOPs, bytes) follows when the document has them."""
+    """The module tree, each label fitted to the width left by the guides (4 cells a level),
+    then a line of totals when the document has them."""
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         self.doc = doc
 
-    def _root_parts(self) -> list[Part]:
-        root, totals = self.doc["root"], self.doc["totals"]
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width, root, totals = options.max_width, self.doc["root"], self.doc["totals"]
         summary = Text(f"[{totals['modules']} modules, {totals['trainable_params']:,} trainable]",
                        style="dim")
-        return [*_parts(root, self.doc.get("model") or root["type"]),
-                Part("module counts", summary, 1)]
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = options.max_width
-        label, hidden, shortened = fit_parts(self._root_parts(), width)
+        label, hidden, shortened = fit_parts([*_parts(root, self.doc.get("model") or root["type"]),
+                                              Part("module counts", summary, 1)], width)
         tree = Tree(label, guide_style="dim")
         nodes: dict[str, tuple[Tree, int]] = {"": (tree, 0)}
         for row in self.doc["layers"]:
             name = row["name"]
-            parent = name.rsplit(".", 1)[0] if "." in name else ""
             # A parent is always listed before its children (named_modules order).
-            node, depth = nodes.get(parent, (tree, 0))
+            node, depth = nodes.get(name.rpartition(".")[0], (tree, 0))
             label, lost, short = fit_parts(_parts(row, name), width - 4 * (depth + 1))
             nodes[name] = (node.add(label), depth + 1)
             hidden += lost
             shortened = shortened or short
         yield tree
-        if "params_bytes" in self.doc["totals"]:
+        if "params_bytes" in totals:
             line, lost, _ = fit_parts(_totals_parts(self.doc), width)
             hidden += lost
             yield line
@@ -192,9 +165,6 @@ class LayersTree:
 def layers_view(doc: Mapping[str, Any]) -> RenderableType:
     """The whole ``layers`` output: a header line and the tree."""
     return Group(header(doc), LayersTree(doc))
-
-
-# ----------------------------------------------------------------------------- debug
 
 
 def _indent(event: Mapping[str, Any]) -> str:
@@ -229,48 +199,50 @@ def _shapes(shapes: Sequence[Sequence[int]] | None) -> str:
     return ", ".join(format_shape(s) for s in shapes)
 
 
+_LEADS = {"enter": ("→ ", "dim"), "exit": ("← ", "dim"),
+          "nonfinite": ("!! first non-finite: ", "bold red")}
+
+
+def _nonfinite(stats: Sequence[Mapping[str, Any]]) -> int:
+    return sum(int(s.get("nonfinite") or 0) for s in stats)
+
+
 def trace_line(event: Mapping[str, Any]) -> Text:
     """One line of the live trace for an ``enter``, ``exit``, ``nonfinite`` or ``error`` event."""
-    kind = event["event"]
-    text = Text(_indent(event))
-    if kind == "enter":
-        text.append("→ ", style="dim")
-        text.append(_who(event), style="bold")
-        text.append(f" {event['type']}", style="magenta")
-        text.append(f"  in {_shapes(event.get('input_shapes'))}")
-    elif kind == "exit":
-        nonfinite = int(event.get("nonfinite") or 0)
-        text.append("← ", style="dim")
-        text.append(_who(event), style="bold red" if nonfinite else "bold")
-        text.append(f" {event['type']}", style="magenta")
-        text.append(f"  out {_shapes(event.get('output_shapes'))}  ")
-        text.append_text(_stats_text(event))
-    elif kind == "nonfinite":
-        outputs = event.get("output_stats") or []
-        bad = sum(int(s.get("nonfinite") or 0) for s in outputs)
-        text.append("!! first non-finite: ", style="bold red")
-        text.append(_who(event), style="bold red")
-        text.append(f" {event['type']}", style="magenta")
-        if event.get("source") == "input":
-            inputs = event.get("input_stats") or []
-            bad_in = sum(int(s.get("nonfinite") or 0) for s in inputs)
-            text.append(f"  the model's input already holds {bad_in} non-finite value(s); "
-                        "this is the first module to receive it", style="red")
-        else:
-            text.append(f"  inputs finite, output has {bad} non-finite value(s)", style="red")
-        for i, s in enumerate(event.get("input_stats") or []):
-            text.append(f"\n{_indent(event)}     in[{i}]  ")
-            text.append_text(_stats_text(s))
-        for i, s in enumerate(outputs):
-            text.append(f"\n{_indent(event)}     out[{i}] ")
-            text.append_text(_stats_text(s))
-    elif kind == "error":
+    kind, indent = event["event"], _indent(event)
+    if kind == "error":
         text = Text("✗ error in ", style="bold red")
         text.append(_who(event), style="bold red")
         if event.get("type"):
             text.append(f" {event['type']}", style="magenta")
         text.append(f"  in {_shapes(event.get('input_shapes'))}")
         text.append(f"\n  {event.get('exception')}: {event.get('message')}", style="red")
+        return text
+    lead, style = _LEADS[kind]
+    text = Text(indent)
+    text.append(lead, style=style)
+    bad = kind == "nonfinite" or int(event.get("nonfinite") or 0)
+    text.append(_who(event), style="bold red" if bad else "bold")
+    text.append(f" {event['type']}", style="magenta")
+    if kind == "enter":
+        text.append(f"  in {_shapes(event.get('input_shapes'))}")
+    elif kind == "exit":
+        text.append(f"  out {_shapes(event.get('output_shapes'))}  ")
+        text.append_text(_stats_text(event))
+    else:
+        inputs, outputs = event.get("input_stats") or [], event.get("output_stats") or []
+        if event.get("source") == "input":
+            text.append(f"  the model's input already holds {_nonfinite(inputs)} non-finite "
+                        "value(s); this is the first module to receive it", style="red")
+        else:
+            text.append(f"  inputs finite, output has {_nonfinite(outputs)} non-finite "
+                        "value(s)", style="red")
+        for i, s in enumerate(inputs):
+            text.append(f"\n{indent}     in[{i}]  ")
+            text.append_text(_stats_text(s))
+        for i, s in enumerate(outputs):
+            text.append(f"\n{indent}     out[{i}] ")
+            text.append_text(_stats_text(s))
     return text
 
 
@@ -293,38 +265,26 @@ def summary_line(summary: Mapping[str, Any]) -> Text:
     return text
 
 
-def batch_rule(batch: int) -> Text:
-    """The line between batches in a text trace."""
-    return Text(f"── batch {batch} ──", style="dim")
-
-
 class TextTrace:
-    """The text trace's lines, made one event at a time: the run's header before the first
-    line (once the run has really started), a rule between batches."""
+    """The text trace's lines, one event at a time: the header first, a rule between batches."""
 
     def __init__(self, envelope: Mapping[str, Any]) -> None:
-        self.envelope = envelope
         self._batch = 0
-        self._started = False
-
-    def _start(self) -> list[RenderableType]:
-        if self._started:
-            return []
-        self._started = True
-        return [header(self.envelope)]
+        self._header: list[RenderableType] = [header(envelope)]  # until the first line
 
     def event(self, event: Mapping[str, Any]) -> list[RenderableType]:
         """The lines of one trace event (its ``to_dict()``)."""
-        lines = self._start()
+        lines, self._header = self._header, []
         batch = int(event.get("batch") or 0)
         if batch != self._batch:
             self._batch = batch
-            lines.append(batch_rule(batch))
+            lines.append(Text(f"── batch {batch} ──", style="dim"))
         return [*lines, trace_line(event)]
 
     def summary(self, summary: Mapping[str, Any]) -> list[RenderableType]:
         """The closing summary's line."""
-        return [*self._start(), summary_line(summary)]
+        lines, self._header = self._header, []
+        return [*lines, summary_line(summary)]
 
 
 def debug_view(doc: Mapping[str, Any]) -> RenderableType:
@@ -345,17 +305,9 @@ def summary_ndjson(summary: Mapping[str, Any]) -> str:
 
 
 class TraceWriter:
-    """``debug``'s live trace on stdout: ``text`` or ``ndjson`` lines as the model runs, then
-    the summary, so what ran before a crash or a hang is already on screen.
-
-    The one output that does not go through :func:`hookscope.render.views.emit`: it streams.
-    Its lines are the ``debug`` view's (:func:`debug_view`, :func:`debug_ndjson`), which
-    ``emit`` writes for a file or ``json``, at the end and only for a run that completed.
-
-    Args:
-        fmt: ``text`` or ``ndjson``.
-        output: where it goes (stdout).
-        envelope: the JSON envelope (its header starts a text trace).
+    """``debug``'s live trace on stdout (``fmt`` ``text`` or ``ndjson``), streamed as the
+    model runs so what ran before a crash or a hang is already on screen: the one output
+    that bypasses :func:`hookscope.render.views.emit`. Its lines are the ``debug`` view's.
     """
 
     def __init__(self, fmt: str, output: Output, envelope: Mapping[str, Any]) -> None:

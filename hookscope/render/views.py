@@ -1,11 +1,6 @@
 """The one output path: every command's document drawn as a table or written as JSON, CSV or
-an HTML page. The one exception is ``debug``'s live trace, which streams to stdout as the model
-runs (:class:`hookscope.render.tree.TraceWriter`).
-
-Each command's view is registered once in :mod:`hookscope.render.layouts`: a function that
-draws the document with Rich and, where the command has one, a function that lays it out as
-CSV rows and columns. :func:`emit` does the rest for every command, so adding a command adds
-a view, not a switch.
+an HTML page, through the views registered in :mod:`hookscope.render.layouts`. The one
+exception is ``debug``'s live trace, which streams (:class:`hookscope.render.tree.TraceWriter`).
 """
 
 from __future__ import annotations
@@ -23,17 +18,17 @@ from hookscope.render.html import count
 
 def emit(command: str, doc: Any, fmt: str, output: Output, **options: Any) -> None:
     """Write ``doc`` as ``fmt`` (table, json, ndjson, csv, or a text format of the command's
-    own, such as ``html``) to ``output``.
+    own, such as ``html``) to ``output``; ``options`` go to the view.
 
-    A table goes to the terminal with colour, or as plain text into a file. ``options`` go
-    to the view (for example ``input_stats=True`` for ``stats``). ``doc`` is the command's
-    JSON document, or for a page (``html``) the report it draws; a page's size and the time
-    to draw and write it are one note on stderr.
+    ``doc`` is the command's JSON document, or for a page the report it draws. A table goes
+    to the terminal with colour, or as plain text into a file or a pipe.
 
     Raises:
         HookscopeError: the command has no such format, or the output cannot be written.
     """
-    view, start = _views()[command], time.perf_counter()
+    from hookscope.render.layouts import VIEWS  # imports every view module
+
+    view, start = VIEWS[command], time.perf_counter()
     if fmt in view.texts:
         text = view.texts[fmt](doc, **options)
         write(output, text)
@@ -62,16 +57,10 @@ def emit_plot(command: str, doc: Mapping[str, Any], output: Output | None, **opt
     suffix; atomically). Nothing happens without an output."""
     if output is None:
         return
-    from hookscope.render.plots import render_plot, write_plot
+    from hookscope.render.layouts import VIEWS
+    from hookscope.render.plots import write_plot
 
-    figure = _views()[command].plot
+    figure = VIEWS[command].plot
     if figure is None:
         raise HookscopeError(f"{command} has no plot.")
-    write_plot(render_plot(figure(doc, **options), output), output)
-
-
-def _views() -> Mapping[str, Any]:
-    """The registered views (imported only when drawing: they import every view module)."""
-    from hookscope.render.layouts import VIEWS
-
-    return VIEWS
+    write_plot(figure(doc, **options), output)
