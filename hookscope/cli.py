@@ -71,6 +71,7 @@ def stats(
     from hookscope.core.outputs import warn_nonfinite_logits
     from hookscope.probes.sketch import parse_percentiles, percentile_key
     from hookscope.probes.stats import StatsProbe
+    from hookscope.render.views import emit_plot
 
     s, fmt = opts.s, _value(fmt)
     wanted = parse_percentiles(percentiles)
@@ -87,7 +88,7 @@ def stats(
     doc = loaded.envelope("stats", resolved.names) | report.to_dict()
     s.emit("stats", doc, fmt, out, input_stats=input_stats, per_channel=per_channel,
            percentiles=tuple(percentile_key(p) for p in wanted))
-    s.plot("stats", doc, plot_out)
+    emit_plot("stats", doc, plot_out)
 
 
 @app.command("models")
@@ -271,6 +272,7 @@ def grads(
     Example: hookscope grads resnet18 cat.jpg --loss ce --label tabby --format json
     """
     from hookscope.probes.grads import GradsProbe, nonfinite_failure, true_classes
+    from hookscope.render.views import emit_plot
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
@@ -286,7 +288,7 @@ def grads(
                    shown=fmt == "table" or not out.is_stdout, train_mode=train_mode)
     doc = loaded.envelope("grads", resolved.names) | report.to_dict()
     s.emit("grads", doc, fmt, out, params=params)
-    s.plot("grads", doc, plot_out, vanish=vanish, explode=explode)
+    emit_plot("grads", doc, plot_out, vanish=vanish, explode=explode)
     if fail_on_nonfinite and report.nonfinite:
         raise nonfinite_failure(report)
 

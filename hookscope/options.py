@@ -1,9 +1,7 @@
 """The command line's shared options, declared once, and the decorators that add them.
 
-Every command that runs a model gets the same model and output options through
-:func:`runs_model`; the others get the output options through :func:`command`. Both hand
-the command an :class:`Options` with a :class:`~hookscope.session.Session` bound to it.
-Torch-free, so ``hookscope --help`` stays fast.
+:func:`runs_model` and :func:`command` add them and hand the command an :class:`Options`
+with a :class:`~hookscope.session.Session` bound to it. Torch-free, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
+from hookscope.cam.methods import method_names  # torch-free: only the registry
 from hookscope.core.select import Selection
 from hookscope.session import ModelOptions, Session, session
 
@@ -94,15 +93,7 @@ FeatureOrder = _choices("FeatureOrder", ["index", "mean", "max"])
 ModelSource = _choices("ModelSource", ["torchvision", "timm", "hf"])
 HeadFusion = _choices("HeadFusion", ["mean", "max", "min"])
 CheckFormat = _choices("CheckFormat", ["table", "json", "github"])
-
-
-def _cam_methods() -> type[Enum]:
-    from hookscope.cam.methods import method_names  # torch-free: only the registry
-
-    return _choices("CamMethod", method_names())
-
-
-CamMethod = _cam_methods()
+CamMethod = _choices("CamMethod", method_names())
 
 # ----------------------------------------------------------------- options, declared once
 
@@ -250,15 +241,13 @@ RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
-def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
+def _with_options(groups: list[dict[str, tuple[Any, Any]]],
                   replace: dict[str, Any] | None = None) -> Callable[..., Any]:
     """Add the options in ``groups`` to a command; it receives them as ``opts``.
 
-    ``replace`` gives some of them another declaration in this command (ablate's own
-    ``--channels`` leaves the input channels only ``--input-channels``). A parameter of the
-    command annotated with a :class:`Bundle` becomes the bundle's options. The command's
-    signature is the one ``inspect.signature`` reports (``__signature__``), which is what
-    Typer reads.
+    ``replace`` gives some of them another declaration (ablate's own ``--channels``). A
+    parameter annotated with a :class:`Bundle` becomes the bundle's options. Typer reads
+    the signature that ``__signature__`` declares.
     """
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -284,9 +273,7 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
             with session(quiet=values["quiet"], traceback=values["traceback"],
                          flags=_flags(ctx), command=ctx.command.name) as s:
                 # Inside the session: a bad common option (--seed) is one line too.
-                opts = Options(model=kwargs.get("model", ""), **values) if model else \
-                    Options(**values)
-                return fn(**kwargs, opts=opts.bind(s))
+                return fn(**kwargs, opts=Options(s, model=kwargs.get("model", ""), **values))
 
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,
                                     annotation=typer.Context)
@@ -313,27 +300,24 @@ def _flags(ctx: typer.Context) -> dict[str, str]:
 class Options:
     """The shared options of one invocation, and its :class:`~hookscope.session.Session`."""
 
-    def __init__(self, *, output: Path | None = None, force: bool = False, quiet: bool = False,
-                 traceback: bool = False, model: str = "", **model_options: Any) -> None:
+    def __init__(self, s: Session, *, output: Path | None = None, force: bool = False,
+                 quiet: bool = False, traceback: bool = False, model: str = "",
+                 **model_options: Any) -> None:
+        self.s = s
         self.output, self.force, self.quiet, self.traceback = output, force, quiet, traceback
         self.model = ModelOptions.given(model, **model_options)
-        self.s: Session = None  # type: ignore[assignment]  # bound before the command runs
-
-    def bind(self, s: Session) -> Options:
-        self.s = s
-        return self
 
 
 def runs_model(fn: Callable[..., Any] | None = None, /, **replace: Any) -> Any:
     """A command that loads a model: the model, input and run options (``replace``: another
     declaration for some of them, by name)."""
-    wrap = _with_options([MODEL_OPTIONS, INPUT_OPTIONS, RUN_OPTIONS], True, replace)
+    wrap = _with_options([MODEL_OPTIONS, INPUT_OPTIONS, RUN_OPTIONS], replace)
     return wrap if fn is None else wrap(fn)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A command that runs no model: the run options only."""
-    return _with_options([RUN_OPTIONS], model=False)(fn)
+    return _with_options([RUN_OPTIONS])(fn)
 
 
 def value(choice: Any) -> str:

@@ -1,12 +1,10 @@
 """The watch under ``torch.distributed`` (DDP under torchrun): agreement between ranks.
 
-Each rank watches its own replica. At the end of every step the ranks exchange one flag
-each (one ``all_reduce`` of a ``world_size`` vector), so a non-finite value on any rank
-stops every rank at the same step, naming that rank; the finding travels from it by
-``broadcast_object_list``. On a logging step the reports are gathered to rank 0 and merged
-there with their own exact ``merge`` (:func:`hookscope.core.distributed.gather_merged`, as the
-commands do under torchrun), and rank 0 alone writes. Every rank makes the same collective
-calls in the same order, so none waits for a call another skipped.
+Each rank watches its own replica. Every step the ranks exchange one flag each (one
+``all_reduce``), so a non-finite value on any rank stops every rank at the same step; the
+finding travels from that rank by broadcast. A logging step's reports are merged exactly on
+rank 0, which alone writes. Every rank makes the same collective calls in the same order,
+so none waits for a call another skipped.
 """
 
 from __future__ import annotations
