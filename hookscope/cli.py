@@ -1,9 +1,8 @@
 """The ``hookscope`` command line: options in, then source, probe, drive, emit.
 
-Each command only collects its options and wires the library together; errors, signals,
-outputs and progress are :mod:`hookscope.session`'s, drawing and writing are
-:mod:`hookscope.render`'s. Start-up stays fast: torch and Rich are imported inside the
-commands, never at module level, so ``hookscope --help`` does not load them.
+Each command only wires the library together (errors, outputs and progress are
+:mod:`hookscope.session`'s). torch and Rich are imported inside the commands, so
+``hookscope --help`` does not load them.
 """
 
 from __future__ import annotations
@@ -48,9 +47,6 @@ def main_callback(
         help="Print the version and exit.")] = None,
 ) -> None:
     """Inspect PyTorch vision models through hooks that are always removed."""
-
-
-# ----------------------------------------------------------------- stats, models, layers
 
 
 @app.command()
@@ -141,9 +137,6 @@ def layers_command(
     s.emit("layers", doc, _value(fmt), out)
 
 
-# ----------------------------------------------------------------- debug
-
-
 @app.command("debug")
 @runs_model
 def debug_command(
@@ -186,9 +179,6 @@ def debug_command(
         raise report.failure
     if fail_on_nonfinite and report.origin is not None:
         raise nonfinite_failure(report.origin)
-
-
-# ----------------------------------------------------------------- gradcam
 
 
 @app.command()
@@ -248,9 +238,6 @@ def gradcam(
         report, out=out_dir, layer_default=not layers, aug_smooth=aug_smooth,
         eigen_smooth=eigen_smooth, guided=guided)
     s.emit("gradcam", doc, _value(fmt), out)
-
-
-# ----------------------------------------------------------------- grads, features, ablate
 
 
 @app.command()
@@ -369,9 +356,6 @@ def ablate(
     s.emit("ablate", doc, fmt, out, top=top, sweep=sweep)
 
 
-# ----------------------------------------------------------------- check
-
-
 @app.command("check")
 @runs_model
 def check_command(
@@ -423,9 +407,6 @@ def check_command(
         raise CheckFailed(report.summary())
 
 
-# ----------------------------------------------------------------- diff
-
-
 @app.command("diff")
 @runs_model
 def diff_command(
@@ -474,9 +455,6 @@ def diff_command(
         raise report.failure()
 
 
-# ----------------------------------------------------------------- report, --plot
-
-
 @app.command("report")
 @runs_model
 def report_command(
@@ -521,8 +499,6 @@ def report_command(
             resolved.names, options, progress=bar)
     s.emit("report", report, "html", out, cmap=colormap, alpha=alpha)
 
-
-# ----------------------------------------------------------------- watch (cli_watch.py)
 
 app.command("watch")(cli_watch.watch_command)
 

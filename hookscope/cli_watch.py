@@ -77,9 +77,6 @@ def report_log(opts: Options) -> None:
     opts.s.emit("training", read_log(folder), "html", out)
 
 
-# ----------------------------------------------------------------- hookscope watch
-
-
 @runs_model
 def watch_command(
     model: o.ModelArg, inputs: o.InputsArg, steps: o.WatchStepsOpt = 50,

@@ -17,7 +17,7 @@ import fnmatch
 import math
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
 
-__all__ = ["Finding", "NonFiniteError", "StepFlags", "allowed", "event_doc", "flight_steps"]
+__all__ = ["Finding", "NonFiniteError", "StepFlags", "event_doc", "flight_steps"]
 
 #: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
 INFO, STRICT, NAN_ONLY = 0, 1, 2
@@ -51,11 +51,6 @@ class NonFiniteError(HookscopeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (NonFiniteError, (super().__str__(),), dict(self.__dict__))
-
-
-def allowed(name: str, patterns: Sequence[str]) -> bool:
-    """Whether module ``name`` matches one of the ``allow_inf`` fnmatch patterns."""
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 @dataclass
@@ -95,12 +90,7 @@ class Finding:
     source: str
     produced: str
     inputs: list[dict[str, Any]]
-    grad: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"phase": self.phase, "module": self.module, "type": self.type, "call": self.call,
-                "source": self.source, "produced": self.produced, "inputs": self.inputs,
-                "grad_output": self.grad}
+    grad_output: dict[str, Any] | None = None
 
     def error(self, message: str, step: int, rank: int | None) -> NonFiniteError:
         """The error that reports this finding with ``message``."""
@@ -121,7 +111,7 @@ class Finding:
         if self.phase == "forward":
             return (f"{head}{name} received {self.produced} from outside the selected modules "
                     f"(the model's input or its own code){shown}")
-        grad = _range([self.grad] if self.grad else [])
+        grad = _range([self.grad_output] if self.grad_output else [])
         if self.source == "module":
             return (f"{head}{name} produced {self.produced} in the gradient of its input from a "
                     f"finite gradient at its output{grad}; its inputs{shown or ' unknown'}")
@@ -189,7 +179,7 @@ class StepFlags:
 
     def _is_allowed(self, name: str) -> bool:
         if name not in self._allowed:
-            self._allowed[name] = allowed(name, self.allow_inf)
+            self._allowed[name] = any(fnmatch.fnmatchcase(name, p) for p in self.allow_inf)
         return self._allowed[name]
 
     def _slot(self, t: torch.Tensor, kind: int) -> int:
@@ -365,5 +355,5 @@ def flight_steps(kept: Iterable[tuple[int, StepFlags | None, Any, list[Any] | No
 def event_doc(envelope: dict[str, Any], step: int, rank: int | None, message: str,
               finding: Finding, recorded: list[dict[str, Any]] | None) -> dict[str, Any]:
     """``nonfinite.json``: the watch's envelope, the event, and the recorded steps."""
-    event = {"step": step, "rank": rank, "message": message} | finding.to_dict()
+    event = {"step": step, "rank": rank, "message": message} | asdict(finding)
     return envelope | {"event": event, "steps": recorded or []}

@@ -210,17 +210,12 @@ class Watch:
 
     # ------------------------------------------------------------------ steps
 
-    @property
-    def logging_step(self) -> bool:
-        """Whether the step in progress records rows."""
-        return self.index % self.every == 0
-
     def _begin(self) -> None:
         self._hooks = Hooks()
         self._flags = None if self.nonfinite == "off" else \
             StepFlags(self.allow_inf, self._hooks, self._layouts)
         self._logging = None
-        if self.logging_step:
+        if self.index % self.every == 0:  # a logging step
             self._logging = LoggingStep(self.model, self.select, self._hooks,
                                         self.drift.percentiles)
             self.params.attach(self._hooks)
