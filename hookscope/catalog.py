@@ -151,8 +151,8 @@ def find_timm_models(pattern: str | None = None, task: str | None = None) -> lis
 
 
 def find_hf_models(path: str | None = None, task: str | None = None) -> list[ModelInfo]:
-    """The Hugging Face model folders at ``path`` (itself, or its sub-folders): each as
-    ``hf:FOLDER``, its task, its files as ``weights`` and its architecture as ``default``.
+    """The Hugging Face model folders at ``path`` (itself, or its sub-folders), as
+    ``hf:FOLDER`` with their task, files (``weights``) and architecture (``default``).
 
     Raises:
         HookscopeError: no path, not a folder, or no model folder there.

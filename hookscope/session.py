@@ -58,10 +58,8 @@ def _signals() -> Iterator[None]:
     for name in SIGNALS:
         number = getattr(signal, name, None)
         if number is not None:
-            try:
+            with suppress(ValueError):  # not the main thread (e.g. a test runner's worker)
                 previous[number] = signal.signal(number, _raise_interrupted)
-            except ValueError:  # not the main thread (e.g. a test runner's worker)
-                pass
     try:
         yield
     finally:
@@ -238,11 +236,8 @@ class Session:
         return loaded
 
     def drive(self, loaded: LoadedModel, inputs: Any, probe: Probe[R], **options: Any) -> R:
-        """Run the loaded model over ``inputs`` for ``probe``, at its precision.
-
-        Under torchrun the report is every rank's merged, on rank 0; the other ranks exit
-        here (0) once theirs is sent.
-        """
+        """Run the loaded model over ``inputs`` for ``probe``, at its precision. Under
+        torchrun the report is every rank's merged, on rank 0; the other ranks exit here."""
         from hookscope.core.run import drive
 
         report = drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
@@ -302,11 +297,8 @@ AGAINST = {"against_model": "name", "against_weights": "weights", "against_dtype
 
 
 def against_options(options: ModelOptions, against: Mapping[str, Any]) -> ModelOptions:
-    """Side B's options: A's, with each given ``against_*`` option (:data:`AGAINST`) replaced.
-
-    Raises:
-        HookscopeError: none is given, or the dtype is unknown.
-    """
+    """Side B's options: A's, with each given ``against_*`` option replaced (HookscopeError:
+    none is given, or the dtype is unknown)."""
     from hookscope.sources import DTYPES
 
     given = {AGAINST[k]: v for k, v in against.items() if v is not None}
@@ -330,11 +322,8 @@ def describe_against(loaded: LoadedModel) -> dict[str, Any]:
 
 def offline_files(model: str, inputs: Sequence[str],
                   against: Mapping[str, Any] | None = None) -> tuple[Path, Path] | None:
-    """The two documents of an offline diff (MODEL and the one INPUT are ``.json``), or None.
-
-    Raises:
-        HookscopeError: MODEL is a ``.json`` file but the rest does not fit an offline diff.
-    """
+    """The two documents of an offline diff (MODEL and the one INPUT are ``.json``), or None
+    (HookscopeError: MODEL is a ``.json`` file but the rest does not fit an offline diff)."""
     if not model.lower().endswith(".json"):
         return None
     if len(inputs) != 1 or not inputs[0].lower().endswith(".json"):

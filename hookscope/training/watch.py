@@ -48,33 +48,19 @@ def _positive(name: str, value: Any) -> int:
 
 
 class Watch:
-    """Watch ``model`` while a training loop runs: ``with watch(...) as w``, and ``w.step()``
-    at the end of each training step. Every step is checked for NaN and ±inf, forward and
-    backward; every ``every`` steps (0, ``every``, ...) a line goes to ``log_dir/watch.jsonl``.
-    The options and the log's format: docs/watch.md.
+    """Watch ``model`` (a DDP wrapper or the module) while a training loop runs:
+    ``with watch(model, log_dir) as w``, and ``w.step(loss)`` after each optimiser step.
+    Every step is checked for NaN and ±inf, forward and backward; every ``every`` steps
+    (0, ``every``, ...) a line goes to ``log_dir/watch.jsonl``.
 
-    Args:
-        model: the model being trained (a DDP wrapper or the module itself).
-        log_dir: the log directory (made if missing).
-        every: a logging step every ``every`` steps.
-        layers, types: the modules watched (fnmatch patterns on dotted names, class names);
-            leaf modules by default.
-        nonfinite: ``"raise"`` (a :class:`NonFiniteError` at the step that made one),
-            ``"warn"`` (log it and go on) or ``"off"`` (no every-step check).
-        allow_inf: fnmatch patterns of modules whose ±inf is intended (attention masks).
-        keep: steps kept by the flight recorder written to ``log_dir/nonfinite.json``.
-        tensorboard: also write TensorBoard scalars and histograms to ``log_dir``.
-        reference: a ``hookscope stats --format json`` document to measure drift against
-            (default: the first logging step).
-        max_drift: layers whose drift exceeds it are flagged ``drift``.
-        percentiles: percentiles (0 to 100) each logging step takes of each output, for a
-            distribution drift; default: the reference's. Without, drift compares means and stds.
-        name: the model's name in the log (default: its class name).
-        force: replace an existing log in ``log_dir``.
-
-    Attributes:
-        index: the step in progress (counted from 0 by :meth:`step`).
-        findings: with ``nonfinite="warn"``, each (step, rank, finding) warned about.
+    The options (docs/watch.md): ``layers``/``types`` select the modules (leaves by default);
+    ``nonfinite`` is ``"raise"`` (a :class:`NonFiniteError`), ``"warn"`` or ``"off"``;
+    ``allow_inf`` names modules whose ±inf is intended; the last ``keep`` steps go to
+    ``nonfinite.json``; ``tensorboard`` also writes TensorBoard events; ``reference`` (a
+    ``stats`` JSON document; default: the first logging step), ``max_drift`` and
+    ``percentiles`` set the drift; ``name`` names the model; ``force`` replaces a log.
+    ``index`` is the step in progress; with ``"warn"``, ``findings`` holds each
+    (step, rank, finding) warned about.
 
     Raises:
         HookscopeError: bad arguments, a selection matching nothing, an existing log
