@@ -262,8 +262,8 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]],
             values = {name: kwargs.pop(name) for name in names}
             for name, bundle in bundles.items():
                 kwargs[name] = bundle.build(**{k: kwargs.pop(k) for k in bundle.options})
-            with session(quiet=values["quiet"], traceback=values["traceback"],
-                         flags=_flags(ctx), command=ctx.command.name) as s:
+            with session(_flags(ctx), ctx.command.name, quiet=values["quiet"],
+                         traceback=values["traceback"]) as s:
                 # Inside the session: a bad common option (--seed) is one line too.
                 return fn(**kwargs, opts=Options(s, model=kwargs.get("model", ""), **values))
 

@@ -68,9 +68,8 @@ def _signals() -> Iterator[None]:
 
 
 @contextmanager
-def session(*, quiet: bool = False, traceback: bool = False,
-            flags: Mapping[str, str] | None = None, command: str | None = None
-            ) -> Iterator[Session]:
+def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = False,
+            traceback: bool = False) -> Iterator[Session]:
     """Run one command: every error becomes one stderr line and its exit code. ``flags``
     spells each library parameter as the command's flag (``target`` -> ``--target``)."""
     from hookscope.core.distributed import Group
@@ -92,13 +91,11 @@ def session(*, quiet: bool = False, traceback: bool = False,
     except HookscopeError as exc:
         if traceback:
             tb.print_exc()
-        spelt = flags or {}
-        raise failed(exc.render(lambda name: spelt.get(name, name)), exc.exit_code) from None
+        raise failed(exc.render(lambda name: flags.get(name, name)), exc.exit_code) from None
     except Interrupted as exc:
-        name = signal.Signals(exc.signum).name
         why = " (torchrun stops every rank once one has exited: its report names that rank)" \
             if s.ranks > 1 else ""
-        raise failed(f"stopped by {name}{why}; no output was written", 128 + exc.signum,
+        raise failed(f"stopped by {exc}{why}; no output was written", 128 + exc.signum,
                      stopped=True) from None
     except KeyboardInterrupt:
         raise failed("interrupted; no output was written", 130, stopped=True) from None
@@ -192,7 +189,9 @@ class Session:
             with suppress(OSError):  # not there yet: then it is nothing the run reads
                 st = os.stat(target)
                 written[(st.st_dev, st.st_ino)] = target
-        for path in filter(None, paths) if written else ():
+        for path in paths if written else ():
+            if path is None:
+                continue
             with suppress(OSError):
                 st = os.stat(path)
                 if (st.st_dev, st.st_ino) in written:
