@@ -5,12 +5,11 @@ take the options of :func:`hookscope.watch` and write the same log.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
-if TYPE_CHECKING:
-    from hookscope.training.watch import Watch
+from hookscope.training.watch import Watch, watch
 
 __all__ = ["Watching"]
 
@@ -28,8 +27,6 @@ class Watching:
         self.watch: Watch | None = None  # the open watch (None outside training)
 
     def begin_watch(self, model: nn.Module) -> None:
-        from hookscope.training.watch import watch
-
         self.end_watch()
         self.watch = watch(model, **self.options).__enter__()
 

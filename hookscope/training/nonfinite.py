@@ -25,6 +25,7 @@ import torch
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
+from hookscope.probes.stats import moments
 
 __all__ = ["Finding", "NonFiniteError", "StepFlags", "event_doc", "flight_steps"]
 
@@ -267,8 +268,6 @@ class StepFlags:
 
     def _finding(self, forward: list[float], record: _Record, phase: str, source: str,
                  produced: str, grad: dict[str, Any] | None = None) -> Finding:
-        from hookscope.probes.stats import moments
-
         rows = []
         for i in record.inputs:
             slot = self.slots[i]

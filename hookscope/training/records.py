@@ -21,7 +21,11 @@ from torch import nn
 from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
 from hookscope.core.select import Selection
+from hookscope.probes.baseline import read_stats
+from hookscope.probes.check import drift
+from hookscope.probes.drift import quantile_drift
 from hookscope.probes.grads import GradReport, GradsProbe
+from hookscope.probes.sketch import parse_percentiles
 from hookscope.probes.stats import StatsProbe, StatsReport
 from hookscope.training.logs import number
 
@@ -32,6 +36,8 @@ NAN = float("nan")
 DEAD = 0.99
 #: Floor of a drift's scale, as ``check``'s drift rules use (see ``hookscope.probes.check.drift``).
 _EPS = 1e-6
+#: Autograd's execution engine (for callbacks at the end of a backward pass).
+_ENGINE = torch.autograd.Variable._execution_engine
 
 
 class LoggingStep:
@@ -115,11 +121,6 @@ def step_line(index: int, loss: Any, rows: list[dict[str, Any]],
                                for r in rows if r["flags"]]}
 
 
-def _engine() -> Any:
-    """Autograd's execution engine (for callbacks at the end of a backward pass)."""
-    return torch.autograd.Variable._execution_engine
-
-
 class ParamTracker:
     """Each parameter's norm, gradient norm and update ratio at logging steps.
 
@@ -147,11 +148,11 @@ class ParamTracker:
 
     def _on_grad(self, index: int, p: torch.Tensor) -> None:
         if not self._reached:
-            _engine().queue_callback(self._behind)
+            _ENGINE.queue_callback(self._behind)
         self._reached.add(index)
 
     def _behind(self) -> None:
-        _engine().queue_callback(self._read)
+        _ENGINE.queue_callback(self._read)
 
     def _read(self) -> None:
         reached, self._reached = sorted(self._reached), set()
@@ -210,13 +211,9 @@ class Drift:
             HookscopeError: the file is missing, unreadable or not a stats document; bad
                 percentiles.
         """
-        from hookscope.probes.sketch import parse_percentiles
-
         taken = parse_percentiles(percentiles)
         if path is None:
             return cls(None, limit, taken)
-        from hookscope.probes.baseline import read_stats
-
         rows, found, _ = read_stats(Path(path), param("reference"))
         return cls(rows, limit, taken or tuple(float(key) for key in found))
 
@@ -231,9 +228,6 @@ class Drift:
                 row["flags"].append("drift")
 
     def _distance(self, row: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
-        from hookscope.probes.check import drift
-        from hookscope.probes.drift import quantile_drift
-
         if self.percentiles:
             return quantile_drift(base.get("percentiles"), row.get("percentiles"),
                                   base.get("std"), base.get("mean"))

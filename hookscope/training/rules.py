@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hookscope import __version__
 from hookscope.core.errors import HookscopeError
 from hookscope.probes.check import (
     RULES,
@@ -185,8 +186,6 @@ for _name, _what, _values, _side in BOUNDS:
 
 def log_doc(log: TrainingLog, report: CheckReport) -> dict[str, Any]:
     """The check's document for a log: the log's envelope, what was read, the rules."""
-    from hookscope import __version__
-
     env = dict(log.envelope)
     return {"hookscope": __version__, "command": "check", "model": env.get("model"),
             "weights": env.get("weights") or {"requested": None, "loaded": None},

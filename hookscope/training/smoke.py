@@ -26,6 +26,8 @@ from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.targets import Targets, folder_targets, parse_targets
 from hookscope.training.logs import TrainingLog, read_log
+from hookscope.training.nonfinite import NonFiniteError
+from hookscope.training.watch import watch
 
 if TYPE_CHECKING:
     from hookscope.sources import LoadedModel
@@ -181,20 +183,18 @@ def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Tar
     Raises:
         ForwardError: the model's code raised.
     """
-    import hookscope
-
     model = copy.deepcopy(loaded.model)
     with tempfile.TemporaryDirectory(prefix="hookscope-watch-") as scratch:
         folder = options.log_dir if options.log_dir is not None else Path(scratch)
         nonfinite = None
-        with hookscope.watch(model, folder, every=options.every, layers=options.layers,
+        with watch(model, folder, every=options.every, layers=options.layers,
                              types=options.types, nonfinite="raise", name=loaded.name,
                              force=options.force or options.log_dir is None) as w:
             probe = TrainProbe(model, labels, options, w, loaded.output_key)
             try:
                 drive(model, _batches(batches, options.steps, options.overfit), probe,
                       train_mode=True, progress=progress, autocast=loaded.autocast)
-            except hookscope.NonFiniteError as error:
+            except NonFiniteError as error:
                 nonfinite = _event(error)
             except _LossNotFinite:
                 pass

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope import __version__
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
 from hookscope.core.select import Selection
@@ -34,6 +35,7 @@ from hookscope.training.records import (
     layer_rows,
     step_line,
 )
+from hookscope.training.watchlog import TensorBoardLog, WatchLog
 
 __all__ = ["MODES", "Watch", "watch"]
 
@@ -109,8 +111,6 @@ class Watch:
     # ------------------------------------------------------------------ the block
 
     def __enter__(self) -> Watch:
-        from hookscope.training.watchlog import TensorBoardLog, WatchLog
-
         self.ranks = Ranks.current()
         failure = None
         if self.ranks.leader:
@@ -136,8 +136,6 @@ class Watch:
 
     def envelope(self) -> dict[str, Any]:
         """The first line of ``watch.jsonl``."""
-        from hookscope import __version__
-
         return {"hookscope": __version__, "command": "watch", "model": self.name,
                 "device": str(model_device(self.model)), "world_size": self.ranks.world,
                 "selection": {"layers": self.select.layers, "types": self.select.types,
