@@ -23,8 +23,6 @@ __all__ = ["ModelInfo", "find_hf_models", "find_models", "find_timm_models", "li
 #: Per torchvision model name: (task, weights enum member names, the DEFAULT member).
 Catalog = dict[str, tuple[str, list[str], str | None]]
 
-_WILDCARDS = set("*?[")
-
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -44,7 +42,7 @@ def name_matcher(pattern: str | None) -> str:
     if not pattern:
         return "*"
     low = pattern.lower()
-    return low if _WILDCARDS & set(low) else f"*{low}*"
+    return low if any(c in low for c in "*?[") else f"*{low}*"
 
 
 def live_catalog() -> Catalog:
@@ -106,9 +104,8 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
     tasks = {name: entry[0] for name, entry in catalog.items()}
     if task is not None and task not in set(tasks.values()):
         known = sorted(set(tasks.values()))
-        raise HookscopeError(
-            f"Unknown task {task!r}.{suggest(task, known)} Tasks: {', '.join(known)}."
-        )
+        raise HookscopeError(f"Unknown task {task!r}.{suggest(task, known)} Tasks: "
+                             f"{', '.join(known)}.")
     glob = name_matcher(pattern)
     found = [ModelInfo(name, kind, list(members), default)
              for name, (kind, members, default) in sorted(catalog.items())
@@ -116,9 +113,8 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
     if not found:
         where = f" with task {task}" if task else ""
         hint = suggest(pattern.strip("*?[]"), tasks) if pattern else ""
-        raise HookscopeError(
-            f"No model{where} matches {pattern!r}.{hint} Run `hookscope models` to list them all."
-        )
+        raise HookscopeError(f"No model{where} matches {pattern!r}.{hint} Run `hookscope "
+                             "models` to list them all.")
     return found
 
 

@@ -34,9 +34,8 @@ def _word(shown: str) -> str:
     return _WORDS.get(inner, f"[{inner}]" if "|" in inner else inner.upper())
 
 
-# Both rewrite what click's public Parameter API returns (get_help_record, get_usage_pieces),
-# so a typer that renders otherwise still gets its own help, only worded by it
-# (tests/test_cli_hostile.py's test_help_speaks_the_command_line_not_python notices).
+# Both rewrite what click's public Parameter API returns, so a typer that renders otherwise
+# still gets its own help (test_help_speaks_the_command_line_not_python notices).
 class _PlainOption(typer.core.TyperOption):
     def get_help_record(self, ctx: Any) -> tuple[str, str] | None:
         record = super().get_help_record(ctx)
@@ -99,8 +98,7 @@ CamMethod = _choices("CamMethod", method_names())
 
 _INPUT_CHANNELS_HELP = ("Input channels: 3 (RGB) or 1 (grayscale); --input-channels in ablate, "
                         "whose --channels are the channels it changes.")
-#: ablate's ``--channels`` are the channels it changes; there the input channels are only
-#: ``--input-channels``.
+#: ablate's input channels: its ``--channels`` are the channels it changes.
 InputChannelsOnly = Annotated[int | None, typer.Option(
     "--input-channels", help=_INPUT_CHANNELS_HELP)]
 
@@ -202,8 +200,7 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
         "--output-key", help="The entry of a dict or tuple output that holds the class logits "
         "(default: logits, out, or the only tensor).")], None),
 }
-#: Which inputs, and how they are read: added by :func:`runs_model` to every command that
-#: takes INPUT.
+#: Which inputs, and how they are read: added by :func:`runs_model`.
 INPUT_OPTIONS: dict[str, tuple[Any, Any]] = {
     "workers": (Annotated[int | None, typer.Option(
         "--workers", help="Decode and preprocess images in this many DataLoader worker "
@@ -324,8 +321,7 @@ RulesOpt = Annotated[Path | None, typer.Option(
     "max_zero_fraction, ignore, baseline, max_mean_drift, max_std_drift, max_drift, min_prob, "
     "[expect]); each flag below overrides its key.")]
 
-#: check's flags over the rules file's keys (:data:`~hookscope.probes.rulefile.KEYS`), as one
-#: ``{key: value}`` (None: not given).
+#: check's flags over the rules file's keys, as one ``{key: value}`` (None: not given).
 RuleFlags = Annotated[dict[str, Any], Bundle({
     "nonfinite": (Annotated[int | None, typer.Option(
         "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].")], None),
@@ -486,8 +482,7 @@ AblateTopOpt = Annotated[int, typer.Option("--top", help="Sweep ranking rows sho
 DiffModelOpt = Annotated[str, typer.Argument(
     help="As in every command; or a saved `stats --format json` document for an offline "
     "diff (then INPUT is the other document).", metavar="MODEL")]
-#: diff's ``--against-*`` options, as one ``{name: value}`` (see
-#: :func:`hookscope.session.against_options`).
+#: diff's ``--against-*`` options, as one ``{name: value}``.
 Against = Annotated[dict[str, Any], Bundle({
     "against_weights": (Annotated[str | None, typer.Option(
         "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).")], None),
