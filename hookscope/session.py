@@ -120,11 +120,8 @@ class ModelOptions:
 
     @classmethod
     def given(cls, name: str, **values: Any) -> ModelOptions:
-        """From the command line's values: ours by name, the rest :class:`LoadOptions`'.
-
-        Raises:
-            HookscopeError: a bad seed, mean or std.
-        """
+        """From the command line's values: ours by name, the rest :class:`LoadOptions`'
+        (HookscopeError: a bad seed, mean or std)."""
         own = {f.name for f in fields(cls)}
         load = {k: v for k, v in values.items() if k not in own}
         for key in ("mean", "std"):

@@ -152,16 +152,12 @@ def _ok(host: list[float], kind: int, at: int) -> bool:
 
 
 class StepFlags:
-    """The flags one training step's hooks recorded.
-
-    Args:
-        allow_inf: fnmatch patterns of modules whose ±inf is intended (NaN still counts).
-        hooks: where the gradient hooks go; removed by the owner at the end of the step.
-        layouts: a cache kept across steps by the owner.
-    """
+    """The flags one training step's hooks recorded: ``allow_inf`` names modules whose ±inf
+    is intended (NaN still counts); the owner removes ``hooks`` after the step and keeps
+    ``layouts`` (see :meth:`verdict`) across steps."""
 
     def __init__(self, allow_inf: Sequence[str], hooks: Hooks,
-                 layouts: dict[tuple[int, ...], torch.Tensor] | None = None) -> None:
+                 layouts: dict[tuple[int, ...], torch.Tensor]) -> None:
         self.allow_inf = tuple(allow_inf)
         self.hooks = hooks
         self.values: list[torch.Tensor] = []  # forward: two per slot, in slot order
@@ -176,7 +172,7 @@ class StepFlags:
         self._seen: dict[int, _Slot] = {}
         self._grad_seen: dict[int, _Slot] = {}
         self._allowed: dict[str, bool] = {}
-        self._layouts = {} if layouts is None else layouts
+        self._layouts = layouts
 
     def _is_allowed(self, name: str) -> bool:
         if name not in self._allowed:

@@ -20,12 +20,8 @@ __all__ = ["TensorBoardLog", "WatchLog"]
 
 
 class WatchLog:
-    """Appends a watch's lines to ``log_dir/watch.jsonl``.
-
-    Raises:
-        HookscopeError: the directory cannot be made, or already holds a watch log and
-            ``force`` is not set.
-    """
+    """Appends a watch's lines to ``log_dir/watch.jsonl`` (HookscopeError: the directory
+    cannot be made, or already holds a watch log and ``force`` is not set)."""
 
     def __init__(self, log_dir: str | Path, *, force: bool = False) -> None:
         self.dir = Path(log_dir)
@@ -70,11 +66,8 @@ class WatchLog:
 
 
 class TensorBoardLog:
-    """TensorBoard scalars (per layer and parameter) and parameter histograms.
-
-    Raises:
-        HookscopeError: the ``tensorboard`` extra is not installed.
-    """
+    """TensorBoard scalars (per layer and parameter) and parameter histograms
+    (HookscopeError: the ``tensorboard`` extra is not installed)."""
 
     def __init__(self, log_dir: str | Path) -> None:
         try:
