@@ -73,9 +73,8 @@ class LogCall:
 
 @dataclass(frozen=True)
 class LogView:
-    """What the log rules see: the steps checked, their rows, and the event in words."""
+    """What the log rules see: the steps checked, their parameters, and the event in words."""
 
-    log: TrainingLog
     steps: list[Mapping[str, Any]]
     params: list[tuple[int, Mapping[str, Any]]]
     event: str | None
@@ -126,7 +125,7 @@ def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
               if not _ignored(str(p["name"]), rules.ignore)]
     _warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for s in steps
                                                        for p in s.get("params") or ()})
-    view = LogView(log, steps, params, event_text(log.event))
+    view = LogView(steps, params, event_text(log.event))
     ctx = Context(rules, calls, len(rows) - len(calls), [], [], [], None, {},  # type: ignore[arg-type]
                   log=view)
     results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
