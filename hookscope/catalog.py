@@ -1,11 +1,9 @@
-"""The models hookscope can list: torchvision names, tasks and weight enums, and timm's
-architectures with their pretrained tags.
+"""The models hookscope can list: torchvision's, timm's and Hugging Face folders.
 
 torchvision's registry needs torch (seconds and a gigabyte to import) just to list names, so
-the torchvision list is answered from :mod:`hookscope.catalog_data`, generated from the
-registry (``python -m hookscope.catalog``) and checked against it by the tests. It is used
-only when the installed torchvision (read from its package metadata, without importing it)
-is the version it was generated from; with any other version the registry itself is asked.
+the list comes from :mod:`hookscope.catalog_data` (``python -m hookscope.catalog`` generates
+it) when the installed torchvision, read from its package metadata, is the one it was
+generated from; with any other version the registry itself is asked.
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ __all__ = ["ModelInfo", "find_hf_models", "find_models", "find_timm_models", "li
 
 #: Per torchvision model name: (task, weights enum member names, the DEFAULT member).
 Catalog = dict[str, tuple[str, list[str], str | None]]
-
-_WILDCARDS = set("*?[")
 
 
 @dataclass(frozen=True)
@@ -46,7 +42,7 @@ def name_matcher(pattern: str | None) -> str:
     if not pattern:
         return "*"
     low = pattern.lower()
-    return low if _WILDCARDS & set(low) else f"*{low}*"
+    return low if any(c in low for c in "*?[") else f"*{low}*"
 
 
 def live_catalog() -> Catalog:
@@ -60,10 +56,10 @@ def live_catalog() -> Catalog:
         try:
             enum = get_model_weights(name)
         except (ValueError, KeyError):
-            enum = None
-        members = [m.name for m in enum] if enum is not None else []
-        default = getattr(enum, "DEFAULT", None) if enum is not None else None
-        found[name] = (task, members, default.name if default is not None else None)
+            found[name] = (task, [], None)
+            continue
+        default = getattr(enum, "DEFAULT", None)
+        found[name] = (task, [m.name for m in enum], default.name if default is not None else None)
     return found
 
 
@@ -75,8 +71,7 @@ def _installed_torchvision() -> str | None:
 
 
 def torchvision_catalog() -> Catalog:
-    """The catalog: the generated one when it is for the installed torchvision (no torch
-    import), else torchvision's registry."""
+    """The generated catalog when it is for the installed torchvision, else the registry's."""
     from hookscope import catalog_data
 
     if catalog_data.TORCHVISION == _installed_torchvision():
@@ -100,10 +95,7 @@ def write_catalog(path: Path | None = None) -> Path:
 
 
 def find_models(pattern: str | None = None, task: str | None = None) -> list[ModelInfo]:
-    """Models whose name matches ``pattern`` (case-insensitive fnmatch), sorted by name.
-
-    A pattern without ``*``, ``?`` or ``[`` matches any name containing it, so
-    ``resnet`` finds ``resnet18`` and ``wide_resnet50_2``.
+    """torchvision models whose name matches ``pattern`` (see :func:`name_matcher`), sorted.
 
     Raises:
         HookscopeError: unknown task, or nothing matches (with close names suggested).
@@ -112,9 +104,8 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
     tasks = {name: entry[0] for name, entry in catalog.items()}
     if task is not None and task not in set(tasks.values()):
         known = sorted(set(tasks.values()))
-        raise HookscopeError(
-            f"Unknown task {task!r}.{suggest(task, known)} Tasks: {', '.join(known)}."
-        )
+        raise HookscopeError(f"Unknown task {task!r}.{suggest(task, known)} Tasks: "
+                             f"{', '.join(known)}.")
     glob = name_matcher(pattern)
     found = [ModelInfo(name, kind, list(members), default)
              for name, (kind, members, default) in sorted(catalog.items())
@@ -122,17 +113,14 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
     if not found:
         where = f" with task {task}" if task else ""
         hint = suggest(pattern.strip("*?[]"), tasks) if pattern else ""
-        raise HookscopeError(
-            f"No model{where} matches {pattern!r}.{hint} Run `hookscope models` to list them all."
-        )
+        raise HookscopeError(f"No model{where} matches {pattern!r}.{hint} Run `hookscope "
+                             "models` to list them all.")
     return found
 
 
 def find_timm_models(pattern: str | None = None, task: str | None = None) -> list[ModelInfo]:
-    """timm models whose name matches ``pattern`` (as :func:`find_models`), in timm's order.
-
-    Each name is the MODEL string that loads it (``timm:resnet18``); ``weights`` lists its
-    pretrained tags with timm's default first (``--weights TAG``), empty when it has none.
+    """timm models whose name matches ``pattern``, in timm's order, named as MODEL
+    (``timm:resnet18``), their pretrained tags as ``weights`` (timm's default first).
 
     Raises:
         HookscopeError: timm is not installed, a task other than classification, or
@@ -154,14 +142,13 @@ def find_timm_models(pattern: str | None = None, task: str | None = None) -> lis
     found = []
     for name in names:  # timm's natural order: resnet18 before resnet101
         tags = pretrained_tags(name, with_weights)
-        found.append(ModelInfo(f"{PREFIX}{name}", "classification", tags,
-                               tags[0] if tags else None))
+        found.append(ModelInfo(f"{PREFIX}{name}", "classification", tags, tags[0] if tags else None))
     return found
 
 
 def find_hf_models(path: str | None = None, task: str | None = None) -> list[ModelInfo]:
-    """The Hugging Face model folders at ``path`` (itself, or its sub-folders): each as
-    ``hf:FOLDER``, its task, its files as ``weights`` and its architecture as ``default``.
+    """The Hugging Face model folders at ``path`` (itself, or its sub-folders), as
+    ``hf:FOLDER`` with their task, files (``weights``) and architecture (``default``).
 
     Raises:
         HookscopeError: no path, not a folder, or no model folder there.

@@ -1,9 +1,8 @@
 """The ``hookscope`` command line: options in, then source, probe, drive, emit.
 
-Each command only collects its options and wires the library together; errors, signals,
-outputs and progress are :mod:`hookscope.session`'s, drawing and writing are
-:mod:`hookscope.render`'s. Start-up stays fast: torch and Rich are imported inside the
-commands, never at module level, so ``hookscope --help`` does not load them.
+Each command only wires the library together (errors, outputs and progress are
+:mod:`hookscope.session`'s). torch and Rich are imported inside the commands, so
+``hookscope --help`` does not load them.
 """
 
 from __future__ import annotations
@@ -50,9 +49,6 @@ def main_callback(
     """Inspect PyTorch vision models through hooks that are always removed."""
 
 
-# ----------------------------------------------------------------- stats, models, layers
-
-
 @app.command()
 @runs_model
 def stats(
@@ -71,6 +67,7 @@ def stats(
     from hookscope.core.outputs import warn_nonfinite_logits
     from hookscope.probes.sketch import parse_percentiles, percentile_key
     from hookscope.probes.stats import StatsProbe
+    from hookscope.render.views import emit_plot
 
     s, fmt = opts.s, _value(fmt)
     wanted = parse_percentiles(percentiles)
@@ -87,7 +84,7 @@ def stats(
     doc = loaded.envelope("stats", resolved.names) | report.to_dict()
     s.emit("stats", doc, fmt, out, input_stats=input_stats, per_channel=per_channel,
            percentiles=tuple(percentile_key(p) for p in wanted))
-    s.plot("stats", doc, plot_out)
+    emit_plot("stats", doc, plot_out)
 
 
 @app.command("models")
@@ -140,9 +137,6 @@ def layers_command(
     s.emit("layers", doc, _value(fmt), out)
 
 
-# ----------------------------------------------------------------- debug
-
-
 @app.command("debug")
 @runs_model
 def debug_command(
@@ -185,9 +179,6 @@ def debug_command(
         raise report.failure
     if fail_on_nonfinite and report.origin is not None:
         raise nonfinite_failure(report.origin)
-
-
-# ----------------------------------------------------------------- gradcam
 
 
 @app.command()
@@ -249,9 +240,6 @@ def gradcam(
     s.emit("gradcam", doc, _value(fmt), out)
 
 
-# ----------------------------------------------------------------- grads, features, ablate
-
-
 @app.command()
 @runs_model
 def grads(
@@ -271,6 +259,7 @@ def grads(
     Example: hookscope grads resnet18 cat.jpg --loss ce --label tabby --format json
     """
     from hookscope.probes.grads import GradsProbe, nonfinite_failure, true_classes
+    from hookscope.render.views import emit_plot
 
     s, fmt = opts.s, _value(fmt)
     out = s.output(opts.output, force=opts.force)
@@ -286,7 +275,7 @@ def grads(
                    shown=fmt == "table" or not out.is_stdout, train_mode=train_mode)
     doc = loaded.envelope("grads", resolved.names) | report.to_dict()
     s.emit("grads", doc, fmt, out, params=params)
-    s.plot("grads", doc, plot_out, vanish=vanish, explode=explode)
+    emit_plot("grads", doc, plot_out, vanish=vanish, explode=explode)
     if fail_on_nonfinite and report.nonfinite:
         raise nonfinite_failure(report)
 
@@ -367,9 +356,6 @@ def ablate(
     s.emit("ablate", doc, fmt, out, top=top, sweep=sweep)
 
 
-# ----------------------------------------------------------------- check
-
-
 @app.command("check")
 @runs_model
 def check_command(
@@ -421,9 +407,6 @@ def check_command(
         raise CheckFailed(report.summary())
 
 
-# ----------------------------------------------------------------- diff
-
-
 @app.command("diff")
 @runs_model
 def diff_command(
@@ -472,9 +455,6 @@ def diff_command(
         raise report.failure()
 
 
-# ----------------------------------------------------------------- report, --plot
-
-
 @app.command("report")
 @runs_model
 def report_command(
@@ -519,8 +499,6 @@ def report_command(
             resolved.names, options, progress=bar)
     s.emit("report", report, "html", out, cmap=colormap, alpha=alpha)
 
-
-# ----------------------------------------------------------------- watch (cli_watch.py)
 
 app.command("watch")(cli_watch.watch_command)
 

@@ -1,9 +1,6 @@
-"""The command line around training: ``check`` and ``report`` on a training log, and
+"""The command line around training: ``check`` and ``report`` on a training log (a
+directory holding ``watch.jsonl``, read without torch, in place of MODEL INPUT), and
 ``hookscope watch``, a smoke training run under :func:`hookscope.watch`.
-
-A training log (a directory holding ``watch.jsonl``) is accepted where ``check`` and
-``report`` expect MODEL INPUT; reading it never imports torch. Like :mod:`hookscope.cli`,
-each function here only wires options to the library and the render layer.
 """
 
 from __future__ import annotations
@@ -40,10 +37,12 @@ def is_log_run(model: str, inputs: Sequence[str] | None) -> bool:
     return False
 
 
-def _one_process(opts: Options) -> None:
+def _one_process(opts: Options) -> str:
+    """MODEL, a training log, read by this one process."""
     if opts.s.ranks > 1:
         raise HookscopeError("a training log is read by one process: run this without "
                              "torchrun.")
+    return opts.model.name
 
 
 def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
@@ -55,12 +54,11 @@ def check_log(opts: Options, rules: Path | None, overrides: Mapping[str, Any],
     from hookscope.training.logs import read_log
     from hookscope.training.rules import evaluate_log, log_doc
 
-    s = opts.s
-    _one_process(opts)
+    s, folder = opts.s, _one_process(opts)
     out = s.output(opts.output, force=opts.force)
     junit_out = resolve_junit(junit, opts.output, force=opts.force)
     checks = load_rules(rules, overrides)
-    log = read_log(opts.model.name)
+    log = read_log(folder)
     report = evaluate_log(checks, log)
     doc = log_doc(log, report)
     if junit_out is not None:
@@ -74,12 +72,9 @@ def report_log(opts: Options) -> None:
     """``hookscope report LOG_DIR``: the training page."""
     from hookscope.training.logs import read_log
 
-    _one_process(opts)
+    folder = _one_process(opts)
     out = opts.s.output(opts.output, force=opts.force)
-    opts.s.emit("training", read_log(opts.model.name), "html", out)
-
-
-# ----------------------------------------------------------------- hookscope watch
+    opts.s.emit("training", read_log(folder), "html", out)
 
 
 @runs_model

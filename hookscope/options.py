@@ -1,9 +1,7 @@
 """The command line's shared options, declared once, and the decorators that add them.
 
-Every command that runs a model gets the same model and output options through
-:func:`runs_model`; the others get the output options through :func:`command`. Both hand
-the command an :class:`Options` with a :class:`~hookscope.session.Session` bound to it.
-Torch-free, so ``hookscope --help`` stays fast.
+:func:`runs_model` and :func:`command` add them and hand the command an :class:`Options`
+with a :class:`~hookscope.session.Session` bound to it. Torch-free, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
+from hookscope.cam.methods import method_names  # torch-free: only the registry
 from hookscope.core.select import Selection
 from hookscope.session import ModelOptions, Session, session
 
@@ -35,9 +34,8 @@ def _word(shown: str) -> str:
     return _WORDS.get(inner, f"[{inner}]" if "|" in inner else inner.upper())
 
 
-# Both rewrite what click's public Parameter API returns (get_help_record, get_usage_pieces),
-# so a typer that renders otherwise still gets its own help, only worded by it
-# (tests/test_cli_hostile.py's test_help_speaks_the_command_line_not_python notices).
+# Both rewrite what click's public Parameter API returns, so a typer that renders otherwise
+# still gets its own help (test_help_speaks_the_command_line_not_python notices).
 class _PlainOption(typer.core.TyperOption):
     def get_help_record(self, ctx: Any) -> tuple[str, str] | None:
         record = super().get_help_record(ctx)
@@ -94,47 +92,35 @@ FeatureOrder = _choices("FeatureOrder", ["index", "mean", "max"])
 ModelSource = _choices("ModelSource", ["torchvision", "timm", "hf"])
 HeadFusion = _choices("HeadFusion", ["mean", "max", "min"])
 CheckFormat = _choices("CheckFormat", ["table", "json", "github"])
-
-
-def _cam_methods() -> type[Enum]:
-    from hookscope.cam.methods import method_names  # torch-free: only the registry
-
-    return _choices("CamMethod", method_names())
-
-
-CamMethod = _cam_methods()
+CamMethod = _choices("CamMethod", method_names())
 
 # ----------------------------------------------------------------- options, declared once
 
 _INPUT_CHANNELS_HELP = ("Input channels: 3 (RGB) or 1 (grayscale); --input-channels in ablate, "
                         "whose --channels are the channels it changes.")
-#: ablate's ``--channels`` are the channels it changes; there the input channels are only
-#: ``--input-channels``.
+#: ablate's input channels: its ``--channels`` are the channels it changes.
 InputChannelsOnly = Annotated[int | None, typer.Option(
-    "--input-channels", help=_INPUT_CHANNELS_HELP, show_default=False)]
+    "--input-channels", help=_INPUT_CHANNELS_HELP)]
 
 ModelArg = Annotated[str, typer.Argument(
     help="A torchvision name (resnet18, see `hookscope models`), timm:NAME, file.py:NAME or "
     "package.module:NAME (your code), or a pickled model's path (with --trust-checkpoint).",
-    metavar="MODEL", show_default=False)]
+    metavar="MODEL")]
 InputsArg = Annotated[list[str], typer.Argument(
     help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors of shape "
-    "(C,H,W) or (N,C,H,W).", metavar="INPUT...", show_default=False)]
+    "(C,H,W) or (N,C,H,W).", metavar="INPUT...")]
 LogInputsArg = Annotated[list[str] | None, typer.Argument(
     help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors; none "
-    "when MODEL is a training log (a directory holding watch.jsonl).", metavar="[INPUT]...",
-    show_default=False)]
+    "when MODEL is a training log (a directory holding watch.jsonl).", metavar="[INPUT]...")]
 LayersOpt = Annotated[list[str] | None, typer.Option(
     "--layers", "-l", help="fnmatch pattern on dotted module names (repeatable), e.g. "
-    "'layer4.*' (the leaves under layer4); an exact name selects that module.",
-    show_default=False)]
+    "'layer4.*' (the leaves under layer4); an exact name selects that module.")]
 TypesOpt = Annotated[list[str] | None, typer.Option(
-    "--type", "-t", help="Module class name, e.g. Conv2d (repeatable).", show_default=False)]
+    "--type", "-t", help="Module class name, e.g. Conv2d (repeatable).")]
 AllModulesOpt = Annotated[bool, typer.Option(
     "--all-modules", help="Hook containers too, not only leaf modules.")]
 MaxDepthOpt = Annotated[int | None, typer.Option(
-    "--max-depth", help="Cut the module tree at this depth (1 = top-level children).", min=1,
-    show_default=False)]
+    "--max-depth", help="Cut the module tree at this depth (1 = top-level children).", min=1)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,7 +143,7 @@ FormatOpt = Annotated[Format, typer.Option(  # type: ignore[valid-type]
     "--format", "-f", help="Output format.")]
 TargetOpt = Annotated[str | None, typer.Option(
     "--target", help="The class: top1 (default), topK, a class index or label; one for all "
-    "inputs or a comma list, one per input.", show_default=False)]
+    "inputs or a comma list, one per input.")]
 TrainModeOpt = Annotated[bool, typer.Option(
     "--train-mode", help="Run in train mode (BatchNorm batch statistics, dropout on); the "
     "default is eval mode. The model's flags and buffers are restored afterwards.")]
@@ -167,7 +153,7 @@ OutDirOpt = Annotated[Path, typer.Option(
     "--out", help="Folder for the image files.", file_okay=False)]
 PlotOpt = Annotated[Path | None, typer.Option(
     "--plot", help="Also draw the run as a figure in this file: FILE.svg or FILE.png.",
-    metavar="FILE", dir_okay=False, show_default=False)]
+    metavar="FILE", dir_okay=False)]
 
 #: Options every command that runs a model takes, added by :func:`runs_model`.
 MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
@@ -175,12 +161,10 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
         "--weights", "-w", help="auto (pretrained when cached or downloadable, else random "
         "with a warning), DEFAULT, an enum name such as IMAGENET1K_V1, none (random, --seed), "
         "or a checkpoint path (.pt/.pth/.safetensors).")], "auto"),
-    "seed": (Annotated[int, typer.Option(help="Seed for random initialisation, noise and "
-                                           "--shuffle.")], 0),
+    "seed": (Annotated[int, typer.Option(help="Seed for random initialisation, noise and --shuffle.")], 0),
     "device": (Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")], "auto"),
     "size": (Annotated[int | None, typer.Option(
-        help="Resize/crop inputs to this size (8 to 8192) instead of the weights' default.",
-        show_default=False)], None),
+        help="Resize/crop inputs to this size (8 to 8192) instead of the weights' default.")], None),
     "batch_size": (Annotated[int, typer.Option(
         "--batch-size", "-b", help="Inputs per forward pass (1 to 4096).")], 8),
     "trust_checkpoint": (Annotated[bool, typer.Option(
@@ -188,46 +172,43 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
         "whole pickled models as MODEL (only for files you trust).")], False),
     "num_classes": (Annotated[int | None, typer.Option(
         "--num-classes", help="Build the classifier head with this many classes (default: "
-        "the checkpoint's head, or the weights').", min=1, show_default=False)], None),
+        "the checkpoint's head, or the weights').", min=1)], None),
     "labels": (Annotated[Path | None, typer.Option(
         "--labels", help="Class labels: a text file with one per line, a JSON list, or a JSON "
-        "object {index: label}.", show_default=False, dir_okay=False)], None),
+        "object {index: label}.", dir_okay=False)], None),
     "model_args": (Annotated[list[str] | None, typer.Option(
         "--model-arg", help="key=value for the constructor of a model from code, parsed as "
-        "a Python literal (repeatable).", show_default=False)], None),
+        "a Python literal (repeatable).")], None),
     "mean": (Annotated[str | None, typer.Option(
         help="Normalisation mean: one value or one per channel (0.485,0.456,0.406); default: "
-        "the model's own, else ImageNet's.", show_default=False)], None),
+        "the model's own, else ImageNet's.")], None),
     "std": (Annotated[str | None, typer.Option(
-        help="Normalisation std, like --mean.", show_default=False)], None),
+        help="Normalisation std, like --mean.")], None),
     "resize": (Annotated[int | None, typer.Option(
-        help="Resize the shorter side to this many pixels before the crop.",
-        show_default=False)], None),
+        help="Resize the shorter side to this many pixels before the crop.")], None),
     "crop": (Annotated[int | None, typer.Option(
-        help="Centre-crop to this many pixels.", show_default=False)], None),
+        help="Centre-crop to this many pixels.")], None),
     "input_channels": (Annotated[int | None, typer.Option(
-        "--channels", "--input-channels", help=_INPUT_CHANNELS_HELP, show_default=False)], None),
+        "--channels", "--input-channels", help=_INPUT_CHANNELS_HELP)], None),
     "dtype": (Annotated[str | None, typer.Option(
         help="Run in float32, float16 or bfloat16: the model and inputs are cast (statistics "
-        "are still accumulated in float64).", show_default=False)], None),
+        "are still accumulated in float64).")], None),
     "autocast": (Annotated[bool, typer.Option(
         "--autocast", help="Run under torch.autocast instead of casting (with --dtype, or the "
         "device's default: float16 on CUDA, bfloat16 on the CPU).")], False),
     "output_key": (Annotated[str | None, typer.Option(
         "--output-key", help="The entry of a dict or tuple output that holds the class logits "
-        "(default: logits, out, or the only tensor).", show_default=False)], None),
+        "(default: logits, out, or the only tensor).")], None),
 }
-#: Which inputs, and how they are read: added by :func:`runs_model` to every command that
-#: takes INPUT.
+#: Which inputs, and how they are read: added by :func:`runs_model`.
 INPUT_OPTIONS: dict[str, tuple[Any, Any]] = {
     "workers": (Annotated[int | None, typer.Option(
         "--workers", help="Decode and preprocess images in this many DataLoader worker "
         "processes (0: in this process, one batch ahead in a thread). Default: one less than "
         "the CPUs (at most 4; 0 when under 2), or 0 for stdin, tensor files and fewer than "
-        "two batches of images. The output is the same either way.", show_default=False)], None),
+        "two batches of images. The output is the same either way.")], None),
     "limit": (Annotated[int | None, typer.Option(
-        "--limit", help="Use only the first N inputs (after --shuffle).", metavar="N",
-        show_default=False)], None),
+        "--limit", help="Use only the first N inputs (after --shuffle).", metavar="N")], None),
     "shuffle": (Annotated[bool, typer.Option(
         "--shuffle", help="Take the inputs in a random order drawn from --seed (with "
         "--limit: a reproducible sample).")], False),
@@ -239,8 +220,7 @@ INPUT_OPTIONS: dict[str, tuple[Any, Any]] = {
 RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "output": (Annotated[Path | None, typer.Option(
         "--output", "-o", help="Write the output to this file (atomically; '-' for stdout; "
-        "links and devices are written through) instead of stdout.", show_default=False,
-        dir_okay=False)], None),
+        "links and devices are written through) instead of stdout.", dir_okay=False)], None),
     "force": (Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")],
               False),
     "quiet": (Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on "
@@ -250,15 +230,13 @@ RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
-def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
+def _with_options(groups: list[dict[str, tuple[Any, Any]]],
                   replace: dict[str, Any] | None = None) -> Callable[..., Any]:
     """Add the options in ``groups`` to a command; it receives them as ``opts``.
 
-    ``replace`` gives some of them another declaration in this command (ablate's own
-    ``--channels`` leaves the input channels only ``--input-channels``). A parameter of the
-    command annotated with a :class:`Bundle` becomes the bundle's options. The command's
-    signature is the one ``inspect.signature`` reports (``__signature__``), which is what
-    Typer reads.
+    ``replace`` gives some of them another declaration (ablate's own ``--channels``). A
+    parameter annotated with a :class:`Bundle` becomes the bundle's options. Typer reads
+    the signature that ``__signature__`` declares.
     """
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -281,12 +259,10 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]], model: bool,
             values = {name: kwargs.pop(name) for name in names}
             for name, bundle in bundles.items():
                 kwargs[name] = bundle.build(**{k: kwargs.pop(k) for k in bundle.options})
-            with session(quiet=values["quiet"], traceback=values["traceback"],
-                         flags=_flags(ctx), command=ctx.command.name) as s:
+            with session(_flags(ctx), ctx.command.name, quiet=values["quiet"],
+                         traceback=values["traceback"]) as s:
                 # Inside the session: a bad common option (--seed) is one line too.
-                opts = Options(model=kwargs.get("model", ""), **values) if model else \
-                    Options(**values)
-                return fn(**kwargs, opts=opts.bind(s))
+                return fn(**kwargs, opts=Options(s, model=kwargs.get("model", ""), **values))
 
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,
                                     annotation=typer.Context)
@@ -313,27 +289,24 @@ def _flags(ctx: typer.Context) -> dict[str, str]:
 class Options:
     """The shared options of one invocation, and its :class:`~hookscope.session.Session`."""
 
-    def __init__(self, *, output: Path | None = None, force: bool = False, quiet: bool = False,
-                 traceback: bool = False, model: str = "", **model_options: Any) -> None:
+    def __init__(self, s: Session, *, output: Path | None = None, force: bool = False,
+                 quiet: bool = False, traceback: bool = False, model: str = "",
+                 **model_options: Any) -> None:
+        self.s = s
         self.output, self.force, self.quiet, self.traceback = output, force, quiet, traceback
         self.model = ModelOptions.given(model, **model_options)
-        self.s: Session = None  # type: ignore[assignment]  # bound before the command runs
-
-    def bind(self, s: Session) -> Options:
-        self.s = s
-        return self
 
 
 def runs_model(fn: Callable[..., Any] | None = None, /, **replace: Any) -> Any:
     """A command that loads a model: the model, input and run options (``replace``: another
     declaration for some of them, by name)."""
-    wrap = _with_options([MODEL_OPTIONS, INPUT_OPTIONS, RUN_OPTIONS], True, replace)
+    wrap = _with_options([MODEL_OPTIONS, INPUT_OPTIONS, RUN_OPTIONS], replace)
     return wrap if fn is None else wrap(fn)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A command that runs no model: the run options only."""
-    return _with_options([RUN_OPTIONS], model=False)(fn)
+    return _with_options([RUN_OPTIONS])(fn)
 
 
 def value(choice: Any) -> str:
@@ -346,49 +319,42 @@ def value(choice: Any) -> str:
 RulesOpt = Annotated[Path | None, typer.Option(
     "--rules", help="A TOML file of rules (keys at its top level: nonfinite, "
     "max_zero_fraction, ignore, baseline, max_mean_drift, max_std_drift, max_drift, min_prob, "
-    "[expect]); "
-    "each flag below overrides its key.", show_default=False)]
+    "[expect]); each flag below overrides its key.")]
 
-#: check's flags over the rules file's keys (:data:`~hookscope.probes.rulefile.KEYS`), as one
-#: ``{key: value}`` (None: not given).
+#: check's flags over the rules file's keys, as one ``{key: value}`` (None: not given).
 RuleFlags = Annotated[dict[str, Any], Bundle({
     "nonfinite": (Annotated[int | None, typer.Option(
-        "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].",
-        show_default=False)], None),
+        "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].")], None),
     "max_zero_fraction": (Annotated[float | None, typer.Option(
         "--max-zero-fraction", help="Fail a call whose output is more than this fraction zeros "
-        "(a dead layer).", show_default=False)], None),
+        "(a dead layer).")], None),
     "ignore": (Annotated[list[str] | None, typer.Option(
         "--ignore", help="Module-name glob left out of the per-call rules, with the modules under "
-        "it (repeatable).", metavar="GLOB", show_default=False)], None),
+        "it (repeatable).", metavar="GLOB")], None),
     "baseline": (Annotated[Path | None, typer.Option(
-        "--baseline", help="A `hookscope stats --format json` document to compare with.",
-        show_default=False)], None),
+        "--baseline", help="A `hookscope stats --format json` document to compare with.")], None),
     "max_mean_drift": (Annotated[float | None, typer.Option(
         "--max-mean-drift", help="Largest relative change of a call's mean from the baseline: "
-        "|mean - base| / max(|base mean|, base std).", show_default=False)], None),
+        "|mean - base| / max(|base mean|, base std).")], None),
     "max_std_drift": (Annotated[float | None, typer.Option(
-        "--max-std-drift", help="Largest relative change of a call's std from the baseline.",
-        show_default=False)], None),
+        "--max-std-drift", help="Largest relative change of a call's std from the baseline.")], None),
     "max_drift": (Annotated[float | None, typer.Option(
         "--max-drift", help="Largest distribution drift of a call from the baseline: the mean "
         "|difference| of the two quantile functions over the baseline's percentiles, in baseline "
-        "stds (the baseline needs --percentiles).", show_default=False)], None),
+        "stds (the baseline needs --percentiles).")], None),
     "expect": (Annotated[list[str] | None, typer.Option(
         "--expect", help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
-        metavar="INPUT=LABEL", show_default=False)], None),
+        metavar="INPUT=LABEL")], None),
     "min_prob": (Annotated[float | None, typer.Option(
-        "--min-prob", help="Smallest top-1 probability allowed for any input.",
-        show_default=False)], None),
+        "--min-prob", help="Smallest top-1 probability allowed for any input.")], None),
 }, dict)]
 
 JunitOpt = Annotated[Path | None, typer.Option(
     "--junit", help="Also write a JUnit XML report (one test case per rule) to this file.",
-    metavar="FILE", show_default=False)]
+    metavar="FILE")]
 
 CheckFormatOpt = Annotated[CheckFormat, typer.Option(  # type: ignore[valid-type]
-    "--format", "-f", help="table, json (one document), or github (workflow-command "
-    "annotations).")]
+    "--format", "-f", help="table, json (one document), or github (workflow-command annotations).")]
 
 StatsInputStatsOpt = Annotated[bool, typer.Option(
     "--input-stats", help="Also summarise each module's first input.")]
@@ -399,33 +365,28 @@ StatsPerChannelOpt = Annotated[bool, typer.Option(
 StatsPercentilesOpt = Annotated[str | None, typer.Option(
     "--percentiles", help="Also these percentiles of each output (and channel), e.g. "
     "0.1,99.9,99.99; from a mergeable sketch, within 0.4% of the value range.",
-    metavar="P,P,...", show_default=False)]
+    metavar="P,P,...")]
 ModelsPatternOpt = Annotated[str | None, typer.Argument(
     help="fnmatch pattern on model names, e.g. 'resnet*'; without wildcards it matches "
-    "names containing it.", metavar="PATTERN", show_default=False)]
+    "names containing it.", metavar="PATTERN")]
 ModelsTaskOpt = Annotated[str | None, typer.Option(
     "--task", help="Only this task: classification, segmentation, detection, video, "
-    "optical_flow, quantization.", show_default=False)]
+    "optical_flow, quantization.")]
 ModelsSourceOpt = Annotated[ModelSource, typer.Option(  # type: ignore[valid-type]
     "--source", help="torchvision's models, timm's (names to use as timm:NAME; needs "
-    "hookscope[timm]), or hf: the model folders under PATTERN, a local path (needs "
-    "hookscope[hf]).")]
+    "hookscope[timm]), or hf: the model folders under PATTERN, a local path (needs hookscope[hf]).")]
 LayersInputOpt = Annotated[str | None, typer.Argument(
     help="One image or .pt/.npy tensor for the forward pass that records shapes (its "
-    "first sample); default: zeros of the weights' input size.", metavar="INPUT",
-    show_default=False)]
+    "first sample); default: zeros of the weights' input size.", metavar="INPUT")]
 DebugFmtOpt = Annotated[DebugFormat, typer.Option(  # type: ignore[valid-type]
-    "--format", "-f", help="text: a live trace; ndjson: one JSON event per line; json: "
-    "one document.")]
+    "--format", "-f", help="text: a live trace; ndjson: one JSON event per line; json: one document.")]
 CamLayerOpt = Annotated[list[str] | None, typer.Option(
     "--layer", help="Target layer (dotted name from `hookscope layers`), repeatable: the "
     "layers' maps are averaged. Default: the last module with an image-grid output "
     "(layer4); for a token transformer its last block's first norm (blocks.11.norm1); for "
-    "segmentation and detection models the backbone's last stage.",
-    show_default=False)]
+    "segmentation and detection models the backbone's last stage.")]
 CamMethodOpt = Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
-    "--method", "-m", help="CAM method (repeatable). [default: gradcam]",
-    show_default=False)]
+    "--method", "-m", help="CAM method (repeatable). [default: gradcam]")]
 CamReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
     help="Outputs to a grid: auto ((N, C, H, W), channels-last (N, H, W, C), or patch "
     "tokens after CLS/distillation/register tokens), or only none (N, C, H, W), vit "
@@ -435,8 +396,7 @@ CamAlphaOpt = Annotated[float, typer.Option(help="Heatmap weight in the overlay.
     max=1.0)]
 CamSaveRawOpt = Annotated[bool, typer.Option(
     "--save-raw", help="Also write <stem>.<method>.npy (one <stem>.<method>.<layer>.npy "
-    "per layer with several): the float32 map at the layer's resolution, after ReLU, "
-    "before normalisation.")]
+    "per layer with several): the float32 map at the layer's resolution, after ReLU, before normalisation.")]
 CamScoreBatchOpt = Annotated[int, typer.Option(
     "--score-batch", help="Masked, ablated or perturbed inputs per forward pass (scorecam, "
     "ablationcam, sscam, iscam, --metrics).", min=1)]
@@ -457,11 +417,10 @@ CamGuidedOpt = Annotated[bool, typer.Option(
 CamMaskOpt = Annotated[Path | None, typer.Option(
     "--mask", help="Segmentation: the region explained, an image whose non-zero pixels "
     "are the region (the input image's size or the model input's); default: where the "
-    "model predicts --target.", dir_okay=False, show_default=False)]
+    "model predicts --target.", dir_okay=False)]
 CamBoxIndexOpt = Annotated[list[int] | None, typer.Option(
     "--box-index", help="Detection: explain this detection (repeatable), counted among "
-    "those above --min-score (of class --target, if given), best first.", min=0,
-    show_default=False)]
+    "those above --min-score (of class --target, if given), best first.", min=0)]
 CamIouOpt = Annotated[float, typer.Option(
     "--iou", help="Detection: an output box matches an explained one above this IoU.",
     min=0.0, max=1.0)]
@@ -469,17 +428,15 @@ CamMinScoreOpt = Annotated[float, typer.Option(
     "--min-score", help="Detection: only detections scoring at least this.", min=0.0,
     max=1.0)]
 CamMetricsOpt = Annotated[str | None, typer.Option(
-    "--metrics", help="Score each map: road, deletion, insertion, drop, increase "
-    "(comma list) or all.", show_default=False)]
+    "--metrics", help="Score each map: road, deletion, insertion, drop, increase (comma list) or all.")]
 CamPercentilesOpt = Annotated[str | None, typer.Option(
-    "--percentiles", help="ROAD's percentiles, a comma list. [default: 10,20,...,90]",
-    show_default=False)]
+    "--percentiles", help="ROAD's percentiles, a comma list. [default: 10,20,...,90]")]
 GradsLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
     "--loss", help="logit: the target logit summed over inputs; ce: cross-entropy against "
     "--label, summed over inputs.")]
 GradsLabelOpt = Annotated[str | None, typer.Option(
     "--label", help="With --loss ce: the true class (index or label), one for all inputs "
-    "or a comma list, one per input.", show_default=False)]
+    "or a comma list, one per input.")]
 GradsVanishOpt = Annotated[float, typer.Option(
     help="Flag calls whose gradient norm is below this factor times the median call's.",
     min=0.0)]
@@ -490,27 +447,23 @@ GradsParamsOpt = Annotated[bool, typer.Option(
     "--params/--no-params", help="Show the parameter table (table format; JSON and CSV "
     "always hold the parameters).")]
 FeaturesLayersOpt = Annotated[list[str] | None, typer.Option(
-    "--layer", "-l", help="A module's dotted name or an fnmatch pattern (repeatable).",
-    show_default=False)]
+    "--layer", "-l", help="A module's dotted name or an fnmatch pattern (repeatable).")]
 FeaturesOutDirOpt = Annotated[Path, typer.Option(
     "--out", help="Folder for the grid PNGs (<stem>.<layer>.png).", file_okay=False)]
 FeaturesTensorboardOpt = Annotated[Path | None, typer.Option(
     "--tensorboard", help="Also log the grids and activation histograms to this "
-    "TensorBoard log directory (needs hookscope[tensorboard]).", file_okay=False,
-    show_default=False)]
+    "TensorBoard log directory (needs hookscope[tensorboard]).", file_okay=False)]
 FeaturesMaxChannelsOpt = Annotated[int, typer.Option(
     "--max-channels", help="At most this many channels per grid.", min=1)]
 FeaturesOrderOpt = Annotated[FeatureOrder, typer.Option(  # type: ignore[valid-type]
-    "--order", help="Channels shown: index (the first), mean or max (the most active "
-    "first).")]
+    "--order", help="Channels shown: index (the first), mean or max (the most active first).")]
 FeaturesUpsampleOpt = Annotated[bool, typer.Option(
     "--upsample", help="Resize each tile to the input size.")]
 AblateLayerOpt = Annotated[list[str], typer.Option(  # a list only to refuse a second one
-    "--layer", help="The module whose output is changed (dotted name, see `hookscope "
-    "layers`); one per run.", show_default=False)]
+    "--layer", help="The module whose output is changed (dotted name, see `hookscope layers`); one per run.")]
 AblateChannelsOpt = Annotated[str | None, typer.Option(
     "--channels", help="Channels to change: 0,5,7, ranges such as 0-15, or all (the "
-    "default; with --sweep, the channels swept).", show_default=False)]
+    "default; with --sweep, the channels swept).")]
 AblateSweepOpt = Annotated[bool, typer.Option(
     "--sweep", help="Ablate each channel alone, batched, and rank the channels by how much "
     "the target logit drops.")]
@@ -520,8 +473,7 @@ AblateModeOpt = Annotated[str, typer.Option(
 AblateSweepBatchOpt = Annotated[int, typer.Option(
     "--sweep-batch", help="Channels ablated per forward pass in a sweep.", min=1)]
 AblateCallOpt = Annotated[int | None, typer.Option(
-    "--call", help="Only change this call of a module run several times (default: every "
-    "call).", min=0, show_default=False)]
+    "--call", help="Only change this call of a module run several times (default: every call).", min=0)]
 AblateChannelDimOpt = Annotated[int, typer.Option(
     "--channel-dim", help="The output dimension holding channels (1 for (N, C, H, W); -1 "
     "for token outputs (N, T, C)).")]
@@ -529,24 +481,21 @@ AblateTopOpt = Annotated[int, typer.Option("--top", help="Sweep ranking rows sho
     min=1)]
 DiffModelOpt = Annotated[str, typer.Argument(
     help="As in every command; or a saved `stats --format json` document for an offline "
-    "diff (then INPUT is the other document).", metavar="MODEL", show_default=False)]
-#: diff's ``--against-*`` options, as one ``{name: value}`` (see
-#: :func:`hookscope.session.against_options`).
+    "diff (then INPUT is the other document).", metavar="MODEL")]
+#: diff's ``--against-*`` options, as one ``{name: value}``.
 Against = Annotated[dict[str, Any], Bundle({
     "against_weights": (Annotated[str | None, typer.Option(
-        "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).",
-        show_default=False)], None),
+        "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).")], None),
     "against_dtype": (Annotated[str | None, typer.Option(
-        "--against-dtype", help="The second run's --dtype: float32, float16 or bfloat16.",
-        show_default=False)], None),
+        "--against-dtype", help="The second run's --dtype: float32, float16 or bfloat16.")], None),
     "against_autocast": (Annotated[bool | None, typer.Option(
         "--against-autocast/--against-no-autocast", help="The second run with (or without) "
-        "torch.autocast.", show_default=False)], None),
+        "torch.autocast.")], None),
     "against_device": (Annotated[str | None, typer.Option(
-        "--against-device", help="The second run's --device.", show_default=False)], None),
+        "--against-device", help="The second run's --device.")], None),
     "against_model": (Annotated[str | None, typer.Option(
         "--against-model", help="Another model whose module names match; calls are paired by "
-        "name and call index.", metavar="NAME", show_default=False)], None),
+        "name and call index.", metavar="NAME")], None),
 }, dict)]
 DiffToleranceOpt = Annotated[float, typer.Option(
     "--tolerance", help="Relative L2 error ||a-b||/||a|| above which a call differs; the "
@@ -558,11 +507,9 @@ ReportLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
     "--loss", help="Gradient flow of: logit (the target logit summed over inputs) or ce "
     "(cross-entropy against --label).")]
 ReportLayerOpt = Annotated[str | None, typer.Option(
-    "--layer", help="Grad-CAM's layer (dotted name); default: the last module with a "
-    "spatial output.", show_default=False)]
+    "--layer", help="Grad-CAM's layer (dotted name); default: the last module with a spatial output.")]
 ReportMethodOpt = Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
-    "--method", "-m", help="CAM method (repeatable); gradcam is always shown first.",
-    show_default=False)]
+    "--method", "-m", help="CAM method (repeatable); gradcam is always shown first.")]
 ReportReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
     help="Token outputs to a grid for Grad-CAM: auto, none, vit or swin.")]
 ReportScoreBatchOpt = Annotated[int, typer.Option(
@@ -575,7 +522,7 @@ WatchMomentumOpt = Annotated[float, typer.Option(
     "--momentum", help="SGD momentum.", min=0.0)]
 WatchLabelOpt = Annotated[str | None, typer.Option(
     "--label", help="The true class (index or label), one for all inputs or a comma list, "
-    "one per input; default: each input's ImageFolder class folder.", show_default=False)]
+    "one per input; default: each input's ImageFolder class folder.")]
 WatchOverfitOpt = Annotated[bool, typer.Option(
     "--overfit", help="Train on the first batch only, --steps times, and fail unless the "
     "loss falls (the classic sanity check).")]
@@ -585,9 +532,9 @@ WatchEveryOpt = Annotated[int, typer.Option(
 WatchLogDirOpt = Annotated[Path | None, typer.Option(
     "--log-dir", help="Keep the training log in this directory (watch.jsonl, and "
     "nonfinite.json on a NaN or Inf), for `hookscope report` and `hookscope check`.",
-    file_okay=False, show_default=False)]
+    file_okay=False)]
 WatchRulesOpt = Annotated[Path | None, typer.Option(
     "--rules", help="Also check the training log with these `hookscope check` rules (a "
     "TOML file: nonfinite, max_zero_fraction, ignore, last, min_grad_norm, max_grad_norm, "
-    "min_update_ratio, max_update_ratio); exit 1 when one fails.", show_default=False,
+    "min_update_ratio, max_update_ratio); exit 1 when one fails.",
     dir_okay=False)]

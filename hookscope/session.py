@@ -1,17 +1,11 @@
 """One command-line invocation: what every command does before and after its analysis.
 
-:func:`session` sets up logging, turns SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 into the same
-clean stop as Ctrl-C, sends the model's prints to stderr (data alone goes to stdout), and
-turns every error into one line on stderr and an exit code (0 ok, 1 a check failed or the
-model's forward raised, 2 bad input, 128+N a signal). :class:`Session` checks
-outputs before any work, resolves inputs, loads the model and runs the progress bar.
-Library errors name Python parameters; here they are spelt as the command's flags.
-
-Under torchrun the session joins the other ranks first (:class:`~hookscope.core.distributed.Group`,
-which also says which lines each rank prints): its batches are this rank's part of the inputs,
-:meth:`Session.drive` merges every rank's report on rank 0, only rank 0 checks outputs and
-writes, and no rank shows a progress bar.
-
+:func:`session` turns SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 into the same clean stop as
+Ctrl-C, sends the model's prints to stderr, and turns every error into one stderr line
+(library parameters spelt as the command's flags) and an exit code (0 ok, 1 a check failed
+or the forward raised, 2 bad input, 128+N a signal). :class:`Session` checks outputs before
+any work, resolves inputs, loads the model and runs the progress bar. Under torchrun each
+rank drives its part of the inputs and rank 0 alone merges, checks outputs and writes.
 Nothing here imports torch at module level, so ``hookscope --help`` stays fast.
 """
 
@@ -21,7 +15,7 @@ import os
 import signal
 import sys
 import traceback as tb
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -64,10 +58,8 @@ def _signals() -> Iterator[None]:
     for name in SIGNALS:
         number = getattr(signal, name, None)
         if number is not None:
-            try:
+            with suppress(ValueError):  # not the main thread (e.g. a test runner's worker)
                 previous[number] = signal.signal(number, _raise_interrupted)
-            except ValueError:  # not the main thread (e.g. a test runner's worker)
-                pass
     try:
         yield
     finally:
@@ -75,24 +67,11 @@ def _signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def speller(flags: Mapping[str, str]) -> Callable[[str], str]:
-    """Spell a library parameter as the running command's flag (``target`` -> ``--target``);
-    parameters the command has no flag for keep their name."""
-    return lambda name: flags.get(name, name)
-
-
 @contextmanager
-def session(*, quiet: bool = False, traceback: bool = False,
-            flags: Mapping[str, str] | None = None, command: str | None = None
-            ) -> Iterator[Session]:
-    """Run one command: every error becomes one stderr line and its exit code.
-
-    Args:
-        quiet: only warnings and errors on stderr.
-        traceback: print the traceback of an error too.
-        flags: the command's flag for each library parameter, for error messages.
-        command: the command's name (under torchrun, only some commands run).
-    """
+def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = False,
+            traceback: bool = False) -> Iterator[Session]:
+    """Run one command: every error becomes one stderr line and its exit code. ``flags``
+    spells each library parameter as the command's flag (``target`` -> ``--target``)."""
     from hookscope.core.distributed import Group
     from hookscope.render import console
 
@@ -112,12 +91,11 @@ def session(*, quiet: bool = False, traceback: bool = False,
     except HookscopeError as exc:
         if traceback:
             tb.print_exc()
-        raise failed(exc.render(speller(flags or {})), exc.exit_code) from None
+        raise failed(exc.render(lambda name: flags.get(name, name)), exc.exit_code) from None
     except Interrupted as exc:
-        name = signal.Signals(exc.signum).name
         why = " (torchrun stops every rank once one has exited: its report names that rank)" \
             if s.ranks > 1 else ""
-        raise failed(f"stopped by {name}{why}; no output was written", 128 + exc.signum,
+        raise failed(f"stopped by {exc}{why}; no output was written", 128 + exc.signum,
                      stopped=True) from None
     except KeyboardInterrupt:
         raise failed("interrupted; no output was written", 130, stopped=True) from None
@@ -130,8 +108,7 @@ def session(*, quiet: bool = False, traceback: bool = False,
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """What a command needs to load a model and feed it: MODEL, the library's load options,
-    and how the inputs are read."""
+    """MODEL, the library's load options, and how the inputs are read."""
 
     name: str
     load: LoadOptions = field(default_factory=LoadOptions)
@@ -144,11 +121,7 @@ class ModelOptions:
     @classmethod
     def given(cls, name: str, **values: Any) -> ModelOptions:
         """From the command line's values: ours by name, the rest :class:`LoadOptions`'
-        (``mean`` and ``std`` as text, ``labels`` a path, ``model_args`` a list or None).
-
-        Raises:
-            HookscopeError: a bad seed, mean or std.
-        """
+        (HookscopeError: a bad seed, mean or std)."""
         own = {f.name for f in fields(cls)}
         load = {k: v for k, v in values.items() if k not in own}
         for key in ("mean", "std"):
@@ -157,30 +130,6 @@ class ModelOptions:
             load["labels"] = str(load["labels"])
         load["model_args"] = tuple(load.get("model_args") or ())
         return cls(name, LoadOptions(**load), **{k: v for k, v in values.items() if k in own})
-
-
-def refuse_overwriting(writes: Iterable[Path], reads: Iterable[Path | str | None],
-                       what: str) -> None:
-    """Refuse to write any file the run reads: an output that replaced an input (or the
-    weights) is never what was meant, ``--force`` or not.
-
-    Raises:
-        HookscopeError: one of ``writes`` is one of ``reads`` (the same file, by any name).
-    """
-    written = {}
-    for target in writes:
-        with suppress(OSError):  # not there yet: then it is nothing the run reads
-            st = os.stat(target)
-            written[(st.st_dev, st.st_ino)] = target
-    for path in reads if written else ():
-        if path is None:
-            continue
-        with suppress(OSError):
-            st = os.stat(path)
-            if (st.st_dev, st.st_ino) in written:
-                raise HookscopeError(
-                    f"{written[(st.st_dev, st.st_ino)]} is {what} ({path}); writing the output "
-                    "there would replace it. Choose another output.")
 
 
 def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
@@ -195,11 +144,8 @@ def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
 
 
 class Session:
-    """The steps every command shares, in the order commands take them.
-
-    Attributes:
-        group: this process's place in the run (under torchrun, one of its ranks).
-    """
+    """The steps every command shares, in the order commands take them; ``group`` is this
+    process's place in the run (under torchrun, one of its ranks)."""
 
     def __init__(self, group: Group) -> None:
         self.group = group
@@ -233,15 +179,29 @@ class Session:
 
     def reading(self, paths: Iterable[Path | str | None], what: str = "an input of this run"
                 ) -> None:
-        """Refuse an output that is one of ``paths`` (see :func:`refuse_overwriting`)."""
-        refuse_overwriting(self.writes, paths, what)
+        """Refuse to write any file the run reads (the same file by any name): an output
+        that replaced an input or the weights is never what was meant, ``--force`` or not."""
+        written = {}
+        for target in self.writes:
+            with suppress(OSError):  # not there yet: then it is nothing the run reads
+                st = os.stat(target)
+                written[(st.st_dev, st.st_ino)] = target
+        for path in paths if written else ():
+            if path is None:
+                continue
+            with suppress(OSError):
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) in written:
+                    raise HookscopeError(
+                        f"{written[(st.st_dev, st.st_ino)]} is {what} ({path}); writing the "
+                        "output there would replace it. Choose another output.")
 
     def inputs(self, specs: Sequence[str], options: ModelOptions) -> InputSet:
         """Resolve inputs before the model loads, so a bad path fails fast.
 
         Raises:
-            HookscopeError: a bad input; ``-`` under torchrun; under torchrun, ranks that
-                resolved other inputs than rank 0.
+            HookscopeError: a bad input; under torchrun, ``-`` or ranks that resolved other
+                inputs than rank 0.
         """
         from hookscope.inputs.resolve import STDIN, resolve_inputs
         from hookscope.sources import resolve
@@ -272,11 +232,8 @@ class Session:
         return loaded
 
     def drive(self, loaded: LoadedModel, inputs: Any, probe: Probe[R], **options: Any) -> R:
-        """Run the loaded model over ``inputs`` for ``probe``, at its precision.
-
-        Under torchrun the report is every rank's merged, on rank 0; the other ranks exit
-        here (0) once theirs is sent.
-        """
+        """Run the loaded model over ``inputs`` for ``probe``, at its precision. Under
+        torchrun the report is every rank's merged, on rank 0; the other ranks exit here."""
         from hookscope.core.run import drive
 
         report = drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
@@ -284,17 +241,16 @@ class Session:
 
     def run(self, loaded: LoadedModel, inputs: InputSet, options: ModelOptions,
             probe: Probe[R], label: str, *, shown: bool, **drive_options: Any) -> R:
-        """Decode ``inputs`` and drive ``probe`` over them, with a progress bar on stderr
-        labelled ``label`` when ``shown`` (see :meth:`batches` and :meth:`drive`)."""
+        """Decode ``inputs`` and drive ``probe`` over them, with a progress bar labelled
+        ``label`` when ``shown``."""
         with self.progress(len(inputs), label, enabled=shown) as bar:
             return self.drive(loaded, self.batches(inputs, loaded, options), probe,
                               progress=bar, **drive_options)
 
     def batches(self, inputs: InputSet, loaded: LoadedModel, options: ModelOptions, *,
                 keep_images: bool = False) -> Iterator[Batch]:
-        """Decode and preprocess the inputs (under torchrun, this rank's part of them):
-        with ``workers`` DataLoader processes (default: from the CPU count), or one batch
-        ahead in a thread."""
+        """Decode and preprocess the inputs (under torchrun, this rank's part of them) in
+        ``workers`` DataLoader processes (default: from the CPU count)."""
         from hookscope.inputs.dataset import default_workers
         from hookscope.inputs.resolve import iter_batches
 
@@ -321,13 +277,6 @@ class Session:
             self.writes.append(output.target)
         return output
 
-    def plot(self, command: str, doc: dict[str, Any], output: Output | None,
-             **options: Any) -> None:
-        """Draw and write the command's figure, after its data (all of it or nothing)."""
-        from hookscope.render.views import emit_plot
-
-        emit_plot(command, doc, output, **options)
-
     def emit(self, command: str, doc: Any, fmt: str, output: Output, **options: Any) -> None:
         """Write the command's document (or the report a page draws) through its view."""
         from hookscope.render.views import emit
@@ -344,11 +293,8 @@ AGAINST = {"against_model": "name", "against_weights": "weights", "against_dtype
 
 
 def against_options(options: ModelOptions, against: Mapping[str, Any]) -> ModelOptions:
-    """Side B's options: A's, with each given ``against_*`` option (:data:`AGAINST`) replaced.
-
-    Raises:
-        HookscopeError: none is given, or the dtype is unknown.
-    """
+    """Side B's options: A's, with each given ``against_*`` option replaced (HookscopeError:
+    none is given, or the dtype is unknown)."""
     from hookscope.sources import DTYPES
 
     given = {AGAINST[k]: v for k, v in against.items() if v is not None}
@@ -372,11 +318,8 @@ def describe_against(loaded: LoadedModel) -> dict[str, Any]:
 
 def offline_files(model: str, inputs: Sequence[str],
                   against: Mapping[str, Any] | None = None) -> tuple[Path, Path] | None:
-    """The two documents of an offline diff (MODEL and the one INPUT are ``.json``), or None.
-
-    Raises:
-        HookscopeError: MODEL is a ``.json`` file but the rest does not fit an offline diff.
-    """
+    """The two documents of an offline diff (MODEL and the one INPUT are ``.json``), or None
+    (HookscopeError: MODEL is a ``.json`` file but the rest does not fit an offline diff)."""
     if not model.lower().endswith(".json"):
         return None
     if len(inputs) != 1 or not inputs[0].lower().endswith(".json"):

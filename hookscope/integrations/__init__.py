@@ -1,33 +1,23 @@
-"""Training frameworks' callbacks around ``hookscope.watch``: thin adapters, one per framework.
-
-* :mod:`hookscope.integrations.lightning`: ``WatchCallback`` for Lightning's ``Trainer``
-  (``pip install 'hookscope[lightning]'``);
-* :mod:`hookscope.integrations.transformers`: ``WatchCallback`` for Hugging Face's
-  ``Trainer`` (``pip install 'hookscope[transformers]'``).
-
-Both take the options of :func:`hookscope.watch` and write the same log.
+"""Training frameworks' callbacks around ``hookscope.watch``, one thin adapter per framework
+(:mod:`~hookscope.integrations.lightning`, :mod:`~hookscope.integrations.transformers`); both
+take the options of :func:`hookscope.watch` and write the same log.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
-if TYPE_CHECKING:
-    from hookscope.training.watch import Watch
+from hookscope.training.watch import Watch, watch
 
 __all__ = ["Watching"]
 
 
 class Watching:
     """What both callbacks do (a mixin before the framework's callback class): open a watch
-    on the model when training starts, end a step after each optimiser step, and close the
-    watch when training ends or fails.
-
-    Args:
-        watch_options: the keyword arguments of :func:`hookscope.watch`, ``log_dir`` included.
-    """
+    with ``watch_options`` (``log_dir`` included) when training starts, end a step after each
+    optimiser step, and close the watch when training ends or fails."""
 
     def __init__(self, **watch_options: Any) -> None:
         super().__init__()
@@ -37,11 +27,8 @@ class Watching:
         self.watch: Watch | None = None  # the open watch (None outside training)
 
     def begin_watch(self, model: nn.Module) -> None:
-        from hookscope.training.watch import watch
-
         self.end_watch()
-        self.watch = watch(model, **self.options)
-        self.watch.__enter__()
+        self.watch = watch(model, **self.options).__enter__()
 
     def end_step(self, loss: Any = None) -> None:
         if self.watch is not None:
@@ -51,7 +38,4 @@ class Watching:
         """Close the watch: every hook removed (after ``error`` too)."""
         current, self.watch = self.watch, None
         if current is not None:
-            if error is None:
-                current.__exit__(None, None, None)
-            else:
-                current.__exit__(type(error), error, error.__traceback__)
+            current.__exit__(None if error is None else type(error), error, None)

@@ -2,9 +2,8 @@
 
     trainer = lightning.Trainer(callbacks=[WatchCallback(log_dir="runs/exp1", every=50)])
 
-A step ends after each training batch (``on_train_batch_end``, after the optimiser step);
-its loss is the one ``training_step`` returned. Validation runs without autograd and is
-not watched. The watch closes when training ends, and on any exception (every hook removed).
+A step ends after each training batch (``on_train_batch_end``), with the loss
+``training_step`` returned. The watch closes when training ends, and on any exception.
 """
 
 from __future__ import annotations

@@ -4,11 +4,9 @@
     with callback:  # closes the watch even when training raises
         Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
 
-A step is one optimiser step (``on_step_end``): with gradient accumulation, all its forward
-and backward passes. Evaluation runs without autograd and is not watched. The ``Trainer``
-has no callback for an exception, so use the callback as a context manager (or call
-:meth:`WatchCallback.close`) to be sure every hook is removed when training fails; a
-:class:`hookscope.NonFiniteError` removes them itself.
+A step is one optimiser step (``on_step_end``), with all its accumulated passes. The
+``Trainer`` has no callback for an exception, so use the callback as a context manager (or
+call :meth:`WatchCallback.close`) to be sure every hook is removed when training fails.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""A training log as ``hookscope.watch`` writes it, read back without torch.
+"""A training log as ``hookscope.watch`` writes it (docs/watch.md), read back without torch.
 
-A log directory holds ``watch.jsonl``, one JSON object per logging step (``step``, ``time``,
-``layers``, ``params``; the first line also carries the envelope: the model, the selection,
-``every`` and the hookscope version), and, when the watch stopped on a NaN or Inf,
-``nonfinite.json``: the envelope, the ``event`` (step, rank, phase, module, call, message,
-inputs) and the flight recorder's ``steps``. :func:`read_log` turns both into a
+:func:`read_log` turns a log directory's ``watch.jsonl`` and ``nonfinite.json`` into a
 :class:`TrainingLog`, which ``hookscope check`` and ``hookscope report`` read where they would
-otherwise run a model. Plain JSON only: nothing here imports torch.
+otherwise run a model.
 """
 
 from __future__ import annotations
@@ -50,14 +46,8 @@ def number(value: Any) -> float | None:
 
 @dataclass(frozen=True)
 class TrainingLog:
-    """The logging steps of one watched run, in step order, and its non-finite event.
-
-    Attributes:
-        path: the log directory, as given.
-        envelope: the first line's keys other than a step's (model, selection, every...).
-        steps: each logging step's line (``step``, ``time``, ``layers``, ``params``...).
-        event: ``nonfinite.json`` when the watch stopped on a non-finite value, else None.
-    """
+    """The logging steps of one watched run, in step order, the first line's envelope, and
+    the event of ``nonfinite.json`` (None when the watch did not stop on a non-finite value)."""
 
     path: str
     envelope: Mapping[str, Any]
@@ -166,8 +156,7 @@ def _read_lines(file: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _read_event(folder: Path) -> dict[str, Any] | None:
-    file = folder / EVENT_FILE
+def _read_event(file: Path) -> dict[str, Any] | None:
     if not file.exists():
         return None
     try:
@@ -188,8 +177,8 @@ def read_log(path: str | Path) -> TrainingLog:
     """Read the training log in the directory ``path``.
 
     Raises:
-        HookscopeError: no ``watch.jsonl`` there, a line that is not a logging step (named
-            by file and line), or an unreadable ``nonfinite.json``.
+        HookscopeError: no ``watch.jsonl``, a line that is not a logging step (named by file
+            and line), or an unreadable ``nonfinite.json``.
     """
     folder = Path(path)
     if not is_log(folder):
@@ -199,7 +188,7 @@ def read_log(path: str | Path) -> TrainingLog:
     envelope = {k: v for k, v in (lines[0] if lines else {}).items() if k not in STEP_KEYS}
     steps: list[Mapping[str, Any]] = [line for line in lines if "step" in line]
     steps.sort(key=lambda s: s["step"])
-    event = _read_event(folder)
+    event = _read_event(folder / EVENT_FILE)
     if not steps and event is None:
         raise HookscopeError(f"training log {str(path)!r} has no logging step yet; the "
                              f"watch writes one at step 0 and every `every` steps.")

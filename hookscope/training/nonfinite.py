@@ -1,23 +1,14 @@
 """The every-step non-finite check: fused device-side flags, read once per step, and the locator.
 
-Off-steps carry only this. Each selected module call's floating-point inputs and outputs are
-reduced on their device to ``torch.aminmax`` (a NaN anywhere makes both values NaN, a ±inf
-shows as the min or the max, and unlike a sum nothing can overflow). A tensor hook on each
-output, and on each input that needs a gradient, does the same for the gradient in the
-backward pass. Nothing is read on the host until :meth:`StepFlags.verdict`, which stacks
-every value into one tensor and returns one device boolean: the watch reads it once per step.
-Only when it is set do the values come to the host, and :meth:`StepFlags.locate` finds the
-producing module:
-
-* forward: the first call, in the order calls finish, whose output holds NaN or ±inf while
-  all its inputs were finite;
-* backward: the first call, in the order gradients arrive, whose gradient with respect to
-  an input is non-finite while the gradient at its output was finite.
-
-A tensor is reduced once however many calls see it (keyed by identity and version, so an
-in-place change makes a new one). References to tensors are weak: the check keeps no
-activation alive, and full statistics of a located call's inputs are given only while they
-still exist; their shapes, min and max always are.
+Each selected call's floating-point inputs and outputs (and, through tensor hooks, the
+gradients at its outputs and at inputs that need one) are reduced on their device to
+``torch.aminmax``: a NaN makes both values NaN, a ±inf shows as the min or max, and nothing
+can overflow. :meth:`StepFlags.verdict` stacks them into one device boolean, the step's one
+host read; only when it is set do the values come to the host and :meth:`StepFlags.locate`
+names the producing call: forward, the first call (in finishing order) with a non-finite
+output from finite inputs; backward, the first call (in arrival order) with a non-finite
+gradient at an input from a finite gradient at its output. A tensor is reduced once, keyed
+by identity and version; references are weak, so no activation is kept alive.
 """
 
 from __future__ import annotations
@@ -25,9 +16,8 @@ from __future__ import annotations
 import fnmatch
 import math
 import weakref
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
 
@@ -35,8 +25,9 @@ import torch
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
+from hookscope.probes.stats import moments
 
-__all__ = ["Finding", "FlightRecorder", "NonFiniteError", "StepFlags", "allowed", "event_doc"]
+__all__ = ["Finding", "NonFiniteError", "StepFlags", "event_doc", "flight_steps"]
 
 #: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
 INFO, STRICT, NAN_ONLY = 0, 1, 2
@@ -45,17 +36,8 @@ INFO, STRICT, NAN_ONLY = 0, 1, 2
 class NonFiniteError(HookscopeError):
     """A training step produced NaN or ±inf; raised by ``watch`` with ``nonfinite="raise"``.
 
-    Attributes:
-        module: dotted name of the producing module (``""``: the model itself).
-        phase: ``"forward"`` or ``"backward"``.
-        step: the training step (counted from 0 by ``.step()``).
-        call: the call index of the module within its forward pass.
-        inputs: one dict per input tensor of that call: ``shape``, ``min``, ``max`` (and
-            ``mean``, ``std``, ``zero_fraction``, ``nonfinite`` while the tensor still existed).
-        type_name: the module's class name.
-        source: ``"module"`` (the module made it from finite values), ``"outside"`` (it
-            arrived from code outside the selected modules, the model's input or the loss).
-        rank: the rank that found it under ``torch.distributed`` (None: one process).
+    Attributes (see docs/watch.md): ``module``, ``phase``, ``step``, ``call``, ``inputs``,
+    ``type_name``, ``source`` (``"module"`` or ``"outside"``) and ``rank`` (None: one process).
     """
 
     exit_code = 1
@@ -70,11 +52,6 @@ class NonFiniteError(HookscopeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (NonFiniteError, (super().__str__(),), dict(self.__dict__))
-
-
-def allowed(name: str, patterns: Sequence[str]) -> bool:
-    """Whether module ``name`` matches one of the ``allow_inf`` fnmatch patterns."""
-    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 @dataclass
@@ -94,8 +71,7 @@ class _Slot:
 
 @dataclass
 class _Record:
-    """One selected call: its forward slots, and its backward slots (gradient at inputs and
-    at outputs)."""
+    """One selected call's slots: forward values, and gradients at its inputs and outputs."""
 
     call: Call
     inputs: list[int] = field(default_factory=list)
@@ -115,12 +91,7 @@ class Finding:
     source: str
     produced: str
     inputs: list[dict[str, Any]]
-    grad: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"phase": self.phase, "module": self.module, "type": self.type, "call": self.call,
-                "source": self.source, "produced": self.produced, "inputs": self.inputs,
-                "grad_output": self.grad}
+    grad_output: dict[str, Any] | None = None
 
     def error(self, message: str, step: int, rank: int | None) -> NonFiniteError:
         """The error that reports this finding with ``message``."""
@@ -141,7 +112,7 @@ class Finding:
         if self.phase == "forward":
             return (f"{head}{name} received {self.produced} from outside the selected modules "
                     f"(the model's input or its own code){shown}")
-        grad = _range([self.grad] if self.grad else [])
+        grad = _range([self.grad_output] if self.grad_output else [])
         if self.source == "module":
             return (f"{head}{name} produced {self.produced} in the gradient of its input from a "
                     f"finite gradient at its output{grad}; its inputs{shown or ' unknown'}")
@@ -149,16 +120,12 @@ class Finding:
                 "(it comes from the loss or code outside the selected modules)")
 
 
-def _g(value: float) -> str:
-    return f"{value:.4g}"
-
-
 def _range(inputs: list[dict[str, Any]]) -> str:
     lows = [d["min"] for d in inputs if d.get("min") is not None and math.isfinite(d["min"])]
     highs = [d["max"] for d in inputs if d.get("max") is not None and math.isfinite(d["max"])]
     if not lows or not highs:
         return ""
-    return f" (min {_g(min(lows))}, max {_g(max(highs))})"
+    return f" (min {min(lows):.4g}, max {max(highs):.4g})"
 
 
 def _describe(lo: float, hi: float, alive: torch.Tensor | None) -> str:
@@ -176,17 +143,21 @@ def _describe(lo: float, hi: float, alive: torch.Tensor | None) -> str:
                         if bad) or "non-finite values"
 
 
-class StepFlags:
-    """The flags one training step's hooks recorded.
+def _ok(host: list[float], kind: int, at: int) -> bool:
+    """Whether the two values at ``at`` pass a check of ``kind``."""
+    lo, hi = host[at], host[at + 1]
+    if kind == NAN_ONLY:
+        return not (math.isnan(lo) or math.isnan(hi))
+    return math.isfinite(lo) and math.isfinite(hi)
 
-    Args:
-        allow_inf: fnmatch patterns of modules whose ±inf is intended (NaN still counts).
-        hooks: where the gradient hooks go; removed by the owner at the end of the step.
-        layouts: a cache kept across steps by the owner.
-    """
+
+class StepFlags:
+    """The flags one training step's hooks recorded: ``allow_inf`` names modules whose ±inf
+    is intended (NaN still counts); the owner removes ``hooks`` after the step and keeps
+    ``layouts`` (see :meth:`verdict`) across steps."""
 
     def __init__(self, allow_inf: Sequence[str], hooks: Hooks,
-                 layouts: dict[tuple[int, ...], torch.Tensor] | None = None) -> None:
+                 layouts: dict[tuple[int, ...], torch.Tensor]) -> None:
         self.allow_inf = tuple(allow_inf)
         self.hooks = hooks
         self.values: list[torch.Tensor] = []  # forward: two per slot, in slot order
@@ -201,25 +172,22 @@ class StepFlags:
         self._seen: dict[int, _Slot] = {}
         self._grad_seen: dict[int, _Slot] = {}
         self._allowed: dict[str, bool] = {}
-        #: The check's layout on the device, shared from step to step (see :meth:`verdict`).
-        self._layouts = {} if layouts is None else layouts
+        self._layouts = layouts
 
     def _is_allowed(self, name: str) -> bool:
-        found = self._allowed.get(name)
-        if found is None:
-            found = self._allowed[name] = allowed(name, self.allow_inf)
-        return found
+        if name not in self._allowed:
+            self._allowed[name] = any(fnmatch.fnmatchcase(name, p) for p in self.allow_inf)
+        return self._allowed[name]
 
     def _slot(self, t: torch.Tensor, kind: int) -> int:
         known = self._seen.get(id(t))
-        if known is not None and known.ref() is t and known.version == t._version:
+        if known is not None and known.alive() is t:
             if known.kind == INFO and kind != INFO:  # first an input, now a module's output
                 known.kind = kind
                 self.kinds[2 * known.index:2 * known.index + 2] = (kind, kind)
             return known.index
-        lo, hi = torch.aminmax(t.detach())
         slot = _Slot(len(self.slots), kind, list(t.shape), weakref.ref(t), t._version)
-        self.values += (lo, hi)
+        self.values += torch.aminmax(t.detach())
         self.kinds += (kind, kind)
         self.slots.append(slot)
         self._seen[id(t)] = slot
@@ -227,7 +195,7 @@ class StepFlags:
 
     def _grad_slot(self, t: torch.Tensor, lenient: bool) -> int:
         known = self._grad_seen.get(id(t))
-        if known is not None and known.ref() is t and known.version == t._version:
+        if known is not None and known.alive() is t:
             return known.index
         slot = _Slot(len(self.grad_slots), NAN_ONLY if lenient else STRICT, list(t.shape),
                      weakref.ref(t), t._version)
@@ -242,31 +210,28 @@ class StepFlags:
             self.grad_kinds += (slot.kind, slot.kind)
             self.fired.append(slot.index)
 
-    @staticmethod
-    def _checked(obj: Any) -> list[torch.Tensor]:
-        return [t for t in tensors(obj)
-                if t.is_floating_point() and t.layout == torch.strided and t.numel()]
+    def _hook(self, obj: Any, kind: int, lenient: bool, slots: list[int],
+              grad_slots: list[int]) -> None:
+        """Reduce the checked tensors in ``obj`` and hook the gradients they will get."""
+        grad = torch.is_grad_enabled()
+        for t in tensors(obj):
+            if t.is_floating_point() and t.layout == torch.strided and t.numel():
+                slots.append(self._slot(t, kind))
+                if grad and t.requires_grad:
+                    grad_slots.append(self._grad_slot(t, lenient))
 
     def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A selected call starts: reduce its inputs (before an in-place module changes them)."""
-        record = _Record(call)
-        grad = torch.is_grad_enabled()
+        record = self._open[call.key] = _Record(call)
         lenient = self._is_allowed(call.name)
-        for t in self._checked((args, kwargs)):
-            record.inputs.append(self._slot(t, INFO))
-            if grad and t.requires_grad:
-                record.grad_inputs.append(self._grad_slot(t, lenient))
-        self._open[call.key] = record
+        self._hook((args, kwargs), INFO, lenient, record.inputs, record.grad_inputs)
 
     def exit(self, call: Call, output: Any) -> None:
         """A selected call returned: reduce its outputs and hook their gradients."""
         record = self._open.pop(call.key, None) or _Record(call)
         lenient = self._is_allowed(call.name)
-        grad = torch.is_grad_enabled()
-        for t in self._checked(output):
-            record.outputs.append(self._slot(t, NAN_ONLY if lenient else STRICT))
-            if grad and t.requires_grad:
-                record.grad_outputs.append(self._grad_slot(t, lenient))
+        self._hook(output, NAN_ONLY if lenient else STRICT, lenient, record.outputs,
+                   record.grad_outputs)
         self.records.append(record)
 
     # ------------------------------------------------------------------ reading
@@ -297,49 +262,34 @@ class StepFlags:
         forward, backward = host[:split], host[split:]
         return self._locate_forward(forward) or self._locate_backward(forward, backward)
 
-    @staticmethod
-    def _ok(host: list[float], kind: int, at: int) -> bool:
-        lo, hi = host[at], host[at + 1]
-        if kind == NAN_ONLY:
-            return not (math.isnan(lo) or math.isnan(hi))
-        return math.isfinite(lo) and math.isfinite(hi)
-
-    def _input_rows(self, forward: list[float], slots: list[int]) -> list[dict[str, Any]]:
-        from hookscope.probes.stats import moments
-
+    def _finding(self, forward: list[float], record: _Record, phase: str, source: str,
+                 produced: str, grad: dict[str, Any] | None = None) -> Finding:
         rows = []
-        for i in slots:
+        for i in record.inputs:
             slot = self.slots[i]
             row: dict[str, Any] = {"shape": slot.shape, "min": forward[2 * i],
                                    "max": forward[2 * i + 1]}
-            alive = slot.alive()
-            if alive is not None:
+            if (alive := slot.alive()) is not None:
                 row |= moments(alive.detach()).summary()
             rows.append(row)
-        return rows
+        call = record.call
+        return Finding(phase, call.name, call.site.type, call.index, source, produced, rows,
+                       grad)
 
     def _locate_forward(self, forward: list[float]) -> Finding | None:
-        ok = [self._ok(forward, s.kind, 2 * s.index) for s in self.slots]
-        first: _Record | None = None
-        for record in self.records:
-            if all(ok[i] for i in record.outputs):
-                continue
-            # An allowed module's ±inf is an intended input (a mask), not a non-finite one.
-            if all(ok[i] or self._finite_enough(forward, i) for i in record.inputs):
-                return self._forward_finding(forward, record, "module")
-            first = first or record
-        return None if first is None else self._forward_finding(forward, first, "outside")
-
-    def _finite_enough(self, forward: list[float], i: int) -> bool:
-        return self.slots[i].kind == NAN_ONLY and self._ok(forward, NAN_ONLY, 2 * i)
-
-    def _forward_finding(self, forward: list[float], record: _Record, source: str) -> Finding:
-        bad = next(i for i in record.outputs
-                   if not self._ok(forward, self.slots[i].kind, 2 * i))
-        produced = _describe(forward[2 * bad], forward[2 * bad + 1], self.slots[bad].alive())
-        call = record.call
-        return Finding("forward", call.name, call.site.type, call.index, source, produced,
-                       self._input_rows(forward, record.inputs))
+        ok = [_ok(forward, s.kind, 2 * s.index) for s in self.slots]
+        # An allowed module's ±inf is an intended input (a mask), not a non-finite one.
+        usable = [k or (s.kind == NAN_ONLY and _ok(forward, NAN_ONLY, 2 * s.index))
+                  for k, s in zip(ok, self.slots, strict=True)]
+        bad = [r for r in self.records if not all(ok[i] for i in r.outputs)]
+        record = next((r for r in bad if all(usable[i] for i in r.inputs)), None)
+        source = "module" if record is not None else "outside"
+        record = record or next(iter(bad), None)
+        if record is None:
+            return None
+        out = next(i for i in record.outputs if not ok[i])
+        produced = _describe(forward[2 * out], forward[2 * out + 1], self.slots[out].alive())
+        return self._finding(forward, record, "forward", source, produced)
 
     def _locate_backward(self, forward: list[float], backward: list[float]) -> Finding | None:
         arrived: dict[int, dict[str, Any]] = {}  # gradient slot -> its finite arrival
@@ -347,25 +297,19 @@ class StepFlags:
             slot = self.grad_slots[index]
             seen: dict[str, Any] = {"shape": slot.shape, "min": backward[2 * n],
                                     "max": backward[2 * n + 1]}
-            if self._ok(backward, slot.kind, 2 * n):
+            if _ok(backward, slot.kind, 2 * n):
                 arrived.setdefault(index, seen)
                 continue
             produced = _describe(seen["min"], seen["max"], None)
             for record in reversed(self.records):  # the last to run is the first in backward
                 if index in record.grad_inputs and record.grad_outputs and \
                         all(i in arrived for i in record.grad_outputs):
-                    return self._backward_finding(forward, record, "module", produced,
-                                                  arrived[record.grad_outputs[0]])
+                    return self._finding(forward, record, "backward", "module", produced,
+                                         arrived[record.grad_outputs[0]])
             producer = next((r for r in self.records if index in r.grad_outputs), None) or \
                 next(r for r in self.records if index in r.grad_inputs)
-            return self._backward_finding(forward, producer, "outside", produced, seen)
+            return self._finding(forward, producer, "backward", "outside", produced, seen)
         return None
-
-    def _backward_finding(self, forward: list[float], record: _Record, source: str,
-                          produced: str, grad: dict[str, Any]) -> Finding:
-        call = record.call
-        return Finding("backward", call.name, call.site.type, call.index, source, produced,
-                       self._input_rows(forward, record.inputs), grad)
 
     def summary(self, host: list[float]) -> list[dict[str, Any]]:
         """Per call: the (first) output's min and max, and the gradient at it, for the
@@ -388,34 +332,23 @@ class StepFlags:
         return rows
 
 
-class FlightRecorder:
-    """The last ``keep`` steps' non-finite flags and logged rows, written to
-    ``nonfinite.json`` with the step that made a non-finite value."""
-
-    def __init__(self, keep: int) -> None:
-        self.kept: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
-            deque(maxlen=keep)
-
-    def append(self, index: int, flags: StepFlags | None, stacked: Any,
-               rows: list[Any] | None) -> None:
-        """Record step ``index``: its flags and their stacked values, its rows if logged."""
-        self.kept.append((index, flags, stacked, rows))
-
-    def steps(self) -> list[dict[str, Any]]:
-        """The kept steps, oldest first, as ``nonfinite.json`` lists them."""
-        steps = []
-        for index, flags, stacked, rows in self.kept:
-            entry: dict[str, Any] = {"step": index}
-            if flags is not None and stacked is not None:
-                entry["layers"] = flags.summary(stacked.tolist())
-            if rows is not None:
-                entry["rows"] = rows
-            steps.append(entry)
-        return steps
+def flight_steps(kept: Iterable[tuple[int, StepFlags | None, Any, list[Any] | None]]
+                 ) -> list[dict[str, Any]]:
+    """The flight recorder's kept steps, (index, flags, stacked values, rows if logged), as
+    ``nonfinite.json`` lists them, oldest first."""
+    steps = []
+    for index, flags, stacked, rows in kept:
+        entry: dict[str, Any] = {"step": index}
+        if flags is not None and stacked is not None:
+            entry["layers"] = flags.summary(stacked.tolist())
+        if rows is not None:
+            entry["rows"] = rows
+        steps.append(entry)
+    return steps
 
 
 def event_doc(envelope: dict[str, Any], step: int, rank: int | None, message: str,
               finding: Finding, recorded: list[dict[str, Any]] | None) -> dict[str, Any]:
     """``nonfinite.json``: the watch's envelope, the event, and the recorded steps."""
-    event = {"step": step, "rank": rank, "message": message} | finding.to_dict()
+    event = {"step": step, "rank": rank, "message": message} | asdict(finding)
     return envelope | {"event": event, "steps": recorded or []}

@@ -1,12 +1,10 @@
 """The watch under ``torch.distributed`` (DDP under torchrun): agreement between ranks.
 
-Each rank watches its own replica. At the end of every step the ranks exchange one flag
-each (one ``all_reduce`` of a ``world_size`` vector), so a non-finite value on any rank
-stops every rank at the same step, naming that rank; the finding travels from it by
-``broadcast_object_list``. On a logging step the reports are gathered to rank 0 and merged
-there with their own exact ``merge`` (:func:`hookscope.core.distributed.gather_merged`, as the
-commands do under torchrun), and rank 0 alone writes. Every rank makes the same collective
-calls in the same order, so none waits for a call another skipped.
+Each rank watches its own replica. Every step the ranks exchange one flag each (one
+``all_reduce``), so a non-finite value on any rank stops every rank at the same step; the
+finding travels from that rank by broadcast. A logging step's reports are merged exactly on
+rank 0, which alone writes. Every rank makes the same collective calls in the same order,
+so none waits for a call another skipped.
 """
 
 from __future__ import annotations
@@ -14,6 +12,9 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
+
+from hookscope.core.distributed import gather_merged
 
 __all__ = ["Ranks"]
 
@@ -25,23 +26,14 @@ class Ranks:
 
     def __init__(self, rank: int = 0, world: int = 1, backend: str = "") -> None:
         self.rank, self.world, self.backend = rank, world, backend
+        self.many, self.leader = world > 1, rank == 0
 
     @classmethod
     def current(cls) -> Ranks:
         """The default process group when one is initialised with several ranks."""
-        import torch.distributed as dist
-
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             return cls(dist.get_rank(), dist.get_world_size(), str(dist.get_backend()))
         return cls()
-
-    @property
-    def many(self) -> bool:
-        return self.world > 1
-
-    @property
-    def leader(self) -> bool:
-        return self.rank == 0
 
     def _device(self, hint: torch.device | None) -> torch.device:
         if "nccl" in self.backend and hint is not None and hint.type == "cuda":
@@ -54,8 +46,6 @@ class Ranks:
         """The ranks whose step went non-finite: the one host read of the step."""
         if not self.many:
             return [0] if verdict is not None and bool(verdict) else []
-        import torch.distributed as dist
-
         device = self._device(verdict.device if verdict is not None else None)
         flags = torch.zeros(self.world, device=device)
         if verdict is not None:
@@ -67,8 +57,6 @@ class Ranks:
         """Every rank learns the first failure any rank had (None: none had one)."""
         if not self.many:
             return failure
-        import torch.distributed as dist
-
         everyone: list[Any] = [None] * self.world
         dist.all_gather_object(everyone, failure)
         return next((f"rank {r}: {f}" for r, f in enumerate(everyone) if f is not None), None)
@@ -77,16 +65,10 @@ class Ranks:
         """``payload`` from rank ``source``, on every rank."""
         if not self.many:
             return payload
-        import torch.distributed as dist
-
         box: list[Any] = [payload if self.rank == source else None]
         dist.broadcast_object_list(box, src=source)
         return box[0]  # type: ignore[no-any-return]
 
     def merged(self, report: T) -> T | None:
         """Every rank's ``report`` merged exactly, on rank 0; None elsewhere."""
-        if not self.many:
-            return report
-        from hookscope.core.distributed import gather_merged
-
-        return gather_merged(report)
+        return gather_merged(report) if self.many else report

@@ -1,11 +1,8 @@
 """What a logging step records: the ``stats`` and ``grads`` probes' rows, parameters, drift.
 
-A logging step attaches the existing probes for one training step and detaches them after:
-:class:`~hookscope.probes.stats.StatsProbe` summarises each selected call's output inside its
-forward hook, and :class:`~hookscope.probes.grads.GradsProbe` hooks the gradient at each output.
-Their reports are the mergeable ones (``StatsReport.merge``, ``GradReport.merge``), so ranks
-merge exactly as ``stats`` and ``grads`` do under torchrun. A layer row is a ``stats`` row
-(the same fields as ``stats --format json``) plus the gradient at the call's output.
+A logging step attaches the existing probes for one step; their reports are the mergeable
+ones, so ranks merge exactly as ``stats`` and ``grads`` do under torchrun. A layer row is a
+``stats`` row plus the gradient at the call's output.
 """
 
 from __future__ import annotations
@@ -24,7 +21,11 @@ from torch import nn
 from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
 from hookscope.core.select import Selection
+from hookscope.probes.baseline import read_stats
+from hookscope.probes.check import drift
+from hookscope.probes.drift import quantile_drift
 from hookscope.probes.grads import GradReport, GradsProbe
+from hookscope.probes.sketch import parse_percentiles
 from hookscope.probes.stats import StatsProbe, StatsReport
 from hookscope.training.logs import number
 
@@ -35,17 +36,13 @@ NAN = float("nan")
 DEAD = 0.99
 #: Floor of a drift's scale, as ``check``'s drift rules use (see ``hookscope.probes.check.drift``).
 _EPS = 1e-6
+#: Autograd's execution engine (for callbacks at the end of a backward pass).
+_ENGINE = torch.autograd.Variable._execution_engine
 
 
 class LoggingStep:
-    """The probes attached for one logging step.
-
-    Args:
-        model: the watched model.
-        select: the modules watched.
-        hooks: the step's hook handles (gradient tensor hooks), removed after the step.
-        percentiles: also these percentiles of each call's output (for drift).
-    """
+    """The probes attached for one logging step (``hooks``: the step's gradient hooks,
+    removed after it; ``percentiles``: also taken of each call's output, for drift)."""
 
     def __init__(self, model: nn.Module, select: Selection, hooks: Hooks,
                  percentiles: Sequence[float] = ()) -> None:
@@ -98,8 +95,8 @@ def layer_rows(reports: StepReports) -> list[dict[str, Any]]:
     for layer in reports.stats.layers:
         row = layer.to_dict()
         g = grads.get((layer.name, layer.call))
-        row |= {"grad_norm": g.norm if g else None, "grad_mean": g.mean if g else None,
-                "grad_std": g.std if g else None, "grad_nonfinite": g.nonfinite if g else None}
+        row |= {f"grad_{key}": getattr(g, key) if g else None
+                for key in ("norm", "mean", "std", "nonfinite")}
         flags = []
         if layer.nonfinite or (g is not None and g.nonfinite):
             flags.append("nonfinite")
@@ -124,22 +121,15 @@ def step_line(index: int, loss: Any, rows: list[dict[str, Any]],
                                for r in rows if r["flags"]]}
 
 
-def _engine() -> Any:
-    """Autograd's execution engine (for callbacks at the end of a backward pass)."""
-    return torch.autograd.Variable._execution_engine
-
-
 class ParamTracker:
     """Each parameter's norm, gradient norm and update ratio at logging steps.
 
     The gradient norm is read at the end of each backward pass that reached the parameter,
     so ``optimizer.zero_grad()`` before ``watch.step()`` loses nothing: a
-    post-accumulate-grad hook notes the parameter and queues a callback on autograd's
-    engine, which queues the reading behind every callback queued so far. Under DDP the
-    reducer's own callback, which writes the ranks' averaged gradient into ``.grad``, is
-    among those, so the norm is that of the averaged gradient the optimiser uses. The update
-    ratio is ``‖w - w_prev‖ / ‖w‖``, with ``w_prev`` the weights at the previous logging step
-    (kept as one copy of the parameters).
+    post-accumulate-grad hook queues a callback on autograd's engine, which queues the
+    reading behind every callback queued so far. Under DDP the reducer's callback (writing
+    the ranks' averaged gradient into ``.grad``) is among those, so the norm is that of the
+    gradient the optimiser uses. ``w_prev`` of the update ratio is one kept copy of the weights.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -158,11 +148,11 @@ class ParamTracker:
 
     def _on_grad(self, index: int, p: torch.Tensor) -> None:
         if not self._reached:
-            _engine().queue_callback(self._behind)
+            _ENGINE.queue_callback(self._behind)
         self._reached.add(index)
 
     def _behind(self) -> None:
-        _engine().queue_callback(self._read)
+        _ENGINE.queue_callback(self._read)
 
     def _read(self) -> None:
         reached, self._reached = sorted(self._reached), set()
@@ -196,25 +186,15 @@ class ParamTracker:
 
 
 class Drift:
-    """Each call's distance to a reference. With percentiles, the distribution drift of
-    ``diff`` and ``check``'s ``max_drift`` (:func:`hookscope.probes.drift.quantile_drift`: the mean
-    distance between the two quantile curves, in reference standard deviations), from the
-    percentiles each logging step then takes. Without, the mean/std drift of ``check``'s
-    ``max_mean_drift`` and ``max_std_drift`` (the larger of the two), which costs nothing
-    beyond the rows.
-
-    Args:
-        reference: rows by (name, call) with ``mean``, ``std`` (and ``percentiles``), a
-            ``stats`` document's; None: the first logging step's rows become it.
-        limit: rows whose drift exceeds it are flagged ``drift``.
-        percentiles: what each logging step takes (none: mean/std drift).
+    """Each call's distance to a reference (docs/watch.md, Drift): with percentiles, the
+    distribution drift of ``check``'s ``max_drift``; without, the larger of its mean and std
+    drifts. ``reference``: rows by (name, call), a ``stats`` document's (None: the first
+    logging step's); rows whose drift exceeds ``limit`` are flagged ``drift``.
     """
 
     def __init__(self, reference: Mapping[tuple[str, int], Mapping[str, Any]] | None,
                  limit: float, percentiles: tuple[float, ...] = ()) -> None:
-        self.reference = reference
-        self.limit = limit
-        self.percentiles = percentiles
+        self.reference, self.limit, self.percentiles = reference, limit, percentiles
 
     @property
     def measure(self) -> str:
@@ -224,21 +204,16 @@ class Drift:
     @classmethod
     def of(cls, path: str | Path | None, limit: float,
            percentiles: str | Sequence[float] | None = None) -> Drift:
-        """The reference in a ``hookscope stats --format json`` document (None: the first
-        logging step), and the percentiles to take: ``percentiles`` when given, else the
-        reference's (none without a reference).
+        """The reference in a ``stats --format json`` document at ``path`` (None: the first
+        logging step); the percentiles taken are ``percentiles``, else the reference's.
 
         Raises:
             HookscopeError: the file is missing, unreadable or not a stats document; bad
                 percentiles.
         """
-        from hookscope.probes.sketch import parse_percentiles
-
         taken = parse_percentiles(percentiles)
         if path is None:
             return cls(None, limit, taken)
-        from hookscope.probes.baseline import read_stats
-
         rows, found, _ = read_stats(Path(path), param("reference"))
         return cls(rows, limit, taken or tuple(float(key) for key in found))
 
@@ -253,9 +228,6 @@ class Drift:
                 row["flags"].append("drift")
 
     def _distance(self, row: Mapping[str, Any], base: Mapping[str, Any]) -> float | None:
-        from hookscope.probes.check import drift
-        from hookscope.probes.drift import quantile_drift
-
         if self.percentiles:
             return quantile_drift(base.get("percentiles"), row.get("percentiles"),
                                   base.get("std"), base.get("mean"))

@@ -1,10 +1,9 @@
-"""``hookscope check LOG_DIR``: the check rules applied to a training log.
+"""``hookscope check LOG_DIR``: the check rules applied to a training log (torch-free).
 
 The rules are :mod:`hookscope.probes.check`'s, in its one registry: ``nonfinite`` and
-``max_zero_fraction`` read the layer rows of the last ``last`` logging steps (and
-``nonfinite`` the event ``nonfinite.json`` records), and the rules registered here bound the
-gradient norms and the update ratios of those steps. The report, its JSON, JUnit and GitHub
-outputs are the ones a model run's check has. Torch-free: a log is JSON.
+``max_zero_fraction`` read the layer rows of the last ``last`` logging steps (``nonfinite``
+also the recorded event), and the rules registered here bound those steps' gradient norms
+and update ratios. The report and its outputs are a model run's check's.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hookscope import __version__
 from hookscope.core.errors import HookscopeError
 from hookscope.probes.check import (
     RULES,
@@ -44,11 +44,7 @@ def _refuse(rules: Rules, keys: tuple[str, ...], why: str) -> None:
 
 
 def for_log(rules: Rules) -> Rules:
-    """``rules`` if a training log can check them all.
-
-    Raises:
-        HookscopeError: a model run's key (baseline, drift, expect, min_prob) was given.
-    """
+    """``rules`` if a training log can check them all, else a HookscopeError."""
     _refuse(rules, RUN_KEYS, "checks a model run on its inputs; a training log has no "
             "predictions or stats baseline. Keys for a log: nonfinite, max_zero_fraction, "
             f"ignore, {', '.join(LOG_KEYS)}.")
@@ -56,11 +52,7 @@ def for_log(rules: Rules) -> Rules:
 
 
 def for_run(rules: Rules) -> Rules:
-    """``rules`` if a model run can check them all.
-
-    Raises:
-        HookscopeError: a training log's key (last, gradient norms, update ratios) was given.
-    """
+    """``rules`` if a model run can check them all, else a HookscopeError."""
     _refuse(rules, LOG_KEYS, "checks a training log: give the log directory (the one "
             "holding watch.jsonl) instead of MODEL INPUT.")
     return rules
@@ -81,9 +73,8 @@ class LogCall:
 
 @dataclass(frozen=True)
 class LogView:
-    """What the log rules see: the steps checked, their rows, and the event in words."""
+    """What the log rules see: the steps checked, their parameters, and the event in words."""
 
-    log: TrainingLog
     steps: list[Mapping[str, Any]]
     params: list[tuple[int, Mapping[str, Any]]]
     event: str | None
@@ -134,7 +125,7 @@ def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
               if not _ignored(str(p["name"]), rules.ignore)]
     _warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for s in steps
                                                        for p in s.get("params") or ()})
-    view = LogView(log, steps, params, event_text(log.event))
+    view = LogView(steps, params, event_text(log.event))
     ctx = Context(rules, calls, len(rows) - len(calls), [], [], [], None, {},  # type: ignore[arg-type]
                   log=view)
     results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
@@ -143,10 +134,7 @@ def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
 
 # ----------------------------------------------------------------------------- the rules
 
-def _grad_norms(ctx: Context) -> list[tuple[str, float | None]]:
-    view: LogView | None = ctx.log
-    if view is None:
-        return []
+def _grad_norms(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
     calls: list[LogCall] = ctx.calls  # type: ignore[assignment]  # a log's rows
     layers = [(f"{call_id(c.name, c.call)} at step {c.step}", c.grad_norm) for c in calls]
     params = [(f"parameter {p['name']} at step {step}", number(p.get("grad_norm")))
@@ -154,15 +142,13 @@ def _grad_norms(ctx: Context) -> list[tuple[str, float | None]]:
     return layers + params
 
 
-def _ratios(ctx: Context) -> list[tuple[str, float | None]]:
-    view: LogView | None = ctx.log
-    if view is None:
-        return []
+def _ratios(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
     return [(f"parameter {p['name']} at step {step}", number(p.get("update_ratio")))
             for step, p in view.params]
 
 
-def _bound_rule(name: str, what: str, values: Callable[[Context], list[tuple[str, float | None]]],
+def _bound_rule(name: str, what: str,
+                values: Callable[[Context, LogView], list[tuple[str, float | None]]],
                 side: str) -> Callable[[Context], RuleResult | None]:
     """The rule ``name``: every ``what`` measured, (who, value) pairs, is not ``side`` the
     rule's limit."""
@@ -173,7 +159,7 @@ def _bound_rule(name: str, what: str, values: Callable[[Context], list[tuple[str
         limit = getattr(ctx.rules, name)
         if limit is None or view is None:
             return None
-        measured = [(who, v) for who, v in values(ctx) if v is not None]
+        measured = [(who, v) for who, v in values(ctx, view) if v is not None]
         bad = [(who, v) for who, v in measured if (v > limit if above else v < limit)]
         worst = (max if above else min)(measured, key=lambda m: m[1], default=None)
         extreme = f"; the {'largest' if above else 'smallest'}: {_g(worst[1])} at " \
@@ -188,9 +174,7 @@ def _bound_rule(name: str, what: str, values: Callable[[Context], list[tuple[str
     return check
 
 
-#: The log's bounds, registered in check's one registry in this order: vanishing and
-#: exploding gradients (at layer outputs and of parameters), and update ratios too small
-#: (nothing learns) or too large (a step that wrecks the weights).
+#: The log's bounds, registered in check's one registry in this order.
 BOUNDS = (("min_grad_norm", "gradient norm", _grad_norms, "below"),
           ("max_grad_norm", "gradient norm", _grad_norms, "above"),
           ("min_update_ratio", "update ratio", _ratios, "below"),
@@ -201,8 +185,6 @@ for _name, _what, _values, _side in BOUNDS:
 
 def log_doc(log: TrainingLog, report: CheckReport) -> dict[str, Any]:
     """The check's document for a log: the log's envelope, what was read, the rules."""
-    from hookscope import __version__
-
     env = dict(log.envelope)
     return {"hookscope": __version__, "command": "check", "model": env.get("model"),
             "weights": env.get("weights") or {"requested": None, "loaded": None},

@@ -1,16 +1,15 @@
-"""Smoke training: does the model train at all? SGD on a copy of it, under
-:func:`hookscope.watch`.
+"""Smoke training: does the model train at all?
 
-:func:`train` runs ``steps`` SGD steps of cross-entropy on a deep copy of the model (the
-loaded model, and so its file, are never changed), as a probe of the one driver
-(:func:`hookscope.core.run.drive`) in train mode, inside ``hookscope.watch``: the watch checks
-every step for NaN and Inf, names the module that produced one, and logs statistics every
-``every`` steps. With ``overfit`` the first batch is repeated, and the loss must fall.
+:func:`train` runs SGD steps of cross-entropy on a deep copy of the model (the loaded model
+is never changed), as a probe of :func:`hookscope.core.run.drive` in train mode, inside
+``hookscope.watch``. With ``overfit`` the first batch is repeated, and the loss must fall.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import logging
 import math
 import tempfile
@@ -27,6 +26,8 @@ from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.targets import Targets, folder_targets, parse_targets
 from hookscope.training.logs import TrainingLog, read_log
+from hookscope.training.nonfinite import NonFiniteError
+from hookscope.training.watch import watch
 
 if TYPE_CHECKING:
     from hookscope.sources import LoadedModel
@@ -54,17 +55,9 @@ class SmokeOptions:
 
 @dataclass(frozen=True)
 class SmokeReport:
-    """What happened: the loss at each step run, the layers the watch flagged, the first
-    non-finite value, and the verdict.
-
-    Attributes:
-        losses: the loss of each step run (NaN where it was not finite).
-        steps: the steps asked for.
-        overfit: whether one batch was repeated.
-        nonfinite: the watch's non-finite event (module, phase, step, call, message).
-        log: the watch's log, read back (None when it holds no logging step).
-        log_dir: where the log was kept (None: a temporary directory, removed).
-    """
+    """What happened: the loss of each step run, the steps asked for, the watch's
+    non-finite event, its log read back (None: no logging step), and where the log was kept
+    (None: a temporary directory, removed)."""
 
     losses: list[float]
     steps: int
@@ -122,23 +115,24 @@ def smoke_labels(label: str | None, folders: Sequence[str] | None,
     return folder_targets(folders, categories)
 
 
+def _epochs(make: Callable[[], Iterable[Any]]) -> Iterator[Any]:
+    """The inputs' batches over and over (none when the inputs have none)."""
+    while True:
+        empty = True
+        for batch in make():
+            empty = False
+            yield batch
+        if empty:
+            return
+
+
 def _batches(make: Callable[[], Iterable[Any]], steps: int, overfit: bool) -> Iterator[Any]:
     """``steps`` batches: the inputs' batches over and over, or the first one repeated."""
-    done = 0
-    while done < steps:
-        epoch = 0
-        for batch in make():
-            yield batch
-            done, epoch = done + 1, epoch + 1
-            if done == steps:
-                return
-            if overfit:
-                while done < steps:
-                    yield batch
-                    done += 1
-                return
-        if not epoch:
-            return
+    if overfit:
+        for first in itertools.islice(make(), 1):
+            yield from itertools.repeat(first, steps)
+    else:
+        yield from itertools.islice(_epochs(make), steps)
 
 
 class TrainProbe(Probe[list[float]]):
@@ -182,42 +176,31 @@ def _event(error: Any) -> dict[str, Any]:
 
 def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Targets,
           options: SmokeOptions, *, progress: Progress | None = None) -> SmokeReport:
-    """Train a copy of ``loaded.model`` for ``options.steps`` SGD steps under the watch.
-
-    Args:
-        loaded: the model; it is copied, and the copy alone is trained.
-        batches: makes the inputs' batches (called again for each pass over them).
-        labels: the true class of each input (by position among the inputs).
-        options: steps, learning rate, overfit, and the watch's settings.
-        progress: called with 1 after each step.
+    """Train a copy of ``loaded.model`` for ``options.steps`` SGD steps under the watch;
+    ``batches`` makes the inputs' batches (called again for each pass over them), ``labels``
+    are the inputs' true classes.
 
     Raises:
         ForwardError: the model's code raised.
     """
-    import hookscope
-
     model = copy.deepcopy(loaded.model)
     with tempfile.TemporaryDirectory(prefix="hookscope-watch-") as scratch:
         folder = options.log_dir if options.log_dir is not None else Path(scratch)
         nonfinite = None
-        with hookscope.watch(model, folder, every=options.every, layers=options.layers,
+        with watch(model, folder, every=options.every, layers=options.layers,
                              types=options.types, nonfinite="raise", name=loaded.name,
                              force=options.force or options.log_dir is None) as w:
             probe = TrainProbe(model, labels, options, w, loaded.output_key)
             try:
                 drive(model, _batches(batches, options.steps, options.overfit), probe,
                       train_mode=True, progress=progress, autocast=loaded.autocast)
-            except hookscope.NonFiniteError as error:
+            except NonFiniteError as error:
                 nonfinite = _event(error)
             except _LossNotFinite:
                 pass
-        log = _read(folder)
+        log = None
+        with contextlib.suppress(HookscopeError):  # no logging step yet (stopped at once)
+            log = read_log(folder)
     return SmokeReport(probe.losses, options.steps, options.overfit, nonfinite, log,
                        str(options.log_dir) if options.log_dir is not None else None)
 
-
-def _read(folder: Path) -> TrainingLog | None:
-    try:
-        return read_log(folder)
-    except HookscopeError:  # no logging step yet (stopped at once)
-        return None

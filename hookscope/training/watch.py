@@ -1,23 +1,19 @@
 """``hookscope.watch``: watch a model while it trains.
 
-The user's loop owns the batches, the loss and the optimiser, so the watch cannot be a
-probe of :func:`hookscope.core.run.drive`, which runs a model over batches itself. It reuses the
-driver's pieces instead: the one hook engine (:class:`~hookscope.core.hooks.Tracer` for per-call
-hooks and names, :class:`~hookscope.core.hooks.Hooks` for tensor and gradient hooks, all removed
-on exit, error and Ctrl-C), the module selection, and on a logging step the ``stats`` and
-``grads`` probes themselves with their mergeable reports (:mod:`hookscope.training.records`).
-
-Each step carries only the fused non-finite flags (:mod:`hookscope.training.nonfinite`),
-read with one host synchronisation at ``.step()``; every ``every`` steps the probes are
-attached for one step and detached after. Forward passes run with autograd off
-(validation under ``torch.no_grad``) are not watched. The watch never changes the model's
-``training`` flags, parameters or buffers.
+The user's loop owns the batches, loss and optimiser, so the watch is not a probe of
+:func:`hookscope.core.run.drive` but reuses its pieces: the :class:`~hookscope.core.hooks.Tracer`
+and :class:`~hookscope.core.hooks.Hooks` (all removed on exit, error and Ctrl-C), the module
+selection, and on a logging step the ``stats`` and ``grads`` probes with their mergeable
+reports. Each step carries only the fused non-finite flags, read once at ``.step()``.
+Forward passes with autograd off (validation) are not watched. The watch never changes the
+model's ``training`` flags, parameters or buffers.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,15 +21,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope import __version__
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
 from hookscope.core.select import Selection
-from hookscope.training.nonfinite import (
-    Finding,
-    FlightRecorder,
-    StepFlags,
-    event_doc,
-)
+from hookscope.training.nonfinite import Finding, StepFlags, event_doc, flight_steps
 from hookscope.training.ranks import Ranks
 from hookscope.training.records import (
     Drift,
@@ -43,6 +35,7 @@ from hookscope.training.records import (
     layer_rows,
     step_line,
 )
+from hookscope.training.watchlog import TensorBoardLog, WatchLog
 
 __all__ = ["MODES", "Watch", "watch"]
 
@@ -56,44 +49,20 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
-def _check_modes(nonfinite: str, max_drift: Any) -> None:
-    if nonfinite not in MODES:
-        raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
-                             f"{', '.join(MODES)}.")
-    if not (isinstance(max_drift, (int, float)) and max_drift >= 0):
-        raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
-
-
 class Watch:
-    """Watch ``model`` while a training loop runs; use as ``with watch(...) as w``.
+    """Watch ``model`` (a DDP wrapper or the module) while a training loop runs:
+    ``with watch(model, log_dir) as w``, and ``w.step(loss)`` after each optimiser step.
+    Every step is checked for NaN and ±inf, forward and backward; every ``every`` steps
+    (0, ``every``, ...) a line goes to ``log_dir/watch.jsonl``.
 
-    Call ``w.step()`` at the end of each training step. Every ``every`` steps (steps 0,
-    ``every``, ...) one line is appended to ``log_dir/watch.jsonl`` (see ``docs/watch.md``).
-    Every step is checked for NaN and ±inf, forward and backward.
-
-    Args:
-        model: the model being trained (a DDP wrapper or the module itself).
-        log_dir: the log directory (made if missing).
-        every: a logging step every ``every`` steps.
-        layers, types: the modules watched (fnmatch patterns on dotted names, class names);
-            leaf modules by default.
-        nonfinite: ``"raise"`` (a :class:`NonFiniteError` at the step that made one),
-            ``"warn"`` (log it and go on) or ``"off"`` (no every-step check).
-        allow_inf: fnmatch patterns of modules whose ±inf is intended (attention masks).
-        keep: steps kept by the flight recorder written to ``log_dir/nonfinite.json``.
-        tensorboard: also write TensorBoard scalars and histograms to ``log_dir``.
-        reference: a ``hookscope stats --format json`` document to measure drift against
-            (default: the first logging step).
-        max_drift: layers whose drift exceeds it are flagged ``drift``.
-        percentiles: percentiles each logging step takes of each output (0 to 100), for
-            the rows and a distribution drift; default: the reference's, if it has them.
-            Without any, drift compares means and stds.
-        name: the model's name in the log (default: its class name).
-        force: replace an existing log in ``log_dir``.
-
-    Attributes:
-        index: the step in progress (counted from 0 by :meth:`step`).
-        findings: with ``nonfinite="warn"``, each (step, rank, finding) warned about.
+    The options (docs/watch.md): ``layers``/``types`` select the modules (leaves by default);
+    ``nonfinite`` is ``"raise"`` (a :class:`NonFiniteError`), ``"warn"`` or ``"off"``;
+    ``allow_inf`` names modules whose ±inf is intended; the last ``keep`` steps go to
+    ``nonfinite.json``; ``tensorboard`` also writes TensorBoard events; ``reference`` (a
+    ``stats`` JSON document; default: the first logging step), ``max_drift`` and
+    ``percentiles`` set the drift; ``name`` names the model; ``force`` replaces a log.
+    ``index`` is the step in progress; with ``"warn"``, ``findings`` holds each
+    (step, rank, finding) warned about.
 
     Raises:
         HookscopeError: bad arguments, a selection matching nothing, an existing log
@@ -107,7 +76,11 @@ class Watch:
                  max_drift: float = 1.0,
                  percentiles: str | Sequence[float] | None = None, name: str | None = None,
                  force: bool = False) -> None:
-        _check_modes(nonfinite, max_drift)
+        if nonfinite not in MODES:
+            raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
+                                 f"{', '.join(MODES)}.")
+        if not (isinstance(max_drift, (int, float)) and max_drift >= 0):
+            raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
         self.model, self.log_dir = model, Path(log_dir)
         self.every, self.keep = _positive("every", every), _positive("keep", keep)
         self.select = Selection(list(layers) if layers else None, list(types) if types else None)
@@ -117,14 +90,16 @@ class Watch:
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
         self.name = name or type(model).__name__
         self.index = 0  # the step in progress
-        self.findings: list[tuple[int, int, Finding]] = []  # (step, rank, finding), warned
+        self.findings: list[tuple[int, int, Finding]] = []
         # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
         # and recompile for every tensor they see.
         self.tracer = Tracer(model, self.sites, on_enter=torch.compiler.disable(self._enter),
                              on_exit=torch.compiler.disable(self._exit))
         self.params = ParamTracker(model)
         self.ranks = Ranks()
-        self.recorder = FlightRecorder(self.keep)
+        #: The flight recorder: (step, flags, their stacked values, rows if logged).
+        self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
+            deque(maxlen=self.keep)
         self._layouts: dict[tuple[int, ...], torch.Tensor] = {}
         self._hooks = Hooks()
         self._flags: StepFlags | None = None
@@ -136,9 +111,6 @@ class Watch:
     # ------------------------------------------------------------------ the block
 
     def __enter__(self) -> Watch:
-        from hookscope import __version__
-        from hookscope.training.watchlog import TensorBoardLog, WatchLog
-
         self.ranks = Ranks.current()
         failure = None
         if self.ranks.leader:
@@ -153,7 +125,7 @@ class Watch:
             self._close_writers()
             raise HookscopeError(agreed)
         if self._writer is not None:
-            self._writer.write(self.envelope(__version__))
+            self._writer.write(self.envelope())
         self._open = True
         try:
             self._begin()
@@ -162,9 +134,9 @@ class Watch:
             raise
         return self
 
-    def envelope(self, version: str) -> dict[str, Any]:
+    def envelope(self) -> dict[str, Any]:
         """The first line of ``watch.jsonl``."""
-        return {"hookscope": version, "command": "watch", "model": self.name,
+        return {"hookscope": __version__, "command": "watch", "model": self.name,
                 "device": str(model_device(self.model)), "world_size": self.ranks.world,
                 "selection": {"layers": self.select.layers, "types": self.select.types,
                               "modules": [s.name for s in self.sites]},
@@ -222,17 +194,12 @@ class Watch:
 
     # ------------------------------------------------------------------ steps
 
-    @property
-    def logging_step(self) -> bool:
-        """Whether the step in progress records rows."""
-        return self.index % self.every == 0
-
     def _begin(self) -> None:
         self._hooks = Hooks()
         self._flags = None if self.nonfinite == "off" else \
             StepFlags(self.allow_inf, self._hooks, self._layouts)
         self._logging = None
-        if self.logging_step:
+        if self.index % self.every == 0:  # a logging step
             self._logging = LoggingStep(self.model, self.select, self._hooks,
                                         self.drift.percentiles)
             self.params.attach(self._hooks)
@@ -243,10 +210,8 @@ class Watch:
         self.tracer.reset()
 
     def step(self, loss: Any = None) -> None:
-        """End one training step (after ``optimizer.step()``).
-
-        Args:
-            loss: the step's loss (a number or a tensor), recorded on logging steps.
+        """End one training step (after ``optimizer.step()``); ``loss`` (a number or a
+        tensor) is recorded on logging steps.
 
         Raises:
             NonFiniteError: with ``nonfinite="raise"``, a non-finite value appeared in this
@@ -269,7 +234,7 @@ class Watch:
         stacked = flags.stacked() if flags is not None else None
         failing = self.ranks.failing(flags.verdict(stacked)) if flags is not None else []
         rows = self._log(logging_step, loss) if logging_step is not None else None
-        self.recorder.append(self.index, flags, stacked, rows)
+        self.recorder.append((self.index, flags, stacked, rows))
         if failing and flags is not None:
             self._nonfinite(failing[0], flags, stacked)
 
@@ -292,18 +257,15 @@ class Watch:
         finding = None
         if rank == self.ranks.rank and stacked is not None:
             finding = flags.locate(stacked.tolist())
-        payload = self.ranks.share((finding, self.recorder.steps() if finding else None), rank)
-        finding, recorded = payload
+        recorded = flight_steps(self.recorder) if finding else None
+        finding, recorded = self.ranks.share((finding, recorded), rank)
         if finding is None:  # the verdict and the values disagree: cannot happen
             finding = Finding("forward", "", type(self.model).__name__, 0, "outside",
                               "non-finite values", [])
         shown_rank = rank if self.ranks.many else None
         message = finding.message(self.index, shown_rank)
         if self._writer is not None and not self.findings:
-            from hookscope import __version__
-
-            doc = event_doc(self.envelope(__version__), self.index, shown_rank, message,
-                            finding, recorded)
+            doc = event_doc(self.envelope(), self.index, shown_rank, message, finding, recorded)
             log.debug("wrote %s", self._writer.nonfinite(doc))
         if self.nonfinite == "warn":
             self.findings.append((self.index, rank, finding))

@@ -1,10 +1,8 @@
 """A watch's log directory: ``watch.jsonl``, ``nonfinite.json`` and TensorBoard events.
 
-``watch.jsonl`` holds one JSON object per line: the envelope first, then one line per
-logging step, each written and flushed as the step ends, so a crash loses at most the
-step in progress. ``nonfinite.json`` (the flight recorder) is written whole, atomically.
-The format is documented in ``docs/watch.md`` and is a contract; ``hookscope.training.logs``
-reads a directory back for the command line.
+Each line of ``watch.jsonl`` is flushed as its step ends, so a crash loses at most the step
+in progress; ``nonfinite.json`` is written whole, atomically. The format (docs/watch.md) is
+a contract.
 """
 
 from __future__ import annotations
@@ -22,12 +20,8 @@ __all__ = ["TensorBoardLog", "WatchLog"]
 
 
 class WatchLog:
-    """Appends a watch's lines to ``log_dir/watch.jsonl``.
-
-    Raises:
-        HookscopeError: the directory cannot be made, or already holds a watch log and
-            ``force`` is not set.
-    """
+    """Appends a watch's lines to ``log_dir/watch.jsonl`` (HookscopeError: the directory
+    cannot be made, or already holds a watch log and ``force`` is not set)."""
 
     def __init__(self, log_dir: str | Path, *, force: bool = False) -> None:
         self.dir = Path(log_dir)
@@ -42,9 +36,7 @@ class WatchLog:
                                      f"watch log ({LOG_FILE}); choose another directory, or "
                                      f"pass {param('force')} to replace it.")
             self.dir.mkdir(parents=True, exist_ok=True)
-            stale = self.dir / EVENT_FILE
-            if stale.exists():  # the previous run's event, replaced with its log
-                stale.unlink()
+            (self.dir / EVENT_FILE).unlink(missing_ok=True)  # the previous run's event
             self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} cannot be written: "
@@ -74,11 +66,8 @@ class WatchLog:
 
 
 class TensorBoardLog:
-    """TensorBoard scalars (per layer and parameter) and parameter histograms.
-
-    Raises:
-        HookscopeError: the ``tensorboard`` extra is not installed.
-    """
+    """TensorBoard scalars (per layer and parameter) and parameter histograms
+    (HookscopeError: the ``tensorboard`` extra is not installed)."""
 
     def __init__(self, log_dir: str | Path) -> None:
         try:
