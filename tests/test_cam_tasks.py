@@ -229,6 +229,25 @@ def test_no_detection_skips_the_input():
     _clean(model)
 
 
+@pytest.mark.parametrize("task", ["segmentation", "detection"])
+def test_one_target_per_input_over_several_batches(task, lraspp, frcnn):
+    """Per-input targets follow the inputs across batches: batches of one give the maps,
+    classes and scores of one batch of two (a batch used to be checked against the total)."""
+    torch.manual_seed(4)
+    model, layer, target = ((lraspp, "backbone.16", "15,3") if task == "segmentation"
+                            else (frcnn, "backbone.body.13", "18,18"))
+    x = torch.rand(2, 3, 96, 128)
+    whole = explain(model, x, layer=layer, targets=parse_targets(target, None)).results["gradcam"]
+    split = explain(model, [x[:1], x[1:]], layer=layer,
+                    targets=parse_targets(target, None)).results["gradcam"]
+    assert split.targets == whole.targets
+    assert split.scores == pytest.approx(whole.scores, rel=1e-5)
+    np.testing.assert_allclose(split.raw, whole.raw, atol=TOL, rtol=0)
+    with pytest.raises(HookscopeError, match="lists 2 targets for 3 input"):
+        explain(model, [x[:1], x], layer=layer, targets=parse_targets(target, None))
+    _clean(model)
+
+
 def test_detection_errors(frcnn):
     x = torch.rand(1, 3, 96, 128)
     with pytest.raises(HookscopeError, match=r"box_index 500 is out of range: input 0 has \d+ "

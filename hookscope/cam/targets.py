@@ -112,7 +112,7 @@ class SegmentationObjective(Objective):
 
     def _classes(self, out: torch.Tensor, start: int) -> list[int]:
         n, k = out.shape[:2]
-        self.targets.check_count(start + n)
+        self.targets.check_batch(start, n)
         pred = out.argmax(dim=1).reshape(n, -1)
         chosen = []
         for i in range(n):
@@ -225,7 +225,7 @@ class DetectionObjective(Objective):
         return keep, None
 
     def select(self, out: Any, x: torch.Tensor, start: int, ctx: Context) -> Selection:
-        self.targets.check_count(start + len(out))
+        self.targets.check_batch(start, len(out))
         sel = Selection([])
         for i, det in enumerate(out):
             entry = self.targets.entries[start + i if self.targets.per_input else 0] \

@@ -41,11 +41,16 @@ class Targets:
                 f"{param(self.name)} lists {len(self.entries)} {self.name}s for {n_inputs} "
                 f"input(s); give one {self.name} for all inputs or exactly one per input.")
 
+    def check_batch(self, start: int, rows: int) -> None:
+        """Raise if a batch of ``rows`` inputs from input number ``start`` runs past the
+        entries (a later batch may still come: the total is checked by :meth:`check_count`)."""
+        if self.per_input and start + rows > len(self.entries):
+            self.check_count(start + rows)
+
     def resolve(self, logits: torch.Tensor, start: int = 0) -> list[int]:
         """Class indices for the rows of ``logits``, the first being input number ``start``."""
         rows, classes = logits.shape[0], logits.shape[1]
-        if self.per_input and start + rows > len(self.entries):
-            self.check_count(start + rows)
+        self.check_batch(start, rows)
         ranks = [int(e[3:]) for e in self.entries if isinstance(e, str)]
         ranked = logits.detach().topk(min(max(ranks), classes), dim=1).indices if ranks else None
         chosen: list[int] = []
