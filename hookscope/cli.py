@@ -8,17 +8,18 @@ Each command only wires the library together (errors, outputs and progress are
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from hookscope import __version__, cli_watch
 from hookscope import options as o
-from hookscope.core.select import LEAVES
-from hookscope.options import Options, command, runs_model
-from hookscope.options import value as _value
+from hookscope.core.select import LEAVES, Selection
+from hookscope.options import command, runs_model
+from hookscope.session import Session
 
 if TYPE_CHECKING:
+    from hookscope.probes.check import CheckReport
     from hookscope.probes.diff import DiffReport
 
 app = o.App(
@@ -55,7 +56,7 @@ def stats(
     model: o.ModelArg, inputs: o.InputsArg, select: o.Select = LEAVES,
     input_stats: o.StatsInputStatsOpt = False, per_channel: o.StatsPerChannelOpt = False,
     percentiles: o.StatsPercentilesOpt = None, train_mode: o.TrainModeOpt = False,
-    fmt: o.FormatOpt = "table", plot: o.PlotOpt = None, *, opts: Options,
+    fmt: o.FormatOpt = "table", plot: o.PlotOpt = None, *, s: Session,
 ) -> None:
     """Per-layer output statistics: shapes, mean, std, min, max, zeros, non-finite values.
 
@@ -69,17 +70,15 @@ def stats(
     from hookscope.probes.stats import StatsProbe
     from hookscope.render.views import emit_plot
 
-    s, fmt = opts.s, _value(fmt)
     wanted = parse_percentiles(percentiles)
-    out = s.output(opts.output, force=opts.force)
-    plot_out = s.plot_output(plot, force=opts.force)
-    resolved = s.inputs(inputs, opts.model)
-    loaded = s.load(opts.model, "stats")
+    out, plot_out = s.output(), s.plot_output(plot)
+    resolved = s.inputs(inputs)
+    loaded = s.load("stats")
     probe = StatsProbe(loaded.model, select=select, input_stats=input_stats,
                        categories=loaded.categories, output_key=loaded.output_key,
                        per_channel=per_channel, percentiles=wanted)
-    report = s.run(loaded, resolved, opts.model, probe, "stats",
-                   shown=fmt == "table" or not out.is_stdout, train_mode=train_mode)
+    report = s.run(loaded, resolved, probe, "stats", shown=fmt == "table" or not out.is_stdout,
+                   train_mode=train_mode)
     warn_nonfinite_logits(report.predictions, "prediction")
     doc = loaded.envelope("stats", resolved.names) | report.to_dict()
     s.emit("stats", doc, fmt, out, input_stats=input_stats, per_channel=per_channel,
@@ -91,7 +90,7 @@ def stats(
 @command
 def models_command(
     pattern: o.ModelsPatternOpt = None, task: o.ModelsTaskOpt = None,
-    source: o.ModelsSourceOpt = "torchvision", fmt: o.FormatOpt = "table", *, opts: Options,
+    source: o.ModelsSourceOpt = "torchvision", fmt: o.FormatOpt = "table", *, s: Session,
 ) -> None:
     """List the models hookscope can load by name, with their task and weights.
 
@@ -100,21 +99,19 @@ def models_command(
     """
     from hookscope.catalog import find_hf_models, find_models, find_timm_models
 
-    s = opts.s
-    out = s.output(opts.output, force=opts.force)
-    finder = {"timm": find_timm_models, "hf": find_hf_models}.get(_value(source), find_models)
-    found = finder(pattern, task)
+    out = s.output()
+    found = {"timm": find_timm_models, "hf": find_hf_models}.get(source, find_models)(pattern, task)
     doc = {"hookscope": __version__, "command": "models", "model": None, "weights": None,
-           "device": None, "inputs": [], "pattern": pattern, "task": task,
-           "source": _value(source), "models": [m.to_dict() for m in found]}
-    s.emit("models", doc, _value(fmt), out)
+           "device": None, "inputs": [], "pattern": pattern, "task": task, "source": source,
+           "models": [m.to_dict() for m in found]}
+    s.emit("models", doc, fmt, out)
 
 
 @app.command("layers")
 @runs_model
 def layers_command(
     model: o.ModelArg, input_: o.LayersInputOpt = None, max_depth: o.MaxDepthOpt = None,
-    fmt: o.FormatOpt = "table", *, opts: Options,
+    fmt: o.FormatOpt = "table", *, s: Session,
 ) -> None:
     """The module tree: names, types, own and total parameters, trainable, output shape per call.
 
@@ -125,16 +122,15 @@ def layers_command(
     from hookscope.core.run import peek
     from hookscope.probes.structure import model_structure
 
-    s = opts.s
-    out = s.output(opts.output, force=opts.force)
-    resolved = s.inputs([input_], opts.model) if input_ is not None else None
-    loaded = s.load(opts.model, "layers")
+    out = s.output()
+    resolved = s.inputs([input_]) if input_ is not None else None
+    loaded = s.load("layers")
     example = loaded.dummy_input()
     if resolved is not None:
-        example = peek(s.batches(resolved, loaded, opts.model))[0].tensor[:1]
+        example = peek(s.batches(resolved, loaded))[0].tensor[:1]
     found = model_structure(loaded.model, example, max_depth=max_depth, autocast=loaded.autocast)
     doc = loaded.envelope("layers", [input_] if input_ is not None else []) | found.to_dict()
-    s.emit("layers", doc, _value(fmt), out)
+    s.emit("layers", doc, fmt, out)
 
 
 @app.command("debug")
@@ -142,7 +138,7 @@ def layers_command(
 def debug_command(
     model: o.ModelArg, inputs: o.InputsArg, select: o.Select = LEAVES,
     fail_on_nonfinite: o.FailOpt = False, train_mode: o.TrainModeOpt = False,
-    fmt: o.DebugFmtOpt = "text", *, opts: Options,
+    fmt: o.DebugFmtOpt = "text", *, s: Session,
 ) -> None:
     """Trace the forward pass; report the first non-finite output and the module that crashed.
 
@@ -155,19 +151,16 @@ def debug_command(
     from hookscope.probes.debug import DebugProbe, nonfinite_failure
     from hookscope.render.tree import TraceWriter
 
-    s, fmt = opts.s, _value(fmt)
-    out = s.output(opts.output, force=opts.force)
-    resolved = s.inputs(inputs, opts.model)
-    loaded = s.load(opts.model, "debug")
+    out = s.output()
+    resolved = s.inputs(inputs)
+    loaded = s.load("debug")
     envelope = loaded.envelope("debug", resolved.names)
     writer = TraceWriter(fmt, out, envelope)
     streams = out.is_stdout and fmt != "json"  # the one exception to emit: see TraceWriter
-    merged = s.ranks > 1  # under torchrun the trace is written once the ranks' are merged
-    live = streams and not merged
+    live = streams and s.ranks == 1  # under torchrun: written once the ranks' are merged
     probe = DebugProbe(loaded.model, select=select, record=not live,
                        on_event=(lambda event: writer.event(event.to_dict())) if live else None)
-    report = s.run(loaded, resolved, opts.model, probe, "debug", shown=False,
-                   train_mode=train_mode)
+    report = s.run(loaded, resolved, probe, "debug", shown=False, train_mode=train_mode)
     doc = report.document(envelope)
     if streams:
         for event in doc["events"]:  # recorded only under torchrun
@@ -193,7 +186,7 @@ def gradcam(
     guided: o.CamGuidedOpt = False, mask: o.CamMaskOpt = None, box_index: o.CamBoxIndexOpt = None,
     iou: o.CamIouOpt = 0.5, min_score: o.CamMinScoreOpt = 0.5, metrics: o.CamMetricsOpt = None,
     percentiles: o.CamPercentilesOpt = None, head_fusion: o.CamHeadFusionOpt = "mean",
-    discard_ratio: o.CamDiscardRatioOpt = 0.0, fmt: o.FormatOpt = "table", *, opts: Options,
+    discard_ratio: o.CamDiscardRatioOpt = 0.0, fmt: o.FormatOpt = "table", *, s: Session,
 ) -> None:
     """Grad-CAM and its family: which pixels made the model choose a class, segment a class
     or detect a box.
@@ -208,36 +201,35 @@ def gradcam(
     from hookscope.core.output import Staging
     from hookscope.render.heatmap import CamWriter, check_colormap, output_paths
 
-    s, layers = opts.s, list(dict.fromkeys(layer or []))
-    methods = list(dict.fromkeys(_value(m) for m in method or [])) or ["gradcam"]
+    layers = list(dict.fromkeys(layer or []))
+    methods = list(dict.fromkeys(method or [])) or ["gradcam"]
     check_colormap(colormap)
     plan = MetricPlan.make(metrics, percentiles) if metrics else None
     region = load_mask(mask) if mask is not None else None
-    out = s.output(opts.output, force=opts.force)
-    resolved = s.inputs(inputs, opts.model)
+    out = s.output()
+    resolved = s.inputs(inputs)
     plans = output_paths(resolved.stems, methods, out_dir, save_raw=save_raw, layers=layers,
                          guided=guided)
-    s.folder(out_dir, [p for plan_ in plans for f in plan_.values() for p in f.values() if p],
-             force=opts.force)
-    loaded = s.load(opts.model, "gradcam")
+    s.folder(out_dir, [p for plan_ in plans for f in plan_.values() for p in f.values() if p])
+    loaded = s.load("gradcam")
     task, targets = task_targets(loaded, target, len(resolved))
-    with Staging(out_dir, force=opts.force) as staging, \
-            s.progress(len(resolved), "gradcam", enabled=_value(fmt) == "table") as bar:
+    with Staging(out_dir, force=s.force) as staging, \
+            s.progress(len(resolved), "gradcam", enabled=fmt == "table") as bar:
         writer = CamWriter(staging, plans, loaded, save_raw=save_raw, cmap=colormap, alpha=alpha)
         report = explain(
-            loaded.model, s.batches(resolved, loaded, opts.model, keep_images=True),
-            layer=layers or None, methods=methods, targets=targets, reshape=_value(reshape),
+            loaded.model, s.batches(resolved, loaded, keep_images=True),
+            layer=layers or None, methods=methods, targets=targets, reshape=reshape,
             score_batch=score_batch, transform=loaded.preprocess, sink=writer, progress=bar,
             output_key=loaded.output_key, autocast=loaded.autocast, task=task, mask=region,
             box_index=box_index or (), iou=iou, min_score=min_score, aug_smooth=aug_smooth,
-            eigen_smooth=eigen_smooth, guided=guided, seed=opts.model.load.seed,
+            eigen_smooth=eigen_smooth, guided=guided, seed=s.model.load.seed,
             metrics=plan.names if plan else (), percentiles=plan.percentiles if plan else None,
-            head_fusion=_value(head_fusion), discard_ratio=discard_ratio)
+            head_fusion=head_fusion, discard_ratio=discard_ratio)
     writer.log_notes(report.notes)
     doc = loaded.envelope("gradcam", resolved.names) | writer.document(
         report, out=out_dir, layer_default=not layers, aug_smooth=aug_smooth,
         eigen_smooth=eigen_smooth, guided=guided)
-    s.emit("gradcam", doc, _value(fmt), out)
+    s.emit("gradcam", doc, fmt, out)
 
 
 @app.command()
@@ -248,7 +240,7 @@ def grads(
     explode: o.GradsExplodeOpt = 1e3, fail_on_nonfinite: o.FailOpt = False,
     params: o.GradsParamsOpt = True, select: o.Select = LEAVES,
     train_mode: o.TrainModeOpt = False, fmt: o.FormatOpt = "table", plot: o.PlotOpt = None, *,
-    opts: Options,
+    s: Session,
 ) -> None:
     """Gradient flow: the gradient at each module call's output (backward order) and each
     parameter, with vanishing/exploding flags and the first non-finite module.
@@ -261,18 +253,15 @@ def grads(
     from hookscope.probes.grads import GradsProbe, nonfinite_failure, true_classes
     from hookscope.render.views import emit_plot
 
-    s, fmt = opts.s, _value(fmt)
-    out = s.output(opts.output, force=opts.force)
-    plot_out = s.plot_output(plot, force=opts.force)
-    resolved = s.inputs(inputs, opts.model)
-    loaded = s.load(opts.model, "grads")
-    truth = true_classes(label, _value(loss), resolved.labels, loaded.categories)
-    probe = GradsProbe(loaded.model, target=target, loss=_value(loss), label=truth,
-                       select=select, vanish=vanish, explode=explode,
-                       categories=loaded.categories, n_inputs=len(resolved),
-                       output_key=loaded.output_key)
-    report = s.run(loaded, resolved, opts.model, probe, "grads",
-                   shown=fmt == "table" or not out.is_stdout, train_mode=train_mode)
+    out, plot_out = s.output(), s.plot_output(plot)
+    resolved = s.inputs(inputs)
+    loaded = s.load("grads")
+    truth = true_classes(label, loss, resolved.labels, loaded.categories)
+    probe = GradsProbe(loaded.model, target=target, loss=loss, label=truth, select=select,
+                       vanish=vanish, explode=explode, categories=loaded.categories,
+                       n_inputs=len(resolved), output_key=loaded.output_key)
+    report = s.run(loaded, resolved, probe, "grads", shown=fmt == "table" or not out.is_stdout,
+                   train_mode=train_mode)
     doc = loaded.envelope("grads", resolved.names) | report.to_dict()
     s.emit("grads", doc, fmt, out, params=params)
     emit_plot("grads", doc, plot_out, vanish=vanish, explode=explode)
@@ -284,10 +273,10 @@ def grads(
 @runs_model
 def features(
     model: o.ModelArg, inputs: o.InputsArg, layers: o.FeaturesLayersOpt = None,
-    types: o.TypesOpt = None, out_dir: o.FeaturesOutDirOpt = ( Path("hookscope-out")),
+    types: o.TypesOpt = None, out_dir: o.FeaturesOutDirOpt = Path("hookscope-out"),
     tensorboard: o.FeaturesTensorboardOpt = None, max_channels: o.FeaturesMaxChannelsOpt = 64,
     order: o.FeaturesOrderOpt = "index", upsample: o.FeaturesUpsampleOpt = False,
-    fmt: o.FormatOpt = "table", *, opts: Options,
+    fmt: o.FormatOpt = "table", *, s: Session,
 ) -> None:
     """Feature maps as image grids: one PNG per selected layer and input, optionally to
     TensorBoard too.
@@ -298,27 +287,24 @@ def features(
     from hookscope.probes.features import FeaturesProbe, feature_sites, output_name
     from hookscope.render.grid import GridWriter, require_tensorboard
 
-    s = opts.s
     if tensorboard is not None:
         require_tensorboard()
-    out = s.output(opts.output, force=opts.force)
-    resolved = s.inputs(inputs, opts.model)
-    s.folder(out_dir, [], force=opts.force)  # the files are known once the model is
-    loaded = s.load(opts.model, "features")
+    out = s.output()
+    resolved = s.inputs(inputs)
+    s.folder(out_dir, [])  # the files are known once the model is
+    loaded = s.load("features")
     sites = feature_sites(loaded.model, layers, types)
     stems = resolved.stems
-    s.folder(out_dir, [out_dir / output_name(stem, site.name) for stem in stems
-                       for site in sites], force=opts.force)
-    with Staging(out_dir, force=opts.force) as staging, \
+    s.folder(out_dir, [out_dir / output_name(stem, site.name) for stem in stems for site in sites])
+    with Staging(out_dir, force=s.force) as staging, \
             GridWriter(staging, out_dir, tensorboard) as writer, \
-            s.progress(len(resolved) * len(sites), "features",
-                       enabled=_value(fmt) == "table") as bar:
-        probe = FeaturesProbe(sites, sink=writer.add, max_channels=max_channels,
-                              order=_value(order), upsample=upsample, stems=stems)
-        report = s.drive(loaded, s.batches(resolved, loaded, opts.model), probe,
-                       progress=lambda n: bar(n * len(sites)))
+            s.progress(len(resolved) * len(sites), "features", enabled=fmt == "table") as bar:
+        probe = FeaturesProbe(sites, sink=writer.add, max_channels=max_channels, order=order,
+                              upsample=upsample, stems=stems)
+        report = s.drive(loaded, s.batches(resolved, loaded), probe,
+                         progress=lambda n: bar(n * len(sites)))
     doc = loaded.envelope("features", resolved.names) | report.document(out_dir, tensorboard)
-    s.emit("features", doc, _value(fmt), out)
+    s.emit("features", doc, fmt, out)
 
 
 @app.command()
@@ -329,7 +315,7 @@ def ablate(
     mode: o.AblateModeOpt = "zero", target: o.TargetOpt = None,
     sweep_batch: o.AblateSweepBatchOpt = 32, call: o.AblateCallOpt = None,
     channel_dim: o.AblateChannelDimOpt = 1, top: o.AblateTopOpt = 10, fmt: o.FormatOpt = "table", *,
-    opts: Options,
+    s: Session,
 ) -> None:
     """Feature modification: change channels of a layer's output and compare the top-5
     predictions, the target's logit and probability, and the KL divergence.
@@ -339,16 +325,15 @@ def ablate(
     from hookscope.core.outputs import warn_nonfinite_logits
     from hookscope.probes.ablate import AblateProbe, one_layer, parse_mode
 
-    s, fmt = opts.s, _value(fmt)
-    out = s.output(opts.output, force=opts.force)
+    out = s.output()
     parsed = parse_mode(mode, processes=s.ranks)
-    resolved = s.inputs(inputs, opts.model)
-    loaded = s.load(opts.model, "ablate")
+    resolved = s.inputs(inputs)
+    loaded = s.load("ablate")
     probe = AblateProbe(loaded.model, one_layer(layer), channels=channels, mode=parsed, target=target,
-                        seed=opts.model.load.seed, channel_dim=channel_dim, call=call,
-                        categories=loaded.categories, sweep=sweep, sweep_batch=sweep_batch,
+                        seed=s.model.load.seed, channel_dim=channel_dim, call=call, sweep=sweep,
+                        categories=loaded.categories, sweep_batch=sweep_batch,
                         n_inputs=len(resolved), output_key=loaded.output_key)
-    report = s.run(loaded, resolved, opts.model, probe, "sweep" if sweep else "ablate",
+    report = s.run(loaded, resolved, probe, "sweep" if sweep else "ablate",
                    shown=fmt == "table" or not out.is_stdout)
     warn_nonfinite_logits([None if r.before is None or r.after is None else r.before
                            for r in report.results], "top-5 (before or after)")
@@ -361,7 +346,7 @@ def ablate(
 def check_command(
     model: o.ModelArg, inputs: o.LogInputsArg = None, rules: o.RulesOpt = None,
     overrides: o.RuleFlags = o.BUNDLED, junit: o.JunitOpt = None, select: o.Select = LEAVES,
-    fmt: o.CheckFormatOpt = "table", *, opts: Options,
+    fmt: o.CheckFormatOpt = "table", *, s: Session,
 ) -> None:
     """Assert rules about one run: non-finite values, dead layers, drift from a baseline,
     expected classes. Exit 0 when every rule passes, 1 when one fails, 2 for bad rules.
@@ -372,34 +357,23 @@ def check_command(
     Example: hookscope check resnet18 sample_images/ --rules hookscope.toml --junit check.xml
     """
     from hookscope.core.errors import CheckFailed
-    from hookscope.probes import check
-    from hookscope.probes.baseline import drift_percentiles, load_baseline
     from hookscope.probes.rulefile import load_rules
     from hookscope.render.check import resolve_junit
 
-    s, fmt = opts.s, _value(fmt)
-    if cli_watch.is_log_run(model, inputs):
-        return cli_watch.check_log(opts, rules, overrides, junit, fmt)
-    from hookscope.probes.stats import StatsProbe
-    from hookscope.training.rules import for_run
+    log_run = cli_watch.is_log_run(s, model, inputs)
+    out = s.output()
+    junit_out = resolve_junit(junit, s.path, force=s.force)
+    checks = load_rules(rules, overrides)
+    if log_run:
+        from hookscope.training.logs import read_log
+        from hookscope.training.rules import evaluate_log, log_doc
 
-    out = s.output(opts.output, force=opts.force)
-    junit_out = resolve_junit(junit, opts.output, force=opts.force)
-    checks = for_run(load_rules(rules, overrides))
-    base = load_baseline(checks)
-    resolved = s.inputs(inputs or [], opts.model)
-    matched = check.match_inputs(checks, resolved.names)
-    if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
-        checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
-    loaded = s.load(opts.model, "check")
-    expected = check.expectations(matched, loaded.categories, loaded.num_classes)
-    probe = StatsProbe(loaded.model, select=select, categories=loaded.categories,
-                       output_key=loaded.output_key, percentiles=drift_percentiles(base))
-    stats_report = s.run(loaded, resolved, opts.model, probe, "check",
-                         shown=fmt == "table" or not out.is_stdout)
-    report = check.evaluate(checks, stats_report, inputs=resolved.names, baseline=base,
-                      expectations=expected)
-    doc = loaded.envelope("check", resolved.names) | report.to_dict()
+        log = read_log(model)
+        report = evaluate_log(checks, log)
+        doc = log_doc(log, report)
+    else:
+        report, doc = _check_run(s, checks, inputs or [], select,
+                                 shown=fmt == "table" or not out.is_stdout)
     if junit_out is not None:
         s.emit("check", doc, "junit", junit_out)
     s.emit("check", doc, fmt, out)
@@ -407,12 +381,36 @@ def check_command(
         raise CheckFailed(report.summary())
 
 
+def _check_run(s: Session, checks: Any, inputs: list[str], select: Selection, *, shown: bool
+               ) -> tuple[CheckReport, dict[str, Any]]:
+    """``check MODEL INPUT...``: the rules over a stats run, and the document."""
+    from hookscope.probes import check
+    from hookscope.probes.baseline import drift_percentiles, load_baseline
+    from hookscope.probes.stats import StatsProbe
+    from hookscope.training.rules import for_run
+
+    checks = for_run(checks)
+    base = load_baseline(checks)
+    resolved = s.inputs(inputs)
+    matched = check.match_inputs(checks, resolved.names)
+    if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
+        checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
+    loaded = s.load("check")
+    expected = check.expectations(matched, loaded.categories, loaded.num_classes)
+    probe = StatsProbe(loaded.model, select=select, categories=loaded.categories,
+                       output_key=loaded.output_key, percentiles=drift_percentiles(base))
+    stats_report = s.run(loaded, resolved, probe, "check", shown=shown)
+    report = check.evaluate(checks, stats_report, inputs=resolved.names, baseline=base,
+                            expectations=expected)
+    return report, loaded.envelope("check", resolved.names) | report.to_dict()
+
+
 @app.command("diff")
 @runs_model
 def diff_command(
     model: o.DiffModelOpt, inputs: o.InputsArg, against: o.Against,
     tolerance: o.DiffToleranceOpt = 1e-3, fail: o.DiffFailOpt = False, select: o.Select = LEAVES,
-    fmt: o.FormatOpt = "table", *, opts: Options,
+    fmt: o.FormatOpt = "table", *, s: Session,
 ) -> None:
     """Two runs of the same inputs compared call by call: max |a-b|, relative L2 error, cosine;
     the first call where they part; top-1 agreement and KL of the outputs.
@@ -425,8 +423,7 @@ def diff_command(
     from hookscope.probes.statsdiff import StatsDiffReport, diff_stats, read_stats
     from hookscope.session import AGAINST, against_options, describe_against, offline_files
 
-    s, fmt = opts.s, _value(fmt)
-    out = s.output(opts.output, force=opts.force)
+    out = s.output()
     files = offline_files(model, inputs, against)
     s.reading(files or ())
     report: StatsDiffReport | DiffReport
@@ -437,17 +434,16 @@ def diff_command(
     else:
         from hookscope.probes.diff import DiffProbe, on_side
 
-        other_options = against_options(opts.model, against)
-        resolved = s.inputs(inputs, opts.model)
+        other_options = against_options(s.model, against)
+        resolved = s.inputs(inputs)
         with on_side("A"):
-            loaded = s.load(opts.model, "diff")
+            loaded = s.load("diff")
         with on_side("B", AGAINST):
-            other = s.load(other_options, "diff")
+            other = s.load("diff", other_options)
         probe = DiffProbe(loaded.model, other.model, select=select, tolerance=tolerance,
                           output_key=loaded.output_key, other_output_key=other.output_key,
                           other_autocast=other.autocast)
-        report = s.run(loaded, resolved, opts.model, probe, "diff",
-                       shown=fmt == "table" or not out.is_stdout)
+        report = s.run(loaded, resolved, probe, "diff", shown=fmt == "table" or not out.is_stdout)
         doc = loaded.envelope("diff", resolved.names) | {"against": describe_against(other)} \
             | report.to_dict()
     s.emit("diff", doc, fmt, out)
@@ -464,7 +460,7 @@ def report_command(
     layer: o.ReportLayerOpt = None, method: o.ReportMethodOpt = None,
     reshape: o.ReportReshapeOpt = "auto", colormap: o.CamColormapOpt = "jet",
     alpha: o.CamAlphaOpt = 0.5, score_batch: o.ReportScoreBatchOpt = 32,
-    train_mode: o.TrainModeOpt = False, *, opts: Options,
+    train_mode: o.TrainModeOpt = False, *, s: Session,
 ) -> None:
     """One self-contained HTML page: the run's header, activation profile, gradient flow,
     statistics table, Grad-CAM per input and findings. It loads nothing when opened.
@@ -477,25 +473,27 @@ def report_command(
 
     Example: hookscope report resnet18 sample_images/ -o report.html
     """
-    if cli_watch.is_log_run(model, inputs):
-        return cli_watch.report_log(opts)
+    if cli_watch.is_log_run(s, model, inputs):
+        from hookscope.training.logs import read_log
+
+        out = s.output()
+        return s.emit("training", read_log(model), "html", out)
     from hookscope.probes.report import ReportOptions, build_report, left_out
     from hookscope.render.heatmap import check_colormap
 
-    s = opts.s
-    methods = list(dict.fromkeys(["gradcam", *(_value(m) for m in method or [])]))
+    methods = list(dict.fromkeys(["gradcam", *(method or [])]))
     check_colormap(colormap)
-    out = s.output(opts.output, force=opts.force)
-    resolved = s.inputs(inputs or [], opts.model)
-    loaded = s.load(opts.model, "gradcam")  # Grad-CAM and grads need an image classifier
+    out = s.output()
+    resolved = s.inputs(inputs or [])
+    loaded = s.load("gradcam")  # Grad-CAM and grads need an image classifier
     options = ReportOptions(
-        select=select, target=target, loss=_value(loss), label=label, vanish=vanish, explode=explode,
-        layer=layer, methods=methods, reshape=_value(reshape), score_batch=score_batch,
+        select=select, target=target, loss=loss, label=label, vanish=vanish, explode=explode,
+        layer=layer, methods=methods, reshape=reshape, score_batch=score_batch,
         train_mode=train_mode)
     sections = 3 - len(left_out(loaded.task))
     with s.progress(sections * len(resolved), "report", enabled=True) as bar:
         report = build_report(
-            loaded, lambda: s.batches(resolved, loaded, opts.model, keep_images=True),
+            loaded, lambda: s.batches(resolved, loaded, keep_images=True),
             resolved.names, options, progress=bar)
     s.emit("report", report, "html", out, cmap=colormap, alpha=alpha)
 

@@ -1,7 +1,7 @@
 """The command line's shared options, declared once, and the decorators that add them.
 
-:func:`runs_model` and :func:`command` add them and hand the command an :class:`Options`
-with a :class:`~hookscope.session.Session` bound to it. Torch-free, so ``--help`` stays fast.
+:func:`runs_model` and :func:`command` add them and hand the command a
+:class:`~hookscope.session.Session` that holds them. Torch-free, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import typer.core
 
 from hookscope.cam.methods import method_names  # torch-free: only the registry
 from hookscope.core.select import Selection
-from hookscope.session import ModelOptions, Session, session
+from hookscope.session import session
 
 # ----------------------------------------------------------------- help in the CLI's words
 
@@ -248,7 +248,7 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]],
             if bundle is not None:
                 bundles[p.name] = bundle
                 own += _keywords(bundle.options)
-            elif p.name != "opts":
+            elif p.name != "s":
                 own.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
         added = _keywords({name: ((replace or {}).get(name, annotation), default)
                            for group in groups for name, (annotation, default) in group.items()})
@@ -257,12 +257,12 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]],
         @functools.wraps(fn)
         def run(ctx: typer.Context, **kwargs: Any) -> Any:
             values = {name: kwargs.pop(name) for name in names}
+            kwargs = {name: _plain(v) for name, v in kwargs.items()}
             for name, bundle in bundles.items():
                 kwargs[name] = bundle.build(**{k: kwargs.pop(k) for k in bundle.options})
-            with session(_flags(ctx), ctx.command.name, quiet=values["quiet"],
-                         traceback=values["traceback"]) as s:
-                # Inside the session: a bad common option (--seed) is one line too.
-                return fn(**kwargs, opts=Options(s, model=kwargs.get("model", ""), **values))
+            with session(_flags(ctx), ctx.command.name, model=kwargs.get("model", ""),
+                         **values) as s:
+                return fn(**kwargs, s=s)
 
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,
                                     annotation=typer.Context)
@@ -280,21 +280,17 @@ def _keywords(options: dict[str, tuple[Any, Any]]) -> list[inspect.Parameter]:
             for name, (annotation, default) in options.items()]
 
 
+def _plain(value: Any) -> Any:
+    """A choice (an Enum member, or a list of them) as its string."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.value if isinstance(value, Enum) else value
+
+
 def _flags(ctx: typer.Context) -> dict[str, str]:
     """Each parameter's longest flag (``--batch-size``) or, for arguments, its name."""
     return {p.name: max(p.opts, key=len) if p.param_type_name == "option" else
             (p.metavar or p.name.upper()) for p in ctx.command.params if p.name}
-
-
-class Options:
-    """The shared options of one invocation, and its :class:`~hookscope.session.Session`."""
-
-    def __init__(self, s: Session, *, output: Path | None = None, force: bool = False,
-                 quiet: bool = False, traceback: bool = False, model: str = "",
-                 **model_options: Any) -> None:
-        self.s = s
-        self.output, self.force, self.quiet, self.traceback = output, force, quiet, traceback
-        self.model = ModelOptions.given(model, **model_options)
 
 
 def runs_model(fn: Callable[..., Any] | None = None, /, **replace: Any) -> Any:
@@ -307,11 +303,6 @@ def runs_model(fn: Callable[..., Any] | None = None, /, **replace: Any) -> Any:
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A command that runs no model: the run options only."""
     return _with_options([RUN_OPTIONS])(fn)
-
-
-def value(choice: Any) -> str:
-    """The string behind a choice (an Enum member or a plain default)."""
-    return str(getattr(choice, "value", choice))
 
 
 # ----------------------------------------------------------------- each command's own options

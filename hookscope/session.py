@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from hookscope.sources import LoadedModel
 
 R = TypeVar("R")
+Out = TypeVar("Out", bound="Output | None")
 #: Signals handled like Ctrl-C: every temporary file is removed and one line printed.
 SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
 #: Commands that explain or differentiate class logits.
@@ -69,14 +70,15 @@ def _signals() -> Iterator[None]:
 
 @contextmanager
 def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = False,
-            traceback: bool = False) -> Iterator[Session]:
+            traceback: bool = False, output: Path | None = None, force: bool = False,
+            model: str = "", **model_options: Any) -> Iterator[Session]:
     """Run one command: every error becomes one stderr line and its exit code. ``flags``
     spells each library parameter as the command's flag (``target`` -> ``--target``)."""
     from hookscope.core.distributed import Group
     from hookscope.render import console
 
     console.setup_logging(quiet=quiet)
-    s = Session(Group())
+    s = Session(Group(), output, force=force)
 
     def failed(message: str, code: int, *, stopped: bool = False) -> SystemExit:
         line = s.group.line(message, stopped=stopped)  # under torchrun: which rank, if any
@@ -87,6 +89,7 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
     try:
         with _signals(), prints_to_stderr():  # a model's print cannot break the JSON
             s.group.join(command)
+            s.model = ModelOptions.given(model, **model_options)  # a bad --seed: one line too
             yield s
     except HookscopeError as exc:
         if traceback:
@@ -144,11 +147,14 @@ def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
 
 
 class Session:
-    """The steps every command shares, in the order commands take them; ``group`` is this
-    process's place in the run (under torchrun, one of its ranks)."""
+    """One invocation's shared options and the steps every command shares, in the order
+    commands take them; ``group`` is this process's place in the run (under torchrun, one
+    of its ranks)."""
 
-    def __init__(self, group: Group) -> None:
-        self.group = group
+    model: ModelOptions
+
+    def __init__(self, group: Group, output: Path | None = None, *, force: bool = False) -> None:
+        self.group, self.path, self.force = group, output, force
         self.writes: list[Path] = []  # the files this run will replace: never one it reads
 
     @property
@@ -158,24 +164,33 @@ class Session:
 
     # ------------------------------------------------------------------ the steps
 
-    def output(self, path: Path | str | None, *, force: bool) -> Output:
-        """Where data goes, checked now (before the model loads); only rank 0 writes."""
+    def output(self) -> Output:
+        """Where data goes (``--output``), checked now (before the model loads); only rank 0
+        writes."""
         from hookscope.core.output import resolve_output
 
-        output = resolve_output(path if self.group.leader else None, force=force)
-        if output.target is not None:
+        return self._claim(resolve_output(self.path if self.group.leader else None,
+                                          force=self.force))
+
+    def plot_output(self, path: Path | None) -> Output | None:
+        """Where ``--plot`` goes (None: no plot), checked now, its suffix too."""
+        from hookscope.render.plots import plot_output
+
+        return self._claim(plot_output(path if self.group.leader else None, force=self.force))
+
+    def _claim(self, output: Out) -> Out:
+        if output is not None and output.target is not None:
             self.writes.append(output.target)
         return output
 
-    def folder(self, path: Path, planned: Iterable[Path], *, force: bool) -> Path:
+    def folder(self, path: Path, planned: Iterable[Path]) -> None:
         """An output folder and the files planned in it, checked now."""
         from hookscope.core.output import check_folder
 
-        if not self.group.leader:
-            return path
-        planned = list(planned)
-        self.writes += planned
-        return check_folder(path, planned=planned, force=force)
+        if self.group.leader:
+            planned = list(planned)
+            self.writes += planned
+            check_folder(path, planned=planned, force=self.force)
 
     def reading(self, paths: Iterable[Path | str | None], what: str = "an input of this run"
                 ) -> None:
@@ -196,7 +211,7 @@ class Session:
                         f"{written[(st.st_dev, st.st_ino)]} is {what} ({path}); writing the "
                         "output there would replace it. Choose another output.")
 
-    def inputs(self, specs: Sequence[str], options: ModelOptions) -> InputSet:
+    def inputs(self, specs: Sequence[str]) -> InputSet:
         """Resolve inputs before the model loads, so a bad path fails fast.
 
         Raises:
@@ -209,6 +224,7 @@ class Session:
         if self.ranks > 1 and STDIN in specs:
             raise HookscopeError("'-' (stdin) cannot be read under torchrun, where every "
                                  "process would need it; pass the image as a file.")
+        options = self.model
         resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
                                   recursive=options.recursive, limit=options.limit,
                                   shuffle=options.shuffle, seed=options.load.seed)
@@ -216,11 +232,13 @@ class Session:
         self.group.agree(resolved.names)
         return resolved
 
-    def load(self, options: ModelOptions, command: str) -> LoadedModel:
-        """Load the model, refusing kinds ``command`` cannot run and sizes that cannot fit."""
+    def load(self, command: str, options: ModelOptions | None = None) -> LoadedModel:
+        """Load MODEL (or the one ``options`` name), refusing kinds ``command`` cannot run
+        and sizes that cannot fit."""
         from hookscope import sources
         from hookscope.sources import check_batch_memory, check_supported
 
+        options = options or self.model
         spec = sources.resolve(options.name)
         code = [spec.target, spec.target.rpartition(":")[0]] \
             if spec.source not in ("torchvision", "timm") else []
@@ -239,25 +257,26 @@ class Session:
         report = drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
         return self.group.merged(report)
 
-    def run(self, loaded: LoadedModel, inputs: InputSet, options: ModelOptions,
-            probe: Probe[R], label: str, *, shown: bool, **drive_options: Any) -> R:
+    def run(self, loaded: LoadedModel, inputs: InputSet, probe: Probe[R], label: str, *,
+            shown: bool, **drive_options: Any) -> R:
         """Decode ``inputs`` and drive ``probe`` over them, with a progress bar labelled
         ``label`` when ``shown``."""
         with self.progress(len(inputs), label, enabled=shown) as bar:
-            return self.drive(loaded, self.batches(inputs, loaded, options), probe,
-                              progress=bar, **drive_options)
+            return self.drive(loaded, self.batches(inputs, loaded), probe, progress=bar,
+                              **drive_options)
 
-    def batches(self, inputs: InputSet, loaded: LoadedModel, options: ModelOptions, *,
-                keep_images: bool = False) -> Iterator[Batch]:
+    def batches(self, inputs: InputSet, loaded: LoadedModel, *, keep_images: bool = False
+                ) -> Iterator[Batch]:
         """Decode and preprocess the inputs (under torchrun, this rank's part of them) in
         ``workers`` DataLoader processes (default: from the CPU count)."""
         from hookscope.inputs.dataset import default_workers
         from hookscope.inputs.resolve import iter_batches
 
-        inputs = inputs.part(*self.group.part(len(inputs), options.batch_size))
-        workers = options.workers if options.workers is not None else \
-            default_workers(inputs, options.batch_size, self.group.local_size)
-        return iter_batches(inputs, loaded.preprocess, batch_size=options.batch_size,
+        size, workers = self.model.batch_size, self.model.workers
+        inputs = inputs.part(*self.group.part(len(inputs), size))
+        if workers is None:
+            workers = default_workers(inputs, size, self.group.local_size)
+        return iter_batches(inputs, loaded.preprocess, batch_size=size,
                             keep_images=keep_images, ndim=loaded.input_ndim, workers=workers)
 
     def progress(self, total: int | None, label: str, *, enabled: bool = True
@@ -267,15 +286,6 @@ class Session:
         from hookscope.render import console
 
         return console.progress(total, label, enabled=enabled and self.ranks == 1)
-
-    def plot_output(self, path: Path | None, *, force: bool) -> Output | None:
-        """Where ``--plot`` goes (None: no plot), checked now, its suffix too."""
-        from hookscope.render.plots import plot_output
-
-        output = plot_output(path if self.group.leader else None, force=force)
-        if output is not None and output.target is not None:
-            self.writes.append(output.target)
-        return output
 
     def emit(self, command: str, doc: Any, fmt: str, output: Output, **options: Any) -> None:
         """Write the command's document (or the report a page draws) through its view."""
