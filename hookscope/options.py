@@ -120,7 +120,7 @@ TypesOpt = Annotated[list[str] | None, typer.Option(
 AllModulesOpt = Annotated[bool, typer.Option(
     "--all-modules", help="Hook containers too, not only leaf modules.")]
 MaxDepthOpt = Annotated[int | None, typer.Option(
-    "--max-depth", help="Cut the module tree at this depth (1 = top-level children).", min=1)]
+    help="Cut the module tree at this depth (1 = top-level children).", min=1)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,8 +142,8 @@ Select = Annotated[Selection, Bundle({
 FormatOpt = Annotated[Format, typer.Option(  # type: ignore[valid-type]
     "--format", "-f", help="Output format.")]
 TargetOpt = Annotated[str | None, typer.Option(
-    "--target", help="The class: top1 (default), topK, a class index or label; one for all "
-    "inputs or a comma list, one per input.")]
+    help="The class: top1 (default), topK, a class index or label; one for all inputs or a comma "
+    "list, one per input.")]
 TrainModeOpt = Annotated[bool, typer.Option(
     "--train-mode", help="Run in train mode (BatchNorm batch statistics, dropout on); the "
     "default is eval mode. The model's flags and buffers are restored afterwards.")]
@@ -152,8 +152,8 @@ FailOpt = Annotated[bool, typer.Option(
 OutDirOpt = Annotated[Path, typer.Option(
     "--out", help="Folder for the image files.", file_okay=False)]
 PlotOpt = Annotated[Path | None, typer.Option(
-    "--plot", help="Also draw the run as a figure in this file: FILE.svg or FILE.png.",
-    metavar="FILE", dir_okay=False)]
+    help="Also draw the run as a figure in this file: FILE.svg or FILE.png.", metavar="FILE",
+    dir_okay=False)]
 
 #: Options every command that runs a model takes, added by :func:`runs_model`.
 MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
@@ -308,9 +308,9 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
 # ----------------------------------------------------------------- each command's own options
 
 RulesOpt = Annotated[Path | None, typer.Option(
-    "--rules", help="A TOML file of rules (keys at its top level: nonfinite, "
-    "max_zero_fraction, ignore, baseline, max_mean_drift, max_std_drift, max_drift, min_prob, "
-    "[expect]); each flag below overrides its key.")]
+    help="A TOML file of rules (keys at its top level: nonfinite, max_zero_fraction, ignore, "
+    "baseline, max_mean_drift, max_std_drift, max_drift, min_prob, [expect]); each flag below "
+    "overrides its key.")]
 
 #: check's flags over the rules file's keys, as one ``{key: value}`` (None: not given).
 RuleFlags = Annotated[dict[str, Any], Bundle({
@@ -341,8 +341,7 @@ RuleFlags = Annotated[dict[str, Any], Bundle({
 }, dict)]
 
 JunitOpt = Annotated[Path | None, typer.Option(
-    "--junit", help="Also write a JUnit XML report (one test case per rule) to this file.",
-    metavar="FILE")]
+    help="Also write a JUnit XML report (one test case per rule) to this file.", metavar="FILE")]
 
 CheckFormatOpt = Annotated[CheckFormat, typer.Option(  # type: ignore[valid-type]
     "--format", "-f", help="table, json (one document), or github (workflow-command annotations).")]
@@ -354,28 +353,27 @@ StatsPerChannelOpt = Annotated[bool, typer.Option(
     "non-finite count of each output (channels on dim 1; the last dim of 3-D token "
     "outputs and of Linear/LayerNorm outputs). CSV: one row per channel.")]
 StatsPercentilesOpt = Annotated[str | None, typer.Option(
-    "--percentiles", help="Also these percentiles of each output (and channel), e.g. "
-    "0.1,99.9,99.99; from a mergeable sketch, within 0.4% of the value range.",
-    metavar="P,P,...")]
+    help="Also these percentiles of each output (and channel), e.g. 0.1,99.9,99.99; from a "
+    "mergeable sketch, within 0.4% of the value range.", metavar="P,P,...")]
 ModelsPatternOpt = Annotated[str | None, typer.Argument(
     help="fnmatch pattern on model names, e.g. 'resnet*'; without wildcards it matches "
     "names containing it.", metavar="PATTERN")]
 ModelsTaskOpt = Annotated[str | None, typer.Option(
-    "--task", help="Only this task: classification, segmentation, detection, video, "
-    "optical_flow, quantization.")]
+    help="Only this task: classification, segmentation, detection, video, optical_flow, "
+    "quantization.")]
 ModelsSourceOpt = Annotated[ModelSource, typer.Option(  # type: ignore[valid-type]
-    "--source", help="torchvision's models, timm's (names to use as timm:NAME; needs "
-    "hookscope[timm]), or hf: the model folders under PATTERN, a local path (needs hookscope[hf]).")]
+    help="torchvision's models, timm's (names to use as timm:NAME; needs hookscope[timm]), or hf: "
+    "the model folders under PATTERN, a local path (needs hookscope[hf]).")]
 LayersInputOpt = Annotated[str | None, typer.Argument(
     help="One image or .pt/.npy tensor for the forward pass that records shapes (its "
     "first sample); default: zeros of the weights' input size.", metavar="INPUT")]
 DebugFmtOpt = Annotated[DebugFormat, typer.Option(  # type: ignore[valid-type]
     "--format", "-f", help="text: a live trace; ndjson: one JSON event per line; json: one document.")]
 CamLayerOpt = Annotated[list[str] | None, typer.Option(
-    "--layer", help="Target layer (dotted name from `hookscope layers`), repeatable: the "
-    "layers' maps are averaged. Default: the last module with an image-grid output "
-    "(layer4); for a token transformer its last block's first norm (blocks.11.norm1); for "
-    "segmentation and detection models the backbone's last stage.")]
+    help="Target layer (dotted name from `hookscope layers`), repeatable: the layers' maps are "
+    "averaged. Default: the last module with an image-grid output (layer4); for a token "
+    "transformer its last block's first norm (blocks.11.norm1); for segmentation and detection "
+    "models the backbone's last stage.")]
 CamMethodOpt = Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
     "--method", "-m", help="CAM method (repeatable). [default: gradcam]")]
 CamReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
@@ -389,8 +387,8 @@ CamSaveRawOpt = Annotated[bool, typer.Option(
     "--save-raw", help="Also write <stem>.<method>.npy (one <stem>.<method>.<layer>.npy "
     "per layer with several): the float32 map at the layer's resolution, after ReLU, before normalisation.")]
 CamScoreBatchOpt = Annotated[int, typer.Option(
-    "--score-batch", help="Masked, ablated or perturbed inputs per forward pass (scorecam, "
-    "ablationcam, sscam, iscam, --metrics).", min=1)]
+    help="Masked, ablated or perturbed inputs per forward pass (scorecam, ablationcam, sscam, "
+    "iscam, --metrics).", min=1)]
 CamAugSmoothOpt = Annotated[bool, typer.Option(
     "--aug-smooth", help="Average the maps of the input flipped and scaled by 0.9, 1, "
     "1.1 (pytorch-grad-cam's).")]
@@ -398,36 +396,33 @@ CamEigenSmoothOpt = Annotated[bool, typer.Option(
     "--eigen-smooth", help="The first principal component of the weighted activations "
     "instead of their sum over channels.")]
 CamHeadFusionOpt = Annotated[HeadFusion, typer.Option(  # type: ignore[valid-type]
-    "--head-fusion", help="rollout: fuse the attention heads by their mean, max or min.")]
+    help="rollout: fuse the attention heads by their mean, max or min.")]
 CamDiscardRatioOpt = Annotated[float, typer.Option(
-    "--discard-ratio", help="rollout: zero this fraction of the lowest fused attentions.",
-    min=0.0, max=0.99)]
+    help="rollout: zero this fraction of the lowest fused attentions.", min=0.0, max=0.99)]
 CamGuidedOpt = Annotated[bool, typer.Option(
     "--guided", help="Also write <stem>.<method>.guided.png: guided backpropagation "
     "times the map (guided Grad-CAM).")]
 CamMaskOpt = Annotated[Path | None, typer.Option(
-    "--mask", help="Segmentation: the region explained, an image whose non-zero pixels "
-    "are the region (the input image's size or the model input's); default: where the "
-    "model predicts --target.", dir_okay=False)]
+    help="Segmentation: the region explained, an image whose non-zero pixels are the region (the "
+    "input image's size or the model input's); default: where the model predicts --target.",
+    dir_okay=False)]
 CamBoxIndexOpt = Annotated[list[int] | None, typer.Option(
-    "--box-index", help="Detection: explain this detection (repeatable), counted among "
-    "those above --min-score (of class --target, if given), best first.", min=0)]
+    help="Detection: explain this detection (repeatable), counted among those above --min-score "
+    "(of class --target, if given), best first.", min=0)]
 CamIouOpt = Annotated[float, typer.Option(
-    "--iou", help="Detection: an output box matches an explained one above this IoU.",
-    min=0.0, max=1.0)]
+    help="Detection: an output box matches an explained one above this IoU.", min=0.0, max=1.0)]
 CamMinScoreOpt = Annotated[float, typer.Option(
-    "--min-score", help="Detection: only detections scoring at least this.", min=0.0,
-    max=1.0)]
+    help="Detection: only detections scoring at least this.", min=0.0, max=1.0)]
 CamMetricsOpt = Annotated[str | None, typer.Option(
-    "--metrics", help="Score each map: road, deletion, insertion, drop, increase (comma list) or all.")]
+    help="Score each map: road, deletion, insertion, drop, increase (comma list) or all.")]
 CamPercentilesOpt = Annotated[str | None, typer.Option(
-    "--percentiles", help="ROAD's percentiles, a comma list. [default: 10,20,...,90]")]
+    help="ROAD's percentiles, a comma list. [default: 10,20,...,90]")]
 GradsLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
-    "--loss", help="logit: the target logit summed over inputs; ce: cross-entropy against "
-    "--label, summed over inputs.")]
+    help="logit: the target logit summed over inputs; ce: cross-entropy against --label, summed "
+    "over inputs.")]
 GradsLabelOpt = Annotated[str | None, typer.Option(
-    "--label", help="With --loss ce: the true class (index or label), one for all inputs "
-    "or a comma list, one per input.")]
+    help="With --loss ce: the true class (index or label), one for all inputs or a comma list, one "
+    "per input.")]
 GradsVanishOpt = Annotated[float, typer.Option(
     help="Flag calls whose gradient norm is below this factor times the median call's.",
     min=0.0)]
@@ -442,34 +437,33 @@ FeaturesLayersOpt = Annotated[list[str] | None, typer.Option(
 FeaturesOutDirOpt = Annotated[Path, typer.Option(
     "--out", help="Folder for the grid PNGs (<stem>.<layer>.png).", file_okay=False)]
 FeaturesTensorboardOpt = Annotated[Path | None, typer.Option(
-    "--tensorboard", help="Also log the grids and activation histograms to this "
-    "TensorBoard log directory (needs hookscope[tensorboard]).", file_okay=False)]
+    help="Also log the grids and activation histograms to this TensorBoard log directory (needs "
+    "hookscope[tensorboard]).", file_okay=False)]
 FeaturesMaxChannelsOpt = Annotated[int, typer.Option(
-    "--max-channels", help="At most this many channels per grid.", min=1)]
+    help="At most this many channels per grid.", min=1)]
 FeaturesOrderOpt = Annotated[FeatureOrder, typer.Option(  # type: ignore[valid-type]
-    "--order", help="Channels shown: index (the first), mean or max (the most active first).")]
+    help="Channels shown: index (the first), mean or max (the most active first).")]
 FeaturesUpsampleOpt = Annotated[bool, typer.Option(
     "--upsample", help="Resize each tile to the input size.")]
 AblateLayerOpt = Annotated[list[str], typer.Option(  # a list only to refuse a second one
     "--layer", help="The module whose output is changed (dotted name, see `hookscope layers`); one per run.")]
 AblateChannelsOpt = Annotated[str | None, typer.Option(
-    "--channels", help="Channels to change: 0,5,7, ranges such as 0-15, or all (the "
-    "default; with --sweep, the channels swept).")]
+    help="Channels to change: 0,5,7, ranges such as 0-15, or all (the default; with --sweep, the "
+    "channels swept).")]
 AblateSweepOpt = Annotated[bool, typer.Option(
     "--sweep", help="Ablate each channel alone, batched, and rank the channels by how much "
     "the target logit drops.")]
 AblateModeOpt = Annotated[str, typer.Option(
-    "--mode", help="zero, mean (the channel's spatial mean), noise:SIGMA (Gaussian noise "
-    "added, seeded by --seed) or scale:F.")]
+    help="zero, mean (the channel's spatial mean), noise:SIGMA (Gaussian noise added, seeded by "
+    "--seed) or scale:F.")]
 AblateSweepBatchOpt = Annotated[int, typer.Option(
-    "--sweep-batch", help="Channels ablated per forward pass in a sweep.", min=1)]
+    help="Channels ablated per forward pass in a sweep.", min=1)]
 AblateCallOpt = Annotated[int | None, typer.Option(
-    "--call", help="Only change this call of a module run several times (default: every call).", min=0)]
+    help="Only change this call of a module run several times (default: every call).", min=0)]
 AblateChannelDimOpt = Annotated[int, typer.Option(
-    "--channel-dim", help="The output dimension holding channels (1 for (N, C, H, W); -1 "
-    "for token outputs (N, T, C)).")]
-AblateTopOpt = Annotated[int, typer.Option("--top", help="Sweep ranking rows shown in the table.",
-    min=1)]
+    help="The output dimension holding channels (1 for (N, C, H, W); -1 for token outputs (N, T, "
+    "C)).")]
+AblateTopOpt = Annotated[int, typer.Option(help="Sweep ranking rows shown in the table.", min=1)]
 DiffModelOpt = Annotated[str, typer.Argument(
     help="As in every command; or a saved `stats --format json` document for an offline "
     "diff (then INPUT is the other document).", metavar="MODEL")]
@@ -489,43 +483,38 @@ Against = Annotated[dict[str, Any], Bundle({
         "name and call index.", metavar="NAME")], None),
 }, dict)]
 DiffToleranceOpt = Annotated[float, typer.Option(
-    "--tolerance", help="Relative L2 error ||a-b||/||a|| above which a call differs; the "
-    "first such call is where the runs part.", min=0.0)]
+    help="Relative L2 error ||a-b||/||a|| above which a call differs; the first such call is where "
+    "the runs part.", min=0.0)]
 DiffFailOpt = Annotated[bool, typer.Option(
     "--fail", help="Exit with code 1 when a call exceeds --tolerance (or its shape or "
     "non-finite count differs) or a top-1 prediction differs.")]
 ReportLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
-    "--loss", help="Gradient flow of: logit (the target logit summed over inputs) or ce "
-    "(cross-entropy against --label).")]
+    help="Gradient flow of: logit (the target logit summed over inputs) or ce (cross-entropy "
+    "against --label).")]
 ReportLayerOpt = Annotated[str | None, typer.Option(
-    "--layer", help="Grad-CAM's layer (dotted name); default: the last module with a spatial output.")]
+    help="Grad-CAM's layer (dotted name); default: the last module with a spatial output.")]
 ReportMethodOpt = Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
     "--method", "-m", help="CAM method (repeatable); gradcam is always shown first.")]
 ReportReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
     help="Token outputs to a grid for Grad-CAM: auto, none, vit or swin.")]
 ReportScoreBatchOpt = Annotated[int, typer.Option(
-    "--score-batch", help="Masked inputs per forward pass (scorecam).", min=1)]
-WatchStepsOpt = Annotated[int, typer.Option(
-    "--steps", help="Training steps (one batch each).", min=1)]
-WatchLrOpt = Annotated[float, typer.Option(
-    "--lr", help="SGD learning rate.", min=0.0)]
-WatchMomentumOpt = Annotated[float, typer.Option(
-    "--momentum", help="SGD momentum.", min=0.0)]
+    help="Masked inputs per forward pass (scorecam).", min=1)]
+WatchStepsOpt = Annotated[int, typer.Option(help="Training steps (one batch each).", min=1)]
+WatchLrOpt = Annotated[float, typer.Option(help="SGD learning rate.", min=0.0)]
+WatchMomentumOpt = Annotated[float, typer.Option(help="SGD momentum.", min=0.0)]
 WatchLabelOpt = Annotated[str | None, typer.Option(
-    "--label", help="The true class (index or label), one for all inputs or a comma list, "
-    "one per input; default: each input's ImageFolder class folder.")]
+    help="The true class (index or label), one for all inputs or a comma list, one per input; "
+    "default: each input's ImageFolder class folder.")]
 WatchOverfitOpt = Annotated[bool, typer.Option(
     "--overfit", help="Train on the first batch only, --steps times, and fail unless the "
     "loss falls (the classic sanity check).")]
 WatchEveryOpt = Annotated[int, typer.Option(
-    "--every", help="A logging step every N steps (statistics, gradients, update ratios); "
-    "NaN and Inf are checked on every step.", min=1)]
+    help="A logging step every N steps (statistics, gradients, update ratios); NaN and Inf are "
+    "checked on every step.", min=1)]
 WatchLogDirOpt = Annotated[Path | None, typer.Option(
-    "--log-dir", help="Keep the training log in this directory (watch.jsonl, and "
-    "nonfinite.json on a NaN or Inf), for `hookscope report` and `hookscope check`.",
-    file_okay=False)]
+    help="Keep the training log in this directory (watch.jsonl, and nonfinite.json on a NaN or "
+    "Inf), for `hookscope report` and `hookscope check`.", file_okay=False)]
 WatchRulesOpt = Annotated[Path | None, typer.Option(
-    "--rules", help="Also check the training log with these `hookscope check` rules (a "
-    "TOML file: nonfinite, max_zero_fraction, ignore, last, min_grad_norm, max_grad_norm, "
-    "min_update_ratio, max_update_ratio); exit 1 when one fails.",
-    dir_okay=False)]
+    help="Also check the training log with these `hookscope check` rules (a TOML file: nonfinite, "
+    "max_zero_fraction, ignore, last, min_grad_norm, max_grad_norm, min_update_ratio, "
+    "max_update_ratio); exit 1 when one fails.", dir_okay=False)]
