@@ -171,11 +171,11 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
         "--trust-checkpoint", help="Allow checkpoints that need arbitrary unpickling, and "
         "whole pickled models as MODEL (only for files you trust).")], False),
     "num_classes": (Annotated[int | None, typer.Option(
-        "--num-classes", help="Build the classifier head with this many classes (default: "
-        "the checkpoint's head, or the weights').", min=1)], None),
+        help="Build the classifier head with this many classes (default: the checkpoint's head, "
+        "or the weights').", min=1)], None),
     "labels": (Annotated[Path | None, typer.Option(
-        "--labels", help="Class labels: a text file with one per line, a JSON list, or a JSON "
-        "object {index: label}.", dir_okay=False)], None),
+        help="Class labels: a text file with one per line, a JSON list, or a JSON object "
+        "{index: label}.", dir_okay=False)], None),
     "model_args": (Annotated[list[str] | None, typer.Option(
         "--model-arg", help="key=value for the constructor of a model from code, parsed as "
         "a Python literal (repeatable).")], None),
@@ -197,18 +197,18 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
         "--autocast", help="Run under torch.autocast instead of casting (with --dtype, or the "
         "device's default: float16 on CUDA, bfloat16 on the CPU).")], False),
     "output_key": (Annotated[str | None, typer.Option(
-        "--output-key", help="The entry of a dict or tuple output that holds the class logits "
-        "(default: logits, out, or the only tensor).")], None),
+        help="The entry of a dict or tuple output that holds the class logits (default: logits, "
+        "out, or the only tensor).")], None),
 }
 #: Which inputs, and how they are read: added by :func:`runs_model`.
 INPUT_OPTIONS: dict[str, tuple[Any, Any]] = {
     "workers": (Annotated[int | None, typer.Option(
-        "--workers", help="Decode and preprocess images in this many DataLoader worker "
-        "processes (0: in this process, one batch ahead in a thread). Default: one less than "
-        "the CPUs (at most 4; 0 when under 2), or 0 for stdin, tensor files and fewer than "
-        "two batches of images. The output is the same either way.")], None),
+        help="Decode and preprocess images in this many DataLoader worker processes (0: in this "
+        "process, one batch ahead in a thread). Default: one less than the CPUs (at most 4; 0 "
+        "when under 2), or 0 for stdin, tensor files and fewer than two batches of images. The "
+        "output is the same either way.")], None),
     "limit": (Annotated[int | None, typer.Option(
-        "--limit", help="Use only the first N inputs (after --shuffle).", metavar="N")], None),
+        help="Use only the first N inputs (after --shuffle).", metavar="N")], None),
     "shuffle": (Annotated[bool, typer.Option(
         "--shuffle", help="Take the inputs in a random order drawn from --seed (with "
         "--limit: a reproducible sample).")], False),
@@ -315,29 +315,28 @@ RulesOpt = Annotated[Path | None, typer.Option(
 #: check's flags over the rules file's keys, as one ``{key: value}`` (None: not given).
 RuleFlags = Annotated[dict[str, Any], Bundle({
     "nonfinite": (Annotated[int | None, typer.Option(
-        "--nonfinite", help="Most NaN/Inf values allowed in one call's output [default: 0].")], None),
+        help="Most NaN/Inf values allowed in one call's output [default: 0].")], None),
     "max_zero_fraction": (Annotated[float | None, typer.Option(
-        "--max-zero-fraction", help="Fail a call whose output is more than this fraction zeros "
-        "(a dead layer).")], None),
+        help="Fail a call whose output is more than this fraction zeros (a dead layer).")], None),
     "ignore": (Annotated[list[str] | None, typer.Option(
-        "--ignore", help="Module-name glob left out of the per-call rules, with the modules under "
-        "it (repeatable).", metavar="GLOB")], None),
+        help="Module-name glob left out of the per-call rules, with the modules under it "
+        "(repeatable).", metavar="GLOB")], None),
     "baseline": (Annotated[Path | None, typer.Option(
-        "--baseline", help="A `hookscope stats --format json` document to compare with.")], None),
+        help="A `hookscope stats --format json` document to compare with.")], None),
     "max_mean_drift": (Annotated[float | None, typer.Option(
-        "--max-mean-drift", help="Largest relative change of a call's mean from the baseline: "
+        help="Largest relative change of a call's mean from the baseline: "
         "|mean - base| / max(|base mean|, base std).")], None),
     "max_std_drift": (Annotated[float | None, typer.Option(
-        "--max-std-drift", help="Largest relative change of a call's std from the baseline.")], None),
+        help="Largest relative change of a call's std from the baseline.")], None),
     "max_drift": (Annotated[float | None, typer.Option(
-        "--max-drift", help="Largest distribution drift of a call from the baseline: the mean "
-        "|difference| of the two quantile functions over the baseline's percentiles, in baseline "
-        "stds (the baseline needs --percentiles).")], None),
+        help="Largest distribution drift of a call from the baseline: the mean |difference| of the "
+        "two quantile functions over the baseline's percentiles, in baseline stds (the baseline "
+        "needs --percentiles).")], None),
     "expect": (Annotated[list[str] | None, typer.Option(
-        "--expect", help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
+        help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
         metavar="INPUT=LABEL")], None),
     "min_prob": (Annotated[float | None, typer.Option(
-        "--min-prob", help="Smallest top-1 probability allowed for any input.")], None),
+        help="Smallest top-1 probability allowed for any input.")], None),
 }, dict)]
 
 JunitOpt = Annotated[Path | None, typer.Option(
@@ -470,17 +469,16 @@ DiffModelOpt = Annotated[str, typer.Argument(
 #: diff's ``--against-*`` options, as one ``{name: value}``.
 Against = Annotated[dict[str, Any], Bundle({
     "against_weights": (Annotated[str | None, typer.Option(
-        "--against-weights", help="The second run's --weights (a checkpoint, none, DEFAULT...).")], None),
+        help="The second run's --weights (a checkpoint, none, DEFAULT...).")], None),
     "against_dtype": (Annotated[str | None, typer.Option(
-        "--against-dtype", help="The second run's --dtype: float32, float16 or bfloat16.")], None),
+        help="The second run's --dtype: float32, float16 or bfloat16.")], None),
     "against_autocast": (Annotated[bool | None, typer.Option(
         "--against-autocast/--against-no-autocast", help="The second run with (or without) "
         "torch.autocast.")], None),
-    "against_device": (Annotated[str | None, typer.Option(
-        "--against-device", help="The second run's --device.")], None),
+    "against_device": (Annotated[str | None, typer.Option(help="The second run's --device.")], None),
     "against_model": (Annotated[str | None, typer.Option(
-        "--against-model", help="Another model whose module names match; calls are paired by "
-        "name and call index.", metavar="NAME")], None),
+        help="Another model whose module names match; calls are paired by name and call index.",
+        metavar="NAME")], None),
 }, dict)]
 DiffToleranceOpt = Annotated[float, typer.Option(
     help="Relative L2 error ||a-b||/||a|| above which a call differs; the first such call is where "
