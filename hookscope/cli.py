@@ -421,7 +421,7 @@ def diff_command(
     Example: hookscope diff resnet18 cat.jpg --weights a.pt --against-weights b.pt --fail
     """
     from hookscope.probes.statsdiff import StatsDiffReport, diff_stats, read_stats
-    from hookscope.session import AGAINST, against_options, describe_against, offline_files
+    from hookscope.session import AGAINST, against_options, offline_files
 
     out = s.output()
     files = offline_files(model, inputs, against)
@@ -444,8 +444,9 @@ def diff_command(
                           output_key=loaded.output_key, other_output_key=other.output_key,
                           other_autocast=other.autocast)
         report = s.run(loaded, resolved, probe, "diff", shown=fmt == "table" or not out.is_stdout)
-        doc = loaded.envelope("diff", resolved.names) | {"against": describe_against(other)} \
-            | report.to_dict()
+        side_b = other.envelope("diff", [])  # what side B ran
+        against_doc = {k: side_b[k] for k in ("model", "weights", "device", "source", "precision")}
+        doc = loaded.envelope("diff", resolved.names) | {"against": against_doc} | report.to_dict()
     s.emit("diff", doc, fmt, out)
     if fail and report.failed:
         raise report.failure()

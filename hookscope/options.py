@@ -300,9 +300,8 @@ def runs_model(fn: Callable[..., Any] | None = None, /, **replace: Any) -> Any:
     return wrap if fn is None else wrap(fn)
 
 
-def command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A command that runs no model: the run options only."""
-    return _with_options([RUN_OPTIONS])(fn)
+#: A command that runs no model: the run options only.
+command = _with_options([RUN_OPTIONS])
 
 
 # ----------------------------------------------------------------- each command's own options

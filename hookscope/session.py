@@ -320,12 +320,6 @@ def against_options(options: ModelOptions, against: Mapping[str, Any]) -> ModelO
     return replace(options, name=name, load=replace(options.load, **given))
 
 
-def describe_against(loaded: LoadedModel) -> dict[str, Any]:
-    """The ``against`` entry of the JSON document: what side B ran."""
-    envelope = loaded.envelope("diff", [])
-    return {k: envelope[k] for k in ("model", "weights", "device", "source", "precision")}
-
-
 def offline_files(model: str, inputs: Sequence[str],
                   against: Mapping[str, Any] | None = None) -> tuple[Path, Path] | None:
     """The two documents of an offline diff (MODEL and the one INPUT are ``.json``), or None
