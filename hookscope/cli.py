@@ -71,17 +71,16 @@ def stats(
     from hookscope.render.views import emit_plot
 
     wanted = parse_percentiles(percentiles)
-    out, plot_out = s.output(), s.plot_output(plot)
+    plot_out = s.plot_output(plot)
     resolved = s.inputs(inputs)
     loaded = s.load("stats")
     probe = StatsProbe(loaded.model, select=select, input_stats=input_stats,
                        categories=loaded.categories, output_key=loaded.output_key,
                        per_channel=per_channel, percentiles=wanted)
-    report = s.run(loaded, resolved, probe, "stats", shown=fmt == "table" or not out.is_stdout,
-                   train_mode=train_mode)
+    report = s.run(loaded, resolved, probe, "stats", shown=s.shown(fmt), train_mode=train_mode)
     warn_nonfinite_logits(report.predictions, "prediction")
     doc = loaded.envelope("stats", resolved.names) | report.to_dict()
-    s.emit("stats", doc, fmt, out, input_stats=input_stats, per_channel=per_channel,
+    s.emit("stats", doc, fmt, input_stats=input_stats, per_channel=per_channel,
            percentiles=tuple(percentile_key(p) for p in wanted))
     emit_plot("stats", doc, plot_out)
 
@@ -99,12 +98,11 @@ def models_command(
     """
     from hookscope.catalog import find_hf_models, find_models, find_timm_models
 
-    out = s.output()
     found = {"timm": find_timm_models, "hf": find_hf_models}.get(source, find_models)(pattern, task)
     doc = {"hookscope": __version__, "command": "models", "model": None, "weights": None,
            "device": None, "inputs": [], "pattern": pattern, "task": task, "source": source,
            "models": [m.to_dict() for m in found]}
-    s.emit("models", doc, fmt, out)
+    s.emit("models", doc, fmt)
 
 
 @app.command("layers")
@@ -122,7 +120,6 @@ def layers_command(
     from hookscope.core.run import peek
     from hookscope.probes.structure import model_structure
 
-    out = s.output()
     resolved = s.inputs([input_]) if input_ is not None else None
     loaded = s.load("layers")
     example = loaded.dummy_input()
@@ -130,7 +127,7 @@ def layers_command(
         example = peek(s.batches(resolved, loaded))[0].tensor[:1]
     found = model_structure(loaded.model, example, max_depth=max_depth, autocast=loaded.autocast)
     doc = loaded.envelope("layers", [input_] if input_ is not None else []) | found.to_dict()
-    s.emit("layers", doc, fmt, out)
+    s.emit("layers", doc, fmt)
 
 
 @app.command("debug")
@@ -151,12 +148,11 @@ def debug_command(
     from hookscope.probes.debug import DebugProbe, nonfinite_failure
     from hookscope.render.tree import TraceWriter
 
-    out = s.output()
     resolved = s.inputs(inputs)
     loaded = s.load("debug")
     envelope = loaded.envelope("debug", resolved.names)
-    writer = TraceWriter(fmt, out, envelope)
-    streams = out.is_stdout and fmt != "json"  # the one exception to emit: see TraceWriter
+    writer = TraceWriter(fmt, s.out, envelope)
+    streams = s.out.is_stdout and fmt != "json"  # the one exception to emit: see TraceWriter
     live = streams and s.ranks == 1  # under torchrun: written once the ranks' are merged
     probe = DebugProbe(loaded.model, select=select, record=not live,
                        on_event=(lambda event: writer.event(event.to_dict())) if live else None)
@@ -166,8 +162,8 @@ def debug_command(
         for event in doc["events"]:  # recorded only under torchrun
             writer.event(event)
         writer.summary(doc["summary"])
-    elif out.is_stdout or report.failure is None:  # a failed run leaves no file
-        s.emit("debug", doc, fmt, out)
+    elif s.out.is_stdout or report.failure is None:  # a failed run leaves no file
+        s.emit("debug", doc, fmt)
     if report.failure is not None:
         raise report.failure
     if fail_on_nonfinite and report.origin is not None:
@@ -206,7 +202,6 @@ def gradcam(
     check_colormap(colormap)
     plan = MetricPlan.make(metrics, percentiles) if metrics else None
     region = load_mask(mask) if mask is not None else None
-    out = s.output()
     resolved = s.inputs(inputs)
     plans = output_paths(resolved.stems, methods, out_dir, save_raw=save_raw, layers=layers,
                          guided=guided)
@@ -229,7 +224,7 @@ def gradcam(
     doc = loaded.envelope("gradcam", resolved.names) | writer.document(
         report, out=out_dir, layer_default=not layers, aug_smooth=aug_smooth,
         eigen_smooth=eigen_smooth, guided=guided)
-    s.emit("gradcam", doc, fmt, out)
+    s.emit("gradcam", doc, fmt)
 
 
 @app.command()
@@ -253,17 +248,16 @@ def grads(
     from hookscope.probes.grads import GradsProbe, nonfinite_failure, true_classes
     from hookscope.render.views import emit_plot
 
-    out, plot_out = s.output(), s.plot_output(plot)
+    plot_out = s.plot_output(plot)
     resolved = s.inputs(inputs)
     loaded = s.load("grads")
     truth = true_classes(label, loss, resolved.labels, loaded.categories)
     probe = GradsProbe(loaded.model, target=target, loss=loss, label=truth, select=select,
                        vanish=vanish, explode=explode, categories=loaded.categories,
                        n_inputs=len(resolved), output_key=loaded.output_key)
-    report = s.run(loaded, resolved, probe, "grads", shown=fmt == "table" or not out.is_stdout,
-                   train_mode=train_mode)
+    report = s.run(loaded, resolved, probe, "grads", shown=s.shown(fmt), train_mode=train_mode)
     doc = loaded.envelope("grads", resolved.names) | report.to_dict()
-    s.emit("grads", doc, fmt, out, params=params)
+    s.emit("grads", doc, fmt, params=params)
     emit_plot("grads", doc, plot_out, vanish=vanish, explode=explode)
     if fail_on_nonfinite and report.nonfinite:
         raise nonfinite_failure(report)
@@ -289,7 +283,6 @@ def features(
 
     if tensorboard is not None:
         require_tensorboard()
-    out = s.output()
     resolved = s.inputs(inputs)
     s.folder(out_dir, [])  # the files are known once the model is
     loaded = s.load("features")
@@ -304,7 +297,7 @@ def features(
         report = s.drive(loaded, s.batches(resolved, loaded), probe,
                          progress=lambda n: bar(n * len(sites)))
     doc = loaded.envelope("features", resolved.names) | report.document(out_dir, tensorboard)
-    s.emit("features", doc, fmt, out)
+    s.emit("features", doc, fmt)
 
 
 @app.command()
@@ -325,7 +318,6 @@ def ablate(
     from hookscope.core.outputs import warn_nonfinite_logits
     from hookscope.probes.ablate import AblateProbe, one_layer, parse_mode
 
-    out = s.output()
     parsed = parse_mode(mode, processes=s.ranks)
     resolved = s.inputs(inputs)
     loaded = s.load("ablate")
@@ -333,12 +325,11 @@ def ablate(
                         seed=s.model.load.seed, channel_dim=channel_dim, call=call, sweep=sweep,
                         categories=loaded.categories, sweep_batch=sweep_batch,
                         n_inputs=len(resolved), output_key=loaded.output_key)
-    report = s.run(loaded, resolved, probe, "sweep" if sweep else "ablate",
-                   shown=fmt == "table" or not out.is_stdout)
+    report = s.run(loaded, resolved, probe, "sweep" if sweep else "ablate", shown=s.shown(fmt))
     warn_nonfinite_logits([None if r.before is None or r.after is None else r.before
                            for r in report.results], "top-5 (before or after)")
     doc = loaded.envelope("ablate", resolved.names) | report.to_dict()
-    s.emit("ablate", doc, fmt, out, top=top, sweep=sweep)
+    s.emit("ablate", doc, fmt, top=top, sweep=sweep)
 
 
 @app.command("check")
@@ -361,7 +352,6 @@ def check_command(
     from hookscope.render.check import resolve_junit
 
     log_run = cli_watch.is_log_run(s, model, inputs)
-    out = s.output()
     junit_out = resolve_junit(junit, s.path, force=s.force)
     checks = load_rules(rules, overrides)
     if log_run:
@@ -372,11 +362,10 @@ def check_command(
         report = evaluate_log(checks, log)
         doc = log_doc(log, report)
     else:
-        report, doc = _check_run(s, checks, inputs or [], select,
-                                 shown=fmt == "table" or not out.is_stdout)
+        report, doc = _check_run(s, checks, inputs or [], select, shown=s.shown(fmt))
     if junit_out is not None:
         s.emit("check", doc, "junit", junit_out)
-    s.emit("check", doc, fmt, out)
+    s.emit("check", doc, fmt)
     if not report.passed:
         raise CheckFailed(report.summary())
 
@@ -423,7 +412,6 @@ def diff_command(
     from hookscope.probes.statsdiff import StatsDiffReport, diff_stats, read_stats
     from hookscope.session import AGAINST, against_options, offline_files
 
-    out = s.output()
     files = offline_files(model, inputs, against)
     s.reading(files or ())
     report: StatsDiffReport | DiffReport
@@ -443,11 +431,11 @@ def diff_command(
         probe = DiffProbe(loaded.model, other.model, select=select, tolerance=tolerance,
                           output_key=loaded.output_key, other_output_key=other.output_key,
                           other_autocast=other.autocast)
-        report = s.run(loaded, resolved, probe, "diff", shown=fmt == "table" or not out.is_stdout)
+        report = s.run(loaded, resolved, probe, "diff", shown=s.shown(fmt))
         side_b = other.envelope("diff", [])  # what side B ran
         against_doc = {k: side_b[k] for k in ("model", "weights", "device", "source", "precision")}
         doc = loaded.envelope("diff", resolved.names) | {"against": against_doc} | report.to_dict()
-    s.emit("diff", doc, fmt, out)
+    s.emit("diff", doc, fmt)
     if fail and report.failed:
         raise report.failure()
 
@@ -477,14 +465,12 @@ def report_command(
     if cli_watch.is_log_run(s, model, inputs):
         from hookscope.training.logs import read_log
 
-        out = s.output()
-        return s.emit("training", read_log(model), "html", out)
+        return s.emit("training", read_log(model), "html")
     from hookscope.probes.report import ReportOptions, build_report, left_out
     from hookscope.render.heatmap import check_colormap
 
     methods = list(dict.fromkeys(["gradcam", *(method or [])]))
     check_colormap(colormap)
-    out = s.output()
     resolved = s.inputs(inputs or [])
     loaded = s.load("gradcam")  # Grad-CAM and grads need an image classifier
     options = ReportOptions(
@@ -496,7 +482,7 @@ def report_command(
         report = build_report(
             loaded, lambda: s.batches(resolved, loaded, keep_images=True),
             resolved.names, options, progress=bar)
-    s.emit("report", report, "html", out, cmap=colormap, alpha=alpha)
+    s.emit("report", report, "html", cmap=colormap, alpha=alpha)
 
 
 app.command("watch")(cli_watch.watch_command)

@@ -66,7 +66,6 @@ def watch_command(
     from hookscope.training.rules import evaluate_log, for_log
     from hookscope.training.smoke import SmokeOptions, smoke_labels, train
 
-    out = s.output()
     if log_dir is not None:
         s.folder(log_dir, [log_dir / "watch.jsonl"])
     checks = for_log(load_rules(rules)) if rules is not None else None
@@ -79,7 +78,7 @@ def watch_command(
     fresh = next((p for p in reversed([log_dir, *log_dir.parents]) if not p.exists()),
                  None) if log_dir is not None else None
     try:
-        with s.progress(steps, "watch", enabled=fmt == "table" or not out.is_stdout) as bar:
+        with s.progress(steps, "watch", enabled=s.shown(fmt)) as bar:
             report = train(loaded, lambda: s.batches(resolved, loaded), labels, options,
                            progress=bar)
     except KeyboardInterrupt:  # Ctrl-C or a signal: no output, so no log this run began
@@ -91,6 +90,6 @@ def watch_command(
         "check": verdict.to_dict() if verdict is not None else None}
     failure = report.failure or (verdict.summary() if verdict and not verdict.passed else None)
     doc |= {"passed": failure is None, "failure": failure}
-    s.emit("watch", doc, fmt, out)
+    s.emit("watch", doc, fmt)
     if failure is not None:
         raise CheckFailed(failure)

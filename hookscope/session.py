@@ -90,6 +90,7 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
         with _signals(), prints_to_stderr():  # a model's print cannot break the JSON
             s.group.join(command)
             s.model = ModelOptions.given(model, **model_options)  # a bad --seed: one line too
+            s.out = s.output()  # checked before any work
             yield s
     except HookscopeError as exc:
         if traceback:
@@ -152,6 +153,7 @@ class Session:
     of its ranks)."""
 
     model: ModelOptions
+    out: Output  #: where data goes (``--output``)
 
     def __init__(self, group: Group, output: Path | None = None, *, force: bool = False) -> None:
         self.group, self.path, self.force = group, output, force
@@ -165,8 +167,7 @@ class Session:
     # ------------------------------------------------------------------ the steps
 
     def output(self) -> Output:
-        """Where data goes (``--output``), checked now (before the model loads); only rank 0
-        writes."""
+        """Where data goes (``--output``), checked; only rank 0 writes."""
         from hookscope.core.output import resolve_output
 
         return self._claim(resolve_output(self.path if self.group.leader else None,
@@ -287,11 +288,17 @@ class Session:
 
         return console.progress(total, label, enabled=enabled and self.ranks == 1)
 
-    def emit(self, command: str, doc: Any, fmt: str, output: Output, **options: Any) -> None:
-        """Write the command's document (or the report a page draws) through its view."""
+    def shown(self, fmt: str) -> bool:
+        """Whether a progress bar fits: a table, or data that does not go to stdout."""
+        return fmt == "table" or not self.out.is_stdout
+
+    def emit(self, command: str, doc: Any, fmt: str, output: Output | None = None,
+             **options: Any) -> None:
+        """Write the command's document (or the report a page draws) through its view, to
+        ``output`` (default: ``--output``)."""
         from hookscope.render.views import emit
 
-        emit(command, doc, fmt, output, **options)
+        emit(command, doc, fmt, self.out if output is None else output, **options)
 
 
 # ----------------------------------------------------------------------------- diff's two sides
