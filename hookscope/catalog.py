@@ -139,11 +139,9 @@ def find_timm_models(pattern: str | None = None, task: str | None = None) -> lis
         raise HookscopeError(f"No timm model matches {pattern!r}.{hint} Run `hookscope models "
                              "--source timm` to list them all.")
     with_weights = set(timm.list_pretrained())
-    found = []
-    for name in names:  # timm's natural order: resnet18 before resnet101
-        tags = pretrained_tags(name, with_weights)
-        found.append(ModelInfo(f"{PREFIX}{name}", "classification", tags, tags[0] if tags else None))
-    return found
+    tags = {name: pretrained_tags(name, with_weights) for name in names}  # timm's natural order
+    return [ModelInfo(f"{PREFIX}{name}", "classification", weights, weights[0] if weights else None)
+            for name, weights in tags.items()]
 
 
 def find_hf_models(path: str | None = None, task: str | None = None) -> list[ModelInfo]:
