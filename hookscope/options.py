@@ -230,9 +230,9 @@ RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
 }
 
 
-def _with_options(groups: list[dict[str, tuple[Any, Any]]],
+def _with_options(options: dict[str, tuple[Any, Any]],
                   replace: dict[str, Any] | None = None) -> Callable[..., Any]:
-    """Add the options in ``groups`` to a command; it receives them as ``opts``.
+    """Add ``options`` to a command; its :class:`~hookscope.session.Session` ``s`` holds them.
 
     ``replace`` gives some of them another declaration (ablate's own ``--channels``). A
     parameter annotated with a :class:`Bundle` becomes the bundle's options. Typer reads
@@ -251,7 +251,7 @@ def _with_options(groups: list[dict[str, tuple[Any, Any]]],
             elif p.name != "s":
                 own.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
         added = _keywords({name: ((replace or {}).get(name, annotation), default)
-                           for group in groups for name, (annotation, default) in group.items()})
+                           for name, (annotation, default) in options.items()})
         names = [p.name for p in added]
 
         @functools.wraps(fn)
@@ -296,12 +296,12 @@ def _flags(ctx: typer.Context) -> dict[str, str]:
 def runs_model(fn: Callable[..., Any] | None = None, /, **replace: Any) -> Any:
     """A command that loads a model: the model, input and run options (``replace``: another
     declaration for some of them, by name)."""
-    wrap = _with_options([MODEL_OPTIONS, INPUT_OPTIONS, RUN_OPTIONS], replace)
+    wrap = _with_options(MODEL_OPTIONS | INPUT_OPTIONS | RUN_OPTIONS, replace)
     return wrap if fn is None else wrap(fn)
 
 
 #: A command that runs no model: the run options only.
-command = _with_options([RUN_OPTIONS])
+command = _with_options(RUN_OPTIONS)
 
 
 # ----------------------------------------------------------------- each command's own options
