@@ -101,9 +101,8 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
         HookscopeError: unknown task, or nothing matches (with close names suggested).
     """
     catalog = torchvision_catalog()
-    tasks = {name: entry[0] for name, entry in catalog.items()}
-    if task is not None and task not in set(tasks.values()):
-        known = sorted(set(tasks.values()))
+    known = sorted({kind for kind, _, _ in catalog.values()})
+    if task is not None and task not in known:
         raise HookscopeError(f"Unknown task {task!r}.{suggest(task, known)} Tasks: "
                              f"{', '.join(known)}.")
     glob = name_matcher(pattern)
@@ -112,7 +111,7 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
              if fnmatch.fnmatchcase(name.lower(), glob) and task in (None, kind)]
     if not found:
         where = f" with task {task}" if task else ""
-        hint = suggest(pattern.strip("*?[]"), tasks) if pattern else ""
+        hint = suggest(pattern.strip("*?[]"), catalog) if pattern else ""
         raise HookscopeError(f"No model{where} matches {pattern!r}.{hint} Run `hookscope "
                              "models` to list them all.")
     return found
