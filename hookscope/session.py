@@ -75,6 +75,7 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
     """Run one command: every error becomes one stderr line and its exit code. ``flags``
     spells each library parameter as the command's flag (``target`` -> ``--target``)."""
     from hookscope.core.distributed import Group
+    from hookscope.core.output import resolve_output
     from hookscope.render import console
 
     console.setup_logging(quiet=quiet)
@@ -90,7 +91,8 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
         with _signals(), prints_to_stderr():  # a model's print cannot break the JSON
             s.group.join(command)
             s.model = ModelOptions.given(model, **model_options)  # a bad --seed: one line too
-            s.out = s.output()  # checked before any work
+            # --output is checked before any work; only rank 0 writes.
+            s.out = s._claim(resolve_output(output if s.group.leader else None, force=force))
             yield s
     except HookscopeError as exc:
         if traceback:
@@ -165,13 +167,6 @@ class Session:
         return self.group.size
 
     # ------------------------------------------------------------------ the steps
-
-    def output(self) -> Output:
-        """Where data goes (``--output``), checked; only rank 0 writes."""
-        from hookscope.core.output import resolve_output
-
-        return self._claim(resolve_output(self.path if self.group.leader else None,
-                                          force=self.force))
 
     def plot_output(self, path: Path | None) -> Output | None:
         """Where ``--plot`` goes (None: no plot), checked now, its suffix too."""
