@@ -182,12 +182,10 @@ MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
     "mean": (Annotated[str | None, typer.Option(
         help="Normalisation mean: one value or one per channel (0.485,0.456,0.406); default: "
         "the model's own, else ImageNet's.")], None),
-    "std": (Annotated[str | None, typer.Option(
-        help="Normalisation std, like --mean.")], None),
+    "std": (Annotated[str | None, typer.Option(help="Normalisation std, like --mean.")], None),
     "resize": (Annotated[int | None, typer.Option(
         help="Resize the shorter side to this many pixels before the crop.")], None),
-    "crop": (Annotated[int | None, typer.Option(
-        help="Centre-crop to this many pixels.")], None),
+    "crop": (Annotated[int | None, typer.Option(help="Centre-crop to this many pixels.")], None),
     "input_channels": (Annotated[int | None, typer.Option(
         "--channels", "--input-channels", help=_INPUT_CHANNELS_HELP)], None),
     "dtype": (Annotated[str | None, typer.Option(
@@ -213,20 +211,18 @@ INPUT_OPTIONS: dict[str, tuple[Any, Any]] = {
         "--shuffle", help="Take the inputs in a random order drawn from --seed (with "
         "--limit: a reproducible sample).")], False),
     "recursive": (Annotated[bool, typer.Option(
-        "--recursive", "-r", help="Walk directories' subdirectories too (sorted by path).")],
-        False),
+        "--recursive", "-r", help="Walk directories' subdirectories too (sorted by path).")], False),
 }
 #: Options every command takes, added by :func:`runs_model` and :func:`command`.
 RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "output": (Annotated[Path | None, typer.Option(
         "--output", "-o", help="Write the output to this file (atomically; '-' for stdout; "
         "links and devices are written through) instead of stdout.", dir_okay=False)], None),
-    "force": (Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")],
-              False),
-    "quiet": (Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on "
-                                           "stderr.")], False),
-    "traceback": (Annotated[bool, typer.Option("--traceback", help="Show the Python traceback "
-                                               "of errors.")], False),
+    "force": (Annotated[bool, typer.Option("--force", help="Overwrite existing output files.")], False),
+    "quiet": (Annotated[bool, typer.Option(
+        "--quiet", "-q", help="Only warnings and errors on stderr.")], False),
+    "traceback": (Annotated[bool, typer.Option(
+        "--traceback", help="Show the Python traceback of errors.")], False),
 }
 
 
