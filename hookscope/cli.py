@@ -21,6 +21,7 @@ from hookscope.session import Session
 if TYPE_CHECKING:
     from hookscope.probes.check import CheckReport
     from hookscope.probes.diff import DiffReport
+    from hookscope.probes.rulefile import Rules
 
 app = o.App(
     name="hookscope",
@@ -370,7 +371,7 @@ def check_command(
         raise CheckFailed(report.summary())
 
 
-def _check_run(s: Session, checks: Any, inputs: list[str], select: Selection, *, shown: bool
+def _check_run(s: Session, checks: Rules, inputs: list[str], select: Selection, *, shown: bool
                ) -> tuple[CheckReport, dict[str, Any]]:
     """``check MODEL INPUT...``: the rules over a stats run, and the document."""
     from hookscope.probes import check
