@@ -90,14 +90,11 @@ class Moments:
 
 def _moments_host(flat: torch.Tensor) -> Moments:
     """CPU moments: the compiled kernel when it is built (one read of each value, where the
-    torch path reads it about six times), else the torch path."""
+    torch path reads it about six times), else the torch path (cache-sized blocks)."""
     op = fused()
-    return Moments.from_values(op(flat, True) if op is not None else _moments_torch(flat))
-
-
-def _moments_torch(flat: torch.Tensor) -> list[float]:
-    """The torch path on the CPU: cache-sized blocks, masked only when a value is not finite."""
-    return moments_matrix(ChannelView.of(flat, None))[:, 0].tolist()
+    if op is not None:
+        return Moments.from_values(op(flat, True))
+    return Moments.from_values(moments_matrix(ChannelView.of(flat, None))[:, 0].tolist())
 
 
 def _moments_device(flat: torch.Tensor) -> torch.Tensor:
@@ -301,7 +298,7 @@ class StatsProbe(Probe[StatsReport]):
         self.extras: dict[tuple[str, int], Extras] = {}
         self.categories, self.output_key = categories, output_key
         self.table = MomentTable(on_device=model_device(model).type != "cpu")
-        self.order: list[tuple[str, int]] = []
+        #: Per call, in execution order: its site, input and output shapes (first batch).
         self.meta: dict[tuple[str, int], tuple[Site, list[list[int]], list[list[int]]]] = {}
         self._entered: dict[tuple[str, int], list[list[int]]] = {}
         self.predictions: list[list[Prediction] | None] = []
@@ -330,7 +327,6 @@ class StatsProbe(Probe[StatsReport]):
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         key = call.key
         if key not in self.meta:
-            self.order.append(key)
             self.meta[key] = (call.site, self._entered.pop(key, []), tensor_shapes(output))
         first = first_tensor(output)
         if first is not None:
@@ -351,8 +347,7 @@ class StatsProbe(Probe[StatsReport]):
 
     def finish(self) -> StatsReport:
         rows = []
-        for key in self.order:
-            site, in_shapes, out_shapes = self.meta[key]
+        for key, (site, in_shapes, out_shapes) in self.meta.items():
             extras = self.extras.get(key)
             if self.spec.per_channel or self.spec.percentiles:
                 extras = extras.to("cpu") if extras is not None else self.spec

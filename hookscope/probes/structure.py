@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import Site, all_sites
+from hookscope.core.select import Site, depth_of
 
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
            "model_structure", "parameter_bytes", "parameter_counts"]
@@ -106,15 +106,13 @@ class Structure:
     activation_bytes: int | None = None
     input_bytes: int | None = None
 
-    def totals(self) -> dict[str, Any]:
-        return {"params": self.params, "trainable_params": self.trainable_params, "modules": self.modules,
-                "flops": self.flops, "macs": _macs(self.flops), "params_bytes": self.params_bytes,
-                "activation_bytes": self.activation_bytes, "input_bytes": self.input_bytes}
-
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
+        totals = {"params": self.params, "trainable_params": self.trainable_params, "modules": self.modules,
+                  "flops": self.flops, "macs": _macs(self.flops), "params_bytes": self.params_bytes,
+                  "activation_bytes": self.activation_bytes, "input_bytes": self.input_bytes}
         return {"input_shape": self.input_shape, "root": self.root.to_dict(),
-                "layers": [layer.to_dict() for layer in self.layers], "totals": self.totals()}
+                "layers": [layer.to_dict() for layer in self.layers], "totals": totals}
 
 
 def _trainable(total: int, trainable: int) -> bool | str | None:
@@ -202,8 +200,7 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
     outside any submodule call."""
 
     def __init__(self, model: nn.Module, *, flops: bool = True) -> None:
-        self.sites = [Site("", type(model).__name__, 0, model),
-                      *(s for s in all_sites(model) if s.module is not model)]
+        self.sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules()]
         self.calls: dict[str, list[LayerCall]] = {}
         self.flops_own: dict[str, int] = {}
         self.flops: int | None = 0 if flops else None
