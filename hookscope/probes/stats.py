@@ -298,7 +298,7 @@ class StatsProbe(Probe[StatsReport]):
         self.extras: dict[tuple[str, int], Extras] = {}
         self.categories, self.output_key = categories, output_key
         self.table = MomentTable(on_device=model_device(model).type != "cpu")
-        #: Per call, in execution order: its site, input and output shapes (first batch).
+        self.order: list[tuple[str, int]] = []
         self.meta: dict[tuple[str, int], tuple[Site, list[list[int]], list[list[int]]]] = {}
         self._entered: dict[tuple[str, int], list[list[int]]] = {}
         self.predictions: list[list[Prediction] | None] = []
@@ -317,7 +317,7 @@ class StatsProbe(Probe[StatsReport]):
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if call.key not in self.meta:  # shapes are recorded from the first batch
-            self._entered[call.key] = tensor_shapes(args) + tensor_shapes(kwargs)
+            self._entered[call.key] = tensor_shapes((args, kwargs))
         if self.input_stats:
             # Inputs are summarised here, before an in-place module overwrites them.
             first = first_tensor((args, kwargs))
@@ -327,6 +327,7 @@ class StatsProbe(Probe[StatsReport]):
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         key = call.key
         if key not in self.meta:
+            self.order.append(key)
             self.meta[key] = (call.site, self._entered.pop(key, []), tensor_shapes(output))
         first = first_tensor(output)
         if first is not None:
@@ -347,7 +348,8 @@ class StatsProbe(Probe[StatsReport]):
 
     def finish(self) -> StatsReport:
         rows = []
-        for key, (site, in_shapes, out_shapes) in self.meta.items():
+        for key in self.order:
+            site, in_shapes, out_shapes = self.meta[key]
             extras = self.extras.get(key)
             if self.spec.per_channel or self.spec.percentiles:
                 extras = extras.to("cpu") if extras is not None else self.spec

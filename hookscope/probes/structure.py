@@ -219,7 +219,7 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
         self.flops += counter.get_total_flops()
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._inputs[call.key] = tensor_shapes(args) + tensor_shapes(kwargs)
+        self._inputs[call.key] = tensor_shapes((args, kwargs))
         if self._counter is not None:
             self._open.append([self._counter.get_total_flops(), 0])
 
