@@ -197,8 +197,7 @@ def _objective(logits: torch.Tensor, loss: str, targets: Targets, start: int
     index = torch.tensor(classes, device=logits.device)
     if loss == "ce":
         return torch.nn.functional.cross_entropy(logits, index, reduction="sum"), classes
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    return logits[rows, index].sum(), classes
+    return logits.gather(1, index[:, None]).sum(), classes
 
 
 def _objective_targets(target: Targets | str | None, loss: str, label: Targets | str | None,
