@@ -22,6 +22,7 @@ from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import find_site
 from hookscope.core.targets import Targets, parse_targets
+from hookscope.probes.stats import Prediction, top_predictions
 
 __all__ = ["AblateProbe", "AblateReport", "AblationResult", "ChannelDrop", "Mode", "Top",
            "ablate", "parse_channels", "parse_mode", "sweep"]
@@ -104,12 +105,9 @@ def parse_channels(spec: str | Sequence[int] | None, count: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Top:
-    """One of the top predictions."""
+class Top(Prediction):
+    """One of the top predictions, with its logit."""
 
-    index: int
-    label: str | None
-    prob: float
     logit: float
 
 
@@ -172,14 +170,12 @@ def one_layer(layers: Sequence[str]) -> str:
     return named[0]
 
 
-def _top(logits: torch.Tensor, labels: Sequence[str] | None, k: int = 5) -> list[Top] | None:
-    """Top-k of one row of logits; None when it holds NaN or Inf, whose softmax ranks nothing."""
-    if not bool(torch.isfinite(logits).all()):
+def _top(logits: torch.Tensor, labels: Sequence[str] | None) -> list[Top] | None:
+    """The top-5 of one row of logits; None when it holds NaN or Inf."""
+    found = top_predictions(logits, labels)[0]
+    if found is None:
         return None
-    probs = torch.softmax(logits, dim=1)[0]
-    values, indices = probs.topk(min(k, probs.shape[0]))
-    return [Top(i, labels[i] if labels else None, p, float(logits[0, i]))
-            for p, i in zip(values.tolist(), indices.tolist(), strict=True)]
+    return [Top(p.index, p.label, p.prob, float(logits[0, p.index])) for p in found]
 
 
 def _kl(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from torch import nn
 from hookscope.core.errors import CheckFailed, ForwardError
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import LEAVES, Selection, Site, all_sites
+from hookscope.core.select import LEAVES, Selection, Site, depth_of
 from hookscope.probes.stats import moments
 
 __all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "ExitEvent",
@@ -30,12 +30,9 @@ __all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "Ex
 
 def _all_finite(t: torch.Tensor) -> bool:
     """Whether every value is finite: one cheap sum, and an exact check only if it is not."""
-    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0:
+    if not (t.is_floating_point() or t.is_complex()):
         return True
-    total = t.detach().sum()
-    if t.is_complex():
-        total = total.abs()
-    if math.isfinite(float(total)):
+    if math.isfinite(float(t.detach().sum().abs())):  # abs: a complex sum as one number
         return True  # a NaN or Inf anywhere makes the sum non-finite
     return bool(torch.isfinite(t.detach()).all())  # the sum may just have overflowed
 
@@ -186,8 +183,7 @@ class DebugProbe(Probe[DebugReport]):
     def __init__(self, model: nn.Module, *, select: Selection = LEAVES,
                  on_event: Callable[[Event], None] | None = None, record: bool = False) -> None:
         self.selected = {s.name for s in select.sites(model)}
-        root = Site("", type(model).__name__, 0, model)
-        self.sites = [root, *(s for s in all_sites(model) if s.module is not model)]
+        self.sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules()]
         self.model = model
         self.on_event = on_event
         self.report = DebugReport(events=[] if record else None)

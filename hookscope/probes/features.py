@@ -193,7 +193,11 @@ class FeaturesProbe(Probe[FeaturesReport]):
             stem = (self.stems[index] if self.stems else
                     items[row].stem if items else f"input_{index}")
             for call, maps in self.captured:
-                self._emit(self._grid(name, stem, index, call, maps[row], size))
+                grid = self._grid(name, stem, index, call, maps[row], size)
+                extra = self.sink(grid) if self.sink is not None else None
+                if self.sink is None:
+                    self.kept.append(grid)
+                self.rows.append(grid.to_dict() | (extra or {}))
         self.captured.clear()
 
     def _grid(self, name: str, stem: str, index: int, call: Call, fmap: torch.Tensor,
@@ -204,12 +208,6 @@ class FeaturesProbe(Probe[FeaturesReport]):
         return FeatureGrid(input=name, stem=stem, index=index, layer=call.name,
                            type=call.site.type, call=call.index, shape=list(fmap.shape),
                            channels=channels, nonfinite=nonfinite, image=grid, values=fmap)
-
-    def _emit(self, grid: FeatureGrid) -> None:
-        extra = self.sink(grid) if self.sink is not None else None
-        if self.sink is None:
-            self.kept.append(grid)
-        self.rows.append(grid.to_dict() | (extra or {}))
 
     def finish(self) -> FeaturesReport:
         return FeaturesReport(self.rows)

@@ -96,8 +96,18 @@ class GradReport:
     def build(cls, layers: Iterable[GradEntry], params: list[ParamGrad], *, loss: str,
               targets: list[int], objective: float, input_shape: list[int] | None,
               vanish: float, explode: float) -> GradReport:
-        """The report from each call's gradient summary (backward order) and the parameter rows."""
-        rows, median = _layer_rows(list(layers), vanish, explode)
+        """The report from each call's gradient summary (backward order) and the parameter rows;
+        calls are flagged against the median norm."""
+        entries = list(layers)
+        norms = [_norm(m) for *_, m in entries]
+        finite = [v for v in norms if math.isfinite(v)]
+        median = statistics.median(finite) if finite else math.nan
+        rows = [GradLayer(name=name, type=type_name, call=call, shape=shape, norm=norm,
+                          mean=m.mean if m.n else math.nan, std=m.std,
+                          max_abs=max(abs(m.min), abs(m.max)) if m.n else math.nan,
+                          nonfinite=m.nonfinite, moments=m,
+                          flag=_flag(norm, m.nonfinite, median, vanish, explode))
+                for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
         bad = next((r for r in rows if r.nonfinite), None)
         first = None if bad is None else bad.name if bad.call == 0 else f"{bad.name} (call {bad.call})"
         bad_param = next((p.name for p in params if not math.isfinite(p.grad_norm)), None)
@@ -110,8 +120,10 @@ class GradReport:
         exactly, parameter gradients summed). Raises ValueError for rows made by hand."""
         entries = {(r.name, r.call): _entry(r) for r in self.layers}
         for row in other.layers:
-            key = (row.name, row.call)
-            entries[key] = _merged_entry(entries[key], _entry(row)) if key in entries else _entry(row)
+            name, type_name, call, shape, m = _entry(row)
+            if (old := entries.get((name, call))) is not None:
+                shape, m = _grown(old[3], shape), old[4].merge(m)
+            entries[name, call] = (name, type_name, call, shape, m)
         params = [ParamGrad.of(a.name, _sum(a.summed, b.summed), a.weight_norm)
                   for a, b in zip(self.params, other.params, strict=True)]
         return GradReport.build(
@@ -159,26 +171,8 @@ def _grown(shape: list[int], other: list[int]) -> list[int]:
     return shape
 
 
-def _merged_entry(a: GradEntry, b: GradEntry) -> GradEntry:
-    return a[0], a[1], a[2], _grown(list(a[3]), b[3]), a[4].merge(b[4])
-
-
 def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
     return b if a is None else a if b is None else a + b
-
-
-def _layer_rows(entries: list[GradEntry], vanish: float, explode: float
-                ) -> tuple[list[GradLayer], float]:
-    """Each call's row, flagged against the median norm, and that median."""
-    norms = [_norm(m) for *_, m in entries]
-    finite = [v for v in norms if math.isfinite(v)]
-    median = statistics.median(finite) if finite else math.nan
-    rows = [GradLayer(name=name, type=type_name, call=call, shape=shape, norm=norm,
-                      mean=m.mean if m.n else math.nan, std=m.std,
-                      max_abs=max(abs(m.min), abs(m.max)) if m.n else math.nan, nonfinite=m.nonfinite,
-                      flag=_flag(norm, m.nonfinite, median, vanish, explode), moments=m)
-            for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
-    return rows, median
 
 
 def _norm(m: Moments) -> float:
@@ -203,8 +197,7 @@ def _objective(logits: torch.Tensor, loss: str, targets: Targets, start: int
     index = torch.tensor(classes, device=logits.device)
     if loss == "ce":
         return torch.nn.functional.cross_entropy(logits, index, reduction="sum"), classes
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    return logits[rows, index].sum(), classes
+    return logits.gather(1, index[:, None]).sum(), classes
 
 
 def _objective_targets(target: Targets | str | None, loss: str, label: Targets | str | None,

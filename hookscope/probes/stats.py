@@ -90,14 +90,11 @@ class Moments:
 
 def _moments_host(flat: torch.Tensor) -> Moments:
     """CPU moments: the compiled kernel when it is built (one read of each value, where the
-    torch path reads it about six times), else the torch path."""
+    torch path reads it about six times), else the torch path (cache-sized blocks)."""
     op = fused()
-    return Moments.from_values(op(flat, True) if op is not None else _moments_torch(flat))
-
-
-def _moments_torch(flat: torch.Tensor) -> list[float]:
-    """The torch path on the CPU: cache-sized blocks, masked only when a value is not finite."""
-    return moments_matrix(ChannelView.of(flat, None))[:, 0].tolist()
+    if op is not None:
+        return Moments.from_values(op(flat, True))
+    return Moments.from_values(moments_matrix(ChannelView.of(flat, None))[:, 0].tolist())
 
 
 def _moments_device(flat: torch.Tensor) -> torch.Tensor:
@@ -320,7 +317,7 @@ class StatsProbe(Probe[StatsReport]):
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if call.key not in self.meta:  # shapes are recorded from the first batch
-            self._entered[call.key] = tensor_shapes(args) + tensor_shapes(kwargs)
+            self._entered[call.key] = tensor_shapes((args, kwargs))
         if self.input_stats:
             # Inputs are summarised here, before an in-place module overwrites them.
             first = first_tensor((args, kwargs))

@@ -23,10 +23,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import Site, all_sites
+from hookscope.core.select import Site, depth_of
 
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
-           "model_structure", "parameter_bytes", "parameter_counts"]
+           "model_structure", "parameter_bytes"]
 
 
 def _macs(flops: int | None) -> int | None:
@@ -106,15 +106,13 @@ class Structure:
     activation_bytes: int | None = None
     input_bytes: int | None = None
 
-    def totals(self) -> dict[str, Any]:
-        return {"params": self.params, "trainable_params": self.trainable_params, "modules": self.modules,
-                "flops": self.flops, "macs": _macs(self.flops), "params_bytes": self.params_bytes,
-                "activation_bytes": self.activation_bytes, "input_bytes": self.input_bytes}
-
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
+        totals = {"params": self.params, "trainable_params": self.trainable_params, "modules": self.modules,
+                  "flops": self.flops, "macs": _macs(self.flops), "params_bytes": self.params_bytes,
+                  "activation_bytes": self.activation_bytes, "input_bytes": self.input_bytes}
         return {"input_shape": self.input_shape, "root": self.root.to_dict(),
-                "layers": [layer.to_dict() for layer in self.layers], "totals": self.totals()}
+                "layers": [layer.to_dict() for layer in self.layers], "totals": totals}
 
 
 def _trainable(total: int, trainable: int) -> bool | str | None:
@@ -125,26 +123,21 @@ def _trainable(total: int, trainable: int) -> bool | str | None:
     return False if trainable == 0 else "partial"
 
 
-def _owned(model: nn.Module) -> Iterator[tuple[str, nn.Module, list[nn.Parameter]]]:
-    """Each module with the parameters it owns: the first module (in ``named_modules``
-    order) that holds a parameter owns it, so shared ones are owned once."""
+def _owned(model: nn.Module) -> dict[str, tuple[list[nn.Parameter], list[nn.Parameter]]]:
+    """Per module name: the parameters it owns and those of its subtree. The first module (in
+    ``named_modules`` order) that holds a parameter owns it, so shared ones are owned once."""
     seen: set[int] = set()
+    found = {}
     for name, module in model.named_modules():
         own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
         seen.update(id(p) for p in own)
-        yield name, module, own
-
-
-def parameter_counts(model: nn.Module) -> dict[str, tuple[int, int, int]]:
-    """Per module name: (own, subtree total, subtree trainable) parameters, each counted once
-    (see :func:`_owned`)."""
-    counts: dict[str, tuple[int, int, int]] = {}
-    for name, module, own in _owned(model):
         # module.parameters() deduplicates within the subtree, as model.parameters() does.
-        subtree = list(module.parameters())
-        counts[name] = (sum(p.numel() for p in own), sum(p.numel() for p in subtree),
-                        sum(p.numel() for p in subtree if p.requires_grad))
-    return counts
+        found[name] = (own, list(module.parameters()))
+    return found
+
+
+def _numel(params: Iterable[nn.Parameter]) -> int:
+    return sum(p.numel() for p in params)
 
 
 def _dtype_bytes(params: Iterable[nn.Parameter]) -> dict[str, int]:
@@ -157,8 +150,8 @@ def _dtype_bytes(params: Iterable[nn.Parameter]) -> dict[str, int]:
 def parameter_bytes(model: nn.Module) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
     """Per module name: (own, subtree) parameter bytes by dtype name (``"float32"``), each
     parameter counted once (see :func:`_owned`)."""
-    return {name: (_dtype_bytes(own), _dtype_bytes(module.parameters()))
-            for name, module, own in _owned(model)}
+    return {name: (_dtype_bytes(own), _dtype_bytes(subtree))
+            for name, (own, subtree) in _owned(model).items()}
 
 
 def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: list[int],
@@ -202,8 +195,7 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
     outside any submodule call."""
 
     def __init__(self, model: nn.Module, *, flops: bool = True) -> None:
-        self.sites = [Site("", type(model).__name__, 0, model),
-                      *(s for s in all_sites(model) if s.module is not model)]
+        self.sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules()]
         self.calls: dict[str, list[LayerCall]] = {}
         self.flops_own: dict[str, int] = {}
         self.flops: int | None = 0 if flops else None
@@ -227,7 +219,7 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
         self.flops += counter.get_total_flops()
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._inputs[call.key] = tensor_shapes(args) + tensor_shapes(kwargs)
+        self._inputs[call.key] = tensor_shapes((args, kwargs))
         if self._counter is not None:
             self._open.append([self._counter.get_total_flops(), 0])
 
@@ -265,7 +257,7 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
     model's children); counts at the cut still include everything below."""
     if max_depth is not None and max_depth < 1:
         raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
-    counts, sizes = parameter_counts(model), parameter_bytes(model)
+    owned = _owned(model)
     ran = example is not None
     probe = ShapesProbe(model, flops=ran)
     root, *sites = probe.sites
@@ -273,19 +265,21 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
     shapes = tensor_shapes(example) if ran else []
 
     def info(site: Site) -> LayerInfo:
-        own, total, total_train = counts[site.name]
+        own, subtree = owned[site.name]
+        total, trainable = _numel(subtree), _numel(p for p in subtree if p.requires_grad)
         mine = calls.get(site.name, [])
         flops = sum(c.flops or 0 for c in mine) if ran else None
         return LayerInfo(
-            name=site.name, type=site.type, depth=site.depth, params=own, params_total=total,
-            trainable_params=total_train, trainable=_trainable(total, total_train), calls=mine,
+            name=site.name, type=site.type, depth=site.depth, params=_numel(own), params_total=total,
+            trainable_params=trainable, trainable=_trainable(total, trainable), calls=mine,
             flops=flops, flops_own=probe.flops_own.get(site.name, 0) if ran else None,
-            params_bytes=sizes[site.name][0], params_bytes_total=sizes[site.name][1])
+            params_bytes=_dtype_bytes(own), params_bytes_total=_dtype_bytes(subtree))
 
+    top = info(root)
     return Structure(
-        root=info(root), layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
-        params=counts[""][1], trainable_params=counts[""][2], modules=len(sites),
+        root=top, layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
+        params=top.params_total, trainable_params=top.trainable_params, modules=len(sites),
         # Per sample, without the batch dimension, as in the `stats` document.
         input_shape=shapes[0][1:] if shapes else None, flops=probe.flops,
-        params_bytes=sizes[""][1], activation_bytes=_leaf_bytes(model, calls) if ran else None,
+        params_bytes=top.params_bytes_total, activation_bytes=_leaf_bytes(model, calls) if ran else None,
         input_bytes=nbytes(example) if ran else None)
