@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.cam.passes import Pass, Switch
+from hookscope.cam.passes import Pass, Switch, or_zeros
 from hookscope.cam.targets import Objective, Selection
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
@@ -210,10 +210,5 @@ class AttentionPass(Pass):
         # gradient at that matrix.
         nodes = [p._base if p._base is not None and p._base.numel() == p.numel() else p
                  for p in probs]
-        with torch.inference_mode(False), torch.enable_grad():
-            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
-            if not total.requires_grad:
-                return [torch.zeros_like(p) for p in probs]
-            grads = torch.autograd.grad(total, nodes, allow_unused=True)
-        return [g.detach().reshape(p.shape) if g is not None else torch.zeros_like(p)
-                for g, p in zip(grads, probs, strict=True)]
+        grads = self.grads(out, sel, nodes) or [None] * len(probs)
+        return [or_zeros(g, p).reshape(p.shape) for g, p in zip(grads, probs, strict=True)]

@@ -416,9 +416,8 @@ def sscam(inp: CamInputs) -> torch.Tensor:
     the mean score gain softmaxed over channels (seeded noise)."""
     noise = _need(inp.noise, "noise")
     masks = _torchcam_masks(inp)
-    total = _score_masks(inp, masks + SSCAM_STD * noise(tuple(masks.shape)))
-    for _ in range(SSCAM_SAMPLES - 1):
-        total = total + _score_masks(inp, masks + SSCAM_STD * noise(tuple(masks.shape)))
+    total: Any = sum(_score_masks(inp, masks + SSCAM_STD * noise(tuple(masks.shape)))
+                     for _ in range(SSCAM_SAMPLES))
     return _channels((total / SSCAM_SAMPLES).softmax(dim=1), inp.acts)
 
 
