@@ -112,13 +112,11 @@ class Attentions:
             fused = a.mean(dim=1) if self.fusion == "mean" else \
                 a.amax(dim=1) if self.fusion == "max" else a.amin(dim=1)
             if self.discard > 0:
-                flat = fused.reshape(fused.shape[0], -1).clone()
-                drop = int(flat.shape[1] * self.discard)
-                lowest = flat.topk(drop, dim=1, largest=False).indices
-                keep = flat[:, 0].clone()  # the class token's attention to itself stays
-                flat.scatter_(1, lowest, 0.0)
-                flat[:, 0] = keep
-                fused = flat.reshape(fused.shape)
+                flat = fused.flatten(1)
+                lowest = flat.topk(int(flat.shape[1] * self.discard), dim=1, largest=False)
+                drop = torch.zeros_like(flat, dtype=torch.bool).scatter_(1, lowest.indices, True)
+                drop[:, 0] = False  # the class token's attention to itself stays
+                fused = flat.masked_fill(drop, 0.0).reshape(fused.shape)
             eye = torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
             step = 0.5 * fused + 0.5 * eye
             step = step / step.sum(dim=-1, keepdim=True)

@@ -166,14 +166,13 @@ def minmax(t: torch.Tensor, eps: float) -> torch.Tensor:
     return (t - lo) / (hi - lo + eps)
 
 
-def resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """(N, h, w) maps resized (bilinear) to ``size``."""
+def resize(maps: torch.Tensor, size: Sequence[int], mode: str = "bilinear") -> torch.Tensor:
+    """(N, h, w) maps resized to ``size`` (bilinear: without aligned corners)."""
     import torch.nn.functional as F
 
     if tuple(maps.shape[-2:]) == tuple(size):
         return maps
-    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
-                         align_corners=False).squeeze(1)
+    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode=mode).squeeze(1)
 
 
 # ----------------------------------------------------------------------------- gradients

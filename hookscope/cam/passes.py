@@ -18,7 +18,7 @@ from hookscope.cam.methods import SMOOTH_STD, FullBackward
 from hookscope.cam.targets import Context, Objective, Selection, class_probs
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
-from hookscope.core.hooks import Call, first_tensor
+from hookscope.core.hooks import Call
 from hookscope.core.run import Probe, Step
 from hookscope.core.select import Site
 
@@ -33,16 +33,18 @@ def detach(out: Any) -> Any:
             for d in out]
 
 
-def _with_output(output: Any, out: torch.Tensor, replacement: torch.Tensor, name: str) -> Any:
-    """The module's output with its tensor ``out`` replaced."""
-    if output is out:
+def output_tensor(output: Any) -> torch.Tensor | None:
+    """A module's output tensor: the output itself, or the first item of a tuple or list."""
+    if isinstance(output, (tuple, list)) and output:
+        output = output[0]
+    return output if isinstance(output, torch.Tensor) else None
+
+
+def _with_output(output: Any, replacement: torch.Tensor) -> Any:
+    """The module's output with its :func:`output_tensor` replaced."""
+    if isinstance(output, torch.Tensor):
         return replacement
-    if isinstance(output, (tuple, list)) and output and output[0] is out:
-        return type(output)([replacement, *output[1:]])
-    raise HookscopeError(
-        f"Layer {name!r} returns a {type(output).__name__}; Grad-CAM needs a layer that "
-        "returns a tensor (or a tuple starting with one)."
-    )
+    return type(output)([replacement, *output[1:]])
 
 
 def or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -142,9 +144,11 @@ class CapturePass(Pass):
         index = self.layer_ids.get(id(call.site.module))
         if index is None:
             return None
-        site, out = call.site, first_tensor(output)
+        site, out = call.site, output_tensor(output)
         if out is None:
-            raise HookscopeError(f"Layer {call.name!r} returned no tensor.")
+            raise HookscopeError(
+                f"Layer {call.name!r} returns a {type(output).__name__}; Grad-CAM needs a layer "
+                "that returns a tensor (or a tuple starting with one).")
         found = layout(list(out.shape), self.size, type_name=site.type, hint=self.hint,
                        force=self.reshape)
         if not isinstance(found, Layout):
@@ -166,7 +170,7 @@ class CapturePass(Pass):
             torch.set_grad_enabled(True)  # for the rest of this forward pass only
         self.cap[index] = (node.detach(), node, call.index)
         # The model gets a copy, so a following in-place op cannot touch the snapshot.
-        return _with_output(output, out, node.clone(), call.name)
+        return _with_output(output, node.clone())
 
     def run(self, step: Step, x: torch.Tensor, sel: Selection | None, ctx: Context, *,
             keep: bool = False, strict: bool = True) -> tuple[Captured, Selection]:
@@ -280,9 +284,7 @@ class AblationPass(Pass):
         assert self.ablation is not None  # set while the pass runs
         layer, index, replacement = self.ablation
         if self.capture.layer_ids.get(id(call.site.module)) == layer and call.index == index:
-            out = first_tensor(output)
-            assert out is not None
-            return _with_output(output, out, replacement, call.name)
+            return _with_output(output, replacement)
         return None
 
     def run(self, step: Step, sel: Selection, cap: Captured, layer: int, x: torch.Tensor,

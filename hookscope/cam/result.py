@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hookscope.cam.methods import Method, minmax, resize
 from hookscope.cam.targets import Box, Selection
@@ -314,10 +313,7 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
 def _regions(sel: Selection, size: Sequence[int]) -> np.ndarray | None:
     if sel.masks is None:
         return None
-    masks = sel.masks.float()
-    if tuple(masks.shape[-2:]) != tuple(size):
-        masks = F.interpolate(masks.unsqueeze(1), size=tuple(size), mode="nearest").squeeze(1)
-    return (masks > 0.5).cpu().numpy()
+    return (resize(sel.masks.float(), size, "nearest") > 0.5).cpu().numpy()
 
 
 def _detections(sel: Selection) -> list[list[dict[str, Any]]] | None:
