@@ -280,8 +280,7 @@ def ablationcam(inp: CamInputs) -> torch.Tensor:
     step = max(1, int(inp.score_batch))
     for i in range(n):
         for c0 in range(0, c, step):
-            channels = list(range(c0, min(c, c0 + step)))
-            scores[i, c0 : c0 + len(channels)] = ablate(i, channels).float()
+            scores[i, c0 : c0 + step] = ablate(i, list(range(c0, min(c, c0 + step)))).float()
     return _channels((base[:, None] - scores) / base[:, None], a)
 
 

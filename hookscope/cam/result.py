@@ -88,12 +88,9 @@ class CamResult:
 def _constant(raws: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per input, whether every layer's raw (N, h, w) map has a range within
     :data:`CONSTANT_RTOL` of its largest magnitude (an all-zero map included)."""
-    found = torch.ones(raws[0].shape[0], dtype=torch.bool, device=raws[0].device)
-    for raw in raws:
-        flat = raw.reshape(raw.shape[0], -1).float()
-        span = flat.amax(dim=1) - flat.amin(dim=1)
-        found &= span <= CONSTANT_RTOL * flat.abs().amax(dim=1)
-    return found
+    flat = [raw.flatten(1).float() for raw in raws]
+    return torch.stack([f.amax(dim=1) - f.amin(dim=1) <= CONSTANT_RTOL * f.abs().amax(dim=1)
+                        for f in flat]).all(dim=0)
 
 
 def fuse(raws: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
