@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.cam.passes import Pass, Switch
+from hookscope.cam.passes import Pass, Switch, or_zeros
 from hookscope.cam.targets import Objective, Selection
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
@@ -112,13 +112,11 @@ class Attentions:
             fused = a.mean(dim=1) if self.fusion == "mean" else \
                 a.amax(dim=1) if self.fusion == "max" else a.amin(dim=1)
             if self.discard > 0:
-                flat = fused.reshape(fused.shape[0], -1).clone()
-                drop = int(flat.shape[1] * self.discard)
-                lowest = flat.topk(drop, dim=1, largest=False).indices
-                keep = flat[:, 0].clone()  # the class token's attention to itself stays
-                flat.scatter_(1, lowest, 0.0)
-                flat[:, 0] = keep
-                fused = flat.reshape(fused.shape)
+                flat = fused.flatten(1)
+                lowest = flat.topk(int(flat.shape[1] * self.discard), dim=1, largest=False)
+                drop = torch.zeros_like(flat, dtype=torch.bool).scatter_(1, lowest.indices, True)
+                drop[:, 0] = False  # the class token's attention to itself stays
+                fused = flat.masked_fill(drop, 0.0).reshape(fused.shape)
             eye = torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
             step = 0.5 * fused + 0.5 * eye
             step = step / step.sum(dim=-1, keepdim=True)
@@ -210,10 +208,5 @@ class AttentionPass(Pass):
         # gradient at that matrix.
         nodes = [p._base if p._base is not None and p._base.numel() == p.numel() else p
                  for p in probs]
-        with torch.inference_mode(False), torch.enable_grad():
-            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
-            if not total.requires_grad:
-                return [torch.zeros_like(p) for p in probs]
-            grads = torch.autograd.grad(total, nodes, allow_unused=True)
-        return [g.detach().reshape(p.shape) if g is not None else torch.zeros_like(p)
-                for g, p in zip(grads, probs, strict=True)]
+        grads = self.grads(out, sel, nodes) or [None] * len(probs)
+        return [or_zeros(g, p).reshape(p.shape) for g, p in zip(grads, probs, strict=True)]

@@ -151,8 +151,10 @@ class MetricPlan:
             parts.append(self._curves(x, maps, base))
         if {"drop", "increase"} & set(self.names):
             parts.append(self._drop(x, maps, base))
-        scores = _batched(score, [t for p in parts for t in p[0]], [r for p in parts for r in p[1]],
-                          batch)
+        inputs, rows = [t for p in parts for t in p[0]], [r for p in parts for r in p[1]]
+        step = max(1, int(batch))
+        scores = torch.cat([score(torch.stack(inputs[s : s + step]), rows[s : s + step]).float().cpu()
+                            for s in range(0, len(inputs), step)])
         found: dict[str, Any] = {}
         for inputs, _, values in parts:
             found |= values(scores[: len(inputs)])
@@ -219,15 +221,6 @@ class MetricPlan:
             return {k: v for k, v in found.items() if k in self.names}
 
         return list(x * maps.unsqueeze(1)), list(range(len(x))), values
-
-
-def _batched(score: Score, inputs: list[torch.Tensor], rows: list[int], batch: int
-             ) -> torch.Tensor:
-    found = []
-    step = max(1, int(batch))
-    for s in range(0, len(inputs), step):
-        found.append(score(torch.stack(inputs[s : s + step]), rows[s : s + step]).float().cpu())
-    return torch.cat(found) if found else torch.empty(0)
 
 
 class MetricsProbe(Probe[dict[str, np.ndarray]]):

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.cam.passes import output_tensor
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout, token_hint
 from hookscope.core.hooks import Call, first_tensor
@@ -47,9 +48,8 @@ class _Spatial(Probe[list[_Grid]]):
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         self.ran.add(call.name)
-        t = first_tensor(output)
-        if t is None or not (output is t or isinstance(output, (tuple, list)) and output
-                             and output[0] is t):
+        t = output_tensor(output)
+        if t is None:
             return  # a layer must return a tensor, or a tuple starting with one
         source = first_tensor(args)
         if source is not None and source.dim() == 4 and source.shape[2] * source.shape[3] == 1:

@@ -166,14 +166,13 @@ def minmax(t: torch.Tensor, eps: float) -> torch.Tensor:
     return (t - lo) / (hi - lo + eps)
 
 
-def resize(maps: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
-    """(N, h, w) maps resized (bilinear) to ``size``."""
+def resize(maps: torch.Tensor, size: Sequence[int], mode: str = "bilinear") -> torch.Tensor:
+    """(N, h, w) maps resized to ``size`` (bilinear: without aligned corners)."""
     import torch.nn.functional as F
 
     if tuple(maps.shape[-2:]) == tuple(size):
         return maps
-    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode="bilinear",
-                         align_corners=False).squeeze(1)
+    return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode=mode).squeeze(1)
 
 
 # ----------------------------------------------------------------------------- gradients
@@ -281,8 +280,7 @@ def ablationcam(inp: CamInputs) -> torch.Tensor:
     step = max(1, int(inp.score_batch))
     for i in range(n):
         for c0 in range(0, c, step):
-            channels = list(range(c0, min(c, c0 + step)))
-            scores[i, c0 : c0 + len(channels)] = ablate(i, channels).float()
+            scores[i, c0 : c0 + step] = ablate(i, list(range(c0, min(c, c0 + step)))).float()
     return _channels((base[:, None] - scores) / base[:, None], a)
 
 
@@ -416,9 +414,8 @@ def sscam(inp: CamInputs) -> torch.Tensor:
     the mean score gain softmaxed over channels (seeded noise)."""
     noise = _need(inp.noise, "noise")
     masks = _torchcam_masks(inp)
-    total = _score_masks(inp, masks + SSCAM_STD * noise(tuple(masks.shape)))
-    for _ in range(SSCAM_SAMPLES - 1):
-        total = total + _score_masks(inp, masks + SSCAM_STD * noise(tuple(masks.shape)))
+    total: Any = sum(_score_masks(inp, masks + SSCAM_STD * noise(tuple(masks.shape)))
+                     for _ in range(SSCAM_SAMPLES))
     return _channels((total / SSCAM_SAMPLES).softmax(dim=1), inp.acts)
 
 

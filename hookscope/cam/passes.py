@@ -18,7 +18,7 @@ from hookscope.cam.methods import SMOOTH_STD, FullBackward
 from hookscope.cam.targets import Context, Objective, Selection, class_probs
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
-from hookscope.core.hooks import Call, first_tensor
+from hookscope.core.hooks import Call
 from hookscope.core.run import Probe, Step
 from hookscope.core.select import Site
 
@@ -33,19 +33,21 @@ def detach(out: Any) -> Any:
             for d in out]
 
 
-def _with_output(output: Any, out: torch.Tensor, replacement: torch.Tensor, name: str) -> Any:
-    """The module's output with its tensor ``out`` replaced."""
-    if output is out:
+def output_tensor(output: Any) -> torch.Tensor | None:
+    """A module's output tensor: the output itself, or the first item of a tuple or list."""
+    if isinstance(output, (tuple, list)) and output:
+        output = output[0]
+    return output if isinstance(output, torch.Tensor) else None
+
+
+def _with_output(output: Any, replacement: torch.Tensor) -> Any:
+    """The module's output with its :func:`output_tensor` replaced."""
+    if isinstance(output, torch.Tensor):
         return replacement
-    if isinstance(output, (tuple, list)) and output and output[0] is out:
-        return type(output)([replacement, *output[1:]])
-    raise HookscopeError(
-        f"Layer {name!r} returns a {type(output).__name__}; Grad-CAM needs a layer that "
-        "returns a tensor (or a tuple starting with one)."
-    )
+    return type(output)([replacement, *output[1:]])
 
 
-def _or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+def or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """``grad`` detached, or zeros where autograd found no path (None)."""
     return torch.zeros_like(like) if grad is None else grad.detach()
 
@@ -76,6 +78,16 @@ class Pass:
 
     def on_exit(self, call: Call, output: Any) -> Any:
         return None
+
+    def grads(self, out: Any, sel: Selection, nodes: list[torch.Tensor], **options: Any
+              ) -> tuple[torch.Tensor | None, ...] | None:
+        """The gradients of the summed target scores at ``nodes`` (None where autograd
+        finds no path); None when the scores do not depend on anything differentiable."""
+        with torch.inference_mode(False), torch.enable_grad():
+            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
+            if not total.requires_grad:
+                return None
+            return torch.autograd.grad(total, nodes, allow_unused=True, **options)
 
 
 class Switch(Probe[R]):
@@ -132,9 +144,11 @@ class CapturePass(Pass):
         index = self.layer_ids.get(id(call.site.module))
         if index is None:
             return None
-        site, out = call.site, first_tensor(output)
+        site, out = call.site, output_tensor(output)
         if out is None:
-            raise HookscopeError(f"Layer {call.name!r} returned no tensor.")
+            raise HookscopeError(
+                f"Layer {call.name!r} returns a {type(output).__name__}; Grad-CAM needs a layer "
+                "that returns a tensor (or a tuple starting with one).")
         found = layout(list(out.shape), self.size, type_name=site.type, hint=self.hint,
                        force=self.reshape)
         if not isinstance(found, Layout):
@@ -156,7 +170,7 @@ class CapturePass(Pass):
             torch.set_grad_enabled(True)  # for the rest of this forward pass only
         self.cap[index] = (node.detach(), node, call.index)
         # The model gets a copy, so a following in-place op cannot touch the snapshot.
-        return _with_output(output, out, node.clone(), call.name)
+        return _with_output(output, node.clone())
 
     def run(self, step: Step, x: torch.Tensor, sel: Selection | None, ctx: Context, *,
             keep: bool = False, strict: bool = True) -> tuple[Captured, Selection]:
@@ -164,38 +178,37 @@ class CapturePass(Pass):
         self.cap = [None] * len(self.layer_sites)
         self.size = (int(x.shape[-2]), int(x.shape[-1]))
         with self.switch.running(self):
-            out = self.objective.output(step.forward(x))
+            graph_out = self.objective.output(step.forward(x))
+        out = detach(graph_out)
         taken = [c for c in self.cap if c is not None]
         if len(taken) < len(self.cap):
             raise HookscopeError(f"Layer {self.layer_sites[self.cap.index(None)].name!r} did "
                                  "not run during the forward pass; choose a layer the model uses.")
         acts, nodes = [c[0] for c in taken], [c[1] for c in taken]
-        sel = sel or self.objective.select(detach(out), x, step.start, ctx)
+        sel = sel or self.objective.select(out, x, step.start, ctx)
         grads: list[torch.Tensor | None] = [None] * len(taken)
         graph_grads: list[torch.Tensor] = []
         if self.needs_grad:
             graph_grads = [torch.zeros_like(n) for n in nodes] if all(sel.skipped) else \
-                self._backward(out, sel, nodes, keep, strict)
+                self._backward(graph_out, sel, nodes, keep, strict)
             grads = [self._nchw(i, g.detach()) for i, g in enumerate(graph_grads)]
         with torch.no_grad():
-            scores = self.objective.score(detach(out), sel, list(range(len(x)))).float()
+            scores = self.objective.score(out, sel, list(range(len(x)))).float()
         return Captured(
-            out=detach(out), acts=acts, nchw=[self._nchw(i, a) for i, a in enumerate(acts)],
+            out=out, acts=acts, nchw=[self._nchw(i, a) for i, a in enumerate(acts)],
             grads=grads, calls=[c[2] for c in taken], scores=scores,
-            graph_out=out if keep else None, nodes=nodes if keep else [],
+            graph_out=graph_out if keep else None, nodes=nodes if keep else [],
             graph_grads=graph_grads if keep else []), sel
 
     def _backward(self, out: Any, sel: Selection, nodes: list[torch.Tensor], keep: bool,
                   strict: bool) -> list[torch.Tensor]:
         """Gradients of the summed target scores at each layer."""
-        with torch.inference_mode(False), torch.enable_grad():
-            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
-            if not total.requires_grad:
-                if strict:
-                    raise self._disconnected(self.layer_sites[0].name)
-                return [torch.zeros_like(n) for n in nodes]
-            grads = torch.autograd.grad(total, nodes, allow_unused=True, retain_graph=keep,
-                                        create_graph=keep and self.second_order)
+        grads = self.grads(out, sel, nodes, retain_graph=keep,
+                           create_graph=keep and self.second_order)
+        if grads is None:
+            if strict:
+                raise self._disconnected(self.layer_sites[0].name)
+            return [torch.zeros_like(n) for n in nodes]
         for site, g in zip(self.layer_sites, grads, strict=True):
             if g is None:
                 raise self._disconnected(site.name)
@@ -212,7 +225,7 @@ class CapturePass(Pass):
         with torch.inference_mode(False), torch.enable_grad():
             (g,) = torch.autograd.grad(fn(cap.graph_out).sum(), cap.nodes[layer],
                                        retain_graph=True, allow_unused=True)
-        return self._nchw(layer, _or_zeros(g, cap.acts[layer]))
+        return self._nchw(layer, or_zeros(g, cap.acts[layer]))
 
     def hvp(self, cap: Captured, layer: int) -> torch.Tensor:
         grad, node = cap.graph_grads[layer], cap.nodes[layer]
@@ -229,7 +242,7 @@ class CapturePass(Pass):
                     "shapleycam needs second derivatives, and PyTorch has none for an "
                     f"operation of this model after layer {self.layer_sites[layer].name!r} "
                     f"({' '.join(str(exc).split())}); choose another method.") from None
-        return self._nchw(layer, _or_zeros(h, cap.acts[layer]))
+        return self._nchw(layer, or_zeros(h, cap.acts[layer]))
 
     def _nchw(self, layer: int, t: torch.Tensor) -> torch.Tensor:
         """A tensor in ``layer``'s output layout as (N, C, h, w) float32."""
@@ -255,7 +268,7 @@ class Noise:
             noisy = x + SMOOTH_STD * self.noise(name, x.device, tuple(x.shape))
             cache[sample] = self.capture.run(step, noisy, sel, ctx, strict=False)[0]
         found = cache[sample]
-        return found.nchw[layer], _or_zeros(found.grads[layer], found.nchw[layer])
+        return found.nchw[layer], or_zeros(found.grads[layer], found.nchw[layer])
 
 
 class AblationPass(Pass):
@@ -271,9 +284,7 @@ class AblationPass(Pass):
         assert self.ablation is not None  # set while the pass runs
         layer, index, replacement = self.ablation
         if self.capture.layer_ids.get(id(call.site.module)) == layer and call.index == index:
-            out = first_tensor(output)
-            assert out is not None
-            return _with_output(output, out, replacement, call.name)
+            return _with_output(output, replacement)
         return None
 
     def run(self, step: Step, sel: Selection, cap: Captured, layer: int, x: torch.Tensor,
@@ -326,12 +337,9 @@ class InputPass(Pass):
         with self.switch.running(self):
             out = self.objective.output(step.forward(leaf, grad="grad"))
         biases, self.biases = self.biases, []
-        with torch.inference_mode(False), torch.enable_grad():
-            total = self.objective.score(out, sel, list(range(len(x)))).sum()
-            if not total.requires_grad:
-                return FullBackward(x, torch.zeros_like(leaf))
-            grads = torch.autograd.grad(total, [leaf, *(o for _, o in biases)],
-                                        allow_unused=True)
-        pairs = [(b, _or_zeros(g, o)) for (b, o), g in zip(biases, grads[1:], strict=True)]
-        return FullBackward(x, _or_zeros(grads[0], leaf), pairs)
+        grads = self.grads(out, sel, [leaf, *(o for _, o in biases)])
+        if grads is None:
+            return FullBackward(x, torch.zeros_like(leaf))
+        pairs = [(b, or_zeros(g, o)) for (b, o), g in zip(biases, grads[1:], strict=True)]
+        return FullBackward(x, or_zeros(grads[0], leaf), pairs)
 

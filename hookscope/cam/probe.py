@@ -134,29 +134,24 @@ class CamProbe(Switch[CamReport]):
             raise HookscopeError(f"{param('aug_smooth')} flips the input, which would move a "
                                  f"{self.task} model's region or boxes; it is for classifiers.")
 
-    def _inputs(self, method: Method, step: Step, cap: Captured, sel: Selection,
-                ctx: Context, x: torch.Tensor, full: FullBackward | None, layer: int,
-                cache: dict[int, Captured]) -> CamInputs:
-        name = method.name  # its noise generator
-        return CamInputs(
-            acts=cap.nchw[layer], grads=cap.grads[layer], x=x, targets=list(sel.classes),
-            score=partial(score, step, self.objective, sel), score_batch=self.score_batch,
-            base_scores=cap.scores, ablate=partial(self.ablation.run, step, sel, cap, layer, x),
-            regrad=partial(self.capture.regrad, cap, layer) if cap.graph_out is not None else None,
-            logits=cap.out if self.task == "classification" else None,
-            hvp=partial(self.capture.hvp, cap, layer) if cap.graph_grads else None,
-            noisy=partial(self.noise.noisy, step, sel, ctx, x, name, cache, layer),
-            noise=partial(self.noise.noise, name, x.device), full=full,
-            attention=partial(self.attention.run, step, x, sel) if self.attention else None)
-
     def _raws(self, method: Method, step: Step, cap: Captured, sel: Selection, ctx: Context,
               x: torch.Tensor, full: FullBackward | None) -> list[torch.Tensor]:
         """The method's raw maps (ReLU'd) at each layer (once, for FullGrad)."""
         cache: dict[int, Captured] = {}
         grad_free = not method.needs & {"regrad", "hvp", "noisy"}
-        raws = []
+        name, raws = method.name, []  # the name picks its noise generator
         for layer in range(len(self.layer_sites) if method.layerwise else 1):
-            inputs = self._inputs(method, step, cap, sel, ctx, x, full, layer, cache)
+            inputs = CamInputs(
+                acts=cap.nchw[layer], grads=cap.grads[layer], x=x, targets=list(sel.classes),
+                score=partial(score, step, self.objective, sel), score_batch=self.score_batch,
+                base_scores=cap.scores,
+                ablate=partial(self.ablation.run, step, sel, cap, layer, x),
+                regrad=partial(self.capture.regrad, cap, layer) if cap.graph_out is not None
+                else None, logits=cap.out if self.task == "classification" else None,
+                hvp=partial(self.capture.hvp, cap, layer) if cap.graph_grads else None,
+                noisy=partial(self.noise.noisy, step, sel, ctx, x, name, cache, layer),
+                noise=partial(self.noise.noise, name, x.device), full=full,
+                attention=partial(self.attention.run, step, x, sel) if self.attention else None)
             with torch.inference_mode(grad_free):
                 res = method.fn(inputs).float()
                 if res.dim() == 4:
@@ -193,10 +188,6 @@ class CamProbe(Switch[CamReport]):
             for name, res in results.items():
                 maps = torch.from_numpy(res.maps)
                 results[name] = replace(res, metrics=self.metrics.evaluate(prob, x, maps, self.score_batch))
-        self._emit(step, results, sel, ctx)
-
-    def _emit(self, step: Step, results: dict[str, CamResult], sel: Selection, ctx: Context
-              ) -> None:
         explained = CamBatch(batch=step.batch, start=step.start, results=results,
                              boxes=ctx.boxes, skipped=list(sel.skipped), **self._layers())
         self.notes.update(dict.fromkeys(why for why in sel.skipped if why is not None))

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hookscope.cam.methods import Method, minmax, resize
 from hookscope.cam.targets import Box, Selection
@@ -89,12 +88,9 @@ class CamResult:
 def _constant(raws: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per input, whether every layer's raw (N, h, w) map has a range within
     :data:`CONSTANT_RTOL` of its largest magnitude (an all-zero map included)."""
-    found = torch.ones(raws[0].shape[0], dtype=torch.bool, device=raws[0].device)
-    for raw in raws:
-        flat = raw.reshape(raw.shape[0], -1).float()
-        span = flat.amax(dim=1) - flat.amin(dim=1)
-        found &= span <= CONSTANT_RTOL * flat.abs().amax(dim=1)
-    return found
+    flat = [raw.flatten(1).float() for raw in raws]
+    return torch.stack([f.amax(dim=1) - f.amin(dim=1) <= CONSTANT_RTOL * f.abs().amax(dim=1)
+                        for f in flat]).all(dim=0)
 
 
 def fuse(raws: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
@@ -314,10 +310,7 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
 def _regions(sel: Selection, size: Sequence[int]) -> np.ndarray | None:
     if sel.masks is None:
         return None
-    masks = sel.masks.float()
-    if tuple(masks.shape[-2:]) != tuple(size):
-        masks = F.interpolate(masks.unsqueeze(1), size=tuple(size), mode="nearest").squeeze(1)
-    return (masks > 0.5).cpu().numpy()
+    return (resize(sel.masks.float(), size, "nearest") > 0.5).cpu().numpy()
 
 
 def _detections(sel: Selection) -> list[list[dict[str, Any]]] | None:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from hookscope.cam.methods import resize
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.outputs import class_logits, select_logits
 from hookscope.core.targets import Targets, parse_targets
@@ -228,9 +228,8 @@ class DetectionObjective(Objective):
         self.targets.check_batch(start, len(out))
         sel = Selection([])
         for i, det in enumerate(out):
-            entry = self.targets.entries[start + i if self.targets.per_input else 0] \
+            label = int(self.targets.entries[start + i if self.targets.per_input else 0]) \
                 if self.labelled else None
-            label = int(entry) if entry is not None else None
             keep, why = self._chosen(det, label, ctx.names[i])
             sel.classes.append(label if label is not None else -1)
             sel.boxes.append(det["boxes"][keep].detach())
@@ -310,16 +309,14 @@ def _fit_mask(mask: np.ndarray, input_hw: Sequence[int], out_hw: Sequence[int],
     elif size is not None and (w, h) == tuple(size):
         left, top, right, bottom = box or (0.0, 0.0, float(w), float(h))
         crop = t[int(round(top)):int(round(bottom)), int(round(left)):int(round(right))]
-        fitted = F.interpolate(crop[None, None], size=tuple(input_hw), mode="nearest")[0, 0]
+        fitted = resize(crop[None], input_hw, "nearest")[0]
     else:
         sizes = f"{input_hw[1]}x{input_hw[0]} (the model input)"
         if size is not None:
             sizes = f"{size[0]}x{size[1]} (the image) or " + sizes
         raise HookscopeError(f"{param('mask')} is {w}x{h} pixels; for {name} it must be "
                              f"{sizes}.")
-    if tuple(fitted.shape) != tuple(out_hw):
-        fitted = F.interpolate(fitted[None, None], size=tuple(out_hw), mode="nearest")[0, 0]
-    return fitted
+    return resize(fitted[None], out_hw, "nearest")[0]
 
 
 def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, Targets | None]:
