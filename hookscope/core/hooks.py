@@ -59,8 +59,7 @@ class Call:
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
     """The first tensor in a tensor, tuple, list or dict (depth first), or None."""
-    found = tensors(obj)
-    return found[0] if found else None
+    return next(iter(tensors(obj)), None)
 
 
 def tensors(obj: Any) -> list[torch.Tensor]:
@@ -132,9 +131,6 @@ class Hooks:
         """Remove every handle; safe to call twice."""
         while self._handles:
             self._handles.pop().remove()
-
-    def __len__(self) -> int:
-        return len(self._handles)
 
     def __enter__(self) -> Hooks:
         return self
@@ -209,7 +205,7 @@ class Tracer(Hooks):
 
     def attach(self) -> Tracer:
         """Register the hooks (done by ``with``); prepend so hookscope sees outputs first."""
-        if len(self):
+        if self._handles:
             return self
         try:
             for site in self.sites:

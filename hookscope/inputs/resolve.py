@@ -48,7 +48,6 @@ class InputItem:
     @property
     def source(self) -> Path | bytes:
         """What to read: the bytes already read, else the file."""
-        assert self.path is not None or self.data is not None
         return self.data if self.data is not None else self.path  # type: ignore[return-value]
 
     @property

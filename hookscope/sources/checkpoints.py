@@ -60,8 +60,7 @@ def _is_pickle(src: Source) -> bool:
             head = fh.read(2)
     except OSError:
         return False
-    return zipfile.is_zipfile(_readable(src)) or (len(head) == 2 and head[0] == 0x80
-                                                  and head[1] >= 2)
+    return zipfile.is_zipfile(_readable(src)) or (head[:1] == b"\x80" and head[1:] >= b"\x02")
 
 
 def _refuse_compiled(src: Source, path: Path) -> None:

@@ -249,14 +249,10 @@ def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module
     where, dotted = found["where"], found["name"]
     kwargs = parse_model_args(model_args)  # before the user's code runs: fail fast
     with torch.random.fork_rng(devices=[]):  # the user's code may draw or seed at import
-        if where.endswith(".py"):
-            path = Path(where).expanduser()
-            module = _import_file(path)
-            folder: Path | None = path.resolve().parent
-        else:
-            module = _import_module(where)
-            file = getattr(module, "__file__", None)
-            folder = Path(file).resolve().parent if file else None
+        py = where.endswith(".py")
+        module = _import_file(Path(where).expanduser()) if py else _import_module(where)
+        file = getattr(module, "__file__", None)  # a namespace package has none
+        folder = Path(file).resolve().parent if file else None
         obj = _attribute(module, dotted, where)
         torch.manual_seed(seed)  # just before building: as `manual_seed(seed); Net(...)` would
         return _construct(obj, kwargs, spec.strip(), folder)

@@ -113,9 +113,7 @@ def _create(name: str, seed: int, num_classes: int | None = None,
     import timm
     from huggingface_hub import constants
 
-    kwargs: dict[str, Any] = {}
-    if num_classes is not None:
-        kwargs["num_classes"] = num_classes
+    kwargs: dict[str, Any] = {} if num_classes is None else {"num_classes": num_classes}
     if pretrained_from is not None:
         kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_from)}
     with torch.random.fork_rng(devices=[]), ExitStack() as stack:

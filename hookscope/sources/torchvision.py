@@ -187,11 +187,11 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         why = "this model has no pretrained weights" if options.num_classes is None else None
         model, loaded = _random_weights(name, options, why)
     elif is_path(weights):
+        path = Path(weights).expanduser()
         model, found = build_to_fit(
-            Path(weights).expanduser(), name=name, num_classes=options.num_classes,
-            trust=options.trust_checkpoint,
+            path, name=name, num_classes=options.num_classes, trust=options.trust_checkpoint,
             build=lambda n, state: _build(name, None, options.seed, n, _aux_options(name, state)))
-        loaded = f"file:{Path(weights).expanduser()}"
+        loaded = f"file:{path}"
     else:
         chosen = _named_weights(name, weights, enum, default)
         model, loaded = _pretrained(name, chosen, options)
