@@ -25,13 +25,12 @@ from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, all_sites
 from hookscope.probes.channels import as_float
 from hookscope.probes.diffsums import DiffSums, DiffTable
-from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison
+from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison, Key
 
 __all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff", "OutputDiff",
            "diff_models", "on_side"]
 
 NAN = float("nan")
-Key = tuple[str, int]
 
 
 @dataclass(frozen=True)

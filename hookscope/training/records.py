@@ -23,19 +23,16 @@ from hookscope.core.hooks import Call, Hooks
 from hookscope.core.select import Selection
 from hookscope.probes.baseline import read_stats
 from hookscope.probes.check import drift
-from hookscope.probes.drift import quantile_drift
+from hookscope.probes.drift import EPS, finite, quantile_drift
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.sketch import parse_percentiles
 from hookscope.probes.stats import StatsProbe, StatsReport
-from hookscope.training.logs import number
 
 __all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows", "step_line"]
 
 NAN = float("nan")
 #: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
 DEAD = 0.99
-#: Floor of a drift's scale, as ``check``'s drift rules use (see ``hookscope.probes.check.drift``).
-_EPS = 1e-6
 #: Autograd's execution engine (for callbacks at the end of a backward pass).
 _ENGINE = torch.autograd.Variable._execution_engine
 
@@ -231,8 +228,8 @@ class Drift:
         if self.percentiles:
             return quantile_drift(base.get("percentiles"), row.get("percentiles"),
                                   base.get("std"), base.get("mean"))
-        mean, std = number(row.get("mean")), number(row.get("std"))
-        mean_b, std_b = number(base.get("mean")), number(base.get("std"))
-        scale_mean = max(abs(mean_b or 0.0), std_b or 0.0, _EPS)
-        scale_std = max(std_b or 0.0, _EPS * abs(mean_b or 0.0), _EPS)
+        mean, std = finite(row.get("mean")), finite(row.get("std"))
+        mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
+        scale_mean = max(abs(mean_b or 0.0), std_b or 0.0)  # drift() floors it at EPS
+        scale_std = max(std_b or 0.0, EPS * abs(mean_b or 0.0))
         return max(drift(mean, mean_b, scale_mean), drift(std, std_b, scale_std))

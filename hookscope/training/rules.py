@@ -26,8 +26,9 @@ from hookscope.probes.check import (
     call_id,
     rule,
 )
+from hookscope.probes.drift import finite
 from hookscope.probes.rulefile import Rules
-from hookscope.training.logs import TrainingLog, number
+from hookscope.training.logs import TrainingLog
 
 __all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]
 
@@ -96,11 +97,11 @@ def _count(value: Any) -> int:
 def _calls(steps: list[Mapping[str, Any]]) -> Iterator[LogCall]:
     for step in steps:
         for row in step.get("layers") or ():
-            zero = number(row.get("zero_fraction"))
+            zero = finite(row.get("zero_fraction"))
             yield LogCall(str(row["name"]), _count(row.get("call")), int(step["step"]),
                           str(row.get("type") or ""),
                           _count(row.get("nonfinite")) + _count(row.get("grad_nonfinite")),
-                          math.nan if zero is None else zero, number(row.get("grad_norm")))
+                          math.nan if zero is None else zero, finite(row.get("grad_norm")))
 
 
 def event_text(event: Mapping[str, Any] | None) -> str | None:
@@ -137,13 +138,13 @@ def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
 def _grad_norms(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
     calls: list[LogCall] = ctx.calls  # type: ignore[assignment]  # a log's rows
     layers = [(f"{call_id(c.name, c.call)} at step {c.step}", c.grad_norm) for c in calls]
-    params = [(f"parameter {p['name']} at step {step}", number(p.get("grad_norm")))
+    params = [(f"parameter {p['name']} at step {step}", finite(p.get("grad_norm")))
               for step, p in view.params]
     return layers + params
 
 
 def _ratios(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
-    return [(f"parameter {p['name']} at step {step}", number(p.get("update_ratio")))
+    return [(f"parameter {p['name']} at step {step}", finite(p.get("update_ratio")))
             for step, p in view.params]
 
 
