@@ -295,16 +295,11 @@ class DiffProbe(Probe[DiffReport]):
                 self.only_a.setdefault(key, CallRef(key[0], self.meta[key][0], key[1]))
             self.kept.clear()
         self.table.flush()
-        self._compare_outputs(logits, select_logits(output, self.other_output_key,
-                                                    required=False))
-
-    def _compare_outputs(self, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
-        if self.outputs is None:
-            return
+        a, b = logits, select_logits(output, self.other_output_key, required=False)
         if a is None or b is None or a.dim() != 2 or a.shape != b.shape or a.shape[1] < 2:
             self.outputs = None  # not (N, classes) logits on both sides
-            return
-        self.outputs.add(a, b)
+        elif self.outputs is not None:
+            self.outputs.add(a, b)
 
     def finish(self) -> DiffReport:
         rows = [LayerDiff(key[0], type_a, key[1], shape, shape_b, self.table.get(key))

@@ -20,6 +20,7 @@ from torch import nn
 
 from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
+from hookscope.core.mergeable import merged
 from hookscope.core.select import Selection
 from hookscope.probes.baseline import read_stats
 from hookscope.probes.check import drift
@@ -78,9 +79,7 @@ class StepReports:
     grads: GradReport | None
 
     def merge(self, other: StepReports) -> StepReports:
-        grads = self.grads if other.grads is None else other.grads if self.grads is None \
-            else self.grads.merge(other.grads)
-        return StepReports(self.stats.merge(other.stats), grads)
+        return StepReports(self.stats.merge(other.stats), merged(self.grads, other.grads))
 
 
 def layer_rows(reports: StepReports) -> list[dict[str, Any]]:

@@ -83,11 +83,9 @@ class LogView:
     def span(self) -> str:
         """``the last 3 logging steps (200 to 400)``."""
         n = len(self.steps)
-        if not n:
-            return "no logging step"
-        first, last = self.steps[0]["step"], self.steps[-1]["step"]
-        what = f"{n} logging step{'s' if n != 1 else ''}"
-        return f"{what} (step {first})" if n == 1 else f"{what} (steps {first} to {last})"
+        if n < 2:
+            return f"1 logging step (step {self.steps[0]['step']})" if n else "no logging step"
+        return f"{n} logging steps (steps {self.steps[0]['step']} to {self.steps[-1]['step']})"
 
 
 def _count(value: Any) -> int:
