@@ -10,6 +10,7 @@ Only float64 sums are kept (:mod:`hookscope.probes.diffsums`), so reports merge 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -29,8 +30,6 @@ from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison, K
 
 __all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff", "OutputDiff",
            "diff_models", "on_side"]
-
-NAN = float("nan")
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class LayerDiff:
     def to_dict(self, tolerance: float) -> dict[str, Any]:
         s = self.sums
         return {"name": self.name, "type": self.type, "call": self.call, "shape": self.shape,
-                "shape_b": self.shape_b, "max_abs": s.max_abs if s.n else NAN,
+                "shape_b": self.shape_b, "max_abs": s.max_abs if s.n else math.nan,
                 "rel_l2": s.rel_l2, "cosine": s.cosine, "nonfinite_a": s.nonfinite_a,
                 "nonfinite_b": s.nonfinite_b, "exceeds": self.excess(tolerance) is not None}
 
@@ -100,8 +99,8 @@ class OutputDiff:
     def to_dict(self) -> dict[str, Any]:
         n = self.inputs
         return {"inputs": n, "top1_agree": self.agree,
-                "top1_agreement": self.agree / n if n else NAN, "max_abs_logit": self.max_abs,
-                "kl_mean": self.kl_sum / n if n else NAN, "kl_max": self.kl_max}
+                "top1_agreement": self.agree / n if n else math.nan, "max_abs_logit": self.max_abs,
+                "kl_mean": self.kl_sum / n if n else math.nan, "kl_max": self.kl_max}
 
 
 def _unique(refs: Iterable[CallRef]) -> list[CallRef]:

@@ -31,7 +31,6 @@ from hookscope.probes.stats import StatsProbe, StatsReport
 
 __all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows", "step_line"]
 
-NAN = float("nan")
 #: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
 DEAD = 0.99
 #: Autograd's execution engine (for callbacks at the end of a backward pass).
@@ -66,7 +65,7 @@ class LoggingStep:
         grads = None
         if self.grads is not None:
             grads = GradReport.build(self.grads.entries(), [], loss="", targets=[],
-                                     objective=NAN, input_shape=None,
+                                     objective=math.nan, input_shape=None,
                                      vanish=self.grads.vanish, explode=self.grads.explode)
         return self.stats.finish(), grads
 
@@ -166,7 +165,7 @@ class ParamTracker:
         with torch.no_grad():
             weights = [p.detach() for _, p in self.params]
             norms = torch._foreach_norm(weights)
-            missing = norms[0].new_full((), NAN)
+            missing = norms[0].new_full((), math.nan)
             deltas = torch._foreach_norm(torch._foreach_sub(weights, self.previous)) \
                 if self.previous is not None else [missing] * len(weights)
             grads = [self.grad_norms.get(i, missing) for i in range(len(weights))]
