@@ -10,6 +10,7 @@ Only float64 sums are kept (:mod:`hookscope.probes.diffsums`), so reports merge 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -25,13 +26,10 @@ from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, all_sites
 from hookscope.probes.channels import as_float
 from hookscope.probes.diffsums import DiffSums, DiffTable
-from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison
+from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison, Key
 
 __all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff", "OutputDiff",
            "diff_models", "on_side"]
-
-NAN = float("nan")
-Key = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ class LayerDiff:
     def to_dict(self, tolerance: float) -> dict[str, Any]:
         s = self.sums
         return {"name": self.name, "type": self.type, "call": self.call, "shape": self.shape,
-                "shape_b": self.shape_b, "max_abs": s.max_abs if s.n else NAN,
+                "shape_b": self.shape_b, "max_abs": s.max_abs if s.n else math.nan,
                 "rel_l2": s.rel_l2, "cosine": s.cosine, "nonfinite_a": s.nonfinite_a,
                 "nonfinite_b": s.nonfinite_b, "exceeds": self.excess(tolerance) is not None}
 
@@ -101,8 +99,8 @@ class OutputDiff:
     def to_dict(self) -> dict[str, Any]:
         n = self.inputs
         return {"inputs": n, "top1_agree": self.agree,
-                "top1_agreement": self.agree / n if n else NAN, "max_abs_logit": self.max_abs,
-                "kl_mean": self.kl_sum / n if n else NAN, "kl_max": self.kl_max}
+                "top1_agreement": self.agree / n if n else math.nan, "max_abs_logit": self.max_abs,
+                "kl_mean": self.kl_sum / n if n else math.nan, "kl_max": self.kl_max}
 
 
 def _unique(refs: Iterable[CallRef]) -> list[CallRef]:
@@ -296,16 +294,11 @@ class DiffProbe(Probe[DiffReport]):
                 self.only_a.setdefault(key, CallRef(key[0], self.meta[key][0], key[1]))
             self.kept.clear()
         self.table.flush()
-        self._compare_outputs(logits, select_logits(output, self.other_output_key,
-                                                    required=False))
-
-    def _compare_outputs(self, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
-        if self.outputs is None:
-            return
+        a, b = logits, select_logits(output, self.other_output_key, required=False)
         if a is None or b is None or a.dim() != 2 or a.shape != b.shape or a.shape[1] < 2:
             self.outputs = None  # not (N, classes) logits on both sides
-            return
-        self.outputs.add(a, b)
+        elif self.outputs is not None:
+            self.outputs.add(a, b)
 
     def finish(self) -> DiffReport:
         rows = [LayerDiff(key[0], type_a, key[1], shape, shape_b, self.table.get(key))

@@ -18,7 +18,6 @@ from hookscope.probes.kernels import fused_diff
 
 __all__ = ["DiffSums", "DiffTable"]
 
-NAN = float("nan")
 
 #: Elements per comparison chunk and thread: three float32 chunks (A's, B's, their difference)
 #: stay in a core's cache while every sum is taken, and a float32 dot over them stays accurate.
@@ -55,7 +54,7 @@ class DiffSums:
     def rel_l2(self) -> float:
         """‖a−b‖ / ‖a‖: 0 when both are 0, inf when only ‖a‖ is, NaN when nothing compared."""
         if self.n == 0:
-            return NAN
+            return math.nan
         if self.sq_a == 0:
             return 0.0 if self.sq_diff == 0 else math.inf
         return math.sqrt(self.sq_diff / self.sq_a)
@@ -66,7 +65,7 @@ class DiffSums:
         (‖a‖² + ‖b‖² − ‖a−b‖²) / 2 (no fourth dot product): exact for a == b, else within
         ~1e-7 (absolute) unless one norm is thousands of times the other."""
         if self.n == 0 or self.sq_a == 0 or self.sq_b == 0:
-            return NAN
+            return math.nan
         dot = (self.sq_a + self.sq_b - self.sq_diff) / 2
         norms = math.sqrt(self.sq_a * self.sq_b)  # exact for a == b, unlike a product of roots
         if not math.isfinite(norms):

@@ -20,7 +20,6 @@ from hookscope.probes.drift import quantile_drift
 __all__ = ["DEFAULT_TOLERANCE", "STATS", "CallRef", "Comparison", "StatsDelta", "StatsDiffReport",
            "diff_stats", "read_stats", "stats_schema_error"]
 
-NAN = float("nan")
 #: A call whose output's relative L2 error exceeds this is where two runs part: above float32
 #: noise (at most 1.3e-6), below float16 and bfloat16 error (see the README).
 DEFAULT_TOLERANCE = 1e-3
@@ -192,7 +191,7 @@ STATS = ("mean", "std", "zero_fraction", "nonfinite")
 
 
 def _number(value: Any) -> float:
-    return NAN if value is None else float(value)
+    return math.nan if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -267,7 +266,7 @@ class StatsDiffReport(Comparison):
         agreement = self.agreement
         outputs = None if agreement is None else {
             "inputs": agreement[1], "top1_agree": agreement[0],
-            "top1_agreement": agreement[0] / agreement[1] if agreement[1] else NAN,
+            "top1_agreement": agreement[0] / agreement[1] if agreement[1] else math.nan,
             "max_abs_logit": None, "kl_mean": None, "kl_max": None}
         return self.envelope | self._document(outputs)
 

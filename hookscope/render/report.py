@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.output import dumps_json, format_shape, format_shapes
+from hookscope.probes.drift import finite
 from hookscope.render import plots
 from hookscope.render.grads import objective_text
 from hookscope.render.html import cell, count, lead_cells, num, render, strong
@@ -147,8 +148,7 @@ GRAD_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num
 
 def _stats_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     """A row in the terminal table's colours: red for non-finite values, yellow for dead."""
-    zero, bad = row.get("zero_fraction"), int(row.get("nonfinite") or 0)
-    zero = zero if zero is not None and math.isfinite(zero) else None
+    zero, bad = finite(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
     cells = [*lead_cells(i, row), cell(format_shapes(row.get("input_shapes") or []), None),
              cell(shape_text(row), None), *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
              cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad)]

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.output import dumps_json, format_shape
+from hookscope.probes.drift import finite
 from hookscope.render import plots
 from hookscope.render.html import cell, lead_cells, num, render, strong
 from hookscope.render.plots import GREY, RED, styled_figure
 from hookscope.render.tables import ZERO_WARN, fmt_float
-from hookscope.training.logs import number
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,7 +36,7 @@ RATIO_REFERENCE = 1e-3
 
 
 def _layer_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    zero, bad = number(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
+    zero, bad = finite(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
     grad_bad = int(row.get("grad_nonfinite") or 0)
     cls = "bad" if bad or grad_bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
     cells = [*lead_cells(i, row), cell(format_shape(row.get("output_shape")), None),
@@ -194,7 +194,7 @@ def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any
                 heatmap_figure(steps, series, key, title, log10, cmap), f"{title} heat map",
                 "One row per layer call, one column per logging step"
                 f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite."))
-    losses = [(int(s["step"]), number(s.get("loss"))) for s in log.steps]
+    losses = [(int(s["step"]), finite(s.get("loss"))) for s in log.steps]
     if any(v is not None for _, v in losses):
         fig = lines_figure([k for k, _ in losses], {"loss": [v for _, v in losses]},
                               "Loss at the logging steps", log10=False, ylabel="loss")

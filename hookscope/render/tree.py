@@ -29,7 +29,7 @@ def models_table(doc: Mapping[str, Any]) -> FitTable:
 def _shape_text(call: Mapping[str, Any]) -> str:
     shapes = call.get("output_shapes") or []
     if len(shapes) > 1:
-        return "(" + ", ".join(format_shape(s) for s in shapes) + ")"
+        return f"({_shapes(shapes)})"
     if call.get("output_shape") is not None:
         return format_shape(call["output_shape"])
     return "-"
@@ -167,10 +167,6 @@ def layers_view(doc: Mapping[str, Any]) -> RenderableType:
     return Group(header(doc), LayersTree(doc))
 
 
-def _indent(event: Mapping[str, Any]) -> str:
-    return "  " * max(int(event.get("depth") or 0) - 1, 0)
-
-
 def _who(event: Mapping[str, Any]) -> str:
     name = event.get("name")
     if name is None:
@@ -209,7 +205,7 @@ def _nonfinite(stats: Sequence[Mapping[str, Any]]) -> int:
 
 def trace_line(event: Mapping[str, Any]) -> Text:
     """One line of the live trace for an ``enter``, ``exit``, ``nonfinite`` or ``error`` event."""
-    kind, indent = event["event"], _indent(event)
+    kind, indent = event["event"], "  " * max(int(event.get("depth") or 0) - 1, 0)
     if kind == "error":
         text = Text("✗ error in ", style="bold red")
         text.append(_who(event), style="bold red")

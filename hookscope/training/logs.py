@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hookscope.core.errors import HookscopeError
+from hookscope.probes.drift import finite
 
 __all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "is_log", "read_log"]
 
@@ -35,13 +35,6 @@ def is_log(path: str | Path) -> bool:
         return Path(path).is_dir() and (Path(path) / LOG_FILE).is_file()
     except (OSError, ValueError):
         return False
-
-
-def number(value: Any) -> float | None:
-    """A finite float, or None (JSON ``null`` stands for NaN and Inf)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -73,7 +66,7 @@ class TrainingLog:
             for row in step.get(kind) or ():
                 k = (str(row.get("name")), int(row.get("call") or 0)) if kind == "layers" \
                     else str(row.get("name"))
-                values.setdefault(k, [None] * len(steps))[i] = number(row.get(key))
+                values.setdefault(k, [None] * len(steps))[i] = finite(row.get(key))
         return steps, values
 
     def flagged(self) -> list[dict[str, Any]]:
@@ -94,7 +87,7 @@ class TrainingLog:
                     "name": key[0] + (f" (call {key[1]})" if key[1] else ""), "layer": key[0],
                     "call": key[1], "row": rows.get(key), "at": []})
                 entry["at"].append(step.get("step"))
-                drift = number(row.get("drift"))
+                drift = finite(row.get("drift"))
                 entry["flags"] = flags
                 entry["detail"] = ", ".join(f"drift {drift:.4g}" if f == "drift" and drift
                                             is not None else f for f in flags)

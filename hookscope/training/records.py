@@ -20,22 +20,19 @@ from torch import nn
 
 from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
+from hookscope.core.mergeable import merged
 from hookscope.core.select import Selection
 from hookscope.probes.baseline import read_stats
 from hookscope.probes.check import drift
-from hookscope.probes.drift import quantile_drift
+from hookscope.probes.drift import EPS, finite, quantile_drift
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.sketch import parse_percentiles
 from hookscope.probes.stats import StatsProbe, StatsReport
-from hookscope.training.logs import number
 
 __all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows", "step_line"]
 
-NAN = float("nan")
 #: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
 DEAD = 0.99
-#: Floor of a drift's scale, as ``check``'s drift rules use (see ``hookscope.probes.check.drift``).
-_EPS = 1e-6
 #: Autograd's execution engine (for callbacks at the end of a backward pass).
 _ENGINE = torch.autograd.Variable._execution_engine
 
@@ -68,7 +65,7 @@ class LoggingStep:
         grads = None
         if self.grads is not None:
             grads = GradReport.build(self.grads.entries(), [], loss="", targets=[],
-                                     objective=NAN, input_shape=None,
+                                     objective=math.nan, input_shape=None,
                                      vanish=self.grads.vanish, explode=self.grads.explode)
         return self.stats.finish(), grads
 
@@ -81,9 +78,7 @@ class StepReports:
     grads: GradReport | None
 
     def merge(self, other: StepReports) -> StepReports:
-        grads = self.grads if other.grads is None else other.grads if self.grads is None \
-            else self.grads.merge(other.grads)
-        return StepReports(self.stats.merge(other.stats), grads)
+        return StepReports(self.stats.merge(other.stats), merged(self.grads, other.grads))
 
 
 def layer_rows(reports: StepReports) -> list[dict[str, Any]]:
@@ -170,7 +165,7 @@ class ParamTracker:
         with torch.no_grad():
             weights = [p.detach() for _, p in self.params]
             norms = torch._foreach_norm(weights)
-            missing = norms[0].new_full((), NAN)
+            missing = norms[0].new_full((), math.nan)
             deltas = torch._foreach_norm(torch._foreach_sub(weights, self.previous)) \
                 if self.previous is not None else [missing] * len(weights)
             grads = [self.grad_norms.get(i, missing) for i in range(len(weights))]
@@ -231,8 +226,8 @@ class Drift:
         if self.percentiles:
             return quantile_drift(base.get("percentiles"), row.get("percentiles"),
                                   base.get("std"), base.get("mean"))
-        mean, std = number(row.get("mean")), number(row.get("std"))
-        mean_b, std_b = number(base.get("mean")), number(base.get("std"))
-        scale_mean = max(abs(mean_b or 0.0), std_b or 0.0, _EPS)
-        scale_std = max(std_b or 0.0, _EPS * abs(mean_b or 0.0), _EPS)
+        mean, std = finite(row.get("mean")), finite(row.get("std"))
+        mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
+        scale_mean = max(abs(mean_b or 0.0), std_b or 0.0)  # drift() floors it at EPS
+        scale_std = max(std_b or 0.0, EPS * abs(mean_b or 0.0))
         return max(drift(mean, mean_b, scale_mean), drift(std, std_b, scale_std))

@@ -26,8 +26,9 @@ from hookscope.probes.check import (
     call_id,
     rule,
 )
+from hookscope.probes.drift import finite
 from hookscope.probes.rulefile import Rules
-from hookscope.training.logs import TrainingLog, number
+from hookscope.training.logs import TrainingLog
 
 __all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]
 
@@ -82,11 +83,9 @@ class LogView:
     def span(self) -> str:
         """``the last 3 logging steps (200 to 400)``."""
         n = len(self.steps)
-        if not n:
-            return "no logging step"
-        first, last = self.steps[0]["step"], self.steps[-1]["step"]
-        what = f"{n} logging step{'s' if n != 1 else ''}"
-        return f"{what} (step {first})" if n == 1 else f"{what} (steps {first} to {last})"
+        if n < 2:
+            return f"1 logging step (step {self.steps[0]['step']})" if n else "no logging step"
+        return f"{n} logging steps (steps {self.steps[0]['step']} to {self.steps[-1]['step']})"
 
 
 def _count(value: Any) -> int:
@@ -96,11 +95,11 @@ def _count(value: Any) -> int:
 def _calls(steps: list[Mapping[str, Any]]) -> Iterator[LogCall]:
     for step in steps:
         for row in step.get("layers") or ():
-            zero = number(row.get("zero_fraction"))
+            zero = finite(row.get("zero_fraction"))
             yield LogCall(str(row["name"]), _count(row.get("call")), int(step["step"]),
                           str(row.get("type") or ""),
                           _count(row.get("nonfinite")) + _count(row.get("grad_nonfinite")),
-                          math.nan if zero is None else zero, number(row.get("grad_norm")))
+                          math.nan if zero is None else zero, finite(row.get("grad_norm")))
 
 
 def event_text(event: Mapping[str, Any] | None) -> str | None:
@@ -137,13 +136,13 @@ def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
 def _grad_norms(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
     calls: list[LogCall] = ctx.calls  # type: ignore[assignment]  # a log's rows
     layers = [(f"{call_id(c.name, c.call)} at step {c.step}", c.grad_norm) for c in calls]
-    params = [(f"parameter {p['name']} at step {step}", number(p.get("grad_norm")))
+    params = [(f"parameter {p['name']} at step {step}", finite(p.get("grad_norm")))
               for step, p in view.params]
     return layers + params
 
 
 def _ratios(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
-    return [(f"parameter {p['name']} at step {step}", number(p.get("update_ratio")))
+    return [(f"parameter {p['name']} at step {step}", finite(p.get("update_ratio")))
             for step, p in view.params]
 
 

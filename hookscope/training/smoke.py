@@ -169,11 +169,6 @@ class _LossNotFinite(Exception):
     """The loss itself is NaN or Inf while no watched module produced one."""
 
 
-def _event(error: Any) -> dict[str, Any]:
-    keys = ("module", "phase", "step", "call", "rank")
-    return {key: getattr(error, key) for key in keys} | {"message": str(error)}
-
-
 def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Targets,
           options: SmokeOptions, *, progress: Progress | None = None) -> SmokeReport:
     """Train a copy of ``loaded.model`` for ``options.steps`` SGD steps under the watch;
@@ -195,7 +190,8 @@ def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Tar
                 drive(model, _batches(batches, options.steps, options.overfit), probe,
                       train_mode=True, progress=progress, autocast=loaded.autocast)
             except NonFiniteError as error:
-                nonfinite = _event(error)
+                keys = ("module", "phase", "step", "call", "rank")
+                nonfinite = {key: getattr(error, key) for key in keys} | {"message": str(error)}
             except _LossNotFinite:
                 pass
         log = None

@@ -26,7 +26,6 @@ class WatchLog:
     def __init__(self, log_dir: str | Path, *, force: bool = False) -> None:
         self.dir = Path(log_dir)
         self.path = self.dir / LOG_FILE
-        self._file: IO[str] | None = None
         try:
             if self.dir.exists() and not self.dir.is_dir():
                 raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} is a file, not a "
@@ -37,15 +36,13 @@ class WatchLog:
                                      f"pass {param('force')} to replace it.")
             self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / EVENT_FILE).unlink(missing_ok=True)  # the previous run's event
-            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            self._file: IO[str] = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
             raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} cannot be written: "
                                  f"{exc.strerror or exc}.") from None
 
     def write(self, line: Mapping[str, Any]) -> None:
         """Append one line (non-finite numbers as ``null``) and flush it to the disk."""
-        if self._file is None:
-            return
         try:
             self._file.write(dumps_ndjson(line))
             self._file.flush()
@@ -60,9 +57,7 @@ class WatchLog:
         return path
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._file.close()
 
 
 class TensorBoardLog:
