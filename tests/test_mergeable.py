@@ -82,3 +82,37 @@ def test_merged_reports_leave_their_rows_alone(tiny_net) -> None:
 def test_merged_takes_whichever_side_exists() -> None:
     m = moments(torch.arange(4.0))
     assert merged(None, m) is m and merged(m, None) is m and merged(None, None) is None
+
+
+def test_declared_reductions_derive_a_pure_merge() -> None:
+    from dataclasses import dataclass
+
+    from hookscope.core.mergeable import Merges, Row, hidden, state
+
+    @dataclass(frozen=True)
+    class Call(Row):
+        name: str
+        type: str
+        call: int
+        count: int = state("sum", 0)
+        low: float = state("min", float("nan"))
+        high: float = state("max", float("nan"))
+        note: str = hidden("")
+
+    @dataclass(frozen=True)
+    class Report(Merges):
+        rows: list[Call] = state("rows", default_factory=list)
+        seen: list[int] = state("cat", default_factory=list)
+        tolerance: float = 0.5
+
+    a = Report([Call("a", "Linear", 0, 2, 1.0, 3.0, "x"), Call("b", "ReLU", 0, 1)], [1], 0.5)
+    b = Report([Call("b", "ReLU", 0, 4, -1.0, 7.0), Call("c", "Conv2d", 1, 3)], [2, 3], 0.9)
+    before = snapshot((a, b))
+    m = a.merge(b)
+    assert snapshot((a, b)) == before
+    assert [r.key for r in m.rows] == [("a", 0), ("b", 0), ("c", 1)]
+    assert (m.rows[1].count, m.rows[1].low, m.rows[1].high) == (5, -1.0, 7.0)
+    assert m.seen == [1, 2, 3] and m.tolerance == 0.5
+    assert m.rows[0].to_dict() == {"name": "a", "type": "Linear", "call": 0, "count": 2,
+                                   "low": 1.0, "high": 3.0}
+    assert Call.columns() == ["name", "type", "call", "count", "low", "high"]
