@@ -209,17 +209,22 @@ REL = 1e-4
 LOGITS = 10.0
 #: Fields that are differences of logits: their operands are logits, not the result.
 LOGIT_DIFFERENCES = frozenset({"drop", "delta_logit", "logit_drop"})
+#: Fields that are differences of probabilities: their operands are at most 1, so two nearly
+#: equal probabilities cancel to a result far smaller than their noise (REL of 1).
+PROB_DIFFERENCES = frozenset({"delta_prob"})
 
 
 def tolerance(field: str, value: float, row: dict[str, Any]) -> float:
     """The absolute tolerance of a float ``field`` in ``row``: REL of its operands' magnitude.
 
-    A difference of logits: REL of the logits' magnitude. Any other float: REL of the largest
+    A difference of logits: REL of the logits' magnitude; of probabilities: REL of 1. Any other float: REL of the largest
     float in its row (a mean near zero is the sum of values as large as the row's min, max
     and std, and carries their noise, not a noise relative to itself).
     """
     if field in LOGIT_DIFFERENCES:
         return REL * max(abs(value), LOGITS)
+    if field in PROB_DIFFERENCES:
+        return REL * max(abs(value), 1.0)
     floats = [abs(v) for v in row.values() if isinstance(v, float) and math.isfinite(v)]
     return REL * max([abs(value), *floats])
 
