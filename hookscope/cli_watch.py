@@ -61,9 +61,9 @@ def watch_command(
     """
     import shutil
 
+    from hookscope.checks.log import evaluate_log, for_log
+    from hookscope.checks.rulefile import load_rules
     from hookscope.core.errors import CheckFailed
-    from hookscope.probes.rulefile import load_rules
-    from hookscope.training.rules import evaluate_log, for_log
     from hookscope.training.smoke import SmokeOptions, smoke_labels, train
 
     if log_dir is not None:

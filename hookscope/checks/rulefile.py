@@ -75,7 +75,7 @@ KEYS: dict[str, Key] = {k.name: k for k in [
     Key("max_drift", "a non-negative number (distribution drift, in baseline stds)", _number()),
     Key("expect", "a table of input = label or class index", _table),
     Key("min_prob", "a number from 0 to 1", _number(1.0)),
-    # A training log's rules (`hookscope check LOG_DIR`, see hookscope.training.rules).
+    # A training log's rules (`hookscope check LOG_DIR`, see hookscope.checks.log).
     Key("last", "a positive integer (the logging steps checked, the last ones)", _integer(1)),
     Key("min_grad_norm", "a non-negative number", _number()),
     Key("max_grad_norm", "a non-negative number", _number()),

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hookscope.checks.rulefile import Rules, describe
 from hookscope.core.errors import HookscopeError
-from hookscope.probes.rulefile import Rules, describe
 
 __all__ = ["Baseline", "drift_percentiles", "load_baseline", "read_stats"]
 

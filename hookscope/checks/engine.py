@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from hookscope.checks.baseline import Baseline
+from hookscope.checks.rulefile import Expect, Rules
 from hookscope.core.errors import HookscopeError, clip, param, suggest
-from hookscope.probes.baseline import Baseline
 from hookscope.probes.drift import EPS, finite, quantile_drift
-from hookscope.probes.rulefile import Expect, Rules
 
 if TYPE_CHECKING:
     from hookscope.probes.stats import LayerStats, Prediction, StatsReport
@@ -186,7 +186,7 @@ class Context:
     expectations: list[Expectation]
     baseline: Baseline | None
     baseline_rows: dict[tuple[str, int], Mapping[str, Any]]
-    log: Any = None  # a training log's view (hookscope.training.rules.LogView), else None
+    log: Any = None  # a training log's view (hookscope.checks.log.LogView), else None
 
     def note(self) -> str:
         """The detail's ending that says how many calls ``ignore`` left out."""

@@ -1,6 +1,6 @@
 """``hookscope check LOG_DIR``: the check rules applied to a training log (torch-free).
 
-The rules are :mod:`hookscope.probes.check`'s, in its one registry: ``nonfinite`` and
+The rules are :mod:`hookscope.checks.engine`'s, in its one registry: ``nonfinite`` and
 ``max_zero_fraction`` read the layer rows of the last ``last`` logging steps (``nonfinite``
 also the recorded event), and the rules registered here bound those steps' gradient norms
 and update ratios. The report and its outputs are a model run's check's.
@@ -11,11 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookscope import __version__
-from hookscope.core.errors import HookscopeError
-from hookscope.probes.check import (
+from hookscope.checks.engine import (
     RULES,
     CheckReport,
     Context,
@@ -26,9 +25,12 @@ from hookscope.probes.check import (
     call_id,
     rule,
 )
+from hookscope.checks.rulefile import Rules
+from hookscope.core.errors import HookscopeError
 from hookscope.probes.drift import finite
-from hookscope.probes.rulefile import Rules
-from hookscope.training.logs import TrainingLog
+
+if TYPE_CHECKING:
+    from hookscope.training.logs import TrainingLog
 
 __all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]
 
