@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 from hookscope import __version__
 from hookscope.checks.engine import (
-    RULES,
+    CheckContext,
     CheckReport,
-    Context,
     RuleResult,
-    _g,
-    _ignored,
-    _warn_unused,
     call_id,
+    fmt,
+    ignored,
     rule,
+    verdict,
+    warn_unused,
 )
-from hookscope.checks.rulefile import Rules
+from hookscope.checks.rulefile import KEYS, Rules, key_names
 from hookscope.core.errors import HookscopeError
 from hookscope.probes.drift import finite
 
@@ -35,9 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]
 
 #: Keys that only a model run can check (a log has no predictions and no stats baseline).
-RUN_KEYS = ("baseline", "max_mean_drift", "max_std_drift", "max_drift", "expect", "min_prob")
+RUN_KEYS = tuple(name for name, key in KEYS.items() if key.scope == "run")
 #: Keys that only a training log can check.
-LOG_KEYS = ("last", "min_grad_norm", "max_grad_norm", "min_update_ratio", "max_update_ratio")
+LOG_KEYS = tuple(name for name, key in KEYS.items() if key.scope == "log")
 
 
 def _refuse(rules: Rules, keys: tuple[str, ...], why: str) -> None:
@@ -49,8 +49,8 @@ def _refuse(rules: Rules, keys: tuple[str, ...], why: str) -> None:
 def for_log(rules: Rules) -> Rules:
     """``rules`` if a training log can check them all, else a HookscopeError."""
     _refuse(rules, RUN_KEYS, "checks a model run on its inputs; a training log has no "
-            "predictions or stats baseline. Keys for a log: nonfinite, max_zero_fraction, "
-            f"ignore, {', '.join(LOG_KEYS)}.")
+            "predictions or stats baseline. Keys for a log: "
+            f"{key_names('log')}.")
     return rules
 
 
@@ -121,21 +121,17 @@ def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
     for_log(rules)
     steps = log.last(rules.last)
     rows = list(_calls(steps))
-    calls = [c for c in rows if not _ignored(c.name, rules.ignore)]
-    params = [(int(s["step"]), p) for s in steps for p in s.get("params") or ()
-              if not _ignored(str(p["name"]), rules.ignore)]
-    _warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for s in steps
-                                                       for p in s.get("params") or ()})
+    calls = [c for c in rows if not ignored(c.name, rules.ignore)]
+    every = [(int(s["step"]), p) for s in steps for p in s.get("params") or ()]
+    params = [(step, p) for step, p in every if not ignored(str(p["name"]), rules.ignore)]
+    warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for _, p in every})
     view = LogView(steps, params, event_text(log.event))
-    ctx = Context(rules, calls, len(rows) - len(calls), [], [], [], None, {},  # type: ignore[arg-type]
-                  log=view)
-    results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
-    return CheckReport(results, calls=len(calls), ignored=ctx.ignored, rules_file=rules.source)
+    return verdict(CheckContext(rules, calls, len(rows) - len(calls), log=view))  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- the rules
 
-def _grad_norms(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
+def _grad_norms(ctx: CheckContext, view: LogView) -> list[tuple[str, float | None]]:
     calls: list[LogCall] = ctx.calls  # type: ignore[assignment]  # a log's rows
     layers = [(f"{call_id(c.name, c.call)} at step {c.step}", c.grad_norm) for c in calls]
     params = [(f"parameter {p['name']} at step {step}", finite(p.get("grad_norm")))
@@ -143,19 +139,19 @@ def _grad_norms(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
     return layers + params
 
 
-def _ratios(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
+def _ratios(ctx: CheckContext, view: LogView) -> list[tuple[str, float | None]]:
     return [(f"parameter {p['name']} at step {step}", finite(p.get("update_ratio")))
             for step, p in view.params]
 
 
 def _bound_rule(name: str, what: str,
-                values: Callable[[Context, LogView], list[tuple[str, float | None]]],
-                side: str) -> Callable[[Context], RuleResult | None]:
+                values: Callable[[CheckContext, LogView], list[tuple[str, float | None]]],
+                side: str) -> Callable[[CheckContext], RuleResult | None]:
     """The rule ``name``: every ``what`` measured, (who, value) pairs, is not ``side`` the
     rule's limit."""
     above = side == "above"
 
-    def check(ctx: Context) -> RuleResult | None:
+    def check(ctx: CheckContext) -> RuleResult | None:
         view: LogView | None = ctx.log
         limit = getattr(ctx.rules, name)
         if limit is None or view is None:
@@ -163,12 +159,12 @@ def _bound_rule(name: str, what: str,
         measured = [(who, v) for who, v in values(ctx, view) if v is not None]
         bad = [(who, v) for who, v in measured if (v > limit if above else v < limit)]
         worst = (max if above else min)(measured, key=lambda m: m[1], default=None)
-        extreme = f"; the {'largest' if above else 'smallest'}: {_g(worst[1])} at " \
+        extreme = f"; the {'largest' if above else 'smallest'}: {fmt(worst[1])} at " \
             f"{worst[0]}" if worst is not None else ""
         detail = (f"{len(bad)} of {len(measured)} {what}s over {view.span()} are {side} "
                   f"{limit:.4g}" if bad else
                   f"no {what} of {len(measured)} over {view.span()} is {side} {limit:.4g}")
-        offenders = [f"{who}: {what} {_g(v)}" for who, v in bad]
+        offenders = [f"{who}: {what} {fmt(v)}" for who, v in bad]
         return RuleResult(name, not bad, limit, detail + extreme + ctx.note(), offenders)
 
     check.__doc__ = f"No {what} over the logging steps checked is {side} ``{name}``."

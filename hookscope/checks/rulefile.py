@@ -1,31 +1,51 @@
-"""The rules file of ``hookscope check``: its keys, the :class:`Rules` they make, and
-:func:`load_rules`, which reads them from a TOML file and/or flags.
+"""The rules file of ``hookscope check``: :class:`Rules`, whose fields declare every key (what
+its value must be, where it applies, its flag), and :func:`load_rules`, which reads them from a
+TOML file and/or flags.
 
 Anything wrong with the rules themselves is a :class:`~hookscope.core.errors.HookscopeError`
-naming the file and line (found by the TOML parser itself). Torch-free.
+naming the file and line. Torch-free.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
 from hookscope.probes.drift import finite
 
-__all__ = ["KEYS", "Expect", "Key", "Rules", "describe", "load_rules"]
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None  # type: ignore[assignment]
+
+__all__ = ["KEYS", "Expect", "Key", "Rules", "describe", "key_names", "load_rules"]
+
 
 @dataclass(frozen=True)
 class Key:
-    """A key of the rules file: what its value must be, and the check that converts it."""
+    """A key of the rules file: what its value must be and the check that converts it, where it
+    applies (``run``: a model run only, ``log``: a training log only, else both) and, when
+    ``hookscope check`` takes it as a flag too, the flag's value type, help and metavar."""
 
-    name: str
     kind: str
     convert: Callable[[Any], Any]
+    scope: str = "both"
+    flag: Any = None
+    help: str = ""
+    metavar: str | None = None
+
+
+def _key(default: Any, kind: str, convert: Callable[[Any], Any], scope: str = "both",
+         **flag: Any) -> Any:
+    """A :class:`Rules` field that is a key of the file (``flag``: :class:`Key`'s)."""
+    return field(default=default, metadata={"key": Key(kind, convert, scope, **flag)})
 
 
 def _integer(low: int) -> Callable[[Any], int]:
@@ -37,9 +57,9 @@ def _integer(low: int) -> Callable[[Any], int]:
     return convert
 
 
-def _number(high: float | None = None) -> Callable[[Any], float]:
+def _number(high: float = float("inf")) -> Callable[[Any], float]:
     def convert(value: Any) -> float:
-        if finite(value) is None or value < 0 or (high is not None and value > high):
+        if finite(value) is None or not 0 <= value <= high:
             raise ValueError
         return float(value)
 
@@ -64,46 +84,6 @@ def _table(value: Any) -> dict[str, Any]:
     return value
 
 
-#: Every key a rules file may hold (the flags mirror them), in the order rules run.
-KEYS: dict[str, Key] = {k.name: k for k in [
-    Key("nonfinite", "a non-negative integer (non-finite values allowed per call)", _integer(0)),
-    Key("max_zero_fraction", "a number from 0 to 1", _number(1.0)),
-    Key("ignore", "an array of module-name globs", _globs),
-    Key("baseline", "a file name (a `hookscope stats --format json` document)", _text),
-    Key("max_mean_drift", "a non-negative number (relative drift)", _number()),
-    Key("max_std_drift", "a non-negative number (relative drift)", _number()),
-    Key("max_drift", "a non-negative number (distribution drift, in baseline stds)", _number()),
-    Key("expect", "a table of input = label or class index", _table),
-    Key("min_prob", "a number from 0 to 1", _number(1.0)),
-    # A training log's rules (`hookscope check LOG_DIR`, see hookscope.checks.log).
-    Key("last", "a positive integer (the logging steps checked, the last ones)", _integer(1)),
-    Key("min_grad_norm", "a non-negative number", _number()),
-    Key("max_grad_norm", "a non-negative number", _number()),
-    Key("min_update_ratio", "a non-negative number", _number()),
-    Key("max_update_ratio", "a non-negative number", _number()),
-]}
-
-
-def describe(value: Any) -> str:
-    """A value as an error message shows it: its TOML type, and the value when short."""
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return f"the string {clip(repr(value), 60)}"
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    return "a table" if isinstance(value, dict) else f"a {type(value).__name__}"
-
-
-def _convert(key: Key, value: Any, subject: str) -> Any:
-    try:
-        return key.convert(value)
-    except ValueError:
-        raise HookscopeError(f"{subject} must be {key.kind}, not {describe(value)}.") from None
-
-
 @dataclass(frozen=True)
 class Expect:
     """One ``expect`` entry as written: an input's name (a path, a basename, ``x.pt[3]``), its
@@ -115,27 +95,57 @@ class Expect:
     where: str = field(default="expect", compare=False)
 
 
+_DRIFT = "a non-negative number (relative drift)"
+_ANY = "a non-negative number"
+
+
 @dataclass(frozen=True)
 class Rules:
-    """The assertions of one check (the keys of :data:`KEYS`). ``nonfinite`` is always on, the
-    others only when given. An ``ignore`` glob also covers the modules under what it matches;
-    ``where`` says for each key given where (file and line, or flag) it was set.
+    """The assertions of one check: each field declared with :func:`_key` is a key of the file,
+    in the order the rules run. ``nonfinite`` is always on, the others only when given. An
+    ``ignore`` glob also covers the modules under what it matches; ``where`` says for each key
+    given where (file and line, or flag) it was set.
     """
 
-    nonfinite: int = 0
-    max_zero_fraction: float | None = None
-    ignore: tuple[str, ...] = ()
-    baseline: Path | None = None
-    max_mean_drift: float | None = None
-    max_std_drift: float | None = None
-    max_drift: float | None = None
-    expect: tuple[Expect, ...] = ()
-    min_prob: float | None = None
-    last: int | None = None
-    min_grad_norm: float | None = None
-    max_grad_norm: float | None = None
-    min_update_ratio: float | None = None
-    max_update_ratio: float | None = None
+    nonfinite: int = _key(
+        0, "a non-negative integer (non-finite values allowed per call)", _integer(0), flag=int,
+        help="Most NaN/Inf values allowed in one call's output [default: 0].")
+    max_zero_fraction: float | None = _key(
+        None, "a number from 0 to 1", _number(1.0), flag=float,
+        help="Fail a call whose output is more than this fraction zeros (a dead layer).")
+    ignore: tuple[str, ...] = _key(
+        (), "an array of module-name globs", _globs, flag=list[str], metavar="GLOB",
+        help="Module-name glob left out of the per-call rules, with the modules under it "
+        "(repeatable).")
+    baseline: Path | None = _key(
+        None, "a file name (a `hookscope stats --format json` document)", _text, "run", flag=Path,
+        help="A `hookscope stats --format json` document to compare with.")
+    max_mean_drift: float | None = _key(
+        None, _DRIFT, _number(), "run", flag=float,
+        help="Largest relative change of a call's mean from the baseline: "
+        "|mean - base| / max(|base mean|, base std).")
+    max_std_drift: float | None = _key(
+        None, _DRIFT, _number(), "run", flag=float,
+        help="Largest relative change of a call's std from the baseline.")
+    max_drift: float | None = _key(
+        None, "a non-negative number (distribution drift, in baseline stds)", _number(), "run",
+        flag=float, help="Largest distribution drift of a call from the baseline: the mean "
+        "|difference| of the two quantile functions over the baseline's percentiles, in baseline "
+        "stds (the baseline needs --percentiles).")
+    expect: tuple[Expect, ...] = _key(
+        (), "a table of input = label or class index", _table, "run", flag=list[str],
+        metavar="INPUT=LABEL",
+        help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).")
+    min_prob: float | None = _key(
+        None, "a number from 0 to 1", _number(1.0), "run", flag=float,
+        help="Smallest top-1 probability allowed for any input.")
+    # A training log's rules (`hookscope check LOG_DIR`, see hookscope.checks.log).
+    last: int | None = _key(
+        None, "a positive integer (the logging steps checked, the last ones)", _integer(1), "log")
+    min_grad_norm: float | None = _key(None, _ANY, _number(), "log")
+    max_grad_norm: float | None = _key(None, _ANY, _number(), "log")
+    min_update_ratio: float | None = _key(None, _ANY, _number(), "log")
+    max_update_ratio: float | None = _key(None, _ANY, _number(), "log")
     source: str | None = None
     where: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -144,48 +154,60 @@ class Rules:
         return self.where.get(key, param(key))
 
 
-def _toml() -> ModuleType:
+#: Every key a rules file may hold, in the order rules run (the fields of :class:`Rules`).
+KEYS: dict[str, Key] = {f.name: f.metadata["key"] for f in fields(Rules) if "key" in f.metadata}
+
+
+def key_names(scope: str) -> str:
+    """The keys a model run (``run``) or a training log (``log``) can check, as help lists
+    them: ``nonfinite, ..., min_prob, [expect]`` (tables last)."""
+    names = [name for name, key in KEYS.items() if key.scope in (scope, "both")]
+    tables = [f"[{name}]" for name in names if KEYS[name].convert is _table]
+    return ", ".join([name for name in names if KEYS[name].convert is not _table] + tables)
+
+
+def describe(value: Any) -> str:
+    """A value as an error message shows it: its TOML (or JSON) type, and the value when short."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return f"the string {clip(repr(value), 60)}"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return "a table" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
+def _convert(key: str, value: Any, subject: str) -> Any:
     try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            raise HookscopeError("Reading a rules file needs Python 3.11 or later, or tomli "
-                                 "(pip install tomli).") from None
-    return tomllib
+        return KEYS[key].convert(value)
+    except ValueError:
+        raise HookscopeError(f"{subject} must be {KEYS[key].kind}, not {describe(value)}.") from None
 
 
 _AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
-_MISSING = object()
-
-
-def _find_line(text: str, path: tuple[str, ...]) -> int | None:
-    """The line that defines ``path`` (a table header or a key under it), found by the TOML
-    parser itself: the first line after the longest start of the file that parses without
-    ``path``, once a longer start parses with it (a multi-line value names its first line)."""
-    lines = text.splitlines()
-    toml, read = _toml(), 0
-    for number in range(1, len(lines) + 1):
-        try:
-            node: Any = toml.loads("\n".join(lines[:number]))
-        except toml.TOMLDecodeError:  # this start ends inside a multi-line value
-            continue
-        for key in path:
-            node = node.get(key, _MISSING) if isinstance(node, dict) else _MISSING
-        if node is not _MISSING:
-            return read + 1
-        read = number
-    return None
+_PART = r"""(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')"""
+#: A line that starts a table (``[expect]``) or a key (``"a.jpg" = ...``, dotted ones too).
+_DEFINES = re.compile(rf"\s*(\[+\s*)?({_PART}(?:\s*\.\s*{_PART})*)\s*[\]=]")
 
 
 def _at(file: str, text: str, *path: str) -> str:
-    """``rules.toml:7:`` for the line defining ``path`` (or its table), else ``rules.toml:``."""
-    for end in range(len(path), 0, -1):
-        line = _find_line(text, path[:end])
-        if line is not None:
-            return f"{file}:{line}:"
-    return f"{file}:"
+    """``rules.toml:7:`` for the first line defining ``path`` (or its table, or its start:
+    a multi-line value names its first line), else ``rules.toml:``."""
+    lines: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    for number, line in enumerate(text.splitlines(), 1):
+        if (found := _DEFINES.match(line)) is None:
+            continue
+        parts = tuple(p.strip().strip("\"'") for p in re.findall(_PART, found[2]))
+        table, defined = (parts, parts) if found[1] else (table, table + parts)
+        for end in range(1, len(defined) + 1):
+            lines.setdefault(defined[:end], number)
+    line = next((lines[path[:end]] for end in range(len(path), 0, -1) if path[:end] in lines), None)
+    return f"{file}:{line}:" if line is not None else f"{file}:"
 
 
 def _read_text(path: Path) -> str:
@@ -203,10 +225,12 @@ def _read_text(path: Path) -> str:
 
 
 def _parse(path: Path, text: str) -> dict[str, Any]:
-    toml = _toml()
+    if tomllib is None:
+        raise HookscopeError("Reading a rules file needs Python 3.11 or later, or tomli "
+                             "(pip install tomli).")
     try:
-        return toml.loads(text)
-    except toml.TOMLDecodeError as exc:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         message = str(exc)  # every version ends it with its position: (at line L, column C)
         found = _AT.search(message)
         line, column = found.groups() if found else (None, None)
@@ -218,9 +242,8 @@ def _parse(path: Path, text: str) -> dict[str, Any]:
 
 
 def _file_expect(value: Any, subject: str, file: str, text: str) -> tuple[Expect, ...]:
-    table = _convert(KEYS["expect"], value, subject)
     entries = []
-    for name, want in table.items():
+    for name, want in _convert("expect", value, subject).items():
         where = f"{_at(file, text, 'expect', name)} expect {name!r}"
         if not (isinstance(want, str) and want.strip()) and \
                 (isinstance(want, bool) or not isinstance(want, int) or want < 0):
@@ -234,11 +257,10 @@ def _file_expect(value: Any, subject: str, file: str, text: str) -> tuple[Expect
 def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     """The rules in a TOML file, checked, and where each was set."""
     text = _read_text(path)
-    data = _parse(path, text)
     file = str(path)
     values: dict[str, Any] = {}
     where: dict[str, str] = {}
-    for key, value in data.items():
+    for key, value in _parse(path, text).items():
         at = _at(file, text, key)
         if key not in KEYS:
             nested = " Rules sit at the top level of the file, not in a table." \
@@ -246,10 +268,8 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             raise HookscopeError(f"{at} unknown key {key!r}.{suggest(key, KEYS)}{nested} "
                                  f"Valid keys: {', '.join(KEYS)}.")
         where[key] = f"{at} {key}"
-        if key == "expect":
-            values[key] = _file_expect(value, where[key], file, text)
-        else:
-            values[key] = _convert(KEYS[key], value, where[key])
+        values[key] = _file_expect(value, where[key], file, text) if key == "expect" else \
+            _convert(key, value, where[key])
     if "baseline" in values:  # relative to the rules file, wherever hookscope runs
         values["baseline"] = path.parent / values["baseline"]
     return values, where
@@ -280,9 +300,9 @@ def load_rules(path: str | Path | None = None,
         if key == "expect":
             values[key] = _flag_expect(value)
         elif key == "baseline":
-            values[key] = Path(_convert(KEYS[key], str(value), where[key]))
+            values[key] = Path(_convert(key, str(value), where[key]))
         else:
-            values[key] = _convert(KEYS[key], value, where[key])
+            values[key] = _convert(key, value, where[key])
     for key in ("max_mean_drift", "max_std_drift", "max_drift"):
         if values.get(key) is not None and values.get("baseline") is None:
             raise HookscopeError(f"{where[key]} needs a baseline to compare with: baseline = "
