@@ -410,15 +410,16 @@ def diff_command(
 
     Example: hookscope diff resnet18 cat.jpg --weights a.pt --against-weights b.pt --fail
     """
-    from hookscope.probes.statsdiff import StatsDiffReport, diff_stats, read_stats
+    from hookscope.checks.baseline import read_stats
+    from hookscope.probes.statsdiff import StatsDiffReport, diff_stats
     from hookscope.session import AGAINST, against_options, offline_files
 
     files = offline_files(model, inputs, against)
     s.reading(files or ())
     report: StatsDiffReport | DiffReport
     if files is not None:  # two saved documents: torch is never imported
-        report = diff_stats(read_stats(files[0]), read_stats(files[1]), tolerance=tolerance,
-                            files=files)
+        report = diff_stats(read_stats(files[0]).doc, read_stats(files[1]).doc,
+                            tolerance=tolerance, files=files)
         doc = report.to_dict()
     else:
         from hookscope.probes.diff import DiffProbe, on_side
