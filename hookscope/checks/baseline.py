@@ -76,8 +76,9 @@ def read_stats(path: Path, subject: str | None = None) -> StatsDocument:
     if isinstance(rows, tuple):
         raise error(f"is not a {_DOC}: {rows[0]}.",
                     f"{named}: {rows[1]}; an offline diff compares two {_DOC}s.")
-    found = next((row["percentiles"] for row in rows.values()
-                  if isinstance(row.get("percentiles"), dict) and row["percentiles"]), {})
+    found: Mapping[str, Any] = next((row["percentiles"] for row in rows.values()
+                                     if isinstance(row.get("percentiles"), dict)
+                                     and row["percentiles"]), {})
     return StatsDocument(rows, tuple(found), doc)
 
 

@@ -8,6 +8,7 @@ naming the file and line. Torch-free.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
@@ -21,7 +22,7 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     try:
-        import tomli as tomllib
+        import tomli as tomllib  # type: ignore[no-redef]
     except ModuleNotFoundError:
         tomllib = None  # type: ignore[assignment]
 
@@ -48,40 +49,29 @@ def _key(default: Any, kind: str, convert: Callable[[Any], Any], scope: str = "b
     return field(default=default, metadata={"key": Key(kind, convert, scope, **flag)})
 
 
-def _integer(low: int) -> Callable[[Any], int]:
-    def convert(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+def _check(ok: Callable[[Any], bool], cast: Callable[[Any], Any] = lambda v: v
+           ) -> Callable[[Any], Any]:
+    """A key's converter: ``cast(value)`` for a value that is ``ok``, else ValueError."""
+    def convert(value: Any) -> Any:
+        if not ok(value):
             raise ValueError
-        return value
+        return cast(value)
 
     return convert
 
 
-def _number(high: float = float("inf")) -> Callable[[Any], float]:
-    def convert(value: Any) -> float:
-        if finite(value) is None or not 0 <= value <= high:
-            raise ValueError
-        return float(value)
-
-    return convert
+def _integer(low: int) -> Callable[[Any], Any]:
+    return _check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low)
 
 
-def _globs(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ValueError
-    return tuple(v.strip() for v in value)
+def _number(high: float = math.inf) -> Callable[[Any], Any]:
+    return _check(lambda v: finite(v) is not None and 0 <= v <= high, float)
 
 
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError
-    return value
-
-
-def _table(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ValueError
-    return value
+_globs = _check(lambda v: isinstance(v, (list, tuple)) and all(isinstance(g, str) and g.strip() for g in v),
+                lambda v: tuple(g.strip() for g in v))
+_text = _check(lambda v: isinstance(v, str) and bool(v.strip()))
+_table = _check(lambda v: isinstance(v, dict))
 
 
 @dataclass(frozen=True)
@@ -206,8 +196,8 @@ def _at(file: str, text: str, *path: str) -> str:
         table, defined = (parts, parts) if found[1] else (table, table + parts)
         for end in range(1, len(defined) + 1):
             lines.setdefault(defined[:end], number)
-    line = next((lines[path[:end]] for end in range(len(path), 0, -1) if path[:end] in lines), None)
-    return f"{file}:{line}:" if line is not None else f"{file}:"
+    at = next((lines[path[:end]] for end in range(len(path), 0, -1) if path[:end] in lines), None)
+    return f"{file}:{at}:" if at is not None else f"{file}:"
 
 
 def _read_text(path: Path) -> str:
