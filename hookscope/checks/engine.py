@@ -330,28 +330,32 @@ def _dg(value: float) -> str:
 Measure = Callable[["LayerStats", Mapping[str, Any]], "tuple[float, str] | None"]
 
 
-def _drift_result(ctx: CheckContext, name: str, limit: float | None,
-                  measure: Measure) -> RuleResult | None:
-    """Each call present on both sides within ``limit`` of the baseline, by ``measure`` (the
-    drift and how an offender shows it; None: not compared)."""
-    if limit is None or ctx.baseline is None:
-        return None
-    worst, offenders, compared = (0.0, ""), [], 0
-    for c in ctx.calls:
-        base = ctx.baseline_rows.get((c.name, c.call))
-        found = measure(c, base) if base is not None else None
-        if found is None:
-            continue
-        compared += 1
-        d, shown = found
-        if d > worst[0]:  # the first of equal drifts, in execution order
-            worst = (d, call_id(c.name, c.call))
-        if d > limit:
-            offenders.append(f"{call_id(c.name, c.call)}: {shown}")
-    most = f"; the largest: {_dg(worst[0])} at {worst[1]}" if worst[1] else ""
-    detail = (f"{len(offenders)} of {compared} calls drift more than {limit:.4g}" if offenders
-              else f"no call of {compared} drifts more than {limit:.4g}")
-    return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)
+def _drift_rule(name: str, measure: Measure) -> RuleFn:
+    """The rule ``name``: each call present on both sides within the rule's limit of the
+    baseline, by ``measure`` (the drift and how an offender shows it; None: not compared)."""
+
+    def check(ctx: CheckContext) -> RuleResult | None:
+        limit = getattr(ctx.rules, name)
+        if limit is None or ctx.baseline is None:
+            return None
+        worst, offenders, compared = (0.0, ""), [], 0
+        for c in ctx.calls:
+            base = ctx.baseline_rows.get((c.name, c.call))
+            found = measure(c, base) if base is not None else None
+            if found is None:
+                continue
+            compared += 1
+            d, shown = found
+            if d > worst[0]:  # the first of equal drifts, in execution order
+                worst = (d, call_id(c.name, c.call))
+            if d > limit:
+                offenders.append(f"{call_id(c.name, c.call)}: {shown}")
+        most = f"; the largest: {_dg(worst[0])} at {worst[1]}" if worst[1] else ""
+        detail = (f"{len(offenders)} of {compared} calls drift more than {limit:.4g}" if offenders
+                  else f"no call of {compared} drifts more than {limit:.4g}")
+        return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)
+
+    return check
 
 
 def _stat_drift(stat: str, c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
@@ -372,23 +376,12 @@ def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]
     return None if d is None else (d, f"drift {_dg(d)}")
 
 
-@rule("max_mean_drift")
-def _mean_drift(ctx: CheckContext) -> RuleResult | None:
-    """Each call's mean within ``max_mean_drift`` of the baseline's (relative)."""
-    return _drift_result(ctx, "max_mean_drift", ctx.rules.max_mean_drift, partial(_stat_drift, "mean"))
-
-
-@rule("max_std_drift")
-def _std_drift(ctx: CheckContext) -> RuleResult | None:
-    """Each call's std within ``max_std_drift`` of the baseline's (relative)."""
-    return _drift_result(ctx, "max_std_drift", ctx.rules.max_std_drift, partial(_stat_drift, "std"))
-
-
-@rule("max_drift")
-def _distribution_drift(ctx: CheckContext) -> RuleResult | None:
-    """Each call's distribution within ``max_drift`` of the baseline's (see
-    :func:`~hookscope.probes.drift.quantile_drift`)."""
-    return _drift_result(ctx, "max_drift", ctx.rules.max_drift, _quantile_drift)
+# max_mean_drift and max_std_drift: relative; max_drift: the distributions' (see
+# hookscope.probes.drift.quantile_drift).
+for _name, _measure in (("max_mean_drift", partial(_stat_drift, "mean")),
+                        ("max_std_drift", partial(_stat_drift, "std")),
+                        ("max_drift", _quantile_drift)):
+    rule(_name)(_drift_rule(_name, _measure))
 
 
 def _top1(p: Prediction) -> str:
