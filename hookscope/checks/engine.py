@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EPS", "RULES", "CheckContext", "CheckReport", "Expectation", "RuleResult", "call_id",
            "drift", "evaluate", "expectations", "fmt", "folder_expectations", "ignored",
-           "match_inputs", "rule", "verdict", "warn_unused"]
+           "match_inputs", "row_id", "rule", "verdict", "warn_unused"]
 
 log = logging.getLogger("hookscope")
 
@@ -256,10 +256,10 @@ def _nonfinite(ctx: CheckContext) -> RuleResult:
     """At most ``nonfinite`` NaN/Inf values in each call's output."""
     limit = ctx.rules.nonfinite
     bad = [c for c in ctx.calls if c.nonfinite > limit]
-    offenders = [f"{_call(c)}: nonfinite {c.nonfinite}" for c in bad]
+    offenders = [f"{row_id(c)}: nonfinite {c.nonfinite}" for c in bad]
     if bad:
         detail = (f"{len(bad)} of {len(ctx.calls)} calls have more than {limit} non-finite "
-                  f"values (NaN, Inf); the first is {_call(bad[0])}")
+                  f"values (NaN, Inf); the first is {row_id(bad[0])}")
     else:
         detail = f"no call of {len(ctx.calls)} has more than {limit} non-finite values"
     event = getattr(ctx.log, "event", None)  # a training log's stop on a NaN or Inf
@@ -269,8 +269,8 @@ def _nonfinite(ctx: CheckContext) -> RuleResult:
     return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(), offenders)
 
 
-def _call(c: Any) -> str:
-    """A call as offenders name it, with its logging step when it has one (a log's row)."""
+def row_id(c: Any) -> str:
+    """A row's call as offenders name it, with its logging step when it has one (a log's row)."""
     step = getattr(c, "step", None)
     return call_id(c.name, c.call) + (f" at step {step}" if step is not None else "")
 
@@ -283,9 +283,9 @@ def _zeros(ctx: CheckContext) -> RuleResult | None:
         return None
     measured = [c for c in ctx.calls if finite(c.zero_fraction) is not None]
     bad = [c for c in measured if c.zero_fraction > limit]
-    offenders = [f"{_call(c)}: zero_fraction {fmt(c.zero_fraction)}" for c in bad]
+    offenders = [f"{row_id(c)}: zero_fraction {fmt(c.zero_fraction)}" for c in bad]
     top = max(measured, key=lambda c: c.zero_fraction, default=None)
-    most = f"; the most: {fmt(top.zero_fraction)} at {_call(top)}" \
+    most = f"; the most: {fmt(top.zero_fraction)} at {row_id(top)}" \
         if top is not None and top.zero_fraction > 0 else ""
     detail = (f"{len(bad)} of {len(ctx.calls)} calls are more than {limit:.4g} zeros" if bad
               else f"no call of {len(ctx.calls)} is more than {limit:.4g} zeros")

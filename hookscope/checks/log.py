@@ -18,9 +18,9 @@ from hookscope.checks.engine import (
     CheckContext,
     CheckReport,
     RuleResult,
-    call_id,
     fmt,
     ignored,
+    row_id,
     rule,
     verdict,
     warn_unused,
@@ -133,7 +133,7 @@ def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
 
 def _grad_norms(ctx: CheckContext, view: LogView) -> list[tuple[str, float | None]]:
     calls: list[LogCall] = ctx.calls  # type: ignore[assignment]  # a log's rows
-    layers = [(f"{call_id(c.name, c.call)} at step {c.step}", c.grad_norm) for c in calls]
+    layers = [(row_id(c), c.grad_norm) for c in calls]
     params = [(f"parameter {p['name']} at step {step}", finite(p.get("grad_norm")))
               for step, p in view.params]
     return layers + params
