@@ -376,10 +376,9 @@ def _check_run(s: Session, checks: Rules, inputs: list[str], select: Selection, 
     """``check MODEL INPUT...``: the rules over a stats run, and the document."""
     from hookscope.checks import engine as check
     from hookscope.checks.baseline import drift_percentiles, load_baseline
-    from hookscope.checks.log import for_run
     from hookscope.probes.stats import StatsProbe
 
-    checks = for_run(checks)
+    checks = checks.only("run")
     base = load_baseline(checks)
     resolved = s.inputs(inputs)
     matched = check.match_inputs(checks, resolved.names)

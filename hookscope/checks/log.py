@@ -25,41 +25,13 @@ from hookscope.checks.engine import (
     verdict,
     warn_unused,
 )
-from hookscope.checks.rulefile import KEYS, Rules, key_names
-from hookscope.core.errors import HookscopeError
+from hookscope.checks.rulefile import Rules
 from hookscope.probes.drift import finite
 
 if TYPE_CHECKING:
     from hookscope.training.logs import TrainingLog
 
-__all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]
-
-#: Keys that only a model run can check (a log has no predictions and no stats baseline).
-RUN_KEYS = tuple(name for name, key in KEYS.items() if key.scope == "run")
-#: Keys that only a training log can check.
-LOG_KEYS = tuple(name for name, key in KEYS.items() if key.scope == "log")
-
-
-def _refuse(rules: Rules, keys: tuple[str, ...], why: str) -> None:
-    given = [k for k in keys if k in rules.where]
-    if given:
-        raise HookscopeError(f"{rules.subject(given[0])} {why}")
-
-
-def for_log(rules: Rules) -> Rules:
-    """``rules`` if a training log can check them all, else a HookscopeError."""
-    _refuse(rules, RUN_KEYS, "checks a model run on its inputs; a training log has no "
-            "predictions or stats baseline. Keys for a log: "
-            f"{key_names('log')}.")
-    return rules
-
-
-def for_run(rules: Rules) -> Rules:
-    """``rules`` if a model run can check them all, else a HookscopeError."""
-    _refuse(rules, LOG_KEYS, "checks a training log: give the log directory (the one "
-            "holding watch.jsonl) instead of MODEL INPUT.")
-    return rules
-
+__all__ = ["LogCall", "LogView", "evaluate_log", "event_text", "log_doc"]
 
 @dataclass(frozen=True)
 class LogCall:
@@ -118,8 +90,7 @@ def event_text(event: Mapping[str, Any] | None) -> str | None:
 
 def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
     """Run every active rule against the last ``rules.last`` logging steps of ``log``."""
-    for_log(rules)
-    steps = log.last(rules.last)
+    steps = log.last(rules.only("log").last)
     rows = list(_calls(steps))
     calls = [c for c in rows if not ignored(c.name, rules.ignore)]
     every = [(int(s["step"]), p) for s in steps for p in s.get("params") or ()]

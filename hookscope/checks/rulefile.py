@@ -70,7 +70,7 @@ def _number(high: float = math.inf) -> Callable[[Any], Any]:
 
 _globs = _check(lambda v: isinstance(v, (list, tuple)) and all(isinstance(g, str) and g.strip() for g in v),
                 lambda v: tuple(g.strip() for g in v))
-_text = _check(lambda v: isinstance(v, str) and bool(v.strip()))
+_file = _check(lambda v: isinstance(v, (str, Path)) and bool(str(v).strip()), Path)
 _table = _check(lambda v: isinstance(v, dict))
 
 
@@ -108,7 +108,7 @@ class Rules:
         help="Module-name glob left out of the per-call rules, with the modules under it "
         "(repeatable).")
     baseline: Path | None = _key(
-        None, "a file name (a `hookscope stats --format json` document)", _text, "run", flag=Path,
+        None, "a file name (a `hookscope stats --format json` document)", _file, "run", flag=Path,
         help="A `hookscope stats --format json` document to compare with.")
     max_mean_drift: float | None = _key(
         None, _DRIFT, _number(), "run", flag=float,
@@ -143,6 +143,14 @@ class Rules:
         """How an error names ``key``: ``rules.toml:5: baseline``, or the parameter."""
         return self.where.get(key, param(key))
 
+    def only(self, scope: str) -> Rules:
+        """These rules, when a model run (``run``) or a training log (``log``) can check every
+        key given; else a HookscopeError naming the first it cannot."""
+        for name, key in KEYS.items():
+            if name in self.where and key.scope not in (scope, "both"):
+                raise HookscopeError(f"{self.subject(name)} {_ELSEWHERE[key.scope]}")
+        return self
+
 
 #: Every key a rules file may hold, in the order rules run (the fields of :class:`Rules`).
 KEYS: dict[str, Key] = {f.name: f.metadata["key"] for f in fields(Rules) if "key" in f.metadata}
@@ -154,6 +162,15 @@ def key_names(scope: str) -> str:
     names = [name for name, key in KEYS.items() if key.scope in (scope, "both")]
     tables = [f"[{name}]" for name in names if KEYS[name].convert is _table]
     return ", ".join([name for name in names if KEYS[name].convert is not _table] + tables)
+
+
+#: Why a key of one scope cannot be checked in the other.
+_ELSEWHERE = {
+    "run": "checks a model run on its inputs; a training log has no predictions or stats "
+           f"baseline. Keys for a log: {key_names('log')}.",
+    "log": "checks a training log: give the log directory (the one holding watch.jsonl) "
+           "instead of MODEL INPUT.",
+}
 
 
 def describe(value: Any) -> str:
@@ -289,8 +306,6 @@ def load_rules(path: str | Path | None = None,
         where[key] = param(key)
         if key == "expect":
             values[key] = _flag_expect(value)
-        elif key == "baseline":
-            values[key] = Path(_convert(key, str(value), where[key]))
         else:
             values[key] = _convert(key, value, where[key])
     for key in ("max_mean_drift", "max_std_drift", "max_drift"):
