@@ -37,8 +37,9 @@ def _rows(doc: Any) -> Rows | tuple[str, str]:
     if not isinstance(doc, dict):
         return (f"it holds {describe(doc)}",) * 2
     if (command := doc.get("command")) != "stats":
-        why = f"its command is {command!r}"
-        return why, f"it is a {command!r} document" if isinstance(command, str) else why
+        offline = f"it is a {command!r} document" if isinstance(command, str) and command \
+            else "it is not a hookscope document (no command)"
+        return f"its command is {command!r}", offline
     if not isinstance(layers := doc.get("layers"), list):
         return ("it has no layers list",) * 2
     rows: Rows = {}
