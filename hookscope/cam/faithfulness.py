@@ -17,10 +17,10 @@ from torch import nn
 
 from hookscope.cam.methods import resize
 from hookscope.cam.targets import class_probs
+from hookscope.core.classes import Targets, as_targets, parse_targets
 from hookscope.core.errors import HookscopeError, param, suggest
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.targets import Targets, as_targets, parse_targets
 
 __all__ = ["METRICS", "MetricPlan", "cam_metrics", "impute", "parse_metrics"]
 

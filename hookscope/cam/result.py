@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hookscope.cam.methods import Method, minmax, resize
-from hookscope.cam.targets import Box, Selection
+from hookscope.cam.targets import Box, Focus
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
@@ -266,14 +266,14 @@ class MapSum:
         return maps, raws, constant
 
 
-def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float],
+def make_result(method: Method, acc: MapSum, focus: Focus, scores: list[float],
                 probs: list[float | None], guided: torch.Tensor | None, layers: Sequence[str]
                 ) -> CamResult:
     """One method's result for a batch: its averaged maps, with notes on blank ones."""
     maps, raws, constant = acc.result()
-    notes = list(sel.notes)
+    notes = list(focus.notes)
     finite = [math.isfinite(float(s)) or why is not None  # a skipped input has no score
-              for s, why in zip(scores, sel.skipped, strict=True)]
+              for s, why in zip(scores, focus.skipped, strict=True)]
     if not all(finite):  # NaN or Inf in the input, or the model made them
         notes.append(
             f"{method.name}: the target score of {finite.count(False)} input(s) is not "
@@ -281,7 +281,7 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
             "first non-finite output); their maps are blank.")
         maps = maps * torch.tensor(finite, dtype=maps.dtype, device=maps.device)[:, None, None]
     zero = [float(r.amax()) <= 0 and why is None and ok for r, why, ok in
-            zip(raws[0], sel.skipped, finite, strict=True)]
+            zip(raws[0], focus.skipped, finite, strict=True)]
     if any(zero):
         notes.append(
             f"{method.name}: some maps are zero everywhere at layer "
@@ -289,7 +289,7 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
             "position's activations there; for ViT, pick a block before the last one or "
             "its ln_1).")
     if any(c and not z and why is None
-           for c, z, why in zip(constant.tolist(), zero, sel.skipped, strict=True)):
+           for c, z, why in zip(constant.tolist(), zero, focus.skipped, strict=True)):
         notes.append(
             f"{method.name}: some maps are constant at layer {layers[0]!r} "
             "(their range is float rounding, so they carry no localisation) and are "
@@ -300,24 +300,24 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
     return CamResult(
         method=method.name, layer=layers[0],
         maps=maps.cpu().numpy().astype(np.float32, copy=False), raw=raw_np[0],
-        targets=list(sel.classes), scores=[float(s) for s in scores], probs=list(probs),
+        targets=list(focus.classes), scores=[float(s) for s in scores], probs=list(probs),
         notes=notes, layers=list(layers),
         raws=raw_np * (1 if method.layerwise else len(layers)),
-        skipped=list(sel.skipped), guided=mixed, regions=_regions(sel, maps.shape[-2:]),
-        detections=_detections(sel), constant=constant.tolist())
+        skipped=list(focus.skipped), guided=mixed, regions=_regions(focus, maps.shape[-2:]),
+        detections=_detections(focus), constant=constant.tolist())
 
 
-def _regions(sel: Selection, size: Sequence[int]) -> np.ndarray | None:
-    if sel.masks is None:
+def _regions(focus: Focus, size: Sequence[int]) -> np.ndarray | None:
+    if focus.masks is None:
         return None
-    return (resize(sel.masks.float(), size, "nearest") > 0.5).cpu().numpy()
+    return (resize(focus.masks.float(), size, "nearest") > 0.5).cpu().numpy()
 
 
-def _detections(sel: Selection) -> list[list[dict[str, Any]]] | None:
-    if not sel.boxes:
+def _detections(focus: Focus) -> list[list[dict[str, Any]]] | None:
+    if not focus.boxes:
         return None
     return [[{"box": [float(v) for v in box], "label": int(label), "score": float(score)}
              for box, label, score in zip(boxes.tolist(), labels.tolist(), scores.tolist(),
                                           strict=True)]
-            for boxes, labels, scores in zip(sel.boxes, sel.labels, sel.det_scores, strict=True)]
+            for boxes, labels, scores in zip(focus.boxes, focus.labels, focus.det_scores, strict=True)]
 
