@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-import logging
 import math
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from hookscope.sources import LoadedModel
 
 __all__ = ["SmokeOptions", "SmokeReport", "smoke_labels", "train"]
-
-log = logging.getLogger("hookscope")
 
 
 @dataclass(frozen=True)
