@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from torch import nn
 
-from hookscope.cam.backprop import GuidedGrad, bias_of
 from hookscope.cam.methods import SMOOTH_STD, FullBackward
 from hookscope.cam.targets import Focus, Objective, Origins, class_probs
 from hookscope.core.errors import HookscopeError, param
@@ -224,30 +224,14 @@ class CapturePass(Pass):
             "gradient; choose a layer on the path to the output."
         )
 
-    def hvp(self, cap: Captured, layer: int) -> torch.Tensor:
-        grad, node = cap.graph_grads[layer], cap.nodes[layer]
-        h = None
-        if grad.requires_grad:
-            try:
-                with torch.inference_mode(False), torch.enable_grad():
-                    (h,) = torch.autograd.grad(grad, node, grad_outputs=node.detach(),
-                                               retain_graph=True, allow_unused=True)
-            except RuntimeError as exc:
-                if "not implemented" not in str(exc):
-                    raise
-                raise HookscopeError(
-                    "shapleycam needs second derivatives, and PyTorch has none for an "
-                    f"operation of this model after layer {self.layer_sites[layer].name!r} "
-                    f"({' '.join(str(exc).split())}); choose another method.") from None
-        return self.nchw(layer, or_zeros(h, cap.acts[layer]))
-
     def nchw(self, layer: int, t: torch.Tensor) -> torch.Tensor:
         """A tensor in ``layer``'s output layout as (N, C, h, w) float32."""
         return self.grids[layer].to_nchw(t).float()
 
 
 class AblationPass(Pass):
-    """Ablation-CAM's passes: the target layer's hook hands on the ablated outputs."""
+    """Ablation-CAM's passes (run by :meth:`BatchRun.ablate`): the target layer's hook hands
+    on the ablated outputs."""
 
     def __init__(self, switch: Switch[Any], objective: Objective, capture: CapturePass) -> None:
         super().__init__(switch, objective)
@@ -262,25 +246,34 @@ class AblationPass(Pass):
             return _with_output(output, replacement)
         return None
 
-    def run(self, step: Step, focus: Focus, cap: Captured, layer: int, x: torch.Tensor,
-            i: int, channels: list[int]) -> torch.Tensor:
-        """Scores of input ``i`` with each of ``channels`` of the layer's output ablated: one
-        copy of the input runs up to the layer, whose hook hands on the k ablated outputs
-        (see :meth:`hookscope.core.run.Step.forward_expanded`)."""
-        orig = cap.acts[layer][i : i + 1]
-        low = float(orig.min())
-        value = 0.0 if low == 0 else low - 1e7  # pytorch-grad-cam's AblationLayer
-        batch = channel_per_row(orig, channels, self.capture.grids[layer].channel_dim,
-                                lambda v: torch.full_like(v, value)).contiguous()
-        self.ablation = (layer, cap.calls[layer], batch)
-        try:
-            with self.switch.running(self):
-                out = step.forward_expanded(
-                    x[i : i + 1], len(channels), lambda o: len(self.objective.output(o)),
-                    self.expand_ok, layer, grad="inference")
-            return self.objective.score(self.objective.output(out), focus, [i] * len(channels))
-        finally:
-            self.ablation = None
+
+class GuidedGrad(torch.autograd.Function):
+    """Identity forward; backward passes only the positive part of the gradient (with the
+    ReLU's own backward: pytorch-grad-cam's ``GuidedBackpropReLU``, without swapping modules)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.clone()  # a new tensor: an in-place op that follows cannot reach the input
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad.clamp(min=0)
+
+
+def has_bias(module: nn.Module) -> bool:
+    """A Conv2d or BatchNorm2d (exactly those types, as pytorch-grad-cam) with a bias."""
+    if type(module) is nn.BatchNorm2d:
+        return module.bias is not None and module.running_mean is not None
+    return type(module) is nn.Conv2d and module.bias is not None
+
+
+def bias_of(module: Any) -> torch.Tensor:
+    """The bias a module adds to each channel: a BatchNorm's folds in its running mean."""
+    bias = module.bias
+    if isinstance(module, nn.BatchNorm2d):
+        weight = module.weight if module.weight is not None else torch.ones_like(bias)
+        bias = bias - module.running_mean * weight / torch.sqrt(module.running_var + module.eps)
+    return bias.detach()
 
 
 class InputPass(Pass):
@@ -349,9 +342,24 @@ class BatchRun:
         return class_probs(logits, [self.focus.classes[r] for r in rows])
 
     def ablate(self, layer: int, i: int, channels: list[int]) -> torch.Tensor:
-        """Input ``i``'s target scores with each of ``channels`` of ``layer`` ablated."""
-        return self.probe.ablation.run(self.step, self.focus, self.cap, layer, self.x, i,
-                                       channels)
+        """Input ``i``'s target scores with each of ``channels`` of ``layer``'s output
+        ablated: one copy of the input runs up to the layer, whose hook hands on the k
+        ablated outputs (see :meth:`hookscope.core.run.Step.forward_expanded`)."""
+        ablation, objective, cap = self.probe.ablation, self.probe.objective, self.cap
+        orig = cap.acts[layer][i : i + 1]
+        low = float(orig.min())
+        value = 0.0 if low == 0 else low - 1e7  # pytorch-grad-cam's AblationLayer
+        batch = channel_per_row(orig, channels, self.probe.capture.grids[layer].channel_dim,
+                                lambda v: torch.full_like(v, value)).contiguous()
+        ablation.ablation = (layer, cap.calls[layer], batch)
+        try:
+            with self.probe.running(ablation):
+                out = self.step.forward_expanded(
+                    self.x[i : i + 1], len(channels), lambda o: len(objective.output(o)),
+                    ablation.expand_ok, layer, grad="inference")
+            return objective.score(objective.output(out), self.focus, [i] * len(channels))
+        finally:
+            ablation.ablation = None
 
     def regrad(self, layer: int, fn: Callable[[Any], torch.Tensor]) -> torch.Tensor:
         """The gradient of ``fn(output).sum()`` at ``layer``."""
@@ -362,7 +370,21 @@ class BatchRun:
 
     def hvp(self, layer: int) -> torch.Tensor:
         """The Hessian of the summed target scores at ``layer`` times its activations."""
-        return self.probe.capture.hvp(self.cap, layer)
+        grad, node = self.cap.graph_grads[layer], self.cap.nodes[layer]
+        h = None
+        if grad.requires_grad:
+            try:
+                with torch.inference_mode(False), torch.enable_grad():
+                    (h,) = torch.autograd.grad(grad, node, grad_outputs=node.detach(),
+                                               retain_graph=True, allow_unused=True)
+            except RuntimeError as exc:
+                if "not implemented" not in str(exc):
+                    raise
+                raise HookscopeError(
+                    "shapleycam needs second derivatives, and PyTorch has none for an "
+                    f"operation of this model after layer {self.probe.layer_sites[layer].name!r} "
+                    f"({' '.join(str(exc).split())}); choose another method.") from None
+        return self.probe.capture.nchw(layer, or_zeros(h, self.cap.acts[layer]))
 
     def noise(self, method: str, shape: Sequence[int]) -> torch.Tensor:
         """Standard normal noise from ``method``'s own seeded generator."""

@@ -15,11 +15,10 @@ import torch
 from torch import nn
 
 from hookscope.cam.attention import AttentionPass
-from hookscope.cam.backprop import has_bias
 from hookscope.cam.faithfulness import MetricPlan
 from hookscope.cam.layer import default_layer
 from hookscope.cam.methods import CamInputs, Method, get_method, method_names, project
-from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Switch
+from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Switch, has_bias
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
 from hookscope.cam.targets import (
     TASKS,

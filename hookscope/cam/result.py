@@ -141,6 +141,13 @@ class CamReport:
     task: str = "classification"
 
 
+def deprocess(values: np.ndarray) -> np.ndarray:
+    """pytorch-grad-cam's ``deprocess_image``: standardise, scale by 0.1 around 0.5, uint8."""
+    img = values - np.mean(values)
+    img = img / (np.std(img) + 1e-5)
+    return (np.clip(img * 0.1 + 0.5, 0, 1) * 255).astype(np.uint8)
+
+
 def peak_in_box(peak: tuple[int, int], map_size: tuple[int, int], box: Box) -> tuple[int, int]:
     """Map a (y, x) peak of an (h, w) map onto original-image pixels inside ``box``."""
     (y, x), (h, w) = peak, map_size

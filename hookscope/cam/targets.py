@@ -111,26 +111,13 @@ class SegmentationObjective(Objective):
         return out
 
     def _classes(self, out: torch.Tensor, start: int) -> list[int]:
+        """The target classes, ``topK`` ranking classes by their predicted pixels."""
         n, k = out.shape[:2]
-        self.targets.check_batch(start, n)
         pred = out.argmax(dim=1).reshape(n, -1)
-        chosen = []
-        for i in range(n):
-            entry = self.targets.entries[start + i if self.targets.per_input else 0]
-            if isinstance(entry, int):
-                if not 0 <= entry < k:
-                    raise HookscopeError(f"{param('target')} {entry} is out of range: the "
-                                         f"model has {k} classes (0 to {k - 1}).")
-                chosen.append(entry)
-                continue
-            counts = torch.bincount(pred[i], minlength=k).float()
-            if bool((counts[1:] > 0).any()):
-                counts[0] = -1.0  # background last, unless nothing else is predicted
-            rank = int(entry[3:])
-            if rank > k:
-                raise HookscopeError(f"{param('target')} {entry}: the model has {k} classes.")
-            chosen.append(int(torch.argsort(counts, descending=True, stable=True)[rank - 1]))
-        return chosen
+        counts = torch.stack([torch.bincount(p, minlength=k) for p in pred]).float()
+        counts[(counts[:, 1:] > 0).any(dim=1), 0] = -1.0  # background last, unless alone
+        ranked = torch.argsort(counts, dim=1, descending=True, stable=True)
+        return self.targets.resolve(out, start, ranked)
 
     def select(self, out: Any, x: torch.Tensor, start: int, origins: Origins) -> Focus:
         classes = self._classes(out, start)

@@ -58,12 +58,15 @@ class Targets:
         if self.per_input and start + rows > len(self.entries):
             self.check_count(start + rows)
 
-    def resolve(self, logits: torch.Tensor, start: int = 0) -> list[int]:
-        """Class indices for the rows of ``logits``, the first being input number ``start``."""
+    def resolve(self, logits: torch.Tensor, start: int = 0,
+                ranked: torch.Tensor | None = None) -> list[int]:
+        """Class indices for the rows of ``logits``, the first being input number ``start``;
+        ``ranked`` (N, classes) orders each row's classes for ``topK`` (default: by logit)."""
         rows, classes = logits.shape[0], logits.shape[1]
         self.check_batch(start, rows)
         ranks = [int(e[3:]) for e in self.entries if isinstance(e, str)]
-        ranked = logits.detach().topk(min(max(ranks), classes), dim=1).indices if ranks else None
+        if ranks and ranked is None:
+            ranked = logits.detach().topk(min(max(ranks), classes), dim=1).indices
         chosen: list[int] = []
         for row in range(rows):
             entry = self.entries[start + row] if self.per_input else self.entries[0]
