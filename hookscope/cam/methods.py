@@ -273,6 +273,7 @@ def fullgrad(inp: CamInputs) -> torch.Tensor:
     the layer): |x * dS/dx| plus, for every biased Conv2d/BatchNorm2d, |b * G|, each
     (input, channel) map min-max scaled, resized to the input and summed."""
     full = inp.run.full
+    assert full is not None  # the engine runs it for the methods that need it
     size = full.x.shape[-2:]
     total = minmax((full.x_grad * full.x).abs(), 1e-7).sum(dim=1)
     for bias, grad in full.biases:

@@ -268,11 +268,14 @@ def has_bias(module: nn.Module) -> bool:
 
 
 def bias_of(module: Any) -> torch.Tensor:
-    """The bias a module adds to each channel: a BatchNorm's folds in its running mean."""
+    """The bias a :func:`has_bias` module adds to each channel: a BatchNorm's folds in its
+    running mean."""
     bias = module.bias
     if isinstance(module, nn.BatchNorm2d):
+        mean, var = module.running_mean, module.running_var
+        assert mean is not None and var is not None
         weight = module.weight if module.weight is not None else torch.ones_like(bias)
-        bias = bias - module.running_mean * weight / torch.sqrt(module.running_var + module.eps)
+        bias = bias - mean * weight / torch.sqrt(var + module.eps)
     return bias.detach()
 
 

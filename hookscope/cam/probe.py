@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hookscope.cam.attention import AttentionPass
-from hookscope.cam.faithfulness import MetricPlan
+from hookscope.cam.faithfulness import MetricPlan, class_scorer
 from hookscope.cam.layer import default_layer
 from hookscope.cam.methods import CamInputs, Method, get_method, method_names, project
 from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Switch, has_bias
@@ -27,7 +27,6 @@ from hookscope.cam.targets import (
     Objective,
     Origins,
     SegmentationObjective,
-    class_probs,
     infer_task,
 )
 from hookscope.core.classes import Targets, as_targets
@@ -237,13 +236,9 @@ class CamProbe(Switch[CamReport]):
                  ) -> dict[str, CamResult]:
         """Each result with its faithfulness metrics (plain passes of perturbed inputs)."""
         assert self.metrics is not None
-
-        def probs(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
-            logits = self.objective.output(step.forward(x, grad="inference"))
-            return class_probs(logits, [focus.classes[r] for r in rows])
-
+        score = class_scorer(step, self.objective.output, focus.classes)
         return {name: replace(res, metrics=self.metrics.evaluate(
-                    probs, step.x, torch.from_numpy(res.maps), self.options.score_batch))
+                    score, step.x, torch.from_numpy(res.maps), self.options.score_batch))
                 for name, res in results.items()}
 
     def finish(self) -> CamReport:
