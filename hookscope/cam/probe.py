@@ -224,7 +224,7 @@ class CamProbe(Switch[CamReport]):
         if self.metrics is not None:
             results = self._metrics(results, step, focus)
         explained = CamBatch(batch=step.batch, start=step.start, results=results,
-                             boxes=origins.boxes, skipped=list(focus.skipped), **self._layers())
+                             boxes=origins.boxes, skipped=list(focus.skipped))
         self.notes.update(dict.fromkeys(why for why in focus.skipped if why is not None))
         self.notes.update(dict.fromkeys(explained.notes))
         if self.sink is not None:
@@ -245,13 +245,8 @@ class CamProbe(Switch[CamReport]):
         results = {m.name: CamResult.concat([b.results[m.name] for b in self.kept])
                    for m in self.methods} if self.kept else {}
         return CamReport(methods=[m.name for m in self.methods], results=results,
-                         notes=list(self.notes), task=self.task, **self._layers())
-
-    def _layers(self) -> dict[str, Any]:
-        """The layer fields of each batch and of the report: the first layer and all."""
-        shapes = [list(s) for s in self.layer_shapes]
-        return {"layer": self.layer_sites[0].name, "layer_shape": shapes[0] if shapes else [],
-                "layers": [s.name for s in self.layer_sites], "layer_shapes": shapes}
+                         notes=list(self.notes), layers=[s.name for s in self.layer_sites],
+                         layer_shapes=self.layer_shapes, task=self.task)
 
 
 def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,

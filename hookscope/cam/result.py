@@ -43,15 +43,13 @@ class CamResult:
     """
 
     method: str
-    layer: str
+    layers: list[str]
     maps: np.ndarray
-    raw: np.ndarray
+    raws: list[np.ndarray]
     targets: list[int]
     scores: list[float]
     probs: list[float | None]
     notes: list[str] = field(default_factory=list)
-    layers: list[str] = field(default_factory=list)
-    raws: list[np.ndarray] = field(default_factory=list)
     skipped: list[str | None] = field(default_factory=list)
     guided: np.ndarray | None = None
     regions: np.ndarray | None = None
@@ -61,6 +59,14 @@ class CamResult:
 
     def __len__(self) -> int:
         return len(self.targets)
+
+    @property
+    def layer(self) -> str:
+        return self.layers[0]
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self.raws[0]
 
     @property
     def peaks(self) -> list[tuple[int, int] | None]:
@@ -73,7 +79,7 @@ class CamResult:
         """Join per-batch results of one method and layer."""
         first = parts[0]
         joined: dict[str, Any] = {}
-        for name in ("maps", "raw", "guided", "regions"):  # arrays, or None
+        for name in ("maps", "guided", "regions"):  # arrays, or None
             arrays = [getattr(p, name) for p in parts]
             joined[name] = None if any(a is None for a in arrays) else np.concatenate(arrays)
         for name in ("targets", "scores", "probs", "skipped", "constant", "detections"):
@@ -111,11 +117,7 @@ class CamBatch:
     batch: Batch | None
     start: int
     results: dict[str, CamResult]
-    layer: str
-    layer_shape: list[int]
     boxes: list[Box | None]
-    layers: list[str] = field(default_factory=list)
-    layer_shapes: list[list[int]] = field(default_factory=list)
     skipped: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -129,16 +131,23 @@ class CamBatch:
 
 @dataclass(frozen=True)
 class CamReport:
-    """What :class:`CamProbe` returns: ``results`` is empty when a ``sink`` took the batches."""
+    """What :class:`CamProbe` returns: ``results`` is empty when a ``sink`` took the batches;
+    ``layer`` and ``layer_shape`` are the first of ``layers`` and ``layer_shapes``."""
 
-    layer: str
-    layer_shape: list[int]
     methods: list[str]
     results: dict[str, CamResult]
     notes: list[str]
-    layers: list[str] = field(default_factory=list)
-    layer_shapes: list[list[int]] = field(default_factory=list)
+    layers: list[str]
+    layer_shapes: list[list[int]]
     task: str = "classification"
+
+    @property
+    def layer(self) -> str:
+        return self.layers[0]
+
+    @property
+    def layer_shape(self) -> list[int]:
+        return self.layer_shapes[0] if self.layer_shapes else []
 
 
 def deprocess(values: np.ndarray) -> np.ndarray:
@@ -305,8 +314,7 @@ def make_result(method: Method, acc: MapSum, focus: Focus, scores: list[float],
     mixed = None if guided is None else (maps.unsqueeze(1) * guided).permute(0, 2, 3, 1).cpu().numpy()
     raw_np = [r.cpu().numpy().astype(np.float32, copy=False) for r in raws]
     return CamResult(
-        method=method.name, layer=layers[0],
-        maps=maps.cpu().numpy().astype(np.float32, copy=False), raw=raw_np[0],
+        method=method.name, maps=maps.cpu().numpy().astype(np.float32, copy=False),
         targets=list(focus.classes), scores=[float(s) for s in scores], probs=list(probs),
         notes=notes, layers=list(layers),
         raws=raw_np * (1 if method.layerwise else len(layers)),
