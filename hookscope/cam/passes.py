@@ -206,23 +206,19 @@ class CapturePass(Pass):
 
     def _backward(self, out: Any, focus: Focus, nodes: list[torch.Tensor], keep: bool,
                   strict: bool) -> list[torch.Tensor]:
-        """Gradients of the summed target scores at each layer."""
+        """Gradients of the summed target scores at each layer (zeros for a noisy copy whose
+        scores depend on nothing, when not ``strict``)."""
         grads = self.grads(out, focus, nodes, retain_graph=keep,
                            create_graph=keep and self.second_order)
-        if grads is None:
-            if strict:
-                raise self._disconnected(self.layer_sites[0].name)
+        if grads is None and not strict:
             return [torch.zeros_like(n) for n in nodes]
-        for site, g in zip(self.layer_sites, grads, strict=True):
+        found = grads or (None,)
+        for site, g in zip(self.layer_sites, found, strict=False):
             if g is None:
-                raise self._disconnected(site.name)
-        return list(grads)  # type: ignore[arg-type]
-
-    def _disconnected(self, name: str) -> HookscopeError:
-        return HookscopeError(
-            f"The model's output does not depend on layer {name!r}, so it has no "
-            "gradient; choose a layer on the path to the output."
-        )
+                raise HookscopeError(
+                    f"The model's output does not depend on layer {site.name!r}, so it has no "
+                    "gradient; choose a layer on the path to the output.")
+        return list(found)  # type: ignore[arg-type]
 
     def nchw(self, layer: int, t: torch.Tensor) -> torch.Tensor:
         """A tensor in ``layer``'s output layout as (N, C, h, w) float32."""
