@@ -18,8 +18,7 @@ import torch
 
 from hookscope.core.errors import HookscopeError, param, suggest
 
-__all__ = ["Targets", "as_targets", "folder_targets", "label_classes", "parse_targets",
-           "true_classes"]
+__all__ = ["Targets", "as_targets", "label_classes", "parse_targets", "true_classes"]
 
 
 def label_classes(label: str, categories: Sequence[str] | None) -> tuple[int, ...]:
@@ -127,27 +126,6 @@ def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
     return targets
 
 
-def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
-                   name: str = "label") -> Targets:
-    """One class per input from its ImageFolder class folder: a class label of the model (in
-    any case) or a class index; a folder naming no class is a :class:`HookscopeError`."""
-    classes: dict[str, int] = {}
-    for folder in dict.fromkeys(folders):
-        hits = label_classes(folder, categories)
-        if folder.isdigit():
-            classes[folder] = int(folder)
-        elif hits:
-            classes[folder] = hits[-1]
-        else:
-            known = "is not a class label of this model." + suggest(folder, categories) \
-                if categories else "names no class: this model has no class labels."
-            raise HookscopeError(
-                f"class folder {folder!r} {known} Name the folders after the model's labels "
-                f"or class indices, give labels that match them with {param('labels')}, or "
-                f"give {param(name)}.")
-    return Targets(tuple(classes[f] for f in folders), name)
-
-
 def as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
     """:class:`Targets` from what the Python API takes: None (top-1), an index, a spec such
     as ``"top2"`` or ``"tabby"``, a list or tensor of indices or labels, or Targets."""
@@ -166,8 +144,9 @@ def as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
 def true_classes(label: str | None, folders: Sequence[str] | None,
                  categories: Sequence[str] | None, *, by_order: bool = False) -> Targets | None:
     """The true class of each input: ``label`` as given, else each input's ImageFolder class
-    folder (see :func:`folder_targets`); None when there is neither. With ``by_order``, a
-    model without labels numbers its folders in sorted order, as torchvision's ImageFolder."""
+    folder, a class label of the model (in any case) or a class index; None when there is
+    neither. With ``by_order``, a model without labels numbers its folders in sorted order,
+    as torchvision's ImageFolder. A folder naming no class is a :class:`HookscopeError`."""
     if label is not None:
         return parse_targets(label, categories, name="label")
     if folders is None:
@@ -177,4 +156,15 @@ def true_classes(label: str | None, folders: Sequence[str] | None,
         logging.getLogger("hookscope").info(
             "classes by folder, sorted: %s", ", ".join(f"{k}={v}" for k, v in order.items()))
         return Targets(tuple(order[f] for f in folders), "label")
-    return folder_targets(folders, categories)
+    classes: dict[str, int] = {}
+    for folder in dict.fromkeys(folders):
+        hits = label_classes(folder, categories)
+        if not folder.isdigit() and not hits:
+            known = "is not a class label of this model." + suggest(folder, categories) \
+                if categories else "names no class: this model has no class labels."
+            raise HookscopeError(
+                f"class folder {folder!r} {known} Name the folders after the model's labels "
+                f"or class indices, give labels that match them with {param('labels')}, or "
+                f"give {param('label')}.")
+        classes[folder] = int(folder) if folder.isdigit() else hits[-1]
+    return Targets(tuple(classes[f] for f in folders), "label")
