@@ -329,10 +329,9 @@ def _regions(focus: Focus, size: Sequence[int]) -> np.ndarray | None:
 
 
 def _detections(focus: Focus) -> list[list[dict[str, Any]]] | None:
-    if not focus.boxes:
+    if not focus.detections:
         return None
     return [[{"box": [float(v) for v in box], "label": int(label), "score": float(score)}
-             for box, label, score in zip(boxes.tolist(), labels.tolist(), scores.tolist(),
+             for box, label, score in zip(*(d[k].tolist() for k in ("boxes", "labels", "scores")),
                                           strict=True)]
-            for boxes, labels, scores in zip(focus.boxes, focus.labels, focus.det_scores, strict=True)]
-
+            for d in focus.detections]

@@ -32,14 +32,12 @@ Box = tuple[float, float, float, float]
 @dataclass
 class Focus:
     """What each input of a batch explains: its class (-1: several, for detection), its
-    region (segmentation: (N, H, W) float at the output's size) or its detections, and why
-    it cannot be explained (None when it can)."""
+    region (segmentation: (N, H, W) float at the output's size) or its detections (their
+    ``boxes``, ``labels`` and ``scores``), and why it cannot be explained (None when it can)."""
 
     classes: list[int]
     masks: torch.Tensor | None = None
-    boxes: list[torch.Tensor] = field(default_factory=list)
-    labels: list[torch.Tensor] = field(default_factory=list)
-    det_scores: list[torch.Tensor] = field(default_factory=list)
+    detections: list[dict[str, torch.Tensor]] = field(default_factory=list)
     skipped: list[str | None] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -219,14 +217,14 @@ class DetectionObjective(Objective):
                 if self.labelled else None
             keep, why = self._chosen(det, label, origins.names[i])
             focus.classes.append(label if label is not None else -1)
-            focus.boxes.append(det["boxes"][keep].detach())
-            focus.labels.append(det["labels"][keep].detach())
-            focus.det_scores.append(det["scores"][keep].detach())
+            focus.detections.append({k: det[k][keep].detach() for k in ("boxes", "labels",
+                                                                         "scores")})
             focus.skipped.append(why)
         return focus
 
     def score(self, out: Any, focus: Focus, rows: Sequence[int]) -> torch.Tensor:
-        return torch.stack([box_score(out[j], focus.boxes[r], focus.labels[r], self.iou)
+        return torch.stack([box_score(out[j], focus.detections[r]["boxes"],
+                                      focus.detections[r]["labels"], self.iou)
                             for j, r in enumerate(rows)])
 
     def probs(self, out: Any, focus: Focus) -> list[float | None]:
