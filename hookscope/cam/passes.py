@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hookscope.cam.methods import SMOOTH_STD, FullBackward
-from hookscope.cam.targets import Focus, Objective, Origins, class_probs
+from hookscope.cam.targets import Focus, Objective, Origins
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call
@@ -334,11 +334,6 @@ class BatchRun:
         objective = self.probe.objective
         return objective.score(objective.output(self.step.forward(x, grad="inference")),
                                self.focus, rows)
-
-    def probs(self, x: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """The target classes' softmax probabilities for ``x`` (the metrics'): a plain pass."""
-        logits = self.probe.objective.output(self.step.forward(x, grad="inference"))
-        return class_probs(logits, [self.focus.classes[r] for r in rows])
 
     def ablate(self, layer: int, i: int, channels: list[int]) -> torch.Tensor:
         """Input ``i``'s target scores with each of ``channels`` of ``layer``'s output
