@@ -42,13 +42,14 @@ class FullBackward:
 @dataclass
 class CamInputs:
     """What a method may use at one target layer: the layer's activations (N, C, h, w), the
-    gradients of the summed target scores there (gradient methods), the input, the target
-    classes, and ``run``: the batch's :class:`hookscope.cam.passes.BatchRun`, whose extra
-    passes (``score``, ``ablate``, ``regrad``, ``hvp``, ``noisy``, ``noise``, ``attention``)
-    the method names in its ``needs``; ``layer`` and ``method`` say where and for whom."""
+    gradients of the summed target scores there (None unless the method takes gradients),
+    the input, the target classes, and ``run``: the batch's
+    :class:`hookscope.cam.passes.BatchRun`, whose extra passes (``score``, ``ablate``,
+    ``regrad``, ``hvp``, ``noisy``, ``noise``, ``attention``) or FullGrad pass (``full``) the
+    method names in its ``needs``; ``layer`` and ``method`` say where and for whom."""
 
     acts: torch.Tensor
-    grads: torch.Tensor
+    grads: torch.Tensor  # None for a method registered without gradients
     x: torch.Tensor
     targets: list[int]
     run: BatchRun = None  # type: ignore[assignment]  # only for methods with ``needs``
