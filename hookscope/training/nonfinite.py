@@ -27,7 +27,7 @@ from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
 from hookscope.probes.stats import moments
 
-__all__ = ["Finding", "NonFiniteError", "StepFlags", "event_doc", "flight_steps"]
+__all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "event_doc", "flight_steps"]
 
 #: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
 INFO, STRICT, NAN_ONLY = 0, 1, 2
@@ -81,7 +81,7 @@ class _Record:
 
 
 @dataclass(frozen=True)
-class Finding:
+class NonfiniteFinding:
     """Where a step's first non-finite value came from (see the module docstring)."""
 
     phase: str
@@ -256,14 +256,14 @@ class StepFlags:
         strict = (kinds == STRICT) & ~torch.isfinite(stacked)
         return (strict | ((kinds == NAN_ONLY) & torch.isnan(stacked))).any()
 
-    def locate(self, host: list[float]) -> Finding | None:
+    def locate(self, host: list[float]) -> NonfiniteFinding | None:
         """Where the first non-finite value came from, given :meth:`stacked` on the host."""
         split = 2 * len(self.slots)
         forward, backward = host[:split], host[split:]
         return self._locate_forward(forward) or self._locate_backward(forward, backward)
 
     def _finding(self, forward: list[float], record: _Record, phase: str, source: str,
-                 produced: str, grad: dict[str, Any] | None = None) -> Finding:
+                 produced: str, grad: dict[str, Any] | None = None) -> NonfiniteFinding:
         rows = []
         for i in record.inputs:
             slot = self.slots[i]
@@ -273,10 +273,10 @@ class StepFlags:
                 row |= moments(alive.detach()).summary()
             rows.append(row)
         call = record.call
-        return Finding(phase, call.name, call.site.type, call.index, source, produced, rows,
+        return NonfiniteFinding(phase, call.name, call.site.type, call.index, source, produced, rows,
                        grad)
 
-    def _locate_forward(self, forward: list[float]) -> Finding | None:
+    def _locate_forward(self, forward: list[float]) -> NonfiniteFinding | None:
         ok = [_ok(forward, s.kind, 2 * s.index) for s in self.slots]
         # An allowed module's ±inf is an intended input (a mask), not a non-finite one.
         usable = [k or (s.kind == NAN_ONLY and _ok(forward, NAN_ONLY, 2 * s.index))
@@ -291,7 +291,7 @@ class StepFlags:
         produced = _describe(forward[2 * out], forward[2 * out + 1], self.slots[out].alive())
         return self._finding(forward, record, "forward", source, produced)
 
-    def _locate_backward(self, forward: list[float], backward: list[float]) -> Finding | None:
+    def _locate_backward(self, forward: list[float], backward: list[float]) -> NonfiniteFinding | None:
         arrived: dict[int, dict[str, Any]] = {}  # gradient slot -> its finite arrival
         for n, index in enumerate(self.fired):
             slot = self.grad_slots[index]
@@ -348,7 +348,7 @@ def flight_steps(kept: Iterable[tuple[int, StepFlags | None, Any, list[Any] | No
 
 
 def event_doc(envelope: dict[str, Any], step: int, rank: int | None, message: str,
-              finding: Finding, recorded: list[dict[str, Any]] | None) -> dict[str, Any]:
+              finding: NonfiniteFinding, recorded: list[dict[str, Any]] | None) -> dict[str, Any]:
     """``nonfinite.json``: the watch's envelope, the event, and the recorded steps."""
     event = {"step": step, "rank": rank, "message": message} | asdict(finding)
     return envelope | {"event": event, "steps": recorded or []}

@@ -25,7 +25,7 @@ from hookscope.core.errors import HookscopeError, param
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.targets import Targets, folder_targets, parse_targets
-from hookscope.training.logs import TrainingLog, read_log
+from hookscope.training.log_reader import TrainingLog, read_log
 from hookscope.training.nonfinite import NonFiniteError
 from hookscope.training.watch import watch
 

@@ -25,7 +25,8 @@ from hookscope import __version__
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
 from hookscope.core.select import Selection
-from hookscope.training.nonfinite import Finding, StepFlags, event_doc, flight_steps
+from hookscope.training.log_writer import TensorBoardLog, WatchLog
+from hookscope.training.nonfinite import NonfiniteFinding, StepFlags, event_doc, flight_steps
 from hookscope.training.ranks import Ranks
 from hookscope.training.records import (
     Drift,
@@ -35,7 +36,6 @@ from hookscope.training.records import (
     layer_rows,
     step_line,
 )
-from hookscope.training.watchlog import TensorBoardLog, WatchLog
 
 __all__ = ["MODES", "Watch", "watch"]
 
@@ -90,7 +90,7 @@ class Watch:
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
         self.name = name or type(model).__name__
         self.index = 0  # the step in progress
-        self.findings: list[tuple[int, int, Finding]] = []
+        self.findings: list[tuple[int, int, NonfiniteFinding]] = []
         # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
         # and recompile for every tensor they see.
         self.tracer = Tracer(model, self.sites, on_enter=torch.compiler.disable(self._enter),
@@ -260,7 +260,7 @@ class Watch:
         recorded = flight_steps(self.recorder) if finding else None
         finding, recorded = self.ranks.share((finding, recorded), rank)
         if finding is None:  # the verdict and the values disagree: cannot happen
-            finding = Finding("forward", "", type(self.model).__name__, 0, "outside",
+            finding = NonfiniteFinding("forward", "", type(self.model).__name__, 0, "outside",
                               "non-finite values", [])
         shown_rank = rank if self.ranks.many else None
         message = finding.message(self.index, shown_rank)

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.output import dumps_json, dumps_ndjson, emit
-from hookscope.training.logs import EVENT_FILE, LOG_FILE
+from hookscope.training.log_reader import EVENT_FILE, LOG_FILE
 
 __all__ = ["TensorBoardLog", "WatchLog"]
 
