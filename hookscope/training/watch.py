@@ -22,12 +22,12 @@ import torch
 from torch import nn
 
 from hookscope import __version__
+from hookscope.core.distributed import Group
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
 from hookscope.core.select import Selection
 from hookscope.training.log_writer import TensorBoardLog, WatchLog
 from hookscope.training.nonfinite import NonfiniteFinding, StepFlags, event_doc, flight_steps
-from hookscope.training.ranks import Ranks
 from hookscope.training.records import (
     Drift,
     LoggingStep,
@@ -96,7 +96,7 @@ class Watch:
         self.tracer = Tracer(model, self.sites, on_enter=torch.compiler.disable(self._enter),
                              on_exit=torch.compiler.disable(self._exit))
         self.params = ParamTracker(model)
-        self.ranks = Ranks()
+        self.group = Group()
         #: The flight recorder: (step, flags, their stacked values, rows if logged).
         self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
             deque(maxlen=self.keep)
@@ -111,16 +111,16 @@ class Watch:
     # ------------------------------------------------------------------ the block
 
     def __enter__(self) -> Watch:
-        self.ranks = Ranks.current()
+        self.group = Group.current()
         failure = None
-        if self.ranks.leader:
+        if self.group.leader:
             try:
                 self._writer = WatchLog(self.log_dir, force=self.force)
                 if self.tensorboard:
                     self._board = TensorBoardLog(self.log_dir)
             except HookscopeError as exc:
                 failure = exc.render()
-        agreed = self.ranks.agree(failure)  # the first failure of any rank
+        agreed = self.group.first_failure(failure)  # the first failure of any rank
         if agreed is not None:
             self._close_writers()
             raise HookscopeError(agreed)
@@ -137,7 +137,7 @@ class Watch:
     def envelope(self) -> dict[str, Any]:
         """The first line of ``watch.jsonl``."""
         return {"hookscope": __version__, "command": "watch", "model": self.name,
-                "device": str(model_device(self.model)), "world_size": self.ranks.world,
+                "device": str(model_device(self.model)), "world_size": self.group.size,
                 "selection": {"layers": self.select.layers, "types": self.select.types,
                               "modules": [s.name for s in self.sites]},
                 "every": self.every, "nonfinite": self.nonfinite,
@@ -151,7 +151,7 @@ class Watch:
         try:
             # A step whose work was recorded but not ended by .step() ends here (one
             # process only: under DDP every rank would have to agree that it exists).
-            if exc_type is None and self._open and not self.ranks.many and self._pending():
+            if exc_type is None and self._open and self.group.size == 1 and self._pending():
                 self._end(None)
         finally:
             self._cleanup()
@@ -232,7 +232,7 @@ class Watch:
         flags, logging_step = self._flags, self._logging
         self._hooks.remove()
         stacked = flags.stacked() if flags is not None else None
-        failing = self.ranks.failing(flags.verdict(stacked)) if flags is not None else []
+        failing = self.group.failing(flags.verdict(stacked)) if flags is not None else []
         rows = self._log(logging_step, loss) if logging_step is not None else None
         self.recorder.append((self.index, flags, stacked, rows))
         if failing and flags is not None:
@@ -240,7 +240,7 @@ class Watch:
 
     def _log(self, step: LoggingStep, loss: Any) -> list[dict[str, Any]] | None:
         """The logging step's line: merged over ranks and written by rank 0."""
-        merged = self.ranks.merged(StepReports(*step.reports()))
+        merged = self.group.gathered(StepReports(*step.reports()))
         params = self.params.rows()
         if merged is None:
             return None
@@ -255,14 +255,14 @@ class Watch:
 
     def _nonfinite(self, rank: int, flags: StepFlags, stacked: Any) -> None:
         finding = None
-        if rank == self.ranks.rank and stacked is not None:
+        if rank == self.group.rank and stacked is not None:
             finding = flags.locate(stacked.tolist())
         recorded = flight_steps(self.recorder) if finding else None
-        finding, recorded = self.ranks.share((finding, recorded), rank)
+        finding, recorded = self.group.share((finding, recorded), rank)
         if finding is None:  # the verdict and the values disagree: cannot happen
             finding = NonfiniteFinding("forward", "", type(self.model).__name__, 0, "outside",
                               "non-finite values", [])
-        shown_rank = rank if self.ranks.many else None
+        shown_rank = rank if self.group.size > 1 else None
         message = finding.message(self.index, shown_rank)
         if self._writer is not None and not self.findings:
             doc = event_doc(self.envelope(), self.index, shown_rank, message, finding, recorded)
