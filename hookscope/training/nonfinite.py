@@ -25,6 +25,7 @@ import torch
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
+from hookscope.probes.debug import FirstNonfinite
 from hookscope.probes.stats import moments
 
 __all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "event_doc", "flight_steps"]
@@ -281,12 +282,12 @@ class StepFlags:
         # An allowed module's ±inf is an intended input (a mask), not a non-finite one.
         usable = [k or (s.kind == NAN_ONLY and _ok(forward, NAN_ONLY, 2 * s.index))
                   for k, s in zip(ok, self.slots, strict=True)]
-        bad = [r for r in self.records if not all(ok[i] for i in r.outputs)]
-        record = next((r for r in bad if all(usable[i] for i in r.inputs)), None)
-        source = "module" if record is not None else "outside"
-        record = record or next(iter(bad), None)
-        if record is None:
+        rule: FirstNonfinite[_Record] = FirstNonfinite()
+        for r in self.records:
+            rule.finished(r, all(usable[i] for i in r.inputs), all(ok[i] for i in r.outputs))
+        if (found := rule.origin()) is None:
             return None
+        record, source = found
         out = next(i for i in record.outputs if not ok[i])
         produced = _describe(forward[2 * out], forward[2 * out + 1], self.slots[out].alive())
         return self._finding(forward, record, "forward", source, produced)
