@@ -27,7 +27,13 @@ from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
 from hookscope.core.select import Selection
 from hookscope.training.log_writer import TensorBoardLog, WatchLog
-from hookscope.training.nonfinite import NonfiniteFinding, StepFlags, event_doc, flight_steps
+from hookscope.training.nonfinite import (
+    NonFiniteError,
+    NonfiniteFinding,
+    StepFlags,
+    event_doc,
+    flight_steps,
+)
 from hookscope.training.records import (
     Drift,
     LoggingStep,
@@ -104,6 +110,7 @@ class Watch:
         self._hooks = Hooks()
         self._flags: StepFlags | None = None
         self._logging: LoggingStep | None = None
+        self._parts: list[StepFlags | LoggingStep] = []
         self._writer: Any = None
         self._board: Any = None
         self._open = False
@@ -157,14 +164,14 @@ class Watch:
             self._cleanup()
 
     def _pending(self) -> bool:
-        return bool(self._flags is not None and self._flags.records) or bool(
-            self._logging is not None and self._logging.stats.order)
+        return bool(self._flags and self._flags.records or self._logging and self._logging.stats.order)
 
     def _cleanup(self) -> None:
         self._open = False
         self._hooks.remove()
         self.tracer.remove()
         self._flags = self._logging = None
+        self._parts = []
         self._close_writers()
 
     def _close_writers(self) -> None:
@@ -176,21 +183,15 @@ class Watch:
     # ------------------------------------------------------------------ hooks
 
     def _enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not torch.is_grad_enabled():
-            return  # a validation forward pass: not part of a training step
-        if self._flags is not None:
-            self._flags.enter(call, args, kwargs)
-        if self._logging is not None:
-            self._logging.enter(call, args, kwargs)
+        if torch.is_grad_enabled():  # else a validation forward pass: not a training step's
+            for part in self._parts:
+                part.enter(call, args, kwargs)
 
     def _exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> None:
-        if not torch.is_grad_enabled():
-            return
-        if self._flags is not None:
-            self._flags.exit(call, output)
-        if self._logging is not None:
-            self._logging.exit(call, args, kwargs, output)
+        if torch.is_grad_enabled():
+            for part in self._parts:
+                part.exit(call, args, kwargs, output)
 
     # ------------------------------------------------------------------ steps
 
@@ -203,10 +204,11 @@ class Watch:
             self._logging = LoggingStep(self.model, self.select, self._hooks,
                                         self.drift.percentiles)
             self.params.attach(self._hooks)
-        if self._flags is None and self._logging is None:
-            self.tracer.remove()  # an off-step without the check carries no hook at all
-        else:
+        self._parts = [p for p in (self._flags, self._logging) if p is not None]
+        if self._parts:
             self.tracer.attach()
+        else:
+            self.tracer.remove()  # an off-step without the check carries no hook at all
         self.tracer.reset()
 
     def step(self, loss: Any = None) -> None:
@@ -232,10 +234,10 @@ class Watch:
         flags, logging_step = self._flags, self._logging
         self._hooks.remove()
         stacked = flags.stacked() if flags is not None else None
-        failing = self.group.failing(flags.verdict(stacked)) if flags is not None else []
+        failing = [] if flags is None else self.group.failing(flags.verdict(stacked))
         rows = self._log(logging_step, loss) if logging_step is not None else None
         self.recorder.append((self.index, flags, stacked, rows))
-        if failing and flags is not None:
+        if failing:
             self._nonfinite(failing[0], flags, stacked)
 
     def _log(self, step: LoggingStep, loss: Any) -> list[dict[str, Any]] | None:
@@ -253,9 +255,9 @@ class Watch:
             self._board.write(line, self.params.params)
         return rows
 
-    def _nonfinite(self, rank: int, flags: StepFlags, stacked: Any) -> None:
+    def _nonfinite(self, rank: int, flags: StepFlags | None, stacked: Any) -> None:
         finding = None
-        if rank == self.group.rank and stacked is not None:
+        if rank == self.group.rank and flags is not None and stacked is not None:
             finding = flags.locate(stacked.tolist())
         recorded = flight_steps(self.recorder) if finding else None
         finding, recorded = self.group.share((finding, recorded), rank)
@@ -271,7 +273,7 @@ class Watch:
             self.findings.append((self.index, rank, finding))
             log.warning(message)
             return
-        raise finding.error(message, self.index, shown_rank)
+        raise NonFiniteError(message, finding, self.index, shown_rank)
 
 
 #: ``hookscope.watch(model, log_dir, ...)``: see :class:`Watch`.
