@@ -18,7 +18,7 @@ import functools
 import math
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -29,7 +29,7 @@ from hookscope.core.hooks import Call, Hooks, tensors
 from hookscope.probes.debug import FirstNonfinite
 from hookscope.probes.stats import moments
 
-__all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "event_doc", "flight_steps"]
+__all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "flight_steps"]
 
 #: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
 INFO, STRICT, NAN_ONLY = 0, 1, 2
@@ -320,10 +320,3 @@ def flight_steps(kept: Iterable[tuple[int, StepFlags | None, Any, list[Any] | No
             entry["rows"] = rows
         steps.append(entry)
     return steps
-
-
-def event_doc(envelope: dict[str, Any], step: int, rank: int | None, message: str,
-              finding: NonfiniteFinding, recorded: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """``nonfinite.json``: the watch's envelope, the event, and the recorded steps."""
-    event = {"step": step, "rank": rank, "message": message} | asdict(finding)
-    return envelope | {"event": event, "steps": recorded or []}

@@ -15,6 +15,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +27,8 @@ from hookscope.core.distributed import Group
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
 from hookscope.core.select import Selection
-from hookscope.training.log_writer import TensorBoardLog, WatchLog
-from hookscope.training.nonfinite import (
-    NonFiniteError,
-    NonfiniteFinding,
-    StepFlags,
-    event_doc,
-    flight_steps,
-)
+from hookscope.training.log_writer import WatchLog
+from hookscope.training.nonfinite import NonFiniteError, NonfiniteFinding, StepFlags, flight_steps
 from hookscope.training.records import (
     Drift,
     LoggingStep,
@@ -111,8 +106,7 @@ class Watch:
         self._flags: StepFlags | None = None
         self._logging: LoggingStep | None = None
         self._parts: list[StepFlags | LoggingStep] = []
-        self._writer: Any = None
-        self._board: Any = None
+        self._writer: WatchLog | None = None
         self._open = False
 
     # ------------------------------------------------------------------ the block
@@ -122,14 +116,13 @@ class Watch:
         failure = None
         if self.group.leader:
             try:
-                self._writer = WatchLog(self.log_dir, force=self.force)
-                if self.tensorboard:
-                    self._board = TensorBoardLog(self.log_dir)
+                self._writer = WatchLog(self.log_dir, force=self.force,
+                                        tensorboard=self.tensorboard)
             except HookscopeError as exc:
                 failure = exc.render()
         agreed = self.group.first_failure(failure)  # the first failure of any rank
         if agreed is not None:
-            self._close_writers()
+            self._close_writer()
             raise HookscopeError(agreed)
         if self._writer is not None:
             self._writer.write(self.envelope())
@@ -172,13 +165,12 @@ class Watch:
         self.tracer.remove()
         self._flags = self._logging = None
         self._parts = []
-        self._close_writers()
+        self._close_writer()
 
-    def _close_writers(self) -> None:
-        for writer in (self._writer, self._board):
-            if writer is not None:
-                writer.close()
-        self._writer = self._board = None
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = None
 
     # ------------------------------------------------------------------ hooks
 
@@ -250,9 +242,7 @@ class Watch:
         self.drift.apply(rows)
         line = step_line(self.index, loss, rows, params)
         if self._writer is not None:
-            self._writer.write(line)
-        if self._board is not None:
-            self._board.write(line, self.params.params)
+            self._writer.write(line, self.params.params)
         return rows
 
     def _nonfinite(self, rank: int, flags: StepFlags | None, stacked: Any) -> None:
@@ -263,11 +253,12 @@ class Watch:
         finding, recorded = self.group.share((finding, recorded), rank)
         if finding is None:  # the verdict and the values disagree: cannot happen
             finding = NonfiniteFinding("forward", "", type(self.model).__name__, 0, "outside",
-                              "non-finite values", [])
+                                       "non-finite values", [])
         shown_rank = rank if self.group.size > 1 else None
         message = finding.message(self.index, shown_rank)
         if self._writer is not None and not self.findings:
-            doc = event_doc(self.envelope(), self.index, shown_rank, message, finding, recorded)
+            event = {"step": self.index, "rank": shown_rank, "message": message} | asdict(finding)
+            doc = self.envelope() | {"event": event, "steps": recorded or []}
             log.debug("wrote %s", self._writer.nonfinite(doc))
         if self.nonfinite == "warn":
             self.findings.append((self.index, rank, finding))
