@@ -1,7 +1,8 @@
 """Runs under ``torchrun``: each rank drives its own contiguous part of the same inputs
 (:func:`shard`), and rank 0 merges the reports in rank order with their exact ``merge`` and
 alone prints and writes. A failing rank prints its own error line and exits non-zero;
-``HOOKSCOPE_DIST_TIMEOUT`` (seconds, default 60) bounds joining and every collective."""
+``HOOKSCOPE_DIST_TIMEOUT`` (seconds, default 60) bounds joining and every collective. A
+training script's own process group is a :class:`Group` too (``hookscope.watch``)."""
 
 from __future__ import annotations
 
