@@ -14,12 +14,11 @@ by identity and version; references are weak, so no activation is kept alive.
 from __future__ import annotations
 
 import fnmatch
-import functools
 import math
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -168,7 +167,7 @@ class StepFlags:
         self._open: dict[tuple[str, int], _Record] = {}
         self._seen: dict[int, _Slot] = {}
         self._grad_seen: dict[int, _Slot] = {}
-        self._allowed = functools.cache(partial(_matches, tuple(allow_inf)))
+        self._allowed = cache(partial(_matches, tuple(allow_inf)))
         self._layouts = layouts
 
     def _slot(self, t: torch.Tensor, kind: int, grad: bool = False) -> int:
