@@ -122,7 +122,7 @@ class Watch:
                 failure = exc.render()
         agreed = self.group.first_failure(failure)  # the first failure of any rank
         if agreed is not None:
-            self._close_writer()
+            self._cleanup()
             raise HookscopeError(agreed)
         if self._writer is not None:
             self._writer.write(self.envelope())
@@ -165,9 +165,6 @@ class Watch:
         self.tracer.remove()
         self._flags = self._logging = None
         self._parts = []
-        self._close_writer()
-
-    def _close_writer(self) -> None:
         if self._writer is not None:
             self._writer.close()
         self._writer = None
