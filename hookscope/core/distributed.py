@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from hookscope.core.errors import HookscopeError
 
-__all__ = ["CollectiveFailed", "Group", "Launch", "gather_merged", "shard", "timeout_seconds"]
+__all__ = ["CollectiveFailed", "Group", "Launch", "shard", "timeout_seconds"]
 
 T = TypeVar("T")
 TIMEOUT_ENV = "HOOKSCOPE_DIST_TIMEOUT"
@@ -74,29 +74,6 @@ class CollectiveFailed(HookscopeError):
     """A collective did not complete: another rank stopped, or the timeout passed (exit 1)."""
 
     exit_code = 1
-
-
-def gather_merged(report: T) -> T | None:
-    """Every rank's ``report`` merged in rank order on rank 0 (None on the others); every
-    rank calls it. :class:`CollectiveFailed` when a rank stopped or the timeout passed."""
-    import torch
-    import torch.distributed as dist
-
-    packed = io.BytesIO()
-    torch.save(report, packed)  # tensors on whatever device the rank used
-    gathered: list[Any] | None = [None] * dist.get_world_size() \
-        if dist.get_rank() == 0 else None
-    _collective("gathering the reports", dist.gather_object, packed.getvalue(), gathered, 0)
-    # A rank leaves only once rank 0 holds every report, so none tears its group down while
-    # gloo may still be sending its part ("terminate called without an active exception").
-    _collective("gathering the reports", dist.barrier)
-    if gathered is None:
-        return None
-    # Every tensor onto the CPU, so reports from other devices merge; the bytes come from this
-    # job's own ranks, so the full unpickler is used.
-    reports = [torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-               for data in gathered]
-    return reduce(lambda a, b: a.merge(b), reports)  # type: ignore[no-any-return]
 
 
 def fingerprint(names: Sequence[str]) -> tuple[int, str]:
@@ -207,8 +184,28 @@ class Group:
         return shard(count, batch_size, self.rank, self.size)
 
     def gathered(self, report: T) -> T | None:
-        """Every rank's ``report`` merged in rank order, on rank 0; None on the others."""
-        return report if self.launch is None else gather_merged(report)
+        """Every rank's ``report`` merged in rank order, on rank 0; None on the others. Every
+        rank calls it; :class:`CollectiveFailed` when a rank stopped or the timeout passed."""
+        if self.launch is None:
+            return report
+        import torch
+        import torch.distributed as dist
+
+        packed = io.BytesIO()
+        torch.save(report, packed)  # tensors on whatever device the rank used
+        gathered: list[Any] | None = [None] * self.size if self.leader else None
+        _collective("gathering the reports", dist.gather_object, packed.getvalue(), gathered, 0)
+        # A rank leaves only once rank 0 holds every report, so none tears its group down
+        # while gloo may still be sending its part ("terminate called without an active
+        # exception").
+        _collective("gathering the reports", dist.barrier)
+        if gathered is None:
+            return None
+        # Every tensor onto the CPU, so reports from other devices merge; the bytes come from
+        # this job's own ranks, so the full unpickler is used.
+        reports = [torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+                   for data in gathered]
+        return reduce(lambda a, b: a.merge(b), reports)  # type: ignore[no-any-return]
 
     def merged(self, report: T) -> T:
         """:meth:`gathered`; the other ranks raise ``SystemExit(0)`` once theirs is sent
