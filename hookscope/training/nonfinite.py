@@ -47,7 +47,7 @@ class NonFiniteError(HookscopeError):
     def __init__(self, message: str, finding: NonfiniteFinding | None = None, step: int = 0,
                  rank: int | None = None) -> None:
         super().__init__(message)
-        f = finding or NonfiniteFinding("forward", "", "", 0, "module", "", [])
+        f = finding or NonfiniteFinding()
         self.module, self.phase, self.step, self.call = f.module, f.phase, step, f.call
         self.inputs, self.type_name, self.source, self.rank = f.inputs, f.type, f.source, rank
 
@@ -85,13 +85,13 @@ class _Record:
 class NonfiniteFinding:
     """Where a step's first non-finite value came from (see the module docstring)."""
 
-    phase: str
-    module: str
-    type: str
-    call: int
-    source: str
-    produced: str
-    inputs: list[dict[str, Any]]
+    phase: str = "forward"
+    module: str = ""
+    type: str = ""
+    call: int = 0
+    source: str = "module"
+    produced: str = ""
+    inputs: list[dict[str, Any]] = field(default_factory=list)
     grad_output: dict[str, Any] | None = None
 
     def message(self, step: int, rank: int | None = None) -> str:

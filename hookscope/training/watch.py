@@ -249,8 +249,8 @@ class Watch:
         recorded = flight_steps(self.recorder) if finding else None
         finding, recorded = self.group.share((finding, recorded), rank)
         if finding is None:  # the verdict and the values disagree: cannot happen
-            finding = NonfiniteFinding("forward", "", type(self.model).__name__, 0, "outside",
-                                       "non-finite values", [])
+            finding = NonfiniteFinding(type=type(self.model).__name__, source="outside",
+                                       produced="non-finite values")
         shown_rank = rank if self.group.size > 1 else None
         message = finding.message(self.index, shown_rank)
         if self._writer is not None and not self.findings:
