@@ -357,7 +357,7 @@ def check_command(
     checks = load_rules(rules, overrides)
     if log_run:
         from hookscope.checks.log import evaluate_log, log_doc
-        from hookscope.training.logs import read_log
+        from hookscope.training.log_reader import read_log
 
         log = read_log(model)
         report = evaluate_log(checks, log)
@@ -464,7 +464,7 @@ def report_command(
     Example: hookscope report resnet18 sample_images/ -o report.html
     """
     if cli_watch.is_log_run(s, model, inputs):
-        from hookscope.training.logs import read_log
+        from hookscope.training.log_reader import read_log
 
         return s.emit("training", read_log(model), "html")
     from hookscope.render.heatmap import check_colormap

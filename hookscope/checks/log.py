@@ -29,7 +29,7 @@ from hookscope.checks.rulefile import Rules
 from hookscope.probes.drift import finite
 
 if TYPE_CHECKING:
-    from hookscope.training.logs import TrainingLog
+    from hookscope.training.log_reader import TrainingLog
 
 __all__ = ["LogCall", "LogView", "evaluate_log", "event_text", "log_doc"]
 
