@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.output import Staging, format_shape
-from hookscope.render.tables import Col, FitTable, call_priority, header, num
+from hookscope.render.tables import DataTable, header, num
 
 if TYPE_CHECKING:
     from hookscope.probes.features import FeatureGrid
@@ -112,12 +112,9 @@ class GridWriter:
 
 def features_view(doc: Mapping[str, Any]) -> RenderableType:
     """The ``features`` summary: one row per grid written."""
-    # Hidden first: the file (named after input and layer, in --out), call when all 0,
-    # channels shown, call.
     grids = doc["grids"]
-    table = FitTable([Col("input", name=True), Col("layer", name=True),
-                      num("call", call_priority(grids, when_all_zero=2, otherwise=4)),
-                      Col("shape"), num("shown", 3), num("non-finite"), Col("file", 1, name=True)])
+    table = DataTable(["input", "layer", num("call"), "shape", num("shown"), num("non-finite"),
+                       "file"])
     for row in grids:
         table.add_row(row["input"], row["layer"], str(row["call"]), format_shape(row["shape"]),
                       f"{len(row['channels'])}/{row['shape'][0]}", str(row["nonfinite"]),
