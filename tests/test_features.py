@@ -186,7 +186,7 @@ def test_tensorboard_histogram_drops_nonfinite(tmp_path):
         EventAccumulator,
     )
 
-    from hookscope.render.grid import Board
+    from hookscope.render.features import Board
 
     fmap = torch.randn(2, 4, 4)
     fmap[0, 0, 0], fmap[1, 1, 1], fmap[1, 2, 2] = math.nan, math.inf, -math.inf

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from hookscope.core import output
-from hookscope.render import ablate, camview, grads, grid, tables, tree
+from hookscope.render import ablate, camview, features, grads, tables, tree
 
 
 def _render(renderable, width: int = 100) -> str:
@@ -256,7 +256,7 @@ def test_features_view_fits_the_width(width: int) -> None:
               "path": f"out/features/cat.{layer}.{i // 3}.png"} for i, layer in enumerate(layers)]
     cells = [[g["input"], g["layer"], str(g["call"]), "512x7x7", "64/512", str(g["nonfinite"]),
               g["path"]] for g in grids]
-    view = grid.features_view(ENVELOPE | {"out": "out/features", "tensorboard": None, "grids": grids})
+    view = features.features_view(ENVELOPE | {"out": "out/features", "tensorboard": None, "grids": grids})
     assert _lines(view, width)[0].startswith("resnet18  weights: random (seed 0)")
     _check_table(view.renderables[1], width, ["input", "layer", "call", "shape", "shown",
                                               "non-finite", "file"], cells)
