@@ -94,6 +94,14 @@ def _scale(ax: Axes, mean: Any, std: Any, lo: Any, hi: Any) -> None:
         ax.set_yscale("symlog", linthresh=10.0 ** math.floor(math.log10(spread)))
 
 
+def _calls_axes(ax: Axes, layers: Rows, xlabel: str, ylabel: str) -> None:
+    """One tick a module call, labelled, with the top-level modules named above."""
+    ax.set_xlim(-0.5, max(len(layers) - 0.5, 0.5))
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.grid(axis="y", color="#eaeef2", lw=0.6)
+    _groups(ax, layers)
+
+
 @contextmanager
 def styled_figure(title: str | None, width: float = 6.6, height: float = 3.0
                   ) -> Iterator[Figure]:
@@ -134,11 +142,7 @@ def profile_figure(layers: Rows, *, title: str | None = None) -> Figure:
         _mark(ax, [i for i, z in enumerate(zeros) if z >= ZERO_WARN], YELLOW, 0.35,
               f"dead (≥{ZERO_WARN:.0%} zeros)")
         _scale(ax, mean, std, lo, hi)
-        ax.set_xlim(-0.5, max(len(layers) - 0.5, 0.5))
-        ax.set_xlabel("module call, execution order (# in the table)")
-        ax.set_ylabel("output value")
-        ax.grid(axis="y", color="#eaeef2", lw=0.6)
-        _groups(ax, layers)
+        _calls_axes(ax, layers, "module call, execution order (# in the table)", "output value")
         twin = ax.twinx()
         twin.plot(x, zeros, color=GREY, lw=0.8, ls=(0, (3, 2)), alpha=0.85,
                   label="zero fraction")
@@ -175,11 +179,8 @@ def gradient_figure(layers: Rows, *, median: float | None, vanish: float = 1e-3,
                            label=flag)
         _mark(ax, [i for i, f in enumerate(flags) if f == "nonfinite"], RED, 0.35,
               "non-finite")
-        ax.set_xlim(-0.5, max(len(layers) - 0.5, 0.5))
-        ax.set_xlabel("module call, backward order (output first)")
-        ax.set_ylabel("log10 gradient norm")
-        ax.grid(axis="y", color="#eaeef2", lw=0.6)
-        _groups(ax, layers)
+        _calls_axes(ax, layers, "module call, backward order (output first)",
+                    "log10 gradient norm")
         handles = ax.get_legend_handles_labels()[0]
         fig.legend(handles=handles, loc="outside lower left", ncols=min(len(handles), 4))
     return fig

@@ -81,6 +81,15 @@ def header(doc: Mapping[str, Any], extra: str = "") -> Text:
     return joined(*parts, *([extra] if extra else []))
 
 
+def health(row: Mapping[str, Any]) -> str:
+    """``bad`` for a call with non-finite values, ``dead`` for one of at least
+    :data:`ZERO_WARN` zeros, else ``""``: red and yellow in every table."""
+    zero = row.get("zero_fraction")
+    if int(row.get("nonfinite") or 0):
+        return "bad"
+    return "dead" if zero is not None and math.isfinite(zero) and zero >= ZERO_WARN else ""
+
+
 def count_text(count: int) -> Text:
     """A count of non-finite values: bold red unless zero."""
     return Text(str(count), style="bold red") if count else Text("0")
@@ -98,6 +107,9 @@ def _stats_columns(input_stats: bool, per_channel: bool, percentiles: Sequence[s
     return columns + [num(f"p{key}") for key in percentiles]
 
 
+_STYLES = {"bad": "red", "dead": "yellow"}
+
+
 def shape_text(row: Mapping[str, Any]) -> str:
     """A call's output shape, or its shapes joined by ``;``."""
     shapes = row.get("output_shapes") or []
@@ -110,13 +122,11 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
     channels and the percentiles."""
     table = DataTable(_stats_columns(input_stats, per_channel, percentiles))
     for i, row in enumerate(rows):
-        zero, nonfinite = row.get("zero_fraction"), int(row.get("nonfinite") or 0)
-        style = "red" if nonfinite else ("yellow" if zero is not None and zero >= ZERO_WARN else None)
         cells: list[RenderableType] = [
             str(i), row["name"], row["type"], str(row["call"]),
             format_shapes(row.get("input_shapes") or []), shape_text(row),
             *(fmt_float(row.get(k)) for k in ("mean", "std", "min", "max")),
-            fmt_pct(zero, 1), count_text(nonfinite)]
+            fmt_pct(row.get("zero_fraction"), 1), count_text(int(row.get("nonfinite") or 0))]
         if input_stats:
             ins = row.get("input_stats") or {}
             cells += [fmt_float(ins.get("mean")), fmt_float(ins.get("std")),
@@ -127,7 +137,7 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
             cells.append(Text(str(dead), style="yellow") if dead else "0")
         values = row.get("percentiles") or {}
         cells += [fmt_float(values.get(key)) for key in percentiles]
-        table.add_row(*cells, style=style)
+        table.add_row(*cells, style=_STYLES.get(health(row)))
     return table
 
 

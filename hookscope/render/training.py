@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from hookscope.core.output import dumps_json, format_shape
 from hookscope.probes.drift import finite
 from hookscope.render import plots
-from hookscope.render.html import cell, lead_cells, num, render, strong
+from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure
-from hookscope.render.tables import ZERO_WARN, fmt_float
+from hookscope.render.tables import fmt_float, health
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,20 +36,15 @@ RATIO_REFERENCE = 1e-3
 
 
 def _layer_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    zero, bad = finite(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
     grad_bad = int(row.get("grad_nonfinite") or 0)
-    cls = "bad" if bad or grad_bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
-    cells = [*lead_cells(i, row), cell(format_shape(row.get("output_shape")), None),
-             *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
-             cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad),
+    cells = [*lead_cells(i, row), cell(format_shape(row.get("output_shape"))), *stats_cells(row),
              num(row.get("grad_norm")), strong(grad_bad)]
-    return {"name": row["name"], "cls": cls, "cells": cells}
+    return page_row(row, cells, "bad" if grad_bad else health(row))
 
 
 def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    cells = [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
-             *(num(row.get(k)) for k in ("norm", "grad_norm", "update_ratio"))]
-    return {"name": row["name"], "cls": "", "cells": cells}
+    return page_row(row, [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
+                          *(num(row.get(k)) for k in ("norm", "grad_norm", "update_ratio"))])
 
 
 def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
