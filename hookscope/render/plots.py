@@ -53,8 +53,7 @@ def plot_format(path: str | Path) -> str:
 def _floats(rows: Rows, key: str) -> Any:
     import numpy as np
 
-    return np.array([math.nan if r.get(key) is None else float(r[key]) for r in rows],
-                    dtype=np.float64)
+    return np.array([r.get(key) for r in rows], dtype=np.float64)  # None: NaN
 
 
 def _mark(ax: Axes, indices: Sequence[int], colour: str, alpha: float, label: str) -> None:

@@ -88,8 +88,7 @@ def matrix(series: Series, log10: bool) -> Any:
     """Rows of ``series`` as a float array (NaN where missing; log10 where asked)."""
     import numpy as np
 
-    values = np.array([[math.nan if v is None else v for v in row] for row in series.values()],
-                      dtype=np.float64).reshape(len(series), -1)
+    values = np.array(list(series.values()), dtype=np.float64).reshape(len(series), -1)
     if log10:
         with np.errstate(divide="ignore", invalid="ignore"):
             values = np.where(values > 0, np.log10(values), math.nan)
