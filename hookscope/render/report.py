@@ -35,8 +35,7 @@ def _img(image: Image.Image, alt: str, **more: Any) -> dict[str, Any]:
     from PIL import Image as PILImage
 
     small = image.convert("RGB")
-    if max(small.size) > MAX_SIDE:
-        small.thumbnail((MAX_SIDE, MAX_SIDE), PILImage.Resampling.LANCZOS)
+    small.thumbnail((MAX_SIDE, MAX_SIDE), PILImage.Resampling.LANCZOS)  # never enlarges
     buf = io.BytesIO()
     small.save(buf, format="JPEG", quality=85, optimize=True)
     width, height = image.size
