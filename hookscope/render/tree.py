@@ -81,10 +81,8 @@ def _label(row: Mapping[str, Any], name: str, *more: Text) -> Text:
     """A node's label: name, type, parameters (own too when they differ), MACs, whether it
     is trainable, and its calls' output shapes."""
     own, total = row["params"], row["params_total"]
-    params = Text(f"{total:,} params", style="cyan" if total else "dim")
-    if own != total:
-        params.append(" ")
-        params.append(f"(own {own:,})", style="dim")
+    params = Text.assemble((f"{total:,} params", "cyan" if total else "dim"),
+                           *([" ", (f"(own {own:,})", "dim")] if own != total else []))
     parts: list[Text | tuple[str, str]] = [(name, "bold"), (row["type"], "magenta"), params]
     if row.get("macs"):  # zero (ReLU, BatchNorm) and unmeasured (no input) stay quiet
         parts.append((f"{human_count(row['macs'])} MACs", "blue"))
@@ -103,21 +101,18 @@ def _batch(doc: Mapping[str, Any]) -> int | None:
 def _totals_line(doc: Mapping[str, Any]) -> Text:
     """The line under the tree: MACs, FLOPs and bytes of the whole model."""
     totals = doc["totals"]
-    first = Text("totals:", style="bold")
+    first = Text.assemble(("totals:", "bold"))
     if totals.get("macs") is not None:
-        first.append(" ")
-        first.append(f"{human_count(totals['macs'])} MACs", style="blue")
-        first.append(" ")
-        first.append(f"({human_count(totals['flops'])} FLOPs)", style="dim")
+        first.append_tokens([(" ", None), (f"{human_count(totals['macs'])} MACs", "blue"),
+                             (" ", None), (f"({human_count(totals['flops'])} FLOPs)", "dim")])
         batch = _batch(doc)
         if batch is not None:
             first.append(f" for batch {batch}")
     by_dtype = totals["params_bytes"]
-    params = Text(f"params {human_bytes(sum(by_dtype.values()))}", style="cyan")
+    params = Text.assemble((f"params {human_bytes(sum(by_dtype.values()))}", "cyan"))
     if len(by_dtype) > 1:
         each = ", ".join(f"{dtype} {human_bytes(n)}" for dtype, n in by_dtype.items())
-        params.append(" ")
-        params.append(f"({each})", style="dim")
+        params.append_tokens([(" ", None), (f"({each})", "dim")])
     parts: list[Text | str] = [first, params]
     if totals.get("activation_bytes") is not None:
         parts.append(f"activations {human_bytes(totals['activation_bytes'])}")
@@ -155,16 +150,13 @@ def _who(event: Mapping[str, Any]) -> str:
 
 
 def _stats_text(stats: Mapping[str, Any] | None) -> Text:
-    text = Text()
     if not stats:
-        return text
-    text.append(f"mean {fmt_float(stats.get('mean'))}  std {fmt_float(stats.get('std'))}")
-    text.append(f"  min {fmt_float(stats.get('min'))}  max {fmt_float(stats.get('max'))}",
-                style="dim")
+        return Text()
     nonfinite = int(stats.get("nonfinite") or 0)
-    if nonfinite:
-        text.append(f"  non-finite {nonfinite}", style="bold red")
-    return text
+    return Text.assemble(
+        f"mean {fmt_float(stats.get('mean'))}  std {fmt_float(stats.get('std'))}",
+        (f"  min {fmt_float(stats.get('min'))}  max {fmt_float(stats.get('max'))}", "dim"),
+        (f"  non-finite {nonfinite}" if nonfinite else "", "bold red"))
 
 
 def _shapes(shapes: Sequence[Sequence[int]] | None) -> str:
@@ -185,19 +177,14 @@ def trace_line(event: Mapping[str, Any]) -> Text:
     """One line of the live trace for an ``enter``, ``exit``, ``nonfinite`` or ``error`` event."""
     kind, indent = event["event"], "  " * max(int(event.get("depth") or 0) - 1, 0)
     if kind == "error":
-        text = Text("✗ error in ", style="bold red")
-        text.append(_who(event), style="bold red")
-        if event.get("type"):
-            text.append(f" {event['type']}", style="magenta")
-        text.append(f"  in {_shapes(event.get('input_shapes'))}")
-        text.append(f"\n  {event.get('exception')}: {event.get('message')}", style="red")
-        return text
-    lead, style = _LEADS[kind]
-    text = Text(indent)
-    text.append(lead, style=style)
+        return Text.assemble("✗ error in ", (_who(event), "bold red"),
+                             (f" {event['type']}" if event.get("type") else "", "magenta"),
+                             f"  in {_shapes(event.get('input_shapes'))}",
+                             (f"\n  {event.get('exception')}: {event.get('message')}", "red"),
+                             style="bold red")
     bad = kind == "nonfinite" or int(event.get("nonfinite") or 0)
-    text.append(_who(event), style="bold red" if bad else "bold")
-    text.append(f" {event['type']}", style="magenta")
+    text = Text.assemble(indent, _LEADS[kind], (_who(event), "bold red" if bad else "bold"),
+                         (f" {event['type']}", "magenta"))
     if kind == "enter":
         text.append(f"  in {_shapes(event.get('input_shapes'))}")
     elif kind == "exit":
