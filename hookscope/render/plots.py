@@ -77,9 +77,9 @@ def _groups(ax: Axes, rows: Rows) -> None:
     for first, _ in wide:
         if first:
             ax.axvline(first - 0.5, color="#d0d7de", lw=0.6, zorder=0)
-        text = re.sub(r"([$\\])", r"\\\1", tops[first][:14])  # no mathtext from names
-        ax.text(first - 0.3, 1.0, text, transform=ax.get_xaxis_transform(), fontsize=7.5,
-                color=GREY, va="bottom", ha="left", clip_on=False)
+        ax.text(first - 0.3, 1.0, tops[first][:14], transform=ax.get_xaxis_transform(),
+                fontsize=7.5, color=GREY, va="bottom", ha="left", clip_on=False,
+                parse_math=False)  # names are not mathtext
 
 
 def _scale(ax: Axes, mean: Any, std: Any, lo: Any, hi: Any) -> None:
@@ -113,7 +113,7 @@ def styled_figure(title: str | None, width: float = 6.6, height: float = 3.0
         fig = Figure(figsize=(width, height + (0.3 if title else 0)), layout="constrained")
         FigureCanvasAgg(fig)
         if title:
-            fig.suptitle(title.replace("$", r"\$"), x=0.01, ha="left", fontsize=10)
+            fig.suptitle(title, x=0.01, ha="left", fontsize=10, parse_math=False)
         yield fig
 
 

@@ -78,10 +78,9 @@ QUANTITIES = (("mean", "mean", False, "RdBu_r"), ("std", "std", True, "viridis")
 NAME_CHARS = 28
 
 
-def plain(text: str) -> str:
-    """A module name as matplotlib text: no mathtext, cut to :data:`NAME_CHARS`."""
-    text = text if len(text) <= NAME_CHARS else text[:NAME_CHARS - 1] + "…"
-    return text.replace("\\", "\\\\").replace("$", r"\$")
+def cut_name(text: str) -> str:
+    """A module name cut to :data:`NAME_CHARS`."""
+    return text if len(text) <= NAME_CHARS else text[:NAME_CHARS - 1] + "…"
 
 
 def matrix(series: Series, log10: bool) -> Any:
@@ -115,7 +114,7 @@ def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, l
     import matplotlib
 
     values = matrix(series, log10)
-    names = [plain(name or "(model)") + (f" #{call}" if call else "") for name, call in series]
+    names = [cut_name(name or "(model)") + (f" #{call}" if call else "") for name, call in series]
     height = min(max(1.6, 0.16 * len(names) + 1.0), 14.0)
     colours = matplotlib.colormaps[cmap].with_extremes(bad="#d0d7de")
     with styled_figure(None, width=6.4, height=height) as fig:
@@ -125,7 +124,7 @@ def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, l
         fig.colorbar(image, ax=ax, label=f"log10 {title}" if log10 else title, shrink=0.9)
         every = max(1, math.ceil(len(names) / 60))
         ax.set_yticks(range(0, len(names), every), names[::every],
-                      fontsize=6.5 if len(names) > 24 else 8)
+                      fontsize=6.5 if len(names) > 24 else 8, parse_math=False)
         every = max(1, math.ceil(len(steps) / 8))
         ax.set_xticks(range(0, len(steps), every), [str(s) for s in steps[::every]])
         ax.set_xlabel("step")
