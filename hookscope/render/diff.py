@@ -106,7 +106,7 @@ def _count(value: Any) -> int | str:
     return "-" if number is None else int(number)
 
 
-def _table(doc: Doc, columns: list[Column | str], cells: Callable[[Mapping[str, Any]], list[str]]
+def _table(doc: Doc, columns: Sequence[Column | str], cells: Callable[[Mapping[str, Any]], list[str]]
            ) -> DataTable:
     """Each compared call in A's execution order, the first divergence in bold red and rows
     above the tolerance in red; ``columns`` and ``cells`` follow the call's type and call."""
@@ -122,7 +122,7 @@ def _table(doc: Doc, columns: list[Column | str], cells: Callable[[Mapping[str, 
 
 def layers_table(doc: Doc) -> DataTable:
     """Two runs' outputs compared call by call."""
-    columns = ["shape", num("max |a−b|"), num("rel L2"), num("cosine"), num("NaN/Inf a"),
+    columns: list[Column | str] = ["shape", num("max |a−b|"), num("rel L2"), num("cosine"), num("NaN/Inf a"),
                num("NaN/Inf b")]
     return _table(doc, columns, lambda row: [
         _shape(row), fmt_float(row.get("max_abs")), fmt_float(row.get("rel_l2")),

@@ -96,8 +96,8 @@ def count_text(count: int) -> Text:
 
 
 def _stats_columns(input_stats: bool, per_channel: bool, percentiles: Sequence[str]
-                   ) -> list[Column]:
-    columns = [num("#", style="dim"), "layer", col("type", style="dim"),
+                   ) -> list[Column | str]:
+    columns: list[Column | str] = [num("#", style="dim"), "layer", col("type", style="dim"),
                num("call"), "input", "output", num("mean"), num("std"), num("min"),
                num("max"), num("zeros"), num("non-finite")]
     if input_stats:

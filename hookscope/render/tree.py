@@ -81,8 +81,9 @@ def _label(row: Mapping[str, Any], name: str, *more: Text) -> Text:
     """A node's label: name, type, parameters (own too when they differ), MACs, whether it
     is trainable, and its calls' output shapes."""
     own, total = row["params"], row["params_total"]
-    params = Text.assemble((f"{total:,} params", "cyan" if total else "dim"),
-                           *([" ", (f"(own {own:,})", "dim")] if own != total else []))
+    params = Text.assemble((f"{total:,} params", "cyan" if total else "dim"))
+    if own != total:
+        params.append_tokens([(" ", None), (f"(own {own:,})", "dim")])
     parts: list[Text | tuple[str, str]] = [(name, "bold"), (row["type"], "magenta"), params]
     if row.get("macs"):  # zero (ReLU, BatchNorm) and unmeasured (no input) stay quiet
         parts.append((f"{human_count(row['macs'])} MACs", "blue"))
