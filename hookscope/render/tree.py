@@ -228,42 +228,40 @@ def summary_line(summary: Mapping[str, Any]) -> Text:
 
 
 class TextTrace:
-    """The text trace's lines, one event at a time: the header first, a rule between batches."""
+    """The text trace's lines, one record at a time: the header first, a rule between batches."""
 
     def __init__(self, envelope: Mapping[str, Any]) -> None:
         self._batch = 0
         self._header: list[RenderableType] = [header(envelope)]  # until the first line
 
-    def event(self, event: Mapping[str, Any]) -> list[RenderableType]:
-        """The lines of one trace event (its ``to_dict()``)."""
+    def lines(self, record: Mapping[str, Any]) -> list[RenderableType]:
+        """The lines of one trace event (its ``to_dict()``) or of the closing summary
+        (:func:`summary_record`)."""
         lines, self._header = self._header, []
-        batch = int(event.get("batch") or 0)
+        if record["event"] == "summary":
+            return [*lines, summary_line(record)]
+        batch = int(record.get("batch") or 0)
         if batch != self._batch:
             self._batch = batch
             lines.append(Text(f"── batch {batch} ──", style="dim"))
-        return [*lines, trace_line(event)]
+        return [*lines, trace_line(record)]
 
-    def summary(self, summary: Mapping[str, Any]) -> list[RenderableType]:
-        """The closing summary's line."""
-        lines, self._header = self._header, []
-        return [*lines, summary_line(summary)]
+
+def summary_record(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The closing summary as the trace's last record (the NDJSON trace's last line)."""
+    return {"event": "summary"} | dict(summary)
 
 
 def debug_view(doc: Mapping[str, Any]) -> RenderableType:
     """The whole ``debug`` document (``DebugReport.document``) as its text trace."""
     trace = TextTrace(doc)
-    return Group(*(line for event in doc["events"] for line in trace.event(event)),
-                 *trace.summary(doc["summary"]))
+    return Group(*(line for record in [*doc["events"], summary_record(doc["summary"])]
+                   for line in trace.lines(record)))
 
 
 def debug_ndjson(doc: Mapping[str, Any]) -> str:
     """The whole ``debug`` document as its NDJSON trace: one line per event, then the summary."""
-    return "".join(map(dumps_ndjson, doc["events"])) + summary_ndjson(doc["summary"])
-
-
-def summary_ndjson(summary: Mapping[str, Any]) -> str:
-    """The NDJSON trace's closing line."""
-    return dumps_ndjson({"event": "summary"} | dict(summary))
+    return "".join(map(dumps_ndjson, [*doc["events"], summary_record(doc["summary"])]))
 
 
 class TraceWriter:
@@ -276,20 +274,14 @@ class TraceWriter:
         self.fmt, self.output = fmt, output
         self.text = TextTrace(envelope)
 
-    def _print(self, lines: Sequence[RenderableType]) -> None:
-        for line in lines:  # a closed pipe raises BrokenPipeError (see render.console): exit 0
-            console.stdout().print(line, soft_wrap=True, highlight=False)
-
     def event(self, event: Mapping[str, Any]) -> None:
         """One trace event (its ``to_dict()``)."""
         if self.fmt == "ndjson":
             write(self.output, dumps_ndjson(event))
-        else:
-            self._print(self.text.event(event))
+            return
+        for line in self.text.lines(event):  # a closed pipe raises BrokenPipeError: exit 0
+            console.stdout().print(line, soft_wrap=True, highlight=False)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         """The closing summary (the document's ``summary``)."""
-        if self.fmt == "ndjson":
-            write(self.output, summary_ndjson(summary))
-        else:
-            self._print(self.text.summary(summary))
+        self.event(summary_record(summary))
