@@ -27,7 +27,7 @@ from hookscope.core.streams import prints_to_stderr
 
 if TYPE_CHECKING:
     from hookscope.core.distributed import Group
-    from hookscope.core.output import Output
+    from hookscope.core.files import Output
     from hookscope.core.run import Probe
     from hookscope.inputs.resolve import Batch, InputSet
     from hookscope.render.console import Bar
@@ -75,7 +75,7 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
     """Run one command: every error becomes one stderr line and its exit code. ``flags``
     spells each library parameter as the command's flag (``target`` -> ``--target``)."""
     from hookscope.core.distributed import Group
-    from hookscope.core.output import resolve_output
+    from hookscope.core.files import resolve_output
     from hookscope.render import console
 
     console.setup_logging(quiet=quiet)
@@ -181,7 +181,7 @@ class Session:
 
     def folder(self, path: Path, planned: Iterable[Path]) -> None:
         """An output folder and the files planned in it, checked now."""
-        from hookscope.core.output import check_folder
+        from hookscope.core.files import check_folder
 
         if self.group.leader:
             planned = list(planned)

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 from rich.text import Text
 
-from hookscope.core import output
+from hookscope.core import files as output
 from hookscope.render import ablate, camview, grads, grid, tables, tree
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from hookscope.cam.methods import resize
 from hookscope.cam.targets import class_probs
 from hookscope.core.errors import HookscopeError, param, suggest
-from hookscope.core.outputs import class_logits
+from hookscope.core.logits import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.targets import Targets, as_targets, parse_targets
 

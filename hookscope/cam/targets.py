@@ -16,7 +16,7 @@ import torch
 
 from hookscope.cam.methods import resize
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.outputs import class_logits, select_logits
+from hookscope.core.logits import class_logits, select_logits
 from hookscope.core.targets import Targets, parse_targets
 
 if TYPE_CHECKING:

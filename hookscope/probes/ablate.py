@@ -18,7 +18,7 @@ from torch import nn
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, model_device
-from hookscope.core.outputs import class_logits
+from hookscope.core.logits import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import find_site
 from hookscope.core.targets import Targets, parse_targets

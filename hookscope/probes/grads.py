@@ -20,7 +20,7 @@ from torch import nn
 
 from hookscope.core.errors import CheckFailed, HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, first_tensor, model_device
-from hookscope.core.outputs import class_logits
+from hookscope.core.logits import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site
 from hookscope.core.targets import Targets, folder_targets, parse_targets

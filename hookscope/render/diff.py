@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.core.output import format_shape
+from hookscope.core.files import format_shape
 from hookscope.render.tables import Col, FitTable, call_priority, fmt_float, fmt_pct, header, num
 
 Doc = Mapping[str, Any]

@@ -9,7 +9,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.text import Text
 from rich.tree import Tree
 
-from hookscope.core.output import Output, dumps_ndjson, format_shape, write
+from hookscope.core.files import Output, dumps_ndjson, format_shape, write
 from hookscope.render import console
 from hookscope.render.tables import Col, FitTable, Part, fit_parts, fmt_float, footnote, header
 

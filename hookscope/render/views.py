@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hookscope.core.errors import HookscopeError
-from hookscope.core.output import Output, dumps_csv, dumps_json, dumps_ndjson, write
+from hookscope.core.files import Output, dumps_csv, dumps_json, dumps_ndjson, write
 from hookscope.render import console
 from hookscope.render.html import count
 

@@ -108,7 +108,7 @@ def _check_size(loaded: LoadedModel) -> None:
 
 def _check_label_count(loaded: LoadedModel) -> None:
     """Labels must match the model's classes; count them with one forward pass if needed."""
-    from hookscope.core.outputs import select_logits
+    from hookscope.core.logits import select_logits
 
     classes = loaded.num_classes
     # Detectors, segmenters and flow models give no (N, classes) logits: none is run to count.

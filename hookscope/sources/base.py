@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from hookscope import __version__
 from hookscope.core.errors import HookscopeError, param
+from hookscope.core.files import envelope
 from hookscope.core.load_options import LoadOptions
 from hookscope.inputs.preprocess import Preprocess
 
@@ -107,19 +107,12 @@ class LoadedModel:
     def envelope(self, command: str, inputs: list[str]) -> dict[str, Any]:
         """The JSON envelope every command's document starts with."""
         autocast = str(self.autocast).removeprefix("torch.") if self.autocast is not None else None
-        return {
-            "hookscope": __version__,
-            "command": command,
-            "model": self.name,
-            "weights": {"requested": self.weights_requested, "loaded": self.weights_loaded,
-                        "num_classes": self.num_classes},
-            "device": str(self.device),
-            "inputs": list(inputs),
-            "source": self.source,
-            "labels": self.labels_from,
-            "preprocessing": self.preprocess.to_dict(),
-            "precision": {"dtype": str(self.dtype).removeprefix("torch."), "autocast": autocast},
-        }
+        return envelope(
+            command, model=self.name, device=str(self.device), inputs=inputs,
+            weights={"requested": self.weights_requested, "loaded": self.weights_loaded,
+                     "num_classes": self.num_classes},
+            source=self.source, labels=self.labels_from, preprocessing=self.preprocess.to_dict(),
+            precision={"dtype": str(self.dtype).removeprefix("torch."), "autocast": autocast})
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.outputs import class_logits
+from hookscope.core.logits import class_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.targets import Targets, folder_targets, parse_targets
 from hookscope.training.logs import TrainingLog, read_log
