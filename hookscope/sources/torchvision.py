@@ -48,6 +48,16 @@ def model_tasks() -> dict[str, str]:
     return tasks
 
 
+def weights_enum(name: str) -> Any | None:
+    """The weights enum of torchvision model ``name``; None when it has none."""
+    from torchvision.models import get_model_weights
+
+    try:
+        return get_model_weights(name)
+    except (ValueError, KeyError):
+        return None
+
+
 def _build(name: str, weights: Any | None, seed: int, num_classes: int | None = None,
            extra: Mapping[str, Any] | None = None) -> nn.Module:
     from torchvision.models import get_model, get_model_builder
@@ -169,13 +179,8 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a checkpoint
     (a fine-tuned one builds the architecture with its class count).
     """
-    from torchvision.models import get_model_weights
-
     name = spec.target
-    try:
-        enum = get_model_weights(name)
-    except (ValueError, KeyError):
-        enum = None
+    enum = weights_enum(name)
     default = getattr(enum, "DEFAULT", None)
     weights = options.weights.strip()
     chosen, found = None, None
