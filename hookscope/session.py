@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.load_options import LoadOptions
+from hookscope.core.load_options import InputOptions, LoadOptions
 from hookscope.core.streams import prints_to_stderr
 
 if TYPE_CHECKING:
@@ -112,41 +112,20 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
         s.group.close()
 
 
-@dataclass(frozen=True)
-class ModelOptions:
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions(InputOptions):
     """MODEL, the library's load options, and how the inputs are read."""
 
     name: str
     load: LoadOptions = field(default_factory=LoadOptions)
-    batch_size: int = 8
-    workers: int | None = None
-    limit: int | None = None
-    shuffle: bool = False
-    recursive: bool = False
 
     @classmethod
     def given(cls, name: str, **values: Any) -> ModelOptions:
-        """From the command line's values: ours by name, the rest :class:`LoadOptions`'
-        (HookscopeError: a bad seed, mean or std)."""
-        own = {f.name for f in fields(cls)}
-        load = {k: v for k, v in values.items() if k not in own}
-        for key in ("mean", "std"):
-            load[key] = _floats(load.get(key), key)
-        if load.get("labels") is not None:
-            load["labels"] = str(load["labels"])
-        load["model_args"] = tuple(load.get("model_args") or ())
-        return cls(name, LoadOptions(**load), **{k: v for k, v in values.items() if k in own})
-
-
-def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
-    """``0.5`` or ``0.485,0.456,0.406`` as floats."""
-    if text is None:
-        return None
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise HookscopeError(f"{param(name)} {text!r}: give one number, or one per channel "
-                             "separated by commas (0.485,0.456,0.406).") from None
+        """From the command line's values: :class:`InputOptions`' by name, the rest
+        :class:`LoadOptions`' (HookscopeError: a bad seed, mean or std)."""
+        own = {f.name for f in fields(InputOptions)}
+        load = LoadOptions(**{k: v for k, v in values.items() if k not in own})
+        return cls(name=name, load=load, **{k: v for k, v in values.items() if k in own})
 
 
 class Session:

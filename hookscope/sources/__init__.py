@@ -211,13 +211,10 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
     loaded.dtype = chosen
 
 
-def load_model(name: str, *, weights: str = "auto", seed: int = 0,
-               device: str | torch.device = "cpu", size: int | None = None,
-               trust_checkpoint: bool = False, **options: Any) -> LoadedModel:
-    """Load any model hookscope can name, in eval mode, on ``device`` (see :func:`load`);
-    ``options`` are the other fields of :class:`hookscope.sources.LoadOptions`."""
-    return load(name, LoadOptions(weights=weights, seed=seed, device=device, size=size,
-                                  trust_checkpoint=trust_checkpoint, **options))
+def load_model(name: str, **options: Any) -> LoadedModel:
+    """Load any model hookscope can name, in eval mode (see :func:`load`); ``options`` are
+    :class:`hookscope.sources.LoadOptions`' fields, with ``device`` cpu unless given."""
+    return load(name, LoadOptions(**{"device": "cpu", **options}))
 
 
 def check_supported(spec: ModelSpec, *, needs_logits: bool = False,
