@@ -158,6 +158,31 @@ def warn_random(why: str | None, seed: int) -> str:
     return f"random (seed {seed})"
 
 
+#: A model as built, and what ``weights.loaded`` records.
+Built = tuple[nn.Module, str]
+
+
+def pretrained(what: str, options: LoadOptions, *, classes: int | None, where: str | None,
+               host: str, auto: bool, random: Callable[[str | None], Built],
+               build: Callable[[], Built]) -> Built:
+    """The pretrained weights ``what`` (``build``), unless ``num_classes`` is not their
+    ``classes`` or they are not cached (``where`` names the cache; None: cached) and
+    ``host`` is out of reach: then ``auto`` falls back to ``random`` (given why), else one
+    error."""
+    if options.num_classes not in (None, classes):
+        if auto:
+            return random(None)
+        raise HookscopeError(
+            f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
+            f"{what} has {classes} classes.")
+    if where is not None and not network_available(host):
+        missing = f"{what} is not in {where} and cannot be downloaded"
+        if auto:
+            return random(missing)
+        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local checkpoint.")
+    return build()
+
+
 def import_optional(package: str, extra: str) -> ModuleType:
     """An optional dependency, or the one-line install hint when it is missing."""
     try:

@@ -17,6 +17,7 @@ from torch import nn
 from hookscope.core.errors import HookscopeError, param, suggest
 from hookscope.inputs.preprocess import Preprocess, check_side
 from hookscope.sources.base import (
+    Built,
     DeclaredSize,
     LoadedModel,
     LoadOptions,
@@ -24,7 +25,7 @@ from hookscope.sources.base import (
     Source,
     hub_file,
     is_path,
-    network_available,
+    pretrained,
     register,
     warn_random,
 )
@@ -122,8 +123,7 @@ def _classes(weights: Any | None) -> int | None:
     return len(categories) if categories else None
 
 
-def _random_weights(name: str, options: LoadOptions, why: str | None = None
-                    ) -> tuple[nn.Module, str]:
+def _random_weights(name: str, options: LoadOptions, why: str | None = None) -> Built:
     loaded = warn_random(why, options.seed)
     return _build(name, None, options.seed, options.num_classes), loaded
 
@@ -142,23 +142,15 @@ def _named_weights(name: str, spec: str, enum: Any | None, default: Any | None) 
     return enum[member]
 
 
-def _pretrained(name: str, chosen: Any, options: LoadOptions, *, auto: bool = False
-                ) -> tuple[nn.Module, str]:
-    """``chosen`` weights, from the torch cache or a download. When they cannot be had, or do
-    not have ``num_classes``, ``auto`` falls back to random weights; else one error."""
-    if options.num_classes not in (None, _classes(chosen)):
-        if auto:
-            return _random_weights(name, options)
-        raise HookscopeError(
-            f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
-            f"{chosen} has {_classes(chosen)} classes.")
+def _pretrained(name: str, chosen: Any, options: LoadOptions, *, auto: bool = False) -> Built:
+    """``chosen`` weights, from the torch cache or a download (see :func:`pretrained`)."""
     cached = hub_file(chosen.url)
-    if not cached.exists() and not network_available():
-        missing = f"{chosen} is not in the torch cache ({cached.parent}) and cannot be downloaded"
-        if auto:  # no warning with num_classes: random weights are what its head gets anyway
-            return _random_weights(name, options, missing if options.num_classes is None else None)
-        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local checkpoint.")
-    return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
+    return pretrained(
+        str(chosen), options, classes=_classes(chosen), host="download.pytorch.org", auto=auto,
+        where=None if cached.exists() else f"the torch cache ({cached.parent})",
+        # no warning with num_classes: random weights are what its head gets anyway
+        random=lambda why: _random_weights(name, options, why if options.num_classes is None else None),
+        build=lambda: (_build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]))
 
 
 def _aux_options(name: str, state: Mapping[str, torch.Tensor]) -> dict[str, bool]:
