@@ -92,8 +92,6 @@ def _torch_load(src: Source, trust: bool, path: Path) -> Any:
                 f"{path}: the file holds Python objects that need arbitrary unpickling, which can run code. "
                 f"If it is a checkpoint from a source you trust, set {param('trust_checkpoint')}.") from None
         raise HookscopeError(f"{path}: not a PyTorch checkpoint ({clip(str(exc), 120)}).") from None
-    except HookscopeError:
-        raise
     except Exception as exc:  # torch.load raises many types on files that aren't checkpoints
         raise HookscopeError(f"{path}: not a PyTorch checkpoint ({exc.__class__.__name__}).") \
             from None

@@ -100,9 +100,7 @@ def _import_file(path: Path) -> ModuleType:
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
     stem = re.sub(r"\W", "_", path.stem)
     name = f"_hookscope_{stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise HookscopeError(f"{path}: Python cannot import this file.")
+    spec: Any = importlib.util.spec_from_file_location(name, path)  # a .py file: never None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
