@@ -77,9 +77,10 @@ def find_timm_models(pattern: str | None = None, task: str | None = None) -> lis
         HookscopeError: timm is not installed, a task other than classification, or
             nothing matches (with close names suggested).
     """
-    from hookscope.sources.timm import PREFIX, import_timm, pretrained_tags
+    from hookscope.sources.base import import_optional
+    from hookscope.sources.timm import PREFIX, pretrained_tags
 
-    timm = import_timm()
+    timm = import_optional("timm", "timm")
     if task is not None and task != "classification":
         raise HookscopeError(f"Unknown task {task!r} for timm models: they are all "
                              "classification models.")

@@ -32,7 +32,7 @@ __all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "registe
 def _builtin() -> list[Source]:
     """The registered sources; the built-in ones join on first use. Code and pickles, whose
     forms are the broadest (``hf:model`` is also ``module:NAME``), are asked last."""
-    for module in ("torchvision", "timm", "hf", "code", "pickled"):
+    for module in ("torchvision", "timm", "hf", "code"):
         import_module(f"hookscope.sources.{module}")
     return sorted(SOURCES, key=lambda source: source.name in ("code", "pickle"))
 

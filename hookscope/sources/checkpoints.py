@@ -53,7 +53,7 @@ def _readable(src: Source) -> Path | io.BytesIO:
     return io.BytesIO(src) if isinstance(src, bytes) else src
 
 
-def _is_pickle(src: Source) -> bool:
+def is_pickle(src: Source) -> bool:
     """Whether ``src`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
     try:
         with io.BytesIO(src) if isinstance(src, bytes) else src.open("rb") as fh:
@@ -63,7 +63,7 @@ def _is_pickle(src: Source) -> bool:
     return zipfile.is_zipfile(_readable(src)) or (head[:1] == b"\x80" and head[1:] >= b"\x02")
 
 
-def _refuse_compiled(src: Source, path: Path) -> None:
+def refuse_compiled(src: Source, path: Path) -> None:
     """TorchScript archives and torch.export programs have no eager modules to hook."""
     if not zipfile.is_zipfile(_readable(src)):
         return
@@ -81,13 +81,13 @@ def _refuse_compiled(src: Source, path: Path) -> None:
 
 
 def _torch_load(src: Source, trust: bool, path: Path) -> Any:
-    _refuse_compiled(src, path)
+    refuse_compiled(src, path)
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
             warnings.simplefilter("ignore")
             return torch.load(_readable(src), map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        if not trust and _is_pickle(src):
+        if not trust and is_pickle(src):
             raise HookscopeError(
                 f"{path}: the file holds Python objects that need arbitrary unpickling, which can run code. "
                 f"If it is a checkpoint from a source you trust, set {param('trust_checkpoint')}.") from None

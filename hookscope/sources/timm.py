@@ -37,17 +37,12 @@ from hookscope.sources.base import (
 )
 from hookscope.sources.checkpoints import build_to_fit
 
-__all__ = ["PREFIX", "import_timm", "load_timm", "pretrained_tags"]
+__all__ = ["PREFIX", "load_timm", "pretrained_tags"]
 
 PREFIX = "timm:"
 #: Weight files timm fetches from a Hugging Face repo, safetensors first as timm does.
 _HUB_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
               "open_clip_pytorch_model.bin")
-
-
-def import_timm() -> ModuleType:
-    """The timm package, or the one-line install hint when it is missing."""
-    return import_optional("timm", "timm")
 
 
 def _architecture(timm: ModuleType, name: str) -> tuple[str, str]:
@@ -206,7 +201,7 @@ def imagenet_labels(model: nn.Module) -> list[str] | None:
 
 def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     """Build a timm model with the requested weights (on the CPU)."""
-    timm = import_timm()
+    timm = import_optional("timm", "timm")
     arch, tag = _architecture(timm, spec.target)
     weights = options.weights.strip()
     found = None
