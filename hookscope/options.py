@@ -155,8 +155,10 @@ PlotOpt = Annotated[Path | None, typer.Option(
     help="Also draw the run as a figure in this file: FILE.svg or FILE.png.", metavar="FILE",
     dir_okay=False)]
 
+
 def _declared(cls: type) -> dict[str, tuple[Any, Any]]:
-    """The command-line options a dataclass's fields declare (:func:`~hookscope.core.load_options.option`)."""
+    """The command-line options of a dataclass's fields, as
+    :func:`~hookscope.core.load_options.option` declares them."""
     found = {}
     for f in fields(cls):
         meta = f.metadata
