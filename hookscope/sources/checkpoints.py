@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, clip, param
+from hookscope.core.load_options import LoadOptions
 from hookscope.inputs.resolve import read_once
 
 log = logging.getLogger("hookscope")
@@ -200,15 +201,16 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
 Builder = Callable[[int | None, Mapping[str, torch.Tensor]], nn.Module]
 
 
-def build_to_fit(path: Path, build: Builder, *, name: str, num_classes: int | None = None,
-                 trust: bool = False) -> tuple[nn.Module, Checkpoint]:
-    """Build a model to fit a checkpoint and load it exactly; a whole module is returned as
-    is. ``build`` makes the architecture for a class count (None: its default) and the
-    checkpoint's state (to match optional parts such as auxiliary heads); when only the heads
-    differ (a fine-tuned model) it builds again with the checkpoint's class count, which
-    ``num_classes`` must not contradict.
+def build_to_fit(options: LoadOptions, build: Builder, *, name: str
+                 ) -> tuple[nn.Module, Checkpoint]:
+    """Build a model to fit the checkpoint ``options.weights`` and load it exactly; a whole
+    module is returned as is. ``build`` makes the architecture for a class count (None: its
+    default) and the checkpoint's state (to match optional parts such as auxiliary heads);
+    when only the heads differ (a fine-tuned model) it builds again with the checkpoint's
+    class count, which ``num_classes`` must not contradict.
     """
-    found = open_checkpoint(path, trust=trust)
+    found = open_checkpoint(options.weights.strip(), trust=options.trust_checkpoint)
+    path, num_classes = found.path, options.num_classes
     if found.module is not None:
         return found.module, found
     assert found.state is not None

@@ -284,8 +284,8 @@ def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoin
     naming the model_args to pass); None for auto and none."""
     if options.weights.strip().lower() in ("auto", "none"):
         return None
-    path = Path(options.weights.strip()).expanduser()
-    found = open_checkpoint(path, trust=options.trust_checkpoint)
+    found = open_checkpoint(options.weights.strip(), trust=options.trust_checkpoint)
+    path = found.path
     state = found.module.state_dict() if found.module is not None else found.state
     assert state is not None  # open_checkpoint returns one or the other
     classes = head_classes(model, state)

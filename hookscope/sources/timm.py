@@ -214,13 +214,10 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         else:
             model, loaded = _random(arch, "", options, "this timm model has no pretrained weights")
     elif is_path(weights):
-        path = Path(weights).expanduser()
         name = f"{arch}.{tag}" if tag else arch
-        model, found = build_to_fit(
-            path, name=f"timm:{arch}", num_classes=options.num_classes,
-            trust=options.trust_checkpoint,
-            build=lambda n, state: _create(name, options.seed, n))
-        loaded = f"file:{path}"
+        model, found = build_to_fit(options, name=f"timm:{arch}",
+                                    build=lambda n, state: _create(name, options.seed, n))
+        loaded = f"file:{found.path}"
     else:
         model, loaded = _pretrained(arch, _choose_tag(arch, weights, default=tag), options)
     pretrained = not loaded.startswith(("random", "file:"))

@@ -8,7 +8,6 @@ import logging
 import warnings
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -184,11 +183,9 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         why = "this model has no pretrained weights" if options.num_classes is None else None
         model, loaded = _random_weights(name, options, why)
     elif is_path(weights):
-        path = Path(weights).expanduser()
-        model, found = build_to_fit(
-            path, name=name, num_classes=options.num_classes, trust=options.trust_checkpoint,
-            build=lambda n, state: _build(name, None, options.seed, n, _aux_options(name, state)))
-        loaded = f"file:{path}"
+        model, found = build_to_fit(options, name=name, build=lambda n, state: _build(
+            name, None, options.seed, n, _aux_options(name, state)))
+        loaded = f"file:{found.path}"
     else:
         chosen = _named_weights(name, weights, enum, default)
         model, loaded = _pretrained(name, chosen, options)
