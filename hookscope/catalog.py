@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from hookscope.core.errors import HookscopeError, suggest
@@ -98,19 +99,35 @@ def find_timm_models(pattern: str | None = None, task: str | None = None) -> lis
 
 def find_hf_models(path: str | None = None, task: str | None = None) -> list[ModelInfo]:
     """The Hugging Face model folders at ``path`` (itself, or its sub-folders), as
-    ``hf:FOLDER`` with their task, files (``weights``) and architecture (``default``).
+    ``hf:FOLDER`` with their task, files (``weights``) and architecture (``default``), from
+    the JSON files only.
 
     Raises:
         HookscopeError: no path, not a folder, or no model folder there.
     """
-    from hookscope.sources.hf import describe
+    from hookscope.sources.hf import PREFIX, WEIGHT_FILES, config_json
 
     if not path:
         raise HookscopeError("`hookscope models --source hf PATH` needs the PATH of a folder "
                              "(a save_pretrained folder, or one that holds several).")
-    found = [ModelInfo(d["name"], d["task"], d["weights"], d["default"])
-             for d in describe(path) if task is None or d["task"] == task]
+    root = Path(path.removeprefix(PREFIX)).expanduser()
+    if not root.is_dir():
+        raise HookscopeError(f"{path}: not a folder; `hookscope models --source hf PATH` "
+                             "lists the model folders under PATH.")
+    folders = [root] if (root / "config.json").is_file() else sorted(
+        p for p in root.iterdir() if (p / "config.json").is_file())
+    if not folders:
+        raise HookscopeError(f"{path}: no config.json in it or its sub-folders; it holds no "
+                             "save_pretrained model.")
+    found = []
+    for folder in folders:
+        raw = config_json(folder)
+        arch = " ".join(raw.get("architectures") or [])
+        kind = "segmentation" if "Segmentation" in arch else "classification" \
+            if "Classification" in arch else "custom"
+        files = [n for n in (*WEIGHT_FILES, "preprocessor_config.json") if (folder / n).is_file()]
+        if task in (None, kind):
+            found.append(ModelInfo(f"{PREFIX}{folder}", kind, files, arch or raw.get("model_type")))
     if not found:
         raise HookscopeError(f"No model folder with task {task} under {path}.")
     return found
-
