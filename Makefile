@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.hookscope-installed
 
-.PHONY: install demo test lint bench catalog clean
+.PHONY: install demo test lint bench clean
 
 install: $(STAMP)
 
@@ -36,9 +36,6 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_grads.py
 	$(PY) benchmarks/bench_ablate.py
 	$(PY) benchmarks/bench_dataset.py
-
-catalog: $(STAMP)  # after a torchvision upgrade: `hookscope models` answers from it
-	$(PY) -m hookscope.catalog
 
 clean:
 	rm -rf $(VENV) hookscope-out .pytest_cache

@@ -66,7 +66,7 @@ def stats(
 
     Example: hookscope stats resnet18 cat.jpg --format json | jq '.layers[] | select(.nonfinite > 0)'
     """
-    from hookscope.core.outputs import warn_nonfinite_logits
+    from hookscope.core.logits import warn_nonfinite_logits
     from hookscope.probes.sketch import parse_percentiles, percentile_key
     from hookscope.probes.stats import StatsProbe
     from hookscope.render.views import emit_plot
@@ -98,11 +98,11 @@ def models_command(
     (hookscope models --source hf ./checkpoints lists the Hugging Face folders there)
     """
     from hookscope.catalog import find_hf_models, find_models, find_timm_models
+    from hookscope.core.files import envelope
 
     found = {"timm": find_timm_models, "hf": find_hf_models}.get(source, find_models)(pattern, task)
-    doc = {"hookscope": __version__, "command": "models", "model": None, "weights": None,
-           "device": None, "inputs": [], "pattern": pattern, "task": task, "source": source,
-           "models": [m.to_dict() for m in found]}
+    doc = envelope("models", pattern=pattern, task=task, source=source,
+                   models=[m.to_dict() for m in found])
     s.emit("models", doc, fmt)
 
 
@@ -195,7 +195,7 @@ def gradcam(
     from hookscope.cam.faithfulness import MetricPlan
     from hookscope.cam.probe import explain
     from hookscope.cam.targets import load_mask, task_targets
-    from hookscope.core.output import Staging
+    from hookscope.core.files import Staging
     from hookscope.render.heatmap import CamWriter, check_colormap, output_paths
 
     layers = list(dict.fromkeys(layer or []))
@@ -278,7 +278,7 @@ def features(
 
     Example: hookscope features resnet18 cat.jpg --type Conv2d --out maps/ --tensorboard runs/
     """
-    from hookscope.core.output import Staging
+    from hookscope.core.files import Staging
     from hookscope.probes.features import FeaturesProbe, feature_sites, output_name
     from hookscope.render.features import GridWriter, require_tensorboard
 
@@ -316,7 +316,7 @@ def ablate(
 
     Example: hookscope ablate resnet18 cat.jpg --layer layer4 --sweep --format json
     """
-    from hookscope.core.outputs import warn_nonfinite_logits
+    from hookscope.core.logits import warn_nonfinite_logits
     from hookscope.probes.ablate import AblateProbe, one_layer, parse_mode
 
     parsed = parse_mode(mode, processes=s.ranks)

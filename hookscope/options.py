@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +19,7 @@ import typer.core
 
 from hookscope.cam.methods import method_names  # torch-free: only the registry
 from hookscope.checks.rulefile import KEYS, key_names
+from hookscope.core.load_options import InputOptions, LoadOptions
 from hookscope.core.select import Selection
 from hookscope.session import session
 
@@ -97,11 +98,10 @@ CamMethod = _choices("CamMethod", method_names())
 
 # ----------------------------------------------------------------- options, declared once
 
-_INPUT_CHANNELS_HELP = ("Input channels: 3 (RGB) or 1 (grayscale); --input-channels in ablate, "
-                        "whose --channels are the channels it changes.")
 #: ablate's input channels: its ``--channels`` are the channels it changes.
 InputChannelsOnly = Annotated[int | None, typer.Option(
-    "--input-channels", help=_INPUT_CHANNELS_HELP)]
+    "--input-channels", help=next(f for f in fields(LoadOptions)
+                                  if f.name == "input_channels").metadata["help"])]
 
 ModelArg = Annotated[str, typer.Argument(
     help="A torchvision name (resnet18, see `hookscope models`), timm:NAME, file.py:NAME or "
@@ -156,64 +156,26 @@ PlotOpt = Annotated[Path | None, typer.Option(
     help="Also draw the run as a figure in this file: FILE.svg or FILE.png.", metavar="FILE",
     dir_okay=False)]
 
-#: Options every command that runs a model takes, added by :func:`runs_model`.
-MODEL_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "weights": (Annotated[str, typer.Option(
-        "--weights", "-w", help="auto (pretrained when cached or downloadable, else random "
-        "with a warning), DEFAULT, an enum name such as IMAGENET1K_V1, none (random, --seed), "
-        "or a checkpoint path (.pt/.pth/.safetensors).")], "auto"),
-    "seed": (Annotated[int, typer.Option(help="Seed for random initialisation, noise and --shuffle.")], 0),
-    "device": (Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N or mps.")], "auto"),
-    "size": (Annotated[int | None, typer.Option(
-        help="Resize/crop inputs to this size (8 to 8192) instead of the weights' default.")], None),
-    "batch_size": (Annotated[int, typer.Option(
-        "--batch-size", "-b", help="Inputs per forward pass (1 to 4096).")], 8),
-    "trust_checkpoint": (Annotated[bool, typer.Option(
-        "--trust-checkpoint", help="Allow checkpoints that need arbitrary unpickling, and "
-        "whole pickled models as MODEL (only for files you trust).")], False),
-    "num_classes": (Annotated[int | None, typer.Option(
-        help="Build the classifier head with this many classes (default: the checkpoint's head, "
-        "or the weights').", min=1)], None),
-    "labels": (Annotated[Path | None, typer.Option(
-        help="Class labels: a text file with one per line, a JSON list, or a JSON object "
-        "{index: label}.", dir_okay=False)], None),
-    "model_args": (Annotated[list[str] | None, typer.Option(
-        "--model-arg", help="key=value for the constructor of a model from code, parsed as "
-        "a Python literal (repeatable).")], None),
-    "mean": (Annotated[str | None, typer.Option(
-        help="Normalisation mean: one value or one per channel (0.485,0.456,0.406); default: "
-        "the model's own, else ImageNet's.")], None),
-    "std": (Annotated[str | None, typer.Option(help="Normalisation std, like --mean.")], None),
-    "resize": (Annotated[int | None, typer.Option(
-        help="Resize the shorter side to this many pixels before the crop.")], None),
-    "crop": (Annotated[int | None, typer.Option(help="Centre-crop to this many pixels.")], None),
-    "input_channels": (Annotated[int | None, typer.Option(
-        "--channels", "--input-channels", help=_INPUT_CHANNELS_HELP)], None),
-    "dtype": (Annotated[str | None, typer.Option(
-        help="Run in float32, float16 or bfloat16: the model and inputs are cast (statistics "
-        "are still accumulated in float64).")], None),
-    "autocast": (Annotated[bool, typer.Option(
-        "--autocast", help="Run under torch.autocast instead of casting (with --dtype, or the "
-        "device's default: float16 on CUDA, bfloat16 on the CPU).")], False),
-    "output_key": (Annotated[str | None, typer.Option(
-        help="The entry of a dict or tuple output that holds the class logits (default: logits, "
-        "out, or the only tensor).")], None),
-}
-#: Which inputs, and how they are read: added by :func:`runs_model`.
-INPUT_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "workers": (Annotated[int | None, typer.Option(
-        help="Decode and preprocess images in this many DataLoader worker processes (0: in this "
-        "process, one batch ahead in a thread). Default: one less than the CPUs (at most 4; 0 "
-        "when under 2), or 0 for stdin, tensor files and fewer than two batches of images. The "
-        "output is the same either way.")], None),
-    "limit": (Annotated[int | None, typer.Option(
-        help="Use only the first N inputs (after --shuffle).", metavar="N")], None),
-    "shuffle": (Annotated[bool, typer.Option(
-        "--shuffle", help="Take the inputs in a random order drawn from --seed (with "
-        "--limit: a reproducible sample).")], False),
-    "recursive": (Annotated[bool, typer.Option(
-        "--recursive", "-r", help="Walk directories' subdirectories too (sorted by path).")], False),
-}
+
+def _declared(cls: type) -> dict[str, tuple[Any, Any]]:
+    """The command-line options of a dataclass's fields, as
+    :func:`~hookscope.core.load_options.option` declares them."""
+    found = {}
+    for f in fields(cls):
+        meta = f.metadata
+        declared = typer.Option(*meta["flags"], help=meta["help"], **meta["click"])
+        default = None if f.default == () else f.default  # a repeatable option: none given
+        parsed = meta["cli"] or f.type
+        found[f.name] = (Annotated[parsed, declared], default)
+    return found
+
+
+_LOAD, INPUT_OPTIONS = list(_declared(LoadOptions).items()), _declared(InputOptions)
+_AFTER_SIZE = [name for name, _ in _LOAD].index("size") + 1
+#: Options every command that runs a model takes, added by :func:`runs_model` (with
+#: ``--batch-size`` after ``--size``); then which inputs, and how they are read.
+MODEL_OPTIONS = dict([*_LOAD[:_AFTER_SIZE], ("batch_size", INPUT_OPTIONS.pop("batch_size")),
+                      *_LOAD[_AFTER_SIZE:]])
 #: Options every command takes, added by :func:`runs_model` and :func:`command`.
 RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "output": (Annotated[Path | None, typer.Option(

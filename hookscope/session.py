@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.load_options import LoadOptions
+from hookscope.core.load_options import InputOptions, LoadOptions
 from hookscope.core.streams import prints_to_stderr
 
 if TYPE_CHECKING:
     from hookscope.core.distributed import Group
-    from hookscope.core.output import Output
+    from hookscope.core.files import Output
     from hookscope.core.run import Probe
     from hookscope.inputs.resolve import Batch, InputSet
     from hookscope.render.console import Bar
@@ -77,7 +77,7 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
     """Run one command: every error becomes one stderr line and its exit code. ``flags``
     spells each library parameter as the command's flag (``target`` -> ``--target``)."""
     from hookscope.core.distributed import Group
-    from hookscope.core.output import resolve_output
+    from hookscope.core.files import resolve_output
     from hookscope.render import console
 
     console.setup_logging(quiet=quiet)
@@ -114,41 +114,20 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
         s.group.close()
 
 
-@dataclass(frozen=True)
-class ModelOptions:
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions(InputOptions):
     """MODEL, the library's load options, and how the inputs are read."""
 
     name: str
     load: LoadOptions = field(default_factory=LoadOptions)
-    batch_size: int = 8
-    workers: int | None = None
-    limit: int | None = None
-    shuffle: bool = False
-    recursive: bool = False
 
     @classmethod
     def given(cls, name: str, **values: Any) -> ModelOptions:
-        """From the command line's values: ours by name, the rest :class:`LoadOptions`'
-        (HookscopeError: a bad seed, mean or std)."""
-        own = {f.name for f in fields(cls)}
-        load = {k: v for k, v in values.items() if k not in own}
-        for key in ("mean", "std"):
-            load[key] = _floats(load.get(key), key)
-        if load.get("labels") is not None:
-            load["labels"] = str(load["labels"])
-        load["model_args"] = tuple(load.get("model_args") or ())
-        return cls(name, LoadOptions(**load), **{k: v for k, v in values.items() if k in own})
-
-
-def _floats(text: str | None, name: str) -> tuple[float, ...] | None:
-    """``0.5`` or ``0.485,0.456,0.406`` as floats."""
-    if text is None:
-        return None
-    try:
-        return tuple(float(v) for v in text.split(","))
-    except ValueError:
-        raise HookscopeError(f"{param(name)} {text!r}: give one number, or one per channel "
-                             "separated by commas (0.485,0.456,0.406).") from None
+        """From the command line's values: :class:`InputOptions`' by name, the rest
+        :class:`LoadOptions`' (HookscopeError: a bad seed, mean or std)."""
+        own = {f.name for f in fields(InputOptions)}
+        load = LoadOptions(**{k: v for k, v in values.items() if k not in own})
+        return cls(name=name, load=load, **{k: v for k, v in values.items() if k in own})
 
 
 class Session:
@@ -183,7 +162,7 @@ class Session:
 
     def folder(self, path: Path, planned: Iterable[Path]) -> None:
         """An output folder and the files planned in it, checked now."""
-        from hookscope.core.output import check_folder
+        from hookscope.core.files import check_folder
 
         if self.group.leader:
             planned = list(planned)

@@ -454,7 +454,7 @@ def test_relative_error_and_cosine_edge_cases() -> None:
     only_b = DiffSums(numel=4, n=4, sq_diff=1.0, sq_b=1.0)
     assert only_b.rel_l2 == math.inf and math.isnan(only_b.cosine)
     assert math.isnan(DiffSums().rel_l2)
-    from hookscope.core.output import dumps_json
+    from hookscope.core.files import dumps_json
 
     assert json.loads(dumps_json({"rel_l2": only_b.rel_l2}))["rel_l2"] is None
 
@@ -465,7 +465,7 @@ def test_relative_error_and_cosine_edge_cases() -> None:
 @pytest.fixture(scope="module")
 def stats_docs(tmp_path_factory, checkpoints) -> tuple[Path, Path, dict]:
     """A saved stats document and a copy with one layer's mean changed by hand."""
-    from hookscope.core.output import dumps_json
+    from hookscope.core.files import dumps_json
     from hookscope.probes.stats import collect_stats
     from hookscope.sources import load_model
 

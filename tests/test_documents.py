@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hookscope.core.output import Staging, dumps_json
+from hookscope.core.files import Staging, dumps_json
 from hookscope.core.run import drive
 from hookscope.inputs.resolve import iter_batches, resolve_inputs
 from hookscope.sources import load_model

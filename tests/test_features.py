@@ -186,7 +186,7 @@ def test_tensorboard_histogram_drops_nonfinite(tmp_path):
         EventAccumulator,
     )
 
-    from hookscope.core.output import Staging
+    from hookscope.core.files import Staging
     from hookscope.render.features import GridWriter
 
     fmap = torch.randn(2, 4, 4)

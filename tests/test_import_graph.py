@@ -116,7 +116,7 @@ LAYERS = (
     ("hookscope.training",),
     ("hookscope.integrations",),
     ("hookscope.render",),
-    ("hookscope.catalog_data", "hookscope.catalog", "hookscope.session", "hookscope.options",
+    ("hookscope.catalog", "hookscope.session", "hookscope.options",
      "hookscope.cli_watch", "hookscope.cli", "hookscope.__main__"),
 )
 

@@ -1,4 +1,4 @@
-"""hookscope.core.output: where output goes (files, links, devices, FIFOs, stdout), atomic
+"""hookscope.core.files: where output goes (files, links, devices, FIFOs, stdout), atomic
 replacement, one-line errors, staged folders, CSV cells.
 
 Device tests never pass ``force``: were the code to rename over ``/dev/null``, it fails on
@@ -19,9 +19,9 @@ import pytest
 import torch
 from PIL import Image
 
-from hookscope.core import output
+from hookscope.core import files as output
 from hookscope.core.errors import HookscopeError
-from hookscope.core.output import OutputKind, Staging, atomic_path, check_folder, resolve_output
+from hookscope.core.files import OutputKind, Staging, atomic_path, check_folder, resolve_output
 
 
 def one_line(exc: pytest.ExceptionInfo[HookscopeError]) -> str:

@@ -10,7 +10,7 @@ import re
 import pytest
 from rich.console import Console
 
-from hookscope.core import output
+from hookscope.core import files as output
 from hookscope.render import ablate, camview, features, grads, tables, tree
 
 

@@ -156,7 +156,7 @@ def test_table_rows_are_the_stats_rows(evil, evil_page) -> None:
 
 
 def test_report_is_plain_data(evil) -> None:
-    from hookscope.core.output import dumps_json
+    from hookscope.core.files import dumps_json
     from hookscope.inputs.resolve import iter_batches, resolve_inputs
     from hookscope.report import ReportOptions, build_report
     from hookscope.sources import LoadOptions, load

@@ -14,7 +14,7 @@ from torchvision.transforms import functional as TF
 
 from hookscope import sources
 from hookscope.core.errors import HookscopeError
-from hookscope.core.outputs import select_logits
+from hookscope.core.logits import select_logits
 from hookscope.sources import LoadOptions
 from hookscope.sources.checkpoints import read_labels
 

@@ -20,7 +20,7 @@ from hookscope.cam.methods import resize
 from hookscope.cam.targets import class_probs
 from hookscope.core.classes import Targets, as_targets, parse_targets
 from hookscope.core.errors import HookscopeError, param, suggest
-from hookscope.core.outputs import class_logits
+from hookscope.core.logits import class_logits
 from hookscope.core.run import Probe, Step, drive
 
 __all__ = ["METRICS", "MetricPlan", "cam_metrics", "class_scorer", "impute", "parse_metrics"]

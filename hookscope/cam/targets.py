@@ -17,7 +17,7 @@ import torch
 from hookscope.cam.methods import resize
 from hookscope.core.classes import Targets, parse_targets
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.outputs import class_logits, select_logits
+from hookscope.core.logits import class_logits, select_logits
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch

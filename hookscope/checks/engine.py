@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from hookscope.core.classes import label_classes
 from hookscope.checks.baseline import Baseline
 from hookscope.checks.rulefile import Expect, Rules
+from hookscope.core.classes import label_classes
 from hookscope.core.errors import HookscopeError, clip, param, suggest
 from hookscope.probes.drift import EPS, finite, quantile_drift
 

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hookscope import __version__
 from hookscope.checks.engine import (
     CheckContext,
     CheckReport,
@@ -26,6 +25,7 @@ from hookscope.checks.engine import (
     warn_unused,
 )
 from hookscope.checks.rulefile import Rules
+from hookscope.core.files import envelope
 from hookscope.probes.drift import finite
 
 if TYPE_CHECKING:
@@ -154,8 +154,7 @@ for _name, _what, _values, _side in BOUNDS:
 def log_doc(log: TrainingLog, report: CheckReport) -> dict[str, Any]:
     """The check's document for a log: the log's envelope, what was read, the rules."""
     env = dict(log.envelope)
-    return {"hookscope": __version__, "command": "check", "model": env.get("model"),
-            "weights": env.get("weights") or {"requested": None, "loaded": None},
-            "device": env.get("device"), "inputs": [],
-            "watch": env} | log.to_dict() | report.to_dict()
+    return envelope("check", model=env.get("model"),
+                    weights=env.get("weights") or {"requested": None, "loaded": None},
+                    device=env.get("device"), watch=env) | log.to_dict() | report.to_dict()
 

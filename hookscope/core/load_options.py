@@ -1,10 +1,15 @@
-"""How to load a model: :class:`LoadOptions`, the library's one declaration of the model
-options. Torch-free at import, so the command line builds them before torch loads."""
+"""How to load a model and read its inputs: :class:`LoadOptions` and :class:`InputOptions`,
+the one declaration of the model options. The library takes them; the command line's flags
+and help derive from their fields (:func:`option`). Torch-free at import, so the command
+line builds them before torch loads.
 
-from __future__ import annotations
+Field types are real objects here (no ``from __future__ import annotations``): the command
+line reads them.
+"""
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError, param
 
@@ -12,31 +17,99 @@ if TYPE_CHECKING:
     import torch
 
 
+def option(default: Any, help: str, *flags: str, cli: Any = None, **click: Any) -> Any:
+    """A field with its command-line option: ``help``, its ``flags`` (default ``--name``), the
+    type the command line parses where it is not the field's (``cli``), typer's ``click``
+    keywords (``min``, ``metavar``...)."""
+    return field(default=default, metadata={"help": help, "flags": flags, "cli": cli,
+                                            "click": click})
+
+
+_INPUT_CHANNELS_HELP = ("Input channels: 3 (RGB) or 1 (grayscale); --input-channels in ablate, "
+                        "whose --channels are the channels it changes.")
+
+
 @dataclass(frozen=True)
 class LoadOptions:
-    """How to load a model: the command line's model options, as the library takes them (a
-    ``seed`` beyond 64 bits is a :class:`HookscopeError`)."""
+    """How to load a model: the command line's model options, as the library takes them.
+    ``mean`` and ``std`` may be given as text (``0.485,0.456,0.406``); a bad one, or a
+    ``seed`` beyond 64 bits, is a :class:`HookscopeError`."""
 
-    weights: str = "auto"  # auto, none, DEFAULT, a weights name, or a checkpoint path
-    seed: int = 0  # for random initialisation
-    device: str | torch.device = "auto"  # auto, cpu, cuda, cuda:N or mps
-    size: int | None = None  # scale the preprocessing so the crop is this size
-    trust_checkpoint: bool = False  # allow files that need arbitrary unpickling
-    num_classes: int | None = None  # build the classifier head with this many classes
-    labels: str | None = None  # a file: text, one label a line; a JSON list or {index: label}
-    model_args: tuple[str, ...] = ()  # key=value constructor arguments for models from code
-    mean: tuple[float, ...] | None = None  # mean to input_channels: preprocessing overrides
-    std: tuple[float, ...] | None = None
-    resize: int | None = None
-    crop: int | None = None
-    input_channels: int | None = None
-    output_key: str | None = None  # the entry of a dict or tuple output holding the logits
-    dtype: str | None = None  # float32, float16 or bfloat16: cast the model (and its inputs)
-    #: Run under torch.autocast with ``dtype`` instead of casting (default: the device's
-    #: autocast dtype, float16 on CUDA, bfloat16 on the CPU).
-    autocast: bool = False
+    weights: str = option(
+        "auto", "auto (pretrained when cached or downloadable, else random with a warning), "
+        "DEFAULT, an enum name such as IMAGENET1K_V1, none (random, --seed), or a checkpoint "
+        "path (.pt/.pth/.safetensors).", "--weights", "-w")
+    seed: int = option(0, "Seed for random initialisation, noise and --shuffle.")
+    device: "str | torch.device" = option("auto", "auto, cpu, cuda, cuda:N or mps.", cli=str)
+    size: int | None = option(
+        None, "Resize/crop inputs to this size (8 to 8192) instead of the weights' default.")
+    trust_checkpoint: bool = option(
+        False, "Allow checkpoints that need arbitrary unpickling, and whole pickled models as "
+        "MODEL (only for files you trust).", "--trust-checkpoint")
+    num_classes: int | None = option(
+        None, "Build the classifier head with this many classes (default: the checkpoint's "
+        "head, or the weights').", min=1)
+    labels: str | None = option(
+        None, "Class labels: a text file with one per line, a JSON list, or a JSON object "
+        "{index: label}.", cli=Path | None, dir_okay=False)
+    model_args: tuple[str, ...] = option(
+        (), "key=value for the constructor of a model from code, parsed as a Python literal "
+        "(repeatable).", "--model-arg", cli=list[str] | None)
+    mean: tuple[float, ...] | None = option(
+        None, "Normalisation mean: one value or one per channel (0.485,0.456,0.406); default: "
+        "the model's own, else ImageNet's.", cli=str | None)
+    std: tuple[float, ...] | None = option(None, "Normalisation std, like --mean.",
+                                           cli=str | None)
+    resize: int | None = option(
+        None, "Resize the shorter side to this many pixels before the crop.")
+    crop: int | None = option(None, "Centre-crop to this many pixels.")
+    input_channels: int | None = option(None, _INPUT_CHANNELS_HELP, "--channels",
+                                        "--input-channels")
+    dtype: str | None = option(
+        None, "Run in float32, float16 or bfloat16: the model and inputs are cast (statistics "
+        "are still accumulated in float64).")
+    autocast: bool = option(
+        False, "Run under torch.autocast instead of casting (with --dtype, or the device's "
+        "default: float16 on CUDA, bfloat16 on the CPU).", "--autocast")
+    output_key: str | None = option(
+        None, "The entry of a dict or tuple output that holds the class logits (default: "
+        "logits, out, or the only tensor).")
 
     def __post_init__(self) -> None:
         if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes
             raise HookscopeError(f"{param('seed')} {self.seed} is out of range; give a whole "
                                  f"number from 0 to {2**64 - 1} (seeds are 64-bit).")
+        for key in ("mean", "std"):
+            object.__setattr__(self, key, _floats(getattr(self, key), key))
+        object.__setattr__(self, "model_args", tuple(self.model_args or ()))
+        if self.labels is not None:
+            object.__setattr__(self, "labels", str(self.labels))
+
+
+def _floats(value: str | tuple[float, ...] | None, name: str) -> tuple[float, ...] | None:
+    """``0.5`` or ``0.485,0.456,0.406`` as floats; a tuple as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return tuple(float(v) for v in value.split(","))
+    except ValueError:
+        raise HookscopeError(f"{param(name)} {value!r}: give one number, or one per channel "
+                             "separated by commas (0.485,0.456,0.406).") from None
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """How the inputs are read: batches, DataLoader workers, which inputs and in what order."""
+
+    batch_size: int = option(8, "Inputs per forward pass (1 to 4096).", "--batch-size", "-b")
+    workers: int | None = option(
+        None, "Decode and preprocess images in this many DataLoader worker processes (0: in "
+        "this process, one batch ahead in a thread). Default: one less than the CPUs (at most "
+        "4; 0 when under 2), or 0 for stdin, tensor files and fewer than two batches of "
+        "images. The output is the same either way.")
+    limit: int | None = option(None, "Use only the first N inputs (after --shuffle).",
+                               metavar="N")
+    shuffle: bool = option(False, "Take the inputs in a random order drawn from --seed (with "
+                           "--limit: a reproducible sample).", "--shuffle")
+    recursive: bool = option(False, "Walk directories' subdirectories too (sorted by path).",
+                             "--recursive", "-r")

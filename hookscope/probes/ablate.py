@@ -20,8 +20,8 @@ from hookscope.cam.passes import channel_per_row
 from hookscope.core.classes import Targets, parse_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, model_device
+from hookscope.core.logits import class_logits
 from hookscope.core.mergeable import Merges, state
-from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import find_site
 from hookscope.probes.stats import Prediction, top_predictions

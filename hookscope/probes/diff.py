@@ -21,7 +21,7 @@ from torch import nn
 
 from hookscope.core.errors import ForwardError, HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor, tensors
-from hookscope.core.outputs import select_logits
+from hookscope.core.logits import select_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, all_sites
 from hookscope.probes.channels import as_float

@@ -22,7 +22,7 @@ from hookscope.core import classes
 from hookscope.core.classes import Targets, parse_targets
 from hookscope.core.errors import CheckFailed, HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, first_tensor, model_device
-from hookscope.core.outputs import class_logits
+from hookscope.core.logits import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site
 from hookscope.probes.stats import Moments, MomentTable

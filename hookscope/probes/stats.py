@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from hookscope.core.hooks import Call, first_tensor, model_device, tensor_shapes
+from hookscope.core.logits import select_logits
 from hookscope.core.mergeable import merged
-from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site
 from hookscope.probes.channels import ChannelView, as_float, moments_matrix

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hookscope import __version__
 from hookscope.core.errors import CheckFailed
+from hookscope.core.files import envelope
 from hookscope.core.mergeable import Row
 from hookscope.probes.drift import finite, quantile_drift
 
@@ -184,11 +184,10 @@ def _envelope(a: Mapping[str, Any], b: Mapping[str, Any], files: tuple[Path, Pat
               ) -> dict[str, Any]:
     """An offline document's envelope: A's, and B's under ``against``."""
     keys = ("model", "weights", "device", "source", "precision", "inputs")
-    return {"hookscope": __version__, "command": "diff", "model": a.get("model"),
-            "weights": a.get("weights"), "device": a.get("device"),
-            "inputs": list(a.get("inputs") or []), "offline": True,
-            "files": [str(files[0]), str(files[1])],
-            "against": {k: b.get(k) for k in keys}, "input_shape": a.get("input_shape")}
+    return envelope("diff", model=a.get("model"), weights=a.get("weights"),
+                    device=a.get("device"), inputs=a.get("inputs") or [], offline=True,
+                    files=[str(files[0]), str(files[1])],
+                    against={k: b.get(k) for k in keys}, input_shape=a.get("input_shape"))
 
 
 def diff_stats(a: Mapping[str, Any], b: Mapping[str, Any], *,

@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.output import Output, resolve_output
+from hookscope.core.files import Output, resolve_output
 from hookscope.render.tables import DataTable, fmt_float, header
 
 Doc = Mapping[str, Any]

@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Column
 from rich.text import Text
 
-from hookscope.core.output import format_shape
+from hookscope.core.files import format_shape
 from hookscope.render.tables import DataTable, col, fmt_float, fmt_pct, header, num
 
 Doc = Mapping[str, Any]

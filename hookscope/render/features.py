@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Group, RenderableType
 
 from hookscope.core.errors import HookscopeError
-from hookscope.core.output import Staging, format_shape
+from hookscope.core.files import Staging, format_shape
 from hookscope.render.tables import DataTable, header, num
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.core.output import format_shape
+from hookscope.core.files import format_shape
 from hookscope.render.tables import DataTable, col, count_text, fmt_float, header, num
 
 FLAG_STYLES = {"nonfinite": "bold red", "explode": "red", "vanish": "yellow"}

@@ -1,6 +1,6 @@
 """Grad-CAM files: overlays at the original resolution (a region's outline or a detector's
 boxes drawn on), heatmaps, guided images and raw maps, staged through
-:class:`hookscope.core.output.Staging`. Colouring is a 256-entry lookup table from matplotlib.
+:class:`hookscope.core.files.Staging`. Colouring is a 256-entry lookup table from matplotlib.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from PIL import Image
 
 from hookscope.cam.result import Box, CamBatch, CamRows
 from hookscope.core.errors import HookscopeError
-from hookscope.core.output import Staging
+from hookscope.core.files import Staging
 from hookscope.inputs.resolve import unique_stems
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from hookscope.core.output import Output
+    from hookscope.core.files import Output
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -223,7 +223,7 @@ def plot_output(path: str | Path | None, *, force: bool) -> Output | None:
     Raises:
         HookscopeError: not a ``.svg`` or ``.png`` name, or a path that cannot be written.
     """
-    from hookscope.core.output import resolve_output
+    from hookscope.core.files import resolve_output
 
     if path is None:
         return None
@@ -237,7 +237,7 @@ def write_plot(fig: Figure, output: Output) -> None:
     Raises:
         HookscopeError: the file cannot be written.
     """
-    from hookscope.core.output import atomic_path
+    from hookscope.core.files import atomic_path
 
     data = figure_bytes(fig, plot_format(output.path if output.path is not None else ""))
     with atomic_path(output) as tmp:

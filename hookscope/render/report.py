@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hookscope.core.output import dumps_json, format_shape, format_shapes
+from hookscope.core.files import dumps_json, format_shape, format_shapes
 from hookscope.render import plots
 from hookscope.render.grads import objective_text
 from hookscope.render.html import cell, count, lead_cells, num, page_row, render, stats_cells

@@ -13,7 +13,7 @@ from rich.style import StyleType
 from rich.table import Column, Table
 from rich.text import Text
 
-from hookscope.core.output import format_shape, format_shapes
+from hookscope.core.files import format_shape, format_shapes
 
 ZERO_WARN = 0.99
 

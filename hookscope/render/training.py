@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hookscope.core.output import dumps_json, format_shape
+from hookscope.core.files import dumps_json, format_shape
 from hookscope.probes.drift import finite
 from hookscope.render import plots
 from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong

@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 from rich.tree import Tree
 
-from hookscope.core.output import Output, dumps_ndjson, format_shape, write
+from hookscope.core.files import Output, dumps_ndjson, format_shape, write
 from hookscope.render import console
 from hookscope.render.tables import DataTable, col, fmt_float, header, joined
 

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import RenderableType
 
 from hookscope.core.errors import HookscopeError
-from hookscope.core.output import Output, dumps_csv, dumps_json, dumps_ndjson, write
+from hookscope.core.files import Output, dumps_csv, dumps_json, dumps_ndjson, write
 from hookscope.render import (
     ablate,
     camview,

@@ -32,7 +32,7 @@ __all__ = ["LoadOptions", "LoadedModel", "ModelSpec", "Source", "load", "registe
 def _builtin() -> list[Source]:
     """The registered sources; the built-in ones join on first use. Code and pickles, whose
     forms are the broadest (``hf:model`` is also ``module:NAME``), are asked last."""
-    for module in ("torchvision", "timm", "hf", "code", "pickled"):
+    for module in ("torchvision", "timm", "hf", "code"):
         import_module(f"hookscope.sources.{module}")
     return sorted(SOURCES, key=lambda source: source.name in ("code", "pickle"))
 
@@ -108,7 +108,7 @@ def _check_size(loaded: LoadedModel) -> None:
 
 def _check_label_count(loaded: LoadedModel) -> None:
     """Labels must match the model's classes; count them with one forward pass if needed."""
-    from hookscope.core.outputs import select_logits
+    from hookscope.core.logits import select_logits
 
     classes = loaded.num_classes
     # Detectors, segmenters and flow models give no (N, classes) logits: none is run to count.
@@ -211,13 +211,10 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
     loaded.dtype = chosen
 
 
-def load_model(name: str, *, weights: str = "auto", seed: int = 0,
-               device: str | torch.device = "cpu", size: int | None = None,
-               trust_checkpoint: bool = False, **options: Any) -> LoadedModel:
-    """Load any model hookscope can name, in eval mode, on ``device`` (see :func:`load`);
-    ``options`` are the other fields of :class:`hookscope.sources.LoadOptions`."""
-    return load(name, LoadOptions(weights=weights, seed=seed, device=device, size=size,
-                                  trust_checkpoint=trust_checkpoint, **options))
+def load_model(name: str, **options: Any) -> LoadedModel:
+    """Load any model hookscope can name, in eval mode (see :func:`load`); ``options`` are
+    :class:`hookscope.sources.LoadOptions`' fields, with ``device`` cpu unless given."""
+    return load(name, LoadOptions(**{"device": "cpu", **options}))
 
 
 def check_supported(spec: ModelSpec, *, needs_logits: bool = False,

@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from hookscope import __version__
 from hookscope.core.errors import HookscopeError, param
+from hookscope.core.files import envelope
 from hookscope.core.load_options import LoadOptions
 from hookscope.inputs.preprocess import Preprocess
 
@@ -107,19 +107,12 @@ class LoadedModel:
     def envelope(self, command: str, inputs: list[str]) -> dict[str, Any]:
         """The JSON envelope every command's document starts with."""
         autocast = str(self.autocast).removeprefix("torch.") if self.autocast is not None else None
-        return {
-            "hookscope": __version__,
-            "command": command,
-            "model": self.name,
-            "weights": {"requested": self.weights_requested, "loaded": self.weights_loaded,
-                        "num_classes": self.num_classes},
-            "device": str(self.device),
-            "inputs": list(inputs),
-            "source": self.source,
-            "labels": self.labels_from,
-            "preprocessing": self.preprocess.to_dict(),
-            "precision": {"dtype": str(self.dtype).removeprefix("torch."), "autocast": autocast},
-        }
+        return envelope(
+            command, model=self.name, device=str(self.device), inputs=inputs,
+            weights={"requested": self.weights_requested, "loaded": self.weights_loaded,
+                     "num_classes": self.num_classes},
+            source=self.source, labels=self.labels_from, preprocessing=self.preprocess.to_dict(),
+            precision={"dtype": str(self.dtype).removeprefix("torch."), "autocast": autocast})
 
 
 @dataclass(frozen=True)
@@ -163,6 +156,31 @@ def warn_random(why: str | None, seed: int) -> str:
             f"{why}; using random initialisation (seed {seed}), so predictions are "
             "meaningless. weights=none (--weights none) silences this.")
     return f"random (seed {seed})"
+
+
+#: A model as built, and what ``weights.loaded`` records.
+Built = tuple[nn.Module, str]
+
+
+def pretrained(what: str, options: LoadOptions, *, classes: int | None, where: str | None,
+               host: str, auto: bool, random: Callable[[str | None], Built],
+               build: Callable[[], Built]) -> Built:
+    """The pretrained weights ``what`` (``build``), unless ``num_classes`` is not their
+    ``classes`` or they are not cached (``where`` names the cache; None: cached) and
+    ``host`` is out of reach: then ``auto`` falls back to ``random`` (given why), else one
+    error."""
+    if options.num_classes not in (None, classes):
+        if auto:
+            return random(None)
+        raise HookscopeError(
+            f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
+            f"{what} has {classes} classes.")
+    if where is not None and not network_available(host):
+        missing = f"{what} is not in {where} and cannot be downloaded"
+        if auto:
+            return random(missing)
+        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local checkpoint.")
+    return build()
 
 
 def import_optional(package: str, extra: str) -> ModuleType:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, clip, param
+from hookscope.core.load_options import LoadOptions
 from hookscope.inputs.resolve import read_once
 
 log = logging.getLogger("hookscope")
@@ -53,7 +54,7 @@ def _readable(src: Source) -> Path | io.BytesIO:
     return io.BytesIO(src) if isinstance(src, bytes) else src
 
 
-def _is_pickle(src: Source) -> bool:
+def is_pickle(src: Source) -> bool:
     """Whether ``src`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
     try:
         with io.BytesIO(src) if isinstance(src, bytes) else src.open("rb") as fh:
@@ -63,7 +64,7 @@ def _is_pickle(src: Source) -> bool:
     return zipfile.is_zipfile(_readable(src)) or (head[:1] == b"\x80" and head[1:] >= b"\x02")
 
 
-def _refuse_compiled(src: Source, path: Path) -> None:
+def refuse_compiled(src: Source, path: Path) -> None:
     """TorchScript archives and torch.export programs have no eager modules to hook."""
     if not zipfile.is_zipfile(_readable(src)):
         return
@@ -81,19 +82,17 @@ def _refuse_compiled(src: Source, path: Path) -> None:
 
 
 def _torch_load(src: Source, trust: bool, path: Path) -> Any:
-    _refuse_compiled(src, path)
+    refuse_compiled(src, path)
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
             warnings.simplefilter("ignore")
             return torch.load(_readable(src), map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
-        if not trust and _is_pickle(src):
+        if not trust and is_pickle(src):
             raise HookscopeError(
                 f"{path}: the file holds Python objects that need arbitrary unpickling, which can run code. "
                 f"If it is a checkpoint from a source you trust, set {param('trust_checkpoint')}.") from None
         raise HookscopeError(f"{path}: not a PyTorch checkpoint ({clip(str(exc), 120)}).") from None
-    except HookscopeError:
-        raise
     except Exception as exc:  # torch.load raises many types on files that aren't checkpoints
         raise HookscopeError(f"{path}: not a PyTorch checkpoint ({exc.__class__.__name__}).") \
             from None
@@ -202,15 +201,16 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
 Builder = Callable[[int | None, Mapping[str, torch.Tensor]], nn.Module]
 
 
-def build_to_fit(path: Path, build: Builder, *, name: str, num_classes: int | None = None,
-                 trust: bool = False) -> tuple[nn.Module, Checkpoint]:
-    """Build a model to fit a checkpoint and load it exactly; a whole module is returned as
-    is. ``build`` makes the architecture for a class count (None: its default) and the
-    checkpoint's state (to match optional parts such as auxiliary heads); when only the heads
-    differ (a fine-tuned model) it builds again with the checkpoint's class count, which
-    ``num_classes`` must not contradict.
+def build_to_fit(options: LoadOptions, build: Builder, *, name: str
+                 ) -> tuple[nn.Module, Checkpoint]:
+    """Build a model to fit the checkpoint ``options.weights`` and load it exactly; a whole
+    module is returned as is. ``build`` makes the architecture for a class count (None: its
+    default) and the checkpoint's state (to match optional parts such as auxiliary heads);
+    when only the heads differ (a fine-tuned model) it builds again with the checkpoint's
+    class count, which ``num_classes`` must not contradict.
     """
-    found = open_checkpoint(path, trust=trust)
+    found = open_checkpoint(options.weights.strip(), trust=options.trust_checkpoint)
+    path, num_classes = found.path, options.num_classes
     if found.module is not None:
         return found.module, found
     assert found.state is not None

@@ -1,4 +1,5 @@
-"""Models from your own code: ``path/to/file.py:NAME`` or ``package.module:NAME``.
+"""Models from your own code: ``path/to/file.py:NAME`` or ``package.module:NAME``; and
+whole pickled models (a ``torch.save(model)`` file).
 
 NAME (maybe dotted: ``Outer.build``) is an ``nn.Module`` subclass or a function that returns
 one, called with the ``model_args``. Importing it runs the user's code, named explicitly.
@@ -12,6 +13,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import pickle
 import re
 import sys
 import traceback
@@ -27,10 +29,16 @@ from torch import nn
 from hookscope.core.errors import HookscopeError, clip, param, suggest
 from hookscope.inputs.preprocess import Preprocess, with_overrides
 from hookscope.sources.base import LoadedModel, LoadOptions, ModelSpec, Source, is_path, register
-from hookscope.sources.checkpoints import Checkpoint, fit, head_classes, open_checkpoint
+from hookscope.sources.checkpoints import (
+    Checkpoint,
+    fit,
+    head_classes,
+    is_pickle,
+    open_checkpoint,
+    refuse_compiled,
+)
 
-__all__ = ["build", "check_eager", "check_weights", "custom_model", "first_on_path", "load_code",
-           "load_weights", "parse_model_args"]
+__all__ = ["build", "check_eager", "check_weights", "load_code", "load_pickled", "parse_model_args"]
 
 #: ``file.py:Name`` or ``package.module:Name`` (NAME may be dotted: ``module:Outer.factory``).
 _SPEC = re.compile(r"^(?P<where>[^:]+\.py|[A-Za-z_][\w.]*):(?P<name>[A-Za-z_][\w.]*)$")
@@ -100,9 +108,7 @@ def _import_file(path: Path) -> ModuleType:
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
     stem = re.sub(r"\W", "_", path.stem)
     name = f"_hookscope_{stem}_{digest}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise HookscopeError(f"{path}: Python cannot import this file.")
+    spec: Any = importlib.util.spec_from_file_location(name, path)  # a .py file: never None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
@@ -278,8 +284,8 @@ def load_weights(model: nn.Module, name: str, options: LoadOptions) -> Checkpoin
     naming the model_args to pass); None for auto and none."""
     if options.weights.strip().lower() in ("auto", "none"):
         return None
-    path = Path(options.weights.strip()).expanduser()
-    found = open_checkpoint(path, trust=options.trust_checkpoint)
+    found = open_checkpoint(options.weights.strip(), trust=options.trust_checkpoint)
+    path = found.path
     state = found.module.state_dict() if found.module is not None else found.state
     assert state is not None  # open_checkpoint returns one or the other
     classes = head_classes(model, state)
@@ -318,3 +324,68 @@ def custom_model(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded
 
 
 register(Source("code", _parse, load_code))
+
+
+# ----------------------------------------------------------------- whole pickled models
+# The path of a ``torch.save(model)`` file. Unpickling a module runs code the file names, so it
+# needs ``trust_checkpoint``. TorchScript archives and ``torch.export`` programs are refused:
+# they have no eager modules to hook.
+
+PICKLE_SUFFIXES = {".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".pt2", ".ts"}
+
+
+def _unpickle(path: Path, trust: bool) -> Checkpoint:
+    """Open ``path`` (its classes importable from the current directory too, as with ``python
+    -m``), or say in one line why it does not load."""
+    try:
+        with first_on_path(os.getcwd()):
+            return open_checkpoint(path, trust=trust)
+    except HookscopeError as exc:
+        cause = exc.__context__  # open_checkpoint raises "from None": the cause is kept here
+        if not trust and isinstance(cause, pickle.UnpicklingError) and is_pickle(path):
+            raise HookscopeError(
+                f"{path} holds a whole pickled model, and loading it runs code the file "
+                f"names. If you trust the file, set {param('trust_checkpoint')}.") from None
+        if trust and isinstance(cause, (ImportError, AttributeError)):
+            raise HookscopeError(
+                f"{path}: the pickled model's code cannot be imported ({type(cause).__name__}: {cause}). "
+                "Unpickling needs the module that defined its class: run hookscope from that module's "
+                "folder, or add it to PYTHONPATH. A class defined in a script's __main__ cannot be found; "
+                "save a state_dict and use MODEL file.py:NAME instead.") from None
+        raise
+
+
+def _parse_pickle(spec: str) -> ModelSpec | None:
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".py":  # code, not a pickle: the form is file.py:NAME
+        raise HookscopeError(
+            f"{spec} is Python code, not a pickled model: name the model in it as "
+            f"{spec}:NAME (an nn.Module subclass, or a function that returns one).")
+    if path.suffix.lower() not in PICKLE_SUFFIXES and not path.is_file():
+        return None
+    return ModelSpec("pickle", spec, str(path), "custom")
+
+
+def load_pickled(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
+    """Load a file holding a whole nn.Module (needs ``trust_checkpoint``)."""
+    path = Path(spec.target)
+    if not path.is_file():
+        raise HookscopeError(f"Model file not found: {path}. MODEL is a torchvision name (`hookscope "
+                             "models`), timm:NAME, file.py:NAME, package.module:NAME, or a pickled "
+                             "model's path.")
+    refuse_compiled(path, path)
+    check_weights(options, "a pickled model (it carries its own weights)")
+    found = _unpickle(path, options.trust_checkpoint)
+    if found.module is None:
+        raise HookscopeError(
+            f"{path} holds a state_dict (weights without their architecture), not a whole model. "
+            f"A state_dict needs its architecture: use MODEL file.py:NAME (or a torchvision "
+            f"name) with {param('weights')} {path}.")
+    check_eager(found.module, str(path))
+    weights = load_weights(found.module, spec.name, options)
+    loaded = f"file:{(weights or found).path}"
+    labelled = weights if weights is not None and weights.labels else found
+    return custom_model(spec, found.module, options, loaded, labelled)
+
+
+register(Source("pickle", _parse_pickle, load_pickled))

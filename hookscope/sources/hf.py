@@ -31,7 +31,7 @@ from hookscope.sources.base import (
     warn_random,
 )
 
-__all__ = ["PREFIX", "describe", "hf_preprocess", "load_hf"]
+__all__ = ["PREFIX", "WEIGHT_FILES", "config_json", "hf_preprocess", "load_hf"]
 
 log = logging.getLogger("hookscope")
 
@@ -57,7 +57,7 @@ def _folder(target: str) -> Path:
     return path
 
 
-def _config_json(path: Path) -> dict[str, Any]:
+def config_json(path: Path) -> dict[str, Any]:
     try:
         found = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
@@ -155,7 +155,7 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         raise HookscopeError(f"{param('num_classes')}: an hf: folder's class count is "
                              "its config's num_labels.")
     path = _folder(spec.target)
-    raw = _config_json(path)
+    raw = config_json(path)
     if raw.get("auto_map") and not options.trust_checkpoint:
         raise HookscopeError(
             f"hf:{path}: its config.json names its own model code (auto_map), and loading it "
@@ -189,34 +189,6 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         preprocess=with_overrides(preprocess, size=options.size), categories=labels,
         source="hf", num_classes=int(config.num_labels) if task == "classification" else None,
         labels_from="config:id2label" if labels else None)
-
-
-def describe(target: str) -> list[dict[str, Any]]:
-    """One entry per model folder in ``target`` (itself, or its sub-folders): its task,
-    files (``weights``) and architecture (``default``), from the JSON files only.
-
-    Raises:
-        HookscopeError: ``target`` is not a folder, or holds no model folder.
-    """
-    root = Path(target.removeprefix(PREFIX)).expanduser()
-    if not root.is_dir():
-        raise HookscopeError(f"{target}: not a folder; `hookscope models --source hf PATH` "
-                             "lists the model folders under PATH.")
-    folders = [root] if (root / "config.json").is_file() else sorted(
-        p for p in root.iterdir() if (p / "config.json").is_file())
-    if not folders:
-        raise HookscopeError(f"{target}: no config.json in it or its sub-folders; it holds no "
-                             "save_pretrained model.")
-    found = []
-    for folder in folders:
-        raw = _config_json(folder)
-        arch = " ".join(raw.get("architectures") or [])
-        task = "segmentation" if "Segmentation" in arch else "classification" \
-            if "Classification" in arch else "custom"
-        files = [n for n in (*WEIGHT_FILES, "preprocessor_config.json") if (folder / n).is_file()]
-        found.append({"name": f"{PREFIX}{folder}", "task": task, "weights": files,
-                      "default": arch or raw.get("model_type")})
-    return found
 
 
 register(Source("hf", prefixed("hf", PREFIX, "custom"), load_hf))

@@ -21,6 +21,7 @@ from torch import nn
 from hookscope.core.errors import HookscopeError, param, suggest
 from hookscope.inputs.preprocess import Preprocess, check_side
 from hookscope.sources.base import (
+    Built,
     DeclaredSize,
     LoadedModel,
     LoadOptions,
@@ -29,24 +30,19 @@ from hookscope.sources.base import (
     hub_file,
     import_optional,
     is_path,
-    network_available,
     prefixed,
+    pretrained,
     register,
     warn_random,
 )
 from hookscope.sources.checkpoints import build_to_fit
 
-__all__ = ["PREFIX", "import_timm", "load_timm", "pretrained_tags"]
+__all__ = ["PREFIX", "load_timm", "pretrained_tags"]
 
 PREFIX = "timm:"
 #: Weight files timm fetches from a Hugging Face repo, safetensors first as timm does.
 _HUB_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
               "open_clip_pytorch_model.bin")
-
-
-def import_timm() -> ModuleType:
-    """The timm package, or the one-line install hint when it is missing."""
-    return import_optional("timm", "timm")
 
 
 def _architecture(timm: ModuleType, name: str) -> tuple[str, str]:
@@ -125,44 +121,34 @@ def _create(name: str, seed: int, num_classes: int | None = None,
                                  **kwargs)
 
 
-def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None
-            ) -> tuple[nn.Module, str]:
+def _random(arch: str, tag: str, options: LoadOptions, why: str | None = None) -> Built:
     loaded = warn_random(why, options.seed)
     return _create(f"{arch}.{tag}" if tag else arch, options.seed, options.num_classes), loaded
 
 
-def _pretrained(arch: str, tag: str, options: LoadOptions, *, auto: bool = False
-                ) -> tuple[nn.Module, str]:
-    """Pretrained weights from the cache, else a download. When neither works, or they do not
-    have ``num_classes``, ``auto`` falls back to random weights; else one error."""
+def _pretrained(arch: str, tag: str, options: LoadOptions, *, auto: bool = False) -> Built:
+    """Pretrained weights from the cache, else a download (see :func:`pretrained`)."""
     from timm.models import get_pretrained_cfg
 
     cfg: Any = get_pretrained_cfg(f"{arch}.{tag}")
-    if options.num_classes not in (None, cfg.num_classes):
-        if auto:
-            return _random(arch, tag, options)
-        raise HookscopeError(
-            f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
-            f"timm:{arch}.{tag} has {cfg.num_classes} classes.")
-    cached = _cached_file(cfg)
-    if cached is None and not network_available("huggingface.co"):
-        hub_id = getattr(cfg, "hf_hub_id", None)
-        cache = f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache"
-        missing = f"timm:{arch}.{tag} is not in {cache} and cannot be downloaded"
-        if auto:
-            return _random(arch, tag, options, missing)
-        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local checkpoint.")
-    try:
-        model = _create(f"{arch}.{tag}", options.seed, pretrained_from=cached,
-                        download=cached is None)
-    except HookscopeError:
-        raise
-    except Exception as exc:  # timm and the hub raise many types for a failed download
-        where = "load" if cached is not None else "download"
-        raise HookscopeError(
-            f"Could not {where} the weights timm:{arch}.{tag} ({exc.__class__.__name__}: {exc}). "
-            f"Use {param('weights')} none for random initialisation, or a local checkpoint.") from exc
-    return model, tag
+    cached, hub_id = _cached_file(cfg), getattr(cfg, "hf_hub_id", None)
+
+    def build() -> Built:
+        try:
+            return _create(f"{arch}.{tag}", options.seed, pretrained_from=cached,
+                           download=cached is None), tag
+        except Exception as exc:  # timm and the hub raise many types for a failed download
+            where = "load" if cached is not None else "download"
+            raise HookscopeError(
+                f"Could not {where} the weights timm:{arch}.{tag} ({exc.__class__.__name__}: "
+                f"{exc}). Use {param('weights')} none for random initialisation, or a local "
+                "checkpoint.") from exc
+
+    return pretrained(
+        f"timm:{arch}.{tag}", options, classes=cfg.num_classes, host="huggingface.co", auto=auto,
+        where=None if cached is not None else
+        f"the Hugging Face cache ({hub_id})" if hub_id else "the torch hub cache",
+        random=lambda why: _random(arch, tag, options, why), build=build)
 
 
 def timm_preprocess(model: nn.Module, size: int | None = None) -> Preprocess:
@@ -215,7 +201,7 @@ def imagenet_labels(model: nn.Module) -> list[str] | None:
 
 def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     """Build a timm model with the requested weights (on the CPU)."""
-    timm = import_timm()
+    timm = import_optional("timm", "timm")
     arch, tag = _architecture(timm, spec.target)
     weights = options.weights.strip()
     found = None
@@ -228,13 +214,10 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         else:
             model, loaded = _random(arch, "", options, "this timm model has no pretrained weights")
     elif is_path(weights):
-        path = Path(weights).expanduser()
         name = f"{arch}.{tag}" if tag else arch
-        model, found = build_to_fit(
-            path, name=f"timm:{arch}", num_classes=options.num_classes,
-            trust=options.trust_checkpoint,
-            build=lambda n, state: _create(name, options.seed, n))
-        loaded = f"file:{path}"
+        model, found = build_to_fit(options, name=f"timm:{arch}",
+                                    build=lambda n, state: _create(name, options.seed, n))
+        loaded = f"file:{found.path}"
     else:
         model, loaded = _pretrained(arch, _choose_tag(arch, weights, default=tag), options)
     pretrained = not loaded.startswith(("random", "file:"))

@@ -8,7 +8,6 @@ import logging
 import warnings
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,6 +16,7 @@ from torch import nn
 from hookscope.core.errors import HookscopeError, param, suggest
 from hookscope.inputs.preprocess import Preprocess, check_side
 from hookscope.sources.base import (
+    Built,
     DeclaredSize,
     LoadedModel,
     LoadOptions,
@@ -24,7 +24,7 @@ from hookscope.sources.base import (
     Source,
     hub_file,
     is_path,
-    network_available,
+    pretrained,
     register,
     warn_random,
 )
@@ -46,6 +46,16 @@ def model_tasks() -> dict[str, str]:
         for name in list_models(module):
             tasks.setdefault(name, task)
     return tasks
+
+
+def weights_enum(name: str) -> Any | None:
+    """The weights enum of torchvision model ``name``; None when it has none."""
+    from torchvision.models import get_model_weights
+
+    try:
+        return get_model_weights(name)
+    except (ValueError, KeyError):
+        return None
 
 
 def _build(name: str, weights: Any | None, seed: int, num_classes: int | None = None,
@@ -112,8 +122,7 @@ def _classes(weights: Any | None) -> int | None:
     return len(categories) if categories else None
 
 
-def _random_weights(name: str, options: LoadOptions, why: str | None = None
-                    ) -> tuple[nn.Module, str]:
+def _random_weights(name: str, options: LoadOptions, why: str | None = None) -> Built:
     loaded = warn_random(why, options.seed)
     return _build(name, None, options.seed, options.num_classes), loaded
 
@@ -132,23 +141,15 @@ def _named_weights(name: str, spec: str, enum: Any | None, default: Any | None) 
     return enum[member]
 
 
-def _pretrained(name: str, chosen: Any, options: LoadOptions, *, auto: bool = False
-                ) -> tuple[nn.Module, str]:
-    """``chosen`` weights, from the torch cache or a download. When they cannot be had, or do
-    not have ``num_classes``, ``auto`` falls back to random weights; else one error."""
-    if options.num_classes not in (None, _classes(chosen)):
-        if auto:
-            return _random_weights(name, options)
-        raise HookscopeError(
-            f"{param('num_classes')} {options.num_classes} needs random or checkpoint weights: "
-            f"{chosen} has {_classes(chosen)} classes.")
+def _pretrained(name: str, chosen: Any, options: LoadOptions, *, auto: bool = False) -> Built:
+    """``chosen`` weights, from the torch cache or a download (see :func:`pretrained`)."""
     cached = hub_file(chosen.url)
-    if not cached.exists() and not network_available():
-        missing = f"{chosen} is not in the torch cache ({cached.parent}) and cannot be downloaded"
-        if auto:  # no warning with num_classes: random weights are what its head gets anyway
-            return _random_weights(name, options, missing if options.num_classes is None else None)
-        raise HookscopeError(f"{missing} (no network). Use {param('weights')} none or a local checkpoint.")
-    return _build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]
+    return pretrained(
+        str(chosen), options, classes=_classes(chosen), host="download.pytorch.org", auto=auto,
+        where=None if cached.exists() else f"the torch cache ({cached.parent})",
+        # no warning with num_classes: random weights are what its head gets anyway
+        random=lambda why: _random_weights(name, options, why if options.num_classes is None else None),
+        build=lambda: (_build(name, chosen, options.seed), str(chosen).split(".", 1)[-1]))
 
 
 def _aux_options(name: str, state: Mapping[str, torch.Tensor]) -> dict[str, bool]:
@@ -169,13 +170,8 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     warning), ``DEFAULT`` or an enum member name, ``none`` (random, seeded), or a checkpoint
     (a fine-tuned one builds the architecture with its class count).
     """
-    from torchvision.models import get_model_weights
-
     name = spec.target
-    try:
-        enum = get_model_weights(name)
-    except (ValueError, KeyError):
-        enum = None
+    enum = weights_enum(name)
     default = getattr(enum, "DEFAULT", None)
     weights = options.weights.strip()
     chosen, found = None, None
@@ -187,11 +183,9 @@ def load_torchvision(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         why = "this model has no pretrained weights" if options.num_classes is None else None
         model, loaded = _random_weights(name, options, why)
     elif is_path(weights):
-        path = Path(weights).expanduser()
-        model, found = build_to_fit(
-            path, name=name, num_classes=options.num_classes, trust=options.trust_checkpoint,
-            build=lambda n, state: _build(name, None, options.seed, n, _aux_options(name, state)))
-        loaded = f"file:{path}"
+        model, found = build_to_fit(options, name=name, build=lambda n, state: _build(
+            name, None, options.seed, n, _aux_options(name, state)))
+        loaded = f"file:{found.path}"
     else:
         chosen = _named_weights(name, weights, enum, default)
         model, loaded = _pretrained(name, chosen, options)

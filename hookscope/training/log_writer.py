@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.output import dumps_json, dumps_ndjson, emit
+from hookscope.core.files import dumps_json, dumps_ndjson, emit
 from hookscope.training.log_reader import EVENT_FILE, LOG_FILE
 
 __all__ = ["WatchLog"]

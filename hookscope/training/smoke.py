@@ -22,7 +22,7 @@ from torch import nn
 
 from hookscope.core.classes import Targets, true_classes
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.outputs import class_logits
+from hookscope.core.logits import class_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.training.log_reader import TrainingLog, read_log
 from hookscope.training.nonfinite import NonFiniteError

@@ -1,4 +1,5 @@
-"""Serialisation, and all-or-nothing output: one file, a stream or device, or a staged folder.
+"""Documents (their envelope, JSON and CSV), and all-or-nothing output: one file, a stream
+or device, or a staged folder.
 
 Streams (``-``, links to our stdout/stderr), devices, FIFOs and sockets are written in place;
 a regular file (or a link's target) is written beside itself and renamed into place, an
@@ -26,8 +27,16 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
+from hookscope import __version__
 from hookscope.core.errors import HookscopeError
 from hookscope.core.streams import data as _data_stream
+
+
+def envelope(command: str, *, model: str | None = None, weights: Any = None,
+             device: str | None = None, inputs: Iterable[str] = (), **more: Any) -> dict[str, Any]:
+    """The head every command's JSON document starts with, then ``more``."""
+    return {"hookscope": __version__, "command": command, "model": model, "weights": weights,
+            "device": device, "inputs": list(inputs), **more}
 
 
 def jsonable(obj: Any) -> Any:
