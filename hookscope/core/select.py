@@ -5,15 +5,17 @@ Torch-free at import, so the command line builds a selection before torch loads.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hookscope.core.errors import HookscopeError, param, suggest
 
 if TYPE_CHECKING:
     from torch import nn
 
+R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Site:
@@ -105,11 +107,23 @@ class Selection:
 LEAVES = Selection()
 
 
-def select_sites(model: nn.Module, *, layers: Sequence[str] | None = None,
-                 types: Sequence[str] | None = None, all_modules: bool = False,
-                 max_depth: int | None = None) -> list[Site]:
+def selecting(wrapper: Callable[..., R]) -> Callable[..., R]:
+    """Let callers of a library wrapper that takes one ``select`` give, instead, the keywords
+    of a :class:`Selection` (``layers``, ``types``, ``all_modules``, ``max_depth``)."""
+    keys = [f.name for f in fields(Selection)]
+
+    @functools.wraps(wrapper)
+    def call(*args: Any, **kwargs: Any) -> R:
+        if chosen := {key: kwargs.pop(key) for key in keys if key in kwargs}:
+            kwargs["select"] = Selection(**chosen)
+        return wrapper(*args, **kwargs)
+    return call
+
+
+@selecting
+def select_sites(model: nn.Module, *, select: Selection = LEAVES) -> list[Site]:
     """``Selection(layers, types, all_modules, max_depth).sites(model)``."""
-    return Selection(layers, types, all_modules, max_depth).sites(model)
+    return select.sites(model)
 
 
 def find_site(model: nn.Module, name: str) -> Site:
