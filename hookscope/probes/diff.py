@@ -11,9 +11,9 @@ Only float64 sums are kept (:mod:`hookscope.probes.diffsums`), so reports merge 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -21,9 +21,10 @@ from torch import nn
 
 from hookscope.core.errors import ForwardError, HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor, tensors
+from hookscope.core.mergeable import Merges, Row, state
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Progress, Step, drive
-from hookscope.core.select import LEAVES, Selection, Site, all_sites
+from hookscope.core.select import LEAVES, Selection, Site, all_sites, selecting
 from hookscope.probes.channels import as_float
 from hookscope.probes.diffsums import DiffSums, DiffTable
 from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison, Key
@@ -33,7 +34,7 @@ __all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff
 
 
 @dataclass(frozen=True)
-class LayerDiff:
+class LayerDiff(Row):
     """One call's comparison; ``shape_b != shape``: not comparable, the metrics are NaN."""
 
     name: str
@@ -41,11 +42,7 @@ class LayerDiff:
     call: int
     shape: list[int]
     shape_b: list[int] | None
-    sums: DiffSums = field(default_factory=DiffSums, compare=False)
-
-    @property
-    def key(self) -> Key:
-        return (self.name, self.call)
+    sums: DiffSums = state("merge", default_factory=DiffSums, json=False, compare=False)
 
     @property
     def relative(self) -> float:
@@ -59,26 +56,23 @@ class LayerDiff:
             return "nonfinite"
         return "rel_l2" if self.sums.rel_l2 > tolerance else None  # NaN never exceeds
 
-    def merged(self, other: LayerDiff) -> LayerDiff:
-        return replace(self, sums=self.sums.merge(other.sums))
-
-    def to_dict(self, tolerance: float) -> dict[str, Any]:
+    def to_dict(self, tolerance: float = math.inf) -> dict[str, Any]:
         s = self.sums
-        return {"name": self.name, "type": self.type, "call": self.call, "shape": self.shape,
-                "shape_b": self.shape_b, "max_abs": s.max_abs if s.n else math.nan,
-                "rel_l2": s.rel_l2, "cosine": s.cosine, "nonfinite_a": s.nonfinite_a,
-                "nonfinite_b": s.nonfinite_b, "exceeds": self.excess(tolerance) is not None}
+        return super().to_dict() | {
+            "max_abs": s.max_abs if s.n else math.nan, "rel_l2": s.rel_l2, "cosine": s.cosine,
+            "nonfinite_a": s.nonfinite_a, "nonfinite_b": s.nonfinite_b,
+            "exceeds": self.excess(tolerance) is not None}
 
 
 @dataclass
-class OutputDiff:
+class OutputDiff(Merges):
     """The final (N, classes) outputs compared: top-1 agreement, max |Δ logit| and KL(a‖b)."""
 
-    inputs: int = 0
-    agree: int = 0
-    max_abs: float = 0.0
-    kl_sum: float = 0.0
-    kl_max: float = 0.0
+    inputs: int = state("sum", 0)
+    agree: int = state("sum", 0)
+    max_abs: float = state("max", 0.0)
+    kl_sum: float = state("sum", 0.0)
+    kl_max: float = state("max", 0.0)
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> None:
         """Add one batch of logits (float64 arithmetic)."""
@@ -91,11 +85,6 @@ class OutputDiff:
         self.kl_sum += float(kl.sum())
         self.kl_max = max(self.kl_max, float(kl.max()))
 
-    def merge(self, other: OutputDiff) -> OutputDiff:
-        return OutputDiff(self.inputs + other.inputs, self.agree + other.agree,
-                          max(self.max_abs, other.max_abs), self.kl_sum + other.kl_sum,
-                          max(self.kl_max, other.kl_max))
-
     def to_dict(self) -> dict[str, Any]:
         n = self.inputs
         return {"inputs": n, "top1_agree": self.agree,
@@ -103,16 +92,20 @@ class OutputDiff:
                 "kl_mean": self.kl_sum / n if n else math.nan, "kl_max": self.kl_max}
 
 
-def _unique(refs: Iterable[CallRef]) -> list[CallRef]:
-    return list({ref.key: ref for ref in refs}.values())
+def _both(a: OutputDiff | None, b: OutputDiff | None) -> OutputDiff | None:
+    return a.merge(b) if a and b else None  # compared only where both sides' are
 
 
 @dataclass(frozen=True)
-class DiffReport(Comparison):
-    """:class:`DiffProbe`'s report; ``outputs``: the final logits compared, if both are."""
+class DiffReport(Comparison, Merges):
+    """:class:`DiffProbe`'s report; ``outputs``: the final logits compared, if both are. A
+    merge is the report over both reports' inputs: sums added, one-side calls united."""
 
-    outputs: OutputDiff | None
-    input_shape: list[int] | None = None
+    layers: list[LayerDiff] = state("rows")
+    unmatched_a: list[CallRef] = state("union")
+    unmatched_b: list[CallRef] = state("union")
+    outputs: OutputDiff | None = state(_both)
+    input_shape: list[int] | None = state("first", None)
     measure: ClassVar[str] = "rel_l2"
     predictions_differ: ClassVar[str] = ("the top-1 predictions differ for {} of {} inputs, "
                                          "though no call exceeds the tolerance.")
@@ -120,17 +113,6 @@ class DiffReport(Comparison):
     @property
     def agreement(self) -> tuple[int, int] | None:
         return None if self.outputs is None else (self.outputs.agree, self.outputs.inputs)
-
-    def merge(self, other: DiffReport) -> DiffReport:
-        """The report over both reports' inputs: sums added, one-side calls united."""
-        rows = {row.key: row for row in self.layers}
-        for row in other.layers:
-            rows[row.key] = rows[row.key].merged(row) if row.key in rows else row
-        outputs = self.outputs.merge(other.outputs) if self.outputs and other.outputs else None
-        return DiffReport(self.tolerance, list(rows.values()),
-                          _unique([*self.unmatched_a, *other.unmatched_a]),
-                          _unique([*self.unmatched_b, *other.unmatched_b]), outputs,
-                          self.input_shape or other.input_shape)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope and ``against``."""
@@ -334,28 +316,16 @@ def on_side(side: str, renames: Mapping[str, str] | None = None) -> Iterator[Non
         raise
 
 
-def diff_models(
-    model: nn.Module,
-    other: nn.Module,
-    inputs: Any,
-    *,
-    layers: Sequence[str] | None = None,
-    types: Sequence[str] | None = None,
-    all_modules: bool = False,
-    max_depth: int | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
-    autocast: torch.dtype | None = None,
-    other_autocast: torch.dtype | None = None,
-    output_key: str | None = None,
-    progress: Progress | None = None,
-) -> DiffReport:
+@selecting
+def diff_models(model: nn.Module, other: nn.Module, inputs: Any, *, select: Selection = LEAVES,
+                tolerance: float = DEFAULT_TOLERANCE, autocast: torch.dtype | None = None,
+                other_autocast: torch.dtype | None = None, output_key: str | None = None,
+                progress: Progress | None = None) -> DiffReport:
     """Run ``model`` and ``other`` on the same ``inputs`` (a batch, or an iterable of them)
-    and compare each selected call. Arguments as :class:`DiffProbe`'s; ``autocast`` is A's
+    and compare each selected call. Arguments as :class:`DiffProbe`'s (``select``, or the
+    keywords ``layers``, ``types``, ``all_modules``, ``max_depth``); ``autocast`` is A's
     ``torch.autocast`` dtype, ``output_key`` both sides' logits entry, ``progress`` called
     with each batch's size."""
-    probe = DiffProbe(model, other, select=Selection(layers, types, all_modules, max_depth),
-                      tolerance=tolerance, output_key=output_key,
+    probe = DiffProbe(model, other, select=select, tolerance=tolerance, output_key=output_key,
                       other_output_key=output_key, other_autocast=other_autocast)
     return drive(model, inputs, probe, autocast=autocast, progress=progress)
-
-
