@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -42,19 +42,21 @@ def nbytes(obj: Any) -> int:
 
 @dataclass(frozen=True)
 class LayerCall:
-    """The shapes, output bytes and FLOPs (submodules included; None: not counted) of one call
+    """The shapes, FLOPs (submodules included; None: not counted) and output bytes of one call
     of a module."""
 
     input_shapes: list[list[int]]
     output_shape: list[int] | None
     output_shapes: list[list[int]]
-    output_bytes: int = 0
     flops: int | None = None
+    macs: int | None = field(init=False)
+    output_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "macs", _macs(self.flops))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input_shapes": self.input_shapes, "output_shape": self.output_shape,
-                "output_shapes": self.output_shapes, "flops": self.flops, "macs": _macs(self.flops),
-                "output_bytes": self.output_bytes}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -75,16 +77,19 @@ class LayerInfo:
     trainable: bool | str | None
     calls: list[LayerCall] = field(default_factory=list)
     flops: int | None = None
+    macs: int | None = field(init=False)
     flops_own: int | None = None
+    macs_own: int | None = field(init=False)
     params_bytes: dict[str, int] = field(default_factory=dict)
     params_bytes_total: dict[str, int] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "macs", _macs(self.flops))
+        object.__setattr__(self, "macs_own", _macs(self.flops_own))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "depth": self.depth, "params": self.params,
-                "params_total": self.params_total, "trainable": self.trainable,
-                "calls": [c.to_dict() for c in self.calls], "flops": self.flops, "macs": _macs(self.flops),
-                "flops_own": self.flops_own, "macs_own": _macs(self.flops_own),
-                "params_bytes": self.params_bytes, "params_bytes_total": self.params_bytes_total}
+        """The JSON row (the subtree's trainable count is in the totals only)."""
+        return {k: v for k, v in asdict(self).items() if k != "trainable_params"}
 
 
 @dataclass(frozen=True)
