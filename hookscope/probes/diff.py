@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hookscope.core.errors import ForwardError, HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor, tensors
@@ -124,13 +125,7 @@ def _storage(tensor: torch.Tensor) -> int:
     return int(tensor.untyped_storage().data_ptr())
 
 
-try:  # torch's private module: without it every kept output is copied (slower, the same result)
-    from torch.utils._python_dispatch import TorchDispatchMode as _Mode
-except ImportError:  # pragma: no cover - depends on the torch release
-    _Mode = None  # type: ignore[assignment,misc]
-
-
-class _CopyOnWrite(_Mode or object):  # type: ignore[misc]
+class _CopyOnWrite(TorchDispatchMode):
     """While A runs: before an operation writes into a tensor in place, the probe copies
     the kept outputs that share its memory (copying them all cost as much as the comparison)."""
 
@@ -223,8 +218,7 @@ class DiffProbe(Probe[DiffReport]):
         if call.key not in self.meta:
             self.meta[call.key] = (call.site.type, list(found.shape), None)
         # A reference: _CopyOnWrite copies it only before an in-place write into it.
-        kept = found.detach() if _Mode is not None else found.detach().clone()
-        self.kept[call.key] = kept
+        kept = self.kept[call.key] = found.detach()
         self._storages.setdefault(_storage(kept), []).append(call.key)
         self.peak_kept = max(self.peak_kept, len(self.kept))
 
@@ -256,7 +250,7 @@ class DiffProbe(Probe[DiffReport]):
         self.table.add(key, a, as_float(found).reshape(-1).to(a.device, a.dtype))
 
     def step(self, step: Step) -> None:
-        with _CopyOnWrite(self) if _Mode is not None else nullcontext(), on_side("A"):
+        with _CopyOnWrite(self), on_side("A"):
             output = step.forward()
         self._storages.clear()
         logits = select_logits(output, self.output_key, required=False)

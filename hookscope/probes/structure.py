@@ -25,8 +25,7 @@ from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import Site, depth_of
 
-__all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
-           "model_structure", "parameter_bytes"]
+__all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops", "model_structure"]
 
 
 def _macs(flops: int | None) -> int | None:
@@ -150,13 +149,6 @@ def _dtype_bytes(params: Iterable[nn.Parameter]) -> dict[str, int]:
     for p in params:
         found[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
     return dict(sorted(found.items()))
-
-
-def parameter_bytes(model: nn.Module) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
-    """Per module name: (own, subtree) parameter bytes by dtype name (``"float32"``), each
-    parameter counted once (see :func:`_owned`)."""
-    return {name: (_dtype_bytes(own), _dtype_bytes(subtree))
-            for name, (own, subtree) in _owned(model).items()}
 
 
 def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: list[int],
