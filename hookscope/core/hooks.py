@@ -116,6 +116,10 @@ class Hooks:
     def forward_pre(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
         return self._keep(module.register_forward_pre_hook(hook, **kw))
 
+    def backward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
+        # Prefer tensor hooks: full backward hooks fail on modules followed by in-place ops.
+        return self._keep(module.register_full_backward_hook(hook, **kw))
+
     def tensor(self, tensor: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
         return self._keep(tensor.register_hook(hook))
 
