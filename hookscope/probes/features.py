@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, TokenHint, layout
+from hookscope.core.grid import Layout, TokenHint, layout, token_hint
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import Site, all_sites, find_site, select_sites
@@ -177,8 +177,6 @@ class FeaturesProbe(Probe[FeaturesReport]):
 
     def bind(self, tracer: Any) -> None:
         if self.hint is None:
-            from hookscope.core.grid import token_hint
-
             self.hint = token_hint(tracer.model)
 
     def step(self, step: Step) -> None:

@@ -20,10 +20,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import Site, depth_of
+from hookscope.core.select import Site, check_depth, depth_of
 
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops", "model_structure"]
 
@@ -252,8 +251,7 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
     batch: a tensor or a tuple of positional arguments), each call's shapes, output bytes and
     FLOPs from one forward pass. ``max_depth`` lists modules down to that depth only (1 = the
     model's children); counts at the cut still include everything below."""
-    if max_depth is not None and max_depth < 1:
-        raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
+    check_depth(max_depth)
     owned = _owned(model)
     ran = example is not None
     probe = ShapesProbe(model, flops=ran)
