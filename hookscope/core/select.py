@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hookscope.core.errors import HookscopeError, param, suggest
+from hookscope.core.errors import HookscopeError, at_least_one, param, suggest
 
 if TYPE_CHECKING:
     from torch import nn
@@ -38,13 +38,6 @@ def all_sites(model: nn.Module) -> list[Site]:
     return sites or [Site("", type(model).__name__, 0, model)]
 
 
-def check_depth(max_depth: int | None) -> int | None:
-    """``max_depth``, refused in one line when below 1."""
-    if max_depth is not None and max_depth < 1:
-        raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
-    return max_depth
-
-
 @dataclass(frozen=True)
 class Selection:
     """The modules to hook: by default every leaf (no children, or at ``max_depth``; 1 is the
@@ -59,7 +52,7 @@ class Selection:
     def sites(self, model: nn.Module) -> list[Site]:
         """The selected modules of ``model``, in definition order; when nothing matches, a
         :class:`HookscopeError` says which filter excluded what."""
-        layers, types, max_depth = self.layers, self.types, check_depth(self.max_depth)
+        layers, types, max_depth = self.layers, self.types, at_least_one("max_depth", self.max_depth)
         wanted = set(types or ())
         exact = set(layers or ())
         candidates = [s for s in all_sites(model)

@@ -18,7 +18,7 @@ from typing import IO, Any
 import torch
 from PIL import Image
 
-from hookscope.core.errors import HookscopeError, param
+from hookscope.core.errors import HookscopeError, at_least_one, param
 from hookscope.core.run import Batch
 from hookscope.inputs.dataset import loader_samples
 from hookscope.inputs.decode import (
@@ -51,8 +51,7 @@ def resolve_inputs(specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim
     """
     if not specs:
         raise HookscopeError("No inputs given; pass image files, directories, '-' or .pt/.npy.")
-    if limit is not None and limit < 1:
-        raise HookscopeError(f"{param('limit')} must be at least 1, not {limit}.")
+    at_least_one("limit", limit)
     items: list[InputItem] = []
     for spec in specs:
         if spec == STDIN:
@@ -191,8 +190,7 @@ def iter_batches(inputs: InputSet, preprocess: Callable[[Any], torch.Tensor], *,
     worker processes. Samples whose preprocessed shapes differ go into separate batches; a
     sample that cannot be decoded raises when its batch is reached.
     """
-    if batch_size < 1:
-        raise HookscopeError(f"{param('batch_size')} must be at least 1, not {batch_size}.")
+    at_least_one("batch_size", batch_size)
     if workers < 0:
         raise HookscopeError(f"{param('workers')} must be 0 or more, not {workers}.")
     decoder = Decoder(preprocess, ndim=ndim, keep_images=keep_images)

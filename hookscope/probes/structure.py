@@ -20,9 +20,10 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from hookscope.core.errors import at_least_one
 from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import Site, check_depth, depth_of
+from hookscope.core.select import Site, depth_of
 
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops", "model_structure"]
 
@@ -251,7 +252,7 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
     batch: a tensor or a tuple of positional arguments), each call's shapes, output bytes and
     FLOPs from one forward pass. ``max_depth`` lists modules down to that depth only (1 = the
     model's children); counts at the cut still include everything below."""
-    check_depth(max_depth)
+    at_least_one("max_depth", max_depth)
     owned = _owned(model)
     ran = example is not None
     probe = ShapesProbe(model, flops=ran)
