@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any
 
@@ -91,7 +91,8 @@ class ParamGrad(Merges):
             grad = float(torch.linalg.vector_norm(self.summed)) if self.summed is not None else 0.0
         _set(self, grad_norm=grad, ratio=grad / self.weight_norm if self.weight_norm > 0 else math.nan)
 
-    to_dict = Row.to_dict  # the fields, as a call's row has them
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "summed"}
 
 
 def _pairwise(a: list[ParamGrad], b: list[ParamGrad]) -> list[ParamGrad]:
