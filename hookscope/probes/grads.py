@@ -107,10 +107,10 @@ class GradReport(Merges):
 
     layers: list[GradLayer] = state("rows")
     params: list[ParamGrad] = state(_pairwise)
-    loss: str = ""
-    targets: list[int] = state("cat", default_factory=list)
-    objective: float = state("sum", math.nan)
-    input_shape: list[int] | None = state("first", None)
+    loss: str
+    targets: list[int] = state("cat")
+    objective: float = state("sum")
+    input_shape: list[int] | None = state("first")
     median_norm: float = field(init=False)
     first_nonfinite: str | None = field(init=False)
     first_nonfinite_param: str | None = field(init=False)
