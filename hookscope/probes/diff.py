@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hookscope.core.errors import ForwardError, HookscopeError, param
+from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.mergeable import Merges, Row, state
 from hookscope.core.outputs import select_logits
@@ -261,10 +261,8 @@ class DiffProbe(Probe[DiffReport]):
         # B gets the batch as preprocessed, before the cast to A's dtype, when it is known.
         x = step.batch.tensor if step.batch is not None else step.x
         try:
-            output = drive(self.other, x, self.against, autocast=self.other_autocast)
-        except ForwardError as error:  # raised from the model's own exception: keep that
-            error.args = (f"Side B (the second run, against): {error.args[0]}",)
-            raise
+            with on_side("B"):
+                output = drive(self.other, x, self.against, autocast=self.other_autocast)
         finally:
             for key in self.kept:
                 self.only_a.setdefault(key, CallRef(key[0], self.meta[key][0], key[1]))
