@@ -193,8 +193,8 @@ def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = 
     """Run ``model`` over ``inputs`` for ``probe`` and return its report.
 
     ``inputs`` is one batch (a tensor, or a tuple of positional arguments) or an iterable of
-    tensors, tuples or :class:`Batch` objects. Under ``autocast``
-    every pass runs in ``torch.autocast``; else floating-point inputs take the model's dtype."""
+    tensors, tuples or :class:`Batch` objects. Under ``autocast`` every pass runs in
+    ``torch.autocast``; else floating-point inputs take the model's dtype."""
     device = model_device(model)
     dtype = None if autocast is not None else model_dtype(model)
     tracer = Tracer(model, probe.sites, on_enter=probe.on_enter, on_exit=probe.on_exit)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
+
 @dataclass(frozen=True)
 class Site:
     """A module selected for hooking, named as in ``model.named_modules()``."""
