@@ -14,6 +14,8 @@ _.delta_logit
 _.delta_prob
 _.target_label
 _.output_stats  # debug's non-finite event field, read through asdict()
+_.macs  # structure's derived row fields, read through asdict()
+_.macs_own
 frame  # a signal handler's signature
 out_shape  # FlopCounterMode passes it to a FLOP formula
 _.__signature__  # read by typer (inspect.signature)

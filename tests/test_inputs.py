@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from hookscope.core.errors import HookscopeError
-from hookscope.inputs.resolve import iter_batches, load_image, resolve_inputs
+from hookscope.inputs.decode import load_image
+from hookscope.inputs.resolve import iter_batches, resolve_inputs
 
 
 def identity(img: Image.Image) -> torch.Tensor:

@@ -12,7 +12,7 @@ from torch import nn
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import hook_count
 from hookscope.core.select import find_site, select_sites
-from hookscope.probes.structure import model_structure, parameter_bytes
+from hookscope.probes.structure import model_structure
 from hookscope.sources import load_model
 
 
@@ -347,9 +347,10 @@ def test_parameter_bytes_by_dtype_and_subtree_sums() -> None:
     assert totals["flops"] is totals["macs"] is totals["activation_bytes"] is None
     assert totals["input_bytes"] is None
     # Tied weights count once: the head owns none of the embedding's bytes.
-    shared = parameter_bytes(Shared())
-    assert shared["head"] == ({}, {"float32": 10 * 4 * 4})
-    assert shared[""][1] == {"float32": 4 * n_params(Shared())}
+    shared = model_structure(Shared())
+    head = by_name(shared)["head"]
+    assert (head.params_bytes, head.params_bytes_total) == ({}, {"float32": 10 * 4 * 4})
+    assert shared.root.params_bytes_total == {"float32": 4 * n_params(Shared())}
 
 
 def _children(found, name: str) -> list:

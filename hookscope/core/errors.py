@@ -64,6 +64,13 @@ class ForwardError(HookscopeError):
         return (ForwardError, (super().__str__(),), self.__dict__ | {"cause": None})
 
 
+def at_least_one(name: str, value: int | None) -> int | None:
+    """``value``, refused in one line when it is given and below 1 (``name``: its parameter)."""
+    if value is not None and value < 1:
+        raise HookscopeError(f"{param(name)} must be at least 1, not {value}.")
+    return value
+
+
 def suggest(word: str, candidates: Iterable[str], n: int = 3) -> str:
     """Return ``" Did you mean: a, b?"`` for the closest candidates, or an empty string."""
     pool, low = list(candidates), word.lower()

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
@@ -19,10 +19,7 @@ from hookscope.core.errors import ForwardError, HookscopeError
 from hookscope.core.hooks import Call, Tracer, model_device, model_dtype, raised_in_machinery
 from hookscope.core.select import Site
 
-if TYPE_CHECKING:
-    from hookscope.inputs.resolve import Batch
-
-__all__ = ["GradMode", "Probe", "Step", "drive", "grad_mode", "peek", "training_flags"]
+__all__ = ["Batch", "GradMode", "Probe", "Step", "drive", "grad_mode", "peek", "training_flags"]
 
 #: ``inference``: ``torch.inference_mode``; ``grad``: autograd on; ``off``: autograd off but
 #: tensors are ordinary ones, so a hook may switch autograd on from a layer onwards (CAM).
@@ -54,6 +51,21 @@ def training_flags(model: nn.Module, *, train: bool = False) -> Iterator[None]:
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
+
+
+@dataclass
+class Batch:
+    """A preprocessed batch and where each of its samples came from (made by
+    :func:`hookscope.inputs.resolve.iter_batches`)."""
+
+    items: list[Any]  # each sample's hookscope.inputs.decode.InputItem
+    tensor: torch.Tensor  # the stacked, preprocessed samples
+    images: list[Any]  # the decoded PIL images when kept (else None each)
+    start: int  # the position of its first sample among all inputs
+    number: int | None = None  # its position among all batches (None: counted by the driver)
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 @dataclass
@@ -181,8 +193,8 @@ def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = 
     """Run ``model`` over ``inputs`` for ``probe`` and return its report.
 
     ``inputs`` is one batch (a tensor, or a tuple of positional arguments) or an iterable of
-    tensors, tuples or :class:`~hookscope.inputs.resolve.Batch` objects. Under ``autocast``
-    every pass runs in ``torch.autocast``; else floating-point inputs take the model's dtype."""
+    tensors, tuples or :class:`Batch` objects. Under ``autocast`` every pass runs in
+    ``torch.autocast``; else floating-point inputs take the model's dtype."""
     device = model_device(model)
     dtype = None if autocast is not None else model_dtype(model)
     tracer = Tracer(model, probe.sites, on_enter=probe.on_enter, on_exit=probe.on_exit)
@@ -190,12 +202,11 @@ def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = 
         probe.bind(tracer)
         start = 0
         for index, item in enumerate(_as_batches(inputs)):
-            tensor = getattr(item, "tensor", item)
-            batch = item if tensor is not item else None
+            batch = item if isinstance(item, Batch) else None
             if batch is not None:  # a Batch knows its place among all inputs (a rank's part)
-                start = batch.start
+                start, item = batch.start, batch.tensor
                 index = index if batch.number is None else batch.number
-            step = Step(index, start, _to_device(tensor, device, dtype), batch, tracer, model,
+            step = Step(index, start, _to_device(item, device, dtype), batch, tracer, model,
                         probe.grad, progress, autocast)
             try:
                 probe.step(step)

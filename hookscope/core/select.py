@@ -5,14 +5,17 @@ Torch-free at import, so the command line builds a selection before torch loads.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from hookscope.core.errors import HookscopeError, param, suggest
+from hookscope.core.errors import HookscopeError, at_least_one, param, suggest
 
 if TYPE_CHECKING:
     from torch import nn
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,7 @@ class Selection:
     def sites(self, model: nn.Module) -> list[Site]:
         """The selected modules of ``model``, in definition order; when nothing matches, a
         :class:`HookscopeError` says which filter excluded what."""
-        layers, types, max_depth = self.layers, self.types, self.max_depth
-        if max_depth is not None and max_depth < 1:
-            raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
+        layers, types, max_depth = self.layers, self.types, at_least_one("max_depth", self.max_depth)
         wanted = set(types or ())
         exact = set(layers or ())
         candidates = [s for s in all_sites(model)
@@ -105,11 +106,23 @@ class Selection:
 LEAVES = Selection()
 
 
-def select_sites(model: nn.Module, *, layers: Sequence[str] | None = None,
-                 types: Sequence[str] | None = None, all_modules: bool = False,
-                 max_depth: int | None = None) -> list[Site]:
+def selecting(wrapper: Callable[..., R]) -> Callable[..., R]:
+    """Let callers of a library wrapper that takes one ``select`` give, instead, the keywords
+    of a :class:`Selection` (``layers``, ``types``, ``all_modules``, ``max_depth``)."""
+    keys = [f.name for f in fields(Selection)]
+
+    @functools.wraps(wrapper)
+    def call(*args: Any, **kwargs: Any) -> R:
+        if chosen := {key: kwargs.pop(key) for key in keys if key in kwargs}:
+            kwargs["select"] = Selection(**chosen)
+        return wrapper(*args, **kwargs)
+    return call
+
+
+@selecting
+def select_sites(model: nn.Module, *, select: Selection = LEAVES) -> list[Site]:
     """``Selection(layers, types, all_modules, max_depth).sites(model)``."""
-    return Selection(layers, types, all_modules, max_depth).sites(model)
+    return select.sites(model)
 
 
 def find_site(model: nn.Module, name: str) -> Site:

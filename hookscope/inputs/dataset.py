@@ -13,14 +13,12 @@ import signal
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
 from hookscope.core.errors import HookscopeError
-
-if TYPE_CHECKING:  # inputs imports this module; it needs their types only
-    from hookscope.inputs.resolve import Decoder, InputItem, InputSet, Sample
+from hookscope.inputs.decode import Decoder, InputItem, InputSet, Sample
 
 __all__ = ["InputDataset", "default_workers", "loader_samples"]
 

@@ -11,19 +11,21 @@ Only float64 sums are kept (:mod:`hookscope.probes.diffsums`), so reports merge 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from hookscope.core.errors import ForwardError, HookscopeError, param
+from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.logits import select_logits
+from hookscope.core.mergeable import Merges, Row, state
 from hookscope.core.run import Probe, Progress, Step, drive
-from hookscope.core.select import LEAVES, Selection, Site, all_sites
+from hookscope.core.select import LEAVES, Selection, Site, all_sites, selecting
 from hookscope.probes.channels import as_float
 from hookscope.probes.diffsums import DiffSums, DiffTable
 from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison, Key
@@ -33,7 +35,7 @@ __all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff
 
 
 @dataclass(frozen=True)
-class LayerDiff:
+class LayerDiff(Row):
     """One call's comparison; ``shape_b != shape``: not comparable, the metrics are NaN."""
 
     name: str
@@ -41,11 +43,7 @@ class LayerDiff:
     call: int
     shape: list[int]
     shape_b: list[int] | None
-    sums: DiffSums = field(default_factory=DiffSums, compare=False)
-
-    @property
-    def key(self) -> Key:
-        return (self.name, self.call)
+    sums: DiffSums = state("merge", default_factory=DiffSums, json=False, compare=False)
 
     @property
     def relative(self) -> float:
@@ -59,26 +57,23 @@ class LayerDiff:
             return "nonfinite"
         return "rel_l2" if self.sums.rel_l2 > tolerance else None  # NaN never exceeds
 
-    def merged(self, other: LayerDiff) -> LayerDiff:
-        return replace(self, sums=self.sums.merge(other.sums))
-
-    def to_dict(self, tolerance: float) -> dict[str, Any]:
+    def to_dict(self, tolerance: float = math.inf) -> dict[str, Any]:
         s = self.sums
-        return {"name": self.name, "type": self.type, "call": self.call, "shape": self.shape,
-                "shape_b": self.shape_b, "max_abs": s.max_abs if s.n else math.nan,
-                "rel_l2": s.rel_l2, "cosine": s.cosine, "nonfinite_a": s.nonfinite_a,
-                "nonfinite_b": s.nonfinite_b, "exceeds": self.excess(tolerance) is not None}
+        return super().to_dict() | {
+            "max_abs": s.max_abs if s.n else math.nan, "rel_l2": s.rel_l2, "cosine": s.cosine,
+            "nonfinite_a": s.nonfinite_a, "nonfinite_b": s.nonfinite_b,
+            "exceeds": self.excess(tolerance) is not None}
 
 
 @dataclass
-class OutputDiff:
+class OutputDiff(Merges):
     """The final (N, classes) outputs compared: top-1 agreement, max |Δ logit| and KL(a‖b)."""
 
-    inputs: int = 0
-    agree: int = 0
-    max_abs: float = 0.0
-    kl_sum: float = 0.0
-    kl_max: float = 0.0
+    inputs: int = state("sum", 0)
+    agree: int = state("sum", 0)
+    max_abs: float = state("max", 0.0)
+    kl_sum: float = state("sum", 0.0)
+    kl_max: float = state("max", 0.0)
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> None:
         """Add one batch of logits (float64 arithmetic)."""
@@ -91,11 +86,6 @@ class OutputDiff:
         self.kl_sum += float(kl.sum())
         self.kl_max = max(self.kl_max, float(kl.max()))
 
-    def merge(self, other: OutputDiff) -> OutputDiff:
-        return OutputDiff(self.inputs + other.inputs, self.agree + other.agree,
-                          max(self.max_abs, other.max_abs), self.kl_sum + other.kl_sum,
-                          max(self.kl_max, other.kl_max))
-
     def to_dict(self) -> dict[str, Any]:
         n = self.inputs
         return {"inputs": n, "top1_agree": self.agree,
@@ -103,16 +93,20 @@ class OutputDiff:
                 "kl_mean": self.kl_sum / n if n else math.nan, "kl_max": self.kl_max}
 
 
-def _unique(refs: Iterable[CallRef]) -> list[CallRef]:
-    return list({ref.key: ref for ref in refs}.values())
+def _both(a: OutputDiff | None, b: OutputDiff | None) -> OutputDiff | None:
+    return a.merge(b) if a and b else None  # compared only where both sides' are
 
 
 @dataclass(frozen=True)
-class DiffReport(Comparison):
-    """:class:`DiffProbe`'s report; ``outputs``: the final logits compared, if both are."""
+class DiffReport(Comparison, Merges):
+    """:class:`DiffProbe`'s report; ``outputs``: the final logits compared, if both are. A
+    merge is the report over both reports' inputs: sums added, one-side calls united."""
 
-    outputs: OutputDiff | None
-    input_shape: list[int] | None = None
+    layers: list[LayerDiff] = state("rows")
+    unmatched_a: list[CallRef] = state("union")
+    unmatched_b: list[CallRef] = state("union")
+    outputs: OutputDiff | None = state(_both)
+    input_shape: list[int] | None = state("first", None)
     measure: ClassVar[str] = "rel_l2"
     predictions_differ: ClassVar[str] = ("the top-1 predictions differ for {} of {} inputs, "
                                          "though no call exceeds the tolerance.")
@@ -120,17 +114,6 @@ class DiffReport(Comparison):
     @property
     def agreement(self) -> tuple[int, int] | None:
         return None if self.outputs is None else (self.outputs.agree, self.outputs.inputs)
-
-    def merge(self, other: DiffReport) -> DiffReport:
-        """The report over both reports' inputs: sums added, one-side calls united."""
-        rows = {row.key: row for row in self.layers}
-        for row in other.layers:
-            rows[row.key] = rows[row.key].merged(row) if row.key in rows else row
-        outputs = self.outputs.merge(other.outputs) if self.outputs and other.outputs else None
-        return DiffReport(self.tolerance, list(rows.values()),
-                          _unique([*self.unmatched_a, *other.unmatched_a]),
-                          _unique([*self.unmatched_b, *other.unmatched_b]), outputs,
-                          self.input_shape or other.input_shape)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope and ``against``."""
@@ -142,13 +125,7 @@ def _storage(tensor: torch.Tensor) -> int:
     return int(tensor.untyped_storage().data_ptr())
 
 
-try:  # torch's private module: without it every kept output is copied (slower, the same result)
-    from torch.utils._python_dispatch import TorchDispatchMode as _Mode
-except ImportError:  # pragma: no cover - depends on the torch release
-    _Mode = None  # type: ignore[assignment,misc]
-
-
-class _CopyOnWrite(_Mode or object):  # type: ignore[misc]
+class _CopyOnWrite(TorchDispatchMode):
     """While A runs: before an operation writes into a tensor in place, the probe copies
     the kept outputs that share its memory (copying them all cost as much as the comparison)."""
 
@@ -241,8 +218,7 @@ class DiffProbe(Probe[DiffReport]):
         if call.key not in self.meta:
             self.meta[call.key] = (call.site.type, list(found.shape), None)
         # A reference: _CopyOnWrite copies it only before an in-place write into it.
-        kept = found.detach() if _Mode is not None else found.detach().clone()
-        self.kept[call.key] = kept
+        kept = self.kept[call.key] = found.detach()
         self._storages.setdefault(_storage(kept), []).append(call.key)
         self.peak_kept = max(self.peak_kept, len(self.kept))
 
@@ -274,7 +250,7 @@ class DiffProbe(Probe[DiffReport]):
         self.table.add(key, a, as_float(found).reshape(-1).to(a.device, a.dtype))
 
     def step(self, step: Step) -> None:
-        with _CopyOnWrite(self) if _Mode is not None else nullcontext(), on_side("A"):
+        with _CopyOnWrite(self), on_side("A"):
             output = step.forward()
         self._storages.clear()
         logits = select_logits(output, self.output_key, required=False)
@@ -285,10 +261,8 @@ class DiffProbe(Probe[DiffReport]):
         # B gets the batch as preprocessed, before the cast to A's dtype, when it is known.
         x = step.batch.tensor if step.batch is not None else step.x
         try:
-            output = drive(self.other, x, self.against, autocast=self.other_autocast)
-        except ForwardError as error:  # raised from the model's own exception: keep that
-            error.args = (f"Side B (the second run, against): {error.args[0]}",)
-            raise
+            with on_side("B"):
+                output = drive(self.other, x, self.against, autocast=self.other_autocast)
         finally:
             for key in self.kept:
                 self.only_a.setdefault(key, CallRef(key[0], self.meta[key][0], key[1]))
@@ -334,28 +308,16 @@ def on_side(side: str, renames: Mapping[str, str] | None = None) -> Iterator[Non
         raise
 
 
-def diff_models(
-    model: nn.Module,
-    other: nn.Module,
-    inputs: Any,
-    *,
-    layers: Sequence[str] | None = None,
-    types: Sequence[str] | None = None,
-    all_modules: bool = False,
-    max_depth: int | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
-    autocast: torch.dtype | None = None,
-    other_autocast: torch.dtype | None = None,
-    output_key: str | None = None,
-    progress: Progress | None = None,
-) -> DiffReport:
+@selecting
+def diff_models(model: nn.Module, other: nn.Module, inputs: Any, *, select: Selection = LEAVES,
+                tolerance: float = DEFAULT_TOLERANCE, autocast: torch.dtype | None = None,
+                other_autocast: torch.dtype | None = None, output_key: str | None = None,
+                progress: Progress | None = None) -> DiffReport:
     """Run ``model`` and ``other`` on the same ``inputs`` (a batch, or an iterable of them)
-    and compare each selected call. Arguments as :class:`DiffProbe`'s; ``autocast`` is A's
+    and compare each selected call. Arguments as :class:`DiffProbe`'s (``select``, or the
+    keywords ``layers``, ``types``, ``all_modules``, ``max_depth``); ``autocast`` is A's
     ``torch.autocast`` dtype, ``output_key`` both sides' logits entry, ``progress`` called
     with each batch's size."""
-    probe = DiffProbe(model, other, select=Selection(layers, types, all_modules, max_depth),
-                      tolerance=tolerance, output_key=output_key,
+    probe = DiffProbe(model, other, select=select, tolerance=tolerance, output_key=output_key,
                       other_output_key=output_key, other_autocast=other_autocast)
     return drive(model, inputs, probe, autocast=autocast, progress=progress)
-
-

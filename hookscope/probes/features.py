@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, TokenHint, layout
+from hookscope.core.errors import HookscopeError, at_least_one, param
+from hookscope.core.grid import Layout, TokenHint, layout, token_hint
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import Site, all_sites, find_site, select_sites
@@ -95,8 +95,7 @@ def _ranked(fmap: torch.Tensor, max_channels: int, order: str) -> list[int]:
 def _check_tiling(max_channels: int, order: str) -> None:
     if order not in ORDERS:
         raise HookscopeError(f"{param('order')} {order!r}: choose one of {', '.join(ORDERS)}.")
-    if max_channels < 1:
-        raise HookscopeError(f"{param('max_channels')} must be at least 1, not {max_channels}.")
+    at_least_one("max_channels", max_channels)
 
 
 def make_tiles(fmap: torch.Tensor, *, max_channels: int = 64, order: str = "index",
@@ -177,8 +176,6 @@ class FeaturesProbe(Probe[FeaturesReport]):
 
     def bind(self, tracer: Any) -> None:
         if self.hint is None:
-            from hookscope.core.grid import token_hint
-
             self.hint = token_hint(tracer.model)
 
     def step(self, step: Step) -> None:

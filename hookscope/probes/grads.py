@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any
 
@@ -23,8 +23,9 @@ from hookscope.core.classes import Targets, parse_targets
 from hookscope.core.errors import CheckFailed, HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, first_tensor, model_device
 from hookscope.core.logits import class_logits
+from hookscope.core.mergeable import Merges, Row, state
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import LEAVES, Selection, Site
+from hookscope.core.select import LEAVES, Selection, Site, selecting
 from hookscope.probes.stats import Moments, MomentTable
 
 __all__ = ["GradLayer", "GradReport", "GradsProbe", "ParamGrad", "collect_grads",
@@ -33,104 +34,99 @@ __all__ = ["GradLayer", "GradReport", "GradsProbe", "ParamGrad", "collect_grads"
 LOSSES = ("logit", "ce")
 
 
+def _grown(shape: list[int], other: list[int]) -> list[int]:
+    """``shape`` with ``other``'s batch added, when their trailing dimensions agree."""
+    if shape and other and shape[1:] == other[1:]:
+        return [shape[0] + other[0], *shape[1:]]
+    return shape
+
+
+def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _set(obj: Any, **values: Any) -> None:
+    """Set a frozen dataclass's derived (``init=False``) fields, in ``__post_init__``."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+
+
 @dataclass(frozen=True)
-class GradLayer:
-    """The gradient with respect to one module call's output (over all inputs)."""
+class GradLayer(Row):
+    """The gradient with respect to one module call's output (over all inputs): the numbers
+    follow from ``moments``, the exact mergeable summary; ``flag`` is set by the report."""
 
     name: str
     type: str
     call: int
-    shape: list[int]
-    norm: float
-    mean: float
-    std: float
-    max_abs: float
-    nonfinite: int
+    shape: list[int] = state(_grown)
+    norm: float = field(init=False)
+    mean: float = field(init=False)
+    std: float = field(init=False)
+    max_abs: float = field(init=False)
+    nonfinite: int = field(init=False)
     flag: str | None = None
-    #: The exact mergeable summary behind the numbers (not part of the JSON row).
-    moments: Moments | None = field(default=None, repr=False, compare=False)
+    moments: Moments = state("merge", default_factory=Moments, json=False, repr=False, compare=False)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "moments"}
+    def __post_init__(self) -> None:
+        m = self.moments
+        _set(self, norm=math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0)) if m.n else math.nan,
+             mean=m.mean if m.n else math.nan, std=m.std,
+             max_abs=max(abs(m.min), abs(m.max)) if m.n else math.nan, nonfinite=m.nonfinite)
 
 
 @dataclass(frozen=True)
-class ParamGrad:
-    """A parameter's gradient norm, its weight norm and their ratio."""
+class ParamGrad(Merges):
+    """A parameter's gradient norm, its weight norm and their ratio, from ``summed``: the
+    gradient summed over the inputs, which merges."""
 
     name: str
-    grad_norm: float
+    grad_norm: float = field(init=False)
     weight_norm: float
-    ratio: float
-    #: The gradient summed over the inputs, for merging (not part of the JSON row).
-    summed: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    ratio: float = field(init=False)
+    summed: torch.Tensor | None = state(_sum, None, json=False, repr=False, compare=False)
 
-    @classmethod
-    def of(cls, name: str, summed: torch.Tensor | None, weight_norm: float) -> ParamGrad:
-        """The row of a parameter whose gradient summed over the inputs is ``summed``."""
+    def __post_init__(self) -> None:
         with torch.no_grad():
             # Native precision: accurate to ~1e-7, where float64 costs more than the backward pass.
-            grad = float(torch.linalg.vector_norm(summed)) if summed is not None else 0.0
-        return cls(name, grad, weight_norm, grad / weight_norm if weight_norm > 0 else math.nan, summed)
+            grad = float(torch.linalg.vector_norm(self.summed)) if self.summed is not None else 0.0
+        _set(self, grad_norm=grad, ratio=grad / self.weight_norm if self.weight_norm > 0 else math.nan)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "summed"}
 
 
-@dataclass(frozen=True)
-class GradReport:
-    """What :func:`collect_grads` returns; ``layers`` are in backward order."""
+def _pairwise(a: list[ParamGrad], b: list[ParamGrad]) -> list[ParamGrad]:
+    return [x.merge(y) for x, y in zip(a, b, strict=True)]
 
-    layers: list[GradLayer]
-    params: list[ParamGrad]
+
+@dataclass(frozen=True)
+class GradReport(Merges):
+    """What :func:`collect_grads` returns; ``layers`` are in backward order, each flagged against
+    the median call's norm. A merge is what one run over both reports' inputs gives, this one's
+    first (moments merged exactly, parameter gradients summed)."""
+
+    layers: list[GradLayer] = state("rows")
+    params: list[ParamGrad] = state(_pairwise)
     loss: str
-    targets: list[int]
-    objective: float
-    median_norm: float
-    first_nonfinite: str | None
-    input_shape: list[int] | None
-    first_nonfinite_param: str | None = None
+    targets: list[int] = state("cat")
+    objective: float = state("sum")
+    input_shape: list[int] | None = state("first")
+    median_norm: float = field(init=False)
+    first_nonfinite: str | None = field(init=False)
+    first_nonfinite_param: str | None = field(init=False)
     vanish: float = field(default=1e-3, compare=False)
     explode: float = field(default=1e3, compare=False)
 
-    @classmethod
-    def build(cls, layers: Iterable[GradEntry], params: list[ParamGrad], *, loss: str,
-              targets: list[int], objective: float, input_shape: list[int] | None,
-              vanish: float, explode: float) -> GradReport:
-        """The report from each call's gradient summary (backward order) and the parameter rows;
-        calls are flagged against the median norm."""
-        entries = list(layers)
-        norms = [_norm(m) for *_, m in entries]
-        finite = [v for v in norms if math.isfinite(v)]
+    def __post_init__(self) -> None:
+        finite = [r.norm for r in self.layers if math.isfinite(r.norm)]
         median = statistics.median(finite) if finite else math.nan
-        rows = [GradLayer(name=name, type=type_name, call=call, shape=shape, norm=norm,
-                          mean=m.mean if m.n else math.nan, std=m.std,
-                          max_abs=max(abs(m.min), abs(m.max)) if m.n else math.nan,
-                          nonfinite=m.nonfinite, moments=m,
-                          flag=_flag(norm, m.nonfinite, median, vanish, explode))
-                for (name, type_name, call, shape, m), norm in zip(entries, norms, strict=True)]
+        rows = [replace(r, flag=_flag(r.norm, r.nonfinite, median, self.vanish, self.explode))
+                for r in self.layers]
         bad = next((r for r in rows if r.nonfinite), None)
         first = None if bad is None else bad.name if bad.call == 0 else f"{bad.name} (call {bad.call})"
-        bad_param = next((p.name for p in params if not math.isfinite(p.grad_norm)), None)
-        return cls(layers=rows, params=params, loss=loss, targets=targets, objective=objective,
-                   median_norm=median, first_nonfinite=first, input_shape=input_shape,
-                   first_nonfinite_param=bad_param, vanish=vanish, explode=explode)
-
-    def merge(self, other: GradReport) -> GradReport:
-        """What one run over both reports' inputs gives, this one's first (moments merged
-        exactly, parameter gradients summed). Raises ValueError for rows made by hand."""
-        entries = {(r.name, r.call): _entry(r) for r in self.layers}
-        for row in other.layers:
-            name, type_name, call, shape, m = _entry(row)
-            if (old := entries.get((name, call))) is not None:
-                shape, m = _grown(old[3], shape), old[4].merge(m)
-            entries[name, call] = (name, type_name, call, shape, m)
-        params = [ParamGrad.of(a.name, _sum(a.summed, b.summed), a.weight_norm)
-                  for a, b in zip(self.params, other.params, strict=True)]
-        return GradReport.build(
-            entries.values(), params, loss=self.loss, targets=[*self.targets, *other.targets],
-            objective=self.objective + other.objective, vanish=self.vanish, explode=self.explode,
-            input_shape=self.input_shape or other.input_shape)
+        bad_param = next((p.name for p in self.params if not math.isfinite(p.grad_norm)), None)
+        _set(self, layers=rows, median_norm=median, first_nonfinite=first, first_nonfinite_param=bad_param)
 
     @property
     def nonfinite(self) -> bool:
@@ -153,31 +149,6 @@ def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
     if loss != "ce" or label is not None:
         return label  # parsed by GradsProbe, which refuses a rank
     return classes.true_classes(None, folders, categories)
-
-
-#: One call's gradient: name, type, call index, shape (batch dimension summed), moments.
-GradEntry = tuple[str, str, int, list[int], Moments]
-
-
-def _entry(row: GradLayer) -> GradEntry:
-    if row.moments is None:
-        raise ValueError("rows without moments cannot be merged")
-    return row.name, row.type, row.call, list(row.shape), row.moments
-
-
-def _grown(shape: list[int], other: list[int]) -> list[int]:
-    """``shape`` with ``other``'s batch added, when their trailing dimensions agree."""
-    if shape and other and shape[1:] == other[1:]:
-        return [shape[0] + other[0], *shape[1:]]
-    return shape
-
-
-def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    return b if a is None else a if b is None else a + b
-
-
-def _norm(m: Moments) -> float:
-    return math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0)) if m.n else math.nan
 
 
 def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: float) -> str | None:
@@ -288,20 +259,19 @@ class GradsProbe(Probe[GradReport]):
         if self.input_shape is None:
             self.input_shape = list(step.x.shape[1:])
 
-    def entries(self) -> list[GradEntry]:
-        """Each call's gradient summary so far, in backward order (flushed first)."""
+    def entries(self) -> list[GradLayer]:
+        """Each call's gradient row so far (not flagged), in backward order (flushed first)."""
         self.table.flush()
-        return [(site.name, site.type, key[1], shape, self.table.get(key) or Moments())
+        return [GradLayer(site.name, site.type, key[1], shape, moments=self.table.get(key) or Moments())
                 for key in self.order for site, shape in [self.meta[key]]]
 
     def finish(self) -> GradReport:
-        entries = self.entries()
         with torch.no_grad():
-            params = [ParamGrad.of(name, summed, float(torch.linalg.vector_norm(p.detach())))
+            params = [ParamGrad(name, float(torch.linalg.vector_norm(p.detach())), summed)
                       for (name, p), summed in zip(self.params, self.param_sums, strict=True)]
-        return GradReport.build(entries, params, loss=self.loss, targets=self.classes,
-                                objective=self.objective, input_shape=self.input_shape,
-                                vanish=self.vanish, explode=self.explode)
+        return GradReport(self.entries(), params, loss=self.loss, targets=self.classes,
+                          objective=self.objective, input_shape=self.input_shape,
+                          vanish=self.vanish, explode=self.explode)
 
 
 def nonfinite_failure(report: GradReport) -> CheckFailed:
@@ -314,11 +284,11 @@ def nonfinite_failure(report: GradReport) -> CheckFailed:
                        "input finite?).")
 
 
+@selecting
 def collect_grads(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *,
                   target: Targets | str | None = None, loss: str = "logit",
-                  label: Targets | str | None = None, layers: Sequence[str] | None = None,
-                  types: Sequence[str] | None = None, all_modules: bool = False,
-                  max_depth: int | None = None, vanish: float = 1e-3, explode: float = 1e3,
+                  label: Targets | str | None = None, select: Selection = LEAVES,
+                  vanish: float = 1e-3, explode: float = 1e3,
                   categories: Sequence[str] | None = None, n_inputs: int | None = None,
                   train_mode: bool = False, on_batch: Callable[[int], None] | None = None,
                   output_key: str | None = None) -> GradReport:
@@ -330,11 +300,11 @@ def collect_grads(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor
             ``topK``, an index or label; one for all inputs or one per input), summed.
         loss: ``"logit"`` or ``"ce"`` (cross-entropy against ``label``, summed over inputs).
         label: ``loss="ce"``: the true class, one for all inputs or one per input.
+        select: the modules (or the keywords ``layers``, ``types``, ``all_modules``, ``max_depth``).
         vanish, explode: flag calls whose gradient norm is below ``vanish`` or above
             ``explode`` times the median call's norm.
         n_inputs: the number of inputs, to check a per-input target or label list early.
     """
     probe = GradsProbe(model, target=target, loss=loss, label=label, vanish=vanish, explode=explode,
-                       select=Selection(layers, types, all_modules, max_depth),
-                       categories=categories, n_inputs=n_inputs, output_key=output_key)
+                       select=select, categories=categories, n_inputs=n_inputs, output_key=output_key)
     return drive(model, inputs, probe, train_mode=train_mode, progress=on_batch)

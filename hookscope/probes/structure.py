@@ -13,20 +13,19 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from hookscope.core.errors import HookscopeError, param
+from hookscope.core.errors import at_least_one
 from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import Site, depth_of
 
-__all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
-           "model_structure", "parameter_bytes"]
+__all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops", "model_structure"]
 
 
 def _macs(flops: int | None) -> int | None:
@@ -42,19 +41,21 @@ def nbytes(obj: Any) -> int:
 
 @dataclass(frozen=True)
 class LayerCall:
-    """The shapes, output bytes and FLOPs (submodules included; None: not counted) of one call
+    """The shapes, FLOPs (submodules included; None: not counted) and output bytes of one call
     of a module."""
 
     input_shapes: list[list[int]]
     output_shape: list[int] | None
     output_shapes: list[list[int]]
-    output_bytes: int = 0
     flops: int | None = None
+    macs: int | None = field(init=False)
+    output_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "macs", _macs(self.flops))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"input_shapes": self.input_shapes, "output_shape": self.output_shape,
-                "output_shapes": self.output_shapes, "flops": self.flops, "macs": _macs(self.flops),
-                "output_bytes": self.output_bytes}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -75,16 +76,19 @@ class LayerInfo:
     trainable: bool | str | None
     calls: list[LayerCall] = field(default_factory=list)
     flops: int | None = None
+    macs: int | None = field(init=False)
     flops_own: int | None = None
+    macs_own: int | None = field(init=False)
     params_bytes: dict[str, int] = field(default_factory=dict)
     params_bytes_total: dict[str, int] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "macs", _macs(self.flops))
+        object.__setattr__(self, "macs_own", _macs(self.flops_own))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "depth": self.depth, "params": self.params,
-                "params_total": self.params_total, "trainable": self.trainable,
-                "calls": [c.to_dict() for c in self.calls], "flops": self.flops, "macs": _macs(self.flops),
-                "flops_own": self.flops_own, "macs_own": _macs(self.flops_own),
-                "params_bytes": self.params_bytes, "params_bytes_total": self.params_bytes_total}
+        """The JSON row (the subtree's trainable count is in the totals only)."""
+        return {k: v for k, v in asdict(self).items() if k != "trainable_params"}
 
 
 @dataclass(frozen=True)
@@ -145,13 +149,6 @@ def _dtype_bytes(params: Iterable[nn.Parameter]) -> dict[str, int]:
     for p in params:
         found[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
     return dict(sorted(found.items()))
-
-
-def parameter_bytes(model: nn.Module) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
-    """Per module name: (own, subtree) parameter bytes by dtype name (``"float32"``), each
-    parameter counted once (see :func:`_owned`)."""
-    return {name: (_dtype_bytes(own), _dtype_bytes(subtree))
-            for name, (own, subtree) in _owned(model).items()}
 
 
 def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: list[int],
@@ -255,8 +252,7 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
     batch: a tensor or a tuple of positional arguments), each call's shapes, output bytes and
     FLOPs from one forward pass. ``max_depth`` lists modules down to that depth only (1 = the
     model's children); counts at the cut still include everything below."""
-    if max_depth is not None and max_depth < 1:
-        raise HookscopeError(f"{param('max_depth')} must be at least 1, not {max_depth}.")
+    at_least_one("max_depth", max_depth)
     owned = _owned(model)
     ran = example is not None
     probe = ShapesProbe(model, flops=ran)

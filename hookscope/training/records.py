@@ -64,9 +64,9 @@ class LoggingStep:
         self.stats.table.flush()
         grads = None
         if self.grads is not None:
-            grads = GradReport.build(self.grads.entries(), [], loss="", targets=[],
-                                     objective=math.nan, input_shape=None,
-                                     vanish=self.grads.vanish, explode=self.grads.explode)
+            grads = GradReport(self.grads.entries(), [], loss="", targets=[],
+                               objective=math.nan, input_shape=None,
+                               vanish=self.grads.vanish, explode=self.grads.explode)
         return self.stats.finish(), grads
 
 

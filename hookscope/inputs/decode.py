@@ -1,0 +1,230 @@
+"""One input: what it is (:class:`InputItem`, one sample of an image file, a tensor file's
+row or stdin; :class:`InputSet`, a command's inputs in order) and how it is decoded
+(:class:`Decoder`, in process or in a DataLoader worker).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from hookscope.core.errors import HookscopeError, clip
+
+__all__ = ["Decoder", "InputItem", "InputSet", "Sample", "load_image", "open_image", "read_tensor",
+           "to_rgb", "unique_stems"]
+
+
+@dataclass(frozen=True)
+class InputItem:
+    """One sample: an image, or one entry of a tensor file."""
+
+    name: str  # the path as given; ``x.pt[3]`` for a tensor's row, ``-`` for stdin
+    kind: str  # "image", "tensor" or "stdin"
+    path: Path | None = None  # None for stdin
+    index: int | None = None  # the row of a tensor file with a leading N dimension
+    label: str | None = None  # its class folder in an ImageFolder layout (photos/cat/1.jpg)
+    #: The bytes, read once when resolved, of stdin or a file that can be read only once (a
+    #: FIFO, ``<(cat x.jpg)``, a device); None for a regular file.
+    data: bytes | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def source(self) -> Path | bytes:
+        """What to read: the bytes already read, else the file."""
+        return self.data if self.data is not None else self.path  # type: ignore[return-value]
+
+    @property
+    def stem(self) -> str:
+        """A file-name stem for outputs derived from this input."""
+        if self.path is None:
+            return "stdin"
+        return self.path.stem if self.index is None else f"{self.path.stem}_{self.index}"
+
+
+@dataclass
+class InputSet:
+    """The resolved inputs of one command, in order (or one rank's contiguous part of them)."""
+
+    items: list[InputItem] = field(default_factory=list)
+    offset: int = 0  # the position of items[0] among all inputs
+
+    @property
+    def names(self) -> list[str]:
+        """One name per sample: the path, ``-`` for stdin, ``x.pt[3]`` for a tensor's row."""
+        return [item.name for item in self.items]
+
+    @property
+    def stems(self) -> list[str]:
+        """One output file stem per sample, unique (see :func:`unique_stems`)."""
+        return unique_stems([item.stem for item in self.items])
+
+    @property
+    def labels(self) -> list[str] | None:
+        """Each sample's class folder when every sample has one (an ImageFolder), else None."""
+        labels = [item.label for item in self.items]
+        return None if not labels or None in labels else labels  # type: ignore[return-value]
+
+    def part(self, lo: int, hi: int) -> InputSet:
+        """Samples ``lo`` to ``hi`` (exclusive), which keep their positions."""
+        return InputSet(self.items[lo:hi], self.offset + lo)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+
+def unique_stems(stems: Sequence[str]) -> list[str]:
+    """Make repeated stems unique, in order: ``cat``, ``cat-2``, ``cat-3``... A made-up name
+    never takes a stem given elsewhere: ``['cat', 'cat', 'cat-2']`` gives ``cat-3`` second."""
+    given = set(stems)
+    used: set[str] = set()
+    out: list[str] = []
+    for stem in stems:
+        unique, n = stem, 1
+        while unique in used or (unique != stem and unique in given):
+            n += 1
+            unique = f"{stem}-{n}"
+        used.add(unique)
+        out.append(unique)
+    return out
+
+
+
+
+#: One decoded sample: where it came from, its preprocessed tensor and, when kept, its image.
+Sample = tuple[InputItem, torch.Tensor, "Image.Image | None"]
+
+
+def _decode_error(name: str, exc: BaseException) -> HookscopeError:
+    if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return HookscopeError(
+            f"{name}: image is over Pillow's decompression-bomb limit "
+            f"({Image.MAX_IMAGE_PIXELS} pixels); refusing to decode it. Downscale it first.")
+    if isinstance(exc, UnidentifiedImageError):
+        return HookscopeError(
+            f"{name}: not an image Pillow can read (inputs are images, directories, '-', "
+            "or .pt/.npy tensors).")
+    if isinstance(exc, FileNotFoundError):
+        return HookscopeError(f"{name}: no such file.")
+    return HookscopeError(f"{name}: corrupt or truncated image ({exc}).")
+
+
+def open_image(src: Path | bytes, name: str, *, load: bool) -> Image.Image:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            img = Image.open(io.BytesIO(src) if isinstance(src, bytes) else src)
+            if load:
+                img.load()
+            return img
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning,
+                Image.DecompressionBombError) as exc:
+            raise _decode_error(name, exc) from None
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert any Pillow image to 8-bit RGB: 16-bit and float scaled, alpha over white."""
+    if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+        arr = np.asarray(img, dtype=np.float64)
+        peak = float(arr.max()) if arr.size else 0.0
+        if img.mode == "F" and peak <= 1.0:
+            arr = arr * 255.0
+        elif peak > 255.0:
+            arr = arr / 257.0
+        img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), mode="L")
+    has_alpha = img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
+    if has_alpha:
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def load_image(src: Path | bytes, name: str) -> Image.Image:
+    """Decode an image fully, apply EXIF orientation, convert to RGB; a HookscopeError when
+    it is missing, not an image, corrupt, or a decompression bomb."""
+    img = open_image(src, name, load=True)
+    try:
+        img = ImageOps.exif_transpose(img) or img
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise _decode_error(name, exc) from None
+    return to_rgb(img)
+
+
+def read_tensor(path: Path, name: str, ndim: int, data: bytes | None = None) -> torch.Tensor:
+    """The float tensor of ``ndim`` - 1 or ``ndim`` dimensions in ``path`` (or in ``data``, its
+    bytes already read). A file is mapped, not read whole: a ``.npy`` copy-on-write, a ``.pt``
+    in the zip format (not the legacy one)."""
+    src = io.BytesIO(data) if data is not None else path
+    try:
+        if path.suffix.lower() == ".npy":
+            arr = np.load(src, mmap_mode="c" if data is None else None, allow_pickle=False)
+            if not np.issubdtype(arr.dtype, np.floating):
+                raise HookscopeError(
+                    f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected.")
+            obj = torch.from_numpy(np.asarray(arr))
+        else:
+            with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+                warnings.simplefilter("ignore")
+                obj = torch.load(src, map_location="cpu", weights_only=True,
+                                 mmap=data is None and zipfile.is_zipfile(path))
+    except HookscopeError:
+        raise
+    except pickle.UnpicklingError:  # objects whose code would run, not only tensors
+        raise HookscopeError(
+            f"{name}: holds Python objects besides tensors, which hookscope does not unpickle; "
+            "save one preprocessed float tensor with torch.save(tensor, path).") from None
+    except Exception as exc:  # torch.load and np.load raise many types for bad files
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise HookscopeError(
+            f"{name}: not a readable tensor file ({exc.__class__.__name__}: {clip(first, 120)}).") from None
+    if not isinstance(obj, torch.Tensor):
+        raise HookscopeError(
+            f"{name}: holds a {type(obj).__name__}, not a tensor; save one preprocessed float "
+            "tensor with torch.save(tensor, path).")
+    if not obj.is_floating_point():
+        raise HookscopeError(f"{name}: tensor dtype is {obj.dtype}; a preprocessed float tensor is expected.")
+    layout = "(C,T,H,W) or (N,C,T,H,W)" if ndim == 5 else "(C,H,W) or (N,C,H,W)"
+    if obj.dim() not in (ndim - 1, ndim) or 0 in obj.shape:
+        raise HookscopeError(f"{name}: tensor shape is {list(obj.shape)}; expected {layout}.")
+    return obj
+
+
+class Decoder:
+    """Decodes and preprocesses one sample at a time (in the main process or a DataLoader
+    worker); the last tensor file read stays open for its next rows. ``ndim``: the model's
+    input rank (5 for video clips); ``keep_images``: also return each decoded image."""
+
+    def __init__(self, preprocess: Callable[[Any], torch.Tensor], *, ndim: int = 4,
+                 keep_images: bool = False) -> None:
+        self.preprocess, self.ndim, self.keep_images = preprocess, ndim, keep_images
+        self._file: tuple[Path, torch.Tensor] | None = None
+
+    def __call__(self, item: InputItem) -> tuple[torch.Tensor, Image.Image | None]:
+        """The preprocessed sample and, when kept, its image; a HookscopeError when the file is
+        missing, corrupt, or not what it was when resolved."""
+        if item.kind == "tensor":
+            return self._row(item), None
+        img = load_image(item.source, item.name)
+        return self.preprocess(img), img if self.keep_images else None
+
+    def _row(self, item: InputItem) -> torch.Tensor:
+        assert item.path is not None  # tensor items always have a file
+        file = item.name if item.index is None else item.name.rpartition("[")[0]
+        if self._file is None or self._file[0] != item.path:
+            self._file = None  # let the previous file's mapping go first
+            tensor = read_tensor(item.path, file, self.ndim, item.data)
+            self._file = (item.path, tensor if tensor.dim() == self.ndim else tensor.unsqueeze(0))
+        rows = self._file[1]
+        if (item.index or 0) >= rows.shape[0]:
+            raise HookscopeError(f"{item.name}: the file has only {rows.shape[0]} rows now.")
+        return rows[item.index or 0].to(torch.float32).clone()
