@@ -356,7 +356,7 @@ def check_command(
     junit_out = resolve_junit(junit, s.path, force=s.force)
     checks = load_rules(rules, overrides)
     if log_run:
-        from hookscope.training.logs import read_log
+        from hookscope.training.log_reader import read_log
         from hookscope.training.rules import evaluate_log, log_doc
 
         log = read_log(model)
@@ -464,7 +464,7 @@ def report_command(
     Example: hookscope report resnet18 sample_images/ -o report.html
     """
     if cli_watch.is_log_run(s, model, inputs):
-        from hookscope.training.logs import read_log
+        from hookscope.training.log_reader import read_log
 
         return s.emit("training", read_log(model), "html")
     from hookscope.probes.report import ReportOptions, build_report, left_out

@@ -21,7 +21,7 @@ def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
         HookscopeError: a log with inputs or under torchrun (one process reads a log), or
             a model without inputs.
     """
-    from hookscope.training.logs import LOG_FILE, is_log
+    from hookscope.training.log_reader import LOG_FILE, is_log
 
     if is_log(model):
         if inputs:

@@ -39,6 +39,8 @@ Out = TypeVar("Out", bound="Output | None")
 SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
 #: Commands that explain or differentiate class logits.
 NEEDS_LOGITS = frozenset({"gradcam", "grads", "ablate", "watch"})
+#: The commands whose reports merge, and so run under torchrun.
+DISTRIBUTED = ("stats", "grads", "debug", "ablate", "check")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -89,7 +91,7 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
 
     try:
         with _signals(), prints_to_stderr():  # a model's print cannot break the JSON
-            s.group.join(command)
+            s.group.join(command, DISTRIBUTED)
             s.model = ModelOptions.given(model, **model_options)  # a bad --seed: one line too
             # --output is checked before any work; only rank 0 writes.
             s.out = s._claim(resolve_output(output if s.group.leader else None, force=force))

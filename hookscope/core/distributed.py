@@ -1,7 +1,8 @@
 """Runs under ``torchrun``: each rank drives its own contiguous part of the same inputs
 (:func:`shard`), and rank 0 merges the reports in rank order with their exact ``merge`` and
 alone prints and writes. A failing rank prints its own error line and exits non-zero;
-``HOOKSCOPE_DIST_TIMEOUT`` (seconds, default 60) bounds joining and every collective."""
+``HOOKSCOPE_DIST_TIMEOUT`` (seconds, default 60) bounds joining and every collective. A
+training script's own process group is a :class:`Group` too (``hookscope.watch``)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,10 @@ from typing import Any, TypeVar
 
 from hookscope.core.errors import HookscopeError
 
-__all__ = ["COMMANDS", "CollectiveFailed", "Group", "Launch", "gather_merged", "shard",
-           "timeout_seconds"]
+__all__ = ["CollectiveFailed", "Group", "Launch", "shard", "timeout_seconds"]
 
 T = TypeVar("T")
 TIMEOUT_ENV = "HOOKSCOPE_DIST_TIMEOUT"
-#: The commands whose reports merge, and so run under torchrun.
-COMMANDS = ("stats", "grads", "debug", "ablate", "check")
 
 
 @dataclass(frozen=True)
@@ -78,29 +76,6 @@ class CollectiveFailed(HookscopeError):
     exit_code = 1
 
 
-def gather_merged(report: T) -> T | None:
-    """Every rank's ``report`` merged in rank order on rank 0 (None on the others); every
-    rank calls it. :class:`CollectiveFailed` when a rank stopped or the timeout passed."""
-    import torch
-    import torch.distributed as dist
-
-    packed = io.BytesIO()
-    torch.save(report, packed)  # tensors on whatever device the rank used
-    gathered: list[Any] | None = [None] * dist.get_world_size() \
-        if dist.get_rank() == 0 else None
-    _collective("gathering the reports", dist.gather_object, packed.getvalue(), gathered, 0)
-    # A rank leaves only once rank 0 holds every report, so none tears its group down while
-    # gloo may still be sending its part ("terminate called without an active exception").
-    _collective("gathering the reports", dist.barrier)
-    if gathered is None:
-        return None
-    # Every tensor onto the CPU, so reports from other devices merge; the bytes come from this
-    # job's own ranks, so the full unpickler is used.
-    reports = [torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-               for data in gathered]
-    return reduce(lambda a, b: a.merge(b), reports)  # type: ignore[no-any-return]
-
-
 def fingerprint(names: Sequence[str]) -> tuple[int, str]:
     """How many ``names`` there are, and a hash of them in order."""
     return len(names), hashlib.sha256("\n".join(names).encode()).hexdigest()
@@ -119,11 +94,26 @@ def check_agreed(fingerprints: Sequence[tuple[int, str]], what: str = "inputs") 
 
 
 class Group:
-    """This process's place in one command's run: the only process (``launch`` None), or,
-    once :meth:`join` found torchrun's variables, one of its ranks."""
+    """This process's place in a run: the only process (``launch`` None), one of torchrun's
+    ranks once :meth:`join` found its variables, or one of the ranks of a process group that
+    a training script initialised (:meth:`current`)."""
 
-    def __init__(self) -> None:
-        self.launch: Launch | None = None
+    def __init__(self, launch: Launch | None = None) -> None:
+        self.launch = launch
+
+    @classmethod
+    def current(cls) -> Group:
+        """The default process group, when one is initialised with several ranks."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            rank, world = dist.get_rank(), dist.get_world_size()
+            return cls(Launch(rank, world, rank, world))
+        return cls()
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.launch is None else self.launch.rank
 
     @property
     def size(self) -> int:
@@ -132,27 +122,27 @@ class Group:
     @property
     def leader(self) -> bool:
         """Whether this process prints and writes (rank 0, or the only process)."""
-        return self.launch is None or self.launch.rank == 0
+        return self.rank == 0
 
     @property
     def local_size(self) -> int:
         """How many processes of this run share this machine."""
         return 1 if self.launch is None else self.launch.local_world_size
 
-    def join(self, command: str | None) -> None:
+    def join(self, command: str | None, commands: Sequence[str]) -> None:
         """Under torchrun, join the other ranks (ranks but 0 log nothing). Raises a
-        :class:`HookscopeError` for a command that does not run under torchrun, or when the
-        other ranks cannot be reached in time."""
+        :class:`HookscopeError` for a command not among ``commands`` (those that run under
+        torchrun), or when the other ranks cannot be reached in time."""
         launch = Launch.from_env()
         if launch is None:
             return
         self.launch = launch
         if launch.rank != 0:
             logging.getLogger("hookscope").setLevel(logging.CRITICAL + 1)
-        if command not in COMMANDS:
+        if command not in commands:
             raise HookscopeError(f"`hookscope {command}` does not run under torchrun "
                                  f"(WORLD_SIZE={launch.world_size}); run it as one process. "
-                                 f"Under torchrun: {', '.join(COMMANDS)}.")
+                                 f"Under torchrun: {', '.join(commands)}.")
         timeout = timeout_seconds()
         import torch
         import torch.distributed as dist
@@ -176,7 +166,7 @@ class Group:
             return message
         if stopped and not self.leader:
             return None
-        return f"rank {self.launch.rank}: {message}"
+        return f"rank {self.rank}: {message}"
 
     def agree(self, names: Sequence[str]) -> None:
         """Check that every rank resolved the same input ``names`` in the same order (one
@@ -191,17 +181,80 @@ class Group:
 
     def part(self, count: int, batch_size: int) -> tuple[int, int]:
         """This process's inputs ``[lo, hi)`` of ``count`` (see :func:`shard`)."""
+        return shard(count, batch_size, self.rank, self.size)
+
+    def gathered(self, report: T) -> T | None:
+        """Every rank's ``report`` merged in rank order, on rank 0; None on the others. Every
+        rank calls it; :class:`CollectiveFailed` when a rank stopped or the timeout passed."""
         if self.launch is None:
-            return 0, count
-        return shard(count, batch_size, self.launch.rank, self.launch.world_size)
+            return report
+        import torch
+        import torch.distributed as dist
+
+        packed = io.BytesIO()
+        torch.save(report, packed)  # tensors on whatever device the rank used
+        gathered: list[Any] | None = [None] * self.size if self.leader else None
+        _collective("gathering the reports", dist.gather_object, packed.getvalue(), gathered, 0)
+        # A rank leaves only once rank 0 holds every report, so none tears its group down
+        # while gloo may still be sending its part ("terminate called without an active
+        # exception").
+        _collective("gathering the reports", dist.barrier)
+        if gathered is None:
+            return None
+        # Every tensor onto the CPU, so reports from other devices merge; the bytes come from
+        # this job's own ranks, so the full unpickler is used.
+        reports = [torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+                   for data in gathered]
+        return reduce(lambda a, b: a.merge(b), reports)  # type: ignore[no-any-return]
 
     def merged(self, report: T) -> T:
-        """Every rank's report merged in rank order, on rank 0; the other ranks raise
-        ``SystemExit(0)`` once theirs is sent (rank 0 writes)."""
-        merged = report if self.launch is None else gather_merged(report)
+        """:meth:`gathered`; the other ranks raise ``SystemExit(0)`` once theirs is sent
+        (rank 0 writes)."""
+        merged = self.gathered(report)
         if merged is None:
             raise SystemExit(0)
         return merged
+
+    # A training job's collectives (``hookscope.watch``): every rank makes the same calls in
+    # the same order, so none waits for a call another skipped.
+
+    def failing(self, verdict: Any) -> list[int]:
+        """The ranks whose ``verdict`` (a device boolean, or None: nothing checked) is set,
+        in one ``all_reduce``: the one host read of a training step."""
+        if self.launch is None:
+            return [0] if verdict is not None and bool(verdict) else []
+        import torch
+        import torch.distributed as dist
+
+        device = torch.device("cpu")
+        if "nccl" in str(dist.get_backend()):
+            device = verdict.device if verdict is not None and verdict.device.type == "cuda" \
+                else torch.device("cuda", torch.cuda.current_device())
+        flags = torch.zeros(self.size, device=device)
+        if verdict is not None:
+            flags[self.rank] = verdict.to(device).float()
+        dist.all_reduce(flags)
+        return [rank for rank, value in enumerate(flags.tolist()) if value]
+
+    def first_failure(self, failure: str | None) -> str | None:
+        """Every rank learns the first failure any rank had (None: none had one)."""
+        if self.launch is None:
+            return failure
+        import torch.distributed as dist
+
+        everyone: list[Any] = [None] * self.size
+        dist.all_gather_object(everyone, failure)
+        return next((f"rank {r}: {f}" for r, f in enumerate(everyone) if f is not None), None)
+
+    def share(self, payload: T, source: int) -> T:
+        """``payload`` from rank ``source``, on every rank."""
+        if self.launch is None:
+            return payload
+        import torch.distributed as dist
+
+        box: list[Any] = [payload if self.rank == source else None]
+        dist.broadcast_object_list(box, src=source)
+        return box[0]  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Leave the process group, if this process joined one."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -25,7 +25,9 @@ from hookscope.core.select import LEAVES, Selection, Site, depth_of
 from hookscope.probes.stats import moments
 
 __all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "ExitEvent",
-           "NonfiniteEvent", "nonfinite_failure", "run_debug"]
+           "FirstNonfinite", "NonfiniteEvent", "nonfinite_failure", "run_debug"]
+
+C = TypeVar("C")
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -35,6 +37,35 @@ def _all_finite(t: torch.Tensor) -> bool:
     if math.isfinite(float(t.detach().sum().abs())):  # abs: a complex sum as one number
         return True  # a NaN or Inf anywhere makes the sum non-finite
     return bool(torch.isfinite(t.detach()).all())  # the sum may just have overflowed
+
+
+class FirstNonfinite(Generic[C]):
+    """The first-non-finite rule, one for ``debug`` and ``watch``. Fed each call as it
+    finishes, with whether its inputs (read as it started, before an in-place module
+    overwrites them) and its outputs were finite, it finds the first call whose outputs hold
+    a NaN or ±inf while its inputs were finite (``"module"``). The calls after it see the
+    values too and are not blamed. Failing that, :meth:`origin` names the first call that
+    received non-finite values (``"outside"``: the model's input, or code between calls)."""
+
+    def __init__(self) -> None:
+        self.found: C | None = None
+        self.reached: C | None = None
+
+    def finished(self, call: C, inputs_finite: bool, outputs_finite: bool) -> bool:
+        """Feed one call; whether it is the first to produce non-finite values."""
+        if self.found is not None or outputs_finite:
+            return False
+        if inputs_finite:
+            self.found = call
+            return True
+        self.reached = self.reached or call
+        return False
+
+    def origin(self) -> tuple[C, str] | None:
+        """The call and its source (``"module"`` or ``"outside"``), or None: all finite."""
+        if self.found is not None:
+            return self.found, "module"
+        return None if self.reached is None else (self.reached, "outside")
 
 
 @dataclass(frozen=True)
@@ -193,6 +224,7 @@ class DebugProbe(Probe[DebugReport]):
                             tuple[list[list[int]], list[dict[str, Any]] | None, bool]] = {}
         self._input_nonfinite = False  # the model's own input holds NaN/Inf
         self._input_origin: tuple[str, int] | None = None
+        self.rule: FirstNonfinite[Call] = FirstNonfinite()
 
     def emit(self, event: Event) -> None:
         if self.report.events is not None:
@@ -240,8 +272,8 @@ class DebugProbe(Probe[DebugReport]):
         is_root = call.site.module is self.model
         if call.key == self._input_origin or (is_root and self._input_nonfinite):
             source = "input"
-        elif finite and not all(_all_finite(t) for t in outputs):
-            source = "module"
+        elif self.rule.finished(call, finite, not finite or all(map(_all_finite, outputs))):
+            source = "module"  # (the outputs are read only when the inputs were finite)
         else:
             return
         origin = NonfiniteEvent(call.name, call.site.type, call.index, call.site.depth,

@@ -23,7 +23,7 @@ from hookscope.render.tables import ZERO_WARN, fmt_float
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from hookscope.training.logs import TrainingLog
+    from hookscope.training.log_reader import TrainingLog
 
 LAYER_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
                  ("output", "text"), ("mean", "num"), ("std", "num"), ("min", "num"),

@@ -17,20 +17,22 @@ import fnmatch
 import math
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from functools import partial
+from dataclasses import dataclass, field
+from functools import cache, partial
 from typing import Any
 
 import torch
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
+from hookscope.probes.debug import FirstNonfinite
 from hookscope.probes.stats import moments
 
-__all__ = ["Finding", "NonFiniteError", "StepFlags", "event_doc", "flight_steps"]
+__all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "flight_steps"]
 
 #: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
 INFO, STRICT, NAN_ONLY = 0, 1, 2
+Pair = tuple[float, float]
 
 
 class NonFiniteError(HookscopeError):
@@ -42,13 +44,12 @@ class NonFiniteError(HookscopeError):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, module: str = "", phase: str = "forward", step: int = 0,
-                 call: int = 0, inputs: list[dict[str, Any]] | None = None,
-                 type_name: str = "", source: str = "module", rank: int | None = None) -> None:
+    def __init__(self, message: str, finding: NonfiniteFinding | None = None, step: int = 0,
+                 rank: int | None = None) -> None:
         super().__init__(message)
-        self.module, self.phase, self.step, self.call = module, phase, step, call
-        self.inputs = inputs or []
-        self.type_name, self.source, self.rank = type_name, source, rank
+        f = finding or NonfiniteFinding()
+        self.module, self.phase, self.step, self.call = f.module, f.phase, step, f.call
+        self.inputs, self.type_name, self.source, self.rank = f.inputs, f.type, f.source, rank
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (NonFiniteError, (super().__str__(),), dict(self.__dict__))
@@ -81,23 +82,17 @@ class _Record:
 
 
 @dataclass(frozen=True)
-class Finding:
+class NonfiniteFinding:
     """Where a step's first non-finite value came from (see the module docstring)."""
 
-    phase: str
-    module: str
-    type: str
-    call: int
-    source: str
-    produced: str
-    inputs: list[dict[str, Any]]
+    phase: str = "forward"
+    module: str = ""
+    type: str = ""
+    call: int = 0
+    source: str = "module"
+    produced: str = ""
+    inputs: list[dict[str, Any]] = field(default_factory=list)
     grad_output: dict[str, Any] | None = None
-
-    def error(self, message: str, step: int, rank: int | None) -> NonFiniteError:
-        """The error that reports this finding with ``message``."""
-        return NonFiniteError(message, module=self.module, phase=self.phase, step=step,
-                              call=self.call, inputs=self.inputs, type_name=self.type,
-                              source=self.source, rank=rank)
 
     def message(self, step: int, rank: int | None = None) -> str:
         """The one-line message: ``step 7, forward: act (Log) produced 3 NaN from finite
@@ -128,7 +123,7 @@ def _range(inputs: list[dict[str, Any]]) -> str:
     return f" (min {min(lows):.4g}, max {max(highs):.4g})"
 
 
-def _describe(lo: float, hi: float, alive: torch.Tensor | None) -> str:
+def _describe(pair: Pair, alive: torch.Tensor | None) -> str:
     """``3 NaN``, ``1 +inf``, or without counts when the tensor is gone: ``NaN``."""
     if alive is not None:
         t = alive.detach()
@@ -137,18 +132,22 @@ def _describe(lo: float, hi: float, alive: torch.Tensor | None) -> str:
         parts = [f"{n} {what}" for n, what in counts if n]
         if parts:
             return ", ".join(parts)
+    lo, hi = pair
     if math.isnan(lo) or math.isnan(hi):
         return "NaN"
     return " and ".join(w for w, bad in (("-inf", math.isinf(lo)), ("+inf", math.isinf(hi)))
                         if bad) or "non-finite values"
 
 
-def _ok(host: list[float], kind: int, at: int) -> bool:
-    """Whether the two values at ``at`` pass a check of ``kind``."""
-    lo, hi = host[at], host[at + 1]
+def _ok(pair: Pair, kind: int) -> bool:
+    """Whether a tensor's (min, max) pass a check of ``kind``."""
     if kind == NAN_ONLY:
-        return not (math.isnan(lo) or math.isnan(hi))
-    return math.isfinite(lo) and math.isfinite(hi)
+        return not any(map(math.isnan, pair))
+    return all(map(math.isfinite, pair))
+
+
+def _matches(patterns: tuple[str, ...], name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 class StepFlags:
@@ -158,12 +157,9 @@ class StepFlags:
 
     def __init__(self, allow_inf: Sequence[str], hooks: Hooks,
                  layouts: dict[tuple[int, ...], torch.Tensor]) -> None:
-        self.allow_inf = tuple(allow_inf)
         self.hooks = hooks
-        self.values: list[torch.Tensor] = []  # forward: two per slot, in slot order
-        self.kinds: list[int] = []
-        self.grad_values: list[torch.Tensor] = []  # backward: two per firing, in order
-        self.grad_kinds: list[int] = []
+        self.values: list[torch.Tensor] = []  # forward: a (min, max) per slot, in slot order
+        self.grad_values: list[torch.Tensor] = []  # backward: a (min, max) per firing, in order
         self.slots: list[_Slot] = []
         self.grad_slots: list[_Slot] = []
         self.fired: list[int] = []  # gradient slots in the order their hooks ran
@@ -171,67 +167,51 @@ class StepFlags:
         self._open: dict[tuple[str, int], _Record] = {}
         self._seen: dict[int, _Slot] = {}
         self._grad_seen: dict[int, _Slot] = {}
-        self._allowed: dict[str, bool] = {}
+        self._allowed = cache(partial(_matches, tuple(allow_inf)))
         self._layouts = layouts
 
-    def _is_allowed(self, name: str) -> bool:
-        if name not in self._allowed:
-            self._allowed[name] = any(fnmatch.fnmatchcase(name, p) for p in self.allow_inf)
-        return self._allowed[name]
-
-    def _slot(self, t: torch.Tensor, kind: int) -> int:
-        known = self._seen.get(id(t))
+    def _slot(self, t: torch.Tensor, kind: int, grad: bool = False) -> int:
+        """The slot of ``t`` (a forward value, or with ``grad`` the gradient it will get)."""
+        slots, seen = (self.grad_slots, self._grad_seen) if grad else (self.slots, self._seen)
+        known = seen.get(id(t))
         if known is not None and known.alive() is t:
-            if known.kind == INFO and kind != INFO:  # first an input, now a module's output
+            if known.kind == INFO:  # first an input, now perhaps a module's output
                 known.kind = kind
-                self.kinds[2 * known.index:2 * known.index + 2] = (kind, kind)
             return known.index
-        slot = _Slot(len(self.slots), kind, list(t.shape), weakref.ref(t), t._version)
-        self.values += torch.aminmax(t.detach())
-        self.kinds += (kind, kind)
-        self.slots.append(slot)
-        self._seen[id(t)] = slot
-        return slot.index
-
-    def _grad_slot(self, t: torch.Tensor, lenient: bool) -> int:
-        known = self._grad_seen.get(id(t))
-        if known is not None and known.alive() is t:
-            return known.index
-        slot = _Slot(len(self.grad_slots), NAN_ONLY if lenient else STRICT, list(t.shape),
-                     weakref.ref(t), t._version)
-        self.grad_slots.append(slot)
-        self._grad_seen[id(t)] = slot
-        self.hooks.tensor(t, partial(self._on_grad, slot))
+        slot = seen[id(t)] = _Slot(len(slots), kind, list(t.shape), weakref.ref(t), t._version)
+        slots.append(slot)
+        if grad:
+            self.hooks.tensor(t, partial(self._on_grad, slot))
+        else:
+            self.values += torch.aminmax(t.detach())
         return slot.index
 
     def _on_grad(self, slot: _Slot, grad: torch.Tensor) -> None:
         if grad.numel():
             self.grad_values += torch.aminmax(grad.detach())
-            self.grad_kinds += (slot.kind, slot.kind)
             self.fired.append(slot.index)
 
-    def _hook(self, obj: Any, kind: int, lenient: bool, slots: list[int],
-              grad_slots: list[int]) -> None:
+    def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], grad_slots: list[int]) -> None:
         """Reduce the checked tensors in ``obj`` and hook the gradients they will get."""
+        lenient = self._allowed(call.name)
+        if kind != INFO and lenient:
+            kind = NAN_ONLY
         grad = torch.is_grad_enabled()
         for t in tensors(obj):
             if t.is_floating_point() and t.layout == torch.strided and t.numel():
                 slots.append(self._slot(t, kind))
                 if grad and t.requires_grad:
-                    grad_slots.append(self._grad_slot(t, lenient))
+                    grad_slots.append(self._slot(t, NAN_ONLY if lenient else STRICT, grad=True))
 
     def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A selected call starts: reduce its inputs (before an in-place module changes them)."""
         record = self._open[call.key] = _Record(call)
-        lenient = self._is_allowed(call.name)
-        self._hook((args, kwargs), INFO, lenient, record.inputs, record.grad_inputs)
+        self._hook((args, kwargs), call, INFO, record.inputs, record.grad_inputs)
 
-    def exit(self, call: Call, output: Any) -> None:
+    def exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """A selected call returned: reduce its outputs and hook their gradients."""
         record = self._open.pop(call.key, None) or _Record(call)
-        lenient = self._is_allowed(call.name)
-        self._hook(output, NAN_ONLY if lenient else STRICT, lenient, record.outputs,
-                   record.grad_outputs)
+        self._hook(output, call, STRICT, record.outputs, record.grad_outputs)
         self.records.append(record)
 
     # ------------------------------------------------------------------ reading
@@ -246,61 +226,61 @@ class StepFlags:
         """A device boolean: whether a checked value is non-finite (None: nothing recorded)."""
         if stacked is None:
             return None
-        layout = tuple(self.kinds + self.grad_kinds)
+        layout = tuple(s.kind for s in self.slots) + tuple(self.grad_slots[i].kind for i in self.fired)
         kinds = self._layouts.get(layout)
         if kinds is None or kinds.device != stacked.device:
             # The layout repeats step after step: copied to the device once, not per step.
-            kinds = torch.tensor(layout, dtype=torch.int8).to(stacked.device)
+            kinds = torch.tensor(layout, dtype=torch.int8).repeat_interleave(2).to(stacked.device)
             self._layouts.clear()
             self._layouts[layout] = kinds
         strict = (kinds == STRICT) & ~torch.isfinite(stacked)
         return (strict | ((kinds == NAN_ONLY) & torch.isnan(stacked))).any()
 
-    def locate(self, host: list[float]) -> Finding | None:
+    def _split(self, host: list[float]) -> tuple[list[Pair], list[Pair]]:
+        """:meth:`stacked` on the host as (min, max) pairs: the slots', then the firings'."""
+        pairs = list(zip(host[::2], host[1::2], strict=True))
+        return pairs[:len(self.slots)], pairs[len(self.slots):]
+
+    def locate(self, host: list[float]) -> NonfiniteFinding | None:
         """Where the first non-finite value came from, given :meth:`stacked` on the host."""
-        split = 2 * len(self.slots)
-        forward, backward = host[:split], host[split:]
+        forward, backward = self._split(host)
         return self._locate_forward(forward) or self._locate_backward(forward, backward)
 
-    def _finding(self, forward: list[float], record: _Record, phase: str, source: str,
-                 produced: str, grad: dict[str, Any] | None = None) -> Finding:
+    def _finding(self, forward: list[Pair], record: _Record, phase: str, source: str,
+                 produced: str, grad: dict[str, Any] | None = None) -> NonfiniteFinding:
         rows = []
         for i in record.inputs:
-            slot = self.slots[i]
-            row: dict[str, Any] = {"shape": slot.shape, "min": forward[2 * i],
-                                   "max": forward[2 * i + 1]}
-            if (alive := slot.alive()) is not None:
-                row |= moments(alive.detach()).summary()
-            rows.append(row)
+            slot, alive = self.slots[i], self.slots[i].alive()
+            row = {"shape": slot.shape, "min": forward[i][0], "max": forward[i][1]}
+            rows.append(row if alive is None else row | moments(alive.detach()).summary())
         call = record.call
-        return Finding(phase, call.name, call.site.type, call.index, source, produced, rows,
-                       grad)
+        return NonfiniteFinding(phase, call.name, call.site.type, call.index, source, produced,
+                                rows, grad)
 
-    def _locate_forward(self, forward: list[float]) -> Finding | None:
-        ok = [_ok(forward, s.kind, 2 * s.index) for s in self.slots]
+    def _locate_forward(self, forward: list[Pair]) -> NonfiniteFinding | None:
+        ok = [_ok(pair, s.kind) for pair, s in zip(forward, self.slots, strict=True)]
         # An allowed module's ±inf is an intended input (a mask), not a non-finite one.
-        usable = [k or (s.kind == NAN_ONLY and _ok(forward, NAN_ONLY, 2 * s.index))
-                  for k, s in zip(ok, self.slots, strict=True)]
-        bad = [r for r in self.records if not all(ok[i] for i in r.outputs)]
-        record = next((r for r in bad if all(usable[i] for i in r.inputs)), None)
-        source = "module" if record is not None else "outside"
-        record = record or next(iter(bad), None)
-        if record is None:
+        usable = [k or (s.kind == NAN_ONLY and _ok(pair, NAN_ONLY))
+                  for k, s, pair in zip(ok, self.slots, forward, strict=True)]
+        rule: FirstNonfinite[_Record] = FirstNonfinite()
+        for r in self.records:
+            rule.finished(r, all(usable[i] for i in r.inputs), all(ok[i] for i in r.outputs))
+        if (found := rule.origin()) is None:
             return None
+        record, source = found
         out = next(i for i in record.outputs if not ok[i])
-        produced = _describe(forward[2 * out], forward[2 * out + 1], self.slots[out].alive())
+        produced = _describe(forward[out], self.slots[out].alive())
         return self._finding(forward, record, "forward", source, produced)
 
-    def _locate_backward(self, forward: list[float], backward: list[float]) -> Finding | None:
+    def _locate_backward(self, forward: list[Pair], backward: list[Pair]) -> NonfiniteFinding | None:
         arrived: dict[int, dict[str, Any]] = {}  # gradient slot -> its finite arrival
-        for n, index in enumerate(self.fired):
+        for index, pair in zip(self.fired, backward, strict=True):
             slot = self.grad_slots[index]
-            seen: dict[str, Any] = {"shape": slot.shape, "min": backward[2 * n],
-                                    "max": backward[2 * n + 1]}
-            if _ok(backward, slot.kind, 2 * n):
+            seen: dict[str, Any] = {"shape": slot.shape, "min": pair[0], "max": pair[1]}
+            if _ok(pair, slot.kind):
                 arrived.setdefault(index, seen)
                 continue
-            produced = _describe(seen["min"], seen["max"], None)
+            produced = _describe(pair, None)
             for record in reversed(self.records):  # the last to run is the first in backward
                 if index in record.grad_inputs and record.grad_outputs and \
                         all(i in arrived for i in record.grad_outputs):
@@ -314,21 +294,15 @@ class StepFlags:
     def summary(self, host: list[float]) -> list[dict[str, Any]]:
         """Per call: the (first) output's min and max, and the gradient at it, for the
         flight recorder."""
-        split = 2 * len(self.slots)
-        forward, backward = host[:split], host[split:]
-        arrivals = {index: n for n, index in enumerate(self.fired)}
+        forward, backward = self._split(host)
+        arrivals = {index: backward[n] for n, index in enumerate(self.fired)}
         rows = []
         for record in self.records:
-            row: dict[str, Any] = {"name": record.call.name, "type": record.call.site.type,
-                                   "call": record.call.index, "min": None, "max": None,
-                                   "grad_min": None, "grad_max": None}
-            if record.outputs:
-                i = record.outputs[0]
-                row["min"], row["max"] = forward[2 * i], forward[2 * i + 1]
-            n = arrivals.get(record.grad_outputs[0]) if record.grad_outputs else None
-            if n is not None:
-                row["grad_min"], row["grad_max"] = backward[2 * n], backward[2 * n + 1]
-            rows.append(row)
+            lo, hi = forward[record.outputs[0]] if record.outputs else (None, None)
+            grad = arrivals.get(record.grad_outputs[0]) if record.grad_outputs else None
+            rows.append({"name": record.call.name, "type": record.call.site.type,
+                         "call": record.call.index, "min": lo, "max": hi,
+                         "grad_min": grad and grad[0], "grad_max": grad and grad[1]})
         return rows
 
 
@@ -345,10 +319,3 @@ def flight_steps(kept: Iterable[tuple[int, StepFlags | None, Any, list[Any] | No
             entry["rows"] = rows
         steps.append(entry)
     return steps
-
-
-def event_doc(envelope: dict[str, Any], step: int, rank: int | None, message: str,
-              finding: Finding, recorded: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """``nonfinite.json``: the watch's envelope, the event, and the recorded steps."""
-    event = {"step": step, "rank": rank, "message": message} | asdict(finding)
-    return envelope | {"event": event, "steps": recorded or []}

@@ -20,7 +20,7 @@ from torch import nn
 
 from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
-from hookscope.core.mergeable import merged
+from hookscope.core.mergeable import Merges, state
 from hookscope.core.select import Selection
 from hookscope.probes.baseline import read_stats
 from hookscope.probes.check import drift
@@ -71,14 +71,11 @@ class LoggingStep:
 
 
 @dataclass(frozen=True)
-class StepReports:
+class StepReports(Merges):
     """A logging step's two reports, merged as one across ranks."""
 
-    stats: StatsReport
-    grads: GradReport | None
-
-    def merge(self, other: StepReports) -> StepReports:
-        return StepReports(self.stats.merge(other.stats), merged(self.grads, other.grads))
+    stats: StatsReport = state("merge")
+    grads: GradReport | None = state("merge")
 
 
 def layer_rows(reports: StepReports) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from hookscope.probes.check import (
 )
 from hookscope.probes.drift import finite
 from hookscope.probes.rulefile import Rules
-from hookscope.training.logs import TrainingLog
+from hookscope.training.log_reader import TrainingLog
 
 __all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]
 

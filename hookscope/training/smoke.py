@@ -25,7 +25,7 @@ from hookscope.core.errors import HookscopeError, param
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.targets import Targets, folder_targets, parse_targets
-from hookscope.training.logs import TrainingLog, read_log
+from hookscope.training.log_reader import TrainingLog, read_log
 from hookscope.training.nonfinite import NonFiniteError
 from hookscope.training.watch import watch
 
@@ -183,8 +183,8 @@ def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Tar
         folder = options.log_dir if options.log_dir is not None else Path(scratch)
         nonfinite = None
         with watch(model, folder, every=options.every, layers=options.layers,
-                             types=options.types, nonfinite="raise", name=loaded.name,
-                             force=options.force or options.log_dir is None) as w:
+                   types=options.types, nonfinite="raise", name=loaded.name,
+                   force=options.force or options.log_dir is None) as w:
             probe = TrainProbe(model, labels, options, w, loaded.output_key)
             try:
                 drive(model, _batches(batches, options.steps, options.overfit), probe,
@@ -194,9 +194,9 @@ def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Tar
                 nonfinite = {key: getattr(error, key) for key in keys} | {"message": str(error)}
             except _LossNotFinite:
                 pass
-        log = None
+        kept = None
         with contextlib.suppress(HookscopeError):  # no logging step yet (stopped at once)
-            log = read_log(folder)
-    return SmokeReport(probe.losses, options.steps, options.overfit, nonfinite, log,
+            kept = read_log(folder)
+    return SmokeReport(probe.losses, options.steps, options.overfit, nonfinite, kept,
                        str(options.log_dir) if options.log_dir is not None else None)
 

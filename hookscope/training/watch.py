@@ -15,6 +15,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,12 @@ import torch
 from torch import nn
 
 from hookscope import __version__
+from hookscope.core.distributed import Group
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
 from hookscope.core.select import Selection
-from hookscope.training.nonfinite import Finding, StepFlags, event_doc, flight_steps
-from hookscope.training.ranks import Ranks
+from hookscope.training.log_writer import WatchLog
+from hookscope.training.nonfinite import NonFiniteError, NonfiniteFinding, StepFlags, flight_steps
 from hookscope.training.records import (
     Drift,
     LoggingStep,
@@ -35,7 +37,6 @@ from hookscope.training.records import (
     layer_rows,
     step_line,
 )
-from hookscope.training.watchlog import TensorBoardLog, WatchLog
 
 __all__ = ["MODES", "Watch", "watch"]
 
@@ -90,13 +91,13 @@ class Watch:
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
         self.name = name or type(model).__name__
         self.index = 0  # the step in progress
-        self.findings: list[tuple[int, int, Finding]] = []
+        self.findings: list[tuple[int, int, NonfiniteFinding]] = []
         # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
         # and recompile for every tensor they see.
         self.tracer = Tracer(model, self.sites, on_enter=torch.compiler.disable(self._enter),
                              on_exit=torch.compiler.disable(self._exit))
         self.params = ParamTracker(model)
-        self.ranks = Ranks()
+        self.group = Group()
         #: The flight recorder: (step, flags, their stacked values, rows if logged).
         self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
             deque(maxlen=self.keep)
@@ -104,25 +105,24 @@ class Watch:
         self._hooks = Hooks()
         self._flags: StepFlags | None = None
         self._logging: LoggingStep | None = None
-        self._writer: Any = None
-        self._board: Any = None
+        self._parts: list[StepFlags | LoggingStep] = []
+        self._writer: WatchLog | None = None
         self._open = False
 
     # ------------------------------------------------------------------ the block
 
     def __enter__(self) -> Watch:
-        self.ranks = Ranks.current()
+        self.group = Group.current()
         failure = None
-        if self.ranks.leader:
+        if self.group.leader:
             try:
-                self._writer = WatchLog(self.log_dir, force=self.force)
-                if self.tensorboard:
-                    self._board = TensorBoardLog(self.log_dir)
+                self._writer = WatchLog(self.log_dir, force=self.force,
+                                        tensorboard=self.tensorboard)
             except HookscopeError as exc:
                 failure = exc.render()
-        agreed = self.ranks.agree(failure)  # the first failure of any rank
+        agreed = self.group.first_failure(failure)  # the first failure of any rank
         if agreed is not None:
-            self._close_writers()
+            self._cleanup()
             raise HookscopeError(agreed)
         if self._writer is not None:
             self._writer.write(self.envelope())
@@ -137,7 +137,7 @@ class Watch:
     def envelope(self) -> dict[str, Any]:
         """The first line of ``watch.jsonl``."""
         return {"hookscope": __version__, "command": "watch", "model": self.name,
-                "device": str(model_device(self.model)), "world_size": self.ranks.world,
+                "device": str(model_device(self.model)), "world_size": self.group.size,
                 "selection": {"layers": self.select.layers, "types": self.select.types,
                               "modules": [s.name for s in self.sites]},
                 "every": self.every, "nonfinite": self.nonfinite,
@@ -151,46 +151,36 @@ class Watch:
         try:
             # A step whose work was recorded but not ended by .step() ends here (one
             # process only: under DDP every rank would have to agree that it exists).
-            if exc_type is None and self._open and not self.ranks.many and self._pending():
+            if exc_type is None and self._open and self.group.size == 1 and self._pending():
                 self._end(None)
         finally:
             self._cleanup()
 
     def _pending(self) -> bool:
-        return bool(self._flags is not None and self._flags.records) or bool(
-            self._logging is not None and self._logging.stats.order)
+        return bool(self._flags and self._flags.records or self._logging and self._logging.stats.order)
 
     def _cleanup(self) -> None:
         self._open = False
         self._hooks.remove()
         self.tracer.remove()
         self._flags = self._logging = None
-        self._close_writers()
-
-    def _close_writers(self) -> None:
-        for writer in (self._writer, self._board):
-            if writer is not None:
-                writer.close()
-        self._writer = self._board = None
+        self._parts = []
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = None
 
     # ------------------------------------------------------------------ hooks
 
     def _enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not torch.is_grad_enabled():
-            return  # a validation forward pass: not part of a training step
-        if self._flags is not None:
-            self._flags.enter(call, args, kwargs)
-        if self._logging is not None:
-            self._logging.enter(call, args, kwargs)
+        if torch.is_grad_enabled():  # else a validation forward pass: not a training step's
+            for part in self._parts:
+                part.enter(call, args, kwargs)
 
     def _exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> None:
-        if not torch.is_grad_enabled():
-            return
-        if self._flags is not None:
-            self._flags.exit(call, output)
-        if self._logging is not None:
-            self._logging.exit(call, args, kwargs, output)
+        if torch.is_grad_enabled():
+            for part in self._parts:
+                part.exit(call, args, kwargs, output)
 
     # ------------------------------------------------------------------ steps
 
@@ -203,10 +193,11 @@ class Watch:
             self._logging = LoggingStep(self.model, self.select, self._hooks,
                                         self.drift.percentiles)
             self.params.attach(self._hooks)
-        if self._flags is None and self._logging is None:
-            self.tracer.remove()  # an off-step without the check carries no hook at all
-        else:
+        self._parts = [p for p in (self._flags, self._logging) if p is not None]
+        if self._parts:
             self.tracer.attach()
+        else:
+            self.tracer.remove()  # an off-step without the check carries no hook at all
         self.tracer.reset()
 
     def step(self, loss: Any = None) -> None:
@@ -232,15 +223,15 @@ class Watch:
         flags, logging_step = self._flags, self._logging
         self._hooks.remove()
         stacked = flags.stacked() if flags is not None else None
-        failing = self.ranks.failing(flags.verdict(stacked)) if flags is not None else []
+        failing = [] if flags is None else self.group.failing(flags.verdict(stacked))
         rows = self._log(logging_step, loss) if logging_step is not None else None
         self.recorder.append((self.index, flags, stacked, rows))
-        if failing and flags is not None:
+        if failing:
             self._nonfinite(failing[0], flags, stacked)
 
     def _log(self, step: LoggingStep, loss: Any) -> list[dict[str, Any]] | None:
         """The logging step's line: merged over ranks and written by rank 0."""
-        merged = self.ranks.merged(StepReports(*step.reports()))
+        merged = self.group.gathered(StepReports(*step.reports()))
         params = self.params.rows()
         if merged is None:
             return None
@@ -248,30 +239,29 @@ class Watch:
         self.drift.apply(rows)
         line = step_line(self.index, loss, rows, params)
         if self._writer is not None:
-            self._writer.write(line)
-        if self._board is not None:
-            self._board.write(line, self.params.params)
+            self._writer.write(line, self.params.params)
         return rows
 
-    def _nonfinite(self, rank: int, flags: StepFlags, stacked: Any) -> None:
+    def _nonfinite(self, rank: int, flags: StepFlags | None, stacked: Any) -> None:
         finding = None
-        if rank == self.ranks.rank and stacked is not None:
+        if rank == self.group.rank and flags is not None and stacked is not None:
             finding = flags.locate(stacked.tolist())
         recorded = flight_steps(self.recorder) if finding else None
-        finding, recorded = self.ranks.share((finding, recorded), rank)
+        finding, recorded = self.group.share((finding, recorded), rank)
         if finding is None:  # the verdict and the values disagree: cannot happen
-            finding = Finding("forward", "", type(self.model).__name__, 0, "outside",
-                              "non-finite values", [])
-        shown_rank = rank if self.ranks.many else None
+            finding = NonfiniteFinding(type=type(self.model).__name__, source="outside",
+                                       produced="non-finite values")
+        shown_rank = rank if self.group.size > 1 else None
         message = finding.message(self.index, shown_rank)
         if self._writer is not None and not self.findings:
-            doc = event_doc(self.envelope(), self.index, shown_rank, message, finding, recorded)
+            event = {"step": self.index, "rank": shown_rank, "message": message} | asdict(finding)
+            doc = self.envelope() | {"event": event, "steps": recorded or []}
             log.debug("wrote %s", self._writer.nonfinite(doc))
         if self.nonfinite == "warn":
             self.findings.append((self.index, rank, finding))
             log.warning(message)
             return
-        raise finding.error(message, self.index, shown_rank)
+        raise NonFiniteError(message, finding, self.index, shown_rank)
 
 
 #: ``hookscope.watch(model, log_dir, ...)``: see :class:`Watch`.

@@ -64,8 +64,7 @@ class TrainingLog:
         values: dict[Any, list[float | None]] = {}
         for i, step in enumerate(self.steps):
             for row in step.get(kind) or ():
-                k = (str(row.get("name")), int(row.get("call") or 0)) if kind == "layers" \
-                    else str(row.get("name"))
+                k = _key(row) if kind == "layers" else str(row.get("name"))
                 values.setdefault(k, [None] * len(steps))[i] = finite(row.get(key))
         return steps, values
 
@@ -75,14 +74,14 @@ class TrainingLog:
         step's layers (None if absent), the steps it was flagged at, and the last flagged
         step's flags and drift in words."""
         last = self.steps[-1].get("layers") or [] if self.steps else []
-        rows = {(r.get("name"), int(r.get("call") or 0)): i for i, r in enumerate(last)}
+        rows = {_key(r): i for i, r in enumerate(last)}
         found: dict[tuple[str, int], dict[str, Any]] = {}
         for step in self.steps:
             for row in step.get("layers") or ():
                 flags = [str(f) for f in row.get("flags") or () if isinstance(f, str)]
                 if not flags:
                     continue
-                key = (str(row.get("name")), int(row.get("call") or 0))
+                key = _key(row)
                 entry = found.setdefault(key, {
                     "name": key[0] + (f" (call {key[1]})" if key[1] else ""), "layer": key[0],
                     "call": key[1], "row": rows.get(key), "at": []})
@@ -103,6 +102,11 @@ class TrainingLog:
                 "first_step": self.steps[0].get("step") if self.steps else None,
                 "last_step": self.steps[-1].get("step") if self.steps else None,
                 "nonfinite_event": dict(self.event) if self.event is not None else None}
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, int]:
+    """A layer row's (name, call)."""
+    return str(row.get("name")), int(row.get("call") or 0)
 
 
 def _problem(line: Any) -> str | None:

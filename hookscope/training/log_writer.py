@@ -14,16 +14,22 @@ from typing import IO, Any
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.output import dumps_json, dumps_ndjson, emit
-from hookscope.training.logs import EVENT_FILE, LOG_FILE
+from hookscope.training.log_reader import EVENT_FILE, LOG_FILE
 
-__all__ = ["TensorBoardLog", "WatchLog"]
+__all__ = ["WatchLog"]
 
 
 class WatchLog:
-    """Appends a watch's lines to ``log_dir/watch.jsonl`` (HookscopeError: the directory
-    cannot be made, or already holds a watch log and ``force`` is not set)."""
+    """Appends a watch's lines to ``log_dir/watch.jsonl`` and, with ``tensorboard``, writes
+    TensorBoard scalars (per layer and parameter) and parameter histograms.
 
-    def __init__(self, log_dir: str | Path, *, force: bool = False) -> None:
+    Raises:
+        HookscopeError: the directory cannot be made, or already holds a watch log and
+            ``force`` is not set; ``tensorboard`` without the tensorboard package.
+    """
+
+    def __init__(self, log_dir: str | Path, *, force: bool = False,
+                 tensorboard: bool = False) -> None:
         self.dir = Path(log_dir)
         self.path = self.dir / LOG_FILE
         try:
@@ -40,41 +46,31 @@ class WatchLog:
         except OSError as exc:
             raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} cannot be written: "
                                  f"{exc.strerror or exc}.") from None
+        self.board: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self._file.close()
+                raise HookscopeError(f"{param('tensorboard')} needs the tensorboard package: "
+                                     "pip install 'hookscope[tensorboard]'.") from None
+            self.board = SummaryWriter(log_dir=os.fspath(log_dir))
 
-    def write(self, line: Mapping[str, Any]) -> None:
-        """Append one line (non-finite numbers as ``null``) and flush it to the disk."""
+    def write(self, line: Mapping[str, Any], weights: Sequence[tuple[str, Any]] = ()) -> None:
+        """Append one line (non-finite numbers as ``null``) and flush it to the disk; a
+        logging step's line also goes to TensorBoard, with histograms of ``weights``."""
         try:
             self._file.write(dumps_ndjson(line))
             self._file.flush()
         except OSError as exc:
             raise HookscopeError(f"{str(self.path)!r} cannot be written: "
                                  f"{exc.strerror or exc}.") from None
+        if self.board is not None and "step" in line:
+            self._board(line, weights)
 
-    def nonfinite(self, doc: Mapping[str, Any]) -> Path:
-        """Write the flight recorder, ``nonfinite.json`` (all or nothing)."""
-        path = self.dir / EVENT_FILE
-        emit(dumps_json(doc), path, force=True)
-        return path
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class TensorBoardLog:
-    """TensorBoard scalars (per layer and parameter) and parameter histograms
-    (HookscopeError: the ``tensorboard`` extra is not installed)."""
-
-    def __init__(self, log_dir: str | Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise HookscopeError(f"{param('tensorboard')} needs the tensorboard package: pip "
-                                 "install 'hookscope[tensorboard]'.") from None
-        self.writer = SummaryWriter(log_dir=os.fspath(log_dir))
-
-    def write(self, line: Mapping[str, Any], weights: Sequence[tuple[str, Any]]) -> None:
+    def _board(self, line: Mapping[str, Any], weights: Sequence[tuple[str, Any]]) -> None:
         step = int(line["step"])
-        add = self.writer.add_scalar
+        add = self.board.add_scalar
         if line.get("loss") is not None:
             add("loss", line["loss"], step)
         for row in line["layers"]:
@@ -87,8 +83,16 @@ class TensorBoardLog:
                 if isinstance(row.get(key), (int, float)):
                     add(f"params/{row['name']}/{key}", row[key], step)
         for name, weight in weights:
-            self.writer.add_histogram(f"params/{name}", weight.detach().float().cpu(), step)
-        self.writer.flush()
+            self.board.add_histogram(f"params/{name}", weight.detach().float().cpu(), step)
+        self.board.flush()
+
+    def nonfinite(self, doc: Mapping[str, Any]) -> Path:
+        """Write the flight recorder, ``nonfinite.json`` (all or nothing)."""
+        path = self.dir / EVENT_FILE
+        emit(dumps_json(doc), path, force=True)
+        return path
 
     def close(self) -> None:
-        self.writer.close()
+        self._file.close()
+        if self.board is not None:
+            self.board.close()
