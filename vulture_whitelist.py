@@ -34,5 +34,4 @@ batch_idx
 control
 _.mod_tracker  # FlopCounterMode reads the stub tracker structure.py puts in its place
 _.get_usage_pieces  # click's usage line calls it on the parameter classes (options.py)
-_.overflow  # rich.text.Text reads it when rendering
 _.__doc__  # training/rules.py names each generated check rule (read by help())

@@ -280,7 +280,7 @@ def features(
     """
     from hookscope.core.output import Staging
     from hookscope.probes.features import FeaturesProbe, feature_sites, output_name
-    from hookscope.render.grid import GridWriter, require_tensorboard
+    from hookscope.render.features import GridWriter, require_tensorboard
 
     if tensorboard is not None:
         require_tensorboard()

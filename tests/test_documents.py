@@ -52,7 +52,7 @@ def test_gradcam_document_from_the_python_api_is_the_commands(cli, samples, tmp_
 
 def test_features_document_from_the_python_api_is_the_commands(cli, samples, tmp_path) -> None:
     from hookscope.probes.features import FeaturesProbe, feature_sites
-    from hookscope.render.grid import GridWriter
+    from hookscope.render.features import GridWriter
 
     out, api = tmp_path / "maps", tmp_path / "api"
     r = cli("features", MODEL, *_inputs(samples), *SMALL, "-f", "json", "--layer",

@@ -186,7 +186,8 @@ def test_tensorboard_histogram_drops_nonfinite(tmp_path):
         EventAccumulator,
     )
 
-    from hookscope.render.grid import Board
+    from hookscope.core.output import Staging
+    from hookscope.render.features import GridWriter
 
     fmap = torch.randn(2, 4, 4)
     fmap[0, 0, 0], fmap[1, 1, 1], fmap[1, 2, 2] = math.nan, math.inf, -math.inf
@@ -195,9 +196,10 @@ def test_tensorboard_histogram_drops_nonfinite(tmp_path):
 
     grid = FeatureGrid("x", "x", 0, "conv", "Conv2d", 0, [2, 4, 4], channels, 3,
                        grid_image, fmap)
-    with Board(tmp_path) as board:
-        board.add(grid)
-    acc = EventAccumulator(str(tmp_path), size_guidance={HISTOGRAMS: 0, SCALARS: 0})
+    maps, runs = tmp_path / "maps", tmp_path / "runs"
+    with Staging(maps) as staging, GridWriter(staging, maps, runs) as writer:
+        writer.add(grid)
+    acc = EventAccumulator(str(runs), size_guidance={HISTOGRAMS: 0, SCALARS: 0})
     acc.Reload()
     assert acc.Histograms("conv/activations")[0].histogram_value.num == 32 - 3
     assert acc.Scalars("conv/nonfinite")[0].value == 3

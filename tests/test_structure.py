@@ -517,12 +517,12 @@ def test_tree_rendering(tiny_net) -> None:
 
     from rich.console import Console
 
-    from hookscope.render.tree import LayersTree
+    from hookscope.render.tree import layers_tree
 
     found = model_structure(tiny_net, torch.zeros(1, 3, 4, 4))
     doc = {"model": "tiny"} | found.to_dict()
     console = Console(file=io.StringIO(), width=100, color_system=None)
-    console.print(LayersTree(doc))
+    console.print(layers_tree(doc))
     lines = console.file.getvalue().splitlines()
     conv1, conv2 = 8 * 3 * 9 * 16, 8 * 8 * 9 * 16  # Cout*Cin*k*k*Hout*Wout
     assert conv1 + conv2 + 8 * 5 == 12_712

@@ -1,5 +1,5 @@
 """Feature maps as pictures: capture layer outputs with forward hooks and tile their channels
-into :class:`FeatureGrid` images, which :mod:`hookscope.render.grid` writes.
+into :class:`FeatureGrid` images, which :mod:`hookscope.render.features` writes.
 """
 
 from __future__ import annotations

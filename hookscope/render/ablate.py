@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.render.tables import NONFINITE_LOGITS, Col, FitTable, fmt_float, fmt_pct, header, num
+from hookscope.render.tables import NONFINITE_LOGITS, DataTable, fmt_float, fmt_pct, header, num
 
 
 def _channels(channels: list[int]) -> str:
@@ -17,10 +17,8 @@ def _channels(channels: list[int]) -> str:
     return ", ".join(map(str, channels))
 
 
-def _top_table(result: Mapping[str, Any]) -> FitTable:
-    # Only the rank may go: the rest is the before/after comparison itself.
-    table = FitTable([num("rank", 1), Col("before", wrap=True), num("prob"),
-                      Col("after", wrap=True), num("prob")])
+def _top_table(result: Mapping[str, Any]) -> DataTable:
+    table = DataTable([num("rank"), "before", num("prob"), "after", num("prob")])
     before, after = result["before"], result["after"]
     if before is None or after is None:
         flags = [Text(NONFINITE_LOGITS if p is None else "", style="red") for p in (before, after)]
@@ -39,10 +37,10 @@ def _top_table(result: Mapping[str, Any]) -> FitTable:
     return table
 
 
-def _ranking_table(ranking: list[Mapping[str, Any]], limit: int) -> FitTable:
+def _ranking_table(ranking: list[Mapping[str, Any]], limit: int) -> DataTable:
     title = f"channels by target-logit drop (top {min(limit, len(ranking))} of {len(ranking)})"
-    table = FitTable([num("rank", 1), num("channel"), num("logit drop"), num("Δ prob"),
-                      num("KL", 2)], title=title)
+    table = DataTable([num("rank"), num("channel"), num("logit drop"), num("Δ prob"),
+                       num("KL")], title=title)
     for i, row in enumerate(ranking[:limit], 1):
         table.add_row(str(i), str(row["channel"]), fmt_float(row["drop"]),
                       fmt_float(row["delta_prob"]), fmt_float(row["kl"]))

@@ -8,18 +8,16 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.render.tables import Col, FitTable, Header, Part, fmt_float, fmt_pct, header, num
+from hookscope.render.tables import DataTable, fmt_float, fmt_pct, header, joined, num
 
 #: The metric columns, in this order, when present.
 METRIC_ORDER = ("road", "road_morf", "road_lerf", "deletion", "insertion", "drop", "increase")
 
 
-def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
+def cam_table(results: list[Mapping[str, Any]]) -> DataTable:
     """One row per input and method: target, score, probability, peak, files written."""
-    # Hidden first: peak, overlay path (the folder is on the line above), prob, label.
-    table = FitTable([Col("input", name=True), Col("method"), num("class"),
-                      Col("label", 4, wrap=True), num("score"), num("prob", 3),
-                      num("peak y,x", 1), Col("overlay", 2, name=True)])
+    table = DataTable(["input", "method", num("class"), "label", num("score"), num("prob"),
+                       num("peak y,x"), "overlay"])
     previous = None
     for row in results:
         target = row.get("target")
@@ -36,11 +34,11 @@ def cam_table(results: list[Mapping[str, Any]]) -> FitTable:
     return table
 
 
-def metrics_table(means: Mapping[str, Mapping[str, float]]) -> FitTable:
+def metrics_table(means: Mapping[str, Mapping[str, float]]) -> DataTable:
     """One row per method: each metric's mean over the inputs."""
     present = [m for m in METRIC_ORDER if any(m in v for v in means.values())]
-    table = FitTable([Col("method"), *(num(m) for m in present)],
-                     title="metrics (mean over inputs)")
+    table = DataTable(["method", *(num(m) for m in present)],
+                      title="metrics (mean over inputs)")
     for method, values in means.items():
         table.add_row(method, *(fmt_float(values.get(m)) for m in present))
     return table
@@ -57,17 +55,17 @@ def cam_view(doc: Mapping[str, Any]) -> RenderableType:
         if shape:
             layer.append(f" ({'x'.join(str(d) for d in shape)})", style="dim")
     chosen = []
-    if doc.get("layer_default"):  # the first to go at a narrow width: the line never wraps
+    if doc.get("layer_default"):
         what = "the last module with an image-grid output (a token model: its last " \
             "block's first norm)" if doc.get("task") in (None, "classification") else \
             "the backbone's last stage with a spatial output"
-        chosen.append(Part("why", Text(f"chosen automatically: {what}", style="dim"), 1))
+        chosen.append((f"chosen automatically: {what}", "dim"))
     files = len(doc.get("results", []))
     wrote = Text(f"wrote {files} overlay(s) to {doc.get('out')}", style="green")
     skipped = doc.get("skipped") or []
     if skipped:
         wrote.append(f"; skipped {len(skipped)} input(s) (see the warnings)", style="yellow")
-    parts: list[RenderableType] = [header(doc), Header([Part("layer", layer), *chosen]), wrote,
+    parts: list[RenderableType] = [header(doc), joined(layer, *chosen), wrote,
                                    cam_table(doc.get("results", []))]
     if doc.get("metrics"):
         parts.append(metrics_table(doc["metrics"]))

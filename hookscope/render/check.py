@@ -14,7 +14,7 @@ from rich.text import Text
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.output import Output, resolve_output
-from hookscope.render.tables import Col, FitTable, fmt_float, header
+from hookscope.render.tables import DataTable, fmt_float, header
 
 Doc = Mapping[str, Any]
 
@@ -39,10 +39,9 @@ def _shown(rule: Mapping[str, Any]) -> list[str]:
     return rule["offenders"][:SHOWN] + more
 
 
-def rules_table(doc: Doc) -> FitTable:
+def rules_table(doc: Doc) -> DataTable:
     """One row per rule: its name, PASS or FAIL, its limit and what was found."""
-    table = FitTable([Col("rule"), Col("result"), Col("limit", name=True),
-                      Col("detail", wrap=True)])
+    table = DataTable(["rule", "result", "limit", "detail"])
     for rule in doc["rules"]:
         result = Text("pass", style="green") if rule["passed"] else \
             Text("FAIL", style="bold red")
@@ -50,10 +49,9 @@ def rules_table(doc: Doc) -> FitTable:
     return table
 
 
-def offenders_table(doc: Doc) -> FitTable:
+def offenders_table(doc: Doc) -> DataTable:
     """The offending calls or inputs of each failed rule (the first :data:`SHOWN`)."""
-    table = FitTable([Col("rule"), Col("offending call or input", wrap=True)],
-                     title="offenders")
+    table = DataTable(["rule", "offending call or input"], title="offenders")
     for rule in doc["rules"]:
         lines = [] if rule["passed"] else _shown(rule)
         for i, line in enumerate(lines):

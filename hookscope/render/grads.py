@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from hookscope.core.output import format_shape
-from hookscope.render.tables import Col, FitTable, call_priority, count_text, fmt_float, header, num
+from hookscope.render.tables import DataTable, col, count_text, fmt_float, header, num
 
 FLAG_STYLES = {"nonfinite": "bold red", "explode": "red", "vanish": "yellow"}
 
@@ -25,13 +25,12 @@ def grads_csv(doc: Mapping[str, Any], *, params: bool = True
     return rows + [{"kind": "param", **row} for row in doc["params"]], CSV_COLUMNS
 
 
-def layers_table(rows: list[Mapping[str, Any]]) -> FitTable:
+def layers_table(rows: list[Mapping[str, Any]]) -> DataTable:
     """Output gradients in backward order; flagged rows coloured."""
-    table = FitTable([
-        num("#", 8, style="dim"), Col("layer", name=True), Col("type", 1, style="dim"),
-        num("call", call_priority(rows, when_all_zero=2, otherwise=7)), Col("shape", 6),
-        num("norm"), num("mean", 3), num("std", 4), num("max |g|", 5), num("non-finite"),
-        Col("flag")], title="output gradients, backward order")
+    table = DataTable([num("#", style="dim"), "layer", col("type", style="dim"),
+                       num("call"), "shape", num("norm"), num("mean"), num("std"),
+                       num("max |g|"), num("non-finite"), "flag"],
+                      title="output gradients, backward order")
     for i, row in enumerate(rows):
         flag = row.get("flag") or ""
         table.add_row(str(i), row["name"], row["type"], str(row["call"]),
@@ -42,12 +41,10 @@ def layers_table(rows: list[Mapping[str, Any]]) -> FitTable:
     return table
 
 
-def params_table(rows: list[Mapping[str, Any]]) -> FitTable:
+def params_table(rows: list[Mapping[str, Any]]) -> DataTable:
     """Parameter gradient norm, weight norm and their ratio."""
-    # Hidden first: weight norm (the ratio keeps what it says about the gradient).
-    table = FitTable([Col("parameter", name=True), num("grad norm"),
-                      num("weight norm", 1), num("ratio")],
-                     title="parameters")
+    table = DataTable(["parameter", num("grad norm"), num("weight norm"), num("ratio")],
+                      title="parameters")
     for row in rows:
         table.add_row(row["name"], fmt_float(row["grad_norm"]), fmt_float(row["weight_norm"]),
                       fmt_float(row["ratio"]))

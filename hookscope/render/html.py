@@ -16,6 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hookscope.probes.drift import finite
+
 if TYPE_CHECKING:
     from jinja2 import Environment
 
@@ -85,3 +87,16 @@ def num(value: Any) -> dict[str, Any]:
     from hookscope.render.tables import fmt_float
 
     return cell(fmt_float(value), value, "n")
+
+
+def stats_cells(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A call's mean, std, min, max, zero fraction and non-finite count."""
+    zero = finite(row.get("zero_fraction"))
+    return [*(num(row.get(k)) for k in ("mean", "std", "min", "max")),
+            cell("-" if zero is None else f"{zero:.1%}", zero, "n"),
+            strong(int(row.get("nonfinite") or 0))]
+
+
+def page_row(row: Mapping[str, Any], cells: list[dict[str, Any]], cls: str = "") -> dict[str, Any]:
+    """One row of a page's table: its name (for the filter), class and cells."""
+    return {"name": row["name"], "cls": cls, "cells": cells}

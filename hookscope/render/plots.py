@@ -53,8 +53,7 @@ def plot_format(path: str | Path) -> str:
 def _floats(rows: Rows, key: str) -> Any:
     import numpy as np
 
-    return np.array([math.nan if r.get(key) is None else float(r[key]) for r in rows],
-                    dtype=np.float64)
+    return np.array([r.get(key) for r in rows], dtype=np.float64)  # None: NaN
 
 
 def _mark(ax: Axes, indices: Sequence[int], colour: str, alpha: float, label: str) -> None:
@@ -78,9 +77,9 @@ def _groups(ax: Axes, rows: Rows) -> None:
     for first, _ in wide:
         if first:
             ax.axvline(first - 0.5, color="#d0d7de", lw=0.6, zorder=0)
-        text = re.sub(r"([$\\])", r"\\\1", tops[first][:14])  # no mathtext from names
-        ax.text(first - 0.3, 1.0, text, transform=ax.get_xaxis_transform(), fontsize=7.5,
-                color=GREY, va="bottom", ha="left", clip_on=False)
+        ax.text(first - 0.3, 1.0, tops[first][:14], transform=ax.get_xaxis_transform(),
+                fontsize=7.5, color=GREY, va="bottom", ha="left", clip_on=False,
+                parse_math=False)  # names are not mathtext
 
 
 def _scale(ax: Axes, mean: Any, std: Any, lo: Any, hi: Any) -> None:
@@ -92,6 +91,14 @@ def _scale(ax: Axes, mean: Any, std: Any, lo: Any, hi: Any) -> None:
     if math.isfinite(spread) and spread > 0 and extent > 50 * spread:
         # A power of ten, so the linear part ends on a labelled tick (0, ±1, ±10...).
         ax.set_yscale("symlog", linthresh=10.0 ** math.floor(math.log10(spread)))
+
+
+def _calls_axes(ax: Axes, layers: Rows, xlabel: str, ylabel: str) -> None:
+    """One tick a module call, labelled, with the top-level modules named above."""
+    ax.set_xlim(-0.5, max(len(layers) - 0.5, 0.5))
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.grid(axis="y", color="#eaeef2", lw=0.6)
+    _groups(ax, layers)
 
 
 @contextmanager
@@ -106,7 +113,7 @@ def styled_figure(title: str | None, width: float = 6.6, height: float = 3.0
         fig = Figure(figsize=(width, height + (0.3 if title else 0)), layout="constrained")
         FigureCanvasAgg(fig)
         if title:
-            fig.suptitle(title.replace("$", r"\$"), x=0.01, ha="left", fontsize=10)
+            fig.suptitle(title, x=0.01, ha="left", fontsize=10, parse_math=False)
         yield fig
 
 
@@ -134,11 +141,7 @@ def profile_figure(layers: Rows, *, title: str | None = None) -> Figure:
         _mark(ax, [i for i, z in enumerate(zeros) if z >= ZERO_WARN], YELLOW, 0.35,
               f"dead (≥{ZERO_WARN:.0%} zeros)")
         _scale(ax, mean, std, lo, hi)
-        ax.set_xlim(-0.5, max(len(layers) - 0.5, 0.5))
-        ax.set_xlabel("module call, execution order (# in the table)")
-        ax.set_ylabel("output value")
-        ax.grid(axis="y", color="#eaeef2", lw=0.6)
-        _groups(ax, layers)
+        _calls_axes(ax, layers, "module call, execution order (# in the table)", "output value")
         twin = ax.twinx()
         twin.plot(x, zeros, color=GREY, lw=0.8, ls=(0, (3, 2)), alpha=0.85,
                   label="zero fraction")
@@ -175,11 +178,8 @@ def gradient_figure(layers: Rows, *, median: float | None, vanish: float = 1e-3,
                            label=flag)
         _mark(ax, [i for i, f in enumerate(flags) if f == "nonfinite"], RED, 0.35,
               "non-finite")
-        ax.set_xlim(-0.5, max(len(layers) - 0.5, 0.5))
-        ax.set_xlabel("module call, backward order (output first)")
-        ax.set_ylabel("log10 gradient norm")
-        ax.grid(axis="y", color="#eaeef2", lw=0.6)
-        _groups(ax, layers)
+        _calls_axes(ax, layers, "module call, backward order (output first)",
+                    "log10 gradient norm")
         handles = ax.get_legend_handles_labels()[0]
         fig.legend(handles=handles, loc="outside lower left", ncols=min(len(handles), 4))
     return fig

@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.output import dumps_json, format_shape, format_shapes
-from hookscope.probes.drift import finite
 from hookscope.render import plots
 from hookscope.render.grads import objective_text
-from hookscope.render.html import cell, count, lead_cells, num, render, strong
-from hookscope.render.tables import ZERO_WARN, fmt_float, shape_text
+from hookscope.render.html import cell, count, lead_cells, num, page_row, render, stats_cells
+from hookscope.render.tables import ZERO_WARN, fmt_float, health, shape_text
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -36,8 +35,7 @@ def _img(image: Image.Image, alt: str, **more: Any) -> dict[str, Any]:
     from PIL import Image as PILImage
 
     small = image.convert("RGB")
-    if max(small.size) > MAX_SIDE:
-        small.thumbnail((MAX_SIDE, MAX_SIDE), PILImage.Resampling.LANCZOS)
+    small.thumbnail((MAX_SIDE, MAX_SIDE), PILImage.Resampling.LANCZOS)  # never enlarges
     buf = io.BytesIO()
     small.save(buf, format="JPEG", quality=85, optimize=True)
     width, height = image.size
@@ -148,12 +146,8 @@ GRAD_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num
 
 def _stats_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     """A row in the terminal table's colours: red for non-finite values, yellow for dead."""
-    zero, bad = finite(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
-    cells = [*lead_cells(i, row), cell(format_shapes(row.get("input_shapes") or []), None),
-             cell(shape_text(row), None), *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
-             cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad)]
-    cls = "bad" if bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
-    return {"name": row["name"], "cls": cls, "cells": cells}
+    return page_row(row, [*lead_cells(i, row), cell(format_shapes(row.get("input_shapes") or [])),
+                          cell(shape_text(row)), *stats_cells(row)], health(row))
 
 
 def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,12 +155,11 @@ def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     log = math.log10(norm) if isinstance(norm, float) and math.isfinite(norm) and norm > 0 \
         else None
     bad = row.get("nonfinite") or 0
-    cells = [*lead_cells(i, row), cell(format_shape(row.get("shape")), None), num(norm),
+    cells = [*lead_cells(i, row), cell(format_shape(row.get("shape"))), num(norm),
              cell("-" if log is None else f"{log:.2f}", log, "n"),
              *(num(row.get(k)) for k in ("mean", "std", "max_abs")), cell(bad, bad, "n"),
              cell(flag, flag)]
-    cls = {"nonfinite": "bad", "explode": "bad", "vanish": "dead"}.get(flag, "")
-    return {"name": row["name"], "cls": cls, "cells": cells}
+    return page_row(row, cells, {"nonfinite": "bad", "explode": "bad", "vanish": "dead"}.get(flag, ""))
 
 
 def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[str, Any]:

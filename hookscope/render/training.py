@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from hookscope.core.output import dumps_json, format_shape
 from hookscope.probes.drift import finite
 from hookscope.render import plots
-from hookscope.render.html import cell, lead_cells, num, render, strong
+from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure
-from hookscope.render.tables import ZERO_WARN, fmt_float
+from hookscope.render.tables import fmt_float, health
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,20 +36,15 @@ RATIO_REFERENCE = 1e-3
 
 
 def _layer_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    zero, bad = finite(row.get("zero_fraction")), int(row.get("nonfinite") or 0)
     grad_bad = int(row.get("grad_nonfinite") or 0)
-    cls = "bad" if bad or grad_bad else "dead" if zero is not None and zero >= ZERO_WARN else ""
-    cells = [*lead_cells(i, row), cell(format_shape(row.get("output_shape")), None),
-             *(num(row.get(k)) for k in ("mean", "std", "min", "max")),
-             cell("-" if zero is None else f"{zero:.1%}", zero, "n"), strong(bad),
+    cells = [*lead_cells(i, row), cell(format_shape(row.get("output_shape"))), *stats_cells(row),
              num(row.get("grad_norm")), strong(grad_bad)]
-    return {"name": row["name"], "cls": cls, "cells": cells}
+    return page_row(row, cells, "bad" if grad_bad else health(row))
 
 
 def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    cells = [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
-             *(num(row.get(k)) for k in ("norm", "grad_norm", "update_ratio"))]
-    return {"name": row["name"], "cls": "", "cells": cells}
+    return page_row(row, [cell(i, i, "n dim"), cell(row["name"], row["name"], code=True),
+                          *(num(row.get(k)) for k in ("norm", "grad_norm", "update_ratio"))])
 
 
 def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -83,18 +78,16 @@ QUANTITIES = (("mean", "mean", False, "RdBu_r"), ("std", "std", True, "viridis")
 NAME_CHARS = 28
 
 
-def plain(text: str) -> str:
-    """A module name as matplotlib text: no mathtext, cut to :data:`NAME_CHARS`."""
-    text = text if len(text) <= NAME_CHARS else text[:NAME_CHARS - 1] + "…"
-    return text.replace("\\", "\\\\").replace("$", r"\$")
+def cut_name(text: str) -> str:
+    """A module name cut to :data:`NAME_CHARS`."""
+    return text if len(text) <= NAME_CHARS else text[:NAME_CHARS - 1] + "…"
 
 
 def matrix(series: Series, log10: bool) -> Any:
     """Rows of ``series`` as a float array (NaN where missing; log10 where asked)."""
     import numpy as np
 
-    values = np.array([[math.nan if v is None else v for v in row] for row in series.values()],
-                      dtype=np.float64).reshape(len(series), -1)
+    values = np.array(list(series.values()), dtype=np.float64).reshape(len(series), -1)
     if log10:
         with np.errstate(divide="ignore", invalid="ignore"):
             values = np.where(values > 0, np.log10(values), math.nan)
@@ -121,7 +114,7 @@ def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, l
     import matplotlib
 
     values = matrix(series, log10)
-    names = [plain(name or "(model)") + (f" #{call}" if call else "") for name, call in series]
+    names = [cut_name(name or "(model)") + (f" #{call}" if call else "") for name, call in series]
     height = min(max(1.6, 0.16 * len(names) + 1.0), 14.0)
     colours = matplotlib.colormaps[cmap].with_extremes(bad="#d0d7de")
     with styled_figure(None, width=6.4, height=height) as fig:
@@ -131,7 +124,7 @@ def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, l
         fig.colorbar(image, ax=ax, label=f"log10 {title}" if log10 else title, shrink=0.9)
         every = max(1, math.ceil(len(names) / 60))
         ax.set_yticks(range(0, len(names), every), names[::every],
-                      fontsize=6.5 if len(names) > 24 else 8)
+                      fontsize=6.5 if len(names) > 24 else 8, parse_math=False)
         every = max(1, math.ceil(len(steps) / 8))
         ax.set_xticks(range(0, len(steps), every), [str(s) for s in steps[::every]])
         ax.set_xlabel("step")

@@ -5,21 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.console import Group, RenderableType
 from rich.text import Text
 from rich.tree import Tree
 
 from hookscope.core.output import Output, dumps_ndjson, format_shape, write
 from hookscope.render import console
-from hookscope.render.tables import Col, FitTable, Part, fit_parts, fmt_float, footnote, header
+from hookscope.render.tables import DataTable, col, fmt_float, header, joined
 
 
-def models_table(doc: Mapping[str, Any]) -> FitTable:
+def models_table(doc: Mapping[str, Any]) -> DataTable:
     """One row per model: name, task, the DEFAULT weights and every weights enum member."""
-    # Hidden first: task, then the list of every weights member (json/csv keep both).
-    table = FitTable([Col("model", name=True), Col("task", 1, style="dim"),
-                      Col("default weights", style="cyan"), Col("all weights", 2, wrap=True)],
-                     title=f"{len(doc['models'])} model(s)")
+    table = DataTable(["model", col("task", style="dim"),
+                       col("default weights", style="cyan"), "all weights"],
+                      title=f"{len(doc['models'])} model(s)")
     for m in doc["models"]:
         weights = ", ".join(m["weights"]) if m["weights"] else Text("none", style="dim")
         table.add_row(m["name"], m["task"], m.get("default") or Text("-", style="dim"), weights)
@@ -78,22 +77,19 @@ def human_bytes(value: float) -> str:
     return f"{text} {_BYTE_UNITS[unit]}"
 
 
-def _parts(row: Mapping[str, Any], name: str) -> list[Part]:
-    """A node's label, most important first; hidden first: trainable, own params, MACs,
-    params, shapes, type (the name never)."""
+def _label(row: Mapping[str, Any], name: str, *more: Text) -> Text:
+    """A node's label: name, type, parameters (own too when they differ), MACs, whether it
+    is trainable, and its calls' output shapes."""
     own, total = row["params"], row["params_total"]
-    parts = [Part("name", Text(name, style="bold"), name=True),
-             Part("type", Text(row["type"], style="magenta"), 6)]
-    parts.append(Part("params", Text(f"{total:,} params", style="cyan" if total else "dim"), 4))
+    params = Text.assemble((f"{total:,} params", "cyan" if total else "dim"))
     if own != total:
-        parts.append(Part("own params", Text(f"(own {own:,})", style="dim"), 2, sep=" "))
+        params.append_tokens([(" ", None), (f"(own {own:,})", "dim")])
+    parts: list[Text | tuple[str, str]] = [(name, "bold"), (row["type"], "magenta"), params]
     if row.get("macs"):  # zero (ReLU, BatchNorm) and unmeasured (no input) stay quiet
-        parts.append(Part("MACs", Text(f"{human_count(row['macs'])} MACs", style="blue"), 3))
+        parts.append((f"{human_count(row['macs'])} MACs", "blue"))
     if row.get("trainable") is not None:
-        words, style = _TRAINABLE.get(row["trainable"], ("partly trainable", "yellow"))
-        parts.append(Part("trainable", Text(words, style=style), 1))
-    parts.append(Part("shapes", _calls_text(row.get("calls") or []), 5))
-    return parts
+        parts.append(_TRAINABLE.get(row["trainable"], ("partly trainable", "yellow")))
+    return joined(*parts, _calls_text(row.get("calls") or []), *more)
 
 
 def _batch(doc: Mapping[str, Any]) -> int | None:
@@ -103,68 +99,46 @@ def _batch(doc: Mapping[str, Any]) -> int | None:
     return shapes[0][0] if shapes and shapes[0] else None
 
 
-def _totals_parts(doc: Mapping[str, Any]) -> list[Part]:
-    """The line under the tree: MACs, FLOPs and bytes of the whole model; hidden first:
-    parameter bytes by dtype, input, FLOPs, activations, batch, parameter bytes."""
+def _totals_line(doc: Mapping[str, Any]) -> Text:
+    """The line under the tree: MACs, FLOPs and bytes of the whole model."""
     totals = doc["totals"]
-    parts = [Part("totals", Text("totals:", style="bold"))]
+    first = Text.assemble(("totals:", "bold"))
     if totals.get("macs") is not None:
-        parts += [Part("MACs", Text(f"{human_count(totals['macs'])} MACs", style="blue"),
-                       sep=" "),
-                  Part("FLOPs", Text(f"({human_count(totals['flops'])} FLOPs)", style="dim"),
-                       3, sep=" ")]
+        first.append_tokens([(" ", None), (f"{human_count(totals['macs'])} MACs", "blue"),
+                             (" ", None), (f"({human_count(totals['flops'])} FLOPs)", "dim")])
         batch = _batch(doc)
         if batch is not None:
-            parts.append(Part("batch", Text(f"for batch {batch}"), 5, sep=" "))
+            first.append(f" for batch {batch}")
     by_dtype = totals["params_bytes"]
-    parts.append(Part("params bytes", Text(f"params {human_bytes(sum(by_dtype.values()))}",
-                                           style="cyan"), 6))
+    params = Text.assemble((f"params {human_bytes(sum(by_dtype.values()))}", "cyan"))
     if len(by_dtype) > 1:
         each = ", ".join(f"{dtype} {human_bytes(n)}" for dtype, n in by_dtype.items())
-        parts.append(Part("params by dtype", Text(f"({each})", style="dim"), 1, sep=" "))
+        params.append_tokens([(" ", None), (f"({each})", "dim")])
+    parts: list[Text | str] = [first, params]
     if totals.get("activation_bytes") is not None:
-        parts.append(Part("activations", Text(
-            f"activations {human_bytes(totals['activation_bytes'])}"), 4))
+        parts.append(f"activations {human_bytes(totals['activation_bytes'])}")
     if totals.get("input_bytes") is not None:
-        parts.append(Part("input", Text(f"input {human_bytes(totals['input_bytes'])}"), 2))
-    return parts
+        parts.append(f"input {human_bytes(totals['input_bytes'])}")
+    return joined(*parts)
 
 
-class LayersTree:
-    """The module tree, each label fitted to the width left by the guides (4 cells a level),
-    then a line of totals when the document has them."""
-
-    def __init__(self, doc: Mapping[str, Any]) -> None:
-        self.doc = doc
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width, root, totals = options.max_width, self.doc["root"], self.doc["totals"]
-        summary = Text(f"[{totals['modules']} modules, {totals['trainable_params']:,} trainable]",
-                       style="dim")
-        label, hidden, shortened = fit_parts([*_parts(root, self.doc.get("model") or root["type"]),
-                                              Part("module counts", summary, 1)], width)
-        tree = Tree(label, guide_style="dim")
-        nodes: dict[str, tuple[Tree, int]] = {"": (tree, 0)}
-        for row in self.doc["layers"]:
-            name = row["name"]
-            # A parent is always listed before its children (named_modules order).
-            node, depth = nodes.get(name.rpartition(".")[0], (tree, 0))
-            label, lost, short = fit_parts(_parts(row, name), width - 4 * (depth + 1))
-            nodes[name] = (node.add(label), depth + 1)
-            hidden += lost
-            shortened = shortened or short
-        yield tree
-        if "params_bytes" in totals:
-            line, lost, _ = fit_parts(_totals_parts(self.doc), width)
-            hidden += lost
-            yield line
-        if hidden or shortened:
-            yield footnote(hidden, width, shortened=shortened, where=" in some labels")
+def layers_tree(doc: Mapping[str, Any]) -> RenderableType:
+    """The module tree, then a line of totals when the document has them."""
+    root, totals = doc["root"], doc["totals"]
+    summary = Text(f"[{totals['modules']} modules, {totals['trainable_params']:,} trainable]",
+                   style="dim")
+    tree = Tree(_label(root, doc.get("model") or root["type"], summary), guide_style="dim")
+    nodes = {"": tree}
+    for row in doc["layers"]:
+        # A parent is always listed before its children (named_modules order).
+        name = row["name"]
+        nodes[name] = nodes.get(name.rpartition(".")[0], tree).add(_label(row, name))
+    return Group(tree, *([_totals_line(doc)] if "params_bytes" in totals else []))
 
 
 def layers_view(doc: Mapping[str, Any]) -> RenderableType:
     """The whole ``layers`` output: a header line and the tree."""
-    return Group(header(doc), LayersTree(doc))
+    return Group(header(doc), layers_tree(doc))
 
 
 def _who(event: Mapping[str, Any]) -> str:
@@ -177,16 +151,13 @@ def _who(event: Mapping[str, Any]) -> str:
 
 
 def _stats_text(stats: Mapping[str, Any] | None) -> Text:
-    text = Text()
     if not stats:
-        return text
-    text.append(f"mean {fmt_float(stats.get('mean'))}  std {fmt_float(stats.get('std'))}")
-    text.append(f"  min {fmt_float(stats.get('min'))}  max {fmt_float(stats.get('max'))}",
-                style="dim")
+        return Text()
     nonfinite = int(stats.get("nonfinite") or 0)
-    if nonfinite:
-        text.append(f"  non-finite {nonfinite}", style="bold red")
-    return text
+    return Text.assemble(
+        f"mean {fmt_float(stats.get('mean'))}  std {fmt_float(stats.get('std'))}",
+        (f"  min {fmt_float(stats.get('min'))}  max {fmt_float(stats.get('max'))}", "dim"),
+        (f"  non-finite {nonfinite}" if nonfinite else "", "bold red"))
 
 
 def _shapes(shapes: Sequence[Sequence[int]] | None) -> str:
@@ -207,19 +178,14 @@ def trace_line(event: Mapping[str, Any]) -> Text:
     """One line of the live trace for an ``enter``, ``exit``, ``nonfinite`` or ``error`` event."""
     kind, indent = event["event"], "  " * max(int(event.get("depth") or 0) - 1, 0)
     if kind == "error":
-        text = Text("✗ error in ", style="bold red")
-        text.append(_who(event), style="bold red")
-        if event.get("type"):
-            text.append(f" {event['type']}", style="magenta")
-        text.append(f"  in {_shapes(event.get('input_shapes'))}")
-        text.append(f"\n  {event.get('exception')}: {event.get('message')}", style="red")
-        return text
-    lead, style = _LEADS[kind]
-    text = Text(indent)
-    text.append(lead, style=style)
+        return Text.assemble("✗ error in ", (_who(event), "bold red"),
+                             (f" {event['type']}" if event.get("type") else "", "magenta"),
+                             f"  in {_shapes(event.get('input_shapes'))}",
+                             (f"\n  {event.get('exception')}: {event.get('message')}", "red"),
+                             style="bold red")
     bad = kind == "nonfinite" or int(event.get("nonfinite") or 0)
-    text.append(_who(event), style="bold red" if bad else "bold")
-    text.append(f" {event['type']}", style="magenta")
+    text = Text.assemble(indent, _LEADS[kind], (_who(event), "bold red" if bad else "bold"),
+                         (f" {event['type']}", "magenta"))
     if kind == "enter":
         text.append(f"  in {_shapes(event.get('input_shapes'))}")
     elif kind == "exit":
@@ -262,42 +228,40 @@ def summary_line(summary: Mapping[str, Any]) -> Text:
 
 
 class TextTrace:
-    """The text trace's lines, one event at a time: the header first, a rule between batches."""
+    """The text trace's lines, one record at a time: the header first, a rule between batches."""
 
     def __init__(self, envelope: Mapping[str, Any]) -> None:
         self._batch = 0
         self._header: list[RenderableType] = [header(envelope)]  # until the first line
 
-    def event(self, event: Mapping[str, Any]) -> list[RenderableType]:
-        """The lines of one trace event (its ``to_dict()``)."""
+    def lines(self, record: Mapping[str, Any]) -> list[RenderableType]:
+        """The lines of one trace event (its ``to_dict()``) or of the closing summary
+        (:func:`summary_record`)."""
         lines, self._header = self._header, []
-        batch = int(event.get("batch") or 0)
+        if record["event"] == "summary":
+            return [*lines, summary_line(record)]
+        batch = int(record.get("batch") or 0)
         if batch != self._batch:
             self._batch = batch
             lines.append(Text(f"── batch {batch} ──", style="dim"))
-        return [*lines, trace_line(event)]
+        return [*lines, trace_line(record)]
 
-    def summary(self, summary: Mapping[str, Any]) -> list[RenderableType]:
-        """The closing summary's line."""
-        lines, self._header = self._header, []
-        return [*lines, summary_line(summary)]
+
+def summary_record(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The closing summary as the trace's last record (the NDJSON trace's last line)."""
+    return {"event": "summary"} | dict(summary)
 
 
 def debug_view(doc: Mapping[str, Any]) -> RenderableType:
     """The whole ``debug`` document (``DebugReport.document``) as its text trace."""
     trace = TextTrace(doc)
-    return Group(*(line for event in doc["events"] for line in trace.event(event)),
-                 *trace.summary(doc["summary"]))
+    return Group(*(line for record in [*doc["events"], summary_record(doc["summary"])]
+                   for line in trace.lines(record)))
 
 
 def debug_ndjson(doc: Mapping[str, Any]) -> str:
     """The whole ``debug`` document as its NDJSON trace: one line per event, then the summary."""
-    return "".join(map(dumps_ndjson, doc["events"])) + summary_ndjson(doc["summary"])
-
-
-def summary_ndjson(summary: Mapping[str, Any]) -> str:
-    """The NDJSON trace's closing line."""
-    return dumps_ndjson({"event": "summary"} | dict(summary))
+    return "".join(map(dumps_ndjson, [*doc["events"], summary_record(doc["summary"])]))
 
 
 class TraceWriter:
@@ -310,20 +274,14 @@ class TraceWriter:
         self.fmt, self.output = fmt, output
         self.text = TextTrace(envelope)
 
-    def _print(self, lines: Sequence[RenderableType]) -> None:
-        for line in lines:  # a closed pipe raises BrokenPipeError (see render.console): exit 0
-            console.stdout().print(line, soft_wrap=True, highlight=False)
-
     def event(self, event: Mapping[str, Any]) -> None:
         """One trace event (its ``to_dict()``)."""
         if self.fmt == "ndjson":
             write(self.output, dumps_ndjson(event))
-        else:
-            self._print(self.text.event(event))
+            return
+        for line in self.text.lines(event):  # a closed pipe raises BrokenPipeError: exit 0
+            console.stdout().print(line, soft_wrap=True, highlight=False)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         """The closing summary (the document's ``summary``)."""
-        if self.fmt == "ndjson":
-            write(self.output, summary_ndjson(summary))
-        else:
-            self._print(self.text.summary(summary))
+        self.event(summary_record(summary))

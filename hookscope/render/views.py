@@ -1,19 +1,182 @@
 """The one output path: every command's document drawn as a table or written as JSON, CSV or
-an HTML page, through the views registered in :mod:`hookscope.render.layouts`. The one
-exception is ``debug``'s live trace, which streams (:class:`hookscope.render.tree.TraceWriter`).
+an HTML page, through the views registered once here (:data:`VIEWS`), each with its CSV
+columns (a contract). The one exception is ``debug``'s live trace, which streams
+(:class:`hookscope.render.tree.TraceWriter`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from rich.console import RenderableType
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.output import Output, dumps_csv, dumps_json, dumps_ndjson, write
-from hookscope.render import console
+from hookscope.render import (
+    ablate,
+    camview,
+    check,
+    console,
+    diff,
+    features,
+    grads,
+    report,
+    tables,
+    training,
+    tree,
+    watchview,
+)
 from hookscope.render.html import count
+
+Doc = Mapping[str, Any]
+Rows = tuple[list[dict[str, Any]], Sequence[str]]
+
+
+@dataclass(frozen=True)
+class View:
+    """How one command's document is shown: a Rich renderable, and optionally CSV, a
+    matplotlib figure (``--plot``) and formats of its own, each the document as text (such
+    as ``check``'s GitHub annotations, or a report's HTML page)."""
+
+    table: Callable[..., RenderableType]
+    csv: Callable[..., Rows] | None = None
+    plot: Callable[..., Any] | None = None
+    texts: Mapping[str, Callable[..., str]] = field(default_factory=dict)
+
+
+STATS_COLUMNS = ("name", "type", "call", "input_shapes", "output_shape", "mean", "std", "min",
+                 "max", "zero_fraction", "nonfinite", "output_shapes")
+INPUT_STATS_COLUMNS = ("input_mean", "input_std", "input_min", "input_max",
+                       "input_zero_fraction", "input_nonfinite")
+LAYERS_COLUMNS = ("name", "type", "depth", "params", "params_total", "trainable", "call",
+                  "input_shapes", "output_shape", "output_shapes", "flops", "macs",
+                  "output_bytes", "params_bytes", "params_bytes_total")
+MODELS_COLUMNS = ("name", "task", "default", "weights")
+CAM_COLUMNS = ("input", "method", "layer", "target", "label", "score", "prob", "peak_y",
+               "peak_x", "overlay", "heatmap", "raw")
+FEATURE_COLUMNS = ("input", "layer", "type", "call", "shape", "channels", "nonfinite", "path")
+ABLATE_COLUMNS = ("input", "layer", "mode", "channels", "target", "target_label", "delta_logit",
+                  "delta_prob", "kl")
+SWEEP_COLUMNS = ("input", "layer", "mode", "target", "target_label", "rank", "channel", "drop",
+                 "delta_prob", "kl")
+
+
+def _joined(values: list[Any]) -> str:
+    return ",".join(map(str, values))
+
+
+CHANNEL_COLUMNS = ("channel_dim", "channel", "channel_count", "channel_mean", "channel_std", "channel_min",
+                   "channel_max", "channel_zero_fraction", "channel_nonfinite")
+
+
+def stats_plot(doc: Doc, **options: Any) -> Any:
+    """The activation profile (``stats --plot``)."""
+    from hookscope.render.plots import profile_figure
+
+    return profile_figure(doc["layers"], title=f"{doc['model']}: activation profile")
+
+
+def stats_csv(doc: Doc, *, input_stats: bool = False, per_channel: bool = False,
+              percentiles: tuple[str, ...] = ()) -> Rows:
+    """One row per call; with ``per_channel``, one per (call, channel), the call's columns
+    repeated. New columns come last: ``p<P>`` per percentile (the call's), then
+    ``CHANNEL_COLUMNS`` and ``channel_p<P>`` (the channel's)."""
+    rows = []
+    for row in doc["layers"]:
+        row = row | {f"input_{k}": v for k, v in (row.get("input_stats") or {}).items()}
+        row |= {f"p{k}": v for k, v in (row.get("percentiles") or {}).items()}
+        if not per_channel:
+            rows.append(row)
+            continue
+        for channel in row.get("channels") or [{}]:
+            own = {f"channel_p{k}": v for k, v in (channel.get("percentiles") or {}).items()}
+            rows.append(row | own | {("channel" if k == "channel" else f"channel_{k}"): v
+                                     for k, v in channel.items() if k != "percentiles"})
+    columns = STATS_COLUMNS + (INPUT_STATS_COLUMNS if input_stats else ())
+    columns += tuple(f"p{k}" for k in percentiles)
+    if per_channel:
+        columns += CHANNEL_COLUMNS + tuple(f"channel_p{k}" for k in percentiles)
+    return rows, columns
+
+
+def models_csv(doc: Doc) -> Rows:
+    return [m | {"weights": _joined(m["weights"])} for m in doc["models"]], MODELS_COLUMNS
+
+
+def layers_csv(doc: Doc) -> Rows:
+    """One row per call, as in ``stats``; a module that never ran gets one row, no call.
+
+    ``flops``, ``macs`` and ``output_bytes`` are the call's own (the JSON layer's ``flops``
+    sums its calls); ``params_bytes`` and ``params_bytes_total`` are summed over dtypes.
+    """
+    rows = []
+    for row in doc["layers"]:
+        calls = row["calls"] or [{}]
+        sizes = {key: sum(row[key].values()) for key in ("params_bytes", "params_bytes_total")
+                 if key in row}
+        rows += [row | call | sizes | {"call": i if call else None}
+                 for i, call in enumerate(calls)]
+    return rows, LAYERS_COLUMNS
+
+
+def cam_csv(doc: Doc) -> Rows:
+    """The contract's columns, then ``layers`` (joined with ``+``) and one column per metric."""
+    from hookscope.render.camview import METRIC_ORDER
+
+    present = [m for m in METRIC_ORDER if any(m in (r.get("metrics") or {})
+                                              for r in doc["results"])]
+    rows = [r | dict(zip(("peak_y", "peak_x"), r.get("peak") or [None, None], strict=True))
+            | {"layers": "+".join(r.get("layers") or [r["layer"]])}
+            | {m: (r.get("metrics") or {}).get(m) for m in present}
+            for r in doc["results"]]
+    return rows, CAM_COLUMNS + ("layers", *present)
+
+
+def grads_plot(doc: Doc, *, vanish: float = 1e-3, explode: float = 1e3, **options: Any) -> Any:
+    """The gradient flow (``grads --plot``)."""
+    from hookscope.render.plots import gradient_figure
+
+    return gradient_figure(doc["layers"], median=doc.get("median_norm"), vanish=vanish,
+                           explode=explode, title=f"{doc['model']}: gradient flow")
+
+
+def features_csv(doc: Doc) -> Rows:
+    return [r | {"channels": _joined(r["channels"])} for r in doc["grids"]], FEATURE_COLUMNS
+
+
+def ablate_csv(doc: Doc, *, top: int = 10, sweep: bool = False) -> Rows:
+    if sweep:
+        return [r | {"rank": i} | ranked for r in doc["results"]
+                for i, ranked in enumerate(r["ranking"], 1)], SWEEP_COLUMNS
+    return [r | {"channels": _joined(r["channels"])} for r in doc["results"]], ABLATE_COLUMNS
+
+
+def _page(doc: Any) -> RenderableType:
+    raise HookscopeError("a report is a page: write it as html.")
+
+
+VIEWS: dict[str, View] = {
+    "stats": View(tables.stats_view, stats_csv, stats_plot),
+    "models": View(tree.models_table, models_csv),
+    "layers": View(tree.layers_view, layers_csv),
+    "gradcam": View(camview.cam_view, cam_csv),
+    "grads": View(grads.grads_view, grads.grads_csv, grads_plot),
+    "features": View(features.features_view, features_csv),
+    "ablate": View(ablate.ablate_view, ablate_csv),
+    "check": View(check.check_view, texts={"github": check.github_annotations,
+                                           "junit": check.junit_xml}),
+    "diff": View(diff.diff_view, diff.diff_csv),
+    "watch": View(watchview.watch_view, watchview.watch_csv),
+    # debug's live trace streams instead (render.tree.TraceWriter); this is its whole document
+    "debug": View(tree.debug_view, texts={"ndjson": tree.debug_ndjson}),
+    # HTML pages: doc is a probes.report.Report, or a training.log_reader.TrainingLog
+    "report": View(_page, texts={"html": report.report_html}),
+    "training": View(_page, texts={"html": training.training_html}),
+}
 
 
 def emit(command: str, doc: Any, fmt: str, output: Output, **options: Any) -> None:
@@ -26,8 +189,6 @@ def emit(command: str, doc: Any, fmt: str, output: Output, **options: Any) -> No
     Raises:
         HookscopeError: the command has no such format, or the output cannot be written.
     """
-    from hookscope.render.layouts import VIEWS  # imports every view module
-
     view, start = VIEWS[command], time.perf_counter()
     if fmt in view.texts:
         text = view.texts[fmt](doc, **options)
@@ -57,7 +218,6 @@ def emit_plot(command: str, doc: Mapping[str, Any], output: Output | None, **opt
     suffix; atomically). Nothing happens without an output."""
     if output is None:
         return
-    from hookscope.render.layouts import VIEWS
     from hookscope.render.plots import write_plot
 
     figure = VIEWS[command].plot

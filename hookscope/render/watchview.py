@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.render.tables import Col, FitTable, fmt_float, header
+from hookscope.render.tables import DataTable, fmt_float, header
 
 Doc = Mapping[str, Any]
 #: Flagged layers listed in the table (JSON: all).
@@ -25,7 +25,7 @@ def _flagged(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def watch_view(doc: Doc) -> RenderableType:
     """One row per fact: steps, loss first and last, flagged layers, the first non-finite."""
-    table = FitTable([Col("what"), Col("found", wrap=True)])
+    table = DataTable(["what", "found"])
     run = f"{doc['steps_run']} of {doc['steps']}" + (" (one batch, repeated)" if doc["overfit"]
                                                      else "")
     table.add_row("steps", run)

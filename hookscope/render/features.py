@@ -13,10 +13,13 @@ from rich.console import Group, RenderableType
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.output import Staging, format_shape
-from hookscope.render.tables import Col, FitTable, call_priority, header, num
+from hookscope.render.tables import DataTable, header, num
 
 if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
     from hookscope.probes.features import FeatureGrid
+
 
 def require_tensorboard() -> None:
     """Raise a one-line install hint unless TensorBoard logging is available."""
@@ -29,37 +32,11 @@ def require_tensorboard() -> None:
         ) from None
 
 
-class Board:
-    """TensorBoard output: one image per layer call and input, an activation histogram, and
-    the number of non-finite activations (removed from the histogram, which rejects them)."""
-
-    def __init__(self, logdir: Path) -> None:
-        require_tensorboard()
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=str(logdir))
-
-    def add(self, grid: FeatureGrid) -> None:
-        import torch
-
-        self.writer.add_image(grid.tag, grid.image, global_step=grid.index, dataformats="CHW")
-        values = grid.values.reshape(-1)
-        finite = values[torch.isfinite(values)]
-        if finite.numel():
-            self.writer.add_histogram(f"{grid.tag}/activations", finite.double(),
-                                      global_step=grid.index)
-        self.writer.add_scalar(f"{grid.tag}/nonfinite", grid.nonfinite, global_step=grid.index)
-
-    def __enter__(self) -> Board:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.writer.close()  # flushes first
-
-
 class GridWriter:
     """Sink for :class:`hookscope.probes.features.FeaturesProbe`: each grid into a staged PNG in
-    ``out_dir`` and, optionally, the ``tensorboard`` log directory.
+    ``out_dir`` and, optionally, the ``tensorboard`` log directory: one image per layer call
+    and input, an activation histogram, and the number of non-finite activations (removed
+    from the histogram, which rejects them).
 
     TensorBoard events are logged into a hidden folder beside ``tensorboard`` and moved into
     it only when the run completes, so a failed run leaves no event file either.
@@ -67,7 +44,7 @@ class GridWriter:
 
     def __init__(self, staging: Staging, out_dir: Path, tensorboard: Path | None = None) -> None:
         self.staging, self.out_dir, self.tensorboard = staging, out_dir, tensorboard
-        self.board: Board | None = None
+        self.board: SummaryWriter | None = None
         self._scratch: Path | None = None
 
     def __enter__(self) -> GridWriter:
@@ -82,7 +59,10 @@ class GridWriter:
             except OSError as exc:
                 raise HookscopeError(f"Cannot write {self.tensorboard}: "
                                      f"{exc.strerror or exc}.") from exc
-            self.board = Board(self._scratch)
+            require_tensorboard()
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.board = SummaryWriter(log_dir=str(self._scratch))
         return self
 
     def add(self, grid: FeatureGrid) -> dict[str, Any]:
@@ -90,12 +70,20 @@ class GridWriter:
         path = self.out_dir / grid.filename
         self.staging.save_png(grid.image, path)
         if self.board is not None:
-            self.board.add(grid)
+            import torch
+
+            self.board.add_image(grid.tag, grid.image, global_step=grid.index, dataformats="CHW")
+            values = grid.values.reshape(-1)
+            finite = values[torch.isfinite(values)]
+            if finite.numel():
+                self.board.add_histogram(f"{grid.tag}/activations", finite.double(),
+                                         global_step=grid.index)
+            self.board.add_scalar(f"{grid.tag}/nonfinite", grid.nonfinite, global_step=grid.index)
         return {"path": str(path)}
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         if self.board is not None:
-            self.board.writer.close()
+            self.board.close()  # flushes first
         if self._scratch is None or self.tensorboard is None:
             return
         try:
@@ -112,12 +100,9 @@ class GridWriter:
 
 def features_view(doc: Mapping[str, Any]) -> RenderableType:
     """The ``features`` summary: one row per grid written."""
-    # Hidden first: the file (named after input and layer, in --out), call when all 0,
-    # channels shown, call.
     grids = doc["grids"]
-    table = FitTable([Col("input", name=True), Col("layer", name=True),
-                      num("call", call_priority(grids, when_all_zero=2, otherwise=4)),
-                      Col("shape"), num("shown", 3), num("non-finite"), Col("file", 1, name=True)])
+    table = DataTable(["input", "layer", num("call"), "shape", num("shown"), num("non-finite"),
+                       "file"])
     for row in grids:
         table.add_row(row["input"], row["layer"], str(row["call"]), format_shape(row["shape"]),
                       f"{len(row['channels'])}/{row['shape'][0]}", str(row["nonfinite"]),
