@@ -59,8 +59,6 @@ def watch_command(
 
     Example: hookscope watch resnet18 data/train --weights none --steps 50 --lr 0.01 --overfit
     """
-    import shutil
-
     from hookscope.core.errors import CheckFailed
     from hookscope.probes.rulefile import load_rules
     from hookscope.training.rules import evaluate_log, for_log
@@ -74,17 +72,9 @@ def watch_command(
     labels = smoke_labels(label, resolved.labels, loaded.categories)
     options = SmokeOptions(steps=steps, lr=lr, momentum=momentum, overfit=overfit, every=every,
                            log_dir=log_dir, layers=layers, types=types, force=s.force)
-    # The outermost folder of --log-dir that this run creates, if any.
-    fresh = next((p for p in reversed([log_dir, *log_dir.parents]) if not p.exists()),
-                 None) if log_dir is not None else None
-    try:
-        with s.progress(steps, "watch", enabled=s.shown(fmt)) as bar:
-            report = train(loaded, lambda: s.batches(resolved, loaded), labels, options,
-                           progress=bar)
-    except KeyboardInterrupt:  # Ctrl-C or a signal: no output, so no log this run began
-        if fresh is not None:
-            shutil.rmtree(fresh, ignore_errors=True)
-        raise
+    with s.progress(steps, "watch", enabled=s.shown(fmt)) as bar:  # --log-dir: at the end
+        report = train(loaded, lambda: s.batches(resolved, loaded), labels, options,
+                       progress=bar)
     verdict = evaluate_log(checks, report.log) if checks and report.log is not None else None
     doc = loaded.envelope("watch", resolved.names) | report.to_dict() | {
         "check": verdict.to_dict() if verdict is not None else None}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -214,3 +215,32 @@ def test_rules_check_the_training_log(work, tmp_path) -> None:
     rules.write_text("min_prob = 0.5\n")
     bad = run("watch", *_common(work), "--rules", rules)
     assert bad.exit_code == 2 and "min_prob checks a model run" in bad.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_leaves_the_log_dir_as_it_was(work, tmp_path, monkeypatch,
+                                                         signum) -> None:
+    from hookscope.session import Interrupted
+    from hookscope.training import smoke
+
+    empty, earlier = tmp_path / "empty", tmp_path / "earlier"
+    empty.mkdir()
+    done = run("watch", *_common(work), "--steps", "2", "--every", "1", "--log-dir", earlier)
+    assert done.exit_code == 0, done.output
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    step = smoke.TrainProbe.step
+
+    def stopped(self, s) -> None:
+        step(self, s)
+        if len(self.losses) == 3:  # some lines are written by now
+            raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(signum)
+
+    monkeypatch.setattr(smoke.TrainProbe, "step", stopped)
+    for folder, force in ((empty, []), (earlier, ["--force"])):
+        r = run("watch", *_common(work), "--steps", "6", "--every", "1", "--log-dir", folder,
+                *force)
+        assert r.exit_code == (130 if signum == signal.SIGINT else 128 + signum), r.output
+        assert "no output was written" in r.stderr
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == \
+            (before if force else {}), "the folder is as it was, an earlier log whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "empty"]

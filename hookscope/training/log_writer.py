@@ -8,15 +8,16 @@ a contract.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.output import dumps_json, dumps_ndjson, emit
+from hookscope.core.output import Staging, dumps_json, dumps_ndjson, emit
 from hookscope.training.log_reader import EVENT_FILE, LOG_FILE
 
-__all__ = ["WatchLog"]
+__all__ = ["WatchLog", "publish"]
 
 
 class WatchLog:
@@ -96,3 +97,18 @@ class WatchLog:
         self._file.close()
         if self.board is not None:
             self.board.close()
+
+
+def publish(staged: Path, log_dir: Path, *, force: bool = False) -> None:
+    """Move the finished log in ``staged`` into ``log_dir``, as core.output's :class:`Staging`
+    writes a folder: both files staged beside their targets and renamed together, so an
+    interruption leaves ``log_dir`` as it was (an earlier log whole) and a folder it made is
+    removed. ``hookscope watch`` trains into ``staged``; a training script's own
+    ``hookscope.watch`` writes in place, so a crash keeps the steps it logged."""
+    files = [name for name in (LOG_FILE, EVENT_FILE) if (staged / name).is_file()]
+    with Staging(log_dir, force=force) as folder:
+        for name in files:
+            with folder._file(log_dir / name) as tmp:
+                shutil.copyfile(staged / name, tmp)
+    if EVENT_FILE not in files:  # an earlier run's event is not this log's
+        (log_dir / EVENT_FILE).unlink(missing_ok=True)
