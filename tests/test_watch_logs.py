@@ -203,6 +203,55 @@ def test_bad_log_lines(tmp_path) -> None:
     assert bad.exit_code == 2 and "watch.jsonl:7: not a logging step" in bad.stderr
 
 
+def _set(kind: str, key: str, value: Any) -> Any:
+    """A tweak that sets ``key`` of the second row of ``kind`` at the second logging step."""
+    def tweak(k: int, line: dict[str, Any]) -> None:
+        if k == 1:
+            line[kind][1][key] = value
+    return tweak
+
+
+@pytest.mark.parametrize("tweak,words", [
+    (_set("layers", "call", "x"), 'watch.jsonl:3: not a logging step of hookscope.watch: '
+                                  'layers[1] "call" is a string, not an integer'),
+    (_set("layers", "mean", "big"), 'watch.jsonl:3: not a logging step of hookscope.watch: '
+                                    'layers[1] "mean" is a string, not a number'),
+    (_set("params", "norm", "x"), 'watch.jsonl:3: not a logging step of hookscope.watch: '
+                                  'params[1] "norm" is a string, not a number'),
+    (_set("layers", "flags", [1]), 'layers[1] "flags" is a list, not a list of strings'),
+    (lambda k, line: line.update(loss="low") if k == 2 else None,
+     'watch.jsonl:4: not a logging step of hookscope.watch: "loss" is a string, not a number'),
+])
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_a_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, tweak, words,
+                                                         command) -> None:
+    log = write_log(tmp_path / "run", tweak=tweak)
+    r = run(command, log, "-o", tmp_path / "out.html") if command == "report" else \
+        run(command, log)
+    assert r.exit_code == 2 and words in r.stderr, r.output
+    assert len(r.stderr.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_deep_nesting_and_a_looping_event_are_one_line(tmp_path, command) -> None:
+    cases = [(write_log(tmp_path / "loop"), "nonfinite.json' cannot be read")]
+    (cases[0][0] / "nonfinite.json").symlink_to(cases[0][0] / "nonfinite.json")
+    for depth in (500, 100_000):  # one the parser takes, one it cannot
+        deep = write_log(tmp_path / f"deep{depth}")
+        with (deep / "watch.jsonl").open("a") as fh:
+            fh.write('{"step": 60, "layers": [], "params": [], "x": ' + "[" * depth
+                     + "]" * depth + "}\n")
+        event = write_log(tmp_path / f"event{depth}")
+        (event / "nonfinite.json").write_text('{"x": ' + "[" * depth + "]" * depth + "}")
+        cases += [(deep, "watch.jsonl:7: nested too deeply"),
+                  (event, "nonfinite.json' is nested too deeply")]
+    for log, words in cases:
+        args = ["-o", tmp_path / "out.html"] if command == "report" else []
+        r = run(command, log, *args)
+        assert r.exit_code == 2 and words in r.stderr, (log, r.output)
+        assert len(r.stderr.strip().splitlines()) == 1, r.output
+
+
 @pytest.mark.slow
 def test_reading_a_log_imports_no_torch(tmp_path) -> None:
     log = write_log(tmp_path / "run", event=EVENT)
