@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,8 +22,12 @@ def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
         HookscopeError: a log with inputs or under torchrun (one process reads a log), or
             a model without inputs.
     """
-    from hookscope.training.log_reader import LOG_FILE, is_log
+    from hookscope.training.log_reader import EVENT_FILE, LOG_FILE, is_log
 
+    path = Path(model)
+    if path.name in (LOG_FILE, EVENT_FILE) and is_log(path.parent):
+        raise HookscopeError(f"{model!r} is a training log's file: give its directory, "
+                             f"{str(path.parent)!r}.")
     if is_log(model):
         if inputs:
             raise HookscopeError(f"{model!r} is a training log (it holds {LOG_FILE}); give it "
@@ -32,8 +37,10 @@ def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
                                  "torchrun.")
         return True
     if not inputs:
-        hint = f" ({model!r} is a directory without {LOG_FILE})" if Path(model).is_dir() \
-            else ""
+        if "/" in model and ":" not in model and not os.path.lexists(model):  # not a source
+            raise HookscopeError(f"{model!r} does not exist: give a training log directory "
+                                 f"(holding {LOG_FILE}), or MODEL and INPUT.")
+        hint = f" ({model!r} is a directory without {LOG_FILE})" if path.is_dir() else ""
         raise HookscopeError(f"missing INPUT: give images, directories of images or tensor "
                              f"files after MODEL, or a training log directory (holding "
                              f"{LOG_FILE}) alone{hint}.")

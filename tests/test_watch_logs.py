@@ -191,6 +191,27 @@ def test_log_keys_on_a_model_run_and_missing_inputs(tmp_path, cat_jpg) -> None:
     assert folder.exit_code == 2 and "a directory without watch.jsonl" in folder.stderr
 
 
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_a_wrong_log_path_says_what_is_wrong(tmp_path, command) -> None:
+    import os
+
+    log = write_log(tmp_path / "w1")
+    fifo, loop = tmp_path / "fifo", tmp_path / "loop"
+    fifo.mkdir()
+    os.mkfifo(fifo / "watch.jsonl")
+    loop.mkdir()
+    (loop / "watch.jsonl").symlink_to(loop / "watch.jsonl")
+    for path, words in (
+            (tmp_path / "nonexist", f"{str(tmp_path / 'nonexist')!r} does not exist"),
+            (log / "watch.jsonl", f"is a training log's file: give its directory, "
+                                  f"{str(log)!r}"),
+            (fifo, f"training log {str(fifo / 'watch.jsonl')!r} is not a regular file"),
+            (loop, f"training log {str(loop / 'watch.jsonl')!r} cannot be read: Too many")):
+        r = run(command, path)
+        assert r.exit_code == 2 and words in r.stderr, r.output
+        assert len(r.stderr.strip().splitlines()) == 1, r.output
+
+
 def test_bad_log_lines(tmp_path) -> None:
     log = write_log(tmp_path / "run")
     text = (log / "watch.jsonl").read_text()
