@@ -6,11 +6,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 from hookscope import options as o
-from hookscope.core.errors import HookscopeError
+from hookscope.core.errors import HookscopeError, param
 from hookscope.options import runs_model
 from hookscope.session import Session
 
@@ -47,6 +48,21 @@ def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
     return False
 
 
+def _apart(log_dir: Path, given: Iterable[str]) -> None:
+    """Refuse a log directory that is an input, lies inside an input folder, or holds an
+    input: the log would be read as data, or written into the data set."""
+    log = log_dir.resolve()
+    for spec in given:
+        path = Path(spec)
+        with suppress(OSError):
+            real = path.resolve(strict=True)
+            if real.is_relative_to(log) or (path.is_dir() and log.is_relative_to(real)):
+                raise HookscopeError(
+                    f"{param('log_dir')} {str(log_dir)!r} overlaps the input {str(spec)!r} "
+                    "(the same folder, or one inside the other): an input is never an output; "
+                    f"give a {param('log_dir')} outside the inputs.")
+
+
 @runs_model
 def watch_command(
     model: o.ModelArg, inputs: o.InputsArg, steps: o.WatchStepsOpt = 50,
@@ -73,6 +89,7 @@ def watch_command(
 
     if log_dir is not None:
         s.folder(log_dir, [log_dir / "watch.jsonl"])
+        _apart(log_dir, inputs)
     checks = for_log(load_rules(rules)) if rules is not None else None
     resolved = s.inputs(inputs)
     loaded = s.load("watch")

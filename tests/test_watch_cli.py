@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 from typer.testing import CliRunner
 
@@ -244,3 +245,21 @@ def test_an_interrupted_run_leaves_the_log_dir_as_it_was(work, tmp_path, monkeyp
         assert {p.name: p.read_bytes() for p in folder.iterdir()} == \
             (before if force else {}), "the folder is as it was, an earlier log whole"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "empty"]
+
+
+def test_the_log_dir_is_never_an_input(work, tmp_path) -> None:
+    data = tmp_path / "data" / "val"
+    for label in ("0", "1"):
+        (data / label).mkdir(parents=True)
+        Image.new("RGB", (16, 16), (40 * int(label), 90, 200)).save(data / label / "x.png")
+    (tmp_path / "runs").mkdir()
+    torch.save(torch.randn(2, 3, 12, 12), tmp_path / "runs" / "x.pt")
+    for inputs, log_dir in (([data], data), ([data], data / "0" / "log"),
+                            ([tmp_path / "runs" / "x.pt"], tmp_path / "runs"),
+                            ([data / "0" / "x.png"], tmp_path / "data")):
+        r = run("watch", f"{work['model']}:Net", *inputs, "--weights", "none", "--label", "0",
+                "--steps", "1", "--log-dir", log_dir)
+        assert r.exit_code == 2, r.output
+        assert len(r.stderr.strip().splitlines()) == 1 and "--log-dir" in r.stderr \
+            and "an input is never an output" in r.stderr, r.stderr
+        assert not (log_dir / "watch.jsonl").exists()
