@@ -84,10 +84,12 @@ def watch_command(
     """
     from hookscope.core.errors import CheckFailed
     from hookscope.probes.rulefile import load_rules
+    from hookscope.training.log_writer import check_log_dir
     from hookscope.training.rules import evaluate_log, for_log
     from hookscope.training.smoke import SmokeOptions, smoke_labels, train
 
     if log_dir is not None:
+        check_log_dir(log_dir, force=s.force)
         s.folder(log_dir, [log_dir / "watch.jsonl"])
         _apart(log_dir, inputs)
     checks = for_log(load_rules(rules)) if rules is not None else None

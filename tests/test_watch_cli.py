@@ -179,6 +179,7 @@ def test_bad_input_is_one_line_before_training(work, tmp_path) -> None:
     (log / "watch.jsonl").write_text("{}\n")
     taken = run("watch", *_common(work), "--log-dir", log, "--steps", "2")
     assert taken.exit_code == 2 and "--force" in taken.stderr, taken.output
+    assert "--log-dir" in taken.stderr and "--out" not in taken.stderr, taken.output
     assert (log / "watch.jsonl").read_text() == "{}\n"
     segmentation = run("watch", "fcn_resnet50", work["x"], "--weights", "none", "--label", "0")
     assert segmentation.exit_code == 2 and "segmentation model" in segmentation.stderr

@@ -17,7 +17,32 @@ from hookscope.core.errors import HookscopeError, param
 from hookscope.core.output import Staging, dumps_json, dumps_ndjson, emit
 from hookscope.training.log_reader import EVENT_FILE, LOG_FILE
 
-__all__ = ["WatchLog", "publish"]
+__all__ = ["WatchLog", "check_log_dir", "publish"]
+
+
+def check_log_dir(log_dir: Path, *, force: bool = False) -> None:
+    """Refuse, before any work, a ``log_dir`` that is a file, or holds a watch log (without
+    ``force``) or a directory in its place: a :class:`HookscopeError` naming it."""
+    path = log_dir / LOG_FILE
+    try:
+        if log_dir.exists() and not log_dir.is_dir():
+            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} is a file, not a "
+                                 "directory.")
+        if path.is_dir():
+            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} holds a directory "
+                                 f"named {LOG_FILE}; move it away, or choose another "
+                                 "directory.")
+        if os.path.lexists(path) and not force:
+            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} already holds a watch "
+                                 f"log ({LOG_FILE}); choose another directory, or pass "
+                                 f"{param('force')} to replace it.")
+    except OSError as exc:
+        raise _unwritable(log_dir, exc) from None
+
+
+def _unwritable(log_dir: Path, exc: OSError) -> HookscopeError:
+    return HookscopeError(f"{param('log_dir')} {str(log_dir)!r} cannot be written: "
+                          f"{exc.strerror or exc}.")
 
 
 class WatchLog:
@@ -34,19 +59,12 @@ class WatchLog:
         self.dir = Path(log_dir)
         self.path = self.dir / LOG_FILE
         try:
-            if self.dir.exists() and not self.dir.is_dir():
-                raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} is a file, not a "
-                                     "directory.")
-            if self.path.exists() and not force:
-                raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} already holds a "
-                                     f"watch log ({LOG_FILE}); choose another directory, or "
-                                     f"pass {param('force')} to replace it.")
+            check_log_dir(self.dir, force=force)
             self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / EVENT_FILE).unlink(missing_ok=True)  # the previous run's event
             self._file: IO[str] = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
-            raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} cannot be written: "
-                                 f"{exc.strerror or exc}.") from None
+            raise _unwritable(self.dir, exc) from None
         self.board: Any = None
         if tensorboard:
             try:
