@@ -253,6 +253,19 @@ def test_a_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, tweak, words,
     assert len(r.stderr.strip().splitlines()) == 1, r.output
 
 
+def test_a_bad_envelope_or_event_field_is_one_line_naming_it(tmp_path) -> None:
+    envelope = write_log(tmp_path / "envelope")
+    text = (envelope / "watch.jsonl").read_text()
+    (envelope / "watch.jsonl").write_text(text.replace('"every": 10', '"every": "often"', 1))
+    event = write_log(tmp_path / "event", event=EVENT | {"step": "43"})
+    for log, words in ((envelope, 'watch.jsonl:1: not the envelope of hookscope.watch: '
+                                  '"every" is a string, not an integer.'),
+                       (event, 'nonfinite.json\' is not the non-finite event of '
+                               'hookscope.watch: its "step" is a string, not an integer.')):
+        r = run("check", log)
+        assert r.exit_code == 2 and words in r.stderr, r.output
+
+
 @pytest.mark.parametrize("command", ["check", "report"])
 def test_deep_nesting_and_a_looping_event_are_one_line(tmp_path, command) -> None:
     cases = [(write_log(tmp_path / "loop"), "nonfinite.json' cannot be read")]

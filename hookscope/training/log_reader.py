@@ -88,7 +88,7 @@ def _bad_field(obj: Mapping[str, Any], schema: Mapping[str, str], where: str = "
     for key, kind in schema.items():
         value = obj.get(key)
         if value is not None and not _IS[kind](value):
-            return f'{where}"{key}" is {_WHAT.get(type(value), "null")}, not {kind}'
+            return f'{where}"{key}" is {_WHAT[type(value)]}, not {kind}'
     return None
 
 
@@ -228,10 +228,10 @@ def _read_lines(file: Path) -> list[dict[str, Any]]:
                                  "levels); a training log holds one JSON object per line.") \
                 from None
         header = i == 0 and isinstance(parsed, dict) and "step" not in parsed  # envelope only
-        why = _bad_field(parsed, ENVELOPE, "the envelope's ") if header else _problem(parsed)
+        why = _bad_field(parsed, ENVELOPE) if header else _problem(parsed)
         if why is not None:
-            raise HookscopeError(f"{file}:{number_}: not a logging step of hookscope.watch: "
-                                 f"{why}.")
+            what = "the envelope" if header else "a logging step"
+            raise HookscopeError(f"{file}:{number_}: not {what} of hookscope.watch: {why}.")
         found.append(parsed)
     return found
 
