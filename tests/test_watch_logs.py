@@ -319,6 +319,18 @@ def page(tmp_path_factory) -> tuple[Path, str]:
     return out, out.read_text(encoding="utf-8")
 
 
+def test_extreme_finite_values_are_drawn(tmp_path) -> None:
+    def extreme(k: int, line: dict[str, Any]) -> None:
+        line["layers"][0]["mean"] = (-1) ** k * 1.5e308  # the colour scale spans 3e308
+
+    log = write_log(tmp_path / "run", tweak=extreme)
+    text = (log / "watch.jsonl").read_text()
+    (log / "watch.jsonl").write_text(text.replace('"every": 10', '"started": 1e300, "every": 10',
+                                                  1))
+    r = run("report", log, "-o", tmp_path / "page.html")
+    assert r.exit_code == 0, r.output
+
+
 def test_training_page_escapes_every_string(page) -> None:
     _, text = page
     parsed = Tags()
