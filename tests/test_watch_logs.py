@@ -191,6 +191,27 @@ def test_log_keys_on_a_model_run_and_missing_inputs(tmp_path, cat_jpg) -> None:
     assert folder.exit_code == 2 and "a directory without watch.jsonl" in folder.stderr
 
 
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_a_wrong_log_path_says_what_is_wrong(tmp_path, command) -> None:
+    import os
+
+    log = write_log(tmp_path / "w1")
+    fifo, loop = tmp_path / "fifo", tmp_path / "loop"
+    fifo.mkdir()
+    os.mkfifo(fifo / "watch.jsonl")
+    loop.mkdir()
+    (loop / "watch.jsonl").symlink_to(loop / "watch.jsonl")
+    for path, words in (
+            (tmp_path / "nonexist", f"{str(tmp_path / 'nonexist')!r} does not exist"),
+            (log / "watch.jsonl", f"is a training log's file: give its directory, "
+                                  f"{str(log)!r}"),
+            (fifo, f"training log {str(fifo / 'watch.jsonl')!r} is not a regular file"),
+            (loop, f"training log {str(loop / 'watch.jsonl')!r} cannot be read: Too many")):
+        r = run(command, path)
+        assert r.exit_code == 2 and words in r.stderr, r.output
+        assert len(r.stderr.strip().splitlines()) == 1, r.output
+
+
 def test_bad_log_lines(tmp_path) -> None:
     log = write_log(tmp_path / "run")
     text = (log / "watch.jsonl").read_text()
@@ -201,6 +222,68 @@ def test_bad_log_lines(tmp_path) -> None:
     (log / "watch.jsonl").write_text(text + '{"step": 50, "layers": 3}\n' + text)
     bad = run("check", log)
     assert bad.exit_code == 2 and "watch.jsonl:7: not a logging step" in bad.stderr
+
+
+def _set(kind: str, key: str, value: Any) -> Any:
+    """A tweak that sets ``key`` of the second row of ``kind`` at the second logging step."""
+    def tweak(k: int, line: dict[str, Any]) -> None:
+        if k == 1:
+            line[kind][1][key] = value
+    return tweak
+
+
+@pytest.mark.parametrize("tweak,words", [
+    (_set("layers", "call", "x"), 'watch.jsonl:3: not a logging step of hookscope.watch: '
+                                  'layers[1] "call" is a string, not an integer'),
+    (_set("layers", "mean", "big"), 'watch.jsonl:3: not a logging step of hookscope.watch: '
+                                    'layers[1] "mean" is a string, not a number'),
+    (_set("params", "norm", "x"), 'watch.jsonl:3: not a logging step of hookscope.watch: '
+                                  'params[1] "norm" is a string, not a number'),
+    (_set("layers", "flags", [1]), 'layers[1] "flags" is a list, not a list of strings'),
+    (lambda k, line: line.update(loss="low") if k == 2 else None,
+     'watch.jsonl:4: not a logging step of hookscope.watch: "loss" is a string, not a number'),
+])
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_a_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, tweak, words,
+                                                         command) -> None:
+    log = write_log(tmp_path / "run", tweak=tweak)
+    r = run(command, log, "-o", tmp_path / "out.html") if command == "report" else \
+        run(command, log)
+    assert r.exit_code == 2 and words in r.stderr, r.output
+    assert len(r.stderr.strip().splitlines()) == 1, r.output
+
+
+def test_a_bad_envelope_or_event_field_is_one_line_naming_it(tmp_path) -> None:
+    envelope = write_log(tmp_path / "envelope")
+    text = (envelope / "watch.jsonl").read_text()
+    (envelope / "watch.jsonl").write_text(text.replace('"every": 10', '"every": "often"', 1))
+    event = write_log(tmp_path / "event", event=EVENT | {"step": "43"})
+    for log, words in ((envelope, 'watch.jsonl:1: not the envelope of hookscope.watch: '
+                                  '"every" is a string, not an integer.'),
+                       (event, 'nonfinite.json\' is not the non-finite event of '
+                               'hookscope.watch: its "step" is a string, not an integer.')):
+        r = run("check", log)
+        assert r.exit_code == 2 and words in r.stderr, r.output
+
+
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_deep_nesting_and_a_looping_event_are_one_line(tmp_path, command) -> None:
+    cases = [(write_log(tmp_path / "loop"), "nonfinite.json' cannot be read")]
+    (cases[0][0] / "nonfinite.json").symlink_to(cases[0][0] / "nonfinite.json")
+    for depth in (500, 100_000):  # one the parser takes, one it cannot
+        deep = write_log(tmp_path / f"deep{depth}")
+        with (deep / "watch.jsonl").open("a") as fh:
+            fh.write('{"step": 60, "layers": [], "params": [], "x": ' + "[" * depth
+                     + "]" * depth + "}\n")
+        event = write_log(tmp_path / f"event{depth}")
+        (event / "nonfinite.json").write_text('{"x": ' + "[" * depth + "]" * depth + "}")
+        cases += [(deep, "watch.jsonl:7: nested too deeply"),
+                  (event, "nonfinite.json' is nested too deeply")]
+    for log, words in cases:
+        args = ["-o", tmp_path / "out.html"] if command == "report" else []
+        r = run(command, log, *args)
+        assert r.exit_code == 2 and words in r.stderr, (log, r.output)
+        assert len(r.stderr.strip().splitlines()) == 1, r.output
 
 
 @pytest.mark.slow
@@ -234,6 +317,18 @@ def page(tmp_path_factory) -> tuple[Path, str]:
     r = run("report", log, "-o", out)
     assert r.exit_code == 0, r.output
     return out, out.read_text(encoding="utf-8")
+
+
+def test_extreme_finite_values_are_drawn(tmp_path) -> None:
+    def extreme(k: int, line: dict[str, Any]) -> None:
+        line["layers"][0]["mean"] = (-1) ** k * 1.5e308  # the colour scale spans 3e308
+
+    log = write_log(tmp_path / "run", tweak=extreme)
+    text = (log / "watch.jsonl").read_text()
+    (log / "watch.jsonl").write_text(text.replace('"every": 10', '"started": 1e300, "every": 10',
+                                                  1))
+    r = run("report", log, "-o", tmp_path / "page.html")
+    assert r.exit_code == 0, r.output
 
 
 def test_training_page_escapes_every_string(page) -> None:
