@@ -24,10 +24,10 @@ from hookscope.cam.passes import AblationPass, Captured, CapturePass, InputPass,
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
 from hookscope.cam.targets import Context, Objective, Selection, infer_task, make_objective
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import token_hint
 from hookscope.core.run import Step, drive, peek
 from hookscope.core.select import Site, all_sites, find_site
 from hookscope.core.targets import Targets, as_targets
+from hookscope.numerics.layout import token_hint
 
 log = logging.getLogger("hookscope")
 

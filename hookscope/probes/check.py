@@ -19,8 +19,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
+from hookscope.numerics.drift import EPS, drift, finite, quantile_drift
 from hookscope.probes.baseline import Baseline
-from hookscope.probes.drift import EPS, finite, quantile_drift
 from hookscope.probes.rulefile import Expect, Rules
 
 if TYPE_CHECKING:
@@ -308,13 +308,6 @@ def _baseline(ctx: Context) -> RuleResult | None:
     return RuleResult("baseline", not offenders, path, detail + ctx.note(), offenders)
 
 
-def drift(value: float | None, base: float | None, scale: float) -> float:
-    """``|value - base| / max(scale, EPS)``; 0 when both are null, inf when one is."""
-    if value is None or base is None:
-        return 0.0 if value is None and base is None else math.inf
-    return abs(value - base) / max(scale, EPS)
-
-
 def _dg(value: float) -> str:
     return "inf" if math.isinf(value) else _g(value)
 
@@ -379,7 +372,7 @@ def _std_drift(ctx: Context) -> RuleResult | None:
 @rule("max_drift")
 def _distribution_drift(ctx: Context) -> RuleResult | None:
     """Each call's distribution within ``max_drift`` of the baseline's (see
-    :func:`~hookscope.probes.drift.quantile_drift`)."""
+    :func:`~hookscope.numerics.drift.quantile_drift`)."""
     return _drift_result(ctx, "max_drift", ctx.rules.max_drift, _quantile_drift)
 
 

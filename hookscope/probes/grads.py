@@ -24,7 +24,9 @@ from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site
 from hookscope.core.targets import Targets, folder_targets, parse_targets
-from hookscope.probes.stats import Moments, MomentTable
+from hookscope.numerics.health import flag as _flag
+from hookscope.numerics.moments import Moments
+from hookscope.numerics.table import MomentTable
 
 __all__ = ["GradLayer", "GradReport", "GradsProbe", "ParamGrad", "collect_grads",
            "nonfinite_failure", "true_classes"]
@@ -177,18 +179,6 @@ def _sum(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
 
 def _norm(m: Moments) -> float:
     return math.sqrt(max(m.m2 + m.n * m.mean * m.mean, 0.0)) if m.n else math.nan
-
-
-def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: float) -> str | None:
-    if nonfinite:
-        return "nonfinite"
-    if not (math.isfinite(median) and median > 0 and math.isfinite(norm)):
-        return None
-    if norm < median * vanish:
-        return "vanish"
-    if norm > median * explode:
-        return "explode"
-    return None
 
 
 def _objective(logits: torch.Tensor, loss: str, targets: Targets, start: int

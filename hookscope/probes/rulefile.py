@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 
 __all__ = ["KEYS", "Expect", "Key", "Rules", "describe", "load_rules"]
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.output import dumps_json, format_shape, format_shapes
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 from hookscope.render import plots
 from hookscope.render.grads import objective_text
 from hookscope.render.html import cell, count, lead_cells, num, render, strong

@@ -17,8 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hookscope.core.output import format_shape, format_shapes
-
-ZERO_WARN = 0.99
+from hookscope.numerics.health import DEAD as ZERO_WARN
 
 #: Priority of a column (or label part) that is never hidden; lower priorities hide first.
 REQUIRED = 100

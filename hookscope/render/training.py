@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.output import dumps_json, format_shape
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 from hookscope.render import plots
 from hookscope.render.html import cell, lead_cells, num, render, strong
 from hookscope.render.plots import GREY, RED, styled_figure

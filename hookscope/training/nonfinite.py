@@ -25,7 +25,7 @@ import torch
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
-from hookscope.probes.stats import moments
+from hookscope.numerics.moments import moments
 
 __all__ = ["Finding", "NonFiniteError", "StepFlags", "event_doc", "flight_steps"]
 

@@ -22,17 +22,15 @@ from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
 from hookscope.core.mergeable import merged
 from hookscope.core.select import Selection
+from hookscope.numerics.drift import EPS, drift, finite, quantile_drift
+from hookscope.numerics.health import DEAD
+from hookscope.numerics.sketch import parse_percentiles
 from hookscope.probes.baseline import read_stats
-from hookscope.probes.check import drift
-from hookscope.probes.drift import EPS, finite, quantile_drift
 from hookscope.probes.grads import GradReport, GradsProbe
-from hookscope.probes.sketch import parse_percentiles
 from hookscope.probes.stats import StatsProbe, StatsReport
 
 __all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows", "step_line"]
 
-#: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
-DEAD = 0.99
 #: Autograd's execution engine (for callbacks at the end of a backward pass).
 _ENGINE = torch.autograd.Variable._execution_engine
 

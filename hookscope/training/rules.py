@@ -15,6 +15,7 @@ from typing import Any
 
 from hookscope import __version__
 from hookscope.core.errors import HookscopeError
+from hookscope.numerics.drift import finite
 from hookscope.probes.check import (
     RULES,
     CheckReport,
@@ -26,7 +27,6 @@ from hookscope.probes.check import (
     call_id,
     rule,
 )
-from hookscope.probes.drift import finite
 from hookscope.probes.rulefile import Rules
 from hookscope.training.logs import TrainingLog
 

@@ -1,8 +1,8 @@
 """The sums behind one module call's comparison in ``hookscope diff``, merged exactly across batches.
 
-On the CPU both tensors are read once (the compiled kernel, else cache-sized chunks), and
-non-finite values are masked, in float64, only when a sum comes out non-finite. On an
-accelerator the comparison has no branches and a batch's sums reach the host in one transfer.
+On the CPU both tensors are read once, in cache-sized chunks, and non-finite values are
+masked, in float64, only when a sum comes out non-finite. On an accelerator the comparison
+has no branches and a batch's sums reach the host in one transfer.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hookscope.probes.channels import scratch
-from hookscope.probes.kernels import fused_diff
+from hookscope.core.mergeable import Merges, state
+from hookscope.numerics.moments import scratch
+from hookscope.numerics.table import Table
 
 __all__ = ["DiffSums", "DiffTable"]
 
@@ -26,29 +27,22 @@ _MAX_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
-class DiffSums:
+class DiffSums(Merges):
     """Mergeable sums behind one call's comparison, over elements finite on both sides."""
 
-    numel: int = 0
-    n: int = 0
-    sq_diff: float = 0.0
-    sq_a: float = 0.0
-    sq_b: float = 0.0
-    max_abs: float = 0.0
-    nonfinite_a: int = 0
-    nonfinite_b: int = 0
+    numel: int = state("sum", 0)
+    n: int = state("sum", 0)
+    sq_diff: float = state("sum", 0.0)
+    sq_a: float = state("sum", 0.0)
+    sq_b: float = state("sum", 0.0)
+    max_abs: float = state("max", 0.0)
+    nonfinite_a: int = state("sum", 0)
+    nonfinite_b: int = state("sum", 0)
 
     @classmethod
     def from_values(cls, values: Sequence[float]) -> DiffSums:
         numel, n, sd, sa, sb, mx, nfa, nfb = values
         return cls(int(numel), int(n), sd, sa, sb, mx, int(nfa), int(nfb))
-
-    def merge(self, other: DiffSums) -> DiffSums:
-        """Both sides' sums added (a new object; neither side changes)."""
-        return DiffSums(self.numel + other.numel, self.n + other.n,
-                        self.sq_diff + other.sq_diff, self.sq_a + other.sq_a,
-                        self.sq_b + other.sq_b, max(self.max_abs, other.max_abs),
-                        self.nonfinite_a + other.nonfinite_a, self.nonfinite_b + other.nonfinite_b)
 
     @property
     def rel_l2(self) -> float:
@@ -74,13 +68,12 @@ class DiffSums:
 
 
 def _compare_host(a: torch.Tensor, b: torch.Tensor) -> tuple[float, ...]:
-    """The eight values of :class:`DiffSums` for two flat CPU tensors of one dtype (float32:
-    the compiled kernel when built); a sum not finite is redone masked, in float64."""
+    """The eight values of :class:`DiffSums` for two flat CPU tensors of one dtype; a sum
+    not finite is redone masked, in float64."""
     numel = a.numel()
     if numel == 0:
         return (0, 0, 0.0, 0.0, 0.0, 0.0, 0, 0)
-    op = fused_diff() if a.dtype == torch.float32 else None
-    sums = op(a, b)[1:] if op is not None else _chunk_sums(a, b)
+    sums = _chunk_sums(a, b)
     if all(math.isfinite(v) for v in sums):
         return (numel, numel, *sums, 0, 0)
     return tuple(_compare_device(a, b).tolist())
@@ -118,37 +111,22 @@ def _compare_device(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                         (~fa).sum().double(), (~fb).sum().double()])
 
 
-class DiffTable:
-    """Comparison sums per key, merged across batches; on an accelerator they stay on the
-    device until :meth:`flush` copies a batch's worth to the host in one transfer."""
+class DiffTable(Table[DiffSums]):
+    """Comparison sums per key, merged across batches (deferred on an accelerator)."""
 
     def __init__(self) -> None:
-        self._sums: dict[Hashable, DiffSums] = {}
-        self._pending: list[tuple[Hashable, torch.Tensor]] = []
+        super().__init__(DiffSums.from_values)
 
     def add(self, key: Hashable, a: torch.Tensor, b: torch.Tensor) -> None:
         """Compare two flat tensors of one dtype and device; merge into ``key``'s sums."""
-        if a.device.type != "cpu":
-            self._pending.append((key, _compare_device(a, b)))
-        else:
-            self._add(key, DiffSums.from_values(_compare_host(a, b)))
+        on_device = a.device.type != "cpu"
+        self.put(key, _compare_device(a, b) if on_device else
+                 DiffSums.from_values(_compare_host(a, b)))
 
     def count(self, key: Hashable, a: torch.Tensor, b: torch.Tensor) -> None:
         """Only count the non-finite values of two outputs that cannot be compared."""
-        self._add(key, DiffSums(nonfinite_a=int((~torch.isfinite(a)).sum()),
-                                nonfinite_b=int((~torch.isfinite(b)).sum())))
-
-    def _add(self, key: Hashable, sums: DiffSums) -> None:
-        self._sums[key] = self._sums.get(key, DiffSums()).merge(sums)
-
-    def flush(self) -> None:
-        """Bring deferred device sums to the host in one transfer and merge them."""
-        if not self._pending:
-            return
-        host = torch.stack([v for _, v in self._pending]).cpu().tolist()
-        for (key, _), values in zip(self._pending, host, strict=True):
-            self._add(key, DiffSums.from_values(values))
-        self._pending.clear()
+        self.put(key, DiffSums(nonfinite_a=int((~torch.isfinite(a)).sum()),
+                               nonfinite_b=int((~torch.isfinite(b)).sum())))
 
     def get(self, key: Hashable) -> DiffSums:
-        return self._sums.get(key) or DiffSums()
+        return super().get(key) or DiffSums()
