@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from hookscope.core.errors import HookscopeError, param
@@ -32,6 +33,11 @@ _ROW_MIN = 16
 #: Elements per block on the CPU: 2 MiB of float32, which stays in cache between passes
 #: (smaller blocks pay for more small operations, larger ones fall out of cache).
 BLOCK = 1 << 19
+#: Elements per block of a whole tensor's moments on the CPU: 512 KiB of float32, which stays
+#: in a core's cache through each of its reductions.
+HOST_BLOCK = 1 << 17
+#: Beyond this magnitude a block's float32 sum of squares might overflow.
+_HUGE = 1e16
 
 _local = threading.local()
 T = TypeVar("T", float, torch.Tensor)
@@ -120,28 +126,49 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
 
 
 def host_values(flat: torch.Tensor) -> list[float]:
-    """The eight values of :meth:`Moments.from_values` of a flat CPU tensor.
-
-    Per cache-sized block, four plain reductions read each value once: range, sum, sum of
-    squares (a dot product) and non-zero count. Where a block's mean is larger than its
-    spread the squares would cancel, so the values less their mean are summed instead
-    (:func:`moments_matrix`), as they are, masked, when a sum is not finite.
-    """
-    if not flat.numel():
-        return [0, 0, NAN, NAN, NAN, NAN, 0, 0]
-    blocks = flat.split(BLOCK)
-    rows = torch.stack([torch.stack([b.amin(), b.amax(), b.sum(), torch.dot(b, b),
-                                     torch.ne(b, 0, out=scratch(b.numel(), b.dtype)).sum()])
-                        for b in blocks]).tolist()
+    """The eight values of :meth:`Moments.from_values` of a flat CPU tensor: per block of
+    ``HOST_BLOCK`` values (:func:`_block_values`), merged; all the blocks masked, in float64
+    (:func:`moments_matrix`), when a value is not finite or is huge."""
+    values = flat.numpy()
+    parts = [_block_values(flat[start:start + HOST_BLOCK], values[start:start + HOST_BLOCK])
+             for start in range(0, len(values), HOST_BLOCK)]
+    if None in parts:
+        return moments_matrix(ChannelView.of(flat, None))[:, 0].tolist()
+    if len(parts) == 1:
+        return parts[0]  # type: ignore[return-value]
     found = Moments()
-    for block, (lo, hi, s, q, nonzero) in zip(blocks, rows, strict=True):
-        count = block.numel()
-        mean = s / count
-        m2 = q - s * mean
-        if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(q) and m2 >= q / 2):
-            return moments_matrix(ChannelView.of(flat, None))[:, 0].tolist()
-        found = found.merge(Moments(count, count, mean, m2, lo, hi, count - int(nonzero)))
+    for part in parts:
+        found = found.merge(Moments.from_values(part))  # type: ignore[arg-type]
     return [found.numel, found.n, found.mean, found.m2, found.min, found.max, found.zeros, 0]
+
+
+def _block_values(block: torch.Tensor, values: np.ndarray) -> list[float] | None:
+    """One block's eight values, or None when one is not finite or is huge. Plain reductions
+    read each value while the block is in cache: NumPy's min, max, dot product (the sum of
+    squares) and non-zero count, each about twice as fast on the CPU as torch's, and torch's
+    sum. Where the mean is larger than the spread those squares would cancel, so the squares
+    of the values less the mean are summed instead."""
+    count = len(values)
+    lo, hi = float(values.min()), float(values.max())
+    if not -_HUGE < lo <= hi < _HUGE:  # NaN, Inf, or squares that may overflow float32
+        return None
+    mean = block.sum().item() / count
+    q = float(np.dot(values, values))
+    m2 = q - count * mean * mean
+    if m2 < q / 2:
+        d = torch.sub(block, mean, out=scratch(count, block.dtype))
+        s1 = d.sum().item()
+        m2 = float(np.dot(d.numpy(), d.numpy())) - s1 * s1 / count
+    zeros = count - np.count_nonzero(np.not_equal(values, 0, out=_flags(count)))
+    return [count, count, mean, max(m2, 0.0), lo, hi, zeros, 0]
+
+
+def _flags(count: int) -> np.ndarray:
+    """A per-thread reusable boolean array of ``count`` (at most ``HOST_BLOCK``) elements."""
+    flags = _local.__dict__.get("flags")
+    if flags is None:
+        flags = _local.flags = np.empty(HOST_BLOCK, dtype=bool)
+    return flags[:count]
 
 
 def moments(x: torch.Tensor) -> Moments:
