@@ -9,14 +9,14 @@ opt-in :class:`~hookscope.probes.extras.Extras`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from hookscope.core.hooks import Call, first_tensor, model_device, tensor_shapes
-from hookscope.core.mergeable import merged
+from hookscope.core.mergeable import Merges, Row, hidden, merged, state
 from hookscope.core.outputs import select_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site
@@ -30,12 +30,12 @@ __all__ = ["LayerStats", "Prediction", "StatsProbe", "StatsReport", "collect_sta
 
 
 @dataclass(frozen=True)
-class LayerStats:
+class LayerStats(Row):
     """Statistics of one module call's output (and optionally its first input).
 
     ``moments``, ``input_moments`` and ``extras`` are the mergeable summaries behind the
-    numbers, not part of the JSON row; ``channel_dim``, ``channels`` and ``percentiles`` are
-    None unless asked for.
+    numbers, not part of the JSON row; ``input_stats``, ``channel_dim``, ``channels`` and
+    ``percentiles`` are None, and left out of it, unless asked for.
     """
 
     name: str
@@ -51,12 +51,12 @@ class LayerStats:
     nonfinite: int
     output_shapes: list[list[int]] = field(default_factory=list)
     input_stats: dict[str, float | int] | None = None
-    moments: Moments | None = field(default=None, repr=False, compare=False)
-    input_moments: Moments | None = field(default=None, repr=False, compare=False)
     channel_dim: int | None = None
     channels: list[dict[str, Any]] | None = None
     percentiles: dict[str, float] | None = None
-    extras: Extras | None = field(default=None, repr=False, compare=False)
+    moments: Moments | None = hidden(None)
+    input_moments: Moments | None = hidden(None)
+    extras: Extras | None = hidden(None)
 
     @classmethod
     def of(cls, name: str, type_name: str, call: int, input_shapes: list[list[int]],
@@ -73,28 +73,22 @@ class LayerStats:
             **(extras.fields() if extras is not None else {}),
         )
 
-    def merged(self, other: LayerStats) -> LayerStats:
+    def merge(self, other: LayerStats) -> LayerStats:
         """This call's statistics over both rows' data (exact)."""
         if self.moments is None or other.moments is None:
             raise ValueError("rows without moments cannot be merged")
-        out = self.moments.merge(other.moments)
         inputs = None
         if self.input_moments is not None and other.input_moments is not None:
             inputs = self.input_moments.merge(other.input_moments)
         return LayerStats.of(self.name, self.type, self.call, self.input_shapes,
-                             self.output_shapes, out, inputs, merged(self.extras, other.extras))
+                             self.output_shapes, self.moments.merge(other.moments), inputs,
+                             merged(self.extras, other.extras))
 
     def to_dict(self) -> dict[str, Any]:
-        optional = ("channel_dim", "channels", "percentiles")
-        row = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name not in ("moments", "input_moments", "input_stats", "extras", *optional)}
-        if self.input_stats is not None:
-            row["input_stats"] = self.input_stats
-        if self.channels is not None:
-            row |= {"channel_dim": self.channel_dim, "channels": self.channels}
-        if self.percentiles is not None:
-            row["percentiles"] = self.percentiles
-        return row
+        absent = {key for key in ("input_stats", "channels", "percentiles")
+                  if getattr(self, key) is None}
+        absent |= {"channel_dim"} if self.channels is None else set()
+        return {key: value for key, value in super().to_dict().items() if key not in absent}
 
 
 @dataclass(frozen=True)
@@ -110,13 +104,15 @@ class Prediction:
 
 
 @dataclass(frozen=True)
-class StatsReport:
-    """What ``collect_stats`` returns: per-call layer statistics and top predictions."""
+class StatsReport(Merges):
+    """What ``collect_stats`` returns: per-call layer statistics and top predictions. Merged,
+    it is exactly what one run over both reports' inputs, in order, gives (calls present on
+    one side only are kept)."""
 
-    layers: list[LayerStats]
+    layers: list[LayerStats] = state("rows")
     #: Per input, its top-k; None where its logits were not finite (no ranking is honest).
-    predictions: list[list[Prediction] | None]
-    input_shape: list[int] | None
+    predictions: list[list[Prediction] | None] = state("cat")
+    input_shape: list[int] | None = state(lambda a, b: a or b)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope: ``input_shape``, ``predictions``, ``layers``."""
@@ -126,17 +122,6 @@ class StatsReport:
                             for preds in self.predictions],
             "layers": [layer.to_dict() for layer in self.layers],
         }
-
-    def merge(self, other: StatsReport) -> StatsReport:
-        """The report over both reports' inputs, in order: exactly what one run over the
-        concatenated inputs gives (calls present on one side only are kept)."""
-        rows = {(r.name, r.call): r for r in self.layers}
-        for row in other.layers:
-            key = (row.name, row.call)
-            rows[key] = rows[key].merged(row) if key in rows else row
-        return StatsReport(layers=list(rows.values()),
-                           predictions=[*self.predictions, *other.predictions],
-                           input_shape=self.input_shape or other.input_shape)
 
 
 def top_predictions(
