@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["EPS", "drift", "finite", "quantile_drift"]
+__all__ = ["EPS", "drift", "finite", "quantile_drift", "stat_drift"]
 
 #: The floor of a drift's scale, relative to the mean (a constant layer, std 0, drifts by its
 #: change relative to its value), so that rounding does not become an infinite drift.
@@ -34,6 +34,16 @@ def drift(value: float | None, base: float | None, scale: float) -> float:
     if value is None or base is None:
         return 0.0 if value is None and base is None else math.inf
     return abs(value - base) / max(scale, EPS)
+
+
+def stat_drift(stat: str, value: Any, base: Mapping[str, Any]) -> float:
+    """The drift of a ``mean`` or ``std`` from a baseline row's: a mean's change relative to
+    the layer's magnitude, max(|mean|, std), so that a mean near zero does not explode; a
+    std's relative to the baseline std itself."""
+    mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
+    if stat == "mean":
+        return drift(finite(value), mean_b, max(abs(mean_b or 0.0), std_b or 0.0))
+    return drift(finite(value), std_b, max(std_b or 0.0, EPS * abs(mean_b or 0.0)))
 
 
 def _common(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[float, float]]:

@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
-from hookscope.numerics.drift import EPS, drift, finite, quantile_drift
+from hookscope.numerics.drift import EPS, drift, finite, quantile_drift, stat_drift
 from hookscope.probes.baseline import Baseline
 from hookscope.probes.rulefile import Expect, Rules
 
@@ -341,14 +341,8 @@ def _drift_result(ctx: Context, name: str, limit: float | None,
 
 def _stat_drift(stat: str, c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
     """The relative drift of ``stat`` (mean or std)."""
-    mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
-    # Mean: a change relative to the layer's magnitude, max(|mean|, std), so a mean near zero
-    # does not explode. Std: relative to the baseline std itself.
-    scale = max(abs(mean_b or 0.0), std_b or 0.0) if stat == "mean" else \
-        max(std_b or 0.0, EPS * abs(mean_b or 0.0))
-    base_value = mean_b if stat == "mean" else std_b
-    value = finite(getattr(c, stat))
-    d = drift(value, base_value, scale)
+    value, base_value = finite(getattr(c, stat)), finite(base.get(stat))
+    d = stat_drift(stat, value, base)
     return d, f"{stat} {_g(value)}, baseline {_g(base_value)} (drift {_dg(d)})"
 
 

@@ -22,7 +22,7 @@ from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
 from hookscope.core.mergeable import merged
 from hookscope.core.select import Selection
-from hookscope.numerics.drift import EPS, drift, finite, quantile_drift
+from hookscope.numerics.drift import quantile_drift, stat_drift
 from hookscope.numerics.health import DEAD
 from hookscope.numerics.sketch import parse_percentiles
 from hookscope.probes.baseline import read_stats
@@ -224,8 +224,4 @@ class Drift:
         if self.percentiles:
             return quantile_drift(base.get("percentiles"), row.get("percentiles"),
                                   base.get("std"), base.get("mean"))
-        mean, std = finite(row.get("mean")), finite(row.get("std"))
-        mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
-        scale_mean = max(abs(mean_b or 0.0), std_b or 0.0)  # drift() floors it at EPS
-        scale_std = max(std_b or 0.0, EPS * abs(mean_b or 0.0))
-        return max(drift(mean, mean_b, scale_mean), drift(std, std_b, scale_std))
+        return max(stat_drift("mean", row.get("mean"), base), stat_drift("std", row.get("std"), base))
