@@ -23,4 +23,4 @@ def diff_chain() -> int:
     in float32."""
     import hookscope.numerics.diffsums as diffsums
 
-    return min(diffsums._CHUNK * torch.get_num_threads(), diffsums._MAX_CHUNK)
+    return diffsums._CHUNK
