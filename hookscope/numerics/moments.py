@@ -159,7 +159,7 @@ def _block_values(block: torch.Tensor, values: np.ndarray) -> list[float] | None
         d = torch.sub(block, mean, out=scratch(count, block.dtype))
         s1 = d.sum().item()
         m2 = float(np.dot(d.numpy(), d.numpy())) - s1 * s1 / count
-    zeros = count - np.count_nonzero(np.not_equal(values, 0, out=_flags(count)))
+    zeros = count - int(np.count_nonzero(np.not_equal(values, 0, out=_flags(count))))
     return [count, count, mean, max(m2, 0.0), lo, hi, zeros, 0]
 
 
