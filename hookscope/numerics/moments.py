@@ -2,13 +2,14 @@
 range, zeros and non-finite values, merged exactly across batches by Chan et al.'s update in
 float64.
 
-:func:`moments_matrix` is the one implementation: a whole tensor is a view with one channel.
-Reductions over a permuted view run ~10x slower on the CPU than over contiguous memory, so
-:class:`ChannelView` lays an output out as a contiguous matrix whose rows (``(N*C, H*W)``) or
-columns (``(N*T, C)``) each belong to one channel, cut into cache-sized blocks; each block's
-plain reductions are combined per channel, and only a block whose sums are not finite is
-masked, in float64. Off the CPU the whole output is one block, masked without a
-data-dependent branch, so nothing synchronises per layer.
+:func:`moments_matrix` is the one implementation, and a whole tensor is a view with one
+channel; on the CPU :func:`host_values` takes a whole tensor's plain reductions per
+cache-sized block, several times faster. Reductions over a permuted view run ~10x slower on
+the CPU than over contiguous memory, so :class:`ChannelView` lays an output out as a
+contiguous matrix whose rows (``(N*C, H*W)``) or columns (``(N*T, C)``) each belong to one
+channel, cut into cache-sized blocks; each block's plain reductions are combined per channel,
+and only a block whose sums are not finite is masked, in float64. Off the CPU the whole
+output is one block, masked without a data-dependent branch, so nothing synchronises per layer.
 """
 
 from __future__ import annotations
