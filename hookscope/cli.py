@@ -67,7 +67,7 @@ def stats(
     Example: hookscope stats resnet18 cat.jpg --format json | jq '.layers[] | select(.nonfinite > 0)'
     """
     from hookscope.core.logits import warn_nonfinite_logits
-    from hookscope.probes.sketch import parse_percentiles, percentile_key
+    from hookscope.numerics.sketch import parse_percentiles, percentile_key
     from hookscope.probes.stats import StatsProbe
     from hookscope.render.views import emit_plot
 

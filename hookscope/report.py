@@ -24,20 +24,18 @@ from hookscope.cam.result import CamBatch
 from hookscope.cam.targets import task_targets
 from hookscope.core.run import drive
 from hookscope.core.select import LEAVES, Selection
+from hookscope.numerics.health import DEAD
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.stats import Prediction, StatsProbe, StatsReport
 from hookscope.probes.structure import model_structure
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
-    from hookscope.sources import LoadedModel
+from hookscope.sources import LoadedModel
 
 __all__ = ["CamInput", "CamTarget", "DEAD", "Finding", "Report", "ReportOptions",
            "build_report", "find_issues", "left_out"]
 
-#: A call whose output is at least this fraction of zeros is dead (the terminal table's
-#: yellow, ``render.tables.ZERO_WARN``).
-DEAD = 0.99
 
 Box = tuple[float, float, float, float]
 

@@ -211,7 +211,7 @@ def test_channels_last_outputs_are_laid_out(folders) -> None:
     """ConvNeXt's blocks run channels-last: their GELU output (N, h, w, C) is a grid in
     (N, C, h, w) for the features and has its channels last for the statistics."""
     from hookscope.core.run import drive
-    from hookscope.probes.channels import channel_dim
+    from hookscope.numerics.layout import channel_dim
     from hookscope.probes.features import FeaturesProbe, feature_sites
 
     model = load(f"hf:{folders['convnext']}").model

@@ -21,10 +21,10 @@ from torch import nn
 from hookscope.cam.passes import Pass, Switch, or_zeros
 from hookscope.cam.targets import Focus, Objective
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call
 from hookscope.core.run import Step
 from hookscope.core.select import Site, all_sites
+from hookscope.numerics.layout import Layout, layout
 
 __all__ = ["FUSIONS", "AttentionPass", "Attentions", "attention_sites", "eager_attention"]
 

@@ -1,5 +1,5 @@
 """The layer a CAM explains when none is given (see :func:`default_layer`); what counts as an
-image grid is :mod:`hookscope.core.grid`'s rule.
+image grid is :mod:`hookscope.numerics.layout`'s rule.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from torch import nn
 
 from hookscope.cam.passes import output_tensor
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, layout, token_hint
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import all_sites
+from hookscope.numerics.layout import Layout, layout, token_hint
 
 __all__ = ["default_layer"]
 

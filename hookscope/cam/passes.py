@@ -17,10 +17,10 @@ from torch import nn
 from hookscope.cam.methods import SMOOTH_STD, FullBackward
 from hookscope.cam.targets import Focus, Objective, Origins
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call
 from hookscope.core.run import Probe, Step
 from hookscope.core.select import Site
+from hookscope.numerics.layout import Layout, layout
 
 if TYPE_CHECKING:
     from hookscope.cam.probe import CamProbe

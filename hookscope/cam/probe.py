@@ -31,9 +31,9 @@ from hookscope.cam.targets import (
 )
 from hookscope.core.classes import Targets, as_targets
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import token_hint
 from hookscope.core.run import Step, drive, peek
 from hookscope.core.select import Site, all_sites, find_site
+from hookscope.numerics.layout import token_hint
 
 log = logging.getLogger("hookscope")
 

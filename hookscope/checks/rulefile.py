@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 
 try:
     import tomllib

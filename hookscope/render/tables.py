@@ -17,8 +17,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from hookscope.core.files import format_shape, format_shapes
-
-ZERO_WARN = 0.99
+from hookscope.numerics.health import DEAD as ZERO_WARN
 
 
 @dataclass

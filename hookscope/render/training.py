@@ -15,7 +15,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.files import dumps_json, format_shape
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 from hookscope.render import plots
 from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hookscope.core.errors import HookscopeError
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 
 __all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "is_log", "read_log"]
 

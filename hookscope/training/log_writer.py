@@ -118,7 +118,7 @@ class WatchLog:
 
 
 def publish(staged: Path, log_dir: Path, *, force: bool = False) -> None:
-    """Move the finished log in ``staged`` into ``log_dir``, as core.output's :class:`Staging`
+    """Move the finished log in ``staged`` into ``log_dir``, as core.files' :class:`Staging`
     writes a folder: both files staged beside their targets and renamed together, so an
     interruption leaves ``log_dir`` as it was (an earlier log whole) and a folder it made is
     removed. ``hookscope watch`` trains into ``staged``; a training script's own
