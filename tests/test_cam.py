@@ -27,9 +27,9 @@ from hookscope.cam.methods import METHODS, method_names, register
 from hookscope.cam.probe import default_layer, explain
 from hookscope.cam.result import peak_in_box
 from hookscope.cam.targets import crop_box
+from hookscope.core.classes import parse_targets
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import hook_count
-from hookscope.core.targets import parse_targets
 
 REFERENCE = {
     "gradcam": pgc.GradCAM,

@@ -21,8 +21,8 @@ from torch import nn
 
 from hookscope.cam.methods import method_names
 from hookscope.cam.probe import explain, gradcam
+from hookscope.core.classes import parse_targets
 from hookscope.core.hooks import hook_count
-from hookscope.core.targets import parse_targets
 from tests.test_cam import TOL, InplaceNet, _minmax, _no_inplace, pgc_cam_image
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -20,9 +20,9 @@ from pytorch_grad_cam.utils.model_targets import (
 from torch import nn
 
 from hookscope.cam.probe import default_layer, explain
+from hookscope.core.classes import parse_targets
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import hook_count
-from hookscope.core.targets import parse_targets
 from tests.test_cam import TOL, _minmax, _no_inplace, pgc_cam_image
 from tests.test_cam_methods import _signed
 

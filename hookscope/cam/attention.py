@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hookscope.cam.passes import Pass, Switch, or_zeros
-from hookscope.cam.targets import Objective, Selection
+from hookscope.cam.targets import Focus, Objective
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call
@@ -170,7 +170,7 @@ class AttentionPass(Pass):
             self.probs.append(found)
         return None
 
-    def run(self, step: Step, x: torch.Tensor, sel: Selection, gradients: bool) -> Attentions:
+    def run(self, step: Step, x: torch.Tensor, focus: Focus, gradients: bool) -> Attentions:
         """One pass's attention probabilities on ``x``'s patch grid (with ``gradients``, the
         summed target scores' gradients with respect to them).
 
@@ -194,7 +194,7 @@ class AttentionPass(Pass):
                 f"every block; this model's attention matrices are {shapes} (batch, queries, "
                 f"keys) for a batch of {len(x)} (windowed or reduced attention, as in Swin or "
                 "SegFormer).")
-        grads = self._gradients(probs, out, sel) if gradients else None
+        grads = self._gradients(probs, out, focus) if gradients else None
         grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
                       hint=self.hint, force="vit")
         if not isinstance(grid, Layout):
@@ -202,11 +202,11 @@ class AttentionPass(Pass):
         return Attentions([p.detach() for p in probs], grads, grid.prefix, (grid.h, grid.w),
                           *self.rollout)
 
-    def _gradients(self, probs: list[torch.Tensor], out: Any, sel: Selection
+    def _gradients(self, probs: list[torch.Tensor], out: Any, focus: Focus
                    ) -> list[torch.Tensor]:
         # torch's MultiheadAttention returns a per-head view of the matrix it used: take the
         # gradient at that matrix.
         nodes = [p._base if p._base is not None and p._base.numel() == p.numel() else p
                  for p in probs]
-        grads = self.grads(out, sel, nodes) or [None] * len(probs)
+        grads = self.grads(out, focus, nodes) or [None] * len(probs)
         return [or_zeros(g, p).reshape(p.shape) for g, p in zip(grads, probs, strict=True)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -17,12 +18,12 @@ from torch import nn
 
 from hookscope.cam.methods import resize
 from hookscope.cam.targets import class_probs
+from hookscope.core.classes import Targets, as_targets, parse_targets
 from hookscope.core.errors import HookscopeError, param, suggest
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.targets import Targets, as_targets, parse_targets
 
-__all__ = ["METRICS", "MetricPlan", "cam_metrics", "impute", "parse_metrics"]
+__all__ = ["METRICS", "MetricPlan", "cam_metrics", "class_scorer", "impute", "parse_metrics"]
 
 #: The names ``metrics`` takes (``road`` also reports ``road_morf`` and ``road_lerf``).
 METRICS = ("road", "deletion", "insertion", "drop", "increase")
@@ -223,6 +224,18 @@ class MetricPlan:
         return list(x * maps.unsqueeze(1)), list(range(len(x))), values
 
 
+def class_scorer(step: Step, logits: Callable[[Any], torch.Tensor], classes: Sequence[int]
+                 ) -> Score:
+    """The metrics' ``score``: the softmax probability of input ``rows[j]``'s class for the
+    j-th input, the logits taken by ``logits`` from one plain pass."""
+
+    def score(inputs: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        return class_probs(logits(step.forward(inputs, grad="inference")),
+                           [classes[r] for r in rows])
+
+    return score
+
+
 class MetricsProbe(Probe[dict[str, np.ndarray]]):
     """Scores given maps batch by batch (for :func:`cam_metrics`)."""
 
@@ -238,14 +251,10 @@ class MetricsProbe(Probe[dict[str, np.ndarray]]):
         if len(maps) != len(x):
             raise HookscopeError(f"{param('maps')} holds {len(self.maps)} maps; there are more "
                                  "inputs than that.")
-        classes = self.targets.resolve(class_logits(step.forward(), self.output_key,
-                                                    "The metrics"), step.start)
-
-        def score(inputs: torch.Tensor, rows: list[int]) -> torch.Tensor:
-            logits = class_logits(step.forward(inputs), self.output_key, "The metrics")
-            return class_probs(logits, [classes[r] for r in rows])
-
-        self.found.append(self.plan.evaluate(score, x, maps, self.batch))
+        logits = partial(class_logits, key=self.output_key, analysis="The metrics")
+        classes = self.targets.resolve(logits(step.forward()), step.start)
+        self.found.append(self.plan.evaluate(class_scorer(step, logits, classes), x, maps,
+                                             self.batch))
 
     def finish(self) -> dict[str, np.ndarray]:
         if not self.found:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from hookscope.cam.passes import BatchRun
+
 __all__ = ["CamInputs", "FullBackward", "Method", "METHODS", "get_method", "method_names",
            "minmax", "project", "register", "resize"]
 
@@ -39,28 +41,20 @@ class FullBackward:
 
 @dataclass
 class CamInputs:
-    """What a method may use: the layer's activations (N, C, h, w), the gradients of the
-    summed target scores there (gradient methods), and callables that run the extra passes
-    ``score_batch`` inputs at a time: ``score(inputs, rows)`` (input ``rows[j]``'s target
-    score of each input), ``ablate(i, channels)``, ``regrad(fn)`` (the gradient of
-    ``fn(output).sum()``), ``hvp()``, ``noisy(s)`` (the ``s``-th noisy input's activations
-    and gradients), ``noise(shape)`` (seeded) and ``attention(gradients)``."""
+    """What a method may use at one target layer: the layer's activations (N, C, h, w), the
+    gradients of the summed target scores there (None unless the method takes gradients),
+    the input, the target classes, and ``run``: the batch's
+    :class:`hookscope.cam.passes.BatchRun`, whose extra passes (``score``, ``ablate``,
+    ``regrad``, ``hvp``, ``noisy``, ``noise``, ``attention``) or FullGrad pass (``full``) the
+    method names in its ``needs``; ``layer`` and ``method`` say where and for whom."""
 
     acts: torch.Tensor
-    grads: torch.Tensor | None
+    grads: torch.Tensor  # None for a method registered without gradients
     x: torch.Tensor
     targets: list[int]
-    score: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None
-    score_batch: int = 32
-    base_scores: torch.Tensor | None = None
-    ablate: Callable[[int, list[int]], torch.Tensor] | None = None
-    regrad: Callable[[Callable[[Any], torch.Tensor]], torch.Tensor] | None = None
-    logits: torch.Tensor | None = None
-    hvp: Callable[[], torch.Tensor] | None = None
-    noisy: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
-    noise: Callable[[tuple[int, ...]], torch.Tensor] | None = None
-    full: FullBackward | None = None
-    attention: Callable[[bool], Any] | None = None
+    run: BatchRun = None  # type: ignore[assignment]  # only for methods with ``needs``
+    layer: int = 0
+    method: str = ""
 
 
 CamFn = Callable[[CamInputs], "torch.Tensor"]
@@ -68,7 +62,7 @@ CamFn = Callable[[CamInputs], "torch.Tensor"]
 
 @dataclass(frozen=True)
 class Method:
-    """A registered CAM method: ``needs`` names the :class:`CamInputs` callables it uses;
+    """A registered CAM method: ``needs`` names the extra passes it runs (see :class:`CamInputs`);
     ``classifier``: it compares a classifier's classes; not ``layerwise``: it ignores the
     target layers (one map, not one per layer)."""
 
@@ -123,16 +117,6 @@ def _channels(weights: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
     return weights[:, :, None, None].to(acts.dtype) * acts
 
 
-def _need(value: Any, name: str) -> Any:
-    if value is None:  # pragma: no cover - the engine passes what a method declares
-        raise ValueError(f"this method needs {name}")
-    return value
-
-
-def _grads(inp: CamInputs) -> torch.Tensor:
-    return _need(inp.grads, "gradients")  # type: ignore[no-any-return]
-
-
 def _positions(t: torch.Tensor) -> torch.Tensor:
     """(N, C, h, w) as (N, positions, channels) in float64, centred over positions."""
     import torch
@@ -181,13 +165,13 @@ def resize(maps: torch.Tensor, size: Sequence[int], mode: str = "bilinear") -> t
 @register("gradcam")
 def gradcam(inp: CamInputs) -> torch.Tensor:
     """Grad-CAM (Selvaraju et al.): w_c = mean over positions of dS/dA_c."""
-    return _channels(_grads(inp).mean(dim=(2, 3)), inp.acts)
+    return _channels(inp.grads.mean(dim=(2, 3)), inp.acts)
 
 
 @register("gradcam++")
 def gradcam_pp(inp: CamInputs) -> torch.Tensor:
     """Grad-CAM++ (Chattopadhyay et al., eq. 19 with the exponential-score simplification)."""
-    g = _grads(inp)
+    g = inp.grads
     g2 = g * g
     g3 = g2 * g
     alpha = g2 / (2 * g2 + _spatial_sum(inp.acts) * g3 + 1e-6)
@@ -199,19 +183,19 @@ def gradcam_pp(inp: CamInputs) -> torch.Tensor:
 def xgradcam(inp: CamInputs) -> torch.Tensor:
     """XGrad-CAM (Fu et al.): w_c = sum_ij G * A / (sum_ij A + eps)."""
     a = inp.acts
-    return _channels((_grads(inp) * a / (_spatial_sum(a) + 1e-7)).sum(dim=(2, 3)), a)
+    return _channels((inp.grads * a / (_spatial_sum(a) + 1e-7)).sum(dim=(2, 3)), a)
 
 
 @register("layercam")
 def layercam(inp: CamInputs) -> torch.Tensor:
     """LayerCAM (Jiang et al.): sum_c ReLU(G) * A."""
-    return _grads(inp).clamp(min=0) * inp.acts
+    return inp.grads.clamp(min=0) * inp.acts
 
 
 @register("hirescam")
 def hirescam(inp: CamInputs) -> torch.Tensor:
     """HiResCAM (Draelos & Carin): sum_c G * A."""
-    return _grads(inp) * inp.acts
+    return inp.grads * inp.acts
 
 
 @register("eigencam", gradients=False)
@@ -231,7 +215,7 @@ def scorecam(inp: CamInputs) -> torch.Tensor:
     import torch
     import torch.nn.functional as F
 
-    score = _need(inp.score, "score")
+    score = inp.run.score
     a = inp.acts
     n, c = a.shape[:2]
     size = inp.x.shape[-2:]
@@ -241,7 +225,7 @@ def scorecam(inp: CamInputs) -> torch.Tensor:
     if bool(constant.any()):
         zero = score(torch.zeros_like(inp.x), list(range(n))).float()
         scores[constant] = zero[:, None].expand(n, c)[constant]
-    step = max(1, int(inp.score_batch))
+    step = inp.run.score_batch
     for i in range(n):
         live = torch.nonzero(~constant[i]).flatten()
         for c0 in range(0, len(live), step):
@@ -257,13 +241,13 @@ def scorecam(inp: CamInputs) -> torch.Tensor:
 @register("gradcamelementwise")
 def gradcam_elementwise(inp: CamInputs) -> torch.Tensor:
     """Grad-CAM element-wise (pytorch-grad-cam): sum_c ReLU(G * A)."""
-    return (_grads(inp) * inp.acts).clamp(min=0)
+    return (inp.grads * inp.acts).clamp(min=0)
 
 
 @register("eigengradcam")
 def eigengradcam(inp: CamInputs) -> torch.Tensor:
     """EigenGrad-CAM (pytorch-grad-cam): the :func:`project` of G * A."""
-    return project(_grads(inp) * inp.acts)
+    return project(inp.grads * inp.acts)
 
 
 @register("ablationcam", gradients=False, needs=("ablate",))
@@ -272,15 +256,15 @@ def ablationcam(inp: CamInputs) -> torch.Tensor:
     channel c of the layer's output is ablated (pytorch-grad-cam's AblationLayer)."""
     import torch
 
-    ablate = _need(inp.ablate, "ablate")
-    base = _need(inp.base_scores, "base_scores").float()
-    a = inp.acts
+    run, a = inp.run, inp.acts
+    base = run.cap.scores.float()
     n, c = a.shape[:2]
     scores = torch.empty((n, c), dtype=torch.float32, device=a.device)
-    step = max(1, int(inp.score_batch))
+    step = run.score_batch
     for i in range(n):
         for c0 in range(0, c, step):
-            scores[i, c0 : c0 + step] = ablate(i, list(range(c0, min(c, c0 + step)))).float()
+            channels = list(range(c0, min(c, c0 + step)))
+            scores[i, c0 : c0 + step] = run.ablate(inp.layer, i, channels).float()
     return _channels((base[:, None] - scores) / base[:, None], a)
 
 
@@ -289,7 +273,8 @@ def fullgrad(inp: CamInputs) -> torch.Tensor:
     """FullGrad (Srinivas & Fleuret) as pytorch-grad-cam, at input resolution (it ignores
     the layer): |x * dS/dx| plus, for every biased Conv2d/BatchNorm2d, |b * G|, each
     (input, channel) map min-max scaled, resized to the input and summed."""
-    full = _need(inp.full, "full")
+    full = inp.run.full
+    assert full is not None  # the engine runs it for the methods that need it
     size = full.x.shape[-2:]
     total = minmax((full.x_grad * full.x).abs(), 1e-7).sum(dim=1)
     for bias, grad in full.biases:
@@ -337,8 +322,8 @@ def kpcacam(inp: CamInputs) -> torch.Tensor:
 @register("shapleycam", needs=("hvp",))
 def shapleycam(inp: CamInputs) -> torch.Tensor:
     """ShapleyCAM (Cai): w_c = mean over positions of (G - H A / 2)."""
-    hvp = _need(inp.hvp, "hvp")()
-    return _channels((_grads(inp) - 0.5 * hvp).mean(dim=(2, 3)), inp.acts)
+    hvp = inp.run.hvp(inp.layer)
+    return _channels((inp.grads - 0.5 * hvp).mean(dim=(2, 3)), inp.acts)
 
 
 def _finer_score(targets: list[int], comparisons: torch.Tensor) -> Callable[[Any], Any]:
@@ -361,11 +346,11 @@ def finercam(inp: CamInputs) -> torch.Tensor:
     minus the 3 closest classes' logits, weighted by their probabilities."""
     import torch
 
-    logits = _need(inp.logits, "logits").float()
+    logits = inp.run.cap.out.float()
     target = logits.gather(1, torch.tensor(inp.targets, device=logits.device)[:, None])
     order = torch.argsort((logits - target).abs(), dim=1)
     comparisons = order[:, 1 : 1 + min(3, logits.shape[1] - 1)]
-    grads = _need(inp.regrad, "regrad")(_finer_score(inp.targets, comparisons))
+    grads = inp.run.regrad(inp.layer, _finer_score(inp.targets, comparisons))
     return _channels(grads.float().mean(dim=(2, 3)), inp.acts)
 
 
@@ -386,13 +371,12 @@ def _score_masks(inp: CamInputs, masks: torch.Tensor, scale: float = 1.0) -> tor
     """The target score gain of each (input, channel) mask times the input: (N, C)."""
     import torch
 
-    score = _need(inp.score, "score")
-    base = _need(inp.base_scores, "base_scores").float()
+    score, base = inp.run.score, inp.run.cap.scores.float()
     n, c = masks.shape[:2]
     flat = masks.reshape(n * c, 1, *masks.shape[2:])
     rows = [i for i in range(n) for _ in range(c)]
     out = torch.empty(n * c, dtype=torch.float32, device=masks.device)
-    step = max(1, int(inp.score_batch))
+    step = inp.run.score_batch
     for s in range(0, n * c, step):
         idx = rows[s : s + step]
         masked = scale * (flat[s : s + step] * inp.x[idx])
@@ -412,9 +396,8 @@ def _torchcam_masks(inp: CamInputs) -> torch.Tensor:
 def sscam(inp: CamInputs) -> torch.Tensor:
     """SS-CAM (Wang et al.) as torchcam: Score-CAM over 35 noisy copies of every mask (std 2),
     the mean score gain softmaxed over channels (seeded noise)."""
-    noise = _need(inp.noise, "noise")
     masks = _torchcam_masks(inp)
-    total: Any = sum(_score_masks(inp, masks + SSCAM_STD * noise(tuple(masks.shape)))
+    total: Any = sum(_score_masks(inp, masks + SSCAM_STD * inp.run.noise(inp.method, masks.shape))
                      for _ in range(SSCAM_SAMPLES))
     return _channels((total / SSCAM_SAMPLES).softmax(dim=1), inp.acts)
 
@@ -440,11 +423,10 @@ def smoothgradcam_pp(inp: CamInputs) -> torch.Tensor:
     activations; the weights sum_ij alpha * ReLU(G) weight the activations, G and the
     activations there being the last noisy input's (as torchcam).
     """
-    noisy = _need(inp.noisy, "noisy")
-    acts, grads = noisy(0)
+    acts, grads = inp.run.noisy(inp.method, inp.layer, 0)
     g2, g3 = grads.pow(2), grads.pow(3)
     for s in range(1, SMOOTH_SAMPLES):
-        acts, grads = noisy(s)
+        acts, grads = inp.run.noisy(inp.method, inp.layer, s)
         g2, g3 = g2 + grads.pow(2), g3 + grads.pow(3)
     g2, g3 = g2 / SMOOTH_SAMPLES, g3 / SMOOTH_SAMPLES
     alpha = g2 / (2 * g2 + _spatial_sum(g3 * inp.acts) + 1e-8)
@@ -457,10 +439,10 @@ def smoothgradcam_pp(inp: CamInputs) -> torch.Tensor:
 @register("rollout", gradients=False, needs=("attention",), layerwise=False)
 def attention_rollout(inp: CamInputs) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema, 2020): :meth:`.attention.Attentions.rollout`."""
-    return _need(inp.attention, "attention")(False).rollout()  # type: ignore[no-any-return]
+    return inp.run.attention(False).rollout()
 
 
 @register("attention-grad", gradients=False, needs=("attention",), layerwise=False)
 def attention_grad(inp: CamInputs) -> torch.Tensor:
     """Chefer, Gur & Wolf (2021): :meth:`.attention.Attentions.relevance`."""
-    return _need(inp.attention, "attention")(True).relevance()  # type: ignore[no-any-return]
+    return inp.run.attention(True).relevance()

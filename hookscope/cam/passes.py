@@ -6,21 +6,24 @@ they do nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
+from torch import nn
 
-from hookscope.cam.backprop import GuidedGrad, bias_of
 from hookscope.cam.methods import SMOOTH_STD, FullBackward
-from hookscope.cam.targets import Context, Objective, Selection, class_probs
+from hookscope.cam.targets import Focus, Objective, Origins
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call
 from hookscope.core.run import Probe, Step
 from hookscope.core.select import Site
+
+if TYPE_CHECKING:
+    from hookscope.cam.probe import CamProbe
 
 R = TypeVar("R")
 
@@ -45,6 +48,21 @@ def _with_output(output: Any, replacement: torch.Tensor) -> Any:
     if isinstance(output, torch.Tensor):
         return replacement
     return type(output)([replacement, *output[1:]])
+
+
+def channel_per_row(out: torch.Tensor, channels: Sequence[int], channel_dim: int,
+                    change: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Channel ablation, one channel per row: a copy of ``out`` (one row, expanded to one per
+    channel, or already one per channel) whose row r has channel ``channels[r]`` replaced
+    by ``change`` of it."""
+    moved = out.movedim(channel_dim, 1)
+    if moved.shape[0] == 1:
+        moved = moved.expand(len(channels), *moved.shape[1:])
+    new = moved.clone()
+    rows = torch.arange(len(channels), device=out.device)
+    cols = torch.tensor(list(channels), device=out.device)
+    new[rows, cols] = change(moved[rows, cols])
+    return new.movedim(1, channel_dim)
 
 
 def or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -79,12 +97,12 @@ class Pass:
     def on_exit(self, call: Call, output: Any) -> Any:
         return None
 
-    def grads(self, out: Any, sel: Selection, nodes: list[torch.Tensor], **options: Any
+    def grads(self, out: Any, focus: Focus, nodes: list[torch.Tensor], **options: Any
               ) -> tuple[torch.Tensor | None, ...] | None:
         """The gradients of the summed target scores at ``nodes`` (None where autograd
         finds no path); None when the scores do not depend on anything differentiable."""
         with torch.inference_mode(False), torch.enable_grad():
-            total = self.objective.score(out, sel, list(range(len(sel.classes)))).sum()
+            total = self.objective.score(out, focus, list(range(len(focus.classes)))).sum()
             if not total.requires_grad:
                 return None
             return torch.autograd.grad(total, nodes, allow_unused=True, **options)
@@ -109,20 +127,6 @@ class Switch(Probe[R]):
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> Any:
         return None if self.active is None else self.active.on_exit(call, output)
-
-
-def score(step: Step, objective: Objective, sel: Selection, x: torch.Tensor, rows: list[int]
-          ) -> torch.Tensor:
-    """The target scores of ``x`` (its rows are ``rows`` of the batch): a plain pass."""
-    out = objective.output(step.forward(x, grad="inference"))
-    return objective.score(out, sel, rows)
-
-
-def probs(step: Step, objective: Objective, sel: Selection, x: torch.Tensor, rows: list[int]
-          ) -> torch.Tensor:
-    """The target classes' softmax probabilities for ``x``: a plain pass (the metrics')."""
-    logits = objective.output(step.forward(x, grad="inference"))
-    return class_probs(logits, [sel.classes[r] for r in rows])
 
 
 class CapturePass(Pass):
@@ -172,8 +176,8 @@ class CapturePass(Pass):
         # The model gets a copy, so a following in-place op cannot touch the snapshot.
         return _with_output(output, node.clone())
 
-    def run(self, step: Step, x: torch.Tensor, sel: Selection | None, ctx: Context, *,
-            keep: bool = False, strict: bool = True) -> tuple[Captured, Selection]:
+    def run(self, step: Step, x: torch.Tensor, focus: Focus | None, origins: Origins, *,
+            keep: bool = False, strict: bool = True) -> tuple[Captured, Focus]:
         """One forward (and backward) pass: the output, activations and gradients."""
         self.cap = [None] * len(self.layer_sites)
         self.size = (int(x.shape[-2]), int(x.shape[-1]))
@@ -185,94 +189,45 @@ class CapturePass(Pass):
             raise HookscopeError(f"Layer {self.layer_sites[self.cap.index(None)].name!r} did "
                                  "not run during the forward pass; choose a layer the model uses.")
         acts, nodes = [c[0] for c in taken], [c[1] for c in taken]
-        sel = sel or self.objective.select(out, x, step.start, ctx)
+        focus = focus or self.objective.select(out, x, step.start, origins)
         grads: list[torch.Tensor | None] = [None] * len(taken)
         graph_grads: list[torch.Tensor] = []
         if self.needs_grad:
-            graph_grads = [torch.zeros_like(n) for n in nodes] if all(sel.skipped) else \
-                self._backward(graph_out, sel, nodes, keep, strict)
-            grads = [self._nchw(i, g.detach()) for i, g in enumerate(graph_grads)]
+            graph_grads = [torch.zeros_like(n) for n in nodes] if all(focus.skipped) else \
+                self._backward(graph_out, focus, nodes, keep, strict)
+            grads = [self.nchw(i, g.detach()) for i, g in enumerate(graph_grads)]
         with torch.no_grad():
-            scores = self.objective.score(out, sel, list(range(len(x)))).float()
+            scores = self.objective.score(out, focus, list(range(len(x)))).float()
         return Captured(
-            out=out, acts=acts, nchw=[self._nchw(i, a) for i, a in enumerate(acts)],
+            out=out, acts=acts, nchw=[self.nchw(i, a) for i, a in enumerate(acts)],
             grads=grads, calls=[c[2] for c in taken], scores=scores,
             graph_out=graph_out if keep else None, nodes=nodes if keep else [],
-            graph_grads=graph_grads if keep else []), sel
+            graph_grads=graph_grads if keep else []), focus
 
-    def _backward(self, out: Any, sel: Selection, nodes: list[torch.Tensor], keep: bool,
+    def _backward(self, out: Any, focus: Focus, nodes: list[torch.Tensor], keep: bool,
                   strict: bool) -> list[torch.Tensor]:
-        """Gradients of the summed target scores at each layer."""
-        grads = self.grads(out, sel, nodes, retain_graph=keep,
+        """Gradients of the summed target scores at each layer (zeros for a noisy copy whose
+        scores depend on nothing, when not ``strict``)."""
+        grads = self.grads(out, focus, nodes, retain_graph=keep,
                            create_graph=keep and self.second_order)
-        if grads is None:
-            if strict:
-                raise self._disconnected(self.layer_sites[0].name)
+        if grads is None and not strict:
             return [torch.zeros_like(n) for n in nodes]
-        for site, g in zip(self.layer_sites, grads, strict=True):
+        found = grads or (None,)
+        for site, g in zip(self.layer_sites, found, strict=False):
             if g is None:
-                raise self._disconnected(site.name)
-        return list(grads)  # type: ignore[arg-type]
-
-    def _disconnected(self, name: str) -> HookscopeError:
-        return HookscopeError(
-            f"The model's output does not depend on layer {name!r}, so it has no "
-            "gradient; choose a layer on the path to the output."
-        )
-
-    def regrad(self, cap: Captured, layer: int, fn: Callable[[Any], torch.Tensor]
-               ) -> torch.Tensor:
-        with torch.inference_mode(False), torch.enable_grad():
-            (g,) = torch.autograd.grad(fn(cap.graph_out).sum(), cap.nodes[layer],
-                                       retain_graph=True, allow_unused=True)
-        return self._nchw(layer, or_zeros(g, cap.acts[layer]))
-
-    def hvp(self, cap: Captured, layer: int) -> torch.Tensor:
-        grad, node = cap.graph_grads[layer], cap.nodes[layer]
-        h = None
-        if grad.requires_grad:
-            try:
-                with torch.inference_mode(False), torch.enable_grad():
-                    (h,) = torch.autograd.grad(grad, node, grad_outputs=node.detach(),
-                                               retain_graph=True, allow_unused=True)
-            except RuntimeError as exc:
-                if "not implemented" not in str(exc):
-                    raise
                 raise HookscopeError(
-                    "shapleycam needs second derivatives, and PyTorch has none for an "
-                    f"operation of this model after layer {self.layer_sites[layer].name!r} "
-                    f"({' '.join(str(exc).split())}); choose another method.") from None
-        return self._nchw(layer, or_zeros(h, cap.acts[layer]))
+                    f"The model's output does not depend on layer {site.name!r}, so it has no "
+                    "gradient; choose a layer on the path to the output.")
+        return list(found)  # type: ignore[arg-type]
 
-    def _nchw(self, layer: int, t: torch.Tensor) -> torch.Tensor:
+    def nchw(self, layer: int, t: torch.Tensor) -> torch.Tensor:
         """A tensor in ``layer``'s output layout as (N, C, h, w) float32."""
         return self.grids[layer].to_nchw(t).float()
 
 
-class Noise:
-    """Each method's seeded noise, and the capture passes of noisy copies of the input
-    (``sscam``, ``smoothgradcam++``)."""
-
-    def __init__(self, capture: CapturePass, names: list[str], seed: int) -> None:
-        self.capture = capture
-        self.gens = {name: torch.Generator().manual_seed(seed) for name in names}
-
-    def noise(self, name: str, device: torch.device, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.randn(shape, generator=self.gens[name]).to(device)
-
-    def noisy(self, step: Step, sel: Selection, ctx: Context, x: torch.Tensor, name: str,
-              cache: dict[int, Captured], layer: int, sample: int
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``sample``-th noisy copy's activations and gradients (shared by the layers)."""
-        if sample not in cache:
-            noisy = x + SMOOTH_STD * self.noise(name, x.device, tuple(x.shape))
-            cache[sample] = self.capture.run(step, noisy, sel, ctx, strict=False)[0]
-        found = cache[sample]
-        return found.nchw[layer], or_zeros(found.grads[layer], found.nchw[layer])
-
-
 class AblationPass(Pass):
-    """Ablation-CAM's passes: the target layer's hook hands on the ablated outputs."""
+    """Ablation-CAM's passes (run by :meth:`BatchRun.ablate`): the target layer's hook hands
+    on the ablated outputs."""
 
     def __init__(self, switch: Switch[Any], objective: Objective, capture: CapturePass) -> None:
         super().__init__(switch, objective)
@@ -287,27 +242,37 @@ class AblationPass(Pass):
             return _with_output(output, replacement)
         return None
 
-    def run(self, step: Step, sel: Selection, cap: Captured, layer: int, x: torch.Tensor,
-            i: int, channels: list[int]) -> torch.Tensor:
-        """Scores of input ``i`` with each of ``channels`` of the layer's output ablated: one
-        copy of the input runs up to the layer, whose hook hands on the k ablated outputs
-        (see :meth:`hookscope.core.run.Step.forward_expanded`)."""
-        orig = cap.acts[layer][i : i + 1]
-        k = len(channels)
-        batch = orig.repeat(k, *([1] * (orig.dim() - 1)))
-        low = float(orig.min())
-        value = 0.0 if low == 0 else low - 1e7  # pytorch-grad-cam's AblationLayer
-        cdim = self.capture.grids[layer].channel_dim
-        batch.movedim(cdim, 1)[torch.arange(k), torch.tensor(channels)] = value
-        self.ablation = (layer, cap.calls[layer], batch)
-        try:
-            with self.switch.running(self):
-                out = step.forward_expanded(
-                    x[i : i + 1], k, lambda o: len(self.objective.output(o)),
-                    self.expand_ok, layer, grad="inference")
-            return self.objective.score(self.objective.output(out), sel, [i] * k)
-        finally:
-            self.ablation = None
+
+class GuidedGrad(torch.autograd.Function):
+    """Identity forward; backward passes only the positive part of the gradient (with the
+    ReLU's own backward: pytorch-grad-cam's ``GuidedBackpropReLU``, without swapping modules)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.clone()  # a new tensor: an in-place op that follows cannot reach the input
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad.clamp(min=0)
+
+
+def has_bias(module: nn.Module) -> bool:
+    """A Conv2d or BatchNorm2d (exactly those types, as pytorch-grad-cam) with a bias."""
+    if type(module) is nn.BatchNorm2d:
+        return module.bias is not None and module.running_mean is not None
+    return type(module) is nn.Conv2d and module.bias is not None
+
+
+def bias_of(module: Any) -> torch.Tensor:
+    """The bias a :func:`has_bias` module adds to each channel: a BatchNorm's folds in its
+    running mean."""
+    bias = module.bias
+    if isinstance(module, nn.BatchNorm2d):
+        mean, var = module.running_mean, module.running_var
+        assert mean is not None and var is not None
+        weight = module.weight if module.weight is not None else torch.ones_like(bias)
+        bias = bias - mean * weight / torch.sqrt(var + module.eps)
+    return bias.detach()
 
 
 class InputPass(Pass):
@@ -330,16 +295,106 @@ class InputPass(Pass):
         self.biases.append((bias_of(call.site.module), output))
         return output.clone()  # a following in-place ReLU must not change it
 
-    def run(self, step: Step, x: torch.Tensor, sel: Selection) -> FullBackward:
+    def run(self, step: Step, x: torch.Tensor, focus: Focus) -> FullBackward:
         """The full backward pass to the input (FullGrad's or guided backpropagation's)."""
         leaf = x.detach().clone().requires_grad_(True)
         self.biases = []
         with self.switch.running(self):
             out = self.objective.output(step.forward(leaf, grad="grad"))
         biases, self.biases = self.biases, []
-        grads = self.grads(out, sel, [leaf, *(o for _, o in biases)])
+        grads = self.grads(out, focus, [leaf, *(o for _, o in biases)])
         if grads is None:
             return FullBackward(x, torch.zeros_like(leaf))
         pairs = [(b, or_zeros(g, o)) for (b, o), g in zip(biases, grads[1:], strict=True)]
         return FullBackward(x, or_zeros(grads[0], leaf), pairs)
 
+
+
+@dataclass
+class BatchRun:
+    """One batch (one augmentation of it) after its capture pass, and the extra passes a
+    method may run over it, ``score_batch`` inputs at a time: built once per batch and
+    shared by every method and layer (see :class:`hookscope.cam.methods.CamInputs`)."""
+
+    probe: CamProbe
+    step: Step
+    cap: Captured
+    focus: Focus
+    origins: Origins
+    x: torch.Tensor
+    full: FullBackward | None = None
+    noisy_caps: dict[tuple[str, int], Captured] = field(default_factory=dict)
+
+    @property
+    def score_batch(self) -> int:
+        return max(1, int(self.probe.options.score_batch))
+
+    def score(self, x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """The target scores of ``x``, its row j against input ``rows[j]``: a plain pass."""
+        objective = self.probe.objective
+        return objective.score(objective.output(self.step.forward(x, grad="inference")),
+                               self.focus, rows)
+
+    def ablate(self, layer: int, i: int, channels: list[int]) -> torch.Tensor:
+        """Input ``i``'s target scores with each of ``channels`` of ``layer``'s output
+        ablated: one copy of the input runs up to the layer, whose hook hands on the k
+        ablated outputs (see :meth:`hookscope.core.run.Step.forward_expanded`)."""
+        ablation, objective, cap = self.probe.ablation, self.probe.objective, self.cap
+        orig = cap.acts[layer][i : i + 1]
+        low = float(orig.min())
+        value = 0.0 if low == 0 else low - 1e7  # pytorch-grad-cam's AblationLayer
+        batch = channel_per_row(orig, channels, self.probe.capture.grids[layer].channel_dim,
+                                lambda v: torch.full_like(v, value)).contiguous()
+        ablation.ablation = (layer, cap.calls[layer], batch)
+        try:
+            with self.probe.running(ablation):
+                out = self.step.forward_expanded(
+                    self.x[i : i + 1], len(channels), lambda o: len(objective.output(o)),
+                    ablation.expand_ok, layer, grad="inference")
+            return objective.score(objective.output(out), self.focus, [i] * len(channels))
+        finally:
+            ablation.ablation = None
+
+    def regrad(self, layer: int, fn: Callable[[Any], torch.Tensor]) -> torch.Tensor:
+        """The gradient of ``fn(output).sum()`` at ``layer``."""
+        with torch.inference_mode(False), torch.enable_grad():
+            (g,) = torch.autograd.grad(fn(self.cap.graph_out).sum(), self.cap.nodes[layer],
+                                       retain_graph=True, allow_unused=True)
+        return self.probe.capture.nchw(layer, or_zeros(g, self.cap.acts[layer]))
+
+    def hvp(self, layer: int) -> torch.Tensor:
+        """The Hessian of the summed target scores at ``layer`` times its activations."""
+        grad, node = self.cap.graph_grads[layer], self.cap.nodes[layer]
+        h = None
+        if grad.requires_grad:
+            try:
+                with torch.inference_mode(False), torch.enable_grad():
+                    (h,) = torch.autograd.grad(grad, node, grad_outputs=node.detach(),
+                                               retain_graph=True, allow_unused=True)
+            except RuntimeError as exc:
+                if "not implemented" not in str(exc):
+                    raise
+                raise HookscopeError(
+                    "shapleycam needs second derivatives, and PyTorch has none for an "
+                    f"operation of this model after layer {self.probe.layer_sites[layer].name!r} "
+                    f"({' '.join(str(exc).split())}); choose another method.") from None
+        return self.probe.capture.nchw(layer, or_zeros(h, self.cap.acts[layer]))
+
+    def noise(self, method: str, shape: Sequence[int]) -> torch.Tensor:
+        """Standard normal noise from ``method``'s own seeded generator."""
+        return torch.randn(tuple(shape), generator=self.probe.noise[method]).to(self.x.device)
+
+    def noisy(self, method: str, layer: int, sample: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``sample``-th noisy copy's activations and gradients at ``layer`` (one
+        capture pass per copy, shared by the layers)."""
+        if (method, sample) not in self.noisy_caps:
+            noisy = self.x + SMOOTH_STD * self.noise(method, self.x.shape)
+            self.noisy_caps[method, sample] = self.probe.capture.run(
+                self.step, noisy, self.focus, self.origins, strict=False)[0]
+        found = self.noisy_caps[method, sample]
+        return found.nchw[layer], or_zeros(found.grads[layer], found.nchw[layer])
+
+    def attention(self, gradients: bool) -> Any:
+        """The pass's attention probabilities (:class:`hookscope.cam.attention.Attentions`)."""
+        assert self.probe.attention is not None  # made for the methods that need it
+        return self.probe.attention.run(self.step, self.x, self.focus, gradients)

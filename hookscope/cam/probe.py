@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
-from functools import partial
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,29 +15,86 @@ import torch
 from torch import nn
 
 from hookscope.cam.attention import AttentionPass
-from hookscope.cam.backprop import has_bias
-from hookscope.cam.faithfulness import MetricPlan
+from hookscope.cam.faithfulness import MetricPlan, class_scorer
 from hookscope.cam.layer import default_layer
-from hookscope.cam.methods import CamInputs, FullBackward, Method, get_method, method_names, project
-from hookscope.cam.passes import AblationPass, Captured, CapturePass, InputPass, Noise, Switch, probs, score
+from hookscope.cam.methods import CamInputs, Method, get_method, method_names, project
+from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Switch, has_bias
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
-from hookscope.cam.targets import Context, Objective, Selection, infer_task, make_objective
+from hookscope.cam.targets import (
+    TASKS,
+    DetectionObjective,
+    Focus,
+    Objective,
+    Origins,
+    SegmentationObjective,
+    infer_task,
+)
+from hookscope.core.classes import Targets, as_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import token_hint
 from hookscope.core.run import Step, drive, peek
 from hookscope.core.select import Site, all_sites, find_site
-from hookscope.core.targets import Targets, as_targets
 
 log = logging.getLogger("hookscope")
 
-__all__ = ["AUGMENTATIONS", "CamBatch", "CamProbe", "CamReport", "CamResult", "RESHAPES",
-           "check_explain", "default_layer", "explain", "gradcam", "method_names"]
+__all__ = ["AUGMENTATIONS", "CamBatch", "CamOptions", "CamProbe", "CamReport", "CamResult",
+           "RESHAPES", "check_explain", "default_layer", "explain", "gradcam", "method_names"]
 
 RESHAPES = ("auto", "none", "vit", "swin")
 #: pytorch-grad-cam's ``aug_smooth``: (horizontal flip, intensity factor), the identity first.
 AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1.0),
                  (True, 1.1))
 Layers = str | nn.Module | Sequence[str | nn.Module]
+
+
+@dataclass(frozen=True)
+class CamOptions:
+    """The ``gradcam`` command's options (docs/gradcam.md), given once to :func:`explain`.
+
+    ``task`` (None: from the model's class), ``targets``, ``output_key``, ``mask``,
+    ``box_index``, ``iou`` and ``min_score`` make the :class:`Objective`; ``metrics`` and
+    ``percentiles`` the faithfulness metrics, seeded with ``seed`` (as the noisy methods).
+    """
+
+    methods: Sequence[str] = ("gradcam",)
+    targets: Targets | None = None
+    task: str | None = None
+    output_key: str | None = None
+    mask: np.ndarray | None = None
+    box_index: Sequence[int] = ()
+    iou: float = 0.5
+    min_score: float = 0.5
+    reshape: str = "auto"
+    score_batch: int = 32
+    aug_smooth: bool = False
+    eigen_smooth: bool = False
+    guided: bool = False
+    seed: int = 0
+    metrics: Sequence[str] = ()
+    percentiles: Sequence[float] | None = None
+    head_fusion: str = "mean"
+    discard_ratio: float = 0.0
+
+    def objective(self, model: nn.Module) -> Objective:
+        """The objective for the task; HookscopeError for an option that does not apply."""
+        task = self.task or infer_task(model)
+        if task not in TASKS:
+            raise HookscopeError(f"{param('task')} {task!r}: choose one of {', '.join(TASKS)}.")
+        if task != "detection" and self.box_index:
+            raise HookscopeError(f"{param('box_index')} selects detections; this is a {task} "
+                                 "model.")
+        if task != "segmentation" and self.mask is not None:
+            raise HookscopeError(f"{param('mask')} sets a segmentation region; this is a "
+                                 f"{task} model.")
+        if not 0.0 <= self.iou <= 1.0 or not 0.0 <= self.min_score <= 1.0:
+            raise HookscopeError(f"{param('iou')} and {param('min_score')} must be within 0 "
+                                 "and 1.")
+        if task == "segmentation":
+            return SegmentationObjective(self.targets, self.output_key, self.mask)
+        if task == "detection":
+            return DetectionObjective(self.targets, box_index=self.box_index, iou=self.iou,
+                                      min_score=self.min_score)
+        return Objective(self.targets, self.output_key)
 
 
 def _site(model: nn.Module, layer: str | nn.Module) -> Site:
@@ -53,57 +109,49 @@ def _site(model: nn.Module, layer: str | nn.Module) -> Site:
 class CamProbe(Switch[CamReport]):
     """Computes one or more CAM methods at one or more layers, batch by batch.
 
-    The options are the ``gradcam`` command's (docs/gradcam.md), plus ``layer``: a dotted
-    name or the module itself, or several (their maps are fused); ``transform``: the
-    preprocessing, to place maps on the original images; ``sink``: receives each
-    :class:`CamBatch` (without one, the report keeps the maps); ``objective``: replaces the
-    one made from ``task`` (None: from the model's class), ``targets`` and ``output_key``.
+    ``layer``: a dotted name or the module itself, or several (their maps are fused);
+    ``transform``: the preprocessing, to place maps on the original images; ``sink``:
+    receives each :class:`CamBatch` (without one, the report keeps the maps); ``objective``:
+    replaces the one ``options`` make.
     """
 
     grad = "off"  # autograd starts at the layer: its hook switches it on
 
-    def __init__(self, model: nn.Module, layer: Layers,
-                 methods: Sequence[str] = ("gradcam",), targets: Targets | None = None, *,
-                 reshape: str = "auto", score_batch: int = 32, transform: Any = None,
-                 sink: Callable[[CamBatch], None] | None = None,
-                 output_key: str | None = None, task: str | None = None,
-                 objective: Objective | None = None, aug_smooth: bool = False,
-                 eigen_smooth: bool = False, guided: bool = False, seed: int = 0,
-                 metrics: Sequence[str] = (), percentiles: Sequence[float] | None = None,
-                 head_fusion: str = "mean", discard_ratio: float = 0.0) -> None:
-        if reshape not in RESHAPES:
-            raise HookscopeError(f"{param('reshape')} {reshape!r}: choose one of "
+    def __init__(self, model: nn.Module, layer: Layers, options: CamOptions = CamOptions(), *,
+                 transform: Any = None, sink: Callable[[CamBatch], None] | None = None,
+                 objective: Objective | None = None) -> None:
+        if options.reshape not in RESHAPES:
+            raise HookscopeError(f"{param('reshape')} {options.reshape!r}: choose one of "
                                  f"{', '.join(RESHAPES)}.")
-        if not methods:
+        if not options.methods:
             raise HookscopeError(f"No CAM method given ({param('method')}).")
         layers = [layer] if isinstance(layer, (str, nn.Module)) else list(layer)
         if not layers:
             raise HookscopeError(f"No layer given ({param('layer')}).")
-        sites = [_site(model, item) for item in layers]
-        self.layer_sites = list({s.name: s for s in sites}.values())
-        self.methods: list[Method] = list({m.name: m for m in map(get_method, methods)}.values())
-        self.task = objective.kind if objective is not None else task or infer_task(model)
-        self.objective = objective or make_objective(self.task, targets, output_key=output_key)
-        self.score_batch, self.transform, self.sink = score_batch, transform, sink
-        self.augs = AUGMENTATIONS if aug_smooth else AUGMENTATIONS[:1]
-        self.eigen_smooth = eigen_smooth
-        self._check_methods(aug_smooth, bool(metrics))
-        self.metrics = MetricPlan.make(metrics, percentiles, seed) if metrics else None
+        self.options, self.transform, self.sink = options, transform, sink
+        self.layer_sites = list({s.name: s for s in (_site(model, i) for i in layers)}.values())
+        self.methods: list[Method] = list({m.name: m for m in map(get_method, options.methods)
+                                           }.values())
+        self.objective = objective or options.objective(model)
+        self.task = self.objective.kind
+        self.augs = AUGMENTATIONS if options.aug_smooth else AUGMENTATIONS[:1]
+        self._check_methods()
+        self.metrics = MetricPlan.make(options.metrics, options.percentiles, options.seed) \
+            if options.metrics else None
         needs = frozenset().union(*(m.needs for m in self.methods))
         self.keep_graph = bool(needs & {"regrad", "hvp"})
+        self.noise = {m.name: torch.Generator().manual_seed(options.seed) for m in self.methods}
         self.notes: dict[str, None] = {}
-        self._make_passes(model, needs, reshape, guided, seed, (head_fusion, discard_ratio))
+        self._make_passes(model, needs)
         self.layer_shapes: list[list[int]] = []
         self.kept: list[CamBatch] = []
 
-    def _make_passes(self, model: nn.Module, needs: frozenset[str], reshape: str, guided: bool,
-                     seed: int, rollout: tuple[str, float]) -> None:
+    def _make_passes(self, model: nn.Module, needs: frozenset[str]) -> None:
         """One object per kind of pass, and the union of their modules as the probe's sites."""
-        objective, hint = self.objective, token_hint(model)
-        self.capture = CapturePass(self, objective, self.layer_sites, hint, reshape,
+        objective, hint, guided = self.objective, token_hint(model), self.options.guided
+        self.capture = CapturePass(self, objective, self.layer_sites, hint, self.options.reshape,
                                    any(m.gradients for m in self.methods), "hvp" in needs)
         self.ablation = AblationPass(self, objective, self.capture)
-        self.noise = Noise(self.capture, [m.name for m in self.methods], seed)
         everything = all_sites(model)
         bias = [s for s in everything if has_bias(s.module)] if "full" in needs else []
         relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if guided else []
@@ -114,48 +162,38 @@ class CamProbe(Switch[CamReport]):
                        "backpropagation is the plain input gradient."] = None
         self.attention = None
         if "attention" in needs:
-            self.attention = AttentionPass(self, objective, model, hint, *rollout)
+            self.attention = AttentionPass(self, objective, model, hint, self.options.head_fusion,
+                                           self.options.discard_ratio)
         attention = self.attention.sites if self.attention is not None else []
         self.sites = list({id(s.module): s for s in [*self.layer_sites, *bias, *relus,
                                                      *attention]}.values())
 
-    def _check_methods(self, aug_smooth: bool, metrics: bool) -> None:
+    def _check_methods(self) -> None:
         """Refuse, before any pass, a method or option that cannot work with this model."""
         if self.task == "classification":
             return
-        if metrics:
+        if self.options.metrics:
             raise HookscopeError(f"{param('metrics')} score a classifier's confidence in its "
                                  f"class; this is a {self.task} model.")
         for m in self.methods:
             if m.classifier:
                 raise HookscopeError(f"{m.name} compares a classifier's classes; this is a "
                                      f"{self.task} model ({param('method')}).")
-        if aug_smooth:
+        if self.options.aug_smooth:
             raise HookscopeError(f"{param('aug_smooth')} flips the input, which would move a "
                                  f"{self.task} model's region or boxes; it is for classifiers.")
 
-    def _raws(self, method: Method, step: Step, cap: Captured, sel: Selection, ctx: Context,
-              x: torch.Tensor, full: FullBackward | None) -> list[torch.Tensor]:
+    def _raws(self, method: Method, run: BatchRun) -> list[torch.Tensor]:
         """The method's raw maps (ReLU'd) at each layer (once, for FullGrad)."""
-        cache: dict[int, Captured] = {}
         grad_free = not method.needs & {"regrad", "hvp", "noisy"}
-        name, raws = method.name, []  # the name picks its noise generator
+        raws = []
         for layer in range(len(self.layer_sites) if method.layerwise else 1):
-            inputs = CamInputs(
-                acts=cap.nchw[layer], grads=cap.grads[layer], x=x, targets=list(sel.classes),
-                score=partial(score, step, self.objective, sel), score_batch=self.score_batch,
-                base_scores=cap.scores,
-                ablate=partial(self.ablation.run, step, sel, cap, layer, x),
-                regrad=partial(self.capture.regrad, cap, layer) if cap.graph_out is not None
-                else None, logits=cap.out if self.task == "classification" else None,
-                hvp=partial(self.capture.hvp, cap, layer) if cap.graph_grads else None,
-                noisy=partial(self.noise.noisy, step, sel, ctx, x, name, cache, layer),
-                noise=partial(self.noise.noise, name, x.device), full=full,
-                attention=partial(self.attention.run, step, x, sel) if self.attention else None)
+            inputs = CamInputs(run.cap.nchw[layer], run.cap.grads[layer], run.x,  # type: ignore[arg-type]
+                               list(run.focus.classes), run, layer, method.name)
             with torch.inference_mode(grad_free):
                 res = method.fn(inputs).float()
                 if res.dim() == 4:
-                    res = project(res) if self.eigen_smooth else res.sum(dim=1)
+                    res = project(res) if self.options.eigen_smooth else res.sum(dim=1)
                 raws.append(torch.nan_to_num(res, nan=0.0).clamp(min=0))
         return raws
 
@@ -164,109 +202,98 @@ class CamProbe(Switch[CamReport]):
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise HookscopeError(f"Grad-CAM takes image batches (N, C, H, W); got {shape}.")
-        ctx = Context.of(step.batch, step.start, len(step), self.transform)
+        origins = Origins.of(step.batch, step.start, len(step), self.transform)
         accs = {m.name: MapSum() for m in self.methods}
-        sel: Selection | None = None
+        focus: Focus | None = None
         for n, (flip, factor) in enumerate(self.augs):
             xa = (x.flip(-1) if flip else x) * factor
-            cap, sel = self.capture.run(step, xa, sel, ctx, keep=self.keep_graph)
+            cap, focus = self.capture.run(step, xa, focus, origins, keep=self.keep_graph)
             if n == 0:  # the identity
-                scores, target_probs = cap.scores.tolist(), self.objective.probs(cap.out, sel)
+                scores, target_probs = cap.scores.tolist(), self.objective.probs(cap.out, focus)
                 self.layer_shapes = [list(a.shape[1:]) for a in cap.nchw]
-            full = self.fullgrad.run(step, xa, sel) if self.fullgrad is not None else None
+            full = self.fullgrad.run(step, xa, focus) if self.fullgrad is not None else None
+            run = BatchRun(self, step, cap, focus, origins, xa, full)
             for m in self.methods:
-                raws = self._raws(m, step, cap, sel, ctx, xa, full)
-                accs[m.name].add(raws, x.shape[-2:], flip, len(self.augs) > 1)
-            del cap, full
-        assert sel is not None
-        guided = self.guided.run(step, x, sel).x_grad if self.guided is not None else None
-        results = {m.name: make_result(m, accs[m.name], sel, scores, target_probs, guided,
+                accs[m.name].add(self._raws(m, run), x.shape[-2:], flip, len(self.augs) > 1)
+            del cap, full, run
+        assert focus is not None
+        guided = self.guided.run(step, x, focus).x_grad if self.guided is not None else None
+        results = {m.name: make_result(m, accs[m.name], focus, scores, target_probs, guided,
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}
         if self.metrics is not None:
-            prob = partial(probs, step, self.objective, sel)
-            for name, res in results.items():
-                maps = torch.from_numpy(res.maps)
-                results[name] = replace(res, metrics=self.metrics.evaluate(prob, x, maps, self.score_batch))
+            results = self._metrics(results, step, focus)
         explained = CamBatch(batch=step.batch, start=step.start, results=results,
-                             boxes=ctx.boxes, skipped=list(sel.skipped), **self._layers())
-        self.notes.update(dict.fromkeys(why for why in sel.skipped if why is not None))
+                             boxes=origins.boxes, skipped=list(focus.skipped))
+        self.notes.update(dict.fromkeys(why for why in focus.skipped if why is not None))
         self.notes.update(dict.fromkeys(explained.notes))
         if self.sink is not None:
             self.sink(explained)
         else:
             self.kept.append(explained)
 
+    def _metrics(self, results: dict[str, CamResult], step: Step, focus: Focus
+                 ) -> dict[str, CamResult]:
+        """Each result with its faithfulness metrics (plain passes of perturbed inputs)."""
+        assert self.metrics is not None
+        score = class_scorer(step, self.objective.output, focus.classes)
+        return {name: replace(res, metrics=self.metrics.evaluate(
+                    score, step.x, torch.from_numpy(res.maps), self.options.score_batch))
+                for name, res in results.items()}
+
     def finish(self) -> CamReport:
         results = {m.name: CamResult.concat([b.results[m.name] for b in self.kept])
                    for m in self.methods} if self.kept else {}
         return CamReport(methods=[m.name for m in self.methods], results=results,
-                         notes=list(self.notes), task=self.task, **self._layers())
-
-    def _layers(self) -> dict[str, Any]:
-        """The layer fields of each batch and of the report: the first layer and all."""
-        shapes = [list(s) for s in self.layer_shapes]
-        return {"layer": self.layer_sites[0].name, "layer_shape": shapes[0] if shapes else [],
-                "layers": [s.name for s in self.layer_sites], "layer_shapes": shapes}
+                         notes=list(self.notes), layers=[s.name for s in self.layer_sites],
+                         layer_shapes=self.layer_shapes, task=self.task)
 
 
 def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
-            methods: Sequence[str] = ("gradcam",), targets: Targets | None = None,
-            reshape: str = "auto", score_batch: int = 32, transform: Any = None,
-            sink: Callable[[CamBatch], None] | None = None,
-            progress: Callable[[int], None] | None = None, output_key: str | None = None,
-            autocast: torch.dtype | None = None, task: str | None = None,
-            mask: np.ndarray | None = None, box_index: Sequence[int] = (), iou: float = 0.5,
-            min_score: float = 0.5, **options: Any) -> CamReport:
+            transform: Any = None, sink: Callable[[CamBatch], None] | None = None,
+            progress: Callable[[int], None] | None = None,
+            autocast: torch.dtype | None = None, **options: Any) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
-    ``layer`` None picks :func:`default_layer` on the first input (logged). ``task``,
-    ``targets``, ``output_key``, ``mask``, ``box_index``, ``iou`` and ``min_score`` make the
-    objective (see :func:`hookscope.cam.targets.make_objective`); the other arguments and
-    ``options`` are those of :class:`CamProbe`.
+    ``layer`` None picks :func:`default_layer` on the first input (logged); ``options`` are
+    :class:`CamOptions`' (``methods``, ``targets``, ``task``...), the others
+    :class:`CamProbe`'s.
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or an
             option that does not fit the model.
         ForwardError: the model's forward pass raised.
     """
-    task = task or infer_task(model)
-    objective = make_objective(task, targets, output_key=output_key, mask=mask,
-                               box_index=box_index, iou=iou, min_score=min_score)
+    opts = CamOptions(**options)
+    objective = opts.objective(model)
     batches: Any = inputs
     if layer is None:
         first, batches = peek(inputs)
         sample = getattr(first, "tensor", first)
         sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
-        layer, shape = default_layer(model, sample[:1], autocast=autocast, task=task)
+        layer, shape = default_layer(model, sample[:1], autocast=autocast, task=objective.kind)
         log.info("using layer %s, %s (%s channels on a %sx%s grid)", layer,
-                 "the default for this model" if task == "classification" else
+                 "the default for this model" if objective.kind == "classification" else
                  "the backbone's last stage", *shape[1:])
-    probe = CamProbe(model, layer, methods, reshape=reshape, score_batch=score_batch,
-                     transform=transform, sink=sink, objective=objective, **options)
+    probe = CamProbe(model, layer, opts, transform=transform, sink=sink, objective=objective)
     return drive(model, batches, probe, progress=progress, autocast=autocast)
 
 
-def check_explain(model: nn.Module, *, layer: Layers | None = None,
-                  methods: Sequence[str] = ("gradcam",), targets: Targets | None = None,
-                  output_key: str | None = None, task: str | None = None,
-                  **options: Any) -> None:
+def check_explain(model: nn.Module, *, layer: Layers | None = None, **options: Any) -> None:
     """Raise what :func:`explain` with these arguments would refuse, without running the
     model (so a command that runs other analyses first refuses before any of them)."""
-    task = task or infer_task(model)
-    objective = make_objective(task, targets, output_key=output_key)
+    opts = CamOptions(**options)
+    objective = opts.objective(model)
     sites = [s for s in all_sites(model) if s.name]
     if layer is None and not sites:
         return
-    CamProbe(model, layer if layer is not None else sites[-1].name, methods,
-             objective=objective, **options)
+    CamProbe(model, layer if layer is not None else sites[-1].name, opts, objective=objective)
 
 
 def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
             layer: Layers | None = None, *, method: str = "gradcam",
-            target: int | str | Sequence[int | str] | None = None, reshape: str = "auto",
-            categories: Sequence[str] | None = None, score_batch: int = 32,
-            output_key: str | None = None, **options: Any) -> CamResult:
+            target: int | str | Sequence[int | str] | None = None,
+            categories: Sequence[str] | None = None, **options: Any) -> CamResult:
     """Class activation maps of ``model`` for ``inputs`` at ``layer``.
 
     Args:
@@ -280,7 +307,8 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
         method: one of :func:`method_names`.
         target: None or ``"top1"`` for the top class, ``"topK"``, a class index, a label (with
             ``categories``), or one of those per input (a list or a comma string).
-        reshape, score_batch, options: :func:`explain`'s (``aug_smooth``, ``task``...).
+        options: :class:`CamOptions`' (``reshape``, ``score_batch``, ``aug_smooth``,
+            ``task``...).
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or a
@@ -293,9 +321,7 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
     batches = [b.unsqueeze(0) if b.dim() == 3 else b for b in batches]
     if targets is not None:
         targets.check_count(sum(len(b) for b in batches))
-    report = explain(model, batches, layer=layer, methods=(method,), targets=targets,
-                     reshape=reshape, score_batch=score_batch, output_key=output_key,
-                     **options)
+    report = explain(model, batches, layer=layer, methods=(method,), targets=targets, **options)
     for note in report.notes:
         log.warning(note)
     return report.results[get_method(method).name]

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hookscope.cam.methods import Method, minmax, resize
-from hookscope.cam.targets import Box, Selection
+from hookscope.cam.targets import Box, Focus
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
@@ -43,15 +43,13 @@ class CamResult:
     """
 
     method: str
-    layer: str
+    layers: list[str]
     maps: np.ndarray
-    raw: np.ndarray
+    raws: list[np.ndarray]
     targets: list[int]
     scores: list[float]
     probs: list[float | None]
     notes: list[str] = field(default_factory=list)
-    layers: list[str] = field(default_factory=list)
-    raws: list[np.ndarray] = field(default_factory=list)
     skipped: list[str | None] = field(default_factory=list)
     guided: np.ndarray | None = None
     regions: np.ndarray | None = None
@@ -61,6 +59,14 @@ class CamResult:
 
     def __len__(self) -> int:
         return len(self.targets)
+
+    @property
+    def layer(self) -> str:
+        return self.layers[0]
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self.raws[0]
 
     @property
     def peaks(self) -> list[tuple[int, int] | None]:
@@ -73,7 +79,7 @@ class CamResult:
         """Join per-batch results of one method and layer."""
         first = parts[0]
         joined: dict[str, Any] = {}
-        for name in ("maps", "raw", "guided", "regions"):  # arrays, or None
+        for name in ("maps", "guided", "regions"):  # arrays, or None
             arrays = [getattr(p, name) for p in parts]
             joined[name] = None if any(a is None for a in arrays) else np.concatenate(arrays)
         for name in ("targets", "scores", "probs", "skipped", "constant", "detections"):
@@ -111,11 +117,7 @@ class CamBatch:
     batch: Batch | None
     start: int
     results: dict[str, CamResult]
-    layer: str
-    layer_shape: list[int]
     boxes: list[Box | None]
-    layers: list[str] = field(default_factory=list)
-    layer_shapes: list[list[int]] = field(default_factory=list)
     skipped: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -129,16 +131,30 @@ class CamBatch:
 
 @dataclass(frozen=True)
 class CamReport:
-    """What :class:`CamProbe` returns: ``results`` is empty when a ``sink`` took the batches."""
+    """What :class:`CamProbe` returns: ``results`` is empty when a ``sink`` took the batches;
+    ``layer`` and ``layer_shape`` are the first of ``layers`` and ``layer_shapes``."""
 
-    layer: str
-    layer_shape: list[int]
     methods: list[str]
     results: dict[str, CamResult]
     notes: list[str]
-    layers: list[str] = field(default_factory=list)
-    layer_shapes: list[list[int]] = field(default_factory=list)
+    layers: list[str]
+    layer_shapes: list[list[int]]
     task: str = "classification"
+
+    @property
+    def layer(self) -> str:
+        return self.layers[0]
+
+    @property
+    def layer_shape(self) -> list[int]:
+        return self.layer_shapes[0] if self.layer_shapes else []
+
+
+def deprocess(values: np.ndarray) -> np.ndarray:
+    """pytorch-grad-cam's ``deprocess_image``: standardise, scale by 0.1 around 0.5, uint8."""
+    img = values - np.mean(values)
+    img = img / (np.std(img) + 1e-5)
+    return (np.clip(img * 0.1 + 0.5, 0, 1) * 255).astype(np.uint8)
 
 
 def peak_in_box(peak: tuple[int, int], map_size: tuple[int, int], box: Box) -> tuple[int, int]:
@@ -266,14 +282,14 @@ class MapSum:
         return maps, raws, constant
 
 
-def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float],
+def make_result(method: Method, acc: MapSum, focus: Focus, scores: list[float],
                 probs: list[float | None], guided: torch.Tensor | None, layers: Sequence[str]
                 ) -> CamResult:
     """One method's result for a batch: its averaged maps, with notes on blank ones."""
     maps, raws, constant = acc.result()
-    notes = list(sel.notes)
+    notes = list(focus.notes)
     finite = [math.isfinite(float(s)) or why is not None  # a skipped input has no score
-              for s, why in zip(scores, sel.skipped, strict=True)]
+              for s, why in zip(scores, focus.skipped, strict=True)]
     if not all(finite):  # NaN or Inf in the input, or the model made them
         notes.append(
             f"{method.name}: the target score of {finite.count(False)} input(s) is not "
@@ -281,7 +297,7 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
             "first non-finite output); their maps are blank.")
         maps = maps * torch.tensor(finite, dtype=maps.dtype, device=maps.device)[:, None, None]
     zero = [float(r.amax()) <= 0 and why is None and ok for r, why, ok in
-            zip(raws[0], sel.skipped, finite, strict=True)]
+            zip(raws[0], focus.skipped, finite, strict=True)]
     if any(zero):
         notes.append(
             f"{method.name}: some maps are zero everywhere at layer "
@@ -289,7 +305,7 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
             "position's activations there; for ViT, pick a block before the last one or "
             "its ln_1).")
     if any(c and not z and why is None
-           for c, z, why in zip(constant.tolist(), zero, sel.skipped, strict=True)):
+           for c, z, why in zip(constant.tolist(), zero, focus.skipped, strict=True)):
         notes.append(
             f"{method.name}: some maps are constant at layer {layers[0]!r} "
             "(their range is float rounding, so they carry no localisation) and are "
@@ -298,26 +314,24 @@ def make_result(method: Method, acc: MapSum, sel: Selection, scores: list[float]
     mixed = None if guided is None else (maps.unsqueeze(1) * guided).permute(0, 2, 3, 1).cpu().numpy()
     raw_np = [r.cpu().numpy().astype(np.float32, copy=False) for r in raws]
     return CamResult(
-        method=method.name, layer=layers[0],
-        maps=maps.cpu().numpy().astype(np.float32, copy=False), raw=raw_np[0],
-        targets=list(sel.classes), scores=[float(s) for s in scores], probs=list(probs),
+        method=method.name, maps=maps.cpu().numpy().astype(np.float32, copy=False),
+        targets=list(focus.classes), scores=[float(s) for s in scores], probs=list(probs),
         notes=notes, layers=list(layers),
         raws=raw_np * (1 if method.layerwise else len(layers)),
-        skipped=list(sel.skipped), guided=mixed, regions=_regions(sel, maps.shape[-2:]),
-        detections=_detections(sel), constant=constant.tolist())
+        skipped=list(focus.skipped), guided=mixed, regions=_regions(focus, maps.shape[-2:]),
+        detections=_detections(focus), constant=constant.tolist())
 
 
-def _regions(sel: Selection, size: Sequence[int]) -> np.ndarray | None:
-    if sel.masks is None:
+def _regions(focus: Focus, size: Sequence[int]) -> np.ndarray | None:
+    if focus.masks is None:
         return None
-    return (resize(sel.masks.float(), size, "nearest") > 0.5).cpu().numpy()
+    return (resize(focus.masks.float(), size, "nearest") > 0.5).cpu().numpy()
 
 
-def _detections(sel: Selection) -> list[list[dict[str, Any]]] | None:
-    if not sel.boxes:
+def _detections(focus: Focus) -> list[list[dict[str, Any]]] | None:
+    if not focus.detections:
         return None
     return [[{"box": [float(v) for v in box], "label": int(label), "score": float(score)}
-             for box, label, score in zip(boxes.tolist(), labels.tolist(), scores.tolist(),
+             for box, label, score in zip(*(d[k].tolist() for k in ("boxes", "labels", "scores")),
                                           strict=True)]
-            for boxes, labels, scores in zip(sel.boxes, sel.labels, sel.det_scores, strict=True)]
-
+            for d in focus.detections]

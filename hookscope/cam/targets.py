@@ -1,6 +1,6 @@
 """What a class activation map explains, for each kind of model ("Segmentation and
 detection" in docs/gradcam.md). An :class:`Objective` chooses from the clean pass what each
-input explains (a :class:`Selection`), then scores any output against it, differentiably:
+input explains (a :class:`Focus`), then scores any output against it, differentiably:
 gradients, extra passes and metrics share one definition of "the target score".
 """
 
@@ -15,37 +15,35 @@ import numpy as np
 import torch
 
 from hookscope.cam.methods import resize
+from hookscope.core.classes import Targets, parse_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.outputs import class_logits, select_logits
-from hookscope.core.targets import Targets, parse_targets
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
 
-__all__ = ["Objective", "Selection", "TASKS", "box_score", "infer_task", "load_mask",
-           "make_objective"]
+__all__ = ["Focus", "Objective", "Origins", "TASKS", "box_score", "infer_task", "load_mask",
+           "task_targets"]
 
 TASKS = ("classification", "segmentation", "detection")
 Box = tuple[float, float, float, float]
 
 
 @dataclass
-class Selection:
+class Focus:
     """What each input of a batch explains: its class (-1: several, for detection), its
-    region (segmentation: (N, H, W) float at the output's size) or its detections, and why
-    it cannot be explained (None when it can)."""
+    region (segmentation: (N, H, W) float at the output's size) or its detections (their
+    ``boxes``, ``labels`` and ``scores``), and why it cannot be explained (None when it can)."""
 
     classes: list[int]
     masks: torch.Tensor | None = None
-    boxes: list[torch.Tensor] = field(default_factory=list)
-    labels: list[torch.Tensor] = field(default_factory=list)
-    det_scores: list[torch.Tensor] = field(default_factory=list)
+    detections: list[dict[str, torch.Tensor]] = field(default_factory=list)
     skipped: list[str | None] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
 @dataclass
-class Context:
+class Origins:
     """Where a batch's inputs came from: names, original sizes and crop boxes."""
 
     names: list[str]
@@ -53,14 +51,14 @@ class Context:
     boxes: list[Box | None]
 
     @staticmethod
-    def of(batch: Batch | None, start: int, count: int, transform: Any) -> Context:
+    def of(batch: Batch | None, start: int, count: int, transform: Any) -> Origins:
         """A batch's context; ``transform`` places the crop (see :func:`crop_box`)."""
         if batch is None:
-            return Context([f"input {start + i}" for i in range(count)],
+            return Origins([f"input {start + i}" for i in range(count)],
                            [None] * count, [None] * count)
         images = batch.images or [None] * count
         sizes = [image.size if image is not None else None for image in images]
-        return Context([item.name for item in batch.items], sizes,
+        return Origins([item.name for item in batch.items], sizes,
                        [crop_box(transform, size) if size is not None else None
                         for size in sizes])
 
@@ -78,18 +76,18 @@ class Objective:
         """The part of the model's output that is scored."""
         return class_logits(raw, self.output_key, "Grad-CAM")
 
-    def select(self, out: Any, x: torch.Tensor, start: int, ctx: Context) -> Selection:
+    def select(self, out: Any, x: torch.Tensor, start: int, origins: Origins) -> Focus:
         """What each input explains, from the clean pass's output."""
-        return Selection(self.targets.resolve(out, start), skipped=[None] * len(x))
+        return Focus(self.targets.resolve(out, start), skipped=[None] * len(x))
 
-    def score(self, out: Any, sel: Selection, rows: Sequence[int]) -> torch.Tensor:
+    def score(self, out: Any, focus: Focus, rows: Sequence[int]) -> torch.Tensor:
         """The target score of each output row, row j against input ``rows[j]``."""
-        index = torch.tensor([sel.classes[r] for r in rows], device=out.device)
+        index = torch.tensor([focus.classes[r] for r in rows], device=out.device)
         return out.gather(1, index.unsqueeze(1)).squeeze(1)
 
-    def probs(self, out: Any, sel: Selection) -> list[float | None]:
+    def probs(self, out: Any, focus: Focus) -> list[float | None]:
         """The target's probability per input (None where there is none)."""
-        return class_probs(out, sel.classes).tolist()
+        return class_probs(out, focus.classes).tolist()
 
 
 class SegmentationObjective(Objective):
@@ -111,58 +109,45 @@ class SegmentationObjective(Objective):
         return out
 
     def _classes(self, out: torch.Tensor, start: int) -> list[int]:
+        """The target classes, ``topK`` ranking classes by their predicted pixels."""
         n, k = out.shape[:2]
-        self.targets.check_batch(start, n)
         pred = out.argmax(dim=1).reshape(n, -1)
-        chosen = []
-        for i in range(n):
-            entry = self.targets.entries[start + i if self.targets.per_input else 0]
-            if isinstance(entry, int):
-                if not 0 <= entry < k:
-                    raise HookscopeError(f"{param('target')} {entry} is out of range: the "
-                                         f"model has {k} classes (0 to {k - 1}).")
-                chosen.append(entry)
-                continue
-            counts = torch.bincount(pred[i], minlength=k).float()
-            if bool((counts[1:] > 0).any()):
-                counts[0] = -1.0  # background last, unless nothing else is predicted
-            rank = int(entry[3:])
-            if rank > k:
-                raise HookscopeError(f"{param('target')} {entry}: the model has {k} classes.")
-            chosen.append(int(torch.argsort(counts, descending=True, stable=True)[rank - 1]))
-        return chosen
+        counts = torch.stack([torch.bincount(p, minlength=k) for p in pred]).float()
+        counts[(counts[:, 1:] > 0).any(dim=1), 0] = -1.0  # background last, unless alone
+        ranked = torch.argsort(counts, dim=1, descending=True, stable=True)
+        return self.targets.resolve(out, start, ranked)
 
-    def select(self, out: Any, x: torch.Tensor, start: int, ctx: Context) -> Selection:
+    def select(self, out: Any, x: torch.Tensor, start: int, origins: Origins) -> Focus:
         classes = self._classes(out, start)
         size = tuple(out.shape[-2:])
         notes = []
         if self.mask is not None:
-            masks = torch.stack([_fit_mask(self.mask, x.shape[-2:], size, ctx.sizes[i],
-                                           ctx.boxes[i], ctx.names[i])
+            masks = torch.stack([_fit_mask(self.mask, x.shape[-2:], size, origins.sizes[i],
+                                           origins.boxes[i], origins.names[i])
                                  for i in range(len(x))]).to(out.device, out.dtype)
         else:
             pred = out.argmax(dim=1)
             masks = (pred == torch.tensor(classes, device=out.device)[:, None, None]).to(
                 out.dtype)
-            notes = [f"{ctx.names[i]}: class {c} is predicted on no pixel, so its map is "
+            notes = [f"{origins.names[i]}: class {c} is predicted on no pixel, so its map is "
                      "empty; give the region as a mask file."
                      for i, c in enumerate(classes) if not bool(masks[i].any())]
-        return Selection(classes, masks=masks, skipped=[None] * len(x), notes=notes)
+        return Focus(classes, masks=masks, skipped=[None] * len(x), notes=notes)
 
-    def score(self, out: Any, sel: Selection, rows: Sequence[int]) -> torch.Tensor:
+    def score(self, out: Any, focus: Focus, rows: Sequence[int]) -> torch.Tensor:
         idx = torch.tensor(list(rows), device=out.device)
-        cls = torch.tensor([sel.classes[r] for r in rows], device=out.device)
+        cls = torch.tensor([focus.classes[r] for r in rows], device=out.device)
         picked = out[torch.arange(len(idx), device=out.device), cls]
-        assert sel.masks is not None
-        return (picked * sel.masks[idx].to(picked.dtype)).sum(dim=(1, 2))
+        assert focus.masks is not None
+        return (picked * focus.masks[idx].to(picked.dtype)).sum(dim=(1, 2))
 
-    def probs(self, out: Any, sel: Selection) -> list[float | None]:
-        assert sel.masks is not None
+    def probs(self, out: Any, focus: Focus) -> list[float | None]:
+        assert focus.masks is not None
         prob = torch.softmax(out.float(), dim=1)
         found: list[float | None] = []
-        for i, c in enumerate(sel.classes):
-            area = float(sel.masks[i].sum())
-            found.append(float((prob[i, c] * sel.masks[i]).sum()) / area if area else None)
+        for i, c in enumerate(focus.classes):
+            area = float(focus.masks[i].sum())
+            found.append(float((prob[i, c] * focus.masks[i]).sum()) / area if area else None)
         return found
 
 
@@ -224,25 +209,25 @@ class DetectionObjective(Objective):
             keep = keep[torch.tensor(self.box_index, device=keep.device)]
         return keep, None
 
-    def select(self, out: Any, x: torch.Tensor, start: int, ctx: Context) -> Selection:
+    def select(self, out: Any, x: torch.Tensor, start: int, origins: Origins) -> Focus:
         self.targets.check_batch(start, len(out))
-        sel = Selection([])
+        focus = Focus([])
         for i, det in enumerate(out):
             label = int(self.targets.entries[start + i if self.targets.per_input else 0]) \
                 if self.labelled else None
-            keep, why = self._chosen(det, label, ctx.names[i])
-            sel.classes.append(label if label is not None else -1)
-            sel.boxes.append(det["boxes"][keep].detach())
-            sel.labels.append(det["labels"][keep].detach())
-            sel.det_scores.append(det["scores"][keep].detach())
-            sel.skipped.append(why)
-        return sel
+            keep, why = self._chosen(det, label, origins.names[i])
+            focus.classes.append(label if label is not None else -1)
+            focus.detections.append({k: det[k][keep].detach() for k in ("boxes", "labels",
+                                                                         "scores")})
+            focus.skipped.append(why)
+        return focus
 
-    def score(self, out: Any, sel: Selection, rows: Sequence[int]) -> torch.Tensor:
-        return torch.stack([box_score(out[j], sel.boxes[r], sel.labels[r], self.iou)
+    def score(self, out: Any, focus: Focus, rows: Sequence[int]) -> torch.Tensor:
+        return torch.stack([box_score(out[j], focus.detections[r]["boxes"],
+                                      focus.detections[r]["labels"], self.iou)
                             for j, r in enumerate(rows)])
 
-    def probs(self, out: Any, sel: Selection) -> list[float | None]:
+    def probs(self, out: Any, focus: Focus) -> list[float | None]:
         return [None] * len(out)
 
 
@@ -261,27 +246,6 @@ def infer_task(model: Any) -> str:
     if names & {"_SimpleSegmentationModel", "LRASPP"}:
         return "segmentation"
     return "classification"
-
-
-def make_objective(task: str, targets: Targets | None, *, output_key: str | None = None,
-                   mask: np.ndarray | None = None, box_index: Sequence[int] = (),
-                   iou: float = 0.5, min_score: float = 0.5) -> Objective:
-    """The objective for ``task``; HookscopeError for an option that does not apply to it."""
-    if task not in TASKS:
-        raise HookscopeError(f"{param('task')} {task!r}: choose one of {', '.join(TASKS)}.")
-    if task != "detection" and box_index:
-        raise HookscopeError(f"{param('box_index')} selects detections; this is a {task} "
-                             "model.")
-    if task != "segmentation" and mask is not None:
-        raise HookscopeError(f"{param('mask')} sets a segmentation region; this is a {task} "
-                             "model.")
-    if not 0.0 <= iou <= 1.0 or not 0.0 <= min_score <= 1.0:
-        raise HookscopeError(f"{param('iou')} and {param('min_score')} must be within 0 and 1.")
-    if task == "segmentation":
-        return SegmentationObjective(targets, output_key, mask)
-    if task == "detection":
-        return DetectionObjective(targets, box_index=box_index, iou=iou, min_score=min_score)
-    return Objective(targets, output_key)
 
 
 def load_mask(path: str | Path) -> np.ndarray:
@@ -325,9 +289,7 @@ def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, T
     task = loaded.task if loaded.task in TASKS else infer_task(loaded.model)
     if target is None and task == "detection":
         return task, None
-    targets = parse_targets(target, loaded.categories)
-    targets.check_count(n_inputs)
-    return task, targets
+    return task, parse_targets(target, loaded.categories, n_inputs=n_inputs)
 
 
 def crop_box(transform: Any, size: tuple[int, int]) -> Box:

@@ -16,12 +16,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.cam.passes import channel_per_row
+from hookscope.core.classes import Targets, parse_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, model_device
+from hookscope.core.mergeable import Merges, state
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import find_site
-from hookscope.core.targets import Targets, parse_targets
 from hookscope.probes.stats import Prediction, top_predictions
 
 __all__ = ["AblateProbe", "AblateReport", "AblationResult", "ChannelDrop", "Mode", "Top",
@@ -148,17 +150,14 @@ class AblationResult:
 
 
 @dataclass(frozen=True)
-class AblateReport:
-    """What :class:`AblateProbe` returns: one result per input, in input order."""
+class AblateReport(Merges):
+    """What :class:`AblateProbe` returns: one result per input, in input order (a merge
+    puts this report's first)."""
 
-    results: list[AblationResult]
+    results: list[AblationResult] = state("cat")
 
     def to_dict(self) -> dict[str, Any]:
         return {"results": [r.to_dict() for r in self.results]}
-
-    def merge(self, other: AblateReport) -> AblateReport:
-        """Both reports' results, this one's first."""
-        return AblateReport([*self.results, *other.results])
 
 
 def one_layer(layers: Sequence[str]) -> str:
@@ -236,17 +235,14 @@ class AblateProbe(Probe[AblateReport]):
         return self._modified(output, self.changing)
 
     def _modified(self, out: torch.Tensor, channels: list[int]) -> torch.Tensor:
-        """A copy of ``out`` with ``channels`` changed in every row, or one channel per row."""
-        moved = out.movedim(self.channel_dim, 1)
-        if self.per_row and moved.shape[0] == 1:  # one input: a row per channel from here
-            moved = moved.expand(len(channels), *moved.shape[1:])
-        new = moved.clone()
-        cols = torch.tensor(channels, device=out.device)
+        """A copy of ``out`` with ``channels`` changed in every row, or one channel per row
+        (one input becoming a row per channel from here)."""
         if self.per_row:
-            rows = torch.arange(len(channels), device=out.device)
-            new[rows, cols] = self._apply(moved[rows, cols], spatial_from=1)
-        else:
-            new[:, cols] = self._apply(moved[:, cols], spatial_from=2)
+            return channel_per_row(out, channels, self.channel_dim,
+                                   lambda x: self._apply(x, spatial_from=1))
+        new = out.movedim(self.channel_dim, 1).clone()
+        cols = torch.tensor(channels, device=out.device)
+        new[:, cols] = self._apply(new[:, cols], spatial_from=2)
         return new.movedim(1, self.channel_dim)
 
     def _apply(self, x: torch.Tensor, spatial_from: int) -> torch.Tensor:
@@ -355,26 +351,20 @@ class AblateProbe(Probe[AblateReport]):
         return AblateReport(self.results)
 
 
-def ablate(model: nn.Module, x: torch.Tensor, layer: str, *,
-           channels: str | Sequence[int] | None = None, mode: str | Mode = "zero",
-           target: Targets | str | None = None, seed: int = 0, channel_dim: int = 1,
-           call: int | None = None, categories: Sequence[str] | None = None,
-           names: Sequence[str] | None = None,
-           output_key: str | None = None) -> list[AblationResult]:
+def ablate(model: nn.Module, x: torch.Tensor, layer: str, **options: Any) -> list[AblationResult]:
     """Run ``x`` (a batch or an iterable of batches) with and without the chosen channels of
     ``layer`` changed; ``model`` is a classifier, left in the state it was in.
 
     Args:
-        channels: ``0,5,7``, ``0-15``, ``all`` or a list (default: all channels).
-        mode: ``zero``, ``mean`` (spatial mean), ``noise:SIGMA`` (added) or ``scale:F``.
-        target: the class compared (default ``top1`` before the ablation); one for all inputs
-            or a comma list, one per input.
-        call: only change this call of a module run several times (default: every call).
-        output_key: the entry of a dict or tuple output holding the logits.
+        options: :class:`AblateProbe`'s: ``channels`` (``0,5,7``, ``0-15``, ``all`` or a list;
+            default: all channels), ``mode`` (``zero``, ``mean``: the spatial mean,
+            ``noise:SIGMA``: added, or ``scale:F``), ``target`` (the class compared, default
+            ``top1`` before the ablation; one for all inputs or a comma list, one per input),
+            ``call`` (only change this call of a module run several times; default: every
+            call), ``output_key`` (the entry of a dict or tuple output holding the logits),
+            ``seed``, ``channel_dim``, ``categories`` and ``names``.
     """
-    probe = AblateProbe(model, layer, channels=channels, mode=mode, target=target, seed=seed, call=call,
-                        channel_dim=channel_dim, categories=categories, names=names, output_key=output_key)
-    return drive(model, x, probe).results
+    return drive(model, x, AblateProbe(model, layer, **options)).results
 
 
 def sweep(model: nn.Module, x: torch.Tensor, layer: str, *, batch: int = 32,

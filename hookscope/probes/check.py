@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from hookscope.core.classes import label_classes
 from hookscope.core.errors import HookscopeError, clip, param, suggest
 from hookscope.probes.baseline import Baseline
 from hookscope.probes.drift import EPS, finite, quantile_drift
@@ -94,8 +95,7 @@ def _classes(entry: Expect, categories: Sequence[str] | None,
              num_classes: int | None) -> tuple[int, ...]:
     want = entry.want
     if isinstance(want, str):
-        folded = want.strip().casefold()
-        hits = tuple(i for i, c in enumerate(categories or ()) if c.casefold() == folded)
+        hits = label_classes(want.strip(), categories)
         if hits:  # ImageNet has two "crane"s and two "maillot"s: either passes
             return hits
         if not re.fullmatch(r"[0-9]+", want.strip()):

@@ -18,12 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.core import classes
+from hookscope.core.classes import Targets, parse_targets
 from hookscope.core.errors import CheckFailed, HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, first_tensor, model_device
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site
-from hookscope.core.targets import Targets, folder_targets, parse_targets
 from hookscope.probes.stats import Moments, MomentTable
 
 __all__ = ["GradLayer", "GradReport", "GradsProbe", "ParamGrad", "collect_grads",
@@ -149,9 +150,9 @@ def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
                  categories: Sequence[str] | None) -> str | Targets | None:
     """The ``label`` of :class:`GradsProbe`: as given, or with ``loss="ce"`` and none given,
     each input's ImageFolder class folder (``folders``), which must name a class of the model."""
-    if loss != "ce" or label is not None or folders is None:
-        return label
-    return folder_targets(folders, categories)
+    if loss != "ce" or label is not None:
+        return label  # parsed by GradsProbe, which refuses a rank
+    return classes.true_classes(None, folders, categories)
 
 
 #: One call's gradient: name, type, call index, shape (batch dimension summed), moments.

@@ -185,7 +185,7 @@ class CamWriter(CamRows):
     def _write(self, res: Any, i: int, image: Image.Image, box: Box | None,
                paths: dict[str, Any], size: tuple[int, int]) -> None:
         """Render and stage input ``i``'s overlay, heatmap, raw ``.npy`` and guided files."""
-        from hookscope.cam.backprop import deprocess
+        from hookscope.cam.result import deprocess
 
         over, heat = heatmap_images(res.maps[i], image, box, cmap=self.cmap, alpha=self.alpha)
         if res.regions is not None:

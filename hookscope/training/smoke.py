@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-import logging
 import math
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -21,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hookscope.core.classes import Targets, true_classes
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.outputs import class_logits
 from hookscope.core.run import Probe, Progress, Step, drive
-from hookscope.core.targets import Targets, folder_targets, parse_targets
 from hookscope.training.logs import TrainingLog, read_log
 from hookscope.training.nonfinite import NonFiniteError
 from hookscope.training.watch import watch
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from hookscope.sources import LoadedModel
 
 __all__ = ["SmokeOptions", "SmokeReport", "smoke_labels", "train"]
-
-log = logging.getLogger("hookscope")
 
 
 @dataclass(frozen=True)
@@ -102,17 +99,12 @@ def smoke_labels(label: str | None, folders: Sequence[str] | None,
     Raises:
         HookscopeError: no label and no class folders, or a folder the model has no class for.
     """
-    if label is not None:
-        return parse_targets(label, categories, name="label")
-    if folders is None:
+    found = true_classes(label, folders, categories, by_order=True)
+    if found is None:
         raise HookscopeError(f"training needs a true class per input: give {param('label')}, "
                              "or inputs in class folders (root/CLASS/image.jpg, as "
                              "torchvision's ImageFolder).")
-    if not categories and not all(f.isdigit() for f in folders):
-        order = {name: i for i, name in enumerate(sorted(set(folders)))}
-        log.info("classes by folder, sorted: %s", ", ".join(f"{k}={v}" for k, v in order.items()))
-        return Targets(tuple(order[f] for f in folders), "label")
-    return folder_targets(folders, categories)
+    return found
 
 
 def _epochs(make: Callable[[], Iterable[Any]]) -> Iterator[Any]:

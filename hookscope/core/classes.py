@@ -1,10 +1,14 @@
-"""Which output class a method explains: ``top1``, ``topK``, a class index or a label.
+"""Class-index resolution, the one place a class label, index, rank (``top1``, ``topK``) or
+ImageFolder class folder becomes a class index: for ``target``, ``label``, Grad-CAM, training
+and check rules alike.
 
 One spec applies to every input, or a comma list gives exactly one per input (never
-truncated or recycled). Parses ``target`` and ``label``, errors naming which."""
+truncated or recycled). Errors name the parameter.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -14,7 +18,13 @@ import torch
 
 from hookscope.core.errors import HookscopeError, param, suggest
 
-__all__ = ["Targets", "folder_targets", "parse_targets"]
+__all__ = ["Targets", "as_targets", "label_classes", "parse_targets", "true_classes"]
+
+
+def label_classes(label: str, categories: Sequence[str] | None) -> tuple[int, ...]:
+    """Every class whose label is ``label`` in any case (ImageNet has two "crane"s)."""
+    folded = label.casefold()
+    return tuple(i for i, c in enumerate(categories or ()) if c.casefold() == folded)
 
 
 @dataclass(frozen=True)
@@ -47,12 +57,15 @@ class Targets:
         if self.per_input and start + rows > len(self.entries):
             self.check_count(start + rows)
 
-    def resolve(self, logits: torch.Tensor, start: int = 0) -> list[int]:
-        """Class indices for the rows of ``logits``, the first being input number ``start``."""
+    def resolve(self, logits: torch.Tensor, start: int = 0,
+                ranked: torch.Tensor | None = None) -> list[int]:
+        """Class indices for the rows of ``logits``, the first being input number ``start``;
+        ``ranked`` (N, classes) orders each row's classes for ``topK`` (default: by logit)."""
         rows, classes = logits.shape[0], logits.shape[1]
         self.check_batch(start, rows)
         ranks = [int(e[3:]) for e in self.entries if isinstance(e, str)]
-        ranked = logits.detach().topk(min(max(ranks), classes), dim=1).indices if ranks else None
+        if ranks and ranked is None:
+            ranked = logits.detach().topk(min(max(ranks), classes), dim=1).indices
         chosen: list[int] = []
         for row in range(rows):
             entry = self.entries[start + row] if self.per_input else self.entries[0]
@@ -71,8 +84,7 @@ class Targets:
         return chosen
 
 
-def _entry(item: str, name: str, lookup: dict[str, int],
-           categories: Sequence[str] | None) -> int | str:
+def _entry(item: str, name: str, categories: Sequence[str] | None) -> int | str:
     low = item.lower()
     if low.startswith("top") and low[3:].isdigit():
         if int(low[3:]) < 1:
@@ -83,8 +95,9 @@ def _entry(item: str, name: str, lookup: dict[str, int],
         if index < 0:
             raise HookscopeError(f"{param(name)} {item}: class indices start at 0.")
         return index
-    if low in lookup:
-        return lookup[low]
+    hits = label_classes(item, categories)
+    if hits:
+        return hits[-1]
     if categories:
         raise HookscopeError(
             f"{param(name)} {item!r} is not a class label of this model."
@@ -95,40 +108,22 @@ def _entry(item: str, name: str, lookup: dict[str, int],
 
 
 def parse_targets(spec: str | None, categories: Sequence[str] | None, *,
-                  name: str = "target") -> Targets:
+                  name: str = "target", n_inputs: int | None = None) -> Targets:
     """Parse ``top1`` (the default), ``topK``, an index, a label in ``categories``, or a
-    comma list of them, given as the parameter ``name``; an unknown label (with close
-    matches) or a malformed entry is a :class:`HookscopeError`."""
+    comma list of them, given as the parameter ``name`` (with ``n_inputs``, checked against
+    that many inputs); an unknown label (with close matches) or a malformed entry is a
+    :class:`HookscopeError`."""
     text = (spec or "top1").strip()
-    lookup = {c.lower(): i for i, c in enumerate(categories or [])}
     entries: list[int | str] = []
     for raw in text.split(","):
         item = raw.strip()
         if not item:
             raise HookscopeError(f"{param(name)} {text!r} has an empty entry.")
-        entries.append(_entry(item, name, lookup, categories))
-    return Targets(tuple(entries), name)
-
-
-def folder_targets(folders: Sequence[str], categories: Sequence[str] | None, *,
-                   name: str = "label") -> Targets:
-    """One class per input from its ImageFolder class folder: a class label of the model (in
-    any case) or a class index; a folder naming no class is a :class:`HookscopeError`."""
-    lookup = {c.lower(): i for i, c in enumerate(categories or [])}
-    classes: dict[str, int] = {}
-    for folder in dict.fromkeys(folders):
-        if folder.isdigit():
-            classes[folder] = int(folder)
-        elif folder.lower() in lookup:
-            classes[folder] = lookup[folder.lower()]
-        else:
-            known = "is not a class label of this model." + suggest(folder, categories) \
-                if categories else "names no class: this model has no class labels."
-            raise HookscopeError(
-                f"class folder {folder!r} {known} Name the folders after the model's labels "
-                f"or class indices, give labels that match them with {param('labels')}, or "
-                f"give {param(name)}.")
-    return Targets(tuple(classes[f] for f in folders), name)
+        entries.append(_entry(item, name, categories))
+    targets = Targets(tuple(entries), name)
+    if n_inputs is not None:
+        targets.check_count(n_inputs)
+    return targets
 
 
 def as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
@@ -144,3 +139,32 @@ def as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
         target = [target]
     return parse_targets(",".join(str(int(t) if not isinstance(t, str) else t) for t in target),
                          categories)
+
+
+def true_classes(label: str | None, folders: Sequence[str] | None,
+                 categories: Sequence[str] | None, *, by_order: bool = False) -> Targets | None:
+    """The true class of each input: ``label`` as given, else each input's ImageFolder class
+    folder, a class label of the model (in any case) or a class index; None when there is
+    neither. With ``by_order``, a model without labels numbers its folders in sorted order,
+    as torchvision's ImageFolder. A folder naming no class is a :class:`HookscopeError`."""
+    if label is not None:
+        return parse_targets(label, categories, name="label")
+    if folders is None:
+        return None
+    if by_order and not categories and not all(f.isdigit() for f in folders):
+        order = {name: i for i, name in enumerate(sorted(set(folders)))}
+        logging.getLogger("hookscope").info(
+            "classes by folder, sorted: %s", ", ".join(f"{k}={v}" for k, v in order.items()))
+        return Targets(tuple(order[f] for f in folders), "label")
+    classes: dict[str, int] = {}
+    for folder in dict.fromkeys(folders):
+        hits = label_classes(folder, categories)
+        if not folder.isdigit() and not hits:
+            known = "is not a class label of this model." + suggest(folder, categories) \
+                if categories else "names no class: this model has no class labels."
+            raise HookscopeError(
+                f"class folder {folder!r} {known} Name the folders after the model's labels "
+                f"or class indices, give labels that match them with {param('labels')}, or "
+                f"give {param('label')}.")
+        classes[folder] = int(folder) if folder.isdigit() else hits[-1]
+    return Targets(tuple(classes[f] for f in folders), "label")
