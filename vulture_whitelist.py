@@ -19,7 +19,9 @@ out_shape  # FlopCounterMode passes it to a FLOP formula
 _.__signature__  # read by typer (inspect.signature)
 _.__annotations__  # read by typer
 _.identical  # the sketch's bucket-for-bucket equality, which the merge tests assert
-_.min_grad_norm  # check's log rules read these Rules fields by key (getattr)
+_.min_grad_norm  # the drift and log rules read these Rules fields by key (getattr)
+_.max_mean_drift
+_.max_std_drift
 _.max_grad_norm
 _.min_update_ratio
 _.max_update_ratio
@@ -35,4 +37,4 @@ control
 _.mod_tracker  # FlopCounterMode reads the stub tracker structure.py puts in its place
 _.get_usage_pieces  # click's usage line calls it on the parameter classes (options.py)
 _.overflow  # rich.text.Text reads it when rendering
-_.__doc__  # training/rules.py names each generated check rule (read by help())
+_.__doc__  # checks/log.py names each generated check rule (read by help())

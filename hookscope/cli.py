@@ -19,9 +19,9 @@ from hookscope.options import command, runs_model
 from hookscope.session import Session
 
 if TYPE_CHECKING:
-    from hookscope.probes.check import CheckReport
+    from hookscope.checks.engine import CheckReport
+    from hookscope.checks.rulefile import Rules
     from hookscope.probes.diff import DiffReport
-    from hookscope.probes.rulefile import Rules
 
 app = o.App(
     name="hookscope",
@@ -348,16 +348,16 @@ def check_command(
 
     Example: hookscope check resnet18 sample_images/ --rules hookscope.toml --junit check.xml
     """
+    from hookscope.checks.rulefile import load_rules
     from hookscope.core.errors import CheckFailed
-    from hookscope.probes.rulefile import load_rules
     from hookscope.render.check import resolve_junit
 
     log_run = cli_watch.is_log_run(s, model, inputs)
     junit_out = resolve_junit(junit, s.path, force=s.force)
     checks = load_rules(rules, overrides)
     if log_run:
+        from hookscope.checks.log import evaluate_log, log_doc
         from hookscope.training.logs import read_log
-        from hookscope.training.rules import evaluate_log, log_doc
 
         log = read_log(model)
         report = evaluate_log(checks, log)
@@ -374,12 +374,11 @@ def check_command(
 def _check_run(s: Session, checks: Rules, inputs: list[str], select: Selection, *, shown: bool
                ) -> tuple[CheckReport, dict[str, Any]]:
     """``check MODEL INPUT...``: the rules over a stats run, and the document."""
-    from hookscope.probes import check
-    from hookscope.probes.baseline import drift_percentiles, load_baseline
+    from hookscope.checks import engine as check
+    from hookscope.checks.baseline import drift_percentiles, load_baseline
     from hookscope.probes.stats import StatsProbe
-    from hookscope.training.rules import for_run
 
-    checks = for_run(checks)
+    checks = checks.only("run")
     base = load_baseline(checks)
     resolved = s.inputs(inputs)
     matched = check.match_inputs(checks, resolved.names)
@@ -410,15 +409,16 @@ def diff_command(
 
     Example: hookscope diff resnet18 cat.jpg --weights a.pt --against-weights b.pt --fail
     """
-    from hookscope.probes.statsdiff import StatsDiffReport, diff_stats, read_stats
+    from hookscope.checks.baseline import read_stats
+    from hookscope.probes.statsdiff import StatsDiffReport, diff_stats
     from hookscope.session import AGAINST, against_options, offline_files
 
     files = offline_files(model, inputs, against)
     s.reading(files or ())
     report: StatsDiffReport | DiffReport
     if files is not None:  # two saved documents: torch is never imported
-        report = diff_stats(read_stats(files[0]), read_stats(files[1]), tolerance=tolerance,
-                            files=files)
+        report = diff_stats(read_stats(files[0]).doc, read_stats(files[1]).doc,
+                            tolerance=tolerance, files=files)
         doc = report.to_dict()
     else:
         from hookscope.probes.diff import DiffProbe, on_side
@@ -467,8 +467,8 @@ def report_command(
         from hookscope.training.logs import read_log
 
         return s.emit("training", read_log(model), "html")
-    from hookscope.probes.report import ReportOptions, build_report, left_out
     from hookscope.render.heatmap import check_colormap
+    from hookscope.report import ReportOptions, build_report, left_out
 
     methods = list(dict.fromkeys(["gradcam", *(method or [])]))
     check_colormap(colormap)

@@ -61,14 +61,14 @@ def watch_command(
     """
     import shutil
 
+    from hookscope.checks.log import evaluate_log
+    from hookscope.checks.rulefile import load_rules
     from hookscope.core.errors import CheckFailed
-    from hookscope.probes.rulefile import load_rules
-    from hookscope.training.rules import evaluate_log, for_log
     from hookscope.training.smoke import SmokeOptions, smoke_labels, train
 
     if log_dir is not None:
         s.folder(log_dir, [log_dir / "watch.jsonl"])
-    checks = for_log(load_rules(rules)) if rules is not None else None
+    checks = load_rules(rules).only("log") if rules is not None else None
     resolved = s.inputs(inputs)
     loaded = s.load("watch")
     labels = smoke_labels(label, resolved.labels, loaded.categories)

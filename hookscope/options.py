@@ -18,6 +18,7 @@ import typer
 import typer.core
 
 from hookscope.cam.methods import method_names  # torch-free: only the registry
+from hookscope.checks.rulefile import KEYS, key_names
 from hookscope.core.select import Selection
 from hookscope.session import session
 
@@ -303,36 +304,14 @@ command = _with_options(RUN_OPTIONS)
 # ----------------------------------------------------------------- each command's own options
 
 RulesOpt = Annotated[Path | None, typer.Option(
-    help="A TOML file of rules (keys at its top level: nonfinite, max_zero_fraction, ignore, "
-    "baseline, max_mean_drift, max_std_drift, max_drift, min_prob, [expect]); each flag below "
+    help=f"A TOML file of rules (keys at its top level: {key_names('run')}); each flag below "
     "overrides its key.")]
 
-#: check's flags over the rules file's keys, as one ``{key: value}`` (None: not given).
+#: check's flags over the rules file's keys (those :class:`~hookscope.checks.rulefile.Key`
+#: gives a flag), as one ``{key: value}`` (None: not given).
 RuleFlags = Annotated[dict[str, Any], Bundle({
-    "nonfinite": (Annotated[int | None, typer.Option(
-        help="Most NaN/Inf values allowed in one call's output [default: 0].")], None),
-    "max_zero_fraction": (Annotated[float | None, typer.Option(
-        help="Fail a call whose output is more than this fraction zeros (a dead layer).")], None),
-    "ignore": (Annotated[list[str] | None, typer.Option(
-        help="Module-name glob left out of the per-call rules, with the modules under it "
-        "(repeatable).", metavar="GLOB")], None),
-    "baseline": (Annotated[Path | None, typer.Option(
-        help="A `hookscope stats --format json` document to compare with.")], None),
-    "max_mean_drift": (Annotated[float | None, typer.Option(
-        help="Largest relative change of a call's mean from the baseline: "
-        "|mean - base| / max(|base mean|, base std).")], None),
-    "max_std_drift": (Annotated[float | None, typer.Option(
-        help="Largest relative change of a call's std from the baseline.")], None),
-    "max_drift": (Annotated[float | None, typer.Option(
-        help="Largest distribution drift of a call from the baseline: the mean |difference| of the "
-        "two quantile functions over the baseline's percentiles, in baseline stds (the baseline "
-        "needs --percentiles).")], None),
-    "expect": (Annotated[list[str] | None, typer.Option(
-        help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).",
-        metavar="INPUT=LABEL")], None),
-    "min_prob": (Annotated[float | None, typer.Option(
-        help="Smallest top-1 probability allowed for any input.")], None),
-}, dict)]
+    name: (Annotated[key.flag | None, typer.Option(help=key.help, metavar=key.metavar)], None)
+    for name, key in KEYS.items() if key.flag is not None}, dict)]
 
 JunitOpt = Annotated[Path | None, typer.Option(
     help="Also write a JUnit XML report (one test case per rule) to this file.", metavar="FILE")]
@@ -508,6 +487,5 @@ WatchLogDirOpt = Annotated[Path | None, typer.Option(
     help="Keep the training log in this directory (watch.jsonl, and nonfinite.json on a NaN or "
     "Inf), for `hookscope report` and `hookscope check`.", file_okay=False)]
 WatchRulesOpt = Annotated[Path | None, typer.Option(
-    help="Also check the training log with these `hookscope check` rules (a TOML file: nonfinite, "
-    "max_zero_fraction, ignore, last, min_grad_norm, max_grad_norm, min_update_ratio, "
-    "max_update_ratio); exit 1 when one fails.", dir_okay=False)]
+    help=f"Also check the training log with these `hookscope check` rules (a TOML file: "
+    f"{key_names('log')}); exit 1 when one fails.", dir_okay=False)]

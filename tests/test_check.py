@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
+from hookscope.checks.engine import drift
+from hookscope.checks.rulefile import load_rules
 from hookscope.core.errors import HookscopeError
-from hookscope.probes.check import drift
-from hookscope.probes.rulefile import load_rules
 from hookscope.render.check import check_view, escape_data, escape_property, junit_xml
 from hookscope.render.console import render_text
 
@@ -507,7 +507,7 @@ def test_expect_by_basename_must_be_unambiguous(cli, work, tmp_path) -> None:
 def test_a_key_is_named_by_the_line_that_defines_it() -> None:
     """The line is found by the TOML parser itself, across multi-line arrays (their first
     line), comments, tables and quoted or dotted keys."""
-    from hookscope.probes.rulefile import _at
+    from hookscope.checks.rulefile import _at
 
     text = ('ignore = [\n  "fc",\n  "layer4.*",\n]\n# a comment\nmin_prob = 2\n'
             '[expect]\n"a.jpg" = "tabby"\nb.jpg = 1\n')

@@ -112,6 +112,7 @@ LAYERS = (
     ("hookscope.sources",),
     ("hookscope.cam",),
     ("hookscope.probes",),
+    ("hookscope.checks", "hookscope.report"),
     ("hookscope.training",),
     ("hookscope.integrations",),
     ("hookscope.render",),

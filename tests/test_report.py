@@ -158,7 +158,7 @@ def test_table_rows_are_the_stats_rows(evil, evil_page) -> None:
 def test_report_is_plain_data(evil) -> None:
     from hookscope.core.output import dumps_json
     from hookscope.inputs.resolve import iter_batches, resolve_inputs
-    from hookscope.probes.report import ReportOptions, build_report
+    from hookscope.report import ReportOptions, build_report
     from hookscope.sources import LoadOptions, load
 
     loaded = load(evil["model"], LoadOptions(size=32, labels=str(evil["labels"])))
@@ -194,21 +194,21 @@ def test_a_segmenter_or_detector_gets_statistics_and_grad_cam(name, cat_jpg, tmp
 
 
 def test_cam_options_are_refused_before_any_model_runs(evil, tmp_path, monkeypatch) -> None:
-    import hookscope.probes.report
+    import hookscope.report
 
     def no_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model ran")
 
-    monkeypatch.setattr(hookscope.probes.report, "drive", no_run)
-    monkeypatch.setattr(hookscope.probes.report, "explain", no_run)
+    monkeypatch.setattr(hookscope.report, "drive", no_run)
+    monkeypatch.setattr(hookscope.report, "explain", no_run)
     r = run("report", *_small(evil), "-o", tmp_path / "r.html", "--layer", "nope")
     assert r.exit_code == 2 and "no module named 'nope'" in r.stderr, r.output
     assert not (tmp_path / "r.html").exists()
 
 
 def test_dead_threshold_is_the_terminal_tables() -> None:
-    from hookscope.probes.report import DEAD
     from hookscope.render.tables import ZERO_WARN
+    from hookscope.report import DEAD
 
     assert DEAD == ZERO_WARN
 

@@ -1,12 +1,11 @@
 """``hookscope diff a.json b.json``: two saved ``stats`` documents compared call by call.
 
-Calls are paired by (name, call index); documents are checked against the ``stats`` schema
-first. Torch-free: an offline diff never imports torch (nor does the command that runs it).
+Calls are paired by (name, call index); :func:`hookscope.checks.baseline.read_stats` reads the
+documents. Torch-free: an offline diff never imports torch (nor does the command that runs it).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,11 +13,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hookscope import __version__
-from hookscope.core.errors import CheckFailed, HookscopeError
-from hookscope.probes.drift import quantile_drift
+from hookscope.core.errors import CheckFailed
+from hookscope.core.mergeable import Row
+from hookscope.probes.drift import finite, quantile_drift
 
 __all__ = ["DEFAULT_TOLERANCE", "STATS", "CallRef", "Comparison", "StatsDelta", "StatsDiffReport",
-           "diff_stats", "read_stats", "stats_schema_error"]
+           "diff_stats"]
 
 #: A call whose output's relative L2 error exceeds this is where two runs part: above float32
 #: noise (at most 1.3e-6), below float16 and bfloat16 error (see the README).
@@ -27,19 +27,12 @@ Key = tuple[str, int]
 
 
 @dataclass(frozen=True)
-class CallRef:
+class CallRef(Row):
     """A module call seen on one side only."""
 
     name: str
     type: str
     call: int
-
-    @property
-    def key(self) -> Key:
-        return (self.name, self.call)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "type": self.type, "call": self.call}
 
 
 @dataclass(frozen=True)
@@ -97,101 +90,13 @@ class Comparison:
                 "unmatched_b": [r.to_dict() for r in self.unmatched_b]}
 
 
-def _json_type(value: Any) -> str:
-    """A JSON value as an error message shows it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"the boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return f"the number {value!r}"
-    if isinstance(value, str):
-        return f"the string {value[:40]!r}"
-    return "an array" if isinstance(value, list) else "an object"
-
-
-def _is_number(value: Any, *, null: bool = True, integer: bool = False) -> bool:
-    if value is None:
-        return null
-    kinds = (int,) if integer else (int, float)
-    return isinstance(value, kinds) and not isinstance(value, bool)
-
-
-def _row_error(row: Any, at: str) -> str | None:
-    """The first field of a layer row that does not fit the schema: ``field is X, not Y``."""
-    if not isinstance(row, dict):
-        return f"{at} is {_json_type(row)}, not an object"
-    checks: list[tuple[str, bool, str]] = [
-        ("name", isinstance(row.get("name"), str), "a string"),
-        ("type", isinstance(row.get("type", ""), str), "a string"),
-        ("call", _is_number(row.get("call", 0), null=False, integer=True)
-         and row.get("call", 0) >= 0, "a non-negative integer"),
-        ("output_shape", row.get("output_shape") is None or (
-            isinstance(row["output_shape"], list)
-            and all(_is_number(v, null=False, integer=True) for v in row["output_shape"])),
-         "an array of integers or null"),
-        ("mean", "mean" in row and _is_number(row["mean"]), "a number or null"),
-        ("std", "std" in row and _is_number(row["std"]), "a number or null"),
-        ("zero_fraction", _is_number(row.get("zero_fraction")), "a number or null"),
-        ("nonfinite", _is_number(row.get("nonfinite"), integer=True), "an integer or null"),
-        ("percentiles", row.get("percentiles") is None or (
-            isinstance(row["percentiles"], dict)
-            and all(_is_number(v) for v in row["percentiles"].values())),
-         "an object of numbers or null"),
-    ]
-    for key, ok, kind in checks:
-        if not ok:
-            found = _json_type(row[key]) if key in row else "missing"
-            return f"{at}.{key} is {found}, not {kind}"
-    return None
-
-
-def stats_schema_error(doc: Any) -> str | None:
-    """Why ``doc`` is not a ``hookscope stats --format json`` document (its first field that
-    does not fit, e.g. ``layers[3].mean is the string '0.5', not a number or null``), or None."""
-    if not isinstance(doc, dict):
-        return f"the document is {_json_type(doc)}, not an object"
-    command = doc.get("command")
-    if command != "stats":
-        return f"it is a {command!r} document" if isinstance(command, str) and command \
-            else "it is not a hookscope document (no command)"
-    layers = doc.get("layers")
-    if not isinstance(layers, list):
-        found = _json_type(layers) if "layers" in doc else "missing"
-        return f"layers is {found}, not an array of layer rows"
-    predictions = doc.get("predictions")
-    if predictions is not None and not (isinstance(predictions, list) and all(
-            p is None or isinstance(p, list) for p in predictions)):
-        return f"predictions is {_json_type(predictions)}, not an array of arrays"
-    return next((e for i, row in enumerate(layers) if (e := _row_error(row, f"layers[{i}]"))),
-                None)
-
-
-def read_stats(path: Path) -> dict[str, Any]:
-    """A saved ``hookscope stats --format json`` document, checked against its schema.
-
-    Raises:
-        HookscopeError: the file is missing, not JSON, or not a ``stats`` document.
-    """
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise HookscopeError(f"Cannot read {str(path)!r}: {exc.strerror or exc}.") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HookscopeError(f"{str(path)!r} is not a JSON document ({exc}).") from None
-    error = stats_schema_error(doc)
-    if error is not None:
-        raise HookscopeError(f"{str(path)!r}: {error}; an offline diff compares two "
-                             "`hookscope stats --format json` documents.")
-    return doc
-
-
 #: The statistics an offline diff compares.
 STATS = ("mean", "std", "zero_fraction", "nonfinite")
 
 
 def _number(value: Any) -> float:
-    return math.nan if value is None else float(value)
+    number = finite(value)  # the documents write non-finite values as null
+    return math.nan if number is None else number
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ VIEWS: dict[str, View] = {
     "watch": View(watchview.watch_view, watchview.watch_csv),
     # debug's live trace streams instead (render.tree.TraceWriter); this is its whole document
     "debug": View(tree.debug_view, texts={"ndjson": tree.debug_ndjson}),
-    # HTML pages: doc is a probes.report.Report, or a training.logs.TrainingLog
+    # HTML pages: doc is a report.Report, or a training.logs.TrainingLog
     "report": View(_page, texts={"html": report.report_html}),
     "training": View(_page, texts={"html": training.training_html}),
 }

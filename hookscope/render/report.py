@@ -1,4 +1,4 @@
-"""The HTML report: a :class:`hookscope.probes.report.Report` turned into the plain values of
+"""The HTML report: a :class:`hookscope.report.Report` turned into the plain values of
 the template ``templates/report.html.j2`` (autoescaped, on :mod:`hookscope.render.html`'s
 base template). Tables are plain HTML; the page's script only adds sorting and filtering.
 """
@@ -22,7 +22,7 @@ from hookscope.render.tables import ZERO_WARN, fmt_float, shape_text
 if TYPE_CHECKING:
     from PIL import Image
 
-    from hookscope.probes.report import CamInput, Report
+    from hookscope.report import CamInput, Report
 
 #: The long side of every image in the page, in pixels.
 MAX_SIDE = 512
@@ -192,7 +192,7 @@ def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[
 
 
 def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str:
-    """The whole page of :func:`hookscope.probes.report.build_report`'s report as text;
+    """The whole page of :func:`hookscope.report.build_report`'s report as text;
     ``cmap`` and ``alpha`` draw the Grad-CAM overlays."""
     from markupsafe import Markup
 

@@ -53,7 +53,7 @@ def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    from hookscope.training.rules import event_text
+    from hookscope.checks.log import event_text
 
     if event is None:
         return None

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.checks.baseline import read_stats
+from hookscope.checks.engine import drift
 from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
 from hookscope.core.mergeable import merged
 from hookscope.core.select import Selection
-from hookscope.probes.baseline import read_stats
-from hookscope.probes.check import drift
 from hookscope.probes.drift import EPS, finite, quantile_drift
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.sketch import parse_percentiles

@@ -1,8 +1,9 @@
 """``hookscope check``: assertions about one run, read from a TOML file or flags.
 
 Each rule is a function registered by name; :func:`evaluate` runs every active rule, in
-registration order, against one :class:`~hookscope.probes.stats.StatsReport` and returns a
-:class:`CheckReport`. An expectation for an input not given, or a label the model lacks, is a
+registration order, against one :class:`~hookscope.probes.stats.StatsReport` (or a training
+log's rows, :mod:`hookscope.checks.log`) and returns a :class:`CheckReport`. An expectation
+for an input not given, or a label the model lacks, is a
 :class:`~hookscope.core.errors.HookscopeError` raised before the model runs. Torch-free.
 """
 
@@ -14,21 +15,22 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from hookscope.checks.baseline import Baseline
+from hookscope.checks.rulefile import Expect, Rules
 from hookscope.core.classes import label_classes
 from hookscope.core.errors import HookscopeError, clip, param, suggest
-from hookscope.probes.baseline import Baseline
 from hookscope.probes.drift import EPS, finite, quantile_drift
-from hookscope.probes.rulefile import Expect, Rules
 
 if TYPE_CHECKING:
     from hookscope.probes.stats import LayerStats, Prediction, StatsReport
 
-__all__ = ["EPS", "RULES", "CheckReport", "Expectation", "RuleResult", "call_id", "drift",
-           "evaluate", "expectations", "folder_expectations", "match_inputs", "rule"]
+__all__ = ["EPS", "RULES", "CheckContext", "CheckReport", "Expectation", "RuleResult", "call_id",
+           "drift", "evaluate", "expectations", "fmt", "folder_expectations", "ignored",
+           "match_inputs", "row_id", "rule", "verdict", "warn_unused"]
 
 log = logging.getLogger("hookscope")
 
@@ -132,15 +134,14 @@ class RuleResult:
     """One rule's verdict: ``limit`` is its setting, ``detail`` one line of what was found,
     ``offenders`` the calls (``layer4.1.relu#1: zero_fraction 0.995``) or inputs that broke it."""
 
-    name: str
+    rule: str
     passed: bool
     limit: Any
     detail: str
     offenders: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.name, "passed": self.passed, "limit": self.limit,
-                "detail": self.detail, "offenders": list(self.offenders)}
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ class CheckReport:
         failed = self.failures
         if not failed:
             return f"all {len(self.results)} rules passed"
-        return f"{len(failed)} of {len(self.results)} rules failed: {', '.join(r.name for r in failed)}"
+        return f"{len(failed)} of {len(self.results)} rules failed: {', '.join(r.rule for r in failed)}"
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
@@ -175,25 +176,26 @@ class CheckReport:
 
 
 @dataclass(frozen=True)
-class Context:
-    """What every rule sees: the rules, the calls not ignored, predictions, the baseline."""
+class CheckContext:
+    """What every rule sees: the rules, the calls not ignored, predictions, the baseline; or,
+    for a training log, its rows and ``log``, its view (:class:`hookscope.checks.log.LogView`)."""
 
     rules: Rules
     calls: list[LayerStats]
     ignored: int
-    inputs: list[str]
-    predictions: list[list[Prediction] | None]
-    expectations: list[Expectation]
-    baseline: Baseline | None
-    baseline_rows: dict[tuple[str, int], Mapping[str, Any]]
-    log: Any = None  # a training log's view (hookscope.training.rules.LogView), else None
+    inputs: Sequence[str] = ()
+    predictions: Sequence[list[Prediction] | None] = ()
+    expectations: Sequence[Expectation] = ()
+    baseline: Baseline | None = None
+    baseline_rows: Mapping[tuple[str, int], Mapping[str, Any]] = field(default_factory=dict)
+    log: Any = None
 
     def note(self) -> str:
         """The detail's ending that says how many calls ``ignore`` left out."""
         return f"; {self.ignored} ignored" if self.ignored else ""
 
 
-RuleFn = Callable[[Context], "RuleResult | None"]
+RuleFn = Callable[[CheckContext], "RuleResult | None"]
 #: Registered rules, run in registration order; a rule returns None when not asked for.
 RULES: dict[str, RuleFn] = {}
 
@@ -213,14 +215,22 @@ def call_id(name: str, call: int) -> str:
     return f"{name or '(model)'}#{call}"
 
 
-def _ignored(name: str, globs: Sequence[str]) -> bool:
+def ignored(name: str, globs: Sequence[str]) -> bool:
+    """``name`` matches an ``ignore`` glob, or lies under a module that does."""
     return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name, f"{g}.*") for g in globs)
 
 
-def _warn_unused(globs: Sequence[str], names: set[str]) -> None:
+def warn_unused(globs: Sequence[str], names: set[str]) -> None:
+    """Warn of each ``ignore`` glob that matches none of ``names``."""
     for glob in globs:
-        if not any(_ignored(name, [glob]) for name in names):
+        if not any(ignored(name, [glob]) for name in names):
             log.warning("ignore glob %r matches no module call", glob)
+
+
+def verdict(ctx: CheckContext) -> CheckReport:
+    """Every registered rule's result for ``ctx``, in registration order."""
+    results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
+    return CheckReport(results, calls=len(ctx.calls), ignored=ctx.ignored, rules_file=ctx.rules.source)
 
 
 def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
@@ -228,30 +238,28 @@ def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
              expectations: Sequence[Expectation] = ()) -> CheckReport:
     """Run every active rule against ``report``; ``inputs`` are the input names in order,
     ``expectations`` the resolved ``expect`` entries (:func:`expectations`)."""
-    calls = [row for row in report.layers if not _ignored(row.name, rules.ignore)]
+    calls = [row for row in report.layers if not ignored(row.name, rules.ignore)]
     rows = baseline.rows if baseline else {}
-    base_rows = {key: row for key, row in rows.items() if not _ignored(key[0], rules.ignore)}
-    names = {row.name for row in report.layers} | {name for name, _ in rows}
-    _warn_unused(rules.ignore, names)
-    ctx = Context(rules, calls, len(report.layers) - len(calls), list(inputs),
-                  report.predictions, list(expectations), baseline, base_rows)
-    results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
-    return CheckReport(results, calls=len(calls), ignored=ctx.ignored, rules_file=rules.source)
+    base_rows = {key: row for key, row in rows.items() if not ignored(key[0], rules.ignore)}
+    warn_unused(rules.ignore, {row.name for row in report.layers} | {name for name, _ in rows})
+    return verdict(CheckContext(rules, calls, len(report.layers) - len(calls), inputs,
+                                report.predictions, expectations, baseline, base_rows))
 
 
-def _g(value: float | None) -> str:
+def fmt(value: float | None) -> str:
+    """A measured value as details show it: four significant digits, null when not finite."""
     return "null" if value is None or not math.isfinite(value) else f"{value:.4g}"
 
 
 @rule("nonfinite")
-def _nonfinite(ctx: Context) -> RuleResult:
+def _nonfinite(ctx: CheckContext) -> RuleResult:
     """At most ``nonfinite`` NaN/Inf values in each call's output."""
     limit = ctx.rules.nonfinite
     bad = [c for c in ctx.calls if c.nonfinite > limit]
-    offenders = [f"{_call(c)}: nonfinite {c.nonfinite}" for c in bad]
+    offenders = [f"{row_id(c)}: nonfinite {c.nonfinite}" for c in bad]
     if bad:
         detail = (f"{len(bad)} of {len(ctx.calls)} calls have more than {limit} non-finite "
-                  f"values (NaN, Inf); the first is {_call(bad[0])}")
+                  f"values (NaN, Inf); the first is {row_id(bad[0])}")
     else:
         detail = f"no call of {len(ctx.calls)} has more than {limit} non-finite values"
     event = getattr(ctx.log, "event", None)  # a training log's stop on a NaN or Inf
@@ -261,23 +269,23 @@ def _nonfinite(ctx: Context) -> RuleResult:
     return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(), offenders)
 
 
-def _call(c: Any) -> str:
-    """A call as offenders name it, with its logging step when it has one (a log's row)."""
+def row_id(c: Any) -> str:
+    """A row's call as offenders name it, with its logging step when it has one (a log's row)."""
     step = getattr(c, "step", None)
     return call_id(c.name, c.call) + (f" at step {step}" if step is not None else "")
 
 
 @rule("max_zero_fraction")
-def _zeros(ctx: Context) -> RuleResult | None:
+def _zeros(ctx: CheckContext) -> RuleResult | None:
     """No call's output is more than ``max_zero_fraction`` zeros (a dead layer)."""
     limit = ctx.rules.max_zero_fraction
     if limit is None:
         return None
     measured = [c for c in ctx.calls if finite(c.zero_fraction) is not None]
     bad = [c for c in measured if c.zero_fraction > limit]
-    offenders = [f"{_call(c)}: zero_fraction {_g(c.zero_fraction)}" for c in bad]
+    offenders = [f"{row_id(c)}: zero_fraction {fmt(c.zero_fraction)}" for c in bad]
     top = max(measured, key=lambda c: c.zero_fraction, default=None)
-    most = f"; the most: {_g(top.zero_fraction)} at {_call(top)}" \
+    most = f"; the most: {fmt(top.zero_fraction)} at {row_id(top)}" \
         if top is not None and top.zero_fraction > 0 else ""
     detail = (f"{len(bad)} of {len(ctx.calls)} calls are more than {limit:.4g} zeros" if bad
               else f"no call of {len(ctx.calls)} is more than {limit:.4g} zeros")
@@ -289,7 +297,7 @@ def _batchless(shape: Any) -> list[int] | None:
 
 
 @rule("baseline")
-def _baseline(ctx: Context) -> RuleResult | None:
+def _baseline(ctx: CheckContext) -> RuleResult | None:
     """The same calls as the baseline, with the same output shapes (batch aside)."""
     if ctx.baseline is None:
         return None
@@ -316,34 +324,38 @@ def drift(value: float | None, base: float | None, scale: float) -> float:
 
 
 def _dg(value: float) -> str:
-    return "inf" if math.isinf(value) else _g(value)
+    return "inf" if math.isinf(value) else fmt(value)
 
 
 Measure = Callable[["LayerStats", Mapping[str, Any]], "tuple[float, str] | None"]
 
 
-def _drift_result(ctx: Context, name: str, limit: float | None,
-                  measure: Measure) -> RuleResult | None:
-    """Each call present on both sides within ``limit`` of the baseline, by ``measure`` (the
-    drift and how an offender shows it; None: not compared)."""
-    if limit is None or ctx.baseline is None:
-        return None
-    worst, offenders, compared = (0.0, ""), [], 0
-    for c in ctx.calls:
-        base = ctx.baseline_rows.get((c.name, c.call))
-        found = measure(c, base) if base is not None else None
-        if found is None:
-            continue
-        compared += 1
-        d, shown = found
-        if d > worst[0]:  # the first of equal drifts, in execution order
-            worst = (d, call_id(c.name, c.call))
-        if d > limit:
-            offenders.append(f"{call_id(c.name, c.call)}: {shown}")
-    most = f"; the largest: {_dg(worst[0])} at {worst[1]}" if worst[1] else ""
-    detail = (f"{len(offenders)} of {compared} calls drift more than {limit:.4g}" if offenders
-              else f"no call of {compared} drifts more than {limit:.4g}")
-    return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)
+def _drift_rule(name: str, measure: Measure) -> RuleFn:
+    """The rule ``name``: each call present on both sides within the rule's limit of the
+    baseline, by ``measure`` (the drift and how an offender shows it; None: not compared)."""
+
+    def check(ctx: CheckContext) -> RuleResult | None:
+        limit = getattr(ctx.rules, name)
+        if limit is None or ctx.baseline is None:
+            return None
+        worst, offenders, compared = (0.0, ""), [], 0
+        for c in ctx.calls:
+            base = ctx.baseline_rows.get((c.name, c.call))
+            found = measure(c, base) if base is not None else None
+            if found is None:
+                continue
+            compared += 1
+            d, shown = found
+            if d > worst[0]:  # the first of equal drifts, in execution order
+                worst = (d, call_id(c.name, c.call))
+            if d > limit:
+                offenders.append(f"{call_id(c.name, c.call)}: {shown}")
+        most = f"; the largest: {_dg(worst[0])} at {worst[1]}" if worst[1] else ""
+        detail = (f"{len(offenders)} of {compared} calls drift more than {limit:.4g}" if offenders
+                  else f"no call of {compared} drifts more than {limit:.4g}")
+        return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)
+
+    return check
 
 
 def _stat_drift(stat: str, c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
@@ -356,7 +368,7 @@ def _stat_drift(stat: str, c: LayerStats, base: Mapping[str, Any]) -> tuple[floa
     base_value = mean_b if stat == "mean" else std_b
     value = finite(getattr(c, stat))
     d = drift(value, base_value, scale)
-    return d, f"{stat} {_g(value)}, baseline {_g(base_value)} (drift {_dg(d)})"
+    return d, f"{stat} {fmt(value)}, baseline {fmt(base_value)} (drift {_dg(d)})"
 
 
 def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str] | None:
@@ -364,32 +376,21 @@ def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]
     return None if d is None else (d, f"drift {_dg(d)}")
 
 
-@rule("max_mean_drift")
-def _mean_drift(ctx: Context) -> RuleResult | None:
-    """Each call's mean within ``max_mean_drift`` of the baseline's (relative)."""
-    return _drift_result(ctx, "max_mean_drift", ctx.rules.max_mean_drift, partial(_stat_drift, "mean"))
-
-
-@rule("max_std_drift")
-def _std_drift(ctx: Context) -> RuleResult | None:
-    """Each call's std within ``max_std_drift`` of the baseline's (relative)."""
-    return _drift_result(ctx, "max_std_drift", ctx.rules.max_std_drift, partial(_stat_drift, "std"))
-
-
-@rule("max_drift")
-def _distribution_drift(ctx: Context) -> RuleResult | None:
-    """Each call's distribution within ``max_drift`` of the baseline's (see
-    :func:`~hookscope.probes.drift.quantile_drift`)."""
-    return _drift_result(ctx, "max_drift", ctx.rules.max_drift, _quantile_drift)
+# max_mean_drift and max_std_drift: relative; max_drift: the distributions' (see
+# hookscope.probes.drift.quantile_drift).
+for _name, _measure in (("max_mean_drift", partial(_stat_drift, "mean")),
+                        ("max_std_drift", partial(_stat_drift, "std")),
+                        ("max_drift", _quantile_drift)):
+    rule(_name)(_drift_rule(_name, _measure))
 
 
 def _top1(p: Prediction) -> str:
     label = f"{p.label!r} " if p.label else ""
-    return f"{label}({p.index}, prob {_g(p.prob)})"
+    return f"{label}({p.index}, prob {fmt(p.prob)})"
 
 
 @rule("expect")
-def _expect(ctx: Context) -> RuleResult | None:
+def _expect(ctx: CheckContext) -> RuleResult | None:
     """Each expected input's top-1 class is the one expected."""
     if not ctx.rules.expect:
         return None
@@ -410,7 +411,7 @@ def _expect(ctx: Context) -> RuleResult | None:
 
 
 @rule("min_prob")
-def _min_prob(ctx: Context) -> RuleResult | None:
+def _min_prob(ctx: CheckContext) -> RuleResult | None:
     """Every input's top-1 probability is at least ``min_prob``."""
     limit = ctx.rules.min_prob
     if limit is None:
@@ -427,5 +428,5 @@ def _min_prob(ctx: Context) -> RuleResult | None:
     low = min(prob, key=lambda t: t[1] if math.isfinite(t[1]) else -1.0)
     detail = (f"{len(bad)} of {len(tops)} inputs have a top-1 probability below {limit:.4g}"
               if bad else f"every top-1 probability is at least {limit:.4g}")
-    return RuleResult("min_prob", not bad, limit, f"{detail}; the lowest: {_g(low[1])} ({low[0]})",
+    return RuleResult("min_prob", not bad, limit, f"{detail}; the lowest: {fmt(low[1])} ({low[0]})",
                       offenders)

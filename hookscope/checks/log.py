@@ -1,6 +1,6 @@
 """``hookscope check LOG_DIR``: the check rules applied to a training log (torch-free).
 
-The rules are :mod:`hookscope.probes.check`'s, in its one registry: ``nonfinite`` and
+The rules are :mod:`hookscope.checks.engine`'s, in its one registry: ``nonfinite`` and
 ``max_zero_fraction`` read the layer rows of the last ``last`` logging steps (``nonfinite``
 also the recorded event), and the rules registered here bound those steps' gradient norms
 and update ratios. The report and its outputs are a model run's check's.
@@ -11,53 +11,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hookscope import __version__
-from hookscope.core.errors import HookscopeError
-from hookscope.probes.check import (
-    RULES,
+from hookscope.checks.engine import (
+    CheckContext,
     CheckReport,
-    Context,
     RuleResult,
-    _g,
-    _ignored,
-    _warn_unused,
-    call_id,
+    fmt,
+    ignored,
+    row_id,
     rule,
+    verdict,
+    warn_unused,
 )
+from hookscope.checks.rulefile import Rules
 from hookscope.probes.drift import finite
-from hookscope.probes.rulefile import Rules
-from hookscope.training.logs import TrainingLog
 
-__all__ = ["LOG_KEYS", "RUN_KEYS", "LogCall", "LogView", "evaluate_log", "for_log", "for_run"]
+if TYPE_CHECKING:
+    from hookscope.training.logs import TrainingLog
 
-#: Keys that only a model run can check (a log has no predictions and no stats baseline).
-RUN_KEYS = ("baseline", "max_mean_drift", "max_std_drift", "max_drift", "expect", "min_prob")
-#: Keys that only a training log can check.
-LOG_KEYS = ("last", "min_grad_norm", "max_grad_norm", "min_update_ratio", "max_update_ratio")
-
-
-def _refuse(rules: Rules, keys: tuple[str, ...], why: str) -> None:
-    given = [k for k in keys if k in rules.where]
-    if given:
-        raise HookscopeError(f"{rules.subject(given[0])} {why}")
-
-
-def for_log(rules: Rules) -> Rules:
-    """``rules`` if a training log can check them all, else a HookscopeError."""
-    _refuse(rules, RUN_KEYS, "checks a model run on its inputs; a training log has no "
-            "predictions or stats baseline. Keys for a log: nonfinite, max_zero_fraction, "
-            f"ignore, {', '.join(LOG_KEYS)}.")
-    return rules
-
-
-def for_run(rules: Rules) -> Rules:
-    """``rules`` if a model run can check them all, else a HookscopeError."""
-    _refuse(rules, LOG_KEYS, "checks a training log: give the log directory (the one "
-            "holding watch.jsonl) instead of MODEL INPUT.")
-    return rules
-
+__all__ = ["LogCall", "LogView", "evaluate_log", "event_text", "log_doc"]
 
 @dataclass(frozen=True)
 class LogCall:
@@ -116,44 +90,39 @@ def event_text(event: Mapping[str, Any] | None) -> str | None:
 
 def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
     """Run every active rule against the last ``rules.last`` logging steps of ``log``."""
-    for_log(rules)
-    steps = log.last(rules.last)
+    steps = log.last(rules.only("log").last)
     rows = list(_calls(steps))
-    calls = [c for c in rows if not _ignored(c.name, rules.ignore)]
-    params = [(int(s["step"]), p) for s in steps for p in s.get("params") or ()
-              if not _ignored(str(p["name"]), rules.ignore)]
-    _warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for s in steps
-                                                       for p in s.get("params") or ()})
+    calls = [c for c in rows if not ignored(c.name, rules.ignore)]
+    every = [(int(s["step"]), p) for s in steps for p in s.get("params") or ()]
+    params = [(step, p) for step, p in every if not ignored(str(p["name"]), rules.ignore)]
+    warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for _, p in every})
     view = LogView(steps, params, event_text(log.event))
-    ctx = Context(rules, calls, len(rows) - len(calls), [], [], [], None, {},  # type: ignore[arg-type]
-                  log=view)
-    results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
-    return CheckReport(results, calls=len(calls), ignored=ctx.ignored, rules_file=rules.source)
+    return verdict(CheckContext(rules, calls, len(rows) - len(calls), log=view))  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- the rules
 
-def _grad_norms(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
+def _grad_norms(ctx: CheckContext, view: LogView) -> list[tuple[str, float | None]]:
     calls: list[LogCall] = ctx.calls  # type: ignore[assignment]  # a log's rows
-    layers = [(f"{call_id(c.name, c.call)} at step {c.step}", c.grad_norm) for c in calls]
+    layers = [(row_id(c), c.grad_norm) for c in calls]
     params = [(f"parameter {p['name']} at step {step}", finite(p.get("grad_norm")))
               for step, p in view.params]
     return layers + params
 
 
-def _ratios(ctx: Context, view: LogView) -> list[tuple[str, float | None]]:
+def _ratios(ctx: CheckContext, view: LogView) -> list[tuple[str, float | None]]:
     return [(f"parameter {p['name']} at step {step}", finite(p.get("update_ratio")))
             for step, p in view.params]
 
 
 def _bound_rule(name: str, what: str,
-                values: Callable[[Context, LogView], list[tuple[str, float | None]]],
-                side: str) -> Callable[[Context], RuleResult | None]:
+                values: Callable[[CheckContext, LogView], list[tuple[str, float | None]]],
+                side: str) -> Callable[[CheckContext], RuleResult | None]:
     """The rule ``name``: every ``what`` measured, (who, value) pairs, is not ``side`` the
     rule's limit."""
     above = side == "above"
 
-    def check(ctx: Context) -> RuleResult | None:
+    def check(ctx: CheckContext) -> RuleResult | None:
         view: LogView | None = ctx.log
         limit = getattr(ctx.rules, name)
         if limit is None or view is None:
@@ -161,12 +130,12 @@ def _bound_rule(name: str, what: str,
         measured = [(who, v) for who, v in values(ctx, view) if v is not None]
         bad = [(who, v) for who, v in measured if (v > limit if above else v < limit)]
         worst = (max if above else min)(measured, key=lambda m: m[1], default=None)
-        extreme = f"; the {'largest' if above else 'smallest'}: {_g(worst[1])} at " \
+        extreme = f"; the {'largest' if above else 'smallest'}: {fmt(worst[1])} at " \
             f"{worst[0]}" if worst is not None else ""
         detail = (f"{len(bad)} of {len(measured)} {what}s over {view.span()} are {side} "
                   f"{limit:.4g}" if bad else
                   f"no {what} of {len(measured)} over {view.span()} is {side} {limit:.4g}")
-        offenders = [f"{who}: {what} {_g(v)}" for who, v in bad]
+        offenders = [f"{who}: {what} {fmt(v)}" for who, v in bad]
         return RuleResult(name, not bad, limit, detail + extreme + ctx.note(), offenders)
 
     check.__doc__ = f"No {what} over the logging steps checked is {side} ``{name}``."

@@ -1,0 +1,114 @@
+"""A ``hookscope stats --format json`` document read back: :func:`read_stats`, the one reader
+(``check``'s baseline, ``diff a.json b.json``, ``watch``'s reference), and ``check``'s
+:class:`Baseline`. A missing, unreadable or foreign document is a
+:class:`~hookscope.core.errors.HookscopeError` naming it, raised before the model runs.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from hookscope.checks.rulefile import Rules, describe
+from hookscope.core.errors import HookscopeError
+
+__all__ = ["Baseline", "StatsDocument", "drift_percentiles", "load_baseline", "read_stats"]
+
+_DOC = "`hookscope stats --format json` document"
+Rows = dict[tuple[str, int], Mapping[str, Any]]
+
+
+class StatsDocument(NamedTuple):
+    """A stats document's rows by (name, call), the percentiles its rows hold (their JSON
+    keys, in order; empty without) and the document itself."""
+
+    rows: Rows
+    percentiles: tuple[str, ...]
+    doc: dict[str, Any]
+
+
+def _rows(doc: Any) -> Rows | tuple[str, str]:
+    """The rows by call, or why ``doc`` is not a stats document: as a check says it, as an
+    offline diff does."""
+    if not isinstance(doc, dict):
+        return (f"it holds {describe(doc)}",) * 2
+    if (command := doc.get("command")) != "stats":
+        offline = f"it is a {command!r} document" if isinstance(command, str) and command \
+            else "it is not a hookscope document (no command)"
+        return f"its command is {command!r}", offline
+    if not isinstance(layers := doc.get("layers"), list):
+        return ("it has no layers list",) * 2
+    rows: Rows = {}
+    for i, row in enumerate(layers):
+        if not (isinstance(row, dict) and isinstance(row.get("name"), str)
+                and isinstance(row.get("call"), int) and "mean" in row and "std" in row):
+            return (f"its layer {i} lacks name, call, mean or std",) * 2
+        rows[(row["name"], row["call"])] = row
+    return rows
+
+
+def read_stats(path: Path, subject: str | None = None) -> StatsDocument:
+    """Read a stats document. Errors (HookscopeError: missing, unreadable, not JSON, not a stats
+    document) name it as ``subject`` does (``--baseline``, ``rules.toml:2: baseline``), or
+    without one in an offline diff's words."""
+    named = repr(str(path))
+    shown = f"{subject} {named}" if subject else named
+
+    def error(why: str, offline: str) -> HookscopeError:
+        return HookscopeError(f"{shown} {why}" if subject else offline)
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        reason = exc.strerror or exc
+        why = f"not found; write one with `hookscope stats MODEL INPUT... --format json -o " \
+            f"{path.name}`." if isinstance(exc, FileNotFoundError) else f"cannot be read: {reason}."
+        raise error(why, f"Cannot read {named}: {reason}.") from None
+    except UnicodeDecodeError as exc:
+        raise error("cannot be read: not UTF-8 text.", f"{named} is not a JSON document ({exc}).") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"is not JSON (line {exc.lineno}: {exc.msg}); give a {_DOC}.",
+                    f"{named} is not a JSON document ({exc}).") from None
+    rows = _rows(doc)
+    if isinstance(rows, tuple):
+        raise error(f"is not a {_DOC}: {rows[0]}.",
+                    f"{named}: {rows[1]}; an offline diff compares two {_DOC}s.")
+    found: Mapping[str, Any] = next((row["percentiles"] for row in rows.values()
+                                     if isinstance(row.get("percentiles"), dict)
+                                     and row["percentiles"]), {})
+    return StatsDocument(rows, tuple(found), doc)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """``check``'s baseline: the per-call rows of a stats document by (name, call), and the
+    percentiles its rows hold."""
+
+    path: str
+    rows: Rows
+    percentiles: tuple[str, ...] = ()
+    #: The rules' ``max_drift`` is set: the run takes these percentiles too.
+    drift: bool = False
+
+
+def drift_percentiles(baseline: Baseline | None) -> tuple[float, ...] | None:
+    """The percentiles a run takes for ``max_drift``: the baseline's (None when not asked)."""
+    if baseline is None or not baseline.drift:
+        return None
+    return tuple(float(key) for key in baseline.percentiles)
+
+
+def load_baseline(rules: Rules) -> Baseline | None:
+    """Read the rules' baseline, when they have one (errors as :func:`read_stats`'s)."""
+    if rules.baseline is None:
+        return None
+    rows, found, _ = read_stats(rules.baseline, rules.subject("baseline"))
+    if rules.max_drift is not None and not found:
+        raise HookscopeError(f"{rules.subject('max_drift')} needs percentiles in the baseline "
+                             f"{str(rules.baseline)!r}: write it with `hookscope stats MODEL "
+                             f"INPUT... --percentiles 1,5,25,50,75,95,99 --format json`.")
+    return Baseline(str(rules.baseline), rows, found, drift=rules.max_drift is not None)

@@ -1,0 +1,315 @@
+"""The rules file of ``hookscope check``: :class:`Rules`, whose fields declare every key (what
+its value must be, where it applies, its flag), and :func:`load_rules`, which reads them from a
+TOML file and/or flags.
+
+Anything wrong with the rules themselves is a :class:`~hookscope.core.errors.HookscopeError`
+naming the file and line. Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from hookscope.core.errors import HookscopeError, clip, param, suggest
+from hookscope.probes.drift import finite
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ModuleNotFoundError:
+        tomllib = None  # type: ignore[assignment]
+
+__all__ = ["KEYS", "Expect", "Key", "Rules", "describe", "key_names", "load_rules"]
+
+
+@dataclass(frozen=True)
+class Key:
+    """A key of the rules file: what its value must be and the check that converts it, where it
+    applies (``run``: a model run only, ``log``: a training log only, else both) and, when
+    ``hookscope check`` takes it as a flag too, the flag's value type, help and metavar."""
+
+    kind: str
+    convert: Callable[[Any], Any]
+    scope: str = "both"
+    flag: Any = None
+    help: str = ""
+    metavar: str | None = None
+
+
+def _key(default: Any, kind: str, convert: Callable[[Any], Any], scope: str = "both",
+         **flag: Any) -> Any:
+    """A :class:`Rules` field that is a key of the file (``flag``: :class:`Key`'s)."""
+    return field(default=default, metadata={"key": Key(kind, convert, scope, **flag)})
+
+
+def _check(ok: Callable[[Any], bool], cast: Callable[[Any], Any] = lambda v: v
+           ) -> Callable[[Any], Any]:
+    """A key's converter: ``cast(value)`` for a value that is ``ok``, else ValueError."""
+    def convert(value: Any) -> Any:
+        if not ok(value):
+            raise ValueError
+        return cast(value)
+
+    return convert
+
+
+def _integer(low: int) -> Callable[[Any], Any]:
+    return _check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low)
+
+
+def _number(high: float = math.inf) -> Callable[[Any], Any]:
+    return _check(lambda v: finite(v) is not None and 0 <= v <= high, float)
+
+
+_globs = _check(lambda v: isinstance(v, (list, tuple)) and all(isinstance(g, str) and g.strip() for g in v),
+                lambda v: tuple(g.strip() for g in v))
+_file = _check(lambda v: isinstance(v, (str, Path)) and bool(str(v).strip()), Path)
+_table = _check(lambda v: isinstance(v, dict))
+
+
+@dataclass(frozen=True)
+class Expect:
+    """One ``expect`` entry as written: an input's name (a path, a basename, ``x.pt[3]``), its
+    expected top-1 class (a label, matched case-insensitively, or an index) and where it was
+    written, for error messages."""
+
+    input: str
+    want: str | int
+    where: str = field(default="expect", compare=False)
+
+
+_DRIFT = "a non-negative number (relative drift)"
+_ANY = "a non-negative number"
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The assertions of one check: each field declared with :func:`_key` is a key of the file,
+    in the order the rules run. ``nonfinite`` is always on, the others only when given. An
+    ``ignore`` glob also covers the modules under what it matches; ``where`` says for each key
+    given where (file and line, or flag) it was set.
+    """
+
+    nonfinite: int = _key(
+        0, "a non-negative integer (non-finite values allowed per call)", _integer(0), flag=int,
+        help="Most NaN/Inf values allowed in one call's output [default: 0].")
+    max_zero_fraction: float | None = _key(
+        None, "a number from 0 to 1", _number(1.0), flag=float,
+        help="Fail a call whose output is more than this fraction zeros (a dead layer).")
+    ignore: tuple[str, ...] = _key(
+        (), "an array of module-name globs", _globs, flag=list[str], metavar="GLOB",
+        help="Module-name glob left out of the per-call rules, with the modules under it "
+        "(repeatable).")
+    baseline: Path | None = _key(
+        None, "a file name (a `hookscope stats --format json` document)", _file, "run", flag=Path,
+        help="A `hookscope stats --format json` document to compare with.")
+    max_mean_drift: float | None = _key(
+        None, _DRIFT, _number(), "run", flag=float,
+        help="Largest relative change of a call's mean from the baseline: "
+        "|mean - base| / max(|base mean|, base std).")
+    max_std_drift: float | None = _key(
+        None, _DRIFT, _number(), "run", flag=float,
+        help="Largest relative change of a call's std from the baseline.")
+    max_drift: float | None = _key(
+        None, "a non-negative number (distribution drift, in baseline stds)", _number(), "run",
+        flag=float, help="Largest distribution drift of a call from the baseline: the mean "
+        "|difference| of the two quantile functions over the baseline's percentiles, in baseline "
+        "stds (the baseline needs --percentiles).")
+    expect: tuple[Expect, ...] = _key(
+        (), "a table of input = label or class index", _table, "run", flag=list[str],
+        metavar="INPUT=LABEL",
+        help="INPUT=LABEL or INPUT=INDEX: the expected top-1 class (repeatable).")
+    min_prob: float | None = _key(
+        None, "a number from 0 to 1", _number(1.0), "run", flag=float,
+        help="Smallest top-1 probability allowed for any input.")
+    # A training log's rules (`hookscope check LOG_DIR`, see hookscope.checks.log).
+    last: int | None = _key(
+        None, "a positive integer (the logging steps checked, the last ones)", _integer(1), "log")
+    min_grad_norm: float | None = _key(None, _ANY, _number(), "log")
+    max_grad_norm: float | None = _key(None, _ANY, _number(), "log")
+    min_update_ratio: float | None = _key(None, _ANY, _number(), "log")
+    max_update_ratio: float | None = _key(None, _ANY, _number(), "log")
+    source: str | None = None
+    where: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def subject(self, key: str) -> str:
+        """How an error names ``key``: ``rules.toml:5: baseline``, or the parameter."""
+        return self.where.get(key, param(key))
+
+    def only(self, scope: str) -> Rules:
+        """These rules, when a model run (``run``) or a training log (``log``) can check every
+        key given; else a HookscopeError naming the first it cannot."""
+        for name, key in KEYS.items():
+            if name in self.where and key.scope not in (scope, "both"):
+                raise HookscopeError(f"{self.subject(name)} {_ELSEWHERE[key.scope]}")
+        return self
+
+
+#: Every key a rules file may hold, in the order rules run (the fields of :class:`Rules`).
+KEYS: dict[str, Key] = {f.name: f.metadata["key"] for f in fields(Rules) if "key" in f.metadata}
+
+
+def key_names(scope: str) -> str:
+    """The keys a model run (``run``) or a training log (``log``) can check, as help lists
+    them: ``nonfinite, ..., min_prob, [expect]`` (tables last)."""
+    names = [name for name, key in KEYS.items() if key.scope in (scope, "both")]
+    tables = [f"[{name}]" for name in names if KEYS[name].convert is _table]
+    return ", ".join([name for name in names if KEYS[name].convert is not _table] + tables)
+
+
+#: Why a key of one scope cannot be checked in the other.
+_ELSEWHERE = {
+    "run": "checks a model run on its inputs; a training log has no predictions or stats "
+           f"baseline. Keys for a log: {key_names('log')}.",
+    "log": "checks a training log: give the log directory (the one holding watch.jsonl) "
+           "instead of MODEL INPUT.",
+}
+
+
+def describe(value: Any) -> str:
+    """A value as an error message shows it: its TOML (or JSON) type, and the value when short."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return f"the string {clip(repr(value), 60)}"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return "a table" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
+def _convert(key: str, value: Any, subject: str) -> Any:
+    try:
+        return KEYS[key].convert(value)
+    except ValueError:
+        raise HookscopeError(f"{subject} must be {KEYS[key].kind}, not {describe(value)}.") from None
+
+
+_AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\s*$")
+_PART = r"""(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')"""
+#: A line that starts a table (``[expect]``) or a key (``"a.jpg" = ...``, dotted ones too).
+_DEFINES = re.compile(rf"\s*(\[+\s*)?({_PART}(?:\s*\.\s*{_PART})*)\s*[\]=]")
+
+
+def _at(file: str, text: str, *path: str) -> str:
+    """``rules.toml:7:`` for the first line defining ``path`` (or its table, or its start:
+    a multi-line value names its first line), else ``rules.toml:``."""
+    lines: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    for number, line in enumerate(text.splitlines(), 1):
+        if (found := _DEFINES.match(line)) is None:
+            continue
+        parts = tuple(p.strip().strip("\"'") for p in re.findall(_PART, found[2]))
+        table, defined = (parts, parts) if found[1] else (table, table + parts)
+        for end in range(1, len(defined) + 1):
+            lines.setdefault(defined[:end], number)
+    at = next((lines[path[:end]] for end in range(len(path), 0, -1) if path[:end] in lines), None)
+    return f"{file}:{at}:" if at is not None else f"{file}:"
+
+
+def _read_text(path: Path) -> str:
+    shown = f"rules file {str(path)!r}"
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except FileNotFoundError:
+        raise HookscopeError(f"{shown} not found.") from None
+    except IsADirectoryError:
+        raise HookscopeError(f"{shown} is a directory; give a TOML file.") from None
+    except OSError as exc:
+        raise HookscopeError(f"{shown} cannot be read: {exc.strerror or exc}.") from None
+    except UnicodeDecodeError:
+        raise HookscopeError(f"{shown} is not UTF-8 text (TOML files are UTF-8).") from None
+
+
+def _parse(path: Path, text: str) -> dict[str, Any]:
+    if tomllib is None:
+        raise HookscopeError("Reading a rules file needs Python 3.11 or later, or tomli "
+                             "(pip install tomli).")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)  # every version ends it with its position: (at line L, column C)
+        found = _AT.search(message)
+        line, column = found.groups() if found else (None, None)
+        line = line or max(len(text.splitlines()), 1)
+        where = f"column {column}" if column else "at the end of the file"
+        reason = _AT.sub("", message)
+        reason = reason[:1].lower() + reason[1:]
+        raise HookscopeError(f"{path}:{line}: not valid TOML ({where}): {reason}.") from None
+
+
+def _file_expect(value: Any, subject: str, file: str, text: str) -> tuple[Expect, ...]:
+    entries = []
+    for name, want in _convert("expect", value, subject).items():
+        where = f"{_at(file, text, 'expect', name)} expect {name!r}"
+        if not (isinstance(want, str) and want.strip()) and \
+                (isinstance(want, bool) or not isinstance(want, int) or want < 0):
+            hint = ' (quote file names: "cat.jpg" = "tabby")' if isinstance(want, dict) else ""
+            raise HookscopeError(f"{where} must be a class label (a string) or a class index "
+                                 f"(a non-negative integer), not {describe(want)}{hint}.")
+        entries.append(Expect(name, want, where))
+    return tuple(entries)
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The rules in a TOML file, checked, and where each was set."""
+    text = _read_text(path)
+    file = str(path)
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for key, value in _parse(path, text).items():
+        at = _at(file, text, key)
+        if key not in KEYS:
+            nested = " Rules sit at the top level of the file, not in a table." \
+                if isinstance(value, dict) else ""
+            raise HookscopeError(f"{at} unknown key {key!r}.{suggest(key, KEYS)}{nested} "
+                                 f"Valid keys: {', '.join(KEYS)}.")
+        where[key] = f"{at} {key}"
+        values[key] = _file_expect(value, where[key], file, text) if key == "expect" else \
+            _convert(key, value, where[key])
+    if "baseline" in values:  # relative to the rules file, wherever hookscope runs
+        values["baseline"] = path.parent / values["baseline"]
+    return values, where
+
+
+def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
+    entries = []
+    for given in values:
+        name, sep, want = given.rpartition("=")
+        where = f"{param('expect')} {given!r}"
+        if not sep or not name.strip() or not want.strip():
+            raise HookscopeError(f"{where}: give INPUT=LABEL or INPUT=INDEX, e.g. cat.jpg=tabby.")
+        entries.append(Expect(name.strip(), want.strip(), where))
+    return tuple(entries)
+
+
+def load_rules(path: str | Path | None = None,
+               overrides: Mapping[str, Any] | None = None) -> Rules:
+    """Read the rules from a TOML file (the keys of :data:`KEYS` at its top level) and/or
+    ``overrides`` (by key, None: not given; ``expect`` as ``INPUT=LABEL`` strings), which replace
+    the file's values. Any error is a HookscopeError; a file's names its line.
+    """
+    values, where = _read_file(Path(path)) if path is not None else ({}, {})
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        where[key] = param(key)
+        if key == "expect":
+            values[key] = _flag_expect(value)
+        else:
+            values[key] = _convert(key, value, where[key])
+    for key in ("max_mean_drift", "max_std_drift", "max_drift"):
+        if values.get(key) is not None and values.get("baseline") is None:
+            raise HookscopeError(f"{where[key]} needs a baseline to compare with: baseline = "
+                                 f"\"stats.json\" in the rules file, or {param('baseline')}.")
+    return Rules(**values, source=str(path) if path is not None else None, where=where)
