@@ -217,9 +217,10 @@ PROB_DIFFERENCES = frozenset({"delta_prob"})
 def tolerance(field: str, value: float, row: dict[str, Any]) -> float:
     """The absolute tolerance of a float ``field`` in ``row``: REL of its operands' magnitude.
 
-    A difference of logits: REL of the logits' magnitude; of probabilities: REL of 1. Any other float: REL of the largest
-    float in its row (a mean near zero is the sum of values as large as the row's min, max
-    and std, and carries their noise, not a noise relative to itself).
+    A difference of logits: REL of the logits' magnitude; of probabilities: REL of 1. Any
+    other float: REL of the largest float in its row (a mean near zero is the sum of values
+    as large as the row's min, max and std, and carries their noise, not a noise relative to
+    itself).
     """
     if field in LOGIT_DIFFERENCES:
         return REL * max(abs(value), LOGITS)
