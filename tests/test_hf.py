@@ -74,6 +74,34 @@ def test_every_command(cli, folders, cat_jpg, tmp_path, key) -> None:
     assert 'id="gradcam"' in page
 
 
+def _clear_beit_cache() -> None:
+    """Empty transformers' process-wide cache of BEiT's relative position index, so that the
+    next call makes it afresh, as the first call of a fresh process does."""
+    from transformers.models.beit.modeling_beit import BeitRelativePositionBias
+
+    cells = BeitRelativePositionBias.generate_relative_position_index.__closure__ or ()
+    caches = [c.cell_contents for c in cells if hasattr(c.cell_contents, "cache_clear")]
+    assert caches  # else transformers no longer caches it, and this test tests nothing
+    for cache in caches:
+        cache.cache_clear()
+
+
+@pytest.mark.parametrize("key", ["beit", "beit-shared"])
+def test_beit_relative_position_bias(cli, folders, cat_jpg, tmp_path, key) -> None:
+    """BEiT caches its relative position index on the first call: a CAM run's plain passes
+    (and report's statistics before them) must not make it an inference-mode tensor, which
+    the gradient passes after them could not differentiate."""
+    model = f"hf:{folders[key]}"
+    _clear_beit_cache()
+    r = cli("report", model, cat_jpg, "-o", tmp_path / "report.html")
+    assert r.exit_code == 0, r.output
+    for method in ("gradcam", "attention-grad"):
+        _clear_beit_cache()
+        doc = _json(cli("gradcam", model, cat_jpg, "-m", method, "--out", tmp_path / method,
+                        "-f", "json"))
+        assert Path(doc["results"][0]["overlay"]).is_file()
+
+
 def test_models_lists_the_folders(cli, folders) -> None:
     for key in ("vit", "segformer"):
         folders[key]

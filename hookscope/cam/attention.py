@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.cam.methods import PLAIN
 from hookscope.cam.passes import Pass, Switch, or_zeros
 from hookscope.cam.targets import Focus, Objective
 from hookscope.core.errors import HookscopeError, param
@@ -180,8 +181,7 @@ class AttentionPass(Pass):
         """
         self.probs = []
         with self.switch.running(self), eager_attention(self.model):
-            out = self.objective.output(step.forward(x, grad="grad" if gradients
-                                                     else "inference"))
+            out = self.objective.output(step.forward(x, grad="grad" if gradients else PLAIN))
         probs, self.probs = self.probs, []
         if not probs:
             raise HookscopeError("No attention module returned its probabilities during the "

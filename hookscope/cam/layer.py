@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.cam.methods import PLAIN
 from hookscope.cam.passes import output_tensor
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout, token_hint
@@ -34,6 +35,8 @@ class _Grid:
 class _Spatial(Probe[list[_Grid]]):
     """Every module (in execution order of their ends) whose output is an image grid, except
     one whose 4-D input is 1x1: a map repeated from one cell carries no localisation."""
+
+    grad = PLAIN
 
     def __init__(self, model: nn.Module) -> None:
         self.sites = [s for s in all_sites(model) if s.name]

@@ -190,7 +190,7 @@ class CamProbe(Switch[CamReport]):
         for layer in range(len(self.layer_sites) if method.layerwise else 1):
             inputs = CamInputs(run.cap.nchw[layer], run.cap.grads[layer], run.x,  # type: ignore[arg-type]
                                list(run.focus.classes), run, layer, method.name)
-            with torch.inference_mode(grad_free):
+            with torch.set_grad_enabled(not grad_free):  # not inference mode: see PLAIN
                 res = method.fn(inputs).float()
                 if res.dim() == 4:
                     res = project(res) if self.options.eigen_smooth else res.sum(dim=1)
