@@ -12,11 +12,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError, param, suggest
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Targets", "as_targets", "label_classes", "parse_targets", "true_classes"]
 
@@ -133,6 +134,8 @@ def as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
         return target
     if target is None or isinstance(target, str):
         return parse_targets(target, categories)
+    import torch  # here: check rules read class labels without torch
+
     if isinstance(target, torch.Tensor):
         target = target.reshape(-1).tolist()
     elif isinstance(target, Integral) and not isinstance(target, bool):
