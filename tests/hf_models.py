@@ -77,10 +77,12 @@ def _beit(t: Any, shared: bool = False) -> tuple[Any, Any]:
 
 
 def _siglip(t: Any) -> tuple[Any, Any]:
-    """A SigLIP vision tower: no class token, an attention-pooling head."""
-    config = t.SiglipVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=64, image_size=32, patch_size=8)
-    return (t.SiglipVisionModel(config),
+    """A SigLIP classifier: no class token, and an attention-pooling head in its tower."""
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 64}
+    config = t.SiglipConfig(vision_config=small | {"image_size": 32, "patch_size": 8},
+                            text_config=small | {"vocab_size": 64}, **_labels())
+    return (t.SiglipForImageClassification(config),
             t.SiglipImageProcessor(size={"height": 32, "width": 32}))
 
 

@@ -193,8 +193,19 @@ def describe(value: Any) -> str:
     if isinstance(value, str):
         return f"the string {clip(repr(value), 60)}"
     if isinstance(value, (list, tuple)):
-        return "an array"
-    return "a table" if isinstance(value, dict) else f"a {type(value).__name__}"
+        kinds = list(dict.fromkeys(_kind(item) + "s" for item in value))
+        items = ", ".join(kinds[:-1]) + " and " + kinds[-1] if len(kinds) > 1 else "".join(kinds)
+        return f"an array of {items}" if items else "an empty array"
+    return f"a {_kind(value)}"
+
+
+def _kind(value: Any) -> str:
+    """A value's TOML type, a blank string apart: ``integer``, ``blank string``, ``table``."""
+    if isinstance(value, str):
+        return "string" if value.strip() else "blank string"
+    names = {bool: "boolean", int: "integer", float: "float", dict: "table", list: "array",
+             tuple: "array"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _convert(key: str, value: Any, subject: str) -> Any:
