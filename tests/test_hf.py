@@ -373,6 +373,12 @@ def test_attention_methods_refuse_what_they_cannot_read(folders, tiny_net) -> No
     swin = load(f"hf:{folders['swin']}").model
     with pytest.raises(HookscopeError, match="same tokens in every block"):
         hookscope.gradcam(swin, torch.randn(1, 3, 32, 32), method="rollout")
+    siglip = load(f"hf:{folders['siglip']}").model
+    for method in ("rollout", "attention-grad"):
+        with pytest.raises(HookscopeError, match=r"\(1, 1, 16\), \(1, 16, 16\)\].*an "
+                           "attention-pooling head.*and no class token") as refused:
+            hookscope.gradcam(siglip, torch.randn(1, 3, 32, 32), method=method)
+        assert "windowed" not in str(refused.value)
     vit = load(f"hf:{folders['vit']}").model
     with pytest.raises(HookscopeError, match="head_fusion"):
         hookscope.gradcam(vit, torch.randn(1, 3, 32, 32), method="rollout",
