@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from hookscope.cam.probe import check_explain, explain
 from hookscope.cam.methods import PLAIN
+from hookscope.cam.probe import check_explain, explain
 from hookscope.cam.result import CamBatch
 from hookscope.cam.targets import task_targets
 from hookscope.core.run import drive
