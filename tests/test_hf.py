@@ -102,6 +102,15 @@ def test_beit_relative_position_bias(cli, folders, cat_jpg, tmp_path, key) -> No
         assert Path(doc["results"][0]["overlay"]).is_file()
 
 
+def test_segformer_default_layer_is_not_called_a_backbone_stage(cli, folders, cat_jpg,
+                                                                tmp_path) -> None:
+    """SegFormer has no ``backbone``: its default layer is its last grid, said as such."""
+    r = cli("gradcam", f"hf:{folders['segformer']}", cat_jpg, "--out", tmp_path, "-f", "json")
+    assert r.exit_code == 0, r.output
+    [note] = [line for line in r.stderr.splitlines() if "using layer" in line]
+    assert "using layer decode_head, the last module with an image-grid output" in note
+
+
 def test_models_lists_the_folders(cli, folders) -> None:
     for key in ("vit", "segformer"):
         folders[key]
@@ -391,3 +400,11 @@ def test_cli_rollout(cli, folders, cat_jpg, tmp_path) -> None:
                     "--out", tmp_path, "-f", "json"))
     assert [r["method"] for r in doc["results"]] == ["rollout", "attention-grad"]
     assert all(Path(r["overlay"]).is_file() for r in doc["results"])
+    # They use no layer: their rows name none, and no default layer is announced for them.
+    r = cli("gradcam", f"hf:{folders['dinov2']}", cat_jpg, "-m", "rollout", "--out",
+            tmp_path / "one", "-f", "json")
+    assert [row["layer"] for row in _json(r)["results"]] == [None]
+    assert "using layer" not in r.stderr
+    mixed = _json(cli("gradcam", f"hf:{folders['dinov2']}", cat_jpg, "-m", "attention-grad",
+                      "-m", "gradcam", "--out", tmp_path / "two", "-f", "json"))
+    assert [row["layer"] for row in mixed["results"]] == [None, mixed["layer"]]

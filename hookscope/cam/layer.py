@@ -19,7 +19,7 @@ from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import all_sites
 
-__all__ = ["default_layer"]
+__all__ = ["default_layer", "why_chosen"]
 
 
 @dataclass(frozen=True)
@@ -122,3 +122,11 @@ def default_layer(model: nn.Module, sample: torch.Tensor, *,
             f"(N, C, H, W), (N, H, W, C) or patch tokens; choose {param('layer')}."
         )
     return chosen.name, chosen.shape
+
+
+def why_chosen(layer: str, task: str) -> str:
+    """How a note says why :func:`default_layer` chose ``layer`` for a ``task`` model."""
+    if task == "classification":
+        return "the default for this model"
+    return "the backbone's last stage" if layer.startswith("backbone.") else \
+        "the last module with an image-grid output"
