@@ -354,7 +354,7 @@ def check_command(
 
     log_run = cli_watch.is_log_run(s, model, inputs)
     junit_out = resolve_junit(junit, s.path, force=s.force)
-    checks = load_rules(rules, overrides)
+    checks = load_rules(rules, overrides, "log" if log_run else "run")
     if log_run:
         from hookscope.checks.log import evaluate_log, log_doc
         from hookscope.training.log_reader import read_log

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hookscope.cam.methods import PLAIN
 from hookscope.cam.probe import check_explain, explain
 from hookscope.cam.result import CamBatch
 from hookscope.cam.targets import task_targets
@@ -231,6 +232,13 @@ def _flops(loaded: LoadedModel, input_shape: list[int] | None,
     return found.params, found.flops, [1, *input_shape]
 
 
+class _PlainStats(StatsProbe):
+    """``stats`` in passes the later gradient passes can follow (see
+    :data:`hookscope.cam.methods.PLAIN`)."""
+
+    grad = PLAIN
+
+
 def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], names: Sequence[str],
                  options: ReportOptions | None = None, *,
                  progress: Callable[[int], None] | None = None) -> Report:
@@ -250,7 +258,7 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
         "layer": opts.layer, "methods": opts.methods, "targets": targets, "task": task,
         "reshape": opts.reshape, "score_batch": opts.score_batch, "output_key": key}
     check_explain(model, **cam_options)
-    stats_probe = StatsProbe(model, categories=categories, output_key=key, select=opts.select)
+    stats_probe = _PlainStats(model, categories=categories, output_key=key, select=opts.select)
     # With the cross-entropy loss, the target is Grad-CAM's alone (grads uses the label).
     grad_target = opts.target if opts.loss == "logit" else None
     grads_probe = None if "gradients" in skipped else GradsProbe(

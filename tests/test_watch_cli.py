@@ -171,6 +171,21 @@ def test_image_folder_classes_are_the_labels(work, samples, tmp_path) -> None:
     assert smoke_labels(None, ["2", "0"], None).entries == (2, 0)
 
 
+def test_more_class_folders_than_classes_says_where_the_classes_came_from(work, samples,
+                                                                         tmp_path) -> None:
+    data = tmp_path / "data"
+    for folder, name in (("bird", "cat.jpg"), ("cat", "coffee.jpg"), ("dog", "rocket.jpg")):
+        (data / folder).mkdir(parents=True, exist_ok=True)
+        (data / folder / name).write_bytes((samples / name).read_bytes())
+    r = run("watch", f"{work['model']}:Net", data, "--weights", "none", "--model-arg", "classes=2",
+            "--size", "16", "--steps", "2")
+    assert r.exit_code == 2, r.output
+    [line] = r.stderr.strip().splitlines()[-1:]
+    assert "--label" not in line.split(";")[0]
+    assert "class folder 'dog' is class 2 (the class folders in sorted order)" in line
+    assert "the model has 2 classes (0 to 1)" in line
+
+
 def test_bad_input_is_one_line_before_training(work, tmp_path) -> None:
     no_labels = run("watch", f"{work['model']}:Net", work["x"], "--weights", "none")
     assert no_labels.exit_code == 2 and "--label" in no_labels.stderr

@@ -147,6 +147,28 @@ def test_update_ratios_and_ignore(tmp_path) -> None:
     assert ignored.exit_code == 0, ignored.output
 
 
+def test_every_key_is_a_flag_too(tmp_path) -> None:
+    """The log's keys as flags: the same verdicts as in a file, and a flag overrides its key."""
+    from hookscope.checks.rulefile import KEYS
+
+    shown = " ".join(run("check", "--help").stdout.split())
+    assert all(f"--{name.replace('_', '-')}" in shown for name in KEYS)
+    log = write_log(tmp_path / "run")
+    r = run("check", log, "--max-grad-norm", "5", "-f", "json")
+    assert r.exit_code == 1 and len(json.loads(r.stdout)["rules"][1]["offenders"]) == 6
+    assert run("check", log, "--max-grad-norm", "5", "--last", "2").exit_code == 0
+    over = run("check", log, "--rules", rules(tmp_path, "max_grad_norm = 5.0\n"),
+               "--max-grad-norm", "2000")
+    assert over.exit_code == 0, over.output
+    # conv1.weight's ratio is 1e-3 * k from k = 1: below 1.5e-3 at step 10 only.
+    low = run("check", log, "--min-update-ratio", "0.0015", "-f", "json")
+    assert low.exit_code == 1
+    assert json.loads(low.stdout)["rules"][1]["offenders"] == [
+        "parameter conv1.weight at step 10: update ratio 0.001"]
+    bad = run("check", log, "--last", "0")
+    assert bad.exit_code == 2 and "--last must be a positive integer" in bad.stderr
+
+
 def test_dead_and_nonfinite_rows_name_their_step(tmp_path) -> None:
     def tweak(k: int, line: dict[str, Any]) -> None:
         if k == 2:
@@ -172,6 +194,8 @@ def test_github_annotations_for_a_log(tmp_path) -> None:
 @pytest.mark.parametrize("args,words", [
     (["--baseline", "stats.json"], "--baseline checks a model run"),
     (["--min-prob", "0.5"], "--min-prob checks a model run"),
+    (["--max-mean-drift", "0.1"], "--max-mean-drift checks a model run"),
+    (["--baseline", "stats.json", "--max-drift", "0.1"], "--baseline checks a model run"),
     (["cat.jpg"], "give it alone, without INPUT"),
 ])
 def test_what_a_log_cannot_check(tmp_path, args, words) -> None:
@@ -185,6 +209,8 @@ def test_log_keys_on_a_model_run_and_missing_inputs(tmp_path, cat_jpg) -> None:
     r = run("check", "resnet18", cat_jpg, "--weights", "none", "--rules",
             rules(tmp_path, "max_grad_norm = 1.0\n"))
     assert r.exit_code == 2 and "rules.toml:1: max_grad_norm checks a training log" in r.stderr
+    flag = run("check", "resnet18", cat_jpg, "--weights", "none", "--max-update-ratio", "1")
+    assert flag.exit_code == 2 and "--max-update-ratio checks a training log" in flag.stderr
     missing = run("check", "resnet18")
     assert missing.exit_code == 2 and "missing INPUT" in missing.stderr
     folder = run("report", tmp_path)
