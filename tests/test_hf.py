@@ -109,6 +109,10 @@ def test_segformer_default_layer_is_not_called_a_backbone_stage(cli, folders, ca
     assert r.exit_code == 0, r.output
     [note] = [line for line in r.stderr.splitlines() if "using layer" in line]
     assert "using layer decode_head, the last module with an image-grid output" in note
+    table = cli("gradcam", f"hf:{folders['segformer']}", cat_jpg, "--out", tmp_path / "t")
+    assert table.exit_code == 0 and "backbone" not in table.stdout, table.stdout
+    assert "chosen automatically: the last module with an image-grid output" in \
+        " ".join(table.stdout.split())
 
 
 def test_models_lists_the_folders(cli, folders) -> None:
@@ -405,6 +409,9 @@ def test_cli_rollout(cli, folders, cat_jpg, tmp_path) -> None:
             tmp_path / "one", "-f", "json")
     assert [row["layer"] for row in _json(r)["results"]] == [None]
     assert "using layer" not in r.stderr
+    table = cli("gradcam", f"hf:{folders['dinov2']}", cat_jpg, "-m", "rollout", "--out",
+                tmp_path / "three")
+    assert table.exit_code == 0 and "layer:" not in table.stdout, table.stdout
     mixed = _json(cli("gradcam", f"hf:{folders['dinov2']}", cat_jpg, "-m", "attention-grad",
                       "-m", "gradcam", "--out", tmp_path / "two", "-f", "json"))
     assert [row["layer"] for row in mixed["results"]] == [None, mixed["layer"]]
