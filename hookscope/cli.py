@@ -118,6 +118,7 @@ def layers_command(
 
     Example: hookscope layers resnet18 --max-depth 2 --weights none
     """
+    from hookscope.core.arguments import take
     from hookscope.core.run import peek
     from hookscope.probes.structure import model_structure
 
@@ -125,7 +126,7 @@ def layers_command(
     loaded = s.load("layers")
     example = loaded.dummy_input()
     if resolved is not None:
-        example = peek(s.batches(resolved, loaded))[0].tensor[:1]
+        example = take(peek(s.batches(resolved, loaded))[0].tensor, slice(0, 1))
     found = model_structure(loaded.model, example, max_depth=max_depth, autocast=loaded.autocast)
     doc = loaded.envelope("layers", [input_] if input_ is not None else []) | found.to_dict()
     s.emit("layers", doc, fmt)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hookscope.cam.passes import output_tensor
+from hookscope.core.arguments import image_size
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.grid import Layout, layout, token_hint
 from hookscope.core.hooks import Call, first_tensor
@@ -43,7 +44,7 @@ class _Spatial(Probe[list[_Grid]]):
         self.size = (0, 0)
 
     def step(self, step: Step) -> None:
-        self.size = (int(step.x.shape[-2]), int(step.x.shape[-1]))
+        self.size = image_size(step.x)
         step.forward()
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
