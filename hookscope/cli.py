@@ -383,9 +383,9 @@ def _check_run(s: Session, checks: Rules, inputs: list[str], select: Selection, 
     base = load_baseline(checks)
     resolved = s.inputs(inputs)
     matched = check.match_inputs(checks, resolved.names)
+    loaded = s.load("check")  # before the labels: --data's label rule reads its forward
     if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
         checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
-    loaded = s.load("check")
     expected = check.expectations(matched, loaded.categories, loaded.num_classes)
     probe = StatsProbe(loaded.model, select=select, categories=loaded.categories,
                        output_key=loaded.output_key, percentiles=drift_percentiles(base))

@@ -31,7 +31,7 @@ def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
             raise HookscopeError("a training log is read by one process: run this without "
                                  "torchrun.")
         return True
-    if not inputs:
+    if not inputs and s.model.data is None:
         hint = f" ({model!r} is a directory without {LOG_FILE})" if Path(model).is_dir() \
             else ""
         raise HookscopeError(f"missing INPUT: give images, directories of images or tensor "

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hookscope.core.arguments import arity, call, expand, map_tensors, rows, split_label
 from hookscope.core.errors import ForwardError, HookscopeError
@@ -29,6 +29,8 @@ GradMode = Literal["inference", "grad", "off"]
 #: Called with units of work done; may also have ``expect(total)`` (see :meth:`Step.expect`).
 Progress = Callable[[int], None]
 R = TypeVar("R")
+#: Items per batch of a map-style Dataset given to :func:`drive` (pass a DataLoader for another).
+DATASET_BATCH = 8
 
 
 @contextmanager
@@ -177,10 +179,13 @@ class Probe(Generic[R]):
 
 
 def _as_batches(inputs: Any, model: nn.Module | None = None) -> Iterable[Any]:
-    """One batch (a tensor, tuple or dict) as a list of it; a DataLoader's batches without
-    their labels (the rule of :func:`~hookscope.core.arguments.split_label`); else as is."""
+    """One batch (a tensor, tuple or dict) as a list of it; a DataLoader's batches (a
+    map-style Dataset's, DATASET_BATCH items each) without their labels (the rule of
+    :func:`~hookscope.core.arguments.split_label`); else as is."""
     if isinstance(inputs, (torch.Tensor, tuple, dict)):
         return [inputs]
+    if isinstance(inputs, Dataset) and not isinstance(inputs, IterableDataset):
+        inputs = DataLoader(inputs, batch_size=DATASET_BATCH)
     if isinstance(inputs, DataLoader):
         known = arity(model) if model is not None else None
         return (split_label(batch, known)[0] for batch in inputs)
