@@ -21,7 +21,10 @@ __all__ = ["as_arguments", "as_sample", "count", "from_named", "row", "signature
 
 
 def _kind(value: Any) -> str:
-    return f"a {type(value).__name__}" if not isinstance(value, str) else f"a string ({value!r:.30})"
+    if isinstance(value, str):
+        return f"a string ({value!r:.30})"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def as_arguments(obj: Any, name: str) -> Any:
