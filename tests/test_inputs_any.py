@@ -272,3 +272,43 @@ def test_python_api_takes_tuples_dicts_and_data_sets(models) -> None:
     whole = reference(models, "Masked", (images,))
     for report in (loader, dataset):
         assert math.isclose(report.layers[0].std, whole["conv"][1], rel_tol=1e-4)
+
+
+def test_which_files_are_one_sample_and_which_are_rows(tmp_path) -> None:
+    from hookscope.inputs.resolve import iter_batches, resolve_inputs
+
+    image, table = torch.randn(3, 8, 8), torch.randn(5, 4)
+    ids = torch.randint(0, 9, (3, 8, 8))  # 3-D but integer: rows, not one image
+    for name, value in (("image.pt", image), ("table.pt", table), ("ids.pt", ids)):
+        torch.save(value, tmp_path / name)
+    counts = [len(resolve_inputs([str(tmp_path / n)])) for n in ("image.pt", "table.pt", "ids.pt")]
+    assert counts == [1, 5, 3]
+    both = {"a": torch.arange(6).reshape(3, 2), "b": torch.ones(3, 1, dtype=torch.bool)}
+    torch.save(both, tmp_path / "both.pt")
+    batches = list(iter_batches(resolve_inputs([str(tmp_path / "both.pt")]), lambda i: i,
+                                batch_size=2))
+    assert [len(b) for b in batches] == [2, 1]
+    assert torch.equal(torch.cat([b.tensor["a"] for b in batches]), both["a"])
+    assert batches[0].tensor["b"].dtype == torch.bool
+
+
+@pytest.mark.slow
+def test_data_under_torchrun_equals_one_process(models, tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HOOKSCOPE_OFFLINE": "1"}
+    docs = []
+    for launcher in ([sys.executable, "-m"],
+                     [str(torchrun), "--nproc-per-node", "2", "--standalone", "-m"]):
+        out = tmp_path / f"{len(docs)}.json"
+        done = subprocess.run([*launcher, "hookscope", "grads", f"{models}:Masked", "--data",
+                               f"{models}:Pairs", "--loss", "ce", "-b", "2", "-f", "json",
+                               "-o", str(out)], env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+        docs.append(json.loads(out.read_text()))
+    assert docs[0]["targets"] == docs[1]["targets"] == [i % 3 for i in range(6)]
+    assert math.isclose(docs[0]["objective"], docs[1]["objective"], rel_tol=1e-6)
