@@ -122,13 +122,15 @@ def layers_command(
     from hookscope.core.run import peek
     from hookscope.probes.structure import model_structure
 
-    resolved = s.inputs([input_]) if input_ is not None else None
+    given = [input_] if input_ is not None else []
+    resolved = s.inputs(given) if given or s.model.data is not None else None
     loaded = s.load("layers")
     example = loaded.dummy_input()
     if resolved is not None:
         example = take(peek(s.batches(resolved, loaded))[0].tensor, slice(0, 1))
     found = model_structure(loaded.model, example, max_depth=max_depth, autocast=loaded.autocast)
-    doc = loaded.envelope("layers", [input_] if input_ is not None else []) | found.to_dict()
+    named = given or (resolved.names[:1] if resolved is not None else [])
+    doc = loaded.envelope("layers", named) | found.to_dict()
     s.emit("layers", doc, fmt)
 
 
