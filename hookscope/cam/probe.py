@@ -271,7 +271,7 @@ def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
     if layer is None:
         first, batches = peek(inputs)
         sample = getattr(first, "tensor", first)
-        if not isinstance(sample, torch.Tensor) or sample.dim() not in (3, 4):
+        if not isinstance(sample, torch.Tensor) or sample.dim() < 3:
             raise HookscopeError("Grad-CAM takes image batches (N, C, H, W) as the forward's "
                                  f"one input; got {describe(sample)}.")
         sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
