@@ -74,6 +74,20 @@ class Pairs(torch.utils.data.Dataset):  # (image, label) as torchvision's datase
         return torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(i)), i % 3
 
 
+class Many(nn.Module):  # forward(*xs): is an integer second value a label or an input?
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, *xs):
+        return self.fc(xs[0].mean((2, 3)))
+
+
+class Broken(Pairs):
+    def __getitem__(self, i):
+        raise KeyError(f"no item {i}")
+
+
 def pairs_loader():
     return torch.utils.data.DataLoader(Pairs(), batch_size=4)
 '''
@@ -215,6 +229,10 @@ def test_bad_data_is_one_line(cli, models, tmp_path) -> None:
                                       f"{models}:Pairs"))
     assert "has no attribute 'Nope'" in one_line(cli("stats", f"{models}:Masked", "--data",
                                                     f"{models}:Nope"))
+    line = one_line(cli("stats", f"{models}:Many", "--data", f"{models}:Pairs"))
+    assert "could be a label or an input" in line
+    line = one_line(cli("stats", f"{models}:Masked", "--data", f"{models}:Broken"))
+    assert "item 0 raised KeyError" in line
 
 
 @pytest.mark.parametrize("content,message", [
