@@ -255,7 +255,8 @@ def grads(
     plot_out = s.plot_output(plot)
     resolved = s.inputs(inputs)
     loaded = s.load("grads")
-    truth = true_classes(label, loss, resolved.labels, loaded.categories)
+    folders = resolved.labels if loss == "ce" and label is None else None  # --data reads items
+    truth = true_classes(label, loss, folders, loaded.categories)
     probe = GradsProbe(loaded.model, target=target, loss=loss, label=truth, select=select,
                        vanish=vanish, explode=explode, categories=loaded.categories,
                        n_inputs=len(resolved), output_key=loaded.output_key)
