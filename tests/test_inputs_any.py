@@ -88,6 +88,10 @@ class Broken(Pairs):
         raise KeyError(f"no item {i}")
 
 
+def stream():  # an iterable without a length: read once, up front
+    return ((torch.full((3, 4, 4), float(i)), i) for i in range(100))
+
+
 def pairs_loader():
     return torch.utils.data.DataLoader(Pairs(), batch_size=4)
 '''
@@ -219,6 +223,9 @@ def test_data_set_of_image_label_pairs(cli, models, tmp_path) -> None:
     assert grads["targets"] == [i % 3 for i in range(6)]
     cam = run(cli, "gradcam", f"{models}:Masked", *data, "--out", tmp_path / "cam")
     assert len(cam["results"]) == 6 and (tmp_path / "cam" / "data_5.gradcam.png").is_file()
+    streamed = run(cli, "stats", f"{models}:Masked", "--data", f"{models}:stream", "--limit", "3")
+    assert len(streamed["inputs"]) == 3
+    assert streamed["layers"][-1]["output_shape"] == [3, 3]
     # A DataLoader (a callable returning one) is read as its data set.
     loader = run(cli, "stats", f"{models}:Masked", "--data", f"{models}:pairs_loader", "-b", "4")
     assert loader["layers"] == doc["layers"]

@@ -37,12 +37,14 @@ def _map_style(obj: Any) -> bool:
         not isinstance(obj, IterableDataset)
 
 
-def _unbatched(loader: DataLoader[Any]) -> list[Any]:
-    """A DataLoader's batches split back into samples (labels too)."""
+def _unbatched(loader: DataLoader[Any], limit: int | None) -> list[Any]:
+    """A DataLoader's batches split back into samples (labels too), at most ``limit``."""
     found: list[Any] = []
     for batch in loader:
         found += [take(batch, slice(i, i + 1)) for i in range(rows(batch))]
-    return [_squeezed(item) for item in found]
+        if limit is not None and len(found) >= limit:
+            break
+    return [_squeezed(item) for item in found[:limit]]
 
 
 def _squeezed(item: Any) -> Any:
@@ -76,11 +78,10 @@ class DataSource:
             obj = obj.dataset
         if _map_style(obj):
             self.dataset: Sequence[Any] = obj
-        elif isinstance(obj, DataLoader):
-            self.dataset = _unbatched(obj)
         elif hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes, torch.Tensor)):
             try:
-                self.dataset = list(islice(obj, limit))
+                self.dataset = _unbatched(obj, limit) if isinstance(obj, DataLoader) else \
+                    list(islice(obj, limit))
             except HookscopeError:
                 raise
             except Exception as exc:
