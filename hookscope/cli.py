@@ -118,16 +118,19 @@ def layers_command(
 
     Example: hookscope layers resnet18 --max-depth 2 --weights none
     """
+    from hookscope.core.arguments import take
     from hookscope.core.run import peek
     from hookscope.probes.structure import model_structure
 
-    resolved = s.inputs([input_]) if input_ is not None else None
+    given = [input_] if input_ is not None else []
+    resolved = s.inputs(given) if given or s.model.data is not None else None
     loaded = s.load("layers")
     example = loaded.dummy_input()
     if resolved is not None:
-        example = peek(s.batches(resolved, loaded))[0].tensor[:1]
+        example = take(peek(s.batches(resolved, loaded))[0].tensor, slice(0, 1))
     found = model_structure(loaded.model, example, max_depth=max_depth, autocast=loaded.autocast)
-    doc = loaded.envelope("layers", [input_] if input_ is not None else []) | found.to_dict()
+    named = given or (resolved.names[:1] if resolved is not None else [])
+    doc = loaded.envelope("layers", named) | found.to_dict()
     s.emit("layers", doc, fmt)
 
 
@@ -252,7 +255,8 @@ def grads(
     plot_out = s.plot_output(plot)
     resolved = s.inputs(inputs)
     loaded = s.load("grads")
-    truth = true_classes(label, loss, resolved.labels, loaded.categories)
+    folders = resolved.labels if loss == "ce" and label is None else None  # --data reads items
+    truth = true_classes(label, loss, folders, loaded.categories)
     probe = GradsProbe(loaded.model, target=target, loss=loss, label=truth, select=select,
                        vanish=vanish, explode=explode, categories=loaded.categories,
                        n_inputs=len(resolved), output_key=loaded.output_key)
@@ -382,9 +386,9 @@ def _check_run(s: Session, checks: Rules, inputs: list[str], select: Selection, 
     base = load_baseline(checks)
     resolved = s.inputs(inputs)
     matched = check.match_inputs(checks, resolved.names)
+    loaded = s.load("check")  # before the labels: --data's label rule reads its forward
     if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
         checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
-    loaded = s.load("check")
     expected = check.expectations(matched, loaded.categories, loaded.num_classes)
     probe = StatsProbe(loaded.model, select=select, categories=loaded.categories,
                        output_key=loaded.output_key, percentiles=drift_percentiles(base))

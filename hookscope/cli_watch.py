@@ -37,7 +37,7 @@ def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
             raise HookscopeError("a training log is read by one process: run this without "
                                  "torchrun.")
         return True
-    if not inputs:
+    if not inputs and s.model.data is None:
         if "/" in model and ":" not in model and not os.path.lexists(model):  # not a source
             raise HookscopeError(f"{model!r} does not exist: give a training log directory "
                                  f"(holding {LOG_FILE}), or MODEL and INPUT.")

@@ -107,9 +107,13 @@ ModelArg = Annotated[str, typer.Argument(
     help="A torchvision name (resnet18, see `hookscope models`), timm:NAME, file.py:NAME or "
     "package.module:NAME (your code), or a pickled model's path (with --trust-checkpoint).",
     metavar="MODEL")]
-InputsArg = Annotated[list[str], typer.Argument(
-    help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors of shape "
-    "(C,H,W) or (N,C,H,W).", metavar="INPUT...")]
+_INPUTS = typer.Argument(
+    help="Image files, directories of images, '-' for stdin, or .pt/.safetensors/.npy tensor "
+    "files (a tensor, a tuple or a dict of tensors, samples first; one (C,H,W) image too); "
+    "none with --data.", metavar="INPUT...")
+InputsArg = Annotated[list[str], _INPUTS]
+#: What a command taking InputsArg declares: none may be given (with --data).
+_SomeInputs = Annotated[list[str] | None, _INPUTS]
 LogInputsArg = Annotated[list[str] | None, typer.Argument(
     help="Image files, directories of images, '-' for stdin, or .pt/.npy tensors; none "
     "when MODEL is a training log (a directory holding watch.jsonl).", metavar="[INPUT]...")]
@@ -208,6 +212,8 @@ def _with_options(options: dict[str, tuple[Any, Any]],
                 bundles[p.name] = bundle
                 own += _keywords(bundle.options)
             elif p.name != "s":
+                if p.annotation == InputsArg and p.default is p.empty:  # none with --data
+                    p = p.replace(default=None, annotation=_SomeInputs)
                 own.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
         added = _keywords({name: ((replace or {}).get(name, annotation), default)
                            for name, (annotation, default) in options.items()})
@@ -217,6 +223,8 @@ def _with_options(options: dict[str, tuple[Any, Any]],
         def run(ctx: typer.Context, **kwargs: Any) -> Any:
             values = {name: kwargs.pop(name) for name in names}
             kwargs = {name: _plain(v) for name, v in kwargs.items()}
+            if "inputs" in kwargs and kwargs["inputs"] is None:
+                kwargs["inputs"] = []
             for name, bundle in bundles.items():
                 kwargs[name] = bundle.build(**{k: kwargs.pop(k) for k in bundle.options})
             with session(_flags(ctx), ctx.command.name, model=kwargs.get("model", ""),

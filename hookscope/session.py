@@ -143,6 +143,7 @@ class Session:
     def __init__(self, group: Group, output: Path | None = None, *, force: bool = False) -> None:
         self.group, self.path, self.force = group, output, force
         self.writes: list[Path] = []  # the files this run will replace: never one it reads
+        self.data: Any = None  # --data's hookscope.inputs.data.DataSource, once resolved
 
     @property
     def ranks(self) -> int:
@@ -204,9 +205,20 @@ class Session:
             raise HookscopeError("'-' (stdin) cannot be read under torchrun, where every "
                                  "process would need it; pass the image as a file.")
         options = self.model
+        data = None
+        if options.data is not None:
+            from hookscope.inputs.data import DataSource
+            from hookscope.sources.code import load_data
+
+            if specs:
+                raise HookscopeError(f"Give INPUT files or {param('data')}, not both.")
+            self.reading([options.data.rpartition(":")[0]], "a file the data is loaded from")
+            data = DataSource(load_data(options.data, options.load.seed), options.data,
+                              limit=None if options.shuffle else options.limit)
         resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
                                   recursive=options.recursive, limit=options.limit,
-                                  shuffle=options.shuffle, seed=options.load.seed)
+                                  shuffle=options.shuffle, seed=options.load.seed, data=data)
+        self.data = data
         self.reading(item.path for item in resolved.items)
         self.group.agree(resolved.names)
         return resolved
@@ -226,6 +238,8 @@ class Session:
                         needs_images=command == "gradcam")
         loaded = sources.load(spec, options.load)
         check_batch_memory(loaded, options.batch_size)
+        if self.data is not None:  # --data: its labels by this forward
+            self.data.bind(loaded.model)
         return loaded
 
     def drive(self, loaded: LoadedModel, inputs: Any, probe: Probe[R], **options: Any) -> R:

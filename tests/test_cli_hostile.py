@@ -431,5 +431,5 @@ def test_help_speaks_the_command_line_not_python(cli) -> None:
         assert not re.search(r"<(list|str|int|float|file|dir|path)", text), (command, text)
         assert "{MODEL}" not in text and "INPUT......" not in text
     usage = cli("stats", "--help").stdout.splitlines()[0]
-    assert usage.endswith("stats [OPTIONS] MODEL INPUT...")
+    assert usage.endswith("stats [OPTIONS] MODEL [INPUT...]")  # none with --data
     assert "--layers TEXT" in cli("stats", "--help").stdout

@@ -112,20 +112,20 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     good.save(buf, format="JPEG")
     (tmp_path / "trunc.jpg").write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
     (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
-    torch.save(torch.randn(2, 2), tmp_path / "flat.pt")
-    torch.save(torch.zeros(3, 4, 4, dtype=torch.int64), tmp_path / "ints.pt")
+    torch.save(torch.randn(0, 2), tmp_path / "flat.pt")
+    torch.save((torch.zeros(3, 4), torch.zeros(2, 4)), tmp_path / "ints.pt")
     torch.save({"x": 1}, tmp_path / "dict.pt")
-    np.save(tmp_path / "u8.npy", np.zeros((3, 4, 4), np.uint8))
+    np.save(tmp_path / "u8.npy", np.array(["a", "b"]))
     return {
         "missing": ([str(tmp_path / "nope.jpg")], "no such file"),
         "empty dir": ([str(tmp_path / "empty")], "holds no images"),
         "not an image": ([str(tmp_path / "notes.txt")], "not an image"),
         "truncated": ([str(tmp_path / "trunc.jpg")], "truncated"),
         "corrupt": ([str(tmp_path / "corrupt.png")], "corrupt|not an image"),
-        "tensor shape": ([str(tmp_path / "flat.pt")], r"shape is \[2, 2\]"),
-        "tensor dtype": ([str(tmp_path / "ints.pt")], "dtype is torch.int64"),
-        "not a tensor": ([str(tmp_path / "dict.pt")], "holds a dict"),
-        "npy dtype": ([str(tmp_path / "u8.npy")], "uint8"),
+        "tensor shape": ([str(tmp_path / "flat.pt")], r"shape is \[0, 2\]; it holds no values"),
+        "tensor dtype": ([str(tmp_path / "ints.pt")], "disagree on the number of samples"),
+        "not a tensor": ([str(tmp_path / "dict.pt")], r"\['x'\]: is an int"),
+        "npy dtype": ([str(tmp_path / "u8.npy")], "<U1 array"),
         "nothing": ([], "No inputs"),
     }
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from hookscope.cam.methods import PLAIN
 from hookscope.cam.passes import output_tensor
+from hookscope.core.arguments import image_size
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
@@ -46,7 +47,7 @@ class _Spatial(Probe[list[_Grid]]):
         self.size = (0, 0)
 
     def step(self, step: Step) -> None:
-        self.size = (int(step.x.shape[-2]), int(step.x.shape[-1]))
+        self.size = image_size(step.x)
         step.forward()
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:

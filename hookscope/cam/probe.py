@@ -29,6 +29,7 @@ from hookscope.cam.targets import (
     SegmentationObjective,
     infer_task,
 )
+from hookscope.core.arguments import describe
 from hookscope.core.classes import Targets, as_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.run import Step, drive, peek
@@ -270,6 +271,9 @@ def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
     if layer is None:
         first, batches = peek(inputs)
         sample = getattr(first, "tensor", first)
+        if not isinstance(sample, torch.Tensor) or sample.dim() < 3:
+            raise HookscopeError("Grad-CAM takes image batches (N, C, H, W) as the forward's "
+                                 f"one input; got {describe(sample)}.")
         sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
         layer, shape = default_layer(model, sample[:1], autocast=autocast, task=objective.kind)
         if any(get_method(m).layerwise for m in opts.methods):  # else no method uses it

@@ -113,3 +113,7 @@ class InputOptions:
                            "--limit: a reproducible sample).", "--shuffle")
     recursive: bool = option(False, "Walk directories' subdirectories too (sorted by path).",
                              "--recursive", "-r")
+    data: str | None = option(
+        None, "Your own data instead of INPUT files: FILE.py:NAME or module:NAME, a Dataset, a "
+        "DataLoader or an iterable (or a callable returning one); items are a tensor, a tuple "
+        "or a dict, or (input, label) pairs. See docs/inputs.md.", metavar="FILE.py:NAME")

@@ -14,7 +14,9 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from hookscope.core.arguments import arity, call, expand, map_tensors, rows, split_label
 from hookscope.core.errors import ForwardError, HookscopeError
 from hookscope.core.hooks import Call, Tracer, model_device, model_dtype, raised_in_machinery
 from hookscope.core.select import Site
@@ -27,6 +29,8 @@ GradMode = Literal["inference", "grad", "off"]
 #: Called with units of work done; may also have ``expect(total)`` (see :meth:`Step.expect`).
 Progress = Callable[[int], None]
 R = TypeVar("R")
+#: Items per batch of a map-style Dataset given to :func:`drive` (pass a DataLoader for another).
+DATASET_BATCH = 8
 
 
 @contextmanager
@@ -59,7 +63,9 @@ class Batch:
     :func:`hookscope.inputs.resolve.iter_batches`)."""
 
     items: list[Any]  # each sample's hookscope.inputs.decode.InputItem
-    tensor: torch.Tensor  # the stacked, preprocessed samples
+    #: The stacked, preprocessed samples: a tensor, or a tuple (positional arguments) or
+    #: dict (keyword arguments) of tensors (see :mod:`hookscope.core.arguments`).
+    tensor: Any
     images: list[Any]  # the decoded PIL images when kept (else None each)
     start: int  # the position of its first sample among all inputs
     number: int | None = None  # its position among all batches (None: counted by the driver)
@@ -85,8 +91,7 @@ class Step:
     autocast: torch.dtype | None = None
 
     def __len__(self) -> int:
-        first = self.x[0] if isinstance(self.x, tuple) else self.x
-        return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() else 1
+        return rows(self.x)
 
     def forward(self, x: Any = None, *, grad: GradMode | None = None) -> Any:
         """Run the model on ``x`` (default: this batch) with the probe's hooks; the model's
@@ -107,9 +112,9 @@ class Step:
         autocast: AbstractContextManager[Any] = nullcontext() if self.autocast is None else \
             torch.autocast(model_device(self.model).type, dtype=self.autocast)
         with grad_mode(grad or self.grad), autocast:
-            return self.model(*args) if isinstance(args, tuple) else self.model(args)
+            return call(self.model, args)
 
-    def forward_expanded(self, x: torch.Tensor, k: int, rows: Callable[[Any], int],
+    def forward_expanded(self, x: Any, k: int, rows: Callable[[Any], int],
                          known: dict[Any, bool], key: Any, *, grad: GradMode | None = None
                          ) -> Any:
         """Run one input ``x`` whose hooked layer's output a probe's hook expands to ``k``
@@ -125,7 +130,7 @@ class Step:
                 pass
             known[key] = False
         # One contiguous copy: convolutions are slower on a stride-0 batch.
-        return self.forward(x.expand(k, *x.shape[1:]).contiguous(), grad=grad)
+        return self.forward(expand(x, k), grad=grad)
 
     def advance(self, n: int) -> None:
         """Report ``n`` units of progress (for probes that count their own units)."""
@@ -173,27 +178,37 @@ class Probe(Generic[R]):
         raise NotImplementedError
 
 
-def _as_batches(inputs: Any) -> Iterable[Any]:
-    return [inputs] if isinstance(inputs, (torch.Tensor, tuple)) else inputs
+def _as_batches(inputs: Any, model: nn.Module | None = None) -> Iterable[Any]:
+    """One batch (a tensor, tuple or dict) as a list of it; a DataLoader's batches (a
+    map-style Dataset's, DATASET_BATCH items each) without their labels (the rule of
+    :func:`~hookscope.core.arguments.split_label`); else as is."""
+    if isinstance(inputs, (torch.Tensor, tuple, dict)):
+        return [inputs]
+    if isinstance(inputs, Dataset) and not isinstance(inputs, IterableDataset):
+        inputs = DataLoader(inputs, batch_size=DATASET_BATCH)
+    if isinstance(inputs, DataLoader):
+        known = arity(model) if model is not None else None
+        return (split_label(batch, known)[0] for batch in inputs)
+    return inputs
 
 
 def _to_device(x: Any, device: torch.device, dtype: torch.dtype | None) -> Any:
     """``x`` on ``device``; floating-point tensors in the model's ``dtype`` (a half-precision
     model gets half-precision inputs)."""
-    if isinstance(x, torch.Tensor):
-        cast = dtype if dtype is not None and x.is_floating_point() else None
-        return x.to(device, dtype=cast, non_blocking=True)
-    if isinstance(x, tuple):
-        return tuple(_to_device(v, device, dtype) for v in x)
-    return x
+    def move(t: torch.Tensor) -> torch.Tensor:
+        cast = dtype if dtype is not None and t.is_floating_point() else None
+        return t.to(device, dtype=cast, non_blocking=True)
+
+    return map_tensors(x, move)
 
 
 def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = False,
           progress: Progress | None = None, autocast: torch.dtype | None = None) -> R:
     """Run ``model`` over ``inputs`` for ``probe`` and return its report.
 
-    ``inputs`` is one batch (a tensor, or a tuple of positional arguments) or an iterable of
-    tensors, tuples or :class:`Batch` objects. Under ``autocast`` every pass runs in
+    ``inputs`` is one batch (a tensor, a tuple of positional arguments or a dict of keyword
+    arguments) or an iterable of them or of :class:`Batch` objects (a DataLoader's
+    ``(input, label)`` batches lose their labels). Under ``autocast`` every pass runs in
     ``torch.autocast``; else floating-point inputs take the model's dtype."""
     device = model_device(model)
     dtype = None if autocast is not None else model_dtype(model)
@@ -201,7 +216,7 @@ def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = 
     with training_flags(model, train=train_mode), tracer:
         probe.bind(tracer)
         start = 0
-        for index, item in enumerate(_as_batches(inputs)):
+        for index, item in enumerate(_as_batches(inputs, model)):
             batch = item if isinstance(item, Batch) else None
             if batch is not None:  # a Batch knows its place among all inputs (a rank's part)
                 start, item = batch.start, batch.tensor

@@ -27,11 +27,11 @@ MAX_DEFAULT_WORKERS = 4  # decoding seldom keeps more busy
 
 def default_workers(inputs: InputSet, batch_size: int, processes: int = 1) -> int:
     """The ``workers`` used when none are given: 0 (in process) for stdin, tensor files and
-    under two batches of images; else one CPU fewer than this process's share (``processes``
+    under two batches of images or data set items; else one CPU fewer than this process's share (``processes``
     share the machine), at most MAX_DEFAULT_WORKERS, when that is at least 2 (one worker does
     no more than the prefetching thread)."""
     kinds = [item.kind for item in inputs.items]
-    if "stdin" in kinds or kinds.count("image") < 2 * batch_size:
+    if "stdin" in kinds or kinds.count("image") + kinds.count("data") < 2 * batch_size:
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = min(MAX_DEFAULT_WORKERS, (cpus or 1) // max(processes, 1) - 1)

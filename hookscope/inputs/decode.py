@@ -19,9 +19,10 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from hookscope.core.errors import HookscopeError, clip
+from hookscope.inputs.structure import as_arguments, count, from_named, row
 
-__all__ = ["Decoder", "InputItem", "InputSet", "Sample", "load_image", "open_image", "read_tensor",
-           "to_rgb", "unique_stems"]
+__all__ = ["Decoder", "InputItem", "InputSet", "Sample", "load_image", "lone_sample",
+           "open_image", "read_tensor", "to_rgb", "unique_stems"]
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,9 @@ class InputItem:
     """One sample: an image, or one entry of a tensor file."""
 
     name: str  # the path as given; ``x.pt[3]`` for a tensor's row, ``-`` for stdin
-    kind: str  # "image", "tensor" or "stdin"
+    kind: str  # "image", "tensor", "stdin" or "data" (an item of --data)
     path: Path | None = None  # None for stdin
-    index: int | None = None  # the row of a tensor file with a leading N dimension
+    index: int | None = None  # the row of a tensor file, or the item of a data set
     label: str | None = None  # its class folder in an ImageFolder layout (photos/cat/1.jpg)
     #: The bytes, read once when resolved, of stdin or a file that can be read only once (a
     #: FIFO, ``<(cat x.jpg)``, a device); None for a regular file.
@@ -45,6 +46,8 @@ class InputItem:
     @property
     def stem(self) -> str:
         """A file-name stem for outputs derived from this input."""
+        if self.kind == "data":
+            return f"data_{self.index}"
         if self.path is None:
             return "stdin"
         return self.path.stem if self.index is None else f"{self.path.stem}_{self.index}"
@@ -56,6 +59,7 @@ class InputSet:
 
     items: list[InputItem] = field(default_factory=list)
     offset: int = 0  # the position of items[0] among all inputs
+    data: Any = None  # the hookscope.inputs.data.DataSource of its "data" items (--data)
 
     @property
     def names(self) -> list[str]:
@@ -69,13 +73,16 @@ class InputSet:
 
     @property
     def labels(self) -> list[str] | None:
-        """Each sample's class folder when every sample has one (an ImageFolder), else None."""
+        """Each sample's class folder when every sample has one (an ImageFolder), or its
+        data set item's label (``--data``), else None."""
+        if self.data is not None:
+            return self.data.labels([item.index for item in self.items])
         labels = [item.label for item in self.items]
         return None if not labels or None in labels else labels  # type: ignore[return-value]
 
     def part(self, lo: int, hi: int) -> InputSet:
         """Samples ``lo`` to ``hi`` (exclusive), which keep their positions."""
-        return InputSet(self.items[lo:hi], self.offset + lo)
+        return InputSet(self.items[lo:hi], self.offset + lo, self.data)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -100,8 +107,9 @@ def unique_stems(stems: Sequence[str]) -> list[str]:
 
 
 
-#: One decoded sample: where it came from, its preprocessed tensor and, when kept, its image.
-Sample = tuple[InputItem, torch.Tensor, "Image.Image | None"]
+#: One decoded sample: where it came from, its preprocessed tensor (or tuple or dict of
+#: tensors) and, when kept, its image.
+Sample = tuple[InputItem, Any, "Image.Image | None"]
 
 
 def _decode_error(name: str, exc: BaseException) -> HookscopeError:
@@ -160,43 +168,55 @@ def load_image(src: Path | bytes, name: str) -> Image.Image:
     return to_rgb(img)
 
 
-def read_tensor(path: Path, name: str, ndim: int, data: bytes | None = None) -> torch.Tensor:
-    """The float tensor of ``ndim`` - 1 or ``ndim`` dimensions in ``path`` (or in ``data``, its
-    bytes already read). A file is mapped, not read whole: a ``.npy`` copy-on-write, a ``.pt``
-    in the zip format (not the legacy one)."""
+def read_tensor(path: Path, name: str, ndim: int, data: bytes | None = None) -> Any:
+    """The batch in a ``.pt``, ``.safetensors`` or ``.npy`` file (or in ``data``, its bytes
+    already read), checked by :func:`~hookscope.inputs.structure.as_arguments`: a tensor, a
+    tuple or a dict of tensors. A lone floating-point tensor of ``ndim`` - 1 dimensions is
+    one sample (a (C,H,W) image for an image model), made a batch of one. A file is mapped,
+    not read whole: a ``.npy`` copy-on-write, a ``.pt`` in the zip format (not the legacy one).
+    """
+    return lone_sample(path, name, ndim, data)[0]
+
+
+def lone_sample(path: Path, name: str, ndim: int, data: bytes | None = None) -> tuple[Any, bool]:
+    """The file's batch (:func:`read_tensor`), and whether it is one sample made a batch."""
+    obj = as_arguments(_load(path, name, data), name)
+    if isinstance(obj, torch.Tensor) and obj.is_floating_point() and obj.dim() == ndim - 1:
+        return obj.unsqueeze(0), True
+    return obj, False
+
+
+def _load(path: Path, name: str, data: bytes | None) -> Any:
     src = io.BytesIO(data) if data is not None else path
+    suffix = path.suffix.lower()
     try:
-        if path.suffix.lower() == ".npy":
+        if suffix == ".npy":
             arr = np.load(src, mmap_mode="c" if data is None else None, allow_pickle=False)
-            if not np.issubdtype(arr.dtype, np.floating):
-                raise HookscopeError(
-                    f"{name}: holds a {arr.dtype} array; a preprocessed float tensor is expected.")
-            obj = torch.from_numpy(np.asarray(arr))
-        else:
-            with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
-                warnings.simplefilter("ignore")
-                obj = torch.load(src, map_location="cpu", weights_only=True,
-                                 mmap=data is None and zipfile.is_zipfile(path))
+            if arr.dtype.kind not in "biuf":
+                raise HookscopeError(f"{name}: holds a {arr.dtype} array; a numeric or bool "
+                                     "array is expected.")
+            return torch.from_numpy(np.asarray(arr))
+        if suffix == ".safetensors":
+            from safetensors.torch import load, load_file
+
+            return from_named(load(data) if data is not None else load_file(str(path)))
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            return torch.load(src, map_location="cpu", weights_only=True,
+                              mmap=data is None and zipfile.is_zipfile(path))
     except HookscopeError:
         raise
     except pickle.UnpicklingError:  # objects whose code would run, not only tensors
         raise HookscopeError(
             f"{name}: holds Python objects besides tensors, which hookscope does not unpickle; "
-            "save one preprocessed float tensor with torch.save(tensor, path).") from None
-    except Exception as exc:  # torch.load and np.load raise many types for bad files
+            "save a tensor, a tuple or a dict of tensors with torch.save(x, path).") from None
+    except ImportError:
+        raise HookscopeError(f"{name}: reading .safetensors needs the safetensors package "
+                             "(pip install safetensors).") from None
+    except Exception as exc:  # torch.load, np.load and safetensors raise many types
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise HookscopeError(
             f"{name}: not a readable tensor file ({exc.__class__.__name__}: {clip(first, 120)}).") from None
-    if not isinstance(obj, torch.Tensor):
-        raise HookscopeError(
-            f"{name}: holds a {type(obj).__name__}, not a tensor; save one preprocessed float "
-            "tensor with torch.save(tensor, path).")
-    if not obj.is_floating_point():
-        raise HookscopeError(f"{name}: tensor dtype is {obj.dtype}; a preprocessed float tensor is expected.")
-    layout = "(C,T,H,W) or (N,C,T,H,W)" if ndim == 5 else "(C,H,W) or (N,C,H,W)"
-    if obj.dim() not in (ndim - 1, ndim) or 0 in obj.shape:
-        raise HookscopeError(f"{name}: tensor shape is {list(obj.shape)}; expected {layout}.")
-    return obj
 
 
 class Decoder:
@@ -205,26 +225,28 @@ class Decoder:
     input rank (5 for video clips); ``keep_images``: also return each decoded image."""
 
     def __init__(self, preprocess: Callable[[Any], torch.Tensor], *, ndim: int = 4,
-                 keep_images: bool = False) -> None:
+                 keep_images: bool = False, data: Any = None) -> None:
         self.preprocess, self.ndim, self.keep_images = preprocess, ndim, keep_images
-        self._file: tuple[Path, torch.Tensor] | None = None
+        self.data = data  # the hookscope.inputs.data.DataSource of "data" items
+        self._file: tuple[Path, Any] | None = None
 
-    def __call__(self, item: InputItem) -> tuple[torch.Tensor, Image.Image | None]:
+    def __call__(self, item: InputItem) -> tuple[Any, Image.Image | None]:
         """The preprocessed sample and, when kept, its image; a HookscopeError when the file is
         missing, corrupt, or not what it was when resolved."""
         if item.kind == "tensor":
             return self._row(item), None
+        if item.kind == "data":
+            return self.data.sample(item, self.preprocess, self.keep_images)
         img = load_image(item.source, item.name)
         return self.preprocess(img), img if self.keep_images else None
 
-    def _row(self, item: InputItem) -> torch.Tensor:
+    def _row(self, item: InputItem) -> Any:
         assert item.path is not None  # tensor items always have a file
         file = item.name if item.index is None else item.name.rpartition("[")[0]
         if self._file is None or self._file[0] != item.path:
             self._file = None  # let the previous file's mapping go first
-            tensor = read_tensor(item.path, file, self.ndim, item.data)
-            self._file = (item.path, tensor if tensor.dim() == self.ndim else tensor.unsqueeze(0))
-        rows = self._file[1]
-        if (item.index or 0) >= rows.shape[0]:
-            raise HookscopeError(f"{item.name}: the file has only {rows.shape[0]} rows now.")
-        return rows[item.index or 0].to(torch.float32).clone()
+            self._file = (item.path, read_tensor(item.path, file, self.ndim, item.data))
+        batch = self._file[1]
+        if (item.index or 0) >= count(batch):
+            raise HookscopeError(f"{item.name}: the file has only {count(batch)} rows now.")
+        return row(batch, item.index or 0)

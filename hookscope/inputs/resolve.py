@@ -20,39 +20,42 @@ from PIL import Image
 
 from hookscope.core.errors import HookscopeError, at_least_one, param
 from hookscope.core.run import Batch
+from hookscope.inputs.data import DataSource
 from hookscope.inputs.dataset import loader_samples
 from hookscope.inputs.decode import (
     Decoder,
     InputItem,
     InputSet,
     Sample,
+    lone_sample,
     open_image,
-    read_tensor,
     unique_stems,
 )
+from hookscope.inputs.structure import count, signature, stack
 
 __all__ = ["STDIN", "Batch", "InputItem", "InputSet", "iter_batches", "read_once",
            "resolve_inputs", "unique_stems"]
 
 log = logging.getLogger("hookscope")
 
-TENSOR_SUFFIXES = {".pt", ".npy"}
+TENSOR_SUFFIXES = {".pt", ".npy", ".safetensors"}
 STDIN = "-"
 
 
 def resolve_inputs(specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
                    recursive: bool = False, limit: int | None = None, shuffle: bool = False,
-                   seed: int = 0) -> InputSet:
+                   seed: int = 0, data: DataSource | None = None) -> InputSet:
     """Expand files, directories, ``-`` (one image on ``stdin``) and ``.pt``/``.npy`` tensor
     files; shuffle (by ``seed``), then keep ``limit`` of them; read each one's header, so a
     non-image fails before the model loads. ``recursive`` walks directories' whole trees. A
     directory whose images all sit in subdirectories is an ImageFolder layout: each image's
-    ``label`` is its subdirectory's name.
+    ``label`` is its subdirectory's name. ``data``: a data set's items instead (``--data``).
     """
-    if not specs:
-        raise HookscopeError("No inputs given; pass image files, directories, '-' or .pt/.npy.")
+    if not specs and data is None:
+        raise HookscopeError("No inputs given; pass image files, directories, '-', "
+                             f".pt/.safetensors/.npy tensor files, or {param('data')}.")
     at_least_one("limit", limit)
-    items: list[InputItem] = []
+    items: list[InputItem] = data.items() if data is not None else []
     for spec in specs:
         if spec == STDIN:
             if any(item.kind == "stdin" for item in items):
@@ -75,7 +78,7 @@ def resolve_inputs(specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim
                              "shape (C,T,H,W) or (N,C,T,H,W).")
     for item in images:
         open_image(item.source, item.name, load=False).close()
-    return InputSet(items)
+    return InputSet(items, data=data)
 
 
 def _read_stdin(stdin: IO[bytes] | None) -> bytes:
@@ -103,10 +106,10 @@ def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
     data = read_once(path, name)
     if path.suffix.lower() not in TENSOR_SUFFIXES:
         return [InputItem(name, "image", path, data=data)]
-    t = read_tensor(path, name, ndim, data)
-    if t.dim() != ndim:
+    batch, lone = lone_sample(path, name, ndim, data)
+    if lone:
         return [InputItem(name, "tensor", path, data=data)]
-    return [InputItem(f"{name}[{i}]", "tensor", path, i, data=data) for i in range(t.shape[0])]
+    return [InputItem(f"{name}[{i}]", "tensor", path, i, data=data) for i in range(count(batch))]
 
 
 def _images_in(folder: Path, recursive: bool) -> tuple[list[Path], list[str]]:
@@ -173,13 +176,14 @@ def _note_skipped(spec: str, skipped: list[str]) -> None:
 
 
 def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Iterator[Batch]:
-    """Stack samples into batches of ``batch_size``; a sample whose shape differs from the
-    batch's starts a new one. ``offset``: the position of the first sample among all."""
+    """Stack samples into batches of ``batch_size``; a sample whose shapes (or structure)
+    differ from the batch's starts a new one. ``offset``: the position of the first sample
+    among all."""
     start, number = offset, offset // batch_size
-    for _, run in groupby(samples, key=lambda sample: sample[1].shape):
+    for _, run in groupby(samples, key=lambda sample: signature(sample[1])):
         while chunk := list(islice(run, batch_size)):
             items, tensors, images = zip(*chunk, strict=True)
-            yield Batch(list(items), torch.stack(tensors), list(images), start, number)
+            yield Batch(list(items), stack(tensors), list(images), start, number)
             start, number = start + len(chunk), number + 1
 
 
@@ -193,7 +197,7 @@ def iter_batches(inputs: InputSet, preprocess: Callable[[Any], torch.Tensor], *,
     at_least_one("batch_size", batch_size)
     if workers < 0:
         raise HookscopeError(f"{param('workers')} must be 0 or more, not {workers}.")
-    decoder = Decoder(preprocess, ndim=ndim, keep_images=keep_images)
+    decoder = Decoder(preprocess, ndim=ndim, keep_images=keep_images, data=inputs.data)
     if workers > 0 and inputs.items:
         return _group(loader_samples(inputs.items, decoder, batch_size, workers), batch_size, inputs.offset)
     return _prefetched(_group(((item, *decoder(item)) for item in inputs.items), batch_size, inputs.offset))

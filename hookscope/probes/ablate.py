@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hookscope.cam.passes import channel_per_row
+from hookscope.core.arguments import take
 from hookscope.core.classes import Targets, parse_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, model_device
@@ -322,7 +323,7 @@ class AblateProbe(Probe[AblateReport]):
         for lo in range(0, len(chosen), self.sweep_batch):
             part = chosen[lo:lo + self.sweep_batch]
             # What runs before the layer runs once per pass, on the one input.
-            afters.append(self._changed(step, step.x[i:i + 1], part, per_row=True))
+            afters.append(self._changed(step, take(step.x, slice(i, i + 1)), part, per_row=True))
             step.advance(len(part))
         after = torch.cat(afters)
         drops = (before[0, cls] - after[:, cls]).tolist()

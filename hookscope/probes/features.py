@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.core.arguments import image_size
 from hookscope.core.errors import HookscopeError, at_least_one, param
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
@@ -181,7 +182,7 @@ class FeaturesProbe(Probe[FeaturesReport]):
 
     def step(self, step: Step) -> None:
         self.captured.clear()
-        self.size = (int(step.x.shape[-2]), int(step.x.shape[-1]))
+        self.size = image_size(step.x)
         step.forward()
         size = self.size if self.upsample else None
         items = step.batch.items if step.batch is not None else None

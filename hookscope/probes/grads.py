@@ -247,7 +247,8 @@ class GradsProbe(Probe[GradReport]):
         self.objective += float(value.detach())
         self.classes.extend(classes)
         if self.input_shape is None:
-            self.input_shape = list(step.x.shape[1:])
+            found = first_tensor(step.x)
+            self.input_shape = list(found.shape[1:]) if found is not None else None
 
     def entries(self) -> list[GradLayer]:
         """Each call's gradient row so far (not flagged), in backward order (flushed first)."""

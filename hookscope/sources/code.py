@@ -38,7 +38,8 @@ from hookscope.sources.checkpoints import (
     refuse_compiled,
 )
 
-__all__ = ["build", "check_eager", "check_weights", "load_code", "load_pickled", "parse_model_args"]
+__all__ = ["build", "check_eager", "check_weights", "load_code", "load_data", "load_pickled",
+           "parse_model_args"]
 
 #: ``file.py:Name`` or ``package.module:Name`` (NAME may be dotted: ``module:Outer.factory``).
 _SPEC = re.compile(r"^(?P<where>[^:]+\.py|[A-Za-z_][\w.]*):(?P<name>[A-Za-z_][\w.]*)$")
@@ -241,6 +242,19 @@ def _construct(obj: Any, kwargs: dict[str, Any], label: str, folder: Path | None
     return result
 
 
+def _import_target(spec: str) -> tuple[Any, Path | None]:
+    """``NAME`` of ``file.py:NAME`` or ``package.module:NAME``, imported, and its folder."""
+    found = _SPEC.match(spec.strip())
+    if found is None:
+        raise HookscopeError(f"{spec!r} is not file.py:NAME or package.module:NAME.")
+    where, dotted = found["where"], found["name"]
+    py = where.endswith(".py")
+    module = _import_file(Path(where).expanduser()) if py else _import_module(where)
+    file = getattr(module, "__file__", None)  # a namespace package has none
+    folder = Path(file).resolve().parent if file else None
+    return _attribute(module, dotted, where), folder
+
+
 def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module:
     """Import ``file.py:NAME`` or ``package.module:NAME`` and build the model, seeded in a
     forked RNG (the caller's global RNG is left untouched).
@@ -249,19 +263,36 @@ def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module
         HookscopeError: bad ``model_args``, a missing file, module or attribute, code that
             raises, or something other than an ``nn.Module``.
     """
-    found = _SPEC.match(spec.strip())
-    if found is None:
+    if _SPEC.match(spec.strip()) is None:
         raise HookscopeError(f"{spec!r} is not file.py:NAME or package.module:NAME.")
-    where, dotted = found["where"], found["name"]
     kwargs = parse_model_args(model_args)  # before the user's code runs: fail fast
     with torch.random.fork_rng(devices=[]):  # the user's code may draw or seed at import
-        py = where.endswith(".py")
-        module = _import_file(Path(where).expanduser()) if py else _import_module(where)
-        file = getattr(module, "__file__", None)  # a namespace package has none
-        folder = Path(file).resolve().parent if file else None
-        obj = _attribute(module, dotted, where)
+        obj, folder = _import_target(spec)
         torch.manual_seed(seed)  # just before building: as `manual_seed(seed); Net(...)` would
         return _construct(obj, kwargs, spec.strip(), folder)
+
+
+def load_data(spec: str, seed: int = 0) -> Any:
+    """The data set ``file.py:NAME`` or ``package.module:NAME`` names (``data``), with the
+    trust a model's code has: NAME itself when it is a data set or an iterable, else what
+    calling it with no arguments returns, seeded as :func:`build` seeds a model.
+
+    Raises:
+        HookscopeError: a missing file, module or attribute, or code that raises.
+    """
+    if _SPEC.match(spec.strip()) is None:
+        raise HookscopeError(f"{param('data')} {spec!r} is not file.py:NAME or "
+                             "package.module:NAME.")
+    with torch.random.fork_rng(devices=[]):
+        obj, folder = _import_target(spec)
+        data_like = hasattr(obj, "__iter__") or hasattr(obj, "__getitem__")
+        if isinstance(obj, type) or (callable(obj) and not data_like):
+            torch.manual_seed(seed)
+            try:
+                obj = obj()
+            except (Exception, SystemExit) as exc:
+                raise _failed(f"{param('data')} {spec.strip()}()", exc, folder) from None
+    return obj
 
 
 def check_weights(options: LoadOptions, what: str) -> None:

@@ -1,0 +1,151 @@
+"""A batch is the forward's arguments: a tensor, a tuple (positional arguments) or a dict
+(keyword arguments) of tensors, each with the sample dimension first. The helpers here map,
+slice and describe such batches, call the model with them, and tell a label from an input.
+
+The label rule, for the items of a data set (``--data``) or a DataLoader's batches: an item
+``(x, y)`` whose ``y`` is an int (or an integer tensor of at most one dimension) is an input
+and its label when the forward takes exactly one required positional argument, or takes no
+more positional arguments than the item has without ``y``. A dict item's ``label`` or
+``labels`` key is the label when the forward has no parameter of that name (nor ``**kwargs``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from numbers import Integral
+from typing import Any
+
+import torch
+from torch import nn
+
+from hookscope.core.errors import HookscopeError
+
+__all__ = ["Arity", "arity", "call", "describe", "expand", "first_float", "image_size", "is_label",
+           "map_tensors", "rows", "split_label", "take"]
+
+LABEL_KEYS = ("label", "labels")
+
+
+def map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``x`` with ``fn`` applied to every tensor of a tensor, tuple, list or dict."""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(map_tensors(v, fn) for v in x)
+    if isinstance(x, Mapping):
+        return {k: map_tensors(v, fn) for k, v in x.items()}
+    return x
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors(x, found.append)
+    return found
+
+
+def rows(x: Any) -> int:
+    """The number of samples in a batch: its first tensor's first dimension (1 for none)."""
+    first = next(iter(_tensors(x)), None)
+    return int(first.shape[0]) if first is not None and first.dim() else 1
+
+
+def take(x: Any, index: slice) -> Any:
+    """The same rows ``index`` of every tensor of a batch."""
+    return map_tensors(x, lambda t: t[index] if t.dim() else t)
+
+
+def expand(x: Any, k: int) -> Any:
+    """A one-sample batch repeated ``k`` times (one contiguous copy per tensor)."""
+    return map_tensors(x, lambda t: t.expand(k, *t.shape[1:]).contiguous() if t.dim() else t)
+
+
+def first_float(x: Any) -> torch.Tensor | None:
+    """The first floating-point tensor of a batch: "the image" where a command needs one."""
+    return next((t for t in _tensors(x) if t.is_floating_point()), None)
+
+
+def image_size(x: Any) -> tuple[int, int]:
+    """(height, width) of a batch's image (its first floating-point tensor of three or more
+    dimensions: its last two), or (0, 0) when it has none."""
+    image = first_float(x)
+    if image is None or image.dim() < 3:
+        return (0, 0)
+    return (int(image.shape[-2]), int(image.shape[-1]))
+
+
+def call(model: nn.Module, x: Any) -> Any:
+    """``model(*x)`` for a tuple, ``model(**x)`` for a dict, else ``model(x)``."""
+    if isinstance(x, tuple):
+        return model(*x)
+    if isinstance(x, Mapping):
+        return model(**x)
+    return model(x)
+
+
+def describe(x: Any) -> str:
+    """A batch in a few words: ``(2, 3, 8, 8) float32`` or ``(ids: (2, 5) int64, ...)``."""
+    if isinstance(x, torch.Tensor):
+        return f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+    if isinstance(x, (tuple, list)):
+        return "(" + ", ".join(describe(v) for v in x) + ")"
+    if isinstance(x, Mapping):
+        return "{" + ", ".join(f"{k}: {describe(v)}" for k, v in x.items()) + "}"
+    return type(x).__name__
+
+
+Arity = tuple[int, float, frozenset[str], bool]  # required, most positional, names, **kwargs
+
+
+def arity(model: nn.Module) -> Arity | None:
+    """What ``model.forward`` takes: its required positional parameters, the most positional
+    ones (inf with ``*args``), its parameter names, and whether it takes ``**kwargs``; None
+    when it has no signature."""
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return None
+    kinds = inspect.Parameter
+    positional = [p for p in sig.parameters.values()
+                  if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    required = sum(p.default is kinds.empty for p in positional)
+    most = float("inf") if any(p.kind is kinds.VAR_POSITIONAL for p in sig.parameters.values()) \
+        else float(len(positional))
+    var_kw = any(p.kind is kinds.VAR_KEYWORD for p in sig.parameters.values())
+    return required, most, frozenset(sig.parameters), var_kw
+
+
+def is_label(v: Any) -> bool:
+    """An int (not a bool) or an integer tensor of at most one dimension."""
+    if isinstance(v, torch.Tensor):
+        return v.dim() <= 1 and not v.is_floating_point() and not v.is_complex() \
+            and v.dtype is not torch.bool
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
+def split_label(item: Any, model_arity: Arity | None) -> tuple[Any, Any]:
+    """``(inputs, label)`` of one data item or batch by the rule in this module's docstring
+    (label None when it has none).
+
+    Raises:
+        HookscopeError: an item whose last element could be a label or an input.
+    """
+    if isinstance(item, Mapping):
+        names, var_kw = (model_arity[2], model_arity[3]) if model_arity else (frozenset(), True)
+        key = next((k for k in LABEL_KEYS if k in item and k not in names and not var_kw), None)
+        if key is None:
+            return item, None
+        return {k: v for k, v in item.items() if k != key}, item[key]
+    if not isinstance(item, (tuple, list)) or len(item) < 2 or not is_label(item[-1]):
+        return (tuple(item) if isinstance(item, list) else item), None
+    required, most = (model_arity[0], model_arity[1]) if model_arity else (1, 1.0)
+    inputs = tuple(item[:-1])
+    if required == 1 and len(item) == 2 or len(item) > most >= len(inputs) >= required:
+        return inputs[0] if len(inputs) == 1 else inputs, item[-1]
+    if len(item) <= most and len(item) >= required and len(inputs) < required:
+        return tuple(item), None
+    raise HookscopeError(
+        f"Each data item is {len(item)} values whose last is an integer, and the model's "
+        f"forward takes {required} required positional argument(s) (at most "
+        f"{most:g}), so it could be a label or an input; give items as dicts of keyword "
+        "arguments (a 'label' key for the label), or (input, label) pairs.")
