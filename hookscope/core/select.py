@@ -115,6 +115,12 @@ class Selection:
         hint = " Run `hookscope layers MODEL` to list the names."
         within = f" within {param('max_depth')} {max_depth}" if max_depth is not None else ""
         if layers and not by_name:
+            hidden = [n for n, _ in model.named_modules() if n not in names
+                      and any(fnmatch.fnmatchcase(n, p) for p in layers)]
+            if hidden and not any(fnmatch.fnmatchcase(n, p) for n in names for p in layers):
+                return HookscopeError(f"{param('layers')} {' '.join(layers)} matches only "
+                                      f"modules inside TorchScript (scripted) modules of {kind} "
+                                      f"({', '.join(hidden[:4])}), which cannot be hooked.")
             if not any(fnmatch.fnmatchcase(n, p) for n in names for p in layers):
                 close = "".join(suggest(p, names) for p in layers)
                 return HookscopeError(f"{param('layers')} {' '.join(layers)} matches no module "
