@@ -102,11 +102,10 @@ def _label(row: Mapping[str, Any], name: str, *more: Text) -> Text:
     if row.get("trainable") is not None:
         parts.append(_TRAINABLE.get(row["trainable"], ("partly trainable", "yellow")))
     if row.get("scripted"):
-        calls = Text("scripted, not hooked", style="yellow")
-    else:
-        calls = _calls_text(row.get("calls") or []) if row.get("macs_counted") is not None \
-            else None  # no forward pass: nothing to say about calls
-    return joined(*parts, *([calls] if calls is not None else []), *more)
+        parts.append(("scripted, not hooked", "yellow"))
+    elif row.get("macs_counted") is not None:  # without a forward pass, nothing to say
+        parts.append(_calls_text(row.get("calls") or []))
+    return joined(*parts, *more)
 
 
 def _batch(doc: Mapping[str, Any]) -> int | None:
