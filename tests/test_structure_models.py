@@ -265,3 +265,12 @@ def test_cli_recurrent_and_not_counted(cli) -> None:
     assert "MACs not counted (no formula for aten._trilinear in pair)" in table.stdout
     pair = next(line for line in table.stdout.splitlines() if "pair" in line and "Bilinear" in line)
     assert "MACs not counted" in pair
+
+
+@pytest.mark.parametrize("command", [["debug"], ["grads"], ["check"],
+                                     ["features", "--type", "Conv2d"], ["gradcam"]])
+def test_every_command_runs_a_partly_scripted_model(cli, cat_jpg, tmp_path, command) -> None:
+    out = ["--out", tmp_path] if command[0] in ("features", "gradcam") else []
+    result = cli(*command, _spec("PartlyScripted"), cat_jpg, "--size", "8", *out)
+    assert result.exit_code == 0, result.stderr
+    assert "not hooked: 'block'" in result.stderr and "Traceback" not in result.stderr

@@ -72,6 +72,13 @@ def all_sites(model: nn.Module) -> list[Site]:
     return sites or [Site("", type(model).__name__, 0, model)]
 
 
+def hooked_sites(model: nn.Module) -> list[Site]:
+    """The model itself, then every module :func:`all_sites` can hook (the model too only
+    when it is not scripted)."""
+    root = [] if is_scripted(model) else [Site("", type(model).__name__, 0, model)]
+    return root + [s for s in all_sites(model) if s.name]
+
+
 @dataclass(frozen=True)
 class Selection:
     """The modules to hook: by default every leaf (no children, or at ``max_depth``; 1 is the

@@ -24,7 +24,7 @@ from torch.nn.parameter import is_lazy
 from hookscope.core.errors import at_least_one
 from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import Site, all_sites, depth_of, is_scripted, scripted_names
+from hookscope.core.select import depth_of, hooked_sites, is_scripted, scripted_names
 from hookscope.probes.flops import count_flops, recurrent_macs
 
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops", "model_structure"]
@@ -188,12 +188,6 @@ def _dtype_bytes(params: Iterable[torch.Tensor]) -> dict[str, int]:
         if not is_lazy(p):
             found[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
     return dict(sorted(found.items()))
-
-
-def hooked_sites(model: nn.Module) -> list[Site]:
-    """The model itself, then every module :func:`all_sites` can hook."""
-    root = [] if is_scripted(model) else [Site("", type(model).__name__, 0, model)]
-    return root + [s for s in all_sites(model) if s.name]
 
 
 class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
