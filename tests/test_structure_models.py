@@ -274,3 +274,13 @@ def test_every_command_runs_a_partly_scripted_model(cli, cat_jpg, tmp_path, comm
     result = cli(*command, _spec("PartlyScripted"), cat_jpg, "--size", "8", *out)
     assert result.exit_code == 0, result.stderr
     assert "not hooked: 'block'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_lazy_model_is_counted_after_its_forward(cli, cat_jpg) -> None:
+    doc = _layers(cli, _spec("Lazy"))
+    # conv 3->4 (3x3), BatchNorm 4, fc 4->2: sized by the 3-channel input.
+    assert doc["totals"]["params"] == 3 * 4 * 9 + 4 + 2 * 4 + 4 * 2 + 2
+    assert doc["totals"]["uninitialised"] == []
+    assert {r["name"]: r["type"] for r in doc["layers"]}["fc"] == "Linear"
+    result = cli("stats", _spec("Lazy"), cat_jpg, "--size", "8", "--train-mode")
+    assert result.exit_code == 0, result.stderr
