@@ -284,3 +284,18 @@ def test_cli_lazy_model_is_counted_after_its_forward(cli, cat_jpg) -> None:
     assert {r["name"]: r["type"] for r in doc["layers"]}["fc"] == "Linear"
     result = cli("stats", _spec("Lazy"), cat_jpg, "--size", "8", "--train-mode")
     assert result.exit_code == 0, result.stderr
+
+
+class _Vectors(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mat = nn.Parameter(torch.randn(5, 3))
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        return torch.dot(self.mat @ v, torch.ones(5)) + torch.addmv(torch.zeros(5), self.mat, v)
+
+
+def test_matrix_vector_and_dot_products_are_counted() -> None:
+    found = model_structure(_Vectors().eval(), torch.randn(3))
+    # Two 5x3 matrix-vector products (matmul with a 1-D operand, addmv), a dot of length 5.
+    assert found.flops // 2 == 2 * 5 * 3 + 5 and found.to_dict()["totals"]["macs_counted"]

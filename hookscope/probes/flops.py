@@ -4,7 +4,7 @@ The counter counts matrix products, convolutions and attention at 2 FLOPs per mu
 Added here: a formula for recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN`` and their
 cells), whose fused kernels (cuDNN's ``_cudnn_rnn``, oneDNN's) have none, so the count is the
 same on every device; and a record of each operation that does multiply-adds but has no
-formula (``aten.mv``, ``nn.Bilinear``'s ``aten._trilinear``, FFTs, quantized kernels...), so
+formula (``nn.Bilinear``'s ``aten._trilinear``, FFTs, quantized kernels...), so
 a call that ran one is reported as not counted instead of a silent zero.
 """
 
@@ -24,7 +24,7 @@ __all__ = ["FlopCounter", "count_flops", "does_multiply_adds", "recurrent_macs"]
 
 #: Operations that do multiply-adds; ``FlopCounterMode`` has formulas for some (``aten.mm``,
 #: ``aten.convolution``...), and an operation here without one is "not counted".
-_MAC_NAMES = frozenset({"mv", "addmv", "dot", "vdot", "inner", "addr", "ger", "_trilinear",
+_MAC_NAMES = frozenset({"inner", "addr", "ger", "_trilinear",
                         "addbmm", "cdist", "_cdist_forward", "_int_mm", "conv_tbc", "lstm",
                         "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell",
                         "rnn_relu_cell", "cholesky", "triangular_solve", "stft", "istft"})
@@ -91,6 +91,20 @@ def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: li
     return 2 * batch_heads * queries * keys * (dim + value_dim)
 
 
+def _mv_flop(mat_shape: list[int], vec_shape: list[int], *args: Any, **kwargs: Any) -> int:
+    """A matrix-vector product: one multiply-add per matrix element."""
+    return 2 * math.prod(mat_shape)
+
+
+def _addmv_flop(bias_shape: list[int], mat_shape: list[int], *args: Any, **kwargs: Any) -> int:
+    return _mv_flop(mat_shape, [])
+
+
+def _dot_flop(a_shape: list[int], *args: Any, **kwargs: Any) -> int:
+    """A dot product: one multiply-add per element."""
+    return 2 * math.prod(a_shape)
+
+
 class _NoModuleTracker(nullcontext):
     """Stands in for ``FlopCounterMode``'s module tracker (every FLOP goes to ``Global``),
     whose table is never read and whose multi-grad hooks fail in inference mode on a
@@ -118,10 +132,15 @@ class FlopCounter(FlopCounterMode):
 def count_flops(on_uncounted: Callable[[str], None] | None = None) -> Iterator[FlopCounter]:
     """A FLOP counter that also sees attention: the fused kernels of
     ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` have no FLOP formula, so their
-    fast path is off inside (then restored); CPU scaled dot-product attention gets one."""
-    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    counter = FlopCounter(on_uncounted, display=False,
-                          custom_mapping={} if kernel is None else {kernel: _sdpa_cpu_flop})
+    fast path is off inside (then restored); CPU scaled dot-product attention gets one, and so
+    do matrix-vector and dot products (``torch.mv``, ``a @ v`` with a 1-D ``v``)."""
+    aten = torch.ops.aten
+    mapping: dict[Any, Any] = {aten.mv: _mv_flop, aten.addmv: _addmv_flop, aten.dot: _dot_flop,
+                               aten.vdot: _dot_flop}
+    kernel = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if kernel is not None:
+        mapping[kernel] = _sdpa_cpu_flop
+    counter = FlopCounter(on_uncounted, display=False, custom_mapping=mapping)
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     counter.mod_tracker = _NoModuleTracker()  # type: ignore[assignment]
