@@ -103,7 +103,7 @@ def _label(row: Mapping[str, Any], name: str, *more: Text) -> Text:
         parts.append(_TRAINABLE.get(row["trainable"], ("partly trainable", "yellow")))
     if row.get("scripted"):
         parts.append(("scripted, not hooked", "yellow"))
-    elif row.get("macs_counted") is not None:  # without a forward pass, nothing to say
+    elif row.get("macs_counted", False) is not None:  # None: no forward pass, nothing to say
         parts.append(_calls_text(row.get("calls") or []))
     return joined(*parts, *more)
 
