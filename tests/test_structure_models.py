@@ -299,3 +299,16 @@ def test_matrix_vector_and_dot_products_are_counted() -> None:
     found = model_structure(_Vectors().eval(), torch.randn(3))
     # Two 5x3 matrix-vector products (matmul with a 1-D operand, addmv), a dot of length 5.
     assert found.flops // 2 == 2 * 5 * 3 + 5 and found.to_dict()["totals"]["macs_counted"]
+
+
+def test_a_recurrent_input_given_by_keyword_is_counted() -> None:
+    class Keyword(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = nn.GRU(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.gru(input=x)[0]
+
+    found = model_structure(Keyword().eval(), torch.randn(6, 2, 4))
+    assert found.flops // 2 == 6 * 2 * 3 * 3 * (4 + 3)

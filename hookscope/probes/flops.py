@@ -57,7 +57,8 @@ def _rows(x: Any) -> int:
 _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
 
-def recurrent_macs(module: nn.Module, args: tuple[Any, ...]) -> int | None:
+def recurrent_macs(module: nn.Module, args: tuple[Any, ...],
+                   kwargs: dict[str, Any] | None = None) -> int | None:
     """Multiply-adds of one call of a recurrent layer (None: not one): per input vector,
     layer and direction, ``gates * hidden * (input + hidden_out)`` for the input and recurrent
     matrix products (``hidden_out`` is ``proj_size`` when an LSTM projects, else ``hidden``),
@@ -65,7 +66,8 @@ def recurrent_macs(module: nn.Module, args: tuple[Any, ...]) -> int | None:
     layer after the first takes ``hidden_out * directions`` inputs. Element-wise gate
     products and bias additions are not counted, as element-wise work is not counted anywhere
     (an LSTM counts what the same LSTM built from ``nn.Linear`` would)."""
-    if not args:
+    x = args[0] if args else (kwargs or {}).get("input")
+    if x is None:
         return None
     if isinstance(module, nn.RNNBase) and module.mode in _GATES:
         gates, hidden, proj = _GATES[module.mode], module.hidden_size, module.proj_size
@@ -73,13 +75,13 @@ def recurrent_macs(module: nn.Module, args: tuple[Any, ...]) -> int | None:
         per_row = sum(dirs * (gates * hidden * ((module.input_size if layer == 0 else out * dirs)
                                                 + out) + proj * hidden)
                       for layer in range(module.num_layers))
-        return _rows(args[0]) * per_row
+        return _rows(x) * per_row
     cells = {nn.LSTMCell: 4, nn.GRUCell: 3, nn.RNNCell: 1}
     gates_of = next((g for kind, g in cells.items() if isinstance(module, kind)), None)
     if gates_of is None:
         return None
     cell: nn.RNNCellBase = module  # type: ignore[assignment]
-    return _rows(args[0]) * gates_of * cell.hidden_size * (cell.input_size + cell.hidden_size)
+    return _rows(x) * gates_of * cell.hidden_size * (cell.input_size + cell.hidden_size)
 
 
 def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: list[int],

@@ -241,14 +241,15 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
             self._open.append([self._total(), 0, len(self._ops)])
             self._names.append(call.name)
 
-    def _call_flops(self, call: Call, args: tuple[Any, ...]) -> tuple[int | None, list[str]]:
+    def _call_flops(self, call: Call, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> tuple[int | None, list[str]]:
         """The call's FLOPs (None: not counted) and the uncounted operations it ran."""
         if self.flops is None or not self._open:
             return None, []
         start, nested, first = self._open.pop()
         self._names.pop()
         spent = self._total() - start
-        formula = recurrent_macs(call.site.module, args)
+        formula = recurrent_macs(call.site.module, args, kwargs)
         if formula is not None:  # replaces what the counter saw, if anything
             self._extra[0] += 2 * formula - spent
             spent = 2 * formula
@@ -264,7 +265,7 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         shapes = tensor_shapes(output)
-        flops, ops = self._call_flops(call, args)
+        flops, ops = self._call_flops(call, args, kwargs)
         self.calls.setdefault(call.name, []).append(LayerCall(
             self._inputs.pop(call.key, []), shapes[0] if shapes else None, shapes,
             output_bytes=nbytes(output), flops=flops, uncounted_ops=ops))
