@@ -15,7 +15,6 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e '.[test,lint]'
-	$(PY) -m hookscope.probes.kernels || true  # optional: without it, stats use the torch path
 	touch $(STAMP)
 
 demo: $(STAMP)

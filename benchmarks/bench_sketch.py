@@ -24,8 +24,8 @@ from types import ModuleType
 
 import torch
 
-from hookscope.probes.channels import ChannelView
-from hookscope.probes.sketch import Sketch, finite_range
+from hookscope.numerics.moments import ChannelView
+from hookscope.numerics.sketch import Sketch, finite_range
 
 #: (name, shape, transform): resnet-like outputs at batch 8.
 CASES = [

@@ -4,8 +4,6 @@ Prints, per model and batch size, the ratio of collect_stats to a bare
 ``torch.inference_mode()`` forward, measured in one process with interleaved repetitions
 (the minimum of each, so a noisy neighbour inflates neither side), and the same ratio for a
 hand-written hook that calls ``output.mean().item()`` and ``output.std().item()``.
-``--kernels both`` (the default when the compiled kernel is built: ``python -m
-hookscope.probes.kernels``) times collect_stats with the kernel and with the torch path, interleaved.
 
 Then memory: how much each of a bare forward and collect_stats raises peak RSS. Each is
 measured in a fresh subprocess that loads the model, makes the input, and takes its baseline
@@ -16,7 +14,7 @@ cannot hide growth; elsewhere the baseline is ``ru_maxrss`` itself. The goal is
 growth(collect_stats) <= 1.10 x growth(bare) + 16 MiB; it is reported, never asserted.
 
     python benchmarks/bench_stats.py [--models resnet18 resnet50] [--batches 1 8] [--reps 7]
-        [--threads 1] [--kernels on|off|both]
+        [--threads 1] [--clock wall|cpu]
 """
 
 from __future__ import annotations
@@ -24,12 +22,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import platform
 import resource
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
@@ -37,7 +35,6 @@ from torchvision.models import get_model
 
 from hookscope import collect_stats
 from hookscope.core.select import select_sites
-from hookscope.probes import kernels
 
 #: growth(collect_stats) <= GOAL_FACTOR * growth(bare) + GOAL_SLACK_MIB
 GOAL_FACTOR = 1.10
@@ -66,47 +63,22 @@ def setup(name: str, batch: int) -> tuple[torch.nn.Module, torch.Tensor]:
     return get_model(name, weights=None).eval(), torch.randn(batch, 3, 224, 224)
 
 
-def use_kernels(on: bool) -> None:
-    """Switch collect_stats between the compiled kernel and the torch path, in this process."""
-    os.environ["HOOKSCOPE_KERNELS"] = "1" if on else "0"
-    kernels.reset()
-
-
-def ratios(name: str, batch: int, reps: int, modes: list[bool]) -> dict[str, float]:
-    """Each case's min-over-reps time over the bare forward's; ``modes``: kernel on/off."""
+def ratios(name: str, batch: int, reps: int, clock: str = "wall") -> dict[str, float]:
+    """Each case's min-over-reps time over the bare forward's."""
     model, x = setup(name, batch)
 
     def bare() -> None:
         with torch.inference_mode():
             model(x)
 
-    def stats(on: bool):
-        return lambda: (use_kernels(on), collect_stats(model, x))
-
-    cases = {"bare": bare}
-    cases |= {f"hookscope_{'kernel' if on else 'torch'}": stats(on) for on in modes}
-    cases["handwritten"] = lambda: handwritten(model, x)
-    results = timed(cases, reps)  # interleaved, so drift hits every case alike
-    use_kernels(modes[0])  # the memory subprocesses inherit the first mode
+    cases = {"bare": bare, "hookscope": lambda: collect_stats(model, x),
+             "handwritten": lambda: handwritten(model, x)}
+    # Interleaved, so drift hits every case alike; the CPU clock is steadier on a loaded machine.
+    results = timed(cases, reps, time.process_time if clock == "cpu" else time.perf_counter)
     base = results["bare"][0]
-    row = {"bare_ms": base * 1e3} | {
+    return {"bare_ms": base * 1e3} | {
         key: best / base for key, (best, _median) in results.items() if key != "bare"
     }
-    row["hookscope"] = row[f"hookscope_{'kernel' if modes[0] else 'torch'}"]
-    return row
-
-
-def kernel_modes(choice: str) -> list[bool]:
-    """``on``, ``off`` or ``both`` as kernel switches; ``on`` needs a built kernel."""
-    use_kernels(True)  # --kernels decides, whatever HOOKSCOPE_KERNELS says
-    built = kernels.fused() is not None
-    if choice == "on" and not built:
-        raise SystemExit("the compiled kernel is not built: run `python -m hookscope.probes.kernels`")
-    if choice == "both" and not built:
-        print("note: the compiled kernel is not built (python -m hookscope.probes.kernels); "
-              "timing the torch path only", file=sys.stderr)
-        return [False]
-    return {"on": [True], "off": [False], "both": [True, False]}[choice]
 
 
 # ---- peak memory, measured in a child process (this script run with --child) ----
@@ -190,8 +162,8 @@ def main() -> None:
                         help="subprocesses per memory figure (the median is reported)")
     parser.add_argument("--mem-calls", type=int, default=2,
                         help="forward passes per subprocess (the highest peak counts)")
-    parser.add_argument("--kernels", choices=["on", "off", "both"], default="both",
-                        help="collect_stats with the compiled kernel, the torch path, or both")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall-clock or this process's CPU time (steadier when loaded)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -201,21 +173,17 @@ def main() -> None:
         child(name, int(batch), mode, int(calls))
         return
 
-    modes = kernel_modes(args.kernels)
     rows = []
     for name in args.models:
         for batch in args.batches:
-            row = {"model": name, "batch": batch} | ratios(name, batch, args.reps, modes)
+            row = {"model": name, "batch": batch} | ratios(name, batch, args.reps, args.clock)
             if not args.no_memory:
                 row |= memory(name, batch, args)
             rows.append(row)
             if not args.json:
-                paths = "  ".join(f"hookscope ({'kernel' if on else 'torch path'}) "
-                                  f"x{row['hookscope_' + ('kernel' if on else 'torch')]:.3f}"
-                                  for on in modes)
                 print(
                     f"{name:10s} batch {batch:2d}  bare {row['bare_ms']:8.1f} ms  "
-                    f"{paths}  hand-written hook x{row['handwritten']:.3f}"
+                    f"hookscope x{row['hookscope']:.3f}  hand-written hook x{row['handwritten']:.3f}"
                     + ("" if args.no_memory else
                        f"  peak RSS growth: bare {row['rss_growth_bare_mib']:.0f} MiB, hookscope "
                        f"{row['rss_growth_stats_mib']:.0f} MiB (goal <= {row['rss_goal_mib']:.0f}"

@@ -67,7 +67,7 @@ def stats(
     Example: hookscope stats resnet18 cat.jpg --format json | jq '.layers[] | select(.nonfinite > 0)'
     """
     from hookscope.core.logits import warn_nonfinite_logits
-    from hookscope.probes.sketch import parse_percentiles, percentile_key
+    from hookscope.numerics.sketch import parse_percentiles, percentile_key
     from hookscope.probes.stats import StatsProbe
     from hookscope.render.views import emit_plot
 
@@ -368,7 +368,7 @@ def check_command(
 
     log_run = cli_watch.is_log_run(s, model, inputs)
     junit_out = resolve_junit(junit, s.path, force=s.force)
-    checks = load_rules(rules, overrides)
+    checks = load_rules(rules, overrides, "log" if log_run else "run")
     if log_run:
         from hookscope.checks.log import evaluate_log, log_doc
         from hookscope.training.log_reader import read_log

@@ -19,25 +19,24 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hookscope.cam.methods import PLAIN
 from hookscope.cam.probe import check_explain, explain
 from hookscope.cam.result import CamBatch
 from hookscope.cam.targets import task_targets
 from hookscope.core.run import drive
 from hookscope.core.select import LEAVES, Selection
+from hookscope.numerics.health import DEAD
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.stats import Prediction, StatsProbe, StatsReport
 from hookscope.probes.structure import model_structure
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
-    from hookscope.sources import LoadedModel
+from hookscope.sources import LoadedModel
 
 __all__ = ["CamInput", "CamTarget", "DEAD", "Finding", "Report", "ReportOptions",
            "build_report", "find_issues", "left_out"]
 
-#: A call whose output is at least this fraction of zeros is dead (the terminal table's
-#: yellow, ``render.tables.ZERO_WARN``).
-DEAD = 0.99
 
 Box = tuple[float, float, float, float]
 
@@ -233,6 +232,13 @@ def _flops(loaded: LoadedModel, input_shape: list[int] | None,
     return found.params, found.flops, [1, *input_shape]
 
 
+class _PlainStats(StatsProbe):
+    """``stats`` in passes the later gradient passes can follow (see
+    :data:`hookscope.cam.methods.PLAIN`)."""
+
+    grad = PLAIN
+
+
 def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], names: Sequence[str],
                  options: ReportOptions | None = None, *,
                  progress: Callable[[int], None] | None = None) -> Report:
@@ -252,7 +258,7 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
         "layer": opts.layer, "methods": opts.methods, "targets": targets, "task": task,
         "reshape": opts.reshape, "score_batch": opts.score_batch, "output_key": key}
     check_explain(model, **cam_options)
-    stats_probe = StatsProbe(model, categories=categories, output_key=key, select=opts.select)
+    stats_probe = _PlainStats(model, categories=categories, output_key=key, select=opts.select)
     # With the cross-entropy loss, the target is Grad-CAM's alone (grads uses the label).
     grad_target = opts.target if opts.loss == "logit" else None
     grads_probe = None if "gradients" in skipped else GradsProbe(

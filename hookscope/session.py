@@ -87,6 +87,8 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
         line = s.group.line(message, stopped=stopped)  # under torchrun: which rank, if any
         if line is not None:
             console.error(line)
+        if s.group.broken:  # the one exit that leaves a broken process group alone
+            s.group.abandon(code)
         return SystemExit(code)
 
     try:

@@ -18,12 +18,9 @@ def sum_bound(terms: torch.Tensor, chain: int) -> float:
     return (chain + 2) * U32 * total + 2 * terms.numel() * U64 * total
 
 
-def diff_chain(kernel: bool) -> int:
-    """The longest float32 addition chain of ``diff``'s host sums: the compiled kernel adds 16
-    values a lane (kWindow) and the two halves of a step; the torch path takes each chunk's
-    dot in float32."""
-    import hookscope.probes.diffsums as diffsums
+def diff_chain() -> int:
+    """The longest float32 addition chain of ``diff``'s host sums: each chunk's dot is taken
+    in float32."""
+    import hookscope.numerics.diffsums as diffsums
 
-    if kernel:
-        return 16 + 1
-    return min(diffsums._CHUNK * torch.get_num_threads(), diffsums._MAX_CHUNK)
+    return diffsums._CHUNK

@@ -65,8 +65,30 @@ def _segformer(t: Any) -> tuple[Any, Any]:
             t.SegformerImageProcessor(size={"height": 32, "width": 32}))
 
 
+def _beit(t: Any, shared: bool = False) -> tuple[Any, Any]:
+    """BEiT as its checkpoints are built: a relative position bias in each block (or one
+    shared by the blocks), which transformers caches on the first call."""
+    config = t.BeitConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=64, image_size=32, patch_size=8,
+                          use_relative_position_bias=not shared,
+                          use_shared_relative_position_bias=shared, **_labels())
+    return (t.BeitForImageClassification(config),
+            t.BeitImageProcessor(size={"height": 32, "width": 32}, do_center_crop=False))
+
+
+def _siglip(t: Any) -> tuple[Any, Any]:
+    """A SigLIP classifier: no class token, and an attention-pooling head in its tower."""
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 64}
+    config = t.SiglipConfig(vision_config=small | {"image_size": 32, "patch_size": 8},
+                            text_config=small | {"vocab_size": 64}, **_labels())
+    return (t.SiglipForImageClassification(config),
+            t.SiglipImageProcessor(size={"height": 32, "width": 32}))
+
+
 BUILDERS = {"vit": _vit, "deit": _deit, "dinov2": _dinov2, "swin": _swin,
-            "convnext": _convnext, "segformer": _segformer}
+            "convnext": _convnext, "segformer": _segformer, "beit": _beit,
+            "beit-shared": lambda t: _beit(t, shared=True), "siglip": _siglip}
 
 
 def save_model(key: str, folder: Path, seed: int = 0) -> Path:

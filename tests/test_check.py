@@ -430,6 +430,10 @@ MALFORMED = {
     "bool_for_int": ("nonfinite = true\n", ":1: nonfinite must be a non-negative integer"),
     "out_of_range": ("max_zero_fraction = 1.5\n", ":1: max_zero_fraction must be a number"),
     "glob_not_array": ('ignore = "fc"\n', ":1: ignore must be an array of module-name globs"),
+    "globs_not_strings": ("ignore = [1, 2]\n", ":1: ignore must be an array of module-name "
+                          "globs, not an array of integers."),
+    "globs_mixed": ('ignore = ["fc", 2.5, ""]\n', ":1: ignore must be an array of module-name "
+                    "globs, not an array of strings, floats and blank strings."),
     "expect_type": ('[expect]\n"a.pt" = 1.5\n', ":2: expect 'a.pt' must be a class label"),
     "expect_dotted": ('[expect]\na.pt = "cat"\n', ":2: expect 'a' must be a class label"),
     "expect_not_table": ('expect = "cat"\n', ":1: expect must be a table"),

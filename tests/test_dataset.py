@@ -359,3 +359,34 @@ def test_ranks_agree_on_their_inputs_or_say_so() -> None:
     with pytest.raises(HookscopeError, match=r"^ranks 1, 3 resolved .*same files at the same "
                                              "paths"):
         check_agreed([both, fingerprint(["b.jpg", "a.jpg"]), both, fingerprint(["a", "b"])])
+
+
+def test_after_a_failed_collective_the_process_ends_without_tearing_its_group_down(
+        monkeypatch) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from hookscope.session import session
+
+    class Ended(BaseException):
+        pass
+
+    calls: list[object] = []
+
+    def ended(code: int) -> None:
+        calls.append(code)
+        raise Ended
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("[gloo.cc:1] Connection closed by peer. more")
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "gather_object", lambda *_: None)
+    monkeypatch.setattr(dist, "barrier", broken)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda: calls.append("destroy"))
+    monkeypatch.setattr(os, "_exit", ended)
+    with pytest.raises(Ended), session({}, "stats") as s:
+        s.group.launch = Launch(0, 2, 0, 2)
+        s.group.gathered(torch.zeros(1))
+    assert calls == [1]  # hookscope's exit code, and the broken group is left alone

@@ -17,9 +17,8 @@ from torchvision.models import get_model
 from hookscope.core.errors import ForwardError, HookscopeError
 from hookscope.core.hooks import hook_count
 from hookscope.core.run import drive
+from hookscope.numerics.diffsums import DiffSums
 from hookscope.probes.diff import DEFAULT_TOLERANCE, DiffProbe, diff_models
-from hookscope.probes.diffsums import DiffSums
-from hookscope.probes.kernels import fused_diff
 from hookscope.render.diff import DIFF_COLUMNS, OFFLINE_COLUMNS
 from tests.bounds import U32, diff_chain, sum_bound
 from tests.conftest import TinyNet
@@ -386,7 +385,7 @@ def test_outputs_changed_in_place_later_are_compared_as_they_were(tiny_net) -> N
 
 def test_device_path_gives_the_host_path_sums() -> None:
     """The branch-free accelerator path, run on the CPU, against the chunked host path."""
-    from hookscope.probes.diffsums import _compare_device, _compare_host
+    from hookscope.numerics.diffsums import _compare_device, _compare_host
 
     torch.manual_seed(0)
     a = torch.randn(300_000)
@@ -408,7 +407,7 @@ def test_device_path_gives_the_host_path_sums() -> None:
     assert host[:2] == (300_000, 300_000) and host[6:] == (0, 0)
     assert host[5] == pytest.approx(device[5], rel=U32)  # one float32 difference, rounded
     # The host sums are float32 chains, the device's float64.
-    chain = diff_chain(fused_diff() is not None)
+    chain = diff_chain()
     for value, exact, terms in zip(host[2:5], device[2:5], ((x0 - y0) ** 2, x0 * x0, y0 * y0),
                                    strict=True):
         assert abs(value - exact) <= sum_bound(terms, chain)

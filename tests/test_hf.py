@@ -74,6 +74,47 @@ def test_every_command(cli, folders, cat_jpg, tmp_path, key) -> None:
     assert 'id="gradcam"' in page
 
 
+def _clear_beit_cache() -> None:
+    """Empty transformers' process-wide cache of BEiT's relative position index, so that the
+    next call makes it afresh, as the first call of a fresh process does."""
+    from transformers.models.beit.modeling_beit import BeitRelativePositionBias
+
+    cells = BeitRelativePositionBias.generate_relative_position_index.__closure__ or ()
+    caches = [c.cell_contents for c in cells if hasattr(c.cell_contents, "cache_clear")]
+    assert caches  # else transformers no longer caches it, and this test tests nothing
+    for cache in caches:
+        cache.cache_clear()
+
+
+@pytest.mark.parametrize("key", ["beit", "beit-shared"])
+def test_beit_relative_position_bias(cli, folders, cat_jpg, tmp_path, key) -> None:
+    """BEiT caches its relative position index on the first call: a CAM run's plain passes
+    (and report's statistics before them) must not make it an inference-mode tensor, which
+    the gradient passes after them could not differentiate."""
+    model = f"hf:{folders[key]}"
+    _clear_beit_cache()
+    r = cli("report", model, cat_jpg, "-o", tmp_path / "report.html")
+    assert r.exit_code == 0, r.output
+    for method in ("gradcam", "attention-grad"):
+        _clear_beit_cache()
+        doc = _json(cli("gradcam", model, cat_jpg, "-m", method, "--out", tmp_path / method,
+                        "-f", "json"))
+        assert Path(doc["results"][0]["overlay"]).is_file()
+
+
+def test_segformer_default_layer_is_not_called_a_backbone_stage(cli, folders, cat_jpg,
+                                                                tmp_path) -> None:
+    """SegFormer has no ``backbone``: its default layer is its last grid, said as such."""
+    r = cli("gradcam", f"hf:{folders['segformer']}", cat_jpg, "--out", tmp_path, "-f", "json")
+    assert r.exit_code == 0, r.output
+    [note] = [line for line in r.stderr.splitlines() if "using layer" in line]
+    assert "using layer decode_head, the last module with an image-grid output" in note
+    table = cli("gradcam", f"hf:{folders['segformer']}", cat_jpg, "--out", tmp_path / "t")
+    assert table.exit_code == 0 and "backbone" not in table.stdout, table.stdout
+    assert "chosen automatically: the last module with an image-grid output" in \
+        " ".join(table.stdout.split())
+
+
 def test_models_lists_the_folders(cli, folders) -> None:
     for key in ("vit", "segformer"):
         folders[key]
@@ -211,7 +252,7 @@ def test_channels_last_outputs_are_laid_out(folders) -> None:
     """ConvNeXt's blocks run channels-last: their GELU output (N, h, w, C) is a grid in
     (N, C, h, w) for the features and has its channels last for the statistics."""
     from hookscope.core.run import drive
-    from hookscope.probes.channels import channel_dim
+    from hookscope.numerics.layout import channel_dim
     from hookscope.probes.features import FeaturesProbe, feature_sites
 
     model = load(f"hf:{folders['convnext']}").model
@@ -345,6 +386,12 @@ def test_attention_methods_refuse_what_they_cannot_read(folders, tiny_net) -> No
     swin = load(f"hf:{folders['swin']}").model
     with pytest.raises(HookscopeError, match="same tokens in every block"):
         hookscope.gradcam(swin, torch.randn(1, 3, 32, 32), method="rollout")
+    siglip = load(f"hf:{folders['siglip']}").model
+    for method in ("rollout", "attention-grad"):
+        with pytest.raises(HookscopeError, match=r"\(1, 1, 16\), \(1, 16, 16\)\].*an "
+                           "attention-pooling head.*and no class token") as refused:
+            hookscope.gradcam(siglip, torch.randn(1, 3, 32, 32), method=method)
+        assert "windowed" not in str(refused.value)
     vit = load(f"hf:{folders['vit']}").model
     with pytest.raises(HookscopeError, match="head_fusion"):
         hookscope.gradcam(vit, torch.randn(1, 3, 32, 32), method="rollout",
@@ -357,3 +404,14 @@ def test_cli_rollout(cli, folders, cat_jpg, tmp_path) -> None:
                     "--out", tmp_path, "-f", "json"))
     assert [r["method"] for r in doc["results"]] == ["rollout", "attention-grad"]
     assert all(Path(r["overlay"]).is_file() for r in doc["results"])
+    # They use no layer: their rows name none, and no default layer is announced for them.
+    r = cli("gradcam", f"hf:{folders['dinov2']}", cat_jpg, "-m", "rollout", "--out",
+            tmp_path / "one", "-f", "json")
+    assert [row["layer"] for row in _json(r)["results"]] == [None]
+    assert "using layer" not in r.stderr
+    table = cli("gradcam", f"hf:{folders['dinov2']}", cat_jpg, "-m", "rollout", "--out",
+                tmp_path / "three")
+    assert table.exit_code == 0 and "layer:" not in table.stdout, table.stdout
+    mixed = _json(cli("gradcam", f"hf:{folders['dinov2']}", cat_jpg, "-m", "attention-grad",
+                      "-m", "gradcam", "--out", tmp_path / "two", "-f", "json"))
+    assert [row["layer"] for row in mixed["results"]] == [None, mixed["layer"]]

@@ -108,6 +108,7 @@ def test_no_import_circles() -> None:
 # root (``hookscope``, a lazy table that Python imports before any submodule) belongs to none.
 LAYERS = (
     ("hookscope.core",),
+    ("hookscope.numerics",),
     ("hookscope.inputs",),
     ("hookscope.sources",),
     ("hookscope.cam",),

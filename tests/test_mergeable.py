@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from hookscope.core.mergeable import merged
-from hookscope.probes.channels import ChannelMoments, ChannelView
+from hookscope.numerics.diffsums import DiffSums
+from hookscope.numerics.moments import ChannelMoments, ChannelView, Moments, moments
+from hookscope.numerics.sketch import Sketch, finite_range
 from hookscope.probes.diff import LayerDiff
-from hookscope.probes.diffsums import DiffSums
 from hookscope.probes.extras import Extras
-from hookscope.probes.sketch import Sketch, finite_range
-from hookscope.probes.stats import Moments, StatsReport, collect_stats, moments
+from hookscope.probes.stats import StatsReport, collect_stats
 
 
 def snapshot(value: Any) -> Any:

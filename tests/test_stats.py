@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import astuple
 
 import pytest
 import torch
 from torch import nn
 
 from hookscope.core.hooks import hook_count
-from hookscope.probes.stats import (
-    Moments,
-    _moments_device,
-    _moments_host,
-    collect_stats,
-    moments,
-    top_predictions,
-)
+from hookscope.numerics.moments import Moments, device_values, host_values, moments
+from hookscope.probes.stats import collect_stats, top_predictions
 
 REL = 1e-4
 
@@ -71,7 +64,7 @@ def test_moments_match_float64_reference(case: str, path: str) -> None:
     g = torch.Generator().manual_seed(1)
     x = CASES[case](g)
     flat = x.reshape(-1)
-    values = astuple(_moments_host(flat)) if path == "host" else _moments_device(flat).tolist()
+    values = host_values(flat) if path == "host" else device_values(flat).tolist()
     assert_close(_from(values), reference(x))
 
 
@@ -273,20 +266,13 @@ def test_cuda_matches_cpu_without_per_layer_sync(tiny_net) -> None:
         assert a.zero_fraction == b.zero_fraction
 
 
-def test_scratch_made_in_inference_mode_is_usable_outside_it(monkeypatch) -> None:
-    import hookscope.probes.channels as channels
-    from hookscope.probes import kernels
+def test_scratch_made_in_inference_mode_is_usable_outside_it() -> None:
+    import hookscope.numerics.moments as numerics
 
-    monkeypatch.setenv("HOOKSCOPE_KERNELS", "0")  # the torch path, which uses the buffer
-    kernels.reset()
-    channels._local.__dict__.clear()
-    try:
-        with torch.inference_mode():
-            moments(torch.zeros(10) - 1)  # the reused buffer is first made here
-        assert channels._local.bufs
-        x = torch.randn(64, requires_grad=True)
-        (g,) = torch.autograd.grad((x * x).sum(), x)
-        assert moments(g).summary()["mean"] == pytest.approx((2 * x).double().mean().item(),
-                                                             rel=1e-5)
-    finally:
-        kernels.reset()
+    numerics._local.__dict__.clear()
+    with torch.inference_mode():
+        moments(torch.zeros(10) - 1)  # the reused buffer is first made here
+    assert numerics._local.bufs
+    x = torch.randn(64, requires_grad=True)
+    (g,) = torch.autograd.grad((x * x).sum(), x)
+    assert moments(g).summary()["mean"] == pytest.approx((2 * x).double().mean().item(), rel=1e-5)

@@ -13,11 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-import hookscope.probes.channels as channels
+import hookscope.numerics.moments as channels
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import hook_count
-from hookscope.probes.channels import ChannelMoments, ChannelView, channel_dim
-from hookscope.probes.sketch import (
+from hookscope.numerics.layout import channel_dim
+from hookscope.numerics.moments import ChannelMoments, ChannelView
+from hookscope.numerics.sketch import (
     ALPHA,
     PER_OCTAVE,
     SPAN,

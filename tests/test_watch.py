@@ -558,6 +558,15 @@ def test_a_compiled_model_is_watched_and_left_clean(tmp_path: Path) -> None:
     assert no_hooks(model)
 
 
+def test_a_compiled_model_is_logged_under_its_own_class(tmp_path: Path) -> None:
+    compiled = torch.compile(log_model(), backend="eager")  # nothing traced until it runs
+    with hookscope.watch(compiled, tmp_path):
+        pass
+    envelope, _, _ = read_log(tmp_path)
+    assert type(compiled).__name__ == "OptimizedModule"
+    assert envelope["model"] == type(log_model()).__name__
+
+
 class PassThrough(nn.Module):
     """Returns its input itself: its output is the tensor it was given."""
 

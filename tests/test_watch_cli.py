@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 from typer.testing import CliRunner
 
@@ -169,6 +171,21 @@ def test_image_folder_classes_are_the_labels(work, samples, tmp_path) -> None:
     assert smoke_labels(None, ["2", "0"], None).entries == (2, 0)
 
 
+def test_more_class_folders_than_classes_says_where_the_classes_came_from(work, samples,
+                                                                         tmp_path) -> None:
+    data = tmp_path / "data"
+    for folder, name in (("bird", "cat.jpg"), ("cat", "coffee.jpg"), ("dog", "rocket.jpg")):
+        (data / folder).mkdir(parents=True, exist_ok=True)
+        (data / folder / name).write_bytes((samples / name).read_bytes())
+    r = run("watch", f"{work['model']}:Net", data, "--weights", "none", "--model-arg", "classes=2",
+            "--size", "16", "--steps", "2")
+    assert r.exit_code == 2, r.output
+    [line] = r.stderr.strip().splitlines()[-1:]
+    assert "--label" not in line.split(";")[0]
+    assert "class folder 'dog' is class 2 (the class folders in sorted order)" in line
+    assert "the model has 2 classes (0 to 1)" in line
+
+
 def test_bad_input_is_one_line_before_training(work, tmp_path) -> None:
     no_labels = run("watch", f"{work['model']}:Net", work["x"], "--weights", "none")
     assert no_labels.exit_code == 2 and "--label" in no_labels.stderr
@@ -177,6 +194,7 @@ def test_bad_input_is_one_line_before_training(work, tmp_path) -> None:
     (log / "watch.jsonl").write_text("{}\n")
     taken = run("watch", *_common(work), "--log-dir", log, "--steps", "2")
     assert taken.exit_code == 2 and "--force" in taken.stderr, taken.output
+    assert "--log-dir" in taken.stderr and "--out" not in taken.stderr, taken.output
     assert (log / "watch.jsonl").read_text() == "{}\n"
     segmentation = run("watch", "fcn_resnet50", work["x"], "--weights", "none", "--label", "0")
     assert segmentation.exit_code == 2 and "segmentation model" in segmentation.stderr
@@ -214,3 +232,50 @@ def test_rules_check_the_training_log(work, tmp_path) -> None:
     rules.write_text("min_prob = 0.5\n")
     bad = run("watch", *_common(work), "--rules", rules)
     assert bad.exit_code == 2 and "min_prob checks a model run" in bad.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_leaves_the_log_dir_as_it_was(work, tmp_path, monkeypatch,
+                                                         signum) -> None:
+    from hookscope.session import Interrupted
+    from hookscope.training import smoke
+
+    empty, earlier = tmp_path / "empty", tmp_path / "earlier"
+    empty.mkdir()
+    done = run("watch", *_common(work), "--steps", "2", "--every", "1", "--log-dir", earlier)
+    assert done.exit_code == 0, done.output
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    step = smoke.TrainProbe.step
+
+    def stopped(self, s) -> None:
+        step(self, s)
+        if len(self.losses) == 3:  # some lines are written by now
+            raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(signum)
+
+    monkeypatch.setattr(smoke.TrainProbe, "step", stopped)
+    for folder, force in ((empty, []), (earlier, ["--force"])):
+        r = run("watch", *_common(work), "--steps", "6", "--every", "1", "--log-dir", folder,
+                *force)
+        assert r.exit_code == (130 if signum == signal.SIGINT else 128 + signum), r.output
+        assert "no output was written" in r.stderr
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == \
+            (before if force else {}), "the folder is as it was, an earlier log whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "empty"]
+
+
+def test_the_log_dir_is_never_an_input(work, tmp_path) -> None:
+    data = tmp_path / "data" / "val"
+    for label in ("0", "1"):
+        (data / label).mkdir(parents=True)
+        Image.new("RGB", (16, 16), (40 * int(label), 90, 200)).save(data / label / "x.png")
+    (tmp_path / "runs").mkdir()
+    torch.save(torch.randn(2, 3, 12, 12), tmp_path / "runs" / "x.pt")
+    for inputs, log_dir in (([data], data), ([data], data / "0" / "log"),
+                            ([tmp_path / "runs" / "x.pt"], tmp_path / "runs"),
+                            ([data / "0" / "x.png"], tmp_path / "data")):
+        r = run("watch", f"{work['model']}:Net", *inputs, "--weights", "none", "--label", "0",
+                "--steps", "1", "--log-dir", log_dir)
+        assert r.exit_code == 2, r.output
+        assert len(r.stderr.strip().splitlines()) == 1 and "--log-dir" in r.stderr \
+            and "an input is never an output" in r.stderr, r.stderr
+        assert not (log_dir / "watch.jsonl").exists()

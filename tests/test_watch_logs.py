@@ -147,6 +147,28 @@ def test_update_ratios_and_ignore(tmp_path) -> None:
     assert ignored.exit_code == 0, ignored.output
 
 
+def test_every_key_is_a_flag_too(tmp_path) -> None:
+    """The log's keys as flags: the same verdicts as in a file, and a flag overrides its key."""
+    from hookscope.checks.rulefile import KEYS
+
+    shown = " ".join(run("check", "--help").stdout.split())
+    assert all(f"--{name.replace('_', '-')}" in shown for name in KEYS)
+    log = write_log(tmp_path / "run")
+    r = run("check", log, "--max-grad-norm", "5", "-f", "json")
+    assert r.exit_code == 1 and len(json.loads(r.stdout)["rules"][1]["offenders"]) == 6
+    assert run("check", log, "--max-grad-norm", "5", "--last", "2").exit_code == 0
+    over = run("check", log, "--rules", rules(tmp_path, "max_grad_norm = 5.0\n"),
+               "--max-grad-norm", "2000")
+    assert over.exit_code == 0, over.output
+    # conv1.weight's ratio is 1e-3 * k from k = 1: below 1.5e-3 at step 10 only.
+    low = run("check", log, "--min-update-ratio", "0.0015", "-f", "json")
+    assert low.exit_code == 1
+    assert json.loads(low.stdout)["rules"][1]["offenders"] == [
+        "parameter conv1.weight at step 10: update ratio 0.001"]
+    bad = run("check", log, "--last", "0")
+    assert bad.exit_code == 2 and "--last must be a positive integer" in bad.stderr
+
+
 def test_dead_and_nonfinite_rows_name_their_step(tmp_path) -> None:
     def tweak(k: int, line: dict[str, Any]) -> None:
         if k == 2:
@@ -172,6 +194,8 @@ def test_github_annotations_for_a_log(tmp_path) -> None:
 @pytest.mark.parametrize("args,words", [
     (["--baseline", "stats.json"], "--baseline checks a model run"),
     (["--min-prob", "0.5"], "--min-prob checks a model run"),
+    (["--max-mean-drift", "0.1"], "--max-mean-drift checks a model run"),
+    (["--baseline", "stats.json", "--max-drift", "0.1"], "--baseline checks a model run"),
     (["cat.jpg"], "give it alone, without INPUT"),
 ])
 def test_what_a_log_cannot_check(tmp_path, args, words) -> None:
@@ -185,10 +209,33 @@ def test_log_keys_on_a_model_run_and_missing_inputs(tmp_path, cat_jpg) -> None:
     r = run("check", "resnet18", cat_jpg, "--weights", "none", "--rules",
             rules(tmp_path, "max_grad_norm = 1.0\n"))
     assert r.exit_code == 2 and "rules.toml:1: max_grad_norm checks a training log" in r.stderr
+    flag = run("check", "resnet18", cat_jpg, "--weights", "none", "--max-update-ratio", "1")
+    assert flag.exit_code == 2 and "--max-update-ratio checks a training log" in flag.stderr
     missing = run("check", "resnet18")
     assert missing.exit_code == 2 and "missing INPUT" in missing.stderr
     folder = run("report", tmp_path)
     assert folder.exit_code == 2 and "a directory without watch.jsonl" in folder.stderr
+
+
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_a_wrong_log_path_says_what_is_wrong(tmp_path, command) -> None:
+    import os
+
+    log = write_log(tmp_path / "w1")
+    fifo, loop = tmp_path / "fifo", tmp_path / "loop"
+    fifo.mkdir()
+    os.mkfifo(fifo / "watch.jsonl")
+    loop.mkdir()
+    (loop / "watch.jsonl").symlink_to(loop / "watch.jsonl")
+    for path, words in (
+            (tmp_path / "nonexist", f"{str(tmp_path / 'nonexist')!r} does not exist"),
+            (log / "watch.jsonl", f"is a training log's file: give its directory, "
+                                  f"{str(log)!r}"),
+            (fifo, f"training log {str(fifo / 'watch.jsonl')!r} is not a regular file"),
+            (loop, f"training log {str(loop / 'watch.jsonl')!r} cannot be read: Too many")):
+        r = run(command, path)
+        assert r.exit_code == 2 and words in r.stderr, r.output
+        assert len(r.stderr.strip().splitlines()) == 1, r.output
 
 
 def test_bad_log_lines(tmp_path) -> None:
@@ -201,6 +248,68 @@ def test_bad_log_lines(tmp_path) -> None:
     (log / "watch.jsonl").write_text(text + '{"step": 50, "layers": 3}\n' + text)
     bad = run("check", log)
     assert bad.exit_code == 2 and "watch.jsonl:7: not a logging step" in bad.stderr
+
+
+def _set(kind: str, key: str, value: Any) -> Any:
+    """A tweak that sets ``key`` of the second row of ``kind`` at the second logging step."""
+    def tweak(k: int, line: dict[str, Any]) -> None:
+        if k == 1:
+            line[kind][1][key] = value
+    return tweak
+
+
+@pytest.mark.parametrize("tweak,words", [
+    (_set("layers", "call", "x"), 'watch.jsonl:3: not a logging step of hookscope.watch: '
+                                  'layers[1] "call" is a string, not an integer'),
+    (_set("layers", "mean", "big"), 'watch.jsonl:3: not a logging step of hookscope.watch: '
+                                    'layers[1] "mean" is a string, not a number'),
+    (_set("params", "norm", "x"), 'watch.jsonl:3: not a logging step of hookscope.watch: '
+                                  'params[1] "norm" is a string, not a number'),
+    (_set("layers", "flags", [1]), 'layers[1] "flags" is a list, not a list of strings'),
+    (lambda k, line: line.update(loss="low") if k == 2 else None,
+     'watch.jsonl:4: not a logging step of hookscope.watch: "loss" is a string, not a number'),
+])
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_a_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, tweak, words,
+                                                         command) -> None:
+    log = write_log(tmp_path / "run", tweak=tweak)
+    r = run(command, log, "-o", tmp_path / "out.html") if command == "report" else \
+        run(command, log)
+    assert r.exit_code == 2 and words in r.stderr, r.output
+    assert len(r.stderr.strip().splitlines()) == 1, r.output
+
+
+def test_a_bad_envelope_or_event_field_is_one_line_naming_it(tmp_path) -> None:
+    envelope = write_log(tmp_path / "envelope")
+    text = (envelope / "watch.jsonl").read_text()
+    (envelope / "watch.jsonl").write_text(text.replace('"every": 10', '"every": "often"', 1))
+    event = write_log(tmp_path / "event", event=EVENT | {"step": "43"})
+    for log, words in ((envelope, 'watch.jsonl:1: not the envelope of hookscope.watch: '
+                                  '"every" is a string, not an integer.'),
+                       (event, 'nonfinite.json\' is not the non-finite event of '
+                               'hookscope.watch: its "step" is a string, not an integer.')):
+        r = run("check", log)
+        assert r.exit_code == 2 and words in r.stderr, r.output
+
+
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_deep_nesting_and_a_looping_event_are_one_line(tmp_path, command) -> None:
+    cases = [(write_log(tmp_path / "loop"), "nonfinite.json' cannot be read")]
+    (cases[0][0] / "nonfinite.json").symlink_to(cases[0][0] / "nonfinite.json")
+    for depth in (500, 100_000):  # one the parser takes, one it cannot
+        deep = write_log(tmp_path / f"deep{depth}")
+        with (deep / "watch.jsonl").open("a") as fh:
+            fh.write('{"step": 60, "layers": [], "params": [], "x": ' + "[" * depth
+                     + "]" * depth + "}\n")
+        event = write_log(tmp_path / f"event{depth}")
+        (event / "nonfinite.json").write_text('{"x": ' + "[" * depth + "]" * depth + "}")
+        cases += [(deep, "watch.jsonl:7: nested too deeply"),
+                  (event, "nonfinite.json' is nested too deeply")]
+    for log, words in cases:
+        args = ["-o", tmp_path / "out.html"] if command == "report" else []
+        r = run(command, log, *args)
+        assert r.exit_code == 2 and words in r.stderr, (log, r.output)
+        assert len(r.stderr.strip().splitlines()) == 1, r.output
 
 
 @pytest.mark.slow
@@ -234,6 +343,18 @@ def page(tmp_path_factory) -> tuple[Path, str]:
     r = run("report", log, "-o", out)
     assert r.exit_code == 0, r.output
     return out, out.read_text(encoding="utf-8")
+
+
+def test_extreme_finite_values_are_drawn(tmp_path) -> None:
+    def extreme(k: int, line: dict[str, Any]) -> None:
+        line["layers"][0]["mean"] = (-1) ** k * 1.5e308  # the colour scale spans 3e308
+
+    log = write_log(tmp_path / "run", tweak=extreme)
+    text = (log / "watch.jsonl").read_text()
+    (log / "watch.jsonl").write_text(text.replace('"every": 10', '"started": 1e300, "every": 10',
+                                                  1))
+    r = run("report", log, "-o", tmp_path / "page.html")
+    assert r.exit_code == 0, r.output
 
 
 def test_training_page_escapes_every_string(page) -> None:

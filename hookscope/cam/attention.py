@@ -18,13 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.cam.methods import PLAIN
 from hookscope.cam.passes import Pass, Switch, or_zeros
 from hookscope.cam.targets import Focus, Objective
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call
 from hookscope.core.run import Step
 from hookscope.core.select import Site, all_sites
+from hookscope.numerics.layout import Layout, layout
 
 __all__ = ["FUSIONS", "AttentionPass", "Attentions", "attention_sites", "eager_attention"]
 
@@ -180,8 +181,7 @@ class AttentionPass(Pass):
         """
         self.probs = []
         with self.switch.running(self), eager_attention(self.model):
-            out = self.objective.output(step.forward(x, grad="grad" if gradients
-                                                     else "inference"))
+            out = self.objective.output(step.forward(x, grad="grad" if gradients else PLAIN))
         probs, self.probs = self.probs, []
         if not probs:
             raise HookscopeError("No attention module returned its probabilities during the "
@@ -192,15 +192,29 @@ class AttentionPass(Pass):
             raise HookscopeError(
                 "rollout and attention-grad need global self-attention over the same tokens in "
                 f"every block; this model's attention matrices are {shapes} (batch, queries, "
-                f"keys) for a batch of {len(x)} (windowed or reduced attention, as in Swin or "
-                "SegFormer).")
+                f"keys) for a batch of {len(x)} ({self._unlike(shapes, x)}).")
         grads = self._gradients(probs, out, focus) if gradients else None
-        grid = layout([len(x), probs[0].shape[-1], 1], (int(x.shape[-2]), int(x.shape[-1])),
-                      hint=self.hint, force="vit")
+        grid = self._grid(x, probs[0].shape[-1])
         if not isinstance(grid, Layout):
             raise HookscopeError(f"The attention is over tokens that are not a patch grid: {grid}.")
         return Attentions([p.detach() for p in probs], grads, grid.prefix, (grid.h, grid.w),
                           *self.rollout)
+
+    def _grid(self, x: torch.Tensor, tokens: int) -> Layout | str:
+        """The layout of ``tokens`` tokens over the patches of ``x``."""
+        return layout([len(x), tokens, 1], (int(x.shape[-2]), int(x.shape[-1])), hint=self.hint,
+                      force="vit")
+
+    def _unlike(self, shapes: list[tuple[int, ...]], x: torch.Tensor) -> str:
+        """Why the attention matrices differ: fewer queries than keys is a pooling head's."""
+        queries = min(q for _, q, k in shapes)
+        if queries >= max(k for _, q, k in shapes):
+            return "windowed or reduced attention, as in Swin or SegFormer"
+        grid = self._grid(x, max(k for _, _, k in shapes))
+        none = ", and no class token to read the maps from" \
+            if isinstance(grid, Layout) and grid.prefix == 0 else ""
+        return (f"an attention-pooling head: {queries} learned quer{'y' if queries == 1 else 'ies'} "
+                f"over the tokens, as in SigLIP{none}")
 
     def _gradients(self, probs: list[torch.Tensor], out: Any, focus: Focus
                    ) -> list[torch.Tensor]:

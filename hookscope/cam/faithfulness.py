@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hookscope.cam.methods import resize
+from hookscope.cam.methods import PLAIN, resize
 from hookscope.cam.targets import class_probs
 from hookscope.core.classes import Targets, as_targets, parse_targets
 from hookscope.core.errors import HookscopeError, param, suggest
@@ -230,7 +230,7 @@ def class_scorer(step: Step, logits: Callable[[Any], torch.Tensor], classes: Seq
     j-th input, the logits taken by ``logits`` from one plain pass."""
 
     def score(inputs: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        return class_probs(logits(step.forward(inputs, grad="inference")),
+        return class_probs(logits(step.forward(inputs, grad=PLAIN)),
                            [classes[r] for r in rows])
 
     return score
@@ -238,6 +238,8 @@ def class_scorer(step: Step, logits: Callable[[Any], torch.Tensor], classes: Seq
 
 class MetricsProbe(Probe[dict[str, np.ndarray]]):
     """Scores given maps batch by batch (for :func:`cam_metrics`)."""
+
+    grad = PLAIN
 
     def __init__(self, plan: MetricPlan, maps: torch.Tensor, targets: Targets,
                  output_key: str | None, batch: int) -> None:

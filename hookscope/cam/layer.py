@@ -1,5 +1,5 @@
 """The layer a CAM explains when none is given (see :func:`default_layer`); what counts as an
-image grid is :mod:`hookscope.core.grid`'s rule.
+image grid is :mod:`hookscope.numerics.layout`'s rule.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from hookscope.cam.methods import PLAIN
 from hookscope.cam.passes import output_tensor
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, layout, token_hint
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import all_sites
+from hookscope.numerics.layout import Layout, layout, token_hint
 
-__all__ = ["default_layer"]
+__all__ = ["default_layer", "why_chosen"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class _Grid:
 class _Spatial(Probe[list[_Grid]]):
     """Every module (in execution order of their ends) whose output is an image grid, except
     one whose 4-D input is 1x1: a map repeated from one cell carries no localisation."""
+
+    grad = PLAIN
 
     def __init__(self, model: nn.Module) -> None:
         self.sites = [s for s in all_sites(model) if s.name]
@@ -119,3 +122,11 @@ def default_layer(model: nn.Module, sample: torch.Tensor, *,
             f"(N, C, H, W), (N, H, W, C) or patch tokens; choose {param('layer')}."
         )
     return chosen.name, chosen.shape
+
+
+def why_chosen(layer: str, task: str) -> str:
+    """How a note says why :func:`default_layer` chose ``layer`` for a ``task`` model."""
+    if task == "classification":
+        return "the default for this model"
+    return "the backbone's last stage" if layer.startswith("backbone.") else \
+        "the last module with an image-grid output"

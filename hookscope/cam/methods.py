@@ -18,9 +18,15 @@ if TYPE_CHECKING:
     import torch
 
     from hookscope.cam.passes import BatchRun
+    from hookscope.core.run import GradMode
 
-__all__ = ["CamInputs", "FullBackward", "Method", "METHODS", "get_method", "method_names",
-           "minmax", "project", "register", "resize"]
+__all__ = ["CamInputs", "FullBackward", "Method", "METHODS", "PLAIN", "get_method",
+           "method_names", "minmax", "project", "register", "resize"]
+
+#: The grad mode of a CAM run's passes without gradients: autograd off, but not inference
+#: mode, because a model may cache a tensor made in its first call (BEiT's relative position
+#: index) and the run's gradient passes could not differentiate an inference tensor.
+PLAIN: GradMode = "off"
 
 #: torchcam's defaults for its noise-based methods.
 SSCAM_SAMPLES, SSCAM_STD = 35, 2.0

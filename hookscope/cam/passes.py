@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from hookscope.cam.methods import SMOOTH_STD, FullBackward
+from hookscope.cam.methods import PLAIN, SMOOTH_STD, FullBackward
 from hookscope.cam.targets import Focus, Objective, Origins
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import Layout, layout
 from hookscope.core.hooks import Call
 from hookscope.core.run import Probe, Step
 from hookscope.core.select import Site
+from hookscope.numerics.layout import Layout, layout
 
 if TYPE_CHECKING:
     from hookscope.cam.probe import CamProbe
@@ -332,7 +332,7 @@ class BatchRun:
     def score(self, x: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """The target scores of ``x``, its row j against input ``rows[j]``: a plain pass."""
         objective = self.probe.objective
-        return objective.score(objective.output(self.step.forward(x, grad="inference")),
+        return objective.score(objective.output(self.step.forward(x, grad=PLAIN)),
                                self.focus, rows)
 
     def ablate(self, layer: int, i: int, channels: list[int]) -> torch.Tensor:
@@ -350,7 +350,7 @@ class BatchRun:
             with self.probe.running(ablation):
                 out = self.step.forward_expanded(
                     self.x[i : i + 1], len(channels), lambda o: len(objective.output(o)),
-                    ablation.expand_ok, layer, grad="inference")
+                    ablation.expand_ok, layer, grad=PLAIN)
             return objective.score(objective.output(out), self.focus, [i] * len(channels))
         finally:
             ablation.ablation = None

@@ -16,7 +16,7 @@ from torch import nn
 
 from hookscope.cam.attention import AttentionPass
 from hookscope.cam.faithfulness import MetricPlan, class_scorer
-from hookscope.cam.layer import default_layer
+from hookscope.cam.layer import default_layer, why_chosen
 from hookscope.cam.methods import CamInputs, Method, get_method, method_names, project
 from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Switch, has_bias
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
@@ -31,9 +31,9 @@ from hookscope.cam.targets import (
 )
 from hookscope.core.classes import Targets, as_targets
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.grid import token_hint
 from hookscope.core.run import Step, drive, peek
 from hookscope.core.select import Site, all_sites, find_site
+from hookscope.numerics.layout import token_hint
 
 log = logging.getLogger("hookscope")
 
@@ -190,7 +190,7 @@ class CamProbe(Switch[CamReport]):
         for layer in range(len(self.layer_sites) if method.layerwise else 1):
             inputs = CamInputs(run.cap.nchw[layer], run.cap.grads[layer], run.x,  # type: ignore[arg-type]
                                list(run.focus.classes), run, layer, method.name)
-            with torch.inference_mode(grad_free):
+            with torch.set_grad_enabled(not grad_free):  # not inference mode: see PLAIN
                 res = method.fn(inputs).float()
                 if res.dim() == 4:
                     res = project(res) if self.options.eigen_smooth else res.sum(dim=1)
@@ -272,9 +272,9 @@ def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
         sample = getattr(first, "tensor", first)
         sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
         layer, shape = default_layer(model, sample[:1], autocast=autocast, task=objective.kind)
-        log.info("using layer %s, %s (%s channels on a %sx%s grid)", layer,
-                 "the default for this model" if objective.kind == "classification" else
-                 "the backbone's last stage", *shape[1:])
+        if any(get_method(m).layerwise for m in opts.methods):  # else no method uses it
+            log.info("using layer %s, %s (%s channels on a %sx%s grid)", layer,
+                     why_chosen(layer, objective.kind), *shape[1:])
     probe = CamProbe(model, layer, opts, transform=transform, sink=sink, objective=objective)
     return drive(model, batches, probe, progress=progress, autocast=autocast)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hookscope.cam.methods import Method, minmax, resize
+from hookscope.cam.methods import Method, get_method, minmax, resize
 from hookscope.cam.targets import Box, Focus
 
 if TYPE_CHECKING:
@@ -205,8 +205,9 @@ class CamRows:
     def _row(self, input_name: str, method: str, res: CamResult, i: int,
              paths: dict[str, Path | None], peak: tuple[int, int] | None) -> dict[str, Any]:
         target = res.targets[i] if res.targets[i] >= 0 else None
+        layer = res.layer if get_method(method).layerwise else None  # FullGrad, rollout...
         row: dict[str, Any] = {
-            "input": input_name, "method": method, "layer": res.layer, "target": target,
+            "input": input_name, "method": method, "layer": layer, "target": target,
             "label": self.label(target) if target is not None else None,
             "score": res.scores[i], "prob": res.probs[i],
             "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),

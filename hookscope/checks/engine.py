@@ -23,7 +23,7 @@ from hookscope.checks.baseline import Baseline
 from hookscope.checks.rulefile import Expect, Rules
 from hookscope.core.classes import label_classes
 from hookscope.core.errors import HookscopeError, clip, param, suggest
-from hookscope.probes.drift import EPS, finite, quantile_drift
+from hookscope.numerics.drift import EPS, drift, finite, quantile_drift, stat_drift
 
 if TYPE_CHECKING:
     from hookscope.probes.stats import LayerStats, Prediction, StatsReport
@@ -316,13 +316,6 @@ def _baseline(ctx: CheckContext) -> RuleResult | None:
     return RuleResult("baseline", not offenders, path, detail + ctx.note(), offenders)
 
 
-def drift(value: float | None, base: float | None, scale: float) -> float:
-    """``|value - base| / max(scale, EPS)``; 0 when both are null, inf when one is."""
-    if value is None or base is None:
-        return 0.0 if value is None and base is None else math.inf
-    return abs(value - base) / max(scale, EPS)
-
-
 def _dg(value: float) -> str:
     return "inf" if math.isinf(value) else fmt(value)
 
@@ -360,14 +353,8 @@ def _drift_rule(name: str, measure: Measure) -> RuleFn:
 
 def _stat_drift(stat: str, c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]:
     """The relative drift of ``stat`` (mean or std)."""
-    mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
-    # Mean: a change relative to the layer's magnitude, max(|mean|, std), so a mean near zero
-    # does not explode. Std: relative to the baseline std itself.
-    scale = max(abs(mean_b or 0.0), std_b or 0.0) if stat == "mean" else \
-        max(std_b or 0.0, EPS * abs(mean_b or 0.0))
-    base_value = mean_b if stat == "mean" else std_b
-    value = finite(getattr(c, stat))
-    d = drift(value, base_value, scale)
+    value, base_value = finite(getattr(c, stat)), finite(base.get(stat))
+    d = stat_drift(stat, value, base)
     return d, f"{stat} {fmt(value)}, baseline {fmt(base_value)} (drift {_dg(d)})"
 
 
@@ -377,7 +364,7 @@ def _quantile_drift(c: LayerStats, base: Mapping[str, Any]) -> tuple[float, str]
 
 
 # max_mean_drift and max_std_drift: relative; max_drift: the distributions' (see
-# hookscope.probes.drift.quantile_drift).
+# hookscope.numerics.drift.quantile_drift).
 for _name, _measure in (("max_mean_drift", partial(_stat_drift, "mean")),
                         ("max_std_drift", partial(_stat_drift, "std")),
                         ("max_drift", _quantile_drift)):

@@ -26,7 +26,7 @@ from hookscope.checks.engine import (
 )
 from hookscope.checks.rulefile import Rules
 from hookscope.core.files import envelope
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 
 if TYPE_CHECKING:
     from hookscope.training.log_reader import TrainingLog

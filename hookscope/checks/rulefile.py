@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hookscope.core.errors import HookscopeError, clip, param, suggest
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 
 try:
     import tomllib
@@ -131,11 +131,20 @@ class Rules:
         help="Smallest top-1 probability allowed for any input.")
     # A training log's rules (`hookscope check LOG_DIR`, see hookscope.checks.log).
     last: int | None = _key(
-        None, "a positive integer (the logging steps checked, the last ones)", _integer(1), "log")
-    min_grad_norm: float | None = _key(None, _ANY, _number(), "log")
-    max_grad_norm: float | None = _key(None, _ANY, _number(), "log")
-    min_update_ratio: float | None = _key(None, _ANY, _number(), "log")
-    max_update_ratio: float | None = _key(None, _ANY, _number(), "log")
+        None, "a positive integer (the logging steps checked, the last ones)", _integer(1), "log",
+        flag=int, help="A training log: check only its last N logging steps [default: all].")
+    min_grad_norm: float | None = _key(
+        None, _ANY, _number(), "log", flag=float, help="A training log: smallest gradient norm "
+        "allowed, of a layer call (at its output) or a parameter.")
+    max_grad_norm: float | None = _key(
+        None, _ANY, _number(), "log", flag=float, help="A training log: largest gradient norm "
+        "allowed, of a layer call (at its output) or a parameter.")
+    min_update_ratio: float | None = _key(
+        None, _ANY, _number(), "log", flag=float,
+        help="A training log: smallest update ratio ||dw|| / ||w|| allowed for a parameter.")
+    max_update_ratio: float | None = _key(
+        None, _ANY, _number(), "log", flag=float,
+        help="A training log: largest update ratio ||dw|| / ||w|| allowed for a parameter.")
     source: str | None = None
     where: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -184,8 +193,19 @@ def describe(value: Any) -> str:
     if isinstance(value, str):
         return f"the string {clip(repr(value), 60)}"
     if isinstance(value, (list, tuple)):
-        return "an array"
-    return "a table" if isinstance(value, dict) else f"a {type(value).__name__}"
+        kinds = list(dict.fromkeys(_kind(item) + "s" for item in value))
+        items = ", ".join(kinds[:-1]) + " and " + kinds[-1] if len(kinds) > 1 else "".join(kinds)
+        return f"an array of {items}" if items else "an empty array"
+    return f"a {_kind(value)}"
+
+
+def _kind(value: Any) -> str:
+    """A value's TOML type, a blank string apart: ``integer``, ``blank string``, ``table``."""
+    if isinstance(value, str):
+        return "string" if value.strip() else "blank string"
+    names = {bool: "boolean", int: "integer", float: "float", dict: "table", list: "array",
+             tuple: "array"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _convert(key: str, value: Any, subject: str) -> Any:
@@ -293,11 +313,12 @@ def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
     return tuple(entries)
 
 
-def load_rules(path: str | Path | None = None,
-               overrides: Mapping[str, Any] | None = None) -> Rules:
+def load_rules(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
+               scope: str | None = None) -> Rules:
     """Read the rules from a TOML file (the keys of :data:`KEYS` at its top level) and/or
     ``overrides`` (by key, None: not given; ``expect`` as ``INPUT=LABEL`` strings), which replace
-    the file's values. Any error is a HookscopeError; a file's names its line.
+    the file's values; with a ``scope`` (see :meth:`Rules.only`), a key it cannot check is
+    refused first. Any error is a HookscopeError; a file's names its line.
     """
     values, where = _read_file(Path(path)) if path is not None else ({}, {})
     for key, value in (overrides or {}).items():
@@ -308,8 +329,11 @@ def load_rules(path: str | Path | None = None,
             values[key] = _flag_expect(value)
         else:
             values[key] = _convert(key, value, where[key])
+    rules = Rules(**values, source=str(path) if path is not None else None, where=where)
+    if scope is not None:
+        rules.only(scope)
     for key in ("max_mean_drift", "max_std_drift", "max_drift"):
         if values.get(key) is not None and values.get("baseline") is None:
             raise HookscopeError(f"{where[key]} needs a baseline to compare with: baseline = "
                                  f"\"stats.json\" in the rules file, or {param('baseline')}.")
-    return Rules(**values, source=str(path) if path is not None else None, where=where)
+    return rules

@@ -12,11 +12,12 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError, param, suggest
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Targets", "as_targets", "label_classes", "parse_targets", "true_classes"]
 
@@ -30,10 +31,13 @@ def label_classes(label: str, categories: Sequence[str] | None) -> tuple[int, ..
 @dataclass(frozen=True)
 class Targets:
     """Each entry a class index or a rank such as ``top1``; ``name`` is the parameter they
-    were given as, for error messages."""
+    were given as, for error messages, unless they come from ``folders`` (each input's class
+    folder; ``by_order``: numbered in sorted order)."""
 
     entries: tuple[int | str, ...]
     name: str = "target"
+    folders: tuple[str, ...] = ()
+    by_order: bool = False
 
     @property
     def per_input(self) -> bool:
@@ -71,9 +75,7 @@ class Targets:
             entry = self.entries[start + row] if self.per_input else self.entries[0]
             if isinstance(entry, int):
                 if not 0 <= entry < classes:
-                    raise HookscopeError(
-                        f"{param(self.name)} {entry} is out of range: the model has {classes} "
-                        f"classes (0 to {classes - 1}).")
+                    raise HookscopeError(self._out_of_range(entry, classes, start + row))
                 chosen.append(entry)
                 continue
             k = int(entry[3:])
@@ -82,6 +84,17 @@ class Targets:
                     f"{param(self.name)} {entry}: the model has only {classes} classes.")
             chosen.append(int(ranked[row, k - 1]))
         return chosen
+
+
+    def _out_of_range(self, entry: int, classes: int, index: int) -> str:
+        has = f"the model has {classes} classes (0 to {classes - 1})"
+        if not self.folders:
+            return f"{param(self.name)} {entry} is out of range: {has}."
+        folder = self.folders[index if self.per_input else 0]
+        order = " (the class folders in sorted order)" if self.by_order else ""
+        return (f"class folder {folder!r} is class {entry}{order}, out of range: {has}, and each "
+                f"input's class comes from its class folder's name; give {param('label')}, or "
+                "one class folder per class of the model.")
 
 
 def _entry(item: str, name: str, categories: Sequence[str] | None) -> int | str:
@@ -133,6 +146,8 @@ def as_targets(target: Any, categories: Sequence[str] | None) -> Targets:
         return target
     if target is None or isinstance(target, str):
         return parse_targets(target, categories)
+    import torch  # here: check rules read class labels without torch
+
     if isinstance(target, torch.Tensor):
         target = target.reshape(-1).tolist()
     elif isinstance(target, Integral) and not isinstance(target, bool):
@@ -155,7 +170,7 @@ def true_classes(label: str | None, folders: Sequence[str] | None,
         order = {name: i for i, name in enumerate(sorted(set(folders)))}
         logging.getLogger("hookscope").info(
             "classes by folder, sorted: %s", ", ".join(f"{k}={v}" for k, v in order.items()))
-        return Targets(tuple(order[f] for f in folders), "label")
+        return Targets(tuple(order[f] for f in folders), "label", tuple(folders), by_order=True)
     classes: dict[str, int] = {}
     for folder in dict.fromkeys(folders):
         hits = label_classes(folder, categories)
@@ -167,4 +182,4 @@ def true_classes(label: str | None, folders: Sequence[str] | None,
                 f"or class indices, give labels that match them with {param('labels')}, or "
                 f"give {param('label')}.")
         classes[folder] = int(folder) if folder.isdigit() else hits[-1]
-    return Targets(tuple(classes[f] for f in folders), "label")
+    return Targets(tuple(classes[f] for f in folders), "label", tuple(folders))

@@ -11,12 +11,13 @@ import io
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import reduce
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from hookscope.core.errors import HookscopeError
 
@@ -100,6 +101,7 @@ class Group:
 
     def __init__(self, launch: Launch | None = None) -> None:
         self.launch = launch
+        self.broken = False  # a collective failed: see :meth:`abandon`
 
     @classmethod
     def current(cls) -> Group:
@@ -176,7 +178,7 @@ class Group:
         import torch.distributed as dist
 
         everyone: list[Any] = [None] * self.size
-        _collective("comparing the inputs", dist.all_gather_object, everyone, fingerprint(names))
+        self._collective("comparing the inputs", dist.all_gather_object, everyone, fingerprint(names))
         check_agreed(everyone)
 
     def part(self, count: int, batch_size: int) -> tuple[int, int]:
@@ -194,11 +196,11 @@ class Group:
         packed = io.BytesIO()
         torch.save(report, packed)  # tensors on whatever device the rank used
         gathered: list[Any] | None = [None] * self.size if self.leader else None
-        _collective("gathering the reports", dist.gather_object, packed.getvalue(), gathered, 0)
+        self._collective("gathering the reports", dist.gather_object, packed.getvalue(), gathered, 0)
         # A rank leaves only once rank 0 holds every report, so none tears its group down
         # while gloo may still be sending its part ("terminate called without an active
         # exception").
-        _collective("gathering the reports", dist.barrier)
+        self._collective("gathering the reports", dist.barrier)
         if gathered is None:
             return None
         # Every tensor onto the CPU, so reports from other devices merge; the bytes come from
@@ -256,23 +258,35 @@ class Group:
         dist.broadcast_object_list(box, src=source)
         return box[0]  # type: ignore[no-any-return]
 
+    def _collective(self, what: str, call: Callable[..., T], *args: Any) -> T:
+        """``call(*args)``, a collective of ``torch.distributed``; its failure (a peer closed
+        the connection, or the timeout passed) as one :class:`CollectiveFailed` line."""
+        try:
+            return call(*args)
+        except RuntimeError as exc:  # gloo raises RuntimeError, DistError (a subclass) else
+            self.broken = True
+            raise CollectiveFailed(f"{what} failed ({_first_line(exc)}): another rank stopped, "
+                                   "or the process group's timeout passed.") from None
+
     def close(self) -> None:
-        """Leave the process group, if this process joined one."""
-        if self.launch is not None:
+        """Leave the process group, if this process joined one and it is not broken."""
+        if self.launch is not None and not self.broken:
             import torch.distributed as dist
 
             if dist.is_initialized():
                 dist.destroy_process_group()
 
-
-def _collective(what: str, call: Callable[..., T], *args: Any) -> T:
-    """``call(*args)``, a collective of ``torch.distributed``; its failure (a peer closed the
-    connection, or the timeout passed) as one :class:`CollectiveFailed` line."""
-    try:
-        return call(*args)
-    except RuntimeError as exc:  # gloo raises RuntimeError, DistError (a subclass) for the rest
-        raise CollectiveFailed(f"{what} failed ({_first_line(exc)}): another rank stopped, or "
-                               "the process group's timeout passed.") from None
+    def abandon(self, code: int) -> NoReturn:
+        """End this process with ``code`` at once, its output flushed, once a collective has
+        failed. The broken group's C++ threads (gloo's, still waiting on a peer) are joinable
+        ``std::thread``s: tearing the group down, in :meth:`close` or in the destructors run
+        at interpreter shutdown, destroys them unjoined, and ``std::terminate`` aborts the
+        process ("terminate called without an active exception", SIGABRT) instead of
+        exiting with hookscope's code. ``os._exit`` runs no destructor, so none is reached."""
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(Exception):  # closed, or a reader that left
+                stream.flush()
+        os._exit(code)
 
 
 def _first_line(exc: BaseException) -> str:

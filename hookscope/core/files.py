@@ -326,7 +326,7 @@ class Staging:
         self._created: list[Path] = []
 
     @contextmanager
-    def _file(self, path: str | Path) -> Iterator[Path]:
+    def file(self, path: str | Path) -> Iterator[Path]:
         """A new temporary file that the commit moves to ``path``; OS errors as one line."""
         output = _classify(Path(path), force=True)  # the commit checks for existing files
         self._staged.append((_temp_for(output), output))
@@ -339,7 +339,7 @@ class Staging:
         """Stage a PNG from a PIL image or a (3, H, W) float tensor in [0, 1]."""
         from PIL import Image
 
-        with self._file(path) as tmp:
+        with self.file(path) as tmp:
             if isinstance(image, Image.Image):
                 image.save(tmp, format="PNG", compress_level=3)
             else:
@@ -351,7 +351,7 @@ class Staging:
         """Stage a float32 ``.npy`` file."""
         import numpy as np
 
-        with self._file(path) as tmp, open(tmp, "wb") as fh:
+        with self.file(path) as tmp, open(tmp, "wb") as fh:
             np.save(fh, np.asarray(array, dtype=np.float32), allow_pickle=False)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

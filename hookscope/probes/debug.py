@@ -22,7 +22,7 @@ from hookscope.core.errors import CheckFailed, ForwardError
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, hooked_sites
-from hookscope.probes.stats import moments
+from hookscope.numerics.moments import moments
 
 __all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "ExitEvent",
            "FirstNonfinite", "NonfiniteEvent", "nonfinite_failure", "run_debug"]

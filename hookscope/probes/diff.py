@@ -5,7 +5,7 @@ a model whose module names match. :class:`DiffProbe` runs A on a batch, keeping 
 outputs (by reference; copied only before an in-place write), then runs B on it through a
 nested :func:`~hookscope.core.run.drive` whose hooks compare each of B's calls with A's kept
 output of the same (name, call index) and drop it: at most one batch of A's outputs is held.
-Only float64 sums are kept (:mod:`hookscope.probes.diffsums`), so reports merge exactly.
+Only float64 sums are kept (:mod:`hookscope.numerics.diffsums`), so reports merge exactly.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from hookscope.core.logits import select_logits
 from hookscope.core.mergeable import Merges, Row, state
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, all_sites, selecting
-from hookscope.probes.channels import as_float
-from hookscope.probes.diffsums import DiffSums, DiffTable
+from hookscope.numerics.diffsums import DiffSums, DiffTable
+from hookscope.numerics.moments import as_float
 from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison, Key
 
 __all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff", "OutputDiff",

@@ -1,6 +1,6 @@
 """The opt-in summaries of each call's output in ``stats``: per-channel moments
-(:mod:`hookscope.probes.channels`) and percentiles from a split-independent sketch
-(:mod:`hookscope.probes.sketch`), which merge exactly across batches and ranks.
+(:mod:`hookscope.numerics.moments`) and percentiles from a split-independent sketch
+(:mod:`hookscope.numerics.sketch`), which merge exactly across batches and ranks.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from hookscope.core.mergeable import merged
-from hookscope.probes.channels import ChannelMoments, ChannelView, channel_dim
-from hookscope.probes.sketch import Sketch, finite_range, percentile_key
+from hookscope.numerics.layout import channel_dim
+from hookscope.numerics.moments import ChannelMoments, ChannelView
+from hookscope.numerics.sketch import Sketch, finite_range, percentile_key
 
 __all__ = ["Extras"]
 

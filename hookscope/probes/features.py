@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, at_least_one, param
-from hookscope.core.grid import Layout, TokenHint, layout, token_hint
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import Site, all_sites, find_site, select_sites
+from hookscope.numerics.layout import Layout, TokenHint, layout
 
 __all__ = ["ORDERS", "FeatureGrid", "FeaturesProbe", "FeaturesReport", "feature_grids",
            "feature_sites", "make_tiles"]
@@ -176,6 +176,7 @@ class FeaturesProbe(Probe[FeaturesReport]):
 
     def bind(self, tracer: Any) -> None:
         if self.hint is None:
+            from hookscope.numerics.layout import token_hint
             self.hint = token_hint(tracer.model)
 
     def step(self, step: Step) -> None:

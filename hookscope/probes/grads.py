@@ -26,7 +26,9 @@ from hookscope.core.logits import class_logits
 from hookscope.core.mergeable import Merges, Row, state
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, selecting
-from hookscope.probes.stats import Moments, MomentTable
+from hookscope.numerics.health import flag as _flag
+from hookscope.numerics.moments import Moments
+from hookscope.numerics.table import MomentTable
 
 __all__ = ["GradLayer", "GradReport", "GradsProbe", "ParamGrad", "collect_grads",
            "nonfinite_failure", "true_classes"]
@@ -149,18 +151,6 @@ def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
     if loss != "ce" or label is not None:
         return label  # parsed by GradsProbe, which refuses a rank
     return classes.true_classes(None, folders, categories)
-
-
-def _flag(norm: float, nonfinite: int, median: float, vanish: float, explode: float) -> str | None:
-    if nonfinite:
-        return "nonfinite"
-    if not (math.isfinite(median) and median > 0 and math.isfinite(norm)):
-        return None
-    if norm < median * vanish:
-        return "vanish"
-    if norm > median * explode:
-        return "explode"
-    return None
 
 
 def _objective(logits: torch.Tensor, loss: str, targets: Targets, start: int

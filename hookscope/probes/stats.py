@@ -1,18 +1,15 @@
 """Per-layer activation statistics, taken inside forward hooks and merged exactly across batches.
 
-On the CPU each call's moments come from the compiled one-pass kernel where it is built
-(:mod:`hookscope.probes.kernels`), else from :func:`~hookscope.probes.channels.moments_matrix`
-(one channel). On an accelerator they stay on the device, without branches, and a batch's
-are copied to the host once. Moments merge with Chan et al.'s parallel update in float64, so
-statistics over several batches equal those over the concatenated tensor. Per-channel
-statistics and percentiles are opt-in :class:`~hookscope.probes.extras.Extras`.
+Each call's moments come from :mod:`hookscope.numerics.moments`; on an accelerator they stay
+on the device, and a batch's are copied to the host once
+(:class:`~hookscope.numerics.table.MomentTable`). Per-channel statistics and percentiles are
+opt-in :class:`~hookscope.probes.extras.Extras`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -20,104 +17,25 @@ from torch import nn
 
 from hookscope.core.hooks import Call, first_tensor, model_device, tensor_shapes
 from hookscope.core.logits import select_logits
-from hookscope.core.mergeable import merged
+from hookscope.core.mergeable import Merges, Row, hidden, merged, state
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site
-from hookscope.probes.channels import ChannelView, as_float, moments_matrix
+from hookscope.numerics.moments import Moments
+from hookscope.numerics.sketch import parse_percentiles
+from hookscope.numerics.table import MomentTable
 from hookscope.probes.extras import Extras
-from hookscope.probes.kernels import fused
-from hookscope.probes.sketch import parse_percentiles
 
-__all__ = ["LayerStats", "MomentTable", "Moments", "Prediction", "StatsProbe", "StatsReport",
-           "collect_stats", "moments", "top_predictions"]
-
-NAN = float("nan")
+__all__ = ["LayerStats", "Prediction", "StatsProbe", "StatsReport", "collect_stats",
+           "top_predictions"]
 
 
 @dataclass(frozen=True)
-class Moments:
-    """Mergeable summary of a tensor: counts, mean and M2 over finite values, range, zeros."""
-
-    numel: int = 0
-    n: int = 0
-    mean: float = NAN
-    m2: float = NAN
-    min: float = NAN
-    max: float = NAN
-    zeros: int = 0
-    nonfinite: int = 0
-
-    @classmethod
-    def from_values(cls, values: Sequence[float]) -> Moments:
-        """From numel, n, mean, M2, min, max, zeros and the non-finite count."""
-        numel, n, mean, m2, mn, mx, zeros, nonfinite = values
-        if not n:
-            mean = m2 = mn = mx = NAN
-        return cls(int(numel), int(n), mean, m2, mn, mx, int(zeros), int(nonfinite))
-
-    def merge(self, other: Moments) -> Moments:
-        """Chan et al.'s exact parallel combination (a new object; neither side changes)."""
-        if self.n == 0:
-            mean, m2, mn, mx = other.mean, other.m2, other.min, other.max
-        elif other.n == 0:
-            mean, m2, mn, mx = self.mean, self.m2, self.min, self.max
-        else:
-            n = self.n + other.n
-            delta = other.mean - self.mean
-            mean = self.mean + delta * other.n / n
-            m2 = self.m2 + other.m2 + delta * delta * self.n * other.n / n
-            mn, mx = min(self.min, other.min), max(self.max, other.max)
-        return Moments(self.numel + other.numel, self.n + other.n, mean, m2, mn, mx,
-                       self.zeros + other.zeros, self.nonfinite + other.nonfinite)
-
-    @property
-    def std(self) -> float:
-        """Unbiased standard deviation over the finite values (NaN for fewer than two)."""
-        if self.n < 2:
-            return NAN
-        return math.sqrt(max(self.m2, 0.0) / (self.n - 1))
-
-    def summary(self) -> dict[str, float | int]:
-        return {
-            "mean": self.mean,
-            "std": self.std,
-            "min": self.min,
-            "max": self.max,
-            "zero_fraction": self.zeros / self.numel if self.numel else NAN,
-            "nonfinite": self.nonfinite,
-        }
-
-
-def _moments_host(flat: torch.Tensor) -> Moments:
-    """CPU moments: the compiled kernel when it is built (one read of each value, where the
-    torch path reads it about six times), else the torch path (cache-sized blocks)."""
-    op = fused()
-    if op is not None:
-        return Moments.from_values(op(flat, True))
-    return Moments.from_values(moments_matrix(ChannelView.of(flat, None))[:, 0].tolist())
-
-
-def _moments_device(flat: torch.Tensor) -> torch.Tensor:
-    """The branch-free path for accelerators: the eight values of :meth:`Moments.from_values`
-    as one float64 tensor that stays on the device."""
-    return moments_matrix(replace(ChannelView.of(flat, None), blocked=False))[:, 0]
-
-
-def moments(x: torch.Tensor) -> Moments:
-    """Moments of one tensor (host path on CPU, device path elsewhere)."""
-    flat = as_float(x).reshape(-1)
-    if flat.device.type == "cpu":
-        return _moments_host(flat)
-    return Moments.from_values(_moments_device(flat).tolist())
-
-
-@dataclass(frozen=True)
-class LayerStats:
+class LayerStats(Row):
     """Statistics of one module call's output (and optionally its first input).
 
     ``moments``, ``input_moments`` and ``extras`` are the mergeable summaries behind the
-    numbers, not part of the JSON row; ``channel_dim``, ``channels`` and ``percentiles`` are
-    None unless asked for.
+    numbers, not part of the JSON row; ``input_stats``, ``channel_dim``, ``channels`` and
+    ``percentiles`` are None, and left out of it, unless asked for.
     """
 
     name: str
@@ -133,12 +51,12 @@ class LayerStats:
     nonfinite: int
     output_shapes: list[list[int]] = field(default_factory=list)
     input_stats: dict[str, float | int] | None = None
-    moments: Moments | None = field(default=None, repr=False, compare=False)
-    input_moments: Moments | None = field(default=None, repr=False, compare=False)
     channel_dim: int | None = None
     channels: list[dict[str, Any]] | None = None
     percentiles: dict[str, float] | None = None
-    extras: Extras | None = field(default=None, repr=False, compare=False)
+    moments: Moments | None = hidden(None)
+    input_moments: Moments | None = hidden(None)
+    extras: Extras | None = hidden(None)
 
     @classmethod
     def of(cls, name: str, type_name: str, call: int, input_shapes: list[list[int]],
@@ -155,28 +73,22 @@ class LayerStats:
             **(extras.fields() if extras is not None else {}),
         )
 
-    def merged(self, other: LayerStats) -> LayerStats:
+    def merge(self, other: LayerStats) -> LayerStats:
         """This call's statistics over both rows' data (exact)."""
         if self.moments is None or other.moments is None:
             raise ValueError("rows without moments cannot be merged")
-        out = self.moments.merge(other.moments)
         inputs = None
         if self.input_moments is not None and other.input_moments is not None:
             inputs = self.input_moments.merge(other.input_moments)
         return LayerStats.of(self.name, self.type, self.call, self.input_shapes,
-                             self.output_shapes, out, inputs, merged(self.extras, other.extras))
+                             self.output_shapes, self.moments.merge(other.moments), inputs,
+                             merged(self.extras, other.extras))
 
     def to_dict(self) -> dict[str, Any]:
-        optional = ("channel_dim", "channels", "percentiles")
-        row = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name not in ("moments", "input_moments", "input_stats", "extras", *optional)}
-        if self.input_stats is not None:
-            row["input_stats"] = self.input_stats
-        if self.channels is not None:
-            row |= {"channel_dim": self.channel_dim, "channels": self.channels}
-        if self.percentiles is not None:
-            row["percentiles"] = self.percentiles
-        return row
+        absent = {key for key in ("input_stats", "channels", "percentiles")
+                  if getattr(self, key) is None}
+        absent |= {"channel_dim"} if self.channels is None else set()
+        return {key: value for key, value in super().to_dict().items() if key not in absent}
 
 
 @dataclass(frozen=True)
@@ -192,13 +104,15 @@ class Prediction:
 
 
 @dataclass(frozen=True)
-class StatsReport:
-    """What ``collect_stats`` returns: per-call layer statistics and top predictions."""
+class StatsReport(Merges):
+    """What ``collect_stats`` returns: per-call layer statistics and top predictions. Merged,
+    it is exactly what one run over both reports' inputs, in order, gives (calls present on
+    one side only are kept)."""
 
-    layers: list[LayerStats]
+    layers: list[LayerStats] = state("rows")
     #: Per input, its top-k; None where its logits were not finite (no ranking is honest).
-    predictions: list[list[Prediction] | None]
-    input_shape: list[int] | None
+    predictions: list[list[Prediction] | None] = state("cat")
+    input_shape: list[int] | None = state(lambda a, b: a or b)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope: ``input_shape``, ``predictions``, ``layers``."""
@@ -208,17 +122,6 @@ class StatsReport:
                             for preds in self.predictions],
             "layers": [layer.to_dict() for layer in self.layers],
         }
-
-    def merge(self, other: StatsReport) -> StatsReport:
-        """The report over both reports' inputs, in order: exactly what one run over the
-        concatenated inputs gives (calls present on one side only are kept)."""
-        rows = {(r.name, r.call): r for r in self.layers}
-        for row in other.layers:
-            key = (row.name, row.call)
-            rows[key] = rows[key].merged(row) if key in rows else row
-        return StatsReport(layers=list(rows.values()),
-                           predictions=[*self.predictions, *other.predictions],
-                           input_shape=self.input_shape or other.input_shape)
 
 
 def top_predictions(
@@ -235,39 +138,6 @@ def top_predictions(
          for p, i in zip(prow.tolist(), irow.tolist(), strict=True)] if ok else None
         for prow, irow, ok in zip(values, indices, finite, strict=True)
     ]
-
-
-class MomentTable:
-    """Moments per key, merged exactly across batches; on an accelerator they stay on the
-    device until :meth:`flush` copies a batch's worth to the host in one transfer."""
-
-    def __init__(self, *, on_device: bool) -> None:
-        self.on_device = on_device
-        self._moments: dict[Hashable, Moments] = {}
-        self._pending: list[tuple[Hashable, torch.Tensor]] = []
-
-    def add(self, key: Hashable, tensor: torch.Tensor) -> None:
-        """Summarise ``tensor`` and merge it into ``key``'s moments (deferred on a device)."""
-        flat = as_float(tensor).reshape(-1)
-        if self.on_device:
-            self._pending.append((key, _moments_device(flat)))
-        else:
-            self._merge(key, _moments_host(flat))
-
-    def _merge(self, key: Hashable, found: Moments) -> None:
-        self._moments[key] = self._moments.get(key, Moments()).merge(found)
-
-    def flush(self) -> None:
-        """Bring deferred device summaries to the host in one transfer and merge them."""
-        if not self._pending:
-            return
-        host = torch.stack([summary for _, summary in self._pending]).cpu().tolist()
-        for (key, _), values in zip(self._pending, host, strict=True):
-            self._merge(key, Moments.from_values(values))
-        self._pending.clear()
-
-    def get(self, key: Hashable) -> Moments | None:
-        return self._moments.get(key)
 
 
 class StatsProbe(Probe[StatsReport]):
@@ -305,7 +175,7 @@ class StatsProbe(Probe[StatsReport]):
         self.input_shape: list[int] | None = None
         self.grid: tuple[tuple[int, int], Any] | None = None
         if per_channel:
-            from hookscope.core.grid import token_hint
+            from hookscope.numerics.layout import token_hint
 
             self.grid = ((0, 0), token_hint(model))
 

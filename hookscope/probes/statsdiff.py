@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from hookscope.core.errors import CheckFailed
 from hookscope.core.files import envelope
 from hookscope.core.mergeable import Row
-from hookscope.probes.drift import finite, quantile_drift
+from hookscope.numerics.drift import finite, quantile_drift
 
 __all__ = ["DEFAULT_TOLERANCE", "STATS", "CallRef", "Comparison", "StatsDelta", "StatsDiffReport",
            "diff_stats"]
@@ -112,7 +112,7 @@ class StatsDelta:
     shape_b: list[int] | None
     a: dict[str, float]
     b: dict[str, float]
-    #: :func:`~hookscope.probes.drift.quantile_drift`; None without percentiles in common.
+    #: :func:`~hookscope.numerics.drift.quantile_drift`; None without percentiles in common.
     drift: float | None = None
 
     def change(self, stat: str) -> tuple[float, float]:

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from hookscope.cam.layer import why_chosen
 from hookscope.render.tables import DataTable, fmt_float, fmt_pct, header, joined, num
 
 #: The metric columns, in this order, when present.
@@ -56,17 +57,20 @@ def cam_view(doc: Mapping[str, Any]) -> RenderableType:
             layer.append(f" ({'x'.join(str(d) for d in shape)})", style="dim")
     chosen = []
     if doc.get("layer_default"):
+        task = doc.get("task")
         what = "the last module with an image-grid output (a token model: its last " \
-            "block's first norm)" if doc.get("task") in (None, "classification") else \
-            "the backbone's last stage with a spatial output"
+            "block's first norm)" if task in (None, "classification") else \
+            why_chosen(str(layers[0]), task)
         chosen.append((f"chosen automatically: {what}", "dim"))
     files = len(doc.get("results", []))
     wrote = Text(f"wrote {files} overlay(s) to {doc.get('out')}", style="green")
     skipped = doc.get("skipped") or []
     if skipped:
         wrote.append(f"; skipped {len(skipped)} input(s) (see the warnings)", style="yellow")
-    parts: list[RenderableType] = [header(doc), joined(layer, *chosen), wrote,
-                                   cam_table(doc.get("results", []))]
+    results = doc.get("results", [])
+    uses_layer = not results or any(r.get("layer") is not None for r in results)
+    parts: list[RenderableType] = [header(doc), *([joined(layer, *chosen)] if uses_layer else []),
+                                   wrote, cam_table(results)]
     if doc.get("metrics"):
         parts.append(metrics_table(doc["metrics"]))
     return Group(*parts)

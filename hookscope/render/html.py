@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 
 if TYPE_CHECKING:
     from jinja2 import Environment

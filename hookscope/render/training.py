@@ -11,10 +11,11 @@ import json
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.files import dumps_json, format_shape
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 from hookscope.render import plots
 from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure
@@ -102,7 +103,8 @@ def _norm(values: Any, key: str) -> Any:
     if key == "zero_fraction" or not finite.size:
         return Normalize(0.0, 1.0)
     if key == "mean":
-        bound = float(np.percentile(np.abs(finite), 99)) or 1.0
+        # Capped: a scale spanning -bound to bound must itself be finite (the colour bar).
+        bound = min(float(np.percentile(np.abs(finite), 99)), 1e300) or 1.0
         return TwoSlopeNorm(0.0, -bound, bound)
     lo, hi = float(finite.min()), float(finite.max())
     return Normalize(lo, hi if hi > lo else lo + 1.0)
@@ -231,7 +233,8 @@ def _fact(key: str, value: Any) -> str:
     if key == "started" and isinstance(value, (int, float)):
         from datetime import datetime, timezone
 
-        return datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="seconds")
+        with suppress(OverflowError, OSError, ValueError):  # beyond the platform's dates
+            return datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="seconds")
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import os
+import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hookscope.core.errors import HookscopeError
-from hookscope.probes.drift import finite
+from hookscope.numerics.drift import finite
 
 __all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "is_log", "read_log"]
 
@@ -28,13 +30,90 @@ EVENT_FILE = "nonfinite.json"
 #: Keys of a logging step's line; the other keys of the first line are its envelope.
 STEP_KEYS = ("step", "time", "layers", "params")
 
+# The documented fields' JSON types (docs/watch.md), checked where present; any may be null
+# (a number that was not finite, no gradient, no reference) except a step's "step" and a
+# row's "name", checked first. Fields not listed are added over time, and are not checked.
+NUMBER, INTEGER, STRING, LIST, OBJECT, STRINGS = ("a number", "an integer", "a string",
+                                                 "a list", "an object", "a list of strings")
+ENVELOPE = {"hookscope": STRING, "command": STRING, "model": STRING, "device": STRING,
+            "world_size": INTEGER, "selection": OBJECT, "every": INTEGER, "nonfinite": STRING,
+            "allow_inf": LIST, "keep": INTEGER, "reference": STRING, "max_drift": NUMBER,
+            "drift_measure": STRING, "percentiles": LIST, "started": NUMBER}
+STEP = {"time": NUMBER, "loss": NUMBER, "flagged": LIST}
+LAYER = {"type": STRING, "call": INTEGER, "input_shapes": LIST, "output_shape": LIST,
+         "output_shapes": LIST, "nonfinite": INTEGER, "grad_nonfinite": INTEGER,
+         "percentiles": OBJECT, "flags": STRINGS} | dict.fromkeys(
+    ("mean", "std", "min", "max", "zero_fraction", "grad_norm", "grad_mean", "grad_std",
+     "drift"), NUMBER)
+PARAM = dict.fromkeys(("norm", "grad_norm", "update_ratio"), NUMBER)
+EVENT = {"step": INTEGER, "rank": INTEGER, "message": STRING, "phase": STRING,
+         "module": STRING, "type": STRING, "call": INTEGER, "source": STRING, "inputs": LIST}
+
+
+#: Deeper values are refused: a log's lines nest four levels (a step, its rows, a row, a
+#: shape), and what reads them (JSON output, the page) recurses.
+MAX_DEPTH = 32
+
+
+def _loads(data: str | bytes) -> Any:
+    """``json.loads``; RecursionError, as the parser's own, for a value nested deeper than
+    :data:`MAX_DEPTH` (counted without recursion)."""
+    value = json.loads(data)
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (list, dict)):
+            if depth > MAX_DEPTH:
+                raise RecursionError
+            todo += [(child, depth + 1) for child in
+                     (item.values() if isinstance(item, dict) else item)]
+    return value
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_IS: dict[str, Callable[[Any], bool]] = {
+    NUMBER: lambda v: _integer(v) or isinstance(v, float), INTEGER: _integer,
+    STRING: lambda v: isinstance(v, str), LIST: lambda v: isinstance(v, list),
+    OBJECT: lambda v: isinstance(v, dict),
+    STRINGS: lambda v: isinstance(v, list) and all(isinstance(f, str) for f in v)}
+_WHAT = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+         list: "a list", dict: "an object"}
+
+
+def _bad_field(obj: Mapping[str, Any], schema: Mapping[str, str], where: str = "") -> str | None:
+    """The first field of ``obj`` whose value is not of its documented type, in words."""
+    for key, kind in schema.items():
+        value = obj.get(key)
+        if value is not None and not _IS[kind](value):
+            return f'{where}"{key}" is {_WHAT[type(value)]}, not {kind}'
+    return None
+
 
 def is_log(path: str | Path) -> bool:
-    """Whether ``path`` is a training log: a directory holding :data:`LOG_FILE`."""
+    """Whether ``path`` is a training log: a directory holding :data:`LOG_FILE` (of any kind:
+    reading it says what is wrong with one that is not a regular file)."""
     try:
-        return Path(path).is_dir() and (Path(path) / LOG_FILE).is_file()
+        return Path(path).is_dir() and os.path.lexists(Path(path) / LOG_FILE)
     except (OSError, ValueError):
         return False
+
+
+def _read(file: Path, shown: str) -> bytes | None:
+    """The bytes of the regular file ``file`` (None: there is none); ``shown`` names it in
+    the error of one that cannot be read or is not a regular file (a FIFO would never end)."""
+    try:
+        if not stat.S_ISREG(file.stat().st_mode):
+            raise HookscopeError(f"{shown} is not a regular file.")
+        return file.read_bytes()
+    except FileNotFoundError:
+        if not os.path.lexists(file):
+            return None
+        raise HookscopeError(f"{shown} cannot be read: it is a broken symbolic link.") from None
+    except OSError as exc:
+        raise HookscopeError(f"{shown} cannot be read: {exc.strerror or exc}.") from None
 
 
 @dataclass(frozen=True)
@@ -120,23 +199,23 @@ def _problem(line: Any) -> str | None:
         if not isinstance(rows, list) or not all(
                 isinstance(r, dict) and isinstance(r.get("name"), str) for r in rows):
             return f"its \"{kind}\" is not a list of rows with a \"name\""
-    return None
+    return _bad_field(line, STEP) or next(
+        (why for kind, schema in (("layers", LAYER), ("params", PARAM))
+         for i, row in enumerate(line.get(kind, []))
+         if (why := _bad_field(row, schema, f"{kind}[{i}] ")) is not None), None)
 
 
 def _read_lines(file: Path) -> list[dict[str, Any]]:
     """The file's step lines; a last line cut short (a run killed mid-write) is skipped."""
     try:
-        text = file.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise HookscopeError(f"training log {str(file)!r} cannot be read: "
-                             f"{exc.strerror or exc}.") from None
+        text = (_read(file, f"training log {str(file)!r}") or b"").decode("utf-8")
     except UnicodeDecodeError:
         raise HookscopeError(f"training log {str(file)!r} is not UTF-8 text.") from None
     lines = [(n, t) for n, t in enumerate(text.splitlines(), 1) if t.strip()]
     found: list[dict[str, Any]] = []
     for i, (number_, line) in enumerate(lines):
         try:
-            parsed = json.loads(line)
+            parsed = _loads(line)
         except json.JSONDecodeError as exc:
             if i == len(lines) - 1 and not text.endswith("\n"):
                 log.warning("%s:%d: the last line is cut short (the run stopped while "
@@ -144,22 +223,28 @@ def _read_lines(file: Path) -> list[dict[str, Any]]:
                 break
             raise HookscopeError(f"{file}:{number_}: not JSON ({exc.msg}); a training log "
                                  "holds one JSON object per line.") from None
+        except RecursionError:
+            raise HookscopeError(f"{file}:{number_}: nested too deeply (over {MAX_DEPTH} "
+                                 "levels); a training log holds one JSON object per line.") \
+                from None
         header = i == 0 and isinstance(parsed, dict) and "step" not in parsed  # envelope only
-        why = None if header else _problem(parsed)
+        why = _bad_field(parsed, ENVELOPE) if header else _problem(parsed)
         if why is not None:
-            raise HookscopeError(f"{file}:{number_}: not a logging step of hookscope.watch: "
-                                 f"{why}.")
+            what = "the envelope" if header else "a logging step"
+            raise HookscopeError(f"{file}:{number_}: not {what} of hookscope.watch: {why}.")
         found.append(parsed)
     return found
 
 
 def _read_event(file: Path) -> dict[str, Any] | None:
-    if not file.exists():
+    data = _read(file, repr(str(file)))
+    if data is None:
         return None
     try:
-        event = json.loads(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise HookscopeError(f"{str(file)!r} cannot be read: {exc.strerror or exc}.") from None
+        event = _loads(data)
+    except RecursionError:
+        raise HookscopeError(f"{str(file)!r} is nested too deeply (over {MAX_DEPTH} levels) "
+                             "to be the non-finite event.") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise HookscopeError(f"{str(file)!r} is not a JSON document; hookscope.watch writes "
                              "it when a step produced a NaN or Inf.") from None
@@ -167,7 +252,12 @@ def _read_event(file: Path) -> dict[str, Any] | None:
         raise HookscopeError(f"{str(file)!r} holds a {type(event).__name__}, not the "
                              "non-finite event's object.")
     # The event sits under "event", beside the envelope and the flight recorder's "steps".
-    return event["event"] if isinstance(event.get("event"), dict) else event
+    event = event["event"] if isinstance(event.get("event"), dict) else event
+    why = _bad_field(event, EVENT)
+    if why is not None:
+        raise HookscopeError(f"{str(file)!r} is not the non-finite event of hookscope.watch: "
+                             f"its {why}.")
+    return event
 
 
 def read_log(path: str | Path) -> TrainingLog:

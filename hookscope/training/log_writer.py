@@ -8,15 +8,41 @@ a contract.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.core.files import dumps_json, dumps_ndjson, emit
+from hookscope.core.files import Staging, dumps_json, dumps_ndjson, emit
 from hookscope.training.log_reader import EVENT_FILE, LOG_FILE
 
-__all__ = ["WatchLog"]
+__all__ = ["WatchLog", "check_log_dir", "publish"]
+
+
+def check_log_dir(log_dir: Path, *, force: bool = False) -> None:
+    """Refuse, before any work, a ``log_dir`` that is a file, or holds a watch log (without
+    ``force``) or a directory in its place: a :class:`HookscopeError` naming it."""
+    path = log_dir / LOG_FILE
+    try:
+        if log_dir.exists() and not log_dir.is_dir():
+            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} is a file, not a "
+                                 "directory.")
+        if path.is_dir():
+            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} holds a directory "
+                                 f"named {LOG_FILE}; move it away, or choose another "
+                                 "directory.")
+        if os.path.lexists(path) and not force:
+            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} already holds a watch "
+                                 f"log ({LOG_FILE}); choose another directory, or pass "
+                                 f"{param('force')} to replace it.")
+    except OSError as exc:
+        raise _unwritable(log_dir, exc) from None
+
+
+def _unwritable(log_dir: Path, exc: OSError) -> HookscopeError:
+    return HookscopeError(f"{param('log_dir')} {str(log_dir)!r} cannot be written: "
+                          f"{exc.strerror or exc}.")
 
 
 class WatchLog:
@@ -33,19 +59,12 @@ class WatchLog:
         self.dir = Path(log_dir)
         self.path = self.dir / LOG_FILE
         try:
-            if self.dir.exists() and not self.dir.is_dir():
-                raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} is a file, not a "
-                                     "directory.")
-            if self.path.exists() and not force:
-                raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} already holds a "
-                                     f"watch log ({LOG_FILE}); choose another directory, or "
-                                     f"pass {param('force')} to replace it.")
+            check_log_dir(self.dir, force=force)
             self.dir.mkdir(parents=True, exist_ok=True)
             (self.dir / EVENT_FILE).unlink(missing_ok=True)  # the previous run's event
             self._file: IO[str] = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
         except OSError as exc:
-            raise HookscopeError(f"{param('log_dir')} {str(self.dir)!r} cannot be written: "
-                                 f"{exc.strerror or exc}.") from None
+            raise _unwritable(self.dir, exc) from None
         self.board: Any = None
         if tensorboard:
             try:
@@ -96,3 +115,18 @@ class WatchLog:
         self._file.close()
         if self.board is not None:
             self.board.close()
+
+
+def publish(staged: Path, log_dir: Path, *, force: bool = False) -> None:
+    """Move the finished log in ``staged`` into ``log_dir``, as core.files' :class:`Staging`
+    writes a folder: both files staged beside their targets and renamed together, so an
+    interruption leaves ``log_dir`` as it was (an earlier log whole) and a folder it made is
+    removed. ``hookscope watch`` trains into ``staged``; a training script's own
+    ``hookscope.watch`` writes in place, so a crash keeps the steps it logged."""
+    files = [name for name in (LOG_FILE, EVENT_FILE) if (staged / name).is_file()]
+    with Staging(log_dir, force=force) as folder:
+        for name in files:
+            with folder.file(log_dir / name) as tmp:
+                shutil.copyfile(staged / name, tmp)
+    if EVENT_FILE not in files:  # an earlier run's event is not this log's
+        (log_dir / EVENT_FILE).unlink(missing_ok=True)

@@ -25,8 +25,8 @@ import torch
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
+from hookscope.numerics.moments import moments
 from hookscope.probes.debug import FirstNonfinite
-from hookscope.probes.stats import moments
 
 __all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "flight_steps"]
 

@@ -19,20 +19,18 @@ import torch
 from torch import nn
 
 from hookscope.checks.baseline import read_stats
-from hookscope.checks.engine import drift
 from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
 from hookscope.core.mergeable import Merges, state
 from hookscope.core.select import Selection
-from hookscope.probes.drift import EPS, finite, quantile_drift
+from hookscope.numerics.drift import quantile_drift, stat_drift
+from hookscope.numerics.health import DEAD
+from hookscope.numerics.sketch import parse_percentiles
 from hookscope.probes.grads import GradReport, GradsProbe
-from hookscope.probes.sketch import parse_percentiles
 from hookscope.probes.stats import StatsProbe, StatsReport
 
 __all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows", "step_line"]
 
-#: A call whose output is zero at least this often is flagged ``dead`` (a dying ReLU).
-DEAD = 0.99
 #: Autograd's execution engine (for callbacks at the end of a backward pass).
 _ENGINE = torch.autograd.Variable._execution_engine
 
@@ -223,8 +221,4 @@ class Drift:
         if self.percentiles:
             return quantile_drift(base.get("percentiles"), row.get("percentiles"),
                                   base.get("std"), base.get("mean"))
-        mean, std = finite(row.get("mean")), finite(row.get("std"))
-        mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
-        scale_mean = max(abs(mean_b or 0.0), std_b or 0.0)  # drift() floors it at EPS
-        scale_std = max(std_b or 0.0, EPS * abs(mean_b or 0.0))
-        return max(drift(mean, mean_b, scale_mean), drift(std, std_b, scale_std))
+        return max(stat_drift("mean", row.get("mean"), base), stat_drift("std", row.get("std"), base))

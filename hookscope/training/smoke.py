@@ -25,6 +25,7 @@ from hookscope.core.errors import HookscopeError, param
 from hookscope.core.logits import class_logits
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.training.log_reader import TrainingLog, read_log
+from hookscope.training.log_writer import publish
 from hookscope.training.nonfinite import NonFiniteError
 from hookscope.training.watch import watch
 
@@ -172,11 +173,9 @@ def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Tar
     """
     model = copy.deepcopy(loaded.model)
     with tempfile.TemporaryDirectory(prefix="hookscope-watch-") as scratch:
-        folder = options.log_dir if options.log_dir is not None else Path(scratch)
         nonfinite = None
-        with watch(model, folder, every=options.every, layers=options.layers,
-                   types=options.types, nonfinite="raise", name=loaded.name,
-                   force=options.force or options.log_dir is None) as w:
+        with watch(model, scratch, every=options.every, layers=options.layers,
+                   types=options.types, nonfinite="raise", name=loaded.name, force=True) as w:
             probe = TrainProbe(model, labels, options, w, loaded.output_key)
             try:
                 drive(model, _batches(batches, options.steps, options.overfit), probe,
@@ -186,6 +185,10 @@ def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Tar
                 nonfinite = {key: getattr(error, key) for key in keys} | {"message": str(error)}
             except _LossNotFinite:
                 pass
+        folder = Path(scratch)
+        if options.log_dir is not None:  # the run ended: only now is --log-dir written
+            publish(folder, options.log_dir, force=options.force)
+            folder = options.log_dir
         kept = None
         with contextlib.suppress(HookscopeError):  # no logging step yet (stopped at once)
             kept = read_log(folder)

@@ -89,7 +89,8 @@ class Watch:
         self.nonfinite, self.allow_inf = nonfinite, tuple(allow_inf)
         self.drift = Drift.of(reference, float(max_drift), percentiles)
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
-        self.name = name or type(model).__name__
+        # A torch.compile'd model is an OptimizedModule around the user's own.
+        self.name = name or type(getattr(model, "_orig_mod", model)).__name__
         self.index = 0  # the step in progress
         self.findings: list[tuple[int, int, NonfiniteFinding]] = []
         # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from hookscope.core.errors import HookscopeError, param
-from hookscope.probes.channels import ChannelView, moments_matrix, scratch
+from hookscope.numerics.moments import ChannelView, moments_matrix, scratch
 
 __all__ = ["ALPHA", "PER_OCTAVE", "SPAN", "Sketch", "finite_range", "parse_percentiles",
            "percentile_key"]

@@ -1,4 +1,5 @@
-"""Which module outputs are image grids, and how to bring them to (N, C, h, w).
+"""Which dimension of a module's output holds its channels, which outputs are image grids,
+and how to bring those to (N, C, h, w).
 
 For an H x W input, a grid is ``(N, C, h, w)`` or ``(N, h, w, C)`` with the input's aspect,
 or ``(N, tokens, C)``: a few prefix tokens (CLS, registers) then an h x w patch grid for an
@@ -13,14 +14,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["Layout", "TokenHint", "layout", "token_hint"]
+__all__ = ["Layout", "TokenHint", "channel_dim", "layout", "token_hint"]
 
 #: Parameters that add prefix tokens before the patch grid (their dimension 1 counts them).
 PREFIX_PARAMS = frozenset({"cls_token", "class_token", "dist_token", "distillation_token",
                            "register_tokens", "reg_token"})
-#: Modules whose output keeps its channels in the last dimension.
-CHANNELS_LAST = frozenset({"Linear", "LayerNorm", "RMSNorm", "GroupNorm1", "LayerNorm2d"})
-#: 3-D outputs of these are (N, C, L), not tokens.
+#: Modules whose output keeps its channels (features) last at any rank, by the end of the
+#: class name (``LazyLinear``, ``Bilinear``, ``NonDynamicallyQuantizableLinear``, ...).
+CHANNELS_LAST = ("Linear", "Embedding", "LayerNorm", "RMSNorm", "MultiheadAttention")
+#: 3-D outputs of these are (N, C, L), not tokens (``ConvTranspose1d``, ``MaxPool1d``, ...).
 CHANNELS_FIRST_1D = ("Conv1d", "BatchNorm1d", "InstanceNorm1d", "Pool1d", "Pad1d", "Upsample")
 
 
@@ -146,7 +148,7 @@ def layout(shape: Sequence[int], size: tuple[int, int], *, type_name: str = "",
         return "it is an attention matrix (N, heads, tokens, tokens), not an image grid"
     nchw = force in ("auto", "none") and _fits(shape[2], shape[3], size)
     nhwc = force in ("auto", "swin") and _fits(shape[1], shape[2], size)
-    last = hint.channels_last or any(type_name.endswith(t) for t in CHANNELS_LAST)
+    last = hint.channels_last or type_name.endswith(CHANNELS_LAST)
     if nhwc and (last or not nchw):
         return Layout("nhwc", shape[1], shape[2])
     if nchw:
@@ -155,3 +157,22 @@ def layout(shape: Sequence[int], size: tuple[int, int], *, type_name: str = "",
         return "its spatial size is 1x1, so there is nowhere to point at"
     return (f"neither {shape[2]}x{shape[3]} (N, C, H, W) nor {shape[1]}x{shape[2]} "
             f"(N, H, W, C) is a grid of the {size[0]}x{size[1]} input (heads x tokens?)")
+
+
+def channel_dim(shape: Sequence[int], type_name: str, size: tuple[int, int] | None = None,
+                hint: TokenHint | None = None) -> int | None:
+    """The dimension holding the channels of an output (None: the output is one channel).
+
+    The rules are in docs/stats.md. With the input's ``size`` (H, W), a 4-D output is placed
+    by :func:`layout`, so a channels-last (N, H, W, C) output of any module has its channels last.
+    """
+    rank = len(shape)
+    if rank < 2:
+        return None
+    if rank == 3:
+        return 1 if type_name.endswith(CHANNELS_FIRST_1D) else 2
+    if rank == 4 and size is not None and min(size) > 0:
+        found = layout(list(shape), size, type_name=type_name, hint=hint)
+        if isinstance(found, Layout):
+            return found.channel_dim
+    return rank - 1 if type_name.endswith(CHANNELS_LAST) else 1

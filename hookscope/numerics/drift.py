@@ -1,4 +1,5 @@
-"""The distribution drift between two saved percentile sets: a Wasserstein-1 distance.
+"""Drift from a baseline: of one number in a scale, and between two saved percentile sets (a
+Wasserstein-1 distance).
 
 Each side's quantile function is the piecewise-linear curve through the percentiles both sides
 hold (``u = p / 100``); the drift is their mean absolute difference, in A's spread::
@@ -15,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["EPS", "finite", "quantile_drift"]
+__all__ = ["EPS", "drift", "finite", "quantile_drift", "stat_drift"]
 
 #: The floor of a drift's scale, relative to the mean (a constant layer, std 0, drifts by its
 #: change relative to its value), so that rounding does not become an infinite drift.
@@ -26,6 +27,23 @@ def finite(value: Any) -> float | None:
     """A finite number (not a bool) as a float, else None."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
+
+
+def drift(value: float | None, base: float | None, scale: float) -> float:
+    """``|value - base| / max(scale, EPS)``; 0 when both are null, inf when one is."""
+    if value is None or base is None:
+        return 0.0 if value is None and base is None else math.inf
+    return abs(value - base) / max(scale, EPS)
+
+
+def stat_drift(stat: str, value: Any, base: Mapping[str, Any]) -> float:
+    """The drift of a ``mean`` or ``std`` from a baseline row's: a mean's change relative to
+    the layer's magnitude, max(|mean|, std), so that a mean near zero does not explode; a
+    std's relative to the baseline std itself."""
+    mean_b, std_b = finite(base.get("mean")), finite(base.get("std"))
+    if stat == "mean":
+        return drift(finite(value), mean_b, max(abs(mean_b or 0.0), std_b or 0.0))
+    return drift(finite(value), std_b, max(std_b or 0.0, EPS * abs(mean_b or 0.0)))
 
 
 def _common(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[float, float]]:
