@@ -110,6 +110,7 @@ def models_command(
 @runs_model
 def layers_command(
     model: o.ModelArg, input_: o.LayersInputOpt = None, max_depth: o.MaxDepthOpt = None,
+    no_forward: o.LayersNoForwardOpt = False, train_mode: o.TrainModeOpt = False,
     fmt: o.FormatOpt = "table", *, s: Session,
 ) -> None:
     """The module tree: names, types, own and total parameters, trainable, output shape per call.
@@ -117,18 +118,32 @@ def layers_command(
     Every name shown works in --layers and --layer of the other commands.
 
     Example: hookscope layers resnet18 --max-depth 2 --weights none
+    (hookscope layers model.py:Net --no-forward lists parameters without running the model)
     """
+    import logging
+
     from hookscope.core.arguments import take
+    from hookscope.core.errors import HookscopeError, param
     from hookscope.core.run import peek
     from hookscope.probes.structure import model_structure
 
     given = [input_] if input_ is not None else []
+    if no_forward and (given or s.model.data is not None or train_mode):
+        what = "takes no INPUT" if given or s.model.data is not None else \
+            f"has no use for {param('train_mode')}"
+        raise HookscopeError(f"{param('no_forward')} runs no forward pass, so it {what}.")
     resolved = s.inputs(given) if given or s.model.data is not None else None
     loaded = s.load("layers")
-    example = loaded.dummy_input()
+    # Train mode runs two samples: BatchNorm needs more than one value per channel.
+    batch = 2 if train_mode else 1
+    example = None if no_forward else loaded.dummy_input(batch)
     if resolved is not None:
-        example = take(peek(s.batches(resolved, loaded))[0].tensor, slice(0, 1))
-    found = model_structure(loaded.model, example, max_depth=max_depth, autocast=loaded.autocast)
+        example = take(peek(s.batches(resolved, loaded))[0].tensor, slice(0, batch))
+    if no_forward:
+        logging.getLogger("hookscope").info("no forward pass (--no-forward): shapes and MACs "
+                                            "are not measured")
+    found = model_structure(loaded.model, example, max_depth=max_depth, autocast=loaded.autocast,
+                            train_mode=train_mode)
     named = given or (resolved.names[:1] if resolved is not None else [])
     doc = loaded.envelope("layers", named) | found.to_dict()
     s.emit("layers", doc, fmt)

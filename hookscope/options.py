@@ -310,6 +310,9 @@ ModelsSourceOpt = Annotated[ModelSource, typer.Option(  # type: ignore[valid-typ
 LayersInputOpt = Annotated[str | None, typer.Argument(
     help="One image or .pt/.npy tensor for the forward pass that records shapes (its "
     "first sample); default: zeros of the weights' input size.", metavar="INPUT")]
+LayersNoForwardOpt = Annotated[bool, typer.Option(
+    "--no-forward", help="List the modules with their parameters and buffers without running "
+    "the model (no INPUT): shapes and MACs are absent, lazy parameters uninitialised.")]
 DebugFmtOpt = Annotated[DebugFormat, typer.Option(  # type: ignore[valid-type]
     "--format", "-f", help="text: a live trace; ndjson: one JSON event per line; json: one document.")]
 CamLayerOpt = Annotated[list[str] | None, typer.Option(

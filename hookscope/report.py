@@ -122,7 +122,7 @@ class Report:
 
     envelope: dict[str, Any]
     created: str
-    params: int
+    params: int | None  # None: a lazy parameter never initialised
     flops: int | None
     flops_shape: list[int] | None
     stats: StatsReport
@@ -223,7 +223,7 @@ class _CamCollector:
 
 
 def _flops(loaded: LoadedModel, input_shape: list[int] | None,
-           ) -> tuple[int, int | None, list[int] | None]:
+           ) -> tuple[int | None, int | None, list[int] | None]:
     """Parameter count, and the FLOPs of one sample of ``input_shape`` (zeros)."""
     if input_shape is None:
         return model_structure(loaded.model).params, None, None

@@ -522,7 +522,7 @@ def test_tree_rendering(tiny_net) -> None:
 
     found = model_structure(tiny_net, torch.zeros(1, 3, 4, 4))
     doc = {"model": "tiny"} | found.to_dict()
-    console = Console(file=io.StringIO(), width=100, color_system=None)
+    console = Console(file=io.StringIO(), width=120, color_system=None)
     console.print(layers_tree(doc))
     lines = console.file.getvalue().splitlines()
     conv1, conv2 = 8 * 3 * 9 * 16, 8 * 8 * 9 * 16  # Cout*Cin*k*k*Hout*Wout
@@ -533,5 +533,7 @@ def test_tree_rendering(tiny_net) -> None:
     assert lines[4] == "│   ├── block.0  Conv2d  584 params  9.22K MACs  trainable  → 1x8x4x4"
     # Leaf outputs: conv1, relu twice, block.0, block.1 (8x4x4 each), pool (8), fc (5).
     assert 4 * (5 * 8 * 4 * 4 + 8 + 5) == 2612 and 4 * 869 == 3476
+    # Buffers: one BatchNorm2d(8): running mean and variance (float32), num_batches_tracked.
+    assert 2 * 8 * 4 + 8 == 72
     assert lines[-1] == ("totals: 12.7K MACs (25.4K FLOPs) for batch 1  params 3.48 kB  "
-                         "activations 2.61 kB  input 192 B")
+                         "buffers 72 B  activations 2.61 kB  input 192 B")

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from hookscope.core.errors import ForwardError, clip
-from hookscope.core.select import Site, all_sites, depth_of
+from hookscope.core.select import Site, all_sites, depth_of, is_scripted
 
 __all__ = ["Call", "Hooks", "Tracer", "first_tensor", "hook_count", "raised_in_machinery",
            "model_device", "model_dtype", "tensor_shapes", "tensors"]
@@ -214,7 +214,8 @@ class Tracer(Hooks):
                 self.forward(site.module, partial(self._post, site),
                              with_kwargs=True, prepend=True)
             # Registered last with prepend, so it runs first: before the root's own site.
-            self.forward_pre(self.model, self._root_pre, prepend=True)
+            if not is_scripted(self.model):
+                self.forward_pre(self.model, self._root_pre, prepend=True)
         except BaseException:
             self.remove()
             raise

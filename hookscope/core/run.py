@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from hookscope.core.arguments import arity, call, expand, map_tensors, rows, split_label
@@ -45,7 +46,8 @@ def training_flags(model: nn.Module, *, train: bool = False) -> Iterator[None]:
     """Run in eval (or train) mode, then restore every module's ``training`` flag and, in
     train mode, every buffer (BatchNorm updates its running statistics)."""
     flags = [(m, m.training) for m in model.modules()]
-    buffers = [(b, b.detach().clone()) for b in model.buffers()] if train else []
+    # A lazy buffer has no value yet to restore; the forward materialises it.
+    buffers = [(b, b.detach().clone()) for b in model.buffers() if not is_lazy(b)] if train else []
     try:
         model.train(train)
         yield
@@ -213,6 +215,9 @@ def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = 
     device = model_device(model)
     dtype = None if autocast is not None else model_dtype(model)
     tracer = Tracer(model, probe.sites, on_enter=probe.on_enter, on_exit=probe.on_exit)
+    grad = probe.grad
+    if grad == "inference" and any(is_lazy(p) for p in model.parameters()):
+        grad = "off"  # lazy parameters materialise as ordinary tensors, not inference ones
     with training_flags(model, train=train_mode), tracer:
         probe.bind(tracer)
         start = 0
@@ -222,7 +227,7 @@ def drive(model: nn.Module, inputs: Any, probe: Probe[R], *, train_mode: bool = 
                 start, item = batch.start, batch.tensor
                 index = index if batch.number is None else batch.number
             step = Step(index, start, _to_device(item, device, dtype), batch, tracer, model,
-                        probe.grad, progress, autocast)
+                        grad, progress, autocast)
             try:
                 probe.step(step)
             except ForwardError as error:

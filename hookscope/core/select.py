@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -33,10 +34,49 @@ def depth_of(name: str) -> int:
     return 0 if not name else name.count(".") + 1
 
 
+def is_scripted(module: nn.Module) -> bool:
+    """Whether ``module`` is TorchScript (``torch.jit.script``), which takes no hooks."""
+    from torch.jit import ScriptModule
+
+    return isinstance(module, ScriptModule)
+
+
+def scripted_names(model: nn.Module) -> list[str]:
+    """The outermost scripted modules of ``model`` (``""``: the model itself), whose
+    subtrees cannot be hooked."""
+    found: list[str] = []
+    for name, module in model.named_modules():
+        inside = any(name == s or name.startswith(s + ".") or not s for s in found)
+        if not inside and is_scripted(module):
+            found.append(name)
+    return found
+
+
+def _unhooked(found: list[str]) -> str:
+    shown = ", ".join(repr(n) if n else "the model itself" for n in found[:6])
+    more = f" and {len(found) - 6} more" if len(found) > 6 else ""
+    return (f"not hooked: {shown}{more} (TorchScript: hooks cannot be registered on a scripted "
+            "module or its submodules; their work counts toward the module that calls them)")
+
+
 def all_sites(model: nn.Module) -> list[Site]:
-    """Every named module except the root, in definition order (the root only for a bare leaf)."""
-    sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules() if n]
+    """Every named module except the root, in definition order (the root only for a bare
+    leaf), leaving out scripted modules and their submodules (one warning names them)."""
+    found = scripted_names(model)
+    if found:
+        logging.getLogger("hookscope").warning(_unhooked(found))
+    sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules()
+             if n and not any(n == s or n.startswith(s + ".") for s in found)]
+    if "" in found:
+        return []
     return sites or [Site("", type(model).__name__, 0, model)]
+
+
+def hooked_sites(model: nn.Module) -> list[Site]:
+    """The model itself, then every module :func:`all_sites` can hook (the model too only
+    when it is not scripted)."""
+    root = [] if is_scripted(model) else [Site("", type(model).__name__, 0, model)]
+    return root + [s for s in all_sites(model) if s.name]
 
 
 @dataclass(frozen=True)
@@ -75,10 +115,19 @@ class Selection:
         layers, types, max_depth = self.layers, self.types, self.max_depth
         kind = type(model).__name__
         everything = all_sites(model)
+        if not everything:
+            return HookscopeError(f"{kind} is TorchScript (scripted) as a whole, and hooks cannot "
+                                  "be registered on it; load the eager model instead.")
         names = [s.name for s in everything]
         hint = " Run `hookscope layers MODEL` to list the names."
         within = f" within {param('max_depth')} {max_depth}" if max_depth is not None else ""
         if layers and not by_name:
+            hidden = [n for n, _ in model.named_modules() if n not in names
+                      and any(fnmatch.fnmatchcase(n, p) for p in layers)]
+            if hidden and not any(fnmatch.fnmatchcase(n, p) for n in names for p in layers):
+                return HookscopeError(f"{param('layers')} {' '.join(layers)} matches only "
+                                      f"modules inside TorchScript (scripted) modules of {kind} "
+                                      f"({', '.join(hidden[:4])}), which cannot be hooked.")
             if not any(fnmatch.fnmatchcase(n, p) for n in names for p in layers):
                 close = "".join(suggest(p, names) for p in layers)
                 return HookscopeError(f"{param('layers')} {' '.join(layers)} matches no module "
@@ -130,5 +179,9 @@ def find_site(model: nn.Module, name: str) -> Site:
     sites = {site.name: site for site in all_sites(model)}
     if name in sites:
         return sites[name]
+    if name in dict(model.named_modules()):
+        raise HookscopeError(f"{name!r} is inside a TorchScript (scripted) module of "
+                             f"{type(model).__name__}, and hooks cannot be registered there; "
+                             "choose a module outside it.")
     raise HookscopeError(f"{type(model).__name__} has no module named {name!r}."
                          f"{suggest(name, sites)} Run `hookscope layers MODEL` to list the names.")

@@ -21,7 +21,7 @@ from torch import nn
 from hookscope.core.errors import CheckFailed, ForwardError
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import LEAVES, Selection, Site, depth_of
+from hookscope.core.select import LEAVES, Selection, hooked_sites
 from hookscope.numerics.moments import moments
 
 __all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "ExitEvent",
@@ -214,7 +214,7 @@ class DebugProbe(Probe[DebugReport]):
     def __init__(self, model: nn.Module, *, select: Selection = LEAVES,
                  on_event: Callable[[Event], None] | None = None, record: bool = False) -> None:
         self.selected = {s.name for s in select.sites(model)}
-        self.sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules()]
+        self.sites = hooked_sites(model)
         self.model = model
         self.on_event = on_event
         self.report = DebugReport(events=[] if record else None)

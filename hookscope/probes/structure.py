@@ -4,26 +4,28 @@ Parameters are counted once each: a shared module appears once, and a tied param
 by the first module that holds it. Shapes come from one forward pass under ``FlopCounterMode``;
 a call's FLOPs are how much its total grew between the call's two hooks, so calls keep the
 ``named_modules`` names (the counter's module tracker names a module registered twice, or
-called outside its parent's forward, otherwise).
+called outside its parent's forward, otherwise). Recurrent layers are counted by formula
+(:mod:`hookscope.probes.flops`); a call that ran a multiply-add operation without a formula has
+no FLOPs (None) rather than too few. Scripted submodules are listed but not hooked; lazy
+parameters are counted after the forward that materialises them (None without one).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.nn.parameter import is_lazy
 
 from hookscope.core.errors import at_least_one
 from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import Site, depth_of
+from hookscope.core.select import depth_of, hooked_sites, is_scripted, scripted_names
+from hookscope.probes.flops import count_flops, recurrent_macs
 
 __all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops", "model_structure"]
 
@@ -42,7 +44,8 @@ def nbytes(obj: Any) -> int:
 @dataclass(frozen=True)
 class LayerCall:
     """The shapes, FLOPs (submodules included; None: not counted) and output bytes of one call
-    of a module."""
+    of a module. ``uncounted_ops`` names the multiply-add operations without a FLOP formula
+    that ran in the call; with any, ``flops`` is None and ``macs_counted`` False."""
 
     input_shapes: list[list[int]]
     output_shape: list[int] | None
@@ -50,9 +53,12 @@ class LayerCall:
     flops: int | None = None
     macs: int | None = field(init=False)
     output_bytes: int = 0
+    uncounted_ops: list[str] = field(default_factory=list)
+    macs_counted: bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "macs", _macs(self.flops))
+        object.__setattr__(self, "macs_counted", not self.uncounted_ops)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,15 +70,17 @@ class LayerInfo:
 
     ``trainable`` is True, False, ``"partial"``, or None when the subtree has no parameter.
     ``flops`` sums its calls, ``flops_own`` only what ran outside any submodule call (None: no
-    forward pass ran). Parameter bytes are by dtype name, owned and of the subtree (``_total``).
+    forward pass ran, or an operation without a formula ran; ``macs_counted`` says which).
+    Parameter bytes are by dtype name, owned and of the subtree (``_total``). Parameter counts
+    are None while a lazy parameter is uninitialised; ``scripted`` modules are not hooked.
     """
 
     name: str
     type: str
     depth: int
-    params: int
-    params_total: int
-    trainable_params: int
+    params: int | None
+    params_total: int | None
+    trainable_params: int | None
     trainable: bool | str | None
     calls: list[LayerCall] = field(default_factory=list)
     flops: int | None = None
@@ -81,6 +89,10 @@ class LayerInfo:
     macs_own: int | None = field(init=False)
     params_bytes: dict[str, int] = field(default_factory=dict)
     params_bytes_total: dict[str, int] = field(default_factory=dict)
+    macs_counted: bool | None = None
+    buffers: int | None = 0
+    buffers_total: int | None = 0
+    scripted: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "macs", _macs(self.flops))
@@ -96,110 +108,110 @@ class Structure:
     """What :func:`model_structure` returns: the model itself (``root``, whose empty name
     cannot be selected) and every other module in definition order (``layers``, cut at
     ``max_depth``). Totals cover the whole model; ``flops``, ``activation_bytes`` (outputs of
-    every leaf call) and ``input_bytes`` are for the example batch, None without one.
+    every leaf call) and ``input_bytes`` are for the example batch, None without one (and
+    ``flops`` None when ``uncounted_ops`` names operations without a formula, each with the
+    modules that ran it).
     """
 
     root: LayerInfo
     layers: list[LayerInfo]
-    params: int
-    trainable_params: int
+    params: int | None
+    trainable_params: int | None
     modules: int
     input_shape: list[int] | None
     flops: int | None = None
     params_bytes: dict[str, int] = field(default_factory=dict)
     activation_bytes: int | None = None
     input_bytes: int | None = None
+    forward: bool = True
+    train_mode: bool = False
+    uncounted_ops: dict[str, list[str]] = field(default_factory=dict)
+    scripted: list[str] = field(default_factory=list)
+    uninitialised: list[str] = field(default_factory=list)
+    buffers: int | None = 0
+    buffers_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
+        counted = None if not self.forward else not self.uncounted_ops
         totals = {"params": self.params, "trainable_params": self.trainable_params, "modules": self.modules,
                   "flops": self.flops, "macs": _macs(self.flops), "params_bytes": self.params_bytes,
-                  "activation_bytes": self.activation_bytes, "input_bytes": self.input_bytes}
-        return {"input_shape": self.input_shape, "root": self.root.to_dict(),
+                  "activation_bytes": self.activation_bytes, "input_bytes": self.input_bytes,
+                  "macs_counted": counted, "uncounted_ops": self.uncounted_ops,
+                  "buffers": self.buffers, "buffers_bytes": self.buffers_bytes,
+                  "scripted": self.scripted, "uninitialised": self.uninitialised}
+        return {"input_shape": self.input_shape, "forward": self.forward,
+                "train_mode": self.train_mode, "root": self.root.to_dict(),
                 "layers": [layer.to_dict() for layer in self.layers], "totals": totals}
 
 
-def _trainable(total: int, trainable: int) -> bool | str | None:
+def _trainable(params: list[torch.Tensor]) -> bool | str | None:
+    total = _numel(params)
+    if total is None:  # lazy: the flags are known before the sizes
+        flags = {p.requires_grad for p in params}
+        return None if not flags else flags.pop() if len(flags) == 1 else "partial"
     if total == 0:
         return None
+    trainable = _numel(p for p in params if p.requires_grad) or 0
     if trainable == total:
         return True
     return False if trainable == 0 else "partial"
 
 
-def _owned(model: nn.Module) -> dict[str, tuple[list[nn.Parameter], list[nn.Parameter]]]:
-    """Per module name: the parameters it owns and those of its subtree. The first module (in
-    ``named_modules`` order) that holds a parameter owns it, so shared ones are owned once."""
+Owned = dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]
+
+
+def _owned(model: nn.Module, buffers: bool = False) -> Owned:
+    """Per module name: the parameters (or buffers) it owns and those of its subtree. The
+    first module (in ``named_modules`` order) that holds one owns it, so shared ones are owned
+    once."""
     seen: set[int] = set()
-    found = {}
+    found: Owned = {}
     for name, module in model.named_modules():
-        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        mine = module.buffers(recurse=False) if buffers else module.parameters(recurse=False)
+        own = [p for p in mine if id(p) not in seen]
         seen.update(id(p) for p in own)
         # module.parameters() deduplicates within the subtree, as model.parameters() does.
-        found[name] = (own, list(module.parameters()))
+        found[name] = (own, list(module.buffers() if buffers else module.parameters()))
     return found
 
 
-def _numel(params: Iterable[nn.Parameter]) -> int:
-    return sum(p.numel() for p in params)
+def _numel(params: Iterable[torch.Tensor]) -> int | None:
+    """Elements in ``params``; None when one is a lazy parameter not yet initialised."""
+    params = list(params)
+    return None if any(is_lazy(p) for p in params) else sum(p.numel() for p in params)
 
 
-def _dtype_bytes(params: Iterable[nn.Parameter]) -> dict[str, int]:
+def _dtype_bytes(params: Iterable[torch.Tensor]) -> dict[str, int]:
     found: Counter[str] = Counter()
     for p in params:
-        found[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
+        if not is_lazy(p):
+            found[str(p.dtype).removeprefix("torch.")] += p.numel() * p.element_size()
     return dict(sorted(found.items()))
-
-
-def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: list[int],
-                   *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    """``softmax(q k^T) v``: two batched matmuls, 2 FLOPs per multiply-add, as FlopCounterMode
-    counts its other attention kernels (the causal mask ignored)."""
-    batch_heads, queries, dim = math.prod(query_shape[:-2]), query_shape[-2], query_shape[-1]
-    keys, value_dim = key_shape[-2], value_shape[-1]
-    return 2 * batch_heads * queries * keys * (dim + value_dim)
-
-
-class _NoModuleTracker(nullcontext):
-    """Stands in for ``FlopCounterMode``'s module tracker (every FLOP goes to ``Global``),
-    whose table is never read and whose multi-grad hooks fail in inference mode on a
-    parameter passed straight to a submodule, as timm's CaiT passes its class token."""
-
-    parents = frozenset({"Global"})
-
-
-@contextmanager
-def count_flops() -> Iterator[FlopCounterMode]:
-    """A ``FlopCounterMode`` that also sees attention: the fused kernels of
-    ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` have no FLOP formula, so their
-    fast path is off inside (then restored); CPU scaled dot-product attention gets one."""
-    kernel = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    counter = FlopCounterMode(display=False,
-                              custom_mapping={} if kernel is None else {kernel: _sdpa_cpu_flop})
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    counter.mod_tracker = _NoModuleTracker()  # type: ignore[assignment]
-    try:
-        with counter:
-            yield counter
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
     """Record each call's input and output shapes, output bytes and, with ``flops``, FLOPs, on
     every module and the model itself; ``flops_own`` holds per module what its calls ran
-    outside any submodule call."""
+    outside any submodule call, ``uncounted`` per operation without a formula the modules
+    that ran it (the innermost hooked module; ``""``: the model's own code)."""
 
     def __init__(self, model: nn.Module, *, flops: bool = True) -> None:
-        self.sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules()]
+        self.sites = hooked_sites(model)
         self.calls: dict[str, list[LayerCall]] = {}
         self.flops_own: dict[str, int] = {}
+        self.own_uncounted: set[str] = set()
+        self.uncounted: dict[str, set[str]] = {}
         self.flops: int | None = 0 if flops else None
         self._inputs: dict[tuple[str, int], list[list[int]]] = {}
-        self._counter: FlopCounterMode | None = None
-        # One entry per running call: the counter's total at entry, FLOPs of nested calls.
+        self._total = lambda: 0
+        self._extra = [0]  # what formulas add to the counter's total, in this pass
+        # The pass's uncounted operations: (operation, innermost running call's name).
+        self._ops: list[tuple[str, str]] = []
+        # One entry per running call: counter total at entry, FLOPs of nested calls, the
+        # number of uncounted operations at entry.
         self._open: list[list[int]] = []
+        self._names: list[str] = []
 
     def step(self, step: Step) -> None:
         """One forward pass, under a FLOP counter when FLOPs are counted."""
@@ -207,34 +219,56 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
             step.forward()
             return
         self._open.clear()
-        with count_flops() as counter:
-            self._counter = counter
+        self._names.clear()
+        self._ops.clear()
+        extra = self._extra = [0]
+        with count_flops(self._uncounted) as counter:
+            self._total = lambda: counter.get_total_flops() + extra[0]
             try:
                 step.forward()
             finally:
-                self._counter = None
-        self.flops += counter.get_total_flops()
+                self._total = lambda: 0
+        self.flops += counter.get_total_flops() + extra[0]
+        for op, name in self._ops:
+            self.uncounted.setdefault(op, set()).add(name)
+
+    def _uncounted(self, op: str) -> None:
+        self._ops.append((op, self._names[-1] if self._names else ""))
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._inputs[call.key] = tensor_shapes((args, kwargs))
-        if self._counter is not None:
-            self._open.append([self._counter.get_total_flops(), 0])
+        if self.flops is not None:
+            self._open.append([self._total(), 0, len(self._ops)])
+            self._names.append(call.name)
 
-    def _call_flops(self, name: str) -> int | None:
-        if self._counter is None or not self._open:
-            return None
-        start, nested = self._open.pop()
-        spent = self._counter.get_total_flops() - start
+    def _call_flops(self, call: Call, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> tuple[int | None, list[str]]:
+        """The call's FLOPs (None: not counted) and the uncounted operations it ran."""
+        if self.flops is None or not self._open:
+            return None, []
+        start, nested, first = self._open.pop()
+        self._names.pop()
+        spent = self._total() - start
+        formula = recurrent_macs(call.site.module, args, kwargs)
+        if formula is not None:  # replaces what the counter saw, if anything
+            self._extra[0] += 2 * formula - spent
+            spent = 2 * formula
+            del self._ops[first:]
         if self._open:
             self._open[-1][1] += spent
+        name = call.name
         self.flops_own[name] = self.flops_own.get(name, 0) + spent - nested
-        return spent
+        if any(who == name for _, who in self._ops[first:]):
+            self.own_uncounted.add(name)
+        ops = sorted({op for op, _ in self._ops[first:]})
+        return (None if ops else spent), ops
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         shapes = tensor_shapes(output)
+        flops, ops = self._call_flops(call, args, kwargs)
         self.calls.setdefault(call.name, []).append(LayerCall(
             self._inputs.pop(call.key, []), shapes[0] if shapes else None, shapes,
-            output_bytes=nbytes(output), flops=self._call_flops(call.name)))
+            output_bytes=nbytes(output), flops=flops, uncounted_ops=ops))
 
     def finish(self) -> dict[str, list[LayerCall]]:
         return self.calls
@@ -246,36 +280,52 @@ def _leaf_bytes(model: nn.Module, calls: dict[str, list[LayerCall]]) -> int:
     return sum(c.output_bytes for name in leaves for c in calls.get(name, []))
 
 
+def _type_name(module: nn.Module) -> str:
+    """The class name; a scripted module's is the class it was scripted from."""
+    return str(getattr(module, "original_name", "") or type(module).__name__) \
+        if is_scripted(module) else type(module).__name__
+
+
 def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: int | None = None,
-                    autocast: torch.dtype | None = None) -> Structure:
+                    autocast: torch.dtype | None = None, train_mode: bool = False) -> Structure:
     """The module tree of ``model`` with parameter counts and bytes and, given ``example`` (a
     batch: a tensor or a tuple of positional arguments), each call's shapes, output bytes and
-    FLOPs from one forward pass. ``max_depth`` lists modules down to that depth only (1 = the
-    model's children); counts at the cut still include everything below."""
+    FLOPs from one forward pass (in train mode with ``train_mode``). ``max_depth`` lists
+    modules down to that depth only (1 = the model's children); counts at the cut still
+    include everything below. Parameters are counted after the forward, which materialises
+    lazy ones; without ``example`` an uninitialised one makes the counts that hold it None."""
     at_least_one("max_depth", max_depth)
-    owned = _owned(model)
     ran = example is not None
     probe = ShapesProbe(model, flops=ran)
-    root, *sites = probe.sites
-    calls = drive(model, example, probe, autocast=autocast) if ran else {}
+    calls = drive(model, example, probe, autocast=autocast, train_mode=train_mode) if ran else {}
     shapes = tensor_shapes(example) if ran else []
+    owned, buffers = _owned(model), _owned(model, buffers=True)
+    scripted = scripted_names(model)
 
-    def info(site: Site) -> LayerInfo:
-        own, subtree = owned[site.name]
-        total, trainable = _numel(subtree), _numel(p for p in subtree if p.requires_grad)
-        mine = calls.get(site.name, [])
-        flops = sum(c.flops or 0 for c in mine) if ran else None
+    def info(name: str, module: nn.Module) -> LayerInfo:
+        own, subtree = owned[name]
+        mine = calls.get(name, [])
+        counted = all(c.macs_counted for c in mine)
+        flops = sum(c.flops or 0 for c in mine) if ran and counted else None
+        own_flops = probe.flops_own.get(name, 0) if ran and name not in probe.own_uncounted else None
         return LayerInfo(
-            name=site.name, type=site.type, depth=site.depth, params=_numel(own), params_total=total,
-            trainable_params=trainable, trainable=_trainable(total, trainable), calls=mine,
-            flops=flops, flops_own=probe.flops_own.get(site.name, 0) if ran else None,
-            params_bytes=_dtype_bytes(own), params_bytes_total=_dtype_bytes(subtree))
+            name=name, type=_type_name(module), depth=depth_of(name), params=_numel(own),
+            params_total=_numel(subtree), trainable_params=_numel(p for p in subtree if p.requires_grad),
+            trainable=_trainable(subtree), calls=mine, flops=flops, flops_own=own_flops,
+            params_bytes=_dtype_bytes(own), params_bytes_total=_dtype_bytes(subtree),
+            macs_counted=counted if ran else None, buffers=_numel(buffers[name][0]),
+            buffers_total=_numel(buffers[name][1]),
+            scripted=any(name == s or name.startswith(s + ".") or not s for s in scripted))
 
-    top = info(root)
+    top, *rest = (info(n, m) for n, m in model.named_modules())
     return Structure(
-        root=top, layers=[info(s) for s in sites if max_depth is None or s.depth <= max_depth],
-        params=top.params_total, trainable_params=top.trainable_params, modules=len(sites),
+        root=top, layers=[r for r in rest if max_depth is None or r.depth <= max_depth],
+        params=top.params_total, trainable_params=top.trainable_params, modules=len(rest),
         # Per sample, without the batch dimension, as in the `stats` document.
-        input_shape=shapes[0][1:] if shapes else None, flops=probe.flops,
+        input_shape=shapes[0][1:] if shapes else None,
+        flops=None if probe.uncounted else probe.flops,
         params_bytes=top.params_bytes_total, activation_bytes=_leaf_bytes(model, calls) if ran else None,
-        input_bytes=nbytes(example) if ran else None)
+        input_bytes=nbytes(example) if ran else None, forward=ran, train_mode=train_mode and ran,
+        uncounted_ops={op: sorted(names) for op, names in sorted(probe.uncounted.items())},
+        scripted=scripted, uninitialised=[n for n, p in model.named_parameters() if is_lazy(p)],
+        buffers=top.buffers_total, buffers_bytes=sum(_dtype_bytes(buffers[""][1]).values()))

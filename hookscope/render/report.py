@@ -101,7 +101,8 @@ def _envelope(report: Report) -> list[tuple[str, dict[str, Any], bool]]:
         flops["dim"] = (f"per input ({format_shape(shape)}; {count(report.flops // 2)} "
                         "MACs)")
     rows += [("input shape", {"text": format_shape(report.stats.input_shape)}),
-             ("parameters", {"text": f"{report.params:,}", "dim": f"({count(report.params)})"}),
+             ("parameters", {"text": "uninitialised"} if report.params is None else
+              {"text": f"{report.params:,}", "dim": f"({count(report.params)})"}),
              ("FLOPs", flops), ("created", {"time": report.created})]
     rows += [(k, _envelope_value(k, env[k])) for k in _WIDE if k in keys]
     return [(k.replace("_", " "), v, k in _WIDE) for k, v in rows]

@@ -77,19 +77,35 @@ def human_bytes(value: float) -> str:
     return f"{text} {_BYTE_UNITS[unit]}"
 
 
-def _label(row: Mapping[str, Any], name: str, *more: Text) -> Text:
-    """A node's label: name, type, parameters (own too when they differ), MACs, whether it
-    is trainable, and its calls' output shapes."""
+def _params_text(row: Mapping[str, Any]) -> Text:
     own, total = row["params"], row["params_total"]
+    if total is None:  # a lazy parameter before the forward that gives it a size
+        if own is None:
+            return Text("uninitialised params", style="yellow")
+        return Text.assemble(("params partly uninitialised", "yellow"),
+                             (f" (own {own:,})" if own else "", "dim"))
     params = Text.assemble((f"{total:,} params", "cyan" if total else "dim"))
     if own != total:
         params.append_tokens([(" ", None), (f"(own {own:,})", "dim")])
-    parts: list[Text | tuple[str, str]] = [(name, "bold"), (row["type"], "magenta"), params]
-    if row.get("macs"):  # zero (ReLU, BatchNorm) and unmeasured (no input) stay quiet
+    return params
+
+
+def _label(row: Mapping[str, Any], name: str, *more: Text) -> Text:
+    """A node's label: name, type, parameters (own too when they differ), MACs, whether it
+    is trainable, and its calls' output shapes."""
+    parts: list[Text | tuple[str, str]] = [(name, "bold"), (row["type"], "magenta"),
+                                           _params_text(row)]
+    if row.get("macs_counted") is False:
+        parts.append(("MACs not counted", "yellow"))
+    elif row.get("macs"):  # zero (ReLU, BatchNorm) and unmeasured (no input) stay quiet
         parts.append((f"{human_count(row['macs'])} MACs", "blue"))
     if row.get("trainable") is not None:
         parts.append(_TRAINABLE.get(row["trainable"], ("partly trainable", "yellow")))
-    return joined(*parts, _calls_text(row.get("calls") or []), *more)
+    if row.get("scripted"):
+        parts.append(("scripted, not hooked", "yellow"))
+    elif row.get("macs_counted", False) is not None:  # None: no forward pass, nothing to say
+        parts.append(_calls_text(row.get("calls") or []))
+    return joined(*parts, *more)
 
 
 def _batch(doc: Mapping[str, Any]) -> int | None:
@@ -99,22 +115,45 @@ def _batch(doc: Mapping[str, Any]) -> int | None:
     return shapes[0][0] if shapes and shapes[0] else None
 
 
+def _macs_text(doc: Mapping[str, Any]) -> Text | None:
+    """MACs and FLOPs for the batch, or why there are none."""
+    totals = doc["totals"]
+    if doc.get("forward") is False:
+        return Text("no forward pass: shapes and MACs not measured", style="dim")
+    uncounted = totals.get("uncounted_ops") or {}
+    if uncounted:
+        where = "; ".join(f"{op} in {', '.join(n or '(the model itself)' for n in names[:4])}"
+                          for op, names in uncounted.items())
+        return Text(f"MACs not counted (no formula for {where})", style="yellow")
+    if totals.get("macs") is None:
+        return None
+    text = Text.assemble((f"{human_count(totals['macs'])} MACs", "blue"), " ",
+                         (f"({human_count(totals['flops'])} FLOPs)", "dim"))
+    batch = _batch(doc)
+    if batch is not None:
+        text.append(f" for batch {batch}")
+    return text
+
+
 def _totals_line(doc: Mapping[str, Any]) -> Text:
     """The line under the tree: MACs, FLOPs and bytes of the whole model."""
     totals = doc["totals"]
     first = Text.assemble(("totals:", "bold"))
-    if totals.get("macs") is not None:
-        first.append_tokens([(" ", None), (f"{human_count(totals['macs'])} MACs", "blue"),
-                             (" ", None), (f"({human_count(totals['flops'])} FLOPs)", "dim")])
-        batch = _batch(doc)
-        if batch is not None:
-            first.append(f" for batch {batch}")
+    macs = _macs_text(doc)
+    if macs is not None:
+        first.append_tokens([(" ", None)])
+        first.append_text(macs)
     by_dtype = totals["params_bytes"]
     params = Text.assemble((f"params {human_bytes(sum(by_dtype.values()))}", "cyan"))
     if len(by_dtype) > 1:
         each = ", ".join(f"{dtype} {human_bytes(n)}" for dtype, n in by_dtype.items())
         params.append_tokens([(" ", None), (f"({each})", "dim")])
+    if totals.get("uninitialised"):
+        params.append_tokens([(" ", None), (f"+ {len(totals['uninitialised'])} uninitialised",
+                                            "yellow")])
     parts: list[Text | str] = [first, params]
+    if totals.get("buffers_bytes"):
+        parts.append(f"buffers {human_bytes(totals['buffers_bytes'])}")
     if totals.get("activation_bytes") is not None:
         parts.append(f"activations {human_bytes(totals['activation_bytes'])}")
     if totals.get("input_bytes") is not None:
@@ -125,8 +164,9 @@ def _totals_line(doc: Mapping[str, Any]) -> Text:
 def layers_tree(doc: Mapping[str, Any]) -> RenderableType:
     """The module tree, then a line of totals when the document has them."""
     root, totals = doc["root"], doc["totals"]
-    summary = Text(f"[{totals['modules']} modules, {totals['trainable_params']:,} trainable]",
-                   style="dim")
+    trainable = totals["trainable_params"]
+    summary = Text(f"[{totals['modules']} modules, "
+                   f"{'?' if trainable is None else format(trainable, ',')} trainable]", style="dim")
     tree = Tree(_label(root, doc.get("model") or root["type"], summary), guide_style="dim")
     nodes = {"": tree}
     for row in doc["layers"]:
