@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from hookscope.core.run import Batch, Probe, Step, drive
 from hookscope.core.select import all_sites
 
 __all__ = ["BASELINES", "AttrBatch", "AttrOptions", "AttrReport", "AttrResult", "AttrRun",
-           "AttributionProbe", "attribute", "overlay_map"]
+           "AttributionProbe", "attr_options", "attribute", "overlay_map", "pair"]
 
 BASELINES = ("zero", "blur", "noise")
 
@@ -84,6 +84,36 @@ class AttrOptions:
                 and not Path(self.baseline).is_file():
             raise HookscopeError(f"{param('baseline')} {self.baseline!r}: give zero, blur, "
                                  "noise or a .npy/.pt file of the model input's shape.")
+
+
+    def with_targets(self, targets: Targets | None, task: str | None = None,
+                     output_key: str | None = None) -> AttrOptions:
+        """These options with the model's targets, task and output key."""
+        return replace(self, targets=targets, task=task, output_key=output_key)
+
+
+def pair(value: str | int | Sequence[int], name: str) -> tuple[int, int]:
+    """``"16"``, ``"16,8"``, 16 or (16, 8) as (height, width) (HookscopeError otherwise)."""
+    if isinstance(value, int):
+        return (value, value)
+    parts = [p.strip() for p in value.split(",")] if isinstance(value, str) else list(value)
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) not in (1, 2):
+        raise HookscopeError(f"{param(name)} {value!r}: give H,W or one size, in pixels.")
+    return (sizes[0], sizes[-1])
+
+
+def attr_options(methods: Sequence[str], **options: Any) -> AttrOptions:
+    """Checked :class:`AttrOptions` (``window`` and ``stride`` as :func:`pair` reads them)."""
+    for key in ("window", "stride"):
+        if key in options:
+            options[key] = pair(options[key], key)
+    opts = AttrOptions(methods=tuple(get_attribution(m).name for m in methods), **options)
+    opts.check()
+    return opts
 
 
 def _load_baseline(path: str) -> torch.Tensor:
@@ -213,7 +243,7 @@ class AttrRun:
         x, opts = self.x, self.options
         found = []
         for i in range(len(x)):
-            gen = torch.Generator().manual_seed(opts.seed + self.step.start + i)
+            gen = torch.Generator().manual_seed((opts.seed + self.step.start + i) % 2**64)
             std = opts.noise * float(x[i].max() - x[i].min())
             found.append(torch.randn((opts.samples, *x.shape[1:]), generator=gen) * std)
         return torch.stack(found).to(x)
@@ -311,7 +341,7 @@ class AttributionProbe(Probe[AttrReport]):
         if name == "noise":
             found = []
             for i in range(len(x)):
-                gen = torch.Generator().manual_seed(self.options.seed + start + i + 1_000_003)
+                gen = torch.Generator().manual_seed((self.options.seed + start + i + 1_000_003) % 2**64)
                 low, high = float(x[i].min()), float(x[i].max())
                 found.append(low + (high - low) * torch.rand(x.shape[1:], generator=gen))
             return torch.stack(found).to(x)
@@ -396,10 +426,7 @@ def attribute(model: nn.Module, x: torch.Tensor | Iterable[torch.Tensor], *,
     batches = [b.unsqueeze(0) if b.dim() == 3 else b for b in batches]
     if targets is not None:
         targets.check_count(sum(len(b) for b in batches))
-    for key in ("window", "stride"):
-        if isinstance(options.get(key), int):
-            options[key] = (options[key], options[key])
-    opts = AttrOptions(methods=(method,), targets=targets, **options)
+    opts = attr_options((method,), targets=targets, **options)
     probe = AttributionProbe(model, opts)
     report = drive(model, batches, probe, progress=progress, autocast=autocast)
     return report.results[probe.methods[0].name].attributions
