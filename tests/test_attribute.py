@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hookscope.cam.attrmethods import ATTRIBUTIONS, attribution_names, register
 from hookscope.cam.attribution import AttributionProbe, AttrResult, attr_options, attribute
+from hookscope.cam.attrmethods import ATTRIBUTIONS, attribution_names, register
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import hook_count
 from hookscope.core.run import drive
