@@ -179,16 +179,27 @@ class AttrReport:
     results: dict[str, AttrResult] = field(default_factory=dict)
 
 
+@dataclass
+class Clean:
+    """One batch's plain pass (with its baselines beside, when a method needs them): each
+    input's target, its score, the baselines and their scores."""
+
+    focus: Focus
+    scores: torch.Tensor
+    baseline: torch.Tensor
+    baseline_scores: torch.Tensor | None = None
+
+
 class AttrRun:
     """What a method may ask for on one batch: ``x``, its ``baseline``, the clean target
     scores (``clean``), and batched gradients and scores of derived inputs."""
 
-    def __init__(self, probe: AttributionProbe, step: Step, focus: Focus, clean: torch.Tensor,
+    def __init__(self, probe: AttributionProbe, step: Step, clean: Clean,
                  method: Attribution) -> None:
-        self.probe, self.step, self.focus, self.clean = probe, step, focus, clean
+        self.probe, self.step, self.focus, self.clean = probe, step, clean.focus, clean.scores
         self.options, self.method = probe.options, method
         self.x: torch.Tensor = step.x.detach()
-        self.baseline = probe.baseline_for(self.x, step.start)
+        self.baseline, self.baseline_scores = clean.baseline, clean.baseline_scores
 
     def _chunks(self, count: int, cap: int) -> Iterator[torch.Tensor]:
         for lo in range(0, count, cap):
@@ -354,10 +365,7 @@ class AttributionProbe(Probe[AttrReport]):
             raise HookscopeError(f"Attributions take one floating-point input batch (N, C, "
                                  f"...); got {shape}.")
         origins = Origins.of(step.batch, step.start, len(step), self.transform)
-        out = self.objective.output(step.forward(x, grad="inference"))
-        focus = self.objective.select(out, x, step.start, origins)
-        clean = self.objective.score(out, focus, list(range(len(x)))).float()
-        runs = [AttrRun(self, step, focus, clean, m) for m in self.methods]
+        runs = [AttrRun(self, step, self._clean(step, origins), m) for m in self.methods]
         if not self.expected and self.n_inputs:
             step.expect(sum(r.units() for r in runs) * self.n_inputs // max(len(x), 1))
             self.expected = True
@@ -368,14 +376,26 @@ class AttributionProbe(Probe[AttrReport]):
         else:
             self.kept.append(explained)
 
+    def _clean(self, step: Step, origins: Origins) -> Clean:
+        """The plain pass: the inputs and, in the same pass, their baselines if needed."""
+        x, n = step.x, len(step.x)
+        needs = any(m.baseline or m.rule == "deeplift" for m in self.methods)
+        baseline = self.baseline_for(x, step.start) if needs else torch.zeros_like(x)
+        out = self.objective.output(step.forward(torch.cat([x, baseline]) if needs else x,
+                                                 grad="inference"))
+        focus = self.objective.select(out[:n], x, step.start, origins)
+        rows = list(range(n))
+        scores = self.objective.score(out[:n], focus, rows).float()
+        base = self.objective.score(out[n:], focus, rows).double() if needs else None
+        return Clean(focus, scores, baseline, base)
+
     def _result(self, run: AttrRun) -> AttrResult:
         attr = run.method.fn(run).detach().float()
         sums = attr.flatten(1).double().sum(dim=1)
         base_scores: list[float | None] = [None] * len(attr)
         gaps: list[float | None] = [None] * len(attr)
-        if run.method.baseline:
-            out = self.objective.output(run.step.forward(run.baseline, grad="inference"))
-            base = self.objective.score(out, run.focus, list(range(len(attr)))).double()
+        if run.method.baseline and run.baseline_scores is not None:
+            base = run.baseline_scores
             base_scores = base.tolist()
             gaps = (sums - (run.clean.double() - base)).tolist()
         return AttrResult(run.method.name, attr.cpu().numpy(), list(run.focus.classes),
