@@ -4,8 +4,13 @@ In one process, random weights, one image, the top class as target; for integrat
 gradients (``--steps`` Gauss-Legendre steps, zero baseline) and occlusion (``--window``,
 ``--stride``, all channels, value 0), each library evaluating the same ``--cap`` derived
 inputs per pass (captum's ``internal_batch_size`` and ``perturbations_per_eval``). Runs are
-interleaved (:func:`_timing.timed`); the ratio hookscope / captum is printed (goal: <= 1.0),
-with the largest difference of the attributions, relative to the largest value.
+interleaved (:func:`_timing.timed`, CPU time); the ratio hookscope / captum is printed (goal:
+<= 1.0), with the largest difference of the attributions, relative to the largest value.
+
+hookscope always scores the input and the baseline too (one extra pass of 2 rows: the target,
+the score and the completeness gap of its JSON). For integrated gradients the ratio is given
+against captum computing the same (``return_convergence_delta=True``, one extra pass of its
+own) and, in parentheses, against captum's attributions alone.
 
     python benchmarks/bench_attribute.py [--steps 50] [--window 16] [--stride 8] [--cap 32]
         [--repeats 3] [--size 224] [--threads N]
@@ -54,26 +59,30 @@ def main() -> None:
             lambda: hookscope.attribute(model, x, method="integrated-gradients", target=target,
                                         steps=args.steps, batch_cap=args.cap),
             lambda: IntegratedGradients(model).attribute(
+                x, target=target, n_steps=args.steps, internal_batch_size=args.cap,
+                return_convergence_delta=True)[0],
+            lambda: IntegratedGradients(model).attribute(
                 x, target=target, n_steps=args.steps, internal_batch_size=args.cap)),
         "occlusion": (
             lambda: hookscope.attribute(model, x, method="occlusion", target=target,
                                         window=window, stride=stride, batch_cap=args.cap),
             lambda: Occlusion(model).attribute(
                 x, target=target, sliding_window_shapes=(3, *window), strides=(1, *stride),
-                perturbations_per_eval=args.cap)),
+                perturbations_per_eval=args.cap), None),
     }
     print(f"resnet18, {args.size} px, 1 image, {args.cap} rows per pass, "
           f"{torch.get_num_threads()} thread(s), {args.repeats} interleaved repeats")
     print(f"{'method':22} {'hookscope s':>12} {'captum s':>10} {'ratio':>7} {'max diff':>10}")
-    for name, (ours, theirs) in cases.items():
+    for name, (ours, theirs, bare) in cases.items():
         start = time.perf_counter()
         a, b = ours(), theirs().detach().numpy()
         diff = float(abs(a - b).max() / abs(b).max())
-        times = timed({"hookscope": ours, "captum": theirs}, args.repeats,
-                      clock=time.process_time)
+        fns = {"hookscope": ours, "captum": theirs} | ({"bare": bare} if bare else {})
+        times = timed(fns, args.repeats, clock=time.process_time)
         mine, peer = times["hookscope"][1], times["captum"][1]
+        alone = f" (vs attributions alone {mine / times['bare'][1]:.3f})" if bare else ""
         print(f"{name:22} {mine:12.3f} {peer:10.3f} {mine / peer:7.3f} {diff:10.2e}"
-              f"   ({time.perf_counter() - start:.0f} s)")
+              f"   {time.perf_counter() - start:.0f} s{alone}")
 
 
 if __name__ == "__main__":

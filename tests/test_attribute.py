@@ -345,3 +345,18 @@ def test_python_api_and_conv_padding_agree_with_torch() -> None:
     want = x * conv.weight.detach()[0, :, 0, 0][None, :, None, None] / 16
     assert np.allclose(found, want.numpy(), atol=1e-7)
     assert hook_count(conv) == 0
+
+
+def test_a_segmentation_target_is_the_class_logits_over_its_region() -> None:
+    """The objective is Grad-CAM's: for segmentation, the target class's logits summed over
+    the pixels where it is predicted; saliency is |d that / dx|, checked with autograd."""
+    torch.manual_seed(7)
+    seg = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Conv2d(4, 3, 1)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    found = attribute(seg, x, method="saliency", target=1, task="segmentation")
+    leaf = x.clone().requires_grad_(True)
+    out = seg(leaf)
+    region = (out.argmax(1) == 1).float().detach()
+    (grad,) = torch.autograd.grad((out[:, 1] * region).sum(), leaf)
+    assert region.sum() > 0
+    assert np.abs(found - grad.abs().numpy()).max() <= 1e-6 * float(grad.abs().max())

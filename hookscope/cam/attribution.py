@@ -262,6 +262,9 @@ class AttrRun:
     def windows(self) -> torch.Tensor:
         """Every occlusion window as a (W, 1, H, W) mask: captum's positions, at multiples
         of the stride, the last in each direction reaching the edge."""
+        if self.x.dim() != 4:
+            raise HookscopeError(f"occlusion slides a window over images (N, C, H, W); got "
+                                 f"{list(self.x.shape)}.")
         (h, w), (wh, ww), (sh, sw) = self.x.shape[-2:], self.options.window, self.options.stride
         if wh > h or ww > w:
             raise HookscopeError(f"{param('window')} {wh}x{ww} is larger than the input "
@@ -348,6 +351,9 @@ class AttributionProbe(Probe[AttrReport]):
                                      f"model input's is {list(x.shape[1:])}.")
             return base.expand_as(x).contiguous()
         if name == "blur":
+            if x.dim() != 4:
+                raise HookscopeError(f"{param('baseline')} blur blurs images (N, C, H, W); got "
+                                     f"{list(x.shape)}.")
             return _blur(x)
         if name == "noise":
             found = []
