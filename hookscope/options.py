@@ -97,7 +97,6 @@ HeadFusion = _choices("HeadFusion", ["mean", "max", "min"])
 CheckFormat = _choices("CheckFormat", ["table", "json", "github"])
 CamMethod = _choices("CamMethod", method_names())
 AttrMethod = _choices("AttrMethod", attribution_names())
-Baseline = _choices("Baseline", ["zero", "blur", "noise"])
 
 # ----------------------------------------------------------------- options, declared once
 

@@ -360,3 +360,14 @@ def test_a_segmentation_target_is_the_class_logits_over_its_region() -> None:
     (grad,) = torch.autograd.grad((out[:, 1] * region).sum(), leaf)
     assert region.sum() > 0
     assert np.abs(found - grad.abs().numpy()).max() <= 1e-6 * float(grad.abs().max())
+
+
+def test_progress_counts_the_rows_evaluated() -> None:
+    seen: list[int] = []
+    x = torch.randn(2, 3, 16, 16)
+    attribute(_small(), x, method="integrated-gradients", steps=10, batch_cap=3,
+              progress=seen.append)
+    assert sum(seen) == 2 * 10 and max(seen) <= 3
+    seen.clear()
+    attribute(_small(), x, method="occlusion", window=8, stride=4, progress=seen.append)
+    assert sum(seen) == 2 * 3 * 3
