@@ -371,3 +371,13 @@ def test_progress_counts_the_rows_evaluated() -> None:
     seen.clear()
     attribute(_small(), x, method="occlusion", window=8, stride=4, progress=seen.append)
     assert sum(seen) == 2 * 3 * 3
+
+
+def test_a_baseline_of_the_wrong_shape_is_one_line_and_leaves_no_file(cli, cat_jpg,
+                                                                     tmp_path) -> None:
+    np.save(tmp_path / "small.npy", np.zeros((3, 8, 8), np.float32))
+    out = tmp_path / "o"
+    r = cli("attribute", "resnet18", cat_jpg, *FAST, "-m", "saliency", "-m", "deeplift",
+            "--baseline", tmp_path / "small.npy", "--out", out)
+    assert r.exit_code == 2 and "shape" in r.stderr and "Traceback" not in r.output
+    assert not out.exists() or not any(out.iterdir())
