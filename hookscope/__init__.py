@@ -24,6 +24,7 @@ _LAZY = {
     "gradcam": "hookscope.cam.probe",
     "explain": "hookscope.cam.probe",
     "CamResult": "hookscope.cam.result",
+    "attribute": "hookscope.cam.attribution",
     "collect_grads": "hookscope.probes.grads",
     "GradReport": "hookscope.probes.grads",
     "model_structure": "hookscope.probes.structure",

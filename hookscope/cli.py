@@ -248,6 +248,54 @@ def gradcam(
 
 @app.command()
 @runs_model
+def attribute(
+    model: o.ModelArg, inputs: o.InputsArg, method: o.AttrMethodOpt = None,
+    target: o.TargetOpt = None, out_dir: o.OutDirOpt = Path("hookscope-out"),
+    steps: o.AttrStepsOpt = 50, baseline: o.AttrBaselineOpt = "zero",
+    samples: o.AttrSamplesOpt = 50, noise: o.AttrNoiseOpt = 0.15, window: o.AttrWindowOpt = "16",
+    stride: o.AttrStrideOpt = "8", value: o.AttrValueOpt = 0.0, batch_cap: o.AttrBatchCapOpt = 32,
+    colormap: o.CamColormapOpt = "jet", alpha: o.CamAlphaOpt = 0.5,
+    save_raw: o.AttrSaveRawOpt = False, fmt: o.FormatOpt = "table", *, s: Session,
+) -> None:
+    """Pixel attributions: saliency, input x gradient, integrated gradients, SmoothGrad,
+    occlusion, guided backpropagation and DeepLift (captum's definitions).
+
+    Writes <stem>.<method>.png (overlay) and <stem>.<method>.heatmap.png into --out.
+
+    Example: hookscope attribute resnet18 cat.jpg -m integrated-gradients -m occlusion --out out/
+    """
+    from hookscope.cam.attribution import AttributionProbe, attr_options
+    from hookscope.cam.targets import task_targets
+    from hookscope.core.files import Staging
+    from hookscope.render.attrview import AttrWriter
+    from hookscope.render.heatmap import check_colormap, output_paths
+
+    methods = list(dict.fromkeys(method or [])) or ["saliency"]
+    check_colormap(colormap)
+    options = attr_options(methods, steps=steps, baseline=baseline, samples=samples,
+                           noise=noise, window=window, stride=stride, value=value,
+                           batch_cap=batch_cap, seed=s.model.load.seed)
+    s.reading([baseline], "the baseline file")
+    resolved = s.inputs(inputs)
+    plans = output_paths(resolved.stems, methods, out_dir, save_raw=save_raw)
+    s.folder(out_dir, [p for plan in plans for f in plan.values() for p in f.values() if p])
+    loaded = s.load("gradcam")  # an image model with logits, as Grad-CAM
+    task, targets = task_targets(loaded, target, len(resolved))
+    with Staging(out_dir, force=s.force) as staging, \
+            s.progress(None, "attribute", enabled=s.shown(fmt)) as bar:
+        writer = AttrWriter(staging, plans, loaded, save_raw=save_raw, cmap=colormap,
+                            alpha=alpha)
+        probe = AttributionProbe(loaded.model, options.with_targets(targets, task,
+                                 loaded.output_key), transform=loaded.preprocess,
+                                 sink=writer, n_inputs=len(resolved))
+        s.drive(loaded, s.batches(resolved, loaded, keep_images=True), probe, progress=bar)
+    doc = loaded.envelope("attribute", resolved.names) | writer.document(methods, options,
+                                                                          out_dir)
+    s.emit("attribute", doc, fmt)
+
+
+@app.command()
+@runs_model
 def grads(
     model: o.ModelArg, inputs: o.InputsArg, target: o.TargetOpt = None,
     loss: o.GradsLossOpt = "logit", label: o.GradsLabelOpt = None, vanish: o.GradsVanishOpt = 1e-3,

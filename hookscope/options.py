@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
+from hookscope.cam.attrmethods import attribution_names  # torch-free: only the registry
 from hookscope.cam.methods import method_names  # torch-free: only the registry
 from hookscope.checks.rulefile import KEYS, key_names
 from hookscope.core.load_options import InputOptions, LoadOptions
@@ -95,6 +96,7 @@ ModelSource = _choices("ModelSource", ["torchvision", "timm", "hf"])
 HeadFusion = _choices("HeadFusion", ["mean", "max", "min"])
 CheckFormat = _choices("CheckFormat", ["table", "json", "github"])
 CamMethod = _choices("CamMethod", method_names())
+AttrMethod = _choices("AttrMethod", attribution_names())
 
 # ----------------------------------------------------------------- options, declared once
 
@@ -363,6 +365,34 @@ CamMetricsOpt = Annotated[str | None, typer.Option(
     help="Score each map: road, deletion, insertion, drop, increase (comma list) or all.")]
 CamPercentilesOpt = Annotated[str | None, typer.Option(
     help="ROAD's percentiles, a comma list. [default: 10,20,...,90]")]
+AttrMethodOpt = Annotated[list[AttrMethod] | None, typer.Option(  # type: ignore[valid-type]
+    "--method", "-m", help="Attribution method (repeatable). [default: saliency]")]
+AttrStepsOpt = Annotated[int, typer.Option(
+    help="integrated-gradients: Gauss-Legendre steps from the baseline to the input.", min=1)]
+AttrBaselineOpt = Annotated[str, typer.Option(
+    help="integrated-gradients and deeplift: zero, blur (a Gaussian blur of the input), noise "
+    "(uniform over the input's range, --seed) or a .npy/.pt file of the model input's shape "
+    "(C, H, W), preprocessed.", metavar="zero|blur|noise|FILE")]
+AttrSamplesOpt = Annotated[int, typer.Option(
+    help="smoothgrad, smoothgrad-sq, vargrad: noisy copies per input.", min=1)]
+AttrNoiseOpt = Annotated[float, typer.Option(
+    help="smoothgrad, smoothgrad-sq, vargrad: the noise's standard deviation as a fraction of "
+    "each input's range (max - min), seeded with --seed.", min=0.0)]
+AttrWindowOpt = Annotated[str, typer.Option(
+    help="occlusion: the window, H,W or one size for both, in model-input pixels (all "
+    "channels).", metavar="H,W")]
+AttrStrideOpt = Annotated[str, typer.Option(
+    help="occlusion: the window's step, H,W or one size for both (at most the window).",
+    metavar="H,W")]
+AttrValueOpt = Annotated[float, typer.Option(
+    help="occlusion: the value the window is set to (in the model input's preprocessed "
+    "space).")]
+AttrBatchCapOpt = Annotated[int, typer.Option(
+    help="The most rows one pass evaluates: the steps, noisy copies and occluded copies are "
+    "batched under it (the same numbers for any value).", min=1)]
+AttrSaveRawOpt = Annotated[bool, typer.Option(
+    "--save-raw", help="Also write <stem>.<method>.npy: the float32 attribution of the model "
+    "input's shape (C, H, W), before any channel reduction.")]
 GradsLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
     help="logit: the target logit summed over inputs; ce: cross-entropy against --label, summed "
     "over inputs.")]

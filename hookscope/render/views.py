@@ -18,6 +18,7 @@ from hookscope.core.errors import HookscopeError
 from hookscope.core.files import Output, dumps_csv, dumps_json, dumps_ndjson, write
 from hookscope.render import (
     ablate,
+    attrview,
     camview,
     check,
     console,
@@ -164,6 +165,7 @@ VIEWS: dict[str, View] = {
     "models": View(tree.models_table, models_csv),
     "layers": View(tree.layers_view, layers_csv),
     "gradcam": View(camview.cam_view, cam_csv),
+    "attribute": View(attrview.attr_view, attrview.attr_csv),
     "grads": View(grads.grads_view, grads.grads_csv, grads_plot),
     "features": View(features.features_view, features_csv),
     "ablate": View(ablate.ablate_view, ablate_csv),

@@ -1,0 +1,98 @@
+"""``hookscope attribute``'s files, document and table: overlays drawn as Grad-CAM's
+(:func:`hookscope.render.heatmap.heatmap_images`), raw attributions as float32 ``.npy``,
+staged through :class:`hookscope.core.files.Staging`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from hookscope.cam.attribution import AttrBatch, AttrOptions, AttrResult, overlay_map
+from hookscope.core.files import Staging
+from hookscope.render.heatmap import denormalize, heatmap_images
+from hookscope.render.tables import DataTable, fmt_float, header, num
+
+#: The CSV columns (a contract).
+ATTR_COLUMNS = ("input", "method", "target", "label", "score", "sum", "baseline_score",
+                "completeness_gap", "overlay", "heatmap", "raw")
+
+
+class AttrWriter:
+    """Sink for :class:`hookscope.cam.attribution.AttributionProbe`: stages each input's
+    overlay, heatmap and (``save_raw``) raw attribution, and keeps the document's rows.
+    ``plans`` are :func:`hookscope.render.heatmap.output_paths`'."""
+
+    def __init__(self, staging: Staging, plans: Sequence[dict[str, dict[str, Path | None]]],
+                 loaded: Any, *, save_raw: bool = False, cmap: str = "jet",
+                 alpha: float = 0.5) -> None:
+        self.staging, self.plans, self.loaded = staging, plans, loaded
+        self.save_raw, self.cmap, self.alpha = save_raw, cmap, alpha
+        self.rows: list[dict[str, Any]] = []
+
+    def __call__(self, explained: AttrBatch) -> None:
+        batch = explained.batch
+        if batch is None:
+            raise ValueError("AttrWriter needs batches from hookscope.inputs.resolve.iter_batches")
+        for i, item in enumerate(batch.items):
+            image = batch.images[i] or denormalize(batch.tensor[i], self.loaded.mean,
+                                                   self.loaded.std)
+            for name, res in explained.results.items():
+                paths = self.plans[batch.start + i][name]
+                self.rows.append(self._row(item.name, res, i, paths))
+                self.staging.submit(self._write, res, i, image, explained.boxes[i], paths)
+
+    def _row(self, input_name: str, res: AttrResult, i: int, paths: Mapping[str, Path | None]
+             ) -> dict[str, Any]:
+        target = res.targets[i] if res.targets[i] >= 0 else None
+        return {"input": input_name, "method": res.method, "target": target,
+                "label": self.loaded.label(target) if target is not None else None,
+                "score": res.scores[i], "sum": res.sums[i],
+                "baseline_score": res.baseline_scores[i], "completeness_gap": res.gaps[i],
+                "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
+                "raw": str(paths["raw"]) if paths["raw"] is not None else None}
+
+    def _write(self, res: AttrResult, i: int, image: Any, box: Any,
+               paths: Mapping[str, Any]) -> None:
+        over, heat = heatmap_images(overlay_map(res.attributions[i]), image, box,
+                                    cmap=self.cmap, alpha=self.alpha)
+        self.staging.save_png(over, paths["overlay"])
+        self.staging.save_png(heat, paths["heatmap"])
+        if self.save_raw:
+            self.staging.save_npy(res.attributions[i], paths["raw"])
+
+    def document(self, methods: Sequence[str], options: AttrOptions, out: Path
+                 ) -> dict[str, Any]:
+        """The ``attribute`` document after the envelope."""
+        baseline = options.baseline if isinstance(options.baseline, str) else "tensor"
+        return {"methods": list(methods), "out": str(out),
+                "options": {"steps": options.steps, "baseline": baseline,
+                            "samples": options.samples, "noise": options.noise,
+                            "window": list(options.window), "stride": list(options.stride),
+                            "value": options.value, "batch_cap": options.batch_cap,
+                            "seed": options.seed},
+                "results": self.rows}
+
+
+def attr_view(doc: Mapping[str, Any]) -> RenderableType:
+    """Header, the files written, one row per input and method."""
+    table = DataTable(["input", "method", num("class"), "label", num("score"), num("sum"),
+                       num("gap"), "overlay"])
+    previous = None
+    for row in doc.get("results", []):
+        target = row.get("target")
+        table.add_row("" if row["input"] == previous else str(row["input"]), row["method"],
+                      "-" if target is None else str(target), row.get("label") or "",
+                      fmt_float(row.get("score")), fmt_float(row.get("sum")),
+                      fmt_float(row.get("completeness_gap")), str(row.get("overlay") or ""))
+        previous = row["input"]
+    wrote = Text(f"wrote {len(doc.get('results', []))} overlay(s) to {doc.get('out')}",
+                 style="green")
+    return Group(header(doc), wrote, table)
+
+
+def attr_csv(doc: Mapping[str, Any]) -> tuple[list[dict[str, Any]], Sequence[str]]:
+    return list(doc["results"]), ATTR_COLUMNS
