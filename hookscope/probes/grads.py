@@ -110,7 +110,7 @@ class GradReport(Merges):
 
     layers: list[GradLayer] = state("rows")
     params: list[ParamGrad] = state(_pairwise)
-    loss: str
+    loss: str = field(kw_only=True)
     targets: list[int] = state("cat")
     objective: float = state("sum")
     input_shape: list[int] | None = state("first")
