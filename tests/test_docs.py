@@ -1,4 +1,7 @@
-"""The examples of the README and of docs/*.md run, in one process, on files made here.
+"""The examples of the README and of docs/*.md run, in one process, in the docs sandbox.
+
+The sandbox is the folder ``docs/sandbox.py`` makes (``make docs-sandbox`` for a reader): the
+files the examples read, and no other (checked below, from the examples' arguments).
 
 Each ``console`` block's ``$ hookscope ...`` lines run through the CLI in-process (importing
 torch once); what follows an unquoted ``|`` runs in bash on the command's stdout. To stay
