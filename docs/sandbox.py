@@ -131,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", nargs="?", default=DEFAULT_FOLDER,
                         help=f"where to make the files (default: {DEFAULT_FOLDER}); new or empty")
     folder = Path(parser.parse_args(argv).folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         print(f"docs/sandbox.py: {folder} exists and is not an empty folder; name another one "
               f"or remove it", file=sys.stderr)
         return 2
+    folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         staging.chmod(0o755)
