@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 STAMP := $(VENV)/.hookscope-installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo docs-sandbox test lint bench clean
 
 install: $(STAMP)
 
@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/hookscope stats resnet18 sample_images/cat.jpg
+
+# The files the docs' examples name, in SANDBOX (a new folder): see docs/index.md.
+SANDBOX ?= hookscope-docs
+docs-sandbox: $(STAMP)
+	$(PY) docs/sandbox.py $(SANDBOX)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -37,4 +42,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_dataset.py
 
 clean:
-	rm -rf $(VENV) hookscope-out .pytest_cache
+	rm -rf $(VENV) hookscope-out hookscope-docs .pytest_cache

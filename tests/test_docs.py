@@ -1,4 +1,7 @@
-"""The examples of the README and of docs/*.md run, in one process, on files made here.
+"""The examples of the README and of docs/*.md run, in one process, in the docs sandbox.
+
+The sandbox is the folder ``docs/sandbox.py`` makes (``make docs-sandbox`` for a reader): the
+files the examples read, and no other (checked below, from the examples' arguments).
 
 Each ``console`` block's ``$ hookscope ...`` lines run through the CLI in-process (importing
 torch once); what follows an unquoted ``|`` runs in bash on the command's stdout. To stay
@@ -15,6 +18,7 @@ names the example).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
 import shlex
@@ -25,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -135,84 +137,23 @@ def ci_jobs() -> list[str]:
     return [b.text for p in PAGES for b in blocks(p) if b.marker == "<!-- ci-job -->"]
 
 
-# --- the files the examples name ----------------------------------------------------------
+# --- the files the examples name: docs/sandbox.py, which a reader runs too -----------------
 
-#: The model code the examples name (path/to/net.py, mypackage/models.py, mynet.py).
-NET_PY = '''from torch import nn
-
-
-class Net(nn.Module):
-    def __init__(self, width=16, classes=10):
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, width, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                                  nn.Flatten())
-        self.fc = nn.Linear(width, classes)
-
-    def forward(self, x):
-        return self.fc(self.body(x))
+def _sandbox():
+    spec = importlib.util.spec_from_file_location("docs_sandbox", ROOT / "docs" / "sandbox.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class NetV2(Net):
-    pass
-
-
-def build_model(depth=18):
-    return Net(width=depth)
-'''
-
-
-def _images(folder: Path, names: list[str]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        shutil.copy(ROOT / "sample_images" / name, folder / name)
-
-
-def make_sandbox(root: Path) -> None:
-    """Every file and folder the examples name, small."""
-    from PIL import Image
-    from torchvision.models import resnet18
-
-    jpgs = sorted(p.name for p in (ROOT / "sample_images").glob("*.jpg"))
-    shutil.copytree(ROOT / "sample_images", root / "sample_images")
-    for folder in ("photos", "imgs", "images"):
-        _images(root / folder, jpgs[:2])
-    shutil.copy(ROOT / "sample_images" / "cat.jpg", root / "cat.jpg")
-    shutil.copy(ROOT / "sample_images" / "astronaut.jpg", root / "street.jpg")
-    Image.open(root / "cat.jpg").convert("RGB").resize((96, 96)).save(root / "img.png")
-    _images(root / "val" / "tabby", ["cat.jpg"])
-    _images(root / "val" / "goldfish", ["coffee.jpg"])
-    torch.manual_seed(0)
-    torch.save(torch.randn(4, 3, 64, 64), root / "batch.pt")
-    torch.save(torch.rand(1, 1, 64, 64), root / "gray.pt")       # one channel: conv1 raises
-    for name, seed in (("ckpt.pt", 1), ("a.pt", 1), ("b.pt", 2)):
-        torch.manual_seed(seed)
-        torch.save(resnet18().state_dict(), root / name)
-    torch.save(resnet18(num_classes=10).state_dict(), root / "ft10.pt")
-    (root / "classes.txt").write_text("\n".join(
-        ["cat", "dog", "bird", "fish", "horse", "deer", "frog", "ship", "truck", "car"]) + "\n")
-    (root / "path" / "to").mkdir(parents=True)
-    (root / "path" / "to" / "net.py").write_text(NET_PY)
-    (root / "mypackage").mkdir()
-    (root / "mypackage" / "__init__.py").write_text("")
-    (root / "mypackage" / "models.py").write_text(NET_PY)
-    (root / "mynet.py").write_text(NET_PY)
-    namespace: dict = {}
-    exec(compile(NET_PY, "net.py", "exec"), namespace)
-    torch.save(namespace["build_model"](18).state_dict(), root / "best.pt")
-    torch.save(namespace["Net"]().state_dict(), root / "v1.pt")
-    torch.save(namespace["NetV2"]().state_dict(), root / "v2.pt")
-    torch.save(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), root / "model.pt")
-    (root / "hookscope.toml").write_text('nonfinite = 0\nmax_zero_fraction = 0.99\n'
-                                         'ignore = ["fc"]\n')
+sandbox = _sandbox()
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("docs-base")
-    make_sandbox(root)
-    for name in ("before.json", "after.json"):
-        result = run_hookscope(f"hookscope stats resnet18 cat.jpg -f json -o {name}", root)
-        assert result[0] == 0, result
+    sandbox.build(root)
     return root
 
 
@@ -326,3 +267,123 @@ def test_a_skipped_block_says_why_and_other_commands_are_skipped() -> None:
             if block.lang == "console" and not skip_reason(block):
                 for command in commands(block.text):
                     assert command.startswith("hookscope "), f"{page.name}:{block.line}"
+
+
+# --- the sandbox holds what the examples name ----------------------------------------------
+
+#: Options whose value is a file the example reads (other options' values are not inputs).
+INPUT_OPTIONS = {"--weights", "-w", "--against-weights", "--against-model", "--labels", "--rules",
+                 "--reference", "--baseline"}
+#: Options whose value the example writes.
+OUTPUT_OPTIONS = {"-o", "--output", "--out", "--junit", "--plot", "--log-dir", "--tensorboard"}
+FILE_LIKE = re.compile(r"/|\.(jpg|jpeg|png|pt|pth|json|jsonl|toml|txt|py|csv|html|xml|svg)$")
+
+
+def _takes_value() -> dict[str, dict[str, bool]]:
+    import typer.main
+
+    from hookscope.cli import app
+
+    group = typer.main.get_command(app)
+    return {name: {opt: not (p.is_flag or p.count) for p in cmd.params
+                   if p.param_type_name == "option" for opt in p.opts + p.secondary_opts}
+            for name, cmd in group.commands.items()}  # type: ignore[attr-defined]
+
+
+def _path_of(spec: str) -> str | None:
+    """The file or folder a model or input argument names, or None (a registry name)."""
+    if spec.startswith("timm:") or spec == ".":
+        return None
+    if spec.startswith("hf:"):
+        return spec[3:].removeprefix("./")
+    if ":" in spec:                                   # file.py:Name or package.module:name
+        where = spec.split(":")[0]
+        return where if where.endswith(".py") else where.replace(".", "/") + ".py"
+    return spec if FILE_LIKE.search(spec) else None
+
+
+def files_named(argv: list[str], takes: dict[str, bool]) -> tuple[list[str], list[str]]:
+    """The paths an example line reads and those it writes."""
+    reads, writes, i = [], [], 2
+    while i < len(argv):
+        token, value = argv[i], None
+        if token.startswith("-"):
+            option = token.split("=")[0]
+            if takes.get(option):
+                value = token.split("=", 1)[1] if "=" in token else argv[i + 1]
+                i += 0 if "=" in token else 1
+                if option in INPUT_OPTIONS:
+                    reads.append(value)
+                elif option in OUTPUT_OPTIONS:
+                    writes.append(value)
+        else:
+            reads.append(token)
+        i += 1
+    return [p for p in map(_path_of, reads) if p], writes
+
+
+def sandbox_files_the_docs_read() -> dict[str, str]:
+    """The top-level names of the files the examples read that no earlier block of their page
+    made (a file block, a python block that names it, a command that wrote it), each with the
+    first example that reads it."""
+    takes = _takes_value()
+    needed: dict[str, str] = {}
+    for page in PAGES:
+        made = ""                                    # what the page's earlier blocks make
+        for block in blocks(page):
+            if skip_reason(block):
+                continue
+            if block.lang != "console":
+                made += f"\n{file_name(block) or ''}\n{block.text}"
+                continue
+            for command in commands(block.text):
+                argv = shlex.split(split_pipe(command)[0], comments=True)
+                reads, writes = files_named(argv, takes[argv[1]])
+                for path in reads:
+                    top = path.removeprefix("./").strip("/").split("/")[0]
+                    if top not in made:
+                        needed.setdefault(top, f"{page.name}:{block.line}: {command}")
+                made += "\n" + "\n".join(writes)
+    return needed
+
+
+def test_the_sandbox_holds_exactly_the_files_the_examples_read(base: Path) -> None:
+    needed = sandbox_files_the_docs_read()
+    for entry in sandbox.FILES:
+        path = base / entry
+        assert path.is_dir() if entry.endswith("/") else path.is_file(), entry
+        if entry.endswith("/"):
+            assert any(path.iterdir()), entry
+    tops = {entry.split("/")[0] for entry in sandbox.FILES}
+    assert {p.name for p in base.iterdir()} == tops
+    assert tops == set(needed), (f"made but read by no example: {sorted(tops - set(needed))}; "
+                                 f"read but not made: {[needed[n] for n in needed if n not in tops]}")
+
+
+def test_the_readme_shows_the_sandbox_s_mynet_py() -> None:
+    shown = [b.text + "\n" for b in blocks(PAGES[0]) if file_name(b) == "mynet.py"]
+    assert shown == [sandbox.MYNET_PY]
+
+
+def test_no_page_writes_one_output_file_twice() -> None:
+    """A reader runs a page top to bottom without --force: no output file may be written twice."""
+    takes = _takes_value()
+    for page in PAGES:
+        written: dict[str, int] = {}
+        for block in blocks(page):
+            if block.lang != "console" or skip_reason(block):
+                continue
+            for command in commands(block.text):
+                argv = shlex.split(split_pipe(command)[0], comments=True)
+                for path in files_named(argv, takes[argv[1]])[1]:
+                    if not path.endswith("/") and "--force" not in argv:
+                        assert path not in written, \
+                            f"{page.name}:{block.line} writes {path}, as line {written[path]} did"
+                        written[path] = block.line
+
+
+def test_the_sandbox_script_refuses_a_folder_that_holds_files(tmp_path: Path, capsys) -> None:
+    (tmp_path / "mine.txt").write_text("keep")
+    assert sandbox.main([str(tmp_path)]) == 2
+    assert "not an empty folder" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
