@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.cam.attribution import AttrBatch, AttrOptions, AttrResult, overlay_map
 from hookscope.core.files import Staging
-from hookscope.render.heatmap import denormalize, heatmap_images
 from hookscope.render.tables import DataTable, fmt_float, header, num
+
+if TYPE_CHECKING:  # views are imported before torch is: `hookscope report LOG` stays torch-free
+    from hookscope.cam.attribution import AttrBatch, AttrOptions, AttrResult
 
 #: The CSV columns (a contract).
 ATTR_COLUMNS = ("input", "method", "target", "label", "score", "sum", "baseline_score",
@@ -34,6 +35,8 @@ class AttrWriter:
         self.rows: list[dict[str, Any]] = []
 
     def __call__(self, explained: AttrBatch) -> None:
+        from hookscope.render.heatmap import denormalize
+
         batch = explained.batch
         if batch is None:
             raise ValueError("AttrWriter needs batches from hookscope.inputs.resolve.iter_batches")
@@ -57,6 +60,9 @@ class AttrWriter:
 
     def _write(self, res: AttrResult, i: int, image: Any, box: Any,
                paths: Mapping[str, Any]) -> None:
+        from hookscope.cam.attribution import overlay_map
+        from hookscope.render.heatmap import heatmap_images
+
         over, heat = heatmap_images(overlay_map(res.attributions[i]), image, box,
                                     cmap=self.cmap, alpha=self.alpha)
         self.staging.save_png(over, paths["overlay"])

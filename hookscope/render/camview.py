@@ -8,7 +8,6 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from hookscope.cam.layer import why_chosen
 from hookscope.render.tables import DataTable, fmt_float, fmt_pct, header, joined, num
 
 #: The metric columns, in this order, when present.
@@ -57,6 +56,8 @@ def cam_view(doc: Mapping[str, Any]) -> RenderableType:
             layer.append(f" ({'x'.join(str(d) for d in shape)})", style="dim")
     chosen = []
     if doc.get("layer_default"):
+        from hookscope.cam.layer import why_chosen  # views are imported before torch is
+
         task = doc.get("task")
         what = "the last module with an image-grid output (a token model: its last " \
             "block's first norm)" if task in (None, "classification") else \
