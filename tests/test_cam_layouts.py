@@ -1,0 +1,168 @@
+"""Class activation maps and feature grids of signals (N, C, L) and volumes (N, C, D, H, W):
+Grad-CAM by its definition, pytorch-grad-cam's 5-D branch, the files and the refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hookscope
+from hookscope.cam.probe import NEEDS_2D, explain, method_names
+from hookscope.core.errors import HookscopeError
+from hookscope.numerics.layout import Layout, channel_dim, layout
+
+EPS32 = float(torch.finfo(torch.float32).eps)
+
+
+def signal_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv1d(2, 6, 5, padding=2), nn.ReLU(), nn.Conv1d(6, 8, 3, stride=2),
+                         nn.ReLU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
+
+
+def volume_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv3d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv3d(6, 8, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
+
+
+class Tokens(nn.Module):
+    """A signal model with a token output: a Linear over (N, L, C)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.proj, self.fc = nn.Conv1d(2, 8, 5), nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.proj(self.conv(x).transpose(1, 2)).mean(1))
+
+
+def signal() -> torch.Tensor:
+    return torch.randn(2, 2, 40, generator=torch.Generator().manual_seed(1))
+
+
+def volume() -> torch.Tensor:
+    return torch.randn(2, 3, 4, 12, 12, generator=torch.Generator().manual_seed(2))
+
+
+def by_definition(model: nn.Module, x: torch.Tensor, layer: str) -> tuple[np.ndarray, np.ndarray]:
+    """Grad-CAM in float64 from its definition: autograd gradients of each input's top logit
+    at the layer's output, channel weights their mean over the positions, the ReLU of the
+    weighted sum; then min-max scaled, upsampled (linear in each dimension) and scaled."""
+    m = copy.deepcopy(model).double()
+    kept = {}
+    handle = dict(m.named_modules())[layer].register_forward_hook(
+        lambda mod, args, out: kept.update(a=out))
+    try:
+        logits = m(x.double())
+    finally:
+        handle.remove()
+    a = kept["a"]
+    top = logits.argmax(dim=1)
+    (g,) = torch.autograd.grad(logits.gather(1, top[:, None]).sum(), a)
+    dims = tuple(range(2, a.dim()))
+    weights = g.mean(dim=dims, keepdim=True)
+    raw = (weights * a).sum(dim=1).clamp(min=0).detach()
+    flat = raw.flatten(1)
+    scaled = (flat - flat.amin(1, keepdim=True)) / (flat.amax(1, keepdim=True) - flat.amin(
+        1, keepdim=True) + 1e-7)
+    mode = {1: "linear", 3: "trilinear"}[len(dims)]
+    up = F.interpolate(scaled.reshape(raw.shape).unsqueeze(1), size=x.shape[2:], mode=mode)
+    up = up.squeeze(1).flatten(1)
+    up = (up - up.amin(1, keepdim=True)) / (up.amax(1, keepdim=True) - up.amin(1, keepdim=True)
+                                           + 1e-7)
+    return raw.numpy(), up.reshape(len(x), *x.shape[2:]).numpy()
+
+
+def tolerance(model: nn.Module, x: torch.Tensor, layer: str) -> float:
+    """float32 rounding of the map's sums, relative to its scale: one eps per summed term
+    (channels times positions, for the weight means and the weighted sum) and per layer."""
+    with torch.no_grad():
+        a = model[: int(layer) + 1](x)
+    depth = int(layer) + 1
+    return EPS32 * a[0].numel() * depth
+
+
+@pytest.mark.parametrize("make,data,layer", [(signal_model, signal, "3"),
+                                             (volume_model, volume, "3")])
+def test_gradcam_by_its_definition(make, data, layer):
+    model, x = make(), data()
+    before = copy.deepcopy(model.state_dict())
+    res = hookscope.gradcam(model, (x,), layer)
+    raw, maps = by_definition(model, x, layer)
+    tol = tolerance(model, x, layer)
+    assert res.raw.shape == raw.shape and res.maps.shape == (len(x), *x.shape[2:])
+    scale = np.abs(raw).max()
+    np.testing.assert_allclose(res.raw, raw, rtol=0, atol=tol * scale)
+    np.testing.assert_allclose(res.maps, maps, rtol=0, atol=tol + 4 * 1e-7)
+    assert res.targets == model(x).argmax(1).tolist()
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key])
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+
+
+def test_pytorch_grad_cam_3d_branch():
+    """pytorch-grad-cam's GradCAM on 5-D activations (at a layer of the input's size, where
+    its spline zoom is the identity) gives the same map after its min-max scaling."""
+    from pytorch_grad_cam import GradCAM
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    model, x = volume_model(), volume()
+    ours = hookscope.gradcam(model, x, "3", target=[1, 3])
+    with GradCAM(model=model, target_layers=[model[3]]) as cam:
+        theirs = cam(input_tensor=x, targets=[ClassifierOutputTarget(1), ClassifierOutputTarget(3)])
+    assert theirs.shape == ours.maps.shape == (2, 4, 12, 12)
+    np.testing.assert_allclose(ours.maps, theirs, rtol=0, atol=tolerance(model, x, "3") + 1e-6)
+
+
+@pytest.mark.parametrize("make,data", [(signal_model, signal), (volume_model, volume)])
+def test_every_method_or_a_reason(make, data):
+    model, x = make(), data()
+    for name in method_names():
+        if name in NEEDS_2D:
+            with pytest.raises(HookscopeError, match="the input is|vision transformers"):
+                explain(model, (x,), layer="3", methods=(name,))
+            continue
+        res = explain(model, (x,), layer="3", methods=(name,)).results[name]
+        assert res.maps.shape == (len(x), *x.shape[2:]), name
+        assert np.isfinite(res.maps).all() and res.maps.min() >= 0 and res.maps.max() <= 1, name
+
+
+def test_refusals():
+    model, x = signal_model(), signal()
+    with pytest.raises(HookscopeError, match="one input"):
+        explain(model, (x, x), layer="3")
+    with pytest.raises(HookscopeError, match="one input"):
+        explain(model, torch.zeros(2, 40, dtype=torch.long), layer="3")
+    with pytest.raises(HookscopeError, match="not .N, C, L. as the input is"):
+        explain(model, (x,), layer="6")
+    tokens = Tokens().eval()
+    with pytest.raises(HookscopeError, match="channels last .Linear output"):
+        explain(tokens, (x,), layer="proj")
+    assert explain(tokens, (x,), layer="conv").results["gradcam"].maps.shape == (2, 40)
+    with pytest.raises(HookscopeError, match="aug_smooth"):
+        explain(model, (x,), layer="3", aug_smooth=True)
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_channel_rule():
+    assert channel_dim([2, 8, 19], "ReLU", (40,)) == 1  # after a Conv1d: (N, C, L)
+    assert channel_dim([2, 19, 8], "Linear", (40,)) == 2
+    assert channel_dim([2, 19, 8], "GELU") == 2  # tokens without a signal input
+    assert channel_dim([2, 8, 4, 6, 6], "ReLU", (4, 12, 12)) == 1
+    assert channel_dim([2, 8, 4, 6, 6], "ReLU") == 1
+    found = layout([2, 8, 2, 6, 6], (4, 12, 12), type_name="Conv3d")
+    assert isinstance(found, Layout) and found.grid == (2, 6, 6) and found.channel_dim == 1
+    assert "not (N, C, L)" in str(layout([2, 8], (40,), type_name="Linear"))
+
+
+def test_default_layer_on_a_signal(caplog):
+    model, x = signal_model(), signal()
+    res = hookscope.gradcam(model, (x,))
+    assert res.layer == "3" and res.raw.shape == (2, 19)
