@@ -166,3 +166,30 @@ def test_default_layer_on_a_signal(caplog):
     model, x = signal_model(), signal()
     res = hookscope.gradcam(model, (x,))
     assert res.layer == "3" and res.raw.shape == (2, 19)
+
+
+@pytest.mark.parametrize("make,data", [(signal_model, signal), (volume_model, volume)])
+def test_per_channel_stats(make, data):
+    """Every output of the input's rank has its channels on dimension 1 (the ReLUs too), and
+    each channel's mean and std equal a float64 reference."""
+    model, x = make(), data()
+    rows = hookscope.collect_stats(model, (x,), per_channel=True).layers
+    outs = []
+    handles = [m.register_forward_hook(lambda mod, a, out: outs.append(out.detach().double()))
+               for m in model]
+    try:
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    ranked = [(r, o) for r, o in zip(rows, outs, strict=True) if o.dim() == x.dim()]
+    assert len(ranked) == 5 and all(r.channel_dim == 1 for r, _ in ranked)  # with the pool
+    for row, out in ranked:
+        per = out.movedim(1, 0).flatten(1)
+        means = np.array([c["mean"] for c in row.to_dict()["channels"]])
+        stds = np.array([c["std"] for c in row.to_dict()["channels"]])
+        scale = float(per.abs().max())
+        np.testing.assert_allclose(means, per.mean(1).numpy(), rtol=0,
+                                   atol=EPS32 * per.shape[1] * scale)
+        np.testing.assert_allclose(stds, per.std(1).numpy(), rtol=0,
+                                   atol=EPS32 * per.shape[1] * scale)

@@ -159,7 +159,8 @@ class CapturePass(Pass):
             raise HookscopeError(
                 f"Layer {site.name!r} ({site.type}) outputs shape {list(out.shape)}, "
                 f"which cannot give a class activation map: {found}. Choose a layer whose "
-                f"output is an image grid, or a signal's or volume's grid (or leave {param('layer')} out for a good default); "
+                "output is an image grid, or a signal's or volume's grid (or leave "
+                f"{param('layer')} out for a good default); "
                 "`hookscope layers MODEL` lists the names and shapes."
             )
         self.grids[index] = found

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["Layout", "TokenHint", "channel_dim", "extent", "layout", "token_hint"]
+__all__ = ["Layout", "TokenHint", "channel_dim", "extent", "layout", "signal_model", "token_hint"]
 
 #: Parameters that add prefix tokens before the patch grid (their dimension 1 counts them).
 PREFIX_PARAMS = frozenset({"cls_token", "class_token", "dist_token", "distillation_token",
@@ -97,6 +97,12 @@ class Layout:
     def describe(self) -> str:
         extra = f" after {self.prefix} prefix token(s)" if self.prefix else ""
         return f"{self.kind} {'x'.join(map(str, self.grid))}{extra}"
+
+
+def signal_model(model: nn.Module) -> bool:
+    """Whether ``model`` has a 1-d convolution (a class name ending in ``Conv1d`` or
+    ``ConvTranspose1d``): its 3-D float inputs are signals (N, C, L), not tokens (N, T, F)."""
+    return any(type(m).__name__.endswith(("Conv1d", "ConvTranspose1d")) for m in model.modules())
 
 
 def extent(x: torch.Tensor | None) -> tuple[int, ...]:

@@ -174,15 +174,17 @@ class StatsProbe(Probe[StatsReport]):
         self.predictions: list[list[Prediction] | None] = []
         self.input_shape: list[int] | None = None
         self.grid: tuple[tuple[int, ...], Any] | None = None
+        self.signal = False
         if per_channel:
-            from hookscope.numerics.layout import token_hint
+            from hookscope.numerics.layout import signal_model, token_hint
 
             self.grid = ((0, 0), token_hint(model))
+            self.signal = signal_model(model)
 
     def step(self, step: Step) -> None:
         x = first_tensor(step.x)
-        if self.grid is not None and x is not None and x.dim() in (3, 4, 5) \
-                and x.is_floating_point():  # an image, a signal (N, C, L) or a volume
+        if self.grid is not None and x is not None and x.is_floating_point() and \
+                (x.dim() in (4, 5) or (x.dim() == 3 and self.signal)):  # a signal (N, C, L)
             from hookscope.numerics.layout import extent
 
             self.grid = (extent(x), self.grid[1])
