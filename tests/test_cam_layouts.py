@@ -4,6 +4,7 @@ Grad-CAM by its definition, pytorch-grad-cam's 5-D branch, the files and the ref
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -193,3 +194,116 @@ def test_per_channel_stats(make, data):
                                    atol=EPS32 * per.shape[1] * scale)
         np.testing.assert_allclose(stds, per.std(1).numpy(), rtol=0,
                                    atol=EPS32 * per.shape[1] * scale)
+
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Signal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act, self.fc = nn.Conv1d(2, 8, 5), nn.ReLU(), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(x)).mean(-1))
+
+
+class Clip(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act = nn.Conv3d(3, 8, 3, padding=1), nn.ReLU()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(x)).mean((2, 3, 4)))
+
+
+class Pair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv1d(2, 8, 5), nn.Linear(16, 4)
+
+    def forward(self, a, b):
+        return self.fc(torch.cat([self.conv(a).mean(-1), self.conv(b).mean(-1)], 1))
+'''
+
+
+@pytest.fixture()
+def files(tmp_path):
+    (tmp_path / "layout_models.py").write_text(MODELS)
+    gen = torch.Generator().manual_seed(3)
+    torch.save((torch.randn(3, 2, 64, generator=gen),), tmp_path / "signal.pt")
+    torch.save((torch.randn(2, 3, 4, 16, 16, generator=gen),), tmp_path / "clip.pt")
+    torch.save((torch.randn(2, 2, 64), torch.randn(2, 2, 64)), tmp_path / "pair.pt")
+    return tmp_path
+
+
+@pytest.mark.parametrize("name,data,raw,size", [("Signal", "signal.pt", (60,), (64,)),
+                                                ("Clip", "clip.pt", (4, 16, 16), (4, 16, 16))])
+def test_gradcam_command_writes_maps(cli, files, name, data, raw, size):
+    from PIL import Image
+
+    out = files / "cams"
+    r = cli("gradcam", f"{files}/layout_models.py:{name}", files / data, "--out", out,
+            "--save-raw", "-m", "gradcam", "-m", "layercam", "--format", "json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["layer"] == "act" and doc["layer_shape"] == [8, *raw]
+    for row in doc["results"]:
+        assert np.load(row["raw"]).shape == raw and len(row["peak"]) == len(size)
+        assert all(0 <= p < s for p, s in zip(row["peak"], size, strict=True))
+        over, heat = Image.open(row["overlay"]), Image.open(row["heatmap"])
+        if len(size) == 1:  # the curve over the signal, and its colour band
+            assert over.size == (800, 300) and heat.size == (256, 24)
+        else:  # 4 frames of 96 x 96 pixels, 2 by 2, 2 pixels apart
+            assert over.size == heat.size == (2 * 96 + 3 * 2, 2 * 96 + 3 * 2)
+    assert not [p for p in out.iterdir() if p.name.endswith(".part")]
+
+
+def test_gradcam_command_refusals(cli, files):
+    r = cli("gradcam", f"{files}/layout_models.py:Pair", files / "pair.pt", "--out",
+            files / "no")
+    assert r.exit_code == 2 and "one input" in r.stderr and "Traceback" not in r.output
+    r = cli("gradcam", f"{files}/layout_models.py:Signal", files / "signal.pt", "--out",
+            files / "no", "--layer", "fc")
+    assert r.exit_code == 2 and "not (N, C, L)" in r.stderr
+    assert not (files / "no").exists() or not list((files / "no").iterdir())
+
+
+@pytest.mark.parametrize("name,data,grid", [("Signal", "signal.pt", (8 * 8, 256)),
+                                            ("Clip", "clip.pt", None)])
+def test_features_command(cli, files, name, data, grid):
+    from PIL import Image
+
+    r = cli("features", f"{files}/layout_models.py:{name}", files / data, "--layer", "act",
+            "--out", files / "feats", "--format", "json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    for row in doc["grids"]:
+        width, height = Image.open(row["path"]).size
+        assert row["grid_size"] == [width, height]
+        if grid is not None:  # 8 rows of 8 pixels, each of 60 values widened 5 times
+            assert row["shape"] == [8, 60] and (height, width) == (grid[0], 300)
+        else:  # 4 frames, each a 3 x 3 grid of 16 x 16 tiles
+            assert row["shape"] == [8, 4, 16, 16]
+            frame = 3 * 16 + 4 * 2
+            assert (width, height) == (2 * frame + 3 * 6, 2 * frame + 3 * 6)
+
+
+@pytest.mark.slow
+def test_r3d_18_by_definition():
+    """torchvision's r3d_18 (random weights) on a 1 x 3 x 4 x 32 x 32 clip, its default
+    layer (layer4, 2 x 2 x 2... cells) against the definition."""
+    from torchvision.models.video import r3d_18
+
+    torch.manual_seed(0)
+    model = r3d_18(weights=None).eval()
+    x = torch.randn(1, 3, 4, 32, 32, generator=torch.Generator().manual_seed(4))
+    res = hookscope.gradcam(model, x)
+    raw, maps = by_definition(model, x, res.layer)
+    assert res.layer == "layer4" and res.maps.shape == (1, 4, 32, 32)
+    tol = EPS32 * 512 * 8 * 18  # channels x positions, through 18 layers
+    np.testing.assert_allclose(res.raw, raw, rtol=0, atol=tol * np.abs(raw).max())
+    np.testing.assert_allclose(res.maps, maps, rtol=0, atol=tol + 4e-7)
