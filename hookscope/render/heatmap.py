@@ -180,7 +180,7 @@ def signal_images(values: np.ndarray, signal: Any, *, cmap: str = "jet",
     length = len(values)
     t = np.arange(length)
     fig = Figure(figsize=(8, 3), dpi=100)
-    FigureCanvasAgg(fig)
+    canvas = FigureCanvasAgg(fig)
     ax = fig.add_axes((0.07, 0.22, 0.86, 0.72))
     for channel in arr[:16]:
         ax.plot(t, channel, color="0.45", linewidth=0.8, alpha=0.45)
@@ -195,8 +195,8 @@ def signal_images(values: np.ndarray, signal: Any, *, cmap: str = "jet",
     band.imshow(values[None, :], cmap=cmap, vmin=0, vmax=1, aspect="auto",
                 interpolation="nearest")
     band.set_axis_off()
-    fig.canvas.draw()
-    over = Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3].copy(), "RGB")
+    canvas.draw()
+    over = Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3].copy(), "RGB")
     return over, Image.fromarray(_band(values, cmap, max(256, length)), "RGB")
 
 
