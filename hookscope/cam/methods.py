@@ -2,7 +2,9 @@
 
 A method turns what the engine captured at a target layer (:class:`CamInputs`) into either
 weighted activations (N, C, h, w), which the engine sums over channels (or projects with
-``eigen_smooth``), or a finished map (N, h, w) before the ReLU. The formulas follow
+``eigen_smooth``), or a finished map (N, h, w) before the ReLU. For a signal or a volume the
+activations are (N, C, l) or (N, C, d, h, w) and the maps (N, l) or (N, d, h, w): the methods
+pool over :func:`positions`, whatever their number. The formulas follow
 pytorch-grad-cam 1.5 (torchcam for ``sscam``, ``iscam`` and ``smoothgradcam++``).
 
 Torch is imported only inside the methods, so the CLI reads the names without loading it.
