@@ -307,3 +307,29 @@ def test_r3d_18_by_definition():
     tol = EPS32 * 512 * 8 * 18  # channels x positions, through 18 layers
     np.testing.assert_allclose(res.raw, raw, rtol=0, atol=tol * np.abs(raw).max())
     np.testing.assert_allclose(res.maps, maps, rtol=0, atol=tol + 4e-7)
+
+
+@pytest.mark.parametrize("make,data", [(signal_model, signal), (volume_model, volume)])
+def test_feature_grids_hold_the_channels(make, data):
+    """A strip's rows (a sheet's tiles) are the layer's channels, each min-max scaled."""
+    from hookscope.core.select import find_site
+    from hookscope.probes.features import STRIP_ROW, feature_grids
+
+    model, x = make(), data()
+    (grid, *_) = feature_grids(model, (x[:1],), [find_site(model, "1")], max_channels=3)
+    with torch.no_grad():
+        out = model[:2](x[:1])[0, :3].double()
+    flat = out.flatten(1)
+    scaled = ((flat - flat.amin(1, keepdim=True)) / (flat.amax(1, keepdim=True)
+                                                    - flat.amin(1, keepdim=True))).float()
+    assert grid.channels == [0, 1, 2] and grid.shape == list(model[:2](x[:1]).shape[1:])
+    if x.dim() == 3:  # rows 1, 9, 17 (below each white line), each value widened
+        widen = grid.image.shape[2] // x.shape[2]
+        rows = grid.image[0, 1::STRIP_ROW][:, ::widen]
+        np.testing.assert_allclose(rows.numpy(), scaled.numpy(), atol=4 * EPS32)
+    else:  # the first frame's first tile, inside the 2-pixel border of both grids
+        h, w = x.shape[3:]
+        tile = grid.image[0, 8 : 8 + h, 8 : 8 + w]
+        np.testing.assert_allclose(tile.numpy(), scaled[0].reshape(*x.shape[2:])[0].numpy(),
+                                   atol=4 * EPS32)
+    assert all(not m._forward_hooks for m in model.modules())
