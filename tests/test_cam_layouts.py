@@ -124,7 +124,7 @@ def test_pytorch_grad_cam_3d_branch():
 
 @pytest.mark.parametrize("make,data", [(signal_model, signal), (volume_model, volume)])
 def test_every_method_or_a_reason(make, data):
-    model, x = make(), data()
+    model, x = make(), data()[:1]
     for name in method_names():
         if name in NEEDS_2D:
             with pytest.raises(HookscopeError, match="the input is|vision transformers"):
@@ -133,6 +133,8 @@ def test_every_method_or_a_reason(make, data):
         res = explain(model, (x,), layer="3", methods=(name,)).results[name]
         assert res.maps.shape == (len(x), *x.shape[2:]), name
         assert np.isfinite(res.maps).all() and res.maps.min() >= 0 and res.maps.max() <= 1, name
+    smooth = explain(model, (x,), layer="3", eigen_smooth=True).results["gradcam"]
+    assert smooth.raw.shape == (1, *model[:4](x).shape[2:])
 
 
 def test_refusals():
