@@ -199,9 +199,10 @@ def test_signal_from_a_tuple_or_safetensors(cli, models, tmp_path) -> None:
         assert len(doc["inputs"]) == 4
         assert_matches(doc, ref)
     assert run(cli, "check", f"{models}:Signal", tmp_path / "sig.pt")["passed"]
-    line = one_line(cli("gradcam", f"{models}:Signal", tmp_path / "sig.pt",
-                        "--out", tmp_path / "cam"))
-    assert "Grad-CAM takes image batches" in line and "(4, 2, 16)" in line
+    cams = run(cli, "gradcam", f"{models}:Signal", tmp_path / "sig.pt", "--out",
+               tmp_path / "cam")  # 1-D maps: tests/test_cam_layouts.py
+    assert cams["layer"] == "conv" and cams["layer_shape"] == [4, 14]
+    assert [len(r["peak"]) for r in cams["results"]] == [1] * 4
 
 
 def test_data_set_of_image_label_pairs(cli, models, tmp_path) -> None:

@@ -13,12 +13,12 @@ from torch import nn
 
 from hookscope.cam.methods import PLAIN
 from hookscope.cam.passes import output_tensor
-from hookscope.core.arguments import image_size
+from hookscope.core.arguments import first_float
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import all_sites
-from hookscope.numerics.layout import Layout, layout, token_hint
+from hookscope.numerics.layout import Layout, extent, layout, token_hint
 
 __all__ = ["default_layer", "why_chosen"]
 
@@ -29,7 +29,7 @@ class _Grid:
 
     name: str
     type: str
-    shape: list[int]  # as (N, C, h, w)
+    shape: list[int]  # as (N, C, h, w), (N, C, l) or (N, C, d, h, w)
     kind: str
 
 
@@ -44,10 +44,10 @@ class _Spatial(Probe[list[_Grid]]):
         self.found: list[_Grid] = []
         self.ran: set[str] = set()
         self.hint = token_hint(model)
-        self.size = (0, 0)
+        self.size: tuple[int, ...] = (0, 0)
 
     def step(self, step: Step) -> None:
-        self.size = image_size(step.x)
+        self.size = extent(first_float(step.x)) or (0, 0)
         step.forward()
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
@@ -62,7 +62,7 @@ class _Spatial(Probe[list[_Grid]]):
         if isinstance(found, Layout):
             c = t.shape[found.channel_dim]
             self.found.append(_Grid(call.name, call.site.type,
-                                    [int(t.shape[0]), int(c), found.h, found.w], found.kind))
+                                    [int(t.shape[0]), int(c), *found.grid], found.kind))
 
     def finish(self) -> list[_Grid]:
         return self.found

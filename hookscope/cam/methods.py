@@ -2,7 +2,9 @@
 
 A method turns what the engine captured at a target layer (:class:`CamInputs`) into either
 weighted activations (N, C, h, w), which the engine sums over channels (or projects with
-``eigen_smooth``), or a finished map (N, h, w) before the ReLU. The formulas follow
+``eigen_smooth``), or a finished map (N, h, w) before the ReLU. For a signal or a volume the
+activations are (N, C, l) or (N, C, d, h, w) and the maps (N, l) or (N, d, h, w): the methods
+pool over :func:`positions`, whatever their number. The formulas follow
 pytorch-grad-cam 1.5 (torchcam for ``sscam``, ``iscam`` and ``smoothgradcam++``).
 
 Torch is imported only inside the methods, so the CLI reads the names without loading it.
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from hookscope.core.run import GradMode
 
 __all__ = ["CamInputs", "FullBackward", "Method", "METHODS", "PLAIN", "get_method",
-           "method_names", "minmax", "project", "register", "resize"]
+           "method_names", "minmax", "positions", "project", "register", "resize"]
 
 #: The grad mode of a CAM run's passes without gradients: autograd off, but not inference
 #: mode, because a model may cache a tensor made in its first call (BEiT's relative position
@@ -114,13 +116,19 @@ def get_method(name: str) -> Method:
         ) from None
 
 
+def positions(t: torch.Tensor) -> tuple[int, ...]:
+    """The position dimensions of (N, C, ...) activations: (2, 3) for (N, C, h, w), (2,) for
+    a signal's (N, C, l), (2, 3, 4) for a volume's (N, C, d, h, w)."""
+    return tuple(range(2, t.dim()))
+
+
 def _spatial_sum(t: torch.Tensor) -> torch.Tensor:
-    return t.sum(dim=(2, 3), keepdim=True)
+    return t.sum(dim=positions(t), keepdim=True)
 
 
 def _channels(weights: torch.Tensor, acts: torch.Tensor) -> torch.Tensor:
     """w[n, c] * A[n, c]: the weighted activations (summed by the engine)."""
-    return weights[:, :, None, None].to(acts.dtype) * acts
+    return weights.reshape(*weights.shape[:2], *[1] * (acts.dim() - 2)).to(acts.dtype) * acts
 
 
 def _positions(t: torch.Tensor) -> torch.Tensor:
@@ -148,20 +156,28 @@ def project(t: torch.Tensor) -> torch.Tensor:
     return proj.reshape(t.shape[0], *t.shape[2:]).to(t.dtype)
 
 
-def minmax(t: torch.Tensor, eps: float) -> torch.Tensor:
-    """Each (h, w) map (the last two dimensions) minus its minimum, over its span plus ``eps``."""
-    flat = t.flatten(-2)
-    lo = flat.amin(dim=-1)[..., None, None]
-    hi = flat.amax(dim=-1)[..., None, None]
+def minmax(t: torch.Tensor, eps: float, dims: int = 2) -> torch.Tensor:
+    """Each map (the last ``dims`` dimensions: (h, w), (l,) or (d, h, w)) minus its minimum,
+    over its span plus ``eps``."""
+    flat = t.flatten(-dims) if dims > 1 else t
+    lo = flat.amin(dim=-1).reshape(*t.shape[:-dims], *[1] * dims)
+    hi = flat.amax(dim=-1).reshape(*t.shape[:-dims], *[1] * dims)
     return (t - lo) / (hi - lo + eps)
 
 
+#: Interpolation of a map by its number of dimensions: pytorch-grad-cam's (bilinear for
+#: images, trilinear for its 5-D branch), and linear for a signal.
+SMOOTH_MODES = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
 def resize(maps: torch.Tensor, size: Sequence[int], mode: str = "bilinear") -> torch.Tensor:
-    """(N, h, w) maps resized to ``size`` (bilinear: without aligned corners)."""
+    """(N, h, w) maps, or (N, l) or (N, d, h, w) ones for a ``size`` of that many dimensions,
+    resized to ``size`` (``bilinear``: linear in each dimension, without aligned corners)."""
     import torch.nn.functional as F
 
-    if tuple(maps.shape[-2:]) == tuple(size):
+    if tuple(maps.shape[-len(size):]) == tuple(size):
         return maps
+    mode = SMOOTH_MODES[len(size)] if mode == "bilinear" else mode
     return F.interpolate(maps.unsqueeze(1), size=tuple(size), mode=mode).squeeze(1)
 
 
@@ -171,7 +187,7 @@ def resize(maps: torch.Tensor, size: Sequence[int], mode: str = "bilinear") -> t
 @register("gradcam")
 def gradcam(inp: CamInputs) -> torch.Tensor:
     """Grad-CAM (Selvaraju et al.): w_c = mean over positions of dS/dA_c."""
-    return _channels(inp.grads.mean(dim=(2, 3)), inp.acts)
+    return _channels(inp.grads.mean(dim=positions(inp.grads)), inp.acts)
 
 
 @register("gradcam++")
@@ -182,14 +198,14 @@ def gradcam_pp(inp: CamInputs) -> torch.Tensor:
     g3 = g2 * g
     alpha = g2 / (2 * g2 + _spatial_sum(inp.acts) * g3 + 1e-6)
     alpha = alpha.masked_fill(g == 0, 0.0)
-    return _channels((g.clamp(min=0) * alpha).sum(dim=(2, 3)), inp.acts)
+    return _channels((g.clamp(min=0) * alpha).sum(dim=positions(g)), inp.acts)
 
 
 @register("xgradcam")
 def xgradcam(inp: CamInputs) -> torch.Tensor:
     """XGrad-CAM (Fu et al.): w_c = sum_ij G * A / (sum_ij A + eps)."""
     a = inp.acts
-    return _channels((inp.grads * a / (_spatial_sum(a) + 1e-7)).sum(dim=(2, 3)), a)
+    return _channels((inp.grads * a / (_spatial_sum(a) + 1e-7)).sum(dim=positions(a)), a)
 
 
 @register("layercam")
@@ -224,7 +240,7 @@ def scorecam(inp: CamInputs) -> torch.Tensor:
     score = inp.run.score
     a = inp.acts
     n, c = a.shape[:2]
-    size = inp.x.shape[-2:]
+    size = inp.x.shape[2:]
     scores = torch.empty((n, c), dtype=torch.float32, device=a.device)
     flat = a.reshape(n, c, -1)
     constant = flat.amax(dim=2) == flat.amin(dim=2)
@@ -236,9 +252,9 @@ def scorecam(inp: CamInputs) -> torch.Tensor:
         live = torch.nonzero(~constant[i]).flatten()
         for c0 in range(0, len(live), step):
             idx = live[c0 : c0 + step]
-            up = F.interpolate(a[i : i + 1, idx], size=size, mode="bilinear",
+            up = F.interpolate(a[i : i + 1, idx], size=size, mode=SMOOTH_MODES[len(size)],
                                align_corners=True)
-            masks = minmax(up, 1e-8)[0]
+            masks = minmax(up, 1e-8, len(size))[0]
             masked = inp.x[i].unsqueeze(0) * masks.unsqueeze(1)  # (k, C_in, H, W)
             scores[i, idx] = score(masked, [i] * len(idx)).float()
     return _channels(scores.softmax(dim=1), a)
@@ -329,7 +345,7 @@ def kpcacam(inp: CamInputs) -> torch.Tensor:
 def shapleycam(inp: CamInputs) -> torch.Tensor:
     """ShapleyCAM (Cai): w_c = mean over positions of (G - H A / 2)."""
     hvp = inp.run.hvp(inp.layer)
-    return _channels((inp.grads - 0.5 * hvp).mean(dim=(2, 3)), inp.acts)
+    return _channels((inp.grads - 0.5 * hvp).mean(dim=positions(hvp)), inp.acts)
 
 
 def _finer_score(targets: list[int], comparisons: torch.Tensor) -> Callable[[Any], Any]:
@@ -357,17 +373,17 @@ def finercam(inp: CamInputs) -> torch.Tensor:
     order = torch.argsort((logits - target).abs(), dim=1)
     comparisons = order[:, 1 : 1 + min(3, logits.shape[1] - 1)]
     grads = inp.run.regrad(inp.layer, _finer_score(inp.targets, comparisons))
-    return _channels(grads.float().mean(dim=(2, 3)), inp.acts)
+    return _channels(grads.float().mean(dim=positions(grads)), inp.acts)
 
 
 @register("fem", gradients=False)
 def fem(inp: CamInputs) -> torch.Tensor:
     """Feature Explanation Method (Fuad et al.): w_c = mean_ij [A_c > mean_c + 2 std_c]."""
     a = inp.acts
-    mean = a.mean(dim=(2, 3), keepdim=True)
-    std = a.std(dim=(2, 3), keepdim=True, unbiased=False)
-    weights = (a > mean + 2 * std).to(a.dtype).mean(dim=(2, 3))
-    return (weights[:, :, None, None] * a).sum(dim=1)
+    mean = a.mean(dim=positions(a), keepdim=True)
+    std = a.std(dim=positions(a), keepdim=True, unbiased=False)
+    weights = (a > mean + 2 * std).to(a.dtype).mean(dim=positions(a))
+    return _channels(weights, a).sum(dim=1)
 
 
 # ----------------------------------------------------------------------------- torchcam
@@ -394,8 +410,9 @@ def _torchcam_masks(inp: CamInputs) -> torch.Tensor:
     """torchcam's Score-CAM masks: each channel min-max scaled, resized to the input."""
     import torch.nn.functional as F
 
-    return F.interpolate(minmax(inp.acts, 1e-8), size=inp.x.shape[-2:], mode="bilinear",
-                         align_corners=False)
+    size = inp.x.shape[2:]
+    return F.interpolate(minmax(inp.acts, 1e-8, len(size)), size=size,
+                         mode=SMOOTH_MODES[len(size)], align_corners=False)
 
 
 @register("sscam", gradients=False, needs=("score", "noise"))
@@ -436,7 +453,7 @@ def smoothgradcam_pp(inp: CamInputs) -> torch.Tensor:
         g2, g3 = g2 + grads.pow(2), g3 + grads.pow(3)
     g2, g3 = g2 / SMOOTH_SAMPLES, g3 / SMOOTH_SAMPLES
     alpha = g2 / (2 * g2 + _spatial_sum(g3 * inp.acts) + 1e-8)
-    return _channels((alpha * grads.clamp(min=0)).sum(dim=(2, 3)), acts)
+    return _channels((alpha * grads.clamp(min=0)).sum(dim=positions(grads)), acts)
 
 
 # ----------------------------------------------------------------------------- attention

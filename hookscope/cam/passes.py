@@ -20,7 +20,7 @@ from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call
 from hookscope.core.run import Probe, Step
 from hookscope.core.select import Site
-from hookscope.numerics.layout import Layout, layout
+from hookscope.numerics.layout import Layout, extent, layout
 
 if TYPE_CHECKING:
     from hookscope.cam.probe import CamProbe
@@ -140,7 +140,7 @@ class CapturePass(Pass):
         self.needs_grad, self.second_order = needs_grad, second_order
         self.layer_ids = {id(s.module): i for i, s in enumerate(sites)}
         self.grids: list[Layout] = [Layout("nchw", 0, 0)] * len(sites)
-        self.size = (0, 0)
+        self.size: tuple[int, ...] = (0, 0)
         self.cap: list[tuple[torch.Tensor, torch.Tensor, int] | None] = []
 
     def on_exit(self, call: Call, output: Any) -> Any:
@@ -159,7 +159,8 @@ class CapturePass(Pass):
             raise HookscopeError(
                 f"Layer {site.name!r} ({site.type}) outputs shape {list(out.shape)}, "
                 f"which cannot give a class activation map: {found}. Choose a layer whose "
-                f"output is an image grid (or leave {param('layer')} out for a good default); "
+                "output is an image grid, or a signal's or volume's grid (or leave "
+                f"{param('layer')} out for a good default); "
                 "`hookscope layers MODEL` lists the names and shapes."
             )
         self.grids[index] = found
@@ -180,7 +181,7 @@ class CapturePass(Pass):
             keep: bool = False, strict: bool = True) -> tuple[Captured, Focus]:
         """One forward (and backward) pass: the output, activations and gradients."""
         self.cap = [None] * len(self.layer_sites)
-        self.size = (int(x.shape[-2]), int(x.shape[-1]))
+        self.size = extent(x)
         with self.switch.running(self):
             graph_out = self.objective.output(step.forward(x))
         out = detach(graph_out)

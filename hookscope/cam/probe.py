@@ -42,6 +42,26 @@ __all__ = ["AUGMENTATIONS", "CamBatch", "CamOptions", "CamProbe", "CamReport", "
            "RESHAPES", "check_explain", "default_layer", "explain", "gradcam", "method_names"]
 
 RESHAPES = ("auto", "none", "vit", "swin")
+#: The methods whose definition needs an image, and why (docs/gradcam.md, "Signals and volumes").
+NEEDS_2D = {
+    "fullgrad": "sums the bias gradients of Conv2d and BatchNorm2d layers (its definition)",
+    "rollout": "follows a vision transformer's attention over its patch grid",
+    "attention-grad": "follows a vision transformer's attention over its patch grid",
+}
+
+
+def cam_input(x: Any) -> torch.Tensor:
+    """The forward's one input that a CAM explains: an image batch (N, C, H, W), or a
+    floating-point signal (N, C, L) or volume (N, C, D, H, W) batch (alone or in a 1-tuple);
+    HookscopeError for anything else (several inputs, keywords, integers)."""
+    if isinstance(x, tuple) and len(x) == 1:
+        x = x[0]
+    if isinstance(x, torch.Tensor) and (x.dim() == 4 or (
+            x.dim() in (3, 5) and x.is_floating_point())):
+        return x
+    raise HookscopeError("Grad-CAM explains a forward with one input: an image batch (N, C, H, "
+                         "W), a signal (N, C, L) or a volume or clip (N, C, D, H, W) of floats; "
+                         f"got {describe(x)}.")
 #: pytorch-grad-cam's ``aug_smooth``: (horizontal flip, intensity factor), the identity first.
 AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1.0),
                  (True, 1.1))
@@ -184,6 +204,22 @@ class CamProbe(Switch[CamReport]):
             raise HookscopeError(f"{param('aug_smooth')} flips the input, which would move a "
                                  f"{self.task} model's region or boxes; it is for classifiers.")
 
+    def _check_nd(self, x: torch.Tensor) -> None:
+        """Refuse what needs an image for a signal (N, C, L) or volume (N, C, D, H, W)."""
+        what = "a 1-D signal (N, C, L)" if x.dim() == 3 else "a volume or clip (N, C, D, H, W)"
+        for m in self.methods:
+            if m.name in NEEDS_2D:
+                raise HookscopeError(f"{m.name} {NEEDS_2D[m.name]}; the input is {what} "
+                                     f"({param('method')}).")
+        for name, why in (("guided", "draws the input gradient as an RGB image"),
+                          ("aug_smooth", "flips and rescales images"),
+                          ("metrics", "perturb images")):
+            if getattr(self.options, name):
+                raise HookscopeError(f"{param(name)} {why}; the input is {what}.")
+        if self.task != "classification":
+            raise HookscopeError(f"Grad-CAM of {what} explains classifiers; this is a "
+                                 f"{self.task} model.")
+
     def _raws(self, method: Method, run: BatchRun) -> list[torch.Tensor]:
         """The method's raw maps (ReLU'd) at each layer (once, for FullGrad)."""
         grad_free = not method.needs & {"regrad", "hvp", "noisy"}
@@ -193,16 +229,15 @@ class CamProbe(Switch[CamReport]):
                                list(run.focus.classes), run, layer, method.name)
             with torch.set_grad_enabled(not grad_free):  # not inference mode: see PLAIN
                 res = method.fn(inputs).float()
-                if res.dim() == 4:
+                if res.dim() == inputs.acts.dim():  # weighted activations, not a map
                     res = project(res) if self.options.eigen_smooth else res.sum(dim=1)
                 raws.append(torch.nan_to_num(res, nan=0.0).clamp(min=0))
         return raws
 
     def step(self, step: Step) -> None:
-        x = step.x
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise HookscopeError(f"Grad-CAM takes image batches (N, C, H, W); got {shape}.")
+        x = cam_input(step.x)
+        if x.dim() != 4:
+            self._check_nd(x)
         origins = Origins.of(step.batch, step.start, len(step), self.transform)
         accs = {m.name: MapSum() for m in self.methods}
         focus: Focus | None = None
@@ -215,7 +250,7 @@ class CamProbe(Switch[CamReport]):
             full = self.fullgrad.run(step, xa, focus) if self.fullgrad is not None else None
             run = BatchRun(self, step, cap, focus, origins, xa, full)
             for m in self.methods:
-                accs[m.name].add(self._raws(m, run), x.shape[-2:], flip, len(self.augs) > 1)
+                accs[m.name].add(self._raws(m, run), x.shape[2:], flip, len(self.augs) > 1)
             del cap, full, run
         assert focus is not None
         guided = self.guided.run(step, x, focus).x_grad if self.guided is not None else None
@@ -270,15 +305,11 @@ def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
     batches: Any = inputs
     if layer is None:
         first, batches = peek(inputs)
-        sample = getattr(first, "tensor", first)
-        if not isinstance(sample, torch.Tensor) or sample.dim() < 3:
-            raise HookscopeError("Grad-CAM takes image batches (N, C, H, W) as the forward's "
-                                 f"one input; got {describe(sample)}.")
-        sample = sample.unsqueeze(0) if sample.dim() == 3 else sample
+        sample = cam_input(getattr(first, "tensor", first))
         layer, shape = default_layer(model, sample[:1], autocast=autocast, task=objective.kind)
         if any(get_method(m).layerwise for m in opts.methods):  # else no method uses it
-            log.info("using layer %s, %s (%s channels on a %sx%s grid)", layer,
-                     why_chosen(layer, objective.kind), *shape[1:])
+            log.info("using layer %s, %s (%s channels on a %s grid)", layer,
+                     why_chosen(layer, objective.kind), shape[1], "x".join(map(str, shape[2:])))
     probe = CamProbe(model, layer, opts, transform=transform, sink=sink, objective=objective)
     return drive(model, batches, probe, progress=progress, autocast=autocast)
 
@@ -304,8 +335,9 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
         model: a classifier returning (N, classes) logits (or a segmentation model or
             detector, see :func:`explain`); left with no hook, no ``.grad`` and its
             ``training`` flags unchanged.
-        inputs: a preprocessed batch (N, C, H, W) or one image (C, H, W), or an iterable
-            of batches.
+        inputs: a preprocessed batch (N, C, H, W) or one image (C, H, W), a signal batch
+            (N, C, L) or a volume or clip batch (N, C, D, H, W) in a 1-tuple ``(x,)`` (the
+            forward's arguments; a 5-D tensor also alone), or an iterable of batches.
         layer: dotted module name or the module, or a list of them (fused); None picks
             :func:`default_layer` (logged).
         method: one of :func:`method_names`.
@@ -321,10 +353,11 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
     options["task"] = options.get("task") or infer_task(model)
     targets = None if target is None and options["task"] == "detection" else \
         as_targets(target, categories)
-    batches = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
-    batches = [b.unsqueeze(0) if b.dim() == 3 else b for b in batches]
+    batches = [inputs] if isinstance(inputs, (torch.Tensor, tuple)) else list(inputs)
+    batches = [b.unsqueeze(0) if isinstance(b, torch.Tensor) and b.dim() == 3 else b
+               for b in batches]
     if targets is not None:
-        targets.check_count(sum(len(b) for b in batches))
+        targets.check_count(sum(len(cam_input(b)) for b in batches))
     report = explain(model, batches, layer=layer, methods=(method,), targets=targets, **options)
     for note in report.notes:
         log.warning(note)

@@ -31,8 +31,10 @@ class CamResult:
     """Class activation maps for a batch of inputs, one method.
 
     Attributes:
-        maps: (N, H, W) float32 in [0, 1] at the input tensor's resolution.
-        raw: (N, h, w) float32 at the first layer's resolution, after ReLU, before
+        maps: (N, H, W) float32 in [0, 1] at the input tensor's resolution ((N, L) for a
+            signal input (N, C, L), (N, D, H, W) for a volume or clip (N, C, D, H, W)).
+        raw: (N, h, w) float32 (or (N, l), (N, d, h, w)) at the first layer's resolution,
+            after ReLU, before
             normalisation (FullGrad's is at the input's resolution); ``raws``: per layer.
         targets: the explained class index per input (-1: several classes).
         probs: the target's softmax probability per input (None where there is none).
@@ -69,10 +71,12 @@ class CamResult:
         return self.raws[0]
 
     @property
-    def peaks(self) -> list[tuple[int, int] | None]:
-        """(y, x) of each map's maximum; None for a blank map or a non-finite score."""
-        return [divmod(int(np.argmax(m)), m.shape[1]) if m.max() > 0 and math.isfinite(score)
-                else None for m, score in zip(self.maps, self.scores, strict=True)]
+    def peaks(self) -> list[tuple[int, ...] | None]:
+        """(y, x) of each map's maximum ((l,) of a signal's, (d, y, x) of a volume's); None for
+        a blank map or a non-finite score."""
+        return [tuple(int(v) for v in np.unravel_index(int(np.argmax(m)), m.shape))
+                if m.max() > 0 and math.isfinite(score) else None
+                for m, score in zip(self.maps, self.scores, strict=True)]
 
     @staticmethod
     def concat(parts: Sequence[CamResult]) -> CamResult:
@@ -104,7 +108,9 @@ def fuse(raws: Sequence[torch.Tensor], size: Sequence[int]) -> torch.Tensor:
     pytorch-grad-cam: each scaled (its ``scale_cam_image``), resized, averaged over layers
     and scaled again, with its 1e-7 in each denominator (so a pass with tiny maps weighs
     less in ``aug_smooth``)."""
-    return minmax(torch.stack([resize(minmax(r, 1e-7), size) for r in raws]).mean(dim=0), 1e-7)
+    dims = len(size)
+    return minmax(torch.stack([resize(minmax(r, 1e-7, dims), size) for r in raws]).mean(dim=0),
+                  1e-7, dims)
 
 
 @dataclass(frozen=True)
@@ -197,13 +203,13 @@ class CamRows:
                 continue
             for name, res in explained.results.items():
                 peak, box = peaks[name][i], explained.boxes[i]
-                if peak is not None and box is not None:
-                    peak = peak_in_box(peak, res.maps.shape[1:], box)
+                if peak is not None and len(peak) == 2 and box is not None:
+                    peak = peak_in_box((peak[0], peak[1]), res.maps.shape[1:], box)
                 self.rows.append(self._row(item.name, name, res, i,
                                            self.plans[batch.start + i][name], peak))
 
     def _row(self, input_name: str, method: str, res: CamResult, i: int,
-             paths: dict[str, Path | None], peak: tuple[int, int] | None) -> dict[str, Any]:
+             paths: dict[str, Path | None], peak: tuple[int, ...] | None) -> dict[str, Any]:
         target = res.targets[i] if res.targets[i] >= 0 else None
         layer = res.layer if get_method(method).layerwise else None  # FullGrad, rollout...
         row: dict[str, Any] = {
@@ -264,7 +270,7 @@ class MapSum:
             ) -> None:
         maps = fuse(raws, size)
         if smooth:  # each raw map scaled, then averaged over augmentations
-            raws = [minmax(r, 1e-7) for r in raws]
+            raws = [minmax(r, 1e-7, r.dim() - 1) for r in raws]
         if flip:
             maps, raws = maps.flip(-1), [r.flip(-1) for r in raws]
         self.maps = maps if self.maps is None else self.maps + maps
@@ -277,9 +283,10 @@ class MapSum:
         assert self.maps is not None
         raws = self.raws if self.count == 1 else [r / self.count for r in self.raws]
         constant = _constant(raws)
-        maps = torch.where(constant[:, None, None], torch.zeros_like(self.maps),
+        dims = self.maps.dim() - 1
+        maps = torch.where(constant.reshape(-1, *[1] * dims), torch.zeros_like(self.maps),
                            # a constant map's 0 / 0 becomes zeros
-                           torch.nan_to_num(minmax(self.maps / self.count, 0.0), nan=0.0))
+                           torch.nan_to_num(minmax(self.maps / self.count, 0.0, dims), nan=0.0))
         return maps, raws, constant
 
 
@@ -296,7 +303,8 @@ def make_result(method: Method, acc: MapSum, focus: Focus, scores: list[float],
             f"{method.name}: the target score of {finite.count(False)} input(s) is not "
             "finite (NaN or Inf: check the input, or where `hookscope debug` finds the "
             "first non-finite output); their maps are blank.")
-        maps = maps * torch.tensor(finite, dtype=maps.dtype, device=maps.device)[:, None, None]
+        maps = maps * torch.tensor(finite, dtype=maps.dtype, device=maps.device).reshape(
+            -1, *[1] * (maps.dim() - 1))
     zero = [float(r.amax()) <= 0 and why is None and ok for r, why, ok in
             zip(raws[0], focus.skipped, finite, strict=True)]
     if any(zero):

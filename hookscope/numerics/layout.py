@@ -3,7 +3,10 @@ and how to bring those to (N, C, h, w).
 
 For an H x W input, a grid is ``(N, C, h, w)`` or ``(N, h, w, C)`` with the input's aspect,
 or ``(N, tokens, C)``: a few prefix tokens (CLS, registers) then an h x w patch grid for an
-integer stride. Anything else, attention matrices included, is refused with a reason."""
+integer stride. Anything else, attention matrices included, is refused with a reason.
+
+For a 1-D signal ``(N, C, L)`` or a volume or clip ``(N, C, D, H, W)`` input, a map is an
+output of the same rank with its channels first: ``(N, C, l)`` or ``(N, C, d, h, w)``."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["Layout", "TokenHint", "channel_dim", "layout", "token_hint"]
+__all__ = ["Layout", "TokenHint", "channel_dim", "extent", "layout", "signal_model", "token_hint"]
 
 #: Parameters that add prefix tokens before the patch grid (their dimension 1 counts them).
 PREFIX_PARAMS = frozenset({"cls_token", "class_token", "dist_token", "distillation_token",
@@ -62,27 +65,70 @@ def token_hint(model: nn.Module) -> TokenHint:
 @dataclass(frozen=True)
 class Layout:
     """How an output lies on the h x w image grid: ``kind`` is ``nchw``, ``nhwc`` or
-    ``tokens`` (``(N, prefix + h*w, C)``)."""
+    ``tokens`` (``(N, prefix + h*w, C)``); or on a signal's or volume's grid: ``ncl``
+    (``(N, C, l)``, ``h`` 1 and ``w`` l) or ``ncdhw`` (``(N, C, d, h, w)``); ``extent`` is the
+    grid's own size, (h, w), (l,) or (d, h, w)."""
 
     kind: str
     h: int
     w: int
     prefix: int = 0
+    extent: tuple[int, ...] = ()
 
     @property
     def channel_dim(self) -> int:
         """The dimension holding the channels, in the module's own output."""
-        return {"nchw": 1, "nhwc": 3, "tokens": 2}[self.kind]
+        return {"nchw": 1, "nhwc": 3, "tokens": 2, "ncl": 1, "ncdhw": 1}[self.kind]
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """The map's size: (h, w), (l,) or (d, h, w)."""
+        return self.extent or (self.h, self.w)
 
     def to_nchw(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` (this layout, or its gradient) as (N, C, h, w); the prefix tokens dropped."""
+        """``t`` (this layout, or its gradient) with its channels first: (N, C, h, w) (the
+        prefix tokens dropped), or as it is for ``ncl`` and ``ncdhw``."""
+        if self.kind in ("ncl", "ncdhw"):
+            return t
         if self.kind == "tokens":
             t = t[:, self.prefix:].reshape(t.shape[0], self.h, self.w, t.shape[2])
         return t if self.kind == "nchw" else t.permute(0, 3, 1, 2)
 
     def describe(self) -> str:
         extra = f" after {self.prefix} prefix token(s)" if self.prefix else ""
-        return f"{self.kind} {self.h}x{self.w}{extra}"
+        return f"{self.kind} {'x'.join(map(str, self.grid))}{extra}"
+
+
+def signal_model(model: nn.Module) -> bool:
+    """Whether ``model`` has a 1-d convolution (a class name ending in ``Conv1d`` or
+    ``ConvTranspose1d``): its 3-D float inputs are signals (N, C, L), not tokens (N, T, F)."""
+    return any(type(m).__name__.endswith(("Conv1d", "ConvTranspose1d")) for m in model.modules())
+
+
+def extent(x: torch.Tensor | None) -> tuple[int, ...]:
+    """The grid a batch's maps lie on: (L,) of a signal batch (N, C, L), (D, H, W) of a volume
+    or clip (N, C, D, H, W), (H, W) of an image batch; () for no tensor of three dimensions."""
+    if x is None or x.dim() < 3:
+        return ()
+    return tuple(int(v) for v in x.shape[2:]) if x.dim() in (3, 5) else \
+        (int(x.shape[-2]), int(x.shape[-1]))
+
+
+def _grid_nd(shape: Sequence[int], size: Sequence[int], type_name: str,
+             force: str) -> Layout | str:
+    """An output on the grid of a signal (``size`` (L,)) or volume (``size`` (D, H, W))."""
+    names = "(N, C, L)" if len(size) == 1 else "(N, C, D, H, W)"
+    if len(shape) != len(size) + 2:
+        return f"it is {len(shape)}-D {list(shape)}, not {names} as the input is"
+    if type_name.endswith(CHANNELS_LAST) or force in ("vit", "swin"):
+        return (f"it has its channels last ({type_name or force} output), not the input's "
+                f"channels-first {names}")
+    grid = tuple(int(v) for v in shape[2:])
+    if math.prod(grid) <= 1:
+        return "its spatial size is 1, so there is nowhere to point at"
+    if len(grid) == 1:
+        return Layout("ncl", 1, grid[0], extent=grid)
+    return Layout("ncdhw", grid[1], grid[2], extent=grid)
 
 
 def _fits(h: int, w: int, size: tuple[int, int]) -> bool:
@@ -127,11 +173,16 @@ def _attention(shape: Sequence[int], size: tuple[int, int], hint: TokenHint) -> 
         shape[2] != size[0] // hint.patch
 
 
-def layout(shape: Sequence[int], size: tuple[int, int], *, type_name: str = "",
+def layout(shape: Sequence[int], size: Sequence[int], *, type_name: str = "",
            hint: TokenHint | None = None, force: str = "auto") -> Layout | str:
     """How an output of ``shape`` lies on the grid of an input of ``size`` (H, W), or why
     it does not. ``type_name`` is the module's class (channels-last ones prefer ``nhwc``);
-    ``force`` is ``auto``, ``none`` (only nchw), ``vit`` (only tokens) or ``swin`` (only nhwc)."""
+    ``force`` is ``auto``, ``none`` (only nchw), ``vit`` (only tokens) or ``swin`` (only nhwc).
+    A ``size`` (L,) or (D, H, W) (:func:`extent` of a signal or volume batch) places it by
+    the channels-first rule of that input."""
+    if len(size) in (1, 3):
+        return _grid_nd(shape, size, type_name, force)
+    size = (int(size[0]), int(size[1]))
     hint = hint or TokenHint()
     dims = len(shape)
     if dims == 3 and force in ("auto", "vit") and not type_name.endswith(CHANNELS_FIRST_1D):
@@ -159,16 +210,20 @@ def layout(shape: Sequence[int], size: tuple[int, int], *, type_name: str = "",
             f"(N, H, W, C) is a grid of the {size[0]}x{size[1]} input (heads x tokens?)")
 
 
-def channel_dim(shape: Sequence[int], type_name: str, size: tuple[int, int] | None = None,
+def channel_dim(shape: Sequence[int], type_name: str, size: Sequence[int] | None = None,
                 hint: TokenHint | None = None) -> int | None:
     """The dimension holding the channels of an output (None: the output is one channel).
 
     The rules are in docs/stats.md. With the input's ``size`` (H, W), a 4-D output is placed
     by :func:`layout`, so a channels-last (N, H, W, C) output of any module has its channels last.
+    With a signal's ``size`` (L,) or a volume's (D, H, W), an output of the input's rank has
+    its channels first (an activation after a Conv1d too), unless its module keeps them last.
     """
     rank = len(shape)
     if rank < 2:
         return None
+    if size is not None and len(size) in (1, 3) and rank == len(size) + 2:
+        return rank - 1 if type_name.endswith(CHANNELS_LAST) else 1
     if rank == 3:
         return 1 if type_name.endswith(CHANNELS_FIRST_1D) else 2
     if rank == 4 and size is not None and min(size) > 0:

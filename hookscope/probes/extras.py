@@ -33,7 +33,7 @@ class Extras:
 
     @classmethod
     def of(cls, tensor: torch.Tensor, type_name: str, spec: Extras,
-           grid: tuple[tuple[int, int], Any] | None = None) -> Extras:
+           grid: tuple[tuple[int, ...], Any] | None = None) -> Extras:
         """What ``spec`` asks for, of one output of a ``type_name`` module (``grid``: the
         input's (H, W) and the model's token hint, to find channels-last outputs)."""
         if spec.per_channel:

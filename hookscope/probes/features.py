@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.core.arguments import image_size
+from hookscope.core.arguments import first_float
 from hookscope.core.errors import HookscopeError, at_least_one, param
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import Site, all_sites, find_site, select_sites
-from hookscope.numerics.layout import Layout, TokenHint, layout
+from hookscope.numerics.layout import Layout, TokenHint, extent, layout
 
 __all__ = ["ORDERS", "FeatureGrid", "FeaturesProbe", "FeaturesReport", "feature_grids",
            "feature_sites", "make_tiles"]
@@ -99,25 +99,67 @@ def _check_tiling(max_channels: int, order: str) -> None:
     at_least_one("max_channels", max_channels)
 
 
+#: A strip's row height and least width in pixels (each value of a short signal widened).
+STRIP_ROW, STRIP_WIDTH = 8, 256
+MODES = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
+def _scaled(tiles: torch.Tensor) -> torch.Tensor:
+    """Each channel of (k, 1, ...) min-max scaled to [0, 1] on its own (a constant one: 0)."""
+    flat = tiles.flatten(1)
+    lo, hi = flat.amin(1), flat.amax(1)
+    span = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+    shape = (-1, *[1] * (tiles.dim() - 1))
+    return ((tiles - lo.reshape(shape)) / span.reshape(shape)).clamp_(0, 1)
+
+
+def _strip(tiles: torch.Tensor) -> torch.Tensor:
+    """(k, 1, L) channels as a (3, k rows, L) strip image, one row per channel."""
+    rows = _scaled(tiles)[:, 0]  # (k, L)
+    widen = max(1, -(-STRIP_WIDTH // rows.shape[1]))
+    image = rows.repeat_interleave(STRIP_ROW, 0).repeat_interleave(widen, 1)
+    for r in range(1, len(rows)):  # a white line between channels
+        image[r * STRIP_ROW] = 1.0
+    return image.unsqueeze(0).expand(3, *image.shape).contiguous()
+
+
+def _sheet(tiles: torch.Tensor) -> torch.Tensor:
+    """(k, 1, D, H, W) channels as a contact sheet: one grid of the k channels per slice or
+    frame, frames in order row by row; each channel scaled over its whole volume."""
+    from torchvision.utils import make_grid
+
+    scaled = _scaled(tiles)
+    nrow = math.ceil(math.sqrt(len(tiles)))
+    frames = [make_grid(scaled[:, :, d], nrow=nrow, padding=2, pad_value=1.0)
+              for d in range(scaled.shape[2])]
+    return make_grid(torch.stack(frames), nrow=math.ceil(math.sqrt(len(frames))), padding=6,
+                     pad_value=0.5)
+
+
 def make_tiles(fmap: torch.Tensor, *, max_channels: int = 64, order: str = "index",
-               upsample: tuple[int, int] | None = None) -> tuple[torch.Tensor, list[int]]:
+               upsample: tuple[int, ...] | None = None) -> tuple[torch.Tensor, list[int]]:
     """Tile a (C, H, W) feature map into a (3, H', W') grid image in [0, 1], each tile normalised
-    on its own; returns it and the channels shown, in order."""
+    on its own; returns it and the channels shown, in order. A signal's (C, L) map is a strip
+    (a row per channel), a volume's or clip's (C, D, H, W) a contact sheet of per-frame grids."""
     from torchvision.utils import make_grid
 
     _check_tiling(max_channels, order)
     channels = _ranked(fmap, max_channels, order)
     tiles = fmap[channels].float().unsqueeze(1).nan_to_num(0.0, posinf=0.0, neginf=0.0)  # (k, 1, H, W)
-    if upsample is not None and tuple(tiles.shape[-2:]) != tuple(upsample):
-        tiles = torch.nn.functional.interpolate(tiles, size=upsample, mode="bilinear",
-                                                align_corners=False)
+    if upsample is not None and len(upsample) == tiles.dim() - 2 and \
+            tuple(tiles.shape[2:]) != tuple(upsample):
+        tiles = torch.nn.functional.interpolate(tiles, size=upsample,
+                                                mode=MODES[len(upsample)], align_corners=False)
+    if tiles.dim() != 4:
+        return (_strip(tiles) if tiles.dim() == 3 else _sheet(tiles)), channels
     nrow = math.ceil(math.sqrt(len(channels)))
     grid = make_grid(tiles, nrow=nrow, padding=2, normalize=True, scale_each=True, pad_value=1.0)
     return grid.clamp_(0, 1), channels
 
 
-def _spatial(output: Any, site: Site, size: tuple[int, int], hint: TokenHint) -> torch.Tensor:
-    """The output as (N, C, h, w): channels-last and token outputs laid out on their grid."""
+def _spatial(output: Any, site: Site, size: tuple[int, ...], hint: TokenHint) -> torch.Tensor:
+    """The output as (N, C, h, w): channels-last and token outputs laid out on their grid; a
+    signal's (N, C, l) and a volume's (N, C, d, h, w) as they are."""
     t = first_tensor(output)
     if t is None:
         found: Layout | str = "it returns no tensor"
@@ -130,7 +172,8 @@ def _spatial(output: Any, site: Site, size: tuple[int, int], hint: TokenHint) ->
     shape = list(t.shape) if t is not None else None
     raise HookscopeError(
         f"{site.name} ({site.type}) returns {shape if shape else 'no tensor'}; feature "
-        f"grids need an image grid ((N, C, H, W), (N, H, W, C) or patch tokens): {found}. "
+        f"grids need an image grid ((N, C, H, W), (N, H, W, C) or patch tokens), or the "
+        f"channels-first layout of a signal or volume input: {found}. "
         "Choose another layer (see `hookscope layers MODEL`).")
 
 
@@ -166,7 +209,7 @@ class FeaturesProbe(Probe[FeaturesReport]):
         self.sites = list(sites)
         self.sink, self.stems, self.hint = sink, stems, hint
         self.max_channels, self.order, self.upsample = max_channels, order, upsample
-        self.size = (0, 0)
+        self.size: tuple[int, ...] = (0, 0)
         self.captured: list[tuple[Call, torch.Tensor]] = []
         self.rows: list[dict[str, Any]] = []
         self.kept: list[FeatureGrid] = []
@@ -182,7 +225,7 @@ class FeaturesProbe(Probe[FeaturesReport]):
 
     def step(self, step: Step) -> None:
         self.captured.clear()
-        self.size = image_size(step.x)
+        self.size = extent(first_float(step.x)) or (0, 0)
         step.forward()
         size = self.size if self.upsample else None
         items = step.batch.items if step.batch is not None else None
@@ -200,7 +243,7 @@ class FeaturesProbe(Probe[FeaturesReport]):
         self.captured.clear()
 
     def _grid(self, name: str, stem: str, index: int, call: Call, fmap: torch.Tensor,
-              size: tuple[int, int] | None) -> FeatureGrid:
+              size: tuple[int, ...] | None) -> FeatureGrid:
         grid, channels = make_tiles(fmap, max_channels=self.max_channels, order=self.order,
                                     upsample=size)
         nonfinite = int(fmap.numel() - torch.isfinite(fmap).sum())

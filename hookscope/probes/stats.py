@@ -173,16 +173,21 @@ class StatsProbe(Probe[StatsReport]):
         self._entered: dict[tuple[str, int], list[list[int]]] = {}
         self.predictions: list[list[Prediction] | None] = []
         self.input_shape: list[int] | None = None
-        self.grid: tuple[tuple[int, int], Any] | None = None
+        self.grid: tuple[tuple[int, ...], Any] | None = None
+        self.signal = False
         if per_channel:
-            from hookscope.numerics.layout import token_hint
+            from hookscope.numerics.layout import signal_model, token_hint
 
             self.grid = ((0, 0), token_hint(model))
+            self.signal = signal_model(model)
 
     def step(self, step: Step) -> None:
         x = first_tensor(step.x)
-        if self.grid is not None and x is not None and x.dim() == 4:
-            self.grid = ((int(x.shape[-2]), int(x.shape[-1])), self.grid[1])
+        if self.grid is not None and x is not None and x.is_floating_point() and \
+                (x.dim() in (4, 5) or (x.dim() == 3 and self.signal)):  # a signal (N, C, L)
+            from hookscope.numerics.layout import extent
+
+            self.grid = (extent(x), self.grid[1])
         super().step(step)
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

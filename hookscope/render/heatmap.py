@@ -1,6 +1,9 @@
 """Grad-CAM files: overlays at the original resolution (a region's outline or a detector's
 boxes drawn on), heatmaps, guided images and raw maps, staged through
 :class:`hookscope.core.files.Staging`. Colouring is a 256-entry lookup table from matplotlib.
+
+A signal's map is drawn as a curve over its channels (:func:`signal_images`), a volume's or
+clip's as one overlay per slice or frame in a contact sheet (:func:`volume_images`).
 """
 
 from __future__ import annotations
@@ -153,6 +156,77 @@ def denormalize(tensor: Any, mean: Sequence[float] | None, std: Sequence[float] 
     return Image.fromarray(np.ascontiguousarray(pixels.transpose(1, 2, 0)), "RGB")
 
 
+#: The smallest side of a frame in a volume's contact sheet, in pixels.
+MIN_FRAME = 96
+
+
+def _band(values: np.ndarray, cmap: str, width: int, height: int = 24) -> np.ndarray:
+    """A (height, width, 3) colour band of a 1-D map in [0, 1] (linearly resampled)."""
+    grid = np.linspace(0, len(values) - 1, width)
+    return np.repeat(colorize(np.interp(grid, np.arange(len(values)), values), cmap)[None],
+                     height, axis=0)
+
+
+def signal_images(values: np.ndarray, signal: Any, *, cmap: str = "jet",
+                  alpha: float = 0.5) -> tuple[Image.Image, Image.Image]:
+    """A signal's map ((L,) in [0, 1]) drawn over its ``signal`` ((C, L)): the channels as
+    faint lines, the map as a filled curve on its own 0-1 axis and a colour band under them;
+    and the colour band alone (the heatmap). ``alpha`` is the filled curve's opacity."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    arr = np.asarray(signal.detach().cpu() if hasattr(signal, "detach") else signal,
+                     dtype=np.float32)
+    length = len(values)
+    t = np.arange(length)
+    fig = Figure(figsize=(8, 3), dpi=100)
+    canvas = FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.07, 0.22, 0.86, 0.72))
+    for channel in arr[:16]:
+        ax.plot(t, channel, color="0.45", linewidth=0.8, alpha=0.45)
+    ax.set_xlim(0, max(1, length - 1))
+    ax.set_yticks([])
+    curve = ax.twinx()
+    lut = colormap_lut(cmap) / 255.0
+    curve.fill_between(t, values, color=lut[200], alpha=alpha, linewidth=0)
+    curve.plot(t, values, color=lut[230], linewidth=1.2)
+    curve.set_ylim(0, 1.05)
+    band = fig.add_axes((0.07, 0.06, 0.86, 0.08))
+    band.imshow(values[None, :], cmap=cmap, vmin=0, vmax=1, aspect="auto",
+                interpolation="nearest")
+    band.set_axis_off()
+    canvas.draw()
+    over = Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3].copy(), "RGB")
+    return over, Image.fromarray(_band(values, cmap, max(256, length)), "RGB")
+
+
+def volume_images(values: np.ndarray, volume: Any, mean: Sequence[float] | None,
+                  std: Sequence[float] | None, *, cmap: str = "jet", alpha: float = 0.5
+                  ) -> tuple[Image.Image, Image.Image]:
+    """A volume's or clip's map ((D, H, W) in [0, 1]) over each slice or frame of ``volume``
+    ((C, D, H, W), de-normalised as an image), in a contact sheet (torchvision's
+    ``make_grid``, frames in order, row by row); and the coloured maps alone in one."""
+    import torch
+    from torchvision.utils import make_grid
+
+    overlays, heats = [], []
+    height, width = values.shape[1:]
+    scale = max(1, -(-MIN_FRAME // min(height, width)))  # small frames drawn larger
+    for d in range(len(values)):
+        frame = denormalize(volume[:, d], mean, std).resize(
+            (width * scale, height * scale), Image.Resampling.NEAREST)
+        over, heat = heatmap_images(values[d], frame, cmap=cmap, alpha=alpha)
+        overlays.append(torch.from_numpy(np.array(over)).permute(2, 0, 1))
+        heats.append(torch.from_numpy(np.array(heat.convert("RGB"))).permute(2, 0, 1))
+    nrow = int(np.ceil(np.sqrt(len(values))))
+
+    def sheet(frames: list[Any]) -> Image.Image:
+        grid = make_grid(torch.stack(frames), nrow=nrow, padding=2, pad_value=255)
+        return Image.fromarray(grid.permute(1, 2, 0).numpy().astype(np.uint8), "RGB")
+
+    return sheet(overlays), sheet(heats)
+
+
 class CamWriter(CamRows):
     """Sink for :class:`hookscope.cam.probe.CamProbe`: stages each batch's files in worker
     threads and keeps the document's rows (:class:`CamRows`).
@@ -170,14 +244,21 @@ class CamWriter(CamRows):
 
     def __call__(self, explained: CamBatch) -> None:
         super().__call__(explained)
+        from hookscope.cam.probe import cam_input
+
         batch = explained.batch
         assert batch is not None  # CamRows refused it
-        size = (int(batch.tensor.shape[-1]), int(batch.tensor.shape[-2]))
+        x = cam_input(batch.tensor)
+        size = (int(x.shape[-1]), int(x.shape[-2]))
         for i in range(len(batch.items)):
             if explained.skipped and explained.skipped[i] is not None:
                 continue
-            image = batch.images[i] or denormalize(batch.tensor[i], self.loaded.mean,
-                                                   self.loaded.std)
+            if x.dim() != 4:  # a signal or a volume
+                for name, res in explained.results.items():
+                    self.staging.submit(self._write_nd, res, i, x[i],
+                                        self.plans[batch.start + i][name])
+                continue
+            image = batch.images[i] or denormalize(x[i], self.loaded.mean, self.loaded.std)
             for name, res in explained.results.items():
                 self.staging.submit(self._write, res, i, image, explained.boxes[i],
                                     self.plans[batch.start + i][name], size)
@@ -194,14 +275,29 @@ class CamWriter(CamRows):
             over = draw_boxes(over, res.detections[i], size, box, self.loaded.label)
         self.staging.save_png(over, paths["overlay"])
         self.staging.save_png(heat, paths["heatmap"])
+        self._save_raw(res, i, paths)
+        if res.guided is not None and paths.get("guided") is not None:
+            self.staging.save_png(Image.fromarray(deprocess(res.guided[i]), "RGB"),
+                                  paths["guided"])
+
+    def _write_nd(self, res: Any, i: int, x: Any, paths: dict[str, Any]) -> None:
+        """Input ``i``'s files for a signal (a curve) or a volume (a contact sheet)."""
+        if x.dim() == 2:
+            over, heat = signal_images(res.maps[i], x, cmap=self.cmap, alpha=self.alpha)
+        else:
+            over, heat = volume_images(res.maps[i], x, self.loaded.mean, self.loaded.std,
+                                       cmap=self.cmap, alpha=self.alpha)
+        self.staging.save_png(over, paths["overlay"])
+        self.staging.save_png(heat, paths["heatmap"])
+        self._save_raw(res, i, paths)
+
+    def _save_raw(self, res: Any, i: int, paths: dict[str, Any]) -> None:
+        """Stage input ``i``'s raw map(s), with ``save_raw``: the layer's own shape."""
         if self.save_raw:
             raws = zip([f"raw.{layer}" for layer in res.layers], res.raws, strict=True) \
                 if len(res.layers) > 1 else [("raw", res.raw)]
             for key, raw in raws:
                 self.staging.save_npy(raw[i], paths[key])
-        if res.guided is not None and paths.get("guided") is not None:
-            self.staging.save_png(Image.fromarray(deprocess(res.guided[i]), "RGB"),
-                                  paths["guided"])
 
     @staticmethod
     def log_notes(notes: Sequence[str]) -> None:

@@ -130,11 +130,18 @@ def cam_csv(doc: Doc) -> Rows:
 
     present = [m for m in METRIC_ORDER if any(m in (r.get("metrics") or {})
                                               for r in doc["results"])]
-    rows = [r | dict(zip(("peak_y", "peak_x"), r.get("peak") or [None, None], strict=True))
+    volume = ("peak_d",) if any(len(r.get("peak") or ()) == 3 for r in doc["results"]) else ()
+    rows = [r | _peak(r.get("peak"))
             | {"layers": "+".join(r.get("layers") or [r["layer"]])}
             | {m: (r.get("metrics") or {}).get(m) for m in present}
             for r in doc["results"]]
-    return rows, CAM_COLUMNS + ("layers", *present)
+    return rows, CAM_COLUMNS + ("layers", *present, *volume)
+
+
+def _peak(peak: list[int] | None) -> dict[str, int | None]:
+    """``peak_y``, ``peak_x`` (a signal's position is ``peak_x``) and a volume's ``peak_d``."""
+    padded = [None] * (3 - len(peak or ())) + list(peak or ())
+    return dict(zip(("peak_d", "peak_y", "peak_x"), padded, strict=True))
 
 
 def grads_plot(doc: Doc, *, vanish: float = 1e-3, explode: float = 1e3, **options: Any) -> Any:
