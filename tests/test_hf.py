@@ -208,7 +208,7 @@ def test_the_saved_architecture_is_loaded(cli, folders, tmp_path) -> None:
     doc = _json(cli("layers", f"hf:{folders['detr']}", "--max-depth", "1", "-f", "json"))
     names = {row["name"] for row in doc["layers"]}
     assert {"class_labels_classifier", "bbox_predictor"} <= names
-    assert doc["layers"][0]["type"] == "DetrForObjectDetection"
+    assert doc["root"]["type"] == "DetrForObjectDetection"
     unknown = tmp_path / "unknown"
     shutil.copytree(folders["vit"], unknown)
     config = json.loads((unknown / "config.json").read_text())
