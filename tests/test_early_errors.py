@@ -58,7 +58,7 @@ def test_a_missing_input_or_output_is_refused_before_torch_is_imported(tmp_path)
         assert code == 2, (args, err)
         assert len(err.strip().splitlines()) == 1, (args, err)
         assert not torch_imported, (args, err)
-    for code, err, _ in found[:-1]:
+    for _, err, _ in found[:-1]:
         assert err.strip() == "hookscope: error: missing.jpg: no such file or directory."
     assert "no/such/dir" in found[-1][1]
     assert list(tmp_path.iterdir()) == []  # nothing written, not even an empty folder
