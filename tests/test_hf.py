@@ -252,6 +252,10 @@ def test_a_folder_without_a_processor_is_preprocessed_for_its_config(cli, folder
     assert gray.input_size == (24, 24) and gray.preprocess.channels == 1
     assert len(gray.mean) == 1 and gray.preprocess(Image.open(cat_jpg)).shape == (1, 24, 24)
     assert _json(cli("stats", f"hf:{folders['vit-gray']}", cat_jpg, "-f", "json"))["layers"]
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"image_size": 4}))
+    line = _one_line(cli("stats", f"hf:{folder}", cat_jpg, "--weights", "none"))
+    assert f"{folder / 'config.json'}: image_size must be between 8 and 8192" in line
 
 
 def test_a_text_model_is_refused(cli, folders, cat_jpg) -> None:

@@ -213,12 +213,13 @@ def _config_value(config: Any, key: str) -> Any:
     return found if found is not None or vision is None else getattr(vision, key, None)
 
 
-def _from_config(config: Any, name: str) -> Preprocess:
+def _from_config(config: Any, path: Path, name: str) -> Preprocess:
     """Preprocessing for a folder without preprocessor_config.json: ImageNet's, at the
     config's ``image_size`` (ImageNet's resize ratio) and ``num_channels``."""
     side = _config_value(config, "image_size")
     side = side[0] if isinstance(side, (list, tuple)) and side else side
     side = side if isinstance(side, int) and not isinstance(side, bool) else None
+    check_side("image_size", side, _where(str(path / "config.json"), "image_size"))
     channels = 1 if _config_value(config, "num_channels") == 1 else None
     found = with_overrides(Preprocess(), size=side, input_channels=channels)
     what = f"config.json's image_size {side}" if side is not None else "224 px"
@@ -266,7 +267,7 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
             bars.enable_progress_bar()
     config: Any = model.config
     if preprocess is None:
-        preprocess = _from_config(config, f"hf:{spec.target}")
+        preprocess = _from_config(config, path, f"hf:{spec.target}")
     elif _config_value(config, "num_channels") == 1 and preprocess.channels != 1:
         preprocess = replace(with_overrides(preprocess, input_channels=1), origin="processor")
     labels = _labels(config, task)
