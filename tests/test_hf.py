@@ -258,12 +258,19 @@ def test_a_folder_without_a_processor_is_preprocessed_for_its_config(cli, folder
     assert f"{folder / 'config.json'}: image_size must be between 8 and 8192" in line
 
 
-def test_a_text_model_is_refused(cli, folders, cat_jpg) -> None:
-    """A BERT folder is no vision model: refused before any forward, saying what runs."""
+def test_a_text_model_is_refused(cli, folders, cat_jpg, tmp_path) -> None:
+    """A BERT folder is no vision model: refused before it is built, saying what runs;
+    without a saved architecture too (the class its Auto class would build)."""
     for args in (("stats", f"hf:{folders['bert']}", cat_jpg), ("layers", f"hf:{folders['bert']}")):
         line = _one_line(cli(*args))
         assert "BertForMaskedLM" in line and "not a vision model" in line
         assert "pixel_values" in line
+    bare = tmp_path / "bare"
+    shutil.copytree(folders["bert"], bare)
+    config = json.loads((bare / "config.json").read_text())
+    del config["architectures"]
+    (bare / "config.json").write_text(json.dumps(config))
+    assert "BertModel, not a vision model" in _one_line(cli("layers", f"hf:{bare}"))
 
 
 # ----------------------------------------------------------------------------- token maps

@@ -121,8 +121,10 @@ def _build(transformers: ModuleType, path: Path, raw: dict[str, Any],
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     cls, task = _model_class(transformers, config, raw, path)
     auto = cls.__name__.startswith("Auto")
-    if not auto:
-        _vision(cls, path)
+    try:  # the class an Auto class builds for this config (not for a folder's own code)
+        _vision(cls._model_mapping[type(config)] if auto else cls, path)
+    except KeyError:
+        pass
     remote = {"trust_remote_code": trust} if auto else {}
     has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
     with torch.random.fork_rng(devices=[]):
