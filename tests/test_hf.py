@@ -225,12 +225,14 @@ def test_the_saved_architecture_is_loaded(cli, folders, tmp_path) -> None:
     ({"image_mean": [0.5, "big", 0.5]}, "image_mean", "numbers"),
     ({"image_mean": [0.5, 0.5]}, "image_mean", "has 2 values"),
     ({"image_std": [float("nan")] * 3}, "image_std", "finite"),
+    ({"crop_pct": -1, "key": "convnext"}, "crop_pct", "a number in (0, 1]"),
 ])
 def test_processor_values_are_checked_as_the_options_are(cli, folders, cat_jpg, tmp_path,
                                                          changes, field, why) -> None:
     """A processor's size, mean and std pass the checks --size, --mean and --std pass: one
     line naming the file and the field, exit 2."""
-    folder = _copy(folders["vit"], tmp_path / "bad", **changes)
+    changes = dict(changes)
+    folder = _copy(folders[changes.pop("key", "vit")], tmp_path / "bad", **changes)
     line = _one_line(cli("stats", f"hf:{folder}", cat_jpg))
     assert f"{folder / 'preprocessor_config.json'}: {field}" in line and why in line
 
