@@ -220,7 +220,9 @@ def _with_options(options: dict[str, tuple[Any, Any]],
             for name, bundle in bundles.items():
                 kwargs[name] = bundle.build(**{k: kwargs.pop(k) for k in bundle.options})
             with session(_flags(ctx), ctx.command.name, model=kwargs.get("model", ""),
-                         inputs=_input_paths(kwargs), **values) as s:
+                         inputs=_input_paths(kwargs),
+                         folders=[kwargs["out_dir"]] if kwargs.get("out_dir") else [],
+                         **values) as s:
                 return fn(**kwargs, s=s)
 
         context = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY,

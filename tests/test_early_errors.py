@@ -1,4 +1,4 @@
-"""A missing INPUT or an output that cannot be written is refused before torch is imported
+"""A missing INPUT, or an output file or folder that cannot be written, is refused before torch is imported
 (importing it takes seconds, and tens of seconds on a loaded machine): whether torch got
 imported is asked of the process, not timed."""
 
@@ -49,7 +49,9 @@ MISSING = [
 
 @pytest.mark.slow
 def test_a_missing_input_or_output_is_refused_before_torch_is_imported(tmp_path) -> None:
-    runs = [*MISSING, ["stats", "resnet18", CAT, "--output", "no/such/dir/out.json"]]
+    runs = [*MISSING, ["features", "resnet18", CAT, "-l", "layer1", "--out", "/proc/feats"],
+            ["gradcam", "resnet18", CAT, "--out", "/proc/cams"],
+            ["stats", "resnet18", CAT, "--output", "no/such/dir/out.json"]]
     r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(runs)], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -58,7 +60,8 @@ def test_a_missing_input_or_output_is_refused_before_torch_is_imported(tmp_path)
         assert code == 2, (args, err)
         assert len(err.strip().splitlines()) == 1, (args, err)
         assert not torch_imported, (args, err)
-    for _, err, _ in found[:-1]:
+    for _, err, _ in found[:len(MISSING)]:
         assert err.strip() == "hookscope: error: missing.jpg: no such file or directory."
+    assert all("Cannot write to folder /proc/" in err for _, err, _ in found[-3:-1])
     assert "no/such/dir" in found[-1][1]
     assert list(tmp_path.iterdir()) == []  # nothing written, not even an empty folder
