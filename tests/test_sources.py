@@ -248,7 +248,7 @@ def test_a_refused_size_is_one_line_before_the_model_runs_on_the_inputs(cli, cat
 
 
 def test_random_weights_are_preprocessed_at_the_size_the_model_is_built_for(
-        cli, cat_jpg, monkeypatch) -> None:
+        cli, cat_jpg, monkeypatch, tmp_path) -> None:
     """A ViT whose default weights preprocess at 384 px (as vit_h_14's at 518), built
     without them at its builder's 224: the weights' pipeline, scaled to 224, and a note.
     A tiny ViT stands in for the builder, the weights' own meta and transforms are real."""
@@ -282,6 +282,10 @@ def test_random_weights_are_preprocessed_at_the_size_the_model_is_built_for(
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["preprocessing"]["crop"] == 224
     assert "built for 224x224" in r.stderr and "384x384" in r.stderr
+    cam = cli("gradcam", "vit_b_16", cat_jpg, "--weights", "none", "--out", tmp_path, "-f",
+              "json")
+    assert cam.exit_code == 0, cam.output
+    assert json.loads(cam.stdout)["preprocessing"]["crop"] == 224
 
 
 GRAY = """
