@@ -230,6 +230,8 @@ def _with_options(options: dict[str, tuple[Any, Any]],
             for name, bundle in bundles.items():
                 kwargs[name] = bundle.build(**{k: kwargs.pop(k) for k in bundle.options})
             with session(_flags(ctx), ctx.command.name, model=kwargs.get("model", ""),
+                         inputs=_input_paths(kwargs),
+                         folders=[kwargs["out_dir"]] if kwargs.get("out_dir") else [],
                          **values) as s:
                 return fn(**kwargs, s=s)
 
@@ -241,6 +243,12 @@ def _with_options(options: dict[str, tuple[Any, Any]],
         return run
 
     return wrap
+
+
+def _input_paths(kwargs: dict[str, Any]) -> list[str]:
+    """A command's INPUT paths (``inputs``, or layers' one ``input_``), checked early."""
+    one = kwargs.get("input_")
+    return [*(kwargs.get("inputs") or []), *([one] if isinstance(one, str) else [])]
 
 
 def _keywords(options: dict[str, tuple[Any, Any]]) -> list[inspect.Parameter]:

@@ -73,11 +73,14 @@ def _signals() -> Iterator[None]:
 @contextmanager
 def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = False,
             traceback: bool = False, output: Path | None = None, force: bool = False,
-            model: str = "", **model_options: Any) -> Iterator[Session]:
+            model: str = "", inputs: Sequence[str] = (), folders: Sequence[Path] = (),
+            **model_options: Any) -> Iterator[Session]:
     """Run one command: every error becomes one stderr line and its exit code. ``flags``
-    spells each library parameter as the command's flag (``target`` -> ``--target``)."""
+    spells each library parameter as the command's flag (``target`` -> ``--target``).
+    ``--output``, the output ``folders`` (``--out``) and the ``inputs`` paths are checked
+    before anything imports torch."""
     from hookscope.core.distributed import Group
-    from hookscope.core.files import resolve_output
+    from hookscope.core.files import check_folder, resolve_output
     from hookscope.render import console
 
     console.setup_logging(quiet=quiet)
@@ -97,6 +100,9 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
             s.model = ModelOptions.given(model, **model_options)  # a bad --seed: one line too
             # --output is checked before any work; only rank 0 writes.
             s.out = s._claim(resolve_output(output if s.group.leader else None, force=force))
+            for folder in folders if s.group.leader else ():
+                check_folder(folder, force=force)  # its files are checked once planned
+            _exist(inputs)
             yield s
     except HookscopeError as exc:
         if traceback:
@@ -114,6 +120,14 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
         raise SystemExit(0) from None
     finally:
         s.group.close()
+
+
+def _exist(inputs: Sequence[str]) -> None:
+    """Refuse an INPUT path that does not exist, as resolving the inputs would, but before
+    torch is imported (seconds, more on a loaded machine)."""
+    for spec in inputs:
+        if spec != "-" and not os.path.exists(os.path.expanduser(spec)):
+            raise HookscopeError(f"{spec}: no such file or directory.")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -86,17 +86,48 @@ def _siglip(t: Any) -> tuple[Any, Any]:
             t.SiglipImageProcessor(size={"height": 32, "width": 32}))
 
 
+def _vit_gray(t: Any) -> tuple[Any, None]:
+    """A one-channel ViT saved without an image processor: its config alone says its input."""
+    config = t.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, image_size=24, patch_size=8, num_channels=1,
+                         **_labels())
+    return t.ViTForImageClassification(config), None
+
+
+def _detr(t: Any) -> tuple[Any, Any]:
+    """DETR with a small ResNet backbone built from its config (no timm, nothing fetched)."""
+    backbone = t.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                              out_features=["stage1", "stage2"])
+    config = t.DetrConfig(use_timm_backbone=False, backbone_config=backbone,
+                          use_pretrained_backbone=False, d_model=16, encoder_layers=1,
+                          decoder_layers=1, encoder_attention_heads=2,
+                          decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                          num_queries=5, **_labels())
+    return (t.DetrForObjectDetection(config),
+            t.DetrImageProcessor(size={"height": 32, "width": 32}, do_pad=False))
+
+
+def _bert(t: Any) -> tuple[Any, None]:
+    """A text model: what hookscope refuses as no vision model."""
+    config = t.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, vocab_size=50)
+    return t.BertForMaskedLM(config), None
+
+
 BUILDERS = {"vit": _vit, "deit": _deit, "dinov2": _dinov2, "swin": _swin,
             "convnext": _convnext, "segformer": _segformer, "beit": _beit,
-            "beit-shared": lambda t: _beit(t, shared=True), "siglip": _siglip}
+            "beit-shared": lambda t: _beit(t, shared=True), "siglip": _siglip,
+            "vit-gray": _vit_gray, "detr": _detr, "bert": _bert}
 
 
 def save_model(key: str, folder: Path, seed: int = 0) -> Path:
-    """Build model ``key`` seeded, save it and its image processor to ``folder``."""
+    """Build model ``key`` seeded, save it and its image processor (if it has one) to
+    ``folder``."""
     import transformers
 
     torch.manual_seed(seed)
     model, processor = BUILDERS[key](transformers)
     model.save_pretrained(folder)
-    processor.save_pretrained(folder)
+    if processor is not None:
+        processor.save_pretrained(folder)
     return folder

@@ -4,6 +4,7 @@ labels and preprocessing; token maps against pytorch-grad-cam; refusals."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -181,6 +182,97 @@ def test_missing_transformers_is_one_line(cli, folders, monkeypatch) -> None:
     r = cli("layers", f"hf:{folder}")
     assert r.exit_code == 2 and "pip install 'hookscope[hf]'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def _one_line(r, code: int = 2) -> str:
+    assert r.exit_code == code, r.output
+    assert "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    return r.stderr
+
+
+def _copy(folder: Path, to: Path, **changes) -> Path:
+    """``folder`` copied to ``to`` with its preprocessor_config.json's ``changes``."""
+    shutil.copytree(folder, to)
+    processor = to / "preprocessor_config.json"
+    processor.write_text(json.dumps(json.loads(processor.read_text()) | changes))
+    return to
+
+
+def test_the_saved_architecture_is_loaded(cli, folders, tmp_path) -> None:
+    """The folder's config.architectures is what loads, its head included (DETR's box and
+    class heads, DeiT's distillation head), not the family's bare Auto class."""
+    detr = load(f"hf:{folders['detr']}")
+    assert type(detr.model).__name__ == "DetrForObjectDetection"
+    assert type(load(f"hf:{folders['deit']}").model).__name__ == \
+        "DeiTForImageClassificationWithTeacher"
+    doc = _json(cli("layers", f"hf:{folders['detr']}", "--max-depth", "1", "-f", "json"))
+    names = {row["name"] for row in doc["layers"]}
+    assert {"class_labels_classifier", "bbox_predictor"} <= names
+    assert doc["root"]["type"] == "DetrForObjectDetection"
+    unknown = tmp_path / "unknown"
+    shutil.copytree(folders["vit"], unknown)
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps(config | {"architectures": ["NoSuchNet"]}))
+    line = _one_line(cli("layers", f"hf:{unknown}"))
+    assert "NoSuchNet" in line and "architectures" in line
+
+
+@pytest.mark.parametrize(("changes", "field", "why"), [
+    ({"size": {"height": -5, "width": 0}}, "size.height", "between 8 and 8192"),
+    ({"size": {"shortest_edge": 9000}}, "size.shortest_edge", "between 8 and 8192"),
+    ({"size": {"height": "big", "width": 32}}, "size.height", "a whole number"),
+    ({"image_std": [0, 0, 0]}, "image_std", "must not be zero"),
+    ({"image_mean": [0.5, "big", 0.5]}, "image_mean", "numbers"),
+    ({"image_mean": [0.5, 0.5]}, "image_mean", "has 2 values"),
+    ({"image_std": [float("nan")] * 3}, "image_std", "finite"),
+    ({"crop_pct": -1, "key": "convnext"}, "crop_pct", "a number in (0, 1]"),
+])
+def test_processor_values_are_checked_as_the_options_are(cli, folders, cat_jpg, tmp_path,
+                                                         changes, field, why) -> None:
+    """A processor's size, mean and std pass the checks --size, --mean and --std pass: one
+    line naming the file and the field, exit 2."""
+    changes = dict(changes)
+    folder = _copy(folders[changes.pop("key", "vit")], tmp_path / "bad", **changes)
+    line = _one_line(cli("stats", f"hf:{folder}", cat_jpg))
+    assert f"{folder / 'preprocessor_config.json'}: {field}" in line and why in line
+
+
+def test_a_folder_without_a_processor_is_preprocessed_for_its_config(cli, folders, cat_jpg,
+                                                                     tmp_path) -> None:
+    """No preprocessor_config.json: the config's image_size and num_channels set the input,
+    with ImageNet's resize ratio, mean and std."""
+    folder = tmp_path / "vit"
+    shutil.copytree(folders["vit"], folder)
+    (folder / "preprocessor_config.json").unlink()
+    loaded = load(f"hf:{folder}")
+    assert loaded.input_size == (32, 32) and loaded.preprocess.origin == "config"
+    assert loaded.preprocess.resize == round(32 * 256 / 224)
+    r = cli("stats", f"hf:{folder}", cat_jpg, "-f", "json")
+    assert "image_size 32" in r.stderr
+    assert _json(r)["preprocessing"]["crop"] == 32
+    gray = load(f"hf:{folders['vit-gray']}")
+    assert gray.input_size == (24, 24) and gray.preprocess.channels == 1
+    assert len(gray.mean) == 1 and gray.preprocess(Image.open(cat_jpg)).shape == (1, 24, 24)
+    assert _json(cli("stats", f"hf:{folders['vit-gray']}", cat_jpg, "-f", "json"))["layers"]
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"image_size": 4}))
+    line = _one_line(cli("stats", f"hf:{folder}", cat_jpg, "--weights", "none"))
+    assert f"{folder / 'config.json'}: image_size must be between 8 and 8192" in line
+
+
+def test_a_text_model_is_refused(cli, folders, cat_jpg, tmp_path) -> None:
+    """A BERT folder is no vision model: refused before it is built, saying what runs;
+    without a saved architecture too (the class its Auto class would build)."""
+    for args in (("stats", f"hf:{folders['bert']}", cat_jpg), ("layers", f"hf:{folders['bert']}")):
+        line = _one_line(cli(*args))
+        assert "BertForMaskedLM" in line and "not a vision model" in line
+        assert "pixel_values" in line
+    bare = tmp_path / "bare"
+    shutil.copytree(folders["bert"], bare)
+    config = json.loads((bare / "config.json").read_text())
+    del config["architectures"]
+    (bare / "config.json").write_text(json.dumps(config))
+    assert "BertModel, not a vision model" in _one_line(cli("layers", f"hf:{bare}"))
 
 
 # ----------------------------------------------------------------------------- token maps

@@ -247,6 +247,47 @@ def test_a_refused_size_is_one_line_before_the_model_runs_on_the_inputs(cli, cat
                          "--size 224, or leave it out.")
 
 
+def test_random_weights_are_preprocessed_at_the_size_the_model_is_built_for(
+        cli, cat_jpg, monkeypatch, tmp_path) -> None:
+    """A ViT whose default weights preprocess at 384 px (as vit_h_14's at 518), built
+    without them at its builder's 224: the weights' pipeline, scaled to 224, and a note.
+    A tiny ViT stands in for the builder, the weights' own meta and transforms are real."""
+    from types import SimpleNamespace
+
+    from torchvision.models import ViT_B_16_Weights
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    from hookscope.sources import torchvision as tv
+
+    swag = ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1
+    assert swag.transforms().crop_size == [384]  # else this tests nothing
+
+    def build(name, weights, seed, num_classes=None, extra=None):
+        assert weights is None  # --weights none: the builder's default size, 224
+        torch.manual_seed(seed)
+        return VisionTransformer(image_size=224, patch_size=32, num_layers=1, num_heads=2,
+                                 hidden_dim=16, mlp_dim=16, num_classes=num_classes or 1000)
+
+    monkeypatch.setattr(tv, "weights_enum", lambda name: SimpleNamespace(DEFAULT=swag))
+    monkeypatch.setattr(tv, "_build", build)
+    loaded = sources.load("vit_b_16", LoadOptions(weights="none"))
+    assert loaded.input_size == (224, 224) and loaded.preprocess.interpolation == "bicubic"
+    image = Image.open(cat_jpg).convert("RGB")
+    expected = TF.normalize(TF.to_tensor(TF.center_crop(TF.resize(
+        image, 224, TF.InterpolationMode.BICUBIC), 224)), swag.transforms().mean,
+        swag.transforms().std)
+    torch.testing.assert_close(loaded.preprocess(image), expected, atol=2 / 255 / 0.5,
+                               rtol=0)  # resampling rounds to 8-bit pixels: a level or two
+    r = cli("stats", "vit_b_16", cat_jpg, "--weights", "none", "-f", "json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["preprocessing"]["crop"] == 224
+    assert "built for 224x224" in r.stderr and "384x384" in r.stderr
+    cam = cli("gradcam", "vit_b_16", cat_jpg, "--weights", "none", "--out", tmp_path, "-f",
+              "json")
+    assert cam.exit_code == 0, cam.output
+    assert json.loads(cam.stdout)["preprocessing"]["crop"] == 224
+
+
 GRAY = """
 import torch
 from torch import nn

@@ -15,7 +15,8 @@ import torch
 
 from hookscope.core.errors import HookscopeError, param
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Preprocess", "check_side", "with_overrides"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Preprocess", "check_side", "check_values",
+           "with_overrides"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -102,10 +103,33 @@ class Preprocess:
                    origin=origin, transform=preset)
 
 
-def check_side(name: str, value: int | None) -> None:
-    """Refuse a size (``size``, ``resize``, ``crop``) out of range, in one line."""
+def check_side(name: str, value: int | None, where: str | None = None) -> None:
+    """Refuse a size (``size``, ``resize``, ``crop``) out of range, in one line; ``where``
+    names the file and field it came from (default: the option ``name``)."""
     if value is not None and not MIN_SIZE <= value <= MAX_SIZE:
-        raise HookscopeError(f"{param(name)} must be between {MIN_SIZE} and {MAX_SIZE} pixels, not {value}.")
+        raise HookscopeError(f"{where or param(name)} must be between {MIN_SIZE} and {MAX_SIZE} "
+                             f"pixels, not {value}.")
+
+
+def check_values(name: str, values: Sequence[Any], channels: int,
+                 where: str | None = None) -> tuple[float, ...]:
+    """``mean`` or ``std`` (``name``) as one float per channel (one value: repeated); refuse,
+    in one line, a count other than 1 or ``channels``, a value that is no finite number, a
+    std of zero. ``where`` names the file and field they came from (default: the option)."""
+    label = where or param(name)
+    if len(values) not in (1, channels):
+        raise HookscopeError(f"{label} has {len(values)} values; give 1 or {channels} (one per "
+                             "channel).")
+    try:
+        found = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise HookscopeError(f"{label} must be numbers, not {list(values)!r}.") from None
+    if not all(math.isfinite(v) for v in found):
+        raise HookscopeError(f"{label} must be finite numbers, not "
+                             f"{','.join(str(v) for v in values)}.")
+    if name == "std" and any(v == 0 for v in found):
+        raise HookscopeError(f"{label} must not be zero.")
+    return found * (channels if len(found) == 1 else 1)
 
 
 def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | None = None,
@@ -138,13 +162,7 @@ def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | N
     n = channels or base.channels
     for name, values in (("mean", mean), ("std", std)):
         if values is not None:
-            if len(values) not in (1, n):
-                raise HookscopeError(f"{param(name)} has {len(values)} values; give 1 or {n} "
-                                     "(one per channel).")
-            if not all(math.isfinite(float(v)) for v in values):
-                raise HookscopeError(f"{param(name)} must be finite numbers, not "
-                                     f"{','.join(str(v) for v in values)}.")
-            changes[name] = tuple(float(v) for v in values) * (n if len(values) == 1 else 1)
+            changes[name] = check_values(name, values, n)
     if channels is not None and channels != base.channels:
         changes["channels"] = channels
         for name in ("mean", "std"):  # three values do not fit one channel: their average

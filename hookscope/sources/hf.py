@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,7 +20,14 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, clip, param
-from hookscope.inputs.preprocess import IMAGENET_MEAN, IMAGENET_STD, Preprocess, with_overrides
+from hookscope.inputs.preprocess import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Preprocess,
+    check_side,
+    check_values,
+    with_overrides,
+)
 from hookscope.sources.base import (
     LoadedModel,
     LoadOptions,
@@ -67,19 +75,43 @@ def config_json(path: Path) -> dict[str, Any]:
     return found
 
 
-def _model_class(transformers: ModuleType, config: Any) -> tuple[Any, str]:
-    """The Auto class for ``config``'s task, and the task: the saved architecture's head,
-    else (none saved) image classification when the family has one, else the backbone."""
-    arch = " ".join(getattr(config, "architectures", None) or [])
-    if "ForSemanticSegmentation" in arch:
-        return transformers.AutoModelForSemanticSegmentation, "segmentation"
+def _model_class(transformers: ModuleType, config: Any, raw: dict[str, Any],
+                 path: Path) -> tuple[Any, str]:
+    """The class to build and its task: the saved architecture (``config.architectures``),
+    head and all; else (none saved, or the folder's own code) the Auto class for the task:
+    image classification when the family has one, else the backbone."""
+    names = [str(name) for name in getattr(config, "architectures", None) or []]
+    arch = " ".join(names)
     mapping = transformers.models.auto.modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING
-    if "ForImageClassification" in arch or (not arch and type(config) in mapping):
-        return transformers.AutoModelForImageClassification, "classification"
-    return transformers.AutoModel, "custom"
+    if "ForSemanticSegmentation" in arch:
+        task, auto = "segmentation", transformers.AutoModelForSemanticSegmentation
+    elif "ForImageClassification" in arch or (not arch and type(config) in mapping):
+        task, auto = "classification", transformers.AutoModelForImageClassification
+    else:
+        task, auto = "custom", transformers.AutoModel
+    if not names or raw.get("auto_map"):
+        return auto, task
+    saved = getattr(transformers, names[0], None)
+    if not isinstance(saved, type):
+        raise HookscopeError(
+            f"hf:{path}: config.json's architectures names {names[0]}, which transformers "
+            f"{transformers.__version__} does not have; upgrade transformers, or name a class "
+            "it has there.")
+    return saved, task
 
 
-def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[nn.Module, str, str]:
+def _vision(cls: type, path: Path) -> None:
+    """Refuse a model that takes no images (a text model), before any forward."""
+    takes = getattr(cls, "main_input_name", "pixel_values")
+    if takes != "pixel_values":
+        raise HookscopeError(
+            f"hf:{path} is a {cls.__name__}, not a vision model (it takes {takes}); hookscope "
+            "runs Hugging Face models that take images (pixel_values): image classifiers, "
+            "segmenters, detectors and backbones.")
+
+
+def _build(transformers: ModuleType, path: Path, raw: dict[str, Any],
+           options: LoadOptions) -> tuple[nn.Module, str, str]:
     """The model (its weights, or seeded random ones for ``weights=none``), task, weights."""
     weights = options.weights.strip().lower()
     if weights not in ("auto", "none"):
@@ -87,51 +119,86 @@ def _build(transformers: ModuleType, path: Path, options: LoadOptions) -> tuple[
                              "own weights; use auto (the folder's) or none (random, seeded).")
     trust = options.trust_checkpoint
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
-    auto, task = _model_class(transformers, config)
+    cls, task = _model_class(transformers, config, raw, path)
+    auto = cls.__name__.startswith("Auto")
+    try:  # the class an Auto class builds for this config (not for a folder's own code)
+        _vision(cls._model_mapping[type(config)] if auto else cls, path)
+    except KeyError:
+        pass
+    remote = {"trust_remote_code": trust} if auto else {}
     has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(options.seed)
         if weights == "none" or not has_weights:
             why = f"hf:{path} has no weights file" if weights == "auto" else None
             loaded = warn_random(why, options.seed)
-            return auto.from_config(config, trust_remote_code=trust), task, loaded
-        model = auto.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
-    return model, task, f"file:{path}"
+            model = cls.from_config(config, **remote) if auto else cls(config)
+        else:
+            model, loaded = cls.from_pretrained(path, local_files_only=True, **remote), f"file:{path}"
+    _vision(type(model), path)
+    return model, task, loaded
 
 
-def _side(size: Any) -> tuple[int | None, bool]:
+def _where(where: str, name: str) -> str:
+    return f"{where}: {name}"
+
+
+def _pixels(value: Any, name: str, where: str) -> int:
+    """A processor's side in pixels, checked as --size is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not value.is_integer()):
+        raise HookscopeError(f"{_where(where, name)} must be a whole number of pixels, not "
+                             f"{value!r}.")
+    check_side(name, int(value), _where(where, name))
+    return int(value)
+
+
+def _side(size: Any, name: str, where: str) -> tuple[int | None, bool]:
     """A processor's ``size`` as (side, stretch): ``{"height", "width"}`` stretches,
-    ``{"shortest_edge"}`` resizes the shorter side."""
+    ``{"shortest_edge"}`` resizes the shorter side. Each value is checked (``where``: the
+    file, ``name``: the field)."""
     if isinstance(size, (int, float)):
-        return int(size), False
+        return _pixels(size, name, where), False
     def get(key: str) -> Any:
         return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
 
     if get("height") is not None:
-        height, width = int(get("height")), int(get("width") or get("height"))
+        height = _pixels(get("height"), f"{name}.height", where)
+        width = height if get("width") is None else _pixels(get("width"), f"{name}.width", where)
         if height != width:
             log.warning(f"the image processor resizes to {height}x{width}; hookscope resizes "
                         f"to {height}x{height} (give --resize/--crop to choose).")
         return height, True
     if get("shortest_edge") is not None:
-        return int(get("shortest_edge")), False
+        return _pixels(get("shortest_edge"), f"{name}.shortest_edge", where), False
     return None, False
 
 
-def hf_preprocess(processor: Any) -> Preprocess:
-    """The image processor's settings (size, crop, mean/std, resample) as a Preprocess."""
-    resize, stretch = _side(getattr(processor, "size", None)) \
+def _stats(processor: Any, name: str, default: tuple[float, ...], where: str) -> tuple[float, ...]:
+    """The processor's ``image_mean`` or ``image_std``, checked as --mean and --std are."""
+    values = getattr(processor, f"image_{name}", None)
+    if values is None:
+        return default
+    values = values if isinstance(values, (list, tuple)) else [values]
+    return check_values(name, values, 3, _where(where, f"image_{name}"))
+
+
+def hf_preprocess(processor: Any, where: str = "the image processor") -> Preprocess:
+    """The image processor's settings (size, crop, mean/std, resample) as a Preprocess;
+    a value out of range is one line naming ``where`` (its file) and the field."""
+    resize, stretch = _side(getattr(processor, "size", None), "size", where) \
         if getattr(processor, "do_resize", True) else (None, False)
-    crop = _side(getattr(processor, "crop_size", None))[0] \
+    crop = _side(getattr(processor, "crop_size", None), "crop_size", where)[0] \
         if getattr(processor, "do_center_crop", False) else None
     crop_pct = getattr(processor, "crop_pct", None)
     if crop_pct and resize is not None and crop is None and not stretch and resize < 384:
+        if not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
+            raise HookscopeError(f"{_where(where, 'crop_pct')} must be a number in (0, 1], "
+                                 f"not {crop_pct!r}.")
         crop, resize = resize, int(resize / crop_pct)  # ConvNeXt's processor
     normalise = getattr(processor, "do_normalize", True)
-    mean = tuple(float(v) for v in getattr(processor, "image_mean", None) or IMAGENET_MEAN) \
-        if normalise else (0.0, 0.0, 0.0)
-    std = tuple(float(v) for v in getattr(processor, "image_std", None) or IMAGENET_STD) \
-        if normalise else (1.0, 1.0, 1.0)
+    mean = _stats(processor, "mean", IMAGENET_MEAN, where) if normalise else (0.0, 0.0, 0.0)
+    std = _stats(processor, "std", IMAGENET_STD, where) if normalise else (1.0, 1.0, 1.0)
     if not getattr(processor, "do_rescale", True):
         mean, std = tuple(m / 255 for m in mean), tuple(s / 255 for s in std)
     resample = getattr(processor, "resample", 2)
@@ -139,6 +206,28 @@ def hf_preprocess(processor: Any) -> Preprocess:
     mode = _RESAMPLE.get(code, code if code in ("nearest", "bilinear", "bicubic") else "bilinear")
     return Preprocess(resize=resize, crop=crop, mean=mean, std=std, interpolation=str(mode),
                       origin="processor", stretch=stretch)
+
+
+def _config_value(config: Any, key: str) -> Any:
+    """``key`` of the config, or of its vision tower's (CLIP's, SigLIP's)."""
+    found = getattr(config, key, None)
+    vision = getattr(config, "vision_config", None)
+    return found if found is not None or vision is None else getattr(vision, key, None)
+
+
+def _from_config(config: Any, path: Path, name: str) -> Preprocess:
+    """Preprocessing for a folder without preprocessor_config.json: ImageNet's, at the
+    config's ``image_size`` (ImageNet's resize ratio) and ``num_channels``."""
+    side = _config_value(config, "image_size")
+    side = side[0] if isinstance(side, (list, tuple)) and side else side
+    side = side if isinstance(side, int) and not isinstance(side, bool) else None
+    check_side("image_size", side, _where(str(path / "config.json"), "image_size"))
+    channels = 1 if _config_value(config, "num_channels") == 1 else None
+    found = with_overrides(Preprocess(), size=side, input_channels=channels)
+    what = f"config.json's image_size {side}" if side is not None else "224 px"
+    log.warning(f"{name} has no preprocessor_config.json; preprocessing for {what} with "
+                "ImageNet's mean and std (give --mean/--std/--resize/--crop to choose).")
+    return replace(found, origin="config")
 
 
 def _labels(config: Any, task: str) -> list[str] | None:
@@ -164,11 +253,12 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     bars = transformers.utils.logging
     shown = bars.is_progress_bar_enabled()
     bars.disable_progress_bar()  # its loading bar is chatter on stderr
+    processor_file = path / "preprocessor_config.json"
     try:
-        model, task, loaded = _build(transformers, path, options)
+        model, task, loaded = _build(transformers, path, raw, options)
         preprocess = hf_preprocess(transformers.AutoImageProcessor.from_pretrained(
-            path, local_files_only=True, trust_remote_code=options.trust_checkpoint)) \
-            if (path / "preprocessor_config.json").is_file() else None
+            path, local_files_only=True, trust_remote_code=options.trust_checkpoint),
+            str(processor_file)) if processor_file.is_file() else None
     except HookscopeError:
         raise
     except Exception as exc:  # transformers raises many types for a folder it cannot load
@@ -177,11 +267,11 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     finally:
         if shown:
             bars.enable_progress_bar()
-    if preprocess is None:
-        log.warning(f"hf:{spec.target} has no preprocessor_config.json; using ImageNet "
-                    "preprocessing (give --mean/--std/--resize/--crop to choose).")
-        preprocess = Preprocess()
     config: Any = model.config
+    if preprocess is None:
+        preprocess = _from_config(config, path, f"hf:{spec.target}")
+    elif _config_value(config, "num_channels") == 1 and preprocess.channels != 1:
+        preprocess = replace(with_overrides(preprocess, input_channels=1), origin="processor")
     labels = _labels(config, task)
     return LoadedModel(
         name=spec.name, model=model, task=task, weights_requested=options.weights,

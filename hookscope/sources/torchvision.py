@@ -223,9 +223,26 @@ def declared_size(model: nn.Module, meta: Any | None) -> DeclaredSize | None:
     return DeclaredSize((int(found[0]), int(found[1])), exact, origin)
 
 
+def _fitted(name: str, meta: Any | None, size: int | None, declared: DeclaredSize | None
+            ) -> Callable[..., Any]:
+    """The weights' transforms, at ``size`` when given; else at the one size the model was
+    built for when their own gives another (a ViT built without its weights, at its
+    builder's default: vit_h_14's are 518 px, the builder's 224), said in a note."""
+    preset = _preprocess_for(meta, size)
+    crop = Preprocess.from_preset(preset, "weights").input_size
+    if size is not None or declared is None or not declared.exact or crop == declared.size:
+        return preset
+    h, w = declared.size
+    log.info(f"{name} is built for {h}x{w} inputs ({declared.origin}), and its weights' "
+             f"preprocessing gives {crop[0]}x{crop[1]}: preprocessing as those weights do, "
+             f"scaled to {h} px.")
+    return _preprocess_for(meta, h)
+
+
 def _loaded(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str,
             meta: Any | None, found: Checkpoint | None) -> LoadedModel:
-    preset = _preprocess_for(meta, options.size)
+    declared = declared_size(model, meta)
+    preset = _fitted(spec.name, meta, options.size, declared)
     origin = "weights" if meta is not None else "default"
     categories = list(meta.meta.get("categories") or []) or None if meta is not None else None
     classes = _head_size(model, len(categories) if categories else None) \
@@ -240,7 +257,7 @@ def _loaded(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str
         weights_loaded=loaded, device=torch.device("cpu"),
         preprocess=Preprocess.from_preset(preset, origin), categories=categories,
         source="torchvision", num_classes=classes, input_ndim=spec.input_ndim,
-        labels_from=labels_from, declared_size=declared_size(model, meta),
+        labels_from=labels_from, declared_size=declared,
     )
 
 
