@@ -125,6 +125,8 @@ def test_models_lists_the_folders(cli, folders) -> None:
     assert found[f"hf:{root / 'vit'}"]["default"] == "ViTForImageClassification"
     assert found[f"hf:{root / 'segformer'}"]["task"] == "segmentation"
     assert "model.safetensors" in found[f"hf:{root / 'vit'}"]["weights"]
+    table = cli("models", "--source", "hf", root)
+    assert "architecture" in table.stdout and "default weights" not in table.stdout, table.stdout
 
 
 # ----------------------------------------------------------------------------- loading

@@ -15,9 +15,11 @@ from hookscope.render.tables import DataTable, col, fmt_float, header, joined
 
 
 def models_table(doc: Mapping[str, Any]) -> DataTable:
-    """One row per model: name, task, the DEFAULT weights and every weights enum member."""
-    table = DataTable(["model", col("task", style="dim"),
-                       col("default weights", style="cyan"), "all weights"],
+    """One row per model: name, task, the DEFAULT weights and every weights enum member (for
+    Hugging Face folders: the saved architecture and the folder's files)."""
+    default, every = ("architecture", "files") if doc.get("source") == "hf" else \
+        ("default weights", "all weights")
+    table = DataTable(["model", col("task", style="dim"), col(default, style="cyan"), every],
                       title=f"{len(doc['models'])} model(s)")
     for m in doc["models"]:
         weights = ", ".join(m["weights"]) if m["weights"] else Text("none", style="dim")
