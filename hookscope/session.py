@@ -102,7 +102,7 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
             s.out = s._claim(resolve_output(output if s.group.leader else None, force=force))
             for folder in folders if s.group.leader else ():
                 check_folder(folder, force=force)  # its files are checked once planned
-            _exist(inputs)
+            _exist(model, inputs)
             yield s
     except HookscopeError as exc:
         if traceback:
@@ -122,9 +122,14 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
         s.group.close()
 
 
-def _exist(inputs: Sequence[str]) -> None:
+def _exist(model: str, inputs: Sequence[str]) -> None:
     """Refuse an INPUT path that does not exist, as resolving the inputs would, but before
-    torch is imported (seconds, more on a loaded machine)."""
+    torch is imported (seconds, more on a loaded machine). A training log given with INPUT
+    is left to its own, better line."""
+    from hookscope.training.log_reader import is_log
+
+    if is_log(model):
+        return
     for spec in inputs:
         if spec != "-" and not os.path.exists(os.path.expanduser(spec)):
             raise HookscopeError(f"{spec}: no such file or directory.")

@@ -242,7 +242,7 @@ def test_cli_inf_input_text_and_json(cli, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["resnet19", "x.pt"], "resnet18"),
+        (["resnet19", "{x}"], "resnet18"),
         (["resnet18", "missing.pt", "--weights", "none"], "missing.pt"),
         (["resnet18", "{x}", "--weights", "none", "--layers", "layer9*"], "--layers"),
     ],
