@@ -1,14 +1,18 @@
 """Training frameworks' callbacks around ``hookscope.watch``, one thin adapter per framework
 (:mod:`~hookscope.integrations.lightning`, :mod:`~hookscope.integrations.transformers`); both
-take the options of :func:`hookscope.watch` and write the same log.
+take the options of :func:`hookscope.watch` as named parameters and write the same log, one
+step per optimiser step.
 """
 
 from __future__ import annotations
 
+import inspect
+import typing
 from typing import Any
 
 from torch import nn
 
+from hookscope.core.errors import HookscopeError
 from hookscope.training.watch import Watch, watch
 
 __all__ = ["Watching"]
@@ -16,19 +20,22 @@ __all__ = ["Watching"]
 
 class Watching:
     """What both callbacks do (a mixin before the framework's callback class): open a watch
-    with ``watch_options`` (``log_dir`` included) when training starts, end a step after each
-    optimiser step, and close the watch when training ends or fails."""
+    with the options given (``log_dir`` and the keyword options of :func:`hookscope.watch`,
+    less the model and the scaler, which the framework holds) when training starts, end a
+    step after each optimiser step, and close the watch when training ends or fails."""
 
-    def __init__(self, **watch_options: Any) -> None:
+    def __init__(self, *args: Any, **options: Any) -> None:
         super().__init__()
-        if "log_dir" not in watch_options:
-            raise TypeError("WatchCallback needs log_dir, as hookscope.watch does.")
-        self.options = dict(watch_options)
+        try:
+            self.options = OPTIONS.bind(self, *args, **options).arguments
+        except TypeError as exc:
+            raise HookscopeError(f"WatchCallback: {exc}; it takes hookscope.watch's options.") from None
+        del self.options["self"]
         self.watch: Watch | None = None  # the open watch (None outside training)
 
-    def begin_watch(self, model: nn.Module) -> None:
+    def begin_watch(self, model: nn.Module, scaler: Any = None) -> None:
         self.end_watch()
-        self.watch = watch(model, **self.options).__enter__()
+        self.watch = watch(model, **self.options, scaler=scaler).__enter__()
 
     def end_step(self, loss: Any = None) -> None:
         if self.watch is not None:
@@ -39,3 +46,18 @@ class Watching:
         current, self.watch = self.watch, None
         if current is not None:
             current.__exit__(None if error is None else type(error), error, None)
+
+
+def _options() -> inspect.Signature:
+    """``Watch``'s signature less ``model`` and ``scaler``, its annotations evaluated: the
+    callbacks' real signature, which ``LightningCLI`` (jsonargparse) reads for a YAML config."""
+    hints = typing.get_type_hints(Watch.__init__)
+    signature = inspect.signature(Watch.__init__)
+    return signature.replace(parameters=[p.replace(annotation=hints.get(p.name, p.annotation))
+                                         for p in signature.parameters.values()
+                                         if p.name not in ("model", "scaler")],
+                             return_annotation=None)
+
+
+OPTIONS = _options()
+Watching.__init__.__signature__ = OPTIONS  # type: ignore[attr-defined]

@@ -2,13 +2,20 @@
 
     trainer = lightning.Trainer(callbacks=[WatchCallback(log_dir="runs/exp1", every=50)])
 
-A step ends after each training batch (``on_train_batch_end``), with the loss
-``training_step`` returned. The watch closes when training ends, and on any exception.
+or, under ``LightningCLI``, in the config's ``trainer.callbacks`` (``class_path:
+hookscope.integrations.lightning.WatchCallback`` with ``init_args``). A step is one optimiser
+step: it ends at the end of the training batch in which an optimiser stepped (so with
+``accumulate_grad_batches`` it holds every accumulated batch), with their loss (the sum of
+the losses Lightning reports, each divided by the accumulation). Under ``precision="16-mixed"``
+the precision plugin's ``GradScaler`` is the watch's ``scaler``. The watch closes when
+training ends, and on any exception.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from hookscope.core.errors import HookscopeError
 from hookscope.integrations import Watching
@@ -28,13 +35,23 @@ __all__ = ["WatchCallback"]
 class WatchCallback(Watching, Callback):  # type: ignore[misc]
     """Watch the ``LightningModule`` while it trains (takes :func:`hookscope.watch`'s options)."""
 
+    stepped = False  # whether an optimiser stepped in this batch
+    loss: Any = None  # the step's loss so far
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self.begin_watch(pl_module)
+        self.begin_watch(pl_module, getattr(trainer.precision_plugin, "scaler", None))
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self.stepped = True
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        self.end_step(loss)
+        if isinstance(loss, torch.Tensor):
+            self.loss = loss.detach() if self.loss is None else self.loss + loss.detach()
+        if self.stepped:
+            loss, self.loss, self.stepped = self.loss, None, False
+            self.end_step(loss)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.end_watch()

@@ -222,11 +222,14 @@ class StepFlags:
         values = self.values + self.grad_values
         return torch.stack(values).float() if values else None
 
-    def verdict(self, stacked: torch.Tensor | None) -> torch.Tensor | None:
-        """A device boolean: whether a checked value is non-finite (None: nothing recorded)."""
+    def verdict(self, stacked: torch.Tensor | None, backward: bool = True) -> torch.Tensor | None:
+        """A device boolean: whether a checked value is non-finite (None: nothing recorded);
+        the forward values only unless ``backward``."""
         if stacked is None:
             return None
-        layout = tuple(s.kind for s in self.slots) + tuple(self.grad_slots[i].kind for i in self.fired)
+        fired = self.fired if backward else []
+        stacked = stacked[:2 * (len(self.slots) + len(fired))]
+        layout = tuple(s.kind for s in self.slots) + tuple(self.grad_slots[i].kind for i in fired)
         kinds = self._layouts.get(layout)
         if kinds is None or kinds.device != stacked.device:
             # The layout repeats step after step: copied to the device once, not per step.

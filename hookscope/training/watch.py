@@ -61,7 +61,9 @@ class Watch:
     ``allow_inf`` names modules whose ±inf is intended; the last ``keep`` steps go to
     ``nonfinite.json``; ``tensorboard`` also writes TensorBoard events; ``reference`` (a
     ``stats`` JSON document; default: the first logging step), ``max_drift`` and
-    ``percentiles`` set the drift; ``name`` names the model; ``force`` replaces a log.
+    ``percentiles`` set the drift; ``name`` names the model; ``force`` replaces a log;
+    ``scaler``, the ``torch.amp.GradScaler`` of mixed-precision training, unscales the logged
+    gradients and marks the steps it skipped.
     ``index`` is the step in progress; with ``"warn"``, ``findings`` holds each
     (step, rank, finding) warned about.
 
@@ -76,7 +78,7 @@ class Watch:
                  tensorboard: bool = False, reference: str | Path | None = None,
                  max_drift: float = 1.0,
                  percentiles: str | Sequence[float] | None = None, name: str | None = None,
-                 force: bool = False) -> None:
+                 force: bool = False, scaler: torch.amp.GradScaler | None = None) -> None:
         if nonfinite not in MODES:
             raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
                                  f"{', '.join(MODES)}.")
@@ -89,6 +91,11 @@ class Watch:
         self.nonfinite, self.allow_inf = nonfinite, tuple(allow_inf)
         self.drift = Drift.of(reference, float(max_drift), percentiles)
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
+        if scaler is not None and not callable(getattr(scaler, "get_scale", None)):
+            raise HookscopeError(f"{param('scaler')} must be a torch.amp.GradScaler, not "
+                                 f"{type(scaler).__name__}.")
+        self.scaler = scaler
+        self._scale = None if scaler is None else scaler.get_scale()  # this step's backward's
         # A torch.compile'd model is an OptimizedModule around the user's own.
         self.name = name or type(getattr(model, "_orig_mod", model)).__name__
         self.index = 0  # the step in progress
@@ -202,36 +209,50 @@ class Watch:
         self.tracer.reset()
 
     def step(self, loss: Any = None) -> None:
-        """End one training step (after ``optimizer.step()``); ``loss`` (a number or a
-        tensor) is recorded on logging steps.
+        """End one training step (after ``optimizer.step()``, and ``scaler.update()`` under
+        a ``GradScaler``); ``loss`` (a number or a tensor) is recorded on logging steps.
 
         Raises:
             NonFiniteError: with ``nonfinite="raise"``, a non-finite value appeared in this
-                step (on any rank); the watch is closed and every hook removed.
+                step (on any rank; in the forward only, when the scaler skipped the step for
+                its non-finite gradients); the watch is closed and every hook removed.
         """
         if not self._open:
             raise HookscopeError("watch.step() was called outside the watch's `with` block.")
         try:
-            self._end(loss)
+            self._end(loss, self._amp())
         except BaseException:
             self._cleanup()
             raise
         self.index += 1
         self._begin()
 
-    def _end(self, loss: Any) -> None:
-        """Check the step, write its line on a logging step, and report a non-finite value."""
+    def _amp(self) -> tuple[float, bool] | None:
+        """The scale this step's backward ran under, and whether the scaler skipped its
+        optimiser step (then its ``update()`` lowered the scale); None without a scaler."""
+        if self.scaler is None or self._scale is None:
+            return None
+        used, self._scale = self._scale, self.scaler.get_scale()
+        return used, self._scale < used
+
+    def _end(self, loss: Any, amp: tuple[float, bool] | None = None) -> None:
+        """Check the step, write its line on a logging step, and report a non-finite value
+        (``amp``: see :meth:`_amp`; a skipped step's gradients are the scaler's business)."""
         flags, logging_step = self._flags, self._logging
         self._hooks.remove()
         stacked = flags.stacked() if flags is not None else None
-        failing = [] if flags is None else self.group.failing(flags.verdict(stacked))
-        rows = self._log(logging_step, loss) if logging_step is not None else None
+        skipped = amp is not None and amp[1]
+        failing = [] if flags is None else \
+            self.group.failing(flags.verdict(stacked, backward=not skipped))
+        rows = self._log(logging_step, loss, amp) if logging_step is not None else None
         self.recorder.append((self.index, flags, stacked, rows))
         if failing:
             self._nonfinite(failing[0], flags, stacked)
 
-    def _log(self, step: LoggingStep, loss: Any) -> list[dict[str, Any]] | None:
-        """The logging step's line: merged over ranks and written by rank 0."""
+    def _log(self, step: LoggingStep, loss: Any,
+             amp: tuple[float, bool] | None) -> list[dict[str, Any]] | None:
+        """The logging step's line: merged over ranks and written by rank 0 (under a
+        scaler, the gradients divided by its scale, which the line records)."""
         merged = self.group.gathered(StepReports(*step.reports()))
         params = self.params.rows()
         if merged is None:
@@ -239,6 +260,12 @@ class Watch:
         rows = layer_rows(merged)
         self.drift.apply(rows)
         line = step_line(self.index, loss, rows, params)
+        if amp is not None:
+            for row in rows + params:
+                for key in ("grad_norm", "grad_mean", "grad_std"):
+                    if row.get(key) is not None:
+                        row[key] /= amp[0]
+            line |= {"scale": amp[0], "skipped": amp[1]}
         if self._writer is not None:
             self._writer.write(line, self.params.params)
         return rows
