@@ -166,7 +166,7 @@ def test_a_gan_under_two_watches_as_docs_watch_md_describes(tmp_path) -> None:
 # ----------------------------------------------------------------------------- Lightning
 
 
-def lightning_module(nan_batch: int | None = None):
+def lightning_module(nan_batch: int | None = None, overflow_batch: int | None = None):
     lightning = pytest.importorskip("lightning")
 
     class Tiny(lightning.LightningModule):
@@ -179,7 +179,8 @@ def lightning_module(nan_batch: int | None = None):
             x, y = batch
             if batch_idx == nan_batch:
                 x = x * float("nan")
-            return nn.functional.cross_entropy(self.net(x), y)
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            return loss * 1e36 if batch_idx == overflow_batch else loss
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -342,3 +343,49 @@ def test_transformers_counts_optimiser_steps_and_logs_the_loss(tmp_path) -> None
     _, expected, _ = read_log(tmp_path / "by-hand")
     assert_same_lines(lines, expected, steps=[0, 1])
     assert [line["loss"] for line in lines] == pytest.approx(losses, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_lightning_takes_the_precision_plugin_s_scaler(tmp_path) -> None:
+    lightning, module = lightning_module(overflow_batch=1)
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from hookscope.integrations.lightning import WatchCallback
+
+    by_hand = copy.deepcopy(module)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000)
+    trainer = lightning.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, default_root_dir=tmp_path,
+                                plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+                                callbacks=[WatchCallback(log_dir=tmp_path / "log", every=1)])
+    trainer.fit(module, loader())  # the overflowing step is skipped, not a failure
+    _, lines, event = read_log(tmp_path / "log")
+    assert event is None
+    assert [(line["scale"], line["skipped"]) for line in lines] == \
+        [(1024.0, False), (1024.0, True), (512.0, False), (512.0, False)]
+    x, y = next(iter(loader()))
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = nn.functional.cross_entropy(by_hand.net(x), y)
+    (loss * 1024.0).backward()  # as the scaler scales it: then divided, exactly
+    assert [p["grad_norm"] for p in lines[0]["params"]] == \
+        pytest.approx([float(p.grad.norm()) / 1024.0 for p in by_hand.parameters()], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_transformers_takes_the_accelerated_optimiser_s_scaler(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    accelerate = pytest.importorskip("accelerate")
+    from hookscope.integrations.transformers import WatchCallback
+
+    from .test_watch_integrations import tiny_bert
+
+    accelerate.Accelerator(cpu=True)  # fp16 on a CPU gives no scaler: the optimiser is given one
+    model = tiny_bert()
+    scaler = torch.amp.GradScaler("cpu")
+    optimizer = accelerate.optimizer.AcceleratedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), device_placement=False, scaler=scaler)
+    with WatchCallback(log_dir=tmp_path, every=1) as callback:
+        callback.on_train_begin(None, None, None, model=model, optimizer=optimizer)
+        assert callback.watch is not None and callback.watch.scaler is scaler
+    assert hook_count(model) == 0
