@@ -34,7 +34,6 @@ _.on_before_optimizer_step
 _.on_train_begin  # HF Trainer calls its TrainerCallback hooks by name
 _.on_step_end
 _.on_step_begin
-_.on_log
 _.should_log  # the Trainer reads the TrainerControl flag a callback sets
 _.on_train_end
 trainer  # the frameworks' callback signatures, passed positionally
