@@ -1,7 +1,9 @@
-"""What a step is in each framework (issue 28, findings 4, 5, 6 and 12): both callbacks count
-optimiser steps under gradient accumulation, take the watch's options as named parameters
-(a ``LightningCLI`` YAML config), log the loss; a ``GradScaler``'s scale is divided out of the
-logged gradients and its skipped steps are marked, not failed; two watches around a GAN."""
+"""The Lightning and Hugging Face callbacks write the same log as ``hookscope.watch`` around a
+hand-written loop on the same model, data and optimiser (float32 training, compared within a
+few float32 roundings), one step per optimiser step under gradient accumulation, with the loss;
+they take the watch's options as named parameters (a ``LightningCLI`` YAML config) and remove
+every hook when training fails. A ``GradScaler``'s scale is divided out of the logged
+gradients and its skipped steps are marked, not failed; two watches around a GAN."""
 
 from __future__ import annotations
 
@@ -16,8 +18,30 @@ import hookscope
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import hook_count
 
-from .test_watch_integrations import assert_same_lines
 from .watch_logs import read_log
+
+VALUES = ("mean", "std", "min", "max", "zero_fraction", "nonfinite", "grad_norm", "grad_mean",
+          "grad_std", "grad_nonfinite")
+
+
+def assert_same_lines(a: list[dict], b: list[dict], *, steps: list[int]) -> None:
+    assert [line["step"] for line in a] == steps == [line["step"] for line in b]
+    for x, y in zip(a, b, strict=True):
+        assert set(x) - {"loss"} == set(y) - {"loss"}
+        assert [(r["name"], r["call"]) for r in x["layers"]] == \
+            [(r["name"], r["call"]) for r in y["layers"]]
+        for r, s in zip(x["layers"], y["layers"], strict=True):
+            assert set(r) == set(s)
+            for key in VALUES:
+                if isinstance(s[key], float):
+                    assert r[key] == pytest.approx(s[key], rel=1e-4, abs=1e-6), (r["name"], key)
+                else:
+                    assert r[key] == s[key], (r["name"], key)
+        assert [p["name"] for p in x["params"]] == [p["name"] for p in y["params"]]
+        for p, q in zip(x["params"], y["params"], strict=True):
+            assert p["norm"] == pytest.approx(q["norm"], rel=1e-5)
+            assert p["grad_norm"] == pytest.approx(q["grad_norm"], rel=1e-4, abs=1e-7)
+
 
 # ----------------------------------------------------------------------------- the options
 
@@ -194,50 +218,81 @@ def loader():
     return torch.utils.data.DataLoader(data, batch_size=4)
 
 
-def fit(lightning, module, log_dir, **options) -> None:
+def fit(lightning, module, log_dir, accumulate: int = 2, **options):
     from hookscope.integrations.lightning import WatchCallback
 
     trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False,
                                 enable_checkpointing=False, enable_progress_bar=False,
-                                enable_model_summary=False, accumulate_grad_batches=2,
+                                enable_model_summary=False, accumulate_grad_batches=accumulate,
                                 callbacks=[WatchCallback(log_dir=log_dir, **options)],
                                 default_root_dir=log_dir.parent)
     trainer.fit(module, loader())
+    return trainer.callbacks
 
 
 @pytest.mark.slow
-def test_lightning_counts_optimiser_steps_under_accumulation(tmp_path) -> None:
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_lightning_counts_optimiser_steps(tmp_path, accumulate: int) -> None:
     lightning, module = lightning_module()
     by_hand = copy.deepcopy(module)
-    fit(lightning, module, tmp_path / "lightning", every=1)
-    assert hook_count(module) == 0
+    callbacks = fit(lightning, module, tmp_path / "lightning", accumulate, every=1)
+    assert hook_count(module) == 0 and all(getattr(c, "watch", None) is None for c in callbacks)
 
     opt = torch.optim.SGD(by_hand.parameters(), lr=0.1)
     losses, micro = [], []
     with hookscope.watch(by_hand, tmp_path / "by-hand", every=1) as w:
         for i, (x, y) in enumerate(loader()):
             loss = nn.functional.cross_entropy(by_hand.net(x), y)
-            (loss / 2).backward()
+            (loss / accumulate).backward()
             micro.append(float(loss.detach()))
-            if i % 2:  # two batches per optimiser step
+            if (i + 1) % accumulate == 0:  # an optimiser step
                 opt.step()
                 opt.zero_grad()
-                losses.append(sum(micro) / 2)
+                losses.append(sum(micro) / accumulate)
                 micro = []
                 w.step(losses[-1])
     _, lines, _ = read_log(tmp_path / "lightning")
     _, expected, _ = read_log(tmp_path / "by-hand")
-    assert_same_lines(lines, expected, steps=[0, 1, 2, 3])
+    assert_same_lines(lines, expected, steps=list(range(8 // accumulate)))
     assert [line["loss"] for line in lines] == pytest.approx(losses, rel=1e-6)
     for line in lines[1:]:  # every logged step is a whole optimiser step: the weights moved
         assert all(p["update_ratio"] > 0 for p in line["params"])
 
 
 @pytest.mark.slow
+def test_lightning_callback_removes_its_hooks_when_training_fails(tmp_path) -> None:
+    lightning = pytest.importorskip("lightning")
+    from hookscope.integrations.lightning import WatchCallback
+
+    class Failing(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(5, 3)
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1:
+                raise ValueError("boom")
+            return self.fc(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(16, 5))
+    module = Failing()
+    trainer = lightning.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, default_root_dir=tmp_path,
+                                callbacks=[WatchCallback(log_dir=tmp_path / "log", every=1)])
+    with pytest.raises(ValueError, match="boom"):
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    assert hook_count(module) == 0
+
+
+@pytest.mark.slow
 def test_lightning_names_the_optimiser_step_of_a_nan(tmp_path) -> None:
     lightning, module = lightning_module(nan_batch=6)  # batches 6 and 7: optimiser step 3
     with pytest.raises(hookscope.NonFiniteError) as caught:
-        fit(lightning, module, tmp_path / "log", every=10)
+        fit(lightning, module, tmp_path / "log", every=10)  # accumulating 2 batches
     assert caught.value.step == 3
     assert hook_count(module) == 0
 
@@ -296,12 +351,34 @@ trainer:
 # ----------------------------------------------------------------------------- transformers
 
 
+def tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=24,
+                                     max_position_embeddings=16, num_labels=2,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(config)
+
+
+@pytest.mark.slow
+def test_the_transformers_callback_as_a_context_manager_cleans_up_a_failure(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from hookscope.integrations.transformers import WatchCallback
+
+    model = tiny_bert()
+    with pytest.raises(RuntimeError, match="boom"):
+        with WatchCallback(log_dir=tmp_path, every=1) as callback:
+            callback.on_train_begin(None, None, None, model=model)
+            assert hook_count(model) > 0
+            raise RuntimeError("boom")
+    assert hook_count(model) == 0
+
+
 @pytest.mark.slow
 def test_transformers_counts_optimiser_steps_and_logs_the_loss(tmp_path) -> None:
     transformers = pytest.importorskip("transformers")
     from hookscope.integrations.transformers import WatchCallback
-
-    from .test_watch_integrations import tiny_bert
 
     torch.manual_seed(2)
     ids = torch.randint(1, 40, (16, 10))
@@ -378,14 +455,15 @@ def test_transformers_takes_the_accelerated_optimiser_s_scaler(tmp_path) -> None
     accelerate = pytest.importorskip("accelerate")
     from hookscope.integrations.transformers import WatchCallback
 
-    from .test_watch_integrations import tiny_bert
-
-    accelerate.Accelerator(cpu=True)  # fp16 on a CPU gives no scaler: the optimiser is given one
     model = tiny_bert()
     scaler = torch.amp.GradScaler("cpu")
-    optimizer = accelerate.optimizer.AcceleratedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.1), device_placement=False, scaler=scaler)
-    with WatchCallback(log_dir=tmp_path, every=1) as callback:
-        callback.on_train_begin(None, None, None, model=model, optimizer=optimizer)
-        assert callback.watch is not None and callback.watch.scaler is scaler
+    accelerate.Accelerator(cpu=True)  # fp16 on a CPU gives no scaler: the optimiser is given one
+    try:
+        optimizer = accelerate.optimizer.AcceleratedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), device_placement=False, scaler=scaler)
+        with WatchCallback(log_dir=tmp_path, every=1) as callback:
+            callback.on_train_begin(None, None, None, model=model, optimizer=optimizer)
+            assert callback.watch is not None and callback.watch.scaler is scaler
+    finally:  # the accelerator's state is global: the Trainers of other tests make their own
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
     assert hook_count(model) == 0

@@ -39,6 +39,7 @@ class WatchCallback(Watching, Callback):  # type: ignore[misc]
     loss: Any = None  # the step's loss so far
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.stepped, self.loss = False, None
         self.begin_watch(pl_module, getattr(trainer.precision_plugin, "scaler", None))
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
