@@ -228,7 +228,8 @@ class StepFlags:
         if stacked is None:
             return None
         fired = self.fired if backward else []
-        stacked = stacked[:2 * (len(self.slots) + len(fired))]
+        if not backward:
+            stacked = stacked[:2 * len(self.slots)]
         layout = tuple(s.kind for s in self.slots) + tuple(self.grad_slots[i].kind for i in fired)
         kinds = self._layouts.get(layout)
         if kinds is None or kinds.device != stacked.device:
