@@ -16,6 +16,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict
+from numbers import Real
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,40 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
+def _names(name: str, value: Any) -> list[str]:
+    """A str is one name or pattern; else a sequence of non-empty strings."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) and v for v in items):
+        raise HookscopeError(f"{param(name)} must be a name or a list of names (strings), "
+                             f"not {value!r}.")
+    return list(items)
+
+
+def _checked_model(model: Any) -> nn.Module:
+    """``model`` when it is a module whose parameters are all materialised."""
+    if not isinstance(model, nn.Module):
+        raise HookscopeError(f"{param('model')} must be a torch.nn.Module, not "
+                             f"{type(model).__name__}.")
+    lazy = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
+            if nn.parameter.is_lazy(t)]
+    if lazy:
+        raise HookscopeError(f"{param('model')} has lazy parameters not yet materialised "
+                             f"({', '.join(lazy[:3])}); run one forward pass before watching it.")
+    return model
+
+
+def _loss(loss: Any) -> Any:
+    """``loss`` when it is None, a real number or a one-element tensor (read on logging steps)."""
+    if isinstance(loss, torch.Tensor) and loss.numel() != 1:
+        raise HookscopeError(f"{param('loss')} must be one number, not a tensor of shape "
+                             f"{tuple(loss.shape)} (a loss with reduction='none'? pass its mean).")
+    if not (loss is None or isinstance(loss, torch.Tensor)
+            or isinstance(loss, Real) and not isinstance(loss, bool)):
+        raise HookscopeError(f"{param('loss')} must be a number or a one-element tensor, "
+                             f"not {type(loss).__name__} {loss!r:.40}.")
+    return loss
+
+
 class Watch:
     """Watch ``model`` (a DDP wrapper or the module) while a training loop runs:
     ``with watch(model, log_dir) as w``, and ``w.step(loss)`` after each optimiser step.
@@ -66,8 +102,9 @@ class Watch:
     (step, rank, finding) warned about.
 
     Raises:
-        HookscopeError: bad arguments, a selection matching nothing, an existing log
-            without ``force``, an unreadable reference.
+        HookscopeError: bad arguments (a str for ``layers``, ``types`` or ``allow_inf`` is
+            one name), a model with lazy parameters, a selection matching nothing, an existing
+            log without ``force``, an unreadable reference.
     """
 
     def __init__(self, model: nn.Module, log_dir: str | Path, *, every: int = 100,
@@ -80,13 +117,22 @@ class Watch:
         if nonfinite not in MODES:
             raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
                                  f"{', '.join(MODES)}.")
-        if not (isinstance(max_drift, (int, float)) and max_drift >= 0):
+        if isinstance(max_drift, bool) or not (isinstance(max_drift, (int, float)) and max_drift >= 0):
             raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
-        self.model, self.log_dir = model, Path(log_dir)
+        for key, value in (("log_dir", log_dir), ("reference", reference)):
+            if not isinstance(value, (str, PathLike)) and (key == "log_dir" or value is not None):
+                raise HookscopeError(f"{param(key)} must be a path, not {type(value).__name__}.")
+        if name is not None and not isinstance(name, str):
+            raise HookscopeError(f"{param('name')} must be a string, not {name!r}.")
+        for key, value in (("force", force), ("tensorboard", tensorboard)):
+            if not isinstance(value, bool):
+                raise HookscopeError(f"{param(key)} must be True or False, not {value!r}.")
+        self.model, self.log_dir = _checked_model(model), Path(log_dir)
         self.every, self.keep = _positive("every", every), _positive("keep", keep)
-        self.select = Selection(list(layers) if layers else None, list(types) if types else None)
+        self.select = Selection(_names("layers", layers or []) or None,
+                                _names("types", types or []) or None)
         self.sites = self.select.sites(model)
-        self.nonfinite, self.allow_inf = nonfinite, tuple(allow_inf)
+        self.nonfinite, self.allow_inf = nonfinite, tuple(_names("allow_inf", allow_inf))
         self.drift = Drift.of(reference, float(max_drift), percentiles)
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
         # A torch.compile'd model is an OptimizedModule around the user's own.
@@ -203,14 +249,16 @@ class Watch:
 
     def step(self, loss: Any = None) -> None:
         """End one training step (after ``optimizer.step()``); ``loss`` (a number or a
-        tensor) is recorded on logging steps.
+        one-element tensor) is recorded on logging steps.
 
         Raises:
             NonFiniteError: with ``nonfinite="raise"``, a non-finite value appeared in this
                 step (on any rank); the watch is closed and every hook removed.
+            HookscopeError: ``loss`` is not one number (the step stays open).
         """
         if not self._open:
             raise HookscopeError("watch.step() was called outside the watch's `with` block.")
+        loss = _loss(loss)
         try:
             self._end(loss)
         except BaseException:
