@@ -52,6 +52,20 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
+_PATH, _SWITCH = (str, PathLike), (bool, "True or False")
+_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "log_dir": (_PATH, "a path"), "reference": ((*_PATH, type(None)), "a path"),
+    "name": ((str, type(None)), "a string"), "force": _SWITCH, "tensorboard": _SWITCH}
+
+
+def _check_kinds(**values: Any) -> None:
+    """Refuse a value of the wrong kind for a path, a name or a switch."""
+    for key, value in values.items():
+        kinds, said = _KINDS[key]
+        if not isinstance(value, kinds):
+            raise HookscopeError(f"{param(key)} must be {said}, not {value!r:.40}.")
+
+
 def _names(name: str, value: Any) -> list[str]:
     """A str is one name or pattern; else a sequence of non-empty strings."""
     items = [value] if isinstance(value, str) else value
@@ -119,14 +133,8 @@ class Watch:
                                  f"{', '.join(MODES)}.")
         if isinstance(max_drift, bool) or not (isinstance(max_drift, (int, float)) and max_drift >= 0):
             raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
-        for key, value in (("log_dir", log_dir), ("reference", reference)):
-            if not isinstance(value, (str, PathLike)) and (key == "log_dir" or value is not None):
-                raise HookscopeError(f"{param(key)} must be a path, not {type(value).__name__}.")
-        if name is not None and not isinstance(name, str):
-            raise HookscopeError(f"{param('name')} must be a string, not {name!r}.")
-        for key, value in (("force", force), ("tensorboard", tensorboard)):
-            if not isinstance(value, bool):
-                raise HookscopeError(f"{param(key)} must be True or False, not {value!r}.")
+        _check_kinds(log_dir=log_dir, reference=reference, name=name, force=force,
+                     tensorboard=tensorboard)
         self.model, self.log_dir = _checked_model(model), Path(log_dir)
         self.every, self.keep = _positive("every", every), _positive("keep", keep)
         self.select = Selection(_names("layers", layers or []) or None,
