@@ -45,8 +45,8 @@ BAD_OPTIONS = [
     ({"reference": "missing.json"}, "reference 'missing.json' not found"),
     ({"log_dir": None}, "log_dir must be a path, not None."),
     ({"log_dir": 7}, "log_dir must be a path, not 7."),
-    ({"model": lambda x: x}, "model must be a torch.nn.Module, not function"),
-    ({"model": None}, "model must be a torch.nn.Module, not NoneType"),
+    ({"model": lambda x: x}, "model must be a torch.nn.Module, not <function"),
+    ({"model": None}, "model must be a torch.nn.Module, not None."),
     ({"model": nn.Sequential(nn.LazyLinear(3))}, "model has lazy parameters not yet materialised "
                                                  "(0.weight, 0.bias)"),
 ]
@@ -112,7 +112,7 @@ def test_lazy_model_retry_works(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("loss", "message"), [
-    ("none", "loss must be one number, not a tensor of shape (6,) (a loss with reduction='none'?"),
+    ("none", "loss must be a number or a one-element tensor, not a tensor of shape (6,) (reduction="),
     ("abc", "loss must be a number or a one-element tensor, not str 'abc'"),
     ([1.0], "loss must be a number or a one-element tensor, not list [1.0]"),
     (True, "loss must be a number or a one-element tensor, not bool True"),

@@ -55,7 +55,8 @@ def _positive(name: str, value: Any) -> int:
 _PATH, _SWITCH = (str, PathLike), (bool, "True or False")
 _KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "log_dir": (_PATH, "a path"), "reference": ((*_PATH, type(None)), "a path"),
-    "name": ((str, type(None)), "a string"), "force": _SWITCH, "tensorboard": _SWITCH}
+    "name": ((str, type(None)), "a string"), "force": _SWITCH, "tensorboard": _SWITCH,
+    "model": (nn.Module, "a torch.nn.Module")}
 
 
 def _check_kinds(**values: Any) -> None:
@@ -75,13 +76,8 @@ def _names(name: str, value: Any) -> list[str]:
     return list(items)
 
 
-def _checked_model(model: Any) -> nn.Module:
-    """``model`` when it is a module whose parameters are all materialised."""
-    if not isinstance(model, nn.Module):
-        raise HookscopeError(f"{param('model')} must be a torch.nn.Module, not "
-                             f"{type(model).__name__}.")
-    lazy = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
-            if nn.parameter.is_lazy(t)]
+def _materialised(model: nn.Module) -> nn.Module:
+    lazy = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if nn.parameter.is_lazy(t)]
     if lazy:
         raise HookscopeError(f"{param('model')} has lazy parameters not yet materialised "
                              f"({', '.join(lazy[:3])}); run one forward pass before watching it.")
@@ -90,13 +86,11 @@ def _checked_model(model: Any) -> nn.Module:
 
 def _loss(loss: Any) -> Any:
     """``loss`` when it is None, a real number or a one-element tensor (read on logging steps)."""
-    if isinstance(loss, torch.Tensor) and loss.numel() != 1:
-        raise HookscopeError(f"{param('loss')} must be one number, not a tensor of shape "
-                             f"{tuple(loss.shape)} (a loss with reduction='none'? pass its mean).")
-    if not (loss is None or isinstance(loss, torch.Tensor)
-            or isinstance(loss, Real) and not isinstance(loss, bool)):
-        raise HookscopeError(f"{param('loss')} must be a number or a one-element tensor, "
-                             f"not {type(loss).__name__} {loss!r:.40}.")
+    tensor, number = isinstance(loss, torch.Tensor), isinstance(loss, Real) and not isinstance(loss, bool)
+    if not (loss is None or number or tensor and loss.numel() == 1):
+        got = f"a tensor of shape {tuple(loss.shape)} (reduction='none'? pass its mean)" if tensor \
+            else f"{type(loss).__name__} {loss!r:.40}"
+        raise HookscopeError(f"{param('loss')} must be a number or a one-element tensor, not {got}.")
     return loss
 
 
@@ -133,9 +127,9 @@ class Watch:
                                  f"{', '.join(MODES)}.")
         if isinstance(max_drift, bool) or not (isinstance(max_drift, (int, float)) and max_drift >= 0):
             raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
-        _check_kinds(log_dir=log_dir, reference=reference, name=name, force=force,
+        _check_kinds(model=model, log_dir=log_dir, reference=reference, name=name, force=force,
                      tensorboard=tensorboard)
-        self.model, self.log_dir = _checked_model(model), Path(log_dir)
+        self.model, self.log_dir = _materialised(model), Path(log_dir)
         self.every, self.keep = _positive("every", every), _positive("keep", keep)
         self.select = Selection(_names("layers", layers or []) or None,
                                 _names("types", types or []) or None)
