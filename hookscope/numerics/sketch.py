@@ -21,7 +21,7 @@ the identical sketch. The store is dense over the buckets the data spans (37 per
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
@@ -305,22 +305,25 @@ def percentile_key(p: float) -> str:
     return "0" if text in ("-0", "0") else text
 
 
-def parse_percentiles(value: str | Sequence[float] | None) -> tuple[float, ...]:
-    """Percentiles from ``"0.1,99.9"`` or a sequence of numbers, in the order given,
-    duplicates (``99.9`` and ``99.90``) dropped; None or an empty sequence: none.
+def parse_percentiles(value: str | float | Sequence[float] | None) -> tuple[float, ...]:
+    """Percentiles from ``"0.1,99.9"``, a sequence of numbers or one number, in the order
+    given, duplicates (``99.9`` and ``99.90``) dropped; None or an empty sequence: none.
 
     Raises:
-        HookscopeError: an empty string, not a number, or outside [0, 100].
+        HookscopeError: an empty string, not a number (a bool included), or outside [0, 100].
     """
-    if value is None or (not isinstance(value, str) and len(value) == 0):
+    if value is None:
         return ()
     hint = "give numbers from 0 to 100 separated by commas, e.g. 0.1,99.9,99.99."
     if isinstance(value, str) and not value.strip():
         raise HookscopeError(f"{param('percentiles')} is empty; {hint}")
-    items = value.split(",") if isinstance(value, str) else list(value)
+    items = value.split(",") if isinstance(value, str) else \
+        list(value) if isinstance(value, Iterable) else [value]  # a number: one percentile
     found: dict[str, float] = {}
     for item in items:
         try:
+            if isinstance(item, bool):
+                raise TypeError(item)
             p = float(item.strip() if isinstance(item, str) else item)
         except (TypeError, ValueError):
             raise HookscopeError(f"{param('percentiles')}: {str(item).strip()!r} is not a "

@@ -16,6 +16,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict
+from numbers import Real
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,48 @@ def _positive(name: str, value: Any) -> int:
     return value
 
 
+_PATH, _SWITCH = (str, PathLike), (bool, "True or False")
+_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "log_dir": (_PATH, "a path"), "reference": ((*_PATH, type(None)), "a path"),
+    "name": ((str, type(None)), "a string"), "force": _SWITCH, "tensorboard": _SWITCH,
+    "model": (nn.Module, "a torch.nn.Module")}
+
+
+def _check_kinds(**values: Any) -> None:
+    """Refuse a value of the wrong kind for a path, a name or a switch."""
+    for key, value in values.items():
+        kinds, said = _KINDS[key]
+        if not isinstance(value, kinds):
+            raise HookscopeError(f"{param(key)} must be {said}, not {value!r:.40}.")
+
+
+def _names(name: str, value: Any) -> list[str]:
+    """A str is one name or pattern; else a sequence of non-empty strings."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) and v for v in items):
+        raise HookscopeError(f"{param(name)} must be a name or a list of names (strings), "
+                             f"not {value!r}.")
+    return list(items)
+
+
+def _materialised(model: nn.Module) -> nn.Module:
+    lazy = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if nn.parameter.is_lazy(t)]
+    if lazy:
+        raise HookscopeError(f"{param('model')} has lazy parameters not yet materialised "
+                             f"({', '.join(lazy[:3])}); run one forward pass before watching it.")
+    return model
+
+
+def _loss(loss: Any) -> Any:
+    """``loss`` when it is None, a real number or a one-element tensor (read on logging steps)."""
+    tensor, number = isinstance(loss, torch.Tensor), isinstance(loss, Real) and not isinstance(loss, bool)
+    if not (loss is None or number or tensor and loss.numel() == 1):
+        got = f"a tensor of shape {tuple(loss.shape)} (reduction='none'? pass its mean)" if tensor \
+            else f"{type(loss).__name__} {loss!r:.40}"
+        raise HookscopeError(f"{param('loss')} must be a number or a one-element tensor, not {got}.")
+    return loss
+
+
 class Watch:
     """Watch ``model`` (a DDP wrapper or the module) while a training loop runs:
     ``with watch(model, log_dir) as w``, and ``w.step(loss)`` after each optimiser step.
@@ -68,8 +112,9 @@ class Watch:
     (step, rank, finding) warned about.
 
     Raises:
-        HookscopeError: bad arguments, a selection matching nothing, an existing log
-            without ``force``, an unreadable reference.
+        HookscopeError: bad arguments (a str for ``layers``, ``types`` or ``allow_inf`` is
+            one name), a model with lazy parameters, a selection matching nothing, an existing
+            log without ``force``, an unreadable reference.
     """
 
     def __init__(self, model: nn.Module, log_dir: str | Path, *, every: int = 100,
@@ -82,13 +127,16 @@ class Watch:
         if nonfinite not in MODES:
             raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
                                  f"{', '.join(MODES)}.")
-        if not (isinstance(max_drift, (int, float)) and max_drift >= 0):
+        if isinstance(max_drift, bool) or not (isinstance(max_drift, (int, float)) and max_drift >= 0):
             raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
-        self.model, self.log_dir = model, Path(log_dir)
+        _check_kinds(model=model, log_dir=log_dir, reference=reference, name=name, force=force,
+                     tensorboard=tensorboard)
+        self.model, self.log_dir = _materialised(model), Path(log_dir)
         self.every, self.keep = _positive("every", every), _positive("keep", keep)
-        self.select = Selection(list(layers) if layers else None, list(types) if types else None)
+        self.select = Selection(_names("layers", layers or []) or None,
+                                _names("types", types or []) or None)
         self.sites = self.select.sites(model)
-        self.nonfinite, self.allow_inf = nonfinite, tuple(allow_inf)
+        self.nonfinite, self.allow_inf = nonfinite, tuple(_names("allow_inf", allow_inf))
         self.drift = Drift.of(reference, float(max_drift), percentiles)
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
         if scaler is not None and not callable(getattr(scaler, "get_scale", None)):
@@ -210,15 +258,18 @@ class Watch:
 
     def step(self, loss: Any = None) -> None:
         """End one training step (after ``optimizer.step()``, and ``scaler.update()`` under
-        a ``GradScaler``); ``loss`` (a number or a tensor) is recorded on logging steps.
+        a ``GradScaler``); ``loss`` (a number or a one-element tensor) is recorded on logging
+        steps.
 
         Raises:
             NonFiniteError: with ``nonfinite="raise"``, a non-finite value appeared in this
                 step (on any rank; in the forward only, when the scaler skipped the step for
                 its non-finite gradients); the watch is closed and every hook removed.
+            HookscopeError: ``loss`` is not one number (the step stays open).
         """
         if not self._open:
             raise HookscopeError("watch.step() was called outside the watch's `with` block.")
+        loss = _loss(loss)
         try:
             self._end(loss, self._amp())
         except BaseException:
