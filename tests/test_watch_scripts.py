@@ -25,7 +25,6 @@ gradient faults, the flag on the right layers.
  13    dcgan       sqrt_g_backward  netG main.12, backward, step 0               passes
  14    dcgan       dead_g           netG's first dead row is main.2              passes
  15    lightning   cli_config       the callback configured by LightningCLI      xfail: finding 4
-                                    (needs jsonargparse, else skipped)
  16    lightning   nan_l2           backbone.l2, forward, step 2                 passes
  17    lightning   accumulate       backbone.l2, forward, optimiser step 2       xfail: finding 4
  18    lightning   dead_logits      l1 and l2 vanish (all gradients exactly 0)   xfail: finding 3
@@ -42,7 +41,6 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import dataclass, field
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +95,6 @@ def _fails(finding: int, branch: str) -> Any:
     return pytest.mark.xfail(strict=True, reason=f"#28 finding {finding}: fixed on branch {branch}")
 
 
-NEEDS_JSONARGPARSE = pytest.mark.skipif(find_spec("jsonargparse") is None,
-                                        reason="LightningCLI's configuration needs jsonargparse")
 STEM = ("conv1", "layer1.0.conv1", "layer2.0.conv1", "layer4.1.conv2")
 VIT = ("vit.embeddings.patch_embeddings.projection", "vit.layers.0.mlp.fc1", "vit.layers.1.mlp.fc2")
 
@@ -123,18 +119,16 @@ CASES = [
          marks=_fails(1, "w28a")),
     case("dcgan", "sqrt_g_backward", "G", Located("main.12", "backward", 0)),
     case("dcgan", "dead_g", "G", Flagged("dead", first="main.2")),
-    case("lightning_cli", "cli_config", "", Lines(4), marks=[NEEDS_JSONARGPARSE, _fails(4, "w28c")]),
+    case("lightning_cli", "cli_config", "", Lines(4), ),
     case("lightning_cli", "nan_l2", "", Located("backbone.l2", "forward", 2)),
-    case("lightning_cli", "accumulate", "", Located("backbone.l2", "forward", 2),
-         marks=_fails(4, "w28c")),
+    case("lightning_cli", "accumulate", "", Located("backbone.l2", "forward", 2)),
     case("lightning_cli", "dead_logits", "", Flagged("vanish", on=("backbone.l1", "backbone.l2")),
          marks=_fails(3, "w28b")),
     case("hf_image_classification", "nan_pixels", "watch",
          Located("vit.embeddings.patch_embeddings.projection", "forward", 1, "outside")),
     case("hf_image_classification", "custom_backward", "watch",
          Located("vit.layers.0.mlp.fc1", "backward", 0)),
-    case("hf_image_classification", "loss_logged", "watch", Lines(3, ("loss",)),
-         marks=_fails(5, "w28c")),
+    case("hf_image_classification", "loss_logged", "watch", Lines(3, ("loss",))),
     case("hf_image_classification", "classifier_tiny", "watch",
          Flagged("vanish", on=VIT, off=("classifier",), off_flag="explode"),
          marks=_fails(3, "w28b")),
