@@ -31,10 +31,12 @@ from hookscope.training.log_writer import WatchLog
 from hookscope.training.nonfinite import NonFiniteError, NonfiniteFinding, StepFlags, flight_steps
 from hookscope.training.records import (
     Drift,
+    Health,
     LoggingStep,
     ParamTracker,
     StepReports,
     layer_rows,
+    number,
     step_line,
 )
 
@@ -88,6 +90,7 @@ class Watch:
         self.sites = self.select.sites(model)
         self.nonfinite, self.allow_inf = nonfinite, tuple(allow_inf)
         self.drift = Drift.of(reference, float(max_drift), percentiles)
+        self.health = Health(self.allow_inf)
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
         # A torch.compile'd model is an OptimizedModule around the user's own.
         self.name = name or type(getattr(model, "_orig_mod", model)).__name__
@@ -236,7 +239,8 @@ class Watch:
         params = self.params.rows()
         if merged is None:
             return None
-        rows = layer_rows(merged)
+        rows, loss = layer_rows(merged), number(loss)
+        self.health.apply(rows, loss)
         self.drift.apply(rows)
         line = step_line(self.index, loss, rows, params)
         if self._writer is not None:
