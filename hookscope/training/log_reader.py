@@ -7,12 +7,13 @@ otherwise run a model.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,39 @@ class TrainingLog:
     envelope: Mapping[str, Any]
     steps: list[Mapping[str, Any]]
     event: Mapping[str, Any] | None = None
+    #: The flight recorder of ``nonfinite.json``: its last steps up to the event, oldest first.
+    recorder: list[Mapping[str, Any]] = field(default_factory=list)
+
+    def allowed(self, name: str) -> bool:
+        """Whether the watch was told that ``name``'s ±inf is intended (``allow_inf``)."""
+        patterns = self.envelope.get("allow_inf") or ()
+        return any(isinstance(p, str) and fnmatch.fnmatchcase(name, p) for p in patterns)
+
+    def span(self, step: int) -> int:
+        """The steps from the logging step before ``step`` to it (what an update ratio spans)."""
+        before = [int(s["step"]) for s in self.steps if int(s["step"]) < step]
+        return step - before[-1] if before else 1
+
+    def nonfinite_steps(self) -> list[int]:
+        """The logging steps with a non-finite value in a row (``allow_inf`` modules left out)."""
+        return [int(s["step"]) for s in self.steps if any(
+            (r.get("nonfinite") or r.get("grad_nonfinite")) and not self.allowed(str(r["name"]))
+            for r in s.get("layers") or ())]
+
+    def outcome(self) -> str | None:
+        """What the watch did on its non-finite event, in words (None: there was none): it
+        stopped the run, or with ``nonfinite="warn"`` it warned and training went on."""
+        if self.event is None:
+            return None
+        first = self.event.get("step")
+        if self.envelope.get("nonfinite") != "warn":
+            return f"the run stopped on a non-finite value at step {first}"
+        steps = sorted({first, *self.nonfinite_steps()} - {None})
+        shown = ", ".join(map(str, steps[:8])) + (f" and {len(steps) - 8} more" if len(steps) > 8 else "")
+        last = self.steps[-1]["step"] if self.steps else None
+        went = f" to step {last}" if isinstance(first, int) and isinstance(last, int) and last > first else ""
+        return f"the watch warned about non-finite values at step{'s' * (len(steps) > 1)} " \
+            f"{shown}; training continued{went}"
 
     def last(self, n: int | None) -> list[Mapping[str, Any]]:
         """The last ``n`` logging steps (all of them when ``n`` is None)."""
@@ -157,7 +191,8 @@ class TrainingLog:
         found: dict[tuple[str, int], dict[str, Any]] = {}
         for step in self.steps:
             for row in step.get("layers") or ():
-                flags = [str(f) for f in row.get("flags") or () if isinstance(f, str)]
+                flags = [f for f in row.get("flags") or () if isinstance(f, str) and not (
+                    f == "nonfinite" and self.allowed(str(row["name"])))]
                 if not flags:
                     continue
                 key = _key(row)
@@ -236,10 +271,11 @@ def _read_lines(file: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _read_event(file: Path) -> dict[str, Any] | None:
+def _read_event(file: Path) -> tuple[dict[str, Any] | None, list[Mapping[str, Any]]]:
+    """The event of ``nonfinite.json`` and its flight recorder's steps (None, []: no file)."""
     data = _read(file, repr(str(file)))
     if data is None:
-        return None
+        return None, []
     try:
         event = _loads(data)
     except RecursionError:
@@ -252,12 +288,13 @@ def _read_event(file: Path) -> dict[str, Any] | None:
         raise HookscopeError(f"{str(file)!r} holds a {type(event).__name__}, not the "
                              "non-finite event's object.")
     # The event sits under "event", beside the envelope and the flight recorder's "steps".
+    steps = event.get("steps") if isinstance(event.get("event"), dict) else None
     event = event["event"] if isinstance(event.get("event"), dict) else event
     why = _bad_field(event, EVENT)
     if why is not None:
         raise HookscopeError(f"{str(file)!r} is not the non-finite event of hookscope.watch: "
                              f"its {why}.")
-    return event
+    return event, [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
 
 
 def read_log(path: str | Path) -> TrainingLog:
@@ -275,8 +312,8 @@ def read_log(path: str | Path) -> TrainingLog:
     envelope = {k: v for k, v in (lines[0] if lines else {}).items() if k not in STEP_KEYS}
     steps: list[Mapping[str, Any]] = [line for line in lines if "step" in line]
     steps.sort(key=lambda s: s["step"])
-    event = _read_event(folder / EVENT_FILE)
+    event, recorder = _read_event(folder / EVENT_FILE)
     if not steps and event is None:
         raise HookscopeError(f"training log {str(path)!r} has no logging step yet; the "
                              f"watch writes one at step 0 and every `every` steps.")
-    return TrainingLog(str(path), envelope, steps, event)
+    return TrainingLog(str(path), envelope, steps, event, recorder)
