@@ -265,7 +265,7 @@ def _nonfinite(ctx: CheckContext) -> RuleResult:
     event = getattr(ctx.log, "event", None)  # a training log's NaN or Inf, stopped or warned
     if event is not None:
         offenders.insert(0, event)
-        detail = f"{ctx.log.outcome}: {event}; " + detail
+        detail = f"the watch {ctx.log.outcome}: {event}; " + detail
     return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(), offenders)
 
 

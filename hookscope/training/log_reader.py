@@ -146,18 +146,19 @@ class TrainingLog:
             for r in s.get("layers") or ())]
 
     def outcome(self) -> str | None:
-        """What the watch did on its non-finite event, in words (None: there was none): it
-        stopped the run, or with ``nonfinite="warn"`` it warned and training went on."""
+        """What the watch did on its non-finite event (None: there was none): ``stopped on a
+        non-finite value at step 4``, or with ``nonfinite="warn"`` ``warned about non-finite
+        values at steps 4, 10; training continued to step 20``."""
         if self.event is None:
             return None
         first = self.event.get("step")
         if self.envelope.get("nonfinite") != "warn":
-            return f"the run stopped on a non-finite value at step {first}"
+            return f"stopped on a non-finite value at step {first}"
         steps = sorted({first, *self.nonfinite_steps()} - {None})
         shown = ", ".join(map(str, steps[:8])) + (f" and {len(steps) - 8} more" if len(steps) > 8 else "")
         last = self.steps[-1]["step"] if self.steps else None
         went = f" to step {last}" if isinstance(first, int) and isinstance(last, int) and last > first else ""
-        return f"the watch warned about non-finite values at step{'s' * (len(steps) > 1)} " \
+        return f"warned about non-finite values at step{'s' * (len(steps) > 1)} " \
             f"{shown}; training continued{went}"
 
     def last(self, n: int | None) -> list[Mapping[str, Any]]:
