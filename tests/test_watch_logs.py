@@ -48,7 +48,8 @@ def write_log(folder: Path, *, steps: int = 5, every: int = 10,
     ``every`` steps since the previous logging step, so 1e-4 * k and 2e-4 per step."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"hookscope": "0.1.0", "command": "watch", "model": f"Net{EVIL}",
-                         "every": every, "selection": {"layers": None, "types": None}})]
+                         "every": every, "selection": {"layers": None, "types": None},
+                         "reference": "train-stats.json"})]
     for k in range(steps):
         line: dict[str, Any] = {
             "step": k * every, "time": float(k),

@@ -279,21 +279,23 @@ def _sustained(log: TrainingLog, key: tuple[str, int]) -> bool:
 
 
 def _findings(log: TrainingLog) -> tuple[list[dict[str, Any]], str | None]:
-    """The flagged calls, most serious first, a drift only when sustained; the other
-    drifts in one line."""
+    """The flagged calls, most serious first; a drift only when it matters: from a
+    ``reference`` (the first logging step's drift is training itself) and sustained. The
+    other drifts are one line."""
     found, brief = [], []
+    reference = log.envelope.get("reference")
     for entry in log.flagged():
-        ranks = [RANKS.get(f, (1, "warning")) for f in entry["flags"]]
-        rank, cls = min(ranks)
-        if rank == 2 and not _sustained(log, (entry["layer"], entry["call"])):
+        rank, cls = min(RANKS.get(f, (1, "warning")) for f in entry["flags"])
+        if rank == 2 and not (reference and _sustained(log, (entry["layer"], entry["call"]))):
             brief.append(entry["name"])
         else:
             found.append((rank, len(found), entry | {"cls": cls}))
     limit = log.envelope.get("max_drift")
-    line = f"{len(brief)} layer call{'s' * (len(brief) != 1)} drifted past max_drift" \
-        f"{f' ({limit:g})' if isinstance(limit, (int, float)) else ''} at some logging steps, " \
-        f"not at each of the last {SUSTAINED} (ordinary while training): {_list(brief, 5)}" \
-        if brief else None
+    past = f"past max_drift{f' ({limit:g})' if isinstance(limit, (int, float)) else ''}"
+    why = f"not at each of the last {SUSTAINED} logging steps" if reference else \
+        "from the first logging step, as training does (a drift from a reference is a finding)"
+    line = f"{len(brief)} layer call{'s' * (len(brief) != 1)} drifted {past} {why}: " \
+        f"{_list(brief, 5)}." if brief else None
     return [entry for _, _, entry in sorted(found, key=lambda f: f[:2])], line
 
 

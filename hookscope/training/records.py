@@ -92,11 +92,11 @@ def layer_rows(reports: StepReports) -> list[dict[str, Any]]:
 
 
 def _output_norm(row: Mapping[str, Any]) -> float:
-    """‖y‖ of a row's outputs, from their element count, mean and std."""
-    shapes = row.get("output_shapes") or [row.get("output_shape") or []]
-    n = sum(math.prod(shape) for shape in shapes)
-    return math.sqrt(n * (row["mean"] ** 2 + row["std"] ** 2)) \
-        if math.isfinite(row["mean"]) and math.isfinite(row["std"]) else math.nan
+    """‖y‖ of a row's outputs, from their element count, mean and (unbiased) std."""
+    n = sum(math.prod(shape) for shape in row.get("output_shapes") or [row.get("output_shape") or []])
+    mean, std = row["mean"], row["std"] if n > 1 else 0.0
+    return math.sqrt(n * mean * mean + (n - 1) * std * std) \
+        if math.isfinite(mean) and math.isfinite(std) else math.nan
 
 
 class Health:
