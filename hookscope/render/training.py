@@ -100,8 +100,8 @@ def matrix(series: Series, log10: bool) -> Any:
 
 def _norm(values: Any, key: str) -> Any:
     """The colour scale of a heat map: robust, so that one outlier does not wash out the
-    rest: clipped to Tukey's far fences (3 interquartile ranges beyond the quartiles), and
-    for the mean centred on 0."""
+    rest: clipped to Tukey's fences (1.5 interquartile ranges beyond the quartiles), and for
+    the mean centred on 0."""
     import numpy as np
     from matplotlib.colors import Normalize, TwoSlopeNorm
 
@@ -110,8 +110,8 @@ def _norm(values: Any, key: str) -> Any:
         return Normalize(0.0, 1.0)
     q1, q3 = np.percentile(finite, [25, 75])
     # Capped: a scale spanning -bound to bound must itself be finite (the colour bar).
-    lo = max(float(finite.min()), q1 - 3 * (q3 - q1), -1e300)
-    hi = min(float(finite.max()), q3 + 3 * (q3 - q1), 1e300)
+    lo = max(float(finite.min()), q1 - 1.5 * (q3 - q1), -1e300)
+    hi = min(float(finite.max()), q3 + 1.5 * (q3 - q1), 1e300)
     if key == "mean":
         bound = max(abs(lo), abs(hi)) or 1.0
         return TwoSlopeNorm(0.0, -bound, bound)
@@ -217,7 +217,7 @@ def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any
                 "One row per layer call, one column per logging step"
                 f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite"
                 f"{'; yellow: exactly 0' if log10 else ''}. The colours are clipped to the "
-                "values' far fences, so that an outlier takes the scale's end."))
+                "values' Tukey fences, so that an outlier takes the scale's end."))
     losses = [(int(s["step"]), finite(s.get("loss"))) for s in log.steps]
     if any(v is not None for _, v in losses):
         fig = lines_figure([k for k, _ in losses], {"loss": [v for _, v in losses]},
