@@ -21,6 +21,7 @@ from hookscope.render import plots
 from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure
 from hookscope.render.tables import fmt_float, health
+from hookscope.training.log_reader import listed
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -252,17 +253,12 @@ def _chips(log: TrainingLog, findings: list[Any]) -> list[dict[str, str]]:
     if said is not None:
         verdict = {"cls": "warning" if said.startswith("warned") else "error", "text": said}
     elif bad:
-        verdict = {"cls": "error", "text": f"non-finite values at logging steps {_list(bad)}"}
+        verdict = {"cls": "error", "text": f"non-finite values at logging steps {listed(bad)}"}
     else:
         verdict = {"cls": "ok", "text": "no non-finite value"}
     return [{"cls": "", "text": f"{len(log.steps)} logging steps"},
             {"cls": "", "text": f"{len(log.layer_keys())} layer calls"}, verdict,
             {"cls": "warning" if findings else "ok", "text": f"{len(findings)} flagged layers"}]
-
-
-def _list(items: Sequence[Any], most: int = 8) -> str:
-    more = f" and {len(items) - most} more" if len(items) > most else ""
-    return ", ".join(map(str, items[:most])) + more
 
 
 #: The findings' order and class, by their most serious flag (docs/watch.md, Layer flags).
@@ -282,7 +278,8 @@ def _findings(log: TrainingLog) -> tuple[list[dict[str, Any]], str | None]:
     """The flagged calls, most serious first; a drift only when it matters: from a
     ``reference`` (the first logging step's drift is training itself) and sustained. The
     other drifts are one line."""
-    found, brief = [], []
+    found: list[tuple[int, int, dict[str, Any]]] = []
+    brief: list[str] = []
     reference = log.envelope.get("reference")
     for entry in log.flagged():
         rank, cls = min(RANKS.get(f, (1, "warning")) for f in entry["flags"])
@@ -295,7 +292,7 @@ def _findings(log: TrainingLog) -> tuple[list[dict[str, Any]], str | None]:
     why = f"not at each of the last {SUSTAINED} logging steps" if reference else \
         "from the first logging step, as training does (a drift from a reference is a finding)"
     line = f"{len(brief)} layer call{'s' * (len(brief) != 1)} drifted {past} {why}: " \
-        f"{_list(brief, 5)}." if brief else None
+        f"{listed(brief, 5)}." if brief else None
     return [entry for _, _, entry in sorted(found, key=lambda f: f[:2])], line
 
 

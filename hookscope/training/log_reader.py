@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 from hookscope.core.errors import HookscopeError
 from hookscope.numerics.drift import finite
 
-__all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "is_log", "read_log"]
+__all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "is_log", "listed", "read_log"]
 
 log = logging.getLogger("hookscope")
 
@@ -154,12 +154,11 @@ class TrainingLog:
         first = self.event.get("step")
         if self.envelope.get("nonfinite") != "warn":
             return f"stopped on a non-finite value at step {first}"
-        steps = sorted({first, *self.nonfinite_steps()} - {None})
-        shown = ", ".join(map(str, steps[:8])) + (f" and {len(steps) - 8} more" if len(steps) > 8 else "")
+        steps = sorted({*([first] if isinstance(first, int) else []), *self.nonfinite_steps()})
         last = self.steps[-1]["step"] if self.steps else None
         went = f" to step {last}" if isinstance(first, int) and isinstance(last, int) and last > first else ""
         return f"warned about non-finite values at step{'s' * (len(steps) > 1)} " \
-            f"{shown}; training continued{went}"
+            f"{listed(steps)}; training continued{went}"
 
     def last(self, n: int | None) -> list[Mapping[str, Any]]:
         """The last ``n`` logging steps (all of them when ``n`` is None)."""
@@ -217,6 +216,12 @@ class TrainingLog:
                 "first_step": self.steps[0].get("step") if self.steps else None,
                 "last_step": self.steps[-1].get("step") if self.steps else None,
                 "nonfinite_event": dict(self.event) if self.event is not None else None}
+
+
+def listed(items: Sequence[Any], most: int = 8) -> str:
+    """``1, 2, 3 and 4 more``: the first ``most`` items, and how many more."""
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(map(str, items[:most])) + more
 
 
 def _key(row: Mapping[str, Any]) -> tuple[str, int]:
