@@ -21,7 +21,7 @@ from hookscope.render import plots
 from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure
 from hookscope.render.tables import fmt_float, health
-from hookscope.training.log_reader import listed
+from hookscope.training.log_reader import call_key, listed
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -270,8 +270,8 @@ def _sustained(log: TrainingLog, key: tuple[str, int]) -> bool:
     """Whether the call was flagged ``drift`` at each of the last :data:`SUSTAINED` logging steps."""
     last = log.steps[-SUSTAINED:]
     return len(last) == SUSTAINED and all(any(
-        (str(r.get("name")), int(r.get("call") or 0)) == key and "drift" in (r.get("flags") or ())
-        for r in step.get("layers") or ()) for step in last)
+        call_key(r) == key and "drift" in (r.get("flags") or ()) for r in step.get("layers") or ())
+        for step in last)
 
 
 def _findings(log: TrainingLog) -> tuple[list[dict[str, Any]], str | None]:
@@ -321,11 +321,11 @@ def _recorder(log: TrainingLog) -> dict[str, Any] | None:
         return None
     cells: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
     for i, step in enumerate(steps):
-        flags = {(str(r.get("name")), int(r.get("call") or 0)): r.get("flags") or []
-                 for r in step.get("rows") or () if isinstance(r, Mapping)}
+        flags = {call_key(r): r.get("flags") or [] for r in step.get("rows") or ()
+                 if isinstance(r, Mapping)}
         for row in step.get("layers") or ():
             if isinstance(row, Mapping):
-                key = (str(row.get("name")), int(row.get("call") or 0))
+                key = call_key(row)
                 cells.setdefault(key, {})[i] = _recorded(row, flags.get(key, []))
     event = log.event or {}
     blamed = (event.get("module"), event.get("call"))

@@ -20,7 +20,7 @@ from typing import Any
 from hookscope.core.errors import HookscopeError
 from hookscope.numerics.drift import finite
 
-__all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "is_log", "listed", "read_log"]
+__all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "call_key", "is_log", "listed", "read_log"]
 
 log = logging.getLogger("hookscope")
 
@@ -177,7 +177,7 @@ class TrainingLog:
         values: dict[Any, list[float | None]] = {}
         for i, step in enumerate(self.steps):
             for row in step.get(kind) or ():
-                k = _key(row) if kind == "layers" else str(row.get("name"))
+                k = call_key(row) if kind == "layers" else str(row.get("name"))
                 values.setdefault(k, [None] * len(steps))[i] = finite(row.get(key))
         return steps, values
 
@@ -187,7 +187,7 @@ class TrainingLog:
         step's layers (None if absent), the steps it was flagged at, and the last flagged
         step's flags and drift in words."""
         last = self.steps[-1].get("layers") or [] if self.steps else []
-        rows = {_key(r): i for i, r in enumerate(last)}
+        rows = {call_key(r): i for i, r in enumerate(last)}
         found: dict[tuple[str, int], dict[str, Any]] = {}
         for step in self.steps:
             for row in step.get("layers") or ():
@@ -195,7 +195,7 @@ class TrainingLog:
                     f == "nonfinite" and self.allowed(str(row["name"])))]
                 if not flags:
                     continue
-                key = _key(row)
+                key = call_key(row)
                 entry = found.setdefault(key, {
                     "name": key[0] + (f" (call {key[1]})" if key[1] else ""), "layer": key[0],
                     "call": key[1], "row": rows.get(key), "at": []})
@@ -224,7 +224,7 @@ def listed(items: Sequence[Any], most: int = 8) -> str:
     return ", ".join(map(str, items[:most])) + more
 
 
-def _key(row: Mapping[str, Any]) -> tuple[str, int]:
+def call_key(row: Mapping[str, Any]) -> tuple[str, int]:
     """A layer row's (name, call)."""
     return str(row.get("name")), int(row.get("call") or 0)
 
