@@ -44,10 +44,12 @@ def layer_row(i: int, k: int, name: str, kind: str, **extra: Any) -> dict[str, A
 def write_log(folder: Path, *, steps: int = 5, every: int = 10,
               event: dict[str, Any] | None = None, tweak: Any = None) -> Path:
     """A log of ``steps`` logging steps in the documented format; update ratios
-    1e-3 * k (conv1.weight) and 2e-3 (fc.weight), none at the first step."""
+    1e-3 * k (conv1.weight) and 2e-3 (fc.weight), none at the first step: over the
+    ``every`` steps since the previous logging step, so 1e-4 * k and 2e-4 per step."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"hookscope": "0.1.0", "command": "watch", "model": f"Net{EVIL}",
-                         "every": every, "selection": {"layers": None, "types": None}})]
+                         "every": every, "selection": {"layers": None, "types": None},
+                         "reference": "train-stats.json"})]
     for k in range(steps):
         line: dict[str, Any] = {
             "step": k * every, "time": float(k),
@@ -101,7 +103,7 @@ def test_a_nonfinite_event_fails_check_and_is_written_to_junit(tmp_path) -> None
 def test_a_clean_log_passes_every_rule(tmp_path) -> None:
     log = write_log(tmp_path / "run")
     path = rules(tmp_path, "max_zero_fraction = 0.9\nmax_grad_norm = 100.0\n"
-                 "min_update_ratio = 1e-4\nmax_update_ratio = 0.01\nlast = 3\n")
+                 "min_update_ratio = 5e-5\nmax_update_ratio = 1e-3\nlast = 3\n")
     r = run("check", log, "--rules", path, "--format", "json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -137,12 +139,13 @@ def test_gradient_norms_over_the_last_steps(tmp_path) -> None:
 
 def test_update_ratios_and_ignore(tmp_path) -> None:
     log = write_log(tmp_path / "run")
-    r = run("check", log, "--rules", rules(tmp_path, "max_update_ratio = 0.0025\n"), "-f", "json")
+    r = run("check", log, "--rules", rules(tmp_path, "max_update_ratio = 0.00025\n"), "-f", "json")
     assert r.exit_code == 1
-    [_, rule] = json.loads(r.stdout)["rules"]  # conv1.weight: 1e-3 * k above 2.5e-3 at k=3, 4
-    assert rule["offenders"] == ["parameter conv1.weight at step 30: update ratio 0.003",
-                                 "parameter conv1.weight at step 40: update ratio 0.004"]
-    ignored = run("check", log, "--rules", rules(tmp_path, "max_update_ratio = 0.0025\n"
+    [_, rule] = json.loads(r.stdout)["rules"]  # conv1.weight: 1e-4 * k per step, k=3, 4 above
+    assert rule["offenders"] == [
+        "parameter conv1.weight at step 30: per-step update ratio 0.0003",
+        "parameter conv1.weight at step 40: per-step update ratio 0.0004"]
+    ignored = run("check", log, "--rules", rules(tmp_path, "max_update_ratio = 0.00025\n"
                                                  "ignore = [\"conv1\"]\n"))
     assert ignored.exit_code == 0, ignored.output
 
@@ -160,11 +163,11 @@ def test_every_key_is_a_flag_too(tmp_path) -> None:
     over = run("check", log, "--rules", rules(tmp_path, "max_grad_norm = 5.0\n"),
                "--max-grad-norm", "2000")
     assert over.exit_code == 0, over.output
-    # conv1.weight's ratio is 1e-3 * k from k = 1: below 1.5e-3 at step 10 only.
-    low = run("check", log, "--min-update-ratio", "0.0015", "-f", "json")
+    # conv1.weight's ratio is 1e-4 * k per step from k = 1: below 1.5e-4 at step 10 only.
+    low = run("check", log, "--min-update-ratio", "0.00015", "-f", "json")
     assert low.exit_code == 1
     assert json.loads(low.stdout)["rules"][1]["offenders"] == [
-        "parameter conv1.weight at step 10: update ratio 0.001"]
+        "parameter conv1.weight at step 10: per-step update ratio 0.0001"]
     bad = run("check", log, "--last", "0")
     assert bad.exit_code == 2 and "--last must be a positive integer" in bad.stderr
 
@@ -331,7 +334,7 @@ def test_reading_a_log_imports_no_torch(tmp_path) -> None:
 
 
 def _flag(k: int, line: dict[str, Any]) -> None:
-    if k >= 3:
+    if k >= 2:  # sustained: at each of the last 3 logging steps, so a finding
         line["layers"][2] |= {"flags": ["drift"], "drift": 0.8}
 
 
@@ -384,7 +387,7 @@ def test_training_page_shows_the_log(page) -> None:
     assert params == PARAMS
     shown = " ".join("".join(parsed.text).split())
     assert EVENT["message"] in shown
-    assert f"{EVIL} (flagged at 2 steps, 30 to 40): drift 0.8" in shown
+    assert f"{EVIL} (flagged at 3 steps, 20 to 40): drift 0.8" in shown
     cells = [a.get("data-v") for t, a in parsed.tags if t == "td"]
     assert repr(0.004) in cells and repr(0.1 * 4 + 3) in cells  # conv1.weight ratio, fc mean
 

@@ -262,10 +262,10 @@ def _nonfinite(ctx: CheckContext) -> RuleResult:
                   f"values (NaN, Inf); the first is {row_id(bad[0])}")
     else:
         detail = f"no call of {len(ctx.calls)} has more than {limit} non-finite values"
-    event = getattr(ctx.log, "event", None)  # a training log's stop on a NaN or Inf
+    event = getattr(ctx.log, "event", None)  # a training log's NaN or Inf, stopped or warned
     if event is not None:
         offenders.insert(0, event)
-        detail = f"the run stopped on a non-finite value: {event}; " + detail
+        detail = f"the watch {ctx.log.outcome}: {event}; " + detail
     return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(), offenders)
 
 

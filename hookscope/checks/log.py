@@ -51,8 +51,9 @@ class LogView:
     """What the log rules see: the steps checked, their parameters, and the event in words."""
 
     steps: list[Mapping[str, Any]]
-    params: list[tuple[int, Mapping[str, Any]]]
+    params: list[tuple[int, Mapping[str, Any], int]]  # (step, row, the steps its ratio spans)
     event: str | None
+    outcome: str | None  # what the watch did on the event (TrainingLog.outcome)
 
     def span(self) -> str:
         """``the last 3 logging steps (200 to 400)``."""
@@ -66,13 +67,15 @@ def _count(value: Any) -> int:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _calls(steps: list[Mapping[str, Any]]) -> Iterator[LogCall]:
+def _calls(log: TrainingLog, steps: list[Mapping[str, Any]]) -> Iterator[LogCall]:
+    """The rows as calls; an ``allow_inf`` module's count is 0 (its NaN, which the watch still
+    checked, is the event)."""
     for step in steps:
         for row in step.get("layers") or ():
             zero = finite(row.get("zero_fraction"))
+            bad = _count(row.get("nonfinite")) + _count(row.get("grad_nonfinite"))
             yield LogCall(str(row["name"]), _count(row.get("call")), int(step["step"]),
-                          str(row.get("type") or ""),
-                          _count(row.get("nonfinite")) + _count(row.get("grad_nonfinite")),
+                          str(row.get("type") or ""), 0 if log.allowed(str(row["name"])) else bad,
                           math.nan if zero is None else zero, finite(row.get("grad_norm")))
 
 
@@ -91,12 +94,12 @@ def event_text(event: Mapping[str, Any] | None) -> str | None:
 def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
     """Run every active rule against the last ``rules.last`` logging steps of ``log``."""
     steps = log.last(rules.only("log").last)
-    rows = list(_calls(steps))
+    rows = list(_calls(log, steps))
     calls = [c for c in rows if not ignored(c.name, rules.ignore)]
-    every = [(int(s["step"]), p) for s in steps for p in s.get("params") or ()]
-    params = [(step, p) for step, p in every if not ignored(str(p["name"]), rules.ignore)]
-    warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for _, p in every})
-    view = LogView(steps, params, event_text(log.event))
+    every = [(int(s["step"]), p, log.span(int(s["step"]))) for s in steps for p in s.get("params") or ()]
+    params = [entry for entry in every if not ignored(str(entry[1]["name"]), rules.ignore)]
+    warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for _, p, _ in every})
+    view = LogView(steps, params, event_text(log.event), log.outcome())
     return verdict(CheckContext(rules, calls, len(rows) - len(calls), log=view))  # type: ignore[arg-type]
 
 
@@ -106,13 +109,14 @@ def _grad_norms(ctx: CheckContext, view: LogView) -> list[tuple[str, float | Non
     calls: list[LogCall] = ctx.calls  # type: ignore[assignment]  # a log's rows
     layers = [(row_id(c), c.grad_norm) for c in calls]
     params = [(f"parameter {p['name']} at step {step}", finite(p.get("grad_norm")))
-              for step, p in view.params]
+              for step, p, _ in view.params]
     return layers + params
 
 
 def _ratios(ctx: CheckContext, view: LogView) -> list[tuple[str, float | None]]:
-    return [(f"parameter {p['name']} at step {step}", finite(p.get("update_ratio")))
-            for step, p in view.params]
+    """Each update ratio per step: the logged ratio over the steps it spans (docs/watch.md)."""
+    return [(f"parameter {p['name']} at step {step}", None if (r := finite(p.get("update_ratio")))
+             is None else r / span) for step, p, span in view.params]
 
 
 def _bound_rule(name: str, what: str,
@@ -145,8 +149,8 @@ def _bound_rule(name: str, what: str,
 #: The log's bounds, registered in check's one registry in this order.
 BOUNDS = (("min_grad_norm", "gradient norm", _grad_norms, "below"),
           ("max_grad_norm", "gradient norm", _grad_norms, "above"),
-          ("min_update_ratio", "update ratio", _ratios, "below"),
-          ("max_update_ratio", "update ratio", _ratios, "above"))
+          ("min_update_ratio", "per-step update ratio", _ratios, "below"),
+          ("max_update_ratio", "per-step update ratio", _ratios, "above"))
 for _name, _what, _values, _side in BOUNDS:
     rule(_name)(_bound_rule(_name, _what, _values, _side))
 

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from hookscope.core.files import dumps_json, format_shape
 from hookscope.numerics.drift import finite
+from hookscope.numerics.health import SUSTAINED
 from hookscope.render import plots
 from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure
 from hookscope.render.tables import fmt_float, health
+from hookscope.training.log_reader import call_key, listed
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -48,9 +50,10 @@ def _param_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
                           *(num(row.get(k)) for k in ("norm", "grad_norm", "update_ratio"))])
 
 
-def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _event(log: TrainingLog) -> dict[str, Any] | None:
     from hookscope.checks.log import event_text
 
+    event = log.event
     if event is None:
         return None
     keys = ("module", "type", "phase", "step", "call", "rank")
@@ -58,7 +61,8 @@ def _event(event: Mapping[str, Any] | None) -> dict[str, Any] | None:
     inputs = [i for i in event.get("inputs") or () if isinstance(i, Mapping)]
     columns = list(dict.fromkeys(k for i in inputs for k in i))
     cells = [[_value(i.get(c)) for c in columns] for i in inputs]
-    return {"text": event_text(event), "facts": facts, "inputs": cells, "columns": columns}
+    return {"text": f"{log.outcome()}: {event_text(event)}", "facts": facts, "inputs": cells,
+            "columns": columns}
 
 
 def _value(value: Any) -> str:
@@ -96,34 +100,58 @@ def matrix(series: Series, log10: bool) -> Any:
 
 
 def _norm(values: Any, key: str) -> Any:
+    """The colour scale of a heat map: robust, so that one outlier does not wash out the
+    rest: clipped to Tukey's fences (1.5 interquartile ranges beyond the quartiles), and for
+    the mean centred on 0."""
     import numpy as np
     from matplotlib.colors import Normalize, TwoSlopeNorm
 
     finite = values[np.isfinite(values)]
     if key == "zero_fraction" or not finite.size:
         return Normalize(0.0, 1.0)
+    q1, q3 = np.percentile(finite, [25, 75])
+    # Capped: a scale spanning -bound to bound must itself be finite (the colour bar).
+    lo = max(float(finite.min()), q1 - 1.5 * (q3 - q1), -1e300)
+    hi = min(float(finite.max()), q3 + 1.5 * (q3 - q1), 1e300)
     if key == "mean":
-        # Capped: a scale spanning -bound to bound must itself be finite (the colour bar).
-        bound = min(float(np.percentile(np.abs(finite), 99)), 1e300) or 1.0
+        bound = max(abs(lo), abs(hi)) or 1.0
         return TwoSlopeNorm(0.0, -bound, bound)
-    lo, hi = float(finite.min()), float(finite.max())
     return Normalize(lo, hi if hi > lo else lo + 1.0)
+
+
+#: Heat-map cells: not logged or not finite; exactly 0 where that means dead (std, gradient).
+MISSING, ZERO = "#d0d7de", "#e3b341"
 
 
 def heatmap_figure(steps: Sequence[int], series: Series, key: str, title: str, log10: bool,
                    cmap: str) -> Figure:
-    """One quantity as a layers x steps heat map; missing and non-finite cells grey."""
+    """One quantity as a layers x steps heat map: missing and non-finite cells grey; with
+    ``log10``, cells exactly 0 (a dead layer's std, a zero gradient) yellow."""
     import matplotlib
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
 
-    values = matrix(series, log10)
+    values, raw = matrix(series, log10), matrix(series, False)
     names = [cut_name(name or "(model)") + (f" #{call}" if call else "") for name, call in series]
     height = min(max(1.6, 0.16 * len(names) + 1.0), 14.0)
-    colours = matplotlib.colormaps[cmap].with_extremes(bad="#d0d7de")
+    colours = matplotlib.colormaps[cmap].with_extremes(bad=MISSING)
+    norm = _norm(values, key)
+    finite = values[np.isfinite(values)]
+    extend = ["neither", "min", "max", "both"][int(finite.size > 0 and finite.min() < norm.vmin)
+                                                + 2 * int(finite.size > 0 and finite.max() > norm.vmax)]
     with styled_figure(None, width=6.4, height=height) as fig:
         ax = fig.add_subplot()
-        image = ax.imshow(values, aspect="auto", interpolation="nearest", cmap=colours,
-                          norm=_norm(values, key))
-        fig.colorbar(image, ax=ax, label=f"log10 {title}" if log10 else title, shrink=0.9)
+        image = ax.imshow(values, aspect="auto", interpolation="nearest", cmap=colours, norm=norm)
+        legend = [Patch(color=MISSING, label="not logged / not finite")]
+        if log10 and (raw == 0).any():
+            ax.imshow(np.where(raw == 0, 1.0, np.nan), aspect="auto", interpolation="nearest",
+                      cmap=ListedColormap([ZERO]).with_extremes(bad=(0, 0, 0, 0)))
+            legend.append(Patch(color=ZERO, label="exactly 0 (dead)"))
+        ax.legend(handles=legend, loc="lower left", bbox_to_anchor=(0, 1), ncol=2, fontsize=7,
+                  frameon=False, borderaxespad=0.2)
+        fig.colorbar(image, ax=ax, label=f"log10 {title}" if log10 else title, shrink=0.9,
+                     extend=extend)
         every = max(1, math.ceil(len(names) / 60))
         ax.set_yticks(range(0, len(names), every), names[::every],
                       fontsize=6.5 if len(names) > 24 else 8, parse_math=False)
@@ -188,7 +216,9 @@ def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any
                 key, f"{title.capitalize()} over steps",
                 heatmap_figure(steps, series, key, title, log10, cmap), f"{title} heat map",
                 "One row per layer call, one column per logging step"
-                f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite."))
+                f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite"
+                f"{'; yellow: exactly 0' if log10 else ''}. The colours are clipped to the "
+                "values' Tukey fences, so that an outlier takes the scale's end."))
     losses = [(int(s["step"]), finite(s.get("loss"))) for s in log.steps]
     if any(v is not None for _, v in losses):
         fig = lines_figure([k for k, _ in losses], {"loss": [v for _, v in losses]},
@@ -204,23 +234,107 @@ def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any
                              "over layers."))
     steps, ratios = log.series("params", "update_ratio")
     if has_values(ratios):
-        fig = lines_figure(steps, ratios, "Update ratio ‖Δw‖/‖w‖ per parameter",
-                              log10=True, ylabel="‖Δw‖/‖w‖", reference=RATIO_REFERENCE)
+        spans = [log.span(step) for step in steps]
+        per_step = {k: [None if v is None else v / n for v, n in zip(row, spans, strict=True)]
+                    for k, row in ratios.items()}
+        fig = lines_figure(steps, per_step, "Update ratio ‖Δw‖/‖w‖ per step, per parameter",
+                           log10=True, ylabel="‖Δw‖/‖w‖ per step", reference=RATIO_REFERENCE)
         lines.append(_figure("update_ratio", "Update ratios", fig, "update ratios over steps",
-                             "One line per parameter since the previous logging step; "
-                             f"dashed: {RATIO_REFERENCE:g}, the usual rule of thumb."))
+                             "One line per parameter: the update since the previous logging "
+                             "step over the steps it spans (at most the mean step's ratio, "
+                             f"equal when the steps point one way); dashed: {RATIO_REFERENCE:g} "
+                             "per step, the usual rule of thumb."))
     return heat, lines
 
 
-def _chips(log: TrainingLog, flagged: list[Any]) -> list[dict[str, str]]:
-    last = log.steps[-1] if log.steps else {}
-    bad = sum(1 for r in last.get("layers") or () if r.get("nonfinite") or r.get("grad_nonfinite"))
+def _chips(log: TrainingLog, findings: list[Any]) -> list[dict[str, str]]:
+    """The summary: one verdict on non-finite values (the watch's, else the rows')."""
+    said, bad = log.outcome(), log.nonfinite_steps()
+    if said is not None:
+        verdict = {"cls": "warning" if said.startswith("warned") else "error", "text": said}
+    elif bad:
+        verdict = {"cls": "error", "text": f"non-finite values at logging steps {listed(bad)}"}
+    else:
+        verdict = {"cls": "ok", "text": "no non-finite value"}
     return [{"cls": "", "text": f"{len(log.steps)} logging steps"},
-            {"cls": "", "text": f"{len(log.layer_keys())} layer calls"},
-            {"cls": "error" if log.event else "ok",
-             "text": "stopped on a non-finite value" if log.event else "no non-finite stop"},
-            {"cls": "error" if bad else "ok", "text": f"{bad} non-finite at the last step"},
-            {"cls": "warning" if flagged else "ok", "text": f"{len(flagged)} flagged layers"}]
+            {"cls": "", "text": f"{len(log.layer_keys())} layer calls"}, verdict,
+            {"cls": "warning" if findings else "ok", "text": f"{len(findings)} flagged layers"}]
+
+
+#: The findings' order and class, by their most serious flag (docs/watch.md, Layer flags).
+RANKS = {"nonfinite": (0, "error"), "zero_grad": (1, "warning"), "dead": (1, "warning"),
+         "vanish": (1, "warning"), "explode": (1, "warning"), "drift": (2, "")}
+
+
+def _sustained(log: TrainingLog, key: tuple[str, int]) -> bool:
+    """Whether the call was flagged ``drift`` at each of the last :data:`SUSTAINED` logging steps."""
+    last = log.steps[-SUSTAINED:]
+    return len(last) == SUSTAINED and all(any(
+        call_key(r) == key and "drift" in (r.get("flags") or ()) for r in step.get("layers") or ())
+        for step in last)
+
+
+def _findings(log: TrainingLog) -> tuple[list[dict[str, Any]], str | None]:
+    """The flagged calls, most serious first; a drift only when it matters: from a
+    ``reference`` (the first logging step's drift is training itself) and sustained. The
+    other drifts are one line."""
+    found: list[tuple[int, int, dict[str, Any]]] = []
+    brief: list[str] = []
+    reference = log.envelope.get("reference")
+    for entry in log.flagged():
+        rank, cls = min(RANKS.get(f, (1, "warning")) for f in entry["flags"])
+        if rank == 2 and not (reference and _sustained(log, (entry["layer"], entry["call"]))):
+            brief.append(entry["name"])
+        else:
+            found.append((rank, len(found), entry | {"cls": cls}))
+    limit = log.envelope.get("max_drift")
+    past = f"past max_drift{f' ({limit:g})' if isinstance(limit, (int, float)) else ''}"
+    why = f"not at each of the last {SUSTAINED} logging steps" if reference else \
+        "from the first logging step, as training does (a drift from a reference is a finding)"
+    line = f"{len(brief)} layer call{'s' * (len(brief) != 1)} drifted {past} {why}: " \
+        f"{listed(brief, 5)}." if brief else None
+    return [entry for _, _, entry in sorted(found, key=lambda f: f[:2])], line
+
+
+def _reading(value: Any) -> str | None:
+    """A recorded min or max: a number, the writer's word for a non-finite one, or None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fmt_float(float(value))
+    return value if isinstance(value, str) else None
+
+
+def _recorded(row: Mapping[str, Any], flags: Sequence[str]) -> dict[str, Any]:
+    """One call at one recorded step: its output's range, the largest |gradient| at it."""
+    lo, hi = _reading(row.get("min")), _reading(row.get("max"))
+    grads = [float(v) for v in (row.get("grad_min"), row.get("grad_max"))
+             if isinstance(v, (int, float)) and math.isfinite(v)]
+    bad = lo is None or hi is None or any(isinstance(row.get(k), str) for k in
+                                          ("min", "max", "grad_min", "grad_max"))
+    text = f"{lo or 'null'} … {hi or 'null'}; ∇ {fmt_float(max(map(abs, grads))) if grads else '-'}"
+    return {"text": text + "".join(f" [{f}]" for f in flags), "cls": "bad" if bad else ""}
+
+
+def _recorder(log: TrainingLog) -> dict[str, Any] | None:
+    """The flight recorder of ``nonfinite.json`` as a calls x steps table, up to the event."""
+    steps = [s for s in log.recorder if isinstance(s.get("step"), int)]
+    if not steps:
+        return None
+    cells: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for i, step in enumerate(steps):
+        flags = {call_key(r): r.get("flags") or [] for r in step.get("rows") or ()
+                 if isinstance(r, Mapping)}
+        for row in step.get("layers") or ():
+            if isinstance(row, Mapping):
+                key = call_key(row)
+                cells.setdefault(key, {})[i] = _recorded(row, flags.get(key, []))
+    event = log.event or {}
+    blamed = (event.get("module"), event.get("call"))
+    return {"steps": [f"{s['step']}{' (event)' if s['step'] == event.get('step') else ''}"
+                      for s in steps],
+            "rows": [{"name": name + (f" #{call}" if call else ""),
+                      "cls": "bad" if (name, call) == blamed else "",
+                      "cells": [by.get(i, {"text": "-", "cls": ""}) for i in range(len(steps))]}
+                     for (name, call), by in cells.items()]}
 
 
 def _fact(key: str, value: Any) -> str:
@@ -251,13 +365,14 @@ def training_html(log: TrainingLog) -> str:
     from hookscope import __version__
 
     last = log.steps[-1] if log.steps else {}
-    flagged = log.flagged()
+    flagged, drifted = _findings(log)
     heat, lines = _figures(log)
     return render(
         "training.html.j2", model=str(log.envelope.get("model") or log.path),
         env={"hookscope": log.envelope.get("hookscope", __version__)},
         version=__version__, log_path=log.path, chip_items=_chips(log, flagged), facts=_facts(log),
-        env_json=dumps_json(log.envelope), event=_event(log.event), flagged=flagged,
+        env_json=dumps_json(log.envelope), event=_event(log), flagged=flagged, drifted=drifted,
+        recorder=_recorder(log),
         heatmaps=heat, lines=lines, last_step=last.get("step", "-"),
         layer_columns=LAYER_COLUMNS, param_columns=PARAM_COLUMNS,
         layers=[_layer_row(i, r) for i, r in enumerate(last.get("layers") or ())],

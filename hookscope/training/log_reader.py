@@ -7,19 +7,20 @@ otherwise run a model.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
 import stat
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hookscope.core.errors import HookscopeError
 from hookscope.numerics.drift import finite
 
-__all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "is_log", "read_log"]
+__all__ = ["EVENT_FILE", "LOG_FILE", "TrainingLog", "call_key", "is_log", "listed", "read_log"]
 
 log = logging.getLogger("hookscope")
 
@@ -125,6 +126,39 @@ class TrainingLog:
     envelope: Mapping[str, Any]
     steps: list[Mapping[str, Any]]
     event: Mapping[str, Any] | None = None
+    #: The flight recorder of ``nonfinite.json``: its last steps up to the event, oldest first.
+    recorder: list[Mapping[str, Any]] = field(default_factory=list)
+
+    def allowed(self, name: str) -> bool:
+        """Whether the watch was told that ``name``'s ±inf is intended (``allow_inf``)."""
+        patterns = self.envelope.get("allow_inf") or ()
+        return any(isinstance(p, str) and fnmatch.fnmatchcase(name, p) for p in patterns)
+
+    def span(self, step: int) -> int:
+        """The steps from the logging step before ``step`` to it (what an update ratio spans)."""
+        before = [int(s["step"]) for s in self.steps if int(s["step"]) < step]
+        return step - before[-1] if before else 1
+
+    def nonfinite_steps(self) -> list[int]:
+        """The logging steps with a non-finite value in a row (``allow_inf`` modules left out)."""
+        return [int(s["step"]) for s in self.steps if any(
+            (r.get("nonfinite") or r.get("grad_nonfinite")) and not self.allowed(str(r["name"]))
+            for r in s.get("layers") or ())]
+
+    def outcome(self) -> str | None:
+        """What the watch did on its non-finite event (None: there was none): ``stopped on a
+        non-finite value at step 4``, or with ``nonfinite="warn"`` ``warned about non-finite
+        values at steps 4, 10; training continued to step 20``."""
+        if self.event is None:
+            return None
+        first = self.event.get("step")
+        if self.envelope.get("nonfinite") != "warn":
+            return f"stopped on a non-finite value at step {first}"
+        steps = sorted({*([first] if isinstance(first, int) else []), *self.nonfinite_steps()})
+        last = self.steps[-1]["step"] if self.steps else None
+        went = f" to step {last}" if isinstance(first, int) and isinstance(last, int) and last > first else ""
+        return f"warned about non-finite values at step{'s' * (len(steps) > 1)} " \
+            f"{listed(steps)}; training continued{went}"
 
     def last(self, n: int | None) -> list[Mapping[str, Any]]:
         """The last ``n`` logging steps (all of them when ``n`` is None)."""
@@ -143,7 +177,7 @@ class TrainingLog:
         values: dict[Any, list[float | None]] = {}
         for i, step in enumerate(self.steps):
             for row in step.get(kind) or ():
-                k = _key(row) if kind == "layers" else str(row.get("name"))
+                k = call_key(row) if kind == "layers" else str(row.get("name"))
                 values.setdefault(k, [None] * len(steps))[i] = finite(row.get(key))
         return steps, values
 
@@ -153,14 +187,15 @@ class TrainingLog:
         step's layers (None if absent), the steps it was flagged at, and the last flagged
         step's flags and drift in words."""
         last = self.steps[-1].get("layers") or [] if self.steps else []
-        rows = {_key(r): i for i, r in enumerate(last)}
+        rows = {call_key(r): i for i, r in enumerate(last)}
         found: dict[tuple[str, int], dict[str, Any]] = {}
         for step in self.steps:
             for row in step.get("layers") or ():
-                flags = [str(f) for f in row.get("flags") or () if isinstance(f, str)]
+                flags = [f for f in row.get("flags") or () if isinstance(f, str) and not (
+                    f == "nonfinite" and self.allowed(str(row["name"])))]
                 if not flags:
                     continue
-                key = _key(row)
+                key = call_key(row)
                 entry = found.setdefault(key, {
                     "name": key[0] + (f" (call {key[1]})" if key[1] else ""), "layer": key[0],
                     "call": key[1], "row": rows.get(key), "at": []})
@@ -183,7 +218,13 @@ class TrainingLog:
                 "nonfinite_event": dict(self.event) if self.event is not None else None}
 
 
-def _key(row: Mapping[str, Any]) -> tuple[str, int]:
+def listed(items: Sequence[Any], most: int = 8) -> str:
+    """``1, 2, 3 and 4 more``: the first ``most`` items, and how many more."""
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(map(str, items[:most])) + more
+
+
+def call_key(row: Mapping[str, Any]) -> tuple[str, int]:
     """A layer row's (name, call)."""
     return str(row.get("name")), int(row.get("call") or 0)
 
@@ -236,10 +277,11 @@ def _read_lines(file: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _read_event(file: Path) -> dict[str, Any] | None:
+def _read_event(file: Path) -> tuple[dict[str, Any] | None, list[Mapping[str, Any]]]:
+    """The event of ``nonfinite.json`` and its flight recorder's steps (None, []: no file)."""
     data = _read(file, repr(str(file)))
     if data is None:
-        return None
+        return None, []
     try:
         event = _loads(data)
     except RecursionError:
@@ -252,12 +294,13 @@ def _read_event(file: Path) -> dict[str, Any] | None:
         raise HookscopeError(f"{str(file)!r} holds a {type(event).__name__}, not the "
                              "non-finite event's object.")
     # The event sits under "event", beside the envelope and the flight recorder's "steps".
+    steps = event.get("steps") if isinstance(event.get("event"), dict) else None
     event = event["event"] if isinstance(event.get("event"), dict) else event
     why = _bad_field(event, EVENT)
     if why is not None:
         raise HookscopeError(f"{str(file)!r} is not the non-finite event of hookscope.watch: "
                              f"its {why}.")
-    return event
+    return event, [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
 
 
 def read_log(path: str | Path) -> TrainingLog:
@@ -275,8 +318,8 @@ def read_log(path: str | Path) -> TrainingLog:
     envelope = {k: v for k, v in (lines[0] if lines else {}).items() if k not in STEP_KEYS}
     steps: list[Mapping[str, Any]] = [line for line in lines if "step" in line]
     steps.sort(key=lambda s: s["step"])
-    event = _read_event(folder / EVENT_FILE)
+    event, recorder = _read_event(folder / EVENT_FILE)
     if not steps and event is None:
         raise HookscopeError(f"training log {str(path)!r} has no logging step yet; the "
                              f"watch writes one at step 0 and every `every` steps.")
-    return TrainingLog(str(path), envelope, steps, event)
+    return TrainingLog(str(path), envelope, steps, event, recorder)

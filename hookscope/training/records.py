@@ -7,6 +7,7 @@ ones, so ranks merge exactly as ``stats`` and ``grads`` do under torchrun. A lay
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -24,12 +25,12 @@ from hookscope.core.hooks import Call, Hooks
 from hookscope.core.mergeable import Merges, state
 from hookscope.core.select import Selection
 from hookscope.numerics.drift import quantile_drift, stat_drift
-from hookscope.numerics.health import DEAD
+from hookscope.numerics.health import DEAD, grad_flags, sensitivity
 from hookscope.numerics.sketch import parse_percentiles
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.stats import StatsProbe, StatsReport
 
-__all__ = ["DEAD", "Drift", "LoggingStep", "ParamTracker", "layer_rows", "step_line"]
+__all__ = ["DEAD", "Drift", "Health", "LoggingStep", "ParamTracker", "layer_rows", "number", "step_line"]
 
 #: Autograd's execution engine (for callbacks at the end of a backward pass).
 _ENGINE = torch.autograd.Variable._execution_engine
@@ -79,33 +80,66 @@ class StepReports(Merges):
 def layer_rows(reports: StepReports) -> list[dict[str, Any]]:
     """One row per selected call, in execution order: the ``stats`` row and the gradient
     at the call's output (``grad_norm``, ``grad_mean``, ``grad_std``, ``grad_nonfinite``;
-    null where no gradient reached it), and ``flags``."""
+    null where no gradient reached it), and empty ``flags`` (:class:`Health` sets them)."""
     grads = {(g.name, g.call): g for g in (reports.grads.layers if reports.grads else [])}
     rows = []
     for layer in reports.stats.layers:
-        row = layer.to_dict()
         g = grads.get((layer.name, layer.call))
-        row |= {f"grad_{key}": getattr(g, key) if g else None
-                for key in ("norm", "mean", "std", "nonfinite")}
-        flags = []
-        if layer.nonfinite or (g is not None and g.nonfinite):
-            flags.append("nonfinite")
-        if g is not None and g.flag in ("vanish", "explode"):
-            flags.append(g.flag)
-        if math.isfinite(layer.zero_fraction) and layer.zero_fraction >= DEAD:
-            flags.append("dead")
-        row["flags"] = flags
-        rows.append(row)
+        rows.append(layer.to_dict() | {f"grad_{key}": getattr(g, key) if g else None
+                                       for key in ("norm", "mean", "std", "nonfinite")}
+                    | {"flags": []})
     return rows
 
 
-def step_line(index: int, loss: Any, rows: list[dict[str, Any]],
+def _output_norm(row: Mapping[str, Any]) -> float:
+    """‖y‖ of a row's outputs, from their element count, mean and (unbiased) std."""
+    n = sum(math.prod(shape) for shape in row.get("output_shapes") or [row.get("output_shape") or []])
+    mean, std = row["mean"], row["std"] if n > 1 else 0.0
+    return math.sqrt(n * mean * mean + (n - 1) * std * std) \
+        if math.isfinite(mean) and math.isfinite(std) else math.nan
+
+
+class Health:
+    """The rows' health flags (docs/watch.md, Layer flags): ``nonfinite`` but for an
+    ``allow_inf`` module, ``dead``, and the gradient's (:func:`hookscope.numerics.health.grad_flags`)
+    against each call's first healthy sensitivity, which is kept."""
+
+    def __init__(self, allow_inf: Sequence[str] = ()) -> None:
+        self.allow_inf, self.first = tuple(allow_inf), dict[tuple[str, int], float]()
+
+    def apply(self, rows: list[dict[str, Any]], loss: float | None) -> None:
+        """Flag each row (``loss``: this step's, or None)."""
+        for row in rows:
+            nonfinite = row["nonfinite"] or row["grad_nonfinite"]
+            if nonfinite and not any(fnmatch.fnmatchcase(row["name"], p) for p in self.allow_inf):
+                row["flags"].append("nonfinite")
+            if math.isfinite(row["zero_fraction"]) and row["zero_fraction"] >= DEAD:
+                row["flags"].append("dead")
+            norm = row["grad_norm"]
+            if norm is None or nonfinite:
+                continue
+            sens, key = sensitivity(norm, _output_norm(row), loss), (row["name"], row["call"])
+            flags = grad_flags(norm, sens, self.first.get(key))
+            if not flags and math.isfinite(sens):  # the first healthy value is the reference
+                self.first.setdefault(key, sens)
+            if "dead" not in row["flags"] or norm == 0:
+                row["flags"] += flags
+
+
+def number(loss: Any) -> float | None:
+    """A loss given to ``watch.step()`` as a float (None: none given)."""
+    if loss is None:
+        return None
+    return float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+
+
+def step_line(index: int, loss: float | None, rows: list[dict[str, Any]],
               params: Any) -> dict[str, Any]:
     """A logging step's line of ``watch.jsonl``: its loss (when given), rows and params, and
     the rows that carry a flag."""
     line: dict[str, Any] = {"step": index, "time": time.time()}
     if loss is not None:
-        line["loss"] = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        line["loss"] = loss
     return line | {"layers": rows, "params": params,
                    "flagged": [{"name": r["name"], "call": r["call"], "flags": r["flags"]}
                                for r in rows if r["flags"]]}

@@ -33,10 +33,12 @@ from hookscope.training.log_writer import WatchLog
 from hookscope.training.nonfinite import NonFiniteError, NonfiniteFinding, StepFlags, flight_steps
 from hookscope.training.records import (
     Drift,
+    Health,
     LoggingStep,
     ParamTracker,
     StepReports,
     layer_rows,
+    number,
     step_line,
 )
 
@@ -138,6 +140,7 @@ class Watch:
         self.sites = self.select.sites(model)
         self.nonfinite, self.allow_inf = nonfinite, tuple(_names("allow_inf", allow_inf))
         self.drift = Drift.of(reference, float(max_drift), percentiles)
+        self.health = Health(self.allow_inf)
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
         if scaler is not None and not callable(getattr(scaler, "get_scale", None)):
             raise HookscopeError(f"{param('scaler')} must be a torch.amp.GradScaler, not "
@@ -308,7 +311,8 @@ class Watch:
         params = self.params.rows()
         if merged is None:
             return None
-        rows = layer_rows(merged)
+        rows, loss = layer_rows(merged), number(loss)
+        self.health.apply(rows, loss)
         self.drift.apply(rows)
         line = step_line(self.index, loss, rows, params)
         if amp is not None:
