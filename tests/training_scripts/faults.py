@@ -20,6 +20,19 @@ class NanGrad(torch.autograd.Function):
         return grad * torch.nan
 
 
+class BlowUp(torch.autograd.Function):
+    """The identity forward, a backward that multiplies the gradient by 1e9: a mis-scaled
+    custom ``autograd.Function`` (a gradient-reversal layer with a huge factor, say)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 1e9
+
+
 def in_forward(module: nn.Module, before: Any = None, after: Any = None) -> None:
     """Make ``module``'s own forward apply ``before`` to its input and ``after`` to its output
     (the code runs inside the module's call, so the module made what it makes)."""
@@ -39,6 +52,10 @@ def sqrt_of_square(x: torch.Tensor) -> torch.Tensor:
 
 def nan_grad(x: torch.Tensor) -> torch.Tensor:
     return NanGrad.apply(x)
+
+
+def blow_up(x: torch.Tensor) -> torch.Tensor:
+    return BlowUp.apply(x)
 
 
 @torch.no_grad()

@@ -2,8 +2,9 @@
 ``CrossEntropyLoss``, SGD with momentum and weight decay, ``StepLR``, on ``FakeData`` at 32 px.
 Faults: ``sqrt_shared`` (``sqrt(x*x)`` of layer2.0.conv1's input, which
 layer2.0.downsample.0 reads too), ``dead_relu`` (bn1's bias -100), ``nan_pixels`` (step 1),
-``custom_backward`` (a NaN-backward ``autograd.Function`` in layer3.1.conv2), ``fc_huge``
-(fc.weight x 1e6: every gradient below it explodes)."""
+``custom_backward`` (a NaN-backward ``autograd.Function`` in layer3.1.conv2), ``grad_blowup``
+(a custom backward at layer4.0.conv1's input multiplies the gradient by 1e9: every gradient below
+it explodes, the loss and layer4 stay as they were)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from torch.optim.lr_scheduler import StepLR
 
 import hookscope
 
-from .faults import in_forward, nan_grad, scale, sqrt_of_square
+from .faults import blow_up, in_forward, nan_grad, sqrt_of_square
 
 
 def main(log_dir: Path, fault: str | None = None, steps: int = 2, every: int = 1) -> None:
@@ -28,8 +29,8 @@ def main(log_dir: Path, fault: str | None = None, steps: int = 2, every: int = 1
         in_forward(model.layer3[1].conv2, after=nan_grad)
     if fault == "dead_relu":
         torch.nn.init.constant_(model.bn1.bias, -100.0)
-    if fault == "fc_huge":
-        scale(model.fc.weight, 1e6)
+    if fault == "grad_blowup":
+        in_forward(model.layer4[0].conv1, before=blow_up)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
     scheduler = StepLR(optimizer, step_size=30, gamma=0.1)
