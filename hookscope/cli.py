@@ -523,13 +523,15 @@ def report_command(
     layer: o.ReportLayerOpt = None, method: o.ReportMethodOpt = None,
     reshape: o.ReportReshapeOpt = "auto", colormap: o.CamColormapOpt = "jet",
     alpha: o.CamAlphaOpt = 0.5, score_batch: o.ReportScoreBatchOpt = 32,
-    train_mode: o.TrainModeOpt = False, *, s: Session,
+    attribution: o.ReportAttributionOpt = "saliency", train_mode: o.TrainModeOpt = False, *,
+    s: Session,
 ) -> None:
     """One self-contained HTML page: the run's header, activation profile, gradient flow,
     statistics table, Grad-CAM per input and findings. It loads nothing when opened.
 
     Runs stats and grads (with --layers, --type, --target, --loss...) and Grad-CAM (the
-    default method plus each --method, at --layer) over the inputs; -o names the page.
+    default method plus each --method, at --layer) over the inputs, and draws the
+    --attribution beside the CAMs; -o names the page.
     A segmentation model's or detector's page leaves the gradients out (no class logits).
     A training log (a directory holding watch.jsonl) in place of MODEL INPUT draws the
     training page: statistics and gradient norms over the steps, update ratios, findings.
@@ -550,8 +552,8 @@ def report_command(
     options = ReportOptions(
         select=select, target=target, loss=loss, label=label, vanish=vanish, explode=explode,
         layer=layer, methods=methods, reshape=reshape, score_batch=score_batch,
-        train_mode=train_mode)
-    sections = 3 - len(left_out(loaded.task))
+        train_mode=train_mode, attribution=attribution)
+    sections = 4 - len(left_out(loaded.task))
     with s.progress(sections * len(resolved), "report", enabled=True) as bar:
         report = build_report(
             loaded, lambda: s.batches(resolved, loaded, keep_images=True),

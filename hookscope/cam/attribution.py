@@ -173,15 +173,15 @@ class AttrResult:
 
     @staticmethod
     def concat(parts: Sequence[AttrResult]) -> AttrResult:
+        def joined(name: str) -> list[Any]:
+            return [v for p in parts for v in getattr(p, name) or []]
+
         first = parts[0]
         return AttrResult(first.method, np.concatenate([p.attributions for p in parts]),
-                          *([v for p in parts for v in getattr(p, name)]
-                            for name in ("targets", "scores", "sums", "baseline_scores",
-                                         "gaps")),
-                          detections=None if first.detections is None else
-                          [d for p in parts for d in p.detections or []],
-                          metrics={k: np.concatenate([p.metrics[k] for p in parts])
-                                   for k in first.metrics})
+                          joined("targets"), joined("scores"), joined("sums"),
+                          joined("baseline_scores"), joined("gaps"),
+                          None if first.detections is None else joined("detections"),
+                          {k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics})
 
 
 @dataclass
