@@ -255,12 +255,16 @@ def attribute(
     samples: o.AttrSamplesOpt = 50, noise: o.AttrNoiseOpt = 0.15, window: o.AttrWindowOpt = "16",
     stride: o.AttrStrideOpt = "8", value: o.AttrValueOpt = 0.0, batch_cap: o.AttrBatchCapOpt = 32,
     colormap: o.CamColormapOpt = "jet", alpha: o.CamAlphaOpt = 0.5,
-    save_raw: o.AttrSaveRawOpt = False, fmt: o.FormatOpt = "table", *, s: Session,
+    save_raw: o.AttrSaveRawOpt = False, metrics: o.CamMetricsOpt = None,
+    percentiles: o.CamPercentilesOpt = None, box_index: o.CamBoxIndexOpt = None,
+    iou: o.CamIouOpt = 0.5, min_score: o.CamMinScoreOpt = 0.5, fmt: o.FormatOpt = "table", *,
+    s: Session,
 ) -> None:
     """Pixel attributions: saliency, input x gradient, integrated gradients, SmoothGrad,
     occlusion, guided backpropagation and DeepLift (captum's definitions).
 
-    Writes <stem>.<method>.png (overlay) and <stem>.<method>.heatmap.png into --out.
+    Writes <stem>.<method>.png (overlay) and <stem>.<method>.heatmap.png into --out;
+    --metrics scores each overlay's map as gradcam --metrics scores a CAM.
 
     Example: hookscope attribute resnet18 cat.jpg -m integrated-gradients -m occlusion --out out/
     """
@@ -274,7 +278,9 @@ def attribute(
     check_colormap(colormap)
     options = attr_options(methods, steps=steps, baseline=baseline, samples=samples,
                            noise=noise, window=window, stride=stride, value=value,
-                           batch_cap=batch_cap, seed=s.model.load.seed)
+                           batch_cap=batch_cap, seed=s.model.load.seed, metrics=metrics,
+                           percentiles=percentiles, box_index=box_index or (), iou=iou,
+                           min_score=min_score)
     s.reading([baseline], "the baseline file")
     resolved = s.inputs(inputs)
     plans = output_paths(resolved.stems, methods, out_dir, save_raw=save_raw)
@@ -517,13 +523,15 @@ def report_command(
     layer: o.ReportLayerOpt = None, method: o.ReportMethodOpt = None,
     reshape: o.ReportReshapeOpt = "auto", colormap: o.CamColormapOpt = "jet",
     alpha: o.CamAlphaOpt = 0.5, score_batch: o.ReportScoreBatchOpt = 32,
-    train_mode: o.TrainModeOpt = False, *, s: Session,
+    attribution: o.ReportAttributionOpt = "saliency", train_mode: o.TrainModeOpt = False, *,
+    s: Session,
 ) -> None:
     """One self-contained HTML page: the run's header, activation profile, gradient flow,
     statistics table, Grad-CAM per input and findings. It loads nothing when opened.
 
     Runs stats and grads (with --layers, --type, --target, --loss...) and Grad-CAM (the
-    default method plus each --method, at --layer) over the inputs; -o names the page.
+    default method plus each --method, at --layer) over the inputs, and draws the
+    --attribution beside the CAMs; -o names the page.
     A segmentation model's or detector's page leaves the gradients out (no class logits).
     A training log (a directory holding watch.jsonl) in place of MODEL INPUT draws the
     training page: statistics and gradient norms over the steps, update ratios, findings.
@@ -544,8 +552,8 @@ def report_command(
     options = ReportOptions(
         select=select, target=target, loss=loss, label=label, vanish=vanish, explode=explode,
         layer=layer, methods=methods, reshape=reshape, score_batch=score_batch,
-        train_mode=train_mode)
-    sections = 3 - len(left_out(loaded.task))
+        train_mode=train_mode, attribution=attribution)
+    sections = 4 - len(left_out(loaded.task))
     with s.progress(sections * len(resolved), "report", enabled=True) as bar:
         report = build_report(
             loaded, lambda: s.batches(resolved, loaded, keep_images=True),

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from hookscope.cam.attribution import AttributionProbe, attr_options, overlay_map
 from hookscope.cam.methods import PLAIN
 from hookscope.cam.probe import check_explain, explain
 from hookscope.cam.result import CamBatch
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
 from hookscope.sources import LoadedModel
 
-__all__ = ["CamInput", "CamTarget", "DEAD", "Finding", "Report", "ReportOptions",
+__all__ = ["Attributions", "CamInput", "CamTarget", "DEAD", "Finding", "Report", "ReportOptions",
            "build_report", "find_issues", "left_out"]
 
 
@@ -60,6 +61,7 @@ class ReportOptions:
     score_batch: int = 32
     train_mode: bool = False
     max_side: int = 512  # the long side of the thumbnails kept for the page, in pixels
+    attribution: str | None = "saliency"  # the method drawn beside the CAM (None: none)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,34 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class Attributions:
+    """The attribution drawn beside each input's CAM (``hookscope attribute``'s): per input
+    its overlay's (H, W) map in [0, 1], its target (no probability) and its sum."""
+
+    method: str
+    maps: list[np.ndarray]
+    targets: list[CamTarget]
+    sums: list[float]
+
+    def to_dict(self, names: Sequence[str]) -> dict[str, Any]:
+        return {"method": self.method, "inputs": [
+            {"input": n, "target": t.to_dict(), "sum": s}
+            for n, t, s in zip(names, self.targets, self.sums, strict=True)]}
+
+
+def _attributions(loaded: LoadedModel, batches: Iterable[Batch], probe: AttributionProbe,
+                  progress: Callable[[int], None] | None) -> Attributions:
+    """Run ``probe`` (one method) and keep what the page draws."""
+    (res,) = drive(loaded.model, batches, probe, autocast=loaded.autocast).results.values()
+    if progress is not None:
+        progress(len(res.targets))  # the inputs, not the rows the method evaluates
+    targets = [CamTarget(t, loaded.label(t), s, None)
+               for t, s in zip(res.targets, res.scores, strict=True)]
+    return Attributions(res.method, [overlay_map(a) for a in res.attributions], targets,
+                        res.sums)
+
+
+@dataclass(frozen=True)
 class Report:
     """Everything one page shows; :meth:`to_dict` is its plain-data form."""
 
@@ -136,6 +166,7 @@ class Report:
     options: ReportOptions
     #: Each section the model's kind leaves out (``gradients``), with why.
     left_out: dict[str, str] = field(default_factory=dict)
+    attribution: Attributions | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The envelope, then each analysis's document (as its command writes it)."""
@@ -146,6 +177,8 @@ class Report:
             "left_out": dict(self.left_out),
             "gradcam": {"layer": self.cam_layer, "layer_default": self.cam_layer_default,
                         "methods": self.methods, "inputs": [i.to_dict() for i in self.inputs]},
+            "attribution": None if self.attribution is None else self.attribution.to_dict(
+                [i.name for i in self.inputs]),
             "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
             "thresholds": {"dead": DEAD, "vanish": self.options.vanish, "explode": self.options.explode}}
 
@@ -258,6 +291,8 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
         "layer": opts.layer, "methods": opts.methods, "targets": targets, "task": task,
         "reshape": opts.reshape, "score_batch": opts.score_batch, "output_key": key}
     check_explain(model, **cam_options)
+    attr_probe = None if opts.attribution is None else AttributionProbe(model, attr_options(
+        [opts.attribution], targets=targets, task=task, output_key=key))
     stats_probe = _PlainStats(model, categories=categories, output_key=key, select=opts.select)
     # With the cross-entropy loss, the target is Grad-CAM's alone (grads uses the label).
     grad_target = opts.target if opts.loss == "logit" else None
@@ -269,6 +304,9 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
                                                    train_mode=opts.train_mode, **run)
     collector = _CamCollector(loaded, opts.max_side)
     cam = explain(model, batches(), transform=loaded.preprocess, sink=collector, **cam_options, **run)
+    image = stats.input_shape is not None and len(stats.input_shape) == 3
+    attribution = _attributions(loaded, batches(), attr_probe, progress) \
+        if attr_probe is not None and image else None
     params, flops, shape = _flops(loaded, stats.input_shape)
     predictions = stats.predictions or [[] for _ in collector.inputs]
     inputs = [replace(item, predictions=None if preds is None else list(preds))
@@ -278,4 +316,4 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), params=params, flops=flops,
         flops_shape=shape, stats=stats, grads=grads, cam_layer=cam.layer, methods=cam.methods,
         cam_layer_default=opts.layer is None, inputs=inputs, findings=find_issues(stats, grads),
-        notes=cam.notes, options=opts, left_out=skipped)
+        notes=cam.notes, options=opts, left_out=skipped, attribution=attribution)

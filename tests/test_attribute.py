@@ -381,3 +381,33 @@ def test_a_baseline_of_the_wrong_shape_is_one_line_and_leaves_no_file(cli, cat_j
             "--baseline", tmp_path / "small.npy", "--out", out)
     assert r.exit_code == 2 and "shape" in r.stderr and "Traceback" not in r.output
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.slow
+def test_integrated_gradients_finish_under_a_memory_cap_where_captums_run_out(tmp_path) -> None:
+    """benchmarks/bench_attribute.py's --oom runs, smaller: resnet18 at 96 px, 50 steps, each
+    library in a subprocess whose data size is capped at its set-up's + 200 MB. captum's
+    default (all 50 steps in one pass) needs about 300 MB more, hookscope's 8 rows per pass
+    about 75 MB; hookscope's capped result is captum's uncapped one (same arithmetic)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_attribute.py"
+    outcomes = {}
+    for library in ("captum", "hookscope"):
+        cmd = [sys.executable, bench, "--child", library, "--size", "96", "--cap", "8",
+               "--oom", "200", "--save", tmp_path / f"{library}.npy"]
+        done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
+                              timeout=600, check=False)
+        outcomes[library] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not outcomes["captum"]["ok"] and "can't allocate memory" in outcomes["captum"]["error"]
+    assert outcomes["hookscope"]["ok"], outcomes
+    model = _resnet()  # the subprocesses' model and input: seed 0, resnet18, then x
+    x = torch.randn(1, 3, 96, 96)
+    with torch.no_grad():
+        target = int(model(x).argmax())
+    ref = captum.IntegratedGradients(model).attribute(x, target=target, n_steps=50)
+    ref = ref.detach().numpy()
+    found = np.load(tmp_path / "hookscope.npy")
+    assert np.abs(found - ref).max() <= TOL * np.abs(ref).max()

@@ -118,7 +118,7 @@ def test_strings_from_the_model_labels_and_file_names_are_escaped(evil, evil_pag
     scripts = [a for t, a in parsed.tags if t == "script"]
     assert scripts == [{}]
     srcs = [a.get("src") or "" for t, a in parsed.tags if t == "img"]
-    assert len(srcs) == 3 and all(s.startswith("data:image/jpeg;base64,") for s in srcs)
+    assert len(srcs) == 4 and all(s.startswith("data:image/jpeg;base64,") for s in srcs)
     assert not [t for t, _ in parsed.tags if t in ("iframe", "object", "embed", "base", "form")]
     assert [a.get("href") for t, a in parsed.tags if t == "link"] == ["data:,"]
     assert "http://" not in text.replace("http://www.w3.org/", "") and "https://" not in text
@@ -370,7 +370,7 @@ def test_page_in_a_real_browser(resnet_page) -> None:
         open_page(driver, page)
         widths = driver.execute_script(
             "return Array.from(document.images, i => i.complete ? i.naturalWidth : 0)")
-        assert len(widths) == 8 and min(widths) > 0, widths
+        assert len(widths) == 12 and min(widths) > 0, widths  # 4 x (input, gradcam, saliency)
         ids = lambda: driver.execute_script(  # noqa: E731
             "return Array.from(document.querySelectorAll('#stats tbody tr'), r => r.id)")
         assert ids() == [f"stats-{i}" for i in range(len(layers))]

@@ -11,6 +11,7 @@ hooks (:mod:`hookscope.cam.rules`); the model is left as it was found.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,7 +24,9 @@ import torch
 from torch import nn
 
 from hookscope.cam.attrmethods import Attribution, get_attribution
+from hookscope.cam.faithfulness import MetricPlan, class_scorer, metric_plan
 from hookscope.cam.probe import CamOptions
+from hookscope.cam.result import detection_rows
 from hookscope.cam.rules import RULE_TYPES, apply_rule, writing_copies
 from hookscope.cam.targets import Focus, Objective, Origins, infer_task
 from hookscope.core.classes import Targets, as_targets
@@ -46,7 +49,9 @@ class AttrOptions:
     shape) or a tensor; ``noise``: SmoothGrad's standard deviation as a fraction of each
     input's range; ``window``/``stride``: occlusion's, (height, width) in input pixels, the
     window covering every channel, set to ``value``; ``batch_cap``: the most rows one pass
-    evaluates; ``seed``: the noise's.
+    evaluates; ``seed``: the noise's; ``box_index``, ``iou``, ``min_score``: a detector's
+    target, as Grad-CAM's; ``metrics``, ``percentiles``: the faithfulness metrics of each
+    overlay's map (:mod:`hookscope.cam.faithfulness`).
     """
 
     methods: Sequence[str] = ("saliency",)
@@ -62,6 +67,11 @@ class AttrOptions:
     value: float = 0.0
     batch_cap: int = 32
     seed: int = 0
+    box_index: Sequence[int] = ()
+    iou: float = 0.5
+    min_score: float = 0.5
+    metrics: Sequence[str] = ()
+    percentiles: Sequence[float] | None = None
 
     def check(self) -> None:
         """Refuse an option out of range (HookscopeError naming it)."""
@@ -107,10 +117,14 @@ def pair(value: str | int | Sequence[int], name: str) -> tuple[int, int]:
 
 
 def attr_options(methods: Sequence[str], **options: Any) -> AttrOptions:
-    """Checked :class:`AttrOptions` (``window`` and ``stride`` as :func:`pair` reads them)."""
+    """Checked :class:`AttrOptions` (``window`` and ``stride`` as :func:`pair` reads them,
+    ``metrics`` and ``percentiles`` as :class:`~hookscope.cam.faithfulness.MetricPlan`)."""
     for key in ("window", "stride"):
         if key in options:
             options[key] = pair(options[key], key)
+    if options.get("metrics"):
+        plan = MetricPlan.make(options["metrics"], options.get("percentiles"))
+        options["metrics"], options["percentiles"] = plan.names, plan.percentiles
     opts = AttrOptions(methods=tuple(get_attribution(m).name for m in methods), **options)
     opts.check()
     return opts
@@ -152,13 +166,22 @@ class AttrResult:
     sums: list[float]
     baseline_scores: list[float | None]
     gaps: list[float | None]
+    #: A detector's: per input, the detections explained (Grad-CAM's rows).
+    detections: list[list[dict[str, Any]]] | None = None
+    #: Per metric asked for, its value per input (Grad-CAM's names).
+    metrics: dict[str, np.ndarray] = field(default_factory=dict)
 
     @staticmethod
     def concat(parts: Sequence[AttrResult]) -> AttrResult:
-        return AttrResult(parts[0].method, np.concatenate([p.attributions for p in parts]),
-                          *([v for p in parts for v in getattr(p, name)]
-                            for name in ("targets", "scores", "sums", "baseline_scores",
-                                         "gaps")))
+        def joined(name: str) -> list[Any]:
+            return [v for p in parts for v in getattr(p, name) or []]
+
+        first = parts[0]
+        return AttrResult(first.method, np.concatenate([p.attributions for p in parts]),
+                          joined("targets"), joined("scores"), joined("sums"),
+                          joined("baseline_scores"), joined("gaps"),
+                          None if first.detections is None else joined("detections"),
+                          {k: np.concatenate([p.metrics[k] for p in parts]) for k in first.metrics})
 
 
 @dataclass
@@ -306,8 +329,11 @@ class AttributionProbe(Probe[AttrReport]):
         self.options, self.transform, self.sink, self.n_inputs = options, transform, sink, n_inputs
         self.methods = list({m.name: m for m in map(get_attribution, options.methods)}.values())
         self.objective: Objective = CamOptions(
-            targets=options.targets, task=options.task, output_key=options.output_key
+            targets=options.targets, task=options.task, output_key=options.output_key,
+            box_index=options.box_index, iou=options.iou, min_score=options.min_score,
         ).objective(model)
+        self.plan = metric_plan(options.metrics, options.percentiles, options.seed,
+                                self.objective.kind)
         if isinstance(options.baseline, str) and options.baseline not in BASELINES:
             self.fixed: torch.Tensor | None = _load_baseline(options.baseline)
         elif isinstance(options.baseline, torch.Tensor):
@@ -370,12 +396,23 @@ class AttributionProbe(Probe[AttrReport]):
             shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise HookscopeError(f"Attributions take one floating-point input batch (N, C, "
                                  f"...); got {shape}.")
+        if self.plan is not None and x.dim() != 4:
+            raise HookscopeError(f"{param('metrics')} perturb images (N, C, H, W); got "
+                                 f"{list(x.shape)}.")
         origins = Origins.of(step.batch, step.start, len(step), self.transform)
-        runs = [AttrRun(self, step, self._clean(step, origins), m) for m in self.methods]
+        clean = self._clean(step, origins)
+        for why in filter(None, clean.focus.skipped):
+            logging.getLogger("hookscope").warning(why)
+        runs = [AttrRun(self, step, clean, m) for m in self.methods]
         if not self.expected and self.n_inputs:
             step.expect(sum(r.units() for r in runs) * self.n_inputs // max(len(x), 1))
             self.expected = True
         results = {r.method.name: self._result(r) for r in runs}
+        if self.plan is not None:
+            score = class_scorer(step, self.objective.output, clean.focus.classes)
+            for res in results.values():
+                maps = torch.from_numpy(np.stack([overlay_map(a) for a in res.attributions]))
+                res.metrics = self.plan.evaluate(score, x, maps, self.options.batch_cap)
         explained = AttrBatch(step.batch, step.start, results, origins.boxes)
         if self.sink is not None:
             self.sink(explained)
@@ -405,7 +442,8 @@ class AttributionProbe(Probe[AttrReport]):
             base_scores = base.tolist()
             gaps = (sums - (run.clean.double() - base)).tolist()
         return AttrResult(run.method.name, attr.cpu().numpy(), list(run.focus.classes),
-                          run.clean.tolist(), sums.tolist(), base_scores, gaps)
+                          run.clean.tolist(), sums.tolist(), base_scores, gaps,
+                          detections=detection_rows(run.focus))
 
     def finish(self) -> AttrReport:
         names = [m.name for m in self.methods]
@@ -426,7 +464,8 @@ def overlay_map(attribution: np.ndarray) -> np.ndarray:
 def attribute(model: nn.Module, x: torch.Tensor | Iterable[torch.Tensor], *,
               method: str = "saliency", target: int | str | Sequence[int | str] | None = None,
               categories: Sequence[str] | None = None, progress: Callable[[int], None] | None
-              = None, autocast: torch.dtype | None = None, **options: Any) -> np.ndarray:
+              = None, autocast: torch.dtype | None = None, **options: Any
+              ) -> np.ndarray | tuple[np.ndarray, dict[str, np.ndarray]]:
     """Attributions of ``model``'s target score to each value of its input.
 
     Args:
@@ -437,10 +476,12 @@ def attribute(model: nn.Module, x: torch.Tensor | Iterable[torch.Tensor], *,
         target: None or ``"top1"`` for the top class, ``"topK"``, a class index, a label
             (with ``categories``), or one per input.
         options: :class:`AttrOptions`' (``steps``, ``baseline``, ``samples``, ``noise``,
-            ``window``, ``stride``, ``value``, ``batch_cap``, ``seed``, ``task``).
+            ``window``, ``stride``, ``value``, ``batch_cap``, ``seed``, ``task``,
+            ``box_index``, ``iou``, ``min_score``, ``metrics``, ``percentiles``).
 
     Returns:
-        float32 attributions of the inputs' shape (N, C, H, W).
+        float32 attributions of the inputs' shape (N, C, H, W); with ``metrics``, they and
+        each metric's values (N,) as :func:`hookscope.cam_metrics` returns them.
 
     Raises:
         HookscopeError: an unknown method, an option out of range, or a target list whose
@@ -454,5 +495,6 @@ def attribute(model: nn.Module, x: torch.Tensor | Iterable[torch.Tensor], *,
         targets.check_count(sum(len(b) for b in batches))
     opts = attr_options((method,), targets=targets, **options)
     probe = AttributionProbe(model, opts)
-    report = drive(model, batches, probe, progress=progress, autocast=autocast)
-    return report.results[probe.methods[0].name].attributions
+    found = drive(model, batches, probe, progress=progress, autocast=autocast).results[
+        probe.methods[0].name]
+    return (found.attributions, found.metrics) if opts.metrics else found.attributions

@@ -23,7 +23,8 @@ from hookscope.core.errors import HookscopeError, param, suggest
 from hookscope.core.logits import class_logits
 from hookscope.core.run import Probe, Step, drive
 
-__all__ = ["METRICS", "MetricPlan", "cam_metrics", "class_scorer", "impute", "parse_metrics"]
+__all__ = ["METRICS", "MetricPlan", "cam_metrics", "class_scorer", "impute", "metric_plan",
+           "parse_metrics"]
 
 #: The names ``metrics`` takes (``road`` also reports ``road_morf`` and ``road_lerf``).
 METRICS = ("road", "deletion", "insertion", "drop", "increase")
@@ -222,6 +223,18 @@ class MetricPlan:
             return {k: v for k, v in found.items() if k in self.names}
 
         return list(x * maps.unsqueeze(1)), list(range(len(x))), values
+
+
+def metric_plan(metrics: Sequence[str], percentiles: Sequence[float] | None, seed: int,
+                task: str) -> MetricPlan | None:
+    """The plan of Grad-CAM's and attribution's ``metrics`` (None without any); HookscopeError
+    for a model of ``task`` other than classification (they score a class's probability)."""
+    if not metrics:
+        return None
+    if task != "classification":
+        raise HookscopeError(f"{param('metrics')} score a classifier's confidence in its "
+                             f"class; this is a {task} model.")
+    return MetricPlan.make(metrics, percentiles, seed)
 
 
 def class_scorer(step: Step, logits: Callable[[Any], torch.Tensor], classes: Sequence[int]

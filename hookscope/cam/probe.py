@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hookscope.cam.attention import AttentionPass
-from hookscope.cam.faithfulness import MetricPlan, class_scorer
+from hookscope.cam.faithfulness import class_scorer, metric_plan
 from hookscope.cam.layer import default_layer, why_chosen
 from hookscope.cam.methods import CamInputs, Method, get_method, method_names, project
 from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Switch, has_bias
@@ -156,9 +156,8 @@ class CamProbe(Switch[CamReport]):
         self.objective = objective or options.objective(model)
         self.task = self.objective.kind
         self.augs = AUGMENTATIONS if options.aug_smooth else AUGMENTATIONS[:1]
+        self.metrics = metric_plan(options.metrics, options.percentiles, options.seed, self.task)
         self._check_methods()
-        self.metrics = MetricPlan.make(options.metrics, options.percentiles, options.seed) \
-            if options.metrics else None
         needs = frozenset().union(*(m.needs for m in self.methods))
         self.keep_graph = bool(needs & {"regrad", "hvp"})
         self.noise = {m.name: torch.Generator().manual_seed(options.seed) for m in self.methods}
@@ -193,9 +192,6 @@ class CamProbe(Switch[CamReport]):
         """Refuse, before any pass, a method or option that cannot work with this model."""
         if self.task == "classification":
             return
-        if self.options.metrics:
-            raise HookscopeError(f"{param('metrics')} score a classifier's confidence in its "
-                                 f"class; this is a {self.task} model.")
         for m in self.methods:
             if m.classifier:
                 raise HookscopeError(f"{m.name} compares a classifier's classes; this is a "

@@ -237,14 +237,6 @@ class CamRows:
                                  for d in res.detections[i]]
         return row
 
-    def metric_means(self) -> dict[str, dict[str, float]]:
-        """Per method, each metric's mean over the inputs explained."""
-        sums: dict[str, dict[str, list[float]]] = {}
-        for row in self.rows:
-            for key, value in (row.get("metrics") or {}).items():
-                sums.setdefault(row["method"], {}).setdefault(key, []).append(value)
-        return {m: {k: float(np.mean(v)) for k, v in found.items()} for m, found in sums.items()}
-
     def document(self, report: CamReport, *, out: Path, layer_default: bool,
                  aug_smooth: bool = False, eigen_smooth: bool = False, guided: bool = False
                  ) -> dict[str, Any]:
@@ -255,7 +247,16 @@ class CamRows:
             "layer_shape": report.layer_shape, "methods": report.methods, "out": str(out),
             "results": self.rows, "layers": report.layers, "layer_shapes": report.layer_shapes,
             "task": report.task, "aug_smooth": aug_smooth, "eigen_smooth": eigen_smooth,
-            "guided": guided, "metrics": self.metric_means(), "skipped": self.skipped}
+            "guided": guided, "metrics": metric_means(self.rows), "skipped": self.skipped}
+
+
+def metric_means(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per method, each metric's mean over the rows (inputs) that have it."""
+    sums: dict[str, dict[str, list[float]]] = {}
+    for row in rows:
+        for key, value in (row.get("metrics") or {}).items():
+            sums.setdefault(row["method"], {}).setdefault(key, []).append(value)
+    return {m: {k: float(np.mean(v)) for k, v in found.items()} for m, found in sums.items()}
 
 
 class MapSum:
@@ -328,7 +329,7 @@ def make_result(method: Method, acc: MapSum, focus: Focus, scores: list[float],
         notes=notes, layers=list(layers),
         raws=raw_np * (1 if method.layerwise else len(layers)),
         skipped=list(focus.skipped), guided=mixed, regions=_regions(focus, maps.shape[-2:]),
-        detections=_detections(focus), constant=constant.tolist())
+        detections=detection_rows(focus), constant=constant.tolist())
 
 
 def _regions(focus: Focus, size: Sequence[int]) -> np.ndarray | None:
@@ -337,7 +338,7 @@ def _regions(focus: Focus, size: Sequence[int]) -> np.ndarray | None:
     return (resize(focus.masks.float(), size, "nearest") > 0.5).cpu().numpy()
 
 
-def _detections(focus: Focus) -> list[list[dict[str, Any]]] | None:
+def detection_rows(focus: Focus) -> list[list[dict[str, Any]]] | None:
     if not focus.detections:
         return None
     return [[{"box": [float(v) for v in box], "label": int(label), "score": float(score)}

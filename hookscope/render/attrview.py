@@ -12,6 +12,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from hookscope.core.files import Staging
+from hookscope.render.camview import metric_columns, metrics_table
 from hookscope.render.tables import DataTable, fmt_float, header, num
 
 if TYPE_CHECKING:  # views are imported before torch is: `hookscope report LOG` stays torch-free
@@ -56,15 +57,23 @@ class AttrWriter:
                 "score": res.scores[i], "sum": res.sums[i],
                 "baseline_score": res.baseline_scores[i], "completeness_gap": res.gaps[i],
                 "overlay": str(paths["overlay"]), "heatmap": str(paths["heatmap"]),
-                "raw": str(paths["raw"]) if paths["raw"] is not None else None}
+                "raw": str(paths["raw"]) if paths["raw"] is not None else None} | (
+                    {"metrics": {k: float(v[i]) for k, v in res.metrics.items()}}
+                    if res.metrics else {}) | (
+                    {"detections": [d | {"label_name": self.loaded.label(d["label"])}
+                                    for d in res.detections[i]]}
+                    if res.detections is not None else {})
 
     def _write(self, res: AttrResult, i: int, image: Any, box: Any,
                paths: Mapping[str, Any]) -> None:
         from hookscope.cam.attribution import overlay_map
-        from hookscope.render.heatmap import heatmap_images
+        from hookscope.render.heatmap import draw_boxes, heatmap_images
 
         over, heat = heatmap_images(overlay_map(res.attributions[i]), image, box,
                                     cmap=self.cmap, alpha=self.alpha)
+        if res.detections is not None and res.detections[i]:
+            size = res.attributions.shape[-1], res.attributions.shape[-2]
+            over = draw_boxes(over, res.detections[i], size, box, self.loaded.label)
         self.staging.save_png(over, paths["overlay"])
         self.staging.save_png(heat, paths["heatmap"])
         if self.save_raw:
@@ -73,6 +82,8 @@ class AttrWriter:
     def document(self, methods: Sequence[str], options: AttrOptions, out: Path
                  ) -> dict[str, Any]:
         """The ``attribute`` document after the envelope."""
+        from hookscope.cam.result import metric_means
+
         baseline = options.baseline if isinstance(options.baseline, str) else "tensor"
         return {"methods": list(methods), "out": str(out),
                 "options": {"steps": options.steps, "baseline": baseline,
@@ -80,7 +91,7 @@ class AttrWriter:
                             "window": list(options.window), "stride": list(options.stride),
                             "value": options.value, "batch_cap": options.batch_cap,
                             "seed": options.seed},
-                "results": self.rows}
+                "results": self.rows, "metrics": metric_means(self.rows)}
 
 
 def attr_view(doc: Mapping[str, Any]) -> RenderableType:
@@ -97,8 +108,11 @@ def attr_view(doc: Mapping[str, Any]) -> RenderableType:
         previous = row["input"]
     wrote = Text(f"wrote {len(doc.get('results', []))} overlay(s) to {doc.get('out')}",
                  style="green")
-    return Group(header(doc), wrote, table)
+    means = [metrics_table(doc["metrics"])] if doc.get("metrics") else []
+    return Group(header(doc), wrote, table, *means)
 
 
 def attr_csv(doc: Mapping[str, Any]) -> tuple[list[dict[str, Any]], Sequence[str]]:
-    return list(doc["results"]), ATTR_COLUMNS
+    """The contract's columns, then one per metric."""
+    rows, present = metric_columns(doc["results"])
+    return rows, (*ATTR_COLUMNS, *present)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -32,6 +32,13 @@ def cam_table(results: list[Mapping[str, Any]]) -> DataTable:
                       str(row.get("overlay") or ""))
         previous = row["input"]
     return table
+
+
+def metric_columns(rows: Sequence[Mapping[str, Any]]
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows with one column per metric some row has (CSV), and those metrics' names."""
+    present = [m for m in METRIC_ORDER if any(m in (r.get("metrics") or {}) for r in rows)]
+    return [dict(r) | {m: (r.get("metrics") or {}).get(m) for m in present} for r in rows], present
 
 
 def metrics_table(means: Mapping[str, Mapping[str, float]]) -> DataTable:

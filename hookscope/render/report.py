@@ -21,7 +21,7 @@ from hookscope.render.tables import ZERO_WARN, fmt_float, health, shape_text
 if TYPE_CHECKING:
     from PIL import Image
 
-    from hookscope.report import CamInput, Report
+    from hookscope.report import Attributions, CamInput, Report
 
 #: The long side of every image in the page, in pixels.
 MAX_SIDE = 512
@@ -163,8 +163,9 @@ def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
     return page_row(row, cells, {"nonfinite": "bad", "explode": "bad", "vanish": "dead"}.get(flag, ""))
 
 
-def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[str, Any]:
-    """The input's picture and, per method, its overlay."""
+def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float, index: int
+               ) -> dict[str, Any]:
+    """The input's picture, per method its overlay, and its attribution's."""
     from hookscope.render.heatmap import denormalize, heatmap_images
 
     pre = report.envelope.get("preprocessing") or {}
@@ -178,11 +179,25 @@ def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[
         detail = f"{t.index}" + ("" if t.prob is None else f", {t.prob:.1%}")
         figures.append(_img(image, f"{method} for {label} on {item.name}", method=method,
                             label=label, detail=detail))
+    if report.attribution is not None and not item.skipped:
+        figures.append(_attribution_figure(report.attribution, index, item, base, cmap, alpha))
     predictions = None if item.predictions is None else [  # None: non-finite logits
         {"label": p.label if p.label is not None else p.index, "prob": f"{p.prob:.1%}"}
         for p in item.predictions]
     return {"name": item.name, "figures": figures, "skipped": item.skipped,
             "predictions": predictions}
+
+
+def _attribution_figure(attr: Attributions, i: int, item: CamInput, base: Image.Image,
+                        cmap: str, alpha: float) -> dict[str, Any]:
+    """Input ``i``'s attribution overlay, captioned as a CAM's."""
+    from hookscope.render.heatmap import heatmap_images
+
+    image = heatmap_images(attr.maps[i], base, item.box, cmap=cmap, alpha=alpha)[0]
+    t = attr.targets[i]
+    label = t.label if t.label is not None else "its boxes" if t.index < 0 else f"class {t.index}"
+    return _img(image, f"{attr.method} for {label} on {item.name}", method=attr.method,
+                label=label, detail=f"sum {fmt_float(attr.sums[i])}")
 
 
 def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str:
@@ -213,6 +228,8 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
                                               enumerate(doc["grads"]["layers"])],
         median=None if grads is None else fmt_float(grads.median_norm),
         cam={"layer": report.cam_layer, "methods": ", ".join(report.methods),
+             "attribution": report.attribution.method if report.attribution else None,
              "how": "chosen automatically (the last image-grid output)"
              if report.cam_layer_default else "as asked",
-             "inputs": [_cam_input(item, report, cmap, alpha) for item in report.inputs]})
+             "inputs": [_cam_input(item, report, cmap, alpha, i)
+                        for i, item in enumerate(report.inputs)]})

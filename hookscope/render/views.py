@@ -126,15 +126,10 @@ def layers_csv(doc: Doc) -> Rows:
 
 def cam_csv(doc: Doc) -> Rows:
     """The contract's columns, then ``layers`` (joined with ``+``) and one column per metric."""
-    from hookscope.render.camview import METRIC_ORDER
-
-    present = [m for m in METRIC_ORDER if any(m in (r.get("metrics") or {})
-                                              for r in doc["results"])]
-    volume = ("peak_d",) if any(len(r.get("peak") or ()) == 3 for r in doc["results"]) else ()
-    rows = [r | _peak(r.get("peak"))
-            | {"layers": "+".join(r.get("layers") or [r["layer"]])}
-            | {m: (r.get("metrics") or {}).get(m) for m in present}
-            for r in doc["results"]]
+    rows, present = camview.metric_columns(doc["results"])
+    volume = ("peak_d",) if any(len(r.get("peak") or ()) == 3 for r in rows) else ()
+    rows = [r | _peak(r.get("peak")) | {"layers": "+".join(r.get("layers") or [r["layer"]])}
+            for r in rows]
     return rows, CAM_COLUMNS + ("layers", *present, *volume)
 
 
