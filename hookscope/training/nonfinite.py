@@ -95,7 +95,7 @@ class NonfiniteFinding:
     grad_output: dict[str, Any] | None = None
 
     def message(self, step: int, rank: int | None = None) -> str:
-        """The one-line message: ``step 7, forward: act (Log) produced 3 NaN from finite
+        """The one-line message: ``step 7, forward: act (Log) produced NaN from finite
         inputs (min -0.41, max 2.3)``."""
         where = f"rank {rank}: " if rank is not None else ""
         name = f"{self.module or 'the model'} ({self.type}" + \
@@ -123,15 +123,8 @@ def _range(inputs: list[dict[str, Any]]) -> str:
     return f" (min {min(lows):.4g}, max {max(highs):.4g})"
 
 
-def _describe(pair: Pair, alive: torch.Tensor | None) -> str:
-    """``3 NaN``, ``1 +inf``, or without counts when the tensor is gone: ``NaN``."""
-    if alive is not None:
-        t = alive.detach()
-        counts = [(int(torch.isnan(t).sum()), "NaN"), (int(torch.isposinf(t).sum()), "+inf"),
-                  (int(torch.isneginf(t).sum()), "-inf")]
-        parts = [f"{n} {what}" for n, what in counts if n]
-        if parts:
-            return ", ".join(parts)
+def _describe(pair: Pair) -> str:
+    """What a tensor's (min, max) say it holds: ``NaN``, ``-inf and +inf``, ``+inf``."""
     lo, hi = pair
     if math.isnan(lo) or math.isnan(hi):
         return "NaN"
@@ -269,7 +262,7 @@ class StepFlags:
             return None
         record, source = found
         out = next(i for i in record.outputs if not ok[i])
-        produced = _describe(forward[out], self.slots[out].alive())
+        produced = _describe(forward[out])
         return self._finding(forward, record, "forward", source, produced)
 
     def _locate_backward(self, forward: list[Pair], backward: list[Pair]) -> NonfiniteFinding | None:
@@ -280,7 +273,7 @@ class StepFlags:
             if _ok(pair, slot.kind):
                 arrived.setdefault(index, seen)
                 continue
-            produced = _describe(pair, None)
+            produced = _describe(pair)
             for record in reversed(self.records):  # the last to run is the first in backward
                 if index in record.grad_inputs and record.grad_outputs and \
                         all(i in arrived for i in record.grad_outputs):

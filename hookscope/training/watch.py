@@ -149,13 +149,32 @@ class Watch:
                 "started": time.time()}
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(exc)
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """Leave the watch (as the ``with`` block does, ``exc``: the exception leaving it):
+        a step recorded but not ended by ``.step()`` is checked, every hook removed.
+
+        Raises:
+            NonFiniteError: with ``nonfinite="raise"``, the unended step made a non-finite
+                value; chained to ``exc`` (which it caused, as a loss that rejects NaN).
+        """
         try:
-            # A step whose work was recorded but not ended by .step() ends here (one
-            # process only: under DDP every rank would have to agree that it exists).
-            if exc_type is None and self._open and self.group.size == 1 and self._pending():
-                self._end(None)
+            # One process only: under DDP every rank would have to agree that it exists.
+            if self._open and self.group.size == 1 and self._pending():
+                if exc is None:
+                    self._end(None)
+                elif isinstance(exc, Exception):
+                    self._end_failed(exc)
         finally:
             self._cleanup()
+
+    def _end_failed(self, exc: Exception) -> None:
+        """The step an exception ended: its flags alone (no line is logged)."""
+        try:
+            self._end(None, logged=False)
+        except NonFiniteError as found:
+            raise found from exc
 
     def _pending(self) -> bool:
         return bool(self._flags and self._flags.records or self._logging and self._logging.stats.order)
@@ -219,9 +238,9 @@ class Watch:
         self.index += 1
         self._begin()
 
-    def _end(self, loss: Any) -> None:
+    def _end(self, loss: Any, logged: bool = True) -> None:
         """Check the step, write its line on a logging step, and report a non-finite value."""
-        flags, logging_step = self._flags, self._logging
+        flags, logging_step = self._flags, self._logging if logged else None
         self._hooks.remove()
         stacked = flags.stacked() if flags is not None else None
         failing = [] if flags is None else self.group.failing(flags.verdict(stacked))
