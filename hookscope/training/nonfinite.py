@@ -64,6 +64,10 @@ class _Slot:
     shape: list[int]
     ref: Any
     version: int
+    #: A parent whose own code made it (first seen as a child's input, or as the parent's
+    #: output), with the child calls before and after; None: a module's output or the input.
+    maker: _Record | None = None
+    between: tuple[str, str] = ("", "")
 
     def alive(self) -> torch.Tensor | None:
         t = self.ref()
@@ -75,10 +79,18 @@ class _Record:
     """One selected call's slots: forward values, and gradients at its inputs and outputs."""
 
     call: Call
+    parent: _Record | None = None
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
     grad_inputs: list[int] = field(default_factory=list)
     grad_outputs: list[int] = field(default_factory=list)
+    children: list[str] = field(default_factory=list)  # the finished child calls, in order
+    made: bool = False  # its own code made a tensor (between its children)
+
+    @property
+    def label(self) -> str:
+        name = self.call.name or "the model"
+        return name + (f" (call {self.call.index})" if self.call.index else "")
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,10 @@ class NonfiniteFinding:
     produced: str = ""
     inputs: list[dict[str, Any]] = field(default_factory=list)
     grad_output: dict[str, Any] | None = None
+    #: ``source == "code"``: the child calls the parent's code ran between ("": none).
+    between: list[str] = field(default_factory=list)
+    #: ``source == "unclear"``: the modules (a parent: its own code) any of which made it.
+    candidates: list[str] = field(default_factory=list)
 
     def message(self, step: int, rank: int | None = None) -> str:
         """The one-line message: ``step 7, forward: act (Log) produced NaN from finite
@@ -102,17 +118,29 @@ class NonfiniteFinding:
             (f", call {self.call})" if self.call else ")")
         head = f"{where}step {step}, {self.phase}: "
         shown = _range(self.inputs)
-        if self.phase == "forward" and self.source == "module":
-            return f"{head}{name} produced {self.produced} from finite inputs{shown}"
+        made = f"produced {self.produced}" if self.source == "module" else \
+            f"made {self.produced} in its own code{self._between()}"
+        if self.source == "unclear":
+            return (f"{head}{self.produced} in the gradient was made by one of "
+                    f"{', '.join(self.candidates)} from finite gradients at their outputs; the "
+                    "hooks cannot tell which (they see only the sum at a tensor read twice)")
+        if self.phase == "forward" and self.source != "outside":
+            return f"{head}{name} {made} from finite inputs{shown}"
         if self.phase == "forward":
-            return (f"{head}{name} received {self.produced} from outside the selected modules "
-                    f"(the model's input or its own code){shown}")
+            return (f"{head}{name} received {self.produced} from outside the modules "
+                    f"(the model's input){shown}")
         grad = _range([self.grad_output] if self.grad_output else [])
-        if self.source == "module":
-            return (f"{head}{name} produced {self.produced} in the gradient of its input from a "
+        if self.source != "outside":
+            return (f"{head}{name} {made} in the gradient of its input from a "
                     f"finite gradient at its output{grad}; its inputs{shown or ' unknown'}")
         return (f"{head}the gradient at the output of {name} is already {self.produced} "
                 "(it comes from the loss or code outside the selected modules)")
+
+    def _between(self) -> str:
+        before, after = (self.between + ["", ""])[:2]
+        if before and after:
+            return f" (between its children {before} and {after})"
+        return f" (before its child {after})" if after else f" (after its child {before})" if before else ""
 
 
 def _range(inputs: list[dict[str, Any]]) -> str:
@@ -157,26 +185,31 @@ class StepFlags:
         self.grad_slots: list[_Slot] = []
         self.fired: list[int] = []  # gradient slots in the order their hooks ran
         self.records: list[_Record] = []
-        self._open: dict[tuple[str, int], _Record] = {}
+        self._open: list[_Record] = []  # the calls running, outermost first
         self._seen: dict[int, _Slot] = {}
         self._grad_seen: dict[int, _Slot] = {}
         self._allowed = cache(partial(_matches, tuple(allow_inf)))
         self._layouts = layouts
 
-    def _slot(self, t: torch.Tensor, kind: int, grad: bool = False) -> int:
-        """The slot of ``t`` (a forward value, or with ``grad`` the gradient it will get)."""
+    def _slot(self, t: torch.Tensor, kind: int, grad: bool = False,
+              maker: tuple[_Record | None, tuple[str, str]] = (None, ("", ""))) -> int:
+        """The slot of ``t`` (a forward value, or with ``grad`` the gradient it will get);
+        ``maker``: the parent whose code made ``t`` if it is new here, and where."""
         slots, seen = (self.grad_slots, self._grad_seen) if grad else (self.slots, self._seen)
         known = seen.get(id(t))
         if known is not None and known.alive() is t:
             if known.kind == INFO:  # first an input, now perhaps a module's output
                 known.kind = kind
             return known.index
-        slot = seen[id(t)] = _Slot(len(slots), kind, list(t.shape), weakref.ref(t), t._version)
+        slot = seen[id(t)] = _Slot(len(slots), kind, list(t.shape), weakref.ref(t), t._version,
+                                   *maker)
         slots.append(slot)
         if grad:
             self.hooks.tensor(t, partial(self._on_grad, slot))
         else:
             self.values += torch.aminmax(t.detach())
+            if maker[0] is not None:
+                maker[0].made = True
         return slot.index
 
     def _on_grad(self, slot: _Slot, grad: torch.Tensor) -> None:
@@ -184,7 +217,8 @@ class StepFlags:
             self.grad_values += torch.aminmax(grad.detach())
             self.fired.append(slot.index)
 
-    def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], grad_slots: list[int]) -> None:
+    def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], grad_slots: list[int],
+              maker: tuple[_Record | None, tuple[str, str]]) -> None:
         """Reduce the checked tensors in ``obj`` and hook the gradients they will get."""
         lenient = self._allowed(call.name)
         if kind != INFO and lenient:
@@ -192,20 +226,29 @@ class StepFlags:
         grad = torch.is_grad_enabled()
         for t in tensors(obj):
             if t.is_floating_point() and t.layout == torch.strided and t.numel():
-                slots.append(self._slot(t, kind))
+                slots.append(self._slot(t, kind, maker=maker))
                 if grad and t.requires_grad:
                     grad_slots.append(self._slot(t, NAN_ONLY if lenient else STRICT, grad=True))
 
     def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A selected call starts: reduce its inputs (before an in-place module changes them)."""
-        record = self._open[call.key] = _Record(call)
-        self._hook((args, kwargs), call, INFO, record.inputs, record.grad_inputs)
+        parent = self._open[-1] if self._open else None
+        record = _Record(call, parent)
+        self._open.append(record)
+        made = (parent, (parent.children[-1] if parent.children else "", record.label)) \
+            if parent is not None else (None, ("", ""))
+        self._hook((args, kwargs), call, INFO, record.inputs, record.grad_inputs, made)
 
     def exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """A selected call returned: reduce its outputs and hook their gradients."""
-        record = self._open.pop(call.key, None) or _Record(call)
-        self._hook(output, call, STRICT, record.outputs, record.grad_outputs)
+        i = next((i for i in reversed(range(len(self._open))) if self._open[i].call is call), None)
+        record = _Record(call) if i is None else self._open.pop(i)
+        # A new tensor at a leaf's exit is its output; at a parent's, its own code made it.
+        made = (record, (record.children[-1], "")) if record.children else (None, ("", ""))
+        self._hook(output, call, STRICT, record.outputs, record.grad_outputs, made)
         self.records.append(record)
+        if record.parent is not None:
+            record.parent.children.append(record.label)
 
     # ------------------------------------------------------------------ reading
 
@@ -240,7 +283,8 @@ class StepFlags:
         return self._locate_forward(forward) or self._locate_backward(forward, backward)
 
     def _finding(self, forward: list[Pair], record: _Record, phase: str, source: str,
-                 produced: str, grad: dict[str, Any] | None = None) -> NonfiniteFinding:
+                 produced: str, grad: dict[str, Any] | None = None,
+                 **more: list[str]) -> NonfiniteFinding:
         rows = []
         for i in record.inputs:
             slot, alive = self.slots[i], self.slots[i].alive()
@@ -248,22 +292,32 @@ class StepFlags:
             rows.append(row if alive is None else row | moments(alive.detach()).summary())
         call = record.call
         return NonfiniteFinding(phase, call.name, call.site.type, call.index, source, produced,
-                                rows, grad)
+                                rows, grad, **more)
 
     def _locate_forward(self, forward: list[Pair]) -> NonfiniteFinding | None:
         ok = [_ok(pair, s.kind) for pair, s in zip(forward, self.slots, strict=True)]
         # An allowed module's ±inf is an intended input (a mask), not a non-finite one.
         usable = [k or (s.kind == NAN_ONLY and _ok(pair, NAN_ONLY))
                   for k, s, pair in zip(ok, self.slots, forward, strict=True)]
+        finite = {id(r): all(usable[i] for i in r.inputs) for r in self.records}
         rule: FirstNonfinite[_Record] = FirstNonfinite()
-        for r in self.records:
-            rule.finished(r, all(usable[i] for i in r.inputs), all(ok[i] for i in r.outputs))
+        for r in self.records:  # children finish first: a parent is blamed for its own code
+            rule.finished(r, finite[id(r)], all(ok[i] for i in r.outputs))
         if (found := rule.origin()) is None:
             return None
         record, source = found
-        out = next(i for i in record.outputs if not ok[i])
-        produced = _describe(forward[out])
-        return self._finding(forward, record, "forward", source, produced)
+        bad = next(i for i in record.outputs if not ok[i])
+        if source == "outside":  # made in a parent's code, unless it is the model's input
+            bad = next(i for i in record.inputs if not usable[i])
+            maker = self.slots[bad].maker
+            if maker is not None and finite.get(id(maker)):
+                record, source = maker, "code"
+        elif record.children:
+            source = "code"
+            bad = next((s.index for s in self.slots if s.maker is record and not ok[s.index]), bad)
+        between = list(self.slots[bad].between) if source == "code" else []
+        return self._finding(forward, record, "forward", source, _describe(forward[bad]),
+                             between=between)
 
     def _locate_backward(self, forward: list[Pair], backward: list[Pair]) -> NonfiniteFinding | None:
         arrived: dict[int, dict[str, Any]] = {}  # gradient slot -> its finite arrival
@@ -274,15 +328,30 @@ class StepFlags:
                 arrived.setdefault(index, seen)
                 continue
             produced = _describe(pair)
-            for record in reversed(self.records):  # the last to run is the first in backward
-                if index in record.grad_inputs and record.grad_outputs and \
-                        all(i in arrived for i in record.grad_outputs):
-                    return self._finding(forward, record, "backward", "module", produced,
-                                         arrived[record.grad_outputs[0]])
+            makers = self._grad_makers(index, arrived)
+            if len(makers) == 1:
+                (record,) = makers
+                source = "code" if record.children else "module"
+                return self._finding(forward, record, "backward", source, produced,
+                                     arrived[record.grad_outputs[0]])
+            if makers:
+                names = [r.label + (" (its own code)" if r.children else "") for r in makers]
+                return self._finding(forward, makers[-1], "backward", "unclear", produced,
+                                     arrived[makers[-1].grad_outputs[0]], candidates=names)
             producer = next((r for r in self.records if index in r.grad_outputs), None) or \
                 next(r for r in self.records if index in r.grad_inputs)
             return self._finding(forward, producer, "backward", "outside", produced, seen)
         return None
+
+    def _grad_makers(self, index: int, arrived: dict[int, Any]) -> list[_Record]:
+        """The calls that may have made gradient slot ``index`` (the gradient of a tensor they
+        read) from finite gradients at their outputs: each reader that passes the tensor to no
+        child, and each that does but whose own code also made tensors (it may read it too)."""
+        readers = [r for r in self.records if index in r.grad_inputs]
+        passing = {id(r.parent) for r in readers}
+        return [r for r in readers
+                if (id(r) not in passing or r.made) and r.grad_outputs
+                and all(i in arrived for i in r.grad_outputs)]
 
     def summary(self, host: list[float]) -> list[dict[str, Any]]:
         """Per call: the (first) output's min and max, and the gradient at it, for the

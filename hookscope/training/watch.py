@@ -26,7 +26,7 @@ from hookscope import __version__
 from hookscope.core.distributed import Group
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
-from hookscope.core.select import Selection
+from hookscope.core.select import Selection, hooked_sites
 from hookscope.training.log_writer import WatchLog
 from hookscope.training.nonfinite import NonFiniteError, NonfiniteFinding, StepFlags, flight_steps
 from hookscope.training.records import (
@@ -95,7 +95,11 @@ class Watch:
         self.findings: list[tuple[int, int, NonfiniteFinding]] = []
         # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
         # and recompile for every tensor they see.
-        self.tracer = Tracer(model, self.sites, on_enter=torch.compiler.disable(self._enter),
+        # The check sees every module, the model itself too (a parent is blamed for what its
+        # own code makes); the logging probes only the selected ones.
+        self._logged = {s.name for s in self.sites}
+        hooked = self.sites if nonfinite == "off" else hooked_sites(model)
+        self.tracer = Tracer(model, hooked, on_enter=torch.compiler.disable(self._enter),
                              on_exit=torch.compiler.disable(self._exit))
         self.params = ParamTracker(model)
         self.group = Group()
@@ -194,13 +198,15 @@ class Watch:
     def _enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.is_grad_enabled():  # else a validation forward pass: not a training step's
             for part in self._parts:
-                part.enter(call, args, kwargs)
+                if part is self._flags or call.name in self._logged:
+                    part.enter(call, args, kwargs)
 
     def _exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> None:
         if torch.is_grad_enabled():
             for part in self._parts:
-                part.exit(call, args, kwargs, output)
+                if part is self._flags or call.name in self._logged:
+                    part.exit(call, args, kwargs, output)
 
     # ------------------------------------------------------------------ steps
 
