@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from types import MethodType
 
 import pytest
 import torch
@@ -71,3 +73,76 @@ def test_an_exception_after_a_finite_step_is_left_alone(tmp_path: Path) -> None:
             model(torch.randn(8, 4)).sum().backward()
             raise ValueError("boom")
     assert not (tmp_path / "nonfinite.json").exists() and hook_count(model) == 0
+
+
+# ----------------------------------------------------------------------------- blame by production
+
+
+class Sqrt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x)
+
+
+def resnet(patch: Callable[[torch.Tensor], torch.Tensor] | None = None) -> nn.Module:
+    """resnet18 (random weights); ``patch`` runs in ``layer2.0``'s own code on
+    ``layer2.0.conv1``'s input, as a user's edited block would."""
+    from torchvision.models import resnet18
+    from torchvision.models.resnet import BasicBlock
+
+    torch.manual_seed(0)
+    model = resnet18(num_classes=4)
+    block = model.layer2[0]
+
+    def forward(self: BasicBlock, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(patch(x) if patch else x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.downsample(x))
+
+    block.forward = MethodType(forward, block)
+    return model
+
+
+def located(model: nn.Module, tmp_path: Path) -> hookscope.NonFiniteError:
+    with pytest.raises(hookscope.NonFiniteError) as caught:
+        with hookscope.watch(model, tmp_path) as w:
+            nn.functional.cross_entropy(model(torch.randn(2, 3, 32, 32)), torch.tensor([0, 1])).backward()
+            w.step()
+    assert hook_count(model) == 0
+    return caught.value
+
+
+def test_a_nan_made_in_a_block_s_own_code_names_the_block(tmp_path: Path) -> None:
+    # sqrt(x*x - 1) is NaN where |x| < 1: made between the block's children, not by conv1.
+    error = located(resnet(lambda x: torch.sqrt(x * x - 1)), tmp_path)
+    assert (error.module, error.phase, error.source) == ("layer2.0", "forward", "code")
+    assert "layer2.0 (BasicBlock) made NaN in its own code (before its child layer2.0.conv1)" \
+        in str(error)
+    doc = json.loads((tmp_path / "nonfinite.json").read_text())["event"]
+    assert doc["source"] == "code" and doc["between"] == ["", "layer2.0.conv1"]
+
+
+def test_two_readers_of_a_tensor_are_named_as_a_doubt(tmp_path: Path) -> None:
+    # sqrt(x*x) is finite, but its gradient at the ReLU's exact zeros is NaN; x is read by the
+    # block's own code and by the shortcut: the hooks see only the sum of their gradients.
+    error = located(resnet(lambda x: torch.sqrt(x * x)), tmp_path)
+    assert (error.phase, error.source) == ("backward", "unclear")
+    doc = json.loads((tmp_path / "nonfinite.json").read_text())["event"]
+    assert sorted(doc["candidates"]) == ["layer2.0 (its own code)", "layer2.0.downsample.0"]
+    assert "the hooks cannot tell which" in str(error)
+    assert "downsample.0 produced" not in str(error)  # the old, confident, wrong blame
+
+
+def test_a_nan_made_by_a_child_names_the_child(tmp_path: Path) -> None:
+    model = resnet()
+    block = model.layer2[0]
+    block.bn1 = nn.Sequential(block.bn1, Log())  # log of a batch norm's negative half
+    error = located(model, tmp_path)
+    assert (error.module, error.phase, error.source) == ("layer2.0.bn1.1", "forward", "module")
+
+
+def test_a_gradient_made_by_the_only_reader_names_it(tmp_path: Path) -> None:
+    model = resnet()
+    block = model.layer2[0]
+    block.conv2 = nn.Sequential(Sqrt(), block.conv2)  # sqrt of the ReLU's exact zeros
+    error = located(model, tmp_path)
+    assert (error.module, error.phase, error.source) == ("layer2.0.conv2.0", "backward", "module")
