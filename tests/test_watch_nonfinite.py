@@ -146,3 +146,62 @@ def test_a_gradient_made_by_the_only_reader_names_it(tmp_path: Path) -> None:
     block.conv2 = nn.Sequential(Sqrt(), block.conv2)  # sqrt of the ReLU's exact zeros
     error = located(model, tmp_path)
     assert (error.module, error.phase, error.source) == ("layer2.0.conv2.0", "backward", "module")
+
+
+# ----------------------------------------------------------------------------- messages
+
+
+def test_warn_says_once_that_the_weights_are_nan_and_counts_repeats(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, "hookscope"):
+        with hookscope.watch(model, tmp_path, nonfinite="warn") as w:
+            for step in range(5):
+                if step == 2:
+                    with torch.no_grad():
+                        model[0].weight[0, 0] = float("nan")
+                model(torch.randn(8, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                w.step()
+    lines = [r.getMessage() for r in caplog.records]
+    assert [f.module for _, _, f in w.findings] == ["0", "0", "0"]
+    assert lines[0].startswith("step 2, forward: 0 (Linear) produced NaN from finite inputs")
+    # Step 2's update spreads the NaN: unit 0 is NaN, so the gradients of 0.weight (row 0),
+    # 0.bias (entry 0) and 2.weight (column 0) are; 2.bias's (a sum of ones) is not.
+    assert lines[1].startswith("step 2: parameter 0.weight (and 2 more) is no longer finite")
+    assert lines[2] == "repeated at 2 later steps (the last: 4): " + lines[0]
+    assert len(lines) == 3
+
+
+def test_nonfinite_json_tells_nan_from_no_gradient(tmp_path: Path) -> None:
+    model = resnet()
+    block = model.layer2[0]
+    block.conv2 = nn.Sequential(Sqrt(), block.conv2)
+    located(model, tmp_path)
+    rows = json.loads((tmp_path / "nonfinite.json").read_text())["steps"][-1]["layers"]
+    by = {(r["name"], r["call"]): r for r in rows}
+    relu = by[("layer2.0.relu", 0)]  # its output is the sqrt's input: the gradient is not finite
+    assert relu["values"] == "finite" and relu["grad_values"] in ("nan", "+inf", "-inf and +inf")
+    assert by[("layer2.0.conv2.0", 0)]["grad_values"] == "finite"
+    fc = by[("fc", 0)]
+    assert fc["values"] == "finite" and fc["grad_values"] == "finite"
+
+
+def test_check_names_the_event_s_module_first(tmp_path: Path) -> None:
+    # A backward NaN: the logged rows before the sqrt (in execution order) hold it too.
+    model = resnet()
+    block = model.layer2[0]
+    block.conv2 = nn.Sequential(Sqrt(), block.conv2)
+    with pytest.raises(hookscope.NonFiniteError):
+        with hookscope.watch(model, tmp_path, every=1) as w:
+            nn.functional.cross_entropy(model(torch.randn(2, 3, 32, 32)), torch.tensor([0, 1])).backward()
+            w.step()
+    checked = CliRunner().invoke(app, ["check", str(tmp_path), "--format", "json"])
+    (rule,) = json.loads(checked.stdout)["rules"]
+    event = json.loads((tmp_path / "nonfinite.json").read_text())["event"]
+    assert event["module"] == "layer2.0.conv2.0" and rule["offenders"][0] == event["message"]
+    assert rule["detail"].startswith(f"the run stopped on a non-finite value: {event['message']}; ")
+    assert "the first is" not in rule["detail"]  # no other module named first

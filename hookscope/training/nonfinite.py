@@ -152,12 +152,13 @@ def _range(inputs: list[dict[str, Any]]) -> str:
 
 
 def _describe(pair: Pair) -> str:
-    """What a tensor's (min, max) say it holds: ``NaN``, ``-inf and +inf``, ``+inf``."""
+    """What a tensor's (min, max) say it holds: ``NaN``, ``-inf and +inf``, ``+inf``,
+    ``finite`` (lower-cased, the ``values`` of ``nonfinite.json``: JSON has no NaN)."""
     lo, hi = pair
     if math.isnan(lo) or math.isnan(hi):
         return "NaN"
     return " and ".join(w for w, bad in (("-inf", math.isinf(lo)), ("+inf", math.isinf(hi)))
-                        if bad) or "non-finite values"
+                        if bad) or "finite"
 
 
 def _ok(pair: Pair, kind: int) -> bool:
@@ -288,7 +289,8 @@ class StepFlags:
         rows = []
         for i in record.inputs:
             slot, alive = self.slots[i], self.slots[i].alive()
-            row = {"shape": slot.shape, "min": forward[i][0], "max": forward[i][1]}
+            row = {"shape": slot.shape, "min": forward[i][0], "max": forward[i][1],
+                   "values": _describe(forward[i]).lower()}
             rows.append(row if alive is None else row | moments(alive.detach()).summary())
         call = record.call
         return NonfiniteFinding(phase, call.name, call.site.type, call.index, source, produced,
@@ -354,17 +356,19 @@ class StepFlags:
                 and all(i in arrived for i in r.grad_outputs)]
 
     def summary(self, host: list[float]) -> list[dict[str, Any]]:
-        """Per call: the (first) output's min and max, and the gradient at it, for the
-        flight recorder."""
+        """Per call: the (first) output's min, max and ``values`` (null: no output), and the
+        gradient's at it (null: none arrived), for the flight recorder."""
         forward, backward = self._split(host)
         arrivals = {index: backward[n] for n, index in enumerate(self.fired)}
         rows = []
         for record in self.records:
-            lo, hi = forward[record.outputs[0]] if record.outputs else (None, None)
+            out = forward[record.outputs[0]] if record.outputs else None
             grad = arrivals.get(record.grad_outputs[0]) if record.grad_outputs else None
             rows.append({"name": record.call.name, "type": record.call.site.type,
-                         "call": record.call.index, "min": lo, "max": hi,
-                         "grad_min": grad and grad[0], "grad_max": grad and grad[1]})
+                         "call": record.call.index, "min": out and out[0], "max": out and out[1],
+                         "values": out and _describe(out).lower(),
+                         "grad_min": grad and grad[0], "grad_max": grad and grad[1],
+                         "grad_values": grad and _describe(grad).lower()})
         return rows
 
 

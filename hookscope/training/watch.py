@@ -93,6 +93,9 @@ class Watch:
         self.name = name or type(getattr(model, "_orig_mod", model)).__name__
         self.index = 0  # the step in progress
         self.findings: list[tuple[int, int, NonfiniteFinding]] = []
+        #: ``"warn"``: per distinct finding, its message and the later steps repeating it.
+        self._repeats: dict[tuple[Any, ...], tuple[str, list[int]]] = {}
+        self._weights_told = False
         # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
         # and recompile for every tensor they see.
         # The check sees every module, the model itself too (a parent is blamed for what its
@@ -171,6 +174,7 @@ class Watch:
                 elif isinstance(exc, Exception):
                     self._end_failed(exc)
         finally:
+            self._told_repeats()
             self._cleanup()
 
     def _end_failed(self, exc: Exception) -> None:
@@ -285,9 +289,32 @@ class Watch:
             log.debug("wrote %s", self._writer.nonfinite(doc))
         if self.nonfinite == "warn":
             self.findings.append((self.index, rank, finding))
-            log.warning(message)
+            self._warn(finding, message)
             return
         raise NonFiniteError(message, finding, self.index, shown_rank)
+
+    def _warn(self, finding: NonfiniteFinding, message: str) -> None:
+        """Warn once per distinct finding (its repeats are counted, told on closing), and
+        once when the parameters themselves are no longer finite."""
+        key = (finding.phase, finding.module, finding.call, finding.source, finding.produced)
+        if key in self._repeats:
+            self._repeats[key][1].append(self.index)
+        else:
+            self._repeats[key] = (message, [])
+            log.warning(message)
+        if not self._weights_told and (bad := self.params.nonfinite()):
+            self._weights_told = True
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            log.warning(f"step {self.index}: parameter {bad[0]}{more} is no longer finite: "
+                        "the weights themselves hold NaN or inf, and later steps' findings "
+                        "follow from them")
+
+    def _told_repeats(self) -> None:
+        for message, steps in self._repeats.values():
+            if steps:
+                log.warning(f"repeated at {len(steps)} later steps (the last: {steps[-1]}): "
+                            f"{message}")
+        self._repeats.clear()
 
 
 #: ``hookscope.watch(model, log_dir, ...)``: see :class:`Watch`.
