@@ -67,7 +67,7 @@ class _Slot:
     #: A parent whose own code made it (first seen as a child's input, or as the parent's
     #: output), with the child calls before and after; None: a module's output or the input.
     maker: _Record | None = None
-    between: tuple[str, str] = ("", "")
+    between: tuple[_Record | None, _Record | None] = (None, None)
 
     def alive(self) -> torch.Tensor | None:
         t = self.ref()
@@ -84,7 +84,7 @@ class _Record:
     outputs: list[int] = field(default_factory=list)
     grad_inputs: list[int] = field(default_factory=list)
     grad_outputs: list[int] = field(default_factory=list)
-    children: list[str] = field(default_factory=list)  # the finished child calls, in order
+    children: list[_Record] = field(default_factory=list)  # the finished ones, in order
     made: bool = False  # its own code made a tensor (between its children)
 
     @property
@@ -174,14 +174,14 @@ def _matches(patterns: tuple[str, ...], name: str) -> bool:
 
 class StepFlags:
     """The flags one training step's hooks recorded: ``allow_inf`` names modules whose ±inf
-    is intended (NaN still counts); the owner removes ``hooks`` after the step and keeps
-    ``layouts`` (see :meth:`verdict`) across steps."""
+    is intended (NaN still counts); the owner removes ``hooks`` after the step."""
 
-    def __init__(self, allow_inf: Sequence[str], hooks: Hooks,
-                 layouts: dict[tuple[int, ...], torch.Tensor]) -> None:
+    def __init__(self, allow_inf: Sequence[str], hooks: Hooks) -> None:
         self.hooks = hooks
         self.values: list[torch.Tensor] = []  # forward: a (min, max) per slot, in slot order
         self.grad_values: list[torch.Tensor] = []  # backward: a (min, max) per firing, in order
+        #: The checked values (a view of the above): for any NaN or ±inf, for NaN only.
+        self.checked: dict[int, list[torch.Tensor]] = {STRICT: [], NAN_ONLY: []}
         self.slots: list[_Slot] = []
         self.grad_slots: list[_Slot] = []
         self.fired: list[int] = []  # gradient slots in the order their hooks ran
@@ -190,36 +190,42 @@ class StepFlags:
         self._seen: dict[int, _Slot] = {}
         self._grad_seen: dict[int, _Slot] = {}
         self._allowed = cache(partial(_matches, tuple(allow_inf)))
-        self._layouts = layouts
 
     def _slot(self, t: torch.Tensor, kind: int, grad: bool = False,
-              maker: tuple[_Record | None, tuple[str, str]] = (None, ("", ""))) -> int:
+              maker: _Record | None = None, after: _Record | None = None) -> int:
         """The slot of ``t`` (a forward value, or with ``grad`` the gradient it will get);
-        ``maker``: the parent whose code made ``t`` if it is new here, and where."""
+        ``maker``: the parent whose code made ``t`` if it is new here, before call ``after``."""
         slots, seen = (self.grad_slots, self._grad_seen) if grad else (self.slots, self._seen)
         known = seen.get(id(t))
         if known is not None and known.alive() is t:
-            if known.kind == INFO:  # first an input, now perhaps a module's output
+            if known.kind == INFO and kind != INFO:  # first an input, now a module's output
                 known.kind = kind
+                self.checked[kind] += self.values[2 * known.index:2 * known.index + 2]
             return known.index
+        between = (maker.children[-1] if maker.children else None, after) if maker else (None, None)
         slot = seen[id(t)] = _Slot(len(slots), kind, list(t.shape), weakref.ref(t), t._version,
-                                   *maker)
+                                   maker, between)
         slots.append(slot)
         if grad:
             self.hooks.tensor(t, partial(self._on_grad, slot))
-        else:
-            self.values += torch.aminmax(t.detach())
-            if maker[0] is not None:
-                maker[0].made = True
+            return slot.index
+        pair = torch.aminmax(t.detach())
+        self.values += pair
+        if kind != INFO:
+            self.checked[kind] += pair
+        if maker is not None:
+            maker.made = True
         return slot.index
 
     def _on_grad(self, slot: _Slot, grad: torch.Tensor) -> None:
         if grad.numel():
-            self.grad_values += torch.aminmax(grad.detach())
+            pair = torch.aminmax(grad.detach())
+            self.grad_values += pair
+            self.checked[slot.kind] += pair
             self.fired.append(slot.index)
 
     def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], grad_slots: list[int],
-              maker: tuple[_Record | None, tuple[str, str]]) -> None:
+              maker: _Record | None, after: _Record | None = None) -> None:
         """Reduce the checked tensors in ``obj`` and hook the gradients they will get."""
         lenient = self._allowed(call.name)
         if kind != INFO and lenient:
@@ -227,7 +233,7 @@ class StepFlags:
         grad = torch.is_grad_enabled()
         for t in tensors(obj):
             if t.is_floating_point() and t.layout == torch.strided and t.numel():
-                slots.append(self._slot(t, kind, maker=maker))
+                slots.append(self._slot(t, kind, maker=maker, after=after))
                 if grad and t.requires_grad:
                     grad_slots.append(self._slot(t, NAN_ONLY if lenient else STRICT, grad=True))
 
@@ -236,20 +242,18 @@ class StepFlags:
         parent = self._open[-1] if self._open else None
         record = _Record(call, parent)
         self._open.append(record)
-        made = (parent, (parent.children[-1] if parent.children else "", record.label)) \
-            if parent is not None else (None, ("", ""))
-        self._hook((args, kwargs), call, INFO, record.inputs, record.grad_inputs, made)
+        self._hook((args, kwargs), call, INFO, record.inputs, record.grad_inputs, parent, record)
 
     def exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """A selected call returned: reduce its outputs and hook their gradients."""
         i = next((i for i in reversed(range(len(self._open))) if self._open[i].call is call), None)
         record = _Record(call) if i is None else self._open.pop(i)
         # A new tensor at a leaf's exit is its output; at a parent's, its own code made it.
-        made = (record, (record.children[-1], "")) if record.children else (None, ("", ""))
-        self._hook(output, call, STRICT, record.outputs, record.grad_outputs, made)
+        self._hook(output, call, STRICT, record.outputs, record.grad_outputs,
+                   record if record.children else None)
         self.records.append(record)
         if record.parent is not None:
-            record.parent.children.append(record.label)
+            record.parent.children.append(record)
 
     # ------------------------------------------------------------------ reading
 
@@ -259,19 +263,16 @@ class StepFlags:
         values = self.values + self.grad_values
         return torch.stack(values).float() if values else None
 
-    def verdict(self, stacked: torch.Tensor | None) -> torch.Tensor | None:
-        """A device boolean: whether a checked value is non-finite (None: nothing recorded)."""
-        if stacked is None:
-            return None
-        layout = tuple(s.kind for s in self.slots) + tuple(self.grad_slots[i].kind for i in self.fired)
-        kinds = self._layouts.get(layout)
-        if kinds is None or kinds.device != stacked.device:
-            # The layout repeats step after step: copied to the device once, not per step.
-            kinds = torch.tensor(layout, dtype=torch.int8).repeat_interleave(2).to(stacked.device)
-            self._layouts.clear()
-            self._layouts[layout] = kinds
-        strict = (kinds == STRICT) & ~torch.isfinite(stacked)
-        return (strict | ((kinds == NAN_ONLY) & torch.isnan(stacked))).any()
+    def verdict(self) -> torch.Tensor | None:
+        """A device boolean: whether a checked value may be non-finite (None: nothing
+        checked). One sum: a NaN or ±inf anywhere makes it non-finite; finite values that
+        overflow it only send the values to the host, where :meth:`locate` finds nothing."""
+        strict, lenient = self.checked[STRICT], self.checked[NAN_ONLY]
+        found = ~torch.isfinite(torch.stack(strict).float().sum()) if strict else None
+        if lenient:  # ±inf allowed, NaN not
+            nan = torch.isnan(torch.stack(lenient)).any()
+            found = nan if found is None else found | nan.to(found.device)
+        return found
 
     def _split(self, host: list[float]) -> tuple[list[Pair], list[Pair]]:
         """:meth:`stacked` on the host as (min, max) pairs: the slots', then the firings'."""
@@ -317,7 +318,7 @@ class StepFlags:
         elif record.children:
             source = "code"
             bad = next((s.index for s in self.slots if s.maker is record and not ok[s.index]), bad)
-        between = list(self.slots[bad].between) if source == "code" else []
+        between = [r.label if r else "" for r in self.slots[bad].between] if source == "code" else []
         return self._finding(forward, record, "forward", source, _describe(forward[bad]),
                              between=between)
 

@@ -109,7 +109,6 @@ class Watch:
         #: The flight recorder: (step, flags, their stacked values, rows if logged).
         self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
             deque(maxlen=self.keep)
-        self._layouts: dict[tuple[int, ...], torch.Tensor] = {}
         self._hooks = Hooks()
         self._flags: StepFlags | None = None
         self._logging: LoggingStep | None = None
@@ -217,7 +216,7 @@ class Watch:
     def _begin(self) -> None:
         self._hooks = Hooks()
         self._flags = None if self.nonfinite == "off" else \
-            StepFlags(self.allow_inf, self._hooks, self._layouts)
+            StepFlags(self.allow_inf, self._hooks)
         self._logging = None
         if self.index % self.every == 0:  # a logging step
             self._logging = LoggingStep(self.model, self.select, self._hooks,
@@ -253,7 +252,7 @@ class Watch:
         flags, logging_step = self._flags, self._logging if logged else None
         self._hooks.remove()
         stacked = flags.stacked() if flags is not None else None
-        failing = [] if flags is None else self.group.failing(flags.verdict(stacked))
+        failing = [] if flags is None else self.group.failing(flags.verdict())
         rows = self._log(logging_step, loss) if logging_step is not None else None
         self.recorder.append((self.index, flags, stacked, rows))
         if failing:
@@ -278,9 +277,8 @@ class Watch:
             finding = flags.locate(stacked.tolist())
         recorded = flight_steps(self.recorder) if finding else None
         finding, recorded = self.group.share((finding, recorded), rank)
-        if finding is None:  # the verdict and the values disagree: cannot happen
-            finding = NonfiniteFinding(type=type(self.model).__name__, source="outside",
-                                       produced="non-finite values")
+        if finding is None:  # finite values overflowed the verdict's sum: nothing to report
+            return
         shown_rank = rank if self.group.size > 1 else None
         message = finding.message(self.index, shown_rank)
         if self._writer is not None and not self.findings:
