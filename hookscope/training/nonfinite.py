@@ -14,9 +14,10 @@ by identity and version; references are weak, so no activation is kept alive.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import math
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import Any
@@ -28,7 +29,9 @@ from hookscope.core.hooks import Call, Hooks, tensors
 from hookscope.numerics.moments import moments
 from hookscope.probes.debug import FirstNonfinite
 
-__all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "flight_steps"]
+__all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "Warnings", "flight_steps"]
+
+log = logging.getLogger("hookscope")
 
 #: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
 INFO, STRICT, NAN_ONLY = 0, 1, 2
@@ -386,3 +389,33 @@ def flight_steps(kept: Iterable[tuple[int, StepFlags | None, Any, list[Any] | No
             entry["rows"] = rows
         steps.append(entry)
     return steps
+
+
+class Warnings:
+    """``nonfinite="warn"``'s log: each distinct finding once (its repeats counted, and told
+    by :meth:`told`), and once that the parameters themselves are no longer finite."""
+
+    def __init__(self) -> None:
+        self.repeats: dict[tuple[Any, ...], tuple[str, list[int]]] = {}
+        self.weights_told = False
+
+    def warn(self, step: int, finding: NonfiniteFinding, message: str,
+             bad_params: Callable[[], list[str]]) -> None:
+        key = (finding.phase, finding.module, finding.call, finding.source, finding.produced)
+        if key in self.repeats:
+            self.repeats[key][1].append(step)
+        else:
+            self.repeats[key] = (message, [])
+            log.warning(message)
+        if not self.weights_told and (bad := bad_params()):
+            self.weights_told = True
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            log.warning(f"step {step}: parameter {bad[0]}{more} is no longer finite: the weights "
+                        "themselves hold NaN or inf, and later steps' findings follow from them")
+
+    def told(self) -> None:
+        """Tell the repeats, once."""
+        for message, steps in self.repeats.values():
+            if steps:
+                log.warning(f"repeated at {len(steps)} later steps (the last: {steps[-1]}): {message}")
+        self.repeats.clear()

@@ -28,7 +28,13 @@ from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
 from hookscope.core.select import Selection, hooked_sites
 from hookscope.training.log_writer import WatchLog
-from hookscope.training.nonfinite import NonFiniteError, NonfiniteFinding, StepFlags, flight_steps
+from hookscope.training.nonfinite import (
+    NonFiniteError,
+    NonfiniteFinding,
+    StepFlags,
+    Warnings,
+    flight_steps,
+)
 from hookscope.training.records import (
     Drift,
     LoggingStep,
@@ -93,9 +99,7 @@ class Watch:
         self.name = name or type(getattr(model, "_orig_mod", model)).__name__
         self.index = 0  # the step in progress
         self.findings: list[tuple[int, int, NonfiniteFinding]] = []
-        #: ``"warn"``: per distinct finding, its message and the later steps repeating it.
-        self._repeats: dict[tuple[Any, ...], tuple[str, list[int]]] = {}
-        self._weights_told = False
+        self._warnings = Warnings()
         # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
         # and recompile for every tensor they see.
         # The check sees every module, the model itself too (a parent is blamed for what its
@@ -158,13 +162,8 @@ class Watch:
         self.close(exc)
 
     def close(self, exc: BaseException | None = None) -> None:
-        """Leave the watch (as the ``with`` block does, ``exc``: the exception leaving it):
-        a step recorded but not ended by ``.step()`` is checked, every hook removed.
-
-        Raises:
-            NonFiniteError: with ``nonfinite="raise"``, the unended step made a non-finite
-                value; chained to ``exc`` (which it caused, as a loss that rejects NaN).
-        """
+        """Leave the watch, as the block does (``exc``: the exception leaving it): an unended
+        step is checked (a :class:`NonFiniteError` raised from ``exc``), every hook removed."""
         try:
             # One process only: under DDP every rank would have to agree that it exists.
             if self._open and self.group.size == 1 and self._pending():
@@ -173,12 +172,11 @@ class Watch:
                 elif isinstance(exc, Exception):
                     self._end_failed(exc)
         finally:
-            self._told_repeats()
+            self._warnings.told()
             self._cleanup()
 
     def _end_failed(self, exc: Exception) -> None:
-        """The step an exception ended: its flags alone (no line is logged)."""
-        try:
+        try:  # the step an exception ended: its flags alone, no line logged
             self._end(None, logged=False)
         except NonFiniteError as found:
             raise found from exc
@@ -287,32 +285,9 @@ class Watch:
             log.debug("wrote %s", self._writer.nonfinite(doc))
         if self.nonfinite == "warn":
             self.findings.append((self.index, rank, finding))
-            self._warn(finding, message)
+            self._warnings.warn(self.index, finding, message, self.params.nonfinite)
             return
         raise NonFiniteError(message, finding, self.index, shown_rank)
-
-    def _warn(self, finding: NonfiniteFinding, message: str) -> None:
-        """Warn once per distinct finding (its repeats are counted, told on closing), and
-        once when the parameters themselves are no longer finite."""
-        key = (finding.phase, finding.module, finding.call, finding.source, finding.produced)
-        if key in self._repeats:
-            self._repeats[key][1].append(self.index)
-        else:
-            self._repeats[key] = (message, [])
-            log.warning(message)
-        if not self._weights_told and (bad := self.params.nonfinite()):
-            self._weights_told = True
-            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-            log.warning(f"step {self.index}: parameter {bad[0]}{more} is no longer finite: "
-                        "the weights themselves hold NaN or inf, and later steps' findings "
-                        "follow from them")
-
-    def _told_repeats(self) -> None:
-        for message, steps in self._repeats.values():
-            if steps:
-                log.warning(f"repeated at {len(steps)} later steps (the last: {steps[-1]}): "
-                            f"{message}")
-        self._repeats.clear()
 
 
 #: ``hookscope.watch(model, log_dir, ...)``: see :class:`Watch`.
