@@ -205,3 +205,31 @@ def test_check_names_the_event_s_module_first(tmp_path: Path) -> None:
     assert event["module"] == "layer2.0.conv2.0" and rule["offenders"][0] == event["message"]
     assert rule["detail"].startswith(f"the run stopped on a non-finite value: {event['message']}; ")
     assert "the first is" not in rule["detail"]  # no other module named first
+
+
+def test_the_lightning_callback_reports_a_loss_that_raised(tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning")
+    from hookscope.integrations.lightning import WatchCallback
+
+    class GAN(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = discriminator()
+
+        def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
+            out = self.net(batch[0])
+            return nn.functional.binary_cross_entropy(out, torch.ones_like(out))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = GAN()
+    trainer = lightning.Trainer(max_steps=2, accelerator="cpu", logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False,
+                                callbacks=[WatchCallback(log_dir=tmp_path / "log")])
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4))
+    with pytest.raises(hookscope.NonFiniteError) as caught:
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
+    assert caught.value.module == "net.1" and isinstance(caught.value.__cause__, RuntimeError)
+    assert (tmp_path / "log" / "nonfinite.json").exists() and hook_count(module) == 0
