@@ -1,14 +1,17 @@
 """The every-step non-finite check: fused device-side flags, read once per step, and the locator.
 
-Each selected call's floating-point inputs and outputs (and, through tensor hooks, the
+Each module call's floating-point inputs and outputs (and, through tensor hooks, the
 gradients at its outputs and at inputs that need one) are reduced on their device to
 ``torch.aminmax``: a NaN makes both values NaN, a ±inf shows as the min or max, and nothing
-can overflow. :meth:`StepFlags.verdict` stacks them into one device boolean, the step's one
-host read; only when it is set do the values come to the host and :meth:`StepFlags.locate`
-names the producing call: forward, the first call (in finishing order) with a non-finite
-output from finite inputs; backward, the first call (in arrival order) with a non-finite
-gradient at an input from a finite gradient at its output. A tensor is reduced once, keyed
-by identity and version; references are weak, so no activation is kept alive.
+can overflow. :meth:`StepFlags.verdict` sums the checked ones into one device boolean, the
+step's one host read; only when it is set do the values come to the host and
+:meth:`StepFlags.locate` names the call that made the first non-finite value (blame by
+production): forward, the first call (in finishing order) with a non-finite output from
+finite inputs, a parent when its own code made it; backward, the first non-finite gradient
+(in arrival order) made from finite gradients at the outputs of the calls that read the
+tensor, all of them named when the hooks cannot tell which (they see only the sum). A
+tensor is reduced once, keyed by identity and version; references are weak, so no
+activation is kept alive.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ class NonFiniteError(HookscopeError):
     """A training step produced NaN or ±inf; raised by ``watch`` with ``nonfinite="raise"``.
 
     Attributes (see docs/watch.md): ``module``, ``phase``, ``step``, ``call``, ``inputs``,
-    ``type_name``, ``source`` (``"module"`` or ``"outside"``) and ``rank`` (None: one process).
+    ``type_name``, ``source`` (``"module"``, ``"code"``: a parent's own code, ``"unclear"`` or
+    ``"outside"``) and ``rank`` (None: one process).
     """
 
     exit_code = 1
