@@ -214,7 +214,7 @@ def test_the_model_input_is_not_blamed_on_a_module(tmp_path: Path) -> None:
             model(x).sum().backward()
             w.step()
     assert caught.value.module == "pre" and caught.value.source == "outside"
-    assert "from outside the selected modules" in str(caught.value)
+    assert "(the model's input)" in str(caught.value)
 
 
 # ----------------------------------------------------------------------------- the records
@@ -596,4 +596,7 @@ def test_a_value_made_outside_the_modules_is_caught_where_a_module_returns_it(
         with hookscope.watch(model, tmp_path) as w:
             model(batch(0, 0)).sum().backward()
             w.step()
-    assert (caught.value.module, caught.value.source) == ("through", "outside")
+    # The model's own code made it, between pre and through (issue 28: blame by production).
+    assert (caught.value.module, caught.value.source) == ("", "code")
+    assert "the model (Gate) made NaN in its own code (between its children pre and through) " \
+        "from finite inputs" in str(caught.value)

@@ -263,9 +263,10 @@ def _nonfinite(ctx: CheckContext) -> RuleResult:
     else:
         detail = f"no call of {len(ctx.calls)} has more than {limit} non-finite values"
     event = getattr(ctx.log, "event", None)  # a training log's NaN or Inf, stopped or warned
-    if event is not None:
+    if event is not None:  # it names the first module (the locator's rule), not the rows
         offenders.insert(0, event)
-        detail = f"the watch {ctx.log.outcome}: {event}; " + detail
+        held = f"; {len(bad)} of {len(ctx.calls)} calls hold non-finite values" if bad else ""
+        detail = f"the watch {ctx.log.outcome}: {event}{held}"
     return RuleResult("nonfinite", not bad and event is None, limit, detail + ctx.note(), offenders)
 
 

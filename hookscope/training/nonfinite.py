@@ -1,22 +1,26 @@
 """The every-step non-finite check: fused device-side flags, read once per step, and the locator.
 
-Each selected call's floating-point inputs and outputs (and, through tensor hooks, the
+Each module call's floating-point inputs and outputs (and, through tensor hooks, the
 gradients at its outputs and at inputs that need one) are reduced on their device to
 ``torch.aminmax``: a NaN makes both values NaN, a ±inf shows as the min or max, and nothing
-can overflow. :meth:`StepFlags.verdict` stacks them into one device boolean, the step's one
-host read; only when it is set do the values come to the host and :meth:`StepFlags.locate`
-names the producing call: forward, the first call (in finishing order) with a non-finite
-output from finite inputs; backward, the first call (in arrival order) with a non-finite
-gradient at an input from a finite gradient at its output. A tensor is reduced once, keyed
-by identity and version; references are weak, so no activation is kept alive.
+can overflow. :meth:`StepFlags.verdict` sums the checked ones into one device boolean, the
+step's one host read; only when it is set do the values come to the host and
+:meth:`StepFlags.locate` names the call that made the first non-finite value (blame by
+production): forward, the first call (in finishing order) with a non-finite output from
+finite inputs, a parent when its own code made it; backward, the first non-finite gradient
+(in arrival order) made from finite gradients at the outputs of the calls that read the
+tensor, all of them named when the hooks cannot tell which (they see only the sum). A
+tensor is reduced once, keyed by identity and version; references are weak, so no
+activation is kept alive.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import logging
 import math
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import Any
@@ -28,7 +32,9 @@ from hookscope.core.hooks import Call, Hooks, tensors
 from hookscope.numerics.moments import moments
 from hookscope.probes.debug import FirstNonfinite
 
-__all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "flight_steps"]
+__all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "Warnings", "flight_steps"]
+
+log = logging.getLogger("hookscope")
 
 #: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
 INFO, STRICT, NAN_ONLY = 0, 1, 2
@@ -39,7 +45,8 @@ class NonFiniteError(HookscopeError):
     """A training step produced NaN or ±inf; raised by ``watch`` with ``nonfinite="raise"``.
 
     Attributes (see docs/watch.md): ``module``, ``phase``, ``step``, ``call``, ``inputs``,
-    ``type_name``, ``source`` (``"module"`` or ``"outside"``) and ``rank`` (None: one process).
+    ``type_name``, ``source`` (``"module"``, ``"code"``: a parent's own code, ``"unclear"`` or
+    ``"outside"``) and ``rank`` (None: one process).
     """
 
     exit_code = 1
@@ -64,6 +71,10 @@ class _Slot:
     shape: list[int]
     ref: Any
     version: int
+    #: A parent whose own code made it (first seen as a child's input, or as the parent's
+    #: output), with the child calls before and after; None: a module's output or the input.
+    maker: _Record | None = None
+    between: tuple[_Record | None, _Record | None] = (None, None)
 
     def alive(self) -> torch.Tensor | None:
         t = self.ref()
@@ -75,10 +86,18 @@ class _Record:
     """One selected call's slots: forward values, and gradients at its inputs and outputs."""
 
     call: Call
+    parent: _Record | None = None
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
     grad_inputs: list[int] = field(default_factory=list)
     grad_outputs: list[int] = field(default_factory=list)
+    children: list[_Record] = field(default_factory=list)  # the finished ones, in order
+    made: bool = False  # its own code made a tensor (between its children)
+
+    @property
+    def label(self) -> str:
+        name = self.call.name or "the model"
+        return name + (f" (call {self.call.index})" if self.call.index else "")
 
 
 @dataclass(frozen=True)
@@ -93,26 +112,42 @@ class NonfiniteFinding:
     produced: str = ""
     inputs: list[dict[str, Any]] = field(default_factory=list)
     grad_output: dict[str, Any] | None = None
+    #: ``source == "code"``: the child calls the parent's code ran between ("": none).
+    between: list[str] = field(default_factory=list)
+    #: ``source == "unclear"``: the modules (a parent: its own code) any of which made it.
+    candidates: list[str] = field(default_factory=list)
 
     def message(self, step: int, rank: int | None = None) -> str:
-        """The one-line message: ``step 7, forward: act (Log) produced 3 NaN from finite
+        """The one-line message: ``step 7, forward: act (Log) produced NaN from finite
         inputs (min -0.41, max 2.3)``."""
         where = f"rank {rank}: " if rank is not None else ""
         name = f"{self.module or 'the model'} ({self.type}" + \
             (f", call {self.call})" if self.call else ")")
         head = f"{where}step {step}, {self.phase}: "
         shown = _range(self.inputs)
-        if self.phase == "forward" and self.source == "module":
-            return f"{head}{name} produced {self.produced} from finite inputs{shown}"
+        made = f"produced {self.produced}" if self.source == "module" else \
+            f"made {self.produced} in its own code{self._between()}"
+        if self.source == "unclear":
+            return (f"{head}{self.produced} in the gradient was made by one of "
+                    f"{', '.join(self.candidates)} from finite gradients at their outputs; the "
+                    "hooks cannot tell which (they see only the sum at a tensor read twice)")
+        if self.phase == "forward" and self.source != "outside":
+            return f"{head}{name} {made} from finite inputs{shown}"
         if self.phase == "forward":
-            return (f"{head}{name} received {self.produced} from outside the selected modules "
-                    f"(the model's input or its own code){shown}")
+            return (f"{head}{name} received {self.produced} from outside the modules "
+                    f"(the model's input){shown}")
         grad = _range([self.grad_output] if self.grad_output else [])
-        if self.source == "module":
-            return (f"{head}{name} produced {self.produced} in the gradient of its input from a "
+        if self.source != "outside":
+            return (f"{head}{name} {made} in the gradient of its input from a "
                     f"finite gradient at its output{grad}; its inputs{shown or ' unknown'}")
         return (f"{head}the gradient at the output of {name} is already {self.produced} "
                 "(it comes from the loss or code outside the selected modules)")
+
+    def _between(self) -> str:
+        before, after = (self.between + ["", ""])[:2]
+        if before and after:
+            return f" (between its children {before} and {after})"
+        return f" (before its child {after})" if after else f" (after its child {before})" if before else ""
 
 
 def _range(inputs: list[dict[str, Any]]) -> str:
@@ -123,20 +158,14 @@ def _range(inputs: list[dict[str, Any]]) -> str:
     return f" (min {min(lows):.4g}, max {max(highs):.4g})"
 
 
-def _describe(pair: Pair, alive: torch.Tensor | None) -> str:
-    """``3 NaN``, ``1 +inf``, or without counts when the tensor is gone: ``NaN``."""
-    if alive is not None:
-        t = alive.detach()
-        counts = [(int(torch.isnan(t).sum()), "NaN"), (int(torch.isposinf(t).sum()), "+inf"),
-                  (int(torch.isneginf(t).sum()), "-inf")]
-        parts = [f"{n} {what}" for n, what in counts if n]
-        if parts:
-            return ", ".join(parts)
+def _describe(pair: Pair) -> str:
+    """What a tensor's (min, max) say it holds: ``NaN``, ``-inf and +inf``, ``+inf``,
+    ``finite`` (lower-cased, the ``values`` of ``nonfinite.json``: JSON has no NaN)."""
     lo, hi = pair
     if math.isnan(lo) or math.isnan(hi):
         return "NaN"
     return " and ".join(w for w, bad in (("-inf", math.isinf(lo)), ("+inf", math.isinf(hi)))
-                        if bad) or "non-finite values"
+                        if bad) or "finite"
 
 
 def _ok(pair: Pair, kind: int) -> bool:
@@ -152,46 +181,60 @@ def _matches(patterns: tuple[str, ...], name: str) -> bool:
 
 class StepFlags:
     """The flags one training step's hooks recorded: ``allow_inf`` names modules whose ±inf
-    is intended (NaN still counts); the owner removes ``hooks`` after the step and keeps
-    ``layouts`` (see :meth:`verdict`) across steps."""
+    is intended (NaN still counts); the owner removes ``hooks`` after the step."""
 
-    def __init__(self, allow_inf: Sequence[str], hooks: Hooks,
-                 layouts: dict[tuple[int, ...], torch.Tensor]) -> None:
+    def __init__(self, allow_inf: Sequence[str], hooks: Hooks) -> None:
         self.hooks = hooks
         self.values: list[torch.Tensor] = []  # forward: a (min, max) per slot, in slot order
         self.grad_values: list[torch.Tensor] = []  # backward: a (min, max) per firing, in order
+        #: The checked values (a view of the above): for any NaN or ±inf, for NaN only;
+        #: the forward's and the backward's.
+        self.checked: dict[int, list[torch.Tensor]] = {STRICT: [], NAN_ONLY: []}
+        self.grad_checked: dict[int, list[torch.Tensor]] = {STRICT: [], NAN_ONLY: []}
         self.slots: list[_Slot] = []
         self.grad_slots: list[_Slot] = []
         self.fired: list[int] = []  # gradient slots in the order their hooks ran
         self.records: list[_Record] = []
-        self._open: dict[tuple[str, int], _Record] = {}
+        self._open: list[_Record] = []  # the calls running, outermost first
         self._seen: dict[int, _Slot] = {}
         self._grad_seen: dict[int, _Slot] = {}
         self._allowed = cache(partial(_matches, tuple(allow_inf)))
-        self._layouts = layouts
 
-    def _slot(self, t: torch.Tensor, kind: int, grad: bool = False) -> int:
-        """The slot of ``t`` (a forward value, or with ``grad`` the gradient it will get)."""
+    def _slot(self, t: torch.Tensor, kind: int, grad: bool = False,
+              maker: _Record | None = None, after: _Record | None = None) -> int:
+        """The slot of ``t`` (a forward value, or with ``grad`` the gradient it will get);
+        ``maker``: the parent whose code made ``t`` if it is new here, before call ``after``."""
         slots, seen = (self.grad_slots, self._grad_seen) if grad else (self.slots, self._seen)
         known = seen.get(id(t))
         if known is not None and known.alive() is t:
-            if known.kind == INFO:  # first an input, now perhaps a module's output
+            if known.kind == INFO and kind != INFO:  # first an input, now a module's output
                 known.kind = kind
+                self.checked[kind] += self.values[2 * known.index:2 * known.index + 2]
             return known.index
-        slot = seen[id(t)] = _Slot(len(slots), kind, list(t.shape), weakref.ref(t), t._version)
+        between = (maker.children[-1] if maker.children else None, after) if maker else (None, None)
+        slot = seen[id(t)] = _Slot(len(slots), kind, list(t.shape), weakref.ref(t), t._version,
+                                   maker, between)
         slots.append(slot)
         if grad:
             self.hooks.tensor(t, partial(self._on_grad, slot))
-        else:
-            self.values += torch.aminmax(t.detach())
+            return slot.index
+        pair = torch.aminmax(t.detach())
+        self.values += pair
+        if kind != INFO:
+            self.checked[kind] += pair
+        if maker is not None:
+            maker.made = True
         return slot.index
 
     def _on_grad(self, slot: _Slot, grad: torch.Tensor) -> None:
         if grad.numel():
-            self.grad_values += torch.aminmax(grad.detach())
+            pair = torch.aminmax(grad.detach())
+            self.grad_values += pair
+            self.grad_checked[slot.kind] += pair
             self.fired.append(slot.index)
 
-    def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], grad_slots: list[int]) -> None:
+    def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], grad_slots: list[int],
+              maker: _Record | None, after: _Record | None = None) -> None:
         """Reduce the checked tensors in ``obj`` and hook the gradients they will get."""
         lenient = self._allowed(call.name)
         if kind != INFO and lenient:
@@ -199,20 +242,27 @@ class StepFlags:
         grad = torch.is_grad_enabled()
         for t in tensors(obj):
             if t.is_floating_point() and t.layout == torch.strided and t.numel():
-                slots.append(self._slot(t, kind))
+                slots.append(self._slot(t, kind, maker=maker, after=after))
                 if grad and t.requires_grad:
                     grad_slots.append(self._slot(t, NAN_ONLY if lenient else STRICT, grad=True))
 
     def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A selected call starts: reduce its inputs (before an in-place module changes them)."""
-        record = self._open[call.key] = _Record(call)
-        self._hook((args, kwargs), call, INFO, record.inputs, record.grad_inputs)
+        parent = self._open[-1] if self._open else None
+        record = _Record(call, parent)
+        self._open.append(record)
+        self._hook((args, kwargs), call, INFO, record.inputs, record.grad_inputs, parent, record)
 
     def exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """A selected call returned: reduce its outputs and hook their gradients."""
-        record = self._open.pop(call.key, None) or _Record(call)
-        self._hook(output, call, STRICT, record.outputs, record.grad_outputs)
+        i = next((i for i in reversed(range(len(self._open))) if self._open[i].call is call), None)
+        record = _Record(call) if i is None else self._open.pop(i)
+        # A new tensor at a leaf's exit is its output; at a parent's, its own code made it.
+        self._hook(output, call, STRICT, record.outputs, record.grad_outputs,
+                   record if record.children else None)
         self.records.append(record)
+        if record.parent is not None:
+            record.parent.children.append(record)
 
     # ------------------------------------------------------------------ reading
 
@@ -222,23 +272,19 @@ class StepFlags:
         values = self.values + self.grad_values
         return torch.stack(values).float() if values else None
 
-    def verdict(self, stacked: torch.Tensor | None, backward: bool = True) -> torch.Tensor | None:
-        """A device boolean: whether a checked value is non-finite (None: nothing recorded);
-        the forward values only unless ``backward``."""
-        if stacked is None:
-            return None
-        fired = self.fired if backward else []
-        if not backward:
-            stacked = stacked[:2 * len(self.slots)]
-        layout = tuple(s.kind for s in self.slots) + tuple(self.grad_slots[i].kind for i in fired)
-        kinds = self._layouts.get(layout)
-        if kinds is None or kinds.device != stacked.device:
-            # The layout repeats step after step: copied to the device once, not per step.
-            kinds = torch.tensor(layout, dtype=torch.int8).repeat_interleave(2).to(stacked.device)
-            self._layouts.clear()
-            self._layouts[layout] = kinds
-        strict = (kinds == STRICT) & ~torch.isfinite(stacked)
-        return (strict | ((kinds == NAN_ONLY) & torch.isnan(stacked))).any()
+    def verdict(self, backward: bool = True) -> torch.Tensor | None:
+        """A device boolean: whether a checked value may be non-finite (None: nothing
+        checked); the forward values only unless ``backward``. One sum: a NaN or ±inf
+        anywhere makes it non-finite; finite values that overflow it only send the values to
+        the host, where :meth:`locate` finds nothing."""
+        grads = self.grad_checked if backward else {STRICT: [], NAN_ONLY: []}
+        strict = self.checked[STRICT] + grads[STRICT]
+        lenient = self.checked[NAN_ONLY] + grads[NAN_ONLY]
+        found = ~torch.isfinite(torch.stack(strict).float().sum()) if strict else None
+        if lenient:  # ±inf allowed, NaN not
+            nan = torch.isnan(torch.stack(lenient)).any()
+            found = nan if found is None else found | nan.to(found.device)
+        return found
 
     def _split(self, host: list[float]) -> tuple[list[Pair], list[Pair]]:
         """:meth:`stacked` on the host as (min, max) pairs: the slots', then the firings'."""
@@ -251,30 +297,42 @@ class StepFlags:
         return self._locate_forward(forward) or self._locate_backward(forward, backward)
 
     def _finding(self, forward: list[Pair], record: _Record, phase: str, source: str,
-                 produced: str, grad: dict[str, Any] | None = None) -> NonfiniteFinding:
+                 produced: str, grad: dict[str, Any] | None = None,
+                 **more: list[str]) -> NonfiniteFinding:
         rows = []
         for i in record.inputs:
             slot, alive = self.slots[i], self.slots[i].alive()
-            row = {"shape": slot.shape, "min": forward[i][0], "max": forward[i][1]}
+            row = {"shape": slot.shape, "min": forward[i][0], "max": forward[i][1],
+                   "values": _describe(forward[i]).lower()}
             rows.append(row if alive is None else row | moments(alive.detach()).summary())
         call = record.call
         return NonfiniteFinding(phase, call.name, call.site.type, call.index, source, produced,
-                                rows, grad)
+                                rows, grad, **more)
 
     def _locate_forward(self, forward: list[Pair]) -> NonfiniteFinding | None:
         ok = [_ok(pair, s.kind) for pair, s in zip(forward, self.slots, strict=True)]
         # An allowed module's ±inf is an intended input (a mask), not a non-finite one.
         usable = [k or (s.kind == NAN_ONLY and _ok(pair, NAN_ONLY))
                   for k, s, pair in zip(ok, self.slots, forward, strict=True)]
+        finite = {id(r): all(usable[i] for i in r.inputs) for r in self.records}
         rule: FirstNonfinite[_Record] = FirstNonfinite()
-        for r in self.records:
-            rule.finished(r, all(usable[i] for i in r.inputs), all(ok[i] for i in r.outputs))
+        for r in self.records:  # children finish first: a parent is blamed for its own code
+            rule.finished(r, finite[id(r)], all(ok[i] for i in r.outputs))
         if (found := rule.origin()) is None:
             return None
         record, source = found
-        out = next(i for i in record.outputs if not ok[i])
-        produced = _describe(forward[out], self.slots[out].alive())
-        return self._finding(forward, record, "forward", source, produced)
+        bad = next(i for i in record.outputs if not ok[i])
+        if source == "outside":  # made in a parent's code, unless it is the model's input
+            bad = next(i for i in record.inputs if not usable[i])
+            maker = self.slots[bad].maker
+            if maker is not None and finite.get(id(maker)):
+                record, source = maker, "code"
+        elif record.children:
+            source = "code"
+            bad = next((s.index for s in self.slots if s.maker is record and not ok[s.index]), bad)
+        between = [r.label if r else "" for r in self.slots[bad].between] if source == "code" else []
+        return self._finding(forward, record, "forward", source, _describe(forward[bad]),
+                             between=between)
 
     def _locate_backward(self, forward: list[Pair], backward: list[Pair]) -> NonfiniteFinding | None:
         arrived: dict[int, dict[str, Any]] = {}  # gradient slot -> its finite arrival
@@ -284,29 +342,46 @@ class StepFlags:
             if _ok(pair, slot.kind):
                 arrived.setdefault(index, seen)
                 continue
-            produced = _describe(pair, None)
-            for record in reversed(self.records):  # the last to run is the first in backward
-                if index in record.grad_inputs and record.grad_outputs and \
-                        all(i in arrived for i in record.grad_outputs):
-                    return self._finding(forward, record, "backward", "module", produced,
-                                         arrived[record.grad_outputs[0]])
+            produced = _describe(pair)
+            makers = self._grad_makers(index, arrived)
+            if len(makers) == 1:
+                (record,) = makers
+                source = "code" if record.children else "module"
+                return self._finding(forward, record, "backward", source, produced,
+                                     arrived[record.grad_outputs[0]])
+            if makers:
+                names = [r.label + (" (its own code)" if r.children else "") for r in makers]
+                return self._finding(forward, makers[-1], "backward", "unclear", produced,
+                                     arrived[makers[-1].grad_outputs[0]], candidates=names)
             producer = next((r for r in self.records if index in r.grad_outputs), None) or \
                 next(r for r in self.records if index in r.grad_inputs)
             return self._finding(forward, producer, "backward", "outside", produced, seen)
         return None
 
+    def _grad_makers(self, index: int, arrived: dict[int, Any]) -> list[_Record]:
+        """The calls that may have made gradient slot ``index`` (the gradient of a tensor they
+        read) from finite gradients at their outputs: each reader that passes the tensor to no
+        child, and each that does but whose own code also made tensors (it may read it too)."""
+        readers = [r for r in self.records if index in r.grad_inputs]
+        passing = {id(r.parent) for r in readers}
+        return [r for r in readers
+                if (id(r) not in passing or r.made) and r.grad_outputs
+                and all(i in arrived for i in r.grad_outputs)]
+
     def summary(self, host: list[float]) -> list[dict[str, Any]]:
-        """Per call: the (first) output's min and max, and the gradient at it, for the
-        flight recorder."""
+        """Per call: the (first) output's min, max and ``values`` (null: no output), and the
+        gradient's at it (null: none arrived), for the flight recorder."""
         forward, backward = self._split(host)
         arrivals = {index: backward[n] for n, index in enumerate(self.fired)}
         rows = []
         for record in self.records:
-            lo, hi = forward[record.outputs[0]] if record.outputs else (None, None)
+            out = forward[record.outputs[0]] if record.outputs else None
             grad = arrivals.get(record.grad_outputs[0]) if record.grad_outputs else None
             rows.append({"name": record.call.name, "type": record.call.site.type,
-                         "call": record.call.index, "min": lo, "max": hi,
-                         "grad_min": grad and grad[0], "grad_max": grad and grad[1]})
+                         "call": record.call.index, "min": out and out[0], "max": out and out[1],
+                         "values": out and _describe(out).lower(),
+                         "grad_min": grad and grad[0], "grad_max": grad and grad[1],
+                         "grad_values": grad and _describe(grad).lower()})
         return rows
 
 
@@ -323,3 +398,33 @@ def flight_steps(kept: Iterable[tuple[int, StepFlags | None, Any, list[Any] | No
             entry["rows"] = rows
         steps.append(entry)
     return steps
+
+
+class Warnings:
+    """``nonfinite="warn"``'s log: each distinct finding once (its repeats counted, and told
+    by :meth:`told`), and once that the parameters themselves are no longer finite."""
+
+    def __init__(self) -> None:
+        self.repeats: dict[tuple[Any, ...], tuple[str, list[int]]] = {}
+        self.weights_told = False
+
+    def warn(self, step: int, finding: NonfiniteFinding, message: str,
+             bad_params: Callable[[], list[str]]) -> None:
+        key = (finding.phase, finding.module, finding.call, finding.source, finding.produced)
+        if key in self.repeats:
+            self.repeats[key][1].append(step)
+        else:
+            self.repeats[key] = (message, [])
+            log.warning(message)
+        if not self.weights_told and (bad := bad_params()):
+            self.weights_told = True
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            log.warning(f"step {step}: parameter {bad[0]}{more} is no longer finite: the weights "
+                        "themselves hold NaN or inf, and later steps' findings follow from them")
+
+    def told(self) -> None:
+        """Tell the repeats, once."""
+        for message, steps in self.repeats.values():
+            if steps:
+                log.warning(f"repeated at {len(steps)} later steps (the last: {steps[-1]}): {message}")
+        self.repeats.clear()

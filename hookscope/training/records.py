@@ -186,6 +186,15 @@ class ParamTracker:
             norms = torch._foreach_norm([g for _, g in grads])
             self.grad_norms |= {i: n.float() for (i, _), n in zip(grads, norms, strict=True)}
 
+    def nonfinite(self) -> list[str]:
+        """The parameters holding NaN or ±inf (one read: their largest magnitudes)."""
+        if not self.params:
+            return []
+        with torch.no_grad():
+            peaks = torch._foreach_norm([p.detach() for _, p in self.params], math.inf)
+            finite = torch.stack([n.float().to(peaks[0].device) for n in peaks]).isfinite().tolist()
+        return [name for (name, _), ok in zip(self.params, finite, strict=True) if not ok]
+
     def rows(self) -> list[dict[str, Any]]:
         """``name``, ``norm``, ``grad_norm`` and ``update_ratio`` of each parameter (one
         transfer to the host), and the weights kept for the next logging step's ratios."""

@@ -28,9 +28,15 @@ from hookscope import __version__
 from hookscope.core.distributed import Group
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, Hooks, Tracer, model_device
-from hookscope.core.select import Selection
+from hookscope.core.select import Selection, hooked_sites
 from hookscope.training.log_writer import WatchLog
-from hookscope.training.nonfinite import NonFiniteError, NonfiniteFinding, StepFlags, flight_steps
+from hookscope.training.nonfinite import (
+    NonFiniteError,
+    NonfiniteFinding,
+    StepFlags,
+    Warnings,
+    flight_steps,
+)
 from hookscope.training.records import (
     Drift,
     Health,
@@ -151,16 +157,20 @@ class Watch:
         self.name = name or type(getattr(model, "_orig_mod", model)).__name__
         self.index = 0  # the step in progress
         self.findings: list[tuple[int, int, NonfiniteFinding]] = []
+        self._warnings = Warnings()
         # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
         # and recompile for every tensor they see.
-        self.tracer = Tracer(model, self.sites, on_enter=torch.compiler.disable(self._enter),
+        # The check sees every module, the model itself too (a parent is blamed for what its
+        # own code makes); the logging probes only the selected ones.
+        self._logged = {s.name for s in self.sites}
+        hooked = self.sites if nonfinite == "off" else hooked_sites(model)
+        self.tracer = Tracer(model, hooked, on_enter=torch.compiler.disable(self._enter),
                              on_exit=torch.compiler.disable(self._exit))
         self.params = ParamTracker(model)
         self.group = Group()
         #: The flight recorder: (step, flags, their stacked values, rows if logged).
         self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
             deque(maxlen=self.keep)
-        self._layouts: dict[tuple[int, ...], torch.Tensor] = {}
         self._hooks = Hooks()
         self._flags: StepFlags | None = None
         self._logging: LoggingStep | None = None
@@ -207,13 +217,27 @@ class Watch:
                 "started": time.time()}
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close(exc)
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """Leave the watch, as the block does (``exc``: the exception leaving it): an unended
+        step is checked (a :class:`NonFiniteError` raised from ``exc``), every hook removed."""
         try:
-            # A step whose work was recorded but not ended by .step() ends here (one
-            # process only: under DDP every rank would have to agree that it exists).
-            if exc_type is None and self._open and self.group.size == 1 and self._pending():
-                self._end(None)
+            # One process only: under DDP every rank would have to agree that it exists.
+            if self._open and self.group.size == 1 and self._pending():
+                if exc is None:
+                    self._end(None, self._amp())
+                elif isinstance(exc, Exception):
+                    self._end_failed(exc)
         finally:
+            self._warnings.told()
             self._cleanup()
+
+    def _end_failed(self, exc: Exception) -> None:
+        try:  # the step an exception ended: its flags alone, no line logged
+            self._end(None, logged=False)
+        except NonFiniteError as found:
+            raise found from exc
 
     def _pending(self) -> bool:
         return bool(self._flags and self._flags.records or self._logging and self._logging.stats.order)
@@ -233,20 +257,22 @@ class Watch:
     def _enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.is_grad_enabled():  # else a validation forward pass: not a training step's
             for part in self._parts:
-                part.enter(call, args, kwargs)
+                if part is self._flags or call.name in self._logged:
+                    part.enter(call, args, kwargs)
 
     def _exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> None:
         if torch.is_grad_enabled():
             for part in self._parts:
-                part.exit(call, args, kwargs, output)
+                if part is self._flags or call.name in self._logged:
+                    part.exit(call, args, kwargs, output)
 
     # ------------------------------------------------------------------ steps
 
     def _begin(self) -> None:
         self._hooks = Hooks()
         self._flags = None if self.nonfinite == "off" else \
-            StepFlags(self.allow_inf, self._hooks, self._layouts)
+            StepFlags(self.allow_inf, self._hooks)
         self._logging = None
         if self.index % self.every == 0:  # a logging step
             self._logging = LoggingStep(self.model, self.select, self._hooks,
@@ -289,15 +315,14 @@ class Watch:
         used, self._scale = self._scale, self.scaler.get_scale()
         return used, self._scale < used
 
-    def _end(self, loss: Any, amp: tuple[float, bool] | None = None) -> None:
+    def _end(self, loss: Any, amp: tuple[float, bool] | None = None, logged: bool = True) -> None:
         """Check the step, write its line on a logging step, and report a non-finite value
         (``amp``: see :meth:`_amp`; a skipped step's gradients are the scaler's business)."""
-        flags, logging_step = self._flags, self._logging
+        flags, logging_step = self._flags, self._logging if logged else None
         self._hooks.remove()
         stacked = flags.stacked() if flags is not None else None
         skipped = amp is not None and amp[1]
-        failing = [] if flags is None else \
-            self.group.failing(flags.verdict(stacked, backward=not skipped))
+        failing = [] if flags is None else self.group.failing(flags.verdict(backward=not skipped))
         rows = self._log(logging_step, loss, amp) if logging_step is not None else None
         self.recorder.append((self.index, flags, stacked, rows))
         if failing:
@@ -331,9 +356,8 @@ class Watch:
             finding = flags.locate(stacked.tolist())
         recorded = flight_steps(self.recorder) if finding else None
         finding, recorded = self.group.share((finding, recorded), rank)
-        if finding is None:  # the verdict and the values disagree: cannot happen
-            finding = NonfiniteFinding(type=type(self.model).__name__, source="outside",
-                                       produced="non-finite values")
+        if finding is None:  # finite values overflowed the verdict's sum: nothing to report
+            return
         shown_rank = rank if self.group.size > 1 else None
         message = finding.message(self.index, shown_rank)
         if self._writer is not None and not self.findings:
@@ -342,7 +366,7 @@ class Watch:
             log.debug("wrote %s", self._writer.nonfinite(doc))
         if self.nonfinite == "warn":
             self.findings.append((self.index, rank, finding))
-            log.warning(message)
+            self._warnings.warn(self.index, finding, message, self.params.nonfinite)
             return
         raise NonFiniteError(message, finding, self.index, shown_rank)
 
