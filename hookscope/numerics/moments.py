@@ -34,11 +34,12 @@ _ROW_MIN = 16
 #: Elements per block on the CPU: 2 MiB of float32, which stays in cache between passes
 #: (smaller blocks pay for more small operations, larger ones fall out of cache).
 BLOCK = 1 << 19
-#: Elements per block of a whole tensor's moments on the CPU: 1 MiB of float32, which stays
-#: in a core's cache through each of its reductions (smaller blocks pay more per block).
-HOST_BLOCK = 1 << 18
 #: Row width of the matrix whose row sums give a block's sum (:func:`_sum`).
 _WIDTH = 512
+#: Elements per block of a whole tensor's moments on the CPU: 1 MiB of float32, which stays
+#: in a core's cache through each of its reductions (smaller blocks pay more per block); at
+#: most ``_WIDTH`` rows.
+HOST_BLOCK = _WIDTH * _WIDTH
 _ONES = {np.dtype(t): np.ones(_WIDTH, dtype=t) for t in (np.float32, np.float64)}
 #: Beyond this magnitude a block's float32 sum of squares might overflow.
 _HUGE = 1e16
@@ -168,12 +169,12 @@ def _block_values(values: np.ndarray) -> list[float] | None:
 
 
 def _sum(values: np.ndarray) -> float:
-    """The sum of a block: rows of ``_WIDTH`` values summed by one BLAS matrix-vector product
-    (one pass, as fast as torch's sum), their sums and the tail's in float64."""
+    """The sum of a block: its rows of ``_WIDTH`` values summed by one BLAS matrix-vector
+    product (one pass, as fast as torch's sum), then those sums and the tail's."""
     rows = len(values) // _WIDTH
-    ones = _ONES[values.dtype]
-    head = np.dot(values[:rows * _WIDTH].reshape(rows, _WIDTH), ones).sum(dtype=np.float64)
-    return float(head + values[rows * _WIDTH:].sum(dtype=np.float64))
+    ones, tail = _ONES[values.dtype], values[rows * _WIDTH:]
+    head = np.dot(ones[:rows], np.dot(values[:rows * _WIDTH].reshape(rows, _WIDTH), ones))
+    return float(head) + float(np.dot(tail, ones[:len(tail)]))
 
 
 def _buffer(count: int, dtype: Any) -> np.ndarray:
