@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
+
+#: ``--clock``: the wall clock, or this process's CPU time (all its threads).
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def add_clock(parser: argparse.ArgumentParser) -> None:
+    """The ``--clock wall|cpu`` option; ``CLOCKS[args.clock]`` is the clock."""
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="wall-clock time, or this process's CPU time: steadier on a loaded "
+                        "machine (with --threads 1 it counts the one core's work)")
 
 
 def timed(fns: dict[str, Callable[[], object]], repeat: int,

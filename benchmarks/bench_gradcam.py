@@ -7,8 +7,9 @@ In one process, on resnet50 with random weights (layer4, top-1 target), for each
   (goal >= 1.2), each on its own copy of the model (their hooks stay attached) and the same
   input, when those packages are installed.
 
-Repetitions are interleaved (every contender once per round, in a rotating order) so drift
-on a noisy machine hits all of them alike; the table reports medians, and minimums beside.
+Repetitions are interleaved (every contender once per round) so drift on a noisy machine
+hits all of them alike; the table reports medians, and minimums beside. ``--clock cpu``
+times this process's CPU time instead of the wall clock (steadier on a loaded machine).
 
 ``--extra`` then times the methods that need many forward passes against pytorch-grad-cam
 (goal: at least 2x faster each), on resnet50 at batch 8 by default, on its own model copy:
@@ -22,7 +23,7 @@ on a noisy machine hits all of them alike; the table reports medians, and minimu
 A ScoreCAM of resnet50's layer4 is 2048 forward passes per input: on a CPU, use ``--size``
 and ``--extra-batch`` to scale it down.
 
-    python benchmarks/bench_gradcam.py [--batches 1 8] [--repeats 15] [--threads N]
+    python benchmarks/bench_gradcam.py [--batches 1 8] [--repeats 15] [--threads N] [--clock cpu]
     python benchmarks/bench_gradcam.py --extra [--extra-batch 8] [--size 224] [--layer layer4]
         [--extra-repeats 3] [--only scorecam ablationcam road]
 """
@@ -35,10 +36,12 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # pytorch-grad-cam's progress bars, before tqdm loads
 
 import torch  # noqa: E402
+from _timing import CLOCKS, add_clock, timed  # noqa: E402  (benchmarks/ is on sys.path)
 
 import hookscope  # noqa: E402
 
@@ -69,7 +72,8 @@ def _peers(model: torch.nn.Module) -> dict[str, Callable[[torch.Tensor], object]
     return peers
 
 
-def bench(batch: int, repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+def bench(batch: int, repeats: int, clock: Callable[[], float]) -> dict[str, tuple[float, float]]:
+    """(min, median) seconds of each contender, interleaved (:func:`_timing.timed`)."""
     from torchvision.models import resnet50
 
     torch.manual_seed(0)
@@ -85,17 +89,7 @@ def bench(batch: int, repeats: int, warmup: int = 2) -> dict[str, list[float]]:
         "hookscope": lambda inp: hookscope.gradcam(model, inp, "layer4"),
         **_peers(model),
     }
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
-    for rep in range(warmup + repeats):
-        order = names[rep % len(names):] + names[:rep % len(names)]
-        for name in order:
-            start = time.perf_counter()
-            contenders[name](x)
-            elapsed = time.perf_counter() - start
-            if rep >= warmup:
-                times[name].append(elapsed)
-    return times
+    return timed({name: partial(fn, x) for name, fn in contenders.items()}, repeats, clock)
 
 
 def _extra_contenders(model: torch.nn.Module, x: torch.Tensor, layer: str,
@@ -134,7 +128,8 @@ def _extra_contenders(model: torch.nn.Module, x: torch.Tensor, layer: str,
     return found
 
 
-def bench_extra(batch: int, size: int, layer: str, repeats: int, only: list[str]) -> None:
+def bench_extra(batch: int, size: int, layer: str, repeats: int, only: list[str],
+                clock: Callable[[], float] = time.perf_counter) -> None:
     """Time each many-pass method against pytorch-grad-cam, interleaved."""
     from torchvision.models import resnet50
 
@@ -148,9 +143,9 @@ def bench_extra(batch: int, size: int, layer: str, repeats: int, only: list[str]
         times: dict[str, list[float]] = {k: [] for k in fns}
         for rep in range(repeats):
             for key in (list(fns) if rep % 2 == 0 else list(fns)[::-1]):
-                start = time.perf_counter()
+                start = clock()
                 fns[key]()
-                times[key].append(time.perf_counter() - start)
+                times[key].append(clock() - start)
         med = {k: statistics.median(v) for k, v in times.items()}
         for key, values in times.items():
             ratio = med["pytorch-grad-cam"] / med["hookscope"] if key == "hookscope" else None
@@ -174,29 +169,30 @@ def main() -> None:
     parser.add_argument("--layer", default="layer4", help="target layer (--extra)")
     parser.add_argument("--only", nargs="+", default=["scorecam", "ablationcam", "road"],
                         choices=["scorecam", "ablationcam", "road"])
+    add_clock(parser)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.extra:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
-        bench_extra(args.extra_batch, args.size, args.layer, args.extra_repeats, args.only)
+        bench_extra(args.extra_batch, args.size, args.layer, args.extra_repeats, args.only,
+                    CLOCKS[args.clock])
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), resnet50 random "
-          f"weights, 224x224, layer4, {args.repeats} interleaved repeats")
+          f"weights, 224x224, layer4, {args.repeats} interleaved repeats, {args.clock} clock")
     print(f"{'batch':>5}  {'contender':<18} {'median ms':>10} {'min ms':>9} "
           f"{'x bare':>7} {'hookscope speed-up':>19}")
     for batch in args.batches:
-        times = bench(batch, args.repeats)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        low = {k: min(v) for k, v in times.items()}
-        for name in times:
-            ratio = med[name] / med["bare forward"]
-            speedup = med[name] / med["hookscope"]
+        times = bench(batch, args.repeats, CLOCKS[args.clock])
+        med = {k: v[1] for k, v in times.items()}
+        for name, (low, median) in times.items():
+            ratio = median / med["bare forward"]
+            speedup = median / med["hookscope"]
             extra = f"{speedup:>18.2f}x" if name not in ("bare forward", "hookscope") else ""
-            print(f"{batch:>5}  {name:<18} {med[name] * 1e3:>10.1f} {low[name] * 1e3:>9.1f} "
+            print(f"{batch:>5}  {name:<18} {median * 1e3:>10.1f} {low * 1e3:>9.1f} "
                   f"{ratio:>7.3f} {extra}")
         print(f"{'':>5}  hookscope / bare forward, by minimums: "
-              f"{low['hookscope'] / low['bare forward']:.3f}")
+              f"{times['hookscope'][0] / times['bare forward'][0]:.3f}")
 
 
 if __name__ == "__main__":

@@ -27,10 +27,9 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
-from _timing import timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from _timing import CLOCKS, add_clock, timed  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from torchvision.models import get_model
 
 from hookscope import collect_stats
@@ -74,7 +73,7 @@ def ratios(name: str, batch: int, reps: int, clock: str = "wall") -> dict[str, f
     cases = {"bare": bare, "hookscope": lambda: collect_stats(model, x),
              "handwritten": lambda: handwritten(model, x)}
     # Interleaved, so drift hits every case alike; the CPU clock is steadier on a loaded machine.
-    results = timed(cases, reps, time.process_time if clock == "cpu" else time.perf_counter)
+    results = timed(cases, reps, CLOCKS[clock])
     base = results["bare"][0]
     return {"bare_ms": base * 1e3} | {
         key: best / base for key, (best, _median) in results.items() if key != "bare"
@@ -162,8 +161,7 @@ def main() -> None:
                         help="subprocesses per memory figure (the median is reported)")
     parser.add_argument("--mem-calls", type=int, default=2,
                         help="forward passes per subprocess (the highest peak counts)")
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="wall-clock or this process's CPU time (steadier when loaded)")
+    add_clock(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -104,3 +104,24 @@ def test_diff_sums_not_finite_go_the_masked_way(bad: str) -> None:
     got = _compare_host(a, b)
     assert got[:2] == (1000, 998) and got[6:] == (1, 1)
     assert got[2] == pytest.approx(998 * 1e-6, rel=1e-4) and got[5] == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_host_moments_call_no_torch_op() -> None:
+    """The CPU path reads a tensor through NumPy alone: a torch reduction would start torch's
+    intra-op threads, whose spinning cost more than the reductions at two threads (#27)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Record(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.add(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(3 * (1 << 18) + 5, generator=torch.Generator().manual_seed(4))
+    with Record() as record:
+        values = host_values(x)
+    assert record.names == {"numpy"}
+    assert_close(_from(values), reference(x))

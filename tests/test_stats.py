@@ -270,9 +270,11 @@ def test_scratch_made_in_inference_mode_is_usable_outside_it() -> None:
     import hookscope.numerics.moments as numerics
 
     numerics._local.__dict__.clear()
-    with torch.inference_mode():
-        moments(torch.zeros(10) - 1)  # the reused buffer is first made here
+    with torch.inference_mode():  # per-channel moments first make the reused buffer here
+        numerics.moments_matrix(numerics.ChannelView.of(torch.zeros(2, 3, 8) - 1, 1))
     assert numerics._local.bufs
-    x = torch.randn(64, requires_grad=True)
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
     (g,) = torch.autograd.grad((x * x).sum(), x)
-    assert moments(g).summary()["mean"] == pytest.approx((2 * x).double().mean().item(), rel=1e-5)
+    got = numerics.moments_matrix(numerics.ChannelView.of(g, 1))[2]
+    # float32 sums of 16 values of magnitude below 10: eps * 10 * sqrt(16) < 5e-6
+    assert got.tolist() == pytest.approx((2 * x).double().mean(dim=(0, 2)).tolist(), abs=5e-6)

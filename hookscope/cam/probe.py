@@ -172,7 +172,7 @@ class CamProbe(Switch[CamReport]):
         self.capture = CapturePass(self, objective, self.layer_sites, hint, self.options.reshape,
                                    any(m.gradients for m in self.methods), "hvp" in needs)
         self.ablation = AblationPass(self, objective, self.capture)
-        everything = all_sites(model)
+        everything = all_sites(model) if "full" in needs or guided else []
         bias = [s for s in everything if has_bias(s.module)] if "full" in needs else []
         relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if guided else []
         self.fullgrad = InputPass(self, objective, bias, guided=False) if "full" in needs else None

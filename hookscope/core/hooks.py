@@ -64,6 +64,8 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
 
 def tensors(obj: Any) -> list[torch.Tensor]:
     """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    if isinstance(obj, torch.Tensor):  # the common case, once per hooked call
+        return [obj]
     found: list[torch.Tensor] = []
     stack = [obj]
     while stack:
@@ -190,8 +192,10 @@ class Tracer(Hooks):
               kwargs: dict[str, Any], output: Any) -> Any:
         if self.muted:
             return None
-        # This site's innermost active call (a module may recurse into itself).
-        i = next(i for i in reversed(range(len(self.active))) if self.active[i][0].site is site)
+        # This site's innermost active call (a module may recurse into itself): mostly the last.
+        i = len(self.active) - 1
+        while self.active[i][0].site is not site:
+            i -= 1
         call = self.active.pop(i)[0]
         return None if self.on_exit is None else \
             self._callback(self.on_exit, call, args, kwargs, output)
