@@ -208,7 +208,7 @@ class _CamCollector:
             self.inputs.append(CamInput(
                 name=item.name, image=image, box=box, targets=targets, skipped=skipped[i],
                 maps={name: res.maps[i] for name, res in results.items()},
-                tensor=batch.tensor[i].detach().float().cpu() if image is None else None))
+                tensor=explained.shown[i] if image is None and explained.shown is not None else None))
 
     def _thumbnail(self, image: Image.Image | None, box: Box | None
                    ) -> tuple[Image.Image | None, Box | None]:
