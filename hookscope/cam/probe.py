@@ -330,7 +330,8 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
             ``training`` flags unchanged.
         inputs: a preprocessed batch (N, C, H, W) or one image (C, H, W), a signal batch
             (N, C, L) or a volume or clip batch (N, C, D, H, W) in a 1-tuple ``(x,)`` (the
-            forward's arguments; a 5-D tensor also alone), or an iterable of batches.
+            forward's arguments; a 5-D tensor also alone), a tuple or dict of the forward's
+            arguments (the maps drawn on ``overlay_input``'s), or an iterable of batches.
         layer: dotted module name or the module, or a list of them (fused); None picks
             :func:`default_layer` (logged).
         method: one of :func:`method_names`.
@@ -346,7 +347,7 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
     options["task"] = options.get("task") or infer_task(model)
     targets = None if target is None and options["task"] == "detection" else \
         as_targets(target, categories)
-    batches = [inputs] if isinstance(inputs, (torch.Tensor, tuple)) else list(inputs)
+    batches = [inputs] if isinstance(inputs, (torch.Tensor, tuple, dict)) else list(inputs)
     batches = [b.unsqueeze(0) if isinstance(b, torch.Tensor) and b.dim() == 3 else b
                for b in batches]
     if targets is not None:

@@ -1,0 +1,190 @@
+"""Models of several inputs, keyword inputs and no inputs: Grad-CAM drawn on one input
+(``overlay_input``) by its definition, a siamese backbone called twice, ``report`` on
+non-image inputs, a forward without arguments, and the gradcam table's peak header."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hookscope
+from hookscope.core.errors import HookscopeError
+
+EPS32 = float(torch.finfo(torch.float32).eps)
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Siamese(nn.Module):  # two images through one shared backbone
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU())
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, a, b):
+        return self.fc(torch.cat([self.backbone(a).mean((2, 3)), self.backbone(b).mean((2, 3))], 1))
+
+
+class Keyed(nn.Module):  # forward(ids=..., image=...): an integer input first
+    def __init__(self):
+        super().__init__()
+        self.emb, self.conv = nn.Embedding(10, 4), nn.Conv2d(3, 4, 3, padding=1)
+        self.act, self.fc = nn.ReLU(), nn.Linear(4, 3)
+
+    def forward(self, ids, image):
+        return self.fc(self.act(self.conv(image)).mean((2, 3)) + self.emb(ids).mean(1))
+
+
+class Tokens(nn.Module):  # token ids: no input a map can be drawn on
+    def __init__(self):
+        super().__init__()
+        self.emb, self.conv, self.fc = nn.Embedding(20, 6), nn.Conv1d(6, 4, 3), nn.Linear(4, 3)
+
+    def forward(self, ids):
+        return self.fc(self.conv(self.emb(ids).transpose(1, 2)).mean(-1))
+
+
+class Signal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act, self.fc = nn.Conv1d(2, 8, 5), nn.ReLU(), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(x)).mean(-1))
+
+
+class NoArgs(nn.Module):  # forward(self): the input is a parameter of its own
+    def __init__(self):
+        super().__init__()
+        self.image = nn.Parameter(torch.randn(1, 3, 8, 8))
+        self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(4, 2)
+
+    def forward(self):
+        return self.fc(self.conv(self.image).mean((2, 3)))
+'''
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("more")
+    (folder / "more_models.py").write_text(MODELS)
+    namespace: dict = {}
+    exec(compile(MODELS, "more_models", "exec"), namespace)
+    return folder, namespace
+
+
+def build(namespace: dict, name: str) -> nn.Module:
+    torch.manual_seed(0)  # as hookscope builds file.py:NAME
+    return namespace[name]().eval()
+
+
+def by_definition(model: nn.Module, args: tuple, layer: str, call: int) -> np.ndarray:
+    """Grad-CAM's raw map in float64 by its definition at call ``call`` of ``layer``:
+    autograd.grad of each input's top logit at that call's output, channel weights the
+    gradient's mean over the positions, the ReLU of the weighted sum."""
+    m = copy.deepcopy(model).double()
+    kept: list[torch.Tensor] = []
+    handle = dict(m.named_modules())[layer].register_forward_hook(lambda mod, i, o: kept.append(o))
+    try:
+        logits = m(*(a.double() if a.is_floating_point() else a for a in args))
+    finally:
+        handle.remove()
+    a = kept[call]
+    score = logits.gather(1, logits.argmax(1, keepdim=True)).sum()
+    (g,) = torch.autograd.grad(score, a)
+    return (g.mean((2, 3), keepdim=True) * a).sum(1).clamp(min=0).detach().numpy()
+
+
+def untouched(model: nn.Module) -> None:
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+
+
+def test_siamese_is_explained_at_the_backbones_last_call(models) -> None:
+    """A module called twice is explained at its last call (the second image's); the map
+    is drawn on the input named by overlay_input, by default the first image."""
+    _, ns = models
+    model = build(ns, "Siamese")
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(2, 3, 8, 8, generator=gen), torch.randn(2, 3, 8, 8, generator=gen)
+    want = by_definition(model, (a, b), "backbone", call=1)
+    # The raw map sums 6 channels of a 27-term convolution: eps per term, per layer.
+    tol = EPS32 * 6 * 27 * 2 * np.abs(want).max()
+    for overlay in (None, 1):
+        res = hookscope.gradcam(model, (a, b), "backbone", overlay_input=overlay)
+        np.testing.assert_allclose(res.raw, want, rtol=0, atol=tol)
+        assert res.targets == model(a, b).argmax(1).tolist()
+    untouched(model)
+    first = by_definition(model, (a, b), "backbone", call=0)
+    assert np.abs(first - want).max() > 100 * tol  # the calls differ: the test can tell them apart
+
+
+@pytest.mark.parametrize("method", ["gradcam", "scorecam", "ablationcam", "gradcam++"])
+def test_each_row_runs_with_its_own_other_inputs(models, method) -> None:
+    """Methods that run extra passes (masked copies, ablated channels) hand each copy its
+    own row of the other inputs: a batch of two equals each sample explained alone, with
+    its ids fixed in a one-input wrapper."""
+    _, ns = models
+    model = build(ns, "Keyed")
+    ids = torch.tensor([[1, 2, 3], [7, 8, 9]])
+    image = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(2))
+    both = hookscope.gradcam(model, {"ids": ids, "image": image}, "act", method=method)
+
+    class Alone(nn.Module):
+        def __init__(self, row: int) -> None:
+            super().__init__()
+            self.inner, self.row = model, row
+
+        def forward(self, x):
+            return self.inner(ids[self.row : self.row + 1].expand(len(x), -1), x)
+
+    for row in range(2):
+        alone = hookscope.gradcam(Alone(row).eval(), image[row : row + 1], "inner.act", method=method)
+        # One sample's float32 map either way; the masked passes' softmax weights: ~1e-6.
+        np.testing.assert_allclose(both.maps[row], alone.maps[0], rtol=0, atol=1e-4)
+        assert both.targets[row] == alone.targets[0]
+    untouched(model)
+
+
+def test_overlay_input_refusals(models) -> None:
+    _, ns = models
+    ids = torch.tensor([[1, 2, 3]])
+    image = torch.randn(1, 3, 6, 6)
+    model = build(ns, "Keyed")
+    with pytest.raises(HookscopeError, match="overlay_input.*ids.*is \\(1, 3\\) int64"):
+        hookscope.gradcam(model, {"ids": ids, "image": image}, "act", overlay_input="ids")
+    with pytest.raises(HookscopeError, match="overlay_input.*the inputs are ids, image"):
+        hookscope.gradcam(model, {"ids": ids, "image": image}, "act", overlay_input="mask")
+    with pytest.raises(HookscopeError, match="none of the inputs"):
+        hookscope.gradcam(build(ns, "Tokens"), (torch.tensor([[1, 2, 3, 4]]),), "conv")
+
+
+def test_gradcam_command_on_two_and_keyword_inputs(cli, models) -> None:
+    from PIL import Image
+
+    folder, _ = models
+    gen = torch.Generator().manual_seed(3)
+    torch.save((torch.randn(2, 3, 8, 8, generator=gen), torch.randn(2, 3, 8, 8, generator=gen)),
+               folder / "pair.pt")
+    torch.save({"ids": torch.randint(0, 10, (2, 5), generator=gen),
+                "image": torch.randn(2, 3, 12, 10, generator=gen)}, folder / "keyed.pt")
+    for name, data, extra in (("Siamese", "pair.pt", ["--overlay-input", "1"]),
+                              ("Keyed", "keyed.pt", [])):
+        out = folder / f"cams-{name}"
+        r = cli("gradcam", f"{folder}/more_models.py:{name}", folder / data, "--out", out,
+                "--save-raw", *extra, "-f", "json")
+        assert r.exit_code == 0, r.output
+        size = (8, 8) if name == "Siamese" else (12, 10)
+        for row in json.loads(r.stdout)["results"]:
+            assert Image.open(row["heatmap"]).size == size[::-1]
+    r = cli("gradcam", f"{folder}/more_models.py:Keyed", folder / "keyed.pt", "--out",
+            folder / "no", "--overlay-input", "ids")
+    assert r.exit_code == 2 and "--overlay-input ids: is (1, 5) int64" in r.stderr
+    assert "Traceback" not in r.output and not (folder / "no").exists()
