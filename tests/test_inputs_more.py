@@ -60,6 +60,15 @@ class Signal(nn.Module):
         return self.fc(self.act(self.conv(x)).mean(-1))
 
 
+class Clip(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act, self.fc = nn.Conv3d(3, 4, 3, padding=1), nn.ReLU(), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(x)).mean((2, 3, 4)))
+
+
 class NoArgs(nn.Module):  # forward(self): the input is a parameter of its own
     def __init__(self):
         super().__init__()
@@ -188,3 +197,15 @@ def test_gradcam_command_on_two_and_keyword_inputs(cli, models) -> None:
             folder / "no", "--overlay-input", "ids")
     assert r.exit_code == 2 and "--overlay-input ids: is (1, 5) int64" in r.stderr
     assert "Traceback" not in r.output and not (folder / "no").exists()
+
+
+@pytest.mark.parametrize("name,shape,header", [("Signal", (2, 2, 32), "peak l"),
+                                               ("Clip", (2, 3, 2, 8, 8), "peak d,y,x")])
+def test_the_peak_header_names_the_maps_axes(cli, models, name, shape, header) -> None:
+    folder, _ = models
+    torch.save((torch.randn(*shape),), folder / f"{name}.pt")
+    r = cli("gradcam", f"{folder}/more_models.py:{name}", folder / f"{name}.pt", "--out",
+            folder / f"peaks-{name}", "--layer", "act")
+    assert r.exit_code == 0, r.output
+    head = next(line for line in r.stdout.splitlines() if line.startswith("input"))
+    assert header in head and "y,x" not in head.replace("d,y,x", "")
