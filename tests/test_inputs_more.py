@@ -209,3 +209,33 @@ def test_the_peak_header_names_the_maps_axes(cli, models, name, shape, header) -
     assert r.exit_code == 0, r.output
     head = next(line for line in r.stdout.splitlines() if line.startswith("input"))
     assert header in head and "y,x" not in head.replace("d,y,x", "")
+
+
+def test_a_forward_of_no_arguments_runs_without_input(cli, models) -> None:
+    """``forward(self)``: stats and layers run it once, with no INPUT, and their numbers are
+    the model's own (float64 hooks); a model that needs inputs still says so in one line."""
+    folder, ns = models
+    model = build(ns, "NoArgs").double()
+    found: dict[str, list[float]] = {}
+    for name in ("conv", "fc"):
+        getattr(model, name).register_forward_hook(
+            lambda m, i, o, n=name: found.update({n: [o.mean().item(), o.min().item(), o.max().item()]}))
+    with torch.no_grad():
+        model()
+    doc = json.loads(cli("stats", f"{folder}/more_models.py:NoArgs", "-f", "json").stdout)
+    assert doc["inputs"] == ["forward()"] and doc["input_shape"] is None
+    for row in doc["layers"]:
+        # A 27-term float32 convolution: eps per term of relative error; 1e-5 leaves room.
+        got = [row["mean"], row["min"], row["max"]]
+        np.testing.assert_allclose(got, found[row["name"]], rtol=1e-5, atol=1e-6)
+    layers = json.loads(cli("layers", f"{folder}/more_models.py:NoArgs", "-f", "json").stdout)
+    rows = {r["name"]: r for r in layers["layers"]}
+    assert layers["root"]["params_total"] == sum(p.numel() for p in model.parameters())
+    assert rows["conv"]["calls"][0]["output_shape"] == [1, 4, 6, 6]
+    # MACs of a 3x3 convolution of 3 channels into 4 over a 6x6 output, and of Linear(4, 2).
+    assert rows["conv"]["macs"] == 4 * 6 * 6 * 3 * 9 and rows["fc"]["macs"] == 4 * 2
+    assert json.loads(cli("stats", f"{folder}/more_models.py:NoArgs", "-f", "json").stdout) \
+        ["predictions"][0][0]["index"] == int(model().argmax())
+    r = cli("stats", f"{folder}/more_models.py:Signal")
+    assert r.exit_code == 2 and r.stderr.strip().endswith("or --data.") and "Traceback" not in r.output
+    assert hookscope.collect_stats(build(ns, "NoArgs"), ()).layers[0].name == "conv"

@@ -22,7 +22,7 @@ from torch import nn
 from hookscope.core.errors import HookscopeError, param
 
 __all__ = ["Arity", "Placement", "arity", "call", "describe", "expand", "first_float", "image_size",
-           "is_label", "map_tensors", "placement", "rows", "split_label", "take"]
+           "is_label", "map_tensors", "placement", "rows", "split_label", "take", "takes_nothing"]
 
 LABEL_KEYS = ("label", "labels")
 
@@ -173,6 +173,12 @@ def arity(model: nn.Module) -> Arity | None:
         else float(len(positional))
     var_kw = any(p.kind is kinds.VAR_KEYWORD for p in sig.parameters.values())
     return required, most, frozenset(sig.parameters), var_kw
+
+
+def takes_nothing(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes no positional argument (``forward(self)``)."""
+    found = arity(model)
+    return found is not None and found[1] == 0
 
 
 def is_label(v: Any) -> bool:
