@@ -239,3 +239,47 @@ def test_a_forward_of_no_arguments_runs_without_input(cli, models) -> None:
     r = cli("stats", f"{folder}/more_models.py:Signal")
     assert r.exit_code == 2 and r.stderr.strip().endswith("or --data.") and "Traceback" not in r.output
     assert hookscope.collect_stats(build(ns, "NoArgs"), ()).layers[0].name == "conv"
+
+
+def _report(folder, name: str, batch):
+    from hookscope.inputs.resolve import iter_batches, resolve_inputs
+    from hookscope.report import build_report
+    from hookscope.sources import LoadOptions, load
+
+    torch.save(batch, folder / f"report-{name}.pt")
+    loaded = load(f"{folder}/more_models.py:{name}", LoadOptions())
+    inputs = resolve_inputs([str(folder / f"report-{name}.pt")])
+    report = build_report(loaded, lambda: iter_batches(inputs, loaded.preprocess, keep_images=True),
+                          inputs.names)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in loaded.model.modules())
+    return loaded, report
+
+
+@pytest.mark.parametrize("name,batch,grid", [
+    ("Signal", (torch.randn(2, 2, 32),), (32,)),
+    ("Clip", (torch.randn(2, 3, 2, 8, 8),), (2, 8, 8)),
+    ("Siamese", (torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)), (8, 8)),
+    ("Tokens", (torch.randint(0, 20, (2, 9)),), None)])
+def test_report_on_inputs_that_are_not_one_image(models, name, batch, grid) -> None:
+    """Signals, volumes, two images and token ids each get the page: statistics, gradients,
+    the FLOPs of their first input, and Grad-CAM where a map can be drawn (a signal's curve,
+    a volume's contact sheet), else the section left out with why."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hookscope.render.report import report_html
+
+    folder, _ = models
+    loaded, report = _report(folder, name, batch)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        loaded.model(*(t[:1] for t in batch))
+    # Convolutions and Linear layers only, which FlopCounterMode counts by their formulas.
+    assert report.flops == counter.get_total_flops() > 0
+    assert len(report.stats.layers) > 0 and report.grads is not None
+    page = report_html(report)
+    if grid is None:
+        assert "drawn on" in report.left_out["gradcam"] and report.inputs == []
+        assert 'id="gradcam"' not in page and "Gradcam left out: A CAM is drawn on" in page
+        return
+    assert [m.shape for item in report.inputs for m in item.maps.values()] == [grid, grid]
+    # One overlay per input; an image input also shows the input alone.
+    assert page.count("<img") == 2 * (2 if len(grid) == 2 else 1)
