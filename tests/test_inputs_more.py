@@ -69,6 +69,34 @@ class Clip(nn.Module):
         return self.fc(self.act(self.conv(x)).mean((2, 3, 4)))
 
 
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+class Pairs(torch.utils.data.Dataset):  # (image, label)
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(i)), i % 3
+
+
+def doubled(items):  # a collate function of its own: the images times two
+    return torch.stack([x for x, _ in items]) * 2, torch.tensor([y for _, y in items])
+
+
+ORDER = [5, 3, 1, 0, 2, 4]
+
+
+def loader():
+    return torch.utils.data.DataLoader(Pairs(), batch_size=4, sampler=ORDER, collate_fn=doubled)
+
+
 class NoArgs(nn.Module):  # forward(self): the input is a parameter of its own
     def __init__(self):
         super().__init__()
@@ -283,3 +311,23 @@ def test_report_on_inputs_that_are_not_one_image(models, name, batch, grid) -> N
     assert [m.shape for item in report.inputs for m in item.maps.values()] == [grid, grid]
     # One overlay per input; an image input also shows the input alone.
     assert page.count("<img") == 2 * (2 if len(grid) == 2 else 1)
+
+
+def test_a_data_loader_is_read_through_its_sampler_and_collate_function(cli, models) -> None:
+    """--data with a DataLoader: its sampler's order and its collate function's batches (here
+    the images doubled), split into samples; the labels follow the same order."""
+    folder, ns = models
+    model = build(ns, "Net").double()
+    images = torch.stack([ns["Pairs"]()[i][0] for i in ns["ORDER"]]) * 2
+    with torch.no_grad():
+        probs = model(images.double()).softmax(1)
+    spec = f"{folder}/more_models.py"
+    doc = json.loads(cli("stats", f"{spec}:Net", "--data", f"{spec}:loader", "-f", "json").stdout)
+    assert doc["inputs"] == [f"{spec}:loader[{i}]" for i in range(6)]
+    for i, preds in enumerate(doc["predictions"]):
+        assert preds[0]["index"] == int(probs[i].argmax())
+        # float32 softmax of a 3-class head over 27-term convolutions: ~1e-6; 1e-5 leaves room.
+        assert abs(preds[0]["prob"] - float(probs[i].max())) < 1e-5
+    r = cli("grads", f"{spec}:Net", "--data", f"{spec}:loader", "--loss", "ce", "-f", "json")
+    assert r.exit_code == 0, r.output
+    assert [int(t) for t in json.loads(r.stdout)["targets"]] == [i % 3 for i in ns["ORDER"]]
