@@ -331,3 +331,9 @@ def test_a_data_loader_is_read_through_its_sampler_and_collate_function(cli, mod
     r = cli("grads", f"{spec}:Net", "--data", f"{spec}:loader", "--loss", "ce", "-f", "json")
     assert r.exit_code == 0, r.output
     assert [int(t) for t in json.loads(r.stdout)["targets"]] == [i % 3 for i in ns["ORDER"]]
+    from hookscope.inputs.data import DataSource
+
+    sharded = torch.utils.data.DataLoader(ns["Pairs"](), sampler=torch.utils.data.DistributedSampler(
+        ns["Pairs"](), num_replicas=2, rank=0))
+    with pytest.raises(HookscopeError, match="DistributedSampler shards the data set"):
+        DataSource(sharded, "x.py:sharded")
