@@ -296,10 +296,10 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
                                                    train_mode=opts.train_mode, **run)
     collector = _CamCollector(loaded, opts.max_side)
     sample = _first_sample(batches)
-    cam, why = _explain(loaded, batches, sample, collector, cam_options | run)
-    if why is not None:
-        skipped["gradcam"] = why
-        logging.getLogger("hookscope").info(f"gradcam left out: {why}")
+    cam, no_cam = _explain(loaded, batches, sample, collector, cam_options | run)
+    if no_cam is not None:
+        skipped["gradcam"] = no_cam
+        logging.getLogger("hookscope").info(f"gradcam left out: {no_cam}")
     params, flops, shape = _flops(loaded, sample, stats.input_shape)
     predictions = stats.predictions or [[] for _ in collector.inputs]
     inputs = [replace(item, predictions=None if preds is None else list(preds))

@@ -107,9 +107,11 @@ def default_layer(model: nn.Module, sample: Any, *, autocast: torch.dtype | None
                   task: str = "classification", overlay: int | str | None = None
                   ) -> tuple[str, list[int]]:
     """The layer to explain when none is given, and its (N, C, h, w), from one forward pass
-    of ``sample`` (the forward's arguments; ``overlay`` as :func:`~hookscope.core.arguments.placement`'s): the last module whose output is an image grid (for a token transformer,
-    its last block's first norm); for a segmentation model or detector, the last such stage
-    of its backbone if there is one. HookscopeError if no module has a spatial output.
+    of ``sample`` (the forward's arguments; ``overlay`` picks the input the grid is measured
+    on, as in :func:`~hookscope.core.arguments.placement`): the last module whose output is an
+    image grid (for a token transformer, its last block's first norm); for a segmentation
+    model or detector, the last such stage of its backbone if there is one. HookscopeError if
+    no module has a spatial output.
     """
     probe = _Spatial(model, overlay)
     found = drive(model, sample, probe, autocast=autocast)

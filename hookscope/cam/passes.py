@@ -373,8 +373,8 @@ class BatchRun:
         try:
             with self.probe.running(ablation):
                 out = self.step.forward_expanded(
-                    self.step.place(self.x[i : i + 1], [i]), len(channels), lambda o: len(objective.output(o)),
-                    ablation.expand_ok, layer, grad=PLAIN)
+                    self.step.place(self.x[i : i + 1], [i]), len(channels),
+                    lambda o: len(objective.output(o)), ablation.expand_ok, layer, grad=PLAIN)
             return objective.score(objective.output(out), self.focus, [i] * len(channels))
         finally:
             ablation.ablation = None

@@ -131,6 +131,7 @@ def placement(x: Any, overlay: int | str | None = None) -> Placement:
         raise HookscopeError(f"{param('overlay_input')} {overlay}: " + (
             f"the inputs are {names}." if value is None else
             f"is {describe(value)}; a CAM is drawn on {what}."))
+    assert isinstance(value, torch.Tensor)  # _drawable
     return Placement(x, key, value)
 
 

@@ -179,6 +179,7 @@ def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float) -> dict[
         elif rank == 4:
             image = volume_images(values, item.tensor, mean, std, cmap=cmap, alpha=alpha)[0]
         else:
+            assert base is not None  # an image's
             image = heatmap_images(values, base, item.box, cmap=cmap, alpha=alpha)[0]
         t = item.targets[method]
         label = t.label if t.label is not None else f"class {t.index}"
@@ -219,7 +220,8 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
         grad_rows=None if grads is None else [_grad_row(i, r) for i, r in
                                               enumerate(doc["grads"]["layers"])],
         median=None if grads is None else fmt_float(grads.median_norm),
-        cam=None if "gradcam" in report.left_out else {"layer": report.cam_layer, "methods": ", ".join(report.methods),
+        cam=None if "gradcam" in report.left_out else {
+             "layer": report.cam_layer, "methods": ", ".join(report.methods),
              "how": "chosen automatically (the last image-grid output)"
              if report.cam_layer_default else "as asked",
              "inputs": [_cam_input(item, report, cmap, alpha) for item in report.inputs]})

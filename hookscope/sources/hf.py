@@ -105,7 +105,7 @@ def _model_class(transformers: ModuleType, config: Any, raw: dict[str, Any],
 def image_text(cls: type) -> bool:
     """Whether the model takes images and texts (CLIP, SigLIP): ``pixel_values`` and
     ``input_ids``."""
-    params = inspect.signature(cls.forward).parameters
+    params = inspect.signature(cls.forward).parameters  # type: ignore[attr-defined]
     return "pixel_values" in params and "input_ids" in params
 
 
