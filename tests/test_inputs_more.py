@@ -14,6 +14,7 @@ from torch import nn
 
 import hookscope
 from hookscope.core.errors import HookscopeError
+from tests.test_cam_layouts import MODELS as LAYOUTS
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 
@@ -49,24 +50,6 @@ class Tokens(nn.Module):  # token ids: no input a map can be drawn on
 
     def forward(self, ids):
         return self.fc(self.conv(self.emb(ids).transpose(1, 2)).mean(-1))
-
-
-class Signal(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.act, self.fc = nn.Conv1d(2, 8, 5), nn.ReLU(), nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.fc(self.act(self.conv(x)).mean(-1))
-
-
-class Clip(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.act, self.fc = nn.Conv3d(3, 4, 3, padding=1), nn.ReLU(), nn.Linear(4, 2)
-
-    def forward(self, x):
-        return self.fc(self.act(self.conv(x)).mean((2, 3, 4)))
 
 
 class Net(nn.Module):
@@ -111,9 +94,10 @@ class NoArgs(nn.Module):  # forward(self): the input is a parameter of its own
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("more")
-    (folder / "more_models.py").write_text(MODELS)
+    source = MODELS + LAYOUTS  # and the signal and clip models of test_cam_layouts
+    (folder / "more_models.py").write_text(source)
     namespace: dict = {}
-    exec(compile(MODELS, "more_models", "exec"), namespace)
+    exec(compile(source, "more_models", "exec"), namespace)
     return folder, namespace
 
 
