@@ -201,7 +201,8 @@ def gradcam(
     guided: o.CamGuidedOpt = False, mask: o.CamMaskOpt = None, box_index: o.CamBoxIndexOpt = None,
     iou: o.CamIouOpt = 0.5, min_score: o.CamMinScoreOpt = 0.5, metrics: o.CamMetricsOpt = None,
     percentiles: o.CamPercentilesOpt = None, head_fusion: o.CamHeadFusionOpt = "mean",
-    discard_ratio: o.CamDiscardRatioOpt = 0.0, fmt: o.FormatOpt = "table", *, s: Session,
+    discard_ratio: o.CamDiscardRatioOpt = 0.0, overlay_input: o.CamOverlayInputOpt = None,
+    fmt: o.FormatOpt = "table", *, s: Session,
 ) -> None:
     """Grad-CAM and its family: which pixels made the model choose a class, segment a class
     or detect a box.
@@ -238,7 +239,7 @@ def gradcam(
             box_index=box_index or (), iou=iou, min_score=min_score, aug_smooth=aug_smooth,
             eigen_smooth=eigen_smooth, guided=guided, seed=s.model.load.seed,
             metrics=plan.names if plan else (), percentiles=plan.percentiles if plan else None,
-            head_fusion=head_fusion, discard_ratio=discard_ratio)
+            head_fusion=head_fusion, discard_ratio=discard_ratio, overlay_input=overlay_input)
     writer.log_notes(report.notes)
     doc = loaded.envelope("gradcam", resolved.names) | writer.document(
         report, out=out_dir, layer_default=not layers, aug_smooth=aug_smooth,

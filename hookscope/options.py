@@ -355,6 +355,9 @@ CamHeadFusionOpt = Annotated[HeadFusion, typer.Option(  # type: ignore[valid-typ
     help="rollout: fuse the attention heads by their mean, max or min.")]
 CamDiscardRatioOpt = Annotated[float, typer.Option(
     help="rollout: zero this fraction of the lowest fused attentions.", min=0.0, max=0.99)]
+CamOverlayInputOpt = Annotated[str | None, typer.Option(
+    help="For a forward of several inputs: the one the maps are drawn on, by position (0, "
+    "1...) or keyword name (default: the first image, signal or volume batch).")]
 CamGuidedOpt = Annotated[bool, typer.Option(
     "--guided", help="Also write <stem>.<method>.guided.png: guided backpropagation "
     "times the map (guided Grad-CAM).")]

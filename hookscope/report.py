@@ -22,8 +22,10 @@ from PIL import Image
 from hookscope.cam.attribution import AttributionProbe, attr_options, overlay_map
 from hookscope.cam.methods import PLAIN
 from hookscope.cam.probe import check_explain, explain
-from hookscope.cam.result import CamBatch
+from hookscope.cam.result import CamBatch, CamReport
 from hookscope.cam.targets import task_targets
+from hookscope.core.arguments import placement, take
+from hookscope.core.errors import ForwardError, HookscopeError
 from hookscope.core.run import drive
 from hookscope.core.select import LEAVES, Selection
 from hookscope.numerics.health import DEAD
@@ -164,7 +166,8 @@ class Report:
     findings: list[Finding]
     notes: list[str]
     options: ReportOptions
-    #: Each section the model's kind leaves out (``gradients``), with why.
+    #: Each section left out (``gradients`` for a kind of model, ``gradcam`` for inputs a map
+    #: cannot be drawn on), with why.
     left_out: dict[str, str] = field(default_factory=dict)
     attribution: Attributions | None = None
 
@@ -241,7 +244,7 @@ class _CamCollector:
             self.inputs.append(CamInput(
                 name=item.name, image=image, box=box, targets=targets, skipped=skipped[i],
                 maps={name: res.maps[i] for name, res in results.items()},
-                tensor=batch.tensor[i].detach().float().cpu() if image is None else None))
+                tensor=explained.shown[i] if image is None and explained.shown is not None else None))
 
     def _thumbnail(self, image: Image.Image | None, box: Box | None
                    ) -> tuple[Image.Image | None, Box | None]:
@@ -255,14 +258,38 @@ class _CamCollector:
         return small, (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
 
 
-def _flops(loaded: LoadedModel, input_shape: list[int] | None,
+def _first_sample(batches: Callable[[], Iterable[Batch]]) -> Any:
+    """The first input's arguments (a one-row batch), or None for no input."""
+    it = iter(batches())
+    try:
+        first = next(it, None)
+    finally:
+        getattr(it, "close", lambda: None)()
+    return None if first is None else take(first.tensor, slice(0, 1))
+
+
+def _flops(loaded: LoadedModel, sample: Any, input_shape: list[int] | None,
            ) -> tuple[int | None, int | None, list[int] | None]:
-    """Parameter count, and the FLOPs of one sample of ``input_shape`` (zeros)."""
-    if input_shape is None:
+    """Parameter count, and the FLOPs of the first input (``sample``)."""
+    if sample is None:
         return model_structure(loaded.model).params, None, None
-    example = torch.zeros((1, *input_shape), device=loaded.device)
-    found = model_structure(loaded.model, example, autocast=loaded.autocast)
-    return found.params, found.flops, [1, *input_shape]
+    found = model_structure(loaded.model, sample, autocast=loaded.autocast)
+    return found.params, found.flops, None if input_shape is None else [1, *input_shape]
+
+
+def _explain(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], sample: Any,
+             collector: _CamCollector, options: dict[str, Any]) -> tuple[CamReport | None, str | None]:
+    """Grad-CAM over the inputs, or None and why it does not apply: no input a map can be
+    drawn on, or (with no layer given) no layer with a grid output."""
+    try:
+        if sample is not None:
+            placement(sample)
+        return explain(loaded.model, batches(), transform=loaded.preprocess, sink=collector,
+                       **options), None
+    except HookscopeError as exc:
+        if collector.inputs or options["layer"] is not None or isinstance(exc, ForwardError):
+            raise
+        return None, str(exc).rstrip(".")
 
 
 class _PlainStats(StatsProbe):
@@ -303,17 +330,22 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
     grads = None if grads_probe is None else drive(model, batches(), grads_probe,
                                                    train_mode=opts.train_mode, **run)
     collector = _CamCollector(loaded, opts.max_side)
-    cam = explain(model, batches(), transform=loaded.preprocess, sink=collector, **cam_options, **run)
-    image = stats.input_shape is not None and len(stats.input_shape) == 3
+    sample = _first_sample(batches)
+    cam, no_cam = _explain(loaded, batches, sample, collector, cam_options | run)
+    if no_cam is not None:
+        skipped["gradcam"] = no_cam
+        logging.getLogger("hookscope").info(f"gradcam left out: {no_cam}")
+    image = cam is not None and stats.input_shape is not None and len(stats.input_shape) == 3
     attribution = _attributions(loaded, batches(), attr_probe, progress) \
         if attr_probe is not None and image else None
-    params, flops, shape = _flops(loaded, stats.input_shape)
+    params, flops, shape = _flops(loaded, sample, stats.input_shape)
     predictions = stats.predictions or [[] for _ in collector.inputs]
     inputs = [replace(item, predictions=None if preds is None else list(preds))
               for item, preds in zip(collector.inputs, predictions, strict=False)]
     return Report(
         envelope=loaded.envelope("report", list(names)),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), params=params, flops=flops,
-        flops_shape=shape, stats=stats, grads=grads, cam_layer=cam.layer, methods=cam.methods,
-        cam_layer_default=opts.layer is None, inputs=inputs, findings=find_issues(stats, grads),
-        notes=cam.notes, options=opts, left_out=skipped, attribution=attribution)
+        flops_shape=shape, stats=stats, grads=grads, cam_layer=cam.layer if cam else "",
+        methods=cam.methods if cam else [], cam_layer_default=opts.layer is None, inputs=inputs,
+        findings=find_issues(stats, grads), notes=cam.notes if cam else [], options=opts,
+        left_out=skipped, attribution=attribution)

@@ -163,6 +163,7 @@ class Session:
         self.group, self.path, self.force = group, output, force
         self.writes: list[Path] = []  # the files this run will replace: never one it reads
         self.data: Any = None  # --data's hookscope.inputs.data.DataSource, once resolved
+        self.nothing = False  # no INPUT: one call of no arguments, if the forward takes none
 
     @property
     def ranks(self) -> int:
@@ -234,9 +235,11 @@ class Session:
             self.reading([options.data.rpartition(":")[0]], "a file the data is loaded from")
             data = DataSource(load_data(options.data, options.load.seed), options.data,
                               limit=None if options.shuffle else options.limit)
+        self.nothing = not specs and data is None
         resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
                                   recursive=options.recursive, limit=options.limit,
-                                  shuffle=options.shuffle, seed=options.load.seed, data=data)
+                                  shuffle=options.shuffle, seed=options.load.seed, data=data,
+                                  nothing=True)
         self.data = data
         self.reading(item.path for item in resolved.items)
         self.group.agree(resolved.names)
@@ -246,6 +249,8 @@ class Session:
         """Load MODEL (or the one ``options`` name), refusing kinds ``command`` cannot run
         and sizes that cannot fit."""
         from hookscope import sources
+        from hookscope.core.arguments import takes_nothing
+        from hookscope.inputs.resolve import NO_INPUTS
         from hookscope.sources import check_batch_memory, check_supported
 
         options = options or self.model
@@ -256,6 +261,8 @@ class Session:
         check_supported(spec, needs_logits=command in NEEDS_LOGITS,
                         needs_images=command == "gradcam")
         loaded = sources.load(spec, options.load)
+        if self.nothing and not takes_nothing(loaded.model):
+            raise HookscopeError(NO_INPUTS)
         check_batch_memory(loaded, options.batch_size)
         if self.data is not None:  # --data: its labels by this forward
             self.data.bind(loaded.model)

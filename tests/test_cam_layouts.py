@@ -139,9 +139,9 @@ def test_every_method_or_a_reason(make, data):
 
 def test_refusals():
     model, x = signal_model(), signal()
-    with pytest.raises(HookscopeError, match="one input"):
-        explain(model, (x, x), layer="3")
-    with pytest.raises(HookscopeError, match="one input"):
+    with pytest.raises(HookscopeError, match="the inputs are 0, 1"):
+        explain(model, (x, x), layer="3", overlay_input=2)
+    with pytest.raises(HookscopeError, match="A CAM is drawn on"):
         explain(model, torch.zeros(2, 40, dtype=torch.long), layer="3")
     with pytest.raises(HookscopeError, match="not .N, C, L. as the input is"):
         explain(model, (x,), layer="6")
@@ -266,8 +266,8 @@ def test_gradcam_command_writes_maps(cli, files, name, data, raw, size):
 
 def test_gradcam_command_refusals(cli, files):
     r = cli("gradcam", f"{files}/layout_models.py:Pair", files / "pair.pt", "--out",
-            files / "no")
-    assert r.exit_code == 2 and "one input" in r.stderr and "Traceback" not in r.output
+            files / "no", "--overlay-input", "2")
+    assert r.exit_code == 2 and "the inputs are 0, 1" in r.stderr and "Traceback" not in r.output
     r = cli("gradcam", f"{files}/layout_models.py:Signal", files / "signal.pt", "--out",
             files / "no", "--layer", "fc")
     assert r.exit_code == 2 and "not (N, C, L)" in r.stderr

@@ -237,13 +237,15 @@ def metric_plan(metrics: Sequence[str], percentiles: Sequence[float] | None, see
     return MetricPlan.make(metrics, percentiles, seed)
 
 
-def class_scorer(step: Step, logits: Callable[[Any], torch.Tensor], classes: Sequence[int]
-                 ) -> Score:
+def class_scorer(step: Step, logits: Callable[[Any], torch.Tensor], classes: Sequence[int],
+                 place: Callable[[torch.Tensor, list[int]], Any] | None = None) -> Score:
     """The metrics' ``score``: the softmax probability of input ``rows[j]``'s class for the
-    j-th input, the logits taken by ``logits`` from one plain pass."""
+    j-th input, the logits taken by ``logits`` from one plain pass; ``place`` puts the
+    perturbed input among the forward's other inputs."""
 
     def score(inputs: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        return class_probs(logits(step.forward(inputs, grad=PLAIN)),
+        args = place(inputs, rows) if place is not None else inputs
+        return class_probs(logits(step.forward(args, grad=PLAIN)),
                            [classes[r] for r in rows])
 
     return score

@@ -13,7 +13,7 @@ from torch import nn
 
 from hookscope.cam.methods import PLAIN
 from hookscope.cam.passes import output_tensor
-from hookscope.core.arguments import first_float
+from hookscope.core.arguments import placement
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
@@ -39,7 +39,8 @@ class _Spatial(Probe[list[_Grid]]):
 
     grad = PLAIN
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, overlay: int | str | None) -> None:
+        self.overlay = overlay
         self.sites = [s for s in all_sites(model) if s.name]
         self.found: list[_Grid] = []
         self.ran: set[str] = set()
@@ -47,7 +48,7 @@ class _Spatial(Probe[list[_Grid]]):
         self.size: tuple[int, ...] = (0, 0)
 
     def step(self, step: Step) -> None:
-        self.size = extent(first_float(step.x)) or (0, 0)
+        self.size = extent(placement(step.x, self.overlay).shown) or (0, 0)
         step.forward()
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
@@ -102,15 +103,17 @@ def _token_layer(found: Sequence[_Grid], model: nn.Module) -> _Grid | None:
     return next((g for g, b in inside if b == inside[-1][1]), None)
 
 
-def default_layer(model: nn.Module, sample: torch.Tensor, *,
-                  autocast: torch.dtype | None = None,
-                  task: str = "classification") -> tuple[str, list[int]]:
+def default_layer(model: nn.Module, sample: Any, *, autocast: torch.dtype | None = None,
+                  task: str = "classification", overlay: int | str | None = None
+                  ) -> tuple[str, list[int]]:
     """The layer to explain when none is given, and its (N, C, h, w), from one forward pass
-    of ``sample``: the last module whose output is an image grid (for a token transformer,
-    its last block's first norm); for a segmentation model or detector, the last such stage
-    of its backbone if there is one. HookscopeError if no module has a spatial output.
+    of ``sample`` (the forward's arguments; ``overlay`` picks the input the grid is measured
+    on, as in :func:`~hookscope.core.arguments.placement`): the last module whose output is an
+    image grid (for a token transformer, its last block's first norm); for a segmentation
+    model or detector, the last such stage of its backbone if there is one. HookscopeError if
+    no module has a spatial output.
     """
-    probe = _Spatial(model)
+    probe = _Spatial(model, overlay)
     found = drive(model, sample, probe, autocast=autocast)
     chosen = _stage(found, probe.ran, model) if task != "classification" else None
     if chosen is None and found and found[-1].kind == "tokens":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -16,9 +16,10 @@ from torch import nn
 
 from hookscope.cam.methods import PLAIN, SMOOTH_STD, FullBackward
 from hookscope.cam.targets import Focus, Objective, Origins
+from hookscope.core.arguments import Placement
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call
-from hookscope.core.run import Probe, Step
+from hookscope.core.run import GradMode, Probe, Step
 from hookscope.core.select import Site
 from hookscope.numerics.layout import Layout, extent, layout
 
@@ -83,6 +84,28 @@ class Captured:
     graph_out: Any = None  # with its graph, for regrad
     nodes: list[torch.Tensor] = field(default_factory=list)
     graph_grads: list[torch.Tensor] = field(default_factory=list)  # for the HVP
+
+
+@dataclass
+class Placed(Step):
+    """A batch as the CAM passes see it: a tensor given to :meth:`forward` is the drawn input
+    (its :class:`~hookscope.core.arguments.Placement`), run with the other inputs."""
+
+    placement: Placement | None = None
+
+    @classmethod
+    def of(cls, step: Step, placement: Placement) -> Placed:
+        return cls(**{f.name: getattr(step, f.name) for f in fields(step)}, placement=placement)
+
+    def forward(self, x: Any = None, *, grad: GradMode | None = None) -> Any:
+        if isinstance(x, torch.Tensor):
+            x = self.place(x)
+        return super().forward(x, grad=grad)
+
+    def place(self, t: torch.Tensor, rows: Sequence[int] | None = None) -> Any:
+        """The batch with drawn input ``t`` (see :meth:`Placement.put`)."""
+        assert self.placement is not None  # set by of()
+        return self.placement.put(t, rows)
 
 
 class Pass:
@@ -318,7 +341,7 @@ class BatchRun:
     shared by every method and layer (see :class:`hookscope.cam.methods.CamInputs`)."""
 
     probe: CamProbe
-    step: Step
+    step: Placed
     cap: Captured
     focus: Focus
     origins: Origins
@@ -333,8 +356,8 @@ class BatchRun:
     def score(self, x: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """The target scores of ``x``, its row j against input ``rows[j]``: a plain pass."""
         objective = self.probe.objective
-        return objective.score(objective.output(self.step.forward(x, grad=PLAIN)),
-                               self.focus, rows)
+        return objective.score(objective.output(self.step.forward(self.step.place(x, rows),
+                                                                   grad=PLAIN)), self.focus, rows)
 
     def ablate(self, layer: int, i: int, channels: list[int]) -> torch.Tensor:
         """Input ``i``'s target scores with each of ``channels`` of ``layer``'s output
@@ -350,8 +373,8 @@ class BatchRun:
         try:
             with self.probe.running(ablation):
                 out = self.step.forward_expanded(
-                    self.x[i : i + 1], len(channels), lambda o: len(objective.output(o)),
-                    ablation.expand_ok, layer, grad=PLAIN)
+                    self.step.place(self.x[i : i + 1], [i]), len(channels),
+                    lambda o: len(objective.output(o)), ablation.expand_ok, layer, grad=PLAIN)
             return objective.score(objective.output(out), self.focus, [i] * len(channels))
         finally:
             ablation.ablation = None

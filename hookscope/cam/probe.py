@@ -18,7 +18,7 @@ from hookscope.cam.attention import AttentionPass
 from hookscope.cam.faithfulness import class_scorer, metric_plan
 from hookscope.cam.layer import default_layer, why_chosen
 from hookscope.cam.methods import CamInputs, Method, get_method, method_names, project
-from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Switch, has_bias
+from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Placed, Switch, has_bias
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
 from hookscope.cam.targets import (
     TASKS,
@@ -29,7 +29,7 @@ from hookscope.cam.targets import (
     SegmentationObjective,
     infer_task,
 )
-from hookscope.core.arguments import describe
+from hookscope.core.arguments import placement, rows, take
 from hookscope.core.classes import Targets, as_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.run import Step, drive, peek
@@ -50,18 +50,6 @@ NEEDS_2D = {
 }
 
 
-def cam_input(x: Any) -> torch.Tensor:
-    """The forward's one input that a CAM explains: an image batch (N, C, H, W), or a
-    floating-point signal (N, C, L) or volume (N, C, D, H, W) batch (alone or in a 1-tuple);
-    HookscopeError for anything else (several inputs, keywords, integers)."""
-    if isinstance(x, tuple) and len(x) == 1:
-        x = x[0]
-    if isinstance(x, torch.Tensor) and (x.dim() == 4 or (
-            x.dim() in (3, 5) and x.is_floating_point())):
-        return x
-    raise HookscopeError("Grad-CAM explains a forward with one input: an image batch (N, C, H, "
-                         "W), a signal (N, C, L) or a volume or clip (N, C, D, H, W) of floats; "
-                         f"got {describe(x)}.")
 #: pytorch-grad-cam's ``aug_smooth``: (horizontal flip, intensity factor), the identity first.
 AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1.0),
                  (True, 1.1))
@@ -95,6 +83,7 @@ class CamOptions:
     percentiles: Sequence[float] | None = None
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
+    overlay_input: int | str | None = None
 
     def objective(self, model: nn.Module) -> Objective:
         """The objective for the task; HookscopeError for an option that does not apply."""
@@ -230,8 +219,9 @@ class CamProbe(Switch[CamReport]):
                 raws.append(torch.nan_to_num(res, nan=0.0).clamp(min=0))
         return raws
 
-    def step(self, step: Step) -> None:
-        x = cam_input(step.x)
+    def step(self, plain: Step) -> None:
+        place = placement(plain.x, self.options.overlay_input)
+        x, step = place.shown, Placed.of(plain, place)
         if x.dim() != 4:
             self._check_nd(x)
         origins = Origins.of(step.batch, step.start, len(step), self.transform)
@@ -254,9 +244,10 @@ class CamProbe(Switch[CamReport]):
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}
         if self.metrics is not None:
-            results = self._metrics(results, step, focus)
+            results = self._metrics(results, step, x, focus)
         explained = CamBatch(batch=step.batch, start=step.start, results=results,
-                             boxes=origins.boxes, skipped=list(focus.skipped))
+                             boxes=origins.boxes, skipped=list(focus.skipped),
+                             shown=x.detach().float().cpu())
         self.notes.update(dict.fromkeys(why for why in focus.skipped if why is not None))
         self.notes.update(dict.fromkeys(explained.notes))
         if self.sink is not None:
@@ -264,13 +255,13 @@ class CamProbe(Switch[CamReport]):
         else:
             self.kept.append(explained)
 
-    def _metrics(self, results: dict[str, CamResult], step: Step, focus: Focus
-                 ) -> dict[str, CamResult]:
+    def _metrics(self, results: dict[str, CamResult], step: Placed, x: torch.Tensor,
+                 focus: Focus) -> dict[str, CamResult]:
         """Each result with its faithfulness metrics (plain passes of perturbed inputs)."""
         assert self.metrics is not None
-        score = class_scorer(step, self.objective.output, focus.classes)
+        score = class_scorer(step, self.objective.output, focus.classes, step.place)
         return {name: replace(res, metrics=self.metrics.evaluate(
-                    score, step.x, torch.from_numpy(res.maps), self.options.score_batch))
+                    score, x, torch.from_numpy(res.maps), self.options.score_batch))
                 for name, res in results.items()}
 
     def finish(self) -> CamReport:
@@ -301,8 +292,10 @@ def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
     batches: Any = inputs
     if layer is None:
         first, batches = peek(inputs)
-        sample = cam_input(getattr(first, "tensor", first))
-        layer, shape = default_layer(model, sample[:1], autocast=autocast, task=objective.kind)
+        sample = take(getattr(first, "tensor", first), slice(0, 1))
+        placement(sample, opts.overlay_input)  # refused before the model runs
+        layer, shape = default_layer(model, sample, autocast=autocast, task=objective.kind,
+                                     overlay=opts.overlay_input)
         if any(get_method(m).layerwise for m in opts.methods):  # else no method uses it
             log.info("using layer %s, %s (%s channels on a %s grid)", layer,
                      why_chosen(layer, objective.kind), shape[1], "x".join(map(str, shape[2:])))
@@ -333,7 +326,8 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
             ``training`` flags unchanged.
         inputs: a preprocessed batch (N, C, H, W) or one image (C, H, W), a signal batch
             (N, C, L) or a volume or clip batch (N, C, D, H, W) in a 1-tuple ``(x,)`` (the
-            forward's arguments; a 5-D tensor also alone), or an iterable of batches.
+            forward's arguments; a 5-D tensor also alone), a tuple or dict of the forward's
+            arguments (the maps drawn on ``overlay_input``'s), or an iterable of batches.
         layer: dotted module name or the module, or a list of them (fused); None picks
             :func:`default_layer` (logged).
         method: one of :func:`method_names`.
@@ -349,11 +343,11 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
     options["task"] = options.get("task") or infer_task(model)
     targets = None if target is None and options["task"] == "detection" else \
         as_targets(target, categories)
-    batches = [inputs] if isinstance(inputs, (torch.Tensor, tuple)) else list(inputs)
+    batches = [inputs] if isinstance(inputs, (torch.Tensor, tuple, dict)) else list(inputs)
     batches = [b.unsqueeze(0) if isinstance(b, torch.Tensor) and b.dim() == 3 else b
                for b in batches]
     if targets is not None:
-        targets.check_count(sum(len(cam_input(b)) for b in batches))
+        targets.check_count(sum(rows(b) for b in batches))
     report = explain(model, batches, layer=layer, methods=(method,), targets=targets, **options)
     for note in report.notes:
         log.warning(note)

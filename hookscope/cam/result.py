@@ -125,6 +125,9 @@ class CamBatch:
     results: dict[str, CamResult]
     boxes: list[Box | None]
     skipped: list[str | None] = field(default_factory=list)
+    #: The input the maps are drawn on, on the CPU in float32 (see
+    #: :func:`hookscope.core.arguments.placement`); None for a sink that does not need it.
+    shown: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(next(iter(self.results.values())))

@@ -12,17 +12,17 @@ more positional arguments than the item has without ``y``. A dict item's ``label
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from numbers import Integral
 from typing import Any
 
 import torch
 from torch import nn
 
-from hookscope.core.errors import HookscopeError
+from hookscope.core.errors import HookscopeError, param
 
-__all__ = ["Arity", "arity", "call", "describe", "expand", "first_float", "image_size", "is_label",
-           "map_tensors", "rows", "split_label", "take"]
+__all__ = ["Arity", "Placement", "arity", "call", "describe", "expand", "first_float", "image_size",
+           "is_label", "map_tensors", "placement", "rows", "split_label", "take", "takes_nothing"]
 
 LABEL_KEYS = ("label", "labels")
 
@@ -74,6 +74,67 @@ def image_size(x: Any) -> tuple[int, int]:
     return (int(image.shape[-2]), int(image.shape[-1]))
 
 
+def _drawable(t: Any) -> bool:
+    """A tensor a CAM can be drawn on: an image batch (N, C, H, W), or a floating-point
+    signal (N, C, L) or volume or clip (N, C, D, H, W) batch."""
+    return isinstance(t, torch.Tensor) and (t.dim() == 4 or (t.dim() in (3, 5) and t.is_floating_point()))
+
+
+class Placement:
+    """Where in a batch the input a CAM is drawn on lies (``overlay``), and the batch with
+    that input replaced (:meth:`put`); the other inputs are held as they are."""
+
+    def __init__(self, x: Any, key: int | str | None, shown: torch.Tensor) -> None:
+        self.x, self.key, self.shown = x, key, shown
+
+    def put(self, t: torch.Tensor, rows: Sequence[int] | None = None) -> Any:
+        """The batch with the drawn input ``t``, its row j the sample ``rows[j]`` (None: the
+        batch's own rows), the other inputs' rows picked to match."""
+        if self.key is None:
+            return t
+        if rows is not None:
+            index = torch.tensor(list(rows), dtype=torch.long)
+            others = map_tensors(self.x, lambda v: v[index.to(v.device)] if v.dim() else v)
+        else:
+            others = self.x
+        if isinstance(others, Mapping):
+            return {**others, self.key: t}
+        found = list(others)
+        found[int(self.key)] = t
+        return tuple(found)
+
+
+def placement(x: Any, overlay: int | str | None = None) -> Placement:
+    """The input of batch ``x`` a CAM is drawn on: ``overlay`` (a positional argument's
+    index, or a keyword argument's name), else the first that :func:`_drawable` accepts.
+
+    Raises:
+        HookscopeError: no such input, or one a CAM cannot be drawn on.
+    """
+    what = ("a floating-point image (N, C, H, W), signal (N, C, L) or volume or clip "
+            "(N, C, D, H, W) batch")
+    if isinstance(x, torch.Tensor):
+        if _drawable(x) and overlay in (None, 0, "0"):
+            return Placement(x, None, x)
+        raise HookscopeError(f"A CAM is drawn on {what}; the input is {describe(x)}.")
+    keyed = list(x.items()) if isinstance(x, Mapping) else list(enumerate(x))
+    if overlay is None:
+        found = next(((k, v) for k, v in keyed if _drawable(v)), None)
+        if found is None:
+            raise HookscopeError(f"A CAM is drawn on {what}; none of the inputs {describe(x)} "
+                                 "is one.")
+        return Placement(x, *found)
+    key: int | str = int(overlay) if not isinstance(x, Mapping) and str(overlay).isdigit() else overlay
+    value = dict(keyed).get(key)
+    if not _drawable(value):
+        names = ", ".join(map(str, dict(keyed)))
+        raise HookscopeError(f"{param('overlay_input')} {overlay}: " + (
+            f"the inputs are {names}." if value is None else
+            f"is {describe(value)}; a CAM is drawn on {what}."))
+    assert isinstance(value, torch.Tensor)  # _drawable
+    return Placement(x, key, value)
+
+
 def call(model: nn.Module, x: Any) -> Any:
     """``model(*x)`` for a tuple, ``model(**x)`` for a dict, else ``model(x)``."""
     if isinstance(x, tuple):
@@ -113,6 +174,12 @@ def arity(model: nn.Module) -> Arity | None:
         else float(len(positional))
     var_kw = any(p.kind is kinds.VAR_KEYWORD for p in sig.parameters.values())
     return required, most, frozenset(sig.parameters), var_kw
+
+
+def takes_nothing(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes no positional argument (``forward(self)``)."""
+    found = arity(model)
+    return found is not None and found[1] == 0
 
 
 def is_label(v: Any) -> bool:

@@ -74,6 +74,9 @@ class LoadOptions:
     output_key: str | None = option(
         None, "The entry of a dict or tuple output that holds the class logits (default: "
         "logits, out, or the only tensor).")
+    text: tuple[str, ...] = option(
+        (), "For an image-text hf: model (CLIP): a text each image is compared with, by the "
+        "folder's tokenizer; the texts are its classes (repeatable).", cli=list[str] | None)
 
     def __post_init__(self) -> None:
         if not -(2**63) <= self.seed < 2**64:  # what torch.manual_seed takes

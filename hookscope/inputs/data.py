@@ -1,18 +1,16 @@
 """The user's own data (``--data FILE.py:NAME``): a map-style ``Dataset``, a ``DataLoader``
 or any iterable, as input items that batch, shard and decode in workers like files do.
 
-A map-style data set is read item by item when its batch comes (a DataLoader's data set is
-used so, in hookscope's own batches: its sampler and collate function are not). Any other
-iterable (an ``IterableDataset``, a generator, a DataLoader over an iterable data set, whose
-batches are split back into samples) is read once when the inputs are resolved, at most
-``limit`` items of it, and its items held in memory. Items may be a tensor, a tuple
+A map-style data set is read item by item when its batch comes. Any other iterable (an
+``IterableDataset``, a generator, a DataLoader, whose batches, made by its own sampler,
+collate function and workers, are split back into samples) is read once when the inputs are
+resolved, at most ``limit`` items of it, and its items held in memory. Items may be a tensor, a tuple
 (positional arguments) or a dict (keyword arguments); the label rule is
 :func:`hookscope.core.arguments.split_label`'s.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import torch
 from PIL import Image
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from hookscope.core.arguments import Arity, arity, is_label, rows, split_label, take
 from hookscope.core.errors import HookscopeError, clip, param
@@ -28,8 +26,6 @@ from hookscope.inputs.decode import InputItem, to_rgb
 from hookscope.inputs.structure import as_sample
 
 __all__ = ["DataSource"]
-
-log = logging.getLogger("hookscope")
 
 
 def _map_style(obj: Any) -> bool:
@@ -72,10 +68,10 @@ class DataSource:
     def __init__(self, obj: Any, spec: str, *, limit: int | None = None) -> None:
         self.spec = spec
         self.arity_known: Arity | None = None
-        if isinstance(obj, DataLoader) and _map_style(obj.dataset):
-            log.info("%s: a DataLoader; its data set is read in hookscope's batches "
-                     "(--batch-size, --workers), without its sampler or collate function", spec)
-            obj = obj.dataset
+        if isinstance(obj, DataLoader) and isinstance(obj.sampler, DistributedSampler):
+            raise HookscopeError(f"{param('data')} {spec}: the DataLoader's DistributedSampler "
+                                 "shards the data set, and hookscope shards its inputs itself; "
+                                 "give it another sampler, or give the data set.")
         if _map_style(obj):
             self.dataset: Sequence[Any] = obj
         elif hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes, torch.Tensor)):

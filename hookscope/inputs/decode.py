@@ -30,7 +30,7 @@ class InputItem:
     """One sample: an image, or one entry of a tensor file."""
 
     name: str  # the path as given; ``x.pt[3]`` for a tensor's row, ``-`` for stdin
-    kind: str  # "image", "tensor", "stdin" or "data" (an item of --data)
+    kind: str  # "image", "tensor", "stdin", "data" (an item of --data) or "none" (no arguments)
     path: Path | None = None  # None for stdin
     index: int | None = None  # the row of a tensor file, or the item of a data set
     label: str | None = None  # its class folder in an ImageFolder layout (photos/cat/1.jpg)
@@ -46,8 +46,8 @@ class InputItem:
     @property
     def stem(self) -> str:
         """A file-name stem for outputs derived from this input."""
-        if self.kind == "data":
-            return f"data_{self.index}"
+        if self.kind in ("data", "none"):
+            return f"data_{self.index}" if self.kind == "data" else "forward"
         if self.path is None:
             return "stdin"
         return self.path.stem if self.index is None else f"{self.path.stem}_{self.index}"
@@ -237,6 +237,8 @@ class Decoder:
             return self._row(item), None
         if item.kind == "data":
             return self.data.sample(item, self.preprocess, self.keep_images)
+        if item.kind == "none":
+            return (), None
         img = load_image(item.source, item.name)
         return self.preprocess(img), img if self.keep_images else None
 

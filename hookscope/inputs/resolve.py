@@ -33,27 +33,34 @@ from hookscope.inputs.decode import (
 )
 from hookscope.inputs.structure import count, signature, stack
 
-__all__ = ["STDIN", "Batch", "InputItem", "InputSet", "iter_batches", "read_once",
+__all__ = ["NOTHING", "STDIN", "Batch", "InputItem", "InputSet", "iter_batches", "read_once",
            "resolve_inputs", "unique_stems"]
 
 log = logging.getLogger("hookscope")
 
 TENSOR_SUFFIXES = {".pt", ".npy", ".safetensors"}
 STDIN = "-"
+#: The one input of a forward that takes no arguments (``forward(self)``).
+NOTHING = InputItem("forward()", "none")
+NO_INPUTS = ("No inputs given; pass image files, directories, '-', .pt/.safetensors/.npy tensor "
+             f"files, or {param('data')}.")
 
 
 def resolve_inputs(specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
                    recursive: bool = False, limit: int | None = None, shuffle: bool = False,
-                   seed: int = 0, data: DataSource | None = None) -> InputSet:
+                   seed: int = 0, data: DataSource | None = None, nothing: bool = False) -> InputSet:
     """Expand files, directories, ``-`` (one image on ``stdin``) and ``.pt``/``.npy`` tensor
     files; shuffle (by ``seed``), then keep ``limit`` of them; read each one's header, so a
     non-image fails before the model loads. ``recursive`` walks directories' whole trees. A
     directory whose images all sit in subdirectories is an ImageFolder layout: each image's
     ``label`` is its subdirectory's name. ``data``: a data set's items instead (``--data``).
+    ``nothing``: no inputs are one call of no arguments (:data:`NOTHING`), for a model whose
+    forward takes none (the caller checks it).
     """
     if not specs and data is None:
-        raise HookscopeError("No inputs given; pass image files, directories, '-', "
-                             f".pt/.safetensors/.npy tensor files, or {param('data')}.")
+        if nothing:
+            return InputSet([NOTHING])
+        raise HookscopeError(NO_INPUTS)
     at_least_one("limit", limit)
     items: list[InputItem] = data.items() if data is not None else []
     for spec in specs:

@@ -10,14 +10,18 @@ from rich.text import Text
 
 from hookscope.render.tables import DataTable, fmt_float, fmt_pct, header, joined, num
 
+#: The peak's coordinates, by the map's rank.
+PEAK_AXES = {1: "l", 2: "y,x", 3: "d,y,x"}
 #: The metric columns, in this order, when present.
 METRIC_ORDER = ("road", "road_morf", "road_lerf", "deletion", "insertion", "drop", "increase")
 
 
 def cam_table(results: list[Mapping[str, Any]]) -> DataTable:
-    """One row per input and method: target, score, probability, peak, files written."""
+    """One row per input and method: target, score, probability, peak (its coordinates
+    named by the map's rank: a signal's l, a volume's d,y,x), files written."""
+    rank = max((len(r.get("peak") or ()) for r in results), default=2)
     table = DataTable(["input", "method", num("class"), "label", num("score"), num("prob"),
-                       num("peak y,x"), "overlay"])
+                       num("peak " + PEAK_AXES.get(rank, "y,x")), "overlay"])
     previous = None
     for row in results:
         target = row.get("target")

@@ -244,11 +244,8 @@ class CamWriter(CamRows):
 
     def __call__(self, explained: CamBatch) -> None:
         super().__call__(explained)
-        from hookscope.cam.probe import cam_input
-
-        batch = explained.batch
-        assert batch is not None  # CamRows refused it
-        x = cam_input(batch.tensor)
+        batch, x = explained.batch, explained.shown
+        assert batch is not None and x is not None  # CamRows refused it; the probe sets it
         size = (int(x.shape[-1]), int(x.shape[-2]))
         for i in range(len(batch.items)):
             if explained.skipped and explained.skipped[i] is not None:

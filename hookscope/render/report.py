@@ -165,21 +165,30 @@ def _grad_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float, index: int
                ) -> dict[str, Any]:
-    """The input's picture, per method its overlay, and its attribution's."""
-    from hookscope.render.heatmap import denormalize, heatmap_images
+    """The input's picture, per method its overlay (a signal's curve, a volume's contact
+    sheet: the map drawn over the input, so no picture of the input alone), and its
+    attribution's (an image's)."""
+    from hookscope.render.heatmap import denormalize, heatmap_images, signal_images, volume_images
 
     pre = report.envelope.get("preprocessing") or {}
-    base = item.image if item.image is not None else denormalize(item.tensor, pre.get("mean"),
-                                                                 pre.get("std"))
-    figures = [_img(base, f"input {item.name}", method=None)]
+    mean, std = pre.get("mean"), pre.get("std")
+    rank = 3 if item.image is not None or item.tensor is None else item.tensor.dim()
+    base = item.image if rank != 3 or item.image is not None else denormalize(item.tensor, mean, std)
+    figures = [] if base is None else [_img(base, f"input {item.name}", method=None)]
     for method, values in item.maps.items():
-        image = heatmap_images(values, base, item.box, cmap=cmap, alpha=alpha)[0]
+        if rank == 2:
+            image = signal_images(values, item.tensor, cmap=cmap, alpha=alpha)[0]
+        elif rank == 4:
+            image = volume_images(values, item.tensor, mean, std, cmap=cmap, alpha=alpha)[0]
+        else:
+            assert base is not None  # an image's
+            image = heatmap_images(values, base, item.box, cmap=cmap, alpha=alpha)[0]
         t = item.targets[method]
         label = t.label if t.label is not None else f"class {t.index}"
         detail = f"{t.index}" + ("" if t.prob is None else f", {t.prob:.1%}")
         figures.append(_img(image, f"{method} for {label} on {item.name}", method=method,
                             label=label, detail=detail))
-    if report.attribution is not None and not item.skipped:
+    if report.attribution is not None and not item.skipped and rank == 3 and base is not None:
         figures.append(_attribution_figure(report.attribution, index, item, base, cmap, alpha))
     predictions = None if item.predictions is None else [  # None: non-finite logits
         {"label": p.label if p.label is not None else p.index, "prob": f"{p.prob:.1%}"}
@@ -227,7 +236,8 @@ def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str
         grad_rows=None if grads is None else [_grad_row(i, r) for i, r in
                                               enumerate(doc["grads"]["layers"])],
         median=None if grads is None else fmt_float(grads.median_norm),
-        cam={"layer": report.cam_layer, "methods": ", ".join(report.methods),
+        cam=None if "gradcam" in report.left_out else {
+             "layer": report.cam_layer, "methods": ", ".join(report.methods),
              "attribution": report.attribution.method if report.attribution else None,
              "how": "chosen automatically (the last image-grid output)"
              if report.cam_layer_default else "as asked",

@@ -64,13 +64,16 @@ def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedMod
             f"{param('model_args')} passes constructor arguments to a model from your code "
             f"(file.py:NAME, package.module:NAME); {found.name} is not one, and hookscope "
             f"passes it none (for its class count, use {param('num_classes')}).")
+    if options.text and found.source != "hf":
+        raise HookscopeError(f"{param('text')} gives the texts of an image-text hf: model (CLIP); "
+                             f"{found.name} is not one.")
     device = options.device if isinstance(options.device, torch.device) \
         else resolve_device(options.device)
     loaded = next(s for s in _builtin() if s.name == found.source).load(found, options)
     loaded.preprocess = with_overrides(
         loaded.preprocess, resize=options.resize, crop=options.crop, mean=options.mean,
         std=options.std, input_channels=options.input_channels)
-    loaded.output_key = options.output_key
+    loaded.output_key = options.output_key or loaded.output_key
     loaded.model = loaded.model.to(device).eval()
     loaded.device = device
     set_precision(loaded, options.dtype, autocast=options.autocast)

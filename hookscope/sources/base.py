@@ -97,8 +97,13 @@ class LoadedModel:
             return self.categories[index]
         return None
 
-    def dummy_input(self, batch: int = 1) -> torch.Tensor:
-        """A zero batch of the preprocessing's input size, on the model's device."""
+    def dummy_input(self, batch: int = 1) -> Any:
+        """A zero batch of the preprocessing's input size, on the model's device (no
+        arguments, ``()``, for a forward that takes none)."""
+        from hookscope.core.arguments import takes_nothing
+
+        if takes_nothing(self.model):
+            return ()
         h, w = self.input_size
         c = self.preprocess.channels
         shape = (batch, c, 16, h, w) if self.input_ndim == 5 else (batch, c, h, w)

@@ -8,9 +8,11 @@ only with ``trust_checkpoint``, since loading it runs that code.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -100,10 +102,17 @@ def _model_class(transformers: ModuleType, config: Any, raw: dict[str, Any],
     return saved, task
 
 
+def image_text(cls: type) -> bool:
+    """Whether the model takes images and texts (CLIP, SigLIP): ``pixel_values`` and
+    ``input_ids``."""
+    params = inspect.signature(cls.forward).parameters  # type: ignore[attr-defined]
+    return "pixel_values" in params and "input_ids" in params
+
+
 def _vision(cls: type, path: Path) -> None:
     """Refuse a model that takes no images (a text model), before any forward."""
     takes = getattr(cls, "main_input_name", "pixel_values")
-    if takes != "pixel_values":
+    if takes != "pixel_values" and not image_text(cls):
         raise HookscopeError(
             f"hf:{path} is a {cls.__name__}, not a vision model (it takes {takes}); hookscope "
             "runs Hugging Face models that take images (pixel_values): image classifiers, "
@@ -137,6 +146,34 @@ def _build(transformers: ModuleType, path: Path, raw: dict[str, Any],
             model, loaded = cls.from_pretrained(path, local_files_only=True, **remote), f"file:{path}"
     _vision(type(model), path)
     return model, task, loaded
+
+
+def _with_texts(transformers: ModuleType, model: nn.Module, path: Path, texts: Sequence[str]
+                ) -> None:
+    """Make an image-text model's forward take the images alone: with ``texts`` (tokenized
+    by the folder's tokenizer) as its other inputs, or, with none, the inputs' own
+    ``input_ids`` (a tensor file's or a data set's dict)."""
+    tokens = None
+    if texts:
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise HookscopeError(f"hf:{path}: no tokenizer for {param('text')} "
+                                 f"({clip(str(exc), 120)}); give inputs holding input_ids "
+                                 "(a .pt dict, or --data) instead.") from None
+        tokens = dict(tokenizer(list(texts), padding=True, return_tensors="pt"))
+    forward = model.forward
+
+    def with_texts(pixel_values: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if tokens is not None and pixel_values is not None:
+            kwargs = {k: v.to(pixel_values.device) for k, v in tokens.items()} | kwargs
+        elif "input_ids" not in kwargs:
+            raise HookscopeError(
+                f"hf:{path} compares images with texts ({type(model).__name__}): give the "
+                f"texts with {param('text')}, or inputs holding input_ids.")
+        return forward(pixel_values=pixel_values, **kwargs)
+
+    model.forward = with_texts  # type: ignore[method-assign]
 
 
 def _where(where: str, name: str) -> str:
@@ -273,12 +310,21 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     elif _config_value(config, "num_channels") == 1 and preprocess.channels != 1:
         preprocess = replace(with_overrides(preprocess, input_channels=1), origin="processor")
     labels = _labels(config, task)
+    classes = int(config.num_labels) if task == "classification" else None
+    pairs, texts = image_text(type(model)), list(options.text or ())
+    if pairs:  # the classes are the texts
+        _with_texts(transformers, model, path, texts)
+        task, labels, classes = "classification", texts or None, len(texts) or None
+    elif texts:
+        raise HookscopeError(f"{param('text')} is for image-text models (CLIP); hf:{spec.target} "
+                             f"is a {type(model).__name__}.")
     return LoadedModel(
         name=spec.name, model=model, task=task, weights_requested=options.weights,
         weights_loaded=loaded, device=torch.device("cpu"),
         preprocess=with_overrides(preprocess, size=options.size), categories=labels,
-        source="hf", num_classes=int(config.num_labels) if task == "classification" else None,
-        labels_from="config:id2label" if labels else None)
+        source="hf", num_classes=classes, output_key="logits_per_image" if pairs else None,
+        labels_from=("text" if texts else None) if pairs else
+        "config:id2label" if labels else None)
 
 
 register(Source("hf", prefixed("hf", PREFIX, "custom"), load_hf))
