@@ -335,7 +335,9 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
     if no_cam is not None:
         skipped["gradcam"] = no_cam
         logging.getLogger("hookscope").info(f"gradcam left out: {no_cam}")
-    image = cam is not None and stats.input_shape is not None and len(stats.input_shape) == 3
+    # An attribution is drawn over one image input: not beside a CAM left out, nor for a
+    # forward of several inputs.
+    image = cam is not None and isinstance(sample, torch.Tensor) and sample.dim() == 4
     attribution = _attributions(loaded, batches(), attr_probe, progress) \
         if attr_probe is not None and image else None
     params, flops, shape = _flops(loaded, sample, stats.input_shape)

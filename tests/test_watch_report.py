@@ -135,14 +135,17 @@ def test_a_stop_draws_the_flight_recorder_and_one_verdict(tmp_path: Path) -> Non
     rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in table.split("<tr")[2:]]
     red = [(row.startswith(' class="bad"'), re.findall(r"<td( class=\"bad\")?", row))
            for row in table.split("<tr")[2:]]
-    # The blamed call's row is red; its output at step 3 is NaN (written null), red too.
-    assert [r[0] for r in rows] == ["<code>0</code>", "<code>1</code>"]
-    assert red == [(True, ["", "", "", ' class="bad"']), (False, ["", "", "", ' class="bad"'])]
+    # Every module is recorded, the model itself too. The blamed call's row is red; at step 3
+    # every output is NaN (its kind shown, not the nulls JSON writes), red too.
+    assert [r[0] for r in rows] == ["<code>0</code>", "<code>1</code>", "<code>(the model)</code>"]
+    assert red == [(True, ["", "", "", ' class="bad"']), (False, ["", "", "", ' class="bad"']),
+                   (False, ["", "", "", ' class="bad"'])]
     number = r"-?\d[\d.e+-]*"
     # The input needs no gradient, so none reaches the Log's output: "-"; one reaches fc's.
     assert all(re.fullmatch(f"{number} … {number}; ∇ -", c) for c in rows[0][1:3]), rows
     assert all(re.fullmatch(f"{number} … {number}; ∇ {number}", c) for c in rows[1][1:3]), rows
-    assert rows[0][3] == "null … null; ∇ -" and rows[1][3] == "null … null; ∇ -"
+    # The NaN loss's backward ran before w.step(): fc's output gradient is NaN, told from none.
+    assert rows[0][3] == "nan; ∇ -" and rows[1][3] == rows[2][3] == "nan; ∇ nan"
 
 
 def _ranked(k: int, line: dict[str, Any]) -> None:

@@ -310,7 +310,12 @@ def _recorded(row: Mapping[str, Any], flags: Sequence[str]) -> dict[str, Any]:
              if isinstance(v, (int, float)) and math.isfinite(v)]
     bad = lo is None or hi is None or any(isinstance(row.get(k), str) for k in
                                           ("min", "max", "grad_min", "grad_max"))
-    text = f"{lo or 'null'} … {hi or 'null'}; ∇ {fmt_float(max(map(abs, grads))) if grads else '-'}"
+    kind, grad_kind = row.get("values"), row.get("grad_values")  # "nan", "+inf", ... (or absent)
+    shown = kind if isinstance(kind, str) and kind != "finite" else f"{lo or 'null'} … {hi or 'null'}"
+    grad = grad_kind if isinstance(grad_kind, str) and grad_kind != "finite" else \
+        fmt_float(max(map(abs, grads))) if grads else "-"
+    bad = bad or shown == kind or grad == grad_kind
+    text = f"{shown}; ∇ {grad}"
     return {"text": text + "".join(f" [{f}]" for f in flags), "cls": "bad" if bad else ""}
 
 
@@ -331,7 +336,7 @@ def _recorder(log: TrainingLog) -> dict[str, Any] | None:
     blamed = (event.get("module"), event.get("call"))
     return {"steps": [f"{s['step']}{' (event)' if s['step'] == event.get('step') else ''}"
                       for s in steps],
-            "rows": [{"name": name + (f" #{call}" if call else ""),
+            "rows": [{"name": (name or "(the model)") + (f" #{call}" if call else ""),
                       "cls": "bad" if (name, call) == blamed else "",
                       "cells": [by.get(i, {"text": "-", "cls": ""}) for i in range(len(steps))]}
                      for (name, call), by in cells.items()]}
