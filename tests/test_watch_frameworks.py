@@ -462,7 +462,7 @@ def test_transformers_takes_the_accelerated_optimiser_s_scaler(tmp_path) -> None
             torch.optim.SGD(model.parameters(), lr=0.1), device_placement=False, scaler=scaler)
         with WatchCallback(log_dir=tmp_path, every=1) as callback:
             callback.on_train_begin(None, None, None, model=model, optimizer=optimizer)
-            assert callback.watch is not None and callback.watch.scaler is scaler
+            assert callback.watch is not None and callback.watch.amp.scaler is scaler
     finally:  # the accelerator's state is global: the Trainers of other tests make their own
         accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
     assert hook_count(model) == 0

@@ -203,7 +203,8 @@ def test_check_names_the_event_s_module_first(tmp_path: Path) -> None:
     (rule,) = json.loads(checked.stdout)["rules"]
     event = json.loads((tmp_path / "nonfinite.json").read_text())["event"]
     assert event["module"] == "layer2.0.conv2.0" and rule["offenders"][0] == event["message"]
-    assert rule["detail"].startswith(f"the watch stopped on a non-finite value at step 0: {event['message']}; ")
+    said = f"the watch stopped on a non-finite value at step 0: {event['message']}; "
+    assert rule["detail"].startswith(said)
     assert "the first is" not in rule["detail"]  # no other module named first
 
 

@@ -75,6 +75,13 @@ def _check_kinds(**values: Any) -> None:
             raise HookscopeError(f"{param(key)} must be {said}, not {value!r:.40}.")
 
 
+def _check_mode(nonfinite: Any, max_drift: Any) -> None:
+    if nonfinite not in MODES:
+        raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of {', '.join(MODES)}.")
+    if isinstance(max_drift, bool) or not (isinstance(max_drift, (int, float)) and max_drift >= 0):
+        raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
+
+
 def _names(name: str, value: Any) -> list[str]:
     """A str is one name or pattern; else a sequence of non-empty strings."""
     items = [value] if isinstance(value, str) else value
@@ -102,6 +109,25 @@ def _loss(loss: Any) -> Any:
     return loss
 
 
+class _Scale:
+    """A watch's ``torch.amp.GradScaler`` (or None) and the scale of the step in progress."""
+
+    def __init__(self, scaler: torch.amp.GradScaler | None) -> None:
+        if scaler is not None and not callable(getattr(scaler, "get_scale", None)):
+            raise HookscopeError(f"{param('scaler')} must be a torch.amp.GradScaler, not "
+                                 f"{type(scaler).__name__}.")
+        self.scaler = scaler
+        self.scale = None if scaler is None else scaler.get_scale()  # this step's backward's
+
+    def read(self) -> tuple[float, bool] | None:
+        """The scale this step's backward ran under, and whether the scaler skipped its
+        optimiser step (then its ``update()`` lowered the scale); None without a scaler."""
+        if self.scaler is None or self.scale is None:
+            return None
+        used, self.scale = self.scale, self.scaler.get_scale()
+        return used, self.scale < used
+
+
 class Watch:
     """Watch ``model`` (a DDP wrapper or the module) while a training loop runs:
     ``with watch(model, log_dir) as w``, and ``w.step(loss)`` after each optimiser step.
@@ -114,10 +140,9 @@ class Watch:
     ``nonfinite.json``; ``tensorboard`` also writes TensorBoard events; ``reference`` (a
     ``stats`` JSON document; default: the first logging step), ``max_drift`` and
     ``percentiles`` set the drift; ``name`` names the model; ``force`` replaces a log;
-    ``scaler``, the ``torch.amp.GradScaler`` of mixed-precision training, unscales the logged
-    gradients and marks the steps it skipped.
-    ``index`` is the step in progress; with ``"warn"``, ``findings`` holds each
-    (step, rank, finding) warned about.
+    ``scaler`` (mixed precision's ``torch.amp.GradScaler``) unscales the logged gradients and
+    marks the steps it skipped. ``index`` is the step in progress; with ``"warn"``,
+    ``findings`` holds each (step, rank, finding) warned about.
 
     Raises:
         HookscopeError: bad arguments (a str for ``layers``, ``types`` or ``allow_inf`` is
@@ -132,11 +157,7 @@ class Watch:
                  max_drift: float = 1.0,
                  percentiles: str | Sequence[float] | None = None, name: str | None = None,
                  force: bool = False, scaler: torch.amp.GradScaler | None = None) -> None:
-        if nonfinite not in MODES:
-            raise HookscopeError(f"{param('nonfinite')} {nonfinite!r}: choose one of "
-                                 f"{', '.join(MODES)}.")
-        if isinstance(max_drift, bool) or not (isinstance(max_drift, (int, float)) and max_drift >= 0):
-            raise HookscopeError(f"{param('max_drift')} must be a non-negative number.")
+        _check_mode(nonfinite, max_drift)
         _check_kinds(model=model, log_dir=log_dir, reference=reference, name=name, force=force,
                      tensorboard=tensorboard)
         self.model, self.log_dir = _materialised(model), Path(log_dir)
@@ -148,11 +169,7 @@ class Watch:
         self.drift = Drift.of(reference, float(max_drift), percentiles)
         self.health = Health(self.allow_inf)
         self.reference, self.tensorboard, self.force = reference, tensorboard, force
-        if scaler is not None and not callable(getattr(scaler, "get_scale", None)):
-            raise HookscopeError(f"{param('scaler')} must be a torch.amp.GradScaler, not "
-                                 f"{type(scaler).__name__}.")
-        self.scaler = scaler
-        self._scale = None if scaler is None else scaler.get_scale()  # this step's backward's
+        self.amp = _Scale(scaler)
         # A torch.compile'd model is an OptimizedModule around the user's own.
         self.name = name or type(getattr(model, "_orig_mod", model)).__name__
         self.index = 0  # the step in progress
@@ -226,7 +243,7 @@ class Watch:
             # One process only: under DDP every rank would have to agree that it exists.
             if self._open and self.group.size == 1 and self._pending():
                 if exc is None:
-                    self._end(None, self._amp())
+                    self._end(None, self.amp.read())
                 elif isinstance(exc, Exception):
                     self._end_failed(exc)
         finally:
@@ -300,24 +317,16 @@ class Watch:
             raise HookscopeError("watch.step() was called outside the watch's `with` block.")
         loss = _loss(loss)
         try:
-            self._end(loss, self._amp())
+            self._end(loss, self.amp.read())
         except BaseException:
             self._cleanup()
             raise
         self.index += 1
         self._begin()
 
-    def _amp(self) -> tuple[float, bool] | None:
-        """The scale this step's backward ran under, and whether the scaler skipped its
-        optimiser step (then its ``update()`` lowered the scale); None without a scaler."""
-        if self.scaler is None or self._scale is None:
-            return None
-        used, self._scale = self._scale, self.scaler.get_scale()
-        return used, self._scale < used
-
     def _end(self, loss: Any, amp: tuple[float, bool] | None = None, logged: bool = True) -> None:
         """Check the step, write its line on a logging step, and report a non-finite value
-        (``amp``: see :meth:`_amp`; a skipped step's gradients are the scaler's business)."""
+        (``amp``: see :meth:`_Scale.read`; a skipped step's gradients are the scaler's business)."""
         flags, logging_step = self._flags, self._logging if logged else None
         self._hooks.remove()
         stacked = flags.stacked() if flags is not None else None
