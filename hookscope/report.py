@@ -24,7 +24,7 @@ from hookscope.cam.methods import PLAIN
 from hookscope.cam.probe import check_explain, explain
 from hookscope.cam.result import CamBatch, CamReport
 from hookscope.cam.targets import task_targets
-from hookscope.core.arguments import placement, take
+from hookscope.core.arguments import take
 from hookscope.core.errors import ForwardError, HookscopeError
 from hookscope.core.run import drive
 from hookscope.core.select import LEAVES, Selection
@@ -277,13 +277,11 @@ def _flops(loaded: LoadedModel, sample: Any, input_shape: list[int] | None,
     return found.params, found.flops, None if input_shape is None else [1, *input_shape]
 
 
-def _explain(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], sample: Any,
+def _explain(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]],
              collector: _CamCollector, options: dict[str, Any]) -> tuple[CamReport | None, str | None]:
     """Grad-CAM over the inputs, or None and why it does not apply: no input a map can be
     drawn on, or (with no layer given) no layer with a grid output."""
     try:
-        if sample is not None:
-            placement(sample)
         return explain(loaded.model, batches(), transform=loaded.preprocess, sink=collector,
                        **options), None
     except HookscopeError as exc:
@@ -331,7 +329,7 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
                                                    train_mode=opts.train_mode, **run)
     collector = _CamCollector(loaded, opts.max_side)
     sample = _first_sample(batches)
-    cam, no_cam = _explain(loaded, batches, sample, collector, cam_options | run)
+    cam, no_cam = _explain(loaded, batches, collector, cam_options | run)
     if no_cam is not None:
         skipped["gradcam"] = no_cam
         logging.getLogger("hookscope").info(f"gradcam left out: {no_cam}")

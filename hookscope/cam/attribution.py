@@ -25,10 +25,9 @@ from torch import nn
 
 from hookscope.cam.attrmethods import Attribution, get_attribution
 from hookscope.cam.faithfulness import MetricPlan, class_scorer, metric_plan
-from hookscope.cam.probe import CamOptions
 from hookscope.cam.result import detection_rows
 from hookscope.cam.rules import RULE_TYPES, apply_rule, writing_copies
-from hookscope.cam.targets import Focus, Objective, Origins, infer_task
+from hookscope.cam.targets import Aim, Focus, Objective, Origins, infer_task
 from hookscope.core.classes import Targets, as_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call
@@ -42,22 +41,18 @@ BASELINES = ("zero", "blur", "noise")
 
 
 @dataclass(frozen=True)
-class AttrOptions:
-    """The ``attribute`` command's options (docs/attribute.md).
+class AttrOptions(Aim):
+    """The ``attribute`` command's options (docs/attribute.md): :class:`~hookscope.cam.targets.Aim`'s
+    (``seed`` also the noise's; ``metrics`` those of each overlay's map), and
 
     ``baseline``: ``zero``, ``blur``, ``noise``, a file's path (.npy/.pt of the model input's
     shape) or a tensor; ``noise``: SmoothGrad's standard deviation as a fraction of each
     input's range; ``window``/``stride``: occlusion's, (height, width) in input pixels, the
     window covering every channel, set to ``value``; ``batch_cap``: the most rows one pass
-    evaluates; ``seed``: the noise's; ``box_index``, ``iou``, ``min_score``: a detector's
-    target, as Grad-CAM's; ``metrics``, ``percentiles``: the faithfulness metrics of each
-    overlay's map (:mod:`hookscope.cam.faithfulness`).
+    evaluates.
     """
 
     methods: Sequence[str] = ("saliency",)
-    targets: Targets | None = None
-    task: str | None = None
-    output_key: str | None = None
     steps: int = 50
     baseline: Any = "zero"
     samples: int = 50
@@ -66,12 +61,6 @@ class AttrOptions:
     stride: tuple[int, int] = (8, 8)
     value: float = 0.0
     batch_cap: int = 32
-    seed: int = 0
-    box_index: Sequence[int] = ()
-    iou: float = 0.5
-    min_score: float = 0.5
-    metrics: Sequence[str] = ()
-    percentiles: Sequence[float] | None = None
 
     def check(self) -> None:
         """Refuse an option out of range (HookscopeError naming it)."""
@@ -328,10 +317,7 @@ class AttributionProbe(Probe[AttrReport]):
         options.check()
         self.options, self.transform, self.sink, self.n_inputs = options, transform, sink, n_inputs
         self.methods = list({m.name: m for m in map(get_attribution, options.methods)}.values())
-        self.objective: Objective = CamOptions(
-            targets=options.targets, task=options.task, output_key=options.output_key,
-            box_index=options.box_index, iou=options.iou, min_score=options.min_score,
-        ).objective(model)
+        self.objective: Objective = options.objective(model)
         self.plan = metric_plan(options.metrics, options.percentiles, options.seed,
                                 self.objective.kind)
         if isinstance(options.baseline, str) and options.baseline not in BASELINES:

@@ -20,17 +20,9 @@ from hookscope.cam.layer import default_layer, why_chosen
 from hookscope.cam.methods import CamInputs, Method, get_method, method_names, project
 from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Placed, Switch, has_bias
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
-from hookscope.cam.targets import (
-    TASKS,
-    DetectionObjective,
-    Focus,
-    Objective,
-    Origins,
-    SegmentationObjective,
-    infer_task,
-)
+from hookscope.cam.targets import Aim, Focus, Objective, Origins, infer_task
 from hookscope.core.arguments import placement, rows, take
-from hookscope.core.classes import Targets, as_targets
+from hookscope.core.classes import as_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.run import Step, drive, peek
 from hookscope.core.select import Site, all_sites, find_site
@@ -57,54 +49,23 @@ Layers = str | nn.Module | Sequence[str | nn.Module]
 
 
 @dataclass(frozen=True)
-class CamOptions:
-    """The ``gradcam`` command's options (docs/gradcam.md), given once to :func:`explain`.
-
-    ``task`` (None: from the model's class), ``targets``, ``output_key``, ``mask``,
-    ``box_index``, ``iou`` and ``min_score`` make the :class:`Objective`; ``metrics`` and
-    ``percentiles`` the faithfulness metrics, seeded with ``seed`` (as the noisy methods).
-    """
+class CamOptions(Aim):
+    """The ``gradcam`` command's options (docs/gradcam.md), given once to :func:`explain`:
+    :class:`~hookscope.cam.targets.Aim`'s, and a segmentation's region ``mask``."""
 
     methods: Sequence[str] = ("gradcam",)
-    targets: Targets | None = None
-    task: str | None = None
-    output_key: str | None = None
     mask: np.ndarray | None = None
-    box_index: Sequence[int] = ()
-    iou: float = 0.5
-    min_score: float = 0.5
     reshape: str = "auto"
     score_batch: int = 32
     aug_smooth: bool = False
     eigen_smooth: bool = False
     guided: bool = False
-    seed: int = 0
-    metrics: Sequence[str] = ()
-    percentiles: Sequence[float] | None = None
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
     overlay_input: int | str | None = None
 
-    def objective(self, model: nn.Module) -> Objective:
-        """The objective for the task; HookscopeError for an option that does not apply."""
-        task = self.task or infer_task(model)
-        if task not in TASKS:
-            raise HookscopeError(f"{param('task')} {task!r}: choose one of {', '.join(TASKS)}.")
-        if task != "detection" and self.box_index:
-            raise HookscopeError(f"{param('box_index')} selects detections; this is a {task} "
-                                 "model.")
-        if task != "segmentation" and self.mask is not None:
-            raise HookscopeError(f"{param('mask')} sets a segmentation region; this is a "
-                                 f"{task} model.")
-        if not 0.0 <= self.iou <= 1.0 or not 0.0 <= self.min_score <= 1.0:
-            raise HookscopeError(f"{param('iou')} and {param('min_score')} must be within 0 "
-                                 "and 1.")
-        if task == "segmentation":
-            return SegmentationObjective(self.targets, self.output_key, self.mask)
-        if task == "detection":
-            return DetectionObjective(self.targets, box_index=self.box_index, iou=self.iou,
-                                      min_score=self.min_score)
-        return Objective(self.targets, self.output_key)
+    def objective(self, model: nn.Module, mask: np.ndarray | None = None) -> Objective:
+        return super().objective(model, self.mask if mask is None else mask)
 
 
 def _site(model: nn.Module, layer: str | nn.Module) -> Site:

@@ -227,6 +227,20 @@ def volume_images(values: np.ndarray, volume: Any, mean: Sequence[float] | None,
     return sheet(overlays), sheet(heats)
 
 
+def overlay_images(values: np.ndarray, x: Any, image: Image.Image | None, box: Box | None,
+                   mean: Sequence[float] | None, std: Sequence[float] | None, *,
+                   cmap: str = "jet", alpha: float = 0.5) -> tuple[Image.Image, Image.Image]:
+    """A map over its input, by the input ``x``'s rank: a signal's (C, L) curve
+    (:func:`signal_images`), a volume's (C, D, H, W) contact sheet (:func:`volume_images`),
+    else over ``image`` (:func:`heatmap_images`, ``box`` its crop)."""
+    if x is not None and x.dim() == 2:
+        return signal_images(values, x, cmap=cmap, alpha=alpha)
+    if x is not None and x.dim() == 4:
+        return volume_images(values, x, mean, std, cmap=cmap, alpha=alpha)
+    assert image is not None  # an image's
+    return heatmap_images(values, image, box, cmap=cmap, alpha=alpha)
+
+
 class CamWriter(CamRows):
     """Sink for :class:`hookscope.cam.probe.CamProbe`: stages each batch's files in worker
     threads and keeps the document's rows (:class:`CamRows`).
@@ -250,51 +264,35 @@ class CamWriter(CamRows):
         for i in range(len(batch.items)):
             if explained.skipped and explained.skipped[i] is not None:
                 continue
-            if x.dim() != 4:  # a signal or a volume
-                for name, res in explained.results.items():
-                    self.staging.submit(self._write_nd, res, i, x[i],
-                                        self.plans[batch.start + i][name])
-                continue
-            image = batch.images[i] or denormalize(x[i], self.loaded.mean, self.loaded.std)
+            image = None if x.dim() != 4 else \
+                batch.images[i] or denormalize(x[i], self.loaded.mean, self.loaded.std)
             for name, res in explained.results.items():
-                self.staging.submit(self._write, res, i, image, explained.boxes[i],
+                self.staging.submit(self._write, res, i, x[i], image, explained.boxes[i],
                                     self.plans[batch.start + i][name], size)
 
-    def _write(self, res: Any, i: int, image: Image.Image, box: Box | None,
+    def _write(self, res: Any, i: int, x: Any, image: Image.Image | None, box: Box | None,
                paths: dict[str, Any], size: tuple[int, int]) -> None:
-        """Render and stage input ``i``'s overlay, heatmap, raw ``.npy`` and guided files."""
+        """Render and stage input ``i``'s overlay, heatmap, raw ``.npy`` (with ``save_raw``:
+        the layer's own shape) and guided files; ``x`` is the input drawn on (a signal's or
+        volume's regions, boxes and guided image are None: the probe refuses them)."""
         from hookscope.cam.result import deprocess
 
-        over, heat = heatmap_images(res.maps[i], image, box, cmap=self.cmap, alpha=self.alpha)
+        over, heat = overlay_images(res.maps[i], x, image, box, self.loaded.mean, self.loaded.std,
+                                    cmap=self.cmap, alpha=self.alpha)
         if res.regions is not None:
             over = draw_region(over, res.regions[i], box)
         if res.detections is not None and res.detections[i]:
             over = draw_boxes(over, res.detections[i], size, box, self.loaded.label)
         self.staging.save_png(over, paths["overlay"])
         self.staging.save_png(heat, paths["heatmap"])
-        self._save_raw(res, i, paths)
-        if res.guided is not None and paths.get("guided") is not None:
-            self.staging.save_png(Image.fromarray(deprocess(res.guided[i]), "RGB"),
-                                  paths["guided"])
-
-    def _write_nd(self, res: Any, i: int, x: Any, paths: dict[str, Any]) -> None:
-        """Input ``i``'s files for a signal (a curve) or a volume (a contact sheet)."""
-        if x.dim() == 2:
-            over, heat = signal_images(res.maps[i], x, cmap=self.cmap, alpha=self.alpha)
-        else:
-            over, heat = volume_images(res.maps[i], x, self.loaded.mean, self.loaded.std,
-                                       cmap=self.cmap, alpha=self.alpha)
-        self.staging.save_png(over, paths["overlay"])
-        self.staging.save_png(heat, paths["heatmap"])
-        self._save_raw(res, i, paths)
-
-    def _save_raw(self, res: Any, i: int, paths: dict[str, Any]) -> None:
-        """Stage input ``i``'s raw map(s), with ``save_raw``: the layer's own shape."""
         if self.save_raw:
             raws = zip([f"raw.{layer}" for layer in res.layers], res.raws, strict=True) \
                 if len(res.layers) > 1 else [("raw", res.raw)]
             for key, raw in raws:
                 self.staging.save_npy(raw[i], paths[key])
+        if res.guided is not None and paths.get("guided") is not None:
+            self.staging.save_png(Image.fromarray(deprocess(res.guided[i]), "RGB"),
+                                  paths["guided"])
 
     @staticmethod
     def log_notes(notes: Sequence[str]) -> None:

@@ -21,7 +21,7 @@ from hookscope.render.tables import ZERO_WARN, fmt_float, health, shape_text
 if TYPE_CHECKING:
     from PIL import Image
 
-    from hookscope.report import Attributions, CamInput, Report
+    from hookscope.report import CamInput, Report
 
 #: The long side of every image in the page, in pixels.
 MAX_SIDE = 512
@@ -168,45 +168,32 @@ def _cam_input(item: CamInput, report: Report, cmap: str, alpha: float, index: i
     """The input's picture, per method its overlay (a signal's curve, a volume's contact
     sheet: the map drawn over the input, so no picture of the input alone), and its
     attribution's (an image's)."""
-    from hookscope.render.heatmap import denormalize, heatmap_images, signal_images, volume_images
+    from hookscope.render.heatmap import denormalize, overlay_images
 
     pre = report.envelope.get("preprocessing") or {}
     mean, std = pre.get("mean"), pre.get("std")
-    rank = 3 if item.image is not None or item.tensor is None else item.tensor.dim()
-    base = item.image if rank != 3 or item.image is not None else denormalize(item.tensor, mean, std)
+    shown = item.tensor  # None for an image file
+    base = item.image if shown is None or shown.dim() != 3 else denormalize(shown, mean, std)
     figures = [] if base is None else [_img(base, f"input {item.name}", method=None)]
+    overlays = []  # (method, map, label, detail)
     for method, values in item.maps.items():
-        if rank == 2:
-            image = signal_images(values, item.tensor, cmap=cmap, alpha=alpha)[0]
-        elif rank == 4:
-            image = volume_images(values, item.tensor, mean, std, cmap=cmap, alpha=alpha)[0]
-        else:
-            assert base is not None  # an image's
-            image = heatmap_images(values, base, item.box, cmap=cmap, alpha=alpha)[0]
         t = item.targets[method]
-        label = t.label if t.label is not None else f"class {t.index}"
-        detail = f"{t.index}" + ("" if t.prob is None else f", {t.prob:.1%}")
+        overlays.append((method, values, t.label if t.label is not None else f"class {t.index}",
+                         f"{t.index}" + ("" if t.prob is None else f", {t.prob:.1%}")))
+    attr = report.attribution
+    if attr is not None and not item.skipped and base is not None:  # an image's
+        t = attr.targets[index]
+        label = t.label if t.label is not None else "its boxes" if t.index < 0 else f"class {t.index}"
+        overlays.append((attr.method, attr.maps[index], label, f"sum {fmt_float(attr.sums[index])}"))
+    for method, values, label, detail in overlays:
+        image = overlay_images(values, shown, base, item.box, mean, std, cmap=cmap, alpha=alpha)[0]
         figures.append(_img(image, f"{method} for {label} on {item.name}", method=method,
                             label=label, detail=detail))
-    if report.attribution is not None and not item.skipped and rank == 3 and base is not None:
-        figures.append(_attribution_figure(report.attribution, index, item, base, cmap, alpha))
     predictions = None if item.predictions is None else [  # None: non-finite logits
         {"label": p.label if p.label is not None else p.index, "prob": f"{p.prob:.1%}"}
         for p in item.predictions]
     return {"name": item.name, "figures": figures, "skipped": item.skipped,
             "predictions": predictions}
-
-
-def _attribution_figure(attr: Attributions, i: int, item: CamInput, base: Image.Image,
-                        cmap: str, alpha: float) -> dict[str, Any]:
-    """Input ``i``'s attribution overlay, captioned as a CAM's."""
-    from hookscope.render.heatmap import heatmap_images
-
-    image = heatmap_images(attr.maps[i], base, item.box, cmap=cmap, alpha=alpha)[0]
-    t = attr.targets[i]
-    label = t.label if t.label is not None else "its boxes" if t.index < 0 else f"class {t.index}"
-    return _img(image, f"{attr.method} for {label} on {item.name}", method=attr.method,
-                label=label, detail=f"sum {fmt_float(attr.sums[i])}")
 
 
 def report_html(report: Report, *, cmap: str = "jet", alpha: float = 0.5) -> str:

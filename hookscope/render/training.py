@@ -306,17 +306,16 @@ def _reading(value: Any) -> str | None:
 def _recorded(row: Mapping[str, Any], flags: Sequence[str]) -> dict[str, Any]:
     """One call at one recorded step: its output's range, the largest |gradient| at it."""
     lo, hi = _reading(row.get("min")), _reading(row.get("max"))
-    grads = [float(v) for v in (row.get("grad_min"), row.get("grad_max"))
+    grads = [abs(float(v)) for v in (row.get("grad_min"), row.get("grad_max"))
              if isinstance(v, (int, float)) and math.isfinite(v)]
-    bad = lo is None or hi is None or any(isinstance(row.get(k), str) for k in
-                                          ("min", "max", "grad_min", "grad_max"))
-    kind, grad_kind = row.get("values"), row.get("grad_values")  # "nan", "+inf", ... (or absent)
-    shown = kind if isinstance(kind, str) and kind != "finite" else f"{lo or 'null'} … {hi or 'null'}"
-    grad = grad_kind if isinstance(grad_kind, str) and grad_kind != "finite" else \
-        fmt_float(max(map(abs, grads))) if grads else "-"
-    bad = bad or shown == kind or grad == grad_kind
-    text = f"{shown}; ∇ {grad}"
-    return {"text": text + "".join(f" [{f}]" for f in flags), "cls": "bad" if bad else ""}
+    kind, grad_kind = (word if isinstance(word := row.get(k), str) and word != "finite" else None
+                       for k in ("values", "grad_values"))  # "nan", "+inf", ... (or None)
+    shown = kind if kind is not None else f"{lo or 'null'} … {hi or 'null'}"
+    grad = grad_kind if grad_kind is not None else fmt_float(max(grads)) if grads else "-"
+    bad = lo is None or hi is None or kind is not None or grad_kind is not None or any(
+        isinstance(row.get(k), str) for k in ("min", "max", "grad_min", "grad_max"))
+    return {"text": f"{shown}; ∇ {grad}" + "".join(f" [{f}]" for f in flags),
+            "cls": "bad" if bad else ""}
 
 
 def _recorder(log: TrainingLog) -> dict[str, Any] | None:
