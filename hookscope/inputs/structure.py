@@ -61,8 +61,7 @@ def as_arguments(obj: Any, name: str, *, whole: bool = False) -> Any:
                              "keyword arguments).")
     found, _ = pytree.tree_flatten_with_path(obj)
     if not found:
-        raise HookscopeError(f"{name}: holds an empty {type(obj).__name__}; give at least one "
-                             "tensor.")
+        raise HookscopeError(f"{name}: holds no tensor ({describe(obj)}); give at least one.")
     for path, value in found:
         at = name + pytree.keystr(path)
         if not isinstance(value, torch.Tensor):
