@@ -107,6 +107,8 @@ def test_a_0d_tensor_is_given_to_every_batch_as_it_is(cli, tmp_path) -> None:
     torch.save((x, scale), tmp_path / "scaled.pt")
     doc = run(cli, "stats", f"{models}:Scaled", tmp_path / "scaled.pt", "-b", "4")
     assert_matches(doc, reference(models, "Scaled", (x, scale)))
+    workers = run(cli, "stats", f"{models}:Scaled", tmp_path / "scaled.pt", "-b", "4", "--workers", "2")
+    assert workers["layers"] == doc["layers"]  # the 0-d tensor crosses to the worker processes
     layers = run(cli, "layers", f"{models}:Scaled", tmp_path / "scaled.pt")
     assert layers["root"]["calls"][0]["input_shapes"] == [[1, 4], []]
     assert layers["root"]["macs"] == macs(models, "Scaled", (x[:1], scale)) == 12
