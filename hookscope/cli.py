@@ -138,7 +138,8 @@ def layers_command(
     batch = 2 if train_mode else 1
     example = None if no_forward else loaded.dummy_input(batch)
     if resolved is not None:
-        example = take(peek(s.batches(resolved, loaded))[0].tensor, slice(0, batch))
+        first = peek(s.batches(resolved, loaded))[0]  # a file read --as-is is one item
+        example = first.tensor if len(first) <= batch else take(first.tensor, slice(0, batch))
     if no_forward:
         logging.getLogger("hookscope").info("no forward pass (--no-forward): shapes and MACs "
                                             "are not measured")

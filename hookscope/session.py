@@ -239,7 +239,7 @@ class Session:
         resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
                                   recursive=options.recursive, limit=options.limit,
                                   shuffle=options.shuffle, seed=options.load.seed, data=data,
-                                  nothing=True)
+                                  nothing=True, as_is=options.as_is)
         self.data = data
         self.reading(item.path for item in resolved.items)
         self.group.agree(resolved.names)

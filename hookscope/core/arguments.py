@@ -45,9 +45,10 @@ def _tensors(x: Any) -> list[torch.Tensor]:
 
 
 def rows(x: Any) -> int:
-    """The number of samples in a batch: its first tensor's first dimension (1 for none)."""
-    first = next(iter(_tensors(x)), None)
-    return int(first.shape[0]) if first is not None and first.dim() else 1
+    """The number of samples in a batch: its first tensor of one or more dimensions' first
+    dimension (1 for none)."""
+    first = next((t for t in _tensors(x) if t.dim()), None)
+    return 1 if first is None else int(first.shape[0])
 
 
 def take(x: Any, index: slice) -> Any:

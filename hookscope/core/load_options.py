@@ -116,6 +116,9 @@ class InputOptions:
                            "--limit: a reproducible sample).", "--shuffle")
     recursive: bool = option(False, "Walk directories' subdirectories too (sorted by path).",
                              "--recursive", "-r")
+    as_is: bool = option(False, "Pass each tensor file to the forward as it is, one call: not "
+                         "sliced into samples (1-D inputs with no sample dimension, tensors "
+                         "whose samples are not first).", "--as-is")
     data: str | None = option(
         None, "Your own data instead of INPUT files: FILE.py:NAME or module:NAME, a Dataset, a "
         "DataLoader or an iterable (or a callable returning one); items are a tensor, a tuple "

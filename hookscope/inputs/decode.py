@@ -19,7 +19,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from hookscope.core.errors import HookscopeError, clip
-from hookscope.inputs.structure import as_arguments, count, from_named, row
+from hookscope.inputs.structure import as_arguments, count, from_named, row, whole
 
 __all__ = ["Decoder", "InputItem", "InputSet", "Sample", "load_image", "lone_sample",
            "open_image", "read_tensor", "to_rgb", "unique_stems"]
@@ -30,7 +30,9 @@ class InputItem:
     """One sample: an image, or one entry of a tensor file."""
 
     name: str  # the path as given; ``x.pt[3]`` for a tensor's row, ``-`` for stdin
-    kind: str  # "image", "tensor", "stdin", "data" (an item of --data) or "none" (no arguments)
+    #: "image", "tensor", "stdin", "data" (an item of --data), "none" (no arguments) or
+    #: "whole" (a tensor file read --as-is: one forward's arguments)
+    kind: str
     path: Path | None = None  # None for stdin
     index: int | None = None  # the row of a tensor file, or the item of a data set
     label: str | None = None  # its class folder in an ImageFolder layout (photos/cat/1.jpg)
@@ -178,9 +180,13 @@ def read_tensor(path: Path, name: str, ndim: int, data: bytes | None = None) -> 
     return lone_sample(path, name, ndim, data)[0]
 
 
-def lone_sample(path: Path, name: str, ndim: int, data: bytes | None = None) -> tuple[Any, bool]:
-    """The file's batch (:func:`read_tensor`), and whether it is one sample made a batch."""
-    obj = as_arguments(_load(path, name, data), name)
+def lone_sample(path: Path, name: str, ndim: int, data: bytes | None = None, *,
+                as_is: bool = False) -> tuple[Any, bool]:
+    """The file's batch (:func:`read_tensor`), and whether it is one sample made a batch;
+    ``as_is``: its content checked as one forward's arguments, as they are."""
+    obj = as_arguments(_load(path, name, data), name, whole=as_is)
+    if as_is:
+        return obj, True
     if isinstance(obj, torch.Tensor) and obj.is_floating_point() and obj.dim() == ndim - 1:
         return obj.unsqueeze(0), True
     return obj, False
@@ -235,6 +241,10 @@ class Decoder:
         missing, corrupt, or not what it was when resolved."""
         if item.kind == "tensor":
             return self._row(item), None
+        if item.kind == "whole":
+            assert item.path is not None  # a tensor file
+            return whole(lone_sample(item.path, item.name, self.ndim, item.data, as_is=True)[0],
+                         item.name), None
         if item.kind == "data":
             return self.data.sample(item, self.preprocess, self.keep_images)
         if item.kind == "none":
@@ -251,4 +261,4 @@ class Decoder:
         batch = self._file[1]
         if (item.index or 0) >= count(batch):
             raise HookscopeError(f"{item.name}: the file has only {count(batch)} rows now.")
-        return row(batch, item.index or 0)
+        return row(batch, item.index or 0, file)

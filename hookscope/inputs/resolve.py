@@ -48,14 +48,16 @@ NO_INPUTS = ("No inputs given; pass image files, directories, '-', .pt/.safetens
 
 def resolve_inputs(specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim: int = 4,
                    recursive: bool = False, limit: int | None = None, shuffle: bool = False,
-                   seed: int = 0, data: DataSource | None = None, nothing: bool = False) -> InputSet:
+                   seed: int = 0, data: DataSource | None = None, nothing: bool = False,
+                   as_is: bool = False) -> InputSet:
     """Expand files, directories, ``-`` (one image on ``stdin``) and ``.pt``/``.npy`` tensor
     files; shuffle (by ``seed``), then keep ``limit`` of them; read each one's header, so a
     non-image fails before the model loads. ``recursive`` walks directories' whole trees. A
     directory whose images all sit in subdirectories is an ImageFolder layout: each image's
     ``label`` is its subdirectory's name. ``data``: a data set's items instead (``--data``).
     ``nothing``: no inputs are one call of no arguments (:data:`NOTHING`), for a model whose
-    forward takes none (the caller checks it).
+    forward takes none (the caller checks it). ``as_is``: each tensor file is one forward's
+    arguments, not sliced into samples.
     """
     if not specs and data is None:
         if nothing:
@@ -75,7 +77,7 @@ def resolve_inputs(specs: Sequence[str], *, stdin: IO[bytes] | None = None, ndim
         elif not path.exists():
             raise HookscopeError(f"{spec}: no such file or directory.")
         else:
-            items.extend(_file_items(path, spec, ndim))
+            items.extend(_file_items(path, spec, ndim, as_is))
     if shuffle:
         random.Random(seed).shuffle(items)
     items = items[:limit] if limit is not None else items
@@ -108,14 +110,14 @@ def read_once(path: Path, name: str) -> bytes | None:
         raise HookscopeError(f"{name}: cannot be read ({exc.strerror or exc}).") from None
 
 
-def _file_items(path: Path, name: str, ndim: int) -> list[InputItem]:
+def _file_items(path: Path, name: str, ndim: int, as_is: bool) -> list[InputItem]:
     """A tensor file's rows (read and checked now), or one image (checked later)."""
     data = read_once(path, name)
     if path.suffix.lower() not in TENSOR_SUFFIXES:
         return [InputItem(name, "image", path, data=data)]
-    batch, lone = lone_sample(path, name, ndim, data)
+    batch, lone = lone_sample(path, name, ndim, data, as_is=as_is)
     if lone:
-        return [InputItem(name, "tensor", path, data=data)]
+        return [InputItem(name, "whole" if as_is else "tensor", path, data=data)]
     return [InputItem(f"{name}[{i}]", "tensor", path, i, data=data) for i in range(count(batch))]
 
 

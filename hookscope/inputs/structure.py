@@ -1,23 +1,27 @@
 """Samples of any structure: what a tensor file or a data set's item may hold (a tensor, a
 tuple of tensors: the forward's positional arguments, a dict: its keyword arguments), checked
-once, then sliced into samples and stacked into batches.
+once, then sliced into samples and stacked into batches. A tuple, list or dict may hold
+further tuples, lists and dicts of tensors (a model's nested arguments).
 
-Every tensor has the sample dimension first; a sample is the same row of every tensor.
+Every tensor has the sample dimension first; a sample is the same row of every tensor, and a
+0-d tensor is in every sample as it is. A file read ``--as-is`` is one forward's arguments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from numbers import Number
 from typing import Any
 
 import numpy as np
 import torch
+from torch.utils import _pytree as pytree
 
-from hookscope.core.arguments import describe, map_tensors
-from hookscope.core.errors import HookscopeError
+from hookscope.core.arguments import describe
+from hookscope.core.errors import HookscopeError, param
 
-__all__ = ["as_arguments", "as_sample", "count", "from_named", "row", "signature", "stack"]
+__all__ = ["Fixed", "as_arguments", "as_sample", "count", "from_named", "row", "signature", "stack", "whole"]
 
 
 def _kind(value: Any) -> str:
@@ -27,51 +31,54 @@ def _kind(value: Any) -> str:
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
-def as_arguments(obj: Any, name: str) -> Any:
+@dataclass(frozen=True)
+class Fixed:
+    """A tensor every batch takes as it is, not sliced nor stacked: a tensor file's 0-d
+    tensor (the same for every sample), or any tensor of a file read whole (``--as-is``);
+    ``source`` its file. A whole file's batches never group with others."""
+
+    t: torch.Tensor
+    source: str
+    whole: bool = False
+
+
+def as_arguments(obj: Any, name: str, *, whole: bool = False) -> Any:
     """A tensor file's content as a batch: a tensor, a tuple (from a tuple or list) or a
-    dict with string keys, of tensors that agree on their first (sample) dimension.
+    dict with string keys, of tensors or of tuples, lists and dicts of them, nested to any
+    depth. Tensors of one or more dimensions agree on their first (sample) dimension; 0-d
+    tensors are in every sample as they are. ``whole``: the content is one forward's
+    arguments as they are (``--as-is``), so no sample dimension is checked.
 
     Raises:
-        HookscopeError: an empty tuple or dict, a value that is no tensor (a string, a
-            number, a nested tuple or dict), a 0-d or empty tensor, or tensors that disagree
-            on the number of samples.
+        HookscopeError: nothing in it, a value that is no tensor (a string, a number), an
+            empty tensor, only 0-d tensors, or tensors that disagree on the number of samples.
     """
-    if isinstance(obj, torch.Tensor):
-        _check_tensor(obj, name)
-        return obj
-    if isinstance(obj, (tuple, list)):
-        values: Sequence[Any] = obj
-        where = [f"{name}[{i}]" for i in range(len(obj))]
-    elif isinstance(obj, Mapping):
-        if not all(isinstance(k, str) for k in obj):
-            raise HookscopeError(f"{name}: a dict of inputs needs string keys (the forward's "
-                                 "keyword arguments).")
-        values, where = list(obj.values()), [f"{name}[{k!r}]" for k in obj]
-    else:
+    if not isinstance(obj, (torch.Tensor, tuple, list, Mapping)):
         raise HookscopeError(f"{name}: holds {_kind(obj)}, not a tensor, a tuple of tensors "
                              "(positional arguments) or a dict of them (keyword arguments).")
-    if not values:
-        raise HookscopeError(f"{name}: holds an empty {type(obj).__name__}; give at least one "
-                             "tensor.")
-    for value, at in zip(values, where, strict=True):
+    if isinstance(obj, Mapping) and not all(isinstance(k, str) for k in obj):
+        raise HookscopeError(f"{name}: a dict of inputs needs string keys (the forward's "
+                             "keyword arguments).")
+    found, _ = pytree.tree_flatten_with_path(obj)
+    if not found:
+        raise HookscopeError(f"{name}: holds no tensor ({describe(obj)}); give at least one.")
+    for path, value in found:
+        at = name + pytree.keystr(path)
         if not isinstance(value, torch.Tensor):
-            raise HookscopeError(f"{at}: is {_kind(value)}; every input must be a tensor with "
-                                 "the sample dimension first (nested tuples or dicts are not "
-                                 "read).")
-        _check_tensor(value, at)
-    counts = {int(v.shape[0]) for v in values}
-    if len(counts) > 1:
+            raise HookscopeError(f"{at}: is {_kind(value)}; every input must be a tensor (in "
+                                 "tuples, lists and dicts of any depth).")
+        if 0 in value.shape:
+            raise HookscopeError(f"{at}: tensor shape is {list(value.shape)}; it holds no values.")
+    counts = {int(t.shape[0]) for _, t in found if t.dim()}
+    if not whole and not counts:
+        raise HookscopeError(f"{name}: holds only 0-d tensors, which have no sample dimension; "
+                             f"save the samples first, shape (N, ...), or pass {param('as_is')}.")
+    if not whole and len(counts) > 1:
         raise HookscopeError(f"{name}: its tensors disagree on the number of samples (first "
-                             f"dimension): {describe(obj)}.")
-    return tuple(obj) if isinstance(obj, list) else obj if isinstance(obj, tuple) else dict(obj)
-
-
-def _check_tensor(t: torch.Tensor, name: str) -> None:
-    if t.dim() == 0:
-        raise HookscopeError(f"{name}: a 0-d tensor has no sample dimension; save it with "
-                             "the samples first, shape (N, ...).")
-    if 0 in t.shape:
-        raise HookscopeError(f"{name}: tensor shape is {list(t.shape)}; it holds no values.")
+                             f"dimension): {describe(obj)}; for tensors whose samples are not "
+                             f"first, pass {param('as_is')}.")
+    return tuple(obj) if isinstance(obj, list) else obj if isinstance(obj, tuple) else \
+        obj if isinstance(obj, torch.Tensor) else dict(obj)
 
 
 def from_named(tensors: dict[str, torch.Tensor]) -> Any:
@@ -84,33 +91,38 @@ def from_named(tensors: dict[str, torch.Tensor]) -> Any:
 
 
 def count(x: Any) -> int:
-    """Samples in a checked batch (:func:`as_arguments`)."""
-    first = x if isinstance(x, torch.Tensor) else next(iter(x.values() if isinstance(x, dict) else x))
-    return int(first.shape[0])
+    """Samples in a checked batch (:func:`as_arguments`): its first tensor of one or more
+    dimensions' first dimension."""
+    return int(next(t for t in pytree.tree_leaves(x) if t.dim()).shape[0])
 
 
-def row(x: Any, i: int) -> Any:
-    """Sample ``i`` of a batch, copied (floating-point tensors as float32)."""
-    return map_tensors(x, lambda t: t[i].to(torch.float32 if t.is_floating_point() else t.dtype).clone())
+def row(x: Any, i: int, source: str) -> Any:
+    """Sample ``i`` of a batch from file ``source``, copied (floating-point tensors as
+    float32); its 0-d tensors :class:`Fixed`."""
+    return pytree.tree_map(lambda t: Fixed(t, source) if not t.dim() else
+                           t[i].to(torch.float32 if t.is_floating_point() else t.dtype).clone(), x)
+
+
+def whole(x: Any, source: str) -> Any:
+    """A file read whole (``--as-is``) as one sample: every tensor :class:`Fixed`."""
+    return pytree.tree_map(lambda t: Fixed(t, source, whole=True), x)
 
 
 def signature(x: Any) -> Any:
-    """What must agree for samples to stack: the structure, each tensor's shape and dtype."""
-    if isinstance(x, torch.Tensor):
-        return (tuple(x.shape), x.dtype)
-    if isinstance(x, dict):
-        return tuple((k, signature(v)) for k, v in x.items())
-    return tuple(signature(v) for v in x)
+    """What must agree for samples to stack: the structure, each tensor's shape and dtype,
+    and a :class:`Fixed` tensor's file (a whole file's agrees with nothing)."""
+    leaves, spec = pytree.tree_flatten(x)
+    return spec, [object() if isinstance(v, Fixed) and v.whole else
+                  (v.source, tuple(v.t.shape), v.t.dtype) if isinstance(v, Fixed) else
+                  (tuple(v.shape), v.dtype) for v in leaves]
 
 
 def stack(samples: Sequence[Any]) -> Any:
-    """Samples of one :func:`signature` stacked into a batch."""
-    first = samples[0]
-    if isinstance(first, torch.Tensor):
-        return torch.stack(list(samples))
-    if isinstance(first, dict):
-        return {k: torch.stack([s[k] for s in samples]) for k in first}
-    return tuple(torch.stack([s[i] for s in samples]) for i in range(len(first)))
+    """Samples of one :func:`signature` stacked into a batch (a :class:`Fixed` tensor as it
+    is)."""
+    columns = zip(*(pytree.tree_leaves(s) for s in samples), strict=True)
+    return pytree.tree_unflatten([c[0].t if isinstance(c[0], Fixed) else torch.stack(list(c))
+                                  for c in columns], pytree.tree_structure(samples[0]))
 
 
 def as_sample(value: Any, name: str, image: Callable[[Any], torch.Tensor]) -> Any:
