@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -338,3 +339,55 @@ def test_data_under_torchrun_equals_one_process(models, tmp_path) -> None:
         docs.append(json.loads(out.read_text()))
     assert docs[0]["targets"] == docs[1]["targets"] == [i % 3 for i in range(6)]
     assert math.isclose(docs[0]["objective"], docs[1]["objective"], rel_tol=1e-6)
+
+
+def _shapes_and_macs(models: Path, name: str, args: tuple, kwargs: dict) -> tuple[dict, int, int]:
+    """Each leaf's first output shape for one sample, the parameter count, and the MACs of
+    one sample's forward by ``FlopCounterMode`` (FLOPs / 2), from the seed-0 model."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    model = getattr(_module(models), name)().eval()
+    shapes: dict[str, list[int]] = {}
+
+    def hook(name: str, output: Any) -> None:
+        shapes.setdefault(name, list((output[0] if isinstance(output, tuple) else output).shape))
+
+    handles = [m.register_forward_hook(lambda m, i, o, n=n: hook(n, o))
+               for n, m in model.named_modules() if n and not list(m.children())]
+    one = tuple(a[:1] for a in args), {k: v[:1] for k, v in kwargs.items()}
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(*one[0], **one[1])
+    for h in handles:
+        h.remove()
+    return shapes, sum(p.numel() for p in model.parameters()), counter.get_total_flops() // 2
+
+
+@pytest.mark.parametrize(("name", "args", "kwargs", "grid_type"), [
+    ("Two", (torch.randn(3, 3, 8, 8), torch.randn(3, 1, 8, 8)), {}, "Conv2d"),
+    ("Masked", (torch.randn(2, 3, 6, 6),), {"mask": torch.rand(2, 1, 6, 6) > 0.5}, "Conv2d"),
+    ("Tokens", (torch.randint(0, 20, (3, 7)),), {}, None),  # a sequence: no grid to draw
+    ("Signal", (torch.randn(4, 2, 16),), {}, "Conv1d"),
+])
+def test_layers_and_features_on_every_input_form(cli, models, tmp_path, name, args, kwargs,
+                                                 grid_type) -> None:
+    path = tmp_path / "in.pt"
+    torch.save(kwargs | {"image": args[0]} if kwargs else args, path)
+    shapes, params, macs = _shapes_and_macs(models, name, args, kwargs)
+    layers = run(cli, "layers", f"{models}:{name}", path)
+    if name == "Tokens":  # FlopCounterMode counts no LSTM: by hand, T x 4 gates x (in*h + h*h)
+        macs += 7 * 4 * (6 * 5 + 5 * 5)
+    assert layers["totals"]["params"] == params and layers["totals"]["macs"] == macs
+    assert {row["name"]: row["calls"][0]["output_shape"][1:] for row in layers["layers"]} == \
+        {n: s[1:] for n, s in shapes.items()}
+    if grid_type is None:
+        assert "feature grids need an image grid" in one_line(
+            cli("features", f"{models}:{name}", path, "--type", "Embedding", "--out", tmp_path / "f"))
+        return
+    doc = run(cli, "features", f"{models}:{name}", path, "--type", grid_type, "--out", tmp_path / "f")
+    samples = len(args[0])
+    grids = doc["grids"]
+    assert len(grids) == samples * sum(1 for r in layers["layers"] if r["type"] == grid_type)
+    for grid in grids:
+        assert grid["shape"] == shapes[grid["layer"]][1:] and grid["nonfinite"] == 0
+        assert Path(grid["path"]).is_file()
