@@ -258,7 +258,7 @@ class StepFlags:
     def exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """A selected call returned: reduce its outputs and hook their gradients."""
         running = self._open
-        if running and running[-1].call is call:  # the innermost, but for a recursing module
+        if running and running[-1].call is call:  # mostly the innermost running call
             record = running.pop()
         else:
             i = next((i for i in reversed(range(len(running))) if running[i].call is call), None)
