@@ -22,7 +22,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -62,13 +62,13 @@ class NonFiniteError(HookscopeError):
         return (NonFiniteError, (super().__str__(),), dict(self.__dict__))
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class _Slot:
     """One reduced tensor: where its two values sit, its shape, and a weak reference."""
 
     index: int
     kind: int
-    shape: list[int]
+    shape: torch.Size
     ref: Any
     version: int
     #: A parent whose own code made it (first seen as a child's input, or as the parent's
@@ -81,7 +81,7 @@ class _Slot:
         return t if t is not None and t._version == self.version else None
 
 
-@dataclass
+@dataclass(slots=True, eq=False)
 class _Record:
     """One selected call's slots: forward values, and gradients at its inputs and outputs."""
 
@@ -175,6 +175,7 @@ def _ok(pair: Pair, kind: int) -> bool:
     return all(map(math.isfinite, pair))
 
 
+@lru_cache(maxsize=4096)  # per (patterns, name): a watch makes a StepFlags per step
 def _matches(patterns: tuple[str, ...], name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -198,7 +199,7 @@ class StepFlags:
         self._open: list[_Record] = []  # the calls running, outermost first
         self._seen: dict[int, _Slot] = {}
         self._grad_seen: dict[int, _Slot] = {}
-        self._allowed = cache(partial(_matches, tuple(allow_inf)))
+        self._allow_inf = tuple(allow_inf)
 
     def _slot(self, t: torch.Tensor, kind: int, grad: bool = False,
               maker: _Record | None = None, after: _Record | None = None) -> int:
@@ -212,7 +213,7 @@ class StepFlags:
                 self.checked[kind] += self.values[2 * known.index:2 * known.index + 2]
             return known.index
         between = (maker.children[-1] if maker.children else None, after) if maker else (None, None)
-        slot = seen[id(t)] = _Slot(len(slots), kind, list(t.shape), weakref.ref(t), t._version,
+        slot = seen[id(t)] = _Slot(len(slots), kind, t.shape, weakref.ref(t), t._version,
                                    maker, between)
         slots.append(slot)
         if grad:
@@ -236,7 +237,7 @@ class StepFlags:
     def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], grad_slots: list[int],
               maker: _Record | None, after: _Record | None = None) -> None:
         """Reduce the checked tensors in ``obj`` and hook the gradients they will get."""
-        lenient = self._allowed(call.name)
+        lenient = bool(self._allow_inf) and _matches(self._allow_inf, call.name)
         if kind != INFO and lenient:
             kind = NAN_ONLY
         grad = torch.is_grad_enabled()
@@ -251,12 +252,17 @@ class StepFlags:
         parent = self._open[-1] if self._open else None
         record = _Record(call, parent)
         self._open.append(record)
-        self._hook((args, kwargs), call, INFO, record.inputs, record.grad_inputs, parent, record)
+        given = args[0] if len(args) == 1 and not kwargs else (args, kwargs)  # mostly one tensor
+        self._hook(given, call, INFO, record.inputs, record.grad_inputs, parent, record)
 
     def exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """A selected call returned: reduce its outputs and hook their gradients."""
-        i = next((i for i in reversed(range(len(self._open))) if self._open[i].call is call), None)
-        record = _Record(call) if i is None else self._open.pop(i)
+        running = self._open
+        if running and running[-1].call is call:  # mostly the innermost running call
+            record = running.pop()
+        else:
+            i = next((i for i in reversed(range(len(running))) if running[i].call is call), None)
+            record = _Record(call) if i is None else running.pop(i)
         # A new tensor at a leaf's exit is its output; at a parent's, its own code made it.
         self._hook(output, call, STRICT, record.outputs, record.grad_outputs,
                    record if record.children else None)
@@ -302,7 +308,7 @@ class StepFlags:
         rows = []
         for i in record.inputs:
             slot, alive = self.slots[i], self.slots[i].alive()
-            row = {"shape": slot.shape, "min": forward[i][0], "max": forward[i][1],
+            row = {"shape": list(slot.shape), "min": forward[i][0], "max": forward[i][1],
                    "values": _describe(forward[i]).lower()}
             rows.append(row if alive is None else row | moments(alive.detach()).summary())
         call = record.call
@@ -338,7 +344,7 @@ class StepFlags:
         arrived: dict[int, dict[str, Any]] = {}  # gradient slot -> its finite arrival
         for index, pair in zip(self.fired, backward, strict=True):
             slot = self.grad_slots[index]
-            seen: dict[str, Any] = {"shape": slot.shape, "min": pair[0], "max": pair[1]}
+            seen: dict[str, Any] = {"shape": list(slot.shape), "min": pair[0], "max": pair[1]}
             if _ok(pair, slot.kind):
                 arrived.setdefault(index, seen)
                 continue
