@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hookscope.cam.methods import Registry
+
 if TYPE_CHECKING:
     import torch
 
@@ -37,37 +39,14 @@ class Attribution:
     rule: str | None = None
 
 
-ATTRIBUTIONS: dict[str, Attribution] = {}
-
-
-def register(name: str, *, baseline: bool = False, rule: str | None = None
-             ) -> Callable[[AttrFn], AttrFn]:
-    """Register ``fn`` as the attribution method ``name``; a duplicate is a programming error."""
-
-    def wrap(fn: AttrFn) -> AttrFn:
-        if name in ATTRIBUTIONS:
-            raise ValueError(f"attribution method {name!r} is already registered")
-        ATTRIBUTIONS[name] = Attribution(name, fn, baseline, rule)
-        return fn
-
-    return wrap
+ATTRIBUTIONS: Registry[Attribution] = Registry("attribution method", Attribution)
+register = ATTRIBUTIONS.register
+get_attribution = ATTRIBUTIONS.find
 
 
 def attribution_names() -> list[str]:
     """Registered method names, in registration order."""
     return list(ATTRIBUTIONS)
-
-
-def get_attribution(name: str) -> Attribution:
-    """The method called ``name``; an unknown name raises HookscopeError with close matches."""
-    from hookscope.core.errors import HookscopeError, param, suggest
-
-    try:
-        return ATTRIBUTIONS[name.strip().lower()]
-    except KeyError:
-        raise HookscopeError(
-            f"Unknown attribution method {name!r} ({param('method')})."
-            f"{suggest(name, ATTRIBUTIONS)} Choose from: {', '.join(ATTRIBUTIONS)}.") from None
 
 
 def gauss_legendre(steps: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from hookscope.core.run import GradMode
 
 __all__ = ["CamInputs", "FullBackward", "Method", "METHODS", "PLAIN", "get_method",
-           "method_names", "minmax", "positions", "project", "register", "resize"]
+           "method_names", "minmax", "positions", "project", "register", "Registry", "resize"]
 
 #: The grad mode of a CAM run's passes without gradients: autograd off, but not inference
 #: mode, because a model may cache a tensor made in its first call (BEiT's relative position
@@ -66,6 +66,40 @@ class CamInputs:
 
 
 CamFn = Callable[[CamInputs], "torch.Tensor"]
+E = TypeVar("E")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Registry(dict[str, E]):
+    """Registered methods by name, in registration order: ``kind`` makes an entry from the
+    name, the function and :meth:`register`'s options; ``what`` names one in messages."""
+
+    def __init__(self, what: str, kind: Callable[..., E]) -> None:
+        super().__init__()
+        self.what, self.kind = what, kind
+
+    def register(self, name: str, **options: Any) -> Callable[[F], F]:
+        """Register ``fn`` as the method ``name``; a duplicate name is a programming error."""
+
+        def wrap(fn: F) -> F:
+            if name in self:
+                raise ValueError(f"{self.what} {name!r} is already registered")
+            self[name] = self.kind(name, fn, **options)
+            return fn
+
+        return wrap
+
+    def find(self, name: str) -> E:
+        """The method called ``name``; an unknown name raises HookscopeError with close matches."""
+        from hookscope.core.errors import HookscopeError, param, suggest
+
+        try:
+            return self[name.strip().lower()]
+        except KeyError:
+            raise HookscopeError(
+                f"Unknown {self.what} {name!r} ({param('method')}).{suggest(name, self)} "
+                f"Choose from: {', '.join(self)}."
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -76,44 +110,23 @@ class Method:
 
     name: str
     fn: CamFn
-    gradients: bool
+    gradients: bool = True
     needs: frozenset[str] = frozenset()
     classifier: bool = False
     layerwise: bool = True
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "needs", frozenset(self.needs))  # registered as a tuple
 
-METHODS: dict[str, Method] = {}
 
-
-def register(name: str, *, gradients: bool = True, needs: tuple[str, ...] = (),
-             classifier: bool = False, layerwise: bool = True) -> Callable[[CamFn], CamFn]:
-    """Register ``fn`` as the CAM method ``name``; a duplicate name is a programming error."""
-
-    def wrap(fn: CamFn) -> CamFn:
-        if name in METHODS:
-            raise ValueError(f"CAM method {name!r} is already registered")
-        METHODS[name] = Method(name, fn, gradients, frozenset(needs), classifier, layerwise)
-        return fn
-
-    return wrap
+METHODS: Registry[Method] = Registry("CAM method", Method)
+register = METHODS.register
+get_method = METHODS.find
 
 
 def method_names() -> list[str]:
     """Registered method names, in registration order."""
     return list(METHODS)
-
-
-def get_method(name: str) -> Method:
-    """The method called ``name``; an unknown name raises HookscopeError with close matches."""
-    from hookscope.core.errors import HookscopeError, param, suggest
-
-    try:
-        return METHODS[name.strip().lower()]
-    except KeyError:
-        raise HookscopeError(
-            f"Unknown CAM method {name!r} ({param('method')}).{suggest(name, METHODS)} "
-            f"Choose from: {', '.join(METHODS)}."
-        ) from None
 
 
 def positions(t: torch.Tensor) -> tuple[int, ...]:
