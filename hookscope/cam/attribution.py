@@ -142,6 +142,14 @@ def _blur(x: torch.Tensor) -> torch.Tensor:
     return gaussian_blur(x, [kernel, kernel], [sigma, sigma])
 
 
+def per_input(x: torch.Tensor, seed: int,
+              draw: Callable[[torch.Tensor, torch.Generator], torch.Tensor]) -> torch.Tensor:
+    """``draw(x[i], generator)`` stacked over the inputs, input i's generator seeded with
+    ``seed + i``: the same numbers for an input in any batching."""
+    return torch.stack([draw(xi, torch.Generator().manual_seed((seed + i) % 2**64))
+                        for i, xi in enumerate(x)]).to(x)
+
+
 @dataclass
 class AttrResult:
     """One method's attributions for a batch (or a whole run): (N, C, H, W) float32, and per
@@ -263,13 +271,9 @@ class AttrRun:
     def noise(self) -> torch.Tensor:
         """(N, samples, C, H, W) Gaussian noise, each input's from its own generator (seed +
         its position among all inputs), scaled to ``noise`` times the input's range."""
-        x, opts = self.x, self.options
-        found = []
-        for i in range(len(x)):
-            gen = torch.Generator().manual_seed((opts.seed + self.step.start + i) % 2**64)
-            std = opts.noise * float(x[i].max() - x[i].min())
-            found.append(torch.randn((opts.samples, *x.shape[1:]), generator=gen) * std)
-        return torch.stack(found).to(x)
+        opts = self.options
+        return per_input(self.x, opts.seed + self.step.start, lambda xi, gen: opts.noise * float(
+            xi.max() - xi.min()) * torch.randn((opts.samples, *xi.shape), generator=gen))
 
     def windows(self) -> torch.Tensor:
         """Every occlusion window as a (W, 1, H, W) mask: captum's positions, at multiples
@@ -320,12 +324,9 @@ class AttributionProbe(Probe[AttrReport]):
         self.objective: Objective = options.objective(model)
         self.plan = metric_plan(options.metrics, options.percentiles, options.seed,
                                 self.objective.kind)
-        if isinstance(options.baseline, str) and options.baseline not in BASELINES:
-            self.fixed: torch.Tensor | None = _load_baseline(options.baseline)
-        elif isinstance(options.baseline, torch.Tensor):
-            self.fixed = options.baseline.detach()
-        else:
-            self.fixed = None
+        base = options.baseline
+        self.fixed: torch.Tensor | None = base.detach() if isinstance(base, torch.Tensor) else \
+            _load_baseline(base) if isinstance(base, str) and base not in BASELINES else None
         rules = {m.rule for m in self.methods if m.rule}
         types = tuple(t for r in rules for t in RULE_TYPES[r])
         self.sites = [s for s in all_sites(model) if type(s.module) in types]
@@ -336,10 +337,7 @@ class AttributionProbe(Probe[AttrReport]):
     @contextmanager
     def rule(self, rule: str | None) -> Iterator[None]:
         """Set ``rule`` at the nonlinearities while a pass runs (in-place ones writing copies)."""
-        if rule is None:
-            yield
-            return
-        with writing_copies([s.module for s in self.sites]):
+        with writing_copies([s.module for s in self.sites] if rule else []):
             self.active = rule
             try:
                 yield
@@ -368,12 +366,11 @@ class AttributionProbe(Probe[AttrReport]):
                                      f"{list(x.shape)}.")
             return _blur(x)
         if name == "noise":
-            found = []
-            for i in range(len(x)):
-                gen = torch.Generator().manual_seed((self.options.seed + start + i + 1_000_003) % 2**64)
-                low, high = float(x[i].min()), float(x[i].max())
-                found.append(low + (high - low) * torch.rand(x.shape[1:], generator=gen))
-            return torch.stack(found).to(x)
+            def uniform(xi: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+                low, high = float(xi.min()), float(xi.max())
+                return low + (high - low) * torch.rand(xi.shape, generator=gen)
+
+            return per_input(x, self.options.seed + start + 1_000_003, uniform)
         return torch.zeros_like(x)
 
     def step(self, step: Step) -> None:
