@@ -25,6 +25,7 @@ from torch import nn
 
 from hookscope.cam.attrmethods import Attribution, get_attribution
 from hookscope.cam.faithfulness import MetricPlan, class_scorer, metric_plan
+from hookscope.cam.passes import or_zeros, score_grads
 from hookscope.cam.result import detection_rows
 from hookscope.cam.rules import RULE_TYPES, apply_rule, writing_copies
 from hookscope.cam.targets import Aim, Focus, Objective, Origins, infer_task
@@ -243,13 +244,9 @@ class AttrRun:
         batch = torch.cat([leaf, self.baseline[owner]]) if paired else leaf
         with self.probe.rule(self.method.rule):
             out = objective.output(self.step.forward(batch, grad="grad"))
-        with torch.enable_grad():
-            rows = owner.tolist() * (2 if paired else 1)
-            total = objective.score(out, self.focus, rows).sum()
-            if not total.requires_grad:
-                return torch.zeros_like(leaf)
-            (grad,) = torch.autograd.grad(total, leaf, allow_unused=True)
-        return torch.zeros_like(leaf) if grad is None else grad.detach()
+        found = score_grads(objective, out, self.focus, owner.tolist() * (2 if paired else 1),
+                            [leaf])
+        return or_zeros(found[0] if found else None, leaf)
 
     def gradient(self, x: torch.Tensor, *, paired: bool = False) -> torch.Tensor:
         """The gradient of each input's target score at ``x`` (one row per input)."""
@@ -300,8 +297,7 @@ class AttrRun:
         if name in ("smoothgrad", "smoothgrad-sq", "vargrad"):
             return n * opts.samples
         if name == "occlusion":
-            (h, w), (wh, ww), (sh, sw) = self.x.shape[-2:], opts.window, opts.stride
-            return n * (math.ceil(max(h - wh, 0) / sh) + 1) * (math.ceil(max(w - ww, 0) / sw) + 1)
+            return n * len(self.windows())
         return n
 
 

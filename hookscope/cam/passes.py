@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from hookscope.cam.methods import PLAIN, SMOOTH_STD, FullBackward
+from hookscope.cam.rules import guided
 from hookscope.cam.targets import Focus, Objective, Origins
 from hookscope.core.arguments import Placement
 from hookscope.core.errors import HookscopeError, param
@@ -71,6 +72,18 @@ def or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like) if grad is None else grad.detach()
 
 
+def score_grads(objective: Objective, out: Any, focus: Focus, rows: Sequence[int],
+                nodes: list[torch.Tensor], **options: Any) -> tuple[torch.Tensor | None, ...] | None:
+    """The gradients of the summed target scores (output row j against input ``rows[j]``) at
+    ``nodes`` (None where autograd finds no path); None when the scores do not depend on
+    anything differentiable."""
+    with torch.inference_mode(False), torch.enable_grad():
+        total = objective.score(out, focus, list(rows)).sum()
+        if not total.requires_grad:
+            return None
+        return torch.autograd.grad(total, nodes, allow_unused=True, **options)
+
+
 @dataclass
 class Captured:
     """One capture pass: the output, and per layer its activations and gradients."""
@@ -122,13 +135,8 @@ class Pass:
 
     def grads(self, out: Any, focus: Focus, nodes: list[torch.Tensor], **options: Any
               ) -> tuple[torch.Tensor | None, ...] | None:
-        """The gradients of the summed target scores at ``nodes`` (None where autograd
-        finds no path); None when the scores do not depend on anything differentiable."""
-        with torch.inference_mode(False), torch.enable_grad():
-            total = self.objective.score(out, focus, list(range(len(focus.classes)))).sum()
-            if not total.requires_grad:
-                return None
-            return torch.autograd.grad(total, nodes, allow_unused=True, **options)
+        """:func:`score_grads` of the batch, each input against its own target."""
+        return score_grads(self.objective, out, focus, range(len(focus.classes)), nodes, **options)
 
 
 class Switch(Probe[R]):
@@ -267,19 +275,6 @@ class AblationPass(Pass):
         return None
 
 
-class GuidedGrad(torch.autograd.Function):
-    """Identity forward; backward passes only the positive part of the gradient (with the
-    ReLU's own backward: pytorch-grad-cam's ``GuidedBackpropReLU``, without swapping modules)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return x.clone()  # a new tensor: an in-place op that follows cannot reach the input
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return grad.clamp(min=0)
-
-
 def has_bias(module: nn.Module) -> bool:
     """A Conv2d or BatchNorm2d (exactly those types, as pytorch-grad-cam) with a bias."""
     if type(module) is nn.BatchNorm2d:
@@ -315,7 +310,7 @@ class InputPass(Pass):
                 or not output.requires_grad:
             return None
         if self.guided:
-            return GuidedGrad.apply(output)
+            return guided(output)
         self.biases.append((bias_of(call.site.module), output))
         return output.clone()  # a following in-place ReLU must not change it
 

@@ -21,9 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hookscope.cam.passes import GuidedGrad
-
-__all__ = ["EPS", "RULE_TYPES", "Swap", "apply_rule", "rule_modules", "writing_copies"]
+__all__ = ["EPS", "RULE_TYPES", "Swap", "apply_rule", "guided", "writing_copies"]
 
 #: captum's ``eps``: below this input change the plain gradient is used.
 EPS = 1e-10
@@ -34,11 +32,6 @@ _ELEMENTWISE = (nn.ReLU, nn.ELU, nn.LeakyReLU, nn.Sigmoid, nn.Tanh, nn.Softplus)
 #: The module types each rule acts on (exact types, as captum's).
 RULE_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
     "guided": (nn.ReLU,), "deeplift": (*_ELEMENTWISE, *_POOLS, nn.Softmax)}
-
-
-def rule_modules(model: nn.Module, rule: str) -> list[nn.Module]:
-    """The modules of ``model`` that ``rule`` acts on."""
-    return [m for m in model.modules() if type(m) in RULE_TYPES[rule]]
 
 
 @contextmanager
@@ -68,6 +61,13 @@ class Swap(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         rule, ctx.rule = ctx.rule, None  # break the cycle through the saved graph
         return rule(grad), None, None
+
+
+def guided(output: torch.Tensor) -> torch.Tensor:
+    """A copy of ``output`` (an in-place op that follows cannot reach it) that passes back only
+    the positive part of its gradient, after the ReLU's own backward: pytorch-grad-cam's
+    ``GuidedBackpropReLU``, without swapping modules."""
+    return Swap.apply(output, output.detach(), lambda grad: grad.clamp(min=0))
 
 
 def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +127,7 @@ def apply_rule(rule: str, module: nn.Module, args: tuple[Any, ...], output: Any)
     if not isinstance(output, torch.Tensor) or not output.requires_grad:
         return None
     if rule == "guided":
-        return GuidedGrad.apply(output)
+        return guided(output)
     x = args[0] if args and isinstance(args[0], torch.Tensor) else None
     if x is None or not x.requires_grad or len(x) % 2 or len(output) != len(x):
         return None
