@@ -34,8 +34,8 @@ class CamResult:
         maps: (N, H, W) float32 in [0, 1] at the input tensor's resolution ((N, L) for a
             signal input (N, C, L), (N, D, H, W) for a volume or clip (N, C, D, H, W)).
         raw: (N, h, w) float32 (or (N, l), (N, d, h, w)) at the first layer's resolution,
-            after ReLU, before
-            normalisation (FullGrad's is at the input's resolution); ``raws``: per layer.
+            after ReLU, before normalisation (FullGrad's is at the input's resolution);
+            ``raws``: per layer.
         targets: the explained class index per input (-1: several classes).
         probs: the target's softmax probability per input (None where there is none).
         skipped: per input, why it was not explained (None when it was).
