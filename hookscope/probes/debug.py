@@ -11,7 +11,7 @@ it is the first module receiving it (``source: "input"``). When the forward pass
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -21,7 +21,7 @@ from torch import nn
 from hookscope.core.errors import CheckFailed, ForwardError
 from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import LEAVES, Selection, hooked_sites
+from hookscope.core.select import LEAVES, Selection, hooked_sites, selecting
 from hookscope.numerics.moments import moments
 
 __all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "ExitEvent",
@@ -312,13 +312,12 @@ def nonfinite_failure(origin: NonfiniteEvent) -> CheckFailed:
     return CheckFailed(f"non-finite values first appear in {where}.")
 
 
+@selecting
 def run_debug(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *,
-              layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
-              all_modules: bool = False, max_depth: int | None = None,
-              on_event: Callable[[Event], None] | None = None) -> DebugReport:
+              select: Selection = LEAVES, on_event: Callable[[Event], None] | None = None) -> DebugReport:
     """Run ``model`` in eval and inference mode on ``inputs`` (a batch or an iterable of
-    batches), tracing the selected calls and locating problems; ``on_event`` is called with
-    each event, in order. An error stops the run; the report's ``failure`` holds it, to raise.
+    batches), tracing the selected calls (``select``, or the keywords ``layers``, ``types``,
+    ``all_modules``, ``max_depth``) and locating problems; ``on_event`` is called with each
+    event, in order. An error stops the run; the report's ``failure`` holds it, to raise.
     """
-    select = Selection(layers, types, all_modules, max_depth)
     return drive(model, inputs, DebugProbe(model, select=select, on_event=on_event))
