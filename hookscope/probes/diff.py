@@ -180,9 +180,6 @@ class DiffProbe(Probe[DiffReport]):
         tolerance: the relative L2 error above which a call exceeds.
         output_key, other_output_key: the entry holding each side's logits.
         other_autocast: B's ``torch.autocast`` dtype.
-
-    Raises:
-        HookscopeError: ``other`` is ``model`` itself, or the selection matches nothing.
     """
 
     def __init__(self, model: nn.Module, other: nn.Module, *, select: Selection = LEAVES,
