@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -20,6 +20,7 @@ from torch import nn
 
 from hookscope.core.errors import CheckFailed, ForwardError
 from hookscope.core.hooks import Call, first_tensor, tensors
+from hookscope.core.mergeable import Merges, state
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, hooked_sites, selecting
 from hookscope.numerics.moments import moments
@@ -160,17 +161,17 @@ Event = EnterEvent | ExitEvent | NonfiniteEvent | ErrorEvent
 
 
 @dataclass
-class DebugReport:
+class DebugReport(Merges):
     """The outcome of :func:`run_debug`; ``to_dict`` is the ``summary`` event."""
 
-    batches: int = 0
-    samples: int = 0
-    calls: int = 0
-    nonfinite_calls: int = 0
-    origin: NonfiniteEvent | None = None
-    error: ErrorEvent | None = None
+    batches: int = state("sum", 0)
+    samples: int = state("sum", 0)
+    calls: int = state("sum", 0)
+    nonfinite_calls: int = state("sum", 0)
+    origin: NonfiniteEvent | None = state("first", None)
+    error: ErrorEvent | None = state("first", None)
     #: The forward pass's failure, with the message every command prints for it.
-    failure: ForwardError | None = field(default=None, repr=False)
+    failure: ForwardError | None = state("first", None, repr=False)
     output_shapes: list[list[int]] = field(default_factory=list)
     #: Every event, in order, when the probe was asked to record them (else None).
     events: list[Event] | None = field(default=None, repr=False)
@@ -183,11 +184,8 @@ class DebugReport:
             return self
         kept = (e for e in other.events or () if self.origin is None or not isinstance(e, NonfiniteEvent))
         events = None if self.events is None else [*self.events, *kept]
-        return DebugReport(
-            batches=self.batches + other.batches, samples=self.samples + other.samples,
-            calls=self.calls + other.calls, nonfinite_calls=self.nonfinite_calls + other.nonfinite_calls,
-            origin=self.origin or other.origin, error=other.error, failure=other.failure,
-            output_shapes=other.output_shapes if other.samples else self.output_shapes, events=events)
+        shapes = other.output_shapes if other.samples else self.output_shapes
+        return replace(super().merge(other), output_shapes=shapes, events=events)
 
     def to_dict(self) -> dict[str, Any]:
         o, e = self.origin, self.error
