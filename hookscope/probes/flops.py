@@ -107,19 +107,18 @@ class FlopCounter(FlopCounterMode):
     """A ``FlopCounterMode`` that calls ``on_uncounted(name)`` for every operation that
     does multiply-adds and has no formula (its FLOPs stay uncounted)."""
 
-    def __init__(self, on_uncounted: Callable[[str], None] | None = None, **kwargs: Any) -> None:
+    def __init__(self, on_uncounted: Callable[[str], None], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.on_uncounted = on_uncounted
 
     def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
-        if (self.on_uncounted is not None and func_packet not in self.flop_registry
-                and does_multiply_adds(func_packet)):
+        if func_packet not in self.flop_registry and does_multiply_adds(func_packet):
             self.on_uncounted(str(func_packet))
         return super()._count_flops(func_packet, out, args, kwargs)
 
 
 @contextmanager
-def count_flops(on_uncounted: Callable[[str], None] | None = None) -> Iterator[FlopCounter]:
+def count_flops(on_uncounted: Callable[[str], None]) -> Iterator[FlopCounter]:
     """A FLOP counter that also sees attention: the fused kernels of
     ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` have no FLOP formula, so their
     fast path is off inside (then restored); CPU scaled dot-product attention gets one, and so
