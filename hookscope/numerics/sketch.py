@@ -240,11 +240,7 @@ class Sketch:
         return torch.cat(parts, 1)
 
     def merge(self, other: Sketch) -> Sketch:
-        """The sketch of both sides' values: exactly that of their union (a new object).
-
-        Raises:
-            HookscopeError: the two hold different numbers of channels.
-        """
+        """The sketch of both sides' values: exactly that of their union (a new object)."""
         if other.channels != self.channels:
             raise HookscopeError(
                 f"Percentile sketches of {self.channels} and {other.channels} channels cannot "
@@ -308,10 +304,7 @@ def percentile_key(p: float) -> str:
 def parse_percentiles(value: str | float | Sequence[float] | None) -> tuple[float, ...]:
     """Percentiles from ``"0.1,99.9"``, a sequence of numbers or one number, in the order
     given, duplicates (``99.9`` and ``99.90``) dropped; None or an empty sequence: none.
-
-    Raises:
-        HookscopeError: an empty string, not a number (a bool included), or outside [0, 100].
-    """
+    HookscopeError for an empty string, not a number (a bool included), or outside [0, 100]."""
     if value is None:
         return ()
     hint = "give numbers from 0 to 100 separated by commas, e.g. 0.1,99.9,99.99."

@@ -5,20 +5,17 @@ transfer, so nothing synchronises per layer."""
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 
+from hookscope.core.mergeable import Mergeable
 from hookscope.numerics.moments import Moments, as_float, device_values, host_values
 
 __all__ = ["MomentTable", "Table"]
 
 
-class _Merging(Protocol):
-    def merge(self, other: Any) -> Any: ...
-
-
-_S = TypeVar("_S", bound=_Merging)
+_S = TypeVar("_S", bound=Mergeable)
 
 
 class Table(Generic[_S]):

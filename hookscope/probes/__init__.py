@@ -1,3 +1,3 @@
-"""The probes: one analysis each (stats, debug, structure, grads, features, ablate, diff,
-check, report), with the numerics they share.
+"""The probes: one analysis each (stats, debug, structure, grads, features, ablate, diff),
+and the offline comparison of saved ``stats`` documents (statsdiff).
 """

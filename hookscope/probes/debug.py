@@ -11,8 +11,8 @@ it is the first module receiving it (``source: "input"``). When the forward pass
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -20,8 +20,9 @@ from torch import nn
 
 from hookscope.core.errors import CheckFailed, ForwardError
 from hookscope.core.hooks import Call, first_tensor, tensors
+from hookscope.core.mergeable import Merges, state
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import LEAVES, Selection, hooked_sites
+from hookscope.core.select import LEAVES, Selection, hooked_sites, selecting
 from hookscope.numerics.moments import moments
 
 __all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "ExitEvent",
@@ -160,17 +161,17 @@ Event = EnterEvent | ExitEvent | NonfiniteEvent | ErrorEvent
 
 
 @dataclass
-class DebugReport:
+class DebugReport(Merges):
     """The outcome of :func:`run_debug`; ``to_dict`` is the ``summary`` event."""
 
-    batches: int = 0
-    samples: int = 0
-    calls: int = 0
-    nonfinite_calls: int = 0
-    origin: NonfiniteEvent | None = None
-    error: ErrorEvent | None = None
+    batches: int = state("sum", 0)
+    samples: int = state("sum", 0)
+    calls: int = state("sum", 0)
+    nonfinite_calls: int = state("sum", 0)
+    origin: NonfiniteEvent | None = state("first", None)
+    error: ErrorEvent | None = state("first", None)
     #: The forward pass's failure, with the message every command prints for it.
-    failure: ForwardError | None = field(default=None, repr=False)
+    failure: ForwardError | None = state("first", None, repr=False)
     output_shapes: list[list[int]] = field(default_factory=list)
     #: Every event, in order, when the probe was asked to record them (else None).
     events: list[Event] | None = field(default=None, repr=False)
@@ -183,11 +184,8 @@ class DebugReport:
             return self
         kept = (e for e in other.events or () if self.origin is None or not isinstance(e, NonfiniteEvent))
         events = None if self.events is None else [*self.events, *kept]
-        return DebugReport(
-            batches=self.batches + other.batches, samples=self.samples + other.samples,
-            calls=self.calls + other.calls, nonfinite_calls=self.nonfinite_calls + other.nonfinite_calls,
-            origin=self.origin or other.origin, error=other.error, failure=other.failure,
-            output_shapes=other.output_shapes if other.samples else self.output_shapes, events=events)
+        shapes = other.output_shapes if other.samples else self.output_shapes
+        return replace(super().merge(other), output_shapes=shapes, events=events)
 
     def to_dict(self) -> dict[str, Any]:
         o, e = self.origin, self.error
@@ -312,13 +310,12 @@ def nonfinite_failure(origin: NonfiniteEvent) -> CheckFailed:
     return CheckFailed(f"non-finite values first appear in {where}.")
 
 
+@selecting
 def run_debug(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *,
-              layers: Sequence[str] | None = None, types: Sequence[str] | None = None,
-              all_modules: bool = False, max_depth: int | None = None,
-              on_event: Callable[[Event], None] | None = None) -> DebugReport:
+              select: Selection = LEAVES, on_event: Callable[[Event], None] | None = None) -> DebugReport:
     """Run ``model`` in eval and inference mode on ``inputs`` (a batch or an iterable of
-    batches), tracing the selected calls and locating problems; ``on_event`` is called with
-    each event, in order. An error stops the run; the report's ``failure`` holds it, to raise.
+    batches), tracing the selected calls (``select``, or the keywords ``layers``, ``types``,
+    ``all_modules``, ``max_depth``) and locating problems; ``on_event`` is called with each
+    event, in order. An error stops the run; the report's ``failure`` holds it, to raise.
     """
-    select = Selection(layers, types, all_modules, max_depth)
     return drive(model, inputs, DebugProbe(model, select=select, on_event=on_event))

@@ -180,9 +180,6 @@ class DiffProbe(Probe[DiffReport]):
         tolerance: the relative L2 error above which a call exceeds.
         output_key, other_output_key: the entry holding each side's logits.
         other_autocast: B's ``torch.autocast`` dtype.
-
-    Raises:
-        HookscopeError: ``other`` is ``model`` itself, or the selection matches nothing.
     """
 
     def __init__(self, model: nn.Module, other: nn.Module, *, select: Selection = LEAVES,
@@ -309,15 +306,13 @@ def on_side(side: str, renames: Mapping[str, str] | None = None) -> Iterator[Non
 
 
 @selecting
-def diff_models(model: nn.Module, other: nn.Module, inputs: Any, *, select: Selection = LEAVES,
-                tolerance: float = DEFAULT_TOLERANCE, autocast: torch.dtype | None = None,
-                other_autocast: torch.dtype | None = None, output_key: str | None = None,
-                progress: Progress | None = None) -> DiffReport:
+def diff_models(model: nn.Module, other: nn.Module, inputs: Any, *, autocast: torch.dtype | None = None,
+                output_key: str | None = None, progress: Progress | None = None,
+                **options: Any) -> DiffReport:
     """Run ``model`` and ``other`` on the same ``inputs`` (a batch, or an iterable of them)
-    and compare each selected call. Arguments as :class:`DiffProbe`'s (``select``, or the
-    keywords ``layers``, ``types``, ``all_modules``, ``max_depth``); ``autocast`` is A's
-    ``torch.autocast`` dtype, ``output_key`` both sides' logits entry, ``progress`` called
-    with each batch's size."""
-    probe = DiffProbe(model, other, select=select, tolerance=tolerance, output_key=output_key,
-                      other_output_key=output_key, other_autocast=other_autocast)
+    and compare each selected call. ``options`` are :class:`DiffProbe`'s (``select``, or the
+    keywords ``layers``, ``types``, ``all_modules``, ``max_depth``; ``tolerance``,
+    ``other_autocast``); ``autocast`` is A's ``torch.autocast`` dtype, ``output_key`` both
+    sides' logits entry, ``progress`` called with each batch's size."""
+    probe = DiffProbe(model, other, output_key=output_key, other_output_key=output_key, **options)
     return drive(model, inputs, probe, autocast=autocast, progress=progress)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hookscope.core.mergeable import merged
+from hookscope.core.mergeable import Merges, state
 from hookscope.numerics.layout import channel_dim
 from hookscope.numerics.moments import ChannelMoments, ChannelView
 from hookscope.numerics.sketch import Sketch, finite_range, percentile_key
@@ -19,17 +19,17 @@ __all__ = ["Extras"]
 
 
 @dataclass(frozen=True)
-class Extras:
-    """The opt-in summaries of one call's output. ``sketch`` is the whole output's (with
-    ``percentiles`` alone); with ``per_channel`` too, ``channel_sketch`` holds one per channel,
-    and the whole output's is their exact collapse."""
+class Extras(Merges):
+    """The opt-in summaries of one call's output, merged exactly. ``sketch`` is the whole
+    output's (with ``percentiles`` alone); with ``per_channel`` too, ``channel_sketch`` holds
+    one per channel, and the whole output's is their exact collapse."""
 
     per_channel: bool = False
     percentiles: tuple[float, ...] = ()
-    channel_dim: int | None = None
-    channels: ChannelMoments | None = None
-    sketch: Sketch | None = None
-    channel_sketch: Sketch | None = None
+    channel_dim: int | None = state("first", None)
+    channels: ChannelMoments | None = state("merge", None)
+    sketch: Sketch | None = state("merge", None)
+    channel_sketch: Sketch | None = state("merge", None)
 
     @classmethod
     def of(cls, tensor: torch.Tensor, type_name: str, spec: Extras,
@@ -48,17 +48,6 @@ class Extras:
         view = ChannelView.of(tensor, None)
         lo, hi, nonfinite = finite_range(view)
         return replace(spec, sketch=Sketch.of(view, lo, hi, nonfinite=nonfinite))
-
-    @property
-    def empty(self) -> bool:
-        return self.channels is None and self.sketch is None and self.channel_sketch is None
-
-    def merge(self, other: Extras) -> Extras:
-        """Both sides' summaries over their data together (exact; a new object)."""
-        return replace(self, channel_dim=other.channel_dim if self.empty else self.channel_dim,
-                       channels=merged(self.channels, other.channels),
-                       sketch=merged(self.sketch, other.sketch),
-                       channel_sketch=merged(self.channel_sketch, other.channel_sketch))
 
     def to(self, device: torch.device | str) -> Extras:
         names = ("channels", "sketch", "channel_sketch")

@@ -59,13 +59,10 @@ _GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
 def recurrent_macs(module: nn.Module, args: tuple[Any, ...],
                    kwargs: dict[str, Any] | None = None) -> int | None:
-    """Multiply-adds of one call of a recurrent layer (None: not one): per input vector,
-    layer and direction, ``gates * hidden * (input + hidden_out)`` for the input and recurrent
-    matrix products (``hidden_out`` is ``proj_size`` when an LSTM projects, else ``hidden``),
-    plus ``proj_size * hidden`` for the projection. Gates are 4 (LSTM), 3 (GRU), 1 (RNN); a
-    layer after the first takes ``hidden_out * directions`` inputs. Element-wise gate
-    products and bias additions are not counted, as element-wise work is not counted anywhere
-    (an LSTM counts what the same LSTM built from ``nn.Linear`` would)."""
+    """Multiply-adds of one call of a recurrent layer (None: not one): the input and recurrent
+    matrix products per input vector, layer and direction, and an LSTM's projection. As
+    element-wise work is counted nowhere, gate products and biases are not counted (an LSTM
+    counts what the same LSTM built from ``nn.Linear`` would)."""
     x = args[0] if args else (kwargs or {}).get("input")
     if x is None:
         return None
@@ -93,18 +90,9 @@ def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: li
     return 2 * batch_heads * queries * keys * (dim + value_dim)
 
 
-def _mv_flop(mat_shape: list[int], vec_shape: list[int], *args: Any, **kwargs: Any) -> int:
-    """A matrix-vector product: one multiply-add per matrix element."""
-    return 2 * math.prod(mat_shape)
-
-
-def _addmv_flop(bias_shape: list[int], mat_shape: list[int], *args: Any, **kwargs: Any) -> int:
-    return _mv_flop(mat_shape, [])
-
-
-def _dot_flop(a_shape: list[int], *args: Any, **kwargs: Any) -> int:
-    """A dot product: one multiply-add per element."""
-    return 2 * math.prod(a_shape)
+def _elements_flop(shape: list[int], *args: Any, **kwargs: Any) -> int:
+    """A matrix-vector or dot product: one multiply-add per element of the first operand."""
+    return 2 * math.prod(shape)
 
 
 class _NoModuleTracker(nullcontext):
@@ -119,26 +107,26 @@ class FlopCounter(FlopCounterMode):
     """A ``FlopCounterMode`` that calls ``on_uncounted(name)`` for every operation that
     does multiply-adds and has no formula (its FLOPs stay uncounted)."""
 
-    def __init__(self, on_uncounted: Callable[[str], None] | None = None, **kwargs: Any) -> None:
+    def __init__(self, on_uncounted: Callable[[str], None], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.on_uncounted = on_uncounted
 
     def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
-        if (self.on_uncounted is not None and func_packet not in self.flop_registry
-                and does_multiply_adds(func_packet)):
+        if func_packet not in self.flop_registry and does_multiply_adds(func_packet):
             self.on_uncounted(str(func_packet))
         return super()._count_flops(func_packet, out, args, kwargs)
 
 
 @contextmanager
-def count_flops(on_uncounted: Callable[[str], None] | None = None) -> Iterator[FlopCounter]:
+def count_flops(on_uncounted: Callable[[str], None]) -> Iterator[FlopCounter]:
     """A FLOP counter that also sees attention: the fused kernels of
     ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` have no FLOP formula, so their
     fast path is off inside (then restored); CPU scaled dot-product attention gets one, and so
     do matrix-vector and dot products (``torch.mv``, ``a @ v`` with a 1-D ``v``)."""
     aten = torch.ops.aten
-    mapping: dict[Any, Any] = {aten.mv: _mv_flop, aten.addmv: _addmv_flop, aten.dot: _dot_flop,
-                               aten.vdot: _dot_flop}
+    mapping: dict[Any, Any] = {aten.mv: _elements_flop, aten.dot: _elements_flop,
+                               aten.vdot: _elements_flop,
+                               aten.addmv: lambda bias, mat, *a, **k: _elements_flop(mat)}
     kernel = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if kernel is not None:
         mapping[kernel] = _sdpa_cpu_flop

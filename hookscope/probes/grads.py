@@ -187,8 +187,17 @@ def _objective_targets(target: Targets | str | None, loss: str, label: Targets |
 
 
 class GradsProbe(Probe[GradReport]):
-    """Gradients at each selected call's output and at each parameter; arguments as
-    :func:`collect_grads`'s (``select``: its ``layers``, ``types``, ``all_modules``, ``max_depth``).
+    """Gradients at each selected call's output and at each parameter.
+
+    Args:
+        target: ``loss="logit"``: the class whose raw logit is differentiated (``top1``,
+            ``topK``, an index or label; one for all inputs or one per input), summed.
+        loss: ``"logit"`` or ``"ce"`` (cross-entropy against ``label``, summed over inputs).
+        label: ``loss="ce"``: the true class, one for all inputs or one per input.
+        select: the modules.
+        vanish, explode: flag calls whose gradient norm is below ``vanish`` or above
+            ``explode`` times the median call's norm.
+        n_inputs: the number of inputs, to check a per-input target or label list early.
     """
 
     grad = "grad"
@@ -277,25 +286,10 @@ def nonfinite_failure(report: GradReport) -> CheckFailed:
 
 @selecting
 def collect_grads(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *,
-                  target: Targets | str | None = None, loss: str = "logit",
-                  label: Targets | str | None = None, select: Selection = LEAVES,
-                  vanish: float = 1e-3, explode: float = 1e3,
-                  categories: Sequence[str] | None = None, n_inputs: int | None = None,
                   train_mode: bool = False, on_batch: Callable[[int], None] | None = None,
-                  output_key: str | None = None) -> GradReport:
+                  **options: Any) -> GradReport:
     """Gradients at each selected module call's output and at each parameter of a classifier,
     over ``inputs`` (a batch or an iterable of batches); the objectives of batches add up.
-
-    Args:
-        target: ``loss="logit"``: the class whose raw logit is differentiated (``top1``,
-            ``topK``, an index or label; one for all inputs or one per input), summed.
-        loss: ``"logit"`` or ``"ce"`` (cross-entropy against ``label``, summed over inputs).
-        label: ``loss="ce"``: the true class, one for all inputs or one per input.
-        select: the modules (or the keywords ``layers``, ``types``, ``all_modules``, ``max_depth``).
-        vanish, explode: flag calls whose gradient norm is below ``vanish`` or above
-            ``explode`` times the median call's norm.
-        n_inputs: the number of inputs, to check a per-input target or label list early.
-    """
-    probe = GradsProbe(model, target=target, loss=loss, label=label, vanish=vanish, explode=explode,
-                       select=select, categories=categories, n_inputs=n_inputs, output_key=output_key)
-    return drive(model, inputs, probe, train_mode=train_mode, progress=on_batch)
+    ``options`` are :class:`GradsProbe`'s (``select``, or the keywords ``layers``, ``types``,
+    ``all_modules``, ``max_depth``); ``on_batch`` is called with each batch's size."""
+    return drive(model, inputs, GradsProbe(model, **options), train_mode=train_mode, progress=on_batch)

@@ -207,7 +207,6 @@ def diff_stats(a: Mapping[str, Any], b: Mapping[str, Any], *,
                                  {s: _number(other.get(s)) for s in STATS},
                                  quantile_drift(row.get("percentiles"), other.get("percentiles"),
                                                 row.get("std"), row.get("mean"))))
-    only_b = [CallRef(k[0], str(r.get("type")), k[1]) for k, r in rows_b.items()
-              if k not in rows_a]
+    only_b = [CallRef(k[0], str(r.get("type")), k[1]) for k, r in rows_b.items() if k not in rows_a]
     return StatsDiffReport(tolerance, layers, only_a, only_b, _envelope(a, b, files),
                            (_top1(a), _top1(b)))

@@ -146,16 +146,11 @@ class Structure:
 
 
 def _trainable(params: list[torch.Tensor]) -> bool | str | None:
-    total = _numel(params)
-    if total is None:  # lazy: the flags are known before the sizes
-        flags = {p.requires_grad for p in params}
-        return None if not flags else flags.pop() if len(flags) == 1 else "partial"
-    if total == 0:
-        return None
-    trainable = _numel(p for p in params if p.requires_grad) or 0
-    if trainable == total:
-        return True
-    return False if trainable == 0 else "partial"
+    """Whether the parameters holding values require a gradient: True, False, ``"partial"``,
+    or None for none (while one is lazy, all count: the flags are known before the sizes)."""
+    lazy = any(is_lazy(p) for p in params)
+    flags = {p.requires_grad for p in params if lazy or p.numel()}
+    return None if not flags else flags.pop() if len(flags) == 1 else "partial"
 
 
 Owned = dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]
