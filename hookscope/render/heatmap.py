@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFilter
 
-from hookscope.cam.result import Box, CamBatch, CamRows
-from hookscope.core.errors import HookscopeError
+from hookscope.cam.result import Box, CamBatch, CamRows, deprocess
+from hookscope.core.errors import HookscopeError, suggest
 from hookscope.core.files import Staging
 from hookscope.inputs.resolve import unique_stems
 
@@ -31,8 +31,6 @@ def colormap_lut(name: str) -> np.ndarray:
         HookscopeError: unknown colormap, with close names.
     """
     import matplotlib
-
-    from hookscope.core.errors import suggest
 
     try:
         cmap = matplotlib.colormaps[name]
@@ -101,8 +99,6 @@ def heatmap_images(values: np.ndarray, image: Image.Image, box: Box | None = Non
 def draw_region(overlay: Image.Image, region: np.ndarray, box: Box | None) -> Image.Image:
     """Outline ``region`` ((h, w) bool at the model input's resolution) in white, about two
     pixels wide, on ``overlay``, placed where the model's input lies in it."""
-    from PIL import ImageFilter
-
     x0, y0, x1, y1 = _box_pixels(box, overlay.size)
     mask = Image.fromarray(region.astype(np.uint8) * 255, "L").resize(
         (x1 - x0, y1 - y0), Image.Resampling.NEAREST)
@@ -118,8 +114,6 @@ def draw_boxes(overlay: Image.Image, detections: Sequence[dict[str, Any]],
                label: Any = None) -> Image.Image:
     """Draw detections (boxes in the model input's pixels, ``input_size`` = (w, h)) with
     their label and score."""
-    from PIL import ImageDraw
-
     width, height = overlay.size
     x0, y0, x1, y1 = _box_pixels(box, overlay.size)
     sx, sy = (x1 - x0) / input_size[0], (y1 - y0) / input_size[1]
@@ -275,8 +269,6 @@ class CamWriter(CamRows):
         """Render and stage input ``i``'s overlay, heatmap, raw ``.npy`` (with ``save_raw``:
         the layer's own shape) and guided files; ``x`` is the input drawn on (a signal's or
         volume's regions, boxes and guided image are None: the probe refuses them)."""
-        from hookscope.cam.result import deprocess
-
         over, heat = overlay_images(res.maps[i], x, image, box, self.loaded.mean, self.loaded.std,
                                     cmap=self.cmap, alpha=self.alpha)
         if res.regions is not None:

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError
+from hookscope.core.files import Output, atomic_path, resolve_output
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-    from hookscope.core.files import Output
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -223,8 +222,6 @@ def plot_output(path: str | Path | None, *, force: bool) -> Output | None:
     Raises:
         HookscopeError: not a ``.svg`` or ``.png`` name, or a path that cannot be written.
     """
-    from hookscope.core.files import resolve_output
-
     if path is None:
         return None
     plot_format(path)
@@ -237,8 +234,6 @@ def write_plot(fig: Figure, output: Output) -> None:
     Raises:
         HookscopeError: the file cannot be written.
     """
-    from hookscope.core.files import atomic_path
-
     data = figure_bytes(fig, plot_format(output.path if output.path is not None else ""))
     with atomic_path(output) as tmp:
         tmp.write_bytes(data)
