@@ -154,13 +154,6 @@ def denormalize(tensor: Any, mean: Sequence[float] | None, std: Sequence[float] 
 MIN_FRAME = 96
 
 
-def _band(values: np.ndarray, cmap: str, width: int, height: int = 24) -> np.ndarray:
-    """A (height, width, 3) colour band of a 1-D map in [0, 1] (linearly resampled)."""
-    grid = np.linspace(0, len(values) - 1, width)
-    return np.repeat(colorize(np.interp(grid, np.arange(len(values)), values), cmap)[None],
-                     height, axis=0)
-
-
 def signal_images(values: np.ndarray, signal: Any, *, cmap: str = "jet",
                   alpha: float = 0.5) -> tuple[Image.Image, Image.Image]:
     """A signal's map ((L,) in [0, 1]) drawn over its ``signal`` ((C, L)): the channels as
@@ -191,7 +184,9 @@ def signal_images(values: np.ndarray, signal: Any, *, cmap: str = "jet",
     band.set_axis_off()
     canvas.draw()
     over = Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3].copy(), "RGB")
-    return over, Image.fromarray(_band(values, cmap, max(256, length)), "RGB")
+    grid = np.linspace(0, length - 1, max(256, length))  # the band, linearly resampled, 24 high
+    heat = np.repeat(colorize(np.interp(grid, t, values), cmap)[None], 24, axis=0)
+    return over, Image.fromarray(heat, "RGB")
 
 
 def volume_images(values: np.ndarray, volume: Any, mean: Sequence[float] | None,
