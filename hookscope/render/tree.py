@@ -135,7 +135,7 @@ def _macs_text(doc: Mapping[str, Any]) -> Text | None:
 def _totals_line(doc: Mapping[str, Any]) -> Text:
     """The line under the tree: MACs, FLOPs and bytes of the whole model."""
     totals, macs = doc["totals"], _macs_text(doc)
-    first = Text.assemble(("totals:", "bold"), *([" ", macs] if macs is not None else []))
+    first = Text.assemble(("totals:", "bold"), *((" ", macs) if macs is not None else ()))
     by_dtype = totals["params_bytes"]
     params = Text.assemble((f"params {human_bytes(sum(by_dtype.values()))}", "cyan"))
     if len(by_dtype) > 1:
