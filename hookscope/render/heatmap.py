@@ -14,7 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
+import torch
 from PIL import Image, ImageDraw, ImageFilter
 
 from hookscope.cam.result import Box, CamBatch, CamRows, deprocess
@@ -30,8 +32,6 @@ def colormap_lut(name: str) -> np.ndarray:
     Raises:
         HookscopeError: unknown colormap, with close names.
     """
-    import matplotlib
-
     try:
         cmap = matplotlib.colormaps[name]
     except KeyError:
@@ -195,7 +195,6 @@ def volume_images(values: np.ndarray, volume: Any, mean: Sequence[float] | None,
     """A volume's or clip's map ((D, H, W) in [0, 1]) over each slice or frame of ``volume``
     ((C, D, H, W), de-normalised as an image), in a contact sheet (torchvision's
     ``make_grid``, frames in order, row by row); and the coloured maps alone in one."""
-    import torch
     from torchvision.utils import make_grid
 
     overlays, heats = [], []

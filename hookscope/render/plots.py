@@ -9,12 +9,14 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from html import escape
 from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.files import Output, atomic_path, resolve_output
+from hookscope.render.tables import ZERO_WARN
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -122,8 +124,6 @@ def profile_figure(layers: Rows, *, title: str | None = None) -> Figure:
     dead ones yellow."""
     import numpy as np
 
-    from hookscope.render.tables import ZERO_WARN
-
     x = np.arange(len(layers))
     mean, std = _floats(layers, "mean"), _floats(layers, "std")
     lo, hi, zeros = _floats(layers, "min"), _floats(layers, "max"), _floats(layers, "zero_fraction")
@@ -207,8 +207,6 @@ def figure_bytes(fig: Figure, fmt: str) -> bytes:
 
 def inline_svg(fig: Figure, title: str) -> str:
     """The figure as an ``<svg>`` element for an HTML page, with an accessible title."""
-    from html import escape
-
     text = figure_bytes(fig, "svg").decode("utf-8")
     text = re.sub(r"<metadata>.*?</metadata>\s*", "", text[text.index("<svg"):], flags=re.S)
     head, rest = text.split(">", 1)
