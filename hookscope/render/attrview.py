@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # views are imported before torch is: `hookscope report LOG` 
 #: The CSV columns (a contract).
 ATTR_COLUMNS = ("input", "method", "target", "label", "score", "sum", "baseline_score",
                 "completeness_gap", "overlay", "heatmap", "raw")
+#: The document's ``options``, in this order.
+OPTION_KEYS = ("steps", "baseline", "samples", "noise", "window", "stride", "value", "batch_cap",
+               "seed")
 
 
 class AttrWriter:
@@ -84,13 +87,11 @@ class AttrWriter:
         """The ``attribute`` document after the envelope."""
         from hookscope.cam.result import metric_means
 
-        baseline = options.baseline if isinstance(options.baseline, str) else "tensor"
+        shown = {k: getattr(options, k) for k in OPTION_KEYS}
+        if not isinstance(options.baseline, str):
+            shown["baseline"] = "tensor"
         return {"methods": list(methods), "out": str(out),
-                "options": {"steps": options.steps, "baseline": baseline,
-                            "samples": options.samples, "noise": options.noise,
-                            "window": list(options.window), "stride": list(options.stride),
-                            "value": options.value, "batch_cap": options.batch_cap,
-                            "seed": options.seed},
+                "options": shown | {k: list(shown[k]) for k in ("window", "stride")},
                 "results": self.rows, "metrics": metric_means(self.rows)}
 
 
@@ -98,15 +99,15 @@ def attr_view(doc: Mapping[str, Any]) -> RenderableType:
     """Header, the files written, one row per input and method."""
     table = DataTable(["input", "method", num("class"), "label", num("score"), num("sum"),
                        num("gap"), "overlay"])
-    previous = None
-    for row in doc.get("results", []):
+    results = doc.get("results", [])
+    for i, row in enumerate(results):
         target = row.get("target")
-        table.add_row("" if row["input"] == previous else str(row["input"]), row["method"],
+        same = i and results[i - 1]["input"] == row["input"]  # an input is named once
+        table.add_row("" if same else str(row["input"]), row["method"],
                       "-" if target is None else str(target), row.get("label") or "",
                       fmt_float(row.get("score")), fmt_float(row.get("sum")),
                       fmt_float(row.get("completeness_gap")), str(row.get("overlay") or ""))
-        previous = row["input"]
-    wrote = Text(f"wrote {len(doc.get('results', []))} overlay(s) to {doc.get('out')}",
+    wrote = Text(f"wrote {len(results)} overlay(s) to {doc.get('out')}",
                  style="green")
     means = [metrics_table(doc["metrics"])] if doc.get("metrics") else []
     return Group(header(doc), wrote, table, *means)

@@ -22,19 +22,18 @@ def cam_table(results: list[Mapping[str, Any]]) -> DataTable:
     rank = max((len(r.get("peak") or ()) for r in results), default=2)
     table = DataTable(["input", "method", num("class"), "label", num("score"), num("prob"),
                        num("peak " + PEAK_AXES.get(rank, "y,x")), "overlay"])
-    previous = None
-    for row in results:
+    for i, row in enumerate(results):
         target = row.get("target")
         if target is None and row.get("detections") is not None:
             label = f"{len(row['detections'])} detection(s)"
         else:
             label = row.get("label") or ""
-        table.add_row("" if row["input"] == previous else str(row["input"]), row["method"],
+        same = i and results[i - 1]["input"] == row["input"]  # an input is named once
+        table.add_row("" if same else str(row["input"]), row["method"],
                       "-" if target is None else str(target), label,
                       fmt_float(row.get("score")), fmt_pct(row.get("prob")),
                       ",".join(str(v) for v in row.get("peak") or []),
                       str(row.get("overlay") or ""))
-        previous = row["input"]
     return table
 
 

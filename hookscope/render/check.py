@@ -14,7 +14,7 @@ from rich.text import Text
 
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.files import Output, resolve_output
-from hookscope.render.tables import DataTable, fmt_float, header
+from hookscope.render.tables import DataTable, fmt_float, header, joined
 
 Doc = Mapping[str, Any]
 
@@ -71,14 +71,11 @@ def verdict(doc: Doc) -> Text:
 
 def log_header(doc: Doc) -> Text:
     """A training log's check: the model, the log, its logging steps, the rows checked."""
-    text = Text()
-    text.append(str(doc.get("model")), style="bold")
-    text.append(f"  log: {doc['log']}", style="cyan")
     span = f" (steps {doc.get('first_step')} to {doc.get('last_step')})" \
         if doc.get("logging_steps") else ""
-    text.append(f"  logging steps: {doc.get('logging_steps')}{span}  layer calls checked: "
-                f"{doc.get('calls', 0)}")
-    return text
+    return joined((str(doc.get("model")), "bold"), (f"log: {doc['log']}", "cyan"),
+                  f"logging steps: {doc.get('logging_steps')}{span}",
+                  f"layer calls checked: {doc.get('calls', 0)}")
 
 
 def check_view(doc: Doc) -> RenderableType:

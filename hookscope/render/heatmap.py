@@ -14,11 +14,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
-from PIL import Image
+import torch
+from PIL import Image, ImageDraw, ImageFilter
 
-from hookscope.cam.result import Box, CamBatch, CamRows
-from hookscope.core.errors import HookscopeError
+from hookscope.cam.result import Box, CamBatch, CamRows, deprocess
+from hookscope.core.errors import HookscopeError, suggest
 from hookscope.core.files import Staging
 from hookscope.inputs.resolve import unique_stems
 
@@ -30,10 +32,6 @@ def colormap_lut(name: str) -> np.ndarray:
     Raises:
         HookscopeError: unknown colormap, with close names.
     """
-    import matplotlib
-
-    from hookscope.core.errors import suggest
-
     try:
         cmap = matplotlib.colormaps[name]
     except KeyError:
@@ -101,8 +99,6 @@ def heatmap_images(values: np.ndarray, image: Image.Image, box: Box | None = Non
 def draw_region(overlay: Image.Image, region: np.ndarray, box: Box | None) -> Image.Image:
     """Outline ``region`` ((h, w) bool at the model input's resolution) in white, about two
     pixels wide, on ``overlay``, placed where the model's input lies in it."""
-    from PIL import ImageFilter
-
     x0, y0, x1, y1 = _box_pixels(box, overlay.size)
     mask = Image.fromarray(region.astype(np.uint8) * 255, "L").resize(
         (x1 - x0, y1 - y0), Image.Resampling.NEAREST)
@@ -118,8 +114,6 @@ def draw_boxes(overlay: Image.Image, detections: Sequence[dict[str, Any]],
                label: Any = None) -> Image.Image:
     """Draw detections (boxes in the model input's pixels, ``input_size`` = (w, h)) with
     their label and score."""
-    from PIL import ImageDraw
-
     width, height = overlay.size
     x0, y0, x1, y1 = _box_pixels(box, overlay.size)
     sx, sy = (x1 - x0) / input_size[0], (y1 - y0) / input_size[1]
@@ -160,13 +154,6 @@ def denormalize(tensor: Any, mean: Sequence[float] | None, std: Sequence[float] 
 MIN_FRAME = 96
 
 
-def _band(values: np.ndarray, cmap: str, width: int, height: int = 24) -> np.ndarray:
-    """A (height, width, 3) colour band of a 1-D map in [0, 1] (linearly resampled)."""
-    grid = np.linspace(0, len(values) - 1, width)
-    return np.repeat(colorize(np.interp(grid, np.arange(len(values)), values), cmap)[None],
-                     height, axis=0)
-
-
 def signal_images(values: np.ndarray, signal: Any, *, cmap: str = "jet",
                   alpha: float = 0.5) -> tuple[Image.Image, Image.Image]:
     """A signal's map ((L,) in [0, 1]) drawn over its ``signal`` ((C, L)): the channels as
@@ -197,7 +184,9 @@ def signal_images(values: np.ndarray, signal: Any, *, cmap: str = "jet",
     band.set_axis_off()
     canvas.draw()
     over = Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3].copy(), "RGB")
-    return over, Image.fromarray(_band(values, cmap, max(256, length)), "RGB")
+    grid = np.linspace(0, length - 1, max(256, length))  # the band, linearly resampled, 24 high
+    heat = np.repeat(colorize(np.interp(grid, t, values), cmap)[None], 24, axis=0)
+    return over, Image.fromarray(heat, "RGB")
 
 
 def volume_images(values: np.ndarray, volume: Any, mean: Sequence[float] | None,
@@ -206,7 +195,6 @@ def volume_images(values: np.ndarray, volume: Any, mean: Sequence[float] | None,
     """A volume's or clip's map ((D, H, W) in [0, 1]) over each slice or frame of ``volume``
     ((C, D, H, W), de-normalised as an image), in a contact sheet (torchvision's
     ``make_grid``, frames in order, row by row); and the coloured maps alone in one."""
-    import torch
     from torchvision.utils import make_grid
 
     overlays, heats = [], []
@@ -275,8 +263,6 @@ class CamWriter(CamRows):
         """Render and stage input ``i``'s overlay, heatmap, raw ``.npy`` (with ``save_raw``:
         the layer's own shape) and guided files; ``x`` is the input drawn on (a signal's or
         volume's regions, boxes and guided image are None: the probe refuses them)."""
-        from hookscope.cam.result import deprocess
-
         over, heat = overlay_images(res.maps[i], x, image, box, self.loaded.mean, self.loaded.std,
                                     cmap=self.cmap, alpha=self.alpha)
         if res.regions is not None:

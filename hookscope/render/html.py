@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookscope.numerics.drift import finite
+from hookscope.render.tables import fmt_float
 
 if TYPE_CHECKING:
     from jinja2 import Environment
@@ -84,8 +85,6 @@ def strong(n: int) -> dict[str, Any]:
 
 def num(value: Any) -> dict[str, Any]:
     """A number's cell, as the terminal tables write it."""
-    from hookscope.render.tables import fmt_float
-
     return cell(fmt_float(value), value, "n")
 
 

@@ -9,17 +9,18 @@ import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from html import escape
 from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.errors import HookscopeError
+from hookscope.core.files import Output, atomic_path, resolve_output
+from hookscope.render.tables import ZERO_WARN
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-
-    from hookscope.core.files import Output
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -123,8 +124,6 @@ def profile_figure(layers: Rows, *, title: str | None = None) -> Figure:
     dead ones yellow."""
     import numpy as np
 
-    from hookscope.render.tables import ZERO_WARN
-
     x = np.arange(len(layers))
     mean, std = _floats(layers, "mean"), _floats(layers, "std")
     lo, hi, zeros = _floats(layers, "min"), _floats(layers, "max"), _floats(layers, "zero_fraction")
@@ -208,8 +207,6 @@ def figure_bytes(fig: Figure, fmt: str) -> bytes:
 
 def inline_svg(fig: Figure, title: str) -> str:
     """The figure as an ``<svg>`` element for an HTML page, with an accessible title."""
-    from html import escape
-
     text = figure_bytes(fig, "svg").decode("utf-8")
     text = re.sub(r"<metadata>.*?</metadata>\s*", "", text[text.index("<svg"):], flags=re.S)
     head, rest = text.split(">", 1)
@@ -223,8 +220,6 @@ def plot_output(path: str | Path | None, *, force: bool) -> Output | None:
     Raises:
         HookscopeError: not a ``.svg`` or ``.png`` name, or a path that cannot be written.
     """
-    from hookscope.core.files import resolve_output
-
     if path is None:
         return None
     plot_format(path)
@@ -237,8 +232,6 @@ def write_plot(fig: Figure, output: Output) -> None:
     Raises:
         HookscopeError: the file cannot be written.
     """
-    from hookscope.core.files import atomic_path
-
     data = figure_bytes(fig, plot_format(output.path if output.path is not None else ""))
     with atomic_path(output) as tmp:
         tmp.write_bytes(data)

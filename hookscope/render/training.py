@@ -12,8 +12,10 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from hookscope import __version__
 from hookscope.core.files import dumps_json, format_shape
 from hookscope.numerics.drift import finite
 from hookscope.numerics.health import SUSTAINED
@@ -349,8 +351,6 @@ def _fact(key: str, value: Any) -> str:
         count = f"; {len(modules)} modules" if isinstance(modules, list) else ""
         return ", ".join(f"{k} {json.dumps(v)}" for k, v in shown.items()) + count
     if key == "started" and isinstance(value, (int, float)):
-        from datetime import datetime, timezone
-
         with suppress(OverflowError, OSError, ValueError):  # beyond the platform's dates
             return datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="seconds")
     return value if isinstance(value, str) else json.dumps(value, default=str)
@@ -366,8 +366,6 @@ def _facts(log: TrainingLog) -> list[tuple[str, str]]:
 
 def training_html(log: TrainingLog) -> str:
     """The whole training page as text."""
-    from hookscope import __version__
-
     last = log.steps[-1] if log.steps else {}
     flagged, drifted = _findings(log)
     heat, lines = _figures(log)

@@ -41,13 +41,8 @@ def _calls_text(calls: Sequence[Mapping[str, Any]]) -> Text:
         return Text("not called", style="dim")
     if len(calls) == 1:
         return Text("→ " + _shape_text(calls[0]), style="green")
-    text = Text("→ ", style="green")
-    for i, call in enumerate(calls):
-        if i:
-            text.append("  ")
-        text.append(f"#{i} ", style="dim")
-        text.append(_shape_text(call), style="green")
-    return text
+    return Text("→ ", style="green") + Text("  ").join(
+        Text.assemble((f"#{i} ", "dim"), (_shape_text(call), "green")) for i, call in enumerate(calls))
 
 
 _TRAINABLE = {True: ("trainable", "dim"), False: ("frozen", "yellow")}
@@ -139,12 +134,8 @@ def _macs_text(doc: Mapping[str, Any]) -> Text | None:
 
 def _totals_line(doc: Mapping[str, Any]) -> Text:
     """The line under the tree: MACs, FLOPs and bytes of the whole model."""
-    totals = doc["totals"]
-    first = Text.assemble(("totals:", "bold"))
-    macs = _macs_text(doc)
-    if macs is not None:
-        first.append_tokens([(" ", None)])
-        first.append_text(macs)
+    totals, macs = doc["totals"], _macs_text(doc)
+    first = Text.assemble(("totals:", "bold"), *((" ", macs) if macs is not None else ()))
     by_dtype = totals["params_bytes"]
     params = Text.assemble((f"params {human_bytes(sum(by_dtype.values()))}", "cyan"))
     if len(by_dtype) > 1:
@@ -241,12 +232,10 @@ def trace_line(event: Mapping[str, Any]) -> Text:
         else:
             text.append(f"  inputs finite, output has {_nonfinite(outputs)} non-finite "
                         "value(s)", style="red")
-        for i, s in enumerate(inputs):
-            text.append(f"\n{indent}     in[{i}]  ")
-            text.append_text(_stats_text(s))
-        for i, s in enumerate(outputs):
-            text.append(f"\n{indent}     out[{i}] ")
-            text.append_text(_stats_text(s))
+        for side, pad, stats in (("in", "  ", inputs), ("out", " ", outputs)):
+            for i, s in enumerate(stats):
+                text.append(f"\n{indent}     {side}[{i}]{pad}")
+                text.append_text(_stats_text(s))
     return text
 
 

@@ -25,6 +25,7 @@ from hookscope.render import (
     diff,
     features,
     grads,
+    plots,
     report,
     tables,
     training,
@@ -76,9 +77,7 @@ CHANNEL_COLUMNS = ("channel_dim", "channel", "channel_count", "channel_mean", "c
 
 def stats_plot(doc: Doc, **options: Any) -> Any:
     """The activation profile (``stats --plot``)."""
-    from hookscope.render.plots import profile_figure
-
-    return profile_figure(doc["layers"], title=f"{doc['model']}: activation profile")
+    return plots.profile_figure(doc["layers"], title=f"{doc['model']}: activation profile")
 
 
 def stats_csv(doc: Doc, *, input_stats: bool = False, per_channel: bool = False,
@@ -141,10 +140,8 @@ def _peak(peak: list[int] | None) -> dict[str, int | None]:
 
 def grads_plot(doc: Doc, *, vanish: float = 1e-3, explode: float = 1e3, **options: Any) -> Any:
     """The gradient flow (``grads --plot``)."""
-    from hookscope.render.plots import gradient_figure
-
-    return gradient_figure(doc["layers"], median=doc.get("median_norm"), vanish=vanish,
-                           explode=explode, title=f"{doc['model']}: gradient flow")
+    return plots.gradient_figure(doc["layers"], median=doc.get("median_norm"), vanish=vanish,
+                                 explode=explode, title=f"{doc['model']}: gradient flow")
 
 
 def features_csv(doc: Doc) -> Rows:
@@ -222,9 +219,7 @@ def emit_plot(command: str, doc: Mapping[str, Any], output: Output | None, **opt
     suffix; atomically). Nothing happens without an output."""
     if output is None:
         return
-    from hookscope.render.plots import write_plot
-
     figure = VIEWS[command].plot
     if figure is None:
         raise HookscopeError(f"{command} has no plot.")
-    write_plot(figure(doc, **options), output)
+    plots.write_plot(figure(doc, **options), output)

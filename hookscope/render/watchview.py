@@ -9,6 +9,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from hookscope.render.tables import DataTable, fmt_float, header
+from hookscope.training.log_reader import listed
 
 Doc = Mapping[str, Any]
 #: Flagged layers listed in the table (JSON: all).
@@ -16,11 +17,7 @@ SHOWN = 10
 
 
 def _flagged(rows: Sequence[Mapping[str, Any]]) -> str:
-    if not rows:
-        return "none"
-    names = [f"{r['name']}: {r['detail']} ({r['steps']})" for r in rows[:SHOWN]]
-    more = f" and {len(rows) - SHOWN} more" if len(rows) > SHOWN else ""
-    return ", ".join(names) + more
+    return listed([f"{r['name']}: {r['detail']} ({r['steps']})" for r in rows], SHOWN) or "none"
 
 
 def watch_view(doc: Doc) -> RenderableType:
