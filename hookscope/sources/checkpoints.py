@@ -134,11 +134,7 @@ def _unwrap(obj: Any, path: Path) -> tuple[Mapping[str, torch.Tensor] | nn.Modul
 
 def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
     """Read a checkpoint: a state_dict, a dict holding one (and labels), ``.safetensors``,
-    or (``trust``) a whole module.
-
-    Raises:
-        HookscopeError: missing, unreadable, compiled, not a checkpoint, or an untrusted pickle.
-    """
+    or (``trust``) a whole module."""
     path = Path(path).expanduser()
     if not path.exists():
         raise HookscopeError(f"Weights file not found: {path}.")

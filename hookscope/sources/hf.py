@@ -176,17 +176,12 @@ def _with_texts(transformers: ModuleType, model: nn.Module, path: Path, texts: S
     model.forward = with_texts  # type: ignore[method-assign]
 
 
-def _where(where: str, name: str) -> str:
-    return f"{where}: {name}"
-
-
 def _pixels(value: Any, name: str, where: str) -> int:
     """A processor's side in pixels, checked as --size is."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             (isinstance(value, float) and not value.is_integer()):
-        raise HookscopeError(f"{_where(where, name)} must be a whole number of pixels, not "
-                             f"{value!r}.")
-    check_side(name, int(value), _where(where, name))
+        raise HookscopeError(f"{where}: {name} must be a whole number of pixels, not {value!r}.")
+    check_side(name, int(value), f"{where}: {name}")
     return int(value)
 
 
@@ -217,7 +212,7 @@ def _stats(processor: Any, name: str, default: tuple[float, ...], where: str) ->
     if values is None:
         return default
     values = values if isinstance(values, (list, tuple)) else [values]
-    return check_values(name, values, 3, _where(where, f"image_{name}"))
+    return check_values(name, values, 3, f"{where}: image_{name}")
 
 
 def hf_preprocess(processor: Any, where: str = "the image processor") -> Preprocess:
@@ -230,8 +225,8 @@ def hf_preprocess(processor: Any, where: str = "the image processor") -> Preproc
     crop_pct = getattr(processor, "crop_pct", None)
     if crop_pct and resize is not None and crop is None and not stretch and resize < 384:
         if not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
-            raise HookscopeError(f"{_where(where, 'crop_pct')} must be a number in (0, 1], "
-                                 f"not {crop_pct!r}.")
+            raise HookscopeError(f"{where}: crop_pct must be a number in (0, 1], not "
+                                 f"{crop_pct!r}.")
         crop, resize = resize, int(resize / crop_pct)  # ConvNeXt's processor
     normalise = getattr(processor, "do_normalize", True)
     mean = _stats(processor, "mean", IMAGENET_MEAN, where) if normalise else (0.0, 0.0, 0.0)
@@ -258,7 +253,7 @@ def _from_config(config: Any, path: Path, name: str) -> Preprocess:
     side = _config_value(config, "image_size")
     side = side[0] if isinstance(side, (list, tuple)) and side else side
     side = side if isinstance(side, int) and not isinstance(side, bool) else None
-    check_side("image_size", side, _where(str(path / "config.json"), "image_size"))
+    check_side("image_size", side, f"{path / 'config.json'}: image_size")
     channels = 1 if _config_value(config, "num_channels") == 1 else None
     found = with_overrides(Preprocess(), size=side, input_channels=channels)
     what = f"config.json's image_size {side}" if side is not None else "224 px"
