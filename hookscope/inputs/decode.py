@@ -207,9 +207,6 @@ def _load(path: Path, name: str, data: bytes | None) -> Any:
         raise HookscopeError(
             f"{name}: holds Python objects besides tensors, which hookscope does not unpickle; "
             "save a tensor, a tuple or a dict of tensors with torch.save(x, path).") from None
-    except ImportError:
-        raise HookscopeError(f"{name}: reading .safetensors needs the safetensors package "
-                             "(pip install safetensors).") from None
     except Exception as exc:  # torch.load, np.load and safetensors raise many types
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise HookscopeError(

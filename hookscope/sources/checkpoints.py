@@ -42,7 +42,7 @@ class Checkpoint:
     state: Mapping[str, torch.Tensor] | None = None
     module: nn.Module | None = None
     labels: list[str] | None = None
-    labels_key: str | None = None
+    labels_from: str | None = None  # ``checkpoint:KEY``, the entry the labels came from
 
 
 #: A checkpoint to read: a regular file, or the bytes of one that can be read only once.
@@ -99,13 +99,14 @@ def _torch_load(src: Source, trust: bool, path: Path) -> Any:
 
 
 def _labels_in(obj: Mapping[str, Any]) -> tuple[list[str] | None, str | None]:
+    """The checkpoint's labels, and ``checkpoint:KEY``, the entry they came from."""
     for key in _LABEL_KEYS:
         if key in obj:
             value = obj[key]
             if key == "class_to_idx" and isinstance(value, Mapping):
                 value = {index: name for name, index in value.items()}
             try:
-                return _label_list(value, f"the checkpoint's {key!r}"), key
+                return _label_list(value, f"the checkpoint's {key!r}"), f"checkpoint:{key}"
             except HookscopeError:
                 continue
     return None, None
@@ -153,10 +154,10 @@ def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
             raise HookscopeError(f"{path}: not a readable .safetensors file ({exc}).") from None
         return Checkpoint(path, state=found)  # type: ignore[arg-type]
     found, around = _unwrap(_torch_load(src, trust, path), path)
-    labels, key = _labels_in(around) if around is not None else (None, None)
+    labels, where = _labels_in(around) if around is not None else (None, None)
     if isinstance(found, nn.Module):
-        return Checkpoint(path, module=found, labels=labels, labels_key=key)
-    return Checkpoint(path, state=found, labels=labels, labels_key=key)
+        return Checkpoint(path, module=found, labels=labels, labels_from=where)
+    return Checkpoint(path, state=found, labels=labels, labels_from=where)
 
 
 def head_classes(model: nn.Module, state: Mapping[str, torch.Tensor]) -> int | None:

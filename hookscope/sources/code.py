@@ -333,13 +333,11 @@ def load_code(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
 def custom_model(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str,
                  labelled: Checkpoint | None) -> LoadedModel:
     """A model from code or a pickle: default preprocessing, and ``labelled``'s labels."""
-    labels = labelled.labels if labelled is not None else None
+    labels, labels_from = (labelled.labels, labelled.labels_from) if labelled else (None, None)
     return LoadedModel(
         name=spec.name, model=model, task="custom", weights_requested=options.weights,
-        weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=with_overrides(Preprocess(), size=options.size), categories=labels,
-        source=spec.source,
-        labels_from=f"checkpoint:{labelled.labels_key}" if labelled and labels else None)
+        weights_loaded=loaded, preprocess=with_overrides(Preprocess(), size=options.size),
+        categories=labels, source=spec.source, labels_from=labels_from)
 
 
 register(Source("code", _parse, load_code))

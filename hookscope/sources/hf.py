@@ -315,11 +315,10 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
                              f"is a {type(model).__name__}.")
     return LoadedModel(
         name=spec.name, model=model, task=task, weights_requested=options.weights,
-        weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=with_overrides(preprocess, size=options.size), categories=labels,
-        source="hf", num_classes=classes, output_key="logits_per_image" if pairs else None,
-        labels_from=("text" if texts else None) if pairs else
-        "config:id2label" if labels else None)
+        weights_loaded=loaded, preprocess=with_overrides(preprocess, size=options.size),
+        categories=labels, source="hf", num_classes=classes,
+        output_key="logits_per_image" if pairs else None,
+        labels_from=("text" if texts else None) if pairs else "config:id2label" if labels else None)
 
 
 register(Source("hf", prefixed("hf", PREFIX, "custom"), load_hf))
