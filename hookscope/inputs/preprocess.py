@@ -86,9 +86,8 @@ class Preprocess:
 
     def to_dict(self) -> dict[str, Any]:
         """What the JSON envelope records as ``preprocessing``."""
-        found = {"resize": self.resize, "crop": self.crop, "mean": list(self.mean),
-                 "std": list(self.std), "channels": self.channels,
-                 "interpolation": self.interpolation, "origin": self.origin}
+        found = {k: v for k, v in vars(self).items() if k not in ("stretch", "transform")}
+        found |= {"mean": list(self.mean), "std": list(self.std)}  # JSON arrays, also in Python
         return found | {"stretch": True} if self.stretch else found
 
     @classmethod

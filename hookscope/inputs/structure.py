@@ -72,8 +72,7 @@ def as_arguments(obj: Any, name: str, *, whole: bool = False) -> Any:
         raise HookscopeError(f"{name}: its tensors disagree on the number of samples (first "
                              f"dimension): {describe(obj)}; for tensors whose samples are not "
                              f"first, pass {param('as_is')}.")
-    return tuple(obj) if isinstance(obj, list) else obj if isinstance(obj, tuple) else \
-        obj if isinstance(obj, torch.Tensor) else dict(obj)
+    return tuple(obj) if isinstance(obj, list) else dict(obj) if isinstance(obj, Mapping) else obj
 
 
 def from_named(tensors: dict[str, torch.Tensor]) -> Any:

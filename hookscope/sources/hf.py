@@ -13,6 +13,7 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -130,10 +131,8 @@ def _build(transformers: ModuleType, path: Path, raw: dict[str, Any],
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     cls, task = _model_class(transformers, config, raw, path)
     auto = cls.__name__.startswith("Auto")
-    try:  # the class an Auto class builds for this config (not for a folder's own code)
+    with suppress(KeyError):  # the class an Auto class builds for this config (not for a folder's own code)
         _vision(cls._model_mapping[type(config)] if auto else cls, path)
-    except KeyError:
-        pass
     remote = {"trust_remote_code": trust} if auto else {}
     has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
     with torch.random.fork_rng(devices=[]):
