@@ -37,7 +37,8 @@ def _unbatched(loader: DataLoader[Any], limit: int | None) -> list[Any]:
     """A DataLoader's batches split back into samples (labels too), at most ``limit``."""
     found: list[Any] = []
     for batch in loader:
-        found += [map_tensors(batch, lambda t, i=i: t[i] if t.dim() else t) for i in range(rows(batch))]
+        found += [map_tensors(batch, lambda t: t[i] if t.dim() else t)  # noqa: B023 (called at once)
+                  for i in range(rows(batch))]
         if limit is not None and len(found) >= limit:
             break
     return found[:limit]

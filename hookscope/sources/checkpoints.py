@@ -185,12 +185,9 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
             f"{path} does not fit {name}: {len(wrong)} tensor(s) have another shape, e.g. {key} is {theirs} "
             f"in the file and {ours} in the model. Is it a checkpoint for another architecture?")
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s), e.g. {', '.join(missing[:3])}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s), e.g. {', '.join(unexpected[:3])}")
+    parts = [f"{len(keys)} {what} key(s), e.g. {', '.join(keys[:3])}"
+             for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+    if parts:
         raise HookscopeError(
             f"{path} does not fit {name}: {'; '.join(parts)}. Is it a checkpoint for another architecture?")
 

@@ -35,7 +35,6 @@ from hookscope.sources.checkpoints import (
     head_classes,
     is_pickle,
     open_checkpoint,
-    refuse_compiled,
 )
 
 __all__ = ["build", "check_eager", "check_weights", "load_code", "load_data", "load_pickled",
@@ -390,7 +389,6 @@ def load_pickled(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         raise HookscopeError(f"Model file not found: {path}. MODEL is a torchvision name (`hookscope "
                              "models`), timm:NAME, file.py:NAME, package.module:NAME, or a pickled "
                              "model's path.")
-    refuse_compiled(path, path)
     check_weights(options, "a pickled model (it carries its own weights)")
     found = _unpickle(path, options.trust_checkpoint)
     if found.module is None:
