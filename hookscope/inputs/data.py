@@ -20,7 +20,7 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from hookscope.core.arguments import Arity, arity, is_label, rows, split_label, take
+from hookscope.core.arguments import Arity, arity, is_label, map_tensors, rows, split_label
 from hookscope.core.errors import HookscopeError, clip, param
 from hookscope.inputs.decode import InputItem, to_rgb
 from hookscope.inputs.structure import as_sample
@@ -37,21 +37,11 @@ def _unbatched(loader: DataLoader[Any], limit: int | None) -> list[Any]:
     """A DataLoader's batches split back into samples (labels too), at most ``limit``."""
     found: list[Any] = []
     for batch in loader:
-        found += [take(batch, slice(i, i + 1)) for i in range(rows(batch))]
+        found += [map_tensors(batch, lambda t: t[i] if t.dim() else t)  # noqa: B023 (called at once)
+                  for i in range(rows(batch))]
         if limit is not None and len(found) >= limit:
             break
-    return [_squeezed(item) for item in found[:limit]]
-
-
-def _squeezed(item: Any) -> Any:
-    """A one-row batch as its sample: every tensor without its first dimension."""
-    if isinstance(item, torch.Tensor):
-        return item[0]
-    if isinstance(item, (tuple, list)):
-        return tuple(_squeezed(v) for v in item)
-    if isinstance(item, dict):
-        return {k: _squeezed(v) for k, v in item.items()}
-    return item
+    return found[:limit]
 
 
 def _first_image(x: Any) -> Image.Image | None:

@@ -22,7 +22,7 @@ from hookscope.core.errors import HookscopeError, clip
 from hookscope.inputs.structure import as_arguments, count, from_named, row, whole
 
 __all__ = ["Decoder", "InputItem", "InputSet", "Sample", "load_image", "lone_sample",
-           "open_image", "read_tensor", "to_rgb", "unique_stems"]
+           "open_image", "to_rgb", "unique_stems"]
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,6 @@ class InputSet:
         return len(self.items)
 
 
-
 def unique_stems(stems: Sequence[str]) -> list[str]:
     """Make repeated stems unique, in order: ``cat``, ``cat-2``, ``cat-3``... A made-up name
     never takes a stem given elsewhere: ``['cat', 'cat', 'cat-2']`` gives ``cat-3`` second."""
@@ -105,8 +104,6 @@ def unique_stems(stems: Sequence[str]) -> list[str]:
         used.add(unique)
         out.append(unique)
     return out
-
-
 
 
 #: One decoded sample: where it came from, its preprocessed tensor (or tuple or dict of
@@ -170,20 +167,14 @@ def load_image(src: Path | bytes, name: str) -> Image.Image:
     return to_rgb(img)
 
 
-def read_tensor(path: Path, name: str, ndim: int, data: bytes | None = None) -> Any:
-    """The batch in a ``.pt``, ``.safetensors`` or ``.npy`` file (or in ``data``, its bytes
-    already read), checked by :func:`~hookscope.inputs.structure.as_arguments`: a tensor, a
-    tuple or a dict of tensors. A lone floating-point tensor of ``ndim`` - 1 dimensions is
-    one sample (a (C,H,W) image for an image model), made a batch of one. A file is mapped,
-    not read whole: a ``.npy`` copy-on-write, a ``.pt`` in the zip format (not the legacy one).
-    """
-    return lone_sample(path, name, ndim, data)[0]
-
-
 def lone_sample(path: Path, name: str, ndim: int, data: bytes | None = None, *,
                 as_is: bool = False) -> tuple[Any, bool]:
-    """The file's batch (:func:`read_tensor`), and whether it is one sample made a batch;
-    ``as_is``: its content checked as one forward's arguments, as they are."""
+    """The batch in a ``.pt``, ``.safetensors`` or ``.npy`` file (or in ``data``, its bytes
+    already read), checked by :func:`~hookscope.inputs.structure.as_arguments`, and whether
+    it is one sample made a batch: a lone floating-point tensor of ``ndim`` - 1 dimensions (a
+    (C,H,W) image for an image model). ``as_is``: its content is one forward's arguments, as
+    they are. A file is mapped, not read whole: a ``.npy`` copy-on-write, a zip-format ``.pt``.
+    """
     obj = as_arguments(_load(path, name, data), name, whole=as_is)
     if as_is:
         return obj, True
@@ -216,9 +207,6 @@ def _load(path: Path, name: str, data: bytes | None) -> Any:
         raise HookscopeError(
             f"{name}: holds Python objects besides tensors, which hookscope does not unpickle; "
             "save a tensor, a tuple or a dict of tensors with torch.save(x, path).") from None
-    except ImportError:
-        raise HookscopeError(f"{name}: reading .safetensors needs the safetensors package "
-                             "(pip install safetensors).") from None
     except Exception as exc:  # torch.load, np.load and safetensors raise many types
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise HookscopeError(
@@ -257,7 +245,7 @@ class Decoder:
         file = item.name if item.index is None else item.name.rpartition("[")[0]
         if self._file is None or self._file[0] != item.path:
             self._file = None  # let the previous file's mapping go first
-            self._file = (item.path, read_tensor(item.path, file, self.ndim, item.data))
+            self._file = (item.path, lone_sample(item.path, file, self.ndim, item.data)[0])
         batch = self._file[1]
         if (item.index or 0) >= count(batch):
             raise HookscopeError(f"{item.name}: the file has only {count(batch)} rows now.")

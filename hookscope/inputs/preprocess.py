@@ -86,9 +86,8 @@ class Preprocess:
 
     def to_dict(self) -> dict[str, Any]:
         """What the JSON envelope records as ``preprocessing``."""
-        found = {"resize": self.resize, "crop": self.crop, "mean": list(self.mean),
-                 "std": list(self.std), "channels": self.channels,
-                 "interpolation": self.interpolation, "origin": self.origin}
+        found = {k: v for k, v in vars(self).items() if k not in ("stretch", "transform")}
+        found |= {"mean": list(self.mean), "std": list(self.std)}  # JSON arrays, also in Python
         return found | {"stretch": True} if self.stretch else found
 
     @classmethod
@@ -138,12 +137,7 @@ def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | N
                    input_channels: int | None = None) -> Preprocess:
     """``base`` with the user's options applied; any option replaces ``base``'s transform.
     ``size`` scales the crop to ``size`` and the resize alike; ``resize`` and ``crop`` set
-    either side exactly; ``input_channels`` converts images to 1 or 3 channels.
-
-    Raises:
-        HookscopeError: a size out of range, a crop larger than the resize, a mean or std
-            of the wrong length or not finite, a std of zero, or channels other than 1 or 3.
-    """
+    either side exactly; ``input_channels`` converts images to 1 or 3 channels."""
     for name, value in (("size", size), ("resize", resize), ("crop", crop)):
         check_side(name, value)
     channels = input_channels

@@ -183,7 +183,6 @@ def _note_skipped(spec: str, skipped: list[str]) -> None:
                  _few(skipped))
 
 
-
 def _group(samples: Iterable[Sample], batch_size: int, offset: int = 0) -> Iterator[Batch]:
     """Stack samples into batches of ``batch_size``; a sample whose shapes (or structure)
     differ from the batch's starts a new one. ``offset``: the position of the first sample

@@ -47,12 +47,7 @@ def as_arguments(obj: Any, name: str, *, whole: bool = False) -> Any:
     dict with string keys, of tensors or of tuples, lists and dicts of them, nested to any
     depth. Tensors of one or more dimensions agree on their first (sample) dimension; 0-d
     tensors are in every sample as they are. ``whole``: the content is one forward's
-    arguments as they are (``--as-is``), so no sample dimension is checked.
-
-    Raises:
-        HookscopeError: nothing in it, a value that is no tensor (a string, a number), an
-            empty tensor, only 0-d tensors, or tensors that disagree on the number of samples.
-    """
+    arguments as they are (``--as-is``), so no sample dimension is checked."""
     if not isinstance(obj, (torch.Tensor, tuple, list, Mapping)):
         raise HookscopeError(f"{name}: holds {_kind(obj)}, not a tensor, a tuple of tensors "
                              "(positional arguments) or a dict of them (keyword arguments).")
@@ -77,8 +72,7 @@ def as_arguments(obj: Any, name: str, *, whole: bool = False) -> Any:
         raise HookscopeError(f"{name}: its tensors disagree on the number of samples (first "
                              f"dimension): {describe(obj)}; for tensors whose samples are not "
                              f"first, pass {param('as_is')}.")
-    return tuple(obj) if isinstance(obj, list) else obj if isinstance(obj, tuple) else \
-        obj if isinstance(obj, torch.Tensor) else dict(obj)
+    return tuple(obj) if isinstance(obj, list) else dict(obj) if isinstance(obj, Mapping) else obj
 
 
 def from_named(tensors: dict[str, torch.Tensor]) -> Any:
@@ -128,11 +122,7 @@ def stack(samples: Sequence[Any]) -> Any:
 def as_sample(value: Any, name: str, image: Callable[[Any], torch.Tensor]) -> Any:
     """One data set item's inputs as a sample: tensors as they are, NumPy arrays and numbers
     as tensors, Pillow images through ``image`` (the model's preprocessing); a tuple or list
-    is positional arguments, a dict keyword arguments.
-
-    Raises:
-        HookscopeError: a value of another type (a string, None, a nested container).
-    """
+    is positional arguments, a dict keyword arguments."""
     def leaf(v: Any, at: str) -> torch.Tensor:
         if isinstance(v, torch.Tensor):
             return v

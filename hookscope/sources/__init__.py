@@ -152,16 +152,13 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -> None:
-    """Run a convolution and a matrix product in ``dtype`` on ``device``, or say why not."""
-    x = torch.ones(1, 2, 4, 4, device=device)
-    w = torch.ones(2, 2, 3, 3, device=device)
+    """Run a convolution and a matrix product in ``dtype`` (``autocast``: under autocast to
+    it) on ``device``, or say why not."""
+    where: dict[str, Any] = {"device": device} if autocast else {"device": device, "dtype": dtype}
     try:
-        if autocast:
-            with torch.autocast(device.type, dtype=dtype):
-                torch.nn.functional.conv2d(x, w) @ torch.ones(2, 2, device=device)
-        else:
-            torch.nn.functional.conv2d(x.to(dtype), w.to(dtype)) @ torch.ones(
-                2, 2, device=device, dtype=dtype)
+        with torch.autocast(device.type, dtype=dtype, enabled=autocast):
+            torch.nn.functional.conv2d(torch.ones(1, 2, 4, 4, **where), torch.ones(2, 2, 3, 3, **where)) \
+                @ torch.ones(2, 2, **where)
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         how = "autocast to " if autocast else ""
         raise HookscopeError(

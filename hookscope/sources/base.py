@@ -67,8 +67,8 @@ class LoadedModel:
     task: str
     weights_requested: str
     weights_loaded: str
-    device: torch.device
     preprocess: Preprocess
+    device: torch.device = torch.device("cpu")  # where the source builds it; load() moves it
     categories: list[str] | None = None
     source: str = "torchvision"
     num_classes: int | None = None

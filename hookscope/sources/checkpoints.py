@@ -42,7 +42,7 @@ class Checkpoint:
     state: Mapping[str, torch.Tensor] | None = None
     module: nn.Module | None = None
     labels: list[str] | None = None
-    labels_key: str | None = None
+    labels_from: str | None = None  # ``checkpoint:KEY``, the entry the labels came from
 
 
 #: A checkpoint to read: a regular file, or the bytes of one that can be read only once.
@@ -99,13 +99,14 @@ def _torch_load(src: Source, trust: bool, path: Path) -> Any:
 
 
 def _labels_in(obj: Mapping[str, Any]) -> tuple[list[str] | None, str | None]:
+    """The checkpoint's labels, and ``checkpoint:KEY``, the entry they came from."""
     for key in _LABEL_KEYS:
         if key in obj:
             value = obj[key]
             if key == "class_to_idx" and isinstance(value, Mapping):
                 value = {index: name for name, index in value.items()}
             try:
-                return _label_list(value, f"the checkpoint's {key!r}"), key
+                return _label_list(value, f"the checkpoint's {key!r}"), f"checkpoint:{key}"
             except HookscopeError:
                 continue
     return None, None
@@ -134,11 +135,7 @@ def _unwrap(obj: Any, path: Path) -> tuple[Mapping[str, torch.Tensor] | nn.Modul
 
 def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
     """Read a checkpoint: a state_dict, a dict holding one (and labels), ``.safetensors``,
-    or (``trust``) a whole module.
-
-    Raises:
-        HookscopeError: missing, unreadable, compiled, not a checkpoint, or an untrusted pickle.
-    """
+    or (``trust``) a whole module."""
     path = Path(path).expanduser()
     if not path.exists():
         raise HookscopeError(f"Weights file not found: {path}.")
@@ -157,10 +154,10 @@ def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
             raise HookscopeError(f"{path}: not a readable .safetensors file ({exc}).") from None
         return Checkpoint(path, state=found)  # type: ignore[arg-type]
     found, around = _unwrap(_torch_load(src, trust, path), path)
-    labels, key = _labels_in(around) if around is not None else (None, None)
+    labels, where = _labels_in(around) if around is not None else (None, None)
     if isinstance(found, nn.Module):
-        return Checkpoint(path, module=found, labels=labels, labels_key=key)
-    return Checkpoint(path, state=found, labels=labels, labels_key=key)
+        return Checkpoint(path, module=found, labels=labels, labels_from=where)
+    return Checkpoint(path, state=found, labels=labels, labels_from=where)
 
 
 def head_classes(model: nn.Module, state: Mapping[str, torch.Tensor]) -> int | None:
@@ -188,12 +185,9 @@ def fit(model: nn.Module, state: Mapping[str, torch.Tensor], *, path: Path, name
             f"{path} does not fit {name}: {len(wrong)} tensor(s) have another shape, e.g. {key} is {theirs} "
             f"in the file and {ours} in the model. Is it a checkpoint for another architecture?")
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s), e.g. {', '.join(missing[:3])}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s), e.g. {', '.join(unexpected[:3])}")
+    parts = [f"{len(keys)} {what} key(s), e.g. {', '.join(keys[:3])}"
+             for what, keys in (("missing", missing), ("unexpected", unexpected)) if keys]
+    if parts:
         raise HookscopeError(
             f"{path} does not fit {name}: {'; '.join(parts)}. Is it a checkpoint for another architecture?")
 

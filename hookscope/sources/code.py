@@ -35,7 +35,6 @@ from hookscope.sources.checkpoints import (
     head_classes,
     is_pickle,
     open_checkpoint,
-    refuse_compiled,
 )
 
 __all__ = ["build", "check_eager", "check_weights", "load_code", "load_data", "load_pickled",
@@ -51,12 +50,7 @@ _WANT = "NAME must be an nn.Module subclass or a function that returns an nn.Mod
 
 def parse_model_args(args: Sequence[str]) -> dict[str, Any]:
     """``key=value`` strings as keyword arguments: Python literals, or plain words and paths
-    (``act=relu``, ``path=a/b.pt``) kept as strings.
-
-    Raises:
-        HookscopeError: no ``=``, a key that is not a name, a repeated key, or a value that is
-            neither a literal nor a plain word (``width=[1,``).
-    """
+    (``act=relu``, ``path=a/b.pt``) kept as strings."""
     parsed: dict[str, Any] = {}
     for arg in args:
         key, sep, text = arg.partition("=")
@@ -242,11 +236,16 @@ def _construct(obj: Any, kwargs: dict[str, Any], label: str, folder: Path | None
     return result
 
 
-def _import_target(spec: str) -> tuple[Any, Path | None]:
-    """``NAME`` of ``file.py:NAME`` or ``package.module:NAME``, imported, and its folder."""
+def _target(spec: str, prefix: str = "") -> re.Match[str]:
+    """``spec`` split as ``file.py:NAME`` or ``package.module:NAME``, or one line saying it is not."""
     found = _SPEC.match(spec.strip())
     if found is None:
-        raise HookscopeError(f"{spec!r} is not file.py:NAME or package.module:NAME.")
+        raise HookscopeError(f"{prefix}{spec!r} is not file.py:NAME or package.module:NAME.")
+    return found
+
+
+def _import_target(found: re.Match[str]) -> tuple[Any, Path | None]:
+    """NAME of a :func:`_target`, imported, and its folder."""
     where, dotted = found["where"], found["name"]
     py = where.endswith(".py")
     module = _import_file(Path(where).expanduser()) if py else _import_module(where)
@@ -257,17 +256,11 @@ def _import_target(spec: str) -> tuple[Any, Path | None]:
 
 def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module:
     """Import ``file.py:NAME`` or ``package.module:NAME`` and build the model, seeded in a
-    forked RNG (the caller's global RNG is left untouched).
-
-    Raises:
-        HookscopeError: bad ``model_args``, a missing file, module or attribute, code that
-            raises, or something other than an ``nn.Module``.
-    """
-    if _SPEC.match(spec.strip()) is None:
-        raise HookscopeError(f"{spec!r} is not file.py:NAME or package.module:NAME.")
+    forked RNG (the caller's global RNG is left untouched)."""
+    target = _target(spec)
     kwargs = parse_model_args(model_args)  # before the user's code runs: fail fast
     with torch.random.fork_rng(devices=[]):  # the user's code may draw or seed at import
-        obj, folder = _import_target(spec)
+        obj, folder = _import_target(target)
         torch.manual_seed(seed)  # just before building: as `manual_seed(seed); Net(...)` would
         return _construct(obj, kwargs, spec.strip(), folder)
 
@@ -275,16 +268,10 @@ def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module
 def load_data(spec: str, seed: int = 0) -> Any:
     """The data set ``file.py:NAME`` or ``package.module:NAME`` names (``data``), with the
     trust a model's code has: NAME itself when it is a data set or an iterable, else what
-    calling it with no arguments returns, seeded as :func:`build` seeds a model.
-
-    Raises:
-        HookscopeError: a missing file, module or attribute, or code that raises.
-    """
-    if _SPEC.match(spec.strip()) is None:
-        raise HookscopeError(f"{param('data')} {spec!r} is not file.py:NAME or "
-                             "package.module:NAME.")
+    calling it with no arguments returns, seeded as :func:`build` seeds a model."""
+    target = _target(spec, f"{param('data')} ")
     with torch.random.fork_rng(devices=[]):
-        obj, folder = _import_target(spec)
+        obj, folder = _import_target(target)
         data_like = hasattr(obj, "__iter__") or hasattr(obj, "__getitem__")
         if isinstance(obj, type) or (callable(obj) and not data_like):
             torch.manual_seed(seed)
@@ -345,13 +332,11 @@ def load_code(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
 def custom_model(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str,
                  labelled: Checkpoint | None) -> LoadedModel:
     """A model from code or a pickle: default preprocessing, and ``labelled``'s labels."""
-    labels = labelled.labels if labelled is not None else None
+    labels, labels_from = (labelled.labels, labelled.labels_from) if labelled else (None, None)
     return LoadedModel(
         name=spec.name, model=model, task="custom", weights_requested=options.weights,
-        weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=with_overrides(Preprocess(), size=options.size), categories=labels,
-        source=spec.source,
-        labels_from=f"checkpoint:{labelled.labels_key}" if labelled and labels else None)
+        weights_loaded=loaded, preprocess=with_overrides(Preprocess(), size=options.size),
+        categories=labels, source=spec.source, labels_from=labels_from)
 
 
 register(Source("code", _parse, load_code))
@@ -404,7 +389,6 @@ def load_pickled(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
         raise HookscopeError(f"Model file not found: {path}. MODEL is a torchvision name (`hookscope "
                              "models`), timm:NAME, file.py:NAME, package.module:NAME, or a pickled "
                              "model's path.")
-    refuse_compiled(path, path)
     check_weights(options, "a pickled model (it carries its own weights)")
     found = _unpickle(path, options.trust_checkpoint)
     if found.module is None:

@@ -13,6 +13,7 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -130,10 +131,8 @@ def _build(transformers: ModuleType, path: Path, raw: dict[str, Any],
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust)
     cls, task = _model_class(transformers, config, raw, path)
     auto = cls.__name__.startswith("Auto")
-    try:  # the class an Auto class builds for this config (not for a folder's own code)
+    with suppress(KeyError):  # the class an Auto class builds for this config (not for a folder's own code)
         _vision(cls._model_mapping[type(config)] if auto else cls, path)
-    except KeyError:
-        pass
     remote = {"trust_remote_code": trust} if auto else {}
     has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
     with torch.random.fork_rng(devices=[]):
@@ -176,17 +175,12 @@ def _with_texts(transformers: ModuleType, model: nn.Module, path: Path, texts: S
     model.forward = with_texts  # type: ignore[method-assign]
 
 
-def _where(where: str, name: str) -> str:
-    return f"{where}: {name}"
-
-
 def _pixels(value: Any, name: str, where: str) -> int:
     """A processor's side in pixels, checked as --size is."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             (isinstance(value, float) and not value.is_integer()):
-        raise HookscopeError(f"{_where(where, name)} must be a whole number of pixels, not "
-                             f"{value!r}.")
-    check_side(name, int(value), _where(where, name))
+        raise HookscopeError(f"{where}: {name} must be a whole number of pixels, not {value!r}.")
+    check_side(name, int(value), f"{where}: {name}")
     return int(value)
 
 
@@ -217,7 +211,7 @@ def _stats(processor: Any, name: str, default: tuple[float, ...], where: str) ->
     if values is None:
         return default
     values = values if isinstance(values, (list, tuple)) else [values]
-    return check_values(name, values, 3, _where(where, f"image_{name}"))
+    return check_values(name, values, 3, f"{where}: image_{name}")
 
 
 def hf_preprocess(processor: Any, where: str = "the image processor") -> Preprocess:
@@ -230,8 +224,8 @@ def hf_preprocess(processor: Any, where: str = "the image processor") -> Preproc
     crop_pct = getattr(processor, "crop_pct", None)
     if crop_pct and resize is not None and crop is None and not stretch and resize < 384:
         if not isinstance(crop_pct, (int, float)) or not 0 < crop_pct <= 1:
-            raise HookscopeError(f"{_where(where, 'crop_pct')} must be a number in (0, 1], "
-                                 f"not {crop_pct!r}.")
+            raise HookscopeError(f"{where}: crop_pct must be a number in (0, 1], not "
+                                 f"{crop_pct!r}.")
         crop, resize = resize, int(resize / crop_pct)  # ConvNeXt's processor
     normalise = getattr(processor, "do_normalize", True)
     mean = _stats(processor, "mean", IMAGENET_MEAN, where) if normalise else (0.0, 0.0, 0.0)
@@ -258,7 +252,7 @@ def _from_config(config: Any, path: Path, name: str) -> Preprocess:
     side = _config_value(config, "image_size")
     side = side[0] if isinstance(side, (list, tuple)) and side else side
     side = side if isinstance(side, int) and not isinstance(side, bool) else None
-    check_side("image_size", side, _where(str(path / "config.json"), "image_size"))
+    check_side("image_size", side, f"{path / 'config.json'}: image_size")
     channels = 1 if _config_value(config, "num_channels") == 1 else None
     found = with_overrides(Preprocess(), size=side, input_channels=channels)
     what = f"config.json's image_size {side}" if side is not None else "224 px"
@@ -320,11 +314,10 @@ def load_hf(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
                              f"is a {type(model).__name__}.")
     return LoadedModel(
         name=spec.name, model=model, task=task, weights_requested=options.weights,
-        weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=with_overrides(preprocess, size=options.size), categories=labels,
-        source="hf", num_classes=classes, output_key="logits_per_image" if pairs else None,
-        labels_from=("text" if texts else None) if pairs else
-        "config:id2label" if labels else None)
+        weights_loaded=loaded, preprocess=with_overrides(preprocess, size=options.size),
+        categories=labels, source="hf", num_classes=classes,
+        output_key="logits_per_image" if pairs else None,
+        labels_from=("text" if texts else None) if pairs else "config:id2label" if labels else None)
 
 
 register(Source("hf", prefixed("hf", PREFIX, "custom"), load_hf))

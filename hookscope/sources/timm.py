@@ -224,13 +224,12 @@ def load_timm(spec: ModelSpec, options: LoadOptions) -> LoadedModel:
     categories = imagenet_labels(model) if pretrained else None
     labels_from = "weights" if categories else None
     if found is not None and found.labels is not None:
-        categories, labels_from = found.labels, f"checkpoint:{found.labels_key}"
+        categories, labels_from = found.labels, found.labels_from
     return LoadedModel(
         name=spec.name, model=model, task="classification", weights_requested=options.weights,
-        weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=timm_preprocess(model, options.size), categories=categories, source="timm",
-        num_classes=getattr(model, "num_classes", None), labels_from=labels_from,
-        declared_size=declared_size(model))
+        weights_loaded=loaded, preprocess=timm_preprocess(model, options.size),
+        categories=categories, source="timm", num_classes=getattr(model, "num_classes", None),
+        labels_from=labels_from, declared_size=declared_size(model))
 
 
 register(Source("timm", prefixed("timm", PREFIX, "classification"), load_timm))

@@ -116,12 +116,6 @@ def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]
     return cls(**keywords | sizes)
 
 
-def _classes(weights: Any | None) -> int | None:
-    """The class count of ``weights``: its categories'."""
-    categories = weights.meta.get("categories") if weights is not None else None
-    return len(categories) if categories else None
-
-
 def _random_weights(name: str, options: LoadOptions, why: str | None = None) -> Built:
     loaded = warn_random(why, options.seed)
     return _build(name, None, options.seed, options.num_classes), loaded
@@ -145,7 +139,8 @@ def _pretrained(name: str, chosen: Any, options: LoadOptions, *, auto: bool = Fa
     """``chosen`` weights, from the torch cache or a download (see :func:`pretrained`)."""
     cached = hub_file(chosen.url)
     return pretrained(
-        str(chosen), options, classes=_classes(chosen), host="download.pytorch.org", auto=auto,
+        str(chosen), options, classes=len(chosen.meta.get("categories") or []) or None, auto=auto,
+        host="download.pytorch.org",
         where=None if cached.exists() else f"the torch cache ({cached.parent})",
         # no warning with num_classes: random weights are what its head gets anyway
         random=lambda why: _random_weights(name, options, why if options.num_classes is None else None),
@@ -251,14 +246,12 @@ def _loaded(spec: ModelSpec, model: nn.Module, options: LoadOptions, loaded: str
     if categories and classes is not None and len(categories) != classes:
         categories, labels_from = None, None  # a fine-tuned head: ImageNet's labels do not fit
     if found is not None and found.labels is not None:
-        categories, labels_from = found.labels, f"checkpoint:{found.labels_key}"
+        categories, labels_from = found.labels, found.labels_from
     return LoadedModel(
         name=spec.name, model=model, task=spec.task, weights_requested=options.weights,
-        weights_loaded=loaded, device=torch.device("cpu"),
-        preprocess=Preprocess.from_preset(preset, origin), categories=categories,
-        source="torchvision", num_classes=classes, input_ndim=spec.input_ndim,
-        labels_from=labels_from, declared_size=declared,
-    )
+        weights_loaded=loaded, preprocess=Preprocess.from_preset(preset, origin),
+        categories=categories, num_classes=classes, input_ndim=spec.input_ndim,
+        labels_from=labels_from, declared_size=declared)
 
 
 def _parse(spec: str) -> ModelSpec | None:
