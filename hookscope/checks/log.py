@@ -142,7 +142,6 @@ def _bound_rule(name: str, what: str,
         offenders = [f"{who}: {what} {fmt(v)}" for who, v in bad]
         return RuleResult(name, not bad, limit, detail + extreme + ctx.note(), offenders)
 
-    check.__doc__ = f"No {what} over the logging steps checked is {side} ``{name}``."
     return check
 
 
