@@ -41,11 +41,8 @@ def _none_match(what: str, pattern: str | None, names: list[str], source: str) -
 
 
 def find_models(pattern: str | None = None, task: str | None = None) -> list[ModelInfo]:
-    """torchvision models whose name matches ``pattern`` (see :func:`name_matcher`), sorted.
-
-    Raises:
-        HookscopeError: unknown task, or nothing matches (with close names suggested).
-    """
+    """torchvision models whose name matches ``pattern`` (see :func:`name_matcher`), sorted
+    (HookscopeError: an unknown task, or nothing matches, with close names suggested)."""
     from hookscope.sources.torchvision import model_tasks, weights_enum
 
     catalog = []
@@ -70,11 +67,7 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
 def find_timm_models(pattern: str | None = None, task: str | None = None) -> list[ModelInfo]:
     """timm models whose name matches ``pattern``, in timm's order, named as MODEL
     (``timm:resnet18``), their pretrained tags as ``weights`` (timm's default first).
-
-    Raises:
-        HookscopeError: timm is not installed, a task other than classification, or
-            nothing matches (with close names suggested).
-    """
+    HookscopeError: timm is not installed, a task other than classification, or no match."""
     from hookscope.sources.base import import_optional
     from hookscope.sources.timm import PREFIX, pretrained_tags
 
@@ -95,11 +88,7 @@ def find_timm_models(pattern: str | None = None, task: str | None = None) -> lis
 def find_hf_models(path: str | None = None, task: str | None = None) -> list[ModelInfo]:
     """The Hugging Face model folders at ``path`` (itself, or its sub-folders), as
     ``hf:FOLDER`` with their task, files (``weights``) and architecture (``default``), from
-    the JSON files only.
-
-    Raises:
-        HookscopeError: no path, not a folder, or no model folder there.
-    """
+    the JSON files only (HookscopeError: no path, not a folder, or no model folder there)."""
     from hookscope.sources.hf import PREFIX, WEIGHT_FILES, config_json
 
     if not path:

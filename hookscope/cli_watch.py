@@ -18,11 +18,8 @@ from hookscope.session import Session
 
 def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
     """Whether MODEL is a training log (True) or a model to run on INPUT (False).
-
-    Raises:
-        HookscopeError: a log with inputs or under torchrun (one process reads a log), or
-            a model without inputs.
-    """
+    HookscopeError: a log with inputs or under torchrun (one process reads a log), or a model
+    without inputs."""
     from hookscope.training.log_reader import EVENT_FILE, LOG_FILE, is_log
 
     path = Path(model)

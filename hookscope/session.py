@@ -212,12 +212,8 @@ class Session:
                         "output there would replace it. Choose another output.")
 
     def inputs(self, specs: Sequence[str]) -> InputSet:
-        """Resolve inputs before the model loads, so a bad path fails fast.
-
-        Raises:
-            HookscopeError: a bad input; under torchrun, ``-`` or ranks that resolved other
-                inputs than rank 0.
-        """
+        """Resolve inputs before the model loads, so a bad path fails fast (HookscopeError: a
+        bad input; under torchrun, ``-`` or ranks that resolved other inputs than rank 0)."""
         from hookscope.inputs.resolve import STDIN, resolve_inputs
         from hookscope.sources import resolve
 
