@@ -79,7 +79,6 @@ def watch_command(
 
     Example: hookscope watch resnet18 data/train --weights none --steps 50 --lr 0.01 --overfit
     """
-
     from hookscope.checks.log import evaluate_log
     from hookscope.checks.rulefile import load_rules
     from hookscope.core.errors import CheckFailed
