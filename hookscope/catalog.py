@@ -10,8 +10,7 @@ from typing import Any
 
 from hookscope.core.errors import HookscopeError, suggest
 
-__all__ = ["ModelInfo", "find_hf_models", "find_models", "find_timm_models", "name_matcher",
-           "torchvision_models"]
+__all__ = ["ModelInfo", "find_hf_models", "find_models", "find_timm_models", "name_matcher"]
 
 
 @dataclass(frozen=True)
@@ -35,26 +34,23 @@ def name_matcher(pattern: str | None) -> str:
     return low if any(c in low for c in "*?[") else f"*{low}*"
 
 
-def torchvision_models() -> list[ModelInfo]:
-    """Every torchvision model, sorted by name, from its registry (imports torch)."""
-    from hookscope.sources.torchvision import model_tasks, weights_enum
-
-    found = []
-    for name, task in sorted(model_tasks().items()):
-        enum = weights_enum(name)
-        default = getattr(enum, "DEFAULT", None)
-        found.append(ModelInfo(name, task, [m.name for m in enum or ()],
-                               default.name if default is not None else None))
-    return found
+def _none_match(what: str, pattern: str | None, names: list[str], source: str) -> HookscopeError:
+    hint = suggest(pattern.strip("*?[]"), names) if pattern else ""
+    return HookscopeError(f"No {what} matches {pattern!r}.{hint} Run `hookscope models{source}` "
+                          "to list them all.")
 
 
 def find_models(pattern: str | None = None, task: str | None = None) -> list[ModelInfo]:
-    """torchvision models whose name matches ``pattern`` (see :func:`name_matcher`), sorted.
+    """torchvision models whose name matches ``pattern`` (see :func:`name_matcher`), sorted
+    (HookscopeError: an unknown task, or nothing matches, with close names suggested)."""
+    from hookscope.sources.torchvision import model_tasks, weights_enum
 
-    Raises:
-        HookscopeError: unknown task, or nothing matches (with close names suggested).
-    """
-    catalog = torchvision_models()
+    catalog = []
+    for name, model_task in sorted(model_tasks().items()):
+        enum = weights_enum(name)
+        default = getattr(enum, "DEFAULT", None)
+        catalog.append(ModelInfo(name, model_task, [m.name for m in enum or ()],
+                                 default.name if default is not None else None))
     known = sorted({m.task for m in catalog})
     if task is not None and task not in known:
         raise HookscopeError(f"Unknown task {task!r}.{suggest(task, known)} Tasks: "
@@ -64,20 +60,14 @@ def find_models(pattern: str | None = None, task: str | None = None) -> list[Mod
              if fnmatch.fnmatchcase(m.name.lower(), glob) and task in (None, m.task)]
     if not found:
         where = f" with task {task}" if task else ""
-        hint = suggest(pattern.strip("*?[]"), [m.name for m in catalog]) if pattern else ""
-        raise HookscopeError(f"No model{where} matches {pattern!r}.{hint} Run `hookscope "
-                             "models` to list them all.")
+        raise _none_match(f"model{where}", pattern, [m.name for m in catalog], "")
     return found
 
 
 def find_timm_models(pattern: str | None = None, task: str | None = None) -> list[ModelInfo]:
     """timm models whose name matches ``pattern``, in timm's order, named as MODEL
     (``timm:resnet18``), their pretrained tags as ``weights`` (timm's default first).
-
-    Raises:
-        HookscopeError: timm is not installed, a task other than classification, or
-            nothing matches (with close names suggested).
-    """
+    HookscopeError: timm is not installed, a task other than classification, or no match."""
     from hookscope.sources.base import import_optional
     from hookscope.sources.timm import PREFIX, pretrained_tags
 
@@ -88,9 +78,7 @@ def find_timm_models(pattern: str | None = None, task: str | None = None) -> lis
     glob = name_matcher(pattern.removeprefix(PREFIX) if pattern else pattern)
     names = [n for n in timm.list_models() if fnmatch.fnmatchcase(n.lower(), glob)]
     if not names:
-        hint = suggest(pattern.strip("*?[]"), timm.list_models()) if pattern else ""
-        raise HookscopeError(f"No timm model matches {pattern!r}.{hint} Run `hookscope models "
-                             "--source timm` to list them all.")
+        raise _none_match("timm model", pattern, timm.list_models(), " --source timm")
     with_weights = set(timm.list_pretrained())
     tags = {name: pretrained_tags(name, with_weights) for name in names}  # timm's natural order
     return [ModelInfo(f"{PREFIX}{name}", "classification", weights, weights[0] if weights else None)
@@ -100,11 +88,7 @@ def find_timm_models(pattern: str | None = None, task: str | None = None) -> lis
 def find_hf_models(path: str | None = None, task: str | None = None) -> list[ModelInfo]:
     """The Hugging Face model folders at ``path`` (itself, or its sub-folders), as
     ``hf:FOLDER`` with their task, files (``weights``) and architecture (``default``), from
-    the JSON files only.
-
-    Raises:
-        HookscopeError: no path, not a folder, or no model folder there.
-    """
+    the JSON files only (HookscopeError: no path, not a folder, or no model folder there)."""
     from hookscope.sources.hf import PREFIX, WEIGHT_FILES, config_json
 
     if not path:

@@ -462,7 +462,7 @@ def _check_run(s: Session, checks: Rules, inputs: list[str], select: Selection, 
         checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
     expected = check.expectations(matched, loaded.categories, loaded.num_classes)
     probe = StatsProbe(loaded.model, select=select, categories=loaded.categories,
-                       output_key=loaded.output_key, percentiles=drift_percentiles(base))
+                       output_key=loaded.output_key, percentiles=drift_percentiles(checks, base))
     stats_report = s.run(loaded, resolved, probe, "check", shown=shown)
     report = check.evaluate(checks, stats_report, inputs=resolved.names, baseline=base,
                             expectations=expected)

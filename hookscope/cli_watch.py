@@ -18,11 +18,8 @@ from hookscope.session import Session
 
 def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
     """Whether MODEL is a training log (True) or a model to run on INPUT (False).
-
-    Raises:
-        HookscopeError: a log with inputs or under torchrun (one process reads a log), or
-            a model without inputs.
-    """
+    HookscopeError: a log with inputs or under torchrun (one process reads a log), or a model
+    without inputs."""
     from hookscope.training.log_reader import EVENT_FILE, LOG_FILE, is_log
 
     path = Path(model)
@@ -82,7 +79,6 @@ def watch_command(
 
     Example: hookscope watch resnet18 data/train --weights none --steps 50 --lr 0.01 --overfit
     """
-
     from hookscope.checks.log import evaluate_log
     from hookscope.checks.rulefile import load_rules
     from hookscope.core.errors import CheckFailed

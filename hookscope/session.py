@@ -212,12 +212,8 @@ class Session:
                         "output there would replace it. Choose another output.")
 
     def inputs(self, specs: Sequence[str]) -> InputSet:
-        """Resolve inputs before the model loads, so a bad path fails fast.
-
-        Raises:
-            HookscopeError: a bad input; under torchrun, ``-`` or ranks that resolved other
-                inputs than rank 0.
-        """
+        """Resolve inputs before the model loads, so a bad path fails fast (HookscopeError: a
+        bad input; under torchrun, ``-`` or ranks that resolved other inputs than rank 0)."""
         from hookscope.inputs.resolve import STDIN, resolve_inputs
         from hookscope.sources import resolve
 
@@ -273,8 +269,11 @@ class Session:
         torchrun the report is every rank's merged, on rank 0; the other ranks exit here."""
         from hookscope.core.run import drive
 
-        report = drive(loaded.model, inputs, probe, autocast=loaded.autocast, **options)
-        return self.group.merged(report)
+        merged = self.group.gathered(drive(loaded.model, inputs, probe, autocast=loaded.autocast,
+                                           **options))
+        if merged is None:  # another rank: rank 0 writes
+            raise SystemExit(0)
+        return merged
 
     def run(self, loaded: LoadedModel, inputs: InputSet, probe: Probe[R], label: str, *,
             shown: bool, **drive_options: Any) -> R:
@@ -288,11 +287,12 @@ class Session:
                 ) -> Iterator[Batch]:
         """Decode and preprocess the inputs (under torchrun, this rank's part of them) in
         ``workers`` DataLoader processes (default: from the CPU count)."""
+        from hookscope.core.distributed import shard
         from hookscope.inputs.dataset import default_workers
         from hookscope.inputs.resolve import iter_batches
 
         size, workers = self.model.batch_size, self.model.workers
-        inputs = inputs.part(*self.group.part(len(inputs), size))
+        inputs = inputs.part(*shard(len(inputs), size, self.group.rank, self.group.size))
         if workers is None:
             workers = default_workers(inputs, size, self.group.local_size)
         return iter_batches(inputs, loaded.preprocess, batch_size=size,

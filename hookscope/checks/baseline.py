@@ -1,22 +1,20 @@
 """A ``hookscope stats --format json`` document read back: :func:`read_stats`, the one reader
-(``check``'s baseline, ``diff a.json b.json``, ``watch``'s reference), and ``check``'s
-:class:`Baseline`. A missing, unreadable or foreign document is a
-:class:`~hookscope.core.errors.HookscopeError` naming it, raised before the model runs.
-Torch-free.
+(``check``'s baseline, ``diff a.json b.json``, ``watch``'s reference). A missing, unreadable
+or foreign document is a :class:`~hookscope.core.errors.HookscopeError` naming it, raised
+before the model runs. Torch-free.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from hookscope.checks.rulefile import Rules, describe
 from hookscope.core.errors import HookscopeError
 
-__all__ = ["Baseline", "StatsDocument", "drift_percentiles", "load_baseline", "read_stats"]
+__all__ = ["StatsDocument", "drift_percentiles", "load_baseline", "read_stats"]
 
 _DOC = "`hookscope stats --format json` document"
 Rows = dict[tuple[str, int], Mapping[str, Any]]
@@ -24,11 +22,13 @@ Rows = dict[tuple[str, int], Mapping[str, Any]]
 
 class StatsDocument(NamedTuple):
     """A stats document's rows by (name, call), the percentiles its rows hold (their JSON
-    keys, in order; empty without) and the document itself."""
+    keys, in order; empty without), the document itself and, as ``check``'s baseline, its
+    path."""
 
     rows: Rows
     percentiles: tuple[str, ...]
     doc: dict[str, Any]
+    path: str = ""
 
 
 def _rows(doc: Any) -> Rows | tuple[str, str]:
@@ -83,32 +83,20 @@ def read_stats(path: Path, subject: str | None = None) -> StatsDocument:
     return StatsDocument(rows, tuple(found), doc)
 
 
-@dataclass(frozen=True)
-class Baseline:
-    """``check``'s baseline: the per-call rows of a stats document by (name, call), and the
-    percentiles its rows hold."""
-
-    path: str
-    rows: Rows
-    percentiles: tuple[str, ...] = ()
-    #: The rules' ``max_drift`` is set: the run takes these percentiles too.
-    drift: bool = False
-
-
-def drift_percentiles(baseline: Baseline | None) -> tuple[float, ...] | None:
+def drift_percentiles(rules: Rules, baseline: StatsDocument | None) -> tuple[float, ...] | None:
     """The percentiles a run takes for ``max_drift``: the baseline's (None when not asked)."""
-    if baseline is None or not baseline.drift:
+    if baseline is None or rules.max_drift is None:
         return None
     return tuple(float(key) for key in baseline.percentiles)
 
 
-def load_baseline(rules: Rules) -> Baseline | None:
+def load_baseline(rules: Rules) -> StatsDocument | None:
     """Read the rules' baseline, when they have one (errors as :func:`read_stats`'s)."""
     if rules.baseline is None:
         return None
-    rows, found, _ = read_stats(rules.baseline, rules.subject("baseline"))
-    if rules.max_drift is not None and not found:
+    found = read_stats(rules.baseline, rules.subject("baseline"))
+    if rules.max_drift is not None and not found.percentiles:
         raise HookscopeError(f"{rules.subject('max_drift')} needs percentiles in the baseline "
                              f"{str(rules.baseline)!r}: write it with `hookscope stats MODEL "
                              f"INPUT... --percentiles 1,5,25,50,75,95,99 --format json`.")
-    return Baseline(str(rules.baseline), rows, found, drift=rules.max_drift is not None)
+    return found._replace(path=str(rules.baseline))

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from hookscope.checks.baseline import Baseline
+from hookscope.checks.baseline import StatsDocument
 from hookscope.checks.rulefile import Expect, Rules
 from hookscope.core.classes import label_classes
 from hookscope.core.errors import HookscopeError, clip, param, suggest
@@ -186,7 +186,7 @@ class CheckContext:
     inputs: Sequence[str] = ()
     predictions: Sequence[list[Prediction] | None] = ()
     expectations: Sequence[Expectation] = ()
-    baseline: Baseline | None = None
+    baseline: StatsDocument | None = None
     baseline_rows: Mapping[tuple[str, int], Mapping[str, Any]] = field(default_factory=dict)
     log: Any = None
 
@@ -234,7 +234,7 @@ def verdict(ctx: CheckContext) -> CheckReport:
 
 
 def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
-             baseline: Baseline | None = None,
+             baseline: StatsDocument | None = None,
              expectations: Sequence[Expectation] = ()) -> CheckReport:
     """Run every active rule against ``report``; ``inputs`` are the input names in order,
     ``expectations`` the resolved ``expect`` entries (:func:`expectations`)."""

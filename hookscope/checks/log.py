@@ -13,17 +13,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hookscope.checks.engine import (
-    CheckContext,
-    CheckReport,
-    RuleResult,
-    fmt,
-    ignored,
-    row_id,
-    rule,
-    verdict,
-    warn_unused,
-)
+from hookscope.checks import engine
+from hookscope.checks.engine import CheckContext, CheckReport, RuleResult, fmt, row_id
 from hookscope.checks.rulefile import Rules
 from hookscope.core.files import envelope
 from hookscope.numerics.drift import finite
@@ -95,12 +86,12 @@ def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
     """Run every active rule against the last ``rules.last`` logging steps of ``log``."""
     steps = log.last(rules.only("log").last)
     rows = list(_calls(log, steps))
-    calls = [c for c in rows if not ignored(c.name, rules.ignore)]
+    calls = [c for c in rows if not engine.ignored(c.name, rules.ignore)]
     every = [(int(s["step"]), p, log.span(int(s["step"]))) for s in steps for p in s.get("params") or ()]
-    params = [entry for entry in every if not ignored(str(entry[1]["name"]), rules.ignore)]
-    warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for _, p, _ in every})
+    params = [entry for entry in every if not engine.ignored(str(entry[1]["name"]), rules.ignore)]
+    engine.warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for _, p, _ in every})
     view = LogView(steps, params, event_text(log.event), log.outcome())
-    return verdict(CheckContext(rules, calls, len(rows) - len(calls), log=view))  # type: ignore[arg-type]
+    return engine.verdict(CheckContext(rules, calls, len(rows) - len(calls), log=view))  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- the rules
@@ -142,7 +133,6 @@ def _bound_rule(name: str, what: str,
         offenders = [f"{who}: {what} {fmt(v)}" for who, v in bad]
         return RuleResult(name, not bad, limit, detail + extreme + ctx.note(), offenders)
 
-    check.__doc__ = f"No {what} over the logging steps checked is {side} ``{name}``."
     return check
 
 
@@ -152,7 +142,7 @@ BOUNDS = (("min_grad_norm", "gradient norm", _grad_norms, "below"),
           ("min_update_ratio", "per-step update ratio", _ratios, "below"),
           ("max_update_ratio", "per-step update ratio", _ratios, "above"))
 for _name, _what, _values, _side in BOUNDS:
-    rule(_name)(_bound_rule(_name, _what, _values, _side))
+    engine.rule(_name)(_bound_rule(_name, _what, _values, _side))
 
 
 def log_doc(log: TrainingLog, report: CheckReport) -> dict[str, Any]:

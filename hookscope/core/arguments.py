@@ -107,11 +107,8 @@ class Placement:
 
 def placement(x: Any, overlay: int | str | None = None) -> Placement:
     """The input of batch ``x`` a CAM is drawn on: ``overlay`` (a positional argument's
-    index, or a keyword argument's name), else the first that :func:`_drawable` accepts.
-
-    Raises:
-        HookscopeError: no such input, or one a CAM cannot be drawn on.
-    """
+    index, or a keyword argument's name), else the first that :func:`_drawable` accepts
+    (HookscopeError: no such input, or one a CAM cannot be drawn on)."""
     what = ("a floating-point image (N, C, H, W), signal (N, C, L) or volume or clip "
             "(N, C, D, H, W) batch")
     if isinstance(x, torch.Tensor):
@@ -193,11 +190,8 @@ def is_label(v: Any) -> bool:
 
 def split_label(item: Any, model_arity: Arity | None) -> tuple[Any, Any]:
     """``(inputs, label)`` of one data item or batch by the rule in this module's docstring
-    (label None when it has none).
-
-    Raises:
-        HookscopeError: an item whose last element could be a label or an input.
-    """
+    (label None when it has none; HookscopeError: the last element could be a label or an
+    input)."""
     if isinstance(item, Mapping):
         names, var_kw = (model_arity[2], model_arity[3]) if model_arity else (frozenset(), True)
         key = next((k for k in LABEL_KEYS if k in item and k not in names and not var_kw), None)

@@ -85,7 +85,6 @@ class Targets:
             chosen.append(int(ranked[row, k - 1]))
         return chosen
 
-
     def _out_of_range(self, entry: int, classes: int, index: int) -> str:
         has = f"the model has {classes} classes (0 to {classes - 1})"
         if not self.folders:

@@ -181,10 +181,6 @@ class Group:
         self._collective("comparing the inputs", dist.all_gather_object, everyone, fingerprint(names))
         check_agreed(everyone)
 
-    def part(self, count: int, batch_size: int) -> tuple[int, int]:
-        """This process's inputs ``[lo, hi)`` of ``count`` (see :func:`shard`)."""
-        return shard(count, batch_size, self.rank, self.size)
-
     def gathered(self, report: T) -> T | None:
         """Every rank's ``report`` merged in rank order, on rank 0; None on the others. Every
         rank calls it; :class:`CollectiveFailed` when a rank stopped or the timeout passed."""
@@ -208,14 +204,6 @@ class Group:
         reports = [torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
                    for data in gathered]
         return reduce(lambda a, b: a.merge(b), reports)  # type: ignore[no-any-return]
-
-    def merged(self, report: T) -> T:
-        """:meth:`gathered`; the other ranks raise ``SystemExit(0)`` once theirs is sent
-        (rank 0 writes)."""
-        merged = self.gathered(report)
-        if merged is None:
-            raise SystemExit(0)
-        return merged
 
     # A training job's collectives (``hookscope.watch``): every rank makes the same calls in
     # the same order, so none waits for a call another skipped.

@@ -25,10 +25,6 @@ def option(default: Any, help: str, *flags: str, cli: Any = None, **click: Any) 
                                             "click": click})
 
 
-_INPUT_CHANNELS_HELP = ("Input channels: 3 (RGB) or 1 (grayscale); --input-channels in ablate, "
-                        "whose --channels are the channels it changes.")
-
-
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load a model: the command line's model options, as the library takes them.
@@ -63,8 +59,9 @@ class LoadOptions:
     resize: int | None = option(
         None, "Resize the shorter side to this many pixels before the crop.")
     crop: int | None = option(None, "Centre-crop to this many pixels.")
-    input_channels: int | None = option(None, _INPUT_CHANNELS_HELP, "--channels",
-                                        "--input-channels")
+    input_channels: int | None = option(
+        None, "Input channels: 3 (RGB) or 1 (grayscale); --input-channels in ablate, whose "
+        "--channels are the channels it changes.", "--channels", "--input-channels")
     dtype: str | None = option(
         None, "Run in float32, float16 or bfloat16: the model and inputs are cast (statistics "
         "are still accumulated in float64).")

@@ -247,7 +247,7 @@ class Drift:
         taken = parse_percentiles(percentiles)
         if path is None:
             return cls(None, limit, taken)
-        rows, found, _ = read_stats(Path(path), param("reference"))
+        rows, found, *_ = read_stats(Path(path), param("reference"))
         return cls(rows, limit, taken or tuple(float(key) for key in found))
 
     def apply(self, rows: list[dict[str, Any]]) -> None:
