@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import MethodType
 
@@ -234,3 +235,31 @@ def test_the_lightning_callback_reports_a_loss_that_raised(tmp_path: Path) -> No
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
     assert caught.value.module == "net.1" and isinstance(caught.value.__cause__, RuntimeError)
     assert (tmp_path / "log" / "nonfinite.json").exists() and hook_count(module) == 0
+
+
+def test_an_activation_s_range_is_derived_exactly_from_its_input_s(tmp_path: Path) -> None:
+    # ReLU and Hardtanh outputs take their (min, max) from the input's (no second reduction):
+    # the flight recorder's values are the tensors' own, in place or not, and a NaN made
+    # before them is still blamed on its maker, not on the activations it passes through.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 6), nn.ReLU(inplace=True),
+                          nn.Linear(6, 6), nn.ReLU6(), nn.Hardtanh(-0.1, 0.2), nn.Linear(6, 6), Log(),
+                          nn.ReLU())
+    seen: dict[str, tuple[float, float]] = {}
+
+    def record(name: str, module: nn.Module, args: tuple[torch.Tensor], out: torch.Tensor) -> None:
+        seen.setdefault(name, (out.detach().min().item(), out.detach().max().item()))
+
+    for name, module in model.named_children():
+        module.register_forward_hook(partial(record, name))
+    with pytest.raises(hookscope.NonFiniteError) as caught:
+        with hookscope.watch(model, tmp_path) as w:
+            model(torch.randn(16, 4) * 4).sum().backward()
+            w.step()
+    assert (caught.value.module, caught.value.source) == ("8", "module")
+    rows = json.loads((tmp_path / "nonfinite.json").read_text())["steps"][-1]["layers"]
+    by = {r["name"]: r for r in rows}
+    for name in ("1", "3", "5", "6"):
+        assert (by[name]["min"], by[name]["max"]) == pytest.approx(seen[name], abs=0), name
+        assert by[name]["values"] == "finite"
+    assert by["9"]["values"] == "nan" and by["9"]["min"] is None  # relu(NaN) is NaN

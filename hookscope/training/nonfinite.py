@@ -26,6 +26,7 @@ from functools import lru_cache, partial
 from typing import Any
 
 import torch
+from torch import nn
 
 from hookscope.core.errors import HookscopeError
 from hookscope.core.hooks import Call, Hooks, tensors
@@ -39,6 +40,15 @@ log = logging.getLogger("hookscope")
 #: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
 INFO, STRICT, NAN_ONLY = 0, 1, 2
 Pair = tuple[float, float]
+
+#: Modules whose output's (min, max) is their own function of the input's: elementwise,
+#: non-decreasing and exact in IEEE arithmetic (a NaN stays NaN), so a large activation is
+#: not reduced a second time. Exact types only: a subclass may compute something else.
+_MONOTONE: dict[type[nn.Module], Callable[[Any, torch.Tensor], torch.Tensor]] = {
+    nn.ReLU: lambda m, v: v.clamp_min(0),
+    nn.ReLU6: lambda m, v: v.clamp(m.min_val, m.max_val),
+    nn.Hardtanh: lambda m, v: v.clamp(m.min_val, m.max_val),
+}
 
 
 class NonFiniteError(HookscopeError):
@@ -201,10 +211,11 @@ class StepFlags:
         self._grad_seen: dict[int, _Slot] = {}
         self._allow_inf = tuple(allow_inf)
 
-    def _slot(self, t: torch.Tensor, kind: int, grad: bool = False,
-              maker: _Record | None = None, after: _Record | None = None) -> int:
+    def _slot(self, t: torch.Tensor, kind: int, grad: bool = False, maker: _Record | None = None,
+              after: _Record | None = None, derived: tuple[torch.Tensor, ...] = ()) -> int:
         """The slot of ``t`` (a forward value, or with ``grad`` the gradient it will get);
-        ``maker``: the parent whose code made ``t`` if it is new here, before call ``after``."""
+        ``maker``: the parent whose code made ``t`` if it is new here, before call ``after``;
+        ``derived``: its (min, max) if already known (see ``_MONOTONE``)."""
         slots, seen = (self.grad_slots, self._grad_seen) if grad else (self.slots, self._seen)
         known = seen.get(id(t))
         if known is not None and known.alive() is t:
@@ -219,7 +230,7 @@ class StepFlags:
         if grad:
             self.hooks.tensor(t, partial(self._on_grad, slot))
             return slot.index
-        pair = torch.aminmax(t.detach())
+        pair = derived or torch.aminmax(t.detach())
         self.values += pair
         if kind != INFO:
             self.checked[kind] += pair
@@ -235,7 +246,8 @@ class StepFlags:
             self.fired.append(slot.index)
 
     def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], grad_slots: list[int],
-              maker: _Record | None, after: _Record | None = None) -> None:
+              maker: _Record | None, after: _Record | None = None,
+              derived: tuple[torch.Tensor, ...] = ()) -> None:
         """Reduce the checked tensors in ``obj`` and hook the gradients they will get."""
         lenient = bool(self._allow_inf) and _matches(self._allow_inf, call.name)
         if kind != INFO and lenient:
@@ -243,7 +255,7 @@ class StepFlags:
         grad = torch.is_grad_enabled()
         for t in tensors(obj):
             if t.is_floating_point() and t.layout == torch.strided and t.numel():
-                slots.append(self._slot(t, kind, maker=maker, after=after))
+                slots.append(self._slot(t, kind, maker=maker, after=after, derived=derived))
                 if grad and t.requires_grad:
                     grad_slots.append(self._slot(t, NAN_ONLY if lenient else STRICT, grad=True))
 
@@ -263,20 +275,25 @@ class StepFlags:
         else:
             i = next((i for i in reversed(range(len(running))) if running[i].call is call), None)
             record = _Record(call) if i is None else running.pop(i)
+        derive = _MONOTONE.get(type(call.site.module))
+        derived: tuple[torch.Tensor, ...] = ()
+        if derive is not None and len(record.inputs) == 1 and isinstance(output, torch.Tensor):
+            i = 2 * record.inputs[0]  # the input's (min, max), taken as the call started
+            derived = tuple(derive(call.site.module, v) for v in self.values[i:i + 2])
         # A new tensor at a leaf's exit is its output; at a parent's, its own code made it.
         self._hook(output, call, STRICT, record.outputs, record.grad_outputs,
-                   record if record.children else None)
+                   record if record.children else None, derived=derived)
         self.records.append(record)
         if record.parent is not None:
             record.parent.children.append(record)
 
     # ------------------------------------------------------------------ reading
 
-    def stacked(self) -> torch.Tensor | None:
-        """Every value so far in one float tensor on their device (forward values first),
-        or None when nothing was recorded."""
+    def host(self) -> list[float]:
+        """Every value recorded, forward values first, on the host: read only when a step is
+        reported (the flight recorder keeps the flags, not a copy of their values)."""
         values = self.values + self.grad_values
-        return torch.stack(values).float() if values else None
+        return torch.stack(values).float().tolist() if values else []
 
     def verdict(self, backward: bool = True) -> torch.Tensor | None:
         """A device boolean: whether a checked value may be non-finite (None: nothing
@@ -293,12 +310,12 @@ class StepFlags:
         return found
 
     def _split(self, host: list[float]) -> tuple[list[Pair], list[Pair]]:
-        """:meth:`stacked` on the host as (min, max) pairs: the slots', then the firings'."""
+        """:meth:`host` as (min, max) pairs: the slots', then the firings'."""
         pairs = list(zip(host[::2], host[1::2], strict=True))
         return pairs[:len(self.slots)], pairs[len(self.slots):]
 
     def locate(self, host: list[float]) -> NonfiniteFinding | None:
-        """Where the first non-finite value came from, given :meth:`stacked` on the host."""
+        """Where the first non-finite value came from, given :meth:`host`."""
         forward, backward = self._split(host)
         return self._locate_forward(forward) or self._locate_backward(forward, backward)
 
@@ -391,15 +408,15 @@ class StepFlags:
         return rows
 
 
-def flight_steps(kept: Iterable[tuple[int, StepFlags | None, Any, list[Any] | None]]
+def flight_steps(kept: Iterable[tuple[int, StepFlags | None, list[Any] | None]]
                  ) -> list[dict[str, Any]]:
-    """The flight recorder's kept steps, (index, flags, stacked values, rows if logged), as
+    """The flight recorder's kept steps, (index, flags, rows if logged), as
     ``nonfinite.json`` lists them, oldest first."""
     steps = []
-    for index, flags, stacked, rows in kept:
+    for index, flags, rows in kept:
         entry: dict[str, Any] = {"step": index}
-        if flags is not None and stacked is not None:
-            entry["layers"] = flags.summary(stacked.tolist())
+        if flags is not None and (flags.values or flags.grad_values):
+            entry["layers"] = flags.summary(flags.host())
         if rows is not None:
             entry["rows"] = rows
         steps.append(entry)

@@ -185,8 +185,8 @@ class Watch:
                              on_exit=torch.compiler.disable(self._exit))
         self.params = ParamTracker(model)
         self.group = Group()
-        #: The flight recorder: (step, flags, their stacked values, rows if logged).
-        self.recorder: deque[tuple[int, StepFlags | None, Any, list[Any] | None]] = \
+        #: The flight recorder: (step, flags, rows if logged).
+        self.recorder: deque[tuple[int, StepFlags | None, list[Any] | None]] = \
             deque(maxlen=self.keep)
         self._hooks = Hooks()
         self._flags: StepFlags | None = None
@@ -329,13 +329,12 @@ class Watch:
         (``amp``: see :meth:`_Scale.read`; a skipped step's gradients are the scaler's business)."""
         flags, logging_step = self._flags, self._logging if logged else None
         self._hooks.remove()
-        stacked = flags.stacked() if flags is not None else None
         skipped = amp is not None and amp[1]
         failing = [] if flags is None else self.group.failing(flags.verdict(backward=not skipped))
         rows = self._log(logging_step, loss, amp) if logging_step is not None else None
-        self.recorder.append((self.index, flags, stacked, rows))
+        self.recorder.append((self.index, flags, rows))
         if failing:
-            self._nonfinite(failing[0], flags, stacked)
+            self._nonfinite(failing[0], flags)
 
     def _log(self, step: LoggingStep, loss: Any,
              amp: tuple[float, bool] | None) -> list[dict[str, Any]] | None:
@@ -359,10 +358,10 @@ class Watch:
             self._writer.write(line, self.params.params)
         return rows
 
-    def _nonfinite(self, rank: int, flags: StepFlags | None, stacked: Any) -> None:
+    def _nonfinite(self, rank: int, flags: StepFlags | None) -> None:
         finding = None
-        if rank == self.group.rank and flags is not None and stacked is not None:
-            finding = flags.locate(stacked.tolist())
+        if rank == self.group.rank and flags is not None:
+            finding = flags.locate(flags.host())
         recorded = flight_steps(self.recorder) if finding else None
         finding, recorded = self.group.share((finding, recorded), rank)
         if finding is None:  # finite values overflowed the verdict's sum: nothing to report
