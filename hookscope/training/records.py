@@ -30,7 +30,8 @@ from hookscope.numerics.sketch import parse_percentiles
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.stats import StatsProbe, StatsReport
 
-__all__ = ["DEAD", "Chosen", "Drift", "Health", "LoggingStep", "ParamTracker", "layer_rows", "number", "step_line"]
+__all__ = ["DEAD", "Chosen", "Drift", "Health", "LoggingStep", "ParamTracker", "layer_rows", "number",
+           "step_line"]
 
 #: Autograd's execution engine (for callbacks at the end of a backward pass).
 _ENGINE = torch.autograd.Variable._execution_engine
@@ -216,8 +217,8 @@ class ParamTracker:
             count = len(weights)
             norms = torch._foreach_norm(weights)
             missing = norms[0].new_full((), math.nan)
+            deltas: Sequence[torch.Tensor] = [missing] * count
             if self.previous is None:
-                deltas = [missing] * count
                 self.previous = [w.clone() for w in weights]
             else:  # in place: the kept weights less the new ones, whose norm is the update's
                 torch._foreach_sub_(self.previous, weights)
