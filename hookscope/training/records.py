@@ -30,15 +30,14 @@ from hookscope.numerics.sketch import parse_percentiles
 from hookscope.probes.grads import GradReport, GradsProbe
 from hookscope.probes.stats import StatsProbe, StatsReport
 
-__all__ = ["DEAD", "Chosen", "Drift", "Health", "LoggingStep", "ParamTracker", "layer_rows", "number",
-           "step_line"]
+__all__ = ["DEAD", "Drift", "Health", "LoggingStep", "ParamTracker", "layer_rows", "number", "step_line"]
 
 #: Autograd's execution engine (for callbacks at the end of a backward pass).
 _ENGINE = torch.autograd.Variable._execution_engine
 
 
 @dataclass(frozen=True)
-class Chosen(Selection):
+class _Chosen(Selection):
     """A selection already made, once per watch: its ``sites``, not walked again each
     logging step (the watch's tracer calls the probes, which hook nothing themselves)."""
 
@@ -49,12 +48,13 @@ class Chosen(Selection):
 
 
 class LoggingStep:
-    """The probes attached for one logging step (``select``: the watch's :class:`Chosen`;
+    """The probes attached for one logging step (``sites``: the watch's, selected once;
     ``hooks``: the step's gradient hooks, removed after it; ``percentiles``: also taken of
     each call's output, for drift)."""
 
-    def __init__(self, model: nn.Module, select: Chosen, hooks: Hooks,
+    def __init__(self, model: nn.Module, sites: Sequence[Site], hooks: Hooks,
                  percentiles: Sequence[float] = ()) -> None:
+        select = _Chosen(chosen=tuple(sites))
         self.stats = StatsProbe(model, select=select, percentiles=tuple(percentiles) or None)
         trainable = any(p.requires_grad for p in model.parameters())
         self.grads = GradsProbe(model, select=select) if trainable else None

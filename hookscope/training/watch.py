@@ -38,7 +38,6 @@ from hookscope.training.nonfinite import (
     flight_steps,
 )
 from hookscope.training.records import (
-    Chosen,
     Drift,
     Health,
     LoggingStep,
@@ -181,7 +180,6 @@ class Watch:
         # The check sees every module, the model itself too (a parent is blamed for what its
         # own code makes); the logging probes only the selected ones.
         self._logged = {s.name for s in self.sites}
-        self._chosen = Chosen(chosen=tuple(self.sites))
         hooked = self.sites if nonfinite == "off" else hooked_sites(model)
         self.tracer = Tracer(model, hooked, on_enter=torch.compiler.disable(self._enter),
                              on_exit=torch.compiler.disable(self._exit))
@@ -294,7 +292,7 @@ class Watch:
             StepFlags(self.allow_inf, self._hooks)
         self._logging = None
         if self.index % self.every == 0:  # a logging step
-            self._logging = LoggingStep(self.model, self._chosen, self._hooks,
+            self._logging = LoggingStep(self.model, self.sites, self._hooks,
                                         self.drift.percentiles)
             self.params.attach(self._hooks)
         self._parts = [p for p in (self._flags, self._logging) if p is not None]
