@@ -23,7 +23,7 @@ from hookscope.checks.baseline import read_stats
 from hookscope.core.errors import param
 from hookscope.core.hooks import Call, Hooks
 from hookscope.core.mergeable import Merges, state
-from hookscope.core.select import Selection
+from hookscope.core.select import Selection, Site
 from hookscope.numerics.drift import quantile_drift, stat_drift
 from hookscope.numerics.health import DEAD, grad_flags, sensitivity
 from hookscope.numerics.sketch import parse_percentiles
@@ -36,12 +36,25 @@ __all__ = ["DEAD", "Drift", "Health", "LoggingStep", "ParamTracker", "layer_rows
 _ENGINE = torch.autograd.Variable._execution_engine
 
 
-class LoggingStep:
-    """The probes attached for one logging step (``hooks``: the step's gradient hooks,
-    removed after it; ``percentiles``: also taken of each call's output, for drift)."""
+@dataclass(frozen=True)
+class _Chosen(Selection):
+    """A selection already made, once per watch: its ``sites``, not walked again each
+    logging step (the watch's tracer calls the probes, which hook nothing themselves)."""
 
-    def __init__(self, model: nn.Module, select: Selection, hooks: Hooks,
+    chosen: tuple[Site, ...] = ()
+
+    def sites(self, model: nn.Module) -> list[Site]:
+        return list(self.chosen)
+
+
+class LoggingStep:
+    """The probes attached for one logging step (``sites``: the watch's, selected once;
+    ``hooks``: the step's gradient hooks, removed after it; ``percentiles``: also taken of
+    each call's output, for drift)."""
+
+    def __init__(self, model: nn.Module, sites: Sequence[Site], hooks: Hooks,
                  percentiles: Sequence[float] = ()) -> None:
+        select = _Chosen(chosen=tuple(sites))
         self.stats = StatsProbe(model, select=select, percentiles=tuple(percentiles) or None)
         trainable = any(p.requires_grad for p in model.parameters())
         self.grads = GradsProbe(model, select=select) if trainable else None
@@ -49,8 +62,7 @@ class LoggingStep:
             self.grads.bind(hooks)
 
     def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        with torch.no_grad():
-            self.stats.on_enter(call, args, kwargs)
+        self.stats.on_enter(call, args, kwargs)  # without input stats, only shapes: no grad mode
 
     def exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         with torch.no_grad():
@@ -202,17 +214,19 @@ class ParamTracker:
             return []
         with torch.no_grad():
             weights = [p.detach() for _, p in self.params]
+            count = len(weights)
             norms = torch._foreach_norm(weights)
             missing = norms[0].new_full((), math.nan)
-            deltas = torch._foreach_norm(torch._foreach_sub(weights, self.previous)) \
-                if self.previous is not None else [missing] * len(weights)
-            grads = [self.grad_norms.get(i, missing) for i in range(len(weights))]
-            host = torch.stack([torch.stack([n.float(), g.to(n.device).float(), d.float()])
-                                for n, g, d in zip(norms, grads, deltas, strict=True)]).tolist()
+            deltas: Sequence[torch.Tensor] = [missing] * count
             if self.previous is None:
                 self.previous = [w.clone() for w in weights]
-            else:
+            else:  # in place: the kept weights less the new ones, whose norm is the update's
+                torch._foreach_sub_(self.previous, weights)
+                deltas = torch._foreach_norm(self.previous)
                 torch._foreach_copy_(self.previous, weights)
+            grads = [self.grad_norms.get(i, missing) for i in range(count)]
+            # One stack (dtypes promoted, then float32) and one transfer: a (count, 3) list.
+            host = torch.stack([*norms, *grads, *deltas]).float().view(3, count).T.tolist()
         return [{"name": name, "norm": n, "grad_norm": g if i in self.grad_norms else None,
                  "update_ratio": d / n if math.isfinite(d) and n > 0 else None}
                 for i, ((name, _), (n, g, d)) in enumerate(zip(self.params, host, strict=True))]

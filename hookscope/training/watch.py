@@ -292,7 +292,7 @@ class Watch:
             StepFlags(self.allow_inf, self._hooks)
         self._logging = None
         if self.index % self.every == 0:  # a logging step
-            self._logging = LoggingStep(self.model, self.select, self._hooks,
+            self._logging = LoggingStep(self.model, self.sites, self._hooks,
                                         self.drift.percentiles)
             self.params.attach(self._hooks)
         self._parts = [p for p in (self._flags, self._logging) if p is not None]
