@@ -130,10 +130,12 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
-def host_values(flat: torch.Tensor) -> list[float]:
+def host_values(flat: torch.Tensor, *, nonnegative: bool = False) -> list[float]:
     """The eight values of :meth:`Moments.from_values` of a flat CPU tensor: per block of
     ``HOST_BLOCK`` values (:func:`_block_values`), merged; all the blocks masked, in float64
-    (:func:`moments_matrix`), when a value is not finite or is huge."""
+    (:func:`moments_matrix`), when a value is not finite or is huge. ``nonnegative``: the
+    caller knows no value is below 0 (a ``ReLU``'s output), so a block holding a zero has the
+    minimum 0 without a pass of its own."""
     values = flat.numpy()
     count = len(values)
     if not count:
@@ -141,7 +143,7 @@ def host_values(flat: torch.Tensor) -> list[float]:
     mask = _buffer(min(count, HOST_BLOCK), np.bool_)
     found = None
     for start in range(0, count, HOST_BLOCK):
-        part = _block_values(values[start:start + HOST_BLOCK], mask)
+        part = _block_values(values[start:start + HOST_BLOCK], mask, nonnegative)
         if part is None:
             return moments_matrix(ChannelView.of(flat, None))[:, 0].tolist()
         if found is None:
@@ -153,15 +155,19 @@ def host_values(flat: torch.Tensor) -> list[float]:
     return found  # type: ignore[return-value]
 
 
-def _block_values(values: np.ndarray, mask: np.ndarray) -> list[float] | None:
+def _block_values(values: np.ndarray, mask: np.ndarray, nonnegative: bool = False
+                  ) -> list[float] | None:
     """One block's eight values, or None when one is not finite or is huge. Plain NumPy
-    reductions read each value while the block is in cache: min, max, the sum
-    (:func:`_sum`), the dot product (the sum of squares) and the non-zero count (through
-    ``mask``, a boolean scratch array at least as long); none starts torch's thread pool,
-    whose idle threads spin. Where the mean is larger than the spread those squares would
+    reductions read each value while the block is in cache: the non-zero count (through
+    ``mask``, a boolean scratch array at least as long), max, min (unless ``nonnegative``
+    and a zero is found), the sum (:func:`_sum`) and the dot product (the sum of squares);
+    none starts torch's thread pool, whose idle threads spin. Where the mean is larger than the spread those squares would
     cancel, so the squares of the values less the mean are summed."""
     count = len(values)
-    lo, hi = float(np.minimum.reduce(values)), float(np.maximum.reduce(values))
+    zeros = count - int(np.count_nonzero(np.not_equal(values, 0, out=mask[:count])))
+    hi = float(np.maximum.reduce(values))
+    # Without a negative value a zero is the minimum, so no pass finds it (a ReLU's output).
+    lo = 0.0 if nonnegative and zeros else float(np.minimum.reduce(values))
     if not -_HUGE < lo <= hi < _HUGE:  # NaN, Inf, or squares that may overflow float32
         return None
     mean = _sum(values) / count
@@ -171,7 +177,6 @@ def _block_values(values: np.ndarray, mask: np.ndarray) -> list[float] | None:
         d = np.subtract(values, mean, out=_buffer(count, values.dtype))
         s1 = _sum(d)
         m2 = float(np.dot(d, d)) - s1 * s1 / count
-    zeros = count - int(np.count_nonzero(np.not_equal(values, 0, out=mask[:count])))
     return [count, count, mean, max(m2, 0.0), lo, hi, zeros, 0]
 
 
