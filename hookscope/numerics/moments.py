@@ -161,8 +161,9 @@ def _block_values(values: np.ndarray, mask: np.ndarray, nonnegative: bool = Fals
     reductions read each value while the block is in cache: the non-zero count (through
     ``mask``, a boolean scratch array at least as long), max, min (unless ``nonnegative``
     and a zero is found), the sum (:func:`_sum`) and the dot product (the sum of squares);
-    none starts torch's thread pool, whose idle threads spin. Where the mean is larger than the spread those squares would
-    cancel, so the squares of the values less the mean are summed."""
+    none starts torch's thread pool, whose idle threads spin. Where the mean is larger than
+    the spread those squares would cancel, so the squares of the values less the mean are
+    summed."""
     count = len(values)
     zeros = count - int(np.count_nonzero(np.not_equal(values, 0, out=mask[:count])))
     hi = float(np.maximum.reduce(values))
