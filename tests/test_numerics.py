@@ -125,3 +125,15 @@ def test_host_moments_call_no_torch_op() -> None:
         values = host_values(x)
     assert record.names == {"numpy"}
     assert_close(_from(values), reference(x))
+
+
+@pytest.mark.parametrize("case", ["relu_like", "large_chunked", "all_zero", "nan_inf_relu", "no_zero"])
+def test_nonnegative_moments_skip_only_the_minimum(case: str) -> None:
+    """A ReLU's output (``nonnegative``) gets the same values, its minimum 0 found by the zero
+    count where a block holds a zero, else by its own pass."""
+    g = torch.Generator().manual_seed(5)
+    x = {"nan_inf_relu": lambda: torch.relu(torch.tensor([1.0, math.nan, 0.0, math.inf, -1.0])),
+         "no_zero": lambda: torch.rand(70_000, generator=g) + 0.5}.get(case, lambda: CASES[case](g))()
+    values = host_values(x.reshape(-1), nonnegative=True)
+    assert values == host_values(x.reshape(-1))
+    _assert_exact_parts(values, x)

@@ -62,11 +62,21 @@ def _unhooked(found: list[str]) -> str:
 def all_sites(model: nn.Module) -> list[Site]:
     """Every named module except the root, in definition order (the root only for a bare
     leaf), leaving out scripted modules and their submodules (one warning names them)."""
-    found = scripted_names(model)
+    from torch.jit import ScriptModule
+
+    found: list[str] = []  # the outermost scripted modules, as scripted_names finds them
+    sites = []
+    # One walk: named_modules yields a module before its submodules, so a scripted module is
+    # found before anything inside it.
+    for name, module in model.named_modules():
+        if found and any(not s or name == s or name.startswith(s + ".") for s in found):
+            continue
+        if isinstance(module, ScriptModule):
+            found.append(name)
+        elif name:
+            sites.append(Site(name, type(module).__name__, name.count(".") + 1, module))
     if found:
         logging.getLogger("hookscope").warning(_unhooked(found))
-    sites = [Site(n, type(m).__name__, depth_of(n), m) for n, m in model.named_modules()
-             if n and not any(n == s or n.startswith(s + ".") for s in found)]
     if "" in found:
         return []
     return sites or [Site("", type(model).__name__, 0, model)]

@@ -130,31 +130,45 @@ def as_float(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
-def host_values(flat: torch.Tensor) -> list[float]:
+def host_values(flat: torch.Tensor, *, nonnegative: bool = False) -> list[float]:
     """The eight values of :meth:`Moments.from_values` of a flat CPU tensor: per block of
     ``HOST_BLOCK`` values (:func:`_block_values`), merged; all the blocks masked, in float64
-    (:func:`moments_matrix`), when a value is not finite or is huge."""
+    (:func:`moments_matrix`), when a value is not finite or is huge. ``nonnegative``: the
+    caller knows no value is below 0 (a ``ReLU``'s output), so a block holding a zero has the
+    minimum 0 without a pass of its own."""
     values = flat.numpy()
-    parts = [_block_values(values[start:start + HOST_BLOCK])
-             for start in range(0, len(values), HOST_BLOCK)]
-    if None in parts:
-        return moments_matrix(ChannelView.of(flat, None))[:, 0].tolist()
-    if len(parts) == 1:
-        return parts[0]  # type: ignore[return-value]
-    found = Moments()
-    for part in parts:
-        found = found.merge(Moments.from_values(part))  # type: ignore[arg-type]
-    return [found.numel, found.n, found.mean, found.m2, found.min, found.max, found.zeros, 0]
-
-
-def _block_values(values: np.ndarray) -> list[float] | None:
-    """One block's eight values, or None when one is not finite or is huge. Plain NumPy
-    reductions read each value while the block is in cache: min, max, the sum
-    (:func:`_sum`), the dot product (the sum of squares) and the non-zero count; none starts
-    torch's thread pool, whose idle threads spin. Where the mean is larger than the spread
-    those squares would cancel, so the squares of the values less the mean are summed."""
     count = len(values)
-    lo, hi = float(values.min()), float(values.max())
+    if not count:
+        return [0, 0, NAN, NAN, NAN, NAN, 0, 0]
+    mask = _buffer(min(count, HOST_BLOCK), np.bool_)
+    found = None
+    for start in range(0, count, HOST_BLOCK):
+        part = _block_values(values[start:start + HOST_BLOCK], mask, nonnegative)
+        if part is None:
+            return moments_matrix(ChannelView.of(flat, None))[:, 0].tolist()
+        if found is None:
+            found = part
+        else:  # both sides finite throughout: Chan's update, as Moments.merge does it
+            n, mean, m2 = chan(found[0], found[2], found[3], part[0], part[2], part[3])
+            found = [n, n, mean, m2, min(found[4], part[4]), max(found[5], part[5]),
+                     found[6] + part[6], 0]
+    return found  # type: ignore[return-value]
+
+
+def _block_values(values: np.ndarray, mask: np.ndarray, nonnegative: bool = False
+                  ) -> list[float] | None:
+    """One block's eight values, or None when one is not finite or is huge. Plain NumPy
+    reductions read each value while the block is in cache: the non-zero count (through
+    ``mask``, a boolean scratch array at least as long), max, min (unless ``nonnegative``
+    and a zero is found), the sum (:func:`_sum`) and the dot product (the sum of squares);
+    none starts torch's thread pool, whose idle threads spin. Where the mean is larger than
+    the spread those squares would cancel, so the squares of the values less the mean are
+    summed."""
+    count = len(values)
+    zeros = count - int(np.count_nonzero(np.not_equal(values, 0, out=mask[:count])))
+    hi = float(np.maximum.reduce(values))
+    # Without a negative value a zero is the minimum, so no pass finds it (a ReLU's output).
+    lo = 0.0 if nonnegative and zeros else float(np.minimum.reduce(values))
     if not -_HUGE < lo <= hi < _HUGE:  # NaN, Inf, or squares that may overflow float32
         return None
     mean = _sum(values) / count
@@ -164,17 +178,17 @@ def _block_values(values: np.ndarray) -> list[float] | None:
         d = np.subtract(values, mean, out=_buffer(count, values.dtype))
         s1 = _sum(d)
         m2 = float(np.dot(d, d)) - s1 * s1 / count
-    zeros = count - int(np.count_nonzero(np.not_equal(values, 0, out=_buffer(count, np.bool_))))
     return [count, count, mean, max(m2, 0.0), lo, hi, zeros, 0]
 
 
 def _sum(values: np.ndarray) -> float:
     """The sum of a block: its rows of ``_WIDTH`` values summed by one BLAS matrix-vector
     product (one pass, as fast as torch's sum), then those sums and the tail's."""
-    rows = len(values) // _WIDTH
-    ones, tail = _ONES[values.dtype], values[rows * _WIDTH:]
-    head = np.dot(ones[:rows], np.dot(values[:rows * _WIDTH].reshape(rows, _WIDTH), ones))
-    return float(head) + float(np.dot(tail, ones[:len(tail)]))
+    rows, rest = divmod(len(values), _WIDTH)
+    ones = _ONES[values.dtype]
+    head = values[:rows * _WIDTH].reshape(rows, _WIDTH)
+    total = float(np.dot(ones[:rows], np.dot(head, ones)))
+    return total + float(np.dot(values[-rest:], ones[:rest])) if rest else total
 
 
 def _buffer(count: int, dtype: Any) -> np.ndarray:

@@ -54,8 +54,9 @@ class MomentTable(Table[Moments]):
         super().__init__(Moments.from_values)
         self.on_device = on_device
 
-    def add(self, key: Hashable, tensor: torch.Tensor) -> None:
-        """Summarise ``tensor`` and merge it into ``key``'s moments (deferred on a device)."""
+    def add(self, key: Hashable, tensor: torch.Tensor, *, nonnegative: bool = False) -> None:
+        """Summarise ``tensor`` and merge it into ``key``'s moments (deferred on a device);
+        ``nonnegative``: as :func:`host_values`."""
         flat = as_float(tensor).reshape(-1)
         self.put(key, device_values(flat) if self.on_device else
-                 Moments.from_values(host_values(flat)))
+                 Moments.from_values(host_values(flat, nonnegative=nonnegative)))

@@ -164,6 +164,8 @@ class StatsProbe(Probe[StatsReport]):
                  percentiles: str | Sequence[float] | None = None) -> None:
         self.spec = Extras(per_channel=per_channel, percentiles=parse_percentiles(percentiles))
         self.sites = select.sites(model)
+        #: Calls whose outputs hold no negative value: torch's own ReLU (not a subclass).
+        self.nonnegative = {site.name for site in self.sites if type(site.module) is nn.ReLU}
         self.input_stats = input_stats
         self.extras: dict[tuple[str, int], Extras] = {}
         self.categories, self.output_key = categories, output_key
@@ -206,7 +208,7 @@ class StatsProbe(Probe[StatsReport]):
             self.meta[key] = (call.site, self._entered.pop(key, []), tensor_shapes(output))
         first = first_tensor(output)
         if first is not None:
-            self.table.add((*key, "out"), first)
+            self.table.add((*key, "out"), first, nonnegative=key[0] in self.nonnegative)
             if self.spec.per_channel or self.spec.percentiles:
                 self.extras[key] = merged(self.extras.get(key),
                                            Extras.of(first, call.site.type, self.spec,
