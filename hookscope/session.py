@@ -271,8 +271,8 @@ class Session:
 
         merged = self.group.gathered(drive(loaded.model, inputs, probe, autocast=loaded.autocast,
                                            **options))
-        if merged is None:  # another rank: rank 0 writes
-            raise SystemExit(0)
+        if merged is None:  # another rank: rank 0 writes; this one leaves without the teardown
+            self.group.abandon(0)  # that can abort it (see Group.abandon)
         return merged
 
     def run(self, loaded: LoadedModel, inputs: InputSet, probe: Probe[R], label: str, *,

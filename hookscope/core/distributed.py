@@ -265,12 +265,13 @@ class Group:
                 dist.destroy_process_group()
 
     def abandon(self, code: int) -> NoReturn:
-        """End this process with ``code`` at once, its output flushed, once a collective has
-        failed. The broken group's C++ threads (gloo's, still waiting on a peer) are joinable
-        ``std::thread``s: tearing the group down, in :meth:`close` or in the destructors run
-        at interpreter shutdown, destroys them unjoined, and ``std::terminate`` aborts the
-        process ("terminate called without an active exception", SIGABRT) instead of
-        exiting with hookscope's code. ``os._exit`` runs no destructor, so none is reached."""
+        """End this process with ``code`` at once, its output flushed: once a collective has
+        failed, or on a rank other than 0 once its report is sent. The group's C++ threads
+        (gloo's, still waiting on a peer) are joinable ``std::thread``s: tearing the group
+        down, in :meth:`close` or in the destructors run at interpreter shutdown, can destroy
+        them unjoined, and ``std::terminate`` aborts the process ("terminate called without an
+        active exception", SIGABRT) instead of exiting with hookscope's code. ``os._exit``
+        runs no destructor, so none is reached."""
         for stream in (sys.stdout, sys.stderr):
             with suppress(Exception):  # closed, or a reader that left
                 stream.flush()
