@@ -41,15 +41,28 @@ def is_scripted(module: nn.Module) -> bool:
     return isinstance(module, ScriptModule)
 
 
+def _walk(model: nn.Module) -> tuple[list[str], list[tuple[str, nn.Module]]]:
+    """One walk of ``model``: its outermost scripted modules (``""``: the model itself), whose
+    subtrees cannot be hooked, and every other named module outside them. ``named_modules``
+    yields a module before its submodules, so a scripted one is found before what it holds."""
+    from torch.jit import ScriptModule
+
+    found: list[str] = []
+    rest = []
+    for name, module in model.named_modules():
+        if found and any(not s or name == s or name.startswith(s + ".") for s in found):
+            continue
+        if isinstance(module, ScriptModule):
+            found.append(name)
+        else:
+            rest.append((name, module))
+    return found, rest
+
+
 def scripted_names(model: nn.Module) -> list[str]:
     """The outermost scripted modules of ``model`` (``""``: the model itself), whose
     subtrees cannot be hooked."""
-    found: list[str] = []
-    for name, module in model.named_modules():
-        inside = any(name == s or name.startswith(s + ".") or not s for s in found)
-        if not inside and is_scripted(module):
-            found.append(name)
-    return found
+    return _walk(model)[0]
 
 
 def _unhooked(found: list[str]) -> str:
@@ -62,19 +75,9 @@ def _unhooked(found: list[str]) -> str:
 def all_sites(model: nn.Module) -> list[Site]:
     """Every named module except the root, in definition order (the root only for a bare
     leaf), leaving out scripted modules and their submodules (one warning names them)."""
-    from torch.jit import ScriptModule
-
-    found: list[str] = []  # the outermost scripted modules, as scripted_names finds them
-    sites = []
-    # One walk: named_modules yields a module before its submodules, so a scripted module is
-    # found before anything inside it.
-    for name, module in model.named_modules():
-        if found and any(not s or name == s or name.startswith(s + ".") for s in found):
-            continue
-        if isinstance(module, ScriptModule):
-            found.append(name)
-        elif name:
-            sites.append(Site(name, type(module).__name__, name.count(".") + 1, module))
+    found, rest = _walk(model)
+    sites = [Site(name, type(module).__name__, depth_of(name), module) for name, module in rest
+             if name]
     if found:
         logging.getLogger("hookscope").warning(_unhooked(found))
     if "" in found:
