@@ -263,3 +263,38 @@ def test_an_activation_s_range_is_derived_exactly_from_its_input_s(tmp_path: Pat
         assert (by[name]["min"], by[name]["max"]) == pytest.approx(seen[name], abs=0), name
         assert by[name]["values"] == "finite"
     assert by["9"]["values"] == "nan" and by["9"]["min"] is None  # relu(NaN) is NaN
+
+
+def test_a_reshape_s_range_is_its_input_s_and_an_allowed_inf_is_still_checked(
+        tmp_path: Path) -> None:
+    # Flatten and Unflatten take their input's (min, max) unreduced; where the input is only
+    # checked for NaN (an allow_inf module's output), a ReLU after it is still checked for ±inf.
+    torch.manual_seed(0)
+    class Exp(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.exp()
+
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Unflatten(1, (2, 36)), Exp(),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(72, 1))
+    seen: dict[str, tuple[float, float]] = {}
+
+    def record(name: str, module: nn.Module, args: tuple[torch.Tensor], out: torch.Tensor) -> None:
+        seen.setdefault(name, (out.detach().min().item(), out.detach().max().item()))
+
+    for name, module in model.named_children():
+        module.register_forward_hook(partial(record, name))
+    x = torch.randn(4, 1, 8, 8)
+    with pytest.raises(hookscope.NonFiniteError) as caught:
+        with hookscope.watch(model, tmp_path / "a", allow_inf=["3"]) as w:
+            model(x).sum().backward()
+            w.step()
+            with torch.no_grad():
+                model[0].bias.fill_(1e3)  # exp makes +inf: allowed there
+            model(x).sum().backward()
+            w.step()
+    # The allowed +inf passes the ReLU, whose output is checked: it is the first.
+    assert (caught.value.module, caught.value.step) == ("4", 1)
+    steps = json.loads((tmp_path / "a" / "nonfinite.json").read_text())["steps"]
+    by = {r["name"]: r for r in steps[0]["layers"]}
+    for name in ("1", "2", "5"):
+        assert (by[name]["min"], by[name]["max"]) == pytest.approx(seen[name], abs=0), name

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import math
 import os
 import re
 import sys
@@ -208,21 +209,21 @@ class Group:
     # A training job's collectives (``hookscope.watch``): every rank makes the same calls in
     # the same order, so none waits for a call another skipped.
 
-    def failing(self, verdict: Any) -> list[int]:
-        """The ranks whose ``verdict`` (a device boolean, or None: nothing checked) is set,
-        in one ``all_reduce``: the one host read of a training step."""
+    def failing(self, score: Any) -> list[int]:
+        """The ranks whose ``score`` (a device number, non-finite where a value may be; None:
+        nothing checked) is set, in one ``all_reduce``: the one host read of a training step."""
         if self.launch is None:
-            return [0] if verdict is not None and bool(verdict) else []
+            return [0] if score is not None and not math.isfinite(score.item()) else []
         import torch
         import torch.distributed as dist
 
         device = torch.device("cpu")
         if "nccl" in str(dist.get_backend()):
-            device = verdict.device if verdict is not None and verdict.device.type == "cuda" \
+            device = score.device if score is not None and score.device.type == "cuda" \
                 else torch.device("cuda", torch.cuda.current_device())
         flags = torch.zeros(self.size, device=device)
-        if verdict is not None:
-            flags[self.rank] = verdict.to(device).float()
+        if score is not None:
+            flags[self.rank] = (~torch.isfinite(score)).to(device).float()
         dist.all_reduce(flags)
         return [rank for rank, value in enumerate(flags.tolist()) if value]
 

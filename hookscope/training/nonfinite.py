@@ -3,8 +3,9 @@
 Each module call's floating-point inputs and outputs (and, through tensor hooks, the
 gradients at its outputs and at inputs that need one) are reduced on their device to
 ``torch.aminmax``: a NaN makes both values NaN, a ±inf shows as the min or max, and nothing
-can overflow. :meth:`StepFlags.verdict` sums the checked ones into one device boolean, the
-step's one host read; only when it is set do the values come to the host and
+can overflow (an activation's or a reshape's range is derived from its input's, see
+``_MONOTONE``). :meth:`StepFlags.verdict` sums the checked ones into one device number, the
+step's one host read; only when it is not finite do the values come to the host and
 :meth:`StepFlags.locate` names the call that made the first non-finite value (blame by
 production): forward, the first call (in finishing order) with a non-finite output from
 finite inputs, a parent when its own code made it; backward, the first non-finite gradient
@@ -37,17 +38,32 @@ __all__ = ["NonfiniteFinding", "NonFiniteError", "StepFlags", "Warnings", "fligh
 
 log = logging.getLogger("hookscope")
 
-#: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only.
-INFO, STRICT, NAN_ONLY = 0, 1, 2
+#: Value kinds in the check vector: not checked (an input only), any NaN/inf, NaN only; and
+#: a slot's gradient kind when no gradient hook is registered.
+INFO, STRICT, NAN_ONLY, NO_GRAD = 0, 1, 2, -1
 Pair = tuple[float, float]
 
-#: Modules whose output's (min, max) is their own function of the input's: elementwise,
-#: non-decreasing and exact in IEEE arithmetic (a NaN stays NaN), so a large activation is
-#: not reduced a second time. Exact types only: a subclass may compute something else.
-_MONOTONE: dict[type[nn.Module], Callable[[Any, torch.Tensor], torch.Tensor]] = {
-    nn.ReLU: lambda m, v: v.clamp_min(0),
-    nn.ReLU6: lambda m, v: v.clamp(m.min_val, m.max_val),
-    nn.Hardtanh: lambda m, v: v.clamp(m.min_val, m.max_val),
+
+def _clamp(v: float, low: float, high: float, dtype: torch.dtype) -> float:
+    """``torch.clamp`` of one value of a ``dtype`` tensor (its bounds rounded to the dtype, as
+    torch rounds them): NaN stays NaN."""
+    if math.isnan(v):
+        return v
+    low, high = torch.tensor([low, high], dtype=dtype).tolist()
+    return min(max(v, low), high)
+
+
+#: Modules whose output's (min, max) is their own function of the input's (given the module
+#: and the output's dtype), computed on the host when a step is read: elementwise,
+#: non-decreasing and exact in IEEE arithmetic (a NaN stays NaN, a finite input stays
+#: finite), or a reshape, so a large activation is not reduced a second time. Exact types
+#: only: a subclass may compute something else.
+_MONOTONE: dict[type[nn.Module], Callable[[Any, torch.dtype, float], float]] = {
+    nn.ReLU: lambda m, dtype, v: _clamp(v, 0.0, math.inf, dtype),
+    nn.ReLU6: lambda m, dtype, v: _clamp(v, m.min_val, m.max_val, dtype),
+    nn.Hardtanh: lambda m, dtype, v: _clamp(v, m.min_val, m.max_val, dtype),
+    nn.Flatten: lambda m, dtype, v: v,
+    nn.Unflatten: lambda m, dtype, v: v,
 }
 
 
@@ -74,7 +90,8 @@ class NonFiniteError(HookscopeError):
 
 @dataclass(slots=True, eq=False)
 class _Slot:
-    """One reduced tensor: where its two values sit, its shape, and a weak reference."""
+    """One reduced tensor: where its two values sit (``at``; -1: derived from slot ``source``
+    by ``derive``), its shape, a weak reference, and its gradient's check (``grad_kind``)."""
 
     index: int
     kind: int
@@ -85,6 +102,10 @@ class _Slot:
     #: output), with the child calls before and after; None: a module's output or the input.
     maker: _Record | None = None
     between: tuple[_Record | None, _Record | None] = (None, None)
+    at: int = -1
+    source: int = -1
+    derive: Callable[[float], float] | None = None
+    grad_kind: int = NO_GRAD
 
     def alive(self) -> torch.Tensor | None:
         t = self.ref()
@@ -93,14 +114,13 @@ class _Slot:
 
 @dataclass(slots=True, eq=False)
 class _Record:
-    """One selected call's slots: forward values, and gradients at its inputs and outputs."""
+    """One selected call's slots: its inputs and outputs (their gradients: the slots with a
+    ``grad_kind``)."""
 
     call: Call
     parent: _Record | None = None
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
-    grad_inputs: list[int] = field(default_factory=list)
-    grad_outputs: list[int] = field(default_factory=list)
     children: list[_Record] = field(default_factory=list)  # the finished ones, in order
     made: bool = False  # its own code made a tensor (between its children)
 
@@ -196,58 +216,65 @@ class StepFlags:
 
     def __init__(self, allow_inf: Sequence[str], hooks: Hooks) -> None:
         self.hooks = hooks
-        self.values: list[torch.Tensor] = []  # forward: a (min, max) per slot, in slot order
+        self.values: list[torch.Tensor] = []  # forward: a (min, max) per reduced slot
         self.grad_values: list[torch.Tensor] = []  # backward: a (min, max) per firing, in order
         #: The checked values (a view of the above): for any NaN or ±inf, for NaN only;
         #: the forward's and the backward's.
         self.checked: dict[int, list[torch.Tensor]] = {STRICT: [], NAN_ONLY: []}
         self.grad_checked: dict[int, list[torch.Tensor]] = {STRICT: [], NAN_ONLY: []}
         self.slots: list[_Slot] = []
-        self.grad_slots: list[_Slot] = []
-        self.fired: list[int] = []  # gradient slots in the order their hooks ran
+        self.fired: list[int] = []  # the slots whose gradient hooks ran, in that order
         self.records: list[_Record] = []
         self._open: list[_Record] = []  # the calls running, outermost first
         self._seen: dict[int, _Slot] = {}
-        self._grad_seen: dict[int, _Slot] = {}
         self._allow_inf = tuple(allow_inf)
 
-    def _slot(self, t: torch.Tensor, kind: int, grad: bool = False, maker: _Record | None = None,
-              after: _Record | None = None, derived: tuple[torch.Tensor, ...] = ()) -> int:
-        """The slot of ``t`` (a forward value, or with ``grad`` the gradient it will get);
-        ``maker``: the parent whose code made ``t`` if it is new here, before call ``after``;
-        ``derived``: its (min, max) if already known (see ``_MONOTONE``)."""
-        slots, seen = (self.grad_slots, self._grad_seen) if grad else (self.slots, self._seen)
-        known = seen.get(id(t))
+    def _pair(self, slot: _Slot) -> list[torch.Tensor]:
+        """The device (min, max) that decide ``slot``: its own, or its source's."""
+        while slot.at < 0:
+            slot = self.slots[slot.source]
+        return self.values[slot.at:slot.at + 2]
+
+    def _slot(self, t: torch.Tensor, kind: int, maker: _Record | None, after: _Record | None,
+              source: int, derive: Callable[[float], float] | None) -> _Slot:
+        """The slot of ``t``; ``maker``: the parent whose code made ``t`` if it is new here,
+        before call ``after``; ``derive``: its (min, max) are this function of slot
+        ``source``'s (see ``_MONOTONE``)."""
+        known = self._seen.get(id(t))
         if known is not None and known.alive() is t:
             if known.kind == INFO and kind != INFO:  # first an input, now a module's output
                 known.kind = kind
-                self.checked[kind] += self.values[2 * known.index:2 * known.index + 2]
-            return known.index
+                self.checked[kind] += self._pair(known)
+            return known
         between = (maker.children[-1] if maker.children else None, after) if maker else (None, None)
-        slot = seen[id(t)] = _Slot(len(slots), kind, t.shape, weakref.ref(t), t._version,
-                                   maker, between)
-        slots.append(slot)
-        if grad:
-            self.hooks.tensor(t, partial(self._on_grad, slot))
-            return slot.index
-        pair = derived or torch.aminmax(t.detach())
-        self.values += pair
-        if kind != INFO:
-            self.checked[kind] += pair
+        slot = self._seen[id(t)] = _Slot(len(self.slots), kind, t.shape, weakref.ref(t),
+                                         t._version, maker, between)
+        self.slots.append(slot)
+        if derive is not None:
+            slot.source, slot.derive = source, derive
+            # Derived values are non-finite only where the source's are: checked through them.
+            if kind != INFO and self.slots[source].kind != STRICT:
+                self.checked[kind] += self._pair(slot)
+        else:
+            slot.at = len(self.values)
+            pair = torch.aminmax(t.detach())
+            self.values += pair
+            if kind != INFO:
+                self.checked[kind] += pair
         if maker is not None:
             maker.made = True
-        return slot.index
+        return slot
 
     def _on_grad(self, slot: _Slot, grad: torch.Tensor) -> None:
         if grad.numel():
-            pair = torch.aminmax(grad.detach())
+            pair = torch.aminmax(grad.detach() if grad.requires_grad else grad)
             self.grad_values += pair
-            self.grad_checked[slot.kind] += pair
+            self.grad_checked[slot.grad_kind] += pair
             self.fired.append(slot.index)
 
-    def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], grad_slots: list[int],
-              maker: _Record | None, after: _Record | None = None,
-              derived: tuple[torch.Tensor, ...] = ()) -> None:
+    def _hook(self, obj: Any, call: Call, kind: int, slots: list[int], maker: _Record | None,
+              after: _Record | None = None, source: int = -1,
+              derive: Callable[[float], float] | None = None) -> None:
         """Reduce the checked tensors in ``obj`` and hook the gradients they will get."""
         lenient = bool(self._allow_inf) and _matches(self._allow_inf, call.name)
         if kind != INFO and lenient:
@@ -255,9 +282,11 @@ class StepFlags:
         grad = torch.is_grad_enabled()
         for t in tensors(obj):
             if t.is_floating_point() and t.layout == torch.strided and t.numel():
-                slots.append(self._slot(t, kind, maker=maker, after=after, derived=derived))
-                if grad and t.requires_grad:
-                    grad_slots.append(self._slot(t, NAN_ONLY if lenient else STRICT, grad=True))
+                slot = self._slot(t, kind, maker, after, source, derive)
+                slots.append(slot.index)
+                if grad and slot.grad_kind == NO_GRAD and t.requires_grad:
+                    slot.grad_kind = NAN_ONLY if lenient else STRICT
+                    self.hooks.tensor(t, partial(self._on_grad, slot))
 
     def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A selected call starts: reduce its inputs (before an in-place module changes them)."""
@@ -265,7 +294,7 @@ class StepFlags:
         record = _Record(call, parent)
         self._open.append(record)
         given = args[0] if len(args) == 1 and not kwargs else (args, kwargs)  # mostly one tensor
-        self._hook(given, call, INFO, record.inputs, record.grad_inputs, parent, record)
+        self._hook(given, call, INFO, record.inputs, parent, record)
 
     def exit(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
         """A selected call returned: reduce its outputs and hook their gradients."""
@@ -275,14 +304,17 @@ class StepFlags:
         else:
             i = next((i for i in reversed(range(len(running))) if running[i].call is call), None)
             record = _Record(call) if i is None else running.pop(i)
-        derive = _MONOTONE.get(type(call.site.module))
-        derived: tuple[torch.Tensor, ...] = ()
+        module = call.site.module
+        derive = _MONOTONE.get(type(module))
+        source = -1
         if derive is not None and len(record.inputs) == 1 and isinstance(output, torch.Tensor):
-            i = 2 * record.inputs[0]  # the input's (min, max), taken as the call started
-            derived = tuple(derive(call.site.module, v) for v in self.values[i:i + 2])
+            # The input's range as the call started, in the output's dtype.
+            source, derive = record.inputs[0], partial(derive, module, output.dtype)
+        else:
+            derive = None
         # A new tensor at a leaf's exit is its output; at a parent's, its own code made it.
-        self._hook(output, call, STRICT, record.outputs, record.grad_outputs,
-                   record if record.children else None, derived=derived)
+        self._hook(output, call, STRICT, record.outputs, record if record.children else None,
+                   source=source, derive=derive)
         self.records.append(record)
         if record.parent is not None:
             record.parent.children.append(record)
@@ -290,24 +322,32 @@ class StepFlags:
     # ------------------------------------------------------------------ reading
 
     def host(self) -> list[float]:
-        """Every value recorded, forward values first, on the host: read only when a step is
-        reported (the flight recorder keeps the flags, not a copy of their values)."""
+        """Every slot's (min, max), then every firing's, flat, on the host (a derived slot's
+        computed from its source's): read only when a step is reported (the flight recorder
+        keeps the flags, not a copy of their values)."""
         values = self.values + self.grad_values
-        return torch.stack(values).float().tolist() if values else []
+        read = torch.stack(values).float().tolist() if values else []
+        forward: list[float] = []
+        for slot in self.slots:
+            if slot.derive is None:
+                forward += read[slot.at:slot.at + 2]
+            else:
+                forward += map(slot.derive, forward[2 * slot.source:2 * slot.source + 2])
+        return forward + read[len(self.values):]
 
     def verdict(self, backward: bool = True) -> torch.Tensor | None:
-        """A device boolean: whether a checked value may be non-finite (None: nothing
-        checked); the forward values only unless ``backward``. One sum: a NaN or ±inf
-        anywhere makes it non-finite; finite values that overflow it only send the values to
-        the host, where :meth:`locate` finds nothing."""
+        """A device number, non-finite where a checked value may be (None: nothing checked);
+        the forward values only unless ``backward``. One sum: a NaN or ±inf anywhere makes it
+        non-finite (where ±inf is allowed, only a NaN: ``nan_to_num`` maps the infinities to
+        0); finite values that overflow it only send the values to the host, where
+        :meth:`locate` finds nothing."""
         grads = self.grad_checked if backward else {STRICT: [], NAN_ONLY: []}
         strict = self.checked[STRICT] + grads[STRICT]
         lenient = self.checked[NAN_ONLY] + grads[NAN_ONLY]
-        found = ~torch.isfinite(torch.stack(strict).float().sum()) if strict else None
-        if lenient:  # ±inf allowed, NaN not
-            nan = torch.isnan(torch.stack(lenient)).any()
-            found = nan if found is None else found | nan.to(found.device)
-        return found
+        if lenient:
+            allowed = torch.stack(lenient).nan_to_num(nan=math.nan, posinf=0.0, neginf=0.0)
+            strict.append(allowed.float().sum())
+        return torch.stack(strict).float().sum() if strict else None
 
     def _split(self, host: list[float]) -> tuple[list[Pair], list[Pair]]:
         """:meth:`host` as (min, max) pairs: the slots', then the firings'."""
@@ -360,9 +400,9 @@ class StepFlags:
     def _locate_backward(self, forward: list[Pair], backward: list[Pair]) -> NonfiniteFinding | None:
         arrived: dict[int, dict[str, Any]] = {}  # gradient slot -> its finite arrival
         for index, pair in zip(self.fired, backward, strict=True):
-            slot = self.grad_slots[index]
+            slot = self.slots[index]
             seen: dict[str, Any] = {"shape": list(slot.shape), "min": pair[0], "max": pair[1]}
-            if _ok(pair, slot.kind):
+            if _ok(pair, slot.grad_kind):
                 arrived.setdefault(index, seen)
                 continue
             produced = _describe(pair)
@@ -371,13 +411,13 @@ class StepFlags:
                 (record,) = makers
                 source = "code" if record.children else "module"
                 return self._finding(forward, record, "backward", source, produced,
-                                     arrived[record.grad_outputs[0]])
+                                     arrived[self._grads(record.outputs)[0]])
             if makers:
                 names = [r.label + (" (its own code)" if r.children else "") for r in makers]
                 return self._finding(forward, makers[-1], "backward", "unclear", produced,
-                                     arrived[makers[-1].grad_outputs[0]], candidates=names)
-            producer = next((r for r in self.records if index in r.grad_outputs), None) or \
-                next(r for r in self.records if index in r.grad_inputs)
+                                     arrived[self._grads(makers[-1].outputs)[0]], candidates=names)
+            producer = next((r for r in self.records if index in r.outputs), None) or \
+                next(r for r in self.records if index in r.inputs)
             return self._finding(forward, producer, "backward", "outside", produced, seen)
         return None
 
@@ -385,11 +425,15 @@ class StepFlags:
         """The calls that may have made gradient slot ``index`` (the gradient of a tensor they
         read) from finite gradients at their outputs: each reader that passes the tensor to no
         child, and each that does but whose own code also made tensors (it may read it too)."""
-        readers = [r for r in self.records if index in r.grad_inputs]
+        readers = [r for r in self.records if index in r.inputs]
         passing = {id(r.parent) for r in readers}
         return [r for r in readers
-                if (id(r) not in passing or r.made) and r.grad_outputs
-                and all(i in arrived for i in r.grad_outputs)]
+                if (id(r) not in passing or r.made) and (outs := self._grads(r.outputs))
+                and all(i in arrived for i in outs)]
+
+    def _grads(self, indices: list[int]) -> list[int]:
+        """The slots among ``indices`` whose gradient is hooked."""
+        return [i for i in indices if self.slots[i].grad_kind != NO_GRAD]
 
     def summary(self, host: list[float]) -> list[dict[str, Any]]:
         """Per call: the (first) output's min, max and ``values`` (null: no output), and the
@@ -399,7 +443,8 @@ class StepFlags:
         rows = []
         for record in self.records:
             out = forward[record.outputs[0]] if record.outputs else None
-            grad = arrivals.get(record.grad_outputs[0]) if record.grad_outputs else None
+            hooked = self._grads(record.outputs)
+            grad = arrivals.get(hooked[0]) if hooked else None
             rows.append({"name": record.call.name, "type": record.call.site.type,
                          "call": record.call.index, "min": out and out[0], "max": out and out[1],
                          "values": out and _describe(out).lower(),
