@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from numbers import Real
 from os import PathLike
@@ -109,6 +109,18 @@ def _loss(loss: Any) -> Any:
     return loss
 
 
+def _eager(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn``, run outside the graph where torch.compile traces the hook that calls it (dynamo
+    would otherwise trace it, and recompile for every tensor it sees); called directly
+    otherwise, without ``torch.compiler.disable``'s wrapper (about 3 µs a call)."""
+    outside = torch.compiler.disable(fn)
+
+    def call(*args: Any) -> None:
+        return outside(*args) if torch.compiler.is_compiling() else fn(*args)
+
+    return call
+
+
 class _Scale:
     """A watch's ``torch.amp.GradScaler`` (or None) and the scale of the step in progress."""
 
@@ -175,14 +187,11 @@ class Watch:
         self.index = 0  # the step in progress
         self.findings: list[tuple[int, int, NonfiniteFinding]] = []
         self._warnings = Warnings()
-        # Under torch.compile the callbacks run eagerly: dynamo would otherwise trace them,
-        # and recompile for every tensor they see.
         # The check sees every module, the model itself too (a parent is blamed for what its
         # own code makes); the logging probes only the selected ones.
         self._logged = {s.name for s in self.sites}
         hooked = self.sites if nonfinite == "off" else hooked_sites(model)
-        self.tracer = Tracer(model, hooked, on_enter=torch.compiler.disable(self._enter),
-                             on_exit=torch.compiler.disable(self._exit))
+        self.tracer = Tracer(model, hooked, on_enter=_eager(self._enter), on_exit=_eager(self._exit))
         self.params = ParamTracker(model)
         self.group = Group()
         #: The flight recorder: (step, flags, rows if logged).
