@@ -228,7 +228,7 @@ class StepFlags:
                                    maker, between)
         slots.append(slot)
         if grad:
-            self.hooks.tensor(t, partial(self._on_grad, slot))
+            self.hooks.keep(t.register_hook(partial(self._on_grad, slot)))
             return slot.index
         pair = derived or torch.aminmax(t.detach())
         self.values += pair
