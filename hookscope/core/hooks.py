@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain, dropwhile
@@ -63,7 +63,7 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
 
 
 def tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    """Every tensor in a (nested) tensor, tuple, list or mapping, in order."""
     if isinstance(obj, torch.Tensor):  # the common case, once per hooked call
         return [obj]
     found: list[torch.Tensor] = []
@@ -72,8 +72,8 @@ def tensors(obj: Any) -> list[torch.Tensor]:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
             found.append(item)
-        elif isinstance(item, (dict, tuple, list)):
-            stack.extend(reversed(list(item.values() if isinstance(item, dict) else item)))
+        elif isinstance(item, (Mapping, tuple, list)):
+            stack.extend(reversed(list(item.values() if isinstance(item, Mapping) else item)))
     return found
 
 
