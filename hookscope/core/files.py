@@ -44,7 +44,8 @@ _PLAIN = frozenset({int, str, bool, type(None)})
 
 
 def jsonable(obj: Any) -> Any:
-    """Plain JSON types; non-finite floats become None (written as ``null``)."""
+    """Plain JSON types, from subclasses, tuples, paths, enums, rows and scalars too;
+    non-finite floats become None (written as ``null``)."""
     kind = type(obj)  # the exact built-in types first: a watch line is thousands of them
     if kind is float:
         return obj if math.isfinite(obj) else None
@@ -54,11 +55,6 @@ def jsonable(obj: Any) -> Any:
         return {k if type(k) is str else str(k): jsonable(v) for k, v in obj.items()}
     if kind is list:
         return [jsonable(v) for v in obj]
-    return _jsonable(obj)
-
-
-def _jsonable(obj: Any) -> Any:
-    """:func:`jsonable` of anything else: subclasses, tuples, paths, enums, rows, scalars."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, Mapping):
