@@ -58,7 +58,7 @@ class Call:
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
-    """The first tensor in a tensor, tuple, list or dict (depth first), or None."""
+    """The first tensor in a tensor, tuple, list or mapping (depth first), or None."""
     return next(iter(tensors(obj)), None)
 
 
@@ -78,7 +78,7 @@ def tensors(obj: Any) -> list[torch.Tensor]:
 
 
 def tensor_shapes(obj: Any) -> list[list[int]]:
-    """Shapes of every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    """Shapes of every tensor in a (nested) tensor, tuple, list or mapping, in order."""
     return [list(t.shape) for t in tensors(obj)]
 
 
@@ -102,8 +102,8 @@ def hook_count(model: nn.Module) -> int:
 
 
 class Hooks:
-    """Owns hook handles (:meth:`keep` each ``register_*hook`` call's); as a context manager,
-    removes all of them on any exit."""
+    """Owns the handles given to :meth:`keep` (each ``register_*hook`` call's); as a context
+    manager, removes all of them on any exit."""
 
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []
