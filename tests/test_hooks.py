@@ -22,9 +22,9 @@ def handles_empty(model: nn.Module) -> bool:
 def test_hooks_removed_on_normal_exit_exception_and_interrupt(tiny_net) -> None:
     x = torch.randn(1, 3, 8, 8)
     with Hooks() as hooks:
-        hooks.forward(tiny_net.conv1, lambda m, a, o: None)
-        hooks.forward_pre(tiny_net.fc, lambda m, a: None)
-        hooks.backward(tiny_net.fc, lambda m, gi, go: None)
+        hooks.keep(tiny_net.conv1.register_forward_hook(lambda m, a, o: None))
+        hooks.keep(tiny_net.fc.register_forward_pre_hook(lambda m, a: None))
+        hooks.keep(tiny_net.fc.register_full_backward_hook(lambda m, gi, go: None))
         assert hook_count(tiny_net) == 3
     assert handles_empty(tiny_net)
 
@@ -40,7 +40,7 @@ def test_tensor_hooks_removed() -> None:
     t = torch.ones(3, requires_grad=True)
     seen = []
     with Hooks() as hooks:
-        hooks.tensor(t, lambda g: seen.append(g))
+        hooks.keep(t.register_hook(lambda g: seen.append(g)))
         (t * 2).sum().backward()
     (t * 2).sum().backward()
     assert len(seen) == 1
@@ -95,7 +95,7 @@ def test_innermost_after_crash() -> None:
     tracer = Tracer(model, select_sites(model, all_modules=True))
     with pytest.raises(RuntimeError), tracer:
         model(torch.randn(1, 4))
-    call = tracer.innermost()[0]
+    call = tracer.active[-1][0]  # the innermost call still running: the one that raised
     assert call.name == "0.1"
     assert hook_count(model) == 0
 

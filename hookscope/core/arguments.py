@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param
+from hookscope.core.hooks import tensors
 
 __all__ = ["Arity", "Placement", "arity", "call", "describe", "expand", "first_float", "image_size",
            "is_label", "map_tensors", "placement", "rows", "split_label", "take", "takes_nothing"]
@@ -38,16 +39,10 @@ def map_tensors(x: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return x
 
 
-def _tensors(x: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    map_tensors(x, found.append)
-    return found
-
-
 def rows(x: Any) -> int:
     """The number of samples in a batch: its first tensor of one or more dimensions' first
     dimension (1 for none)."""
-    first = next((t for t in _tensors(x) if t.dim()), None)
+    first = next((t for t in tensors(x) if t.dim()), None)
     return 1 if first is None else int(first.shape[0])
 
 
@@ -63,7 +58,7 @@ def expand(x: Any, k: int) -> Any:
 
 def first_float(x: Any) -> torch.Tensor | None:
     """The first floating-point tensor of a batch: "the image" where a command needs one."""
-    return next((t for t in _tensors(x) if t.is_floating_point()), None)
+    return next((t for t in tensors(x) if t.is_floating_point()), None)
 
 
 def image_size(x: Any) -> tuple[int, int]:

@@ -153,9 +153,7 @@ class Group:
         if torch.cuda.is_available():  # `--device auto` or `cuda`: the GPU of its local rank
             torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
         try:
-            dist.init_process_group("gloo", init_method="env://", rank=launch.rank,
-                                    world_size=launch.world_size,
-                                    timeout=timedelta(seconds=timeout))
+            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
         except (RuntimeError, ValueError) as exc:  # DistStoreError, DistNetworkError, a bad port
             raise HookscopeError(
                 f"could not join the other {launch.world_size - 1} processes within "

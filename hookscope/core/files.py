@@ -14,6 +14,7 @@ import json
 import math
 import os
 import secrets
+import socket
 import stat
 import sys
 import tempfile
@@ -43,7 +44,8 @@ _PLAIN = frozenset({int, str, bool, type(None)})
 
 
 def jsonable(obj: Any) -> Any:
-    """Plain JSON types; non-finite floats become None (written as ``null``)."""
+    """Plain JSON types, from subclasses, tuples, paths, enums, rows and scalars too;
+    non-finite floats become None (written as ``null``)."""
     kind = type(obj)  # the exact built-in types first: a watch line is thousands of them
     if kind is float:
         return obj if math.isfinite(obj) else None
@@ -53,11 +55,6 @@ def jsonable(obj: Any) -> Any:
         return {k if type(k) is str else str(k): jsonable(v) for k, v in obj.items()}
     if kind is list:
         return [jsonable(v) for v in obj]
-    return _jsonable(obj)
-
-
-def _jsonable(obj: Any) -> Any:
-    """:func:`jsonable` of anything else: subclasses, tuples, paths, enums, rows, scalars."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, Mapping):
@@ -128,8 +125,7 @@ def dumps_csv(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> str:
 class OutputKind(str, Enum):
     STDOUT = "stdout"
     STDERR = "stderr"  # reached through a link such as /dev/stderr
-    DEVICE = "device"  # a character device or FIFO, written in place
-    SOCKET = "socket"  # a Unix socket, connected to
+    DEVICE = "device"  # a character device, FIFO or Unix socket, written in place
     FILE = "file"  # a regular file, replaced atomically
 
 
@@ -164,27 +160,24 @@ def resolve_output(path: str | Path | None, *, force: bool) -> Output:
 
 
 def _classify(given: Path, force: bool) -> Output:
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
     try:
         st = os.stat(given)
     except (FileNotFoundError, NotADirectoryError):  # nothing there yet: the probe says why
-        mode = stat.S_IFREG
+        return Output(OutputKind.FILE, given, target, force)
     except OSError as exc:  # ELOOP, EACCES, ENAMETOOLONG...
         raise _error(given, exc) from None
-    else:
-        mode = st.st_mode
-        for fd, kind in ((1, OutputKind.STDOUT), (2, OutputKind.STDERR)):
-            with suppress(OSError):  # that descriptor is closed
-                if given.is_symlink() and os.path.samestat(st, os.fstat(fd)):
-                    return Output(kind, given, force=force)
-        if stat.S_ISREG(mode) and not force:
-            raise _exists_error(given)
-    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-        kind = OutputKind.SOCKET if stat.S_ISSOCK(mode) else OutputKind.DEVICE
-        return Output(kind, given, force=force)
-    if not stat.S_ISREG(mode):
-        what = "a directory" if stat.S_ISDIR(mode) else "a block device or other special file"
+    for fd, kind in ((1, OutputKind.STDOUT), (2, OutputKind.STDERR)):
+        with suppress(OSError):  # that descriptor is closed
+            if given.is_symlink() and os.path.samestat(st, os.fstat(fd)):
+                return Output(kind, given, force=force)
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+        return Output(OutputKind.DEVICE, given, force=force)
+    if not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "a block device or other special file"
         raise HookscopeError(f"{given} is {what}; give a file name.")
-    target = Path(os.path.realpath(given)) if given.is_symlink() else given
+    if not force:
+        raise _exists_error(given)
     return Output(OutputKind.FILE, given, target, force)
 
 
@@ -285,8 +278,8 @@ def _deliver(output: Output, tmp: Path, *, force: bool) -> None:
 def _send(output: Output, data: str | bytes) -> None:
     """Write text or bytes in place: to a stream, device, FIFO or socket."""
     try:
-        if output.kind in (OutputKind.STDOUT, OutputKind.STDERR):
-            stream: Any = _data_stream() if output.kind is OutputKind.STDOUT else sys.stderr
+        if output.kind is not OutputKind.DEVICE:
+            stream: Any = _data_stream() if output.is_stdout else sys.stderr
             if isinstance(data, bytes):
                 stream.flush()  # keep order with text written before
                 stream = stream.buffer
@@ -294,15 +287,12 @@ def _send(output: Output, data: str | bytes) -> None:
             stream.flush()
             return
         raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
-        if output.kind is OutputKind.SOCKET:
-            import socket
-
+        if stat.S_ISSOCK(os.stat(str(output.path)).st_mode):
             with socket.socket(socket.AF_UNIX) as sock:
                 sock.connect(str(output.path))
                 sock.sendall(raw)
         else:  # a device or FIFO: no O_CREAT or O_TRUNC, so never created or truncated
-            flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0)
-            with open(os.open(str(output.path), flags), "wb") as fh:
+            with open(os.open(str(output.path), os.O_WRONLY | getattr(os, "O_NOCTTY", 0)), "wb") as fh:
                 fh.write(raw)
     except BrokenPipeError:  # the reader left (`| head`): the CLI exits quietly
         raise

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from itertools import chain, dropwhile
@@ -58,12 +58,12 @@ class Call:
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
-    """The first tensor in a tensor, tuple, list or dict (depth first), or None."""
+    """The first tensor in a tensor, tuple, list or mapping (depth first), or None."""
     return next(iter(tensors(obj)), None)
 
 
 def tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    """Every tensor in a (nested) tensor, tuple, list or mapping, in order."""
     if isinstance(obj, torch.Tensor):  # the common case, once per hooked call
         return [obj]
     found: list[torch.Tensor] = []
@@ -72,13 +72,13 @@ def tensors(obj: Any) -> list[torch.Tensor]:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
             found.append(item)
-        elif isinstance(item, (dict, tuple, list)):
-            stack.extend(reversed(list(item.values() if isinstance(item, dict) else item)))
+        elif isinstance(item, (Mapping, tuple, list)):
+            stack.extend(reversed(list(item.values() if isinstance(item, Mapping) else item)))
     return found
 
 
 def tensor_shapes(obj: Any) -> list[list[int]]:
-    """Shapes of every tensor in a (nested) tensor, tuple, list or dict, in order."""
+    """Shapes of every tensor in a (nested) tensor, tuple, list or mapping, in order."""
     return [list(t.shape) for t in tensors(obj)]
 
 
@@ -102,32 +102,15 @@ def hook_count(model: nn.Module) -> int:
 
 
 class Hooks:
-    """Registers hooks and owns their handles; as a context manager, removes all of them on
-    any exit."""
+    """Owns the handles given to :meth:`keep` (each ``register_*hook`` call's); as a context
+    manager, removes all of them on any exit."""
 
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []
 
-    def _keep(self, handle: RemovableHandle) -> RemovableHandle:
+    def keep(self, handle: RemovableHandle) -> RemovableHandle:
         self._handles.append(handle)
         return handle
-
-    def forward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
-        return self._keep(module.register_forward_hook(hook, **kw))
-
-    def forward_pre(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
-        return self._keep(module.register_forward_pre_hook(hook, **kw))
-
-    def backward(self, module: nn.Module, hook: Callable[..., Any], **kw: Any) -> RemovableHandle:
-        # Prefer tensor hooks: full backward hooks fail on modules followed by in-place ops.
-        return self._keep(module.register_full_backward_hook(hook, **kw))
-
-    def tensor(self, tensor: torch.Tensor, hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
-        return self._keep(tensor.register_hook(hook))
-
-    def accumulated(self, param: torch.Tensor,
-                    hook: Callable[[torch.Tensor], Any]) -> RemovableHandle:
-        return self._keep(param.register_post_accumulate_grad_hook(hook))
 
     def remove(self) -> None:
         """Remove every handle; safe to call twice."""
@@ -213,21 +196,17 @@ class Tracer(Hooks):
             return self
         try:
             for site in self.sites:
-                self.forward_pre(site.module, partial(self._pre, site),
-                                 with_kwargs=True, prepend=True)
-                self.forward(site.module, partial(self._post, site),
-                             with_kwargs=True, prepend=True)
+                self.keep(site.module.register_forward_pre_hook(
+                    partial(self._pre, site), with_kwargs=True, prepend=True))
+                self.keep(site.module.register_forward_hook(
+                    partial(self._post, site), with_kwargs=True, prepend=True))
             # Registered last with prepend, so it runs first: before the root's own site.
             if not is_scripted(self.model):
-                self.forward_pre(self.model, self._root_pre, prepend=True)
+                self.keep(self.model.register_forward_pre_hook(self._root_pre, prepend=True))
         except BaseException:
             self.remove()
             raise
         return self
-
-    def innermost(self) -> tuple[Call, tuple[Any, ...], dict[str, Any]] | None:
-        """The innermost call still running (after an exception: the one that raised)."""
-        return self.active[-1] if self.active else None
 
     def locate(self, again: Callable[[], Any], exc: BaseException) -> ForwardError:
         """The :class:`ForwardError` for ``exc``: ``again`` repeats the failed pass with a
@@ -262,7 +241,7 @@ class Tracer(Hooks):
 
     def forward_error(self, exc: BaseException) -> ForwardError:
         """Wrap an exception raised by the model with the innermost running module."""
-        inner = self.innermost()
+        inner = self.active[-1] if self.active else None  # the call that raised
         if inner is None and not self.started:
             return ForwardError(f"The forward pass failed before the model started: {_what(exc)}",
                                 cause=exc)

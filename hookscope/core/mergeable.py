@@ -83,12 +83,8 @@ def state(reduce: str | Callable[[Any, Any], Any], default: Any = MISSING, *,
           default_factory: Any = MISSING, json: bool = True, **kwargs: Any) -> Any:
     """A dataclass field whose values combine by ``reduce`` (a name of :data:`REDUCTIONS`
     or a function of both sides' values); ``json=False`` keeps it out of ``to_dict``."""
-    if isinstance(reduce, str) and reduce not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduce!r}; one of {sorted(REDUCTIONS)}")
-    metadata = {"reduce": reduce, "json": json}
-    if default_factory is not MISSING:
-        return field(default_factory=default_factory, metadata=metadata, **kwargs)
-    return field(default=default, metadata=metadata, **kwargs)
+    return field(default=default, default_factory=default_factory,
+                 metadata={"reduce": reduce, "json": json}, **kwargs)
 
 
 def hidden(default: Any = MISSING, **kwargs: Any) -> Any:

@@ -237,7 +237,7 @@ class GradsProbe(Probe[GradReport]):
             return  # nothing before it needs a gradient: no gradient flows here
         key, shape = call.key, list(t.shape)
         self.meta[key] = (call.site, _grown(self.meta[key][1], shape) if key in self.meta else shape)
-        self.hooks.tensor(t, partial(self._on_grad, key))
+        self.hooks.keep(t.register_hook(partial(self._on_grad, key)))
 
     def _on_grad(self, key: tuple[str, int], grad: torch.Tensor) -> None:
         self.order.setdefault(key, None)

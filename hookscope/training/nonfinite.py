@@ -286,7 +286,7 @@ class StepFlags:
                 slots.append(slot.index)
                 if grad and slot.grad_kind == NO_GRAD and t.requires_grad:
                     slot.grad_kind = NAN_ONLY if lenient else STRICT
-                    self.hooks.tensor(t, partial(self._on_grad, slot))
+                    self.hooks.keep(t.register_hook(partial(self._on_grad, slot)))
 
     def enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A selected call starts: reduce its inputs (before an in-place module changes them)."""

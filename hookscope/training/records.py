@@ -180,7 +180,7 @@ class ParamTracker:
         self._reached.clear()
         for i, (_, p) in enumerate(self.params):
             if p.requires_grad:
-                hooks.accumulated(p, partial(self._on_grad, i))
+                hooks.keep(p.register_post_accumulate_grad_hook(partial(self._on_grad, i)))
 
     def _on_grad(self, index: int, p: torch.Tensor) -> None:
         if not self._reached:
