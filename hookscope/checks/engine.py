@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RULES", "CheckContext", "CheckReport", "Expectation", "RuleResult", "call_id", "evaluate",
            "expectations", "fmt", "folder_expectations", "ignored", "match_inputs", "row_id", "rule",
-           "verdict", "warn_unused"]
+           "verdict"]
 
 log = logging.getLogger("hookscope")
 
@@ -179,7 +179,6 @@ class CheckContext:
     predictions: Sequence[list[Prediction] | None] = ()
     expectations: Sequence[Expectation] = ()
     baseline: StatsDocument | None = None
-    baseline_rows: Mapping[tuple[str, int], Mapping[str, Any]] = field(default_factory=dict)
     log: Any = None
 
     def note(self) -> str:
@@ -212,15 +211,18 @@ def ignored(name: str, globs: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name, f"{g}.*") for g in globs)
 
 
-def warn_unused(globs: Sequence[str], names: set[str]) -> None:
-    for glob in globs:
+def verdict(rules: Rules, rows: Sequence[Any], others: Iterable[str] = (), **seen: Any) -> CheckReport:
+    """Every registered rule's result, in registration order, over the ``rows`` that ``ignore``
+    leaves in and what else the rules see (:class:`CheckContext`'s fields); a glob that matches
+    no row and none of the ``others`` (a baseline's rows, a log's parameters) is warned of."""
+    calls = [row for row in rows if not ignored(row.name, rules.ignore)]
+    names = {row.name for row in rows} | set(others)
+    for glob in rules.ignore:
         if not any(ignored(name, [glob]) for name in names):
             log.warning("ignore glob %r matches no module call", glob)
-
-
-def verdict(ctx: CheckContext) -> CheckReport:
+    ctx = CheckContext(rules, calls, len(rows) - len(calls), **seen)
     results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
-    return CheckReport(results, calls=len(ctx.calls), ignored=ctx.ignored, rules_file=ctx.rules.source)
+    return CheckReport(results, calls=len(calls), ignored=ctx.ignored, rules_file=rules.source)
 
 
 def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
@@ -228,12 +230,9 @@ def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
              expectations: Sequence[Expectation] = ()) -> CheckReport:
     """Run every active rule against ``report``; ``inputs`` are the input names in order,
     ``expectations`` the resolved ``expect`` entries (:func:`expectations`)."""
-    calls = [row for row in report.layers if not ignored(row.name, rules.ignore)]
-    rows = baseline.rows if baseline else {}
-    base_rows = {key: row for key, row in rows.items() if not ignored(key[0], rules.ignore)}
-    warn_unused(rules.ignore, {row.name for row in report.layers} | {name for name, _ in rows})
-    return verdict(CheckContext(rules, calls, len(report.layers) - len(calls), inputs,
-                                report.predictions, expectations, baseline, base_rows))
+    others = [name for name, _ in baseline.rows] if baseline else []
+    return verdict(rules, report.layers, others, inputs=inputs, predictions=report.predictions,
+                   expectations=expectations, baseline=baseline)
 
 
 def fmt(value: float | None) -> str:
@@ -293,7 +292,7 @@ def _baseline(ctx: CheckContext) -> RuleResult | None:
     if ctx.baseline is None:
         return None
     here = {(c.name, c.call): c for c in ctx.calls}
-    base = ctx.baseline_rows
+    base = {key: row for key, row in ctx.baseline.rows.items() if not ignored(key[0], ctx.rules.ignore)}
     offenders = [f"{call_id(*key)}: in the baseline, not in this run" for key in base if key not in here]
     offenders += [f"{call_id(*key)}: not in the baseline" for key in here if key not in base]
     for key, row in here.items():
@@ -322,19 +321,16 @@ def _drift_rule(name: str, measure: Measure) -> RuleFn:
         limit = getattr(ctx.rules, name)
         if limit is None or ctx.baseline is None:
             return None
-        worst, offenders, compared = (0.0, ""), [], 0
+        measured = []
         for c in ctx.calls:
-            base = ctx.baseline_rows.get((c.name, c.call))
+            base = ctx.baseline.rows.get((c.name, c.call))
             found = measure(c, base) if base is not None else None
-            if found is None:
-                continue
-            compared += 1
-            d, shown = found
-            if d > worst[0]:  # the first of equal drifts, in execution order
-                worst = (d, call_id(c.name, c.call))
-            if d > limit:
-                offenders.append(f"{call_id(c.name, c.call)}: {shown}")
-        most = f"; the largest: {_dg(worst[0])} at {worst[1]}" if worst[1] else ""
+            if found is not None:
+                measured.append((call_id(c.name, c.call), *found))
+        offenders = [f"{who}: {shown}" for who, d, shown in measured if d > limit]
+        worst = max(measured, key=lambda m: m[1], default=None)  # the first of equal drifts
+        most = f"; the largest: {_dg(worst[1])} at {worst[0]}" if worst and worst[1] > 0 else ""
+        compared = len(measured)
         detail = (f"{len(offenders)} of {compared} calls drift more than {limit:.4g}" if offenders
                   else f"no call of {compared} drifts more than {limit:.4g}")
         return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)

@@ -77,13 +77,10 @@ def event_text(event: Mapping[str, Any] | None) -> str | None:
 def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
     """Run every active rule against the last ``rules.last`` logging steps of ``log``."""
     steps = log.last(rules.only("log").last)
-    rows = list(_calls(log, steps))
-    calls = [c for c in rows if not engine.ignored(c.name, rules.ignore)]
     every = [(s["step"], p, log.span(s["step"])) for s in steps for p in s.get("params") or ()]
     params = [entry for entry in every if not engine.ignored(entry[1]["name"], rules.ignore)]
-    engine.warn_unused(rules.ignore, {c.name for c in rows} | {p["name"] for _, p, _ in every})
     view = LogView(steps, params, event_text(log.event), log.outcome())
-    return engine.verdict(CheckContext(rules, calls, len(rows) - len(calls), log=view))  # type: ignore[arg-type]
+    return engine.verdict(rules, list(_calls(log, steps)), [p["name"] for _, p, _ in every], log=view)
 
 
 # ----------------------------------------------------------------------------- the rules
