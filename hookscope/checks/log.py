@@ -76,7 +76,8 @@ def event_text(event: Mapping[str, Any] | None) -> str | None:
 
 def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
     """Run every active rule against the last ``rules.last`` logging steps of ``log``."""
-    steps = log.last(rules.only("log").last)
+    last = rules.only("log").last
+    steps = list(log.steps[-last:] if last else log.steps)
     every = [(s["step"], p, log.span(s["step"])) for s in steps for p in s.get("params") or ()]
     params = [entry for entry in every if not engine.ignored(entry[1]["name"], rules.ignore)]
     view = LogView(steps, params, event_text(log.event), log.outcome())

@@ -149,10 +149,6 @@ class TrainingLog:
         return f"warned about non-finite values at step{'s' * (len(steps) > 1)} " \
             f"{listed(steps)}; training continued{went}"
 
-    def last(self, n: int | None) -> list[Mapping[str, Any]]:
-        """The last ``n`` (at least 1) logging steps, or all of them."""
-        return list(self.steps[-n:] if n else self.steps)
-
     def layer_keys(self) -> list[tuple[str, int]]:
         """Every (name, call) logged, in the order first seen (execution order)."""
         return list(self.series("layers", "name")[1])
