@@ -24,18 +24,16 @@ def check_log_dir(log_dir: Path, *, force: bool = False) -> None:
     """Refuse, before any work, a ``log_dir`` that is a file, or holds a watch log (without
     ``force``) or a directory in its place."""
     path = log_dir / LOG_FILE
+    shown = f"{param('log_dir')} {str(log_dir)!r}"
     try:
         if log_dir.exists() and not log_dir.is_dir():
-            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} is a file, not a "
-                                 "directory.")
+            raise HookscopeError(f"{shown} is a file, not a directory.")
         if path.is_dir():
-            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} holds a directory "
-                                 f"named {LOG_FILE}; move it away, or choose another "
-                                 "directory.")
+            raise HookscopeError(f"{shown} holds a directory named {LOG_FILE}; move it away, or "
+                                 "choose another directory.")
         if os.path.lexists(path) and not force:
-            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} already holds a watch "
-                                 f"log ({LOG_FILE}); choose another directory, or pass "
-                                 f"{param('force')} to replace it.")
+            raise HookscopeError(f"{shown} already holds a watch log ({LOG_FILE}); choose another "
+                                 f"directory, or pass {param('force')} to replace it.")
     except OSError as exc:
         raise _unwritable(log_dir, exc) from None
 
