@@ -33,7 +33,7 @@ NUMBER, INTEGER, STRING, LIST, OBJECT, STRINGS = ("a number", "an integer", "a s
                                                  "a list", "an object", "a list of strings")
 ENVELOPE = {"hookscope": STRING, "command": STRING, "model": STRING, "device": STRING,
             "world_size": INTEGER, "selection": OBJECT, "every": INTEGER, "nonfinite": STRING,
-            "allow_inf": STRINGS, "keep": INTEGER, "reference": STRING, "max_drift": NUMBER,
+            "allow_inf": LIST, "keep": INTEGER, "reference": STRING, "max_drift": NUMBER,
             "drift_measure": STRING, "percentiles": LIST, "started": NUMBER}
 STEP = {"time": NUMBER, "loss": NUMBER, "flagged": LIST}
 LAYER = {"type": STRING, "call": INTEGER, "input_shapes": LIST, "output_shape": LIST,
@@ -122,7 +122,8 @@ class TrainingLog:
 
     def allowed(self, name: str) -> bool:
         """Whether the watch was told that ``name``'s ±inf is intended (``allow_inf``)."""
-        return any(fnmatch.fnmatchcase(name, p) for p in self.envelope.get("allow_inf") or ())
+        patterns = self.envelope.get("allow_inf") or ()
+        return any(isinstance(p, str) and fnmatch.fnmatchcase(name, p) for p in patterns)
 
     def span(self, step: int) -> int:
         """The steps an update ratio logged at ``step`` spans (from the logging step before)."""
