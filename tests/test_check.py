@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from hookscope.checks.engine import drift
 from hookscope.checks.rulefile import load_rules
 from hookscope.core.errors import HookscopeError
+from hookscope.numerics.drift import drift
 from hookscope.render.check import check_view, escape_data, escape_property, junit_xml
 from hookscope.render.console import render_text
 

@@ -1,7 +1,6 @@
-"""A ``hookscope stats --format json`` document read back: :func:`read_stats`, the one reader
-(``check``'s baseline, ``diff a.json b.json``, ``watch``'s reference). A missing, unreadable
-or foreign document is a :class:`~hookscope.core.errors.HookscopeError` naming it, raised
-before the model runs. Torch-free.
+"""A ``hookscope stats --format json`` document read back by :func:`read_stats`, the one reader
+(``check``'s baseline, ``diff a.json b.json``, ``watch``'s reference), before any model runs.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ Rows = dict[tuple[str, int], Mapping[str, Any]]
 
 
 class StatsDocument(NamedTuple):
-    """A stats document's rows by (name, call), the percentiles its rows hold (their JSON
-    keys, in order; empty without), the document itself and, as ``check``'s baseline, its
-    path."""
+    """The rows by (name, call), their percentiles' JSON keys (empty: none), the document and,
+    as ``check``'s baseline, its path."""
 
     rows: Rows
     percentiles: tuple[str, ...]
@@ -32,8 +30,7 @@ class StatsDocument(NamedTuple):
 
 
 def _rows(doc: Any) -> Rows | tuple[str, str]:
-    """The rows by call, or why ``doc`` is not a stats document: as a check says it, as an
-    offline diff does."""
+    """The rows by call, or why ``doc`` is not a stats document, in a check's words and a diff's."""
     if not isinstance(doc, dict):
         return (f"it holds {describe(doc)}",) * 2
     if (command := doc.get("command")) != "stats":
@@ -52,9 +49,8 @@ def _rows(doc: Any) -> Rows | tuple[str, str]:
 
 
 def read_stats(path: Path, subject: str | None = None) -> StatsDocument:
-    """Read a stats document. Errors (HookscopeError: missing, unreadable, not JSON, not a stats
-    document) name it as ``subject`` does (``--baseline``, ``rules.toml:2: baseline``), or
-    without one in an offline diff's words."""
+    """Read a stats document; an error names it as ``subject`` (``--baseline``,
+    ``rules.toml:2: baseline``), or without one in an offline diff's words."""
     named = repr(str(path))
     shown = f"{subject} {named}" if subject else named
 
@@ -91,7 +87,6 @@ def drift_percentiles(rules: Rules, baseline: StatsDocument | None) -> tuple[flo
 
 
 def load_baseline(rules: Rules) -> StatsDocument | None:
-    """Read the rules' baseline, when they have one (errors as :func:`read_stats`'s)."""
     if rules.baseline is None:
         return None
     found = read_stats(rules.baseline, rules.subject("baseline"))

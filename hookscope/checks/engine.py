@@ -1,10 +1,7 @@
-"""``hookscope check``: assertions about one run, read from a TOML file or flags.
-
-Each rule is a function registered by name; :func:`evaluate` runs every active rule, in
-registration order, against one :class:`~hookscope.probes.stats.StatsReport` (or a training
-log's rows, :mod:`hookscope.checks.log`) and returns a :class:`CheckReport`. An expectation
-for an input not given, or a label the model lacks, is a
-:class:`~hookscope.core.errors.HookscopeError` raised before the model runs. Torch-free.
+"""``hookscope check``'s rules: functions registered by name, run in registration order
+against a :class:`~hookscope.probes.stats.StatsReport` (or a training log's rows,
+:mod:`hookscope.checks.log`). An expectation for an input not given, or a label the model
+lacks, is a HookscopeError raised before the model runs. Torch-free.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -23,14 +20,14 @@ from hookscope.checks.baseline import StatsDocument
 from hookscope.checks.rulefile import Expect, Rules
 from hookscope.core.classes import label_classes
 from hookscope.core.errors import HookscopeError, clip, param, suggest
-from hookscope.numerics.drift import EPS, drift, finite, quantile_drift, stat_drift
+from hookscope.numerics.drift import finite, quantile_drift, stat_drift
 
 if TYPE_CHECKING:
     from hookscope.probes.stats import LayerStats, Prediction, StatsReport
 
-__all__ = ["EPS", "RULES", "CheckContext", "CheckReport", "Expectation", "RuleResult", "call_id",
-           "drift", "evaluate", "expectations", "fmt", "folder_expectations", "ignored",
-           "match_inputs", "row_id", "rule", "verdict", "warn_unused"]
+__all__ = ["RULES", "CheckContext", "CheckReport", "Expectation", "RuleResult", "call_id", "evaluate",
+           "expectations", "fmt", "folder_expectations", "ignored", "match_inputs", "row_id", "rule",
+           "verdict"]
 
 log = logging.getLogger("hookscope")
 
@@ -51,8 +48,7 @@ def _parts(name: str) -> tuple[str, ...]:
 
 
 def _inputs_named(entry: Expect, names: Sequence[str]) -> list[str]:
-    """The distinct input names ``entry`` means: the same path, else the one name ending with it
-    (``cat.jpg`` for ``sample_images/cat.jpg``)."""
+    """The same path, else the one input name ending with it (``cat.jpg``: ``images/cat.jpg``)."""
     distinct = list(dict.fromkeys(names))
     wanted = _parts(entry.input)
     same = [n for n in distinct if _parts(n) == wanted
@@ -70,8 +66,8 @@ def _inputs_named(entry: Expect, names: Sequence[str]) -> list[str]:
 
 
 def match_inputs(rules: Rules, names: Sequence[str]) -> list[tuple[int, str, Expect]]:
-    """Each ``expect`` entry's inputs: (position, name, entry), checked before the model loads.
-    HookscopeError: an entry names no input, several, or one another entry names too."""
+    """Each ``expect`` entry's inputs as (position, name, entry), checked before the model
+    loads: an entry naming no input, several, or one another entry names is an error."""
     taken: dict[str, Expect] = {}
     matched = []
     for entry in rules.expect:
@@ -86,8 +82,8 @@ def match_inputs(rules: Rules, names: Sequence[str]) -> list[tuple[int, str, Exp
 
 def folder_expectations(rules: Rules, names: Sequence[str], labels: Sequence[str]
                         ) -> tuple[Rules, list[tuple[int, str, Expect]]]:
-    """The ``expect`` rule of an ImageFolder layout: each input's top-1 class is its class
-    folder's. Returns the rules with it, and its entries as :func:`match_inputs` gives them."""
+    """The rules with an ImageFolder's ``expect`` (each input's class folder), and its
+    entries as :func:`match_inputs` gives them."""
     matched = [(i, name, Expect(name, label, f"{name} (in class folder {label!r})"))
                for i, (name, label) in enumerate(zip(names, labels, strict=True))]
     return replace(rules, expect=tuple(e for _, _, e in matched)), matched
@@ -117,8 +113,7 @@ def _classes(entry: Expect, categories: Sequence[str] | None,
 def expectations(matched: Sequence[tuple[int, str, Expect]],
                  categories: Sequence[str] | None = None,
                  num_classes: int | None = None) -> list[Expectation]:
-    """Resolve matched entries' labels to class indices, once the model's labels are known.
-    HookscopeError: a label the model does not have, or an index out of range."""
+    """Matched entries' labels as class indices, once the model's labels are known."""
     found = []
     for position, name, entry in matched:
         classes = _classes(entry, categories, num_classes)
@@ -139,9 +134,6 @@ class RuleResult:
     limit: Any
     detail: str
     offenders: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -171,7 +163,7 @@ class CheckReport:
     def to_dict(self) -> dict[str, Any]:
         """The JSON document without its envelope."""
         return {"rules_file": self.rules_file, "calls": self.calls, "ignored": self.ignored,
-                "rules": [r.to_dict() for r in self.results], "passed": self.passed,
+                "rules": [asdict(r) for r in self.results], "passed": self.passed,
                 "failed": len(self.failures)}
 
 
@@ -187,11 +179,10 @@ class CheckContext:
     predictions: Sequence[list[Prediction] | None] = ()
     expectations: Sequence[Expectation] = ()
     baseline: StatsDocument | None = None
-    baseline_rows: Mapping[tuple[str, int], Mapping[str, Any]] = field(default_factory=dict)
     log: Any = None
 
     def note(self) -> str:
-        """The detail's ending that says how many calls ``ignore`` left out."""
+        """How many calls ``ignore`` left out, as a detail ends."""
         return f"; {self.ignored} ignored" if self.ignored else ""
 
 
@@ -220,17 +211,18 @@ def ignored(name: str, globs: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name, f"{g}.*") for g in globs)
 
 
-def warn_unused(globs: Sequence[str], names: set[str]) -> None:
-    """Warn of each ``ignore`` glob that matches none of ``names``."""
-    for glob in globs:
+def verdict(rules: Rules, rows: Sequence[Any], others: Iterable[str] = (), **seen: Any) -> CheckReport:
+    """Every registered rule's result, in registration order, over the ``rows`` that ``ignore``
+    leaves in and what else the rules see (:class:`CheckContext`'s fields); a glob that matches
+    no row and none of the ``others`` (a baseline's rows, a log's parameters) is warned of."""
+    calls = [row for row in rows if not ignored(row.name, rules.ignore)]
+    names = {row.name for row in rows} | set(others)
+    for glob in rules.ignore:
         if not any(ignored(name, [glob]) for name in names):
             log.warning("ignore glob %r matches no module call", glob)
-
-
-def verdict(ctx: CheckContext) -> CheckReport:
-    """Every registered rule's result for ``ctx``, in registration order."""
+    ctx = CheckContext(rules, calls, len(rows) - len(calls), **seen)
     results = [found for fn in RULES.values() if (found := fn(ctx)) is not None]
-    return CheckReport(results, calls=len(ctx.calls), ignored=ctx.ignored, rules_file=ctx.rules.source)
+    return CheckReport(results, calls=len(calls), ignored=ctx.ignored, rules_file=rules.source)
 
 
 def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
@@ -238,12 +230,9 @@ def evaluate(rules: Rules, report: StatsReport, *, inputs: Sequence[str],
              expectations: Sequence[Expectation] = ()) -> CheckReport:
     """Run every active rule against ``report``; ``inputs`` are the input names in order,
     ``expectations`` the resolved ``expect`` entries (:func:`expectations`)."""
-    calls = [row for row in report.layers if not ignored(row.name, rules.ignore)]
-    rows = baseline.rows if baseline else {}
-    base_rows = {key: row for key, row in rows.items() if not ignored(key[0], rules.ignore)}
-    warn_unused(rules.ignore, {row.name for row in report.layers} | {name for name, _ in rows})
-    return verdict(CheckContext(rules, calls, len(report.layers) - len(calls), inputs,
-                                report.predictions, expectations, baseline, base_rows))
+    others = [name for name, _ in baseline.rows] if baseline else []
+    return verdict(rules, report.layers, others, inputs=inputs, predictions=report.predictions,
+                   expectations=expectations, baseline=baseline)
 
 
 def fmt(value: float | None) -> str:
@@ -303,7 +292,7 @@ def _baseline(ctx: CheckContext) -> RuleResult | None:
     if ctx.baseline is None:
         return None
     here = {(c.name, c.call): c for c in ctx.calls}
-    base = ctx.baseline_rows
+    base = {key: row for key, row in ctx.baseline.rows.items() if not ignored(key[0], ctx.rules.ignore)}
     offenders = [f"{call_id(*key)}: in the baseline, not in this run" for key in base if key not in here]
     offenders += [f"{call_id(*key)}: not in the baseline" for key in here if key not in base]
     for key, row in here.items():
@@ -332,19 +321,16 @@ def _drift_rule(name: str, measure: Measure) -> RuleFn:
         limit = getattr(ctx.rules, name)
         if limit is None or ctx.baseline is None:
             return None
-        worst, offenders, compared = (0.0, ""), [], 0
+        measured = []
         for c in ctx.calls:
-            base = ctx.baseline_rows.get((c.name, c.call))
+            base = ctx.baseline.rows.get((c.name, c.call))
             found = measure(c, base) if base is not None else None
-            if found is None:
-                continue
-            compared += 1
-            d, shown = found
-            if d > worst[0]:  # the first of equal drifts, in execution order
-                worst = (d, call_id(c.name, c.call))
-            if d > limit:
-                offenders.append(f"{call_id(c.name, c.call)}: {shown}")
-        most = f"; the largest: {_dg(worst[0])} at {worst[1]}" if worst[1] else ""
+            if found is not None:
+                measured.append((call_id(c.name, c.call), *found))
+        offenders = [f"{who}: {shown}" for who, d, shown in measured if d > limit]
+        worst = max(measured, key=lambda m: m[1], default=None)  # the first of equal drifts
+        most = f"; the largest: {_dg(worst[1])} at {worst[0]}" if worst and worst[1] > 0 else ""
+        compared = len(measured)
         detail = (f"{len(offenders)} of {compared} calls drift more than {limit:.4g}" if offenders
                   else f"no call of {compared} drifts more than {limit:.4g}")
         return RuleResult(name, not offenders, limit, detail + most + ctx.note(), offenders)

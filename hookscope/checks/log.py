@@ -1,9 +1,6 @@
-"""``hookscope check LOG_DIR``: the check rules applied to a training log (torch-free).
-
-The rules are :mod:`hookscope.checks.engine`'s, in its one registry: ``nonfinite`` and
-``max_zero_fraction`` read the layer rows of the last ``last`` logging steps (``nonfinite``
-also the recorded event), and the rules registered here bound those steps' gradient norms
-and update ratios. The report and its outputs are a model run's check's.
+"""``hookscope check LOG_DIR`` (torch-free): engine's ``nonfinite`` and ``max_zero_fraction``
+read the layer rows of the last ``last`` logging steps (``nonfinite`` also the event), and
+the rules registered here, in the one registry, bound their gradient norms and update ratios.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ class LogCall:
     name: str
     call: int
     step: int
-    type: str
     nonfinite: int  # in the output and in the gradient at the output
     zero_fraction: float
     grad_norm: float | None
@@ -47,26 +43,22 @@ class LogView:
     outcome: str | None  # what the watch did on the event (TrainingLog.outcome)
 
     def span(self) -> str:
-        """``the last 3 logging steps (200 to 400)``."""
+        """``3 logging steps (steps 200 to 400)``."""
         n = len(self.steps)
         if n < 2:
             return f"1 logging step (step {self.steps[0]['step']})" if n else "no logging step"
         return f"{n} logging steps (steps {self.steps[0]['step']} to {self.steps[-1]['step']})"
 
 
-def _count(value: Any) -> int:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def _calls(log: TrainingLog, steps: list[Mapping[str, Any]]) -> Iterator[LogCall]:
-    """The rows as calls; an ``allow_inf`` module's count is 0 (its NaN, which the watch still
-    checked, is the event)."""
+    """The rows (their types checked by the reader) as calls; an ``allow_inf`` module's count
+    is 0 (its NaN, which the watch still checked, is the event)."""
     for step in steps:
         for row in step.get("layers") or ():
             zero = finite(row.get("zero_fraction"))
-            bad = _count(row.get("nonfinite")) + _count(row.get("grad_nonfinite"))
-            yield LogCall(str(row["name"]), _count(row.get("call")), int(step["step"]),
-                          str(row.get("type") or ""), 0 if log.allowed(str(row["name"])) else bad,
+            bad = (row.get("nonfinite") or 0) + (row.get("grad_nonfinite") or 0)
+            yield LogCall(row["name"], row.get("call") or 0, step["step"],
+                          0 if log.allowed(row["name"]) else bad,
                           math.nan if zero is None else zero, finite(row.get("grad_norm")))
 
 
@@ -84,14 +76,12 @@ def event_text(event: Mapping[str, Any] | None) -> str | None:
 
 def evaluate_log(rules: Rules, log: TrainingLog) -> CheckReport:
     """Run every active rule against the last ``rules.last`` logging steps of ``log``."""
-    steps = log.last(rules.only("log").last)
-    rows = list(_calls(log, steps))
-    calls = [c for c in rows if not engine.ignored(c.name, rules.ignore)]
-    every = [(int(s["step"]), p, log.span(int(s["step"]))) for s in steps for p in s.get("params") or ()]
-    params = [entry for entry in every if not engine.ignored(str(entry[1]["name"]), rules.ignore)]
-    engine.warn_unused(rules.ignore, {c.name for c in rows} | {str(p["name"]) for _, p, _ in every})
+    last = rules.only("log").last
+    steps = list(log.steps[-last:] if last else log.steps)
+    every = [(s["step"], p, log.span(s["step"])) for s in steps for p in s.get("params") or ()]
+    params = [entry for entry in every if not engine.ignored(entry[1]["name"], rules.ignore)]
     view = LogView(steps, params, event_text(log.event), log.outcome())
-    return engine.verdict(CheckContext(rules, calls, len(rows) - len(calls), log=view))  # type: ignore[arg-type]
+    return engine.verdict(rules, list(_calls(log, steps)), [p["name"] for _, p, _ in every], log=view)
 
 
 # ----------------------------------------------------------------------------- the rules
@@ -113,8 +103,7 @@ def _ratios(ctx: CheckContext, view: LogView) -> list[tuple[str, float | None]]:
 def _bound_rule(name: str, what: str,
                 values: Callable[[CheckContext, LogView], list[tuple[str, float | None]]],
                 side: str) -> Callable[[CheckContext], RuleResult | None]:
-    """The rule ``name``: every ``what`` measured, (who, value) pairs, is not ``side`` the
-    rule's limit."""
+    """The rule ``name``: no ``what`` of ``values`` (who, value) is ``side`` the limit."""
     above = side == "above"
 
     def check(ctx: CheckContext) -> RuleResult | None:

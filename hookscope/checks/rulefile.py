@@ -1,9 +1,6 @@
-"""The rules file of ``hookscope check``: :class:`Rules`, whose fields declare every key (what
-its value must be, where it applies, its flag), and :func:`load_rules`, which reads them from a
-TOML file and/or flags.
-
-Anything wrong with the rules themselves is a :class:`~hookscope.core.errors.HookscopeError`
-naming the file and line. Torch-free.
+"""``hookscope check``'s rules: :class:`Rules`, whose fields declare every key (its value, where
+it applies, its flag), read by :func:`load_rules` from a TOML file and/or flags. Anything wrong
+with them is a HookscopeError naming the file and line. Torch-free.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ __all__ = ["KEYS", "Expect", "Key", "Rules", "describe", "key_names", "load_rule
 
 @dataclass(frozen=True)
 class Key:
-    """A key of the rules file: what its value must be and the check that converts it, where it
-    applies (``run``: a model run only, ``log``: a training log only, else both) and, when
-    ``hookscope check`` takes it as a flag too, the flag's value type, help and metavar."""
+    """A key: what its value must be and its converter (ValueError: not that), where it applies
+    (``run``, ``log`` or ``both``) and its flag's value type, help and metavar."""
 
     kind: str
     convert: Callable[[Any], Any]
@@ -45,13 +41,11 @@ class Key:
 
 def _key(default: Any, kind: str, convert: Callable[[Any], Any], scope: str = "both",
          **flag: Any) -> Any:
-    """A :class:`Rules` field that is a key of the file (``flag``: :class:`Key`'s)."""
     return field(default=default, metadata={"key": Key(kind, convert, scope, **flag)})
 
 
 def _check(ok: Callable[[Any], bool], cast: Callable[[Any], Any] = lambda v: v
            ) -> Callable[[Any], Any]:
-    """A key's converter: ``cast(value)`` for a value that is ``ok``, else ValueError."""
     def convert(value: Any) -> Any:
         if not ok(value):
             raise ValueError
@@ -76,9 +70,8 @@ _table = _check(lambda v: isinstance(v, dict))
 
 @dataclass(frozen=True)
 class Expect:
-    """One ``expect`` entry as written: an input's name (a path, a basename, ``x.pt[3]``), its
-    expected top-1 class (a label, matched case-insensitively, or an index) and where it was
-    written, for error messages."""
+    """One ``expect`` entry as written: an input (a path, a basename, ``x.pt[3]``), its top-1
+    class (a label, in any case, or an index) and where it was written."""
 
     input: str
     want: str | int
@@ -91,10 +84,8 @@ _ANY = "a non-negative number"
 
 @dataclass(frozen=True)
 class Rules:
-    """The assertions of one check: each field declared with :func:`_key` is a key of the file,
-    in the order the rules run. ``nonfinite`` is always on, the others only when given. An
-    ``ignore`` glob also covers the modules under what it matches; ``where`` says for each key
-    given where (file and line, or flag) it was set.
+    """One check's assertions: each :func:`_key` field is a key, in the order the rules run
+    (``nonfinite`` always, the others when given); ``where`` says where each given key was set.
     """
 
     nonfinite: int = _key(
@@ -153,8 +144,7 @@ class Rules:
         return self.where.get(key, param(key))
 
     def only(self, scope: str) -> Rules:
-        """These rules, when a model run (``run``) or a training log (``log``) can check every
-        key given; else a HookscopeError naming the first it cannot."""
+        """These rules, if a ``run`` or a ``log`` can check every key given (else an error)."""
         for name, key in KEYS.items():
             if name in self.where and key.scope not in (scope, "both"):
                 raise HookscopeError(f"{self.subject(name)} {_ELSEWHERE[key.scope]}")
@@ -166,8 +156,7 @@ KEYS: dict[str, Key] = {f.name: f.metadata["key"] for f in fields(Rules) if "key
 
 
 def key_names(scope: str) -> str:
-    """The keys a model run (``run``) or a training log (``log``) can check, as help lists
-    them: ``nonfinite, ..., min_prob, [expect]`` (tables last)."""
+    """The keys a ``run`` or a ``log`` can check, as help lists them (tables last)."""
     names = [name for name, key in KEYS.items() if key.scope in (scope, "both")]
     tables = [f"[{name}]" for name in names if KEYS[name].convert is _table]
     return ", ".join([name for name in names if KEYS[name].convert is not _table] + tables)
@@ -222,8 +211,7 @@ _DEFINES = re.compile(rf"\s*(\[+\s*)?({_PART}(?:\s*\.\s*{_PART})*)\s*[\]=]")
 
 
 def _at(file: str, text: str, *path: str) -> str:
-    """``rules.toml:7:`` for the first line defining ``path`` (or its table, or its start:
-    a multi-line value names its first line), else ``rules.toml:``."""
+    """``rules.toml:7:`` for the first line defining ``path`` (or its table), else ``rules.toml:``."""
     lines: dict[tuple[str, ...], int] = {}
     table: tuple[str, ...] = ()
     for number, line in enumerate(text.splitlines(), 1):
@@ -282,7 +270,7 @@ def _file_expect(value: Any, subject: str, file: str, text: str) -> tuple[Expect
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """The rules in a TOML file, checked, and where each was set."""
+    """A TOML file's rules, checked, and where each was set."""
     text = _read_text(path)
     file = str(path)
     values: dict[str, Any] = {}
@@ -315,20 +303,15 @@ def _flag_expect(values: Iterable[str]) -> tuple[Expect, ...]:
 
 def load_rules(path: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
                scope: str | None = None) -> Rules:
-    """Read the rules from a TOML file (the keys of :data:`KEYS` at its top level) and/or
-    ``overrides`` (by key, None: not given; ``expect`` as ``INPUT=LABEL`` strings), which replace
-    the file's values; with a ``scope`` (see :meth:`Rules.only`), a key it cannot check is
-    refused first. Any error is a HookscopeError; a file's names its line.
+    """The rules of a TOML file (:data:`KEYS` at its top level), replaced by ``overrides`` (by
+    key, None: not given; ``expect`` as ``INPUT=LABEL``); a key ``scope`` cannot check is refused.
     """
     values, where = _read_file(Path(path)) if path is not None else ({}, {})
     for key, value in (overrides or {}).items():
         if value is None:
             continue
         where[key] = param(key)
-        if key == "expect":
-            values[key] = _flag_expect(value)
-        else:
-            values[key] = _convert(key, value, where[key])
+        values[key] = _flag_expect(value) if key == "expect" else _convert(key, value, where[key])
     rules = Rules(**values, source=str(path) if path is not None else None, where=where)
     if scope is not None:
         rules.only(scope)

@@ -1,7 +1,5 @@
-"""Training frameworks' callbacks around ``hookscope.watch``, one thin adapter per framework
-(:mod:`~hookscope.integrations.lightning`, :mod:`~hookscope.integrations.transformers`); both
-take the options of :func:`hookscope.watch` as named parameters and write the same log, one
-step per optimiser step.
+"""Training frameworks' callbacks around ``hookscope.watch`` (:mod:`.lightning`,
+:mod:`.transformers`): both take its options and write the same log, a step per optimiser step.
 """
 
 from __future__ import annotations
@@ -19,10 +17,9 @@ __all__ = ["Watching"]
 
 
 class Watching:
-    """What both callbacks do (a mixin before the framework's callback class): open a watch
-    with the options given (``log_dir`` and the keyword options of :func:`hookscope.watch`,
-    less the model and the scaler, which the framework holds) when training starts, end a
-    step after each optimiser step, and close the watch when training ends or fails."""
+    """Both callbacks' mixin: open a watch with :func:`hookscope.watch`'s options (less the
+    model and the scaler, which the framework holds) when training starts, end a step after
+    each optimiser step, and close the watch when training ends or fails."""
 
     def __init__(self, *args: Any, **options: Any) -> None:
         super().__init__()
@@ -42,15 +39,14 @@ class Watching:
             self.watch.step(loss)
 
     def end_watch(self, error: BaseException | None = None) -> None:
-        """Close the watch: every hook removed (after ``error`` too)."""
         current, self.watch = self.watch, None
         if current is not None:
             current.__exit__(None if error is None else type(error), error, None)
 
 
 def _options() -> inspect.Signature:
-    """``Watch``'s signature less ``model`` and ``scaler``, its annotations evaluated: the
-    callbacks' real signature, which ``LightningCLI`` (jsonargparse) reads for a YAML config."""
+    """``Watch``'s signature less ``model`` and ``scaler``, annotations evaluated, as
+    ``LightningCLI`` (jsonargparse) reads it for a YAML config."""
     hints = typing.get_type_hints(Watch.__init__)
     signature = inspect.signature(Watch.__init__)
     return signature.replace(parameters=[p.replace(annotation=hints.get(p.name, p.annotation))

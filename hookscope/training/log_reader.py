@@ -1,9 +1,5 @@
-"""A training log as ``hookscope.watch`` writes it (docs/watch.md), read back without torch.
-
-:func:`read_log` turns a log directory's ``watch.jsonl`` and ``nonfinite.json`` into a
-:class:`TrainingLog`, which ``hookscope check`` and ``hookscope report`` read where they would
-otherwise run a model.
-"""
+"""A training log as ``hookscope.watch`` writes it (docs/watch.md), read back without torch:
+:func:`read_log` gives ``check`` and ``report`` a log directory's :class:`TrainingLog`."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ EVENT_FILE = "nonfinite.json"
 STEP_KEYS = ("step", "time", "layers", "params")
 
 # The documented fields' JSON types (docs/watch.md), checked where present; any may be null
-# (a number that was not finite, no gradient, no reference) except a step's "step" and a
-# row's "name", checked first. Fields not listed are added over time, and are not checked.
+# except a step's "step" and a row's "name", checked first. Fields added later are not checked.
 NUMBER, INTEGER, STRING, LIST, OBJECT, STRINGS = ("a number", "an integer", "a string",
                                                  "a list", "an object", "a list of strings")
 ENVELOPE = {"hookscope": STRING, "command": STRING, "model": STRING, "device": STRING,
@@ -57,17 +52,14 @@ MAX_DEPTH = 32
 
 
 def _loads(data: str | bytes) -> Any:
-    """``json.loads``; RecursionError, as the parser's own, for a value nested deeper than
-    :data:`MAX_DEPTH` (counted without recursion)."""
+    """``json.loads``; RecursionError, as the parser's own, past :data:`MAX_DEPTH` levels."""
     value = json.loads(data)
-    todo = [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
-        if isinstance(item, (list, dict)):
-            if depth > MAX_DEPTH:
-                raise RecursionError
-            todo += [(child, depth + 1) for child in
-                     (item.values() if isinstance(item, dict) else item)]
+    level = [value]
+    for _ in range(MAX_DEPTH):
+        level = [child for item in level if isinstance(item, (list, dict))
+                 for child in (item.values() if isinstance(item, dict) else item)]
+    if any(isinstance(item, (list, dict)) for item in level):
+        raise RecursionError
     return value
 
 
@@ -94,8 +86,8 @@ def _bad_field(obj: Mapping[str, Any], schema: Mapping[str, str], where: str = "
 
 
 def is_log(path: str | Path) -> bool:
-    """Whether ``path`` is a training log: a directory holding :data:`LOG_FILE` (of any kind:
-    reading it says what is wrong with one that is not a regular file)."""
+    """Whether ``path`` is a directory holding :data:`LOG_FILE` (of any kind: reading it
+    says what is wrong with one that is not a regular file)."""
     try:
         return Path(path).is_dir() and os.path.lexists(Path(path) / LOG_FILE)
     except (OSError, ValueError):
@@ -103,8 +95,7 @@ def is_log(path: str | Path) -> bool:
 
 
 def _read(file: Path, shown: str) -> bytes | None:
-    """The bytes of the regular file ``file`` (None: there is none); ``shown`` names it in
-    the error of one that cannot be read or is not a regular file (a FIFO would never end)."""
+    """The bytes of the regular file ``file`` (None: there is none; a FIFO would never end)."""
     try:
         if not stat.S_ISREG(file.stat().st_mode):
             raise HookscopeError(f"{shown} is not a regular file.")
@@ -119,8 +110,8 @@ def _read(file: Path, shown: str) -> bytes | None:
 
 @dataclass(frozen=True)
 class TrainingLog:
-    """The logging steps of one watched run, in step order, the first line's envelope, and
-    the event of ``nonfinite.json`` (None when the watch did not stop on a non-finite value)."""
+    """One watched run's logging steps, in step order, the first line's envelope, and
+    ``nonfinite.json``'s event (None: there was none)."""
 
     path: str
     envelope: Mapping[str, Any]
@@ -135,20 +126,19 @@ class TrainingLog:
         return any(isinstance(p, str) and fnmatch.fnmatchcase(name, p) for p in patterns)
 
     def span(self, step: int) -> int:
-        """The steps from the logging step before ``step`` to it (what an update ratio spans)."""
-        before = [int(s["step"]) for s in self.steps if int(s["step"]) < step]
+        """The steps an update ratio logged at ``step`` spans (from the logging step before)."""
+        before = [s["step"] for s in self.steps if s["step"] < step]
         return step - before[-1] if before else 1
 
     def nonfinite_steps(self) -> list[int]:
         """The logging steps with a non-finite value in a row (``allow_inf`` modules left out)."""
-        return [int(s["step"]) for s in self.steps if any(
-            (r.get("nonfinite") or r.get("grad_nonfinite")) and not self.allowed(str(r["name"]))
+        return [s["step"] for s in self.steps if any(
+            (r.get("nonfinite") or r.get("grad_nonfinite")) and not self.allowed(r["name"])
             for r in s.get("layers") or ())]
 
     def outcome(self) -> str | None:
-        """What the watch did on its non-finite event (None: there was none): ``stopped on a
-        non-finite value at step 4``, or with ``nonfinite="warn"`` ``warned about non-finite
-        values at steps 4, 10; training continued to step 20``."""
+        """What the watch did on its non-finite event: ``stopped on a non-finite value at step
+        4``, or ``warned about non-finite values at steps 4, 10; training continued to step 20``."""
         if self.event is None:
             return None
         first = self.event.get("step")
@@ -160,39 +150,31 @@ class TrainingLog:
         return f"warned about non-finite values at step{'s' * (len(steps) > 1)} " \
             f"{listed(steps)}; training continued{went}"
 
-    def last(self, n: int | None) -> list[Mapping[str, Any]]:
-        """The last ``n`` logging steps (all of them when ``n`` is None)."""
-        return list(self.steps) if n is None else list(self.steps[-n:]) if n else []
-
     def layer_keys(self) -> list[tuple[str, int]]:
         """Every (name, call) logged, in the order first seen (execution order)."""
         return list(self.series("layers", "name")[1])
 
     def series(self, kind: str, key: str) -> tuple[list[int], dict[Any, list[float | None]]]:
-        """One value per logging step for each layer call (``kind="layers"``, keyed by
-        (name, call)) or parameter (``kind="params"``, keyed by name), in the order first
-        seen: the steps, and each row's values (None where the step lacks it or it is not
-        finite)."""
-        steps = [int(s.get("step") or 0) for s in self.steps]
+        """The steps, and ``key``'s value at each (None: missing or not finite) for each layer
+        call (``kind="layers"``, by (name, call)) or parameter (by name), as first seen."""
+        steps = [s["step"] for s in self.steps]
         values: dict[Any, list[float | None]] = {}
         for i, step in enumerate(self.steps):
             for row in step.get(kind) or ():
-                k = call_key(row) if kind == "layers" else str(row.get("name"))
+                k = call_key(row) if kind == "layers" else row["name"]
                 values.setdefault(k, [None] * len(steps))[i] = finite(row.get(key))
         return steps, values
 
     def flagged(self) -> list[dict[str, Any]]:
-        """Each layer call flagged on any logging step (its row's ``flags``: ``drift``,
-        ``dead``, ``vanish``, ``explode``, ``nonfinite``): its name, its row in the last
-        step's layers (None if absent), the steps it was flagged at, and the last flagged
-        step's flags and drift in words."""
+        """Each layer call flagged at any logging step: its name, its row in the last step's
+        layers (None if absent), the steps flagged, and the last one's flags in words."""
         last = self.steps[-1].get("layers") or [] if self.steps else []
         rows = {call_key(r): i for i, r in enumerate(last)}
         found: dict[tuple[str, int], dict[str, Any]] = {}
         for step in self.steps:
             for row in step.get("layers") or ():
-                flags = [f for f in row.get("flags") or () if isinstance(f, str) and not (
-                    f == "nonfinite" and self.allowed(str(row["name"])))]
+                flags = [f for f in row.get("flags") or ()
+                         if not (f == "nonfinite" and self.allowed(row["name"]))]
                 if not flags:
                     continue
                 key = call_key(row)
@@ -225,7 +207,7 @@ def listed(items: Sequence[Any], most: int = 8) -> str:
 
 
 def call_key(row: Mapping[str, Any]) -> tuple[str, int]:
-    """A layer row's (name, call)."""
+    """A layer row's (name, call), of the flight recorder's unchecked rows too."""
     return str(row.get("name")), int(row.get("call") or 0)
 
 
@@ -304,12 +286,8 @@ def _read_event(file: Path) -> tuple[dict[str, Any] | None, list[Mapping[str, An
 
 
 def read_log(path: str | Path) -> TrainingLog:
-    """Read the training log in the directory ``path``.
-
-    Raises:
-        HookscopeError: no ``watch.jsonl``, a line that is not a logging step (named by file
-            and line), or an unreadable ``nonfinite.json``.
-    """
+    """Read the training log in the directory ``path``; a missing ``watch.jsonl``, a line that
+    is not a logging step (named by file and line) or a bad ``nonfinite.json`` is an error."""
     folder = Path(path)
     if not is_log(folder):
         raise HookscopeError(f"{str(path)!r} is not a training log: a directory holding "

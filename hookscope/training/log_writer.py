@@ -22,20 +22,18 @@ __all__ = ["WatchLog", "check_log_dir", "publish"]
 
 def check_log_dir(log_dir: Path, *, force: bool = False) -> None:
     """Refuse, before any work, a ``log_dir`` that is a file, or holds a watch log (without
-    ``force``) or a directory in its place: a :class:`HookscopeError` naming it."""
+    ``force``) or a directory in its place."""
     path = log_dir / LOG_FILE
+    shown = f"{param('log_dir')} {str(log_dir)!r}"
     try:
         if log_dir.exists() and not log_dir.is_dir():
-            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} is a file, not a "
-                                 "directory.")
+            raise HookscopeError(f"{shown} is a file, not a directory.")
         if path.is_dir():
-            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} holds a directory "
-                                 f"named {LOG_FILE}; move it away, or choose another "
-                                 "directory.")
+            raise HookscopeError(f"{shown} holds a directory named {LOG_FILE}; move it away, or "
+                                 "choose another directory.")
         if os.path.lexists(path) and not force:
-            raise HookscopeError(f"{param('log_dir')} {str(log_dir)!r} already holds a watch "
-                                 f"log ({LOG_FILE}); choose another directory, or pass "
-                                 f"{param('force')} to replace it.")
+            raise HookscopeError(f"{shown} already holds a watch log ({LOG_FILE}); choose another "
+                                 f"directory, or pass {param('force')} to replace it.")
     except OSError as exc:
         raise _unwritable(log_dir, exc) from None
 
@@ -47,12 +45,7 @@ def _unwritable(log_dir: Path, exc: OSError) -> HookscopeError:
 
 class WatchLog:
     """Appends a watch's lines to ``log_dir/watch.jsonl`` and, with ``tensorboard``, writes
-    TensorBoard scalars (per layer and parameter) and parameter histograms.
-
-    Raises:
-        HookscopeError: the directory cannot be made, or already holds a watch log and
-            ``force`` is not set; ``tensorboard`` without the tensorboard package.
-    """
+    TensorBoard scalars (per layer and parameter) and parameter histograms."""
 
     def __init__(self, log_dir: str | Path, *, force: bool = False,
                  tensorboard: bool = False) -> None:
@@ -89,18 +82,17 @@ class WatchLog:
 
     def _board(self, line: Mapping[str, Any], weights: Sequence[tuple[str, Any]]) -> None:
         step = int(line["step"])
-        add = self.board.add_scalar
-        if line.get("loss") is not None:
-            add("loss", line["loss"], step)
+        scalars = {"loss": line.get("loss")}
         for row in line["layers"]:
             name = row["name"] + (f"#{row['call']}" if row["call"] else "")
-            for key in ("mean", "std", "zero_fraction", "grad_norm", "drift"):
-                if isinstance(row.get(key), (int, float)):
-                    add(f"layers/{name}/{key}", row[key], step)
+            scalars |= {f"layers/{name}/{key}": row.get(key)
+                        for key in ("mean", "std", "zero_fraction", "grad_norm", "drift")}
         for row in line["params"]:
-            for key in ("norm", "grad_norm", "update_ratio"):
-                if isinstance(row.get(key), (int, float)):
-                    add(f"params/{row['name']}/{key}", row[key], step)
+            scalars |= {f"params/{row['name']}/{key}": row.get(key)
+                        for key in ("norm", "grad_norm", "update_ratio")}
+        for tag, value in scalars.items():
+            if isinstance(value, (int, float)):
+                self.board.add_scalar(tag, value, step)
         for name, weight in weights:
             self.board.add_histogram(f"params/{name}", weight.detach().float().cpu(), step)
         self.board.flush()
@@ -118,11 +110,9 @@ class WatchLog:
 
 
 def publish(staged: Path, log_dir: Path, *, force: bool = False) -> None:
-    """Move the finished log in ``staged`` into ``log_dir``, as core.files' :class:`Staging`
-    writes a folder: both files staged beside their targets and renamed together, so an
-    interruption leaves ``log_dir`` as it was (an earlier log whole) and a folder it made is
-    removed. ``hookscope watch`` trains into ``staged``; a training script's own
-    ``hookscope.watch`` writes in place, so a crash keeps the steps it logged."""
+    """Move ``hookscope watch``'s finished log from ``staged`` into ``log_dir`` as one
+    :class:`Staging` (an interruption leaves ``log_dir`` as it was). A training script's
+    ``hookscope.watch`` writes in place instead, so a crash keeps the steps it logged."""
     files = [name for name in (LOG_FILE, EVENT_FILE) if (staged / name).is_file()]
     with Staging(log_dir, force=force) as folder:
         for name in files:

@@ -1,8 +1,6 @@
-"""Smoke training: does the model train at all?
-
-:func:`train` runs SGD steps of cross-entropy on a deep copy of the model (the loaded model
-is never changed), as a probe of :func:`hookscope.core.run.drive` in train mode, inside
-``hookscope.watch``. With ``overfit`` the first batch is repeated, and the loss must fall.
+"""Smoke training, does the model train at all: :func:`train` runs SGD steps of cross-entropy
+on a copy of the model (the loaded one is never changed) under ``hookscope.watch``. With
+``overfit`` the first batch is repeated, and the loss must fall.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ __all__ = ["SmokeOptions", "SmokeReport", "smoke_labels", "train"]
 
 @dataclass(frozen=True)
 class SmokeOptions:
-    """How to train: steps, SGD's learning rate and momentum, one batch or all, and the
-    watch's logging interval, log directory and module selection."""
+    """SGD's steps, learning rate and momentum, one batch or all, and the watch's options."""
 
     steps: int = 50
     lr: float = 0.01
@@ -53,9 +50,8 @@ class SmokeOptions:
 
 @dataclass(frozen=True)
 class SmokeReport:
-    """What happened: the loss of each step run, the steps asked for, the watch's
-    non-finite event, its log read back (None: no logging step), and where the log was kept
-    (None: a temporary directory, removed)."""
+    """Each step's loss, the steps asked for, the watch's non-finite event, its log read back
+    (None: no logging step) and where it was kept (None: a temporary directory, removed)."""
 
     losses: list[float]
     steps: int
@@ -63,11 +59,6 @@ class SmokeReport:
     nonfinite: dict[str, Any] | None = None
     log: TrainingLog | None = None
     log_dir: str | None = None
-
-    @property
-    def flagged(self) -> list[dict[str, Any]]:
-        """The layers the watch flagged (see :meth:`TrainingLog.flagged`)."""
-        return self.log.flagged() if self.log is not None else []
 
     @property
     def failure(self) -> str | None:
@@ -87,19 +78,15 @@ class SmokeReport:
         return {"steps": self.steps, "steps_run": len(self.losses), "overfit": self.overfit,
                 "loss_first": first, "loss_last": last,
                 "loss": [{"step": i, "loss": v} for i, v in enumerate(self.losses)],
-                "flagged": self.flagged, "nonfinite": self.nonfinite, "log_dir": self.log_dir,
+                "flagged": self.log.flagged() if self.log is not None else [],
+                "nonfinite": self.nonfinite, "log_dir": self.log_dir,
                 "passed": self.failure is None, "failure": self.failure}
 
 
 def smoke_labels(label: str | None, folders: Sequence[str] | None,
                  categories: Sequence[str] | None) -> Targets:
-    """The true classes: ``label`` as given, else each input's ImageFolder class folder (a
-    class label or index of the model; for a model without labels, the folders in sorted
-    order, as torchvision's ImageFolder numbers them).
-
-    Raises:
-        HookscopeError: no label and no class folders, or a folder the model has no class for.
-    """
+    """The true classes: ``label``, else each input's ImageFolder class folder (a label or index
+    of the model; without labels, the folders in sorted order, as torchvision numbers them)."""
     found = true_classes(label, folders, categories, by_order=True)
     if found is None:
         raise HookscopeError(f"training needs a true class per input: give {param('label')}, "
@@ -121,11 +108,8 @@ def _epochs(make: Callable[[], Iterable[Any]]) -> Iterator[Any]:
 
 def _batches(make: Callable[[], Iterable[Any]], steps: int, overfit: bool) -> Iterator[Any]:
     """``steps`` batches: the inputs' batches over and over, or the first one repeated."""
-    if overfit:
-        for first in itertools.islice(make(), 1):
-            yield from itertools.repeat(first, steps)
-    else:
-        yield from itertools.islice(_epochs(make), steps)
+    batches = itertools.cycle(itertools.islice(make(), 1)) if overfit else _epochs(make)
+    return itertools.islice(batches, steps)
 
 
 class TrainProbe(Probe[list[float]]):
@@ -164,13 +148,8 @@ class _LossNotFinite(Exception):
 
 def train(loaded: LoadedModel, batches: Callable[[], Iterable[Any]], labels: Targets,
           options: SmokeOptions, *, progress: Progress | None = None) -> SmokeReport:
-    """Train a copy of ``loaded.model`` for ``options.steps`` SGD steps under the watch;
-    ``batches`` makes the inputs' batches (called again for each pass over them), ``labels``
-    are the inputs' true classes.
-
-    Raises:
-        ForwardError: the model's code raised.
-    """
+    """Train a copy of ``loaded.model`` under the watch; ``batches`` makes the inputs' batches
+    (again for each pass over them), ``labels`` are their true classes."""
     model = copy.deepcopy(loaded.model)
     with tempfile.TemporaryDirectory(prefix="hookscope-watch-") as scratch:
         nonfinite = None
