@@ -99,7 +99,7 @@ class LayerInfo:
         object.__setattr__(self, "macs_own", _macs(self.flops_own))
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON row (the subtree's trainable count is in the totals only)."""
+        # The subtree's trainable count is in the totals only.
         return {k: v for k, v in asdict(self).items() if k != "trainable_params"}
 
 
@@ -132,7 +132,6 @@ class Structure:
     buffers_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document without its envelope."""
         counted = None if not self.forward else not self.uncounted_ops
         totals = {"params": self.params, "trainable_params": self.trainable_params, "modules": self.modules,
                   "flops": self.flops, "macs": _macs(self.flops), "params_bytes": self.params_bytes,
@@ -172,7 +171,7 @@ def _owned(model: nn.Module, buffers: bool = False) -> Owned:
 
 
 def _numel(params: Iterable[torch.Tensor]) -> int | None:
-    """Elements in ``params``; None when one is a lazy parameter not yet initialised."""
+    """None while a parameter is lazy (not yet initialised)."""
     params = list(params)
     return None if any(is_lazy(p) for p in params) else sum(p.numel() for p in params)
 
@@ -186,18 +185,18 @@ def _dtype_bytes(params: Iterable[torch.Tensor]) -> dict[str, int]:
 
 
 class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
-    """Record each call's input and output shapes, output bytes and, with ``flops``, FLOPs, on
-    every module and the model itself; ``flops_own`` holds per module what its calls ran
-    outside any submodule call, ``uncounted`` per operation without a formula the modules
-    that ran it (the innermost hooked module; ``""``: the model's own code)."""
+    """Record each call's input and output shapes, output bytes and FLOPs, on every module
+    and the model itself; ``flops_own`` holds per module what its calls ran outside any
+    submodule call, ``uncounted`` per operation without a formula the modules that ran it
+    (the innermost hooked module; ``""``: the model's own code)."""
 
-    def __init__(self, model: nn.Module, *, flops: bool = True) -> None:
+    def __init__(self, model: nn.Module) -> None:
         self.sites = hooked_sites(model)
         self.calls: dict[str, list[LayerCall]] = {}
         self.flops_own: dict[str, int] = {}
         self.own_uncounted: set[str] = set()
         self.uncounted: dict[str, set[str]] = {}
-        self.flops: int | None = 0 if flops else None
+        self.flops = 0
         self._inputs: dict[tuple[str, int], list[list[int]]] = {}
         self._total = lambda: 0
         self._extra = [0]  # what formulas add to the counter's total, in this pass
@@ -209,10 +208,6 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
         self._names: list[str] = []
 
     def step(self, step: Step) -> None:
-        """One forward pass, under a FLOP counter when FLOPs are counted."""
-        if self.flops is None:
-            step.forward()
-            return
         self._open.clear()
         self._names.clear()
         self._ops.clear()
@@ -232,14 +227,13 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._inputs[call.key] = tensor_shapes((args, kwargs))
-        if self.flops is not None:
-            self._open.append([self._total(), 0, len(self._ops)])
-            self._names.append(call.name)
+        self._open.append([self._total(), 0, len(self._ops)])
+        self._names.append(call.name)
 
     def _call_flops(self, call: Call, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> tuple[int | None, list[str]]:
         """The call's FLOPs (None: not counted) and the uncounted operations it ran."""
-        if self.flops is None or not self._open:
+        if not self._open:
             return None, []
         start, nested, first = self._open.pop()
         self._names.pop()
@@ -270,7 +264,6 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
 
 
 def _leaf_bytes(model: nn.Module, calls: dict[str, list[LayerCall]]) -> int:
-    """Output bytes of every call of every leaf module (one without children)."""
     leaves = [name for name, m in model.named_modules() if next(m.children(), None) is None]
     return sum(c.output_bytes for name in leaves for c in calls.get(name, []))
 
@@ -291,7 +284,7 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
     lazy ones; without ``example`` an uninitialised one makes the counts that hold it None."""
     at_least_one("max_depth", max_depth)
     ran = example is not None
-    probe = ShapesProbe(model, flops=ran)
+    probe = ShapesProbe(model)
     calls = drive(model, example, probe, autocast=autocast, train_mode=train_mode) if ran else {}
     shapes = tensor_shapes(example) if ran else []
     owned, buffers = _owned(model), _owned(model, buffers=True)
@@ -318,7 +311,7 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
         params=top.params_total, trainable_params=top.trainable_params, modules=len(rest),
         # Per sample, without the batch dimension, as in the `stats` document.
         input_shape=shapes[0][1:] if shapes else None,
-        flops=None if probe.uncounted else probe.flops,
+        flops=probe.flops if ran and not probe.uncounted else None,
         params_bytes=top.params_bytes_total, activation_bytes=_leaf_bytes(model, calls) if ran else None,
         input_bytes=nbytes(example) if ran else None, forward=ran, train_mode=train_mode and ran,
         uncounted_ops={op: sorted(names) for op, names in sorted(probe.uncounted.items())},
