@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -97,14 +97,9 @@ class Moments:
         return math.sqrt(max(self.m2, 0.0) / (self.n - 1))
 
     def summary(self) -> dict[str, float | int]:
-        return {
-            "mean": self.mean,
-            "std": self.std,
-            "min": self.min,
-            "max": self.max,
-            "zero_fraction": self.zeros / self.numel if self.numel else NAN,
-            "nonfinite": self.nonfinite,
-        }
+        zero_fraction = self.zeros / self.numel if self.numel else NAN
+        return {"mean": self.mean, "std": self.std, "min": self.min, "max": self.max,
+                "zero_fraction": zero_fraction, "nonfinite": self.nonfinite}
 
 
 def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -293,9 +288,6 @@ class ChannelMoments:
     @property
     def channels(self) -> int:
         return int(self.count.numel())
-
-    def to(self, device: torch.device | str) -> ChannelMoments:
-        return ChannelMoments(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
     def merge(self, other: ChannelMoments) -> ChannelMoments:
         """The exact parallel combination, for every channel at once."""

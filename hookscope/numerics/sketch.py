@@ -207,10 +207,6 @@ class Sketch:
         """Buckets per sign in the store."""
         return max(self.top - self.low + 1, 0)
 
-    def to(self, device: torch.device | str) -> Sketch:
-        return replace(self, counts=self.counts.to(device), min=self.min.to(device),
-                       max=self.max.to(device))
-
     def _side(self, part: torch.Tensor, low: int, width: int) -> torch.Tensor:
         """One sign's counts (ascending from ``self.low``) on the store from ``low`` up to
         ``width`` buckets: moved whole, with buckets below ``low`` collapsed into it."""

@@ -9,6 +9,7 @@ which merge exactly across batches and ranks too.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -60,11 +61,6 @@ class Extras(Merges):
         view = ChannelView.of(tensor, None)
         lo, hi, nonfinite = finite_range(view)
         return replace(spec, sketch=Sketch.of(view, lo, hi, nonfinite=nonfinite))
-
-    def to(self, device: torch.device | str) -> Extras:
-        names = ("channels", "sketch", "channel_sketch")
-        return replace(self, **{name: value.to(device) for name in names
-                                if (value := getattr(self, name)) is not None})
 
     def fields(self) -> dict[str, Any]:
         """The JSON row's ``channel_dim`` and ``channels`` (with ``per_channel``) and
@@ -163,6 +159,15 @@ class StatsReport(Merges):
                             for preds in self.predictions],
             "layers": [layer.to_dict() for layer in self.layers],
         }
+
+
+def _on_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in it on the CPU, those of nested dataclasses too."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return obj
+    return replace(obj, **{f.name: _on_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
 
 
 def top_predictions(
@@ -267,7 +272,7 @@ class StatsProbe(Probe[StatsReport]):
             site, in_shapes, out_shapes = self.meta[key]
             extras = self.extras.get(key)
             if self.spec.per_channel or self.spec.percentiles:
-                extras = extras.to("cpu") if extras is not None else self.spec
+                extras = _on_cpu(extras) if extras is not None else self.spec
             rows.append(LayerStats(site.name, site.type, key[1], in_shapes, out_shapes,
                                    self.table.get((*key, "out")) or Moments(),
                                    self.table.get((*key, "in")), extras))
