@@ -42,5 +42,5 @@ control
 _.mod_tracker  # FlopCounterMode reads the stub tracker structure.py puts in its place
 _.get_usage_pieces  # click's usage line calls it on the parameter classes (options.py)
 _.__doc__  # checks/log.py names each generated check rule (read by help())
-vec_shape  # FlopCounterMode passes every operand shape to a formula (probes/flops.py)
+vec_shape  # FlopCounterMode passes every operand shape to a formula (probes/structure.py)
 bias_shape

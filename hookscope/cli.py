@@ -320,14 +320,15 @@ def grads(
 
     Example: hookscope grads resnet18 cat.jpg --loss ce --label tabby --format json
     """
-    from hookscope.probes.grads import GradsProbe, nonfinite_failure, true_classes
+    from hookscope.core.classes import true_classes
+    from hookscope.probes.grads import GradsProbe, nonfinite_failure
     from hookscope.render.views import emit_plot
 
     plot_out = s.plot_output(plot)
     resolved = s.inputs(inputs)
     loaded = s.load("grads")
     folders = resolved.labels if loss == "ce" and label is None else None  # --data reads items
-    truth = true_classes(label, loss, folders, loaded.categories)
+    truth = label if folders is None else true_classes(None, folders, loaded.categories)
     probe = GradsProbe(loaded.model, target=target, loss=loss, label=truth, select=select,
                        vanish=vanish, explode=explode, categories=loaded.categories,
                        n_inputs=len(resolved), output_key=loaded.output_key)

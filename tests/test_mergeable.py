@@ -14,8 +14,7 @@ from hookscope.numerics.diffsums import DiffSums
 from hookscope.numerics.moments import ChannelMoments, ChannelView, Moments, moments
 from hookscope.numerics.sketch import Sketch, finite_range
 from hookscope.probes.diff import LayerDiff
-from hookscope.probes.extras import Extras
-from hookscope.probes.stats import StatsReport, collect_stats
+from hookscope.probes.stats import Extras, StatsReport, collect_stats
 
 
 def snapshot(value: Any) -> Any:

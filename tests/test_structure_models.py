@@ -14,8 +14,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from hookscope.core.hooks import hook_count
-from hookscope.probes.flops import recurrent_macs
-from hookscope.probes.structure import model_structure
+from hookscope.probes.structure import model_structure, recurrent_macs
 from tests import structure_models as sm
 
 MODELS = Path(__file__).resolve().parent / "structure_models.py"

@@ -8,7 +8,7 @@ has no branches and a batch's sums reach the host in one transfer.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,9 +16,8 @@ import torch
 
 from hookscope.core.mergeable import Merges, state
 from hookscope.numerics.moments import scratch
-from hookscope.numerics.table import Table
 
-__all__ = ["DiffSums", "DiffTable"]
+__all__ = ["DiffSums", "compare", "count_nonfinite"]
 
 
 #: Elements per comparison chunk: three float32 chunks (A's, B's, their difference) stay in a
@@ -108,22 +107,13 @@ def _compare_device(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                         (~fa).sum().double(), (~fb).sum().double()])
 
 
-class DiffTable(Table[DiffSums]):
-    """Comparison sums per key, merged across batches (deferred on an accelerator)."""
+def compare(a: torch.Tensor, b: torch.Tensor) -> DiffSums | torch.Tensor:
+    """The sums of two flat tensors of one dtype and device; off the CPU, as one device
+    tensor, for a :class:`~hookscope.numerics.table.Table` to read later."""
+    return DiffSums.from_values(_compare_host(a, b)) if a.device.type == "cpu" else _compare_device(a, b)
 
-    def __init__(self) -> None:
-        super().__init__(DiffSums.from_values)
 
-    def add(self, key: Hashable, a: torch.Tensor, b: torch.Tensor) -> None:
-        """Compare two flat tensors of one dtype and device; merge into ``key``'s sums."""
-        on_device = a.device.type != "cpu"
-        self.put(key, _compare_device(a, b) if on_device else
-                 DiffSums.from_values(_compare_host(a, b)))
-
-    def count(self, key: Hashable, a: torch.Tensor, b: torch.Tensor) -> None:
-        """Only count the non-finite values of two outputs that cannot be compared."""
-        self.put(key, DiffSums(nonfinite_a=int((~torch.isfinite(a)).sum()),
-                               nonfinite_b=int((~torch.isfinite(b)).sum())))
-
-    def get(self, key: Hashable) -> DiffSums:
-        return super().get(key) or DiffSums()
+def count_nonfinite(a: torch.Tensor, b: torch.Tensor) -> DiffSums:
+    """Only the non-finite counts of two outputs that cannot be compared."""
+    return DiffSums(nonfinite_a=int((~torch.isfinite(a)).sum()),
+                    nonfinite_b=int((~torch.isfinite(b)).sum()))

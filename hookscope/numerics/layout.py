@@ -94,10 +94,6 @@ class Layout:
             t = t[:, self.prefix:].reshape(t.shape[0], self.h, self.w, t.shape[2])
         return t if self.kind == "nchw" else t.permute(0, 3, 1, 2)
 
-    def describe(self) -> str:
-        extra = f" after {self.prefix} prefix token(s)" if self.prefix else ""
-        return f"{self.kind} {'x'.join(map(str, self.grid))}{extra}"
-
 
 def signal_model(model: nn.Module) -> bool:
     """Whether ``model`` has a 1-d convolution (a class name ending in ``Conv1d`` or

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -25,8 +25,8 @@ import torch
 
 from hookscope.core.errors import HookscopeError, param
 
-__all__ = ["ChannelMoments", "ChannelView", "Moments", "as_float", "chan", "device_values",
-           "host_values", "moments", "moments_matrix", "scratch"]
+__all__ = ["ChannelMoments", "ChannelView", "Moments", "as_float", "chan", "deferred_moments",
+           "device_values", "host_values", "moments", "moments_matrix", "scratch"]
 
 NAN = float("nan")
 #: Rows shorter than this are too short to reduce one by one: columns hold the channels.
@@ -79,7 +79,6 @@ class Moments:
         return cls(int(numel), int(n), mean, m2, mn, mx, int(zeros), int(nonfinite))
 
     def merge(self, other: Moments) -> Moments:
-        """Both sides' moments over their data together (a new object; neither changes)."""
         if not (self.n and other.n):
             kept = self if self.n else other
             mean, m2, mn, mx = kept.mean, kept.m2, kept.min, kept.max
@@ -98,14 +97,9 @@ class Moments:
         return math.sqrt(max(self.m2, 0.0) / (self.n - 1))
 
     def summary(self) -> dict[str, float | int]:
-        return {
-            "mean": self.mean,
-            "std": self.std,
-            "min": self.min,
-            "max": self.max,
-            "zero_fraction": self.zeros / self.numel if self.numel else NAN,
-            "nonfinite": self.nonfinite,
-        }
+        zero_fraction = self.zeros / self.numel if self.numel else NAN
+        return {"mean": self.mean, "std": self.std, "min": self.min, "max": self.max,
+                "zero_fraction": zero_fraction, "nonfinite": self.nonfinite}
 
 
 def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -202,10 +196,17 @@ def _buffer(count: int, dtype: Any) -> np.ndarray:
 
 def moments(x: torch.Tensor) -> Moments:
     """The moments of a whole tensor (read to the host at once, even on an accelerator)."""
+    found = deferred_moments(x)
+    return found if isinstance(found, Moments) else Moments.from_values(found.tolist())
+
+
+def deferred_moments(x: torch.Tensor, *, nonnegative: bool = False) -> Moments | torch.Tensor:
+    """The moments of a whole tensor; off the CPU, :func:`device_values`' tensor, for a
+    :class:`~hookscope.numerics.table.Table` to read later. ``nonnegative``: as :func:`host_values`."""
     flat = as_float(x).reshape(-1)
     if flat.device.type == "cpu":
-        return Moments.from_values(host_values(flat))
-    return Moments.from_values(device_values(flat).tolist())
+        return Moments.from_values(host_values(flat, nonnegative=nonnegative))
+    return device_values(flat)
 
 
 def device_values(flat: torch.Tensor) -> torch.Tensor:
@@ -281,27 +282,15 @@ class ChannelMoments:
     @classmethod
     def of(cls, view: ChannelView) -> ChannelMoments:
         """Exact moments of each channel of ``view``."""
-        return cls._of(moments_matrix(view))
-
-    @classmethod
-    def _of(cls, rows: torch.Tensor) -> ChannelMoments:
-        """From the ``(8, C)`` rows of :func:`moments_matrix`."""
-        count, n, mean, m2, lo, hi, zeros, nonfinite = rows
+        count, n, mean, m2, lo, hi, zeros, nonfinite = moments_matrix(view)
         return cls(count.long(), n.long(), mean, m2, lo, hi, zeros.long(), nonfinite.long())
 
     @property
     def channels(self) -> int:
         return int(self.count.numel())
 
-    def to(self, device: torch.device | str) -> ChannelMoments:
-        return ChannelMoments(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
-
     def merge(self, other: ChannelMoments) -> ChannelMoments:
-        """The exact parallel combination, for every channel at once (a new object).
-
-        Raises:
-            HookscopeError: the two hold different numbers of channels.
-        """
+        """The exact parallel combination, for every channel at once."""
         if other.channels != self.channels:
             raise HookscopeError(
                 f"Per-channel statistics of {self.channels} and {other.channels} channels cannot "

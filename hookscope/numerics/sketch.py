@@ -207,15 +207,6 @@ class Sketch:
         """Buckets per sign in the store."""
         return max(self.top - self.low + 1, 0)
 
-    def to(self, device: torch.device | str) -> Sketch:
-        return replace(self, counts=self.counts.to(device), min=self.min.to(device),
-                       max=self.max.to(device))
-
-    def identical(self, other: Sketch) -> bool:
-        """Every field equal, bit for bit."""
-        return all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-                   for a, b in zip(vars(self).values(), vars(other).values(), strict=True))
-
     def _side(self, part: torch.Tensor, low: int, width: int) -> torch.Tensor:
         """One sign's counts (ascending from ``self.low``) on the store from ``low`` up to
         ``width`` buckets: moved whole, with buckets below ``low`` collapsed into it."""

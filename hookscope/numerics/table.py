@@ -10,9 +10,8 @@ from typing import Generic, TypeVar
 import torch
 
 from hookscope.core.mergeable import Mergeable
-from hookscope.numerics.moments import Moments, as_float, device_values, host_values
 
-__all__ = ["MomentTable", "Table"]
+__all__ = ["Table"]
 
 
 _S = TypeVar("_S", bound=Mergeable)
@@ -45,18 +44,3 @@ class Table(Generic[_S]):
 
     def get(self, key: Hashable) -> _S | None:
         return self._rows.get(key)
-
-
-class MomentTable(Table[Moments]):
-    """Moments per key, of the tensors :meth:`add` is given."""
-
-    def __init__(self, *, on_device: bool) -> None:
-        super().__init__(Moments.from_values)
-        self.on_device = on_device
-
-    def add(self, key: Hashable, tensor: torch.Tensor, *, nonnegative: bool = False) -> None:
-        """Summarise ``tensor`` and merge it into ``key``'s moments (deferred on a device);
-        ``nonnegative``: as :func:`host_values`."""
-        flat = as_float(tensor).reshape(-1)
-        self.put(key, device_values(flat) if self.on_device else
-                 Moments.from_values(host_values(flat, nonnegative=nonnegative)))

@@ -19,7 +19,7 @@ from torch import nn
 from hookscope.cam.passes import channel_per_row
 from hookscope.core.arguments import take
 from hookscope.core.classes import Targets, parse_targets
-from hookscope.core.errors import HookscopeError, param
+from hookscope.core.errors import HookscopeError, at_least_one, param
 from hookscope.core.hooks import Call, model_device
 from hookscope.core.logits import class_logits
 from hookscope.core.mergeable import Merges, state
@@ -197,8 +197,7 @@ class AblateProbe(Probe[AblateReport]):
                  names: Sequence[str] | None = None, sweep: bool = False,
                  sweep_batch: int = 32, n_inputs: int | None = None,
                  output_key: str | None = None) -> None:
-        if sweep_batch < 1:
-            raise HookscopeError(f"{param('sweep_batch')} must be at least 1, not {sweep_batch}.")
+        at_least_one("sweep_batch", sweep_batch)
         self.mode = parse_mode(mode)
         self.targets = target if isinstance(target, Targets) else parse_targets(target, categories)
         self.site = find_site(model, layer)

@@ -23,7 +23,7 @@ from hookscope.core.hooks import Call, first_tensor, tensors
 from hookscope.core.mergeable import Merges, state
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, hooked_sites, selecting
-from hookscope.numerics.moments import moments
+from hookscope.numerics.moments import Moments, moments
 
 __all__ = ["DebugProbe", "DebugReport", "EnterEvent", "ErrorEvent", "Event", "ExitEvent",
            "FirstNonfinite", "NonfiniteEvent", "nonfinite_failure", "run_debug"]
@@ -120,7 +120,7 @@ class ExitEvent(_CallEvent):
 
     def to_dict(self) -> dict[str, Any]:
         row = super().to_dict()
-        stats = row.pop("stats") or dict.fromkeys(("mean", "std", "min", "max", "zero_fraction", "nonfinite"))
+        stats = row.pop("stats") or dict.fromkeys(Moments().summary())  # null statistics
         return row | stats
 
 

@@ -26,8 +26,9 @@ from hookscope.core.logits import select_logits
 from hookscope.core.mergeable import Merges, Row, state
 from hookscope.core.run import Probe, Progress, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, all_sites, selecting
-from hookscope.numerics.diffsums import DiffSums, DiffTable
+from hookscope.numerics.diffsums import DiffSums, compare, count_nonfinite
 from hookscope.numerics.moments import as_float
+from hookscope.numerics.table import Table
 from hookscope.probes.statsdiff import DEFAULT_TOLERANCE, CallRef, Comparison, Key
 
 __all__ = ["DEFAULT_TOLERANCE", "CallRef", "DiffProbe", "DiffReport", "LayerDiff", "OutputDiff",
@@ -194,7 +195,7 @@ class DiffProbe(Probe[DiffReport]):
         self.against = _Against(self, _other_sites(other, {s.name for s in self.sites}, select))
         self.tolerance = tolerance
         self.output_key, self.other_output_key = output_key, other_output_key
-        self.table = DiffTable()
+        self.table = Table(DiffSums.from_values)
         #: A's outputs of the current batch not yet compared; never more than one batch.
         self.kept: dict[Key, torch.Tensor] = {}
         self.peak_kept = 0
@@ -238,13 +239,13 @@ class DiffProbe(Probe[DiffReport]):
         type_a, shape, shape_b = self.meta[key]
         if kept.shape != found.shape:  # reported with this batch's shapes, and kept so
             self.meta[key] = (type_a, list(kept.shape), list(found.shape))
-            self.table.count(key, kept, found)
+            self.table.put(key, count_nonfinite(kept, found))
             return
         if shape_b is None:  # shapes as in the first batch, like `stats`
             self.meta[key] = (type_a, shape, list(found.shape))
         a = as_float(kept).reshape(-1)
         del kept
-        self.table.add(key, a, as_float(found).reshape(-1).to(a.device, a.dtype))
+        self.table.put(key, compare(a, as_float(found).reshape(-1).to(a.device, a.dtype)))
 
     def step(self, step: Step) -> None:
         with _CopyOnWrite(self), on_side("A"):
@@ -272,7 +273,7 @@ class DiffProbe(Probe[DiffReport]):
             self.outputs.add(a, b)
 
     def finish(self) -> DiffReport:
-        rows = [LayerDiff(key[0], type_a, key[1], shape, shape_b, self.table.get(key))
+        rows = [LayerDiff(key[0], type_a, key[1], shape, shape_b, self.table.get(key) or DiffSums())
                 for key, (type_a, shape, shape_b) in self.meta.items()
                 if shape_b is not None]  # compared at least once
         outputs = self.outputs if self.outputs is not None and self.outputs.inputs else None

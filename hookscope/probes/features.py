@@ -18,7 +18,7 @@ from hookscope.core.errors import HookscopeError, at_least_one, param
 from hookscope.core.hooks import Call, first_tensor
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import Site, all_sites, find_site, select_sites
-from hookscope.numerics.layout import Layout, TokenHint, extent, layout
+from hookscope.numerics.layout import Layout, TokenHint, extent, layout, token_hint
 
 __all__ = ["ORDERS", "FeatureGrid", "FeaturesProbe", "FeaturesReport", "feature_grids",
            "feature_sites", "make_tiles"]
@@ -183,14 +183,11 @@ class FeaturesReport:
 
     grids: list[dict[str, Any]]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"grids": list(self.grids)}
-
     def document(self, out: Path, tensorboard: Path | None = None) -> dict[str, Any]:
         """The ``features`` document after the envelope: the folder, the TensorBoard log, the
         files (each row's ``path``, from the sink) and the rows."""
         return {"out": str(out), "tensorboard": str(tensorboard) if tensorboard else None,
-                "files": [row["path"] for row in self.grids]} | self.to_dict()
+                "files": [row["path"] for row in self.grids], "grids": list(self.grids)}
 
 
 class FeaturesProbe(Probe[FeaturesReport]):
@@ -220,7 +217,6 @@ class FeaturesProbe(Probe[FeaturesReport]):
 
     def bind(self, tracer: Any) -> None:
         if self.hint is None:
-            from hookscope.numerics.layout import token_hint
             self.hint = token_hint(tracer.model)
 
     def step(self, step: Step) -> None:

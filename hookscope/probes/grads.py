@@ -18,20 +18,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from hookscope.core import classes
 from hookscope.core.classes import Targets, parse_targets
 from hookscope.core.errors import CheckFailed, HookscopeError, param
-from hookscope.core.hooks import Call, Hooks, first_tensor, model_device
+from hookscope.core.hooks import Call, Hooks, first_tensor
 from hookscope.core.logits import class_logits
 from hookscope.core.mergeable import Merges, Row, state
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import LEAVES, Selection, Site, selecting
 from hookscope.numerics.health import flag as _flag
-from hookscope.numerics.moments import Moments
-from hookscope.numerics.table import MomentTable
+from hookscope.numerics.moments import Moments, deferred_moments
+from hookscope.numerics.table import Table
 
 __all__ = ["GradLayer", "GradReport", "GradsProbe", "ParamGrad", "collect_grads",
-           "nonfinite_failure", "true_classes"]
+           "nonfinite_failure"]
 
 LOSSES = ("logit", "ce")
 
@@ -144,15 +143,6 @@ class GradReport(Merges):
                 "params": [p.to_dict() for p in self.params]}
 
 
-def true_classes(label: str | None, loss: str, folders: Sequence[str] | None,
-                 categories: Sequence[str] | None) -> str | Targets | None:
-    """The ``label`` of :class:`GradsProbe`: as given, or with ``loss="ce"`` and none given,
-    each input's ImageFolder class folder (``folders``), which must name a class of the model."""
-    if loss != "ce" or label is not None:
-        return label  # parsed by GradsProbe, which refuses a rank
-    return classes.true_classes(None, folders, categories)
-
-
 def _objective(logits: torch.Tensor, loss: str, targets: Targets, start: int
                ) -> tuple[torch.Tensor, list[int]]:
     classes = targets.resolve(logits, start)
@@ -219,7 +209,7 @@ class GradsProbe(Probe[GradReport]):
             raise HookscopeError("The model has no parameter that requires a gradient; nothing "
                                  "to differentiate.")
         self.output_key = output_key
-        self.table = MomentTable(on_device=model_device(model).type != "cpu")
+        self.table = Table(Moments.from_values)
         self.order: dict[tuple[str, int], None] = {}  # backward order, from the first batch
         self.meta: dict[tuple[str, int], tuple[Site, list[int]]] = {}
         self.param_sums: list[torch.Tensor | None] = [None] * len(self.params)
@@ -241,7 +231,7 @@ class GradsProbe(Probe[GradReport]):
 
     def _on_grad(self, key: tuple[str, int], grad: torch.Tensor) -> None:
         self.order.setdefault(key, None)
-        self.table.add(key, grad)
+        self.table.put(key, deferred_moments(grad))
 
     def observe(self, step: Step, output: Any) -> None:
         logits = class_logits(output, self.output_key, "grads")

@@ -2,87 +2,124 @@
 
 Each call's moments come from :mod:`hookscope.numerics.moments`; on an accelerator they stay
 on the device, and a batch's are copied to the host once
-(:class:`~hookscope.numerics.table.MomentTable`). Per-channel statistics and percentiles are
-opt-in :class:`~hookscope.probes.extras.Extras`.
+(:class:`~hookscope.numerics.table.Table`). Per-channel moments and percentiles from a
+split-independent sketch (:mod:`hookscope.numerics.sketch`) are opt-in :class:`Extras`,
+which merge exactly across batches and ranks too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from hookscope.core.hooks import Call, first_tensor, model_device, tensor_shapes
+from hookscope.core.hooks import Call, first_tensor, tensor_shapes
 from hookscope.core.logits import select_logits
-from hookscope.core.mergeable import Merges, Row, hidden, merged, state
+from hookscope.core.mergeable import Merges, Row, merged, state
 from hookscope.core.run import Probe, Step, drive
-from hookscope.core.select import LEAVES, Selection, Site
-from hookscope.numerics.moments import Moments
-from hookscope.numerics.sketch import parse_percentiles
-from hookscope.numerics.table import MomentTable
-from hookscope.probes.extras import Extras
+from hookscope.core.select import LEAVES, Selection, Site, selecting
+from hookscope.numerics.layout import channel_dim, extent, signal_model, token_hint
+from hookscope.numerics.moments import ChannelMoments, ChannelView, Moments, deferred_moments
+from hookscope.numerics.sketch import Sketch, finite_range, parse_percentiles, percentile_key
+from hookscope.numerics.table import Table
 
-__all__ = ["LayerStats", "Prediction", "StatsProbe", "StatsReport", "collect_stats",
+__all__ = ["Extras", "LayerStats", "Prediction", "StatsProbe", "StatsReport", "collect_stats",
            "top_predictions"]
+
+
+@dataclass(frozen=True)
+class Extras(Merges):
+    """The opt-in summaries of one call's output, merged exactly. ``sketch`` is the whole
+    output's (with ``percentiles`` alone); with ``per_channel`` too, ``channel_sketch`` holds
+    one per channel, and the whole output's is their exact collapse."""
+
+    per_channel: bool = False
+    percentiles: tuple[float, ...] = ()
+    channel_dim: int | None = state("first", None)
+    channels: ChannelMoments | None = state("merge", None)
+    sketch: Sketch | None = state("merge", None)
+    channel_sketch: Sketch | None = state("merge", None)
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, type_name: str, spec: Extras,
+           grid: tuple[tuple[int, ...], Any] | None = None) -> Extras:
+        """What ``spec`` asks for, of one output of a ``type_name`` module (``grid``: the
+        input's (H, W) and the model's token hint, to find channels-last outputs)."""
+        if spec.per_channel:
+            dim = channel_dim(tensor.shape, type_name, *(grid or ()))
+            view = ChannelView.of(tensor, dim)
+            channels = ChannelMoments.of(view)
+            sketch = None
+            if spec.percentiles:
+                nonfinite = not view.blocked or bool(channels.nonfinite.any())
+                sketch = Sketch.of(view, channels.min, channels.max, nonfinite=nonfinite)
+            return replace(spec, channel_dim=dim, channels=channels, channel_sketch=sketch)
+        view = ChannelView.of(tensor, None)
+        lo, hi, nonfinite = finite_range(view)
+        return replace(spec, sketch=Sketch.of(view, lo, hi, nonfinite=nonfinite))
+
+    def fields(self) -> dict[str, Any]:
+        """The JSON row's ``channel_dim`` and ``channels`` (with ``per_channel``) and
+        ``percentiles`` (when asked for), each channel with its own ``percentiles``."""
+        keys = [percentile_key(p) for p in self.percentiles]
+        out: dict[str, Any] = {}
+        if self.per_channel:
+            rows = self.channels.rows() if self.channels is not None else []
+            if self.channel_sketch is not None and keys:
+                values = self.channel_sketch.quantiles(self.percentiles).tolist()
+                for row, row_values in zip(rows, values, strict=True):
+                    row["percentiles"] = dict(zip(keys, row_values, strict=True))
+            out |= {"channel_dim": self.channel_dim, "channels": rows}
+        if keys:
+            whole = self.sketch if self.sketch is not None else (
+                self.channel_sketch.collapse() if self.channel_sketch is not None else None)
+            values = whole.quantiles(self.percentiles)[0].tolist() if whole is not None else \
+                [float("nan")] * len(keys)
+            out["percentiles"] = dict(zip(keys, values, strict=True))
+        return out
 
 
 @dataclass(frozen=True)
 class LayerStats(Row):
     """Statistics of one module call's output (and optionally its first input).
 
-    ``moments``, ``input_moments`` and ``extras`` are the mergeable summaries behind the
-    numbers, not part of the JSON row; ``input_stats``, ``channel_dim``, ``channels`` and
-    ``percentiles`` are None, and left out of it, unless asked for.
+    The numbers follow from ``moments``, ``input_moments`` and ``extras``, the mergeable
+    summaries behind them, not part of the JSON row; ``input_stats``, ``channel_dim``,
+    ``channels`` and ``percentiles`` are None, and left out of it, unless asked for.
     """
 
     name: str
     type: str
     call: int
     input_shapes: list[list[int]]
-    output_shape: list[int] | None
-    mean: float
-    std: float
-    min: float
-    max: float
-    zero_fraction: float
-    nonfinite: int
+    output_shape: list[int] | None = field(init=False)
+    mean: float = field(init=False)
+    std: float = field(init=False)
+    min: float = field(init=False)
+    max: float = field(init=False)
+    zero_fraction: float = field(init=False)
+    nonfinite: int = field(init=False)
     output_shapes: list[list[int]] = field(default_factory=list)
-    input_stats: dict[str, float | int] | None = None
-    channel_dim: int | None = None
-    channels: list[dict[str, Any]] | None = None
-    percentiles: dict[str, float] | None = None
-    moments: Moments | None = hidden(None)
-    input_moments: Moments | None = hidden(None)
-    extras: Extras | None = hidden(None)
+    input_stats: dict[str, float | int] | None = field(init=False)
+    channel_dim: int | None = field(init=False)
+    channels: list[dict[str, Any]] | None = field(init=False)
+    percentiles: dict[str, float] | None = field(init=False)
+    moments: Moments = state("merge", default_factory=Moments, json=False, repr=False, compare=False)
+    input_moments: Moments | None = state("merge", None, json=False, repr=False, compare=False)
+    extras: Extras | None = state("merge", None, json=False, repr=False, compare=False)
 
-    @classmethod
-    def of(cls, name: str, type_name: str, call: int, input_shapes: list[list[int]],
-           output_shapes: list[list[int]], out: Moments, inputs: Moments | None,
-           extras: Extras | None = None) -> LayerStats:
-        """A row from a call's shapes and its output (and input) moments (and extras)."""
-        return cls(
-            name=name, type=type_name, call=call, input_shapes=input_shapes,
-            output_shape=output_shapes[0] if output_shapes else None,
-            output_shapes=output_shapes,
-            input_stats=inputs.summary() if inputs is not None else None,
-            moments=out, input_moments=inputs, extras=extras,
-            **out.summary(),  # type: ignore[arg-type]
-            **(extras.fields() if extras is not None else {}),
-        )
-
-    def merge(self, other: LayerStats) -> LayerStats:
-        """This call's statistics over both rows' data (exact)."""
-        if self.moments is None or other.moments is None:
-            raise ValueError("rows without moments cannot be merged")
-        inputs = None
-        if self.input_moments is not None and other.input_moments is not None:
-            inputs = self.input_moments.merge(other.input_moments)
-        return LayerStats.of(self.name, self.type, self.call, self.input_shapes,
-                             self.output_shapes, self.moments.merge(other.moments), inputs,
-                             merged(self.extras, other.extras))
+    def __post_init__(self) -> None:
+        inputs, extras = self.input_moments, self.extras
+        derived = self.moments.summary() | {
+            "output_shape": self.output_shapes[0] if self.output_shapes else None,
+            "input_stats": inputs.summary() if inputs is not None else None,
+            "channel_dim": None, "channels": None, "percentiles": None}
+        for name, value in (derived | (extras.fields() if extras is not None else {})).items():
+            object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
         absent = {key for key in ("input_stats", "channels", "percentiles")
@@ -122,6 +159,15 @@ class StatsReport(Merges):
                             for preds in self.predictions],
             "layers": [layer.to_dict() for layer in self.layers],
         }
+
+
+def _on_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in it on the CPU, those of nested dataclasses too."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return obj
+    return replace(obj, **{f.name: _on_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
 
 
 def top_predictions(
@@ -169,7 +215,7 @@ class StatsProbe(Probe[StatsReport]):
         self.input_stats = input_stats
         self.extras: dict[tuple[str, int], Extras] = {}
         self.categories, self.output_key = categories, output_key
-        self.table = MomentTable(on_device=model_device(model).type != "cpu")
+        self.table = Table(Moments.from_values)
         self.order: list[tuple[str, int]] = []
         self.meta: dict[tuple[str, int], tuple[Site, list[list[int]], list[list[int]]]] = {}
         self._entered: dict[tuple[str, int], list[list[int]]] = {}
@@ -178,8 +224,6 @@ class StatsProbe(Probe[StatsReport]):
         self.grid: tuple[tuple[int, ...], Any] | None = None
         self.signal = False
         if per_channel:
-            from hookscope.numerics.layout import signal_model, token_hint
-
             self.grid = ((0, 0), token_hint(model))
             self.signal = signal_model(model)
 
@@ -187,8 +231,6 @@ class StatsProbe(Probe[StatsReport]):
         x = first_tensor(step.x)
         if self.grid is not None and x is not None and x.is_floating_point() and \
                 (x.dim() in (4, 5) or (x.dim() == 3 and self.signal)):  # a signal (N, C, L)
-            from hookscope.numerics.layout import extent
-
             self.grid = (extent(x), self.grid[1])
         super().step(step)
 
@@ -199,7 +241,7 @@ class StatsProbe(Probe[StatsReport]):
             # Inputs are summarised here, before an in-place module overwrites them.
             first = first_tensor((args, kwargs))
             if first is not None:
-                self.table.add((*call.key, "in"), first)
+                self.table.put((*call.key, "in"), deferred_moments(first))
 
     def on_exit(self, call: Call, args: Any, kwargs: Any, output: Any) -> None:
         key = call.key
@@ -208,7 +250,8 @@ class StatsProbe(Probe[StatsReport]):
             self.meta[key] = (call.site, self._entered.pop(key, []), tensor_shapes(output))
         first = first_tensor(output)
         if first is not None:
-            self.table.add((*key, "out"), first, nonnegative=key[0] in self.nonnegative)
+            self.table.put((*key, "out"),
+                           deferred_moments(first, nonnegative=key[0] in self.nonnegative))
             if self.spec.per_channel or self.spec.percentiles:
                 self.extras[key] = merged(self.extras.get(key),
                                            Extras.of(first, call.site.type, self.spec,
@@ -229,42 +272,23 @@ class StatsProbe(Probe[StatsReport]):
             site, in_shapes, out_shapes = self.meta[key]
             extras = self.extras.get(key)
             if self.spec.per_channel or self.spec.percentiles:
-                extras = extras.to("cpu") if extras is not None else self.spec
-            rows.append(LayerStats.of(site.name, site.type, key[1], in_shapes, out_shapes,
-                                      self.table.get((*key, "out")) or Moments(),
-                                      self.table.get((*key, "in")), extras))
+                extras = _on_cpu(extras) if extras is not None else self.spec
+            rows.append(LayerStats(site.name, site.type, key[1], in_shapes, out_shapes,
+                                   self.table.get((*key, "out")) or Moments(),
+                                   self.table.get((*key, "in")), extras))
         return StatsReport(layers=rows, predictions=self.predictions,
                            input_shape=self.input_shape)
 
 
-def collect_stats(
-    model: nn.Module,
-    inputs: torch.Tensor | Iterable[torch.Tensor],
-    *,
-    layers: Sequence[str] | None = None,
-    types: Sequence[str] | None = None,
-    all_modules: bool = False,
-    max_depth: int | None = None,
-    input_stats: bool = False,
-    categories: Sequence[str] | None = None,
-    on_batch: Callable[[int], None] | None = None,
-    output_key: str | None = None,
-    per_channel: bool = False,
-    percentiles: str | Sequence[float] | None = None,
-) -> StatsReport:
+@selecting
+def collect_stats(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor], *,
+                  on_batch: Callable[[int], None] | None = None, **options: Any) -> StatsReport:
     """Run ``model`` in eval and inference mode and summarise each selected module call:
     per-call statistics in execution order, and top-5 predictions for (N, classes) outputs.
 
     ``inputs`` is one batch tensor or an iterable of them (streamed, merged exactly);
-    ``layers``, ``types``, ``all_modules`` and ``max_depth`` select modules as
-    :class:`~hookscope.core.select.Selection`; ``on_batch`` is called with each batch's
-    size; the other options are :class:`StatsProbe`'s (``output_key`` defaults to
-    ``logits``, ``out`` or the only tensor).
-
-    Raises:
-        HookscopeError: ``percentiles`` is empty, not numbers, or outside [0, 100].
+    ``options`` are :class:`StatsProbe`'s (``select``, or the keywords ``layers``, ``types``,
+    ``all_modules``, ``max_depth``; ``output_key`` defaults to ``logits``, ``out`` or the only
+    tensor); ``on_batch`` is called with each batch's size.
     """
-    probe = StatsProbe(model, select=Selection(layers, types, all_modules, max_depth),
-                       input_stats=input_stats, categories=categories,
-                       output_key=output_key, per_channel=per_channel, percentiles=percentiles)
-    return drive(model, inputs, probe, progress=on_batch)
+    return drive(model, inputs, StatsProbe(model, **options), progress=on_batch)

@@ -195,18 +195,15 @@ def diff_stats(a: Mapping[str, Any], b: Mapping[str, Any], *,
                files: tuple[Path, Path] = (Path("a.json"), Path("b.json"))) -> StatsDiffReport:
     """Compare two ``stats`` documents call by call, paired by (name, call)."""
     rows_a, rows_b = _rows(a), _rows(b)
-    layers, only_a = [], []
-    for key, row in rows_a.items():
-        other = rows_b.get(key)
-        if other is None:
-            only_a.append(CallRef(key[0], str(row.get("type")), key[1]))
-            continue
-        layers.append(StatsDelta(key[0], str(row.get("type")), key[1], row.get("output_shape"),
-                                 other.get("output_shape"),
-                                 {s: _number(row.get(s)) for s in STATS},
-                                 {s: _number(other.get(s)) for s in STATS},
-                                 quantile_drift(row.get("percentiles"), other.get("percentiles"),
-                                                row.get("std"), row.get("mean"))))
-    only_b = [CallRef(k[0], str(r.get("type")), k[1]) for k, r in rows_b.items() if k not in rows_a]
-    return StatsDiffReport(tolerance, layers, only_a, only_b, _envelope(a, b, files),
-                           (_top1(a), _top1(b)))
+
+    def only(rows: dict[Key, Mapping[str, Any]], other: dict[Key, Mapping[str, Any]]) -> list[CallRef]:
+        return [CallRef(k[0], str(r.get("type")), k[1]) for k, r in rows.items() if k not in other]
+
+    layers = [StatsDelta(key[0], str(row.get("type")), key[1], row.get("output_shape"),
+                         other.get("output_shape"), {s: _number(row.get(s)) for s in STATS},
+                         {s: _number(other.get(s)) for s in STATS},
+                         quantile_drift(row.get("percentiles"), other.get("percentiles"),
+                                        row.get("std"), row.get("mean")))
+              for key, row in rows_a.items() if (other := rows_b.get(key)) is not None]
+    return StatsDiffReport(tolerance, layers, only(rows_a, rows_b), only(rows_b, rows_a),
+                           _envelope(a, b, files), (_top1(a), _top1(b)))

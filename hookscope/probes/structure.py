@@ -1,33 +1,158 @@
 """The module tree of a model: names, types, parameters, per-call shapes, FLOPs and bytes.
 
 Parameters are counted once each: a shared module appears once, and a tied parameter is owned
-by the first module that holds it. Shapes come from one forward pass under ``FlopCounterMode``;
-a call's FLOPs are how much its total grew between the call's two hooks, so calls keep the
-``named_modules`` names (the counter's module tracker names a module registered twice, or
-called outside its parent's forward, otherwise). Recurrent layers are counted by formula
-(:mod:`hookscope.probes.flops`); a call that ran a multiply-add operation without a formula has
-no FLOPs (None) rather than too few. Scripted submodules are listed but not hooked; lazy
+by the first module that holds it. Shapes come from one forward pass under ``FlopCounterMode``
+(2 FLOPs per multiply-add of matrix products, convolutions and attention); a call's FLOPs are
+how much its total grew between the call's two hooks, so calls keep the ``named_modules``
+names (the counter's module tracker names a module registered twice, or called outside its
+parent's forward, otherwise). Recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN`` and their
+cells), whose fused kernels (cuDNN's ``_cudnn_rnn``, oneDNN's) have no formula, are counted by
+formula, the same on every device; a call that ran another multiply-add operation without a
+formula (``nn.Bilinear``'s ``aten._trilinear``, FFTs, quantized kernels...) has no FLOPs
+(None) rather than a silent zero. Scripted submodules are listed but not hooked; lazy
 parameters are counted after the forward that materialises them (None without one).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
+from torch.nn.utils.rnn import PackedSequence
+from torch.utils.flop_counter import FlopCounterMode
 
 from hookscope.core.errors import at_least_one
 from hookscope.core.hooks import Call, tensor_shapes, tensors
 from hookscope.core.run import Probe, Step, drive
 from hookscope.core.select import depth_of, hooked_sites, is_scripted, scripted_names
-from hookscope.probes.flops import count_flops, recurrent_macs
 
-__all__ = ["LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops", "model_structure"]
+__all__ = ["FlopCounter", "LayerCall", "LayerInfo", "ShapesProbe", "Structure", "count_flops",
+           "does_multiply_adds", "model_structure", "recurrent_macs"]
+
+#: Operations that do multiply-adds; ``FlopCounterMode`` has formulas for some (``aten.mm``,
+#: ``aten.convolution``...), and an operation here without one is "not counted".
+_MAC_NAMES = frozenset({"inner", "addr", "ger", "_trilinear",
+                        "addbmm", "cdist", "_cdist_forward", "_int_mm", "conv_tbc", "lstm",
+                        "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell",
+                        "rnn_relu_cell", "cholesky", "triangular_solve", "stft", "istft"})
+_MAC_PREFIXES = ("linalg_", "_linalg_", "_fft_", "fft_", "_cudnn_rnn", "miopen_", "mkldnn_rnn",
+                 "mkldnn_linear", "_thnn_fused_", "slow_conv", "_slow_conv", "conv_depthwise",
+                 "_conv_depthwise", "cudnn_convolution", "mkldnn_convolution", "_scaled_dot_product",
+                 "_flash_attention", "_efficient_attention", "_native_multi_head_attention",
+                 "_transformer_encoder_layer", "_weight_int", "fbgemm_linear", "_sparse_addmm",
+                 "_sparse_mm", "sspaddmm")
+_MAC_WORDS = ("linear", "conv", "matmul")  # within quantized kernels (quantized::linear)
+
+
+def does_multiply_adds(packet: Any) -> bool:
+    """Whether an operation (an ``OpOverloadPacket``) is one that does multiply-adds."""
+    namespace, _, name = str(getattr(packet, "_qualified_op_name", packet)).replace(
+        ".", "::", 1).rpartition("::")
+    if namespace in ("quantized", "_quantized", "prepacked", "onednn", "mkldnn", "xnnpack"):
+        return any(word in name for word in _MAC_WORDS)
+    return name in _MAC_NAMES or name.startswith(_MAC_PREFIXES)
+
+
+def _rows(x: Any) -> int:
+    """How many input vectors a recurrent layer consumes: every time step of every sequence
+    (a packed batch holds exactly those)."""
+    if isinstance(x, PackedSequence):
+        return int(x.data.shape[0])
+    return math.prod(x.shape[:-1]) if isinstance(x, torch.Tensor) else 0
+
+
+_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+
+def recurrent_macs(module: nn.Module, args: tuple[Any, ...],
+                   kwargs: dict[str, Any] | None = None) -> int | None:
+    """Multiply-adds of one call of a recurrent layer (None: not one): the input and recurrent
+    matrix products per input vector, layer and direction, and an LSTM's projection. As
+    element-wise work is counted nowhere, gate products and biases are not counted (an LSTM
+    counts what the same LSTM built from ``nn.Linear`` would)."""
+    x = args[0] if args else (kwargs or {}).get("input")
+    if x is None:
+        return None
+    if isinstance(module, nn.RNNBase) and module.mode in _GATES:
+        gates, hidden, proj = _GATES[module.mode], module.hidden_size, module.proj_size
+        out, dirs = proj or hidden, 2 if module.bidirectional else 1
+        per_row = sum(dirs * (gates * hidden * ((module.input_size if layer == 0 else out * dirs)
+                                                + out) + proj * hidden)
+                      for layer in range(module.num_layers))
+        return _rows(x) * per_row
+    cells = {nn.LSTMCell: 4, nn.GRUCell: 3, nn.RNNCell: 1}
+    gates_of = next((g for kind, g in cells.items() if isinstance(module, kind)), None)
+    if gates_of is None:
+        return None
+    cell: nn.RNNCellBase = module  # type: ignore[assignment]
+    return _rows(x) * gates_of * cell.hidden_size * (cell.input_size + cell.hidden_size)
+
+
+def _sdpa_cpu_flop(query_shape: list[int], key_shape: list[int], value_shape: list[int],
+                   *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """``softmax(q k^T) v``: two batched matmuls, 2 FLOPs per multiply-add, as FlopCounterMode
+    counts its other attention kernels (the causal mask ignored)."""
+    batch_heads, queries, dim = math.prod(query_shape[:-2]), query_shape[-2], query_shape[-1]
+    keys, value_dim = key_shape[-2], value_shape[-1]
+    return 2 * batch_heads * queries * keys * (dim + value_dim)
+
+
+def _elements_flop(shape: list[int], *args: Any, **kwargs: Any) -> int:
+    """A matrix-vector or dot product: one multiply-add per element of the first operand."""
+    return 2 * math.prod(shape)
+
+
+class _NoModuleTracker(nullcontext):
+    """Stands in for ``FlopCounterMode``'s module tracker (every FLOP goes to ``Global``),
+    whose table is never read and whose multi-grad hooks fail in inference mode on a
+    parameter passed straight to a submodule, as timm's CaiT passes its class token."""
+
+    parents = frozenset({"Global"})
+
+
+class FlopCounter(FlopCounterMode):
+    """A ``FlopCounterMode`` that calls ``on_uncounted(name)`` for every operation that
+    does multiply-adds and has no formula (its FLOPs stay uncounted)."""
+
+    def __init__(self, on_uncounted: Callable[[str], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.on_uncounted = on_uncounted
+
+    def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+        if func_packet not in self.flop_registry and does_multiply_adds(func_packet):
+            self.on_uncounted(str(func_packet))
+        return super()._count_flops(func_packet, out, args, kwargs)
+
+
+@contextmanager
+def count_flops(on_uncounted: Callable[[str], None]) -> Iterator[FlopCounter]:
+    """A FLOP counter that also sees attention: the fused kernels of
+    ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` have no FLOP formula, so their
+    fast path is off inside (then restored); CPU scaled dot-product attention gets one, and so
+    do matrix-vector and dot products (``torch.mv``, ``a @ v`` with a 1-D ``v``)."""
+    aten = torch.ops.aten
+    mapping: dict[Any, Any] = {aten.mv: _elements_flop, aten.dot: _elements_flop,
+                               aten.vdot: _elements_flop,
+                               aten.addmv: lambda bias, mat, *a, **k: _elements_flop(mat)}
+    kernel = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if kernel is not None:
+        mapping[kernel] = _sdpa_cpu_flop
+    counter = FlopCounter(on_uncounted, display=False, custom_mapping=mapping)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    counter.mod_tracker = _NoModuleTracker()  # type: ignore[assignment]
+    try:
+        with counter:
+            yield counter
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 def _macs(flops: int | None) -> int | None:
@@ -99,7 +224,7 @@ class LayerInfo:
         object.__setattr__(self, "macs_own", _macs(self.flops_own))
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON row (the subtree's trainable count is in the totals only)."""
+        # The subtree's trainable count is in the totals only.
         return {k: v for k, v in asdict(self).items() if k != "trainable_params"}
 
 
@@ -132,7 +257,6 @@ class Structure:
     buffers_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document without its envelope."""
         counted = None if not self.forward else not self.uncounted_ops
         totals = {"params": self.params, "trainable_params": self.trainable_params, "modules": self.modules,
                   "flops": self.flops, "macs": _macs(self.flops), "params_bytes": self.params_bytes,
@@ -172,7 +296,7 @@ def _owned(model: nn.Module, buffers: bool = False) -> Owned:
 
 
 def _numel(params: Iterable[torch.Tensor]) -> int | None:
-    """Elements in ``params``; None when one is a lazy parameter not yet initialised."""
+    """None while a parameter is lazy (not yet initialised)."""
     params = list(params)
     return None if any(is_lazy(p) for p in params) else sum(p.numel() for p in params)
 
@@ -186,18 +310,18 @@ def _dtype_bytes(params: Iterable[torch.Tensor]) -> dict[str, int]:
 
 
 class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
-    """Record each call's input and output shapes, output bytes and, with ``flops``, FLOPs, on
-    every module and the model itself; ``flops_own`` holds per module what its calls ran
-    outside any submodule call, ``uncounted`` per operation without a formula the modules
-    that ran it (the innermost hooked module; ``""``: the model's own code)."""
+    """Record each call's input and output shapes, output bytes and FLOPs, on every module
+    and the model itself; ``flops_own`` holds per module what its calls ran outside any
+    submodule call, ``uncounted`` per operation without a formula the modules that ran it
+    (the innermost hooked module; ``""``: the model's own code)."""
 
-    def __init__(self, model: nn.Module, *, flops: bool = True) -> None:
+    def __init__(self, model: nn.Module) -> None:
         self.sites = hooked_sites(model)
         self.calls: dict[str, list[LayerCall]] = {}
         self.flops_own: dict[str, int] = {}
         self.own_uncounted: set[str] = set()
         self.uncounted: dict[str, set[str]] = {}
-        self.flops: int | None = 0 if flops else None
+        self.flops = 0
         self._inputs: dict[tuple[str, int], list[list[int]]] = {}
         self._total = lambda: 0
         self._extra = [0]  # what formulas add to the counter's total, in this pass
@@ -209,10 +333,6 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
         self._names: list[str] = []
 
     def step(self, step: Step) -> None:
-        """One forward pass, under a FLOP counter when FLOPs are counted."""
-        if self.flops is None:
-            step.forward()
-            return
         self._open.clear()
         self._names.clear()
         self._ops.clear()
@@ -232,14 +352,13 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
 
     def on_enter(self, call: Call, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._inputs[call.key] = tensor_shapes((args, kwargs))
-        if self.flops is not None:
-            self._open.append([self._total(), 0, len(self._ops)])
-            self._names.append(call.name)
+        self._open.append([self._total(), 0, len(self._ops)])
+        self._names.append(call.name)
 
     def _call_flops(self, call: Call, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> tuple[int | None, list[str]]:
         """The call's FLOPs (None: not counted) and the uncounted operations it ran."""
-        if self.flops is None or not self._open:
+        if not self._open:
             return None, []
         start, nested, first = self._open.pop()
         self._names.pop()
@@ -270,7 +389,6 @@ class ShapesProbe(Probe[dict[str, list[LayerCall]]]):
 
 
 def _leaf_bytes(model: nn.Module, calls: dict[str, list[LayerCall]]) -> int:
-    """Output bytes of every call of every leaf module (one without children)."""
     leaves = [name for name, m in model.named_modules() if next(m.children(), None) is None]
     return sum(c.output_bytes for name in leaves for c in calls.get(name, []))
 
@@ -291,7 +409,7 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
     lazy ones; without ``example`` an uninitialised one makes the counts that hold it None."""
     at_least_one("max_depth", max_depth)
     ran = example is not None
-    probe = ShapesProbe(model, flops=ran)
+    probe = ShapesProbe(model)
     calls = drive(model, example, probe, autocast=autocast, train_mode=train_mode) if ran else {}
     shapes = tensor_shapes(example) if ran else []
     owned, buffers = _owned(model), _owned(model, buffers=True)
@@ -318,7 +436,7 @@ def model_structure(model: nn.Module, example: Any | None = None, *, max_depth: 
         params=top.params_total, trainable_params=top.trainable_params, modules=len(rest),
         # Per sample, without the batch dimension, as in the `stats` document.
         input_shape=shapes[0][1:] if shapes else None,
-        flops=None if probe.uncounted else probe.flops,
+        flops=probe.flops if ran and not probe.uncounted else None,
         params_bytes=top.params_bytes_total, activation_bytes=_leaf_bytes(model, calls) if ran else None,
         input_bytes=nbytes(example) if ran else None, forward=ran, train_mode=train_mode and ran,
         uncounted_ops={op: sorted(names) for op, names in sorted(probe.uncounted.items())},
