@@ -53,16 +53,6 @@ def render(template: str, **context: Any) -> str:
     return environment().get_template(template).render(**page_assets(), **context)
 
 
-def count(n: float | None, unit: str = "") -> str:
-    """A count with an SI prefix and two decimals: ``1.81 GFLOPs``, ``202.73 kB``."""
-    if n is None:
-        return "n/a"
-    for size, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {suffix}{unit}"
-    return f"{n:g} {unit}".strip()
-
-
 def cell(text: Any, raw: Any = None, cls: str = "", *, code: bool = False) -> dict[str, Any]:
     """One table cell: its text, its sort key (``data-v``: floats as ``repr``, None and
     non-finite empty), its class, and whether it is code."""

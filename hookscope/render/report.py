@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from hookscope.core.files import dumps_json, format_shape, format_shapes
 from hookscope.render import plots
 from hookscope.render.grads import objective_text
-from hookscope.render.html import cell, count, lead_cells, num, page_row, render, stats_cells
-from hookscope.render.tables import ZERO_WARN, fmt_float, health, shape_text
+from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells
+from hookscope.render.tables import ZERO_WARN, fmt_count, fmt_float, health, shape_text
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -96,13 +96,13 @@ def _envelope(report: Report) -> list[tuple[str, dict[str, Any], bool]]:
         k for k in keys if k not in _FIRST and k not in _WIDE]
     rows = [(k, _envelope_value(k, env[k])) for k in ordered]
     shape = report.flops_shape
-    flops = {"text": count(report.flops, "FLOPs")}
+    flops = {"text": fmt_count(report.flops, "FLOPs")}
     if report.flops is not None and shape:
-        flops["dim"] = (f"per input ({format_shape(shape)}; {count(report.flops // 2)} "
+        flops["dim"] = (f"per input ({format_shape(shape)}; {fmt_count(report.flops // 2)} "
                         "MACs)")
     rows += [("input shape", {"text": format_shape(report.stats.input_shape)}),
              ("parameters", {"text": "uninitialised"} if report.params is None else
-              {"text": f"{report.params:,}", "dim": f"({count(report.params)})"}),
+              {"text": f"{report.params:,}", "dim": f"({fmt_count(report.params)})"}),
              ("FLOPs", flops), ("created", {"time": report.created})]
     rows += [(k, _envelope_value(k, env[k])) for k in _WIDE if k in keys]
     return [(k.replace("_", " "), v, k in _WIDE) for k, v in rows]

@@ -64,6 +64,26 @@ def fmt_float(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
+def fmt_count(value: float | None, unit: str = "") -> str:
+    """A count in thousands, three significant digits (one decimal from 100): ``1.81G``,
+    ``115.6M``, ``512``; with a ``unit``, spaced and with SI's ``k``: ``46.8 MB``, ``602.1 kB``.
+    None (not measured) is ``n/a``."""
+    if value is None:
+        return "n/a"
+    step = 0
+    while abs(value) >= 999.95 and step < len(_PREFIXES) - 1:
+        value /= 1000
+        step += 1
+    if step == 0 and float(value).is_integer():
+        text = str(int(value))
+    else:
+        text = f"{value:.1f}".removesuffix(".0") if abs(value) >= 100 else f"{value:.3g}"
+    return f"{text} {_PREFIXES[step]}{unit}" if unit else text + _PREFIXES[step].upper()
+
+
+_PREFIXES = ("", "k", "M", "G", "T", "P")
+
+
 def joined(*parts: str | Text | tuple[str, StyleType], sep: str = "  ") -> Text:
     """Parts (text, or ``(text, style)``) joined by ``sep`` into one line, folded at a
     narrow width."""

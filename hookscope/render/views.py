@@ -32,7 +32,6 @@ from hookscope.render import (
     tree,
     watchview,
 )
-from hookscope.render.html import count
 
 Doc = Mapping[str, Any]
 Rows = tuple[list[dict[str, Any]], Sequence[str]]
@@ -197,7 +196,7 @@ def emit(command: str, doc: Any, fmt: str, output: Output, **options: Any) -> No
         if fmt == "html":
             size = len(text.encode("utf-8", "surrogateescape"))
             logging.getLogger("hookscope").info("wrote %s (%s) in %.2f s", output,
-                                                count(size, "B"), time.perf_counter() - start)
+                                                tables.fmt_count(size, "B"), time.perf_counter() - start)
     elif fmt == "json":
         write(output, dumps_json(doc))
     elif fmt == "ndjson":
