@@ -79,20 +79,15 @@ def heatmap_images(values: np.ndarray, image: Image.Image, box: Box | None = Non
     (a centre crop; None: all of ``image``); outside it the overlay is untinted and the
     heatmap transparent. ``alpha`` is the heatmap's weight in the overlay.
     """
-    base = np.asarray(image.convert("RGB"), dtype=np.float32)
-    height, width = base.shape[:2]
-    x0, y0, x1, y1 = _box_pixels(box, (width, height))
-    colours = colorize(resize_map(values, (x1 - x0, y1 - y0)), cmap).astype(np.float32)
-    overlay = base.copy()
-    overlay[y0:y1, x0:x1] = (1.0 - alpha) * base[y0:y1, x0:x1] + alpha * colours
-    over = Image.fromarray(np.clip(np.rint(overlay), 0, 255).astype(np.uint8), "RGB")
-    if (x0, y0, x1, y1) == (0, 0, width, height):
-        heat = Image.fromarray(colours.astype(np.uint8), "RGB")
-    else:
-        rgba = np.zeros((height, width, 4), dtype=np.uint8)
-        rgba[y0:y1, x0:x1, :3] = colours.astype(np.uint8)
-        rgba[y0:y1, x0:x1, 3] = 255
-        heat = Image.fromarray(rgba, "RGBA")
+    over = image.convert("RGB")  # a copy
+    crop = _box_pixels(box, over.size)
+    x0, y0, x1, y1 = crop
+    colours = Image.fromarray(colorize(resize_map(values, (x1 - x0, y1 - y0)), cmap), "RGB")
+    over.paste(Image.blend(over.crop(crop), colours, alpha), (x0, y0))
+    if crop == (0, 0, *over.size):
+        return over, colours
+    heat = Image.new("RGBA", over.size)  # transparent
+    heat.paste(colours, (x0, y0))
     return over, heat
 
 

@@ -38,10 +38,8 @@ def _img(image: Image.Image, alt: str, **more: Any) -> dict[str, Any]:
     small.thumbnail((MAX_SIDE, MAX_SIDE), PILImage.Resampling.LANCZOS)  # never enlarges
     buf = io.BytesIO()
     small.save(buf, format="JPEG", quality=85, optimize=True)
-    width, height = image.size
-    scale = min(1.0, MAX_SIDE / max(width, height))
     return {"src": "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"),
-            "alt": alt, "width": round(width * scale), "height": round(height * scale)} | more
+            "alt": alt, "width": small.width, "height": small.height} | more
 
 
 def _envelope_value(key: str, value: Any) -> dict[str, Any]:

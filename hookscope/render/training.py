@@ -210,43 +210,34 @@ def _figure(key: str, title: str, fig: Any, alt: str, caption: str) -> dict[str,
 
 
 def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    heat, lines = [], []
-    for key, title, log10, cmap in QUANTITIES:
-        steps, series = log.series("layers", key)
-        if has_values(series):
-            heat.append(_figure(
-                key, f"{title.capitalize()} over steps",
-                heatmap_figure(steps, series, key, title, log10, cmap), f"{title} heat map",
-                "One row per layer call, one column per logging step"
-                f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite"
-                f"{'; yellow: exactly 0' if log10 else ''}. The colours are clipped to the "
-                "values' Tukey fences, so that an outlier takes the scale's end."))
-    losses = [(int(s["step"]), finite(s.get("loss"))) for s in log.steps]
-    if any(v is not None for _, v in losses):
-        fig = lines_figure([k for k, _ in losses], {"loss": [v for _, v in losses]},
-                              "Loss at the logging steps", log10=False, ylabel="loss")
-        lines.append(_figure("loss", "Loss", fig, "loss over steps",
-                             "The loss given to watch.step() at each logging step."))
-    steps, grads = log.series("layers", "grad_norm")
-    if has_values(grads):
-        fig = lines_figure(steps, grads, "Gradient norm at each layer call's output",
-                              log10=True, ylabel="‖grad‖")
-        lines.append(_figure("grad_norm", "Gradient norms", fig, "gradient norms over steps",
-                             "One line per layer call, first layers dark; red: the median "
-                             "over layers."))
-    steps, ratios = log.series("params", "update_ratio")
-    if has_values(ratios):
-        spans = [log.span(step) for step in steps]
-        per_step = {k: [None if v is None else v / n for v, n in zip(row, spans, strict=True)]
-                    for k, row in ratios.items()}
-        fig = lines_figure(steps, per_step, "Update ratio ‖Δw‖/‖w‖ per step, per parameter",
-                           log10=True, ylabel="‖Δw‖/‖w‖ per step", reference=RATIO_REFERENCE)
-        lines.append(_figure("update_ratio", "Update ratios", fig, "update ratios over steps",
-                             "One line per parameter: the update since the previous logging "
-                             "step over the steps it spans (at most the mean step's ratio, "
-                             f"equal when the steps point one way); dashed: {RATIO_REFERENCE:g} "
-                             "per step, the usual rule of thumb."))
-    return heat, lines
+    steps = [int(s.get("step") or 0) for s in log.steps]
+    heat = [_figure(key, f"{title.capitalize()} over steps",
+                    heatmap_figure(steps, series, key, title, log10, cmap), f"{title} heat map",
+                    "One row per layer call, one column per logging step"
+                    f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite"
+                    f"{'; yellow: exactly 0' if log10 else ''}. The colours are clipped to the "
+                    "values' Tukey fences, so that an outlier takes the scale's end.")
+            for key, title, log10, cmap in QUANTITIES
+            if has_values(series := log.series("layers", key)[1])]
+    spans = [log.span(step) for step in steps]
+    ratios = {k: [None if v is None else v / n for v, n in zip(row, spans, strict=True)]
+              for k, row in log.series("params", "update_ratio")[1].items()}
+    lines: list[tuple[str, str, Series, str, dict[str, Any], str]] = [
+        ("loss", "Loss", {"loss": [finite(s.get("loss")) for s in log.steps]},
+         "Loss at the logging steps", {"log10": False, "ylabel": "loss"},
+         "The loss given to watch.step() at each logging step."),
+        ("grad_norm", "Gradient norms", log.series("layers", "grad_norm")[1],
+         "Gradient norm at each layer call's output", {"log10": True, "ylabel": "‖grad‖"},
+         "One line per layer call, first layers dark; red: the median over layers."),
+        ("update_ratio", "Update ratios", ratios,
+         "Update ratio ‖Δw‖/‖w‖ per step, per parameter",
+         {"log10": True, "ylabel": "‖Δw‖/‖w‖ per step", "reference": RATIO_REFERENCE},
+         "One line per parameter: the update since the previous logging step over the steps it "
+         "spans (at most the mean step's ratio, equal when the steps point one way); dashed: "
+         f"{RATIO_REFERENCE:g} per step, the usual rule of thumb.")]
+    return heat, [_figure(key, name, lines_figure(steps, series, title, **style),
+                          f"{name.lower()} over steps", caption)
+                  for key, name, series, title, style, caption in lines if has_values(series)]
 
 
 def _chips(log: TrainingLog, findings: list[Any]) -> list[dict[str, str]]:
