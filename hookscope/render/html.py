@@ -61,6 +61,12 @@ def cell(text: Any, raw: Any = None, cls: str = "", *, code: bool = False) -> di
     return {"text": text, "v": key, "cls": cls, "code": code}
 
 
+#: The columns of :func:`lead_cells` and of :func:`stats_cells`: (title, sort type).
+LEAD_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"))
+STATS_COLUMNS = tuple((title, "num") for title in ("mean", "std", "min", "max", "zeros",
+                                                    "non-finite"))
+
+
 def lead_cells(i: int, row: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The first cells of a layer call's row: its index, name, type and call."""
     kind, call = row.get("type") or "", row.get("call") or 0

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.files import dumps_json, format_shape, format_shapes
-from hookscope.render import plots
+from hookscope.render import html, plots
 from hookscope.render.grads import objective_text
 from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells
 from hookscope.render.tables import ZERO_WARN, fmt_count, fmt_float, health, shape_text
@@ -135,12 +135,10 @@ def _findings(report: Report) -> list[dict[str, Any]]:
     return items
 
 
-STATS_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
-                 ("input", "text"), ("output", "text"), ("mean", "num"), ("std", "num"),
-                 ("min", "num"), ("max", "num"), ("zeros", "num"), ("non-finite", "num"))
-GRAD_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
-                ("shape", "text"), ("norm", "num"), ("log10 norm", "num"), ("mean", "num"),
-                ("std", "num"), ("max |g|", "num"), ("non-finite", "num"), ("flag", "text"))
+STATS_COLUMNS = (*html.LEAD_COLUMNS, ("input", "text"), ("output", "text"), *html.STATS_COLUMNS)
+GRAD_COLUMNS = (*html.LEAD_COLUMNS, ("shape", "text"), ("norm", "num"), ("log10 norm", "num"),
+                ("mean", "num"), ("std", "num"), ("max |g|", "num"), ("non-finite", "num"),
+                ("flag", "text"))
 
 
 def _stats_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from hookscope import __version__
 from hookscope.core.files import dumps_json, format_shape
 from hookscope.numerics.drift import finite
 from hookscope.numerics.health import SUSTAINED
-from hookscope.render import plots
+from hookscope.render import html, plots
 from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure
 from hookscope.render.tables import fmt_float, health
@@ -30,10 +30,8 @@ if TYPE_CHECKING:
 
     from hookscope.training.log_reader import TrainingLog
 
-LAYER_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
-                 ("output", "text"), ("mean", "num"), ("std", "num"), ("min", "num"),
-                 ("max", "num"), ("zeros", "num"), ("non-finite", "num"),
-                 ("grad norm", "num"), ("grad non-finite", "num"))
+LAYER_COLUMNS = (*html.LEAD_COLUMNS, ("output", "text"), *html.STATS_COLUMNS, ("grad norm", "num"),
+                 ("grad non-finite", "num"))
 PARAM_COLUMNS = (("#", "num"), ("parameter", "text"), ("norm", "num"), ("grad norm", "num"),
                  ("update ratio", "num"))
 #: The classic rule of thumb for SGD: an update about 1e-3 of the weight per step.
