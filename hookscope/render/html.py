@@ -63,8 +63,7 @@ def cell(text: Any, raw: Any = None, cls: str = "", *, code: bool = False) -> di
 
 #: The columns of :func:`lead_cells` and of :func:`stats_cells`: (title, sort type).
 LEAD_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"))
-STATS_COLUMNS = tuple((title, "num") for title in ("mean", "std", "min", "max", "zeros",
-                                                    "non-finite"))
+STATS_COLUMNS = tuple((title, "num") for title in ("mean", "std", "min", "max", "zeros", "non-finite"))
 
 
 def lead_cells(i: int, row: Mapping[str, Any]) -> list[dict[str, Any]]:
