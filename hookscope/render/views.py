@@ -123,18 +123,14 @@ def layers_csv(doc: Doc) -> Rows:
 
 
 def cam_csv(doc: Doc) -> Rows:
-    """The contract's columns, then ``layers`` (joined with ``+``) and one column per metric."""
+    """The contract's columns, then ``layers`` (joined with ``+``), one column per metric and a
+    volume's ``peak_d``; the peak's last coordinate is ``peak_x`` (a signal's position too)."""
     rows, present = camview.metric_columns(doc["results"])
     volume = ("peak_d",) if any(len(r.get("peak") or ()) == 3 for r in rows) else ()
-    rows = [r | _peak(r.get("peak")) | {"layers": "+".join(r.get("layers") or [r["layer"]])}
-            for r in rows]
+    last_first = ("peak_x", "peak_y", "peak_d")
+    rows = [r | dict(zip(last_first, reversed(r.get("peak") or ()), strict=False))
+            | {"layers": "+".join(r.get("layers") or [r["layer"]])} for r in rows]
     return rows, CAM_COLUMNS + ("layers", *present, *volume)
-
-
-def _peak(peak: list[int] | None) -> dict[str, int | None]:
-    """``peak_y``, ``peak_x`` (a signal's position is ``peak_x``) and a volume's ``peak_d``."""
-    padded = [None] * (3 - len(peak or ())) + list(peak or ())
-    return dict(zip(("peak_d", "peak_y", "peak_x"), padded, strict=True))
 
 
 def grads_plot(doc: Doc, *, vanish: float = 1e-3, explode: float = 1e3, **options: Any) -> Any:
