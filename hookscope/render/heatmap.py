@@ -9,6 +9,7 @@ clip's as one overlay per slice or frame in a contact sheet (:func:`volume_image
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +17,6 @@ from typing import Any
 
 import matplotlib
 import numpy as np
-import torch
 from PIL import Image, ImageDraw, ImageFilter
 
 from hookscope.cam.result import Box, CamBatch, CamRows, deprocess
@@ -190,24 +190,18 @@ def volume_images(values: np.ndarray, volume: Any, mean: Sequence[float] | None,
     """A volume's or clip's map ((D, H, W) in [0, 1]) over each slice or frame of ``volume``
     ((C, D, H, W), de-normalised as an image), in a contact sheet (torchvision's
     ``make_grid``, frames in order, row by row); and the coloured maps alone in one."""
+    from torchvision.transforms.functional import pil_to_tensor, to_pil_image
     from torchvision.utils import make_grid
 
-    overlays, heats = [], []
     height, width = values.shape[1:]
     scale = max(1, -(-MIN_FRAME // min(height, width)))  # small frames drawn larger
-    for d in range(len(values)):
-        frame = denormalize(volume[:, d], mean, std).resize(
-            (width * scale, height * scale), Image.Resampling.NEAREST)
-        over, heat = heatmap_images(values[d], frame, cmap=cmap, alpha=alpha)
-        overlays.append(torch.from_numpy(np.array(over)).permute(2, 0, 1))
-        heats.append(torch.from_numpy(np.array(heat.convert("RGB"))).permute(2, 0, 1))
-    nrow = int(np.ceil(np.sqrt(len(values))))
-
-    def sheet(frames: list[Any]) -> Image.Image:
-        grid = make_grid(torch.stack(frames), nrow=nrow, padding=2, pad_value=255)
-        return Image.fromarray(grid.permute(1, 2, 0).numpy().astype(np.uint8), "RGB")
-
-    return sheet(overlays), sheet(heats)
+    pairs = [heatmap_images(values[d], denormalize(volume[:, d], mean, std).resize(
+        (width * scale, height * scale), Image.Resampling.NEAREST), cmap=cmap, alpha=alpha)
+        for d in range(len(values))]
+    nrow = math.ceil(math.sqrt(len(values)))
+    over, heat = (to_pil_image(make_grid([pil_to_tensor(i) for i in images], nrow=nrow, padding=2,
+                                         pad_value=255)) for images in zip(*pairs, strict=True))
+    return over, heat
 
 
 def overlay_images(values: np.ndarray, x: Any, image: Image.Image | None, box: Box | None,
