@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 from collections.abc import Mapping
+from contextlib import suppress
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +54,53 @@ def page_assets() -> dict[str, Any]:
 def render(template: str, **context: Any) -> str:
     """The page ``template`` drawn with ``context`` and the base template's assets."""
     return environment().get_template(template).render(**page_assets(), **context)
+
+
+def fact(key: str, value: Any) -> dict[str, Any]:
+    """One envelope entry as the ``fact`` macro draws it: a few keys in words, a time as UTC,
+    other mappings and lists as JSON."""
+    if key == "weights" and isinstance(value, Mapping):
+        classes = value.get("num_classes")
+        return {"text": value.get("loaded"), "dim": f"(requested {value.get('requested')}"
+                f"{f', {classes} classes' if classes else ''})"}
+    if key == "preprocessing" and isinstance(value, Mapping):
+        return _preprocessing(value)
+    if key == "precision" and isinstance(value, Mapping):
+        auto = value.get("autocast")
+        return {"text": f"{value.get('dtype')}" + (f" (autocast {auto})" if auto else "")}
+    if key == "inputs" and isinstance(value, list):
+        return {"codes": [str(v) for v in value]}
+    if key == "selection" and isinstance(value, Mapping):
+        modules = value.get("modules")
+        shown = ", ".join(f"{k} {json.dumps(v)}" for k, v in value.items() if k != "modules")
+        return {"text": shown + (f"; {len(modules)} modules" if isinstance(modules, list) else "")}
+    if key == "started" and isinstance(value, (int, float)):
+        with suppress(OverflowError, OSError, ValueError):  # beyond the platform's dates
+            return {"time": datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="seconds")}
+    if isinstance(value, (Mapping, list)):
+        return {"json": json.dumps(value, default=str)}
+    return {"text": "" if value is None else value if isinstance(value, str) else json.dumps(value)}
+
+
+def _preprocessing(pre: Mapping[str, Any]) -> dict[str, Any]:
+    """``resize 256 → crop 224 (bilinear); mean ...; std ...; 3 channels``, then the rest."""
+    size = " → ".join(f"{k} {pre[k]}" for k in ("resize", "crop") if pre.get(k) is not None)
+    if pre.get("interpolation"):
+        size += f" ({pre['interpolation']})"
+    parts = [size.strip()] + [f"{k} {_short(pre[k])}" for k in ("mean", "std")
+                              if pre.get(k) is not None]
+    if pre.get("channels") is not None:
+        parts.append(f"{pre['channels']} channels")
+    known = {"resize", "crop", "interpolation", "mean", "std", "channels", "origin"}
+    parts += [f"{k} {_short(v)}" for k, v in pre.items() if k not in known and v is not None]
+    return {"text": "; ".join(p for p in parts if p),
+            "dim": f"(from {pre['origin']})" if pre.get("origin") else None}
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in value)
+    return str(value)
 
 
 def cell(text: Any, raw: Any = None, cls: str = "", *, code: bool = False) -> dict[str, Any]:

@@ -11,8 +11,6 @@ import json
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from contextlib import suppress
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from hookscope import __version__
@@ -20,7 +18,7 @@ from hookscope.core.files import dumps_json, format_shape
 from hookscope.numerics.drift import finite
 from hookscope.numerics.health import SUSTAINED
 from hookscope.render import html, plots
-from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
+from hookscope.render.html import cell, fact, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure
 from hookscope.render.tables import fmt_float, health
 from hookscope.training.log_reader import call_key, listed
@@ -57,7 +55,7 @@ def _event(log: TrainingLog) -> dict[str, Any] | None:
     if event is None:
         return None
     keys = ("module", "type", "phase", "step", "call", "rank")
-    facts = [(k, event[k]) for k in keys if event.get(k) is not None]
+    facts = [(k, fact(k, event[k]), False) for k in keys if event.get(k) is not None]
     inputs = [i for i in event.get("inputs") or () if isinstance(i, Mapping)]
     columns = list(dict.fromkeys(k for i in inputs for k in i))
     cells = [[_value(i.get(c)) for c in columns] for i in inputs]
@@ -332,25 +330,12 @@ def _recorder(log: TrainingLog) -> dict[str, Any] | None:
                      for (name, call), by in cells.items()]}
 
 
-def _fact(key: str, value: Any) -> str:
-    """An envelope entry in words: the selection summarised, times as UTC, the rest JSON."""
-    if key == "selection" and isinstance(value, Mapping):
-        modules = value.get("modules")
-        shown = {k: v for k, v in value.items() if k != "modules"}
-        count = f"; {len(modules)} modules" if isinstance(modules, list) else ""
-        return ", ".join(f"{k} {json.dumps(v)}" for k, v in shown.items()) + count
-    if key == "started" and isinstance(value, (int, float)):
-        with suppress(OverflowError, OSError, ValueError):  # beyond the platform's dates
-            return datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="seconds")
-    return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
-def _facts(log: TrainingLog) -> list[tuple[str, str]]:
+def _facts(log: TrainingLog) -> list[tuple[str, dict[str, Any], bool]]:
     steps = [s.get("step") for s in log.steps]
-    facts = [("log", log.path), ("steps", f"{steps[0]} to {steps[-1]}" if steps else "-")]
-    facts += [(key.replace("_", " "), _fact(key, value)) for key, value in log.envelope.items()
-              if key not in ("hookscope", "model", "command")]
-    return facts
+    span = f"{steps[0]} to {steps[-1]}" if steps else "-"
+    return [("log", {"text": log.path}, False), ("steps", {"text": span}, False)] + [
+        (key.replace("_", " "), fact(key, value), False) for key, value in log.envelope.items()
+        if key not in ("hookscope", "model", "command")]
 
 
 def training_html(log: TrainingLog) -> str:
@@ -361,7 +346,7 @@ def training_html(log: TrainingLog) -> str:
     return render(
         "training.html.j2", model=str(log.envelope.get("model") or log.path),
         env={"hookscope": log.envelope.get("hookscope", __version__)},
-        version=__version__, log_path=log.path, chip_items=_chips(log, flagged), facts=_facts(log),
+        version=__version__, log_path=log.path, chip_items=_chips(log, flagged), envelope=_facts(log),
         env_json=dumps_json(log.envelope), event=_event(log), flagged=flagged, drifted=drifted,
         recorder=_recorder(log),
         heatmaps=heat, lines=lines, last_step=last.get("step", "-"),
