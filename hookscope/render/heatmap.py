@@ -27,11 +27,8 @@ from hookscope.inputs.resolve import unique_stems
 
 @lru_cache(maxsize=16)
 def colormap_lut(name: str) -> np.ndarray:
-    """(256, 3) uint8 colours of a matplotlib colormap.
-
-    Raises:
-        HookscopeError: unknown colormap, with close names.
-    """
+    """(256, 3) uint8 colours of a matplotlib colormap (an unknown name: a
+    :class:`HookscopeError` with the close ones)."""
     try:
         cmap = matplotlib.colormaps[name]
     except KeyError:

@@ -180,10 +180,8 @@ def emit(command: str, doc: Any, fmt: str, output: Output, **options: Any) -> No
     own, such as ``html``) to ``output``; ``options`` go to the view.
 
     ``doc`` is the command's JSON document, or for a page the report it draws. A table goes
-    to the terminal with colour, or as plain text into a file or a pipe.
-
-    Raises:
-        HookscopeError: the command has no such format, or the output cannot be written.
+    to the terminal with colour, or as plain text into a file or a pipe. A format the command
+    lacks, or an output that cannot be written, is a :class:`HookscopeError`.
     """
     view, start = VIEWS[command], time.perf_counter()
     if fmt in view.texts:
@@ -193,10 +191,8 @@ def emit(command: str, doc: Any, fmt: str, output: Output, **options: Any) -> No
             size = len(text.encode("utf-8", "surrogateescape"))
             logging.getLogger("hookscope").info("wrote %s (%s) in %.2f s", output,
                                                 tables.fmt_count(size, "B"), time.perf_counter() - start)
-    elif fmt == "json":
-        write(output, dumps_json(doc))
-    elif fmt == "ndjson":
-        write(output, dumps_ndjson(doc))
+    elif fmt in ("json", "ndjson"):
+        write(output, (dumps_json if fmt == "json" else dumps_ndjson)(doc))
     elif fmt == "csv":
         if view.csv is None:
             raise HookscopeError(f"{command} has no CSV output; use --format table or json.")
