@@ -282,20 +282,14 @@ def output_paths(stems: Sequence[str], methods: Sequence[str], out: Path, *, sav
     (``<stem>.<method>.<layer>.npy``) and ``raw`` is the first layer's. Same stems get
     ``cat-2``, ``cat-3``... (:func:`unique_stems`).
     """
-    several = len(layers) > 1
-    plans: list[dict[str, dict[str, Path | None]]] = []
-    for unique in unique_stems(stems):
-        plans.append({})
-        for m in methods:
-            base = f"{unique}.{m}"
-            raws = {f"raw.{layer}": f"{base}.{layer}.npy" for layer in layers} if several \
-                else {"raw": f"{base}.npy"}
-            files: dict[str, Path | None] = {
-                "overlay": out / f"{base}.png", "heatmap": out / f"{base}.heatmap.png",
-                **{key: out / name if save_raw else None for key, name in raws.items()}}
-            if several:
-                files["raw"] = files[f"raw.{layers[0]}"]
-            if guided:
-                files["guided"] = out / f"{base}.guided.png"
-            plans[-1][m] = files
-    return plans
+    def paths(base: str) -> dict[str, Path | None]:
+        raws = {f"raw.{layer}": f"{base}.{layer}.npy" for layer in layers} if len(layers) > 1 else {}
+        raws["raw"] = raws[f"raw.{layers[0]}"] if raws else f"{base}.npy"
+        files: dict[str, Path | None] = {"overlay": out / f"{base}.png",
+                                         "heatmap": out / f"{base}.heatmap.png"}
+        files |= {key: out / name if save_raw else None for key, name in raws.items()}
+        if guided:
+            files["guided"] = out / f"{base}.guided.png"
+        return files
+
+    return [{m: paths(f"{unique}.{m}") for m in methods} for unique in unique_stems(stems)]
