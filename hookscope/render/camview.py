@@ -9,6 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Column
 from rich.text import Text
 
+from hookscope.core.files import format_shape
 from hookscope.render.tables import DataTable, fmt_float, fmt_pct, header, joined, num
 
 #: The peak's coordinates, by the map's rank.
@@ -70,7 +71,7 @@ def cam_view(doc: Mapping[str, Any]) -> RenderableType:
     for i, (name, shape) in enumerate(zip(layers, shapes, strict=False)):
         layer.append(("" if i == 0 else ", ") + str(name))
         if shape:
-            layer.append(f" ({'x'.join(str(d) for d in shape)})", style="dim")
+            layer.append(f" ({format_shape(shape)})", style="dim")
     chosen = []
     if doc.get("layer_default"):
         from hookscope.cam.layer import why_chosen  # views are imported before torch is
@@ -80,15 +81,10 @@ def cam_view(doc: Mapping[str, Any]) -> RenderableType:
             "block's first norm)" if task in (None, "classification") else \
             why_chosen(str(layers[0]), task)
         chosen.append((f"chosen automatically: {what}", "dim"))
-    files = len(doc.get("results", []))
-    wrote = Text(f"wrote {files} overlay(s) to {doc.get('out')}", style="green")
-    skipped = doc.get("skipped") or []
-    if skipped:
-        wrote.append(f"; skipped {len(skipped)} input(s) (see the warnings)", style="yellow")
     results = doc.get("results", [])
+    wrote = Text(f"wrote {len(results)} overlay(s) to {doc.get('out')}", style="green")
+    if doc.get("skipped"):
+        wrote.append(f"; skipped {len(doc['skipped'])} input(s) (see the warnings)", style="yellow")
     uses_layer = not results or any(r.get("layer") is not None for r in results)
-    parts: list[RenderableType] = [header(doc), *([joined(layer, *chosen)] if uses_layer else []),
-                                   wrote, cam_table(results)]
-    if doc.get("metrics"):
-        parts.append(metrics_table(doc["metrics"]))
-    return Group(*parts)
+    return Group(header(doc), *([joined(layer, *chosen)] if uses_layer else []), wrote,
+                 cam_table(results), *([metrics_table(doc["metrics"])] if doc.get("metrics") else []))
