@@ -12,8 +12,8 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from hookscope.core.files import Staging
-from hookscope.render.camview import metric_columns, metrics_table
-from hookscope.render.tables import DataTable, fmt_float, header, num
+from hookscope.render.camview import metric_columns, metrics_table, results_table
+from hookscope.render.tables import fmt_float, header, num
 
 if TYPE_CHECKING:  # views are imported before torch is: `hookscope report LOG` stays torch-free
     from hookscope.cam.attribution import AttrBatch, AttrOptions, AttrResult
@@ -42,8 +42,7 @@ class AttrWriter:
         from hookscope.render.heatmap import denormalize
 
         batch = explained.batch
-        if batch is None:
-            raise ValueError("AttrWriter needs batches from hookscope.inputs.resolve.iter_batches")
+        assert batch is not None  # the probe's batches come from iter_batches
         for i, item in enumerate(batch.items):
             image = batch.images[i] or denormalize(batch.tensor[i], self.loaded.mean,
                                                    self.loaded.std)
@@ -97,18 +96,11 @@ class AttrWriter:
 
 def attr_view(doc: Mapping[str, Any]) -> RenderableType:
     """Header, the files written, one row per input and method."""
-    table = DataTable(["input", "method", num("class"), "label", num("score"), num("sum"),
-                       num("gap"), "overlay"])
     results = doc.get("results", [])
-    for i, row in enumerate(results):
-        target = row.get("target")
-        same = i and results[i - 1]["input"] == row["input"]  # an input is named once
-        table.add_row("" if same else str(row["input"]), row["method"],
-                      "-" if target is None else str(target), row.get("label") or "",
-                      fmt_float(row.get("score")), fmt_float(row.get("sum")),
-                      fmt_float(row.get("completeness_gap")), str(row.get("overlay") or ""))
-    wrote = Text(f"wrote {len(results)} overlay(s) to {doc.get('out')}",
-                 style="green")
+    table = results_table(results, [num("score"), num("sum"), num("gap")], lambda row: [
+        fmt_float(row.get("score")), fmt_float(row.get("sum")),
+        fmt_float(row.get("completeness_gap"))])
+    wrote = Text(f"wrote {len(results)} overlay(s) to {doc.get('out')}", style="green")
     means = [metrics_table(doc["metrics"])] if doc.get("metrics") else []
     return Group(header(doc), wrote, table, *means)
 

@@ -129,11 +129,8 @@ def junit_xml(doc: Doc) -> str:
 
 def resolve_junit(path: Path | str | None, output: Path | str | None, *,
                   force: bool) -> Output | None:
-    """Where the JUnit file goes, checked before the model loads (None: not asked for).
-
-    Raises:
-        HookscopeError: the path cannot be written, or it is the report's own output.
-    """
+    """Where the JUnit file goes, checked before the model loads (None: not asked for); a
+    path that cannot be written, or the report's own output, is a :class:`HookscopeError`."""
     if path is None:
         return None
     if str(path) == "-" and (output is None or str(output) == "-"):

@@ -7,15 +7,15 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from rich.console import Console, RenderableType
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
-    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -113,16 +113,14 @@ class Bar:
     """Progress callback: ``bar(n)`` advances by ``n``; ``bar.expect(total)`` sets the total
     once it is known. Does nothing when no bar is shown."""
 
-    def __init__(self, progress: Progress | None = None, task: TaskID | None = None) -> None:
-        self._progress, self._task = progress, task
+    def __init__(self, update: Callable[..., None] = lambda **_: None) -> None:
+        self._update = update  # Progress.update of one task
 
     def __call__(self, n: int = 1) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.advance(self._task, n)
+        self._update(advance=n)
 
     def expect(self, total: int) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, total=total)
+        self._update(total=total)
 
 
 @contextmanager
@@ -135,4 +133,4 @@ def progress(total: int | None, description: str, *, enabled: bool) -> Iterator[
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as bar:
-        yield Bar(bar, bar.add_task(description, total=total))
+        yield Bar(partial(bar.update, bar.add_task(description, total=total)))

@@ -11,7 +11,7 @@ from rich.table import Column
 from rich.text import Text
 
 from hookscope.core.files import format_shape
-from hookscope.render.tables import DataTable, call_hide, col, fmt_float, fmt_pct, header, num
+from hookscope.render.tables import DataTable, col, fmt_float, fmt_pct, header, num
 
 Doc = Mapping[str, Any]
 
@@ -106,14 +106,14 @@ def _count(value: Any) -> int | str:
     return "-" if number is None else int(number)
 
 
-def _table(doc: Doc, columns: Sequence[Column | str], cells: Callable[[Mapping[str, Any]], list[str]]
+def _table(doc: Doc, columns: Sequence[Column], cells: Callable[[Mapping[str, Any]], list[str]]
            ) -> DataTable:
     """Each compared call in A's execution order, the first divergence in bold red and rows
     above the tolerance in red; ``columns`` and ``cells`` follow the call's type and call."""
-    rows, first = doc["layers"], doc.get("first_divergence") or {}
-    table = DataTable([num("#", 4, style="dim"), "layer", col("type", 1, style="dim"),
-                       num("call", call_hide(rows, when_all_zero=2, otherwise=8)), *columns])
-    for i, row in enumerate(rows):
+    first = doc.get("first_divergence") or {}
+    table = DataTable([num("#", style="dim"), "layer", col("type", style="dim"), num("call"),
+                       *columns])
+    for i, row in enumerate(doc["layers"]):
         first_row = (row["name"], row["call"]) == (first.get("name"), first.get("call"))
         table.add_row(str(i), row["name"], row["type"], str(row["call"]), *cells(row),
                       style="bold red" if first_row else "red" if row.get("exceeds") else None)
@@ -122,10 +122,8 @@ def _table(doc: Doc, columns: Sequence[Column | str], cells: Callable[[Mapping[s
 
 def layers_table(doc: Doc) -> DataTable:
     """Two runs' outputs compared call by call."""
-    mismatch = any(row.get("shape_b") not in (None, row.get("shape")) for row in doc["layers"])
-    columns: list[Column | str] = [col("shape", 10 if mismatch else 3), num("max |a−b|", 9),
-                                   num("rel L2"), num("cosine", 5), num("NaN/Inf a", 6),
-                                   num("NaN/Inf b", 7)]
+    columns = [col("shape"), num("max |a−b|"), num("rel L2"), num("cosine"), num("NaN/Inf a"),
+               num("NaN/Inf b")]
     return _table(doc, columns, lambda row: [
         _shape(row), fmt_float(row.get("max_abs")), fmt_float(row.get("rel_l2")),
         fmt_float(row.get("cosine"), 6), str(row["nonfinite_a"]), str(row["nonfinite_b"])])
@@ -133,8 +131,8 @@ def layers_table(doc: Doc) -> DataTable:
 
 def offline_table(doc: Doc) -> DataTable:
     """Two saved ``stats`` documents: each statistic's change, b − a."""
-    columns = [num("Δ mean"), num("Δ std", 6), num("Δ zeros", 3), num("rel"),
-               num("NaN/Inf a", 5), num("NaN/Inf b", 7)]
+    columns = [num("Δ mean"), num("Δ std"), num("Δ zeros"), num("rel"), num("NaN/Inf a"),
+               num("NaN/Inf b")]
     return _table(doc, columns, lambda row: [
         fmt_float(row.get("mean_delta")), fmt_float(row.get("std_delta")),
         fmt_pct(row.get("zero_fraction_delta"), 1, sign=True), fmt_float(row.get("rel")),

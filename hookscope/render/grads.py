@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from hookscope.core.files import format_shape
-from hookscope.render.tables import DataTable, call_hide, col, count_text, fmt_float, header, num
+from hookscope.render.tables import DataTable, col, count_text, fmt_float, header, num
 
 FLAG_STYLES = {"nonfinite": "bold red", "explode": "red", "vanish": "yellow"}
 
@@ -27,10 +27,9 @@ def grads_csv(doc: Mapping[str, Any], *, params: bool = True
 
 def layers_table(rows: list[Mapping[str, Any]]) -> DataTable:
     """Output gradients in backward order; flagged rows coloured."""
-    table = DataTable([num("#", 8, style="dim"), "layer", col("type", 1, style="dim"),
-                       num("call", call_hide(rows, when_all_zero=2, otherwise=7)),
-                       col("shape", 6), num("norm"), num("mean", 3), num("std", 4),
-                       num("max |g|", 5), num("non-finite"), "flag"],
+    table = DataTable([num("#", style="dim"), "layer", col("type", style="dim"), num("call"),
+                       "shape", num("norm"), num("mean"), num("std"), num("max |g|"),
+                       num("non-finite"), "flag"],
                       title="output gradients, backward order")
     for i, row in enumerate(rows):
         flag = row.get("flag") or ""
@@ -44,7 +43,7 @@ def layers_table(rows: list[Mapping[str, Any]]) -> DataTable:
 
 def params_table(rows: list[Mapping[str, Any]]) -> DataTable:
     """Parameter gradient norm, weight norm and their ratio."""
-    table = DataTable(["parameter", num("grad norm"), num("weight norm", 1), num("ratio")],
+    table = DataTable(["parameter", num("grad norm"), num("weight norm"), num("ratio")],
                       title="parameters")
     for row in rows:
         table.add_row(row["name"], fmt_float(row["grad_norm"]), fmt_float(row["weight_norm"]),

@@ -9,6 +9,7 @@ clip's as one overlay per slice or frame in a contact sheet (:func:`volume_image
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +17,6 @@ from typing import Any
 
 import matplotlib
 import numpy as np
-import torch
 from PIL import Image, ImageDraw, ImageFilter
 
 from hookscope.cam.result import Box, CamBatch, CamRows, deprocess
@@ -27,11 +27,8 @@ from hookscope.inputs.resolve import unique_stems
 
 @lru_cache(maxsize=16)
 def colormap_lut(name: str) -> np.ndarray:
-    """(256, 3) uint8 colours of a matplotlib colormap.
-
-    Raises:
-        HookscopeError: unknown colormap, with close names.
-    """
+    """(256, 3) uint8 colours of a matplotlib colormap (an unknown name: a
+    :class:`HookscopeError` with the close ones)."""
     try:
         cmap = matplotlib.colormaps[name]
     except KeyError:
@@ -79,20 +76,15 @@ def heatmap_images(values: np.ndarray, image: Image.Image, box: Box | None = Non
     (a centre crop; None: all of ``image``); outside it the overlay is untinted and the
     heatmap transparent. ``alpha`` is the heatmap's weight in the overlay.
     """
-    base = np.asarray(image.convert("RGB"), dtype=np.float32)
-    height, width = base.shape[:2]
-    x0, y0, x1, y1 = _box_pixels(box, (width, height))
-    colours = colorize(resize_map(values, (x1 - x0, y1 - y0)), cmap).astype(np.float32)
-    overlay = base.copy()
-    overlay[y0:y1, x0:x1] = (1.0 - alpha) * base[y0:y1, x0:x1] + alpha * colours
-    over = Image.fromarray(np.clip(np.rint(overlay), 0, 255).astype(np.uint8), "RGB")
-    if (x0, y0, x1, y1) == (0, 0, width, height):
-        heat = Image.fromarray(colours.astype(np.uint8), "RGB")
-    else:
-        rgba = np.zeros((height, width, 4), dtype=np.uint8)
-        rgba[y0:y1, x0:x1, :3] = colours.astype(np.uint8)
-        rgba[y0:y1, x0:x1, 3] = 255
-        heat = Image.fromarray(rgba, "RGBA")
+    over = image.convert("RGB")  # a copy
+    crop = _box_pixels(box, over.size)
+    x0, y0, x1, y1 = crop
+    colours = Image.fromarray(colorize(resize_map(values, (x1 - x0, y1 - y0)), cmap), "RGB")
+    over.paste(Image.blend(over.crop(crop), colours, alpha), (x0, y0))
+    if crop == (0, 0, *over.size):
+        return over, colours
+    heat = Image.new("RGBA", over.size)  # transparent
+    heat.paste(colours, (x0, y0))
     return over, heat
 
 
@@ -195,24 +187,18 @@ def volume_images(values: np.ndarray, volume: Any, mean: Sequence[float] | None,
     """A volume's or clip's map ((D, H, W) in [0, 1]) over each slice or frame of ``volume``
     ((C, D, H, W), de-normalised as an image), in a contact sheet (torchvision's
     ``make_grid``, frames in order, row by row); and the coloured maps alone in one."""
+    from torchvision.transforms.functional import pil_to_tensor, to_pil_image
     from torchvision.utils import make_grid
 
-    overlays, heats = [], []
     height, width = values.shape[1:]
     scale = max(1, -(-MIN_FRAME // min(height, width)))  # small frames drawn larger
-    for d in range(len(values)):
-        frame = denormalize(volume[:, d], mean, std).resize(
-            (width * scale, height * scale), Image.Resampling.NEAREST)
-        over, heat = heatmap_images(values[d], frame, cmap=cmap, alpha=alpha)
-        overlays.append(torch.from_numpy(np.array(over)).permute(2, 0, 1))
-        heats.append(torch.from_numpy(np.array(heat.convert("RGB"))).permute(2, 0, 1))
-    nrow = int(np.ceil(np.sqrt(len(values))))
-
-    def sheet(frames: list[Any]) -> Image.Image:
-        grid = make_grid(torch.stack(frames), nrow=nrow, padding=2, pad_value=255)
-        return Image.fromarray(grid.permute(1, 2, 0).numpy().astype(np.uint8), "RGB")
-
-    return sheet(overlays), sheet(heats)
+    pairs = [heatmap_images(values[d], denormalize(volume[:, d], mean, std).resize(
+        (width * scale, height * scale), Image.Resampling.NEAREST), cmap=cmap, alpha=alpha)
+        for d in range(len(values))]
+    nrow = math.ceil(math.sqrt(len(values)))
+    over, heat = (to_pil_image(make_grid([pil_to_tensor(i) for i in images], nrow=nrow, padding=2,
+                                         pad_value=255)) for images in zip(*pairs, strict=True))
+    return over, heat
 
 
 def overlay_images(values: np.ndarray, x: Any, image: Image.Image | None, box: Box | None,
@@ -296,20 +282,14 @@ def output_paths(stems: Sequence[str], methods: Sequence[str], out: Path, *, sav
     (``<stem>.<method>.<layer>.npy``) and ``raw`` is the first layer's. Same stems get
     ``cat-2``, ``cat-3``... (:func:`unique_stems`).
     """
-    several = len(layers) > 1
-    plans: list[dict[str, dict[str, Path | None]]] = []
-    for unique in unique_stems(stems):
-        plans.append({})
-        for m in methods:
-            base = f"{unique}.{m}"
-            raws = {f"raw.{layer}": f"{base}.{layer}.npy" for layer in layers} if several \
-                else {"raw": f"{base}.npy"}
-            files: dict[str, Path | None] = {
-                "overlay": out / f"{base}.png", "heatmap": out / f"{base}.heatmap.png",
-                **{key: out / name if save_raw else None for key, name in raws.items()}}
-            if several:
-                files["raw"] = files[f"raw.{layers[0]}"]
-            if guided:
-                files["guided"] = out / f"{base}.guided.png"
-            plans[-1][m] = files
-    return plans
+    def paths(base: str) -> dict[str, Path | None]:
+        raws = {f"raw.{layer}": f"{base}.{layer}.npy" for layer in layers} if len(layers) > 1 else {}
+        raws["raw"] = raws[f"raw.{layers[0]}"] if raws else f"{base}.npy"
+        files: dict[str, Path | None] = {"overlay": out / f"{base}.png",
+                                         "heatmap": out / f"{base}.heatmap.png"}
+        files |= {key: out / name if save_raw else None for key, name in raws.items()}
+        if guided:
+            files["guided"] = out / f"{base}.guided.png"
+        return files
+
+    return [{m: paths(f"{unique}.{m}") for m in methods} for unique in unique_stems(stems)]

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import math
 from collections.abc import Mapping
+from contextlib import suppress
+from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,14 +56,51 @@ def render(template: str, **context: Any) -> str:
     return environment().get_template(template).render(**page_assets(), **context)
 
 
-def count(n: float | None, unit: str = "") -> str:
-    """A count with an SI prefix and two decimals: ``1.81 GFLOPs``, ``202.73 kB``."""
-    if n is None:
-        return "n/a"
-    for size, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {suffix}{unit}"
-    return f"{n:g} {unit}".strip()
+def fact(key: str, value: Any) -> dict[str, Any]:
+    """One envelope entry as the ``fact`` macro draws it: a few keys in words, a time as UTC,
+    other mappings and lists as JSON."""
+    if key == "weights" and isinstance(value, Mapping):
+        classes = value.get("num_classes")
+        return {"text": value.get("loaded"), "dim": f"(requested {value.get('requested')}"
+                f"{f', {classes} classes' if classes else ''})"}
+    if key == "preprocessing" and isinstance(value, Mapping):
+        return _preprocessing(value)
+    if key == "precision" and isinstance(value, Mapping):
+        auto = value.get("autocast")
+        return {"text": f"{value.get('dtype')}" + (f" (autocast {auto})" if auto else "")}
+    if key == "inputs" and isinstance(value, list):
+        return {"codes": [str(v) for v in value]}
+    if key == "selection" and isinstance(value, Mapping):
+        modules = value.get("modules")
+        shown = ", ".join(f"{k} {json.dumps(v)}" for k, v in value.items() if k != "modules")
+        return {"text": shown + (f"; {len(modules)} modules" if isinstance(modules, list) else "")}
+    if key == "started" and isinstance(value, (int, float)):
+        with suppress(OverflowError, OSError, ValueError):  # beyond the platform's dates
+            return {"time": datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="seconds")}
+    if isinstance(value, (Mapping, list)):
+        return {"json": json.dumps(value, default=str)}
+    return {"text": "" if value is None else value if isinstance(value, str) else json.dumps(value)}
+
+
+def _preprocessing(pre: Mapping[str, Any]) -> dict[str, Any]:
+    """``resize 256 → crop 224 (bilinear); mean ...; std ...; 3 channels``, then the rest."""
+    size = " → ".join(f"{k} {pre[k]}" for k in ("resize", "crop") if pre.get(k) is not None)
+    if pre.get("interpolation"):
+        size += f" ({pre['interpolation']})"
+    parts = [size.strip()] + [f"{k} {_short(pre[k])}" for k in ("mean", "std")
+                              if pre.get(k) is not None]
+    if pre.get("channels") is not None:
+        parts.append(f"{pre['channels']} channels")
+    known = {"resize", "crop", "interpolation", "mean", "std", "channels", "origin"}
+    parts += [f"{k} {_short(v)}" for k, v in pre.items() if k not in known and v is not None]
+    return {"text": "; ".join(p for p in parts if p),
+            "dim": f"(from {pre['origin']})" if pre.get("origin") else None}
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in value)
+    return str(value)
 
 
 def cell(text: Any, raw: Any = None, cls: str = "", *, code: bool = False) -> dict[str, Any]:
@@ -69,6 +109,11 @@ def cell(text: Any, raw: Any = None, cls: str = "", *, code: bool = False) -> di
     unknown = raw is None or (isinstance(raw, float) and not math.isfinite(raw))
     key = "" if unknown else repr(float(raw)) if isinstance(raw, float) else str(raw)
     return {"text": text, "v": key, "cls": cls, "code": code}
+
+
+#: The columns of :func:`lead_cells` and of :func:`stats_cells`: (title, sort type).
+LEAD_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"))
+STATS_COLUMNS = tuple((title, "num") for title in ("mean", "std", "min", "max", "zeros", "non-finite"))
 
 
 def lead_cells(i: int, row: Mapping[str, Any]) -> list[dict[str, Any]]:

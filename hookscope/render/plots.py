@@ -39,11 +39,7 @@ _STYLE: dict[str, Any] = {
 
 
 def plot_format(path: str | Path) -> str:
-    """``svg`` or ``png``, from the file's suffix.
-
-    Raises:
-        HookscopeError: any other suffix.
-    """
+    """``svg`` or ``png``, from the file's suffix (any other: :class:`HookscopeError`)."""
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix not in FORMATS:
         raise HookscopeError(f"{path}: plots are written as .svg or .png; name the file "
@@ -215,11 +211,8 @@ def inline_svg(fig: Figure, title: str) -> str:
 
 
 def plot_output(path: str | Path | None, *, force: bool) -> Output | None:
-    """Where a plot goes (None: no plot), checked before any work.
-
-    Raises:
-        HookscopeError: not a ``.svg`` or ``.png`` name, or a path that cannot be written.
-    """
+    """Where a plot goes (None: no plot), checked before any work: a ``.svg`` or ``.png``
+    name that can be written, else :class:`HookscopeError`."""
     if path is None:
         return None
     plot_format(path)
@@ -227,11 +220,7 @@ def plot_output(path: str | Path | None, *, force: bool) -> Output | None:
 
 
 def write_plot(fig: Figure, output: Output) -> None:
-    """Write ``fig`` to ``output`` atomically, as SVG or PNG from its suffix.
-
-    Raises:
-        HookscopeError: the file cannot be written.
-    """
+    """Write ``fig`` to ``output`` atomically, as SVG or PNG from its suffix."""
     data = figure_bytes(fig, plot_format(output.path if output.path is not None else ""))
     with atomic_path(output) as tmp:
         tmp.write_bytes(data)

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hookscope.core.files import dumps_json, format_shape, format_shapes
-from hookscope.render import plots
+from hookscope.render import html, plots
 from hookscope.render.grads import objective_text
-from hookscope.render.html import cell, count, lead_cells, num, page_row, render, stats_cells
-from hookscope.render.tables import ZERO_WARN, fmt_float, health, shape_text
+from hookscope.render.html import cell, fact, lead_cells, num, page_row, render, stats_cells
+from hookscope.render.tables import ZERO_WARN, fmt_count, fmt_float, health, shape_text
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -38,49 +37,8 @@ def _img(image: Image.Image, alt: str, **more: Any) -> dict[str, Any]:
     small.thumbnail((MAX_SIDE, MAX_SIDE), PILImage.Resampling.LANCZOS)  # never enlarges
     buf = io.BytesIO()
     small.save(buf, format="JPEG", quality=85, optimize=True)
-    width, height = image.size
-    scale = min(1.0, MAX_SIDE / max(width, height))
     return {"src": "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"),
-            "alt": alt, "width": round(width * scale), "height": round(height * scale)} | more
-
-
-def _envelope_value(key: str, value: Any) -> dict[str, Any]:
-    """One envelope entry as the template's ``fact`` draws it (unknown keys as JSON)."""
-    if key == "weights" and isinstance(value, Mapping):
-        classes = value.get("num_classes")
-        return {"text": value.get("loaded"), "dim": f"(requested {value.get('requested')}"
-                f"{f', {classes} classes' if classes else ''})"}
-    if key == "preprocessing" and isinstance(value, Mapping):
-        return _preprocessing(value)
-    if key == "precision" and isinstance(value, Mapping):
-        auto = value.get("autocast")
-        return {"text": f"{value.get('dtype')}" + (f" (autocast {auto})" if auto else "")}
-    if key == "inputs" and isinstance(value, list):
-        return {"codes": [str(v) for v in value]}
-    if isinstance(value, (Mapping, list)):
-        return {"json": json.dumps(value, default=str)}
-    return {"text": "" if value is None else str(value)}
-
-
-def _preprocessing(pre: Mapping[str, Any]) -> dict[str, Any]:
-    """``resize 256 → crop 224 (bilinear); mean ...; std ...; 3 channels``, then the rest."""
-    size = " → ".join(f"{k} {pre[k]}" for k in ("resize", "crop") if pre.get(k) is not None)
-    if pre.get("interpolation"):
-        size += f" ({pre['interpolation']})"
-    parts = [size.strip()] + [f"{k} {_short(pre[k])}" for k in ("mean", "std")
-                              if pre.get(k) is not None]
-    if pre.get("channels") is not None:
-        parts.append(f"{pre['channels']} channels")
-    known = {"resize", "crop", "interpolation", "mean", "std", "channels", "origin"}
-    parts += [f"{k} {_short(v)}" for k, v in pre.items() if k not in known and v is not None]
-    return {"text": "; ".join(p for p in parts if p),
-            "dim": f"(from {pre['origin']})" if pre.get("origin") else None}
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in value)
-    return str(value)
+            "alt": alt, "width": small.width, "height": small.height} | more
 
 
 #: Envelope keys shown first, in this order; the rest follow; these last, full width.
@@ -94,17 +52,17 @@ def _envelope(report: Report) -> list[tuple[str, dict[str, Any], bool]]:
     keys = [k for k in env if k not in ("hookscope", "command", "model")]
     ordered = [k for k in _FIRST if k in keys] + [
         k for k in keys if k not in _FIRST and k not in _WIDE]
-    rows = [(k, _envelope_value(k, env[k])) for k in ordered]
+    rows = [(k, fact(k, env[k])) for k in ordered]
     shape = report.flops_shape
-    flops = {"text": count(report.flops, "FLOPs")}
+    flops = {"text": fmt_count(report.flops, "FLOPs")}
     if report.flops is not None and shape:
-        flops["dim"] = (f"per input ({format_shape(shape)}; {count(report.flops // 2)} "
+        flops["dim"] = (f"per input ({format_shape(shape)}; {fmt_count(report.flops // 2)} "
                         "MACs)")
     rows += [("input shape", {"text": format_shape(report.stats.input_shape)}),
              ("parameters", {"text": "uninitialised"} if report.params is None else
-              {"text": f"{report.params:,}", "dim": f"({count(report.params)})"}),
+              {"text": f"{report.params:,}", "dim": f"({fmt_count(report.params)})"}),
              ("FLOPs", flops), ("created", {"time": report.created})]
-    rows += [(k, _envelope_value(k, env[k])) for k in _WIDE if k in keys]
+    rows += [(k, fact(k, env[k])) for k in _WIDE if k in keys]
     return [(k.replace("_", " "), v, k in _WIDE) for k, v in rows]
 
 
@@ -137,12 +95,10 @@ def _findings(report: Report) -> list[dict[str, Any]]:
     return items
 
 
-STATS_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
-                 ("input", "text"), ("output", "text"), ("mean", "num"), ("std", "num"),
-                 ("min", "num"), ("max", "num"), ("zeros", "num"), ("non-finite", "num"))
-GRAD_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
-                ("shape", "text"), ("norm", "num"), ("log10 norm", "num"), ("mean", "num"),
-                ("std", "num"), ("max |g|", "num"), ("non-finite", "num"), ("flag", "text"))
+STATS_COLUMNS = (*html.LEAD_COLUMNS, ("input", "text"), ("output", "text"), *html.STATS_COLUMNS)
+GRAD_COLUMNS = (*html.LEAD_COLUMNS, ("shape", "text"), ("norm", "num"), ("log10 norm", "num"),
+                ("mean", "num"), ("std", "num"), ("max |g|", "num"), ("non-finite", "num"),
+                ("flag", "text"))
 
 
 def _stats_row(i: int, row: Mapping[str, Any]) -> dict[str, Any]:

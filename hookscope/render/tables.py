@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from copy import copy
-from dataclasses import dataclass, replace
 from typing import Any
 
 from rich import box
-from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
-from rich.measure import Measurement
+from rich.console import Group, RenderableType
 from rich.style import StyleType
 from rich.table import Column, Table
 from rich.text import Text
@@ -20,28 +17,15 @@ from hookscope.core.files import format_shape, format_shapes
 from hookscope.numerics.health import DEAD as ZERO_WARN
 
 
-@dataclass
-class Col(Column):
-    """A column that ``hide``s at a narrow width: the lowest first (None: never)."""
-
-    hide: int | None = None
-
-
-def col(header: str, hide: int | None = None, *, style: str = "",
-        justify: JustifyMethod = "left") -> Col:
+def col(header: str, *, style: str = "") -> Column:
     """A column whose cells fold at a narrow width (Rich narrows the widest columns first),
-    so no number, shape or name is ever cut short; ``hide``: its hiding priority."""
-    return Col(header, style=style, justify=justify, overflow="fold", hide=hide)
+    so no number, shape or name is ever cut short or hidden."""
+    return Column(header, style=style, overflow="fold")
 
 
-def num(header: str, hide: int | None = None, *, style: str = "") -> Col:
-    """A right-aligned column of numbers."""
-    return col(header, hide, style=style, justify="right")
-
-
-def call_hide(rows: Sequence[Mapping[str, Any]], *, when_all_zero: int, otherwise: int) -> int:
-    """The ``call`` column's hiding priority: it says little when every call is the first."""
-    return when_all_zero if all(r.get("call", 0) == 0 for r in rows) else otherwise
+def num(header: str, *, style: str = "") -> Column:
+    """A right-aligned column of numbers, folded as :func:`col`'s cells are."""
+    return Column(header, style=style, justify="right", overflow="fold")
 
 
 class DataTable(Table):
@@ -53,25 +37,6 @@ class DataTable(Table):
                          title=title, title_justify="left", box=box.SIMPLE_HEAD,
                          header_style="bold", show_edge=False, pad_edge=False,
                          collapse_padding=True)
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        """The table, less its columns of lowest ``hide`` priority while it is wider than
-        the console, and a dim line naming what was hidden."""
-        shown, hidden, wide = self, [], options.update_width(1 << 16)
-        order = sorted((c.hide, -i) for i, c in enumerate(self.columns)
-                       if isinstance(c, Col) and c.hide is not None)
-        for _, i in order:
-            if Measurement.get(console, wide, shown).maximum <= options.max_width:
-                break
-            hidden.append(-i)
-            shown = copy(self)
-            kept = [c for j, c in enumerate(self.columns) if j not in hidden]
-            shown.columns = [replace(c, _index=j) for j, c in enumerate(kept)]  # Rich pads by it
-        yield from Table.__rich_console__(shown, console, options)
-        if hidden:
-            names = ", ".join(self.columns[i].header for i in sorted(hidden))  # type: ignore[misc]
-            yield Text(f"hidden at width {options.max_width}: {names} (all in --format json/csv "
-                       "or a wider terminal)", style="dim")
 
     def add_row(self, *cells: RenderableType | None, style: StyleType | None = None,
                 end_section: bool = False) -> None:
@@ -97,6 +62,26 @@ def fmt_float(value: float | None, digits: int = 4) -> str:
     if magnitude >= 1e5 or magnitude < 1e-3:
         return f"{value:.{digits - 1}e}"
     return f"{value:.{digits}g}"
+
+
+def fmt_count(value: float | None, unit: str = "") -> str:
+    """A count in thousands, three significant digits (one decimal from 100): ``1.81G``,
+    ``115.6M``, ``512``; with a ``unit``, spaced and with SI's ``k``: ``46.8 MB``, ``602.1 kB``.
+    None (not measured) is ``n/a``."""
+    if value is None:
+        return "n/a"
+    step = 0
+    while abs(value) >= 999.95 and step < len(_PREFIXES) - 1:
+        value /= 1000
+        step += 1
+    if step == 0 and float(value).is_integer():
+        text = str(int(value))
+    else:
+        text = f"{value:.1f}".removesuffix(".0") if abs(value) >= 100 else f"{value:.3g}"
+    return f"{text} {_PREFIXES[step]}{unit}" if unit else text + _PREFIXES[step].upper()
+
+
+_PREFIXES = ("", "k", "M", "G", "T", "P")
 
 
 def joined(*parts: str | Text | tuple[str, StyleType], sep: str = "  ") -> Text:
@@ -129,21 +114,6 @@ def count_text(count: int) -> Text:
     return Text(str(count), style="bold red") if count else Text("0")
 
 
-def _stats_columns(rows: Sequence[Mapping[str, Any]], input_stats: bool, per_channel: bool,
-                   percentiles: Sequence[str]) -> list[Column | str]:
-    # Hidden first: input shapes, type, call (when all 0), min/max, input stats, call, #,
-    # dead channels, and last the percentiles, which the user asked for by name.
-    columns: list[Column | str] = [
-        num("#", 10, style="dim"), "layer", col("type", 2, style="dim"),
-        num("call", call_hide(rows, when_all_zero=3, otherwise=9)), col("input", 1), "output",
-        num("mean"), num("std"), num("min", 4), num("max", 5), num("zeros"), num("non-finite")]
-    if input_stats:
-        columns += [num("in mean", 7), num("in std", 6), num("in non-finite", 8)]
-    if per_channel:
-        columns.append(num("dead ch.", 11))
-    return columns + [num(f"p{key}", 12) for key in percentiles]
-
-
 _STYLES = {"bad": "red", "dead": "yellow"}
 
 
@@ -157,7 +127,14 @@ def stats_table(rows: Sequence[Mapping[str, Any]], *, input_stats: bool = False,
                 per_channel: bool = False, percentiles: Sequence[str] = ()) -> DataTable:
     """Per-call statistics; non-finite rows red, mostly-zero ones yellow; optionally the dead
     channels and the percentiles."""
-    table = DataTable(_stats_columns(rows, input_stats, per_channel, percentiles))
+    columns: list[Column | str] = [
+        num("#", style="dim"), "layer", col("type", style="dim"), num("call"), "input",
+        "output", *map(num, ("mean", "std", "min", "max", "zeros", "non-finite"))]
+    if input_stats:
+        columns += map(num, ("in mean", "in std", "in non-finite"))
+    if per_channel:
+        columns.append(num("dead ch."))
+    table = DataTable(columns + [num(f"p{key}") for key in percentiles])
     for i, row in enumerate(rows):
         cells: list[RenderableType] = [
             str(i), row["name"], row["type"], str(row["call"]),

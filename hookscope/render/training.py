@@ -11,16 +11,14 @@ import json
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from contextlib import suppress
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from hookscope import __version__
 from hookscope.core.files import dumps_json, format_shape
 from hookscope.numerics.drift import finite
 from hookscope.numerics.health import SUSTAINED
-from hookscope.render import plots
-from hookscope.render.html import cell, lead_cells, num, page_row, render, stats_cells, strong
+from hookscope.render import html, plots
+from hookscope.render.html import cell, fact, lead_cells, num, page_row, render, stats_cells, strong
 from hookscope.render.plots import GREY, RED, styled_figure
 from hookscope.render.tables import fmt_float, health
 from hookscope.training.log_reader import call_key, listed
@@ -30,10 +28,8 @@ if TYPE_CHECKING:
 
     from hookscope.training.log_reader import TrainingLog
 
-LAYER_COLUMNS = (("#", "num"), ("layer", "text"), ("type", "text"), ("call", "num"),
-                 ("output", "text"), ("mean", "num"), ("std", "num"), ("min", "num"),
-                 ("max", "num"), ("zeros", "num"), ("non-finite", "num"),
-                 ("grad norm", "num"), ("grad non-finite", "num"))
+LAYER_COLUMNS = (*html.LEAD_COLUMNS, ("output", "text"), *html.STATS_COLUMNS, ("grad norm", "num"),
+                 ("grad non-finite", "num"))
 PARAM_COLUMNS = (("#", "num"), ("parameter", "text"), ("norm", "num"), ("grad norm", "num"),
                  ("update ratio", "num"))
 #: The classic rule of thumb for SGD: an update about 1e-3 of the weight per step.
@@ -59,7 +55,7 @@ def _event(log: TrainingLog) -> dict[str, Any] | None:
     if event is None:
         return None
     keys = ("module", "type", "phase", "step", "call", "rank")
-    facts = [(k, event[k]) for k in keys if event.get(k) is not None]
+    facts = [(k, fact(k, event[k]), False) for k in keys if event.get(k) is not None]
     inputs = [i for i in event.get("inputs") or () if isinstance(i, Mapping)]
     columns = list(dict.fromkeys(k for i in inputs for k in i))
     cells = [[_value(i.get(c)) for c in columns] for i in inputs]
@@ -210,43 +206,34 @@ def _figure(key: str, title: str, fig: Any, alt: str, caption: str) -> dict[str,
 
 
 def _figures(log: TrainingLog) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    heat, lines = [], []
-    for key, title, log10, cmap in QUANTITIES:
-        steps, series = log.series("layers", key)
-        if has_values(series):
-            heat.append(_figure(
-                key, f"{title.capitalize()} over steps",
-                heatmap_figure(steps, series, key, title, log10, cmap), f"{title} heat map",
-                "One row per layer call, one column per logging step"
-                f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite"
-                f"{'; yellow: exactly 0' if log10 else ''}. The colours are clipped to the "
-                "values' Tukey fences, so that an outlier takes the scale's end."))
-    losses = [(int(s["step"]), finite(s.get("loss"))) for s in log.steps]
-    if any(v is not None for _, v in losses):
-        fig = lines_figure([k for k, _ in losses], {"loss": [v for _, v in losses]},
-                              "Loss at the logging steps", log10=False, ylabel="loss")
-        lines.append(_figure("loss", "Loss", fig, "loss over steps",
-                             "The loss given to watch.step() at each logging step."))
-    steps, grads = log.series("layers", "grad_norm")
-    if has_values(grads):
-        fig = lines_figure(steps, grads, "Gradient norm at each layer call's output",
-                              log10=True, ylabel="‖grad‖")
-        lines.append(_figure("grad_norm", "Gradient norms", fig, "gradient norms over steps",
-                             "One line per layer call, first layers dark; red: the median "
-                             "over layers."))
-    steps, ratios = log.series("params", "update_ratio")
-    if has_values(ratios):
-        spans = [log.span(step) for step in steps]
-        per_step = {k: [None if v is None else v / n for v, n in zip(row, spans, strict=True)]
-                    for k, row in ratios.items()}
-        fig = lines_figure(steps, per_step, "Update ratio ‖Δw‖/‖w‖ per step, per parameter",
-                           log10=True, ylabel="‖Δw‖/‖w‖ per step", reference=RATIO_REFERENCE)
-        lines.append(_figure("update_ratio", "Update ratios", fig, "update ratios over steps",
-                             "One line per parameter: the update since the previous logging "
-                             "step over the steps it spans (at most the mean step's ratio, "
-                             f"equal when the steps point one way); dashed: {RATIO_REFERENCE:g} "
-                             "per step, the usual rule of thumb."))
-    return heat, lines
+    steps = [int(s.get("step") or 0) for s in log.steps]
+    heat = [_figure(key, f"{title.capitalize()} over steps",
+                    heatmap_figure(steps, series, key, title, log10, cmap), f"{title} heat map",
+                    "One row per layer call, one column per logging step"
+                    f"{'; log10 of the value' if log10 else ''}. Grey: not logged, or not finite"
+                    f"{'; yellow: exactly 0' if log10 else ''}. The colours are clipped to the "
+                    "values' Tukey fences, so that an outlier takes the scale's end.")
+            for key, title, log10, cmap in QUANTITIES
+            if has_values(series := log.series("layers", key)[1])]
+    spans = [log.span(step) for step in steps]
+    ratios = {k: [None if v is None else v / n for v, n in zip(row, spans, strict=True)]
+              for k, row in log.series("params", "update_ratio")[1].items()}
+    lines: list[tuple[str, str, Series, str, dict[str, Any], str]] = [
+        ("loss", "Loss", {"loss": [finite(s.get("loss")) for s in log.steps]},
+         "Loss at the logging steps", {"log10": False, "ylabel": "loss"},
+         "The loss given to watch.step() at each logging step."),
+        ("grad_norm", "Gradient norms", log.series("layers", "grad_norm")[1],
+         "Gradient norm at each layer call's output", {"log10": True, "ylabel": "‖grad‖"},
+         "One line per layer call, first layers dark; red: the median over layers."),
+        ("update_ratio", "Update ratios", ratios,
+         "Update ratio ‖Δw‖/‖w‖ per step, per parameter",
+         {"log10": True, "ylabel": "‖Δw‖/‖w‖ per step", "reference": RATIO_REFERENCE},
+         "One line per parameter: the update since the previous logging step over the steps it "
+         "spans (at most the mean step's ratio, equal when the steps point one way); dashed: "
+         f"{RATIO_REFERENCE:g} per step, the usual rule of thumb.")]
+    return heat, [_figure(key, name, lines_figure(steps, series, title, **style),
+                          f"{name.lower()} over steps", caption)
+                  for key, name, series, title, style, caption in lines if has_values(series)]
 
 
 def _chips(log: TrainingLog, findings: list[Any]) -> list[dict[str, str]]:
@@ -343,25 +330,12 @@ def _recorder(log: TrainingLog) -> dict[str, Any] | None:
                      for (name, call), by in cells.items()]}
 
 
-def _fact(key: str, value: Any) -> str:
-    """An envelope entry in words: the selection summarised, times as UTC, the rest JSON."""
-    if key == "selection" and isinstance(value, Mapping):
-        modules = value.get("modules")
-        shown = {k: v for k, v in value.items() if k != "modules"}
-        count = f"; {len(modules)} modules" if isinstance(modules, list) else ""
-        return ", ".join(f"{k} {json.dumps(v)}" for k, v in shown.items()) + count
-    if key == "started" and isinstance(value, (int, float)):
-        with suppress(OverflowError, OSError, ValueError):  # beyond the platform's dates
-            return datetime.fromtimestamp(value, timezone.utc).isoformat(timespec="seconds")
-    return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
-def _facts(log: TrainingLog) -> list[tuple[str, str]]:
+def _facts(log: TrainingLog) -> list[tuple[str, dict[str, Any], bool]]:
     steps = [s.get("step") for s in log.steps]
-    facts = [("log", log.path), ("steps", f"{steps[0]} to {steps[-1]}" if steps else "-")]
-    facts += [(key.replace("_", " "), _fact(key, value)) for key, value in log.envelope.items()
-              if key not in ("hookscope", "model", "command")]
-    return facts
+    span = f"{steps[0]} to {steps[-1]}" if steps else "-"
+    return [("log", {"text": log.path}, False), ("steps", {"text": span}, False)] + [
+        (key.replace("_", " "), fact(key, value), False) for key, value in log.envelope.items()
+        if key not in ("hookscope", "model", "command")]
 
 
 def training_html(log: TrainingLog) -> str:
@@ -372,7 +346,7 @@ def training_html(log: TrainingLog) -> str:
     return render(
         "training.html.j2", model=str(log.envelope.get("model") or log.path),
         env={"hookscope": log.envelope.get("hookscope", __version__)},
-        version=__version__, log_path=log.path, chip_items=_chips(log, flagged), facts=_facts(log),
+        version=__version__, log_path=log.path, chip_items=_chips(log, flagged), envelope=_facts(log),
         env_json=dumps_json(log.envelope), event=_event(log), flagged=flagged, drifted=drifted,
         recorder=_recorder(log),
         heatmaps=heat, lines=lines, last_step=last.get("step", "-"),

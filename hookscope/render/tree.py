@@ -11,7 +11,7 @@ from rich.tree import Tree
 
 from hookscope.core.files import Output, dumps_ndjson, format_shape, write
 from hookscope.render import console
-from hookscope.render.tables import DataTable, col, fmt_float, header, joined
+from hookscope.render.tables import DataTable, col, fmt_count, fmt_float, header, joined
 
 
 def models_table(doc: Mapping[str, Any]) -> DataTable:
@@ -46,32 +46,6 @@ def _calls_text(calls: Sequence[Mapping[str, Any]]) -> Text:
 
 
 _TRAINABLE = {True: ("trainable", "dim"), False: ("frozen", "yellow")}
-_COUNT_UNITS = ("", "K", "M", "G", "T", "P")
-_BYTE_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
-
-
-def _scaled(value: float) -> tuple[str, int]:
-    """``value`` in thousands: three significant digits, one decimal from 100 (115.6, 512)."""
-    unit = 0
-    while abs(value) >= 999.95 and unit < len(_COUNT_UNITS) - 1:
-        value /= 1000
-        unit += 1
-    if unit == 0 and float(value).is_integer():
-        return str(int(value)), 0
-    text = f"{value:.1f}".removesuffix(".0") if abs(value) >= 100 else f"{value:.3g}"
-    return text, unit
-
-
-def human_count(value: float) -> str:
-    """A count in SI units: ``1.81G``, ``115.6M``, ``512``."""
-    text, unit = _scaled(value)
-    return text + _COUNT_UNITS[unit]
-
-
-def human_bytes(value: float) -> str:
-    """Bytes in decimal units: ``46.8 MB``, ``602.1 kB``, ``512 B``."""
-    text, unit = _scaled(value)
-    return f"{text} {_BYTE_UNITS[unit]}"
 
 
 def _params_text(row: Mapping[str, Any]) -> Text:
@@ -95,7 +69,7 @@ def _label(row: Mapping[str, Any], name: str, *more: Text) -> Text:
     if row.get("macs_counted") is False:
         parts.append(("MACs not counted", "yellow"))
     elif row.get("macs"):  # zero (ReLU, BatchNorm) and unmeasured (no input) stay quiet
-        parts.append((f"{human_count(row['macs'])} MACs", "blue"))
+        parts.append((f"{fmt_count(row['macs'])} MACs", "blue"))
     if row.get("trainable") is not None:
         parts.append(_TRAINABLE.get(row["trainable"], ("partly trainable", "yellow")))
     if row.get("scripted"):
@@ -124,8 +98,8 @@ def _macs_text(doc: Mapping[str, Any]) -> Text | None:
         return Text(f"MACs not counted (no formula for {where})", style="yellow")
     if totals.get("macs") is None:
         return None
-    text = Text.assemble((f"{human_count(totals['macs'])} MACs", "blue"), " ",
-                         (f"({human_count(totals['flops'])} FLOPs)", "dim"))
+    text = Text.assemble((f"{fmt_count(totals['macs'])} MACs", "blue"), " ",
+                         (f"({fmt_count(totals['flops'])} FLOPs)", "dim"))
     batch = _batch(doc)
     if batch is not None:
         text.append(f" for batch {batch}")
@@ -137,20 +111,20 @@ def _totals_line(doc: Mapping[str, Any]) -> Text:
     totals, macs = doc["totals"], _macs_text(doc)
     first = Text.assemble(("totals:", "bold"), *((" ", macs) if macs is not None else ()))
     by_dtype = totals["params_bytes"]
-    params = Text.assemble((f"params {human_bytes(sum(by_dtype.values()))}", "cyan"))
+    params = Text.assemble((f"params {fmt_count(sum(by_dtype.values()), 'B')}", "cyan"))
     if len(by_dtype) > 1:
-        each = ", ".join(f"{dtype} {human_bytes(n)}" for dtype, n in by_dtype.items())
+        each = ", ".join(f"{dtype} {fmt_count(n, 'B')}" for dtype, n in by_dtype.items())
         params.append_tokens([(" ", None), (f"({each})", "dim")])
     if totals.get("uninitialised"):
         params.append_tokens([(" ", None), (f"+ {len(totals['uninitialised'])} uninitialised",
                                             "yellow")])
     parts: list[Text | str] = [first, params]
     if totals.get("buffers_bytes"):
-        parts.append(f"buffers {human_bytes(totals['buffers_bytes'])}")
+        parts.append(f"buffers {fmt_count(totals['buffers_bytes'], 'B')}")
     if totals.get("activation_bytes") is not None:
-        parts.append(f"activations {human_bytes(totals['activation_bytes'])}")
+        parts.append(f"activations {fmt_count(totals['activation_bytes'], 'B')}")
     if totals.get("input_bytes") is not None:
-        parts.append(f"input {human_bytes(totals['input_bytes'])}")
+        parts.append(f"input {fmt_count(totals['input_bytes'], 'B')}")
     return joined(*parts)
 
 

@@ -32,7 +32,6 @@ from hookscope.render import (
     tree,
     watchview,
 )
-from hookscope.render.html import count
 
 Doc = Mapping[str, Any]
 Rows = tuple[list[dict[str, Any]], Sequence[str]]
@@ -124,18 +123,14 @@ def layers_csv(doc: Doc) -> Rows:
 
 
 def cam_csv(doc: Doc) -> Rows:
-    """The contract's columns, then ``layers`` (joined with ``+``) and one column per metric."""
+    """The contract's columns, then ``layers`` (joined with ``+``), one column per metric and a
+    volume's ``peak_d``; the peak's last coordinate is ``peak_x`` (a signal's position too)."""
     rows, present = camview.metric_columns(doc["results"])
     volume = ("peak_d",) if any(len(r.get("peak") or ()) == 3 for r in rows) else ()
-    rows = [r | _peak(r.get("peak")) | {"layers": "+".join(r.get("layers") or [r["layer"]])}
-            for r in rows]
+    last_first = ("peak_x", "peak_y", "peak_d")
+    rows = [r | dict(zip(last_first, reversed(r.get("peak") or ()), strict=False))
+            | {"layers": "+".join(r.get("layers") or [r["layer"]])} for r in rows]
     return rows, CAM_COLUMNS + ("layers", *present, *volume)
-
-
-def _peak(peak: list[int] | None) -> dict[str, int | None]:
-    """``peak_y``, ``peak_x`` (a signal's position is ``peak_x``) and a volume's ``peak_d``."""
-    padded = [None] * (3 - len(peak or ())) + list(peak or ())
-    return dict(zip(("peak_d", "peak_y", "peak_x"), padded, strict=True))
 
 
 def grads_plot(doc: Doc, *, vanish: float = 1e-3, explode: float = 1e3, **options: Any) -> Any:
@@ -185,10 +180,8 @@ def emit(command: str, doc: Any, fmt: str, output: Output, **options: Any) -> No
     own, such as ``html``) to ``output``; ``options`` go to the view.
 
     ``doc`` is the command's JSON document, or for a page the report it draws. A table goes
-    to the terminal with colour, or as plain text into a file or a pipe.
-
-    Raises:
-        HookscopeError: the command has no such format, or the output cannot be written.
+    to the terminal with colour, or as plain text into a file or a pipe. A format the command
+    lacks, or an output that cannot be written, is a :class:`HookscopeError`.
     """
     view, start = VIEWS[command], time.perf_counter()
     if fmt in view.texts:
@@ -197,11 +190,9 @@ def emit(command: str, doc: Any, fmt: str, output: Output, **options: Any) -> No
         if fmt == "html":
             size = len(text.encode("utf-8", "surrogateescape"))
             logging.getLogger("hookscope").info("wrote %s (%s) in %.2f s", output,
-                                                count(size, "B"), time.perf_counter() - start)
-    elif fmt == "json":
-        write(output, dumps_json(doc))
-    elif fmt == "ndjson":
-        write(output, dumps_ndjson(doc))
+                                                tables.fmt_count(size, "B"), time.perf_counter() - start)
+    elif fmt in ("json", "ndjson"):
+        write(output, (dumps_json if fmt == "json" else dumps_ndjson)(doc))
     elif fmt == "csv":
         if view.csv is None:
             raise HookscopeError(f"{command} has no CSV output; use --format table or json.")
