@@ -7,7 +7,7 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable, Mapping
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -87,33 +87,27 @@ def _build(name: str, weights: Any | None, seed: int, num_classes: int | None = 
             ) from exc
 
 
-def _scaled(value: Any, factor: float) -> Any:
-    if isinstance(value, (tuple, list)):
-        return type(value)(round(v * factor) for v in value)
-    return round(value * factor)
+def _scaled(value: list[int], factor: float) -> int | tuple[int, ...]:
+    """A preset's size (a list, as presets keep it) scaled, as its constructor takes it."""
+    found = tuple(round(v * factor) for v in value)
+    return found[0] if len(found) == 1 else found
 
 
 def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]:
-    """The weights' own transforms, rescaled so the crop (or resize) is ``size`` when given."""
+    """The weights' own transforms, rebuilt so the crop (or resize) is ``size`` when given."""
     from torchvision.transforms._presets import ImageClassification
 
-    factory: Any = weights.transforms if weights is not None else ImageClassification
-    cls = getattr(factory, "func", factory)
-    keywords: dict[str, Any] = dict(getattr(factory, "keywords", None) or {})
-    params = inspect.signature(cls).parameters
-    sizes = {k: keywords.get(k, params[k].default) for k in ("crop_size", "resize_size")
-             if k in params}
-    if sizes.get("crop_size") is inspect.Parameter.empty:
-        sizes["crop_size"] = 224  # ImageClassification's is required
-    if size is not None:
-        check_side("size", size)
-        if not sizes:
-            log.info("size is ignored: this model's preprocessing does not resize")
-        else:
-            first = next(iter(sizes.values()))
-            factor = size / (first[0] if isinstance(first, (tuple, list)) else first)
-            sizes = {k: _scaled(v, factor) for k, v in sizes.items() if v is not None}
-    return cls(**keywords | sizes)
+    factory = weights.transforms if weights is not None else partial(ImageClassification, crop_size=224)
+    preset = factory()
+    if size is None:
+        return preset
+    check_side("size", size)
+    sizes = {k: found for k in ("crop_size", "resize_size") if (found := getattr(preset, k, None))}
+    if not sizes:
+        log.info("size is ignored: this model's preprocessing does not resize")
+        return preset
+    factor = size / next(iter(sizes.values()))[0]
+    return factory(**{k: _scaled(v, factor) for k, v in sizes.items()})
 
 
 def _random_weights(name: str, options: LoadOptions, why: str | None = None) -> Built:
