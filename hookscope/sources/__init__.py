@@ -55,9 +55,11 @@ def resolve(spec: str) -> ModelSpec:
 def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedModel:
     """Load the model ``spec`` names, ready to run: on its device, in eval mode. Raises
     HookscopeError for anything the user gave that does not fit it."""
-    from hookscope.inputs.preprocess import with_overrides
+    from hookscope.inputs.preprocess import check_side, with_overrides
 
     options = options or LoadOptions()
+    for side in ("size", "resize", "crop"):
+        check_side(side, getattr(options, side))
     found = resolve(spec) if isinstance(spec, str) else spec
     if options.model_args and found.source != "code":
         raise HookscopeError(

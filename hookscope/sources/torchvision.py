@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param, suggest
-from hookscope.inputs.preprocess import Preprocess, check_side
+from hookscope.inputs.preprocess import Preprocess
 from hookscope.sources.base import (
     Built,
     DeclaredSize,
@@ -87,10 +87,10 @@ def _build(name: str, weights: Any | None, seed: int, num_classes: int | None = 
             ) from exc
 
 
-def _scaled(value: list[int], factor: float) -> int | tuple[int, ...]:
-    """A preset's size (a list, as presets keep it) scaled, as its constructor takes it."""
-    found = tuple(round(v * factor) for v in value)
-    return found[0] if len(found) == 1 else found
+def _scaled(value: Any, factor: float) -> Any:
+    if isinstance(value, (tuple, list)):
+        return type(value)(round(v * factor) for v in value)
+    return round(value * factor)
 
 
 def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]:
@@ -101,12 +101,14 @@ def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]
     preset = factory()
     if size is None:
         return preset
-    check_side("size", size)
-    sizes = {k: found for k in ("crop_size", "resize_size") if (found := getattr(preset, k, None))}
+    # Sizes as the constructor takes them: the factory's own, else the preset's (an int).
+    keywords = getattr(factory, "keywords", {})
+    sizes = {k: keywords.get(k, found[0]) for k in ("crop_size", "resize_size")
+             if (found := getattr(preset, k, None))}
     if not sizes:
         log.info("size is ignored: this model's preprocessing does not resize")
         return preset
-    factor = size / next(iter(sizes.values()))[0]
+    factor = size / getattr(preset, next(iter(sizes)))[0]
     return factory(**{k: _scaled(v, factor) for k, v in sizes.items()})
 
 
