@@ -137,9 +137,8 @@ def with_overrides(base: Preprocess, *, size: int | None = None, resize: int | N
                    input_channels: int | None = None) -> Preprocess:
     """``base`` with the user's options applied; any option replaces ``base``'s transform.
     ``size`` scales the crop to ``size`` and the resize alike; ``resize`` and ``crop`` set
-    either side exactly; ``input_channels`` converts images to 1 or 3 channels."""
-    for name, value in (("size", size), ("resize", resize), ("crop", crop)):
-        check_side(name, value)
+    either side exactly; ``input_channels`` converts images to 1 or 3 channels. The sides
+    are the caller's to check (:func:`check_side`)."""
     channels = input_channels
     if channels is not None and channels not in (1, 3):
         raise HookscopeError(f"{param('input_channels')} must be 1 or 3, not {channels}.")

@@ -55,9 +55,11 @@ def resolve(spec: str) -> ModelSpec:
 def load(spec: str | ModelSpec, options: LoadOptions | None = None) -> LoadedModel:
     """Load the model ``spec`` names, ready to run: on its device, in eval mode. Raises
     HookscopeError for anything the user gave that does not fit it."""
-    from hookscope.inputs.preprocess import with_overrides
+    from hookscope.inputs.preprocess import check_side, with_overrides
 
     options = options or LoadOptions()
+    for side in ("size", "resize", "crop"):
+        check_side(side, getattr(options, side))
     found = resolve(spec) if isinstance(spec, str) else spec
     if options.model_args and found.source != "code":
         raise HookscopeError(
@@ -151,9 +153,10 @@ def _dtype(name: str) -> torch.dtype:
         raise HookscopeError(f"{param('dtype')} {name!r}: choose one of {', '.join(DTYPES)}.") from None
 
 
-def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -> None:
+def _probe(loaded: LoadedModel, dtype: torch.dtype, autocast: bool) -> None:
     """Run a convolution and a matrix product in ``dtype`` (``autocast``: under autocast to
-    it) on ``device``, or say why not."""
+    it) on the model's device, and a cast detector's ``nms`` and ``roi_align``; or say why not."""
+    device, kind = loaded.device, str(dtype).removeprefix("torch.")
     where: dict[str, Any] = {"device": device} if autocast else {"device": device, "dtype": dtype}
     try:
         with torch.autocast(device.type, dtype=dtype, enabled=autocast):
@@ -162,17 +165,12 @@ def _probe_precision(device: torch.device, dtype: torch.dtype, autocast: bool) -
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         how = "autocast to " if autocast else ""
         raise HookscopeError(
-            f"{how}{str(dtype).removeprefix('torch.')} is not supported on {device} "
-            f"({clip(str(exc), 100)}); choose another {param('dtype')} or {param('device')}.") from None
-
-
-def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
-    """Refuse a cast to ``dtype`` that a detection model's ``nms`` or ``roi_align`` cannot run."""
-    if loaded.task != "detection":
+            f"{how}{kind} is not supported on {device} ({clip(str(exc), 100)}); choose another "
+            f"{param('dtype')} or {param('device')}.") from None
+    if loaded.task != "detection" or autocast:
         return
     from torchvision.ops import nms, roi_align
 
-    where: dict[str, Any] = {"device": loaded.device, "dtype": dtype}
     boxes = [[0.0, 0.0, 2.0, 2.0], [1.0, 1.0, 3.0, 3.0]]
     trials = {"nms": lambda: nms(torch.tensor(boxes, **where), torch.tensor([0.9, 0.8], **where),
                                  0.5),
@@ -182,9 +180,8 @@ def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
         try:
             run()
         except (RuntimeError, NotImplementedError):
-            kind = str(dtype).removeprefix("torch.")
             raise HookscopeError(
-                f"{loaded.name} cannot run in {kind} on {loaded.device}: torchvision's {name}, which "
+                f"{loaded.name} cannot run in {kind} on {device}: torchvision's {name}, which "
                 f"detection models run, has no {kind} kernel there. Choose {param('dtype')} float32, or "
                 f"{param('autocast')} (which keeps {name} in float32).") from None
 
@@ -192,10 +189,9 @@ def _probe_operators(loaded: LoadedModel, dtype: torch.dtype) -> None:
 def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = False) -> None:
     """Cast the model to ``dtype``, or (``autocast``) run it under ``torch.autocast``; refuse
     an unknown dtype, or one the device cannot run."""
-    device = loaded.device
     if autocast:
-        chosen = _dtype(dtype) if dtype else torch.get_autocast_dtype(device.type)
-        _probe_precision(device, chosen, autocast=True)
+        chosen = _dtype(dtype) if dtype else torch.get_autocast_dtype(loaded.device.type)
+        _probe(loaded, chosen, autocast=True)
         loaded.autocast = chosen
         return
     if dtype is None:
@@ -205,8 +201,7 @@ def set_precision(loaded: LoadedModel, dtype: str | None, *, autocast: bool = Fa
         return
     chosen = _dtype(dtype)
     if chosen != torch.float32:
-        _probe_precision(device, chosen, autocast=False)
-        _probe_operators(loaded, chosen)
+        _probe(loaded, chosen, autocast=False)
     loaded.model = loaded.model.to(chosen)
     loaded.dtype = chosen
 

@@ -46,15 +46,15 @@ class Checkpoint:
 
 
 #: A checkpoint to read: a regular file, or the bytes of one that can be read only once.
-Source = Path | bytes
+Readable = Path | bytes
 
 
-def _readable(src: Source) -> Path | io.BytesIO:
+def _readable(src: Readable) -> Path | io.BytesIO:
     """Something to open ``src`` as: the path, or a fresh stream over its bytes."""
     return io.BytesIO(src) if isinstance(src, bytes) else src
 
 
-def is_pickle(src: Source) -> bool:
+def is_pickle(src: Readable) -> bool:
     """Whether ``src`` is a ``torch.save`` archive (zip) or a pickle (protocol 2 or later)."""
     try:
         with io.BytesIO(src) if isinstance(src, bytes) else src.open("rb") as fh:
@@ -64,7 +64,7 @@ def is_pickle(src: Source) -> bool:
     return zipfile.is_zipfile(_readable(src)) or (head[:1] == b"\x80" and head[1:] >= b"\x02")
 
 
-def refuse_compiled(src: Source, path: Path) -> None:
+def refuse_compiled(src: Readable, path: Path) -> None:
     """TorchScript archives and torch.export programs have no eager modules to hook."""
     if not zipfile.is_zipfile(_readable(src)):
         return
@@ -81,7 +81,7 @@ def refuse_compiled(src: Source, path: Path) -> None:
             f"MODEL file.py:NAME and a state_dict in {param('weights')} instead.")
 
 
-def _torch_load(src: Source, trust: bool, path: Path) -> Any:
+def _torch_load(src: Readable, trust: bool, path: Path) -> Any:
     refuse_compiled(src, path)
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
@@ -142,7 +142,7 @@ def open_checkpoint(path: Path | str, *, trust: bool = False) -> Checkpoint:
     if path.is_dir():
         raise HookscopeError(f"{path} is a directory; {param('weights')} takes a checkpoint file.")
     data = read_once(path, str(path))  # read each file once: a FIFO cannot be opened twice
-    src: Source = path if data is None else data
+    src: Readable = path if data is None else data
     if path.suffix.lower() == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load, load_file

@@ -236,16 +236,11 @@ def _construct(obj: Any, kwargs: dict[str, Any], label: str, folder: Path | None
     return result
 
 
-def _target(spec: str, prefix: str = "") -> re.Match[str]:
-    """``spec`` split as ``file.py:NAME`` or ``package.module:NAME``, or one line saying it is not."""
+def _import_target(spec: str, prefix: str = "") -> tuple[Any, Path | None]:
+    """NAME of ``file.py:NAME`` or ``package.module:NAME``, imported, and its folder."""
     found = _SPEC.match(spec.strip())
     if found is None:
         raise HookscopeError(f"{prefix}{spec!r} is not file.py:NAME or package.module:NAME.")
-    return found
-
-
-def _import_target(found: re.Match[str]) -> tuple[Any, Path | None]:
-    """NAME of a :func:`_target`, imported, and its folder."""
     where, dotted = found["where"], found["name"]
     py = where.endswith(".py")
     module = _import_file(Path(where).expanduser()) if py else _import_module(where)
@@ -257,10 +252,9 @@ def _import_target(found: re.Match[str]) -> tuple[Any, Path | None]:
 def build(spec: str, model_args: Sequence[str] = (), seed: int = 0) -> nn.Module:
     """Import ``file.py:NAME`` or ``package.module:NAME`` and build the model, seeded in a
     forked RNG (the caller's global RNG is left untouched)."""
-    target = _target(spec)
     kwargs = parse_model_args(model_args)  # before the user's code runs: fail fast
     with torch.random.fork_rng(devices=[]):  # the user's code may draw or seed at import
-        obj, folder = _import_target(target)
+        obj, folder = _import_target(spec)
         torch.manual_seed(seed)  # just before building: as `manual_seed(seed); Net(...)` would
         return _construct(obj, kwargs, spec.strip(), folder)
 
@@ -269,9 +263,8 @@ def load_data(spec: str, seed: int = 0) -> Any:
     """The data set ``file.py:NAME`` or ``package.module:NAME`` names (``data``), with the
     trust a model's code has: NAME itself when it is a data set or an iterable, else what
     calling it with no arguments returns, seeded as :func:`build` seeds a model."""
-    target = _target(spec, f"{param('data')} ")
     with torch.random.fork_rng(devices=[]):
-        obj, folder = _import_target(target)
+        obj, folder = _import_target(spec, f"{param('data')} ")
         data_like = hasattr(obj, "__iter__") or hasattr(obj, "__getitem__")
         if isinstance(obj, type) or (callable(obj) and not data_like):
             torch.manual_seed(seed)

@@ -190,9 +190,7 @@ def _side(size: Any, name: str, where: str) -> tuple[int | None, bool]:
     file, ``name``: the field)."""
     if isinstance(size, (int, float)):
         return _pixels(size, name, where), False
-    def get(key: str) -> Any:
-        return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
-
+    get = getattr(size, "get", lambda key: None)  # a dict, or transformers' SizeDict
     if get("height") is not None:
         height = _pixels(get("height"), f"{name}.height", where)
         width = height if get("width") is None else _pixels(get("width"), f"{name}.width", where)

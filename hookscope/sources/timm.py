@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param, suggest
-from hookscope.inputs.preprocess import Preprocess, check_side
+from hookscope.inputs.preprocess import Preprocess
 from hookscope.sources.base import (
     Built,
     DeclaredSize,
@@ -158,7 +158,6 @@ def timm_preprocess(model: nn.Module, size: int | None = None) -> Preprocess:
 
     config = resolve_data_config({}, model=model)
     if size is not None:
-        check_side("size", size)
         config["input_size"] = (config["input_size"][0], size, size)
     channels, crop = int(config["input_size"][0]), int(config["input_size"][-1])
     crop_pct = config.get("crop_pct") or 0.875

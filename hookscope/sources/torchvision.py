@@ -7,14 +7,14 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable, Mapping
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
 from torch import nn
 
 from hookscope.core.errors import HookscopeError, param, suggest
-from hookscope.inputs.preprocess import Preprocess, check_side
+from hookscope.inputs.preprocess import Preprocess
 from hookscope.sources.base import (
     Built,
     DeclaredSize,
@@ -94,26 +94,22 @@ def _scaled(value: Any, factor: float) -> Any:
 
 
 def _preprocess_for(weights: Any | None, size: int | None) -> Callable[..., Any]:
-    """The weights' own transforms, rescaled so the crop (or resize) is ``size`` when given."""
+    """The weights' own transforms, rebuilt so the crop (or resize) is ``size`` when given."""
     from torchvision.transforms._presets import ImageClassification
 
-    factory: Any = weights.transforms if weights is not None else ImageClassification
-    cls = getattr(factory, "func", factory)
-    keywords: dict[str, Any] = dict(getattr(factory, "keywords", None) or {})
-    params = inspect.signature(cls).parameters
-    sizes = {k: keywords.get(k, params[k].default) for k in ("crop_size", "resize_size")
-             if k in params}
-    if sizes.get("crop_size") is inspect.Parameter.empty:
-        sizes["crop_size"] = 224  # ImageClassification's is required
-    if size is not None:
-        check_side("size", size)
-        if not sizes:
-            log.info("size is ignored: this model's preprocessing does not resize")
-        else:
-            first = next(iter(sizes.values()))
-            factor = size / (first[0] if isinstance(first, (tuple, list)) else first)
-            sizes = {k: _scaled(v, factor) for k, v in sizes.items() if v is not None}
-    return cls(**keywords | sizes)
+    factory = weights.transforms if weights is not None else partial(ImageClassification, crop_size=224)
+    preset = factory()
+    if size is None:
+        return preset
+    # Sizes as the constructor takes them: the factory's own, else the preset's (an int).
+    keywords = getattr(factory, "keywords", {})
+    sizes = {k: keywords.get(k, found[0]) for k in ("crop_size", "resize_size")
+             if (found := getattr(preset, k, None))}
+    if not sizes:
+        log.info("size is ignored: this model's preprocessing does not resize")
+        return preset
+    factor = size / getattr(preset, next(iter(sizes)))[0]
+    return factory(**{k: _scaled(v, factor) for k, v in sizes.items()})
 
 
 def _random_weights(name: str, options: LoadOptions, why: str | None = None) -> Built:

@@ -116,7 +116,7 @@ def _eager(fn: Callable[..., None]) -> Callable[..., None]:
     outside = torch.compiler.disable(fn)
 
     def call(*args: Any) -> None:
-        return outside(*args) if torch.compiler.is_compiling() else fn(*args)
+        (outside if torch.compiler.is_compiling() else fn)(*args)
 
     return call
 
