@@ -173,7 +173,7 @@ def debug_command(
     envelope = loaded.envelope("debug", resolved.names)
     writer = TraceWriter(fmt, s.out, envelope)
     streams = s.out.is_stdout and fmt != "json"  # the one exception to emit: see TraceWriter
-    live = streams and s.ranks == 1  # under torchrun: written once the ranks' are merged
+    live = streams and s.group.size == 1  # under torchrun: written once the ranks' are merged
     probe = DebugProbe(loaded.model, select=select, record=not live,
                        on_event=(lambda event: writer.event(event.to_dict())) if live else None)
     report = s.run(loaded, resolved, probe, "debug", shown=False, train_mode=train_mode)
@@ -394,7 +394,7 @@ def ablate(
     from hookscope.core.logits import warn_nonfinite_logits
     from hookscope.probes.ablate import AblateProbe, one_layer, parse_mode
 
-    parsed = parse_mode(mode, processes=s.ranks)
+    parsed = parse_mode(mode, processes=s.group.size)
     resolved = s.inputs(inputs)
     loaded = s.load("ablate")
     probe = AblateProbe(loaded.model, one_layer(layer), channels=channels, mode=parsed, target=target,

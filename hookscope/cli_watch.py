@@ -30,7 +30,7 @@ def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
         if inputs:
             raise HookscopeError(f"{model!r} is a training log (it holds {LOG_FILE}); give it "
                                  "alone, without INPUT.")
-        if s.ranks > 1:
+        if s.group.size > 1:
             raise HookscopeError("a training log is read by one process: run this without "
                                  "torchrun.")
         return True
