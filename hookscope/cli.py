@@ -128,11 +128,11 @@ def layers_command(
     from hookscope.probes.structure import model_structure
 
     given = [input_] if input_ is not None else []
-    if no_forward and (given or s.model.data is not None or train_mode):
-        what = "takes no INPUT" if given or s.model.data is not None else \
-            f"has no use for {param('train_mode')}"
+    reads = bool(given) or s.model.data is not None  # INPUT, or --data's first item
+    if no_forward and (reads or train_mode):
+        what = "takes no INPUT" if reads else f"has no use for {param('train_mode')}"
         raise HookscopeError(f"{param('no_forward')} runs no forward pass, so it {what}.")
-    resolved = s.inputs(given) if given or s.model.data is not None else None
+    resolved = s.inputs(given) if reads else None
     loaded = s.load("layers")
     # Train mode runs two samples: BatchNorm needs more than one value per channel.
     batch = 2 if train_mode else 1
