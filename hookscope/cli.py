@@ -8,19 +8,17 @@ Each command only wires the library together (errors, outputs and progress are
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hookscope import __version__, cli_watch
 from hookscope import options as o
-from hookscope.core.select import LEAVES, Selection
+from hookscope.core.select import LEAVES
 from hookscope.options import command, runs_model
 from hookscope.session import Session
 
 if TYPE_CHECKING:
-    from hookscope.checks.engine import CheckReport
-    from hookscope.checks.rulefile import Rules
     from hookscope.probes.diff import DiffReport
 
 app = o.App(
@@ -128,11 +126,11 @@ def layers_command(
     from hookscope.probes.structure import model_structure
 
     given = [input_] if input_ is not None else []
-    if no_forward and (given or s.model.data is not None or train_mode):
-        what = "takes no INPUT" if given or s.model.data is not None else \
-            f"has no use for {param('train_mode')}"
+    reads = bool(given) or s.model.data is not None  # INPUT, or --data's first item
+    if no_forward and (reads or train_mode):
+        what = "takes no INPUT" if reads else f"has no use for {param('train_mode')}"
         raise HookscopeError(f"{param('no_forward')} runs no forward pass, so it {what}.")
-    resolved = s.inputs(given) if given or s.model.data is not None else None
+    resolved = s.inputs(given) if reads else None
     loaded = s.load("layers")
     # Train mode runs two samples: BatchNorm needs more than one value per channel.
     batch = 2 if train_mode else 1
@@ -173,7 +171,7 @@ def debug_command(
     envelope = loaded.envelope("debug", resolved.names)
     writer = TraceWriter(fmt, s.out, envelope)
     streams = s.out.is_stdout and fmt != "json"  # the one exception to emit: see TraceWriter
-    live = streams and s.ranks == 1  # under torchrun: written once the ranks' are merged
+    live = streams and s.group.size == 1  # under torchrun: written once the ranks' are merged
     probe = DebugProbe(loaded.model, select=select, record=not live,
                        on_event=(lambda event: writer.event(event.to_dict())) if live else None)
     report = s.run(loaded, resolved, probe, "debug", shown=False, train_mode=train_mode)
@@ -361,7 +359,6 @@ def features(
     if tensorboard is not None:
         require_tensorboard()
     resolved = s.inputs(inputs)
-    s.folder(out_dir, [])  # the files are known once the model is
     loaded = s.load("features")
     sites = feature_sites(loaded.model, layers, types)
     stems = resolved.stems
@@ -395,7 +392,7 @@ def ablate(
     from hookscope.core.logits import warn_nonfinite_logits
     from hookscope.probes.ablate import AblateProbe, one_layer, parse_mode
 
-    parsed = parse_mode(mode, processes=s.ranks)
+    parsed = parse_mode(mode, processes=s.group.size)
     resolved = s.inputs(inputs)
     loaded = s.load("ablate")
     probe = AblateProbe(loaded.model, one_layer(layer), channels=channels, mode=parsed, target=target,
@@ -438,36 +435,30 @@ def check_command(
         log = read_log(model)
         report = evaluate_log(checks, log)
         doc = log_doc(log, report)
-    else:
-        report, doc = _check_run(s, checks, inputs or [], select, shown=s.shown(fmt))
+    else:  # the rules over a stats run
+        from hookscope.checks import engine as check
+        from hookscope.checks.baseline import drift_percentiles, load_baseline
+        from hookscope.probes.stats import StatsProbe
+
+        checks = checks.only("run")
+        base = load_baseline(checks)
+        resolved = s.inputs(inputs or [])
+        matched = check.match_inputs(checks, resolved.names)
+        loaded = s.load("check")  # before the labels: --data's label rule reads its forward
+        if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
+            checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
+        expected = check.expectations(matched, loaded.categories, loaded.num_classes)
+        probe = StatsProbe(loaded.model, select=select, categories=loaded.categories,
+                           output_key=loaded.output_key, percentiles=drift_percentiles(checks, base))
+        stats_report = s.run(loaded, resolved, probe, "check", shown=s.shown(fmt))
+        report = check.evaluate(checks, stats_report, inputs=resolved.names, baseline=base,
+                                expectations=expected)
+        doc = loaded.envelope("check", resolved.names) | report.to_dict()
     if junit_out is not None:
         s.emit("check", doc, "junit", junit_out)
     s.emit("check", doc, fmt)
     if not report.passed:
         raise CheckFailed(report.summary())
-
-
-def _check_run(s: Session, checks: Rules, inputs: list[str], select: Selection, *, shown: bool
-               ) -> tuple[CheckReport, dict[str, Any]]:
-    """``check MODEL INPUT...``: the rules over a stats run, and the document."""
-    from hookscope.checks import engine as check
-    from hookscope.checks.baseline import drift_percentiles, load_baseline
-    from hookscope.probes.stats import StatsProbe
-
-    checks = checks.only("run")
-    base = load_baseline(checks)
-    resolved = s.inputs(inputs)
-    matched = check.match_inputs(checks, resolved.names)
-    loaded = s.load("check")  # before the labels: --data's label rule reads its forward
-    if not checks.expect and resolved.labels is not None:  # an ImageFolder: its classes
-        checks, matched = check.folder_expectations(checks, resolved.names, resolved.labels)
-    expected = check.expectations(matched, loaded.categories, loaded.num_classes)
-    probe = StatsProbe(loaded.model, select=select, categories=loaded.categories,
-                       output_key=loaded.output_key, percentiles=drift_percentiles(checks, base))
-    stats_report = s.run(loaded, resolved, probe, "check", shown=shown)
-    report = check.evaluate(checks, stats_report, inputs=resolved.names, baseline=base,
-                            expectations=expected)
-    return report, loaded.envelope("check", resolved.names) | report.to_dict()
 
 
 @app.command("diff")

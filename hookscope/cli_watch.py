@@ -12,7 +12,6 @@ from pathlib import Path
 
 from hookscope import options as o
 from hookscope.core.errors import HookscopeError, param
-from hookscope.options import runs_model
 from hookscope.session import Session
 
 
@@ -30,7 +29,7 @@ def is_log_run(s: Session, model: str, inputs: Sequence[str] | None) -> bool:
         if inputs:
             raise HookscopeError(f"{model!r} is a training log (it holds {LOG_FILE}); give it "
                                  "alone, without INPUT.")
-        if s.ranks > 1:
+        if s.group.size > 1:
             raise HookscopeError("a training log is read by one process: run this without "
                                  "torchrun.")
         return True
@@ -60,7 +59,7 @@ def _apart(log_dir: Path, given: Iterable[str]) -> None:
                     f"give a {param('log_dir')} outside the inputs.")
 
 
-@runs_model
+@o.runs_model
 def watch_command(
     model: o.ModelArg, inputs: o.InputsArg, steps: o.WatchStepsOpt = 50,
     lr: o.WatchLrOpt = 0.01, momentum: o.WatchMomentumOpt = 0.0,

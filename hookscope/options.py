@@ -215,7 +215,7 @@ def _with_options(options: dict[str, tuple[Any, Any]],
                 own += _keywords(bundle.options)
             elif p.name != "s":
                 if p.annotation == InputsArg and p.default is p.empty:  # none with --data
-                    p = p.replace(default=None, annotation=_SomeInputs)
+                    p = p.replace(default=(), annotation=_SomeInputs)
                 own.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
         added = _keywords({name: ((replace or {}).get(name, annotation), default)
                            for name, (annotation, default) in options.items()})
@@ -225,8 +225,6 @@ def _with_options(options: dict[str, tuple[Any, Any]],
         def run(ctx: typer.Context, **kwargs: Any) -> Any:
             values = {name: kwargs.pop(name) for name in names}
             kwargs = {name: _plain(v) for name, v in kwargs.items()}
-            if "inputs" in kwargs and kwargs["inputs"] is None:
-                kwargs["inputs"] = []
             for name, bundle in bundles.items():
                 kwargs[name] = bundle.build(**{k: kwargs.pop(k) for k in bundle.options})
             with session(_flags(ctx), ctx.command.name, model=kwargs.get("model", ""),

@@ -75,9 +75,6 @@ class CamTarget:
     score: float
     prob: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class CamInput:
@@ -98,7 +95,7 @@ class CamInput:
     def to_dict(self) -> dict[str, Any]:
         predictions = None if self.predictions is None else [p.to_dict() for p in self.predictions]
         return {"input": self.name, "size": list(self.image.size) if self.image is not None else None,
-                "targets": {m: t.to_dict() for m, t in self.targets.items()},
+                "targets": {m: asdict(t) for m, t in self.targets.items()},
                 "predictions": predictions, "skipped": self.skipped}
 
 
@@ -116,9 +113,6 @@ class Finding:
     call: int
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Attributions:
@@ -132,7 +126,7 @@ class Attributions:
 
     def to_dict(self, names: Sequence[str]) -> dict[str, Any]:
         return {"method": self.method, "inputs": [
-            {"input": n, "target": t.to_dict(), "sum": s}
+            {"input": n, "target": asdict(t), "sum": s}
             for n, t, s in zip(names, self.targets, self.sums, strict=True)]}
 
 
@@ -182,7 +176,7 @@ class Report:
                         "methods": self.methods, "inputs": [i.to_dict() for i in self.inputs]},
             "attribution": None if self.attribution is None else self.attribution.to_dict(
                 [i.name for i in self.inputs]),
-            "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
+            "findings": [asdict(f) for f in self.findings], "notes": list(self.notes),
             "thresholds": {"dead": DEAD, "vanish": self.options.vanish, "explode": self.options.explode}}
 
 
@@ -268,15 +262,6 @@ def _first_sample(batches: Callable[[], Iterable[Batch]]) -> Any:
     return None if first is None else take(first.tensor, slice(0, 1))
 
 
-def _flops(loaded: LoadedModel, sample: Any, input_shape: list[int] | None,
-           ) -> tuple[int | None, int | None, list[int] | None]:
-    """Parameter count, and the FLOPs of the first input (``sample``)."""
-    if sample is None:
-        return model_structure(loaded.model).params, None, None
-    found = model_structure(loaded.model, sample, autocast=loaded.autocast)
-    return found.params, found.flops, None if input_shape is None else [1, *input_shape]
-
-
 def _explain(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]],
              collector: _CamCollector, options: dict[str, Any]) -> tuple[CamReport | None, str | None]:
     """Grad-CAM over the inputs, or None and why it does not apply: no input a map can be
@@ -338,13 +323,15 @@ def build_report(loaded: LoadedModel, batches: Callable[[], Iterable[Batch]], na
     image = cam is not None and isinstance(sample, torch.Tensor) and sample.dim() == 4
     attribution = _attributions(loaded, batches(), attr_probe, progress) \
         if attr_probe is not None and image else None
-    params, flops, shape = _flops(loaded, sample, stats.input_shape)
+    counted = model_structure(model, sample, autocast=loaded.autocast)  # the first input's FLOPs
+    shape = None if sample is None or stats.input_shape is None else [1, *stats.input_shape]
     predictions = stats.predictions or [[] for _ in collector.inputs]
     inputs = [replace(item, predictions=None if preds is None else list(preds))
               for item, preds in zip(collector.inputs, predictions, strict=False)]
     return Report(
         envelope=loaded.envelope("report", list(names)),
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), params=params, flops=flops,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), params=counted.params,
+        flops=None if sample is None else counted.flops,
         flops_shape=shape, stats=stats, grads=grads, cam_layer=cam.layer if cam else "",
         methods=cam.methods if cam else [], cam_layer_default=opts.layer is None, inputs=inputs,
         findings=find_issues(stats, grads), notes=cam.notes if cam else [], options=opts,

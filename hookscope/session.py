@@ -110,7 +110,7 @@ def session(flags: Mapping[str, str], command: str | None, *, quiet: bool = Fals
         raise failed(exc.render(lambda name: flags.get(name, name)), exc.exit_code) from None
     except Interrupted as exc:
         why = " (torchrun stops every rank once one has exited: its report names that rank)" \
-            if s.ranks > 1 else ""
+            if s.group.size > 1 else ""
         raise failed(f"stopped by {exc}{why}; no output was written", 128 + exc.signum,
                      stopped=True) from None
     except KeyboardInterrupt:
@@ -165,11 +165,6 @@ class Session:
         self.data: Any = None  # --data's hookscope.inputs.data.DataSource, once resolved
         self.nothing = False  # no INPUT: one call of no arguments, if the forward takes none
 
-    @property
-    def ranks(self) -> int:
-        """How many processes run this command (1 outside torchrun)."""
-        return self.group.size
-
     # ------------------------------------------------------------------ the steps
 
     def plot_output(self, path: Path | None) -> Output | None:
@@ -196,20 +191,13 @@ class Session:
                 ) -> None:
         """Refuse to write any file the run reads (the same file by any name): an output
         that replaced an input or the weights is never what was meant, ``--force`` or not."""
-        written = {}
-        for target in self.writes:
-            with suppress(OSError):  # not there yet: then it is nothing the run reads
-                st = os.stat(target)
-                written[(st.st_dev, st.st_ino)] = target
+        written = {_file_id(target): target for target in self.writes}
+        written.pop(None, None)  # not there yet: then it is nothing the run reads
         for path in paths if written else ():
-            if path is None:
-                continue
-            with suppress(OSError):
-                st = os.stat(path)
-                if (st.st_dev, st.st_ino) in written:
-                    raise HookscopeError(
-                        f"{written[(st.st_dev, st.st_ino)]} is {what} ({path}); writing the "
-                        "output there would replace it. Choose another output.")
+            target = None if path is None else written.get(_file_id(path))
+            if target is not None:
+                raise HookscopeError(f"{target} is {what} ({path}); writing the output there "
+                                     "would replace it. Choose another output.")
 
     def inputs(self, specs: Sequence[str]) -> InputSet:
         """Resolve inputs before the model loads, so a bad path fails fast (HookscopeError: a
@@ -217,11 +205,10 @@ class Session:
         from hookscope.inputs.resolve import STDIN, resolve_inputs
         from hookscope.sources import resolve
 
-        if self.ranks > 1 and STDIN in specs:
+        if self.group.size > 1 and STDIN in specs:
             raise HookscopeError("'-' (stdin) cannot be read under torchrun, where every "
                                  "process would need it; pass the image as a file.")
         options = self.model
-        data = None
         if options.data is not None:
             from hookscope.inputs.data import DataSource
             from hookscope.sources.code import load_data
@@ -229,14 +216,13 @@ class Session:
             if specs:
                 raise HookscopeError(f"Give INPUT files or {param('data')}, not both.")
             self.reading([options.data.rpartition(":")[0]], "a file the data is loaded from")
-            data = DataSource(load_data(options.data, options.load.seed), options.data,
-                              limit=None if options.shuffle else options.limit)
-        self.nothing = not specs and data is None
+            self.data = DataSource(load_data(options.data, options.load.seed), options.data,
+                                   limit=None if options.shuffle else options.limit)
+        self.nothing = not specs and self.data is None
         resolved = resolve_inputs(specs, ndim=resolve(options.name).input_ndim,
                                   recursive=options.recursive, limit=options.limit,
-                                  shuffle=options.shuffle, seed=options.load.seed, data=data,
+                                  shuffle=options.shuffle, seed=options.load.seed, data=self.data,
                                   nothing=True, as_is=options.as_is)
-        self.data = data
         self.reading(item.path for item in resolved.items)
         self.group.agree(resolved.names)
         return resolved
@@ -304,7 +290,7 @@ class Session:
         process sees the others' progress)."""
         from hookscope.render import console
 
-        return console.progress(total, label, enabled=enabled and self.ranks == 1)
+        return console.progress(total, label, enabled=enabled and self.group.size == 1)
 
     def shown(self, fmt: str) -> bool:
         """Whether a progress bar fits: a table, or data that does not go to stdout."""
@@ -317,6 +303,14 @@ class Session:
         from hookscope.render.views import emit
 
         emit(command, doc, fmt, self.out if output is None else output, **options)
+
+
+def _file_id(path: Path | str) -> tuple[int, int] | None:
+    """The file at ``path`` whatever its name (device and inode), or None: no file there."""
+    with suppress(OSError):
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+    return None
 
 
 # ----------------------------------------------------------------------------- diff's two sides
