@@ -7,7 +7,9 @@ copy of the model (under its own open watch), and the variants' steps are interl
 by round, so load from other processes hits every variant alike. The figure is this
 process's CPU time (``time.process_time``: it does not count time spent waiting for a core;
 ``--threads 1``, the default, keeps it free of thread-pool spinning); the ratios printed
-are of the minimum step times and of the median ones.
+are of the minimum step times, of the median ones, and the median over rounds of each
+round's ratio (paired: a round's variants ran within a second of each other, so load that
+comes and goes cancels; a minimum is one lucky round).
 
     .venv/bin/python benchmarks/bench_watch.py [--rounds 8] [--models resnet18,cnn]
 
@@ -105,13 +107,15 @@ def bench(name: str, rounds: int) -> dict[str, list[float]]:
 def report(name: str, times: dict[str, list[float]]) -> None:
     (batch, size, _, together), goals = MODELS[name]
     print(f"-- {name}, batch {batch} at {size}px: CPU time per step ({together} timed together), "
-          "ratios of the minimums and of the medians to the unwatched step's")
+          "ratios to the unwatched step's: of the minimums, of the medians, paired median")
     low = {v: min(t) for v, t in times.items()}
     mid = {v: statistics.median(t) for v, t in times.items()}
+    paired = {v: statistics.median(a / b for a, b in zip(t, times["bare"], strict=True))
+              for v, t in times.items()}
     extra = low["every1"] - low["bare"]  # a logging step's extra cost
     for v, label in LABELS.items():
         line = (f"{label:38s} {low[v] * 1e3:8.1f} ms  min {low[v] / low['bare']:5.3f}x  "
-                f"median {mid[v] / mid['bare']:5.3f}x")
+                f"median {mid[v] / mid['bare']:5.3f}x  paired {paired[v]:5.3f}x")
         if v in ("check", "off"):
             line += f"  with 1/100 logging step {(low[v] + extra / 100) / low['bare']:5.3f}x"
         if v in goals:
