@@ -376,6 +376,15 @@ CamMetricsOpt = Annotated[str | None, typer.Option(
     help="Score each map: road, deletion, insertion, drop, increase (comma list) or all.")]
 CamPercentilesOpt = Annotated[str | None, typer.Option(
     help="ROAD's percentiles, a comma list. [default: 10,20,...,90]")]
+#: gradcam's options that :class:`~hookscope.cam.probe.CamOptions` holds, as one ``{name: value}``.
+CamOptionsOpt = Annotated[dict[str, Any], Bundle({
+    "reshape": (CamReshapeOpt, "auto"), "score_batch": (CamScoreBatchOpt, 32),
+    "aug_smooth": (CamAugSmoothOpt, False), "eigen_smooth": (CamEigenSmoothOpt, False),
+    "guided": (CamGuidedOpt, False), "mask": (CamMaskOpt, None), "box_index": (CamBoxIndexOpt, None),
+    "iou": (CamIouOpt, 0.5), "min_score": (CamMinScoreOpt, 0.5), "metrics": (CamMetricsOpt, None),
+    "percentiles": (CamPercentilesOpt, None), "head_fusion": (CamHeadFusionOpt, "mean"),
+    "discard_ratio": (CamDiscardRatioOpt, 0.0), "overlay_input": (CamOverlayInputOpt, None),
+}, dict)]
 AttrMethodOpt = Annotated[list[AttrMethod] | None, typer.Option(  # type: ignore[valid-type]
     "--method", "-m", help="Attribution method (repeatable). [default: saliency]")]
 AttrStepsOpt = Annotated[int, typer.Option(
@@ -404,6 +413,13 @@ AttrBatchCapOpt = Annotated[int, typer.Option(
 AttrSaveRawOpt = Annotated[bool, typer.Option(
     "--save-raw", help="Also write <stem>.<method>.npy: the float32 attribution of the model "
     "input's shape (C, H, W), before any channel reduction.")]
+#: attribute's options that :class:`~hookscope.cam.attribution.AttrOptions` holds, as one
+#: ``{name: value}``.
+AttrOptionsOpt = Annotated[dict[str, Any], Bundle({
+    "steps": (AttrStepsOpt, 50), "baseline": (AttrBaselineOpt, "zero"),
+    "samples": (AttrSamplesOpt, 50), "noise": (AttrNoiseOpt, 0.15), "window": (AttrWindowOpt, "16"),
+    "stride": (AttrStrideOpt, "8"), "value": (AttrValueOpt, 0.0), "batch_cap": (AttrBatchCapOpt, 32),
+}, dict)]
 GradsLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
     help="logit: the target logit summed over inputs; ce: cross-entropy against --label, summed "
     "over inputs.")]

@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,7 @@ from hookscope.cam.faithfulness import MetricPlan, class_scorer, metric_plan
 from hookscope.cam.passes import or_zeros, score_grads
 from hookscope.cam.result import detection_rows
 from hookscope.cam.rules import RULE_TYPES, apply_rule, writing_copies
-from hookscope.cam.targets import Aim, Focus, Objective, Origins, infer_task
-from hookscope.core.classes import Targets, as_targets
+from hookscope.cam.targets import Aim, Focus, Objective, Origins, aim_targets, infer_task
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call
 from hookscope.core.run import Batch, Probe, Step, drive
@@ -84,12 +83,6 @@ class AttrOptions(Aim):
                 and not Path(self.baseline).is_file():
             raise HookscopeError(f"{param('baseline')} {self.baseline!r}: give zero, blur, "
                                  "noise or a .npy/.pt file of the model input's shape.")
-
-
-    def with_targets(self, targets: Targets | None, task: str | None = None,
-                     output_key: str | None = None) -> AttrOptions:
-        """These options with the model's targets, task and output key."""
-        return replace(self, targets=targets, task=task, output_key=output_key)
 
 
 def pair(value: str | int | Sequence[int], name: str) -> tuple[int, int]:
@@ -466,13 +459,11 @@ def attribute(model: nn.Module, x: torch.Tensor | Iterable[torch.Tensor], *,
         HookscopeError: an unknown method, an option out of range, or a target list whose
             length does not match the number of inputs.
     """
-    task = options.get("task") or infer_task(model)
-    targets = None if target is None and task == "detection" else as_targets(target, categories)
+    task = options.pop("task", None) or infer_task(model)
     batches = [x] if isinstance(x, torch.Tensor) else list(x)
     batches = [b.unsqueeze(0) if b.dim() == 3 else b for b in batches]
-    if targets is not None:
-        targets.check_count(sum(len(b) for b in batches))
-    opts = attr_options((method,), targets=targets, **options)
+    targets = aim_targets(task, target, categories, sum(len(b) for b in batches))
+    opts = attr_options((method,), targets=targets, task=task, **options)
     probe = AttributionProbe(model, opts)
     found = drive(model, batches, probe, progress=progress, autocast=autocast).results[
         probe.methods[0].name]

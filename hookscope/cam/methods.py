@@ -49,12 +49,10 @@ class FullBackward:
 
 @dataclass
 class CamInputs:
-    """What a method may use at one target layer: the layer's activations (N, C, h, w), the
-    gradients of the summed target scores there (None unless the method takes gradients),
-    the input, the target classes, and ``run``: the batch's
-    :class:`hookscope.cam.passes.BatchRun`, whose extra passes (``score``, ``ablate``,
-    ``regrad``, ``hvp``, ``noisy``, ``noise``, ``attention``) or FullGrad pass (``full``) the
-    method names in its ``needs``; ``layer`` and ``method`` say where and for whom."""
+    """What a method may use at one target layer: its activations (N, C, h, w), the gradients
+    of the summed target scores there (None for a method without ``gradients``), the input,
+    the target classes, and ``run``, the batch's :class:`hookscope.cam.passes.BatchRun`, for
+    the extra passes the method names in its ``needs``."""
 
     acts: torch.Tensor
     grads: torch.Tensor  # None for a method registered without gradients
@@ -111,12 +109,9 @@ class Method:
     name: str
     fn: CamFn
     gradients: bool = True
-    needs: frozenset[str] = frozenset()
+    needs: tuple[str, ...] = ()
     classifier: bool = False
     layerwise: bool = True
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "needs", frozenset(self.needs))  # registered as a tuple
 
 
 METHODS: Registry[Method] = Registry("CAM method", Method)

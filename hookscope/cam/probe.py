@@ -18,11 +18,10 @@ from hookscope.cam.attention import AttentionPass
 from hookscope.cam.faithfulness import class_scorer, metric_plan
 from hookscope.cam.layer import default_layer, why_chosen
 from hookscope.cam.methods import CamInputs, Method, get_method, method_names, project
-from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Placed, Switch, has_bias
+from hookscope.cam.passes import BatchRun, CapturePass, InputPass, Placed, Switch, has_bias
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
-from hookscope.cam.targets import Aim, Focus, Objective, Origins, infer_task
+from hookscope.cam.targets import Aim, Focus, Objective, Origins, aim_targets, infer_task
 from hookscope.core.arguments import placement, rows, take
-from hookscope.core.classes import as_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.run import Step, drive, peek
 from hookscope.core.select import Site, all_sites, find_site
@@ -121,7 +120,6 @@ class CamProbe(Switch[CamReport]):
         objective, hint, guided = self.objective, token_hint(model), self.options.guided
         self.capture = CapturePass(self, objective, self.layer_sites, hint, self.options.reshape,
                                    any(m.gradients for m in self.methods), "hvp" in needs)
-        self.ablation = AblationPass(self, objective, self.capture)
         everything = all_sites(model) if "full" in needs or guided else []
         bias = [s for s in everything if has_bias(s.module)] if "full" in needs else []
         relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if guided else []
@@ -168,7 +166,7 @@ class CamProbe(Switch[CamReport]):
 
     def _raws(self, method: Method, run: BatchRun) -> list[torch.Tensor]:
         """The method's raw maps (ReLU'd) at each layer (once, for FullGrad)."""
-        grad_free = not method.needs & {"regrad", "hvp", "noisy"}
+        grad_free = {"regrad", "hvp", "noisy"}.isdisjoint(method.needs)
         raws = []
         for layer in range(len(self.layer_sites) if method.layerwise else 1):
             inputs = CamInputs(run.cap.nchw[layer], run.cap.grads[layer], run.x,  # type: ignore[arg-type]
@@ -230,25 +228,26 @@ class CamProbe(Switch[CamReport]):
                    for m in self.methods} if self.kept else {}
         return CamReport(methods=[m.name for m in self.methods], results=results,
                          notes=list(self.notes), layers=[s.name for s in self.layer_sites],
-                         layer_shapes=self.layer_shapes, task=self.task)
+                         layer_shapes=self.layer_shapes, task=self.task, options=self.options)
 
 
-def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
-            transform: Any = None, sink: Callable[[CamBatch], None] | None = None,
+def explain(model: nn.Module, inputs: Any, options: CamOptions | None = None, *,
+            layer: Layers | None = None, transform: Any = None,
+            sink: Callable[[CamBatch], None] | None = None,
             progress: Callable[[int], None] | None = None,
-            autocast: torch.dtype | None = None, **options: Any) -> CamReport:
+            autocast: torch.dtype | None = None, **fields: Any) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
-    ``layer`` None picks :func:`default_layer` on the first input (logged); ``options`` are
-    :class:`CamOptions`' (``methods``, ``targets``, ``task``...), the others
-    :class:`CamProbe`'s.
+    ``layer`` None picks :func:`default_layer` on the first input (logged); ``options`` and
+    ``fields`` (which replace some of them) are :class:`CamOptions`' (``methods``,
+    ``targets``, ``task``...), the others :class:`CamProbe`'s.
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or an
             option that does not fit the model.
         ForwardError: the model's forward pass raised.
     """
-    opts = CamOptions(**options)
+    opts = replace(options or CamOptions(), **fields)
     objective = opts.objective(model)
     batches: Any = inputs
     if layer is None:
@@ -264,15 +263,12 @@ def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
     return drive(model, batches, probe, progress=progress, autocast=autocast)
 
 
-def check_explain(model: nn.Module, *, layer: Layers | None = None, **options: Any) -> None:
+def check_explain(model: nn.Module, *, layer: Layers | None = None, **fields: Any) -> None:
     """Raise what :func:`explain` with these arguments would refuse, without running the
     model (so a command that runs other analyses first refuses before any of them)."""
-    opts = CamOptions(**options)
-    objective = opts.objective(model)
     sites = [s for s in all_sites(model) if s.name]
-    if layer is None and not sites:
-        return
-    CamProbe(model, layer if layer is not None else sites[-1].name, opts, objective=objective)
+    if layer is not None or sites:
+        CamProbe(model, layer if layer is not None else sites[-1].name, CamOptions(**fields))
 
 
 def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
@@ -301,15 +297,13 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
         HookscopeError: unknown layer or method, a layer without a spatial output, or a
             target list whose length does not match the number of inputs.
     """
-    options["task"] = options.get("task") or infer_task(model)
-    targets = None if target is None and options["task"] == "detection" else \
-        as_targets(target, categories)
+    task = options.pop("task", None) or infer_task(model)
     batches = [inputs] if isinstance(inputs, (torch.Tensor, tuple, dict)) else list(inputs)
     batches = [b.unsqueeze(0) if isinstance(b, torch.Tensor) and b.dim() == 3 else b
                for b in batches]
-    if targets is not None:
-        targets.check_count(sum(rows(b) for b in batches))
-    report = explain(model, batches, layer=layer, methods=(method,), targets=targets, **options)
+    targets = aim_targets(task, target, categories, sum(rows(b) for b in batches))
+    report = explain(model, batches, layer=layer, methods=(method,), targets=targets, task=task,
+                     **options)
     for note in report.notes:
         log.warning(note)
     return report.results[get_method(method).name]

@@ -15,15 +15,15 @@ import numpy as np
 import torch
 
 from hookscope.cam.methods import resize
-from hookscope.core.classes import Targets, parse_targets
+from hookscope.core.classes import Targets, as_targets, parse_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.logits import class_logits, select_logits
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
 
-__all__ = ["Aim", "Focus", "Objective", "Origins", "TASKS", "box_score", "infer_task", "load_mask",
-           "task_targets"]
+__all__ = ["Aim", "Focus", "Objective", "Origins", "TASKS", "aim_targets", "box_score", "infer_task",
+           "load_mask", "task_targets"]
 
 TASKS = ("classification", "segmentation", "detection")
 Box = tuple[float, float, float, float]
@@ -323,13 +323,22 @@ def _fit_mask(mask: np.ndarray, input_hw: Sequence[int], out_hw: Sequence[int],
     return resize(fitted[None], out_hw, "nearest")[0]
 
 
-def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, Targets | None]:
-    """A loaded model's task and its parsed ``target``, checked against the number of inputs
-    (None for a detector without one: every detection)."""
-    task = loaded.task if loaded.task in TASKS else infer_task(loaded.model)
+def aim_targets(task: str, target: Any, categories: Sequence[str] | None,
+                n_inputs: int) -> Targets | None:
+    """``target`` (as :func:`~hookscope.core.classes.as_targets` takes it) for a ``task``
+    model, checked against the number of inputs; None for a detector without one (every
+    detection)."""
     if target is None and task == "detection":
-        return task, None
-    return task, parse_targets(target, loaded.categories, n_inputs=n_inputs)
+        return None
+    targets = as_targets(target, categories)
+    targets.check_count(n_inputs)
+    return targets
+
+
+def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, Targets | None]:
+    """A loaded model's task and its parsed ``target`` (see :func:`aim_targets`)."""
+    task = loaded.task if loaded.task in TASKS else infer_task(loaded.model)
+    return task, aim_targets(task, target, loaded.categories, n_inputs)
 
 
 def crop_box(transform: Any, size: tuple[int, int]) -> Box:
