@@ -385,11 +385,7 @@ class AttributionProbe(Probe[AttrReport]):
             for res in results.values():
                 maps = torch.from_numpy(np.stack([overlay_map(a) for a in res.attributions]))
                 res.metrics = self.plan.evaluate(score, x, maps, self.options.batch_cap)
-        explained = AttrBatch(step.batch, step.start, results, origins.boxes)
-        if self.sink is not None:
-            self.sink(explained)
-        else:
-            self.kept.append(explained)
+        (self.sink or self.kept.append)(AttrBatch(step.batch, step.start, results, origins.boxes))
 
     def _clean(self, step: Step, origins: Origins) -> Clean:
         """The plain pass: the inputs and, in the same pass, their baselines if needed."""

@@ -255,11 +255,8 @@ def scorecam(inp: CamInputs) -> torch.Tensor:
     if bool(constant.any()):
         zero = score(torch.zeros_like(inp.x), list(range(n))).float()
         scores[constant] = zero[:, None].expand(n, c)[constant]
-    step = inp.run.score_batch
     for i in range(n):
-        live = torch.nonzero(~constant[i]).flatten()
-        for c0 in range(0, len(live), step):
-            idx = live[c0 : c0 + step]
+        for idx in torch.nonzero(~constant[i]).flatten().split(inp.run.score_batch):
             up = F.interpolate(a[i : i + 1, idx], size=size, mode=SMOOTH_MODES[len(size)],
                                align_corners=True)
             masks = minmax(up, 1e-8, len(size))[0]
@@ -290,11 +287,9 @@ def ablationcam(inp: CamInputs) -> torch.Tensor:
     base = run.cap.scores.float()
     n, c = a.shape[:2]
     scores = torch.empty((n, c), dtype=torch.float32, device=a.device)
-    step = run.score_batch
     for i in range(n):
-        for c0 in range(0, c, step):
-            channels = list(range(c0, min(c, c0 + step)))
-            scores[i, c0 : c0 + step] = run.ablate(inp.layer, i, channels).float()
+        for channels in torch.arange(c).split(run.score_batch):
+            scores[i, channels] = run.ablate(inp.layer, i, channels.tolist()).float()
     return _channels((base[:, None] - scores) / base[:, None], a)
 
 
@@ -404,13 +399,10 @@ def _score_masks(inp: CamInputs, masks: torch.Tensor, scale: float = 1.0) -> tor
     score, base = inp.run.score, inp.run.cap.scores.float()
     n, c = masks.shape[:2]
     flat = masks.reshape(n * c, 1, *masks.shape[2:])
-    rows = [i for i in range(n) for _ in range(c)]
     out = torch.empty(n * c, dtype=torch.float32, device=masks.device)
-    step = inp.run.score_batch
-    for s in range(0, n * c, step):
-        idx = rows[s : s + step]
-        masked = scale * (flat[s : s + step] * inp.x[idx])
-        out[s : s + len(idx)] = score(masked, idx).float() - base[idx]
+    for index in torch.arange(n * c, device=masks.device).split(inp.run.score_batch):
+        rows = (index // c).tolist()
+        out[index] = score(scale * (flat[index] * inp.x[rows]), rows).float() - base[rows]
     return out.reshape(n, c)
 
 

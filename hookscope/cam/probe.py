@@ -202,26 +202,17 @@ class CamProbe(Switch[CamReport]):
         results = {m.name: make_result(m, accs[m.name], focus, scores, target_probs, guided,
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}
-        if self.metrics is not None:
-            results = self._metrics(results, step, x, focus)
+        if self.metrics is not None:  # plain passes of perturbed inputs
+            score = class_scorer(step, self.objective.output, focus.classes, step.place)
+            results = {name: replace(res, metrics=self.metrics.evaluate(
+                           score, x, torch.from_numpy(res.maps), self.options.score_batch))
+                       for name, res in results.items()}
         explained = CamBatch(batch=step.batch, start=step.start, results=results,
                              boxes=origins.boxes, skipped=list(focus.skipped),
                              shown=x.detach().float().cpu())
         self.notes.update(dict.fromkeys(why for why in focus.skipped if why is not None))
         self.notes.update(dict.fromkeys(explained.notes))
-        if self.sink is not None:
-            self.sink(explained)
-        else:
-            self.kept.append(explained)
-
-    def _metrics(self, results: dict[str, CamResult], step: Placed, x: torch.Tensor,
-                 focus: Focus) -> dict[str, CamResult]:
-        """Each result with its faithfulness metrics (plain passes of perturbed inputs)."""
-        assert self.metrics is not None
-        score = class_scorer(step, self.objective.output, focus.classes, step.place)
-        return {name: replace(res, metrics=self.metrics.evaluate(
-                    score, x, torch.from_numpy(res.maps), self.options.score_batch))
-                for name, res in results.items()}
+        (self.sink or self.kept.append)(explained)
 
     def finish(self) -> CamReport:
         results = {m.name: CamResult.concat([b.results[m.name] for b in self.kept])
