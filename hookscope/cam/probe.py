@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -50,10 +49,9 @@ Layers = str | nn.Module | Sequence[str | nn.Module]
 @dataclass(frozen=True)
 class CamOptions(Aim):
     """The ``gradcam`` command's options (docs/gradcam.md), given once to :func:`explain`:
-    :class:`~hookscope.cam.targets.Aim`'s, and a segmentation's region ``mask``."""
+    :class:`~hookscope.cam.targets.Aim`'s, and the CAM's own."""
 
     methods: Sequence[str] = ("gradcam",)
-    mask: np.ndarray | None = None
     reshape: str = "auto"
     score_batch: int = 32
     aug_smooth: bool = False
@@ -62,9 +60,6 @@ class CamOptions(Aim):
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
     overlay_input: int | str | None = None
-
-    def objective(self, model: nn.Module, mask: np.ndarray | None = None) -> Objective:
-        return super().objective(model, self.mask if mask is None else mask)
 
 
 def _site(model: nn.Module, layer: str | nn.Module) -> Site:
