@@ -403,12 +403,10 @@ class AttributionProbe(Probe[AttrReport]):
     def _result(self, run: AttrRun) -> AttrResult:
         attr = run.method.fn(run).detach().float()
         sums = attr.flatten(1).double().sum(dim=1)
-        base_scores: list[float | None] = [None] * len(attr)
-        gaps: list[float | None] = [None] * len(attr)
-        if run.method.baseline and run.baseline_scores is not None:
-            base = run.baseline_scores
-            base_scores = base.tolist()
-            gaps = (sums - (run.clean.double() - base)).tolist()
+        base = run.baseline_scores if run.method.baseline else None
+        none: list[float | None] = [None] * len(attr)
+        base_scores = none if base is None else base.tolist()
+        gaps = none if base is None else (sums - (run.clean.double() - base)).tolist()
         return AttrResult(run.method.name, attr.cpu().numpy(), list(run.focus.classes),
                           run.clean.tolist(), sums.tolist(), base_scores, gaps,
                           detections=detection_rows(run.focus))
