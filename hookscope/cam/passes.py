@@ -17,7 +17,7 @@ from torch import nn
 from hookscope.cam.methods import PLAIN, SMOOTH_STD, FullBackward
 from hookscope.cam.rules import guided
 from hookscope.cam.targets import Focus, Objective, Origins
-from hookscope.core.arguments import Placement
+from hookscope.core.arguments import Placement, map_tensors
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call
 from hookscope.core.run import GradMode, Probe, Step
@@ -28,14 +28,6 @@ if TYPE_CHECKING:
     from hookscope.cam.probe import CamProbe
 
 R = TypeVar("R")
-
-
-def detach(out: Any) -> Any:
-    """A model output (a tensor, or a detector's list of dicts) without its graph."""
-    if isinstance(out, torch.Tensor):
-        return out.detach()
-    return [{k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in d.items()}
-            for d in out]
 
 
 def output_tensor(output: Any) -> torch.Tensor | None:
@@ -221,7 +213,7 @@ class CapturePass(Pass):
         self.size = extent(x)
         with self.switch.running(self):
             graph_out = self.objective.output(step.forward(x))
-        out = detach(graph_out)
+        out = map_tensors(graph_out, torch.Tensor.detach)  # a detector's: a list of dicts
         taken = [c for c in self.cap if c is not None]
         if len(taken) < len(self.cap):
             raise HookscopeError(f"Layer {self.layer_sites[self.cap.index(None)].name!r} did "
