@@ -282,17 +282,6 @@ class AttrRun:
             masks[n, :, top:top + wh, left:left + ww] = True
         return masks.to(self.x.device)
 
-    def units(self) -> int:
-        """The derived inputs this method evaluates for this batch (progress units)."""
-        name, n, opts = self.method.name, len(self.x), self.options
-        if name == "integrated-gradients":
-            return n * opts.steps
-        if name in ("smoothgrad", "smoothgrad-sq", "vargrad"):
-            return n * opts.samples
-        if name == "occlusion":
-            return n * len(self.windows())
-        return n
-
 
 class AttributionProbe(Probe[AttrReport]):
     """Computes one or more attribution methods, batch by batch (see the module's notes);
@@ -377,7 +366,7 @@ class AttributionProbe(Probe[AttrReport]):
             logging.getLogger("hookscope").warning(why)
         runs = [AttrRun(self, step, clean, m) for m in self.methods]
         if not self.expected and self.n_inputs:
-            step.expect(sum(r.units() for r in runs) * self.n_inputs // max(len(x), 1))
+            step.expect(sum(r.method.rows(r) for r in runs) * self.n_inputs)
             self.expected = True
         results = {r.method.name: self._result(r) for r in runs}
         if self.plan is not None:

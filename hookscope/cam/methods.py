@@ -104,7 +104,8 @@ class Registry(dict[str, E]):
 class Method:
     """A registered CAM method: ``needs`` names the extra passes it runs (see :class:`CamInputs`);
     ``classifier``: it compares a classifier's classes; not ``layerwise``: it ignores the
-    target layers (one map, not one per layer)."""
+    target layers (one map, not one per layer); ``image_only``: why it needs an image, not a
+    signal or volume (docs/gradcam.md, "Signals and volumes")."""
 
     name: str
     fn: CamFn
@@ -112,6 +113,7 @@ class Method:
     needs: tuple[str, ...] = ()
     classifier: bool = False
     layerwise: bool = True
+    image_only: str | None = None
 
 
 METHODS: Registry[Method] = Registry("CAM method", Method)
@@ -293,7 +295,8 @@ def ablationcam(inp: CamInputs) -> torch.Tensor:
     return _channels((base[:, None] - scores) / base[:, None], a)
 
 
-@register("fullgrad", needs=("full",), layerwise=False)
+@register("fullgrad", needs=("full",), layerwise=False,
+          image_only="sums the bias gradients of Conv2d and BatchNorm2d layers (its definition)")
 def fullgrad(inp: CamInputs) -> torch.Tensor:
     """FullGrad (Srinivas & Fleuret) as pytorch-grad-cam, at input resolution (it ignores
     the layer): |x * dS/dx| plus, for every biased Conv2d/BatchNorm2d, |b * G|, each
@@ -458,14 +461,16 @@ def smoothgradcam_pp(inp: CamInputs) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- attention
 
+_VIT = "follows a vision transformer's attention over its patch grid"
 
-@register("rollout", gradients=False, needs=("attention",), layerwise=False)
+
+@register("rollout", gradients=False, needs=("attention",), layerwise=False, image_only=_VIT)
 def attention_rollout(inp: CamInputs) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema, 2020): :meth:`.attention.Attentions.rollout`."""
     return inp.run.attention(False).rollout()
 
 
-@register("attention-grad", gradients=False, needs=("attention",), layerwise=False)
+@register("attention-grad", gradients=False, needs=("attention",), layerwise=False, image_only=_VIT)
 def attention_grad(inp: CamInputs) -> torch.Tensor:
     """Chefer, Gur & Wolf (2021): :meth:`.attention.Attentions.relevance`."""
     return inp.run.attention(True).relevance()

@@ -32,13 +32,6 @@ __all__ = ["AUGMENTATIONS", "CamBatch", "CamOptions", "CamProbe", "CamReport", "
            "RESHAPES", "check_explain", "default_layer", "explain", "gradcam", "method_names"]
 
 RESHAPES = ("auto", "none", "vit", "swin")
-#: The methods whose definition needs an image, and why (docs/gradcam.md, "Signals and volumes").
-NEEDS_2D = {
-    "fullgrad": "sums the bias gradients of Conv2d and BatchNorm2d layers (its definition)",
-    "rollout": "follows a vision transformer's attention over its patch grid",
-    "attention-grad": "follows a vision transformer's attention over its patch grid",
-}
-
 
 #: pytorch-grad-cam's ``aug_smooth``: (horizontal flip, intensity factor), the identity first.
 AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1.0),
@@ -147,8 +140,8 @@ class CamProbe(Switch[CamReport]):
         """Refuse what needs an image for a signal (N, C, L) or volume (N, C, D, H, W)."""
         what = "a 1-D signal (N, C, L)" if x.dim() == 3 else "a volume or clip (N, C, D, H, W)"
         for m in self.methods:
-            if m.name in NEEDS_2D:
-                raise HookscopeError(f"{m.name} {NEEDS_2D[m.name]}; the input is {what} "
+            if m.image_only:
+                raise HookscopeError(f"{m.name} {m.image_only}; the input is {what} "
                                      f"({param('method')}).")
         for name, why in (("guided", "draws the input gradient as an RGB image"),
                           ("aug_smooth", "flips and rescales images"),
