@@ -193,15 +193,9 @@ def debug_command(
 def gradcam(
     model: o.ModelArg, inputs: o.InputsArg, layer: o.CamLayerOpt = None,
     method: o.CamMethodOpt = None, target: o.TargetOpt = None,
-    out_dir: o.OutDirOpt = Path("hookscope-out"), reshape: o.CamReshapeOpt = "auto",
-    colormap: o.CamColormapOpt = "jet", alpha: o.CamAlphaOpt = 0.5,
-    save_raw: o.CamSaveRawOpt = False, score_batch: o.CamScoreBatchOpt = 32,
-    aug_smooth: o.CamAugSmoothOpt = False, eigen_smooth: o.CamEigenSmoothOpt = False,
-    guided: o.CamGuidedOpt = False, mask: o.CamMaskOpt = None, box_index: o.CamBoxIndexOpt = None,
-    iou: o.CamIouOpt = 0.5, min_score: o.CamMinScoreOpt = 0.5, metrics: o.CamMetricsOpt = None,
-    percentiles: o.CamPercentilesOpt = None, head_fusion: o.CamHeadFusionOpt = "mean",
-    discard_ratio: o.CamDiscardRatioOpt = 0.0, overlay_input: o.CamOverlayInputOpt = None,
-    fmt: o.FormatOpt = "table", *, s: Session,
+    out_dir: o.OutDirOpt = Path("hookscope-out"), colormap: o.CamColormapOpt = "jet",
+    alpha: o.CamAlphaOpt = 0.5, save_raw: o.CamSaveRawOpt = False,
+    cam: o.CamOptionsOpt = o.BUNDLED, fmt: o.FormatOpt = "table", *, s: Session,
 ) -> None:
     """Grad-CAM and its family: which pixels made the model choose a class, segment a class
     or detect a box.
@@ -210,21 +204,26 @@ def gradcam(
 
     Example: hookscope gradcam resnet18 sample_images/*.jpg -m gradcam -m gradcam++ --out out/
     """
+    from dataclasses import replace
+
     from hookscope.cam.faithfulness import MetricPlan
-    from hookscope.cam.probe import explain
+    from hookscope.cam.probe import CamOptions, explain
     from hookscope.cam.targets import load_mask, task_targets
     from hookscope.core.files import Staging
     from hookscope.render.heatmap import CamWriter, check_colormap, output_paths
 
     layers = list(dict.fromkeys(layer or []))
-    methods = list(dict.fromkeys(method or [])) or ["gradcam"]
     check_colormap(colormap)
-    plan = MetricPlan.make(metrics, percentiles) if metrics else None
-    region = load_mask(mask) if mask is not None else None
+    if cam["metrics"]:  # refused before the model loads
+        MetricPlan.make(cam["metrics"], cam["percentiles"])
+    mask, boxes = cam.pop("mask"), cam.pop("box_index")
+    options = CamOptions(methods=list(dict.fromkeys(method or [])) or ["gradcam"],
+                         mask=load_mask(mask) if mask is not None else None,
+                         box_index=boxes or (), seed=s.model.load.seed, **cam)
     resolved = s.inputs(inputs)
-    plans = output_paths(resolved.stems, methods, out_dir, save_raw=save_raw, layers=layers,
-                         guided=guided)
-    s.folder(out_dir, [p for plan_ in plans for f in plan_.values() for p in f.values() if p])
+    plans = output_paths(resolved.stems, options.methods, out_dir, save_raw=save_raw,
+                         layers=layers, guided=options.guided)
+    s.folder(out_dir, [p for plan in plans for f in plan.values() for p in f.values() if p])
     loaded = s.load("gradcam")
     task, targets = task_targets(loaded, target, len(resolved))
     with Staging(out_dir, force=s.force) as staging, \
@@ -232,17 +231,12 @@ def gradcam(
         writer = CamWriter(staging, plans, loaded, save_raw=save_raw, cmap=colormap, alpha=alpha)
         report = explain(
             loaded.model, s.batches(resolved, loaded, keep_images=True),
-            layer=layers or None, methods=methods, targets=targets, reshape=reshape,
-            score_batch=score_batch, transform=loaded.preprocess, sink=writer, progress=bar,
-            output_key=loaded.output_key, autocast=loaded.autocast, task=task, mask=region,
-            box_index=box_index or (), iou=iou, min_score=min_score, aug_smooth=aug_smooth,
-            eigen_smooth=eigen_smooth, guided=guided, seed=s.model.load.seed,
-            metrics=plan.names if plan else (), percentiles=plan.percentiles if plan else None,
-            head_fusion=head_fusion, discard_ratio=discard_ratio, overlay_input=overlay_input)
+            replace(options, targets=targets, task=task, output_key=loaded.output_key),
+            layer=layers or None, transform=loaded.preprocess, sink=writer, progress=bar,
+            autocast=loaded.autocast)
     writer.log_notes(report.notes)
     doc = loaded.envelope("gradcam", resolved.names) | writer.document(
-        report, out=out_dir, layer_default=not layers, aug_smooth=aug_smooth,
-        eigen_smooth=eigen_smooth, guided=guided)
+        report, out=out_dir, layer_default=not layers)
     s.emit("gradcam", doc, fmt)
 
 
@@ -251,10 +245,7 @@ def gradcam(
 def attribute(
     model: o.ModelArg, inputs: o.InputsArg, method: o.AttrMethodOpt = None,
     target: o.TargetOpt = None, out_dir: o.OutDirOpt = Path("hookscope-out"),
-    steps: o.AttrStepsOpt = 50, baseline: o.AttrBaselineOpt = "zero",
-    samples: o.AttrSamplesOpt = 50, noise: o.AttrNoiseOpt = 0.15, window: o.AttrWindowOpt = "16",
-    stride: o.AttrStrideOpt = "8", value: o.AttrValueOpt = 0.0, batch_cap: o.AttrBatchCapOpt = 32,
-    colormap: o.CamColormapOpt = "jet", alpha: o.CamAlphaOpt = 0.5,
+    attr: o.AttrOptionsOpt = o.BUNDLED, colormap: o.CamColormapOpt = "jet", alpha: o.CamAlphaOpt = 0.5,
     save_raw: o.AttrSaveRawOpt = False, metrics: o.CamMetricsOpt = None,
     percentiles: o.CamPercentilesOpt = None, box_index: o.CamBoxIndexOpt = None,
     iou: o.CamIouOpt = 0.5, min_score: o.CamMinScoreOpt = 0.5, fmt: o.FormatOpt = "table", *,
@@ -268,6 +259,8 @@ def attribute(
 
     Example: hookscope attribute resnet18 cat.jpg -m integrated-gradients -m occlusion --out out/
     """
+    from dataclasses import replace
+
     from hookscope.cam.attribution import AttributionProbe, attr_options
     from hookscope.cam.targets import task_targets
     from hookscope.core.files import Staging
@@ -276,12 +269,10 @@ def attribute(
 
     methods = list(dict.fromkeys(method or [])) or ["saliency"]
     check_colormap(colormap)
-    options = attr_options(methods, steps=steps, baseline=baseline, samples=samples,
-                           noise=noise, window=window, stride=stride, value=value,
-                           batch_cap=batch_cap, seed=s.model.load.seed, metrics=metrics,
+    options = attr_options(methods, seed=s.model.load.seed, metrics=metrics,
                            percentiles=percentiles, box_index=box_index or (), iou=iou,
-                           min_score=min_score)
-    s.reading([baseline], "the baseline file")
+                           min_score=min_score, **attr)
+    s.reading([options.baseline], "the baseline file")
     resolved = s.inputs(inputs)
     plans = output_paths(resolved.stems, methods, out_dir, save_raw=save_raw)
     s.folder(out_dir, [p for plan in plans for f in plan.values() for p in f.values() if p])
@@ -291,8 +282,8 @@ def attribute(
             s.progress(None, "attribute", enabled=s.shown(fmt)) as bar:
         writer = AttrWriter(staging, plans, loaded, save_raw=save_raw, cmap=colormap,
                             alpha=alpha)
-        probe = AttributionProbe(loaded.model, options.with_targets(targets, task,
-                                 loaded.output_key), transform=loaded.preprocess,
+        probe = AttributionProbe(loaded.model, replace(options, targets=targets, task=task,
+                                 output_key=loaded.output_key), transform=loaded.preprocess,
                                  sink=writer, n_inputs=len(resolved))
         s.drive(loaded, s.batches(resolved, loaded, keep_images=True), probe, progress=bar)
     doc = loaded.envelope("attribute", resolved.names) | writer.document(methods, options,

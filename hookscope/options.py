@@ -330,39 +330,12 @@ CamLayerOpt = Annotated[list[str] | None, typer.Option(
     "models the backbone's last stage.")]
 CamMethodOpt = Annotated[list[CamMethod] | None, typer.Option(  # type: ignore[valid-type]
     "--method", "-m", help="CAM method (repeatable). [default: gradcam]")]
-CamReshapeOpt = Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
-    help="Outputs to a grid: auto ((N, C, H, W), channels-last (N, H, W, C), or patch "
-    "tokens after CLS/distillation/register tokens), or only none (N, C, H, W), vit "
-    "(tokens) or swin (N, H, W, C).")]
 CamColormapOpt = Annotated[str, typer.Option(help="A matplotlib colormap name.")]
 CamAlphaOpt = Annotated[float, typer.Option(help="Heatmap weight in the overlay.", min=0.0,
     max=1.0)]
 CamSaveRawOpt = Annotated[bool, typer.Option(
     "--save-raw", help="Also write <stem>.<method>.npy (one <stem>.<method>.<layer>.npy "
     "per layer with several): the float32 map at the layer's resolution, after ReLU, before normalisation.")]
-CamScoreBatchOpt = Annotated[int, typer.Option(
-    help="Masked, ablated or perturbed inputs per forward pass (scorecam, ablationcam, sscam, "
-    "iscam, --metrics).", min=1)]
-CamAugSmoothOpt = Annotated[bool, typer.Option(
-    "--aug-smooth", help="Average the maps of the input flipped and scaled by 0.9, 1, "
-    "1.1 (pytorch-grad-cam's).")]
-CamEigenSmoothOpt = Annotated[bool, typer.Option(
-    "--eigen-smooth", help="The first principal component of the weighted activations "
-    "instead of their sum over channels.")]
-CamHeadFusionOpt = Annotated[HeadFusion, typer.Option(  # type: ignore[valid-type]
-    help="rollout: fuse the attention heads by their mean, max or min.")]
-CamDiscardRatioOpt = Annotated[float, typer.Option(
-    help="rollout: zero this fraction of the lowest fused attentions.", min=0.0, max=0.99)]
-CamOverlayInputOpt = Annotated[str | None, typer.Option(
-    help="For a forward of several inputs: the one the maps are drawn on, by position (0, "
-    "1...) or keyword name (default: the first image, signal or volume batch).")]
-CamGuidedOpt = Annotated[bool, typer.Option(
-    "--guided", help="Also write <stem>.<method>.guided.png: guided backpropagation "
-    "times the map (guided Grad-CAM).")]
-CamMaskOpt = Annotated[Path | None, typer.Option(
-    help="Segmentation: the region explained, an image whose non-zero pixels are the region (the "
-    "input image's size or the model input's); default: where the model predicts --target.",
-    dir_okay=False)]
 CamBoxIndexOpt = Annotated[list[int] | None, typer.Option(
     help="Detection: explain this detection (repeatable), counted among those above --min-score "
     "(of class --target, if given), best first.", min=0)]
@@ -376,32 +349,68 @@ CamPercentilesOpt = Annotated[str | None, typer.Option(
     help="ROAD's percentiles, a comma list. [default: 10,20,...,90]")]
 AttrMethodOpt = Annotated[list[AttrMethod] | None, typer.Option(  # type: ignore[valid-type]
     "--method", "-m", help="Attribution method (repeatable). [default: saliency]")]
-AttrStepsOpt = Annotated[int, typer.Option(
-    help="integrated-gradients: Gauss-Legendre steps from the baseline to the input.", min=1)]
-AttrBaselineOpt = Annotated[str, typer.Option(
-    help="integrated-gradients and deeplift: zero, blur (a Gaussian blur of the input), noise "
-    "(uniform over the input's range, --seed) or a .npy/.pt file of the model input's shape "
-    "(C, H, W), preprocessed.", metavar="zero|blur|noise|FILE")]
-AttrSamplesOpt = Annotated[int, typer.Option(
-    help="smoothgrad, smoothgrad-sq, vargrad: noisy copies per input.", min=1)]
-AttrNoiseOpt = Annotated[float, typer.Option(
-    help="smoothgrad, smoothgrad-sq, vargrad: the noise's standard deviation as a fraction of "
-    "each input's range (max - min), seeded with --seed.", min=0.0)]
-AttrWindowOpt = Annotated[str, typer.Option(
-    help="occlusion: the window, H,W or one size for both, in model-input pixels (all "
-    "channels).", metavar="H,W")]
-AttrStrideOpt = Annotated[str, typer.Option(
-    help="occlusion: the window's step, H,W or one size for both (at most the window).",
-    metavar="H,W")]
-AttrValueOpt = Annotated[float, typer.Option(
-    help="occlusion: the value the window is set to (in the model input's preprocessed "
-    "space).")]
-AttrBatchCapOpt = Annotated[int, typer.Option(
-    help="The most rows one pass evaluates: the steps, noisy copies and occluded copies are "
-    "batched under it (the same numbers for any value).", min=1)]
 AttrSaveRawOpt = Annotated[bool, typer.Option(
     "--save-raw", help="Also write <stem>.<method>.npy: the float32 attribution of the model "
     "input's shape (C, H, W), before any channel reduction.")]
+#: gradcam's options that :class:`~hookscope.cam.probe.CamOptions` holds, as one ``{name: value}``.
+CamOptionsOpt = Annotated[dict[str, Any], Bundle({
+    "reshape": (Annotated[Reshape, typer.Option(  # type: ignore[valid-type]
+        help="Outputs to a grid: auto ((N, C, H, W), channels-last (N, H, W, C), or patch "
+        "tokens after CLS/distillation/register tokens), or only none (N, C, H, W), vit "
+        "(tokens) or swin (N, H, W, C).")], "auto"),
+    "score_batch": (Annotated[int, typer.Option(
+        help="Masked, ablated or perturbed inputs per forward pass (scorecam, ablationcam, sscam, "
+        "iscam, --metrics).", min=1)], 32),
+    "aug_smooth": (Annotated[bool, typer.Option(
+        "--aug-smooth", help="Average the maps of the input flipped and scaled by 0.9, 1, "
+        "1.1 (pytorch-grad-cam's).")], False),
+    "eigen_smooth": (Annotated[bool, typer.Option(
+        "--eigen-smooth", help="The first principal component of the weighted activations "
+        "instead of their sum over channels.")], False),
+    "guided": (Annotated[bool, typer.Option(
+        "--guided", help="Also write <stem>.<method>.guided.png: guided backpropagation "
+        "times the map (guided Grad-CAM).")], False),
+    "mask": (Annotated[Path | None, typer.Option(
+        help="Segmentation: the region explained, an image whose non-zero pixels are the region (the "
+        "input image's size or the model input's); default: where the model predicts --target.",
+        dir_okay=False)], None),
+    "box_index": (CamBoxIndexOpt, None), "iou": (CamIouOpt, 0.5), "min_score": (CamMinScoreOpt, 0.5),
+    "metrics": (CamMetricsOpt, None), "percentiles": (CamPercentilesOpt, None),
+    "head_fusion": (Annotated[HeadFusion, typer.Option(  # type: ignore[valid-type]
+        help="rollout: fuse the attention heads by their mean, max or min.")], "mean"),
+    "discard_ratio": (Annotated[float, typer.Option(
+        help="rollout: zero this fraction of the lowest fused attentions.", min=0.0, max=0.99)], 0.0),
+    "overlay_input": (Annotated[str | None, typer.Option(
+        help="For a forward of several inputs: the one the maps are drawn on, by position (0, "
+        "1...) or keyword name (default: the first image, signal or volume batch).")], None),
+}, dict)]
+#: attribute's options that :class:`~hookscope.cam.attribution.AttrOptions` holds, as one
+#: ``{name: value}``.
+AttrOptionsOpt = Annotated[dict[str, Any], Bundle({
+    "steps": (Annotated[int, typer.Option(
+        help="integrated-gradients: Gauss-Legendre steps from the baseline to the input.", min=1)], 50),
+    "baseline": (Annotated[str, typer.Option(
+        help="integrated-gradients and deeplift: zero, blur (a Gaussian blur of the input), noise "
+        "(uniform over the input's range, --seed) or a .npy/.pt file of the model input's shape "
+        "(C, H, W), preprocessed.", metavar="zero|blur|noise|FILE")], "zero"),
+    "samples": (Annotated[int, typer.Option(
+        help="smoothgrad, smoothgrad-sq, vargrad: noisy copies per input.", min=1)], 50),
+    "noise": (Annotated[float, typer.Option(
+        help="smoothgrad, smoothgrad-sq, vargrad: the noise's standard deviation as a fraction of "
+        "each input's range (max - min), seeded with --seed.", min=0.0)], 0.15),
+    "window": (Annotated[str, typer.Option(
+        help="occlusion: the window, H,W or one size for both, in model-input pixels (all "
+        "channels).", metavar="H,W")], "16"),
+    "stride": (Annotated[str, typer.Option(
+        help="occlusion: the window's step, H,W or one size for both (at most the window).",
+        metavar="H,W")], "8"),
+    "value": (Annotated[float, typer.Option(
+        help="occlusion: the value the window is set to (in the model input's preprocessed "
+        "space).")], 0.0),
+    "batch_cap": (Annotated[int, typer.Option(
+        help="The most rows one pass evaluates: the steps, noisy copies and occluded copies are "
+        "batched under it (the same numbers for any value).", min=1)], 32),
+}, dict)]
 GradsLossOpt = Annotated[GradLoss, typer.Option(  # type: ignore[valid-type]
     help="logit: the target logit summed over inputs; ce: cross-entropy against --label, summed "
     "over inputs.")]

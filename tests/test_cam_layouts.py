@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import hookscope
-from hookscope.cam.probe import NEEDS_2D, explain, method_names
+from hookscope.cam.methods import get_method
+from hookscope.cam.probe import explain, method_names
 from hookscope.core.errors import HookscopeError
 from hookscope.numerics.layout import Layout, channel_dim, layout
 
@@ -126,7 +127,7 @@ def test_pytorch_grad_cam_3d_branch():
 def test_every_method_or_a_reason(make, data):
     model, x = make(), data()[:1]
     for name in method_names():
-        if name in NEEDS_2D:
+        if get_method(name).image_only:
             with pytest.raises(HookscopeError, match="the input is|vision transformers"):
                 explain(model, (x,), layer="3", methods=(name,))
             continue

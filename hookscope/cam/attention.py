@@ -29,7 +29,8 @@ from hookscope.numerics.layout import Layout, layout
 
 __all__ = ["FUSIONS", "AttentionPass", "Attentions", "attention_sites", "eager_attention"]
 
-FUSIONS = ("mean", "max", "min")
+#: ``head_fusion``'s choices, each a reduction over the heads.
+FUSIONS = {"mean": "mean", "max": "amax", "min": "amin"}
 #: Hugging Face attention modules hold their query projection under one of these names.
 _HF_QUERY = ("q_proj", "query")
 
@@ -109,9 +110,7 @@ class Attentions:
         fraction dropped, 0.5 A + 0.5 I with rows normalised, multiplied through: (N, h, w)."""
         result: torch.Tensor | None = None
         for probs in self.probs:
-            a = probs.double()
-            fused = a.mean(dim=1) if self.fusion == "mean" else \
-                a.amax(dim=1) if self.fusion == "max" else a.amin(dim=1)
+            fused = getattr(probs.double(), FUSIONS[self.fusion])(dim=1)
             if self.discard > 0:
                 flat = fused.flatten(1)
                 lowest = flat.topk(int(flat.shape[1] * self.discard), dim=1, largest=False)

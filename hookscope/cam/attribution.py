@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,7 @@ from hookscope.cam.faithfulness import MetricPlan, class_scorer, metric_plan
 from hookscope.cam.passes import or_zeros, score_grads
 from hookscope.cam.result import detection_rows
 from hookscope.cam.rules import RULE_TYPES, apply_rule, writing_copies
-from hookscope.cam.targets import Aim, Focus, Objective, Origins, infer_task
-from hookscope.core.classes import Targets, as_targets
+from hookscope.cam.targets import Aim, Focus, Objective, Origins, aim_targets, infer_task
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call
 from hookscope.core.run import Batch, Probe, Step, drive
@@ -84,12 +83,6 @@ class AttrOptions(Aim):
                 and not Path(self.baseline).is_file():
             raise HookscopeError(f"{param('baseline')} {self.baseline!r}: give zero, blur, "
                                  "noise or a .npy/.pt file of the model input's shape.")
-
-
-    def with_targets(self, targets: Targets | None, task: str | None = None,
-                     output_key: str | None = None) -> AttrOptions:
-        """These options with the model's targets, task and output key."""
-        return replace(self, targets=targets, task=task, output_key=output_key)
 
 
 def pair(value: str | int | Sequence[int], name: str) -> tuple[int, int]:
@@ -289,17 +282,6 @@ class AttrRun:
             masks[n, :, top:top + wh, left:left + ww] = True
         return masks.to(self.x.device)
 
-    def units(self) -> int:
-        """The derived inputs this method evaluates for this batch (progress units)."""
-        name, n, opts = self.method.name, len(self.x), self.options
-        if name == "integrated-gradients":
-            return n * opts.steps
-        if name in ("smoothgrad", "smoothgrad-sq", "vargrad"):
-            return n * opts.samples
-        if name == "occlusion":
-            return n * len(self.windows())
-        return n
-
 
 class AttributionProbe(Probe[AttrReport]):
     """Computes one or more attribution methods, batch by batch (see the module's notes);
@@ -384,7 +366,7 @@ class AttributionProbe(Probe[AttrReport]):
             logging.getLogger("hookscope").warning(why)
         runs = [AttrRun(self, step, clean, m) for m in self.methods]
         if not self.expected and self.n_inputs:
-            step.expect(sum(r.units() for r in runs) * self.n_inputs // max(len(x), 1))
+            step.expect(sum(r.method.rows(r) for r in runs) * self.n_inputs)
             self.expected = True
         results = {r.method.name: self._result(r) for r in runs}
         if self.plan is not None:
@@ -392,11 +374,7 @@ class AttributionProbe(Probe[AttrReport]):
             for res in results.values():
                 maps = torch.from_numpy(np.stack([overlay_map(a) for a in res.attributions]))
                 res.metrics = self.plan.evaluate(score, x, maps, self.options.batch_cap)
-        explained = AttrBatch(step.batch, step.start, results, origins.boxes)
-        if self.sink is not None:
-            self.sink(explained)
-        else:
-            self.kept.append(explained)
+        (self.sink or self.kept.append)(AttrBatch(step.batch, step.start, results, origins.boxes))
 
     def _clean(self, step: Step, origins: Origins) -> Clean:
         """The plain pass: the inputs and, in the same pass, their baselines if needed."""
@@ -414,12 +392,10 @@ class AttributionProbe(Probe[AttrReport]):
     def _result(self, run: AttrRun) -> AttrResult:
         attr = run.method.fn(run).detach().float()
         sums = attr.flatten(1).double().sum(dim=1)
-        base_scores: list[float | None] = [None] * len(attr)
-        gaps: list[float | None] = [None] * len(attr)
-        if run.method.baseline and run.baseline_scores is not None:
-            base = run.baseline_scores
-            base_scores = base.tolist()
-            gaps = (sums - (run.clean.double() - base)).tolist()
+        base = run.baseline_scores if run.method.baseline else None
+        none: list[float | None] = [None] * len(attr)
+        base_scores = none if base is None else base.tolist()
+        gaps = none if base is None else (sums - (run.clean.double() - base)).tolist()
         return AttrResult(run.method.name, attr.cpu().numpy(), list(run.focus.classes),
                           run.clean.tolist(), sums.tolist(), base_scores, gaps,
                           detections=detection_rows(run.focus))
@@ -466,13 +442,11 @@ def attribute(model: nn.Module, x: torch.Tensor | Iterable[torch.Tensor], *,
         HookscopeError: an unknown method, an option out of range, or a target list whose
             length does not match the number of inputs.
     """
-    task = options.get("task") or infer_task(model)
-    targets = None if target is None and task == "detection" else as_targets(target, categories)
+    task = options.pop("task", None) or infer_task(model)
     batches = [x] if isinstance(x, torch.Tensor) else list(x)
     batches = [b.unsqueeze(0) if b.dim() == 3 else b for b in batches]
-    if targets is not None:
-        targets.check_count(sum(len(b) for b in batches))
-    opts = attr_options((method,), targets=targets, **options)
+    targets = aim_targets(task, target, categories, sum(len(b) for b in batches))
+    opts = attr_options((method,), targets=targets, task=task, **options)
     probe = AttributionProbe(model, opts)
     found = drive(model, batches, probe, progress=progress, autocast=autocast).results[
         probe.methods[0].name]

@@ -31,12 +31,14 @@ AttrFn = Callable[["AttrRun"], "torch.Tensor"]
 class Attribution:
     """A registered method: ``baseline``: it compares the input with a baseline (its JSON
     row has the completeness gap); ``rule``: the gradient rule it sets at the
-    nonlinearities (``guided`` or ``deeplift``, see :mod:`hookscope.cam.rules`)."""
+    nonlinearities (``guided`` or ``deeplift``, see :mod:`hookscope.cam.rules`); ``rows``:
+    the derived inputs it evaluates per input (progress units)."""
 
     name: str
     fn: AttrFn
     baseline: bool = False
     rule: str | None = None
+    rows: Callable[[AttrRun], int] = lambda run: 1
 
 
 ATTRIBUTIONS: Registry[Attribution] = Registry("attribution method", Attribution)
@@ -71,7 +73,7 @@ def input_x_gradient(run: AttrRun) -> torch.Tensor:
     return run.x * run.gradient(run.x)
 
 
-@register("integrated-gradients", baseline=True)
+@register("integrated-gradients", baseline=True, rows=lambda run: run.options.steps)
 def integrated_gradients(run: AttrRun) -> torch.Tensor:
     """(x - x0) * the Gauss-Legendre mean of dy/dx along the line from the baseline x0 to x
     (captum's ``IntegratedGradients``: 50 steps, ``gausslegendre``)."""
@@ -112,27 +114,27 @@ def _noisy(run: AttrRun, power: int) -> tuple[torch.Tensor, torch.Tensor]:
     return first / samples, second / samples
 
 
-@register("smoothgrad")
+@register("smoothgrad", rows=lambda run: run.options.samples)
 def smoothgrad(run: AttrRun) -> torch.Tensor:
     """The mean gradient over noisy copies of the input (captum's ``NoiseTunnel`` of
     ``Saliency(abs=False)``, ``smoothgrad``)."""
     return _noisy(run, 1)[0]
 
 
-@register("smoothgrad-sq")
+@register("smoothgrad-sq", rows=lambda run: run.options.samples)
 def smoothgrad_sq(run: AttrRun) -> torch.Tensor:
     """The mean squared gradient over noisy copies (``smoothgrad_sq``)."""
     return _noisy(run, 2)[1]
 
 
-@register("vargrad")
+@register("vargrad", rows=lambda run: run.options.samples)
 def vargrad(run: AttrRun) -> torch.Tensor:
     """The variance of the gradient over noisy copies (``vargrad``: E[g^2] - E[g]^2)."""
     mean, square = _noisy(run, 2)
     return square - mean * mean
 
 
-@register("occlusion")
+@register("occlusion", rows=lambda run: len(run.windows()))
 def occlusion(run: AttrRun) -> torch.Tensor:
     """The drop of the target score when a window (all channels) is set to ``value``,
     averaged over the windows that cover each pixel (captum's ``Occlusion``)."""

@@ -308,8 +308,7 @@ def cam_metrics(model: nn.Module, inputs: Any, maps: Any,
             the inputs.
     """
     plan = MetricPlan.make(metrics, percentiles, seed, noise)
-    tensor = torch.as_tensor(np.asarray(maps, dtype=np.float32)) if not isinstance(
-        maps, torch.Tensor) else maps.detach().float()
+    tensor = torch.as_tensor(maps).detach().float()
     if tensor.dim() == 2:
         tensor = tensor.unsqueeze(0)
     if tensor.dim() != 3:

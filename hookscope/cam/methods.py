@@ -49,12 +49,10 @@ class FullBackward:
 
 @dataclass
 class CamInputs:
-    """What a method may use at one target layer: the layer's activations (N, C, h, w), the
-    gradients of the summed target scores there (None unless the method takes gradients),
-    the input, the target classes, and ``run``: the batch's
-    :class:`hookscope.cam.passes.BatchRun`, whose extra passes (``score``, ``ablate``,
-    ``regrad``, ``hvp``, ``noisy``, ``noise``, ``attention``) or FullGrad pass (``full``) the
-    method names in its ``needs``; ``layer`` and ``method`` say where and for whom."""
+    """What a method may use at one target layer: its activations (N, C, h, w), the gradients
+    of the summed target scores there (None for a method without ``gradients``), the input,
+    the target classes, and ``run``, the batch's :class:`hookscope.cam.passes.BatchRun`, for
+    the extra passes the method names in its ``needs``."""
 
     acts: torch.Tensor
     grads: torch.Tensor  # None for a method registered without gradients
@@ -106,17 +104,16 @@ class Registry(dict[str, E]):
 class Method:
     """A registered CAM method: ``needs`` names the extra passes it runs (see :class:`CamInputs`);
     ``classifier``: it compares a classifier's classes; not ``layerwise``: it ignores the
-    target layers (one map, not one per layer)."""
+    target layers (one map, not one per layer); ``image_only``: why it needs an image, not a
+    signal or volume (docs/gradcam.md, "Signals and volumes")."""
 
     name: str
     fn: CamFn
     gradients: bool = True
-    needs: frozenset[str] = frozenset()
+    needs: tuple[str, ...] = ()
     classifier: bool = False
     layerwise: bool = True
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "needs", frozenset(self.needs))  # registered as a tuple
+    image_only: str | None = None
 
 
 METHODS: Registry[Method] = Registry("CAM method", Method)
@@ -260,11 +257,8 @@ def scorecam(inp: CamInputs) -> torch.Tensor:
     if bool(constant.any()):
         zero = score(torch.zeros_like(inp.x), list(range(n))).float()
         scores[constant] = zero[:, None].expand(n, c)[constant]
-    step = inp.run.score_batch
     for i in range(n):
-        live = torch.nonzero(~constant[i]).flatten()
-        for c0 in range(0, len(live), step):
-            idx = live[c0 : c0 + step]
+        for idx in torch.nonzero(~constant[i]).flatten().split(inp.run.score_batch):
             up = F.interpolate(a[i : i + 1, idx], size=size, mode=SMOOTH_MODES[len(size)],
                                align_corners=True)
             masks = minmax(up, 1e-8, len(size))[0]
@@ -295,15 +289,14 @@ def ablationcam(inp: CamInputs) -> torch.Tensor:
     base = run.cap.scores.float()
     n, c = a.shape[:2]
     scores = torch.empty((n, c), dtype=torch.float32, device=a.device)
-    step = run.score_batch
     for i in range(n):
-        for c0 in range(0, c, step):
-            channels = list(range(c0, min(c, c0 + step)))
-            scores[i, c0 : c0 + step] = run.ablate(inp.layer, i, channels).float()
+        for channels in torch.arange(c).split(run.score_batch):
+            scores[i, channels] = run.ablate(inp.layer, i, channels.tolist()).float()
     return _channels((base[:, None] - scores) / base[:, None], a)
 
 
-@register("fullgrad", needs=("full",), layerwise=False)
+@register("fullgrad", needs=("full",), layerwise=False,
+          image_only="sums the bias gradients of Conv2d and BatchNorm2d layers (its definition)")
 def fullgrad(inp: CamInputs) -> torch.Tensor:
     """FullGrad (Srinivas & Fleuret) as pytorch-grad-cam, at input resolution (it ignores
     the layer): |x * dS/dx| plus, for every biased Conv2d/BatchNorm2d, |b * G|, each
@@ -409,13 +402,10 @@ def _score_masks(inp: CamInputs, masks: torch.Tensor, scale: float = 1.0) -> tor
     score, base = inp.run.score, inp.run.cap.scores.float()
     n, c = masks.shape[:2]
     flat = masks.reshape(n * c, 1, *masks.shape[2:])
-    rows = [i for i in range(n) for _ in range(c)]
     out = torch.empty(n * c, dtype=torch.float32, device=masks.device)
-    step = inp.run.score_batch
-    for s in range(0, n * c, step):
-        idx = rows[s : s + step]
-        masked = scale * (flat[s : s + step] * inp.x[idx])
-        out[s : s + len(idx)] = score(masked, idx).float() - base[idx]
+    for index in torch.arange(n * c, device=masks.device).split(inp.run.score_batch):
+        rows = (index // c).tolist()
+        out[index] = score(scale * (flat[index] * inp.x[rows]), rows).float() - base[rows]
     return out.reshape(n, c)
 
 
@@ -471,14 +461,16 @@ def smoothgradcam_pp(inp: CamInputs) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- attention
 
+_VIT = "follows a vision transformer's attention over its patch grid"
 
-@register("rollout", gradients=False, needs=("attention",), layerwise=False)
+
+@register("rollout", gradients=False, needs=("attention",), layerwise=False, image_only=_VIT)
 def attention_rollout(inp: CamInputs) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema, 2020): :meth:`.attention.Attentions.rollout`."""
     return inp.run.attention(False).rollout()
 
 
-@register("attention-grad", gradients=False, needs=("attention",), layerwise=False)
+@register("attention-grad", gradients=False, needs=("attention",), layerwise=False, image_only=_VIT)
 def attention_grad(inp: CamInputs) -> torch.Tensor:
     """Chefer, Gur & Wolf (2021): :meth:`.attention.Attentions.relevance`."""
     return inp.run.attention(True).relevance()

@@ -17,7 +17,7 @@ from torch import nn
 from hookscope.cam.methods import PLAIN, SMOOTH_STD, FullBackward
 from hookscope.cam.rules import guided
 from hookscope.cam.targets import Focus, Objective, Origins
-from hookscope.core.arguments import Placement
+from hookscope.core.arguments import Placement, map_tensors
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.hooks import Call
 from hookscope.core.run import GradMode, Probe, Step
@@ -28,14 +28,6 @@ if TYPE_CHECKING:
     from hookscope.cam.probe import CamProbe
 
 R = TypeVar("R")
-
-
-def detach(out: Any) -> Any:
-    """A model output (a tensor, or a detector's list of dicts) without its graph."""
-    if isinstance(out, torch.Tensor):
-        return out.detach()
-    return [{k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in d.items()}
-            for d in out]
 
 
 def output_tensor(output: Any) -> torch.Tensor | None:
@@ -162,7 +154,8 @@ class Switch(Probe[R]):
 
 class CapturePass(Pass):
     """Snapshots each target layer's output, starting the graph at the first one when a
-    method needs gradients, and takes the gradients of the target scores there."""
+    method needs gradients, and takes the gradients of the target scores there; during
+    Ablation-CAM's passes (:meth:`BatchRun.ablate`), hands on the ablated outputs instead."""
 
     def __init__(self, switch: Switch[Any], objective: Objective, sites: list[Site], hint: Any,
                  reshape: str, needs_grad: bool, second_order: bool) -> None:
@@ -173,10 +166,15 @@ class CapturePass(Pass):
         self.grids: list[Layout] = [Layout("nchw", 0, 0)] * len(sites)
         self.size: tuple[int, ...] = (0, 0)
         self.cap: list[tuple[torch.Tensor, torch.Tensor, int] | None] = []
+        self.ablation: tuple[int, int, torch.Tensor] | None = None
+        self.expand_ok: dict[int, bool] = {}
 
     def on_exit(self, call: Call, output: Any) -> Any:
         """Snapshot a target layer's output; start the graph there (or keep it going)."""
         index = self.layer_ids.get(id(call.site.module))
+        if self.ablation is not None:
+            layer, at, replacement = self.ablation
+            return _with_output(output, replacement) if (index, call.index) == (layer, at) else None
         if index is None:
             return None
         site, out = call.site, output_tensor(output)
@@ -215,7 +213,7 @@ class CapturePass(Pass):
         self.size = extent(x)
         with self.switch.running(self):
             graph_out = self.objective.output(step.forward(x))
-        out = detach(graph_out)
+        out = map_tensors(graph_out, torch.Tensor.detach)  # a detector's: a list of dicts
         taken = [c for c in self.cap if c is not None]
         if len(taken) < len(self.cap):
             raise HookscopeError(f"Layer {self.layer_sites[self.cap.index(None)].name!r} did "
@@ -255,24 +253,6 @@ class CapturePass(Pass):
     def nchw(self, layer: int, t: torch.Tensor) -> torch.Tensor:
         """A tensor in ``layer``'s output layout as (N, C, h, w) float32."""
         return self.grids[layer].to_nchw(t).float()
-
-
-class AblationPass(Pass):
-    """Ablation-CAM's passes (run by :meth:`BatchRun.ablate`): the target layer's hook hands
-    on the ablated outputs."""
-
-    def __init__(self, switch: Switch[Any], objective: Objective, capture: CapturePass) -> None:
-        super().__init__(switch, objective)
-        self.capture = capture
-        self.ablation: tuple[int, int, torch.Tensor] | None = None
-        self.expand_ok: dict[int, bool] = {}
-
-    def on_exit(self, call: Call, output: Any) -> Any:
-        assert self.ablation is not None  # set while the pass runs
-        layer, index, replacement = self.ablation
-        if self.capture.layer_ids.get(id(call.site.module)) == layer and call.index == index:
-            return _with_output(output, replacement)
-        return None
 
 
 def has_bias(module: nn.Module) -> bool:
@@ -358,21 +338,21 @@ class BatchRun:
         """Input ``i``'s target scores with each of ``channels`` of ``layer``'s output
         ablated: one copy of the input runs up to the layer, whose hook hands on the k
         ablated outputs (see :meth:`hookscope.core.run.Step.forward_expanded`)."""
-        ablation, objective, cap = self.probe.ablation, self.probe.objective, self.cap
+        capture, objective, cap = self.probe.capture, self.probe.objective, self.cap
         orig = cap.acts[layer][i : i + 1]
         low = float(orig.min())
         value = 0.0 if low == 0 else low - 1e7  # pytorch-grad-cam's AblationLayer
-        batch = channel_per_row(orig, channels, self.probe.capture.grids[layer].channel_dim,
+        batch = channel_per_row(orig, channels, capture.grids[layer].channel_dim,
                                 lambda v: torch.full_like(v, value)).contiguous()
-        ablation.ablation = (layer, cap.calls[layer], batch)
+        capture.ablation = (layer, cap.calls[layer], batch)
         try:
-            with self.probe.running(ablation):
+            with self.probe.running(capture):
                 out = self.step.forward_expanded(
                     self.step.place(self.x[i : i + 1], [i]), len(channels),
-                    lambda o: len(objective.output(o)), ablation.expand_ok, layer, grad=PLAIN)
+                    lambda o: len(objective.output(o)), capture.expand_ok, layer, grad=PLAIN)
             return objective.score(objective.output(out), self.focus, [i] * len(channels))
         finally:
-            ablation.ablation = None
+            capture.ablation = None
 
     def regrad(self, layer: int, fn: Callable[[Any], torch.Tensor]) -> torch.Tensor:
         """The gradient of ``fn(output).sum()`` at ``layer``."""

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -18,11 +17,10 @@ from hookscope.cam.attention import AttentionPass
 from hookscope.cam.faithfulness import class_scorer, metric_plan
 from hookscope.cam.layer import default_layer, why_chosen
 from hookscope.cam.methods import CamInputs, Method, get_method, method_names, project
-from hookscope.cam.passes import AblationPass, BatchRun, CapturePass, InputPass, Placed, Switch, has_bias
+from hookscope.cam.passes import BatchRun, CapturePass, InputPass, Placed, Switch, has_bias
 from hookscope.cam.result import CamBatch, CamReport, CamResult, MapSum, make_result
-from hookscope.cam.targets import Aim, Focus, Objective, Origins, infer_task
+from hookscope.cam.targets import Aim, Focus, Objective, Origins, aim_targets, infer_task
 from hookscope.core.arguments import placement, rows, take
-from hookscope.core.classes import as_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.run import Step, drive, peek
 from hookscope.core.select import Site, all_sites, find_site
@@ -34,13 +32,6 @@ __all__ = ["AUGMENTATIONS", "CamBatch", "CamOptions", "CamProbe", "CamReport", "
            "RESHAPES", "check_explain", "default_layer", "explain", "gradcam", "method_names"]
 
 RESHAPES = ("auto", "none", "vit", "swin")
-#: The methods whose definition needs an image, and why (docs/gradcam.md, "Signals and volumes").
-NEEDS_2D = {
-    "fullgrad": "sums the bias gradients of Conv2d and BatchNorm2d layers (its definition)",
-    "rollout": "follows a vision transformer's attention over its patch grid",
-    "attention-grad": "follows a vision transformer's attention over its patch grid",
-}
-
 
 #: pytorch-grad-cam's ``aug_smooth``: (horizontal flip, intensity factor), the identity first.
 AUGMENTATIONS = ((False, 1.0), (False, 0.9), (False, 1.1), (True, 0.9), (True, 1.0),
@@ -51,10 +42,9 @@ Layers = str | nn.Module | Sequence[str | nn.Module]
 @dataclass(frozen=True)
 class CamOptions(Aim):
     """The ``gradcam`` command's options (docs/gradcam.md), given once to :func:`explain`:
-    :class:`~hookscope.cam.targets.Aim`'s, and a segmentation's region ``mask``."""
+    :class:`~hookscope.cam.targets.Aim`'s, and the CAM's own."""
 
     methods: Sequence[str] = ("gradcam",)
-    mask: np.ndarray | None = None
     reshape: str = "auto"
     score_batch: int = 32
     aug_smooth: bool = False
@@ -63,9 +53,6 @@ class CamOptions(Aim):
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
     overlay_input: int | str | None = None
-
-    def objective(self, model: nn.Module, mask: np.ndarray | None = None) -> Objective:
-        return super().objective(model, self.mask if mask is None else mask)
 
 
 def _site(model: nn.Module, layer: str | nn.Module) -> Site:
@@ -121,7 +108,6 @@ class CamProbe(Switch[CamReport]):
         objective, hint, guided = self.objective, token_hint(model), self.options.guided
         self.capture = CapturePass(self, objective, self.layer_sites, hint, self.options.reshape,
                                    any(m.gradients for m in self.methods), "hvp" in needs)
-        self.ablation = AblationPass(self, objective, self.capture)
         everything = all_sites(model) if "full" in needs or guided else []
         bias = [s for s in everything if has_bias(s.module)] if "full" in needs else []
         relus = [s for s in everything if isinstance(s.module, nn.ReLU)] if guided else []
@@ -154,8 +140,8 @@ class CamProbe(Switch[CamReport]):
         """Refuse what needs an image for a signal (N, C, L) or volume (N, C, D, H, W)."""
         what = "a 1-D signal (N, C, L)" if x.dim() == 3 else "a volume or clip (N, C, D, H, W)"
         for m in self.methods:
-            if m.name in NEEDS_2D:
-                raise HookscopeError(f"{m.name} {NEEDS_2D[m.name]}; the input is {what} "
+            if m.image_only:
+                raise HookscopeError(f"{m.name} {m.image_only}; the input is {what} "
                                      f"({param('method')}).")
         for name, why in (("guided", "draws the input gradient as an RGB image"),
                           ("aug_smooth", "flips and rescales images"),
@@ -168,7 +154,7 @@ class CamProbe(Switch[CamReport]):
 
     def _raws(self, method: Method, run: BatchRun) -> list[torch.Tensor]:
         """The method's raw maps (ReLU'd) at each layer (once, for FullGrad)."""
-        grad_free = not method.needs & {"regrad", "hvp", "noisy"}
+        grad_free = {"regrad", "hvp", "noisy"}.isdisjoint(method.needs)
         raws = []
         for layer in range(len(self.layer_sites) if method.layerwise else 1):
             inputs = CamInputs(run.cap.nchw[layer], run.cap.grads[layer], run.x,  # type: ignore[arg-type]
@@ -204,51 +190,43 @@ class CamProbe(Switch[CamReport]):
         results = {m.name: make_result(m, accs[m.name], focus, scores, target_probs, guided,
                                         [s.name for s in self.layer_sites])
                    for m in self.methods}
-        if self.metrics is not None:
-            results = self._metrics(results, step, x, focus)
+        if self.metrics is not None:  # plain passes of perturbed inputs
+            score = class_scorer(step, self.objective.output, focus.classes, step.place)
+            results = {name: replace(res, metrics=self.metrics.evaluate(
+                           score, x, torch.from_numpy(res.maps), self.options.score_batch))
+                       for name, res in results.items()}
         explained = CamBatch(batch=step.batch, start=step.start, results=results,
                              boxes=origins.boxes, skipped=list(focus.skipped),
                              shown=x.detach().float().cpu())
         self.notes.update(dict.fromkeys(why for why in focus.skipped if why is not None))
         self.notes.update(dict.fromkeys(explained.notes))
-        if self.sink is not None:
-            self.sink(explained)
-        else:
-            self.kept.append(explained)
-
-    def _metrics(self, results: dict[str, CamResult], step: Placed, x: torch.Tensor,
-                 focus: Focus) -> dict[str, CamResult]:
-        """Each result with its faithfulness metrics (plain passes of perturbed inputs)."""
-        assert self.metrics is not None
-        score = class_scorer(step, self.objective.output, focus.classes, step.place)
-        return {name: replace(res, metrics=self.metrics.evaluate(
-                    score, x, torch.from_numpy(res.maps), self.options.score_batch))
-                for name, res in results.items()}
+        (self.sink or self.kept.append)(explained)
 
     def finish(self) -> CamReport:
         results = {m.name: CamResult.concat([b.results[m.name] for b in self.kept])
                    for m in self.methods} if self.kept else {}
         return CamReport(methods=[m.name for m in self.methods], results=results,
                          notes=list(self.notes), layers=[s.name for s in self.layer_sites],
-                         layer_shapes=self.layer_shapes, task=self.task)
+                         layer_shapes=self.layer_shapes, task=self.task, options=self.options)
 
 
-def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
-            transform: Any = None, sink: Callable[[CamBatch], None] | None = None,
+def explain(model: nn.Module, inputs: Any, options: CamOptions | None = None, *,
+            layer: Layers | None = None, transform: Any = None,
+            sink: Callable[[CamBatch], None] | None = None,
             progress: Callable[[int], None] | None = None,
-            autocast: torch.dtype | None = None, **options: Any) -> CamReport:
+            autocast: torch.dtype | None = None, **fields: Any) -> CamReport:
     """Every CAM method over ``inputs`` (a batch, or an iterable of batches).
 
-    ``layer`` None picks :func:`default_layer` on the first input (logged); ``options`` are
-    :class:`CamOptions`' (``methods``, ``targets``, ``task``...), the others
-    :class:`CamProbe`'s.
+    ``layer`` None picks :func:`default_layer` on the first input (logged); ``options`` and
+    ``fields`` (which replace some of them) are :class:`CamOptions`' (``methods``,
+    ``targets``, ``task``...), the others :class:`CamProbe`'s.
 
     Raises:
         HookscopeError: unknown layer or method, a layer without a spatial output, or an
             option that does not fit the model.
         ForwardError: the model's forward pass raised.
     """
-    opts = CamOptions(**options)
+    opts = replace(options or CamOptions(), **fields)
     objective = opts.objective(model)
     batches: Any = inputs
     if layer is None:
@@ -264,15 +242,12 @@ def explain(model: nn.Module, inputs: Any, *, layer: Layers | None = None,
     return drive(model, batches, probe, progress=progress, autocast=autocast)
 
 
-def check_explain(model: nn.Module, *, layer: Layers | None = None, **options: Any) -> None:
+def check_explain(model: nn.Module, *, layer: Layers | None = None, **fields: Any) -> None:
     """Raise what :func:`explain` with these arguments would refuse, without running the
     model (so a command that runs other analyses first refuses before any of them)."""
-    opts = CamOptions(**options)
-    objective = opts.objective(model)
     sites = [s for s in all_sites(model) if s.name]
-    if layer is None and not sites:
-        return
-    CamProbe(model, layer if layer is not None else sites[-1].name, opts, objective=objective)
+    if layer is not None or sites:
+        CamProbe(model, layer if layer is not None else sites[-1].name, CamOptions(**fields))
 
 
 def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
@@ -301,15 +276,13 @@ def gradcam(model: nn.Module, inputs: torch.Tensor | Iterable[torch.Tensor],
         HookscopeError: unknown layer or method, a layer without a spatial output, or a
             target list whose length does not match the number of inputs.
     """
-    options["task"] = options.get("task") or infer_task(model)
-    targets = None if target is None and options["task"] == "detection" else \
-        as_targets(target, categories)
+    task = options.pop("task", None) or infer_task(model)
     batches = [inputs] if isinstance(inputs, (torch.Tensor, tuple, dict)) else list(inputs)
     batches = [b.unsqueeze(0) if isinstance(b, torch.Tensor) and b.dim() == 3 else b
                for b in batches]
-    if targets is not None:
-        targets.check_count(sum(rows(b) for b in batches))
-    report = explain(model, batches, layer=layer, methods=(method,), targets=targets, **options)
+    targets = aim_targets(task, target, categories, sum(rows(b) for b in batches))
+    report = explain(model, batches, layer=layer, methods=(method,), targets=targets, task=task,
+                     **options)
     for note in report.notes:
         log.warning(note)
     return report.results[get_method(method).name]

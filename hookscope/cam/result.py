@@ -19,6 +19,7 @@ from hookscope.cam.methods import Method, get_method, minmax, resize
 from hookscope.cam.targets import Box, Focus
 
 if TYPE_CHECKING:
+    from hookscope.cam.probe import CamOptions
     from hookscope.inputs.resolve import Batch
 
 #: A raw map whose range is within this fraction of its magnitude (128 float32 ulps) is
@@ -141,14 +142,16 @@ class CamBatch:
 @dataclass(frozen=True)
 class CamReport:
     """What :class:`CamProbe` returns: ``results`` is empty when a ``sink`` took the batches;
-    ``layer`` and ``layer_shape`` are the first of ``layers`` and ``layer_shapes``."""
+    ``layer`` and ``layer_shape`` are the first of ``layers`` and ``layer_shapes``;
+    ``options``, the run's."""
 
     methods: list[str]
     results: dict[str, CamResult]
     notes: list[str]
     layers: list[str]
     layer_shapes: list[list[int]]
-    task: str = "classification"
+    task: str
+    options: CamOptions
 
     @property
     def layer(self) -> str:
@@ -240,17 +243,16 @@ class CamRows:
                                  for d in res.detections[i]]
         return row
 
-    def document(self, report: CamReport, *, out: Path, layer_default: bool,
-                 aug_smooth: bool = False, eigen_smooth: bool = False, guided: bool = False
-                 ) -> dict[str, Any]:
+    def document(self, report: CamReport, *, out: Path, layer_default: bool) -> dict[str, Any]:
         """The ``gradcam`` document after the envelope, for the ``report`` that ``explain``
-        returned with this sink and the options it was given."""
+        returned with this sink."""
+        opts = report.options
         return {
             "layer": report.layer, "layer_default": layer_default,
             "layer_shape": report.layer_shape, "methods": report.methods, "out": str(out),
             "results": self.rows, "layers": report.layers, "layer_shapes": report.layer_shapes,
-            "task": report.task, "aug_smooth": aug_smooth, "eigen_smooth": eigen_smooth,
-            "guided": guided, "metrics": metric_means(self.rows), "skipped": self.skipped}
+            "task": report.task, "aug_smooth": opts.aug_smooth, "eigen_smooth": opts.eigen_smooth,
+            "guided": opts.guided, "metrics": metric_means(self.rows), "skipped": self.skipped}
 
 
 def metric_means(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:

@@ -15,15 +15,15 @@ import numpy as np
 import torch
 
 from hookscope.cam.methods import resize
-from hookscope.core.classes import Targets, parse_targets
+from hookscope.core.classes import Targets, as_targets, parse_targets
 from hookscope.core.errors import HookscopeError, param
 from hookscope.core.logits import class_logits, select_logits
 
 if TYPE_CHECKING:
     from hookscope.inputs.resolve import Batch
 
-__all__ = ["Aim", "Focus", "Objective", "Origins", "TASKS", "box_score", "infer_task", "load_mask",
-           "task_targets"]
+__all__ = ["Aim", "Focus", "Objective", "Origins", "TASKS", "aim_targets", "box_score", "infer_task",
+           "load_mask", "task_targets"]
 
 TASKS = ("classification", "segmentation", "detection")
 Box = tuple[float, float, float, float]
@@ -241,12 +241,14 @@ def class_probs(logits: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
 class Aim:
     """What an explanation explains, Grad-CAM's and attribution's options alike: the
     ``targets`` of a model of ``task`` (None: from the model's class) at ``output_key``; a
-    detector's ``box_index``, ``iou`` and ``min_score``; and the faithfulness ``metrics`` and
+    segmentation's region ``mask`` (None: where the model predicts the target); a detector's
+    ``box_index``, ``iou`` and ``min_score``; and the faithfulness ``metrics`` and
     ``percentiles`` of the maps, seeded with ``seed`` (as the noisy methods)."""
 
     targets: Targets | None = None
     task: str | None = None
     output_key: str | None = None
+    mask: np.ndarray | None = None
     box_index: Sequence[int] = ()
     iou: float = 0.5
     min_score: float = 0.5
@@ -254,23 +256,22 @@ class Aim:
     metrics: Sequence[str] = ()
     percentiles: Sequence[float] | None = None
 
-    def objective(self, model: Any, mask: np.ndarray | None = None) -> Objective:
-        """The objective for the task (``mask``: a segmentation's region); HookscopeError
-        for an option that does not apply."""
+    def objective(self, model: Any) -> Objective:
+        """The objective for the task; HookscopeError for an option that does not apply."""
         task = self.task or infer_task(model)
         if task not in TASKS:
             raise HookscopeError(f"{param('task')} {task!r}: choose one of {', '.join(TASKS)}.")
         if task != "detection" and self.box_index:
             raise HookscopeError(f"{param('box_index')} selects detections; this is a {task} "
                                  "model.")
-        if task != "segmentation" and mask is not None:
+        if task != "segmentation" and self.mask is not None:
             raise HookscopeError(f"{param('mask')} sets a segmentation region; this is a "
                                  f"{task} model.")
         if not 0.0 <= self.iou <= 1.0 or not 0.0 <= self.min_score <= 1.0:
             raise HookscopeError(f"{param('iou')} and {param('min_score')} must be within 0 "
                                  "and 1.")
         if task == "segmentation":
-            return SegmentationObjective(self.targets, self.output_key, mask)
+            return SegmentationObjective(self.targets, self.output_key, self.mask)
         if task == "detection":
             return DetectionObjective(self.targets, box_index=self.box_index, iou=self.iou,
                                       min_score=self.min_score)
@@ -323,13 +324,22 @@ def _fit_mask(mask: np.ndarray, input_hw: Sequence[int], out_hw: Sequence[int],
     return resize(fitted[None], out_hw, "nearest")[0]
 
 
-def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, Targets | None]:
-    """A loaded model's task and its parsed ``target``, checked against the number of inputs
-    (None for a detector without one: every detection)."""
-    task = loaded.task if loaded.task in TASKS else infer_task(loaded.model)
+def aim_targets(task: str, target: Any, categories: Sequence[str] | None,
+                n_inputs: int) -> Targets | None:
+    """``target`` (as :func:`~hookscope.core.classes.as_targets` takes it) for a ``task``
+    model, checked against the number of inputs; None for a detector without one (every
+    detection)."""
     if target is None and task == "detection":
-        return task, None
-    return task, parse_targets(target, loaded.categories, n_inputs=n_inputs)
+        return None
+    targets = as_targets(target, categories)
+    targets.check_count(n_inputs)
+    return targets
+
+
+def task_targets(loaded: Any, target: str | None, n_inputs: int) -> tuple[str, Targets | None]:
+    """A loaded model's task and its parsed ``target`` (see :func:`aim_targets`)."""
+    task = loaded.task if loaded.task in TASKS else infer_task(loaded.model)
+    return task, aim_targets(task, target, loaded.categories, n_inputs)
 
 
 def crop_box(transform: Any, size: tuple[int, int]) -> Box:
