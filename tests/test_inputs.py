@@ -114,7 +114,8 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     (tmp_path / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
     torch.save(torch.randn(0, 2), tmp_path / "flat.pt")
     torch.save((torch.zeros(3, 4), torch.zeros(2, 4)), tmp_path / "ints.pt")
-    torch.save({"x": 1}, tmp_path / "dict.pt")
+    torch.save({"x": "one", "y": torch.zeros(2)}, tmp_path / "dict.pt")
+    torch.save({"x": 1}, tmp_path / "number.pt")  # a constant is given to every batch: no tensor
     np.save(tmp_path / "u8.npy", np.array(["a", "b"]))
     return {
         "missing": ([str(tmp_path / "nope.jpg")], "no such file"),
@@ -124,15 +125,16 @@ def _bad(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "corrupt": ([str(tmp_path / "corrupt.png")], "corrupt|not an image"),
         "tensor shape": ([str(tmp_path / "flat.pt")], r"shape is \[0, 2\]; it holds no values"),
         "tensor dtype": ([str(tmp_path / "ints.pt")], "disagree on the number of samples"),
-        "not a tensor": ([str(tmp_path / "dict.pt")], r"\['x'\]: is an int"),
+        "not a tensor": ([str(tmp_path / "dict.pt")], r"\['x'\]: is a string"),
+        "no tensor": ([str(tmp_path / "number.pt")], r"holds no tensor \(\{x: int\}\)"),
         "npy dtype": ([str(tmp_path / "u8.npy")], "<U1 array"),
         "nothing": ([], "No inputs"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing", "empty dir", "not an image", "truncated", "corrupt",
-                                  "tensor shape", "tensor dtype", "not a tensor", "npy dtype",
-                                  "nothing"])
+                                  "tensor shape", "tensor dtype", "not a tensor", "no tensor",
+                                  "npy dtype", "nothing"])
 def test_bad_inputs(tmp_path, case) -> None:
     specs, message = _bad(tmp_path)[case]
     with pytest.raises(HookscopeError, match=message):

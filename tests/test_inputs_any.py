@@ -248,7 +248,7 @@ def test_bad_data_is_one_line(cli, models, tmp_path) -> None:
     ((torch.zeros(2, 3), torch.zeros(3, 3)), "disagree on the number of samples"),
     ((torch.zeros(2, 3), "text"), "is a string"),
     ((), "holds no tensor"),
-    ({"a": {"b": torch.zeros(2, 3), "c": [3]}}, "['a']['c'][0]: is an int"),
+    ({"a": {"b": torch.zeros(2, 3), "c": [b"raw"]}}, "['a']['c'][0]: is a bytes"),
     (torch.tensor(1.0), "0-d tensor"),
 ])
 def test_malformed_tensor_files(cli, models, tmp_path, content, message) -> None:

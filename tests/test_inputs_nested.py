@@ -1,6 +1,7 @@
-"""Tensor files of nested structure (dicts of dicts, lists in dicts), 0-d tensors given to
-every sample as they are, and ``--as-is`` files passed to the forward whole (1-D inputs with
-no sample dimension, a batch-second ``pack_padded_sequence`` input).
+"""Tensor files of nested structure (dicts of dicts, lists in dicts), 0-d tensors and
+constants (numbers, bools, None) given to every sample as they are, and ``--as-is`` files
+passed to the forward whole (1-D inputs with no sample dimension, a batch-second
+``pack_padded_sequence`` input).
 
 Statistics are checked against the same seeded model run in float64 by plain hooks, MACs
 against ``FlopCounterMode`` on the same arguments.
@@ -36,6 +37,17 @@ class Scaled(nn.Module):  # a tensor and a 0-d scale
 
     def forward(self, x, scale):
         return self.fc(x) * scale
+
+
+class Options(nn.Module):  # keyword constants beside the tensor: a number, None, a flag
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x, scale=1.0, mask=None, flip=False):
+        assert isinstance(scale, float) and mask is None and flip is True, (scale, mask, flip)
+        out = self.fc(x) * scale
+        return -out if flip else out
 
 
 class Flat(nn.Module):  # one 1-D input, no sample dimension
@@ -112,6 +124,34 @@ def test_a_0d_tensor_is_given_to_every_batch_as_it_is(cli, tmp_path) -> None:
     layers = run(cli, "layers", f"{models}:Scaled", tmp_path / "scaled.pt")
     assert layers["root"]["calls"][0]["input_shapes"] == [[1, 4], []]
     assert layers["root"]["macs"] == macs(models, "Scaled", (x[:1], scale)) == 12
+
+
+def test_numbers_and_none_in_a_file_are_given_to_every_batch_as_they_are(cli, tmp_path) -> None:
+    models = _models(tmp_path)
+    x = torch.randn(6, 4)
+    torch.save({"x": x, "scale": 0.5, "mask": None, "flip": True}, tmp_path / "options.pt")
+    doc = run(cli, "stats", f"{models}:Options", tmp_path / "options.pt", "-b", "4")
+    assert len(doc["predictions"]) == 6
+    torch.manual_seed(0)  # the reference: the same seeded model in float64, the same keywords
+    model = _module(models).Options().double().eval()
+    found = {}
+    model.fc.register_forward_hook(lambda m, i, o: found.__setitem__(
+        "fc", (o.mean().item(), o.std().item(), o.min().item(), o.max().item())))
+    with torch.no_grad():
+        model(x.double(), scale=0.5, mask=None, flip=True)
+    assert_matches(doc, found)
+    workers = run(cli, "stats", f"{models}:Options", tmp_path / "options.pt", "-b", "4",
+                  "--workers", "2")
+    assert workers["layers"] == doc["layers"]  # the constants cross to the worker processes
+    whole = run(cli, "stats", f"{models}:Options", tmp_path / "options.pt", "--as-is")
+    assert_matches(whole, found)
+    torch.save({"x": x, "scale": 1j}, tmp_path / "complex.pt")
+    layers = run(cli, "layers", f"{models}:Options", tmp_path / "options.pt")
+    assert layers["root"]["calls"][0]["input_shapes"] == [[1, 4]]  # the tensors' shapes
+    assert layers["root"]["macs"] == 4 * 3
+    torch.save({"x": x, "scale": 1j}, tmp_path / "complex.pt")
+    assert "complex.pt['scale']: is a complex" in one_line(
+        cli("stats", f"{models}:Options", tmp_path / "complex.pt"))
 
 
 def test_as_is_passes_a_1d_input_and_a_batch_second_file_whole(cli, tmp_path) -> None:
