@@ -50,6 +50,30 @@ class Options(nn.Module):  # keyword constants beside the tensor: a number, None
         return -out if flip else out
 
 
+class Encoded(nn.Module):  # keyword arguments, one of them a list of tensors
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(20, 4), nn.Linear(4, 3)
+
+    def forward(self, parts, scale):
+        h = self.emb(parts[0]) * parts[1].unsqueeze(-1)
+        return self.fc(h.mean(1)) * scale[:, None]  # a number per item, stacked
+
+
+class Encodings(torch.utils.data.Dataset):  # {"parts": [ids, mask], "scale", "label"} per item
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        ids, mask = torch.randint(0, 20, (6,), generator=g), torch.rand(6, generator=g)
+        return {"parts": [ids, mask], "scale": 0.5 + i, "label": i % 3}
+
+
+def texts():
+    return [{"parts": [torch.zeros(6, dtype=torch.long), ["a"]], "scale": 1.0}]
+
+
 class Flat(nn.Module):  # one 1-D input, no sample dimension
     def __init__(self):
         super().__init__()
@@ -152,6 +176,27 @@ def test_numbers_and_none_in_a_file_are_given_to_every_batch_as_they_are(cli, tm
     torch.save({"x": x, "scale": 1j}, tmp_path / "complex.pt")
     assert "complex.pt['scale']: is a complex" in one_line(
         cli("stats", f"{models}:Options", tmp_path / "complex.pt"))
+
+
+def test_data_items_may_nest_tuples_lists_and_dicts(cli, tmp_path) -> None:
+    models = _models(tmp_path)
+    doc = run(cli, "stats", f"{models}:Encoded", "--data", f"{models}:Encodings", "-b", "2")
+    assert len(doc["predictions"]) == 5
+    items = [_module(models).Encodings()[i] for i in range(5)]
+    parts = [torch.stack([it["parts"][0] for it in items]),
+             torch.stack([it["parts"][1] for it in items]).double()]
+    scale = torch.tensor([it["scale"] for it in items], dtype=torch.float64)
+    torch.manual_seed(0)  # the reference: the same seeded model in float64, one batch
+    model = _module(models).Encoded().double().eval()
+    found = {}
+    for name in ("emb", "fc"):
+        getattr(model, name).register_forward_hook(lambda m, i, o, n=name: found.__setitem__(
+            n, (o.mean().item(), o.std().item(), o.min().item(), o.max().item())))
+    with torch.no_grad():
+        model(parts, scale=scale)
+    assert_matches(doc, found)
+    assert "texts[0]['parts'][1][0]: is a string" in one_line(
+        cli("stats", f"{models}:Encoded", "--data", f"{models}:texts"))
 
 
 def test_as_is_passes_a_1d_input_and_a_batch_second_file_whole(cli, tmp_path) -> None:

@@ -134,8 +134,9 @@ def stack(samples: Sequence[Any]) -> Any:
 def as_sample(value: Any, name: str, image: Callable[[Any], torch.Tensor]) -> Any:
     """One data set item's inputs as a sample: tensors as they are, NumPy arrays and numbers
     as tensors, Pillow images through ``image`` (the model's preprocessing); a tuple or list
-    is positional arguments, a dict keyword arguments."""
-    def leaf(v: Any, at: str) -> torch.Tensor:
+    is positional arguments, a dict keyword arguments, and either may hold further tuples,
+    lists and dicts of them, to any depth (a model's nested arguments)."""
+    def leaf(path: Any, v: Any) -> torch.Tensor:
         if isinstance(v, torch.Tensor):
             return v
         if isinstance(v, np.ndarray) and v.dtype.kind in "biufc":
@@ -144,15 +145,15 @@ def as_sample(value: Any, name: str, image: Callable[[Any], torch.Tensor]) -> An
             return torch.tensor(v)
         if type(v).__module__.startswith("PIL."):
             return image(v)
-        raise HookscopeError(f"{at}: is {_kind(v)}; data items hold tensors, arrays, numbers "
-                             "or images, alone, in a tuple or in a dict.")
+        raise HookscopeError(f"{name}{pytree.keystr(path)}: is {_kind(v)}; data items hold "
+                             "tensors, arrays, numbers or images, alone or in tuples, lists "
+                             "and dicts.")
 
-    if isinstance(value, (tuple, list)):
-        if not value:
-            raise HookscopeError(f"{name}: is an empty {type(value).__name__}.")
-        return tuple(leaf(v, f"{name}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, (tuple, list, Mapping)) and not value:
+        kind = "dict" if isinstance(value, Mapping) else type(value).__name__
+        raise HookscopeError(f"{name}: is an empty {kind}.")
     if isinstance(value, Mapping):
-        if not value:
-            raise HookscopeError(f"{name}: is an empty dict.")
-        return {str(k): leaf(v, f"{name}[{k!r}]") for k, v in value.items()}
-    return leaf(value, name)
+        value = {str(k): v for k, v in value.items()}
+    elif isinstance(value, list):
+        value = tuple(value)
+    return pytree.tree_map_with_path(leaf, value)
