@@ -381,8 +381,10 @@ def test_layers_and_features_on_every_input_form(cli, models, tmp_path, name, ar
     assert {row["name"]: row["calls"][0]["output_shape"][1:] for row in layers["layers"]} == \
         {n: s[1:] for n, s in shapes.items()}
     if grid_type is None:
-        assert "feature grids need an image grid" in one_line(
-            cli("features", f"{models}:{name}", path, "--type", "Embedding", "--out", tmp_path / "f"))
+        line = one_line(cli("features", f"{models}:{name}", path, "--type", "Embedding",
+                            "--out", tmp_path / "f"))
+        assert "feature grids need an image grid" in line
+        assert "tokens are not image patches (the input has no image grid)" in line  # not "0x0"
         return
     doc = run(cli, "features", f"{models}:{name}", path, "--type", grid_type, "--out", tmp_path / "f")
     samples = len(args[0])

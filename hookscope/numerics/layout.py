@@ -155,6 +155,8 @@ def _tokens(shape: Sequence[int], size: tuple[int, int], hint: TokenHint) -> Lay
         grid = _token_grid(count - prefix, size)
         if grid is not None:
             return Layout("tokens", grid[0], grid[1], prefix)
+    if min(size) <= 0:  # token ids, a signal: no image whose patches they could be
+        return f"its {count} tokens are not image patches (the input has no image grid)"
     tried = " or ".join(map(str, prefixes))
     return (f"its {count} tokens are not the patch grid of a {size[0]}x{size[1]} input after "
             f"{tried} prefix token(s)")
