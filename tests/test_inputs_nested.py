@@ -70,6 +70,15 @@ class Encodings(torch.utils.data.Dataset):  # {"parts": [ids, mask], "scale", "l
         return {"parts": [ids, mask], "scale": 0.5 + i, "label": i % 3}
 
 
+class Batched(nn.Module):  # forward(batch) of one dict, as a training loop's batch is
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(20, 4), nn.Linear(4, 3)
+
+    def forward(self, batch):
+        return self.fc((self.emb(batch["ids"]) * batch["mask"].unsqueeze(-1)).mean(1))
+
+
 def texts():
     return [{"parts": [torch.zeros(6, dtype=torch.long), ["a"]], "scale": 1.0}]
 
@@ -197,6 +206,25 @@ def test_data_items_may_nest_tuples_lists_and_dicts(cli, tmp_path) -> None:
     assert_matches(doc, found)
     assert "texts[0]['parts'][1][0]: is a string" in one_line(
         cli("stats", f"{models}:Encoded", "--data", f"{models}:texts"))
+
+
+def test_a_dict_is_the_one_argument_of_a_forward_that_takes_none_of_its_keys(cli, tmp_path) -> None:
+    models = _models(tmp_path)
+    ids, mask = torch.randint(0, 20, (5, 6)), torch.rand(5, 6)
+    torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
+    doc = run(cli, "stats", f"{models}:Batched", tmp_path / "batch.pt", "-b", "2")
+    torch.manual_seed(0)
+    model = _module(models).Batched().double().eval()
+    found = {}
+    for name in ("emb", "fc"):
+        getattr(model, name).register_forward_hook(lambda m, i, o, n=name: found.__setitem__(
+            n, (o.mean().item(), o.std().item(), o.min().item(), o.max().item())))
+    with torch.no_grad():
+        model({"ids": ids, "mask": mask.double()})
+    assert_matches(doc, found)
+    # Keys that name the forward's parameters stay keyword arguments (Encoded's parts, scale).
+    torch.save({"parts": [ids, mask], "scale": torch.ones(5)}, tmp_path / "kw.pt")
+    assert len(run(cli, "stats", f"{models}:Encoded", tmp_path / "kw.pt")["predictions"]) == 5
 
 
 def test_as_is_passes_a_1d_input_and_a_batch_second_file_whole(cli, tmp_path) -> None:

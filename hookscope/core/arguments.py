@@ -1,5 +1,6 @@
 """A batch is the forward's arguments: a tensor, a tuple (positional arguments) or a dict
-(keyword arguments) of tensors, each with the sample dimension first. The helpers here map,
+(keyword arguments; or the one argument of a ``forward(batch)`` that takes none of its keys)
+of tensors, each with the sample dimension first. The helpers here map,
 slice and describe such batches, call the model with them, and tell a label from an input.
 
 The label rule, for the items of a data set (``--data``) or a DataLoader's batches: an item
@@ -129,12 +130,20 @@ def placement(x: Any, overlay: int | str | None = None) -> Placement:
 
 
 def call(model: nn.Module, x: Any) -> Any:
-    """``model(*x)`` for a tuple, ``model(**x)`` for a dict, else ``model(x)``."""
+    """``model(*x)`` for a tuple, ``model(**x)`` for a dict (but ``model(x)`` where the
+    forward takes one required positional argument and none of the dict's keys, a
+    ``forward(batch)``), else ``model(x)``."""
     if isinstance(x, tuple):
         return model(*x)
-    if isinstance(x, Mapping):
+    if isinstance(x, Mapping) and not _one_dict_argument(model, x):
         return model(**x)
     return model(x)
+
+
+def _one_dict_argument(model: nn.Module, x: Mapping[str, Any]) -> bool:
+    """Whether the dict ``x`` is ``model``'s one positional argument, not its keywords."""
+    found = arity(model)
+    return found is not None and found[0] == 1 and not found[3] and not found[2] & set(x)
 
 
 def describe(x: Any) -> str:
