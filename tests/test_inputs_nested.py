@@ -125,6 +125,15 @@ def reference(path, name: str, args: tuple) -> dict:
     return found
 
 
+def recorded(model, names: tuple[str, ...]) -> dict:
+    """Filled as ``model`` runs: each named child's (mean, std, min, max) of its output."""
+    found: dict[str, tuple[float, ...]] = {}
+    for name in names:
+        getattr(model, name).register_forward_hook(lambda m, i, o, n=name: found.__setitem__(
+            n, (o.mean().item(), o.std().item(), o.min().item(), o.max().item())))
+    return found
+
+
 def macs(path, name: str, args: tuple) -> int:
     """FlopCounterMode's MACs (half its FLOPs) of one forward on ``args``."""
     torch.manual_seed(0)
@@ -167,9 +176,7 @@ def test_numbers_and_none_in_a_file_are_given_to_every_batch_as_they_are(cli, tm
     assert len(doc["predictions"]) == 6
     torch.manual_seed(0)  # the reference: the same seeded model in float64, the same keywords
     model = _module(models).Options().double().eval()
-    found = {}
-    model.fc.register_forward_hook(lambda m, i, o: found.__setitem__(
-        "fc", (o.mean().item(), o.std().item(), o.min().item(), o.max().item())))
+    found = recorded(model, ("fc",))
     with torch.no_grad():
         model(x.double(), scale=0.5, mask=None, flip=True)
     assert_matches(doc, found)
@@ -197,10 +204,7 @@ def test_data_items_may_nest_tuples_lists_and_dicts(cli, tmp_path) -> None:
     scale = torch.tensor([it["scale"] for it in items], dtype=torch.float64)
     torch.manual_seed(0)  # the reference: the same seeded model in float64, one batch
     model = _module(models).Encoded().double().eval()
-    found = {}
-    for name in ("emb", "fc"):
-        getattr(model, name).register_forward_hook(lambda m, i, o, n=name: found.__setitem__(
-            n, (o.mean().item(), o.std().item(), o.min().item(), o.max().item())))
+    found = recorded(model, ("emb", "fc"))
     with torch.no_grad():
         model(parts, scale=scale)
     assert_matches(doc, found)
@@ -215,10 +219,7 @@ def test_a_dict_is_the_one_argument_of_a_forward_that_takes_none_of_its_keys(cli
     doc = run(cli, "stats", f"{models}:Batched", tmp_path / "batch.pt", "-b", "2")
     torch.manual_seed(0)
     model = _module(models).Batched().double().eval()
-    found = {}
-    for name in ("emb", "fc"):
-        getattr(model, name).register_forward_hook(lambda m, i, o, n=name: found.__setitem__(
-            n, (o.mean().item(), o.std().item(), o.min().item(), o.max().item())))
+    found = recorded(model, ("emb", "fc"))
     with torch.no_grad():
         model({"ids": ids, "mask": mask.double()})
     assert_matches(doc, found)
