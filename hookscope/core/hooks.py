@@ -72,8 +72,10 @@ def tensors(obj: Any) -> list[torch.Tensor]:
         item = stack.pop()
         if isinstance(item, torch.Tensor):
             found.append(item)
-        elif isinstance(item, (Mapping, tuple, list)):
-            stack.extend(reversed(list(item.values() if isinstance(item, Mapping) else item)))
+        elif isinstance(item, (tuple, list)):  # before the slower abstract-class check
+            stack.extend(reversed(item))
+        elif isinstance(item, Mapping):
+            stack.extend(reversed(list(item.values())))
     return found
 
 
